@@ -1,0 +1,274 @@
+"""JobQueue: the Python client. Queick's call shapes, over protocol v1.
+
+    from queickd import JobQueue, SchedulingTime, RETRY_TYPE
+    q = JobQueue()
+    job_id = q.enqueue(function, args=(1, 2))
+    q.enqueue_at(time.time() + 5, function, args=(3, 4))
+    q.cron(SchedulingTime().every(minutes=1).starting_from(time.time() + 10), function, args=(1, 2))
+
+One persistent connection, opened on first use and shared by all threads (one request or
+pipelined batch at a time holds it). Errors from the daemon raise QueueError with its code;
+a daemon that cannot be reached raises ConnectionError. A request is never silently sent
+twice: after a connection breaks mid-request the error is raised, and the caller decides
+(an idempotency_key makes resending safe).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from . import protocol
+from .cron import SchedulingTime
+from .protocol import QueueError
+from .retry import RETRY_TYPE
+
+__all__ = ["JobQueue", "QueueError", "func_name"]
+
+
+def func_name(func: Callable[..., Any] | str) -> str:
+    """'module:function' for a function defined at the top level of an importable module."""
+    if isinstance(func, str):
+        return protocol.normalize_func(func)
+    module = getattr(func, "__module__", None)
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
+    if not module or not name or "<" in name or "." in name:
+        raise ValueError(f"{func!r} is not a top-level function of a module")
+    if module == "__main__":
+        raise ValueError(
+            f"{name} is defined in the script being run (__main__); the daemon cannot import "
+            "it. Put job functions in a module of their own, as Queick required."
+        )
+    return f"{module}:{name}"
+
+
+def _token_from_env() -> str | None:
+    token = os.environ.get("QUEICKD_TOKEN")
+    path = os.environ.get("QUEICKD_TOKEN_FILE")
+    if token is None and path:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    return token
+
+
+class JobQueue:
+    def __init__(
+        self,
+        host: str | None = None,
+        port: int | None = None,
+        *,
+        token: str | None = None,
+        timeout: float = 60.0,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        self.host = host or os.environ.get("QUEICKD_HOST", "127.0.0.1")
+        self.port = int(port or os.environ.get("QUEICKD_PORT", protocol.DEFAULT_PORT))
+        self.token = token if token is not None else _token_from_env()
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._rfile: Any = None
+        self.server_info: dict[str, Any] | None = None
+
+    # --- connection ---------------------------------------------------------------------------
+    def _connect(self) -> None:
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
+        except OSError as e:
+            raise ConnectionError(
+                f"cannot reach queickd at {self.host}:{self.port} ({e}); is the daemon running?"
+            ) from e
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(self.timeout)
+        self._sock, self._rfile = sock, sock.makefile("rb", buffering=65536)
+        hello: dict[str, Any] = {"op": "hello"}
+        if self.token is not None:
+            hello["token"] = self.token
+        self.server_info = self._exchange([hello])[0]
+        if not self.server_info.get("ok"):
+            err = QueueError.from_reply(self.server_info)
+            self.close()
+            raise err
+
+    def _stale(self) -> bool:
+        # A daemon restart leaves our socket readable at EOF; find out before sending, so
+        # the request goes to the new daemon instead of failing after the fact.
+        assert self._sock is not None
+        readable, _, _ = select.select([self._sock], [], [], 0)
+        return bool(readable)
+
+    def _exchange(self, reqs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        assert self._sock is not None
+        data = b"".join(protocol.encode(r) for r in reqs)
+        try:
+            self._sock.sendall(data)
+            replies = []
+            for _ in reqs:
+                line = self._rfile.readline(protocol.MAX_LINE * 4 + 2)
+                if not line:
+                    raise ConnectionError("queickd closed the connection")
+                replies.append(json.loads(line))
+            return replies
+        except (OSError, ValueError) as e:
+            self.close()
+            if isinstance(e, ConnectionError):
+                raise
+            raise ConnectionError(f"connection to queickd failed mid-request: {e}") from e
+
+    def _call_many(self, reqs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        with self._lock:
+            if self._sock is not None and self._stale():
+                self.close()
+            if self._sock is None:
+                self._connect()
+            return self._exchange(reqs)
+
+    def _call(self, req: dict[str, Any]) -> dict[str, Any]:
+        reply = self._call_many([req])[0]
+        if not reply.get("ok"):
+            raise QueueError.from_reply(reply)
+        return reply
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._rfile.close()
+                self._sock.close()
+            finally:
+                self._sock = self._rfile = None
+
+    def __enter__(self) -> JobQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- building requests ----------------------------------------------------------------------
+    @staticmethod
+    def job(
+        func: Callable[..., Any] | str,
+        args: Iterable[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        *,
+        priority: int = 0,
+        retry: bool = False,
+        retry_interval: float | None = None,
+        max_retry_interval: float | None = None,
+        retry_type: str = RETRY_TYPE.EXPONENTIAL,
+        max_attempts: int | None = None,
+        retry_on_network_available: bool = False,
+        key: str | None = None,
+        idempotency_key: str | None = None,
+        delay: float | None = None,
+        run_at: float | None = None,
+        max_workers: int | None = None,  # accepted for Queick compatibility; the daemon decides
+    ) -> dict[str, Any]:
+        """The wire form of one job, for enqueue_many."""
+        spec: dict[str, Any] = {"func": func_name(func)}
+        if args:
+            spec["args"] = list(args)
+        if kwargs:
+            spec["kwargs"] = kwargs
+        if priority:
+            spec["priority"] = priority
+        if retry:
+            r = {"policy": retry_type, "interval": retry_interval, "max_interval": max_retry_interval,
+                 "max_attempts": max_attempts}
+            spec["retry"] = {k: v for k, v in r.items() if v is not None}
+        if retry_on_network_available:
+            spec["retry_on_network"] = True
+        for name, value in (("key", key), ("idempotency_key", idempotency_key), ("delay", delay),
+                            ("run_at", run_at)):
+            if value is not None:
+                spec[name] = value
+        return spec
+
+    # --- the queue ------------------------------------------------------------------------------
+    def enqueue(self, func: Callable[..., Any] | str, args: Iterable[Any] | None = None, **options: Any) -> int:
+        """Queue a call of func(*args, **kwargs). Returns the job id once it is stored."""
+        return self._call({"op": "enqueue", **self.job(func, args, **options)})["job_id"]
+
+    def enqueue_at(self, start_at: float | SchedulingTime, func: Callable[..., Any] | str,
+                   args: Iterable[Any] | None = None, **options: Any) -> int:
+        """Queue a call to run at unix time start_at."""
+        t = start_at.start_at if isinstance(start_at, SchedulingTime) else start_at
+        return self.enqueue(func, args, run_at=t, **options)
+
+    def enqueue_many(self, jobs: Sequence[dict[str, Any]]) -> list[int]:
+        """Store many jobs in one request (one transaction). `jobs` are JobQueue.job(...)
+        dicts. Returns their ids, in order."""
+        ids: list[int] = []
+        for i in range(0, len(jobs), protocol.MAX_BATCH):
+            ids += self._call({"op": "enqueue_many", "jobs": list(jobs[i : i + protocol.MAX_BATCH])})["job_ids"]
+        return ids
+
+    def enqueue_pipelined(self, jobs: Sequence[dict[str, Any]]) -> list[int]:
+        """Send one `enqueue` per job without waiting between them; replies come in order.
+        Raises the first error after reading every reply (the other jobs are stored)."""
+        replies = self._call_many([{"op": "enqueue", **j} for j in jobs])
+        for r in replies:
+            if not r.get("ok"):
+                raise QueueError.from_reply(r)
+        return [r["job_id"] for r in replies]
+
+    def cron(self, schedule: SchedulingTime | str, func: Callable[..., Any] | str,
+             args: Iterable[Any] | None = None, *, name: str | None = None, **options: Any) -> dict[str, Any]:
+        """Run func on a schedule: a SchedulingTime, or a 5-field cron expression string.
+        Registering the same function on the same schedule again replaces it (by name)."""
+        spec = self.job(func, args, **options)
+        req: dict[str, Any] = {"op": "cron", **spec}
+        if isinstance(schedule, SchedulingTime):
+            req.update(schedule.to_dict())
+            if req.get("start_at") is None:
+                del req["start_at"]
+        else:
+            req["cron"] = schedule
+        if name is not None:
+            req["name"] = name
+        return self._call(req)["cron"]
+
+    def get(self, job_id: int) -> dict[str, Any]:
+        return self._call({"op": "get", "job_id": job_id})["job"]
+
+    def wait(self, job_id: int, timeout: float = 30.0) -> dict[str, Any]:
+        """Block until the job is succeeded, dead or cancelled, or timeout seconds pass.
+        Returns the job; raises TimeoutError if it is still unfinished at the timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = max(0.0, deadline - time.monotonic())
+            reply = self._call({"op": "wait", "job_id": job_id, "timeout": min(remaining, 3600.0)})
+            if not reply.get("timed_out"):
+                return reply["job"]
+            if remaining <= 0:
+                raise TimeoutError(f"job {job_id} is still {reply['job']['state']} after {timeout} s")
+
+    def cancel(self, job_id: int) -> dict[str, Any]:
+        return self._call({"op": "cancel", "job_id": job_id})["job"]
+
+    def retry(self, job_id: int) -> dict[str, Any]:
+        """Send a dead job back to the queue."""
+        return self._call({"op": "retry", "job_id": job_id})["job"]
+
+    def jobs(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        req: dict[str, Any] = {"op": "jobs", "limit": limit}
+        if state is not None:
+            req["state"] = state
+        return self._call(req)["jobs"]
+
+    def stats(self) -> dict[str, Any]:
+        reply = self._call({"op": "stats"})
+        reply.pop("ok", None)
+        return reply
+
+    def crons(self) -> list[dict[str, Any]]:
+        return self._call({"op": "crons"})["crons"]
+
+    def cron_delete(self, name: str) -> None:
+        self._call({"op": "cron_delete", "name": name})

@@ -1,0 +1,180 @@
+"""Recurring schedules: 5-field cron expressions and Queick's fixed-interval SchedulingTime.
+
+A schedule answers one question, `next_after(t)`: the first tick strictly after unix time t.
+Cron expressions are read in the daemon's local time, as cron(8) does. Pure functions, no
+I/O; safe from any thread.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+_ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+_MONTHS = "jan feb mar apr may jun jul aug sep oct nov dec".split()
+_DAYS = "sun mon tue wed thu fri sat".split()
+# (name, low, high, names) for minute, hour, day of month, month, day of week
+_FIELDS = (
+    ("minute", 0, 59, None),
+    ("hour", 0, 23, None),
+    ("day of month", 1, 31, None),
+    ("month", 1, 12, _MONTHS),
+    ("day of week", 0, 7, _DAYS),
+)
+
+
+def _value(text: str, low: int, names: list[str] | None) -> int:
+    if names and text.lower() in names:
+        return names.index(text.lower()) + (1 if low == 1 else 0)
+    if not text.isdigit():
+        raise ValueError(f"{text!r} is not a number")
+    return int(text)
+
+
+def _parse_field(text: str, name: str, low: int, high: int, names: list[str] | None) -> frozenset:
+    out: set[int] = set()
+    for part in text.split(","):
+        rng, _, step_text = part.partition("/")
+        step = int(step_text) if step_text else 1
+        if step_text and (not step_text.isdigit() or step < 1):
+            raise ValueError(f"bad step in {name} field: {part!r}")
+        if rng == "*":
+            start, stop = low, high
+        elif "-" in rng:
+            a, b = rng.split("-", 1)
+            start, stop = _value(a, low, names), _value(b, low, names)
+        else:
+            start = _value(rng, low, names)
+            stop = high if step_text else start
+        if not (low <= start <= high and low <= stop <= high) or start > stop:
+            raise ValueError(f"{name} field {part!r} is outside {low}-{high}")
+        out.update(range(start, stop + 1, step))
+    return frozenset(out)
+
+
+@dataclass(frozen=True)
+class CronExpr:
+    """A parsed 5-field cron expression (minute hour day-of-month month day-of-week)."""
+
+    text: str
+    minutes: frozenset
+    hours: frozenset
+    days: frozenset
+    months: frozenset
+    weekdays: frozenset  # 0 = Sunday
+    any_day: bool  # day-of-month was "*"
+    any_weekday: bool  # day-of-week was "*"
+
+    @classmethod
+    def parse(cls, text: str) -> CronExpr:
+        expr = _ALIASES.get(text.strip().lower(), text)
+        parts = expr.split()
+        if len(parts) != 5:
+            raise ValueError(f"a cron expression has 5 fields, got {len(parts)}: {text!r}")
+        sets = [_parse_field(p, *f) for p, f in zip(parts, _FIELDS, strict=True)]
+        weekdays = frozenset(d % 7 for d in sets[4])
+        return cls(text, *sets[:4], weekdays, parts[2] == "*", parts[4] == "*")
+
+    def _day_matches(self, d: datetime) -> bool:
+        dom = d.day in self.days
+        dow = (d.isoweekday() % 7) in self.weekdays
+        if self.any_day or self.any_weekday:  # cron(8): if either is "*", both must match
+            return dom and dow
+        return dom or dow  # both restricted: either matches
+
+    def next_after(self, t: float) -> float:
+        d = datetime.fromtimestamp(t).replace(second=0, microsecond=0) + timedelta(minutes=1)
+        limit = d + timedelta(days=366 * 5)
+        while d < limit:
+            if d.month not in self.months:
+                d = (d.replace(day=1, hour=0, minute=0) + timedelta(days=32)).replace(day=1)
+            elif not self._day_matches(d):
+                d = d.replace(hour=0, minute=0) + timedelta(days=1)
+            elif d.hour not in self.hours:
+                d = d.replace(minute=0) + timedelta(hours=1)
+            elif d.minute not in self.minutes:
+                d += timedelta(minutes=1)
+            else:
+                return d.timestamp()
+        raise ValueError(f"cron expression {self.text!r} never fires")
+
+
+@dataclass(frozen=True)
+class Every:
+    """A fixed interval from a start time: start_at, start_at + interval, …"""
+
+    interval: float
+    start_at: float
+
+    def next_after(self, t: float) -> float:
+        if t < self.start_at:
+            return self.start_at
+        n = math.floor((t - self.start_at) / self.interval) + 1
+        return self.start_at + n * self.interval
+
+
+Schedule = CronExpr | Every
+
+
+def parse_schedule(d: dict[str, Any]) -> Schedule:
+    """Read the wire/stored form: {"cron": "*/5 * * * *"} or {"every": s, "start_at": t}."""
+    if "cron" in d:
+        if not isinstance(d["cron"], str):
+            raise ValueError("cron must be a string")
+        return CronExpr.parse(d["cron"])
+    if "every" in d:
+        every = d["every"]
+        if not isinstance(every, (int, float)) or isinstance(every, bool) or not every > 0:
+            raise ValueError("every must be a positive number of seconds")
+        start = d.get("start_at")
+        if start is None:
+            start = time.time() + every
+        if not isinstance(start, (int, float)) or not math.isfinite(start):
+            raise ValueError("start_at must be unix seconds")
+        return Every(float(every), float(start))
+    raise ValueError("a schedule needs 'cron' or 'every'")
+
+
+def schedule_to_dict(s: Schedule) -> dict[str, Any]:
+    if isinstance(s, CronExpr):
+        return {"cron": s.text}
+    return {"every": s.interval, "start_at": s.start_at}
+
+
+class SchedulingTime:
+    """Queick's builder: `SchedulingTime().every(minutes=1).starting_from(t)`."""
+
+    def __init__(self) -> None:
+        self.interval: float = 600.0
+        self.start_at: float | None = None
+
+    def every(self, seconds: float = 0, minutes: float = 0, hours: float = 0, days: float = 0):
+        self.interval = seconds + minutes * 60 + hours * 3600 + days * 86400
+        return self
+
+    def starting_from(self, start_at: float):
+        self.start_at = start_at
+        return self
+
+    def from_now(self):
+        self.start_at = time.time()
+        return self
+
+    def validate(self) -> None:
+        if self.interval <= 0:
+            raise ValueError("the interval must be above 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        self.validate()
+        return {"every": self.interval, "start_at": self.start_at}

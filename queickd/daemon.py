@@ -1,0 +1,152 @@
+"""The daemon: its settings, and the wiring of store, committer, scheduler, pool and server.
+
+Start order: recover orphans, then the pool, scheduler, committer, and last the server,
+so nothing is accepted before it can be stored and run. Stop order is the reverse: stop
+accepting and send the replies owed, commit what was accepted, stop the timers, let the
+running jobs finish (bounded by stop_timeout), close the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from . import __version__, protocol
+from .batcher import SubmitBatcher
+from .job import NewJob, Outcome, State, Submitted
+from .loader import FunctionLoader
+from .scheduler import Scheduler
+from .server import DEFAULT_HOST, Server
+from .service import QueueService
+from .store import DEFAULT_URL, Store, open_store
+from .worker import DEFAULT_SWEEP, DEFAULT_WORKERS, WorkerPool
+
+log = logging.getLogger("queickd.daemon")
+
+
+@dataclass
+class Config:
+    """Every daemon setting with its default; the CLI builds its flags from these."""
+
+    store: str = DEFAULT_URL
+    durability: str = "full"
+    bind: str = DEFAULT_HOST
+    port: int = protocol.DEFAULT_PORT
+    workers: int = DEFAULT_WORKERS
+    app_dir: str = "."
+    allow: list[str] = field(default_factory=list)
+    token_file: str | None = None
+    stop_timeout: float = 30.0
+    max_orphan_requeues: int = 3
+    sweep: float = DEFAULT_SWEEP
+    max_line: int = protocol.MAX_LINE
+
+    def validate(self) -> None:
+        if self.durability not in ("full", "normal"):
+            raise ValueError("durability must be 'full' or 'normal'")
+        if not 0 <= self.port <= 65535:
+            raise ValueError("port must be 0-65535")
+        if self.workers < 0:
+            raise ValueError("workers must be 0 or more")
+        if not os.path.isdir(self.app_dir):
+            raise ValueError(f"app directory {self.app_dir!r} does not exist")
+        if self.stop_timeout < 0 or self.sweep <= 0 or self.max_orphan_requeues < 0:
+            raise ValueError("stop_timeout, sweep and max_orphan_requeues must not be negative")
+
+    def read_token(self) -> str | None:
+        if self.token_file is None:
+            return None
+        with open(self.token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+        if not token:
+            raise ValueError(f"token file {self.token_file} is empty")
+        return token
+
+
+class Daemon:
+    def __init__(self, config: Config, clock: Callable[[], float] = time.time) -> None:
+        config.validate()
+        self.config = config
+        self.clock = clock
+        self.store: Store | None = None
+        self.server: Server | None = None
+        self._stop = threading.Event()
+        self._stopped = False
+
+    def start(self) -> None:
+        c = self.config
+        token = c.read_token()
+        self.store = store = open_store(c.store, c.durability)
+        recovered = store.recover_orphans(c.max_orphan_requeues, self.clock())
+        if recovered.requeued or recovered.dead:
+            log.warning(
+                "recovered jobs left running by a previous run: %d re-queued, %d dead (orphaned)",
+                len(recovered.requeued), len(recovered.dead),
+            )
+        loader = FunctionLoader(c.app_dir, c.allow)
+        self.pool = WorkerPool(store, loader, c.workers, clock=self.clock, sweep=c.sweep,
+                               on_finished=self._on_finished)
+        self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep)
+        self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock)
+        self.service = QueueService(store, self.batcher, loader, self.scheduler, self.pool,
+                                    token=token, clock=self.clock)
+        self.server = Server(self.service, c.bind, c.port, max_line=c.max_line)
+        self.pool.start()
+        self.scheduler.start()
+        self.batcher.start()
+        self.server.start()
+        host, port = self.server.address  # type: ignore[misc]
+        log.info(
+            "queickd %s listening on %s:%d (store %s, durability %s, %d workers)",
+            __version__, host, port, store.url, c.durability, c.workers,
+        )
+
+    def _on_committed(self, jobs: list[NewJob], submitted: list[Submitted]) -> None:
+        later = [j.run_at for j, s in zip(jobs, submitted, strict=True) if s.state == State.SCHEDULED and not s.duplicate]
+        if later:
+            self.scheduler.wake_at(min(later))
+        if any(s.state == State.QUEUED and not s.duplicate for s in submitted):
+            self.pool.wake()
+
+    def _on_finished(self, outcomes: list[Outcome]) -> None:
+        retries = [o.run_at for o in outcomes if o.state == State.SCHEDULED and o.run_at is not None]
+        if retries:
+            self.scheduler.wake_at(min(retries))
+        final = [o.job_id for o in outcomes if o.state in State.FINAL]
+        if final:
+            self.service.waiters.notify(final)
+
+    def request_stop(self, *_: object) -> None:
+        self._stop.set()
+
+    def stop(self) -> bool:
+        """Graceful stop. True if every running job finished within stop_timeout."""
+        if self._stopped or self.store is None:
+            return True
+        self._stopped = True
+        log.info("stopping: no new requests; waiting up to %.0f s for running jobs",
+                 self.config.stop_timeout)
+        self.server.stop()  # type: ignore[union-attr]
+        self.batcher.stop()
+        self.scheduler.stop()
+        finished = self.pool.stop(self.config.stop_timeout)
+        if finished:
+            self.store.close()
+            log.info("stopped")
+        else:
+            log.warning("%d job(s) still running at the stop timeout; they will be recovered "
+                        "as orphans on the next start", self.pool.busy)
+        return finished
+
+    def run_forever(self) -> bool:
+        """Start, serve until SIGTERM/SIGINT, stop. Returns what stop() returned."""
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+        self.start()
+        self._stop.wait()
+        return self.stop()

@@ -1,0 +1,98 @@
+"""The one place that decides a job's fate after it ran: succeeded, retry, park, or dead.
+
+Pure functions of (job, what happened, now). The worker pool calls them from worker
+threads and hands the resulting Outcome to the store; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import errno
+import http.client
+import json
+import random
+import socket
+import traceback
+import urllib.error
+from typing import Any
+
+from . import retry as retry_mod
+from .job import Job, Outcome
+
+MAX_RESULT_BYTES = 64 * 1024
+MAX_TRACEBACK_CHARS = 8 * 1024
+
+_NETWORK_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ENETDOWN", "ENETUNREACH", "ENETRESET", "ECONNABORTED", "ECONNRESET", "ECONNREFUSED",
+        "EHOSTDOWN", "EHOSTUNREACH", "ETIMEDOUT", "EPIPE", "ENOTCONN", "EADDRNOTAVAIL",
+    )
+    if hasattr(errno, name)
+)
+_NETWORK_TYPES = (
+    ConnectionError, TimeoutError, socket.gaierror, socket.herror, urllib.error.URLError,
+    http.client.RemoteDisconnected, http.client.IncompleteRead, http.client.BadStatusLine,
+)
+
+
+def is_network_error(exc: BaseException) -> bool:
+    """True for failures that mean "the network is not there": connection, timeout, DNS,
+    URLError and http.client's disconnects, also when wrapped (its __cause__/__context__).
+    A plain OSError counts only with a network errno (a missing file is not a network)."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 8:
+        if isinstance(e, urllib.error.HTTPError):
+            return False  # the server answered: that is not a network failure
+        if isinstance(e, _NETWORK_TYPES):
+            return True
+        if isinstance(e, OSError) and e.errno in _NETWORK_ERRNOS:
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
+
+
+def error_info(exc: BaseException) -> dict[str, Any]:
+    tb = "".join(traceback.format_exception(exc))
+    if len(tb) > MAX_TRACEBACK_CHARS:
+        tb = "…" + tb[-MAX_TRACEBACK_CHARS:]
+    return {"type": type(exc).__name__, "message": str(exc), "traceback": tb}
+
+
+def storable_result(value: Any, limit: int = MAX_RESULT_BYTES) -> Any:
+    """A result as it can be stored: itself if it is JSON within the limit, else a string
+    that says what it was (the job still succeeded)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = json.dumps(repr(value)[:limit], ensure_ascii=False)
+        value = repr(value)[:limit]
+    if len(text.encode()) > limit:
+        return f"<result of {len(text.encode())} bytes, over the {limit}-byte limit; not stored>"
+    return value
+
+
+def after_success(job: Job, result: Any) -> Outcome:
+    return Outcome.succeeded(job.id, storable_result(result))
+
+
+def after_failure(
+    job: Job,
+    exc: BaseException,
+    now: float,
+    network_checker: bool = False,
+    rand: random.Random | None = None,
+) -> Outcome:
+    """A failed attempt: park it for the network, retry it later, or give up (dead).
+
+    `job.attempts` already counts the attempt that failed. A network-class failure of a
+    job that asked for network replay is parked without spending its retries, but only
+    when a network checker runs to release it; otherwise it follows its retry policy.
+    """
+    err = error_info(exc)
+    if job.retry_on_network and network_checker and is_network_error(exc):
+        return Outcome.waiting_network(job.id, err)
+    if job.retry is not None and job.attempts < job.max_attempts:
+        return Outcome.retry_at(job.id, now + retry_mod.delay(job.retry, job.attempts, rand), err)
+    return Outcome.dead(job.id, err)

@@ -1,0 +1,268 @@
+"""Wire protocol v1: newline-delimited JSON over TCP, shared by the server and the client.
+
+One request object per line, one reply per request, replies in request order. This module
+owns the error codes, the per-op field lists and the validation of job specs; it does no
+I/O. Nothing here ever unpickles or evaluates bytes from the network.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from . import retry as retry_mod
+from .cron import parse_schedule, schedule_to_dict
+from .job import NewJob, State
+
+VERSION = 1
+DEFAULT_PORT = 9999
+MAX_LINE = 1 << 20  # bytes per request line, newline excluded
+MAX_KEY_LEN = 200
+MAX_BATCH = 10_000  # jobs in one enqueue_many
+
+
+class Code:
+    """Stable error codes; a client may branch on these, never on messages."""
+
+    BAD_REQUEST = "bad_request"
+    UNAUTHORIZED = "unauthorized"
+    NOT_ALLOWED = "not_allowed"
+    NOT_FOUND = "not_found"
+    CONFLICT = "conflict"
+    QUEUE_FULL = "queue_full"
+    INTERNAL = "internal"
+
+
+class QueueError(Exception):
+    """An error with a protocol code. Raised by validation, the server and the client."""
+
+    def __init__(self, code: str, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retry_after = retry_after
+
+    def to_reply(self) -> dict[str, Any]:
+        reply: dict[str, Any] = {"ok": False, "error": {"code": self.code, "message": self.message}}
+        if self.retry_after is not None:
+            reply["retry_after"] = self.retry_after
+        return reply
+
+    @classmethod
+    def from_reply(cls, reply: dict[str, Any]) -> QueueError:
+        err = reply.get("error") or {}
+        return cls(
+            err.get("code", Code.INTERNAL), err.get("message", "unknown error"), reply.get("retry_after")
+        )
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+def bad(message: str) -> QueueError:
+    return QueueError(Code.BAD_REQUEST, message)
+
+
+_JOB_FIELDS = frozenset(
+    {"func", "args", "kwargs", "run_at", "delay", "retry", "retry_on_network", "key",
+     "idempotency_key", "priority"}
+)
+_CRON_FIELDS = frozenset(
+    {"name", "cron", "every", "start_at", "func", "args", "kwargs", "retry", "retry_on_network",
+     "key", "priority"}
+)
+# op -> the fields it accepts besides "op". One table; the server rejects anything else.
+OPS: dict[str, frozenset] = {
+    "hello": frozenset({"token", "client"}),
+    "enqueue": _JOB_FIELDS,
+    "enqueue_many": frozenset({"jobs"}),
+    "get": frozenset({"job_id"}),
+    "wait": frozenset({"job_id", "timeout"}),
+    "cancel": frozenset({"job_id"}),
+    "retry": frozenset({"job_id"}),
+    "jobs": frozenset({"state", "limit"}),
+    "stats": frozenset(),
+    "cron": _CRON_FIELDS,
+    "crons": frozenset(),
+    "cron_delete": frozenset({"name"}),
+}
+
+_FUNC_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*([:.])[A-Za-z_]\w*$")
+_RETRY_FIELDS = frozenset({"policy", "interval", "max_interval", "max_attempts"})
+
+
+def decode_line(line: bytes | str) -> dict[str, Any]:
+    """One line (no newline) to a request dict, or QueueError(bad_request)."""
+    try:
+        obj = json.loads(line)
+    except UnicodeDecodeError:
+        raise bad("request is not UTF-8") from None
+    except ValueError as e:
+        raise bad(f"request is not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise bad("request must be a JSON object")
+    op = obj.get("op")
+    if not isinstance(op, str):
+        raise bad("request needs an 'op' string")
+    allowed = OPS.get(op)
+    if allowed is None:
+        raise bad(f"unknown op {op!r}")
+    extra = obj.keys() - allowed - {"op"}
+    if extra:
+        raise bad(f"unknown field(s) for {op}: {', '.join(sorted(extra))}")
+    return obj
+
+
+def encode(reply: dict[str, Any]) -> bytes:
+    return json.dumps(reply, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+def normalize_func(func: Any) -> str:
+    """'pkg.mod:fn' or 'pkg.mod.fn' → 'pkg.mod:fn'."""
+    if not isinstance(func, str) or not _FUNC_RE.match(func):
+        raise bad("func must be 'module:function' (or 'module.function')")
+    if ":" in func:
+        return func
+    module, _, name = func.rpartition(".")
+    return f"{module}:{name}"
+
+
+def _number(obj: dict, name: str) -> float | None:
+    v = obj.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise bad(f"{name} must be a finite number")
+    return float(v)
+
+
+def _opt_str(obj: dict, name: str) -> str | None:
+    v = obj.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v or len(v) > MAX_KEY_LEN:
+        raise bad(f"{name} must be a non-empty string of at most {MAX_KEY_LEN} characters")
+    return v
+
+
+def parse_retry(v: Any) -> Any:
+    if v is None or v is False:
+        return None
+    if v is True:
+        return retry_mod.make_spec()
+    if not isinstance(v, dict):
+        raise bad("retry must be an object, true or false")
+    extra = v.keys() - _RETRY_FIELDS
+    if extra:
+        raise bad(f"unknown retry field(s): {', '.join(sorted(extra))}")
+    for name in ("interval", "max_interval"):
+        _number(v, name)
+    attempts = v.get("max_attempts")
+    if attempts is not None and (isinstance(attempts, bool) or not isinstance(attempts, int)):
+        raise bad("retry.max_attempts must be an integer")
+    try:
+        return retry_mod.make_spec(**{k: v[k] for k in _RETRY_FIELDS if v.get(k) is not None})
+    except (ValueError, TypeError) as e:
+        raise bad(str(e)) from None
+
+
+def parse_job(obj: dict[str, Any], now: float) -> NewJob:
+    """Validate one job spec (an `enqueue` request or an item of `enqueue_many`)."""
+    if not isinstance(obj, dict):
+        raise bad("a job must be a JSON object")
+    extra = obj.keys() - _JOB_FIELDS - {"op"}
+    if extra:
+        raise bad(f"unknown job field(s): {', '.join(sorted(extra))}")
+    func = normalize_func(obj.get("func"))
+    args = obj.get("args", [])
+    if args is None:
+        args = []
+    if not isinstance(args, list):
+        raise bad("args must be a JSON array")
+    kwargs = obj.get("kwargs", {})
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict):
+        raise bad("kwargs must be a JSON object")
+    run_at, delay = _number(obj, "run_at"), _number(obj, "delay")
+    if run_at is not None and delay is not None:
+        raise bad("give run_at or delay, not both")
+    if delay is not None:
+        if delay < 0:
+            raise bad("delay must not be negative")
+        run_at = now + delay
+    priority = obj.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 2**31:
+        raise bad("priority must be an integer")
+    on_net = obj.get("retry_on_network", False)
+    if not isinstance(on_net, bool):
+        raise bad("retry_on_network must be true or false")
+    return NewJob(
+        func=func,
+        args=args,
+        kwargs=kwargs,
+        run_at=now if run_at is None else run_at,
+        priority=priority,
+        retry=parse_retry(obj.get("retry")),
+        retry_on_network=on_net,
+        key=_opt_str(obj, "key"),
+        idempotency_key=_opt_str(obj, "idempotency_key"),
+    )
+
+
+def parse_jobs(obj: dict[str, Any], now: float) -> list[NewJob]:
+    jobs = obj.get("jobs")
+    if not isinstance(jobs, list) or not jobs:
+        raise bad("jobs must be a non-empty array")
+    if len(jobs) > MAX_BATCH:
+        raise bad(f"at most {MAX_BATCH} jobs per enqueue_many")
+    out = []
+    for i, j in enumerate(jobs):
+        try:
+            out.append(parse_job(j, now))
+        except QueueError as e:
+            raise bad(f"jobs[{i}]: {e.message}") from None
+    return out
+
+
+def parse_cron(obj: dict[str, Any], now: float) -> tuple[str, dict, NewJob]:
+    """Validate a `cron` request → (name, schedule dict, job template)."""
+    sched_fields = {k: obj[k] for k in ("cron", "every", "start_at") if k in obj}
+    if ("cron" in sched_fields) == ("every" in sched_fields):
+        raise bad("a cron needs exactly one of 'cron' (expression) or 'every' (seconds)")
+    try:
+        schedule = parse_schedule(sched_fields)
+    except ValueError as e:
+        raise bad(str(e)) from None
+    template = parse_job({k: v for k, v in obj.items() if k in _JOB_FIELDS}, now)
+    name = _opt_str(obj, "name") or _default_cron_name(template, sched_fields)
+    return name, schedule_to_dict(schedule), template
+
+
+def _default_cron_name(job: NewJob, sched: dict) -> str:
+    # Re-registering the same function on the same schedule must not add a second cron.
+    spec = sched.get("cron") or f"every {sched['every']}s"
+    return f"{job.func} {spec}"[:MAX_KEY_LEN]
+
+
+def job_id(obj: dict[str, Any]) -> int:
+    v = obj.get("job_id")
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise bad("job_id must be a positive integer")
+    return v
+
+
+def state_filter(obj: dict[str, Any]) -> str | None:
+    s = obj.get("state")
+    if s is not None and s not in State.ALL:
+        raise bad(f"state must be one of {', '.join(State.ALL)}")
+    return s
+
+
+def limit(obj: dict[str, Any], default: int = 100, maximum: int = 10_000) -> int:
+    v = obj.get("limit", default)
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= maximum:
+        raise bad(f"limit must be an integer from 1 to {maximum}")
+    return v

@@ -1,0 +1,329 @@
+"""The TCP enqueue server (protocol v1, port 9999): framing, ordering and back-pressure.
+
+An asyncio loop in its own thread serves every connection. Each connection keeps a FIFO
+of replies-to-be: a reply that is ready is bytes; one that waits (a group commit, a store
+read on the I/O threads, a `wait`) is a future. Replies leave strictly in request order,
+so a client may pipeline as many requests as it likes. All enqueues found in one read go
+to the committer as one submission. A connection that runs too far ahead is paused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from . import protocol
+from .job import State, Submitted
+from .protocol import Code, QueueError
+from .service import QueueService
+
+log = logging.getLogger("queickd.server")
+
+DEFAULT_HOST = "127.0.0.1"
+_PAUSE_AT = 20_000  # pending replies on one connection before reading pauses
+_RESUME_AT = 2_000
+_WAIT_MAX = 3600.0
+
+
+def _error_bytes(exc: BaseException) -> bytes:
+    if isinstance(exc, QueueError):
+        return protocol.encode(exc.to_reply())
+    log.error("internal error serving a request", exc_info=exc)
+    return protocol.encode(QueueError(Code.INTERNAL, f"{type(exc).__name__}: {exc}").to_reply())
+
+
+def _render(fut: asyncio.Future) -> bytes:
+    exc = fut.exception()
+    return _error_bytes(exc) if exc is not None else protocol.encode(fut.result())
+
+
+def _render_enqueue(fut: asyncio.Future, start: int, count: int, many: bool) -> bytes:
+    exc = fut.exception()
+    if exc is not None:
+        return _error_bytes(exc)
+    subs: list[Submitted] = fut.result()[start : start + count]
+    if many:
+        reply: dict[str, Any] = {"ok": True, "job_ids": [s.job_id for s in subs]}
+        dups = [s.job_id for s in subs if s.duplicate]
+        if dups:
+            reply["duplicates"] = dups
+        return protocol.encode(reply)
+    s = subs[0]
+    if s.duplicate:
+        return protocol.encode({"ok": True, "job_id": s.job_id, "state": s.state, "duplicate": True})
+    return protocol.encode({"ok": True, "job_id": s.job_id, "state": s.state})
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.svc = server.service
+        self.loop = server.loop
+        self.buf = bytearray()
+        self.pending: deque[bytes | tuple[asyncio.Future, Callable[[asyncio.Future], bytes]]] = deque()
+        self.authed = server.service.token is None
+        self.transport: asyncio.Transport | None = None
+        self.closing = False
+        self._hooked: asyncio.Future | None = None
+        self._reading_paused = False
+        self._writing_paused = False
+
+    # --- asyncio callbacks ------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.server.connections.discard(self)
+        if not self.server.connections and self.server.drained is not None:
+            self.server.drained.set()
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        self._set_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._set_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self.buf += data
+        max_line = self.server.max_line
+        group: list[Any] | None = None  # [jobs, future] of this read's enqueues
+        start = 0
+        while True:
+            nl = self.buf.find(b"\n", start)
+            if nl < 0:
+                break
+            line = bytes(self.buf[start:nl])
+            start = nl + 1
+            if len(line) > max_line:
+                self._refuse_oversized()
+                break
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if line.strip():
+                group = self._handle(line, group)
+        del self.buf[:start]
+        if not self.closing and len(self.buf) > max_line:
+            self._refuse_oversized()
+        if group is not None:
+            self._submit(group)
+        self._pump()
+
+    # --- requests ---------------------------------------------------------------------------
+    def _refuse_oversized(self) -> None:
+        msg = f"request line longer than {self.server.max_line} bytes; closing the connection"
+        self.pending.append(protocol.encode(QueueError(Code.BAD_REQUEST, msg).to_reply()))
+        self.closing = True
+        self.buf.clear()
+
+    def _handle(self, line: bytes, group: list[Any] | None) -> list[Any] | None:
+        try:
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError:
+                raise QueueError(Code.BAD_REQUEST, "request is not UTF-8") from None
+            req = protocol.decode_line(text)
+            op = req["op"]
+            if op == "hello":
+                reply = self.svc.hello(req)
+                self.authed = True
+                self.pending.append(protocol.encode(reply))
+                return group
+            if not self.authed:
+                raise QueueError(Code.UNAUTHORIZED, "send hello with the token first")
+            if op in ("enqueue", "enqueue_many"):
+                jobs = self.svc.prepare_jobs(req)
+                if group is None:
+                    group = [[], self.loop.create_future()]
+                entry = functools.partial(_render_enqueue, start=len(group[0]), count=len(jobs),
+                                          many=op == "enqueue_many")
+                group[0].extend(jobs)
+                self.pending.append((group[1], entry))
+                return group
+            if op == "wait":
+                fut: asyncio.Future = asyncio.ensure_future(self._wait(req))
+            else:
+                fut = self.loop.run_in_executor(self.server.io, self.svc.call, req)
+            self.pending.append((fut, _render))
+        except QueueError as e:
+            self.pending.append(protocol.encode(e.to_reply()))
+        except Exception as e:  # a bug must cost one reply, not the connection
+            self.pending.append(_error_bytes(e))
+        return group
+
+    def _submit(self, group: list[Any]) -> None:
+        jobs, fut = group
+        loop = self.loop
+
+        def done(result: Any) -> None:  # committer thread
+            loop.call_soon_threadsafe(_resolve, fut, result)
+
+        self.svc.batcher.submit(jobs, done)
+
+    async def _wait(self, req: dict[str, Any]) -> dict[str, Any]:
+        job_id = protocol.job_id(req)
+        timeout = protocol._number(req, "timeout")
+        timeout = 30.0 if timeout is None else max(0.0, min(timeout, _WAIT_MAX))
+        deadline = self.loop.time() + timeout
+        while True:
+            finished = asyncio.Event()
+
+            def wake(ev: asyncio.Event = finished) -> None:  # any thread
+                self.loop.call_soon_threadsafe(ev.set)
+
+            self.svc.waiters.add(job_id, wake)
+            try:
+                reply = await self.loop.run_in_executor(self.server.io, self.svc.op_get, {"job_id": job_id})
+                remaining = deadline - self.loop.time()
+                if reply["job"]["state"] in State.FINAL or remaining <= 0:
+                    reply["timed_out"] = reply["job"]["state"] not in State.FINAL
+                    return reply
+                try:
+                    await asyncio.wait_for(finished.wait(), remaining)
+                except TimeoutError:
+                    pass
+            finally:
+                self.svc.waiters.discard(job_id, wake)
+
+    # --- replies ----------------------------------------------------------------------------
+    def _pump(self, _fut: asyncio.Future | None = None) -> None:
+        if _fut is not None and _fut is self._hooked:
+            self._hooked = None
+        out = []
+        pending = self.pending
+        while pending:
+            head = pending[0]
+            if type(head) is bytes:
+                out.append(head)
+            else:
+                fut, render = head
+                if not fut.done():
+                    if self._hooked is not fut:
+                        self._hooked = fut
+                        fut.add_done_callback(self._pump)
+                    break
+                out.append(render(fut))
+            pending.popleft()
+        if self.transport is None:
+            return
+        if out:
+            self.transport.write(b"".join(out))
+        if self.closing and not pending:
+            self.transport.close()
+            return
+        self._set_reading()
+
+    def _set_reading(self) -> None:
+        if self.transport is None or self.closing:
+            return
+        n = len(self.pending)
+        if not self._reading_paused and (n > _PAUSE_AT or self._writing_paused):
+            self._reading_paused = True
+            self.transport.pause_reading()
+        elif self._reading_paused and n < _RESUME_AT and not self._writing_paused:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def begin_close(self) -> None:
+        """Finish the replies already owed, then close (used at shutdown)."""
+        self.closing = True
+        self._pump()
+
+
+def _resolve(fut: asyncio.Future, result: Any) -> None:
+    if fut.done():
+        return
+    if isinstance(result, BaseException):
+        fut.set_exception(result)
+    else:
+        fut.set_result(result)
+
+
+class Server:
+    def __init__(
+        self,
+        service: QueueService,
+        host: str = DEFAULT_HOST,
+        port: int = protocol.DEFAULT_PORT,
+        *,
+        max_line: int = protocol.MAX_LINE,
+        io_threads: int = 4,
+    ) -> None:
+        self.service = service
+        self.host = host
+        self.port = port
+        self.max_line = max_line
+        self.io = ThreadPoolExecutor(io_threads, thread_name_prefix="queickd-io")
+        self.connections: set[_Connection] = set()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.address: tuple[str, int] | None = None
+        self.drained: asyncio.Event | None = None  # set when the last connection closes at shutdown
+        self._srv: asyncio.base_events.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        """Bind and start serving; returns once listening. Raises OSError if it cannot bind."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._main, name="queickd-server", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _main(self) -> None:
+        self.loop = loop = asyncio.new_event_loop()
+        try:
+            self._srv = loop.run_until_complete(
+                loop.create_server(lambda: _Connection(self), self.host, self.port, backlog=1024)
+            )
+        except BaseException as e:
+            self._error = e
+            self._ready.set()
+            loop.close()
+            return
+        self.address = self._srv.sockets[0].getsockname()[:2]
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    async def _shutdown(self, grace: float) -> None:
+        assert self._srv is not None
+        self._srv.close()
+        self.drained = asyncio.Event()
+        for c in list(self.connections):
+            c.begin_close()
+        if self.connections:
+            try:
+                await asyncio.wait_for(self.drained.wait(), grace)
+            except TimeoutError:
+                log.warning("%d connection(s) still owed replies at shutdown", len(self.connections))
+        for c in list(self.connections):
+            if c.transport is not None:
+                c.transport.abort()
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop accepting, send the replies owed (up to `grace` s), close. Idempotent."""
+        if self._thread is None or self.loop is None or self._srv is None or self.loop.is_closed():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._shutdown(grace), self.loop).result(grace + 5)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5.0)
+            self.io.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,166 @@
+"""The queue's operations as the protocol exposes them, independent of the transport.
+
+The TCP server frames requests and calls these; validation comes from protocol.py, state
+changes go to the store, and the components that must react (pool, scheduler, waiters)
+are told. Blocking methods touch the store and are called from the server's I/O threads.
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import __version__, protocol
+from .batcher import SubmitBatcher
+from .cron import parse_schedule
+from .job import NewJob, State
+from .loader import FunctionLoader
+from .protocol import Code, QueueError
+from .scheduler import Scheduler
+from .store import CronRecord, Store
+from .worker import WorkerPool
+
+
+class Waiters:
+    """Callbacks waiting for jobs to reach a final state. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_job: dict[int, list[Callable[[], None]]] = {}
+
+    def add(self, job_id: int, callback: Callable[[], None]) -> None:
+        with self._lock:
+            self._by_job.setdefault(job_id, []).append(callback)
+
+    def discard(self, job_id: int, callback: Callable[[], None]) -> None:
+        with self._lock:
+            cbs = self._by_job.get(job_id)
+            if cbs and callback in cbs:
+                cbs.remove(callback)
+                if not cbs:
+                    del self._by_job[job_id]
+
+    def notify(self, job_ids: list[int]) -> None:
+        with self._lock:
+            if not self._by_job:
+                return
+            cbs = [cb for i in job_ids for cb in self._by_job.pop(i, ())]
+        for cb in cbs:
+            cb()
+
+
+class QueueService:
+    def __init__(
+        self,
+        store: Store,
+        batcher: SubmitBatcher,
+        loader: FunctionLoader,
+        scheduler: Scheduler,
+        pool: WorkerPool,
+        *,
+        token: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.batcher = batcher
+        self.loader = loader
+        self.scheduler = scheduler
+        self.pool = pool
+        self.token = token
+        self.clock = clock
+        self.waiters = Waiters()
+        self.started_at = clock()
+
+    # --- in the event loop: cheap, no store access ------------------------------------------
+    def hello(self, req: dict[str, Any]) -> dict[str, Any]:
+        if self.token is not None:
+            given = req.get("token")
+            if not isinstance(given, str) or not hmac.compare_digest(given.encode(), self.token.encode()):
+                raise QueueError(Code.UNAUTHORIZED, "bad or missing token")
+        return {"ok": True, "server": "queickd", "version": __version__, "protocol": protocol.VERSION}
+
+    def prepare_jobs(self, req: dict[str, Any]) -> list[NewJob]:
+        """Validate an enqueue/enqueue_many request and check the allowlist."""
+        now = self.clock()
+        jobs = [protocol.parse_job(req, now)] if req["op"] == "enqueue" else protocol.parse_jobs(req, now)
+        for j in jobs:
+            self.loader.check(j.func)
+        return jobs
+
+    # --- blocking: store access -------------------------------------------------------------
+    def call(self, req: dict[str, Any]) -> dict[str, Any]:
+        return getattr(self, "op_" + req["op"])(req)
+
+    def _job_or_404(self, job_id: int) -> Any:
+        job = self.store.get(job_id)
+        if job is None:
+            raise QueueError(Code.NOT_FOUND, f"no job {job_id}")
+        return job
+
+    def op_get(self, req: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "job": self._job_or_404(protocol.job_id(req)).to_dict()}
+
+    def op_cancel(self, req: dict[str, Any]) -> dict[str, Any]:
+        job_id = protocol.job_id(req)
+        job = self.store.cancel(job_id, self.clock())
+        if job is None:
+            raise QueueError(Code.NOT_FOUND, f"no job {job_id}")
+        if job.state != State.CANCELLED:
+            raise QueueError(Code.CONFLICT, f"job {job_id} is {job.state} and cannot be cancelled")
+        self.waiters.notify([job_id])
+        return {"ok": True, "job": job.to_dict()}
+
+    def op_retry(self, req: dict[str, Any]) -> dict[str, Any]:
+        job_id = protocol.job_id(req)
+        before = self._job_or_404(job_id)
+        if before.state != State.DEAD:
+            raise QueueError(Code.CONFLICT, f"job {job_id} is {before.state}; only dead jobs are retried")
+        job = self.store.retry_dead(job_id, self.clock())
+        self.pool.wake()
+        return {"ok": True, "job": job.to_dict()}
+
+    def op_jobs(self, req: dict[str, Any]) -> dict[str, Any]:
+        jobs = self.store.list_jobs(protocol.state_filter(req), protocol.limit(req))
+        return {"ok": True, "jobs": [j.to_dict() for j in jobs]}
+
+    def op_stats(self, req: dict[str, Any]) -> dict[str, Any]:
+        now = self.clock()
+        return {
+            "ok": True,
+            "version": __version__,
+            "store": self.store.url,
+            "uptime": round(now - self.started_at, 3),
+            "counts": self.store.counts(),
+            "workers": {"total": self.pool.workers, "busy": self.pool.busy},
+            "enqueued": self.batcher.jobs,
+            "commits": self.batcher.commits,
+            "completed": self.pool.completed,
+            "failed": self.pool.failed,
+            "scheduler": {"alive": self.scheduler.alive, "last_fired_at": self.scheduler.last_fired_at},
+            "crons": len(self.store.cron_list()),
+        }
+
+    def op_cron(self, req: dict[str, Any]) -> dict[str, Any]:
+        now = self.clock()
+        name, schedule, template = protocol.parse_cron(req, now)
+        self.loader.check(template.func)
+        start = schedule.get("start_at")
+        # A start time that is now (give or take the client's clock) fires at once.
+        first = start if start is not None and start >= now - 1.0 else parse_schedule(schedule).next_after(now)
+        cron = self.store.cron_save(CronRecord(name, schedule, template, first, None, now))
+        self.scheduler.wake_at(first, "crons")
+        return {"ok": True, "cron": cron.to_dict()}
+
+    def op_crons(self, req: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "crons": [c.to_dict() for c in self.store.cron_list()]}
+
+    def op_cron_delete(self, req: dict[str, Any]) -> dict[str, Any]:
+        name = req.get("name")
+        if not isinstance(name, str):
+            raise QueueError(Code.BAD_REQUEST, "name must be a string")
+        if not self.store.cron_delete(name):
+            raise QueueError(Code.NOT_FOUND, f"no cron named {name!r}")
+        return {"ok": True}

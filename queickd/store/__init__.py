@@ -1,0 +1,30 @@
+"""Stores behind one contract (base.Store): memory://, sqlite:///path (default), postgresql://."""
+
+from __future__ import annotations
+
+from .base import CronRecord, Recovered, Store
+
+DEFAULT_URL = "sqlite:///queickd.db"
+
+__all__ = ["CronRecord", "Recovered", "Store", "DEFAULT_URL", "open_store"]
+
+
+def open_store(url: str = DEFAULT_URL, durability: str = "full") -> Store:
+    """Open the store a URL names. Raises ValueError for a URL no backend takes.
+
+    sqlite:///relative/path and sqlite:////absolute/path follow SQLAlchemy's spelling.
+    """
+    if url.startswith("memory://"):
+        from .memory import MemoryStore
+
+        return MemoryStore(url)
+    if url.startswith("sqlite://"):
+        from .sqlite import SQLiteStore
+
+        path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
+        if not path:
+            raise ValueError(f"an SQLite store URL needs a path: sqlite:///queue.db, not {url!r}")
+        return SQLiteStore(path, durability=durability)
+    if url.startswith(("postgresql://", "postgres://")):
+        raise ValueError("the PostgreSQL store is not available in this version of queickd")
+    raise ValueError(f"unknown store URL {url!r}: use memory://, sqlite:///path or postgresql://")

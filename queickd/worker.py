@@ -1,0 +1,150 @@
+"""The worker pool: claims queued jobs for free worker threads and records how they ended.
+
+One dispatcher thread owns every store call of the pool: it applies finished outcomes in
+one batch, then claims at most as many jobs as there are free workers (never more, so a
+job is never held in memory waiting for a thread). Worker threads of a fixed
+ThreadPoolExecutor only import and call job functions. The dispatcher sleeps until woken
+(a new job, a freed worker, a promotion), with one long safety sweep; it never polls.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from . import fate
+from .job import Job, Outcome, State
+from .loader import FunctionLoader
+from .protocol import QueueError
+from .store import Store
+
+log = logging.getLogger("queickd.worker")
+
+DEFAULT_WORKERS = 4
+DEFAULT_SWEEP = 60.0  # seconds between safety sweeps when nothing wakes the pool
+_STORE_RETRY = 1.0  # seconds to wait after a store error before trying again
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        store: Store,
+        loader: FunctionLoader,
+        workers: int = DEFAULT_WORKERS,
+        *,
+        clock: Callable[[], float] = time.time,
+        sweep: float = DEFAULT_SWEEP,
+        network_checker: Callable[[], bool] = lambda: False,
+        on_finished: Callable[[list[Outcome]], None] = lambda outcomes: None,
+    ) -> None:
+        if workers < 0:
+            raise ValueError("workers must be 0 or more")
+        self.store = store
+        self.loader = loader
+        self.workers = workers
+        self._clock = clock
+        self._sweep = sweep
+        self._network_checker = network_checker
+        self._on_finished = on_finished
+        # Set by anyone who may have made work available or freed a worker; cleared only
+        # by the dispatcher before it looks, so no wake-up is lost.
+        self._wake = threading.Event()
+        self._done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        self._busy = 0  # claimed and not yet finished; dispatcher thread only
+        self._stopping = False
+        self._idle = threading.Event()  # set when stopping and nothing is running
+        self._thread: threading.Thread | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self.completed = 0  # counters written by the dispatcher only
+        self.failed = 0
+
+    @property
+    def busy(self) -> int:
+        """Approximate: read without a lock from another thread."""
+        return self._busy
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        if self.workers:
+            self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="queickd-job")
+        self._thread = threading.Thread(target=self._loop, name="queickd-dispatcher", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Tell the dispatcher that work may be available. Cheap; call from any thread."""
+        self._wake.set()
+
+    def stop(self, timeout: float) -> bool:
+        """Stop claiming; wait up to `timeout` s for running jobs. True if all finished.
+
+        Jobs still running at the timeout stay `running` in the store; the next start
+        recovers them as orphans. Idempotent, and safe before start().
+        """
+        if self._thread is None:
+            return True
+        self._stopping = True
+        self._wake.set()
+        finished = self._idle.wait(timeout)
+        self._thread.join(1.0 if finished else 0.1)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        return finished
+
+    # --- dispatcher thread ------------------------------------------------------------------
+    def _loop(self) -> None:
+        unapplied: list[Outcome] = []
+        while True:
+            self._wake.wait(self._sweep)
+            self._wake.clear()
+            while True:
+                try:
+                    unapplied.append(self._done.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                if unapplied:
+                    self.store.finish_if_running(unapplied, self._clock())
+                    self._busy -= len(unapplied)
+                    finished, unapplied = unapplied, []
+                    ok = sum(1 for o in finished if o.state == State.SUCCEEDED)
+                    self.completed += ok
+                    self.failed += len(finished) - ok
+                    self._on_finished(finished)
+                if self._stopping:
+                    if self._busy == 0:
+                        self._idle.set()
+                        return
+                    continue
+                free = self.workers - self._busy
+                if free > 0:
+                    for job in self.store.claim_available(free, self._clock()):
+                        self._busy += 1
+                        self._executor.submit(self._run, job)  # type: ignore[union-attr]
+            except Exception:
+                log.exception("store error in the dispatcher; retrying in %.0f s", _STORE_RETRY)
+                time.sleep(_STORE_RETRY)
+                self._wake.set()
+
+    # --- worker threads ---------------------------------------------------------------------
+    def _run(self, job: Job) -> None:
+        try:
+            try:
+                fn = self.loader.resolve(job.func)
+            except QueueError as e:  # no longer allowed: retrying cannot help
+                outcome = Outcome.dead(job.id, {"type": "not_allowed", "message": e.message})
+            else:
+                outcome = fate.after_success(job, fn(*job.args, **job.kwargs))
+        except BaseException as e:  # a job's SystemExit must not end the worker
+            outcome = fate.after_failure(job, e, self._clock(), self._network_checker())
+        if outcome.state != State.SUCCEEDED:
+            log.info(
+                "job %d %s failed (attempt %d/%d): %s: %s -> %s", job.id, job.func, job.attempts,
+                job.max_attempts, outcome.error["type"], outcome.error["message"], outcome.state,
+            )
+        self._done.put(outcome)
+        self._wake.set()

@@ -1,0 +1,47 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from helpers import DaemonProcess, Gate  # noqa: E402
+
+
+@pytest.fixture
+def db_url(tmp_path):
+    return f"sqlite:///{tmp_path / 'queue.db'}"
+
+
+@pytest.fixture
+def start_daemon(tmp_path):
+    """Start real daemons (subprocesses on free ports); all are killed at the end."""
+    started: list[DaemonProcess] = []
+
+    def start(store_url: str | None = None, *extra: str, **kw) -> DaemonProcess:
+        d = DaemonProcess(store_url or f"sqlite:///{tmp_path / 'queue.db'}", *extra, **kw).start()
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.close()
+
+
+@pytest.fixture
+def daemon(start_daemon):
+    """A daemon on a fresh SQLite store (full durability) with 4 workers."""
+    return start_daemon()
+
+
+@pytest.fixture
+def client(daemon):
+    with daemon.client() as q:
+        yield q
+
+
+@pytest.fixture
+def gate():
+    g = Gate()
+    yield g
+    g.close()

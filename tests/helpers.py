@@ -1,0 +1,121 @@
+"""Test helpers: a real daemon in a subprocess, and a gate that holds jobs running."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from queickd import JobQueue
+
+JOBS_DIR = Path(__file__).parent / "jobs"
+_LISTENING = re.compile(r"listening on (\S+):(\d+)")
+
+
+class DaemonProcess:
+    """`python -m queickd run` on a free port with the given store; stderr is collected."""
+
+    def __init__(self, store_url: str, *extra: str, workers: int = 4, env: dict | None = None) -> None:
+        self.store_url = store_url
+        self.extra = list(extra)
+        self.workers = workers
+        self.env = env or {}
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.lines: list[str] = []
+        self._lines_q: queue.Queue[str | None] = queue.Queue()
+
+    def start(self, timeout: float = 20.0) -> DaemonProcess:
+        cmd = [sys.executable, "-m", "queickd", "run", "--store", self.store_url, "--port", "0",
+               "--app-dir", str(JOBS_DIR), "--workers", str(self.workers), "--log-level", "debug",
+               *self.extra]
+        env = {**os.environ, **self.env}
+        env.pop("JOURNAL_STREAM", None)
+        self.lines, self._lines_q = [], queue.Queue()
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     stdin=subprocess.DEVNULL, text=True, env=env)
+        threading.Thread(target=self._read, args=(self.proc, self._lines_q), daemon=True).start()
+        m = self.wait_for_line(_LISTENING, timeout)
+        self.port = int(m.group(2))
+        return self
+
+    def _read(self, proc: subprocess.Popen, q: queue.Queue) -> None:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            self.lines.append(line)
+            q.put(line)
+        q.put(None)
+
+    def wait_for_line(self, pattern: re.Pattern | str, timeout: float = 20.0) -> re.Match:
+        """Wait until the daemon logs a line matching pattern (lines already read count)."""
+        rx = re.compile(pattern) if isinstance(pattern, str) else pattern
+        for line in list(self.lines):
+            if m := rx.search(line):
+                return m
+        while True:
+            try:
+                line = self._lines_q.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"daemon never logged {rx.pattern!r}:\n{''.join(self.lines)}") from None
+            if line is None:
+                raise RuntimeError(f"daemon exited before logging {rx.pattern!r}:\n{''.join(self.lines)}")
+            if m := rx.search(line):
+                return m
+
+    def client(self, **kw) -> JobQueue:
+        return JobQueue("127.0.0.1", self.port, **kw)
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+class Gate:
+    """A local listener that jobs.gate() connects to: lets a test see a job start and decide
+    when it may finish, with no sleeping on either side."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.held: list[socket.socket] = []
+
+    def arrival(self, timeout: float = 20.0) -> str:
+        """Wait for the next gated job to start; returns its token."""
+        self.sock.settimeout(timeout)
+        conn, _ = self.sock.accept()
+        conn.settimeout(timeout)
+        token = conn.makefile("r").readline().strip()
+        self.held.append(conn)
+        return token
+
+    def release_all(self, answer: str = "go") -> None:
+        for c in self.held:
+            try:
+                c.sendall(answer.encode() + b"\n")
+            finally:
+                c.close()
+        self.held.clear()
+
+    def close(self) -> None:
+        self.release_all()
+        self.sock.close()
+
+
+def read_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []

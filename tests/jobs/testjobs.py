@@ -1,0 +1,56 @@
+"""Job functions the tests enqueue. This directory is the test daemon's --app-dir."""
+
+import socket
+import time
+
+
+def noop():
+    return None
+
+
+def add(a, b):
+    return a + b
+
+
+def fail(message="boom"):
+    raise ValueError(message)
+
+
+def append(path, token):
+    """Record that this job ran: one line per run (O_APPEND keeps lines whole)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"{token}\n")
+
+
+def append_time_and_fail(path):
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"{time.time()!r}\n")
+    raise RuntimeError("failing on purpose")
+
+
+def gate(port, token):
+    """Tell the test this job started (a line on its socket), then block until the test
+    answers or closes. Lets a test hold a job running without sleeping."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(f"{token}\n".encode())
+        return s.recv(100).decode().strip()
+
+
+def refuse_connection():
+    raise ConnectionRefusedError(111, "Connection refused")
+
+
+def big_result(n):
+    return "x" * n
+
+
+def unserializable():
+    return object()
+
+
+def exit_job():
+    raise SystemExit(3)
+
+
+def kwargs_echo(**kwargs):
+    return kwargs

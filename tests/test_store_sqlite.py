@@ -1,0 +1,88 @@
+import sqlite3
+
+import pytest
+from store_contract import T0, StoreContract, job
+
+from queickd.job import State
+from queickd.store import open_store
+from queickd.store.sqlite import SQLiteStore
+
+
+class TestSQLiteStore(StoreContract):
+    @pytest.fixture
+    def store(self, tmp_path):
+        s = SQLiteStore(str(tmp_path / "q.db"))
+        yield s
+        s.close()
+
+
+def test_jobs_survive_closing_and_reopening(tmp_path):
+    path = str(tmp_path / "q.db")
+    s = SQLiteStore(path)
+    (sub,) = s.submit([job(args=[7])], T0)
+    s.close()
+    again = SQLiteStore(path)
+    assert again.get(sub.job_id).args == [7]
+    again.close()
+
+
+def test_ids_are_never_reused_after_rows_are_deleted(tmp_path):
+    path = str(tmp_path / "q.db")
+    s = SQLiteStore(path)
+    (a,) = s.submit([job()], T0)
+    with sqlite3.connect(path) as c:
+        c.execute("DELETE FROM jobs")
+    (b,) = s.submit([job()], T0)
+    assert b.job_id > a.job_id
+    s.close()
+
+
+@pytest.mark.parametrize("durability,level", [("full", 2), ("normal", 1)])
+def test_wal_and_the_chosen_durability_are_in_force(tmp_path, durability, level):
+    s = SQLiteStore(str(tmp_path / "q.db"), durability=durability)
+    c = s._conn()
+    assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert c.execute("PRAGMA synchronous").fetchone()[0] == level
+    s.close()
+
+
+def test_a_store_written_by_a_newer_version_is_refused(tmp_path):
+    path = str(tmp_path / "q.db")
+    SQLiteStore(path).close()
+    with sqlite3.connect(path) as c:
+        c.execute("UPDATE meta SET value = '999' WHERE key = 'schema_version'")
+    with pytest.raises(RuntimeError, match="newer"):
+        SQLiteStore(path)
+
+
+def test_claim_walks_the_queue_index_without_sorting(tmp_path):
+    s = SQLiteStore(str(tmp_path / "q.db"))
+    s.submit([job() for _ in range(100)], T0)
+    c = s._conn()
+    c.execute("ANALYZE")  # with or without statistics, the plan must not change
+    c.set_trace_callback(None)
+    sql = []
+    c.set_trace_callback(sql.append)
+    s.claim_available(1, T0)
+    c.set_trace_callback(None)
+    claim = next(q for q in sql if q.startswith("UPDATE"))
+    plan = " ".join(str(r) for r in c.execute("EXPLAIN QUERY PLAN " + claim.replace("RETURNING", "--")))
+    assert "jobs_queued" in plan and "TEMP B-TREE" not in plan
+    s.close()
+
+
+def test_sqlite_urls_name_relative_and_absolute_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rel = open_store("sqlite:///rel.db")
+    assert (tmp_path / "rel.db").exists()
+    absolute = open_store(f"sqlite:///{tmp_path / 'abs.db'}")
+    assert absolute.path == str(tmp_path / "abs.db")
+    rel.close()
+    absolute.close()
+    assert SQLiteStore(str(tmp_path / "abs.db")).counts()[State.QUEUED] == 0
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "redis://x", "nonsense"])
+def test_unusable_store_urls_are_refused_clearly(url):
+    with pytest.raises(ValueError, match="URL"):
+        open_store(url)
