@@ -237,13 +237,16 @@ class JobQueue:
     def get(self, job_id: int) -> dict[str, Any]:
         return self._call({"op": "get", "job_id": job_id})["job"]
 
-    def wait(self, job_id: int, timeout: float = 30.0) -> dict[str, Any]:
-        """Block until the job is succeeded, dead or cancelled, or timeout seconds pass.
-        Returns the job; raises TimeoutError if it is still unfinished at the timeout."""
+    def wait(self, job_id: int, timeout: float = 30.0, states: Iterable[str] | None = None) -> dict[str, Any]:
+        """Block until the job is succeeded, dead or cancelled (or in one of `states`), or
+        timeout seconds pass. Returns the job; raises TimeoutError if it is not there yet."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = max(0.0, deadline - time.monotonic())
-            reply = self._call({"op": "wait", "job_id": job_id, "timeout": min(remaining, 3600.0)})
+            req: dict[str, Any] = {"op": "wait", "job_id": job_id, "timeout": min(remaining, 3600.0)}
+            if states is not None:
+                req["states"] = list(states)
+            reply = self._call(req)
             if not reply.get("timed_out"):
                 return reply["job"]
             if remaining <= 0:

@@ -90,7 +90,8 @@ class Daemon:
             )
         loader = FunctionLoader(c.app_dir, c.allow)
         self.pool = WorkerPool(store, loader, c.workers, clock=self.clock, sweep=c.sweep,
-                               on_finished=self._on_finished)
+                               on_finished=self._on_finished,
+                               on_claimed=lambda jobs: self.service.waiters.notify([j.id for j in jobs]))
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep)
         self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock)
         self.service = QueueService(store, self.batcher, loader, self.scheduler, self.pool,
@@ -117,9 +118,7 @@ class Daemon:
         retries = [o.run_at for o in outcomes if o.state == State.SCHEDULED and o.run_at is not None]
         if retries:
             self.scheduler.wake_at(min(retries))
-        final = [o.job_id for o in outcomes if o.state in State.FINAL]
-        if final:
-            self.service.waiters.notify(final)
+        self.service.waiters.notify([o.job_id for o in outcomes])
 
     def request_stop(self, *_: object) -> None:
         self._stop.set()

@@ -64,7 +64,7 @@ def storable_result(value: Any, limit: int = MAX_RESULT_BYTES) -> Any:
     """A result as it can be stored: itself if it is JSON within the limit, else a string
     that says what it was (the job still succeeded)."""
     try:
-        text = json.dumps(value, ensure_ascii=False)
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError):
         text = json.dumps(repr(value)[:limit], ensure_ascii=False)
         value = repr(value)[:limit]

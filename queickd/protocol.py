@@ -79,7 +79,7 @@ OPS: dict[str, frozenset] = {
     "enqueue": _JOB_FIELDS,
     "enqueue_many": frozenset({"jobs"}),
     "get": frozenset({"job_id"}),
-    "wait": frozenset({"job_id", "timeout"}),
+    "wait": frozenset({"job_id", "timeout", "states"}),
     "cancel": frozenset({"job_id"}),
     "retry": frozenset({"job_id"}),
     "jobs": frozenset({"state", "limit"}),
@@ -93,10 +93,25 @@ _FUNC_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*([:.])[A-Za-z_]\w*$")
 _RETRY_FIELDS = frozenset({"policy", "interval", "max_interval", "max_attempts"})
 
 
+def _finite(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"number out of range: {text}")
+    return v
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# Strict JSON: NaN, Infinity and 1e999 would be stored as non-JSON and break readers.
+_decoder = json.JSONDecoder(parse_float=_finite, parse_constant=_no_constant)
+
+
 def decode_line(line: bytes | str) -> dict[str, Any]:
     """One line (no newline) to a request dict, or QueueError(bad_request)."""
     try:
-        obj = json.loads(line)
+        obj = _decoder.decode(line if isinstance(line, str) else line.decode("utf-8"))
     except UnicodeDecodeError:
         raise bad("request is not UTF-8") from None
     except ValueError as e:
@@ -259,6 +274,16 @@ def state_filter(obj: dict[str, Any]) -> str | None:
     if s is not None and s not in State.ALL:
         raise bad(f"state must be one of {', '.join(State.ALL)}")
     return s
+
+
+def states(obj: dict[str, Any]) -> frozenset[str]:
+    """The `states` a `wait` waits for; the final states when absent."""
+    v = obj.get("states")
+    if v is None:
+        return frozenset(State.FINAL)
+    if not isinstance(v, list) or not v or any(s not in State.ALL for s in v):
+        raise bad(f"states must be a non-empty list of {', '.join(State.ALL)}")
+    return frozenset(v)
 
 
 def limit(obj: dict[str, Any], default: int = 100, maximum: int = 10_000) -> int:

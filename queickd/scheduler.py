@@ -146,6 +146,7 @@ class Scheduler:
         self._promote()
         self._fire_crons()
         self._on_queued()  # safety: a lost wake-up costs at most one sweep
+        log.debug("swept; next sweep in %.0f s", self._sweep)
         self._sched.enter(self._sweep, 1, self._sweep_now)
 
 

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from . import protocol
-from .job import State, Submitted
+from .job import Submitted
 from .protocol import Code, QueueError
 from .service import QueueService
 
@@ -173,6 +173,7 @@ class _Connection(asyncio.Protocol):
 
     async def _wait(self, req: dict[str, Any]) -> dict[str, Any]:
         job_id = protocol.job_id(req)
+        until = protocol.states(req)
         timeout = protocol._number(req, "timeout")
         timeout = 30.0 if timeout is None else max(0.0, min(timeout, _WAIT_MAX))
         deadline = self.loop.time() + timeout
@@ -186,8 +187,8 @@ class _Connection(asyncio.Protocol):
             try:
                 reply = await self.loop.run_in_executor(self.server.io, self.svc.op_get, {"job_id": job_id})
                 remaining = deadline - self.loop.time()
-                if reply["job"]["state"] in State.FINAL or remaining <= 0:
-                    reply["timed_out"] = reply["job"]["state"] not in State.FINAL
+                if reply["job"]["state"] in until or remaining <= 0:
+                    reply["timed_out"] = reply["job"]["state"] not in until
                     return reply
                 try:
                     await asyncio.wait_for(finished.wait(), remaining)

@@ -119,6 +119,7 @@ class QueueService:
         if before.state != State.DEAD:
             raise QueueError(Code.CONFLICT, f"job {job_id} is {before.state}; only dead jobs are retried")
         job = self.store.retry_dead(job_id, self.clock())
+        self.waiters.notify([job_id])
         self.pool.wake()
         return {"ok": True, "job": job.to_dict()}
 

@@ -40,6 +40,7 @@ class WorkerPool:
         sweep: float = DEFAULT_SWEEP,
         network_checker: Callable[[], bool] = lambda: False,
         on_finished: Callable[[list[Outcome]], None] = lambda outcomes: None,
+        on_claimed: Callable[[list[Job]], None] = lambda jobs: None,
     ) -> None:
         if workers < 0:
             raise ValueError("workers must be 0 or more")
@@ -50,6 +51,7 @@ class WorkerPool:
         self._sweep = sweep
         self._network_checker = network_checker
         self._on_finished = on_finished
+        self._on_claimed = on_claimed
         # Set by anyone who may have made work available or freed a worker; cleared only
         # by the dispatcher before it looks, so no wake-up is lost.
         self._wake = threading.Event()
@@ -122,9 +124,12 @@ class WorkerPool:
                     continue
                 free = self.workers - self._busy
                 if free > 0:
-                    for job in self.store.claim_available(free, self._clock()):
+                    claimed = self.store.claim_available(free, self._clock())
+                    for job in claimed:
                         self._busy += 1
                         self._executor.submit(self._run, job)  # type: ignore[union-attr]
+                    if claimed:
+                        self._on_claimed(claimed)
             except Exception:
                 log.exception("store error in the dispatcher; retrying in %.0f s", _STORE_RETRY)
                 time.sleep(_STORE_RETRY)

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "jobs"))
 
 from helpers import DaemonProcess, Gate  # noqa: E402
 

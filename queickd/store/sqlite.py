@@ -348,6 +348,11 @@ class SQLiteStore:
             )
             return self._insert(c, [job], now)[0]
 
+    def integrity_check(self) -> str:
+        """'ok', or what SQLite's quick_check found wrong."""
+        rows = self._conn().execute("PRAGMA quick_check").fetchall()
+        return "\n".join(r[0] for r in rows)
+
     def close(self) -> None:
         with self._all_lock:
             for c in self._all:

@@ -1,0 +1,185 @@
+"""Protocol v1 on a raw socket: framing, ordering, errors, authentication."""
+
+import json
+import socket
+
+import pytest
+from helpers import DaemonProcess
+
+from queickd import JobQueue
+from queickd.job import State
+from queickd.protocol import QueueError
+from queickd.store.sqlite import SQLiteStore
+
+
+class Raw:
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+        self.rfile = self.sock.makefile("rb")
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def reply(self) -> dict:
+        line = self.rfile.readline()
+        assert line, "connection closed"
+        return json.loads(line)
+
+    def ask(self, obj) -> dict:
+        self.send(json.dumps(obj).encode() + b"\n")
+        return self.reply()
+
+    def closed(self) -> bool:
+        """True once the daemon has hung up (EOF, or a reset if our bytes were unread)."""
+        try:
+            return self.rfile.readline() == b""
+        except ConnectionResetError:
+            return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def raw(daemon):
+    r = Raw(daemon.port)
+    yield r
+    r.close()
+
+
+def test_hello_names_the_server_and_protocol(raw):
+    r = raw.ask({"op": "hello"})
+    assert (r["ok"], r["server"], r["protocol"]) == (True, "queickd", 1)
+    assert isinstance(r["version"], str)
+
+
+@pytest.mark.parametrize("line", [
+    b"this is not json",
+    b"\xff\xfe\x00garbage",
+    b"[1, 2, 3]",
+    b'{"no_op": 1}',
+    b'{"op": "explode"}',
+    b'{"op": "enqueue", "func": "testjobs:noop", "surprise": 1}',
+    b'{"op": "enqueue", "func": "testjobs:noop", "args": "not a list"}',
+    b'{"op": "enqueue", "func": "testjobs:noop", "delay": -1}',
+    b'{"op": "enqueue", "func": "not a function name"}',
+    b'{"op": "enqueue", "func": "testjobs:noop", "retry": {"policy": "sometimes"}}',
+    b'{"op": "get", "job_id": "1"}',
+    b'{"op": "jobs", "state": "finished"}',
+], ids=["not-json", "not-utf8", "array", "no-op", "unknown-op", "unknown-field", "args-type",
+        "negative-delay", "bad-func", "bad-policy", "id-type", "bad-state"])
+def test_bad_input_gets_bad_request_and_the_connection_keeps_serving(raw, line):
+    raw.send(line + b"\n")
+    r = raw.reply()
+    assert r["ok"] is False and r["error"]["code"] == "bad_request" and r["error"]["message"]
+    assert raw.ask({"op": "hello"})["ok"] is True
+
+
+def test_an_oversized_line_is_refused_and_the_connection_closed(daemon, raw):
+    raw.send(b'{"op": "enqueue", "func": "testjobs:noop", "args": ["' + b"x" * (1 << 20) + b'"]}\n')
+    r = raw.reply()
+    assert r["error"]["code"] == "bad_request" and "longer than" in r["error"]["message"]
+    assert raw.closed()
+    with daemon.client() as q:  # the daemon itself is fine
+        assert q.wait(q.enqueue("testjobs:noop"), 20)["state"] == State.SUCCEEDED
+
+
+def test_an_endless_line_without_newline_is_cut_off(raw):
+    chunk = b"a" * 65536
+    try:
+        for _ in range(64):  # 4 MiB, four times the limit
+            raw.send(chunk)
+    except OSError:
+        pass  # the daemon hung up while we were still sending: that is the refusal
+    try:
+        r = raw.reply()
+    except ConnectionResetError:
+        return  # closed with our unread bytes pending: refused all the same
+    assert r["error"]["code"] == "bad_request"
+    assert raw.closed()
+
+
+def test_bad_input_never_damages_the_store(start_daemon, tmp_path):
+    d = start_daemon()
+    raw = Raw(d.port)
+    for line in (b"\x00\x01\x02", b"{" * 1000, b'{"op":"enqueue","func":"testjobs:noop","args":[1e999]}'):
+        raw.send(line + b"\n")
+        assert raw.reply()["ok"] is False
+    ok = raw.ask({"op": "enqueue", "func": "testjobs:add", "args": [1, 2]})
+    raw.close()
+    assert d.terminate() == 0
+    store = SQLiteStore(str(tmp_path / "queue.db"))
+    assert store.integrity_check() == "ok"
+    assert [j.id for j in store.list_jobs(None, 10)] == [ok["job_id"]]
+    store.close()
+
+
+def test_pipelined_requests_are_answered_in_order(raw):
+    reqs = []
+    for i in range(200):
+        reqs.append({"op": "enqueue", "func": "testjobs:add", "args": [i, 0]})
+        if i % 50 == 0:
+            reqs.append({"op": "stats"})
+            reqs.append({"op": "nonsense"})
+    raw.send(b"".join(json.dumps(r).encode() + b"\n" for r in reqs))
+    replies = [raw.reply() for _ in reqs]
+    kinds = [("stats" if "counts" in r else "enqueue" if "job_id" in r else "error") for r in replies]
+    expected = [{"enqueue": "enqueue", "stats": "stats", "nonsense": "error"}[r["op"]] for r in reqs]
+    assert kinds == expected
+    ids = [r["job_id"] for r in replies if "job_id" in r]
+    assert ids == sorted(ids) and len(set(ids)) == 200
+
+
+def test_enqueue_many_rejects_the_whole_batch_if_one_job_is_bad(raw):
+    r = raw.ask({"op": "enqueue_many", "jobs": [{"func": "testjobs:noop"}, {"func": 42}]})
+    assert r["error"]["code"] == "bad_request" and "jobs[1]" in r["error"]["message"]
+    assert raw.ask({"op": "stats"})["enqueued"] == 0
+
+
+@pytest.fixture
+def token_daemon(start_daemon, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    return start_daemon(None, "--token-file", str(token))
+
+
+def test_with_a_token_every_op_before_hello_is_unauthorized(token_daemon):
+    raw = Raw(token_daemon.port)
+    assert raw.ask({"op": "stats"})["error"]["code"] == "unauthorized"
+    assert raw.ask({"op": "hello", "token": "wrong"})["error"]["code"] == "unauthorized"
+    assert raw.ask({"op": "enqueue", "func": "testjobs:noop"})["error"]["code"] == "unauthorized"
+    assert raw.ask({"op": "hello", "token": "s3cret"})["ok"] is True
+    assert raw.ask({"op": "stats"})["ok"] is True
+    raw.close()
+
+
+def test_the_client_sends_its_token(token_daemon):
+    with JobQueue("127.0.0.1", token_daemon.port, token="s3cret") as q:
+        assert q.wait(q.enqueue("testjobs:noop"), 20)["state"] == State.SUCCEEDED
+    with pytest.raises(QueueError) as e, JobQueue("127.0.0.1", token_daemon.port, token="nope") as q:
+        q.stats()
+    assert e.value.code == "unauthorized"
+
+
+def test_the_client_reconnects_after_the_daemon_restarts(tmp_path):
+    d = DaemonProcess(f"sqlite:///{tmp_path / 'q.db'}").start()
+    try:
+        q = JobQueue("127.0.0.1", d.port)
+        assert q.wait(q.enqueue("testjobs:noop"), 20)["state"] == State.SUCCEEDED
+        port = d.port
+        assert d.terminate() == 0
+        d.extra = ["--port", str(port)]  # the later --port wins
+        d.start()
+        assert q.wait(q.enqueue("testjobs:noop"), 20)["state"] == State.SUCCEEDED
+        q.close()
+    finally:
+        d.close()
+
+
+def test_an_unreachable_daemon_raises_connection_error():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with pytest.raises(ConnectionError, match="is the daemon running"):
+        JobQueue("127.0.0.1", port).stats()
