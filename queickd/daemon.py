@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import __version__, protocol
+from . import __version__, protocol, sdnotify
 from .batcher import SubmitBatcher
 from .job import NewJob, Outcome, State, Submitted
 from .loader import FunctionLoader
@@ -147,5 +147,8 @@ class Daemon:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         self.start()
+        sdnotify.notify("READY=1")
+        sdnotify.start_watchdog(lambda: self.scheduler.alive, self._stop)
         self._stop.wait()
+        sdnotify.notify("STOPPING=1")
         return self.stop()

@@ -1,0 +1,142 @@
+"""`queick` as a person uses it: real subprocesses against a real daemon."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from helpers import JOBS_DIR, DaemonProcess
+
+from queickd.cli import EX_CONFIG
+from queickd.job import State
+
+
+def queick(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "queickd", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+
+
+def test_help_lists_the_commands():
+    out = queick("--help").stdout
+    for cmd in ("run", "enqueue", "jobs", "show", "cancel", "retry", "stats", "crons"):
+        assert cmd in out
+
+
+def test_run_help_explains_each_flag_and_its_environment_variable():
+    out = queick("run", "--help").stdout
+    for flag in ("--store", "--durability", "--port", "--workers", "--app-dir", "--allow",
+                 "--token-file", "--stop-timeout"):
+        assert flag in out
+    assert "QUEICKD_STORE" in out and "QUEICKD_PORT" in out
+
+
+def test_enqueue_then_wait_prints_the_finished_job(daemon):
+    r = queick("enqueue", "testjobs:add", "--args", "[20, 22]", "--wait", "30", "--json",
+               "--port", str(daemon.port))
+    assert r.returncode == 0, r.stderr
+    job = json.loads(r.stdout)
+    assert (job["state"], job["result"]) == (State.SUCCEEDED, 42)
+
+
+def test_enqueue_prints_the_job_id_and_show_prints_the_job(daemon):
+    r = queick("enqueue", "testjobs:noop", "--delay", "3600", "--port", str(daemon.port))
+    job_id = int(r.stdout)
+    show = queick("show", str(job_id), "--port", str(daemon.port))
+    assert show.returncode == 0 and "scheduled" in show.stdout and "testjobs:noop" in show.stdout
+
+
+def test_jobs_stats_cancel_and_retry_commands(daemon):
+    port = ["--port", str(daemon.port)]
+    later = int(queick("enqueue", "testjobs:noop", "--delay", "3600", *port).stdout)
+    failed = json.loads(queick("enqueue", "testjobs:fail", "--wait", "30", "--json", *port).stdout)
+    assert failed["state"] == State.DEAD
+    listing = queick("jobs", "--state", "dead", *port).stdout
+    assert str(failed["id"]) in listing and "ValueError" in listing
+    assert queick("cancel", str(later), *port).returncode == 0
+    assert queick("retry", str(failed["id"]), *port).returncode == 0
+    stats = json.loads(queick("stats", "--json", *port).stdout)
+    assert stats["counts"][State.CANCELLED] == 1
+    assert "jobs:" in queick("stats", *port).stdout
+
+
+def test_a_failing_job_with_wait_exits_nonzero(daemon):
+    r = queick("enqueue", "testjobs:fail", "--wait", "30", "--port", str(daemon.port))
+    assert r.returncode == 1 and "ValueError" in r.stdout
+
+
+def test_refusals_print_the_error_code_and_exit_1(daemon):
+    r = queick("enqueue", "os:system", "--args", '["true"]', "--port", str(daemon.port))
+    assert r.returncode == 1 and "not_allowed" in r.stderr
+    r = queick("show", "999999", "--port", str(daemon.port))
+    assert r.returncode == 1 and "not_found" in r.stderr
+
+
+def test_bad_json_arguments_are_a_usage_error():
+    r = queick("enqueue", "testjobs:noop", "--args", "{not json")
+    assert r.returncode == 2 and "not JSON" in r.stderr
+
+
+def test_no_daemon_is_a_clear_error():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    r = queick("stats", "--port", str(port))
+    assert r.returncode == 1 and "is the daemon running" in r.stderr
+
+
+def test_flags_come_from_the_environment(daemon):
+    r = queick("stats", "--json", env={"QUEICKD_PORT": str(daemon.port)})
+    assert r.returncode == 0 and json.loads(r.stdout)["workers"]["total"] == 4
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--app-dir", "/no/such/dir"], "app directory"),
+    (["--store", "redis://localhost"], "unknown store URL"),
+    (["--workers", "-1"], "workers"),
+])
+def test_configuration_errors_exit_with_ex_config(args, message, tmp_path):
+    r = queick("run", "--port", "0", "--store", f"sqlite:///{tmp_path / 'q.db'}", *args, timeout=30)
+    assert r.returncode == EX_CONFIG and message in r.stderr
+
+
+def test_no_subcommand_runs_the_daemon(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "queickd", "--port", "0", "--store",
+                             f"sqlite:///{tmp_path / 'q.db'}", "--app-dir", str(JOBS_DIR)],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert "listening on" in proc.stderr.readline()
+        proc.terminate()
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+
+
+def test_the_daemon_tells_systemd_it_is_ready_and_stopping(tmp_path):
+    path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(20)
+    d = DaemonProcess(f"sqlite:///{tmp_path / 'q.db'}", env={"NOTIFY_SOCKET": path}).start()
+    try:
+        assert sock.recv(100) == b"READY=1"
+        d.proc.terminate()
+        assert sock.recv(100) == b"STOPPING=1"
+        assert d.proc.wait(30) == 0
+    finally:
+        d.close()
+        sock.close()
+
+
+def test_logs_carry_syslog_priorities_under_journald(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "queickd", "run", "--port", "0", "--store",
+                             f"sqlite:///{tmp_path / 'q.db'}", "--app-dir", str(JOBS_DIR)],
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "JOURNAL_STREAM": "8:1"})
+    try:
+        line = proc.stderr.readline()
+        assert line.startswith("<6>queickd.daemon: queickd ") and "listening on" in line
+    finally:
+        proc.kill()
+        proc.wait(10)
