@@ -128,7 +128,8 @@ class Daemon:
         if self._stopped or self.store is None:
             return True
         self._stopped = True
-        log.info("stopping: no new requests; waiting up to %.0f s for running jobs",
+        self.pool.stop_claiming()
+        log.info("stopping: no new requests or claims; waiting up to %.0f s for running jobs",
                  self.config.stop_timeout)
         self.server.stop()  # type: ignore[union-attr]
         self.batcher.stop()

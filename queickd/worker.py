@@ -81,6 +81,11 @@ class WorkerPool:
         """Tell the dispatcher that work may be available. Cheap; call from any thread."""
         self._wake.set()
 
+    def stop_claiming(self) -> None:
+        """Claim nothing more from now on; running jobs go on. Idempotent."""
+        self._stopping = True
+        self._wake.set()
+
     def stop(self, timeout: float) -> bool:
         """Stop claiming; wait up to `timeout` s for running jobs. True if all finished.
 
@@ -89,8 +94,7 @@ class WorkerPool:
         """
         if self._thread is None:
             return True
-        self._stopping = True
-        self._wake.set()
+        self.stop_claiming()
         finished = self._idle.wait(timeout)
         self._thread.join(1.0 if finished else 0.1)
         if self._executor is not None:

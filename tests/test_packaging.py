@@ -1,0 +1,52 @@
+"""What the Pi install relies on: a stdlib-only core, valid units, a sane install script."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_the_core_imports_only_the_standard_library():
+    code = (
+        "import sys\n"
+        "import queickd, queickd.cli, queickd.daemon, queickd.client, queickd.store.sqlite, "
+        "queickd.store.memory\n"
+        "ours = {'queickd', '__main__'}\n"
+        "foreign = sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names) - ours)\n"
+        "print(','.join(foreign))\n"
+    )
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         check=True).stdout.strip()
+    assert out == "", f"the core imported non-stdlib modules: {out}"
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+@pytest.mark.parametrize("unit", sorted((ROOT / "systemd").glob("*.service")), ids=lambda p: p.name)
+def test_systemd_units_verify_cleanly(unit, tmp_path):
+    # The unit names the venv the install script creates; point it at an executable that
+    # exists here so that verify checks everything else.
+    text = unit.read_text().replace("/opt/queickd/venv/bin/queick", sys.executable)
+    copy = tmp_path / unit.name
+    copy.write_text(text)
+    r = subprocess.run(["systemd-analyze", "verify", str(copy)], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "" and r.stderr.strip() == "", r.stderr
+
+
+def test_the_unit_does_not_restart_on_configuration_errors():
+    from queickd.cli import EX_CONFIG
+
+    text = (ROOT / "systemd" / "queickd.service").read_text()
+    assert f"RestartPreventExitStatus={EX_CONFIG}" in text and "Type=notify" in text
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+def test_the_install_script_parses_and_refuses_non_root_use():
+    script = ROOT / "scripts" / "install-pi.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    if hasattr(__import__("os"), "geteuid") and __import__("os").geteuid() != 0:
+        r = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+        assert r.returncode == 1 and "run as root" in r.stderr
