@@ -84,7 +84,8 @@ class CronExpr:
             raise ValueError(f"a cron expression has 5 fields, got {len(parts)}: {text!r}")
         sets = [_parse_field(p, *f) for p, f in zip(parts, _FIELDS, strict=True)]
         weekdays = frozenset(d % 7 for d in sets[4])
-        return cls(text, *sets[:4], weekdays, parts[2] == "*", parts[4] == "*")
+        # As in Vixie cron, a day field starting with "*" (also "*/2") counts as unrestricted.
+        return cls(text, *sets[:4], weekdays, parts[2].startswith("*"), parts[4].startswith("*"))
 
     def _day_matches(self, d: datetime) -> bool:
         dom = d.day in self.days
@@ -121,28 +122,43 @@ class Every:
         if t < self.start_at:
             return self.start_at
         n = math.floor((t - self.start_at) / self.interval) + 1
+        while self.start_at + n * self.interval <= t:  # float division may land one short
+            n += 1
         return self.start_at + n * self.interval
 
 
 Schedule = CronExpr | Every
 
 
-def parse_schedule(d: dict[str, Any]) -> Schedule:
-    """Read the wire/stored form: {"cron": "*/5 * * * *"} or {"every": s, "start_at": t}."""
+def finite_number(v: Any) -> float | None:
+    """A finite number as float, or None (bools, huge ints, NaN, infinities are not)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def parse_schedule(d: dict[str, Any], now: float | None = None) -> Schedule:
+    """Read the wire/stored form: {"cron": "*/5 * * * *"} or {"every": s, "start_at": t}.
+    Without start_at, an interval starts one interval after `now` (default: the clock)."""
     if "cron" in d:
         if not isinstance(d["cron"], str):
             raise ValueError("cron must be a string")
         return CronExpr.parse(d["cron"])
     if "every" in d:
-        every = d["every"]
-        if not isinstance(every, (int, float)) or isinstance(every, bool) or not every > 0:
+        every = finite_number(d["every"])
+        if every is None or every <= 0:
             raise ValueError("every must be a positive number of seconds")
-        start = d.get("start_at")
-        if start is None:
-            start = time.time() + every
-        if not isinstance(start, (int, float)) or not math.isfinite(start):
-            raise ValueError("start_at must be unix seconds")
-        return Every(float(every), float(start))
+        if d.get("start_at") is None:
+            start: float | None = (time.time() if now is None else now) + every
+        else:
+            start = finite_number(d["start_at"])
+            if start is None:
+                raise ValueError("start_at must be unix seconds")
+        return Every(every, start)
     raise ValueError("a schedule needs 'cron' or 'every'")
 
 
@@ -172,8 +188,8 @@ class SchedulingTime:
         return self
 
     def validate(self) -> None:
-        if self.interval <= 0:
-            raise ValueError("the interval must be above 0")
+        if not (self.interval > 0 and math.isfinite(self.interval)):
+            raise ValueError("the interval must be a finite number above 0")
 
     def to_dict(self) -> dict[str, Any]:
         self.validate()

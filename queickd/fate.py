@@ -48,7 +48,8 @@ def is_network_error(exc: BaseException) -> bool:
             return True
         if isinstance(e, OSError) and e.errno in _NETWORK_ERRNOS:
             return True
-        e = e.__cause__ or e.__context__
+        # `raise X from None` says the earlier error does not explain this one.
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
         seen += 1
     return False
 

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from . import retry as retry_mod
-from .cron import parse_schedule, schedule_to_dict
+from .cron import finite_number, parse_schedule, schedule_to_dict
 from .job import NewJob, State
 
 VERSION = 1
@@ -136,7 +136,7 @@ def encode(reply: dict[str, Any]) -> bytes:
 
 def normalize_func(func: Any) -> str:
     """'pkg.mod:fn' or 'pkg.mod.fn' → 'pkg.mod:fn'."""
-    if not isinstance(func, str) or not _FUNC_RE.match(func):
+    if not isinstance(func, str) or not _FUNC_RE.fullmatch(func):
         raise bad("func must be 'module:function' (or 'module.function')")
     if ":" in func:
         return func
@@ -144,13 +144,14 @@ def normalize_func(func: Any) -> str:
     return f"{module}:{name}"
 
 
-def _number(obj: dict, name: str) -> float | None:
+def number(obj: dict, name: str) -> float | None:
     v = obj.get(name)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    f = finite_number(v)
+    if f is None:
         raise bad(f"{name} must be a finite number")
-    return float(v)
+    return f
 
 
 def _opt_str(obj: dict, name: str) -> str | None:
@@ -173,7 +174,7 @@ def parse_retry(v: Any) -> Any:
     if extra:
         raise bad(f"unknown retry field(s): {', '.join(sorted(extra))}")
     for name in ("interval", "max_interval"):
-        _number(v, name)
+        number(v, name)
     attempts = v.get("max_attempts")
     if attempts is not None and (isinstance(attempts, bool) or not isinstance(attempts, int)):
         raise bad("retry.max_attempts must be an integer")
@@ -201,7 +202,7 @@ def parse_job(obj: dict[str, Any], now: float) -> NewJob:
         kwargs = {}
     if not isinstance(kwargs, dict):
         raise bad("kwargs must be a JSON object")
-    run_at, delay = _number(obj, "run_at"), _number(obj, "delay")
+    run_at, delay = number(obj, "run_at"), number(obj, "delay")
     if run_at is not None and delay is not None:
         raise bad("give run_at or delay, not both")
     if delay is not None:
@@ -248,7 +249,7 @@ def parse_cron(obj: dict[str, Any], now: float) -> tuple[str, dict, NewJob]:
     if ("cron" in sched_fields) == ("every" in sched_fields):
         raise bad("a cron needs exactly one of 'cron' (expression) or 'every' (seconds)")
     try:
-        schedule = parse_schedule(sched_fields)
+        schedule = parse_schedule(sched_fields, now)
     except ValueError as e:
         raise bad(str(e)) from None
     template = parse_job({k: v for k, v in obj.items() if k in _JOB_FIELDS}, now)

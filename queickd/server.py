@@ -174,7 +174,7 @@ class _Connection(asyncio.Protocol):
     async def _wait(self, req: dict[str, Any]) -> dict[str, Any]:
         job_id = protocol.job_id(req)
         until = protocol.states(req)
-        timeout = protocol._number(req, "timeout")
+        timeout = protocol.number(req, "timeout")
         timeout = 30.0 if timeout is None else max(0.0, min(timeout, _WAIT_MAX))
         deadline = self.loop.time() + timeout
         while True:

@@ -1,0 +1,285 @@
+"""Unit tests for queickd.fate: network-error classification, result storage, failure outcomes."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import http.client
+import random
+import socket
+import urllib.error
+
+import pytest
+
+from queickd.fate import after_failure, after_success, is_network_error, storable_result
+from queickd.job import Job, State
+from queickd.retry import RETRY_TYPE, delay, make_spec
+
+NOW = 1_750_000_000.0
+
+
+def make_job(**overrides) -> Job:
+    """A running job with every field set; retries: constant 10 s, 3 attempts, 1 spent."""
+    retry = make_spec(RETRY_TYPE.CONSTANT, interval=10.0, max_attempts=3)
+    fields = dict(
+        id=7,
+        func="m:f",
+        args=[],
+        kwargs={},
+        state=State.RUNNING,
+        priority=0,
+        run_at=NOW - 5,
+        created_at=NOW - 10,
+        attempts=1,
+        max_attempts=3,
+        retry=retry,
+        retry_on_network=False,
+        key=None,
+        idempotency_key=None,
+        cron=None,
+        orphaned=0,
+        started_at=NOW - 1,
+        finished_at=None,
+        result=None,
+        error=None,
+    )
+    fields.update(overrides)
+    return Job(**fields)
+
+
+def raised(exc: BaseException) -> BaseException:
+    """The exception after it was actually raised (so it carries a traceback)."""
+    try:
+        raise exc
+    except BaseException as e:
+        return e
+
+
+def chained(outer: BaseException, inner: BaseException, explicit: bool = True) -> BaseException:
+    """`outer` raised while handling `inner` (`from inner` when explicit)."""
+    try:
+        try:
+            raise inner
+        except BaseException as e:
+            if explicit:
+                raise outer from e
+            raise outer  # noqa: B904 - implicit chaining is what is being tested
+    except BaseException as e:
+        return e
+
+
+# --- is_network_error -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ConnectionRefusedError(errno.ECONNREFUSED, "refused"),
+        ConnectionResetError(),
+        ConnectionError("down"),
+        TimeoutError("timed out"),
+        socket.gaierror(socket.EAI_NONAME, "Name or service not known"),
+        urllib.error.URLError("no route"),
+        http.client.RemoteDisconnected("closed"),
+        http.client.IncompleteRead(b"partial"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_is_network_error_true_for_network_exception_types(exc):
+    assert is_network_error(exc) is True
+
+
+@pytest.mark.parametrize("code", [errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN])
+def test_is_network_error_true_for_plain_oserror_with_network_errno(code):
+    exc = OSError(code, "network trouble")
+    assert type(exc) is OSError  # no dedicated subclass: the errno alone decides
+    assert is_network_error(exc) is True
+
+
+def test_is_network_error_false_for_a_missing_file():
+    assert is_network_error(FileNotFoundError(errno.ENOENT, "no such file")) is False
+
+
+def test_is_network_error_false_for_plain_oserror_with_other_errno():
+    assert is_network_error(OSError(errno.EACCES, "denied")) is False
+
+
+def test_is_network_error_false_for_an_http_error_reply():
+    exc = urllib.error.HTTPError("http://example.invalid/", 503, "Unavailable", None, None)
+    assert is_network_error(exc) is False
+
+
+def test_is_network_error_false_for_value_error():
+    assert is_network_error(ValueError("bad input")) is False
+
+
+def test_is_network_error_true_for_error_raised_from_connection_error():
+    assert is_network_error(chained(RuntimeError("fetch failed"), ConnectionError("down"))) is True
+
+
+def test_is_network_error_true_for_error_raised_while_handling_a_timeout():
+    exc = chained(KeyError("x"), TimeoutError(), explicit=False)
+    assert is_network_error(exc) is True
+
+
+def test_is_network_error_false_for_error_raised_from_an_http_error():
+    http_error = urllib.error.HTTPError("http://example.invalid/", 500, "boom", None, None)
+    assert is_network_error(chained(RuntimeError("api failed"), http_error)) is False
+
+
+def test_is_network_error_false_for_error_raised_from_a_non_network_error():
+    assert is_network_error(chained(RuntimeError("x"), ValueError("y"))) is False
+
+
+# --- storable_result ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value", [None, True, 3, 2.5, "text", [1, "a", None], {"k": [1, 2], "n": {"x": 1.5}}]
+)
+def test_storable_result_keeps_json_values(value):
+    assert storable_result(value) == value
+
+
+def test_storable_result_turns_a_non_json_value_into_its_repr():
+    assert storable_result({1, 2}) == repr({1, 2})
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), [1.0, float("-inf")]])
+def test_storable_result_turns_non_finite_floats_into_their_repr(value):
+    assert storable_result(value) == repr(value)
+
+
+def test_storable_result_turns_a_nested_non_json_value_into_a_repr_string():
+    value = {"when": object()}
+    result = storable_result(value)
+    assert isinstance(result, str)
+    assert result == repr(value)
+
+
+def test_storable_result_over_the_limit_becomes_a_string_naming_the_limit():
+    result = storable_result("x" * 100, limit=50)
+    assert isinstance(result, str)
+    assert "50-byte limit" in result
+    assert "x" * 50 not in result
+
+
+def test_storable_result_exactly_at_the_limit_is_kept():
+    value = "x" * 48  # 50 bytes once quoted as JSON
+    assert storable_result(value, limit=50) == value
+
+
+def test_storable_result_limit_counts_utf8_bytes_not_characters():
+    value = "é" * 30  # 30 characters, 62 bytes as JSON
+    result = storable_result(value, limit=50)
+    assert result != value
+    assert "50-byte limit" in result
+
+
+def test_storable_result_over_limit_non_json_value_names_the_limit():
+    result = storable_result({i for i in range(1000)}, limit=100)
+    assert "100-byte limit" in result
+
+
+def test_after_success_stores_the_result():
+    out = after_success(make_job(), {"n": 1})
+    assert (out.job_id, out.state, out.result) == (7, State.SUCCEEDED, {"n": 1})
+
+
+# --- after_failure ----------------------------------------------------------------------------
+
+
+def test_after_failure_retries_at_now_plus_the_policy_delay():
+    out = after_failure(make_job(attempts=1), ValueError("boom"), NOW)
+    assert (out.job_id, out.state, out.run_at) == (7, State.SCHEDULED, NOW + 10.0)
+
+
+def test_after_failure_retry_delay_uses_the_attempt_count():
+    retry = make_spec(RETRY_TYPE.LINEAR_INCREASING, interval=5.0, max_attempts=5)
+    out = after_failure(make_job(retry=retry, max_attempts=5, attempts=3), ValueError(), NOW)
+    assert out.run_at == NOW + 15.0
+
+
+def test_after_failure_exponential_retry_uses_the_given_rand():
+    retry = make_spec(RETRY_TYPE.EXPONENTIAL, interval=2.0, max_attempts=5)
+    job = make_job(retry=retry, max_attempts=5, attempts=2)
+    out = after_failure(job, ValueError(), NOW, rand=random.Random(11))
+    assert out.run_at == NOW + delay(retry, 2, random.Random(11))
+
+
+def test_after_failure_records_the_error():
+    out = after_failure(make_job(), raised(ValueError("boom")), NOW)
+    assert out.error["type"] == "ValueError"
+    assert out.error["message"] == "boom"
+    assert "ValueError: boom" in out.error["traceback"]
+
+
+def test_after_failure_is_dead_when_attempts_are_exhausted():
+    out = after_failure(make_job(attempts=3, max_attempts=3), ValueError("boom"), NOW)
+    assert out.state == State.DEAD
+    assert out.run_at is None
+
+
+def test_after_failure_is_dead_without_a_retry_spec():
+    out = after_failure(make_job(retry=None, max_attempts=1, attempts=1), ValueError(), NOW)
+    assert out.state == State.DEAD
+
+
+def test_after_failure_parks_network_failure_when_asked_and_checker_runs():
+    job = make_job(retry_on_network=True)
+    out = after_failure(job, ConnectionRefusedError(), NOW, network_checker=True)
+    assert out.state == State.WAITING_NETWORK
+    assert out.error["type"] == "ConnectionRefusedError"
+
+
+def test_after_failure_parks_network_failure_even_with_attempts_exhausted():
+    job = make_job(retry_on_network=True, attempts=3, max_attempts=3)
+    out = after_failure(job, TimeoutError(), NOW, network_checker=True)
+    assert out.state == State.WAITING_NETWORK
+
+
+def test_after_failure_does_not_park_without_a_network_checker():
+    job = make_job(retry_on_network=True)
+    out = after_failure(job, ConnectionRefusedError(), NOW, network_checker=False)
+    assert (out.state, out.run_at) == (State.SCHEDULED, NOW + 10.0)
+
+
+def test_after_failure_does_not_park_when_the_job_did_not_ask():
+    job = make_job(retry_on_network=False)
+    out = after_failure(job, ConnectionRefusedError(), NOW, network_checker=True)
+    assert out.state == State.SCHEDULED
+
+
+def test_after_failure_non_network_error_with_retry_on_network_follows_retry_policy():
+    job = make_job(retry_on_network=True)
+    out = after_failure(job, ValueError("bad data"), NOW, network_checker=True)
+    assert (out.state, out.run_at) == (State.SCHEDULED, NOW + 10.0)
+
+
+def test_after_failure_non_network_error_with_retry_on_network_dies_when_exhausted():
+    job = make_job(retry_on_network=True, attempts=3, max_attempts=3)
+    out = after_failure(job, ValueError("bad data"), NOW, network_checker=True)
+    assert out.state == State.DEAD
+
+
+def test_after_failure_parks_a_wrapped_network_failure():
+    job = make_job(retry_on_network=True)
+    exc = chained(RuntimeError("sync failed"), ConnectionResetError())
+    assert after_failure(job, exc, NOW, network_checker=True).state == State.WAITING_NETWORK
+
+
+def test_after_failure_does_not_change_the_job():
+    job = make_job()
+    before = dataclasses.asdict(job)
+    after_failure(job, ValueError(), NOW)
+    assert dataclasses.asdict(job) == before
+
+
+def test_an_error_raised_from_none_inside_a_network_handler_is_not_a_network_error():
+    try:
+        try:
+            raise ConnectionError("down")
+        except ConnectionError:
+            raise ValueError("bad reply") from None
+    except ValueError as e:
+        assert is_network_error(e) is False
