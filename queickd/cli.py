@@ -60,6 +60,9 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
     _opt(p, "--max-orphan-requeues", "times a job left running by a crash is re-queued before "
          "it is dead", d.max_orphan_requeues, type=int)
     _opt(p, "--sweep", "seconds between safety sweeps of an idle daemon", d.sweep, type=float)
+    _opt(p, "--ping-host", "start the network checker: HOST[:PORT] (TCP connect, port 80) or "
+         "icmp://HOST; jobs with retry_on_network wait for the network", None)
+    _opt(p, "--ping-interval", "seconds between network probes", d.ping_interval, type=float)
     _opt(p, "--log-level", "log level", "info", choices=log.LEVELS)
 
 
@@ -162,6 +165,13 @@ def _print_stats(s: dict[str, Any]) -> None:
     sch = s["scheduler"]
     print(f"scheduler: {'alive' if sch['alive'] else 'STOPPED'}, last fired {_fmt_time(sch['last_fired_at'])}"
           f"   crons: {s['crons']}")
+    net = s.get("network")
+    if net is None:
+        print("network: no checker configured")
+    else:
+        print(f"network: {net['state']} since {_fmt_time(net['since'])}   checker "
+              f"{'alive' if net['checker_alive'] else 'DEAD'} (pid {net['checker_pid']}, "
+              f"{net['restarts']} restarts), probing {net['target']}")
     print("jobs: " + "  ".join(f"{k} {v}" for k, v in s["counts"].items()))
 
 

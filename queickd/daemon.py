@@ -8,6 +8,7 @@ running jobs finish (bounded by stop_timeout), close the store.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -20,6 +21,7 @@ from . import __version__, protocol, sdnotify
 from .batcher import SubmitBatcher
 from .job import NewJob, Outcome, State, Submitted
 from .loader import FunctionLoader
+from .netcheck import DEFAULT_INTERVAL, NetworkMonitor, parse_target
 from .scheduler import Scheduler
 from .server import DEFAULT_HOST, Server
 from .service import QueueService
@@ -45,6 +47,8 @@ class Config:
     max_orphan_requeues: int = 3
     sweep: float = DEFAULT_SWEEP
     max_line: int = protocol.MAX_LINE
+    ping_host: str | None = None
+    ping_interval: float = DEFAULT_INTERVAL
 
     def validate(self) -> None:
         if self.durability not in ("full", "normal"):
@@ -57,6 +61,10 @@ class Config:
             raise ValueError(f"app directory {self.app_dir!r} does not exist")
         if self.stop_timeout < 0 or self.sweep <= 0 or self.max_orphan_requeues < 0:
             raise ValueError("stop_timeout, sweep and max_orphan_requeues must not be negative")
+        if self.ping_host is not None:
+            parse_target(self.ping_host)
+            if not self.ping_interval > 0:
+                raise ValueError("ping_interval must be positive")
 
     def read_token(self) -> str | None:
         if self.token_file is None:
@@ -75,6 +83,8 @@ class Daemon:
         self.clock = clock
         self.store: Store | None = None
         self.server: Server | None = None
+        self.network: NetworkMonitor | None = None
+        self._warned_no_checker = False
         self._stop = threading.Event()
         self._stopped = False
 
@@ -89,14 +99,22 @@ class Daemon:
                 len(recovered.requeued), len(recovered.dead),
             )
         loader = FunctionLoader(c.app_dir, c.allow)
+        if c.ping_host is not None:
+            self.network = NetworkMonitor(c.ping_host, c.ping_interval, self._on_network_change,
+                                          clock=self.clock)
         self.pool = WorkerPool(store, loader, c.workers, clock=self.clock, sweep=c.sweep,
+                               network_checker=lambda: self.network is not None,
+                               network_up=self.network_up,
                                on_finished=self._on_finished,
                                on_claimed=lambda jobs: self.service.waiters.notify([j.id for j in jobs]))
-        self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep)
+        self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep,
+                                   on_sweep=self._on_sweep)
         self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock)
         self.service = QueueService(store, self.batcher, loader, self.scheduler, self.pool,
-                                    token=token, clock=self.clock)
+                                    token=token, clock=self.clock, network=self.network)
         self.server = Server(self.service, c.bind, c.port, max_line=c.max_line)
+        if self.network is not None:
+            self.network.start()
         self.pool.start()
         self.scheduler.start()
         self.batcher.start()
@@ -107,7 +125,38 @@ class Daemon:
             __version__, host, port, store.url, c.durability, c.workers,
         )
 
+    def network_up(self) -> bool:
+        """May jobs that need the network start? Without a checker, always; with one, only
+        once it has reported the network up."""
+        return self.network is None or self.network.up is True
+
+    def _on_network_change(self, up: bool) -> None:
+        now = self.clock()
+        if up:
+            n = self.store.release_network_waiting(now)  # type: ignore[union-attr]
+            log.info("network is back: %d job(s) waiting for it released", n)
+            self.pool.wake()
+        else:
+            n = self.store.park_for_network(now)  # type: ignore[union-attr]
+            log.info("network is down: %d queued job(s) that need it parked", n)
+
+    def _on_sweep(self) -> None:
+        # A job can park while the checker still says "up" (its own server was down, or
+        # the checker had not noticed yet): give it another go once per sweep.
+        if self.network is not None and self.network.up:
+            n = self.store.release_network_waiting(self.clock())  # type: ignore[union-attr]
+            if n:
+                log.info("sweep: network is up; %d parked job(s) released", n)
+
     def _on_committed(self, jobs: list[NewJob], submitted: list[Submitted]) -> None:
+        if any(j.retry_on_network for j in jobs):
+            if self.network is None:
+                if not self._warned_no_checker:
+                    self._warned_no_checker = True
+                    log.warning("jobs ask to wait for the network, but no checker is configured "
+                                "(--ping-host); they follow their normal retry policy")
+            elif not self.network.up:
+                self.store.park_for_network(self.clock())  # type: ignore[union-attr]
         later = [j.run_at for j, s in zip(jobs, submitted, strict=True) if s.state == State.SCHEDULED and not s.duplicate]
         if later:
             self.scheduler.wake_at(min(later))
@@ -134,6 +183,8 @@ class Daemon:
         self.server.stop()  # type: ignore[union-attr]
         self.batcher.stop()
         self.scheduler.stop()
+        if self.network is not None:
+            self.network.stop()
         finished = self.pool.stop(self.config.stop_timeout)
         if finished:
             self.store.close()
@@ -147,6 +198,7 @@ class Daemon:
         """Start, serve until SIGTERM/SIGINT, stop. Returns what stop() returned."""
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where is it stuck?
         self.start()
         sdnotify.notify("READY=1")
         sdnotify.start_watchdog(lambda: self.scheduler.alive, self._stop)

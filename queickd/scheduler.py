@@ -31,11 +31,13 @@ class Scheduler:
         *,
         clock: Callable[[], float] = time.time,
         sweep: float = 60.0,
+        on_sweep: Callable[[], None] = lambda: None,
     ) -> None:
         self.store = store
         self._on_queued = on_queued
         self._clock = clock
         self._sweep = sweep
+        self._on_sweep = on_sweep
         # Set by wake_at()/stop() so a sleeping delay re-reads the head of the queue.
         self._wake = threading.Event()
         self._sched = sched.scheduler(clock, self._delay)
@@ -145,6 +147,10 @@ class Scheduler:
     def _sweep_now(self) -> None:
         self._promote()
         self._fire_crons()
+        try:
+            self._on_sweep()
+        except Exception:
+            log.exception("error in a sweep hook")
         self._on_queued()  # safety: a lost wake-up costs at most one sweep
         log.debug("swept; next sweep in %.0f s", self._sweep)
         self._sched.enter(self._sweep, 1, self._sweep_now)

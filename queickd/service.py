@@ -18,6 +18,7 @@ from .batcher import SubmitBatcher
 from .cron import parse_schedule
 from .job import NewJob, State
 from .loader import FunctionLoader
+from .netcheck import NetworkMonitor
 from .protocol import Code, QueueError
 from .scheduler import Scheduler
 from .store import CronRecord, Store
@@ -63,6 +64,7 @@ class QueueService:
         *,
         token: str | None = None,
         clock: Callable[[], float] = time.time,
+        network: NetworkMonitor | None = None,
     ) -> None:
         self.store = store
         self.batcher = batcher
@@ -71,6 +73,7 @@ class QueueService:
         self.pool = pool
         self.token = token
         self.clock = clock
+        self.network = network
         self.waiters = Waiters()
         self.started_at = clock()
 
@@ -142,6 +145,7 @@ class QueueService:
             "failed": self.pool.failed,
             "scheduler": {"alive": self.scheduler.alive, "last_fired_at": self.scheduler.last_fired_at},
             "crons": len(self.store.cron_list()),
+            "network": self.network.snapshot() if self.network is not None else None,
         }
 
     def op_cron(self, req: dict[str, Any]) -> dict[str, Any]:

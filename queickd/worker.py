@@ -39,6 +39,7 @@ class WorkerPool:
         clock: Callable[[], float] = time.time,
         sweep: float = DEFAULT_SWEEP,
         network_checker: Callable[[], bool] = lambda: False,
+        network_up: Callable[[], bool] = lambda: True,
         on_finished: Callable[[list[Outcome]], None] = lambda outcomes: None,
         on_claimed: Callable[[list[Job]], None] = lambda jobs: None,
     ) -> None:
@@ -49,7 +50,8 @@ class WorkerPool:
         self.workers = workers
         self._clock = clock
         self._sweep = sweep
-        self._network_checker = network_checker
+        self._network_checker = network_checker  # is a checker there to release parked jobs?
+        self._network_up = network_up  # may jobs that need the network start now?
         self._on_finished = on_finished
         self._on_claimed = on_claimed
         # Set by anyone who may have made work available or freed a worker; cleared only
@@ -128,7 +130,7 @@ class WorkerPool:
                     continue
                 free = self.workers - self._busy
                 if free > 0:
-                    claimed = self.store.claim_available(free, self._clock())
+                    claimed = self.store.claim_available(free, self._clock(), self._network_up())
                     for job in claimed:
                         self._busy += 1
                         self._executor.submit(self._run, job)  # type: ignore[union-attr]

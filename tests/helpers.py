@@ -73,7 +73,17 @@ class DaemonProcess:
     def terminate(self, timeout: float = 30.0) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)  # faulthandler: dump every thread's stack
+            try:
+                self.wait_for_line("Current thread|Thread 0x", 5)
+                self.proc.wait(2)
+            except (TimeoutError, RuntimeError, subprocess.TimeoutExpired):
+                pass
+            self.kill()
+            raise AssertionError("daemon did not stop on SIGTERM:\n" + "".join(self.lines)) from None
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -119,3 +129,42 @@ class Gate:
 
 def read_lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
+
+
+class Listener:
+    """A local TCP service the tests switch on and off, standing in for 'the network'.
+    It accepts connections and closes them; closed, connects are refused."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host = host
+        self.port = port
+        self.sock: socket.socket | None = None
+        self.open()
+
+    def open(self) -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        sock.listen(64)
+        self.port = sock.getsockname()[1]
+        self.sock = sock
+        threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
+
+    def _accept(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            conn.close()
+
+    def close(self) -> None:
+        if self.sock is not None:
+            # shutdown() wakes the thread blocked in accept(); close() alone would leave the
+            # port listening on Linux until that accept returned.
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.sock.close()
+            self.sock = None

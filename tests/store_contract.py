@@ -251,3 +251,32 @@ class StoreContract:
         assert store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 61) is not None
         assert store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 61) is None
         assert store.counts()[State.QUEUED] == 1
+
+    # --- network --------------------------------------------------------------------------
+    def test_claim_while_the_network_is_down_passes_over_network_jobs(self, store):
+        net, plain = store.submit([job(retry_on_network=True), job()], T0)
+        assert [j.id for j in store.claim_available(5, T0, network_up=False)] == [plain.job_id]
+        assert [j.id for j in store.claim_available(5, T0, network_up=True)] == [net.job_id]
+
+    def test_park_for_network_moves_only_queued_network_jobs(self, store):
+        net, plain, later = store.submit(
+            [job(retry_on_network=True), job(), job(retry_on_network=True, run_at=T0 + 60)], T0)
+        assert store.park_for_network(T0) == 1
+        assert [store.get(s.job_id).state for s in (net, plain, later)] == [
+            State.WAITING_NETWORK, State.QUEUED, State.SCHEDULED]
+        assert [j.id for j in store.claim_available(5, T0)] == [plain.job_id]
+
+    def test_release_network_waiting_requeues_in_enqueue_order(self, store):
+        subs = store.submit([job(retry_on_network=True, run_at=T0 - i) for i in range(3)], T0)
+        store.park_for_network(T0)
+        assert store.release_network_waiting(T0 + 5) == 3
+        claimed = store.claim_available(5, T0 + 5)
+        assert [j.id for j in claimed] == [s.job_id for s in subs]
+        assert {j.run_at for j in claimed} == {T0 + 5}
+
+    def test_a_run_parked_for_the_network_gives_its_attempt_back(self, store):
+        store.submit([job(retry_on_network=True)], T0)
+        (j,) = store.claim_available(1, T0)
+        store.finish_if_running([Outcome.waiting_network(j.id, {"type": "E", "message": ""})], T0)
+        parked = store.get(j.id)
+        assert (parked.state, parked.attempts) == (State.WAITING_NETWORK, 0)

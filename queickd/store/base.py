@@ -79,20 +79,33 @@ class Store(Protocol):
         ...
 
     # --- claim ------------------------------------------------------------------------
-    def claim_available(self, limit: int, now: float) -> list[Job]:
+    def claim_available(self, limit: int, now: float, network_up: bool = True) -> list[Job]:
         """Atomically move up to `limit` `queued` jobs to `running`, in queue order.
 
-        Each claimed job's attempts grows by one and started_at becomes now. Returns the
-        claimed jobs as they are after the claim; [] when nothing is queued.
+        Each claimed job's attempts grows by one and started_at becomes now. With
+        network_up False, jobs that asked for network replay are passed over (they wait).
+        Returns the claimed jobs as they are after the claim; [] when nothing is queued.
         """
+        ...
+
+    # --- network ----------------------------------------------------------------------
+    def park_for_network(self, now: float) -> int:
+        """Move every `queued` job with retry_on_network to `waiting_network`. Returns how many."""
+        ...
+
+    def release_network_waiting(self, now: float) -> int:
+        """Move every `waiting_network` job to `queued` with run_at = now, so they run in
+        the order they were first enqueued (within priority). Returns how many."""
         ...
 
     # --- finish -----------------------------------------------------------------------
     def finish_if_running(self, outcomes: Sequence[Outcome], now: float) -> int:
         """Apply each outcome to its job only if that job is still `running`.
 
-        succeeded/dead set finished_at; scheduled sets run_at; result and error are stored
-        as given. One transaction for the batch. Returns how many jobs changed.
+        succeeded/dead set finished_at; scheduled sets run_at; waiting_network gives back
+        the attempt (a run that found no network does not count against max_attempts);
+        result and error are stored as given. One transaction for the batch. Returns how
+        many jobs changed.
         """
         ...
 

@@ -85,20 +85,42 @@ class MemoryStore:
             return None
 
     # --- claim ----------------------------------------------------------------------------
-    def claim_available(self, limit: int, now: float) -> list[Job]:
+    def claim_available(self, limit: int, now: float, network_up: bool = True) -> list[Job]:
         out: list[Job] = []
+        passed_over: list[tuple[int, float, int]] = []
         with self._lock:
             while self._queued and len(out) < limit:
-                _, _, job_id = heapq.heappop(self._queued)
-                job = self._jobs.get(job_id)
-                if job is None or job.state != State.QUEUED:
+                entry = heapq.heappop(self._queued)
+                job = self._jobs.get(entry[2])
+                if job is None or job.state != State.QUEUED or (job.priority, job.run_at) != entry[:2]:
+                    continue  # a stale entry: the job moved on (or was re-queued at another time)
+                if job.retry_on_network and not network_up:
+                    passed_over.append(entry)
                     continue
+                job_id = job.id
                 job = dataclasses.replace(
                     job, state=State.RUNNING, attempts=job.attempts + 1, started_at=now
                 )
                 self._jobs[job_id] = job
                 out.append(job)
+            for entry in passed_over:
+                heapq.heappush(self._queued, entry)
         return out
+
+    # --- network --------------------------------------------------------------------------
+    def park_for_network(self, now: float) -> int:
+        with self._lock:
+            parked = [j for j in self._jobs.values() if j.state == State.QUEUED and j.retry_on_network]
+            for j in parked:
+                self._put(dataclasses.replace(j, state=State.WAITING_NETWORK))
+            return len(parked)
+
+    def release_network_waiting(self, now: float) -> int:
+        with self._lock:
+            waiting = [j for j in self._jobs.values() if j.state == State.WAITING_NETWORK]
+            for j in waiting:
+                self._put(dataclasses.replace(j, state=State.QUEUED, run_at=now))
+            return len(waiting)
 
     # --- finish ---------------------------------------------------------------------------
     def finish_if_running(self, outcomes: Sequence[Outcome], now: float) -> int:
@@ -113,6 +135,8 @@ class MemoryStore:
                     changes["run_at"] = o.run_at
                 if o.state in State.FINAL:
                     changes["finished_at"] = now
+                if o.state == State.WAITING_NETWORK:
+                    changes["attempts"] = job.attempts - 1
                 self._put(dataclasses.replace(job, **changes))
                 n += 1
         return n

@@ -224,18 +224,32 @@ class SQLiteStore:
         return row[0]
 
     # --- claim ----------------------------------------------------------------------------
-    def claim_available(self, limit: int, now: float) -> list[Job]:
+    def claim_available(self, limit: int, now: float, network_up: bool = True) -> list[Job]:
         with self._write() as c:
             rows = c.execute(
                 "UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = ?"
                 " WHERE id IN (SELECT id FROM jobs INDEXED BY jobs_queued WHERE state = 'queued'"
+                "              AND (? OR retry_on_network = 0)"
                 "              ORDER BY priority, run_at, id LIMIT ?)"
                 f" RETURNING {_COLS}",
-                (now, limit),
+                (now, int(network_up), limit),
             ).fetchall()
         jobs = [_row_to_job(r) for r in rows]
         jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
         return jobs
+
+    # --- network --------------------------------------------------------------------------
+    def park_for_network(self, now: float) -> int:
+        with self._write() as c:
+            return c.execute(
+                "UPDATE jobs SET state = 'waiting_network' WHERE state = 'queued' AND retry_on_network = 1"
+            ).rowcount
+
+    def release_network_waiting(self, now: float) -> int:
+        with self._write() as c:
+            return c.execute(
+                "UPDATE jobs SET state = 'queued', run_at = ? WHERE state = 'waiting_network'", (now,)
+            ).rowcount
 
     # --- finish ---------------------------------------------------------------------------
     def finish_if_running(self, outcomes: Sequence[Outcome], now: float) -> int:
@@ -249,8 +263,9 @@ class SQLiteStore:
         ]
         with self._write() as c:
             return c.executemany(
-                "UPDATE jobs SET state = ?, run_at = coalesce(?, run_at), result = ?, error = ?,"
-                " finished_at = ? WHERE id = ? AND state = 'running'",
+                "UPDATE jobs SET state = ?1, run_at = coalesce(?2, run_at), result = ?3, error = ?4,"
+                " finished_at = ?5, attempts = attempts - (?1 = 'waiting_network')"
+                " WHERE id = ?6 AND state = 'running'",
                 rows,
             ).rowcount
 
