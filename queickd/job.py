@@ -55,6 +55,7 @@ class NewJob:
     key: str | None = None
     idempotency_key: str | None = None
     cron: str | None = None  # name of the cron that fired it
+    manual: bool = False  # an operator's run: refused if its key is busy; resumes a pause
 
     @property
     def max_attempts(self) -> int:

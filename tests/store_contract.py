@@ -10,6 +10,8 @@ import pytest
 from queickd.job import NewJob, Outcome, State
 from queickd.retry import make_spec
 from queickd.store import CronRecord
+from queickd.store.admission import Admission, Refusal
+from queickd.store.base import NewEvent, RefusedError
 
 T0 = 1_700_000_000.0
 
@@ -122,7 +124,7 @@ class StoreContract:
     def test_finish_succeeded_stores_the_result(self, store):
         store.submit([job()], T0)
         (j,) = store.claim_available(1, T0)
-        assert store.finish_if_running([Outcome.succeeded(j.id, {"n": 1})], T0 + 1) == 1
+        assert store.finish_if_running([Outcome.succeeded(j.id, {"n": 1})], T0 + 1).changed == 1
         done = store.get(j.id)
         assert (done.state, done.result, done.finished_at) == (State.SUCCEEDED, {"n": 1}, T0 + 1)
 
@@ -145,11 +147,11 @@ class StoreContract:
 
     def test_finish_ignores_jobs_that_are_not_running(self, store):
         (s,) = store.submit([job()], T0)
-        assert store.finish_if_running([Outcome.succeeded(s.job_id, 1)], T0) == 0
+        assert store.finish_if_running([Outcome.succeeded(s.job_id, 1)], T0).changed == 0
         assert store.get(s.job_id).state == State.QUEUED
 
     def test_finish_of_an_unknown_job_changes_nothing(self, store):
-        assert store.finish_if_running([Outcome.succeeded(999_999, None)], T0) == 0
+        assert store.finish_if_running([Outcome.succeeded(999_999, None)], T0).changed == 0
 
     # --- orphans --------------------------------------------------------------------------
     def test_recover_orphans_requeues_running_jobs(self, store):
@@ -240,8 +242,9 @@ class StoreContract:
 
     def test_cron_fire_submits_one_job_and_advances(self, store):
         store.cron_save(self._cron("c", T0 + 60))
-        sub = store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 61)
-        j = store.get(sub.job_id)
+        fire = store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 61)
+        assert fire.outcome == "fired"
+        j = store.get(fire.submitted.job_id)
         assert (j.func, j.args, j.cron, j.state) == ("m:tick", [1], "c", State.QUEUED)
         (c,) = store.cron_list()
         assert (c.next_run_at, c.last_fired_at) == (T0 + 120, T0 + 60)
@@ -280,3 +283,197 @@ class StoreContract:
         store.finish_if_running([Outcome.waiting_network(j.id, {"type": "E", "message": ""})], T0)
         parked = store.get(j.id)
         assert (parked.state, parked.attempts) == (State.WAITING_NETWORK, 0)
+
+    # --- serial keys ----------------------------------------------------------------------
+    def test_claim_takes_one_job_per_key_in_enqueue_order(self, store):
+        a1, b1, a2, free = store.submit([job(key="a"), job(key="b"), job(key="a"), job()], T0)
+        claimed = store.claim_available(10, T0)
+        assert [j.id for j in claimed] == [a1.job_id, b1.job_id, free.job_id]
+        assert store.get(a2.job_id).state == State.QUEUED
+
+    def test_a_key_with_a_running_job_waits_until_it_finishes(self, store):
+        first, second = store.submit([job(key="k"), job(key="k")], T0)
+        store.claim_available(1, T0)
+        assert store.claim_available(5, T0) == []
+        store.finish_if_running([Outcome.succeeded(first.job_id, None)], T0)
+        assert [j.id for j in store.claim_available(5, T0)] == [second.job_id]
+
+    # --- admission ------------------------------------------------------------------------
+    def test_a_key_past_its_waiting_cap_is_refused_queue_full(self, store):
+        limits = Admission(max_queued_per_key=2)
+        answers = store.submit_requests([[job(key="k")], [job(key="k")], [job(key="k")], [job(key="x")]],
+                                        T0, limits)
+        assert [isinstance(a, Refusal) for a in answers] == [False, False, True, False]
+        assert answers[2].code == "queue_full" and answers[2].retry_after > 0
+        assert store.counts()[State.QUEUED] == 3
+
+    def test_the_overall_cap_counts_every_waiting_job(self, store):
+        store.submit([job(), job(run_at=T0 + 60)], T0)
+        (refused,) = store.submit_requests([[job()]], T0, Admission(max_queued=2))
+        assert isinstance(refused, Refusal) and refused.code == "queue_full"
+        store.claim_available(1, T0)  # a running job is no longer waiting
+        (ok,) = store.submit_requests([[job()]], T0, Admission(max_queued=2))
+        assert not isinstance(ok, Refusal)
+
+    def test_a_request_over_the_cap_is_refused_whole(self, store):
+        (answer,) = store.submit_requests([[job(key="k"), job(key="k"), job(key="k")]], T0,
+                                          Admission(max_queued_per_key=2))
+        assert isinstance(answer, Refusal)
+        assert store.counts()[State.QUEUED] == 0
+
+    def test_a_manual_job_for_a_busy_key_is_a_conflict_naming_that_job(self, store):
+        (waiting,) = store.submit([job(key="k")], T0)
+        (answer,) = store.submit_requests([[job(key="k", manual=True)]], T0)
+        assert answer.code == "conflict" and answer.job_id == waiting.job_id
+        with pytest.raises(RefusedError):
+            store.submit([job(key="k", manual=True)], T0)
+        (ok,) = store.submit_requests([[job(key="other", manual=True)]], T0)
+        assert not isinstance(ok, Refusal)
+
+    def test_an_idempotency_key_past_its_ttl_names_a_new_job(self, store):
+        (first,) = store.submit([job(idempotency_key="k")], T0)
+        (dup,) = store.submit_requests([[job(idempotency_key="k")]], T0 + 10, Admission(idempotency_ttl=60))
+        assert dup[0].job_id == first.job_id and dup[0].duplicate
+        (fresh,) = store.submit_requests([[job(idempotency_key="k")]], T0 + 61, Admission(idempotency_ttl=60))
+        assert fresh[0].job_id != first.job_id and not fresh[0].duplicate
+        assert store.get(first.job_id).idempotency_key is None
+
+    def test_concurrent_duplicate_enqueues_get_one_id(self, store):
+        ids, lock = [], threading.Lock()
+
+        def send():
+            for _ in range(25):
+                (sub,) = store.submit([job(idempotency_key="same")], T0)
+                with lock:
+                    ids.append(sub.job_id)
+
+        threads = [threading.Thread(target=send) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(set(ids)) == 1 and store.counts()[State.QUEUED] == 1
+
+    # --- pauses ---------------------------------------------------------------------------
+    def _fail(self, store, n, **kw):
+        for _ in range(n):
+            (s,) = store.submit([job(**kw)], T0)
+            (j,) = store.claim_available(1, T0)
+            fin = store.finish_if_running([Outcome.dead(j.id, {"type": "E", "message": "no"})], T0, pause_after=3)
+        return fin
+
+    def test_consecutive_failures_pause_the_function_and_the_key(self, store):
+        fin = self._fail(store, 3, key="k")
+        assert {(p.kind, p.name) for p in fin.paused} == {("key", "k"), ("func", "m:f")}
+        assert {(p.kind, p.name, p.failures) for p in store.pauses()} == {("key", "k", 3), ("func", "m:f", 3)}
+        assert store.pauses()[0].last_error == {"type": "E", "message": "no"}
+
+    def test_paused_jobs_keep_waiting_until_resumed(self, store):
+        self._fail(store, 3, func="m:bad")
+        (waiting,) = store.submit([job(func="m:bad")], T0)
+        (other,) = store.submit([job(func="m:good")], T0)
+        assert [j.id for j in store.claim_available(5, T0)] == [other.job_id]
+        assert store.resume("func", "m:bad") and not store.resume("func", "m:bad")
+        assert [j.id for j in store.claim_available(5, T0)] == [waiting.job_id]
+
+    def test_a_success_resets_the_failure_streak(self, store):
+        self._fail(store, 2)
+        (s,) = store.submit([job()], T0)
+        (j,) = store.claim_available(1, T0)
+        store.finish_if_running([Outcome.succeeded(j.id, None)], T0, pause_after=3)
+        assert self._fail(store, 2).paused == [] and store.pauses() == []
+
+    def test_a_manual_run_resumes_its_key(self, store):
+        self._fail(store, 3, key="k")
+        store.submit([job(key="k", manual=True)], T0)
+        assert ("key", "k") not in {(p.kind, p.name) for p in store.pauses()}
+
+    # --- dead letters and retention -------------------------------------------------------
+    def _dead(self, store, n):
+        store.submit([job() for _ in range(n)], T0)
+        jobs = store.claim_available(n, T0)
+        store.finish_if_running([Outcome.dead(j.id, {"type": "E", "message": ""}) for j in jobs], T0)
+        return jobs
+
+    def test_retry_all_dead_requeues_every_dead_job(self, store):
+        self._dead(store, 3)
+        assert store.retry_all_dead(T0 + 1) == 3
+        assert store.counts()[State.QUEUED] == 3 and store.counts()[State.DEAD] == 0
+
+    def test_purge_removes_dead_jobs_finished_before_the_cutoff(self, store):
+        self._dead(store, 2)
+        assert store.purge([State.DEAD], T0, 100) == 0
+        assert store.purge([State.DEAD], T0 + 1, 100) == 2
+        assert store.counts()[State.DEAD] == 0 and store.list_jobs(State.DEAD, 10) == []
+
+    def test_prune_finished_removes_old_succeeded_jobs_in_batches(self, store):
+        store.submit([job() for _ in range(5)], T0)
+        jobs = store.claim_available(5, T0)
+        store.finish_if_running([Outcome.succeeded(j.id, None) for j in jobs], T0)
+        self._dead(store, 1)
+        assert store.prune_finished(T0 + 1, 3) == 3
+        assert store.prune_finished(T0 + 1, 3) == 2
+        assert store.counts()[State.SUCCEEDED] == 0 and store.counts()[State.DEAD] == 1
+
+    def test_waiting_by_key_lists_the_busiest_keys(self, store):
+        store.submit([job(key="a"), job(key="b", run_at=T0 - 5), job(key="b"), job()], T0)
+        assert store.waiting_by_key(10) == [("b", 2, T0 - 5), ("a", 1, T0)]
+
+    # --- cron folding ---------------------------------------------------------------------
+    def test_a_tick_while_a_run_waits_is_folded_into_it(self, store):
+        store.cron_save(self._cron("c", T0 + 60))
+        assert store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 60).outcome == "fired"
+        fold = store.cron_fire_if_due("c", T0 + 120, T0 + 180, T0 + 120)
+        assert fold.outcome == "folded" and fold.submitted is None
+        assert store.cron_list()[0].folded == 1 and store.counts()[State.QUEUED] == 1
+
+    def test_a_tick_while_the_previous_run_is_running_queues_one_run(self, store):
+        store.cron_save(self._cron("c", T0 + 60))
+        store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 60)
+        store.claim_available(1, T0 + 60)
+        assert store.cron_fire_if_due("c", T0 + 120, T0 + 180, T0 + 120).outcome == "fired"
+        assert store.cron_fire_if_due("c", T0 + 180, T0 + 240, T0 + 180).outcome == "folded"
+        assert store.counts()[State.QUEUED] == 1 and store.counts()[State.RUNNING] == 1
+
+    # --- events ---------------------------------------------------------------------------
+    def _event(self, event_id, key="k"):
+        return NewEvent(event_id, job(func="m:tap", args=[event_id], key=key))
+
+    def test_an_event_with_room_becomes_a_job_at_once(self, store):
+        acc = store.accept_event(self._event("e1"), T0, Admission())
+        assert (acc.state, acc.duplicate) == ("delivered", False)
+        j = store.get(acc.job_id)
+        assert (j.func, j.args, j.idempotency_key) == ("m:tap", ["e1"], "event:e1")
+
+    def test_a_repeated_event_id_is_a_duplicate(self, store):
+        first = store.accept_event(self._event("e1"), T0, Admission())
+        again = store.accept_event(self._event("e1"), T0, Admission())
+        assert again.duplicate and again.job_id == first.job_id
+        assert store.counts()[State.QUEUED] == 1
+
+    def test_an_event_without_room_waits_in_the_outbox_and_is_delivered_later(self, store):
+        full = Admission(max_queued_per_key=1)
+        (first,) = store.submit([job(key="k")], T0)
+        acc = store.accept_event(self._event("e1"), T0, full)
+        assert (acc.state, acc.job_id) == ("pending", None)
+        assert store.next_event_at() == T0
+        backoff = lambda n: 2.0 ** n  # noqa: E731
+        assert [a.state for a in store.deliver_events(T0, full, 5, backoff)] == ["pending"]
+        assert store.next_event_at() == T0 + 2
+        assert store.deliver_events(T0 + 1, full, 5, backoff) == []  # not due yet
+        store.claim_available(1, T0)
+        store.finish_if_running([Outcome.succeeded(first.job_id, None)], T0)
+        (done,) = store.deliver_events(T0 + 2, full, 5, backoff)
+        assert done.state == "delivered" and store.get(done.job_id).args == ["e1"]
+        assert store.next_event_at() is None
+
+    def test_an_undeliverable_event_becomes_a_dead_letter_then_can_be_retried(self, store):
+        full = Admission(max_queued=0)
+        store.accept_event(self._event("e1"), T0, full)
+        for t in range(3):
+            store.deliver_events(T0 + 100 * t, full, 3, lambda n: 1.0)
+        (ev,) = store.list_events("dead", 10)
+        assert ev.attempts == 3 and "queue_full" in ev.last_error
+        assert store.retry_event("e1", T0 + 500).state == "pending"
+        (done,) = store.deliver_events(T0 + 500, Admission(), 3, lambda n: 1.0)
+        assert done.state == "delivered"

@@ -65,8 +65,8 @@ def test_claim_walks_the_queue_index_without_sorting(tmp_path):
     c.set_trace_callback(sql.append)
     s.claim_available(1, T0)
     c.set_trace_callback(None)
-    claim = next(q for q in sql if q.startswith("UPDATE"))
-    plan = " ".join(str(r) for r in c.execute("EXPLAIN QUERY PLAN " + claim.replace("RETURNING", "--")))
+    claim = next(q for q in sql if "state = 'queued'" in q and q.startswith("SELECT"))
+    plan = " ".join(str(r) for r in c.execute("EXPLAIN QUERY PLAN " + claim))
     assert "jobs_queued" in plan and "TEMP B-TREE" not in plan
     s.close()
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..job import Job, NewJob, Outcome, Submitted
+from .admission import NO_LIMITS, Admission, Refusal
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,7 @@ class CronRecord:
     next_run_at: float
     last_fired_at: float | None
     created_at: float
+    folded: int = 0  # ticks that found a run of this cron still waiting and joined it
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -41,7 +43,85 @@ class CronRecord:
             "next_run_at": self.next_run_at,
             "last_fired_at": self.last_fired_at,
             "created_at": self.created_at,
+            "folded": self.folded,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """A key or function that stopped being started after repeated failures."""
+
+    kind: str  # "key" or "func"
+    name: str
+    paused_at: float
+    failures: int
+    last_error: dict | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "paused_at": self.paused_at,
+                "failures": self.failures, "last_error": self.last_error}
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """What finish_if_running did: jobs changed, and pauses it started."""
+
+    changed: int
+    paused: list[Pause]
+
+
+@dataclass(frozen=True, slots=True)
+class CronFire:
+    """What cron_fire_if_due did: 'fired' (submitted a job) or 'folded' (a run was already
+    waiting, so this tick joined it)."""
+
+    outcome: str
+    submitted: Submitted | None
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event for the outbox: becomes a job when the queue has room."""
+
+    event_id: str
+    job: NewJob
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """An event as stored in the outbox. state: pending, delivered or dead."""
+
+    event_id: str
+    state: str
+    func: str
+    key: str | None
+    created_at: float
+    attempts: int
+    next_attempt_at: float | None
+    job_id: int | None
+    last_error: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"event_id": self.event_id, "state": self.state, "func": self.func, "key": self.key,
+                "created_at": self.created_at, "attempts": self.attempts,
+                "next_attempt_at": self.next_attempt_at, "job_id": self.job_id,
+                "last_error": self.last_error}
+
+
+@dataclass(frozen=True, slots=True)
+class EventAccepted:
+    event_id: str
+    duplicate: bool
+    state: str  # the event's state after the call
+    job_id: int | None  # the job it became, if delivered
+
+
+class RefusedError(Exception):
+    """Raised by Store.submit (the one-request form) when admission refused the request."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,14 +139,20 @@ class Store(Protocol):
     supports_notify: bool
 
     # --- submit -----------------------------------------------------------------------
-    def submit(self, jobs: Sequence[NewJob], now: float) -> list[Submitted]:
-        """Insert jobs in order, one transaction for the whole batch (group commit).
+    def submit_requests(
+        self, requests: Sequence[Sequence[NewJob]], now: float, admission: Admission = NO_LIMITS
+    ) -> list[list[Submitted] | Refusal]:
+        """Insert the jobs of many requests in one transaction (group commit).
 
-        A job whose run_at <= now is stored `queued`, a later one `scheduled`. A job whose
-        idempotency_key matches a stored job (or an earlier job of the same batch) is not
-        inserted: its answer carries the existing id and duplicate=True. Returns one
-        Submitted per input, in input order.
+        Each request is admitted all or nothing by admission.plan (caps, manual conflicts,
+        idempotency keys with their TTL); a refused request answers with its Refusal. A
+        job whose run_at <= now is stored `queued`, a later one `scheduled`; a duplicate
+        answers with the existing id and duplicate=True. Answers are in input order.
         """
+        ...
+
+    def submit(self, jobs: Sequence[NewJob], now: float) -> list[Submitted]:
+        """One request, no limits: submit_requests([jobs], now)[0], or RefusedError."""
         ...
 
     # --- schedule ---------------------------------------------------------------------
@@ -82,9 +168,11 @@ class Store(Protocol):
     def claim_available(self, limit: int, now: float, network_up: bool = True) -> list[Job]:
         """Atomically move up to `limit` `queued` jobs to `running`, in queue order.
 
-        Each claimed job's attempts grows by one and started_at becomes now. With
-        network_up False, jobs that asked for network replay are passed over (they wait).
-        Returns the claimed jobs as they are after the claim; [] when nothing is queued.
+        Passed over (they keep waiting): a job whose key already has a running job (and
+        every job of a key after the first one taken in this claim), a job whose key or
+        function is paused, and, with network_up False, a job that asked for network
+        replay. Each claimed job's attempts grows by one and started_at becomes now.
+        Returns the claimed jobs as they are after the claim; [] when nothing is claimable.
         """
         ...
 
@@ -99,14 +187,24 @@ class Store(Protocol):
         ...
 
     # --- finish -----------------------------------------------------------------------
-    def finish_if_running(self, outcomes: Sequence[Outcome], now: float) -> int:
+    def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None) -> Finished:
         """Apply each outcome to its job only if that job is still `running`.
+
+        Failure streaks are kept per key and per function: a success resets them, a failed
+        run (an outcome to scheduled or dead) grows them; with pause_after set, a streak
+        reaching it pauses that key or function. Parking for the network is neither.
 
         succeeded/dead set finished_at; scheduled sets run_at; waiting_network gives back
         the attempt (a run that found no network does not count against max_attempts);
-        result and error are stored as given. One transaction for the batch. Returns how
-        many jobs changed.
+        result and error are stored as given. One transaction for the batch.
         """
+        ...
+
+    # --- pauses -----------------------------------------------------------------------
+    def pauses(self) -> list[Pause]: ...
+
+    def resume(self, kind: str, name: str) -> bool:
+        """Lift a pause and reset its streak. True if it was paused."""
         ...
 
     def recover_orphans(self, max_requeues: int, now: float) -> Recovered:
@@ -128,6 +226,15 @@ class Store(Protocol):
         as it is after the call (unchanged if it was not dead), None if unknown."""
         ...
 
+    def retry_all_dead(self, now: float) -> int:
+        """retry_dead for every dead job and every dead event. Returns how many."""
+        ...
+
+    def purge(self, states: Sequence[str], finished_before: float, limit: int) -> int:
+        """Delete up to `limit` jobs in these (final) states that finished before the
+        time, oldest first; for `dead`, dead events created before it too. Returns how many."""
+        ...
+
     # --- inspect ----------------------------------------------------------------------
     def get(self, job_id: int) -> Job | None: ...
 
@@ -137,6 +244,14 @@ class Store(Protocol):
 
     def counts(self) -> dict[str, int]:
         """Number of jobs in each state (every state present, zero included)."""
+        ...
+
+    def prune_finished(self, finished_before: float, limit: int) -> int:
+        """Delete up to `limit` succeeded or cancelled jobs finished before the time."""
+        ...
+
+    def waiting_by_key(self, limit: int) -> list[tuple[str, int, float]]:
+        """(key, waiting jobs, oldest run_at) for the keys with the most waiting jobs."""
         ...
 
     # --- cron -------------------------------------------------------------------------
@@ -154,10 +269,33 @@ class Store(Protocol):
 
     def next_cron_at(self) -> float | None: ...
 
-    def cron_fire_if_due(self, name: str, tick: float, next_tick: float, now: float) -> Submitted | None:
-        """If the cron's next_run_at still equals `tick`: submit one job from its template
-        (idempotency key `cron:NAME:TICK`, so a tick never runs twice), set next_run_at to
-        next_tick and last_fired_at to tick, all in one transaction. Otherwise None."""
+    def cron_fire_if_due(self, name: str, tick: float, next_tick: float, now: float) -> CronFire | None:
+        """If the cron's next_run_at still equals `tick`, in one transaction: set next_run_at
+        to next_tick and last_fired_at to tick, and either submit one job from its template
+        (idempotency key `cron:NAME:TICK`, so a tick never runs twice) or, when a job of
+        this cron is already waiting, fold the tick into it (folded grows by one).
+        Otherwise (not due any more, or unknown) None."""
+        ...
+
+    # --- events (the outbox) ----------------------------------------------------------
+    def accept_event(self, event: NewEvent, now: float, admission: Admission) -> EventAccepted:
+        """Store the event unless its id is known (then: duplicate), and deliver it at once
+        if admission lets its job in; otherwise it stays pending, next attempt at now."""
+        ...
+
+    def deliver_events(self, now: float, admission: Admission, max_attempts: int,
+                       backoff: Any, limit: int = 500) -> list[EventAccepted]:
+        """Try the pending events that are due, oldest first: each becomes a job
+        (idempotency key `event:ID`) if admitted; else its attempts grow and its next try
+        is now + backoff(attempts), or, at max_attempts, it is dead with the refusal."""
+        ...
+
+    def next_event_at(self) -> float | None: ...
+
+    def list_events(self, state: str | None, limit: int) -> list[Event]: ...
+
+    def retry_event(self, event_id: str, now: float) -> Event | None:
+        """A dead event back to pending, due now, attempts reset. None if unknown."""
         ...
 
     def close(self) -> None: ...

@@ -10,10 +10,23 @@ import dataclasses
 import heapq
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..job import Job, NewJob, Outcome, State, Submitted
-from .base import CronRecord, Recovered
+from . import admission as adm
+from .base import (
+    CronFire,
+    CronRecord,
+    Event,
+    EventAccepted,
+    Finished,
+    NewEvent,
+    Pause,
+    Recovered,
+    RefusedError,
+)
+
+_WAITING = (State.SCHEDULED, State.QUEUED, State.WAITING_NETWORK)
 
 
 class MemoryStore:
@@ -28,39 +41,92 @@ class MemoryStore:
         self._scheduled: list[tuple[float, int]] = []  # (run_at, id)
         self._idem: dict[str, int] = {}
         self._crons: dict[str, CronRecord] = {}
+        self._streaks: dict[tuple[str, str], tuple[int, dict | None]] = {}
+        self._pauses: dict[tuple[str, str], Pause] = {}
+        self._events: dict[str, tuple[Event, NewJob]] = {}
+        # Kept up to date by _put/_drop so admission and stats never scan every job.
+        self._by_state: dict[str, int] = dict.fromkeys(State.ALL, 0)
+        self._waiting_by_key: dict[str, int] = {}
 
     # --- helpers (lock held) -------------------------------------------------------------
+    def _count(self, job: Job, delta: int) -> None:
+        self._by_state[job.state] += delta
+        if job.key is not None and job.state in _WAITING:
+            n = self._waiting_by_key.get(job.key, 0) + delta
+            if n:
+                self._waiting_by_key[job.key] = n
+            else:
+                self._waiting_by_key.pop(job.key, None)
+
+    def _drop(self, job: Job) -> None:
+        self._count(job, -1)
+        del self._jobs[job.id]
+
     def _put(self, job: Job) -> None:
+        old = self._jobs.get(job.id)
+        if old is not None:
+            self._count(old, -1)
+        self._count(job, 1)
         self._jobs[job.id] = job
         if job.state == State.QUEUED:
             heapq.heappush(self._queued, (job.priority, job.run_at, job.id))
         elif job.state == State.SCHEDULED:
             heapq.heappush(self._scheduled, (job.run_at, job.id))
 
-    def _insert(self, new: NewJob, now: float) -> Submitted:
-        if new.idempotency_key is not None and new.idempotency_key in self._idem:
-            old = self._jobs[self._idem[new.idempotency_key]]
-            return Submitted(old.id, old.state, duplicate=True)
-        job_id = next(self._ids)
-        state = State.QUEUED if new.run_at <= now else State.SCHEDULED
-        self._put(
-            Job(
-                id=job_id, func=new.func, args=list(new.args), kwargs=dict(new.kwargs),
-                state=state, priority=new.priority, run_at=new.run_at, created_at=now,
-                attempts=0, max_attempts=new.max_attempts, retry=new.retry,
-                retry_on_network=new.retry_on_network, key=new.key,
-                idempotency_key=new.idempotency_key, cron=new.cron, orphaned=0,
-                started_at=None, finished_at=None, result=None, error=None,
-            )
+    def _lookups(self) -> adm.Lookups:
+        def by_key(k: str) -> adm.Existing | None:
+            job = self._jobs.get(self._idem.get(k, 0))
+            return adm.Existing(job.id, job.state, job.created_at) if job else None
+
+        def active(key: str) -> int | None:
+            return next((j.id for j in self._jobs.values()
+                         if j.key == key and (j.state in _WAITING or j.state == State.RUNNING)), None)
+
+        return adm.Lookups(
+            by_idempotency_key=by_key,
+            waiting_for_key=lambda key: self._waiting_by_key.get(key, 0),
+            waiting_total=lambda: sum(self._by_state[s] for s in _WAITING),
+            active_for_key=active,
         )
-        if new.idempotency_key is not None:
-            self._idem[new.idempotency_key] = job_id
-        return Submitted(job_id, state)
+
+    def _submit_locked(self, requests: Sequence[Sequence[NewJob]], now: float,
+                       admission: adm.Admission) -> list[list[Submitted] | adm.Refusal]:
+        p = adm.plan(requests, now, admission, self._lookups())
+        for k in p.expired_keys:
+            old = self._jobs[self._idem.pop(k)]
+            self._put(dataclasses.replace(old, idempotency_key=None))
+        ids = []
+        for _, _, new in p.inserts:
+            job_id = next(self._ids)
+            ids.append(job_id)
+            self._put(Job(
+                id=job_id, func=new.func, args=list(new.args), kwargs=dict(new.kwargs),
+                state=State.QUEUED if new.run_at <= now else State.SCHEDULED, priority=new.priority,
+                run_at=new.run_at, created_at=now, attempts=0, max_attempts=new.max_attempts,
+                retry=new.retry, retry_on_network=new.retry_on_network, key=new.key,
+                idempotency_key=new.idempotency_key, cron=new.cron, orphaned=0, started_at=None,
+                finished_at=None, result=None, error=None,
+            ))
+            if new.idempotency_key is not None:
+                self._idem[new.idempotency_key] = job_id
+            if new.manual:
+                for target in (("key", new.key), ("func", new.func)):
+                    if target[1] is not None:
+                        self._resume_locked(*target)
+        return adm.finish(p, requests, ids, now)
 
     # --- submit ---------------------------------------------------------------------------
     def submit(self, jobs: Sequence[NewJob], now: float) -> list[Submitted]:
+        answer = self.submit_requests([jobs], now)[0]
+        if isinstance(answer, adm.Refusal):
+            raise RefusedError(answer)
+        return answer
+
+    def submit_requests(
+        self, requests: Sequence[Sequence[NewJob]], now: float, admission: adm.Admission = adm.NO_LIMITS
+    ) -> list[list[Submitted] | adm.Refusal]:
         with self._lock:
-            return [self._insert(j, now) for j in jobs]
+            return self._submit_locked(requests, now, admission)
 
     # --- schedule -------------------------------------------------------------------------
     def promote_due(self, now: float) -> int:
@@ -89,19 +155,21 @@ class MemoryStore:
         out: list[Job] = []
         passed_over: list[tuple[int, float, int]] = []
         with self._lock:
+            busy = {j.key for j in self._jobs.values() if j.state == State.RUNNING and j.key is not None}
+            busy |= {name for kind, name in self._pauses if kind == "key"}
+            paused_funcs = {name for kind, name in self._pauses if kind == "func"}
             while self._queued and len(out) < limit:
                 entry = heapq.heappop(self._queued)
                 job = self._jobs.get(entry[2])
                 if job is None or job.state != State.QUEUED or (job.priority, job.run_at) != entry[:2]:
                     continue  # a stale entry: the job moved on (or was re-queued at another time)
-                if job.retry_on_network and not network_up:
+                if (job.retry_on_network and not network_up) or job.key in busy or job.func in paused_funcs:
                     passed_over.append(entry)
                     continue
-                job_id = job.id
-                job = dataclasses.replace(
-                    job, state=State.RUNNING, attempts=job.attempts + 1, started_at=now
-                )
-                self._jobs[job_id] = job
+                if job.key is not None:
+                    busy.add(job.key)
+                job = dataclasses.replace(job, state=State.RUNNING, attempts=job.attempts + 1, started_at=now)
+                self._put(job)
                 out.append(job)
             for entry in passed_over:
                 heapq.heappush(self._queued, entry)
@@ -123,8 +191,9 @@ class MemoryStore:
             return len(waiting)
 
     # --- finish ---------------------------------------------------------------------------
-    def finish_if_running(self, outcomes: Sequence[Outcome], now: float) -> int:
-        n = 0
+    def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None) -> Finished:
+        changed = 0
+        paused: list[Pause] = []
         with self._lock:
             for o in outcomes:
                 job = self._jobs.get(o.job_id)
@@ -138,8 +207,26 @@ class MemoryStore:
                 if o.state == State.WAITING_NETWORK:
                     changes["attempts"] = job.attempts - 1
                 self._put(dataclasses.replace(job, **changes))
-                n += 1
-        return n
+                changed += 1
+                if o.state == State.WAITING_NETWORK:
+                    continue
+                for target in (("key", job.key), ("func", job.func)):
+                    if target[1] is None:
+                        continue
+                    if o.state == State.SUCCEEDED:
+                        self._streaks.pop(target, None)  # type: ignore[arg-type]
+                        continue
+                    failures = self._streaks.get(target, (0, None))[0] + 1  # type: ignore[arg-type]
+                    self._streaks[target] = (failures, o.error)  # type: ignore[index]
+                    if pause_after is None or failures < pause_after:
+                        continue
+                    pause = Pause(target[0], target[1], now, failures, o.error)  # type: ignore[arg-type]
+                    if target in self._pauses:
+                        pause = dataclasses.replace(pause, paused_at=self._pauses[target].paused_at)  # type: ignore[index]
+                    else:
+                        paused.append(pause)
+                    self._pauses[target] = pause  # type: ignore[index]
+        return Finished(changed, paused)
 
     def recover_orphans(self, max_requeues: int, now: float) -> Recovered:
         requeued, dead = [], []
@@ -154,6 +241,19 @@ class MemoryStore:
                     dead.append(job.id)
         return Recovered(requeued, dead)
 
+    # --- pauses ---------------------------------------------------------------------------
+    def pauses(self) -> list[Pause]:
+        with self._lock:
+            return sorted(self._pauses.values(), key=lambda p: (p.paused_at, p.kind, p.name))
+
+    def _resume_locked(self, kind: str, name: str) -> bool:
+        self._streaks.pop((kind, name), None)
+        return self._pauses.pop((kind, name), None) is not None
+
+    def resume(self, kind: str, name: str) -> bool:
+        with self._lock:
+            return self._resume_locked(kind, name)
+
     # --- operator actions -----------------------------------------------------------------
     def cancel(self, job_id: int, now: float) -> Job | None:
         with self._lock:
@@ -163,15 +263,49 @@ class MemoryStore:
                 self._put(job)
             return job
 
+    def _retry_dead_locked(self, job: Job, now: float) -> Job:
+        job = dataclasses.replace(job, state=State.QUEUED, run_at=now, attempts=0, orphaned=0, finished_at=None)
+        self._put(job)
+        return job
+
     def retry_dead(self, job_id: int, now: float) -> Job | None:
         with self._lock:
             job = self._jobs.get(job_id)
             if job is not None and job.state == State.DEAD:
-                job = dataclasses.replace(
-                    job, state=State.QUEUED, run_at=now, attempts=0, orphaned=0, finished_at=None
-                )
-                self._put(job)
+                job = self._retry_dead_locked(job, now)
             return job
+
+    def retry_all_dead(self, now: float) -> int:
+        with self._lock:
+            dead = [j for j in self._jobs.values() if j.state == State.DEAD]
+            for j in dead:
+                self._retry_dead_locked(j, now)
+            events = [e for e, _ in self._events.values() if e.state == "dead"]
+            for e in events:
+                self._events[e.event_id] = (
+                    dataclasses.replace(e, state="pending", attempts=0, next_attempt_at=now),
+                    self._events[e.event_id][1])
+            return len(dead) + len(events)
+
+    def purge(self, states: Sequence[str], finished_before: float, limit: int) -> int:
+        with self._lock:
+            old = sorted((j for j in self._jobs.values() if j.state in states and j.finished_at is not None
+                          and j.finished_at < finished_before), key=lambda j: j.finished_at)[:limit]
+            for j in old:
+                self._drop(j)
+                if j.idempotency_key is not None and self._idem.get(j.idempotency_key) == j.id:
+                    del self._idem[j.idempotency_key]
+            n = len(old)
+            if State.DEAD in states:
+                gone = [i for i, (e, _) in self._events.items()
+                        if e.state == "dead" and e.created_at < finished_before]
+                for i in gone:
+                    del self._events[i]
+                n += len(gone)
+            return n
+
+    def prune_finished(self, finished_before: float, limit: int) -> int:
+        return self.purge((State.SUCCEEDED, State.CANCELLED), finished_before, limit)
 
     # --- inspect --------------------------------------------------------------------------
     def get(self, job_id: int) -> Job | None:
@@ -184,11 +318,17 @@ class MemoryStore:
             return list(itertools.islice(jobs, limit))
 
     def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(State.ALL, 0)
+        with self._lock:
+            return dict(self._by_state)
+
+    def waiting_by_key(self, limit: int) -> list[tuple[str, int, float]]:
+        per: dict[str, list[float]] = {}
         with self._lock:
             for j in self._jobs.values():
-                out[j.state] += 1
-        return out
+                if j.key is not None and j.state in _WAITING:
+                    per.setdefault(j.key, []).append(j.run_at)
+        rows = sorted(((k, len(v), min(v)) for k, v in per.items()), key=lambda r: (-r[1], r[0]))
+        return rows[:limit]
 
     # --- cron -----------------------------------------------------------------------------
     def cron_save(self, cron: CronRecord) -> CronRecord:
@@ -212,17 +352,87 @@ class MemoryStore:
         with self._lock:
             return min((c.next_run_at for c in self._crons.values()), default=None)
 
-    def cron_fire_if_due(self, name: str, tick: float, next_tick: float, now: float) -> Submitted | None:
+    def cron_fire_if_due(self, name: str, tick: float, next_tick: float, now: float) -> CronFire | None:
         with self._lock:
             cron = self._crons.get(name)
             if cron is None or cron.next_run_at != tick:
                 return None
+            waiting = any(j.cron == name and j.state in _WAITING for j in self._jobs.values())
+            self._crons[name] = dataclasses.replace(
+                cron, next_run_at=next_tick, last_fired_at=tick, folded=cron.folded + int(waiting))
+            if waiting:
+                return CronFire("folded", None)
             job = dataclasses.replace(
                 cron.template, run_at=now, cron=name, idempotency_key=f"cron:{name}:{tick!r}"
             )
-            submitted = self._insert(job, now)
-            self._crons[name] = dataclasses.replace(cron, next_run_at=next_tick, last_fired_at=tick)
-            return submitted
+            answer = self._submit_locked([[job]], now, adm.NO_LIMITS)[0]
+            return CronFire("fired", answer[0])  # type: ignore[index]
+
+    # --- events ---------------------------------------------------------------------------
+    def _deliver_locked(self, event: Event, job: NewJob, now: float,
+                        admission: adm.Admission) -> list[Submitted] | adm.Refusal:
+        new = dataclasses.replace(job, run_at=now, idempotency_key=f"event:{event.event_id}")
+        answer = self._submit_locked([[new]], now, admission)[0]
+        if not isinstance(answer, adm.Refusal):
+            self._events[event.event_id] = (dataclasses.replace(
+                event, state="delivered", job_id=answer[0].job_id, next_attempt_at=None,
+                attempts=event.attempts + 1), job)
+        return answer
+
+    def accept_event(self, event: NewEvent, now: float, admission: adm.Admission) -> EventAccepted:
+        with self._lock:
+            old = self._events.get(event.event_id)
+            if old is not None:
+                return EventAccepted(event.event_id, True, old[0].state, old[0].job_id)
+            ev = Event(event.event_id, "pending", event.job.func, event.job.key, now, 0, now, None, None)
+            self._events[event.event_id] = (ev, event.job)
+            answer = self._deliver_locked(ev, event.job, now, admission)
+        if isinstance(answer, adm.Refusal):
+            return EventAccepted(event.event_id, False, "pending", None)
+        return EventAccepted(event.event_id, False, "delivered", answer[0].job_id)
+
+    def deliver_events(self, now: float, admission: adm.Admission, max_attempts: int,
+                       backoff: Callable[[int], float], limit: int = 500) -> list[EventAccepted]:
+        out = []
+        with self._lock:
+            due = sorted((e for e, _ in self._events.values()
+                          if e.state == "pending" and e.next_attempt_at is not None and e.next_attempt_at <= now),
+                         key=lambda e: e.next_attempt_at)[:limit]  # type: ignore[arg-type, return-value]
+            for ev in due:
+                job = self._events[ev.event_id][1]
+                answer = self._deliver_locked(ev, job, now, admission)
+                if not isinstance(answer, adm.Refusal):
+                    out.append(EventAccepted(ev.event_id, False, "delivered", answer[0].job_id))
+                    continue
+                attempts = ev.attempts + 1
+                dead = attempts >= max_attempts
+                self._events[ev.event_id] = (dataclasses.replace(
+                    ev, attempts=attempts, state="dead" if dead else "pending",
+                    next_attempt_at=None if dead else now + backoff(attempts),
+                    last_error=f"{answer.code}: {answer.message}"), job)
+                out.append(EventAccepted(ev.event_id, False, "dead" if dead else "pending", None))
+        return out
+
+    def next_event_at(self) -> float | None:
+        with self._lock:
+            return min((e.next_attempt_at for e, _ in self._events.values()
+                        if e.state == "pending" and e.next_attempt_at is not None), default=None)
+
+    def list_events(self, state: str | None, limit: int) -> list[Event]:
+        with self._lock:
+            events = [e for e, _ in self._events.values() if state is None or e.state == state]
+        return sorted(events, key=lambda e: e.created_at, reverse=True)[:limit]
+
+    def retry_event(self, event_id: str, now: float) -> Event | None:
+        with self._lock:
+            item = self._events.get(event_id)
+            if item is None:
+                return None
+            ev, job = item
+            if ev.state == "dead":
+                ev = dataclasses.replace(ev, state="pending", attempts=0, next_attempt_at=now)
+                self._events[event_id] = (ev, job)
+            return ev
 
     def close(self) -> None:
         pass

@@ -4,7 +4,8 @@ WAL journal; synchronous FULL by default (a Pi loses power), NORMAL on request. 
 in this process take one Python lock before BEGIN IMMEDIATE, so they hand over at once
 instead of backing off in SQLite's sleeping busy handler; busy_timeout still covers other
 processes (the CLI, a second daemon by mistake). Readers use their own per-thread
-connections and never block writers.
+connections and never block writers. Counts by state are kept by triggers, so stats and
+the queue cap cost one row read, not a scan of a million jobs.
 """
 
 from __future__ import annotations
@@ -15,12 +16,23 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .. import retry as retry_mod
 from ..job import Job, NewJob, Outcome, State, Submitted
-from .base import CronRecord, Recovered
+from . import admission as adm
+from .base import (
+    CronFire,
+    CronRecord,
+    Event,
+    EventAccepted,
+    Finished,
+    NewEvent,
+    Pause,
+    Recovered,
+    RefusedError,
+)
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -53,16 +65,53 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_queued ON jobs (priority, run_at, id) WHERE state = 'queued';
 CREATE INDEX IF NOT EXISTS jobs_scheduled ON jobs (run_at) WHERE state = 'scheduled';
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, id);
+CREATE INDEX IF NOT EXISTS jobs_key ON jobs (key, state) WHERE key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_cron ON jobs (cron, state) WHERE cron IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished_at) WHERE finished_at IS NOT NULL;
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_idempotency ON jobs (idempotency_key)
     WHERE idempotency_key IS NOT NULL;
+CREATE TABLE IF NOT EXISTS state_counts (state TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS jobs_count_insert AFTER INSERT ON jobs BEGIN
+    INSERT INTO state_counts VALUES (NEW.state, 1) ON CONFLICT (state) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS jobs_count_update AFTER UPDATE OF state ON jobs
+WHEN OLD.state != NEW.state BEGIN
+    UPDATE state_counts SET n = n - 1 WHERE state = OLD.state;
+    INSERT INTO state_counts VALUES (NEW.state, 1) ON CONFLICT (state) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS jobs_count_delete AFTER DELETE ON jobs BEGIN
+    UPDATE state_counts SET n = n - 1 WHERE state = OLD.state;
+END;
 CREATE TABLE IF NOT EXISTS crons (
     name TEXT PRIMARY KEY,
     schedule TEXT NOT NULL,
     template TEXT NOT NULL,
     next_run_at REAL NOT NULL,
     last_fired_at REAL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    folded INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS streaks (
+    kind TEXT NOT NULL, name TEXT NOT NULL, failures INTEGER NOT NULL, last_error TEXT,
+    PRIMARY KEY (kind, name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS pauses (
+    kind TEXT NOT NULL, name TEXT NOT NULL, paused_at REAL NOT NULL, failures INTEGER NOT NULL,
+    last_error TEXT, PRIMARY KEY (kind, name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS events (
+    event_id TEXT PRIMARY KEY,
+    state TEXT NOT NULL,                   -- pending, delivered, dead
+    job TEXT NOT NULL,                     -- the job template, JSON
+    func TEXT NOT NULL,
+    key TEXT,
+    created_at REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL,
+    job_id INTEGER,
+    last_error TEXT
+);
+CREATE INDEX IF NOT EXISTS events_pending ON events (next_attempt_at) WHERE state = 'pending';
 """
 _COLS = (
     "id, func, args, kwargs, state, priority, run_at, created_at, attempts, max_attempts, retry,"
@@ -73,6 +122,7 @@ _INSERT = (
     " retry, retry_on_network, key, idempotency_key, cron) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
+_EVENT_COLS = "event_id, state, func, key, created_at, attempts, next_attempt_at, job_id, last_error"
 
 
 def _dumps(v: Any) -> str:
@@ -109,8 +159,12 @@ def _template_from_json(s: str) -> NewJob:
 def _row_to_cron(r: tuple) -> CronRecord:
     return CronRecord(
         name=r[0], schedule=json.loads(r[1]), template=_template_from_json(r[2]),
-        next_run_at=r[3], last_fired_at=r[4], created_at=r[5],
+        next_run_at=r[3], last_fired_at=r[4], created_at=r[5], folded=r[6],
     )
+
+
+def _row_to_pause(r: tuple) -> Pause:
+    return Pause(r[0], r[1], r[2], r[3], json.loads(r[4]) if r[4] else None)
 
 
 class SQLiteStore:
@@ -127,8 +181,7 @@ class SQLiteStore:
         self._write_lock = threading.Lock()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
-        parent = os.path.dirname(os.path.abspath(path))
-        os.makedirs(parent, exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self._migrate(self._conn())
 
     # --- connections ----------------------------------------------------------------------
@@ -171,45 +224,61 @@ class SQLiteStore:
 
     # --- submit ---------------------------------------------------------------------------
     def submit(self, jobs: Sequence[NewJob], now: float) -> list[Submitted]:
-        with self._write() as c:
-            return self._insert(c, jobs, now)
+        answer = self.submit_requests([jobs], now)[0]
+        if isinstance(answer, adm.Refusal):
+            raise RefusedError(answer)
+        return answer
 
-    def _insert(self, c: sqlite3.Connection, jobs: Sequence[NewJob], now: float) -> list[Submitted]:
-        out: list[Submitted | None] = [None] * len(jobs)
-        seen: dict[str, Submitted] = {}
-        for i, j in enumerate(jobs):
-            k = j.idempotency_key
-            if k is None:
-                continue
-            if k in seen:
-                out[i] = Submitted(seen[k].job_id, seen[k].state, duplicate=True)
-                continue
-            row = c.execute("SELECT id, state FROM jobs WHERE idempotency_key = ?", (k,)).fetchone()
-            if row:
-                out[i] = seen[k] = Submitted(row[0], row[1], duplicate=True)
+    def submit_requests(
+        self, requests: Sequence[Sequence[NewJob]], now: float, admission: adm.Admission = adm.NO_LIMITS
+    ) -> list[list[Submitted] | adm.Refusal]:
+        with self._write() as c:
+            return self._submit_in(c, requests, now, admission)
+
+    def _lookups(self, c: sqlite3.Connection) -> adm.Lookups:
+        def by_key(k: str) -> adm.Existing | None:
+            row = c.execute("SELECT id, state, created_at FROM jobs WHERE idempotency_key = ?", (k,)).fetchone()
+            return adm.Existing(*row) if row else None
+
+        def active(key: str) -> int | None:
+            row = c.execute(
+                "SELECT id FROM jobs INDEXED BY jobs_key WHERE key = ? AND state IN"
+                " ('scheduled', 'queued', 'waiting_network', 'running') ORDER BY id LIMIT 1", (key,)
+            ).fetchone()
+            return row[0] if row else None
+
+        return adm.Lookups(
+            by_idempotency_key=by_key,
+            waiting_for_key=lambda key: c.execute(
+                "SELECT count(*) FROM jobs INDEXED BY jobs_key WHERE key = ? AND state IN"
+                " ('scheduled', 'queued', 'waiting_network')", (key,)).fetchone()[0],
+            waiting_total=lambda: c.execute(
+                "SELECT coalesce(sum(n), 0) FROM state_counts WHERE state IN"
+                " ('scheduled', 'queued', 'waiting_network')").fetchone()[0],
+            active_for_key=active,
+        )
+
+    def _submit_in(self, c: sqlite3.Connection, requests: Sequence[Sequence[NewJob]], now: float,
+                   admission: adm.Admission) -> list[list[Submitted] | adm.Refusal]:
+        p = adm.plan(requests, now, admission, self._lookups(c))
+        if p.expired_keys:  # an idempotency key past its TTL may name a new job
+            c.executemany("UPDATE jobs SET idempotency_key = NULL WHERE idempotency_key = ?",
+                          [(k,) for k in p.expired_keys])
         row = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
-        next_id = (row[0] if row else 0) + 1
-        rows = []
-        for i, j in enumerate(jobs):
-            if out[i] is not None:
-                continue
-            first = seen.get(j.idempotency_key) if j.idempotency_key is not None else None
-            if first is not None:  # the same key earlier in this batch
-                out[i] = Submitted(first.job_id, first.state, duplicate=True)
-                continue
-            state = State.QUEUED if j.run_at <= now else State.SCHEDULED
-            out[i] = Submitted(next_id, state)
-            if j.idempotency_key is not None:
-                seen[j.idempotency_key] = out[i]
-            rows.append((
-                next_id, state, j.func, _dumps(j.args) if j.args else None,
-                _dumps(j.kwargs) if j.kwargs else None, j.priority, j.run_at, now,
-                j.max_attempts, _dumps(j.retry.to_dict()) if j.retry else None,
-                int(j.retry_on_network), j.key, j.idempotency_key, j.cron,
-            ))
-            next_id += 1
-        c.executemany(_INSERT, rows)
-        return out  # type: ignore[return-value]
+        first = (row[0] if row else 0) + 1
+        ids = list(range(first, first + len(p.inserts)))
+        c.executemany(_INSERT, [
+            (job_id, State.QUEUED if j.run_at <= now else State.SCHEDULED, j.func,
+             _dumps(j.args) if j.args else None, _dumps(j.kwargs) if j.kwargs else None, j.priority,
+             j.run_at, now, j.max_attempts, _dumps(j.retry.to_dict()) if j.retry else None,
+             int(j.retry_on_network), j.key, j.idempotency_key, j.cron)
+            for job_id, (_, _, j) in zip(ids, p.inserts, strict=True)
+        ])
+        manual = {(k, n) for _, _, j in p.inserts if j.manual for k, n in (("key", j.key), ("func", j.func))
+                  if n is not None}
+        for kind, name in manual:  # an operator's run lifts a pause
+            self._resume_in(c, kind, name)
+        return adm.finish(p, requests, ids, now)
 
     # --- schedule -------------------------------------------------------------------------
     def promote_due(self, now: float) -> int:
@@ -220,19 +289,43 @@ class SQLiteStore:
             ).rowcount
 
     def next_scheduled_at(self) -> float | None:
-        row = self._conn().execute("SELECT min(run_at) FROM jobs INDEXED BY jobs_scheduled WHERE state = 'scheduled'").fetchone()
+        row = self._conn().execute(
+            "SELECT min(run_at) FROM jobs INDEXED BY jobs_scheduled WHERE state = 'scheduled'").fetchone()
         return row[0]
 
     # --- claim ----------------------------------------------------------------------------
     def claim_available(self, limit: int, now: float, network_up: bool = True) -> list[Job]:
         with self._write() as c:
+            busy = {r[0] for r in c.execute(
+                "SELECT key FROM jobs INDEXED BY jobs_state WHERE state = 'running' AND key IS NOT NULL")}
+            paused = {(r[0], r[1]) for r in c.execute("SELECT kind, name FROM pauses")}
+            paused_funcs = {n for k, n in paused if k == "func"}
+            busy |= {n for k, n in paused if k == "key"}
+            chosen: list[int] = []
+            offset, page = 0, max(64, limit * 4)
+            while len(chosen) < limit:
+                rows = c.execute(
+                    "SELECT id, key, func FROM jobs INDEXED BY jobs_queued WHERE state = 'queued'"
+                    " AND (? OR retry_on_network = 0) ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
+                    (int(network_up), page, offset),
+                ).fetchall()
+                for job_id, key, func in rows:
+                    if key in busy or func in paused_funcs:
+                        continue
+                    if key is not None:
+                        busy.add(key)  # one job per key, the first in queue order
+                    chosen.append(job_id)
+                    if len(chosen) == limit:
+                        break
+                if len(rows) < page:
+                    break
+                offset += page
+            if not chosen:
+                return []
+            marks = ",".join("?" * len(chosen))
             rows = c.execute(
                 "UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = ?"
-                " WHERE id IN (SELECT id FROM jobs INDEXED BY jobs_queued WHERE state = 'queued'"
-                "              AND (? OR retry_on_network = 0)"
-                "              ORDER BY priority, run_at, id LIMIT ?)"
-                f" RETURNING {_COLS}",
-                (now, int(network_up), limit),
+                f" WHERE id IN ({marks}) RETURNING {_COLS}", (now, *chosen),
             ).fetchall()
         jobs = [_row_to_job(r) for r in rows]
         jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
@@ -252,22 +345,50 @@ class SQLiteStore:
             ).rowcount
 
     # --- finish ---------------------------------------------------------------------------
-    def finish_if_running(self, outcomes: Sequence[Outcome], now: float) -> int:
-        rows = [
-            (
-                o.state, o.run_at, None if o.result is None else _dumps(o.result),
-                _dumps(o.error) if o.error else None, now if o.state in State.FINAL else None,
-                o.job_id,
-            )
-            for o in outcomes
-        ]
+    def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None) -> Finished:
+        changed = 0
+        paused: list[Pause] = []
         with self._write() as c:
-            return c.executemany(
-                "UPDATE jobs SET state = ?1, run_at = coalesce(?2, run_at), result = ?3, error = ?4,"
-                " finished_at = ?5, attempts = attempts - (?1 = 'waiting_network')"
-                " WHERE id = ?6 AND state = 'running'",
-                rows,
-            ).rowcount
+            for o in outcomes:
+                row = c.execute(
+                    "UPDATE jobs SET state = ?1, run_at = coalesce(?2, run_at), result = ?3, error = ?4,"
+                    " finished_at = ?5, attempts = attempts - (?1 = 'waiting_network')"
+                    " WHERE id = ?6 AND state = 'running' RETURNING key, func",
+                    (o.state, o.run_at, None if o.result is None else _dumps(o.result),
+                     _dumps(o.error) if o.error else None, now if o.state in State.FINAL else None,
+                     o.job_id),
+                ).fetchone()
+                if row is None:
+                    continue
+                changed += 1
+                if o.state == State.WAITING_NETWORK:
+                    continue
+                for kind, name in (("key", row[0]), ("func", row[1])):
+                    if name is not None:
+                        p = self._streak_in(c, kind, name, o, now, pause_after)
+                        if p is not None:
+                            paused.append(p)
+        return Finished(changed, paused)
+
+    def _streak_in(self, c: sqlite3.Connection, kind: str, name: str, o: Outcome, now: float,
+                   pause_after: int | None) -> Pause | None:
+        if o.state == State.SUCCEEDED:
+            c.execute("DELETE FROM streaks WHERE kind = ? AND name = ?", (kind, name))
+            return None
+        err = _dumps(o.error) if o.error else None
+        failures = c.execute(
+            "INSERT INTO streaks VALUES (?, ?, 1, ?) ON CONFLICT (kind, name) DO UPDATE"
+            " SET failures = failures + 1, last_error = excluded.last_error RETURNING failures",
+            (kind, name, err),
+        ).fetchone()[0]
+        if pause_after is None or failures < pause_after:
+            return None
+        if c.execute("SELECT 1 FROM pauses WHERE kind = ? AND name = ?", (kind, name)).fetchone():
+            c.execute("UPDATE pauses SET failures = ?, last_error = ? WHERE kind = ? AND name = ?",
+                      (failures, err, kind, name))
+            return None
+        c.execute("INSERT INTO pauses VALUES (?, ?, ?, ?, ?)", (kind, name, now, failures, err))
+        return Pause(kind, name, now, failures, o.error)
 
     def recover_orphans(self, max_requeues: int, now: float) -> Recovered:
         err = _dumps({"type": "orphaned", "message": "its worker stopped while it ran, too often"})
@@ -282,6 +403,19 @@ class SQLiteStore:
                 " WHERE state = 'running' RETURNING id"
             ).fetchall()
         return Recovered(sorted(r[0] for r in requeued), sorted(r[0] for r in dead))
+
+    # --- pauses ---------------------------------------------------------------------------
+    def pauses(self) -> list[Pause]:
+        rows = self._conn().execute("SELECT * FROM pauses ORDER BY paused_at, kind, name")
+        return [_row_to_pause(r) for r in rows]
+
+    def _resume_in(self, c: sqlite3.Connection, kind: str, name: str) -> bool:
+        c.execute("DELETE FROM streaks WHERE kind = ? AND name = ?", (kind, name))
+        return c.execute("DELETE FROM pauses WHERE kind = ? AND name = ?", (kind, name)).rowcount > 0
+
+    def resume(self, kind: str, name: str) -> bool:
+        with self._write() as c:
+            return self._resume_in(c, kind, name)
 
     # --- operator actions -----------------------------------------------------------------
     def _update_one(self, sql: str, params: tuple, job_id: int) -> Job | None:
@@ -304,6 +438,31 @@ class SQLiteStore:
             (now, job_id), job_id,
         )
 
+    def retry_all_dead(self, now: float) -> int:
+        with self._write() as c:
+            n = c.execute(
+                "UPDATE jobs SET state = 'queued', run_at = ?, attempts = 0, orphaned = 0,"
+                " finished_at = NULL WHERE state = 'dead'", (now,)).rowcount
+            n += c.execute(
+                "UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = ?"
+                " WHERE state = 'dead'", (now,)).rowcount
+        return n
+
+    def purge(self, states: Sequence[str], finished_before: float, limit: int) -> int:
+        marks = ",".join("?" * len(states))
+        with self._write() as c:
+            n = c.execute(
+                f"DELETE FROM jobs WHERE id IN (SELECT id FROM jobs INDEXED BY jobs_finished"
+                f" WHERE finished_at < ? AND state IN ({marks}) ORDER BY finished_at LIMIT ?)",
+                (finished_before, *states, limit)).rowcount
+            if State.DEAD in states:
+                n += c.execute("DELETE FROM events WHERE state = 'dead' AND created_at < ?",
+                               (finished_before,)).rowcount
+        return n
+
+    def prune_finished(self, finished_before: float, limit: int) -> int:
+        return self.purge((State.SUCCEEDED, State.CANCELLED), finished_before, limit)
+
     # --- inspect --------------------------------------------------------------------------
     def get(self, job_id: int) -> Job | None:
         row = self._conn().execute(f"SELECT {_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
@@ -319,16 +478,28 @@ class SQLiteStore:
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(State.ALL, 0)
-        out.update(self._conn().execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall())
+        out.update(self._conn().execute("SELECT state, n FROM state_counts").fetchall())
         return out
+
+    def waiting_by_key(self, limit: int) -> list[tuple[str, int, float]]:
+        rows = self._conn().execute(
+            "SELECT key, count(*), min(run_at) FROM jobs INDEXED BY jobs_key WHERE key IS NOT NULL"
+            " AND state IN ('scheduled', 'queued', 'waiting_network') GROUP BY key"
+            " ORDER BY count(*) DESC, key LIMIT ?", (limit,))
+        return [tuple(r) for r in rows]  # type: ignore[misc]
+
+    def integrity_check(self) -> str:
+        """'ok', or what SQLite's quick_check found wrong."""
+        rows = self._conn().execute("PRAGMA quick_check").fetchall()
+        return "\n".join(r[0] for r in rows)
 
     # --- cron -----------------------------------------------------------------------------
     def cron_save(self, cron: CronRecord) -> CronRecord:
         with self._write() as c:
             c.execute(
-                "INSERT OR REPLACE INTO crons VALUES (?,?,?,?,?,?)",
+                "INSERT OR REPLACE INTO crons VALUES (?,?,?,?,?,?,?)",
                 (cron.name, _dumps(cron.schedule), _template_to_json(cron.template),
-                 cron.next_run_at, cron.last_fired_at, cron.created_at),
+                 cron.next_run_at, cron.last_fired_at, cron.created_at, cron.folded),
             )
         return cron
 
@@ -346,27 +517,99 @@ class SQLiteStore:
     def next_cron_at(self) -> float | None:
         return self._conn().execute("SELECT min(next_run_at) FROM crons").fetchone()[0]
 
-    def cron_fire_if_due(self, name: str, tick: float, next_tick: float, now: float) -> Submitted | None:
+    def cron_fire_if_due(self, name: str, tick: float, next_tick: float, now: float) -> CronFire | None:
         with self._write() as c:
             row = c.execute(
                 "SELECT template FROM crons WHERE name = ? AND next_run_at = ?", (name, tick)
             ).fetchone()
             if row is None:
                 return None
+            waiting = c.execute(
+                "SELECT 1 FROM jobs INDEXED BY jobs_cron WHERE cron = ? AND state IN"
+                " ('scheduled', 'queued', 'waiting_network') LIMIT 1", (name,)).fetchone()
             c.execute(
-                "UPDATE crons SET next_run_at = ?, last_fired_at = ? WHERE name = ?",
-                (next_tick, tick, name),
+                "UPDATE crons SET next_run_at = ?, last_fired_at = ?, folded = folded + ? WHERE name = ?",
+                (next_tick, tick, 1 if waiting else 0, name),
             )
+            if waiting:
+                return CronFire("folded", None)
             job = dataclasses.replace(
                 _template_from_json(row[0]), run_at=now, cron=name,
                 idempotency_key=f"cron:{name}:{tick!r}",
             )
-            return self._insert(c, [job], now)[0]
+            answer = self._submit_in(c, [[job]], now, adm.NO_LIMITS)[0]
+            return CronFire("fired", answer[0])  # type: ignore[index]
 
-    def integrity_check(self) -> str:
-        """'ok', or what SQLite's quick_check found wrong."""
-        rows = self._conn().execute("PRAGMA quick_check").fetchall()
-        return "\n".join(r[0] for r in rows)
+    # --- events ---------------------------------------------------------------------------
+    def _deliver_in(self, c: sqlite3.Connection, event_id: str, template: str, now: float,
+                    admission: adm.Admission) -> list[Submitted] | adm.Refusal:
+        job = dataclasses.replace(_template_from_json(template), run_at=now,
+                                  idempotency_key=f"event:{event_id}")
+        answer = self._submit_in(c, [[job]], now, admission)[0]
+        if not isinstance(answer, adm.Refusal):
+            c.execute("UPDATE events SET state = 'delivered', job_id = ?, next_attempt_at = NULL,"
+                      " attempts = attempts + 1 WHERE event_id = ?", (answer[0].job_id, event_id))
+        return answer
+
+    def accept_event(self, event: NewEvent, now: float, admission: adm.Admission) -> EventAccepted:
+        template = _template_to_json(event.job)
+        with self._write() as c:
+            old = c.execute("SELECT state, job_id FROM events WHERE event_id = ?", (event.event_id,)).fetchone()
+            if old:
+                return EventAccepted(event.event_id, True, old[0], old[1])
+            c.execute(
+                "INSERT INTO events (event_id, state, job, func, key, created_at, next_attempt_at)"
+                " VALUES (?, 'pending', ?, ?, ?, ?, ?)",
+                (event.event_id, template, event.job.func, event.job.key, now, now))
+            answer = self._deliver_in(c, event.event_id, template, now, admission)
+        if isinstance(answer, adm.Refusal):
+            return EventAccepted(event.event_id, False, "pending", None)
+        return EventAccepted(event.event_id, False, "delivered", answer[0].job_id)
+
+    def deliver_events(self, now: float, admission: adm.Admission, max_attempts: int,
+                       backoff: Callable[[int], float], limit: int = 500) -> list[EventAccepted]:
+        out = []
+        with self._write() as c:
+            due = c.execute(
+                "SELECT event_id, job, attempts FROM events INDEXED BY events_pending"
+                " WHERE state = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?",
+                (now, limit)).fetchall()
+            for event_id, template, attempts in due:
+                answer = self._deliver_in(c, event_id, template, now, admission)
+                if not isinstance(answer, adm.Refusal):
+                    out.append(EventAccepted(event_id, False, "delivered", answer[0].job_id))
+                    continue
+                attempts += 1
+                dead = attempts >= max_attempts
+                c.execute(
+                    "UPDATE events SET attempts = ?, state = ?, next_attempt_at = ?, last_error = ?"
+                    " WHERE event_id = ?",
+                    (attempts, "dead" if dead else "pending", None if dead else now + backoff(attempts),
+                     f"{answer.code}: {answer.message}", event_id))
+                out.append(EventAccepted(event_id, False, "dead" if dead else "pending", None))
+        return out
+
+    def next_event_at(self) -> float | None:
+        return self._conn().execute(
+            "SELECT min(next_attempt_at) FROM events INDEXED BY events_pending WHERE state = 'pending'"
+        ).fetchone()[0]
+
+    def list_events(self, state: str | None, limit: int) -> list[Event]:
+        if state is None:
+            rows = self._conn().execute(
+                f"SELECT {_EVENT_COLS} FROM events ORDER BY created_at DESC LIMIT ?", (limit,))
+        else:
+            rows = self._conn().execute(
+                f"SELECT {_EVENT_COLS} FROM events WHERE state = ? ORDER BY created_at DESC LIMIT ?",
+                (state, limit))
+        return [Event(*r) for r in rows]
+
+    def retry_event(self, event_id: str, now: float) -> Event | None:
+        with self._write() as c:
+            c.execute("UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = ?"
+                      " WHERE event_id = ? AND state = 'dead'", (now, event_id))
+            row = c.execute(f"SELECT {_EVENT_COLS} FROM events WHERE event_id = ?", (event_id,)).fetchone()
+        return Event(*row) if row else None
 
     def close(self) -> None:
         with self._all_lock:
