@@ -1,9 +1,11 @@
 """Group commit for the enqueue path.
 
-Every connection hands its validated jobs to one committer thread. While a transaction is
-being written, newly arriving jobs from all connections gather; the next transaction takes
-them all (up to max_batch). A job's ack is released only after the transaction holding it
-has committed, so durability costs one fsync per batch, not one per job.
+Every connection hands its validated requests to one committer thread. While a
+transaction is being written, newly arriving requests from all connections gather; the
+next transaction takes them all (up to max_batch jobs). Admission (caps, conflicts) is
+decided per request inside that transaction. An ack is released only after the
+transaction holding it has committed, so durability costs one fsync per batch, not one
+per job.
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from collections.abc import Callable, Sequence
 from .job import NewJob, Submitted
 from .protocol import Code, QueueError
 from .store import Store
+from .store.admission import NO_LIMITS, Admission, Refusal
 
 log = logging.getLogger("queickd.batcher")
 
-Done = Callable[[list[Submitted] | BaseException], None]
+Answer = list[Submitted] | Refusal
+Done = Callable[[list[Answer] | BaseException], None]
+Requests = Sequence[Sequence[NewJob]]
 DEFAULT_MAX_BATCH = 4096
 
 
@@ -32,29 +37,33 @@ class SubmitBatcher:
         *,
         clock: Callable[[], float] = time.time,
         max_batch: int = DEFAULT_MAX_BATCH,
+        admission: Admission = NO_LIMITS,
     ) -> None:
         self.store = store
+        self.admission = admission
         self._on_committed = on_committed
         self._clock = clock
         self._max_batch = max_batch
-        self._q: queue.SimpleQueue[tuple[Sequence[NewJob], Done] | None] = queue.SimpleQueue()
+        self._q: queue.SimpleQueue[tuple[Requests, Done] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._closed = False
         self.commits = 0  # transactions written; with `jobs`, shows the batching at work
-        self.jobs = 0
+        self.jobs = 0  # jobs stored (duplicates not counted)
+        self.refused = 0  # requests refused by admission
 
     def start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="queickd-committer", daemon=True)
             self._thread.start()
 
-    def submit(self, jobs: Sequence[NewJob], done: Done) -> None:
-        """Queue jobs for the next commit. `done` is called once, from the committer thread,
-        with the Submitted list (input order) or the exception that kept them out."""
+    def submit(self, requests: Requests, done: Done) -> None:
+        """Queue requests (each a list of jobs, admitted all or nothing) for the next commit.
+        `done` is called once, from the committer thread, with one answer per request (its
+        Submitted list, or its Refusal), or with the exception that kept them all out."""
         if self._closed:
             done(QueueError(Code.INTERNAL, "the daemon is shutting down"))
             return
-        self._q.put((jobs, done))
+        self._q.put((requests, done))
 
     def stop(self) -> None:
         """Commit what is already queued, then stop. Idempotent; safe before start()."""
@@ -70,7 +79,7 @@ class SubmitBatcher:
             if item is None:
                 break
             batch = [item]
-            size = len(item[0])
+            size = sum(len(r) for r in item[0])
             while size < self._max_batch:
                 try:
                     item = self._q.get_nowait()
@@ -80,7 +89,7 @@ class SubmitBatcher:
                     stop = True
                     break
                 batch.append(item)
-                size += len(item[0])
+                size += sum(len(r) for r in item[0])
             self._commit(batch)
         # Anything that raced in after stop was decided: refuse it explicitly.
         while True:
@@ -91,20 +100,28 @@ class SubmitBatcher:
             if item is not None:
                 item[1](QueueError(Code.INTERNAL, "the daemon is shutting down"))
 
-    def _commit(self, batch: list[tuple[Sequence[NewJob], Done]]) -> None:
-        jobs = [j for specs, _ in batch for j in specs]
+    def _commit(self, batch: list[tuple[Requests, Done]]) -> None:
+        requests = [r for reqs, _ in batch for r in reqs]
         try:
-            submitted = self.store.submit(jobs, self._clock())
+            answers = self.store.submit_requests(requests, self._clock(), self.admission)
         except Exception as e:
-            log.exception("could not store %d job(s); none was acknowledged", len(jobs))
+            log.exception("could not store %d request(s); none was acknowledged", len(requests))
             err = QueueError(Code.INTERNAL, f"the store failed: {e}")
             for _, done in batch:
                 done(err)
             return
         self.commits += 1
-        self.jobs += len(jobs)
         i = 0
-        for specs, done in batch:
-            done(submitted[i : i + len(specs)])
-            i += len(specs)
+        for reqs, done in batch:
+            done(answers[i : i + len(reqs)])
+            i += len(reqs)
+        jobs: list[NewJob] = []
+        submitted: list[Submitted] = []
+        for r, a in zip(requests, answers, strict=True):
+            if isinstance(a, Refusal):
+                self.refused += 1
+            else:
+                jobs.extend(r)
+                submitted.extend(a)
+        self.jobs += sum(1 for s in submitted if not s.duplicate)
         self._on_committed(jobs, submitted)

@@ -25,7 +25,18 @@ from .retry import POLICIES
 
 EX_CONFIG = 78
 _DEFAULTS = Config()
-_SUBCOMMANDS = ("run", "enqueue", "jobs", "show", "cancel", "retry", "stats", "crons")
+_SUBCOMMANDS = ("run", "enqueue", "jobs", "show", "cancel", "retry", "stats", "crons", "dead", "purge",
+                "resume")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def duration(text: str) -> float:
+    """'90', '90s', '15m', '12h', '7d', '2w' → seconds."""
+    t = text.strip().lower()
+    try:
+        return float(t[:-1]) * _UNITS[t[-1]] if t and t[-1] in _UNITS else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 90, 15m, 12h or 7d") from None
 
 
 def _env(flag: str) -> str | None:
@@ -63,6 +74,16 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
     _opt(p, "--ping-host", "start the network checker: HOST[:PORT] (TCP connect, port 80) or "
          "icmp://HOST; jobs with retry_on_network wait for the network", None)
     _opt(p, "--ping-interval", "seconds between network probes", d.ping_interval, type=float)
+    _opt(p, "--max-queued", "waiting jobs in all before enqueue answers queue_full", d.max_queued, type=int)
+    _opt(p, "--max-queued-per-key", "waiting jobs per key before enqueue answers queue_full",
+         d.max_queued_per_key, type=int)
+    _opt(p, "--idempotency-ttl", "how long an idempotency key names its job (e.g. 24h)",
+         d.idempotency_ttl, type=duration)
+    _opt(p, "--event-max-attempts", "delivery attempts of an event before it is a dead letter",
+         d.event_max_attempts, type=int)
+    _opt(p, "--pause-after", "failed runs in a row that pause a key or function", d.pause_after, type=int)
+    _opt(p, "--keep-finished", "how long succeeded and cancelled jobs are kept (e.g. 7d)",
+         d.keep_finished, type=duration)
     _opt(p, "--log-level", "log level", "info", choices=log.LEVELS)
 
 
@@ -110,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument("--max-attempts", type=int, help="runs in all, the first included (with --retry)")
     enq.add_argument("--key", help="serial key")
     enq.add_argument("--idempotency-key", help="a second enqueue with this key returns the first job")
+    enq.add_argument("--manual", action="store_true",
+                     help="an operator's run: refused (conflict) if its key already has a job; resumes a pause")
     enq.add_argument("--wait", type=float, metavar="SECONDS", help="wait for the job to finish and print it")
     _client_flags(enq)
 
@@ -118,11 +141,33 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.add_argument("--limit", type=int, default=50, help="at most this many (default: 50)")
     _client_flags(jobs)
 
-    for name, text in (("show", "show one job in full"), ("cancel", "cancel a job that has not started"),
-                       ("retry", "send a dead job back to the queue")):
+    for name, text in (("show", "show one job in full"), ("cancel", "cancel a job that has not started")):
         sp = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         sp.add_argument("job_id", type=int, help="job id")
         _client_flags(sp)
+    retry = sub.add_parser("retry", help="send dead letters back to the queue",
+                           description="Send a dead job (by id), a dead event, or every dead letter back.")
+    which = retry.add_mutually_exclusive_group(required=True)
+    which.add_argument("job_id", type=int, nargs="?", help="job id")
+    which.add_argument("--all", action="store_true", help="every dead job and dead event")
+    which.add_argument("--event", metavar="EVENT_ID", help="a dead event")
+    _client_flags(retry)
+    dead = sub.add_parser("dead", help="list dead letters", description="List dead jobs and dead events.")
+    dead.add_argument("--limit", type=int, default=50, help="at most this many of each (default: 50)")
+    _client_flags(dead)
+    purge = sub.add_parser("purge", help="delete old finished jobs",
+                           description="Delete jobs in a final state that finished long enough ago.")
+    kind = purge.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--dead", dest="state", action="store_const", const="dead", help="dead letters")
+    kind.add_argument("--succeeded", dest="state", action="store_const", const="succeeded")
+    kind.add_argument("--cancelled", dest="state", action="store_const", const="cancelled")
+    purge.add_argument("--older-than", type=duration, required=True, help="e.g. 7d, 12h, 3600")
+    _client_flags(purge)
+    resume = sub.add_parser("resume", help="resume a paused key or function",
+                            description="Lift the pause put on a key (or function) after repeated failures.")
+    resume.add_argument("key", nargs="?", help="the serial key")
+    resume.add_argument("--func", help="module:function instead of a key")
+    _client_flags(resume)
 
     stats = sub.add_parser("stats", help="counts by state, workers, scheduler",
                            description="Show the daemon's counts by state, workers and scheduler.")
@@ -143,6 +188,13 @@ def _print_jobs(jobs: list[dict[str, Any]]) -> None:
         tail = f"  [{err.get('type')}: {err.get('message')}]" if err else ""
         tries = f"{j['attempts']}/{j['max_attempts']}"
         print(f"{j['id']:>8}  {j['state']:<15} {tries:>5}  {_fmt_time(j['run_at']):<19}  {j['func']}{tail}")
+
+
+def _print_pauses(pauses: list[dict[str, Any]]) -> None:
+    for p in pauses:
+        err = p.get("last_error") or {}
+        print(f"PAUSED {p['kind']} {p['name']} since {_fmt_time(p['paused_at'])} after {p['failures']} "
+              f"failures: {err.get('type')}: {err.get('message')}  ('queick resume')")
 
 
 def _print_job(job: dict[str, Any]) -> None:
@@ -173,6 +225,12 @@ def _print_stats(s: dict[str, Any]) -> None:
               f"{'alive' if net['checker_alive'] else 'DEAD'} (pid {net['checker_pid']}, "
               f"{net['restarts']} restarts), probing {net['target']}")
     print("jobs: " + "  ".join(f"{k} {v}" for k, v in s["counts"].items()))
+    ev = s["events"]
+    print(f"events: pending {ev['pending']}  dead {ev['dead']}   refused requests {s['refused']}"
+          f"   cron ticks folded {s['crons_folded']}")
+    for k in s["waiting_by_key"]:
+        print(f"  key {k['key']}: {k['waiting']} waiting, oldest due {_fmt_time(k['oldest_run_at'])}")
+    _print_pauses(s["paused"])
 
 
 def _client(a: argparse.Namespace) -> JobQueue:
@@ -188,7 +246,8 @@ def _run_client(a: argparse.Namespace) -> int:
     with _client(a) as q:
         if a.command == "enqueue":
             options: dict[str, Any] = {"kwargs": a.kwargs, "delay": a.delay, "run_at": a.run_at,
-                                       "key": a.key, "idempotency_key": a.idempotency_key}
+                                       "key": a.key, "idempotency_key": a.idempotency_key,
+                                       "manual": a.manual}
             if a.retry:
                 options.update(retry=True, retry_type=a.retry, max_attempts=a.max_attempts)
             job_id = q.enqueue(a.func, a.args, **options)
@@ -201,10 +260,41 @@ def _run_client(a: argparse.Namespace) -> int:
             return 0 if job["state"] == State.SUCCEEDED else 1
         if a.command == "jobs":
             out = q.jobs(a.state, a.limit)
-            print(json.dumps(out)) if a.json else _print_jobs(out)
-        elif a.command in ("show", "cancel", "retry"):
-            out = {"show": q.get, "cancel": q.cancel, "retry": q.retry}[a.command](a.job_id)
+            if a.json:
+                print(json.dumps(out))
+            else:
+                _print_pauses(q.stats()["paused"])
+                _print_jobs(out)
+        elif a.command in ("show", "cancel"):
+            out = {"show": q.get, "cancel": q.cancel}[a.command](a.job_id)
             print(json.dumps(out)) if a.json else _print_job(out)
+        elif a.command == "retry":
+            if a.all:
+                n = q.retry_all()
+                print(json.dumps({"retried": n}) if a.json else f"{n} dead letter(s) sent back")
+            elif a.event:
+                out = q.retry_event(a.event)
+                print(json.dumps(out) if a.json else f"event {a.event} is {out['state']} again")
+            else:
+                out = q.retry(a.job_id)
+                print(json.dumps(out)) if a.json else _print_job(out)
+        elif a.command == "dead":
+            out = q.dead(a.limit)
+            if a.json:
+                print(json.dumps(out))
+            else:
+                _print_jobs(out["jobs"])
+                for e in out["events"]:
+                    print(f"event {e['event_id']}  {e['func']}  tries {e['attempts']}  [{e['last_error']}]")
+        elif a.command == "purge":
+            n = q.purge(a.older_than, a.state)
+            print(json.dumps({"purged": n}) if a.json else f"{n} {a.state} job(s) purged")
+        elif a.command == "resume":
+            if (a.key is None) == (a.func is None):
+                print("queick resume: give a KEY or --func", file=sys.stderr)
+                return 2
+            q.resume(a.key, func=a.func)
+            print(json.dumps({"resumed": a.key or a.func}) if a.json else f"resumed {a.key or a.func}")
         elif a.command == "stats":
             out = q.stats()
             print(json.dumps(out)) if a.json else _print_stats(out)
@@ -214,7 +304,7 @@ def _run_client(a: argparse.Namespace) -> int:
                 print(json.dumps(out))
             for c in [] if a.json else out:
                 print(f"{c['name']}: {c['schedule']}  next {_fmt_time(c['next_run_at'])}"
-                      f"  last {_fmt_time(c['last_fired_at'])}")
+                      f"  last {_fmt_time(c['last_fired_at'])}  folded {c['folded']}")
     return 0
 
 

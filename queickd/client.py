@@ -168,6 +168,7 @@ class JobQueue:
         idempotency_key: str | None = None,
         delay: float | None = None,
         run_at: float | None = None,
+        manual: bool = False,
         max_workers: int | None = None,  # accepted for Queick compatibility; the daemon decides
     ) -> dict[str, Any]:
         """The wire form of one job, for enqueue_many."""
@@ -184,6 +185,8 @@ class JobQueue:
             spec["retry"] = {k: v for k, v in r.items() if v is not None}
         if retry_on_network_available:
             spec["retry_on_network"] = True
+        if manual:
+            spec["manual"] = True
         for name, value in (("key", key), ("idempotency_key", idempotency_key), ("delay", delay),
                             ("run_at", run_at)):
             if value is not None:
@@ -191,9 +194,23 @@ class JobQueue:
         return spec
 
     # --- the queue ------------------------------------------------------------------------------
-    def enqueue(self, func: Callable[..., Any] | str, args: Iterable[Any] | None = None, **options: Any) -> int:
-        """Queue a call of func(*args, **kwargs). Returns the job id once it is stored."""
-        return self._call({"op": "enqueue", **self.job(func, args, **options)})["job_id"]
+    def enqueue(self, func: Callable[..., Any] | str, args: Iterable[Any] | None = None, *,
+                block: bool = False, block_timeout: float = 60.0, **options: Any) -> int:
+        """Queue a call of func(*args, **kwargs). Returns the job id once it is stored.
+
+        When the queue (or the job's key) is full the daemon answers queue_full with a
+        retry_after; with block=True this waits that long and tries again, up to
+        block_timeout seconds, before raising the QueueError."""
+        req = {"op": "enqueue", **self.job(func, args, **options)}
+        deadline = time.monotonic() + block_timeout
+        while True:
+            try:
+                return self._call(req)["job_id"]
+            except QueueError as e:
+                pause = e.retry_after or 1.0
+                if not block or e.code != protocol.Code.QUEUE_FULL or time.monotonic() + pause > deadline:
+                    raise
+                time.sleep(pause)  # the daemon asked us to wait this long
 
     def enqueue_at(self, start_at: float | SchedulingTime, func: Callable[..., Any] | str,
                    args: Iterable[Any] | None = None, **options: Any) -> int:
@@ -233,6 +250,40 @@ class JobQueue:
         if name is not None:
             req["name"] = name
         return self._call(req)["cron"]
+
+    def emit_event(self, event_id: str, func: Callable[..., Any] | str, args: Iterable[Any] | None = None,
+                   kwargs: dict[str, Any] | None = None, *, key: str | None = None, **options: Any) -> dict[str, Any]:
+        """Hand an event to the daemon's durable outbox (idempotent on event_id). It becomes a
+        job now if there is room, later otherwise; never dropped. Returns {state, job_id, ...}."""
+        spec = self.job(func, args, kwargs, key=key, **options)
+        reply = self._call({"op": "event", "event_id": event_id, **spec})
+        reply.pop("ok", None)
+        return reply
+
+    def dead(self, limit: int = 100) -> dict[str, list[dict[str, Any]]]:
+        """Dead letters: {"jobs": [...], "events": [...]}."""
+        reply = self._call({"op": "dead", "limit": limit})
+        return {"jobs": reply["jobs"], "events": reply["events"]}
+
+    def retry_all(self) -> int:
+        """Send every dead job and dead event back. Returns how many."""
+        return self._call({"op": "retry", "all": True})["retried"]
+
+    def retry_event(self, event_id: str) -> dict[str, Any]:
+        return self._call({"op": "retry", "event_id": event_id})["event"]
+
+    def purge(self, older_than: float, state: str = "dead") -> int:
+        """Delete jobs in a final state (dead by default) that finished over older_than s ago."""
+        return self._call({"op": "purge", "state": state, "older_than": older_than})["purged"]
+
+    def resume(self, key: str | None = None, *, func: Callable[..., Any] | str | None = None) -> None:
+        """Lift the auto-pause of a key (or of a function)."""
+        req: dict[str, Any] = {"op": "resume"}
+        if key is not None:
+            req["key"] = key
+        if func is not None:
+            req["func"] = func_name(func)
+        self._call(req)
 
     def get(self, job_id: int) -> dict[str, Any]:
         return self._call({"op": "get", "job_id": job_id})["job"]

@@ -26,6 +26,7 @@ from .scheduler import Scheduler
 from .server import DEFAULT_HOST, Server
 from .service import QueueService
 from .store import DEFAULT_URL, Store, open_store
+from .store.admission import Admission
 from .worker import DEFAULT_SWEEP, DEFAULT_WORKERS, WorkerPool
 
 log = logging.getLogger("queickd.daemon")
@@ -49,7 +50,16 @@ class Config:
     max_line: int = protocol.MAX_LINE
     ping_host: str | None = None
     ping_interval: float = DEFAULT_INTERVAL
+    max_queued: int = 1_000_000
+    max_queued_per_key: int = 100
+    idempotency_ttl: float = 24 * 3600.0
+    event_max_attempts: int = 10
+    pause_after: int = 5
+    keep_finished: float = 7 * 24 * 3600.0
 
+    @property
+    def admission(self) -> Admission:
+        return Admission(self.max_queued, self.max_queued_per_key, self.idempotency_ttl)
     def validate(self) -> None:
         if self.durability not in ("full", "normal"):
             raise ValueError("durability must be 'full' or 'normal'")
@@ -61,6 +71,11 @@ class Config:
             raise ValueError(f"app directory {self.app_dir!r} does not exist")
         if self.stop_timeout < 0 or self.sweep <= 0 or self.max_orphan_requeues < 0:
             raise ValueError("stop_timeout, sweep and max_orphan_requeues must not be negative")
+        if min(self.max_queued, self.max_queued_per_key, self.event_max_attempts, self.pause_after) < 1:
+            raise ValueError("max_queued, max_queued_per_key, event_max_attempts and pause_after "
+                             "must be at least 1")
+        if self.idempotency_ttl < 0 or self.keep_finished < 0:
+            raise ValueError("idempotency_ttl and keep_finished must not be negative")
         if self.ping_host is not None:
             parse_target(self.ping_host)
             if not self.ping_interval > 0:
@@ -106,10 +121,11 @@ class Daemon:
                                network_checker=lambda: self.network is not None,
                                network_up=self.network_up,
                                on_finished=self._on_finished,
-                               on_claimed=lambda jobs: self.service.waiters.notify([j.id for j in jobs]))
+                               on_claimed=lambda jobs: self.service.waiters.notify([j.id for j in jobs]),
+                               pause_after=c.pause_after)
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep,
-                                   on_sweep=self._on_sweep)
-        self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock)
+                                   on_sweep=self._on_sweep, timers={"events": self._deliver_events})
+        self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock, admission=c.admission)
         self.service = QueueService(store, self.batcher, loader, self.scheduler, self.pool,
                                     token=token, clock=self.clock, network=self.network)
         self.server = Server(self.service, c.bind, c.port, max_line=c.max_line)
@@ -140,7 +156,29 @@ class Daemon:
             n = self.store.park_for_network(now)  # type: ignore[union-attr]
             log.info("network is down: %d queued job(s) that need it parked", n)
 
+    def _deliver_events(self, now: float) -> float | None:
+        """The outbox timer: deliver the events that are due; returns the next due time."""
+        results = self.store.deliver_events(  # type: ignore[union-attr]
+            now, self.config.admission, self.config.event_max_attempts,
+            lambda attempts: min(60.0, 2.0 ** (attempts - 1)))
+        if any(r.state == "delivered" for r in results):
+            self.pool.wake()
+        for r in results:
+            if r.state == "dead":
+                log.warning("event %s could not be delivered after %d attempts; it is a dead letter "
+                            "('queick dead', 'queick retry --event')", r.event_id, self.config.event_max_attempts)
+        return self.store.next_event_at()  # type: ignore[union-attr]
+
+    def _prune(self) -> None:
+        """Retention: delete succeeded/cancelled jobs past keep_finished, in small batches."""
+        cutoff, total = self.clock() - self.config.keep_finished, 0
+        while (n := self.store.prune_finished(cutoff, 500)) > 0:  # type: ignore[union-attr]
+            total += n
+        if total:
+            log.info("retention: pruned %d finished job(s) older than %.0f s", total, self.config.keep_finished)
+
     def _on_sweep(self) -> None:
+        self._prune()
         # A job can park while the checker still says "up" (its own server was down, or
         # the checker had not noticed yet): give it another go once per sweep.
         if self.network is not None and self.network.up:

@@ -38,14 +38,19 @@ class Code:
 class QueueError(Exception):
     """An error with a protocol code. Raised by validation, the server and the client."""
 
-    def __init__(self, code: str, message: str, retry_after: float | None = None) -> None:
+    def __init__(self, code: str, message: str, retry_after: float | None = None,
+                 job_id: int | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.retry_after = retry_after
+        self.job_id = job_id  # the job a conflict is with
 
     def to_reply(self) -> dict[str, Any]:
-        reply: dict[str, Any] = {"ok": False, "error": {"code": self.code, "message": self.message}}
+        err: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.job_id is not None:
+            err["job_id"] = self.job_id
+        reply: dict[str, Any] = {"ok": False, "error": err}
         if self.retry_after is not None:
             reply["retry_after"] = self.retry_after
         return reply
@@ -53,9 +58,8 @@ class QueueError(Exception):
     @classmethod
     def from_reply(cls, reply: dict[str, Any]) -> QueueError:
         err = reply.get("error") or {}
-        return cls(
-            err.get("code", Code.INTERNAL), err.get("message", "unknown error"), reply.get("retry_after")
-        )
+        return cls(err.get("code", Code.INTERNAL), err.get("message", "unknown error"),
+                   reply.get("retry_after"), err.get("job_id"))
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
@@ -67,8 +71,10 @@ def bad(message: str) -> QueueError:
 
 _JOB_FIELDS = frozenset(
     {"func", "args", "kwargs", "run_at", "delay", "retry", "retry_on_network", "key",
-     "idempotency_key", "priority"}
+     "idempotency_key", "priority", "manual"}
 )
+_EVENT_FIELDS = frozenset({"event_id", "func", "args", "kwargs", "key", "priority", "retry",
+                           "retry_on_network"})
 _CRON_FIELDS = frozenset(
     {"name", "cron", "every", "start_at", "func", "args", "kwargs", "retry", "retry_on_network",
      "key", "priority"}
@@ -78,10 +84,14 @@ OPS: dict[str, frozenset] = {
     "hello": frozenset({"token", "client"}),
     "enqueue": _JOB_FIELDS,
     "enqueue_many": frozenset({"jobs"}),
+    "event": _EVENT_FIELDS,
     "get": frozenset({"job_id"}),
     "wait": frozenset({"job_id", "timeout", "states"}),
     "cancel": frozenset({"job_id"}),
-    "retry": frozenset({"job_id"}),
+    "retry": frozenset({"job_id", "event_id", "all"}),
+    "dead": frozenset({"limit"}),
+    "purge": frozenset({"state", "older_than"}),
+    "resume": frozenset({"key", "func"}),
     "jobs": frozenset({"state", "limit"}),
     "stats": frozenset(),
     "cron": _CRON_FIELDS,
@@ -215,6 +225,9 @@ def parse_job(obj: dict[str, Any], now: float) -> NewJob:
     on_net = obj.get("retry_on_network", False)
     if not isinstance(on_net, bool):
         raise bad("retry_on_network must be true or false")
+    manual = obj.get("manual", False)
+    if not isinstance(manual, bool):
+        raise bad("manual must be true or false")
     return NewJob(
         func=func,
         args=args,
@@ -225,6 +238,7 @@ def parse_job(obj: dict[str, Any], now: float) -> NewJob:
         retry_on_network=on_net,
         key=_opt_str(obj, "key"),
         idempotency_key=_opt_str(obj, "idempotency_key"),
+        manual=manual,
     )
 
 
@@ -261,6 +275,14 @@ def _default_cron_name(job: NewJob, sched: dict) -> str:
     # Re-registering the same function on the same schedule must not add a second cron.
     spec = sched.get("cron") or f"every {sched['every']}s"
     return f"{job.func} {spec}"[:MAX_KEY_LEN]
+
+
+def parse_event(obj: dict[str, Any], now: float) -> tuple[str, NewJob]:
+    """Validate an `event` request → (event_id, job template)."""
+    event_id = _opt_str(obj, "event_id")
+    if event_id is None:
+        raise bad("an event needs an event_id")
+    return event_id, parse_job({k: v for k, v in obj.items() if k in _EVENT_FIELDS - {"event_id"}}, now)
 
 
 def job_id(obj: dict[str, Any]) -> int:

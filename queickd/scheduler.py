@@ -1,10 +1,11 @@
 """The scheduler: moves due jobs to `queued` and fires cron ticks. It never runs jobs.
 
-It keeps at most three `sched` events, whatever the queue depth: the earliest run_at of a
-scheduled job, the earliest cron tick (both read from the store, so delayed jobs cost no
-memory here), and one safety sweep (default 60 s) that re-reads both in case a wake-up
-was lost or the wall clock jumped (a Pi without a clock battery jumps at boot). Between
-events the thread sleeps; an idle daemon wakes once per sweep.
+It keeps one `sched` event per timer slot, whatever the queue depth: the earliest run_at
+of a scheduled job, the earliest cron tick (both read from the store, so delayed jobs cost
+no memory here), any slots the daemon adds (the event outbox's next delivery), and one
+safety sweep (default 60 s) that re-reads them all in case a wake-up was lost or the wall
+clock jumped (a Pi without a clock battery jumps at boot). Between events the thread
+sleeps; an idle daemon wakes once per sweep.
 
 wake_at() may be called from any thread; everything else runs on the scheduler thread.
 """
@@ -32,12 +33,16 @@ class Scheduler:
         clock: Callable[[], float] = time.time,
         sweep: float = 60.0,
         on_sweep: Callable[[], None] = lambda: None,
+        timers: dict[str, Callable[[float], float | None]] | None = None,
     ) -> None:
         self.store = store
         self._on_queued = on_queued
         self._clock = clock
         self._sweep = sweep
         self._on_sweep = on_sweep
+        # More timer slots: name -> action(now) that does its work and returns when it
+        # wants to run next (None: not until woken or the next sweep).
+        self._extra = dict(timers or {})
         # Set by wake_at()/stop() so a sleeping delay re-reads the head of the queue.
         self._wake = threading.Event()
         self._sched = sched.scheduler(clock, self._delay)
@@ -75,7 +80,7 @@ class Scheduler:
                     self._sched.cancel(current)
                 except ValueError:
                     pass  # it is running right now; it re-arms itself from the store
-            action = self._promote if slot == "jobs" else self._fire_crons
+            action = {"jobs": self._promote, "crons": self._fire_crons}.get(slot, self._run_extra)
             self._timers[slot] = self._sched.enterabs(t, 0, action, argument=(slot,))
         self._wake.set()
 
@@ -128,15 +133,19 @@ class Scheduler:
                 # Ticks missed while the daemon was down run once: the next tick is the
                 # first one after now, not the one after the missed tick.
                 next_tick = parse_schedule(cron.schedule).next_after(max(tick, now))
-                submitted = self.store.cron_fire_if_due(cron.name, tick, next_tick, now)
-                if submitted is not None:
-                    self.last_fired_at = now
-                    late = now - tick
-                    log.info(
-                        "cron %s fired job %d%s", cron.name, submitted.job_id,
-                        f" (tick missed by {late:.0f} s)" if late > 60 else "",
-                    )
-                    self._on_queued()
+                fire = self.store.cron_fire_if_due(cron.name, tick, next_tick, now)
+                if fire is None:
+                    continue
+                self.last_fired_at = now
+                if fire.outcome == "folded":
+                    log.info("cron %s: its previous run is still waiting; tick folded into it", cron.name)
+                    continue
+                late = now - tick
+                log.info(
+                    "cron %s fired job %d%s", cron.name, fire.submitted.job_id,  # type: ignore[union-attr]
+                    f" (tick missed by {late:.0f} s)" if late > 60 else "",
+                )
+                self._on_queued()
             nxt = self.store.next_cron_at()
         except Exception:
             log.exception("store error while firing crons; next sweep retries")
@@ -144,9 +153,21 @@ class Scheduler:
         if nxt is not None:
             self.wake_at(nxt, "crons")
 
+    def _run_extra(self, slot: str) -> None:
+        self._disarm(slot)
+        try:
+            nxt = self._extra[slot](self._clock())
+        except Exception:
+            log.exception("error in the %s timer; next sweep retries", slot)
+            return
+        if nxt is not None:
+            self.wake_at(nxt, slot)
+
     def _sweep_now(self) -> None:
         self._promote()
         self._fire_crons()
+        for slot in self._extra:
+            self._run_extra(slot)
         try:
             self._on_sweep()
         except Exception:

@@ -22,6 +22,7 @@ from . import protocol
 from .job import Submitted
 from .protocol import Code, QueueError
 from .service import QueueService
+from .store.admission import Refusal
 
 log = logging.getLogger("queickd.server")
 
@@ -43,11 +44,15 @@ def _render(fut: asyncio.Future) -> bytes:
     return _error_bytes(exc) if exc is not None else protocol.encode(fut.result())
 
 
-def _render_enqueue(fut: asyncio.Future, start: int, count: int, many: bool) -> bytes:
+def _render_enqueue(fut: asyncio.Future, index: int, many: bool) -> bytes:
     exc = fut.exception()
     if exc is not None:
         return _error_bytes(exc)
-    subs: list[Submitted] = fut.result()[start : start + count]
+    answer = fut.result()[index]
+    if isinstance(answer, Refusal):
+        return protocol.encode(QueueError(answer.code, answer.message, answer.retry_after,
+                                          job_id=answer.job_id).to_reply())
+    subs: list[Submitted] = answer
     if many:
         reply: dict[str, Any] = {"ok": True, "job_ids": [s.job_id for s in subs]}
         dups = [s.job_id for s in subs if s.duplicate]
@@ -98,7 +103,7 @@ class _Connection(asyncio.Protocol):
             return
         self.buf += data
         max_line = self.server.max_line
-        group: list[Any] | None = None  # [jobs, future] of this read's enqueues
+        group: list[Any] | None = None  # [requests, future] of this read's enqueues
         start = 0
         while True:
             nl = self.buf.find(b"\n", start)
@@ -146,9 +151,8 @@ class _Connection(asyncio.Protocol):
                 jobs = self.svc.prepare_jobs(req)
                 if group is None:
                     group = [[], self.loop.create_future()]
-                entry = functools.partial(_render_enqueue, start=len(group[0]), count=len(jobs),
-                                          many=op == "enqueue_many")
-                group[0].extend(jobs)
+                entry = functools.partial(_render_enqueue, index=len(group[0]), many=op == "enqueue_many")
+                group[0].append(jobs)
                 self.pending.append((group[1], entry))
                 return group
             if op == "wait":

@@ -22,6 +22,7 @@ from .netcheck import NetworkMonitor
 from .protocol import Code, QueueError
 from .scheduler import Scheduler
 from .store import CronRecord, Store
+from .store.base import NewEvent
 from .worker import WorkerPool
 
 
@@ -116,7 +117,65 @@ class QueueService:
         self.waiters.notify([job_id])
         return {"ok": True, "job": job.to_dict()}
 
+    def op_event(self, req: dict[str, Any]) -> dict[str, Any]:
+        now = self.clock()
+        event_id, job = protocol.parse_event(req, now)
+        self.loader.check(job.func)
+        acc = self.store.accept_event(NewEvent(event_id, job), now, self.batcher.admission)
+        if acc.state == "delivered" and not acc.duplicate:
+            self.pool.wake()
+        elif acc.state == "pending":
+            self.scheduler.wake_at(now, "events")
+        reply: dict[str, Any] = {"ok": True, "event_id": event_id, "state": acc.state, "job_id": acc.job_id}
+        if acc.duplicate:
+            reply["duplicate"] = True
+        return reply
+
+    def op_dead(self, req: dict[str, Any]) -> dict[str, Any]:
+        n = protocol.limit(req)
+        return {"ok": True, "jobs": [j.to_dict() for j in self.store.list_jobs(State.DEAD, n)],
+                "events": [e.to_dict() for e in self.store.list_events("dead", n)]}
+
+    def op_purge(self, req: dict[str, Any]) -> dict[str, Any]:
+        state = req.get("state", State.DEAD)
+        if state not in State.FINAL:
+            raise QueueError(Code.BAD_REQUEST, f"state must be one of {', '.join(State.FINAL)}")
+        older = protocol.number(req, "older_than")
+        if older is None or older < 0:
+            raise QueueError(Code.BAD_REQUEST, "older_than (seconds, 0 or more) is required")
+        cutoff, total = self.clock() - older, 0
+        while (n := self.store.purge([state], cutoff, 1000)) > 0:  # small transactions
+            total += n
+        return {"ok": True, "purged": total}
+
+    def op_resume(self, req: dict[str, Any]) -> dict[str, Any]:
+        given = [(k, req[k]) for k in ("key", "func") if req.get(k) is not None]
+        if len(given) != 1 or not isinstance(given[0][1], str):
+            raise QueueError(Code.BAD_REQUEST, "give the key or the func to resume")
+        kind, name = given[0]
+        if kind == "func":
+            name = protocol.normalize_func(name)
+        if not self.store.resume(kind, name):
+            raise QueueError(Code.NOT_FOUND, f"{kind} {name!r} is not paused")
+        self.pool.wake()
+        return {"ok": True}
+
     def op_retry(self, req: dict[str, Any]) -> dict[str, Any]:
+        now = self.clock()
+        if req.get("all") is True:
+            n = self.store.retry_all_dead(now)
+            self.pool.wake()
+            self.scheduler.wake_at(now, "events")
+            return {"ok": True, "retried": n}
+        if req.get("event_id") is not None:
+            event_id = req["event_id"]
+            ev = self.store.retry_event(str(event_id), now)
+            if ev is None:
+                raise QueueError(Code.NOT_FOUND, f"no event {event_id!r}")
+            if ev.state != "pending":
+                raise QueueError(Code.CONFLICT, f"event {event_id!r} is {ev.state}; only dead events are retried")
+            self.scheduler.wake_at(now, "events")
+            return {"ok": True, "event": ev.to_dict()}
         job_id = protocol.job_id(req)
         before = self._job_or_404(job_id)
         if before.state != State.DEAD:
@@ -132,6 +191,7 @@ class QueueService:
 
     def op_stats(self, req: dict[str, Any]) -> dict[str, Any]:
         now = self.clock()
+        crons = self.store.cron_list()
         return {
             "ok": True,
             "version": __version__,
@@ -144,7 +204,13 @@ class QueueService:
             "completed": self.pool.completed,
             "failed": self.pool.failed,
             "scheduler": {"alive": self.scheduler.alive, "last_fired_at": self.scheduler.last_fired_at},
-            "crons": len(self.store.cron_list()),
+            "crons": len(crons),
+            "crons_folded": sum(c.folded for c in crons),
+            "refused": self.batcher.refused,
+            "paused": [p.to_dict() for p in self.store.pauses()],
+            "waiting_by_key": [{"key": k, "waiting": n, "oldest_run_at": t}
+                               for k, n, t in self.store.waiting_by_key(10)],
+            "events": self.store.event_counts(),
             "network": self.network.snapshot() if self.network is not None else None,
         }
 
@@ -159,7 +225,7 @@ class QueueService:
         self.scheduler.wake_at(first, "crons")
         return {"ok": True, "cron": cron.to_dict()}
 
-    def op_crons(self, req: dict[str, Any]) -> dict[str, Any]:
+    def op_crons(self, req: dict[str, Any]) -> dict[str, Any]:  # each with its `folded` count
         return {"ok": True, "crons": [c.to_dict() for c in self.store.cron_list()]}
 
     def op_cron_delete(self, req: dict[str, Any]) -> dict[str, Any]:

@@ -42,6 +42,7 @@ class WorkerPool:
         network_up: Callable[[], bool] = lambda: True,
         on_finished: Callable[[list[Outcome]], None] = lambda outcomes: None,
         on_claimed: Callable[[list[Job]], None] = lambda jobs: None,
+        pause_after: int | None = None,
     ) -> None:
         if workers < 0:
             raise ValueError("workers must be 0 or more")
@@ -54,6 +55,7 @@ class WorkerPool:
         self._network_up = network_up  # may jobs that need the network start now?
         self._on_finished = on_finished
         self._on_claimed = on_claimed
+        self._pause_after = pause_after
         # Set by anyone who may have made work available or freed a worker; cleared only
         # by the dispatcher before it looks, so no wake-up is lost.
         self._wake = threading.Event()
@@ -116,7 +118,12 @@ class WorkerPool:
                     break
             try:
                 if unapplied:
-                    self.store.finish_if_running(unapplied, self._clock())
+                    report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after)
+                    for p in report.paused:
+                        err = p.last_error or {}
+                        log.warning("%s %s paused after %d failed runs in a row (last: %s: %s); "
+                                    "its jobs wait until 'queick resume' or a manual run", p.kind,
+                                    p.name, p.failures, err.get("type"), err.get("message"))
                     self._busy -= len(unapplied)
                     finished, unapplied = unapplied, []
                     ok = sum(1 for o in finished if o.state == State.SUCCEEDED)

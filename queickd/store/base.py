@@ -292,6 +292,10 @@ class Store(Protocol):
 
     def next_event_at(self) -> float | None: ...
 
+    def event_counts(self) -> dict[str, int]:
+        """Events by state: pending, delivered, dead (every state present)."""
+        ...
+
     def list_events(self, state: str | None, limit: int) -> list[Event]: ...
 
     def retry_event(self, event_id: str, now: float) -> Event | None:

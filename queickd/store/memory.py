@@ -418,6 +418,13 @@ class MemoryStore:
             return min((e.next_attempt_at for e, _ in self._events.values()
                         if e.state == "pending" and e.next_attempt_at is not None), default=None)
 
+    def event_counts(self) -> dict[str, int]:
+        out = dict.fromkeys(("pending", "delivered", "dead"), 0)
+        with self._lock:
+            for e, _ in self._events.values():
+                out[e.state] += 1
+        return out
+
     def list_events(self, state: str | None, limit: int) -> list[Event]:
         with self._lock:
             events = [e for e, _ in self._events.values() if state is None or e.state == state]

@@ -594,6 +594,11 @@ class SQLiteStore:
             "SELECT min(next_attempt_at) FROM events INDEXED BY events_pending WHERE state = 'pending'"
         ).fetchone()[0]
 
+    def event_counts(self) -> dict[str, int]:
+        out = dict.fromkeys(("pending", "delivered", "dead"), 0)
+        out.update(self._conn().execute("SELECT state, count(*) FROM events GROUP BY state").fetchall())
+        return out
+
     def list_events(self, state: str | None, limit: int) -> list[Event]:
         if state is None:
             rows = self._conn().execute(
