@@ -477,3 +477,8 @@ class StoreContract:
         assert store.retry_event("e1", T0 + 500).state == "pending"
         (done,) = store.deliver_events(T0 + 500, Admission(), 3, lambda n: 1.0)
         assert done.state == "delivered"
+
+    def test_a_cron_without_a_key_serializes_its_runs_under_its_own_name(self, store):
+        store.cron_save(self._cron("c", T0 + 60))
+        fire = store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 60)
+        assert store.get(fire.submitted.job_id).key == "cron:c"
