@@ -1,0 +1,232 @@
+"""The measuring side of the benchmarks: one measurement per process, run by bench/run.py.
+
+    python bench/probes.py KIND [options]      # prints one JSON object on the last stdout line
+
+Standard library only at import time, so the same file runs under this project's Python
+(queickd's client) and under the peer virtualenv's Python (Queick 1.2.1's client). Each
+kind imports its client lazily. Every loop is bounded by a count and, where the count
+could take long, by a deadline as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import sqlite3
+import sys
+import time
+from typing import Any
+
+# Run as a script, sys.path[0] is this directory, so `benchjobs` is a top-level module here
+# exactly as the daemons import it (queickd: --app-dir bench/; Queick: a copy in its cwd).
+import benchjobs  # noqa: E402
+
+CLIENT_TIMEOUT = 60.0  # seconds any single request may take before the probe fails
+
+
+def _cpu_seconds() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _emit(result: dict[str, Any]) -> None:
+    sys.stdout.write("\n" + json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+# --- queickd -------------------------------------------------------------------------------------
+def queickd_enqueue(a: argparse.Namespace) -> dict[str, Any]:
+    """N no-op jobs, one at a time / pipelined in chunks / enqueue_many in chunks."""
+    from queickd import JobQueue
+
+    q = JobQueue("127.0.0.1", a.port, timeout=CLIENT_TIMEOUT)
+    q.stats()  # connect and hello outside the timed part
+    n, chunk = a.n, a.chunk
+    ids: list[int] = []
+    cpu0, t0 = _cpu_seconds(), time.perf_counter()
+    if a.mode == "single":
+        for _ in range(n):
+            ids.append(q.enqueue(benchjobs.noop))
+    else:
+        send = q.enqueue_pipelined if a.mode == "pipelined" else q.enqueue_many
+        for start in range(0, n, chunk):
+            size = min(chunk, n - start)
+            ids += send([JobQueue.job(benchjobs.noop) for _ in range(size)])
+    elapsed = time.perf_counter() - t0
+    cpu = _cpu_seconds() - cpu0
+    counts = q.stats()["counts"]
+    q.close()
+    if len(ids) != n or len(set(ids)) != n:
+        raise SystemExit(f"expected {n} distinct job ids, got {len(set(ids))}")
+    if counts.get("queued", 0) != n:
+        raise SystemExit(f"expected {n} queued jobs in the daemon, stats say {counts}")
+    return {"n": n, "seconds": elapsed, "rate": n / elapsed, "client_cpu_s": cpu, "counts": counts}
+
+
+def queickd_fill(a: argparse.Namespace) -> dict[str, Any]:
+    """N far-future jobs with enqueue_many in chunks (the memory/disk scenario)."""
+    from queickd import JobQueue
+
+    q = JobQueue("127.0.0.1", a.port, timeout=CLIENT_TIMEOUT)
+    q.stats()
+    t0 = time.perf_counter()
+    stored = 0
+    for start in range(0, a.n, a.chunk):
+        size = min(a.chunk, a.n - start)
+        stored += len(q.enqueue_many([JobQueue.job(benchjobs.noop, delay=a.delay) for _ in range(size)]))
+    elapsed = time.perf_counter() - t0
+    counts = q.stats()["counts"]
+    q.close()
+    if stored != a.n or counts.get("scheduled", 0) != a.n:
+        raise SystemExit(f"expected {a.n} scheduled jobs, stored {stored}, stats say {counts}")
+    return {"n": a.n, "seconds": elapsed, "rate": a.n / elapsed, "counts": counts}
+
+
+# --- Queick 1.2.1 (run under the peer virtualenv's Python) ----------------------------------
+def _queick_client() -> Any:
+    from queick import JobQueue  # Queick 1.2.1's client: one TCP connection per job
+
+    return JobQueue()
+
+
+def queick_enqueue(a: argparse.Namespace) -> dict[str, Any]:
+    socket.setdefaulttimeout(CLIENT_TIMEOUT)  # Queick's client sets no timeout of its own
+    q = _queick_client()
+    failed = 0
+    cpu0, t0 = _cpu_seconds(), time.perf_counter()
+    for _ in range(a.n):
+        # args=() because Queick calls func(*args): its default args=None fails in the worker.
+        reply = q.enqueue(benchjobs.noop, args=())
+        failed += not (reply and reply.get("success"))
+    elapsed = time.perf_counter() - t0
+    cpu = _cpu_seconds() - cpu0
+    if failed:
+        raise SystemExit(f"Queick refused {failed} of {a.n} jobs")
+    return {"n": a.n, "seconds": elapsed, "rate": a.n / elapsed, "client_cpu_s": cpu}
+
+
+def queick_fill(a: argparse.Namespace) -> dict[str, Any]:
+    socket.setdefaulttimeout(CLIENT_TIMEOUT)
+    q = _queick_client()
+    failed = 0
+    t0 = time.perf_counter()
+    deadline = time.monotonic() + a.max_seconds
+    for i in range(a.n):
+        reply = q.enqueue_at(time.time() + a.delay, benchjobs.noop, args=())
+        failed += not (reply and reply.get("success"))
+        if time.monotonic() > deadline:
+            raise SystemExit(f"gave up after {i + 1} of {a.n} jobs: over {a.max_seconds:.0f} s")
+    elapsed = time.perf_counter() - t0
+    if failed:
+        raise SystemExit(f"Queick refused {failed} of {a.n} jobs")
+    return {"n": a.n, "seconds": elapsed, "rate": a.n / elapsed}
+
+
+# --- the machine's raw limits ----------------------------------------------------------------
+def sqlite_commits(a: argparse.Namespace) -> dict[str, Any]:
+    """Commits/s into a WAL database at the given synchronous level, k rows per commit."""
+    path = os.path.join(a.dir, "raw.db")
+    c = sqlite3.connect(path, isolation_level=None)
+    c.execute("PRAGMA journal_mode=WAL")
+    c.execute(f"PRAGMA synchronous={a.sync}")
+    c.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, func TEXT NOT NULL, run_at REAL NOT NULL)")
+    row = ("benchjobs:noop", 0.0)
+    rows = [row] * a.rows
+    commits = 0
+    deadline = time.perf_counter() + a.seconds
+    t0 = time.perf_counter()
+    while commits < a.max_commits:
+        c.execute("BEGIN IMMEDIATE")
+        c.executemany("INSERT INTO t (func, run_at) VALUES (?, ?)", rows)
+        c.execute("COMMIT")
+        commits += 1
+        if time.perf_counter() >= deadline:
+            break
+    elapsed = time.perf_counter() - t0
+    c.close()
+    return {"commits": commits, "rows_per_commit": a.rows, "seconds": elapsed,
+            "rate": commits / elapsed, "rows_per_s": commits * a.rows / elapsed, "sync": a.sync}
+
+
+def tcp_echo_server(a: argparse.Namespace) -> dict[str, Any]:
+    """Serve one connection on loopback: echo every read back. Ends when the client leaves
+    or after --max-seconds."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(30.0)
+    print(f"listening on 127.0.0.1:{srv.getsockname()[1]}", file=sys.stderr, flush=True)
+    conn, _ = srv.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    conn.settimeout(a.max_seconds)
+    served = 0
+    deadline = time.monotonic() + a.max_seconds
+    while time.monotonic() < deadline:
+        data = conn.recv(65536)
+        if not data:
+            break
+        conn.sendall(data)
+        served += 1
+    conn.close()
+    srv.close()
+    return {"served": served}
+
+
+def tcp_rtt(a: argparse.Namespace) -> dict[str, Any]:
+    """Request/response round trips per second on one loopback connection (a 5-byte line)."""
+    s = socket.create_connection(("127.0.0.1", a.port), timeout=10.0)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    msg = b"ping\n"
+    trips = 0
+    deadline = time.perf_counter() + a.seconds
+    t0 = time.perf_counter()
+    while trips < a.max_trips:
+        s.sendall(msg)
+        got = b""
+        while not got.endswith(b"\n"):
+            part = s.recv(64)
+            if not part:
+                raise SystemExit("echo server closed the connection")
+            got += part
+        trips += 1
+        if time.perf_counter() >= deadline:
+            break
+    elapsed = time.perf_counter() - t0
+    s.close()
+    return {"trips": trips, "seconds": elapsed, "rate": trips / elapsed}
+
+
+KINDS = {
+    "queickd-enqueue": queickd_enqueue,
+    "queickd-fill": queickd_fill,
+    "queick-enqueue": queick_enqueue,
+    "queick-fill": queick_fill,
+    "sqlite-commits": sqlite_commits,
+    "tcp-echo-server": tcp_echo_server,
+    "tcp-rtt": tcp_rtt,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="One benchmark measurement (used by bench/run.py).")
+    p.add_argument("kind", choices=sorted(KINDS))
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--n", type=int, default=1000)
+    p.add_argument("--chunk", type=int, default=1000)
+    p.add_argument("--mode", choices=("single", "pipelined", "many"), default="single")
+    p.add_argument("--delay", type=float, default=1e7)
+    p.add_argument("--dir", default=".")
+    p.add_argument("--sync", choices=("FULL", "NORMAL"), default="FULL")
+    p.add_argument("--rows", type=int, default=1)
+    p.add_argument("--seconds", type=float, default=2.0)
+    p.add_argument("--max-commits", type=int, default=200_000)
+    p.add_argument("--max-trips", type=int, default=2_000_000)
+    p.add_argument("--max-seconds", type=float, default=600.0)
+    a = p.parse_args(argv)
+    _emit(KINDS[a.kind](a))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

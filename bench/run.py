@@ -1,0 +1,885 @@
+"""queickd against the original Queick 1.2.1: enqueue rate, memory and disk per queued job,
+and the machine's raw limits for context.
+
+    python -m bench.run                    # 3 rounds of everything (the 1M-job run takes minutes)
+    python -m bench.run --quick            # a fast smoke run: fewer jobs, one round, no 1M run
+    python -m bench.run --only enqueue-single,raw --json results.json
+    python bench/run.py --help
+
+The peer: Queick 1.2.1 (PyPI `queick==1.2.1`, stdlib only, in-memory) cannot be installed
+next to queickd, because both install a console script named `queick`. So it lives in a
+virtualenv of its own, which this script creates on first use and reuses afterwards:
+
+    python3 -m venv VENV && VENV/bin/pip install queick==1.2.1
+
+VENV is --peer-venv, else $BENCH_QUEICK_VENV, else bench/.bench-cache/queick-venv (ignored
+by git). An existing venv is reused when its `queick` package reports version 1.2.1. The
+Queick server is started as VENV/bin/queick (an absolute path, never via PATH) and its
+client runs under VENV/bin/python; queickd runs as `python -m queickd` under this Python.
+
+Every target runs in a fresh process with a fresh temp data dir; targets alternate
+(A B C A B C ...) over the rounds. Only loopback addresses are used. Every process this
+script starts is in its own process group and is killed at the end, even on error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pickle
+import platform
+import queue
+import re
+import shutil
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+CACHE_DIR = BENCH_DIR / ".bench-cache"
+PROBES = BENCH_DIR / "probes.py"
+JOBS_FILE = BENCH_DIR / "benchjobs.py"
+
+QUEICK_VERSION = "1.2.1"
+QUEICK_PORT = 9999  # hard-coded in Queick 1.2.1 (queick/constants.py)
+LISTENING = re.compile(r"listening on (\S+):(\d+)")
+FAR_FUTURE = 10**7  # seconds: jobs that stay scheduled for the whole run
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+QUEICKD_SQLITE = "queickd sqlite/full"
+QUEICKD_MEMORY = "queickd memory"
+QUEICK = f"Queick {QUEICK_VERSION}"
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --- processes ---------------------------------------------------------------------------------
+_LIVE: list[subprocess.Popen] = []  # started and not yet reaped; killed by kill_all()
+
+
+def _clean_env(extra_path: bool = False) -> dict[str, str]:
+    """This environment minus anything that would change a daemon's config or a venv's
+    imports (QUEICKD_*, systemd's variables, PYTHONPATH/PYTHONHOME)."""
+    drop = ("JOURNAL_STREAM", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "PYTHONPATH", "PYTHONHOME")
+    return {k: v for k, v in os.environ.items() if not k.startswith("QUEICKD_") and k not in drop}
+
+
+def _spawn(cmd: list[str], **kw: Any) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True, **kw)
+    _LIVE.append(proc)
+    return proc
+
+
+def _kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """Signal the process group this script gave `proc` (it and whatever it forked). Once
+    `proc` is reaped, only while members of its group live on: the id cannot have been
+    reused then, so the signal still reaches only what this script started."""
+    if proc.poll() is not None and not group_pids(proc.pid):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _reap(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        proc.wait(10.0)
+    if proc in _LIVE:
+        _LIVE.remove(proc)
+
+
+def kill_all() -> None:
+    """Kill every process group this script started and has not reaped yet."""
+    for proc in list(_LIVE):
+        _kill_group(proc)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10.0)
+        _LIVE.remove(proc)
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()  # fields from 3 (state) on
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group pgid."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            f = _stat_fields(int(name))
+            if f and f[0] != "Z" and int(f[2]) == pgid:
+                out.append(int(name))
+    return sorted(out)
+
+
+def proc_mem(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM of a process, in bytes."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+def proc_cpu(pid: int) -> float:
+    """User + system CPU seconds a process has used so far."""
+    f = _stat_fields(pid)
+    return 0.0 if f is None else (int(f[11]) + int(f[12])) / CLK_TCK
+
+
+class LineWaiter:
+    """Drains a child's stderr in a thread (so it never blocks on a full pipe) and waits
+    for a line matching a pattern."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+        self._q: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:  # type: ignore[union-attr]
+            if len(self.lines) < 10_000:
+                self.lines.append(line)
+            self._q.put(line)
+        self._q.put(None)
+
+    def wait_for(self, rx: re.Pattern[str], timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no line matching {rx.pattern!r} in {timeout} s:\n{self.tail()}")
+            try:
+                line = self._q.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise RuntimeError(f"process exited before logging {rx.pattern!r}:\n{self.tail()}")
+            if m := rx.search(line):
+                return m
+
+    def tail(self, n: int = 30) -> str:
+        return "".join(self.lines[-n:])
+
+
+class QueickdDaemon:
+    """`python -m queickd run` on a free loopback port, with a store in data_dir."""
+
+    def __init__(self, store: str, data_dir: Path, workers: int, durability: str = "full") -> None:
+        self.data_dir = data_dir
+        self.db_path = data_dir / "queue.db"
+        self.url = f"sqlite:///{self.db_path}" if store == "sqlite" else "memory://"
+        self.workers = workers
+        self.durability = durability
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+        self.out: LineWaiter | None = None
+
+    def __enter__(self) -> QueickdDaemon:
+        cmd = [sys.executable, "-m", "queickd", "run", "--store", self.url, "--durability", self.durability,
+               "--bind", "127.0.0.1", "--port", "0", "--workers", str(self.workers),
+               "--app-dir", str(BENCH_DIR), "--log-level", "info"]
+        self.proc = _spawn(cmd, cwd=self.data_dir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True, env=_clean_env())
+        try:
+            self.out = LineWaiter(self.proc)
+            m = self.out.wait_for(LISTENING, timeout=30.0)
+            if m.group(1) != "127.0.0.1":
+                raise RuntimeError(f"queickd listens on {m.group(1)}, not loopback")
+            self.port = int(m.group(2))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            _kill_group(self.proc)
+            _reap(self.proc)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self, timeout: float = 120.0) -> float:
+        """Graceful stop (SIGTERM: commit, checkpoint, close). Returns seconds taken."""
+        assert self.proc is not None
+        t0 = time.perf_counter()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"queickd did not stop within {timeout} s") from None
+        if rc != 0:
+            raise RuntimeError(f"queickd exited with {rc} on SIGTERM:\n{self.out.tail() if self.out else ''}")
+        return time.perf_counter() - t0
+
+    def store_bytes(self) -> dict[str, int]:
+        out = {}
+        for suffix in ("", "-wal", "-shm"):
+            p = Path(f"{self.db_path}{suffix}")
+            out["db" + suffix] = p.stat().st_size if p.exists() else 0
+        return out
+
+
+def port_free(port: int) -> bool:
+    """Whether a listener could bind 127.0.0.1:port the way Queick does (no SO_REUSEADDR)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def wait_port_free(port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not port_free(port):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"127.0.0.1:{port} is in use (a queickd on its default port, or a Queick left "
+                "running?); Queick 1.2.1 can only listen there. Stop it and run again."
+            )
+        time.sleep(0.05)
+
+
+def _queick_job(func: str) -> bytes:
+    """The pickled dict Queick 1.2.1's JobQueue.enqueue sends (queick/job_queue.py)."""
+    return pickle.dumps({
+        "func_name": func, "args": (), "retry": False, "retry_interval": 10, "retry_type": "exponential",
+        "max_retry_interval": 600, "retry_on_network_available": False, "max_workers": 10,
+    })
+
+
+class QueickServer:
+    """Queick 1.2.1's `queick` in data_dir (it imports jobs from its working directory).
+
+    It forks a receiver process that owns 127.0.0.1:9999, so the whole process group is
+    measured and killed. Readiness: Queick prints nothing useful, so connect to 9999 in a
+    short bounded retry loop. The probe sends one real no-op job: a connection closed
+    without data would make Queick's receiver leave its accept loop for good
+    (job_receiver.py: `if not data_bytes: break`).
+    """
+
+    def __init__(self, venv: Path, data_dir: Path) -> None:
+        self.venv = venv
+        self.data_dir = data_dir
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> QueickServer:
+        wait_port_free(QUEICK_PORT, timeout=15.0)
+        shutil.copy(JOBS_FILE, self.data_dir / "benchjobs.py")
+        with open(self.data_dir / "queick.log", "wb") as logf:
+            self.proc = _spawn([str(self.venv / "bin" / "queick")], cwd=self.data_dir, stdout=logf,
+                               stderr=subprocess.STDOUT, env=_clean_env())
+        try:
+            self._wait_ready(timeout=30.0)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        payload = _queick_job("benchjobs.noop")
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"Queick exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with socket.create_connection(("127.0.0.1", QUEICK_PORT), timeout=5.0) as s:
+                    s.sendall(payload)
+                    reply = pickle.loads(s.recv(1024))
+                if not isinstance(reply, dict) or not reply.get("success"):
+                    raise RuntimeError(f"Queick refused the readiness job: {reply}")
+                return
+            except (ConnectionRefusedError, ConnectionResetError):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"Queick not accepting on {QUEICK_PORT} after {timeout} s") from None
+                time.sleep(0.02)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        _kill_group(self.proc)
+        _reap(self.proc)
+        deadline = time.monotonic() + 10.0
+        while group_pids(pgid) and time.monotonic() < deadline:  # the forked receiver
+            time.sleep(0.02)
+        wait_port_free(QUEICK_PORT, timeout=10.0)
+
+    def pids(self) -> list[int]:
+        assert self.proc is not None
+        return group_pids(self.proc.pid)
+
+    def log_tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join((self.data_dir / "queick.log").read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def job_errors(self) -> int:
+        try:
+            return (self.data_dir / "queick.log").read_text(errors="replace").count("ERROR")
+        except OSError:
+            return 0
+
+
+def run_probe(python: str | Path, kind: str, *args: str, cwd: Path | None = None,
+              timeout: float = 600.0) -> dict[str, Any]:
+    """Run one measurement in a fresh process; returns its JSON result."""
+    cmd = [str(python), str(PROBES), kind, *args]
+    proc = _spawn(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_clean_env())
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"probe {kind} took over {timeout:.0f} s") from None
+    finally:
+        _kill_group(proc)
+        _reap(proc)
+    if proc.returncode != 0:
+        raise RuntimeError(f"probe {kind} failed with {proc.returncode}:\n{(out + err)[-3000:]}")
+    lines = [line for line in out.splitlines() if line.strip()]
+    if not lines:
+        raise RuntimeError(f"probe {kind} printed no result:\n{err[-3000:]}")
+    return json.loads(lines[-1])
+
+
+# --- the peer's virtualenv -------------------------------------------------------------------
+def ensure_peer_venv(venv: Path) -> Path:
+    """Create (or reuse) a virtualenv holding Queick 1.2.1; returns its python."""
+    py = venv / "bin" / "python"
+    check = [str(py), "-c", "import importlib.metadata as m; print(m.version('queick'))"]
+    if py.exists() and (venv / "bin" / "queick").exists():
+        r = subprocess.run(check, capture_output=True, text=True, timeout=60, env=_clean_env())
+        if r.returncode == 0 and r.stdout.strip() == QUEICK_VERSION:
+            return py
+        log(f"{venv} does not hold queick {QUEICK_VERSION}; recreating it")
+        shutil.rmtree(venv)
+    log(f"creating the peer venv {venv} (queick=={QUEICK_VERSION})")
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                    f"queick=={QUEICK_VERSION}"], check=True, timeout=600, env=_clean_env())
+    r = subprocess.run(check, capture_output=True, text=True, timeout=60, env=_clean_env())
+    if r.returncode != 0 or r.stdout.strip() != QUEICK_VERSION:
+        raise RuntimeError(f"queick {QUEICK_VERSION} did not install into {venv}: {r.stderr}")
+    return py
+
+
+# --- results -----------------------------------------------------------------------------------
+@dataclass
+class Metric:
+    scenario: str  # e.g. "enqueue-single"
+    label: str  # what the table shows in its scenario column
+    target: str
+    unit: str
+    higher_is_better: bool
+    peer: tuple[str, str, str] | None = None  # (scenario, target, label) this is compared to
+    values: list[float] = field(default_factory=list)
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.values) if self.values else None
+
+
+class Results:
+    def __init__(self) -> None:
+        self.metrics: dict[tuple[str, str, str], Metric] = {}
+        self.notes: list[str] = []
+
+    def add(self, scenario: str, label: str, target: str, unit: str, value: float, *,
+            higher_is_better: bool, peer: tuple[str, str, str] | None = None,
+            raw: dict[str, Any] | None = None) -> None:
+        key = (scenario, target, label)
+        m = self.metrics.get(key)
+        if m is None:
+            m = self.metrics[key] = Metric(scenario, label, target, unit, higher_is_better, peer)
+        m.values.append(value)
+        if raw is not None:
+            m.rounds.append(raw)
+
+    def error(self, scenario: str, target: str, message: str) -> None:
+        key = (scenario, target, "error")
+        m = self.metrics.get(key)
+        if m is None:
+            m = self.metrics[key] = Metric(scenario, "error", target, "", True)
+        m.errors.append(message)
+
+    def ratio(self, m: Metric) -> float | None:
+        if m.peer is None or m.median is None:
+            return None
+        p = self.metrics.get(m.peer)
+        if p is None or not p.median:
+            return None
+        return m.median / p.median
+
+    def has_errors(self) -> bool:
+        return any(m.errors for m in self.metrics.values())
+
+
+# --- scenarios -----------------------------------------------------------------------------------
+@dataclass
+class Settings:
+    rounds: int
+    quick: bool
+    enqueue_jobs: int
+    chunk: int
+    memory_sizes: list[int]
+    queick_memory_max: int
+    raw_seconds: float
+    tmp_root: Path
+    venv: Path
+    peer_python: Path | None = None
+    peer_error: str | None = None
+
+    def peer(self) -> Path:
+        if self.peer_python is None:
+            raise RuntimeError(f"no Queick {QUEICK_VERSION} venv: {self.peer_error}")
+        return self.peer_python
+
+
+def _fresh_dir(s: Settings, name: str) -> tempfile.TemporaryDirectory:
+    return tempfile.TemporaryDirectory(prefix=f"queickd-bench-{name}-", dir=s.tmp_root)
+
+
+def _enqueue_metrics(res: Results, scenario: str, target: str, n: int, probe: dict[str, Any],
+                     server_cpu: float) -> None:
+    peer = ("enqueue-single", QUEICK, "enqueue rate") if target != QUEICK else None
+    res.add(scenario, "enqueue rate", target, "jobs/s", probe["rate"], higher_is_better=True,
+            peer=peer, raw={**probe, "server_cpu_s": server_cpu})
+    cpu_peer = ("enqueue-single", QUEICK, "server CPU per job") if target != QUEICK else None
+    res.add(scenario, "server CPU per job", target, "µs", server_cpu / n * 1e6, higher_is_better=False,
+            peer=cpu_peer)
+    if "client_cpu_s" in probe:
+        cl_peer = ("enqueue-single", QUEICK, "client CPU per job") if target != QUEICK else None
+        res.add(scenario, "client CPU per job", target, "µs", probe["client_cpu_s"] / n * 1e6,
+                higher_is_better=False, peer=cl_peer)
+
+
+def run_enqueue(s: Settings, res: Results, scenario: str, target: str) -> None:
+    n = s.enqueue_jobs
+    timeout = 60.0 + n / 200  # far above the slowest expected rate, still bounded
+    if target == QUEICK:
+        peer_python = s.peer()
+        with _fresh_dir(s, "queick") as d, QueickServer(s.venv, Path(d)) as srv:
+            pids = srv.pids()
+            cpu0 = sum(proc_cpu(p) for p in pids)
+            probe = run_probe(peer_python, "queick-enqueue", "--n", str(n), cwd=Path(d), timeout=timeout)
+            cpu = sum(proc_cpu(p) for p in srv.pids()) - cpu0
+            probe["job_errors_logged"] = srv.job_errors()
+        _enqueue_metrics(res, scenario, target, n, probe, cpu)
+        return
+    store = "sqlite" if target == QUEICKD_SQLITE else "memory"
+    mode = scenario.removeprefix("enqueue-")
+    with _fresh_dir(s, store) as d, QueickdDaemon(store, Path(d), workers=0) as daemon:
+        cpu0 = proc_cpu(daemon.pid)
+        probe = run_probe(sys.executable, "queickd-enqueue", "--port", str(daemon.port), "--mode", mode,
+                          "--n", str(n), "--chunk", str(s.chunk), timeout=timeout)
+        cpu = proc_cpu(daemon.pid) - cpu0
+    _enqueue_metrics(res, scenario, target, n, probe, cpu)
+
+
+def run_memory(s: Settings, res: Results, scenario: str, target: str, n: int) -> None:
+    mib = 1024 * 1024
+
+    def peer_of(label: str) -> tuple[str, str, str] | None:
+        return (scenario, QUEICK, label) if target != QUEICK and n <= s.queick_memory_max else None
+
+    if target == QUEICK:
+        peer_python = s.peer()
+        with _fresh_dir(s, "queick") as d, QueickServer(s.venv, Path(d)) as srv:
+            before = {p: proc_mem(p) for p in srv.pids()}
+            probe = run_probe(peer_python, "queick-fill", "--n", str(n), "--delay", str(FAR_FUTURE),
+                              "--max-seconds", "900", cwd=Path(d), timeout=960.0)
+            after = {p: proc_mem(p) for p in srv.pids()}
+        rss0 = sum(v["VmRSS"] for v in before.values())
+        rss1 = sum(v["VmRSS"] for v in after.values())
+        hwm1 = sum(v["VmHWM"] for v in after.values())
+        raw = {**probe, "before": before, "after": after, "processes": len(after)}
+        store_per_job = None
+    else:
+        with _fresh_dir(s, "sqlite") as d, QueickdDaemon("sqlite", Path(d), workers=4) as daemon:
+            m0 = proc_mem(daemon.pid)
+            probe = run_probe(sys.executable, "queickd-fill", "--port", str(daemon.port), "--n", str(n),
+                              "--chunk", str(s.chunk), "--delay", str(FAR_FUTURE), timeout=120.0 + n / 1000)
+            m1 = proc_mem(daemon.pid)
+            files = daemon.store_bytes()
+            stop_s = daemon.stop()
+            files_stopped = daemon.store_bytes()
+        rss0, rss1, hwm1 = m0["VmRSS"], m1["VmRSS"], m1["VmHWM"]
+        store_per_job = (files["db"] + files["db-wal"]) / n
+        raw = {**probe, "before": m0, "after": m1, "files": files, "files_after_stop": files_stopped,
+               "stop_seconds": stop_s}
+        res.add(scenario, "store (db+wal) per job", target, "bytes", store_per_job, higher_is_better=False)
+        res.add(scenario, "store per job, after clean stop", target, "bytes", files_stopped["db"] / n,
+                higher_is_better=False)
+    res.add(scenario, "RSS before", target, "MiB", rss0 / mib, higher_is_better=False, peer=peer_of("RSS before"))
+    res.add(scenario, "RSS after", target, "MiB", rss1 / mib, higher_is_better=False, peer=peer_of("RSS after"))
+    res.add(scenario, "VmHWM after", target, "MiB", hwm1 / mib, higher_is_better=False,
+            peer=peer_of("VmHWM after"))
+    res.add(scenario, "RSS growth per job", target, "bytes", (rss1 - rss0) / n, higher_is_better=False,
+            peer=peer_of("RSS growth per job"), raw=raw)
+    res.add(scenario, "fill rate", target, "jobs/s", probe["rate"], higher_is_better=True,
+            peer=peer_of("fill rate"))
+
+
+RAW_SQLITE = {
+    "WAL sync=FULL, 1 row/commit": ("FULL", 1),
+    "WAL sync=FULL, 100 rows/commit": ("FULL", 100),
+    "WAL sync=NORMAL, 1 row/commit": ("NORMAL", 1),
+    "WAL sync=NORMAL, 100 rows/commit": ("NORMAL", 100),
+}
+RAW_TCP = "loopback, 1 connection"
+
+
+def run_raw_sqlite(s: Settings, res: Results, scenario: str, target: str) -> None:
+    sync, rows = RAW_SQLITE[target]
+    with _fresh_dir(s, "sqlite-raw") as d:
+        probe = run_probe(sys.executable, "sqlite-commits", "--dir", d, "--sync", sync, "--rows", str(rows),
+                          "--seconds", str(s.raw_seconds), timeout=60.0 + s.raw_seconds)
+    res.add(scenario, "commits/s", target, "commits/s", probe["rate"], higher_is_better=True, raw=probe)
+    if rows > 1:
+        res.add(scenario, "rows/s", target, "rows/s", probe["rows_per_s"], higher_is_better=True)
+
+
+def run_raw_tcp(s: Settings, res: Results, scenario: str, target: str) -> None:
+    server = _spawn([sys.executable, str(PROBES), "tcp-echo-server", "--max-seconds", str(30 + s.raw_seconds)],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_clean_env())
+    try:
+        port = int(LineWaiter(server).wait_for(LISTENING, timeout=20.0).group(2))
+        probe = run_probe(sys.executable, "tcp-rtt", "--port", str(port), "--seconds", str(s.raw_seconds),
+                          timeout=60.0 + s.raw_seconds)
+    finally:
+        _kill_group(server)
+        _reap(server)
+    res.add(scenario, "round trips/s", target, "trips/s", probe["rate"], higher_is_better=True, raw=probe)
+
+
+@dataclass
+class Scenario:
+    name: str
+    title: str
+    targets: list[str]
+    run: Callable[[Settings, Results, str, str], None]
+    needs_peer: bool = False
+
+
+def scenarios(s: Settings) -> list[Scenario]:
+    out = [
+        Scenario("enqueue-single", "enqueue, one request at a time", [QUEICKD_SQLITE, QUEICKD_MEMORY, QUEICK],
+                 run_enqueue, needs_peer=True),
+        Scenario("enqueue-pipelined", f"enqueue_pipelined, chunks of {s.chunk}", [QUEICKD_SQLITE, QUEICKD_MEMORY],
+                 run_enqueue),
+        Scenario("enqueue-many", f"enqueue_many, chunks of {s.chunk}", [QUEICKD_SQLITE, QUEICKD_MEMORY],
+                 run_enqueue),
+    ]
+    for n in s.memory_sizes:
+        name = f"memory-{n // 1000}k" if n < 1_000_000 else f"memory-{n // 1_000_000}m"
+        targets = [QUEICKD_SQLITE] + ([QUEICK] if n <= s.queick_memory_max else [])
+
+        def run(st: Settings, res: Results, scenario: str, target: str, n: int = n) -> None:
+            run_memory(st, res, scenario, target, n)
+
+        out.append(Scenario(name, f"memory/disk, {n:,} far-future jobs", targets, run,
+                            needs_peer=QUEICK in targets))
+    out.append(Scenario("raw-sqlite", "raw: sqlite3 commits", list(RAW_SQLITE), run_raw_sqlite))
+    out.append(Scenario("raw-tcp", "raw: TCP request/response", [RAW_TCP], run_raw_tcp))
+    return out
+
+
+def select(all_scenarios: list[Scenario], only: str | None) -> list[Scenario]:
+    """--only takes names or prefixes, comma-separated: 'enqueue', 'memory-100k,raw'."""
+    if not only:
+        return all_scenarios
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    picked = [sc for sc in all_scenarios if any(sc.name == w or sc.name.startswith(w) for w in wanted)]
+    unknown = [w for w in wanted if not any(sc.name == w or sc.name.startswith(w) for sc in all_scenarios)]
+    if unknown:
+        names = ", ".join(sc.name for sc in all_scenarios)
+        raise SystemExit(f"bench: unknown scenario(s) {', '.join(unknown)}; choose from: {names}")
+    return picked
+
+
+# --- machine and report ---------------------------------------------------------------------------
+def _fs_type(path: Path) -> str:
+    best, fstype = "", "?"
+    with contextlib.suppress(OSError), open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 3 and str(path).startswith(parts[1]) and len(parts[1]) >= len(best):
+                best, fstype = parts[1], f"{parts[2]} ({parts[0]} on {parts[1]})"
+    return fstype
+
+
+def machine_info(s: Settings) -> dict[str, Any]:
+    cpu = "?"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = "?"
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        mem = f"{int(f.readline().split()[1]) / 1024**2:.1f} GiB"
+    try:
+        from queickd import __version__ as qv
+    except ImportError:  # pragma: no cover
+        qv = "?"
+    return {
+        "nproc": os.cpu_count(), "cpu": cpu, "mem_total": mem, "kernel": platform.release(),
+        "python": platform.python_version(), "sqlite": sqlite3.sqlite_version, "queickd": qv,
+        "queick": QUEICK_VERSION, "tmp_dir": str(s.tmp_root), "tmp_fs": _fs_type(s.tmp_root.resolve()),
+        "loadavg_start": os.getloadavg(),
+    }
+
+
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None:
+        return "-"
+    if unit in ("MiB",) or abs(v) < 100:
+        return f"{v:,.1f}"
+    return f"{v:,.0f}"
+
+
+def render(res: Results, order: list[Scenario], info: dict[str, Any], s: Settings) -> str:
+    lines = [
+        f"queickd {info['queickd']} vs Queick {QUEICK_VERSION}: {s.rounds} round(s)"
+        f"{' (--quick)' if s.quick else ''}; {info['nproc']} CPUs ({info['cpu']}), {info['mem_total']} RAM,"
+        f" Python {info['python']}, SQLite {info['sqlite']}, temp dirs on {info['tmp_fs']}",
+        "ratio = queickd median / peer median (for rates >1 means queickd is faster; for sizes and CPU <1"
+        " means queickd uses less). * = compared with Queick one-at-a-time, its only enqueue mode.",
+        "",
+    ]
+    rows: list[tuple[str, ...]] = []
+    for sc in order:
+        ms = [m for m in res.metrics.values() if m.scenario == sc.name]
+        labels: list[str] = []
+        for m in ms:
+            if m.label not in labels and m.label != "error":
+                labels.append(m.label)
+        for label in labels:
+            for target in sc.targets:
+                m = res.metrics.get((sc.name, target, label))
+                if m is None:
+                    continue
+                r = res.ratio(m)
+                if m.target == QUEICK:
+                    rs = "(peer)"
+                elif r is None:
+                    rs = "-"
+                else:
+                    rs = f"{r:,.2f}x" + ("*" if m.peer and m.peer[0] != sc.name else "")
+                span = f"{_fmt(min(m.values), m.unit)}–{_fmt(max(m.values), m.unit)}" if m.values else "-"
+                rows.append((sc.title, label, target, _fmt(m.median, m.unit), span, m.unit, rs))
+        for target in sc.targets:
+            m = res.metrics.get((sc.name, target, "error"))
+            for e in m.errors if m is not None else []:
+                first = e.strip().splitlines()[0] if e.strip() else "error"
+                rows.append((sc.title, "FAILED", target, "", "", "", first))
+        rows.append(())
+    head = ("scenario", "metric", "target", "median", "min–max", "unit", "queickd/peer")
+    widths = [max([len(h)] + [len(r[i]) for r in rows if r and r[1] != "FAILED"]) for i, h in enumerate(head)]
+    right = {3, 4, 6}
+
+    def fmt_row(r: tuple[str, ...]) -> str:
+        if r[1] == "FAILED":
+            return f"{r[0]:<{widths[0]}}  {'FAILED':<{widths[1]}}  {r[2]:<{widths[2]}}  {r[6]}"
+        return "  ".join(f"{c:>{w}}" if i in right else f"{c:<{w}}" for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+
+    lines.append(fmt_row(head))
+    lines.append("-" * (sum(widths) + 2 * (len(widths) - 1)))
+    prev = None
+    for r in rows:
+        if not r:
+            lines.append("")
+            prev = None
+            continue
+        shown = r if r[0] != prev else ("",) + r[1:]
+        prev = r[0]
+        lines.append(fmt_row(shown).rstrip())
+    ctx = _context_lines(res)
+    if ctx:
+        lines += ["context:"] + [f"  {c}" for c in ctx] + [""]
+    if res.notes:
+        lines += ["notes:"] + [f"  - {n}" for n in res.notes]
+    return "\n".join(lines)
+
+
+def _context_lines(res: Results) -> list[str]:
+    def med(scenario: str, target: str, label: str) -> float | None:
+        m = res.metrics.get((scenario, target, label))
+        return m.median if m else None
+
+    out = []
+    q1 = med("enqueue-single", QUEICKD_SQLITE, "enqueue rate")
+    raw1 = med("raw-sqlite", "WAL sync=FULL, 1 row/commit", "commits/s")
+    if q1 and raw1:
+        out.append(f"queickd sqlite/full one-at-a-time enqueue = {q1 / raw1:.0%} of raw FULL 1-row commits/s"
+                   " (each lone request is one fsync'd commit)")
+    qm = med("enqueue-single", QUEICKD_MEMORY, "enqueue rate")
+    rtt = med("raw-tcp", RAW_TCP, "round trips/s")
+    if qm and rtt:
+        out.append(f"queickd memory one-at-a-time enqueue = {qm / rtt:.0%} of raw loopback round trips/s")
+    qk = med("enqueue-single", QUEICK, "enqueue rate")
+    if qk and rtt:
+        out.append(f"Queick one-at-a-time enqueue = {qk / rtt:.0%} of raw loopback round trips/s "
+                   "(it opens a new TCP connection per job)")
+    many = med("enqueue-many", QUEICKD_SQLITE, "enqueue rate")
+    raw100 = med("raw-sqlite", "WAL sync=FULL, 100 rows/commit", "rows/s")
+    if many and raw100:
+        out.append(f"queickd sqlite/full enqueue_many = {many / raw100:.0%} of raw FULL 100-row-batch rows/s")
+    return out
+
+
+def to_json(res: Results, info: dict[str, Any], s: Settings, order: list[Scenario]) -> dict[str, Any]:
+    return {
+        "machine": info,
+        "settings": {"rounds": s.rounds, "quick": s.quick, "enqueue_jobs": s.enqueue_jobs, "chunk": s.chunk,
+                     "memory_sizes": s.memory_sizes, "queick_memory_max": s.queick_memory_max,
+                     "raw_seconds": s.raw_seconds, "peer_venv": str(s.venv)},
+        "scenarios": [{"name": sc.name, "title": sc.title, "targets": sc.targets} for sc in order],
+        "results": [
+            {"scenario": m.scenario, "metric": m.label, "target": m.target, "unit": m.unit,
+             "values": m.values, "median": m.median, "min": min(m.values) if m.values else None,
+             "max": max(m.values) if m.values else None, "ratio_vs_peer": res.ratio(m),
+             "peer": list(m.peer) if m.peer else None, "errors": m.errors, "rounds": m.rounds}
+            for m in res.metrics.values()
+        ],
+        "notes": res.notes,
+    }
+
+
+# --- main ------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.run",
+        description="Benchmark queickd against Queick 1.2.1 (enqueue rate, memory and disk per queued "
+        "job) and measure the machine's raw SQLite and loopback TCP limits. Targets alternate over "
+        "the rounds, each in a fresh process and temp dir.",
+        epilog="Scenarios: enqueue-single, enqueue-pipelined, enqueue-many, memory-100k, memory-1m, "
+        "raw-sqlite, raw-tcp. The Queick venv is created on first use (see the top of bench/run.py).",
+    )
+    p.add_argument("--rounds", type=int, default=None, help="rounds per scenario (default: 3; 1 with --quick)")
+    p.add_argument("--quick", action="store_true",
+                   help="fast smoke run: 2,000 jobs per enqueue run, no 1M memory run, 0.5 s raw runs")
+    p.add_argument("--only", metavar="SCENARIO", help="run only these scenarios (names or prefixes, comma-separated)")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    p.add_argument("--jobs", type=int, default=None, help="jobs per enqueue run (default: 20,000; 2,000 with --quick)")
+    p.add_argument("--chunk", type=int, default=1000, help="jobs per enqueue_many / pipelined chunk (default: 1000)")
+    p.add_argument("--peer-venv", type=Path,
+                   default=Path(os.environ.get("BENCH_QUEICK_VENV", CACHE_DIR / "queick-venv")),
+                   help="virtualenv holding Queick 1.2.1, created if missing [env BENCH_QUEICK_VENV] "
+                   "(default: bench/.bench-cache/queick-venv)")
+    p.add_argument("--tmp-dir", type=Path, default=Path(tempfile.gettempdir()),
+                   help="where the fresh per-run data dirs go; put it on the disk you care about "
+                   "(default: %(default)s)")
+    p.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    rounds = a.rounds if a.rounds is not None else (1 if a.quick else 3)
+    if rounds < 1 or (a.jobs is not None and a.jobs < 1) or not 1 <= a.chunk <= 10_000:
+        raise SystemExit("bench: --rounds and --jobs must be positive, --chunk 1-10000")
+    s = Settings(
+        rounds=rounds, quick=a.quick, enqueue_jobs=a.jobs or (2_000 if a.quick else 20_000), chunk=a.chunk,
+        memory_sizes=[100_000] if a.quick else [100_000, 1_000_000], queick_memory_max=100_000,
+        raw_seconds=0.5 if a.quick else 2.0, tmp_root=a.tmp_dir.resolve(), venv=a.peer_venv.resolve(),
+    )
+    order = select(scenarios(s), a.only)
+    if a.list:
+        for sc in scenarios(s):
+            print(f"{sc.name:<18} {sc.title}  [{', '.join(sc.targets)}]")
+        return 0
+    s.tmp_root.mkdir(parents=True, exist_ok=True)
+
+    def on_term(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    res = Results()
+    info = machine_info(s)
+    try:
+        if any(sc.needs_peer for sc in order):
+            try:
+                s.peer_python = ensure_peer_venv(s.venv)
+            except Exception as e:  # no registry, no venv module, ...: Queick's rows fail
+                s.peer_error = f"{type(e).__name__}: {e}"
+                log(f"cannot prepare the Queick venv ({s.peer_error}); its runs will fail")
+        for sc in order:
+            for r in range(s.rounds):
+                for target in sc.targets:
+                    log(f"{sc.name} round {r + 1}/{s.rounds}: {target}")
+                    t0 = time.perf_counter()
+                    try:
+                        sc.run(s, res, sc.name, target)
+                    except Exception as e:  # one failed run must not lose the others
+                        log(f"  FAILED: {type(e).__name__}: {e}")
+                        res.error(sc.name, target, f"round {r + 1}: {e}")
+                    finally:
+                        kill_all()  # nothing outlives its run
+                    log(f"  done in {time.perf_counter() - t0:.1f} s")
+    except KeyboardInterrupt:
+        log("interrupted; reporting what was measured")
+        res.notes.append("interrupted before the end")
+    finally:
+        kill_all()
+    info["loadavg_end"] = os.getloadavg()
+    names = {sc.name for sc in order}
+    if names & {"enqueue-single"}:
+        res.notes.append("queickd runs with --workers 0 during enqueue runs, so no job runs while they are "
+                         "measured. Queick cannot be stopped from running jobs: its dispatcher process runs "
+                         "each no-op (in a new thread pool per job) during its measurement, on the same 2 cores.")
+    if any(n.startswith("memory") for n in names):
+        res.notes.append("memory: queickd sqlite/full runs with 4 workers (jobs are far-future, none runs); "
+                         "RSS is the daemon's. Queick's RSS is the sum over its process group (dispatcher + "
+                         "receiver). In Queick 1.2.1 the first far-future job blocks its dispatcher inside "
+                         "sched.run() until that job is due, so the later ones wait in the receiver's "
+                         "multiprocessing.Queue buffer (and no immediate job would run meanwhile).")
+        if not s.quick and "memory-1m" in names:
+            res.notes.append("memory-1m: Queick skipped at 1,000,000 jobs (one TCP connection per job, "
+                             "~10 minutes per round here; it is not durable either).")
+    res.notes.append("Queick keeps every job in RAM and loses them on exit: it is not durable. queickd "
+                     "sqlite/full acknowledges a job only after its transaction is fsync'd.")
+    text = render(res, order, info, s)
+    print(text, flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(to_json(res, info, s, order), indent=2) + "\n")
+        log(f"wrote {a.json}")
+    return 1 if res.has_errors() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
