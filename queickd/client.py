@@ -31,6 +31,8 @@ from .retry import RETRY_TYPE
 
 __all__ = ["JobQueue", "QueueError", "func_name"]
 
+_SLICE = 256  # requests per send when a long pipeline is streamed
+
 
 def func_name(func: Callable[..., Any] | str) -> str:
     """'module:function' for a function defined at the top level of an importable module."""
@@ -104,19 +106,38 @@ class JobQueue:
         readable, _, _ = select.select([self._sock], [], [], 0)
         return bool(readable)
 
+    def _send_slices(self, reqs: Sequence[dict[str, Any]], failed: list[BaseException]) -> None:
+        try:
+            for i in range(0, len(reqs), _SLICE):
+                self._sock.sendall(b"".join(protocol.encode(r) for r in reqs[i : i + _SLICE]))  # type: ignore[union-attr]
+        except OSError as e:
+            failed.append(e)
+
     def _exchange(self, reqs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         assert self._sock is not None
-        data = b"".join(protocol.encode(r) for r in reqs)
+        sender = None
+        failed: list[BaseException] = []
         try:
-            self._sock.sendall(data)
+            if len(reqs) <= _SLICE:
+                self._sock.sendall(b"".join(protocol.encode(r) for r in reqs))
+            else:
+                # Long pipelines: encode and send on a thread while this one reads replies, so
+                # the daemon never waits for us and neither side's buffers fill up.
+                sender = threading.Thread(target=self._send_slices, args=(reqs, failed), daemon=True)
+                sender.start()
             replies = []
             for _ in reqs:
                 line = self._rfile.readline(protocol.MAX_LINE * 4 + 2)
                 if not line:
-                    raise ConnectionError("queickd closed the connection")
+                    raise ConnectionError(f"queickd closed the connection{f' ({failed[0]})' if failed else ''}")
                 replies.append(json.loads(line))
+            if sender is not None:
+                sender.join()
             return replies
         except (OSError, ValueError) as e:
+            if sender is not None:
+                self._sock.shutdown(socket.SHUT_RDWR)  # unblocks the sender, if still sending
+                sender.join()
             self.close()
             if isinstance(e, ConnectionError):
                 raise

@@ -164,7 +164,9 @@ class Daemon:
         if any(r.state == "delivered" for r in results):
             self.pool.wake()
         for r in results:
-            if r.state == "dead":
+            if r.state == "delivered":
+                log.info("event %s delivered from the outbox as job %d", r.event_id, r.job_id)
+            elif r.state == "dead":
                 log.warning("event %s could not be delivered after %d attempts; it is a dead letter "
                             "('queick dead', 'queick retry --event')", r.event_id, self.config.event_max_attempts)
         return self.store.next_event_at()  # type: ignore[union-attr]

@@ -41,9 +41,12 @@ class RetrySpec:
         return dataclasses.asdict(self)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NewJob:
-    """A validated job to submit. Built by protocol.parse_enqueue or by the scheduler."""
+    """A validated job to submit. Built by protocol.parse_job or by the scheduler.
+
+    Treat as immutable (use dataclasses.replace). Not frozen only because a frozen
+    dataclass's __init__ costs several times more, and one is built per enqueued job."""
 
     func: str
     args: list = field(default_factory=list)

@@ -7,6 +7,7 @@ I/O. Nothing here ever unpickles or evaluates bytes from the network.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -99,6 +100,9 @@ OPS: dict[str, frozenset] = {
     "cron_delete": frozenset({"name"}),
 }
 
+_OPS_WITH_OP = {op: fields | {"op"} for op, fields in OPS.items()}
+_JOB_FIELDS_WITH_OP = _JOB_FIELDS | {"op"}
+
 _FUNC_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*([:.])[A-Za-z_]\w*$")
 _RETRY_FIELDS = frozenset({"policy", "interval", "max_interval", "max_attempts"})
 
@@ -131,12 +135,11 @@ def decode_line(line: bytes | str) -> dict[str, Any]:
     op = obj.get("op")
     if not isinstance(op, str):
         raise bad("request needs an 'op' string")
-    allowed = OPS.get(op)
+    allowed = _OPS_WITH_OP.get(op)
     if allowed is None:
         raise bad(f"unknown op {op!r}")
-    extra = obj.keys() - allowed - {"op"}
-    if extra:
-        raise bad(f"unknown field(s) for {op}: {', '.join(sorted(extra))}")
+    if not obj.keys() <= allowed:
+        raise bad(f"unknown field(s) for {op}: {', '.join(sorted(obj.keys() - allowed))}")
     return obj
 
 
@@ -146,7 +149,14 @@ def encode(reply: dict[str, Any]) -> bytes:
 
 def normalize_func(func: Any) -> str:
     """'pkg.mod:fn' or 'pkg.mod.fn' → 'pkg.mod:fn'."""
-    if not isinstance(func, str) or not _FUNC_RE.fullmatch(func):
+    if not isinstance(func, str):
+        raise bad("func must be 'module:function' (or 'module.function')")
+    return _normalize_func(func)
+
+
+@functools.lru_cache(maxsize=4096)  # a daemon sees a handful of function names, many times
+def _normalize_func(func: str) -> str:
+    if not _FUNC_RE.fullmatch(func):
         raise bad("func must be 'module:function' (or 'module.function')")
     if ":" in func:
         return func
@@ -198,9 +208,8 @@ def parse_job(obj: dict[str, Any], now: float) -> NewJob:
     """Validate one job spec (an `enqueue` request or an item of `enqueue_many`)."""
     if not isinstance(obj, dict):
         raise bad("a job must be a JSON object")
-    extra = obj.keys() - _JOB_FIELDS - {"op"}
-    if extra:
-        raise bad(f"unknown job field(s): {', '.join(sorted(extra))}")
+    if not obj.keys() <= _JOB_FIELDS_WITH_OP:
+        raise bad(f"unknown job field(s): {', '.join(sorted(obj.keys() - _JOB_FIELDS_WITH_OP))}")
     func = normalize_func(obj.get("func"))
     args = obj.get("args", [])
     if args is None:

@@ -82,8 +82,12 @@ class WorkerPool:
         self._thread.start()
 
     def wake(self) -> None:
-        """Tell the dispatcher that work may be available. Cheap; call from any thread."""
-        self._wake.set()
+        """Tell the dispatcher that work may be available. Cheap; call from any thread.
+
+        Skipped while every worker is busy: a worker that finishes wakes the dispatcher
+        itself, and the dispatcher claims after applying outcomes in the same pass."""
+        if self._busy < self.workers or self._stopping:
+            self._wake.set()
 
     def stop_claiming(self) -> None:
         """Claim nothing more from now on; running jobs go on. Idempotent."""

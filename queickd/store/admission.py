@@ -68,6 +68,7 @@ class Plan:
     answers: list[list[Submitted | None] | Refusal]
     inserts: list[tuple[int, int, NewJob]]  # (request index, job index, job)
     expired_keys: list[str]
+    repeats: list[tuple[int, int, str]]  # (request, job, key): a key admitted earlier in the batch
 
 
 def plan(requests: Sequence[Sequence[NewJob]], now: float, limits: Admission, look: Lookups) -> Plan:
@@ -81,18 +82,36 @@ def plan(requests: Sequence[Sequence[NewJob]], now: float, limits: Admission, lo
     waiting_cache: dict[str, int] = {}
     total: int | None = None
     active_new: set[str] = set()  # keys given a job by this batch
+    repeats: list[tuple[int, int, str]] = []
 
     for r, jobs in enumerate(requests):
+        if len(jobs) == 1 and jobs[0].key is None and jobs[0].idempotency_key is None:
+            # The common request, one plain job: only the overall cap applies.
+            if limits.max_queued is not None:
+                if total is None:
+                    total = look.waiting_total()
+                if total + added_total + 1 > limits.max_queued:
+                    answers.append(Refusal("queue_full", f"the queue holds {limits.max_queued} waiting "
+                                           "jobs, its limit", retry_after=RETRY_AFTER_DEFAULT))
+                    continue
+            added_total += 1
+            inserts.append((r, 0, jobs[0]))
+            answers.append([None])
+            continue
         out: list[Submitted | None] = [None] * len(jobs)
         mine: list[tuple[int, NewJob]] = []
         mine_keys: dict[str, int] = {}
         per_key: dict[str, int] = {}
         refusal: Refusal | None = None
         for i, j in enumerate(jobs):
+            if j.idempotency_key is None and j.key is None:  # the common job: nothing to check
+                mine.append((i, j))
+                continue
             ik = j.idempotency_key
             if ik is not None:
                 if ik in mine_keys or ik in new_keys:
-                    continue  # answered after insertion, from the first one's id
+                    repeats.append((r, i, ik))  # answered after insertion, from the first one's id
+                    continue
                 old = look.by_idempotency_key(ik)
                 if old is not None:
                     if limits.idempotency_ttl is None or now - old.created_at < limits.idempotency_ttl:
@@ -127,6 +146,7 @@ def plan(requests: Sequence[Sequence[NewJob]], now: float, limits: Admission, lo
                 refusal = Refusal("queue_full", f"the queue holds {limits.max_queued} waiting jobs, "
                                   "its limit", retry_after=RETRY_AFTER_DEFAULT)
         if refusal is not None:
+            repeats = [x for x in repeats if x[0] != r]
             answers.append(refusal)
             expired = [k for k in expired if k not in mine_keys]
             continue
@@ -138,23 +158,19 @@ def plan(requests: Sequence[Sequence[NewJob]], now: float, limits: Admission, lo
             new_keys[ik] = (r, i)
         inserts.extend((r, i, j) for i, j in mine)
         answers.append(out)
-    return Plan(answers, inserts, expired)
+    return Plan(answers, inserts, expired, repeats)
 
 
 def finish(p: Plan, requests: Sequence[Sequence[NewJob]], ids: Sequence[int], now: float) -> list[list[Submitted] | Refusal]:
     """Fill in the answers once the store has inserted p.inserts with these ids."""
     first: dict[str, Submitted] = {}
+    answers = p.answers
     for (r, i, j), job_id in zip(p.inserts, ids, strict=True):
         sub = Submitted(job_id, State.QUEUED if j.run_at <= now else State.SCHEDULED)
-        p.answers[r][i] = sub  # type: ignore[index]
+        answers[r][i] = sub  # type: ignore[index]
         if j.idempotency_key is not None:
             first[j.idempotency_key] = sub
-    for r, jobs in enumerate(requests):
-        ans = p.answers[r]
-        if isinstance(ans, Refusal):
-            continue
-        for i, j in enumerate(jobs):
-            if ans[i] is None:  # a repeat of an idempotency key admitted in this batch
-                f = first[j.idempotency_key]  # type: ignore[index]
-                ans[i] = Submitted(f.job_id, f.state, duplicate=True)
-    return p.answers  # type: ignore[return-value]
+    for r, i, key in p.repeats:
+        f = first[key]
+        answers[r][i] = Submitted(f.job_id, f.state, duplicate=True)  # type: ignore[index]
+    return answers  # type: ignore[return-value]

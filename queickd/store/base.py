@@ -272,7 +272,8 @@ class Store(Protocol):
     def cron_fire_if_due(self, name: str, tick: float, next_tick: float, now: float) -> CronFire | None:
         """If the cron's next_run_at still equals `tick`, in one transaction: set next_run_at
         to next_tick and last_fired_at to tick, and either submit one job from its template
-        (idempotency key `cron:NAME:TICK`, so a tick never runs twice) or, when a job of
+        (idempotency key `cron:NAME:TICK`, so a tick never runs twice; serial key the
+        template's or `cron:NAME`, so runs of one cron never overlap) or, when a job of
         this cron is already waiting, fold the tick into it (folded grows by one).
         Otherwise (not due any more, or unknown) None."""
         ...

@@ -362,9 +362,9 @@ class MemoryStore:
                 cron, next_run_at=next_tick, last_fired_at=tick, folded=cron.folded + int(waiting))
             if waiting:
                 return CronFire("folded", None)
-            job = dataclasses.replace(
-                cron.template, run_at=now, cron=name, idempotency_key=f"cron:{name}:{tick!r}"
-            )
+            job = dataclasses.replace(cron.template, run_at=now, cron=name,
+                                      key=cron.template.key or f"cron:{name}",
+                                      idempotency_key=f"cron:{name}:{tick!r}")
             answer = self._submit_locked([[job]], now, adm.NO_LIMITS)[0]
             return CronFire("fired", answer[0])  # type: ignore[index]
 
