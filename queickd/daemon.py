@@ -220,11 +220,15 @@ class Daemon:
         self.pool.stop_claiming()
         log.info("stopping: no new requests or claims; waiting up to %.0f s for running jobs",
                  self.config.stop_timeout)
-        self.server.stop()  # type: ignore[union-attr]
-        self.batcher.stop()
-        self.scheduler.stop()
-        if self.network is not None:
-            self.network.stop()
+        # Each step runs even if an earlier one failed: a stuck connection must not keep
+        # accepted jobs from being committed or running jobs from finishing.
+        for step in (self.server.stop, self.batcher.stop, self.scheduler.stop,  # type: ignore[union-attr]
+                     self.network.stop if self.network is not None else None):
+            if step is not None:
+                try:
+                    step()
+                except Exception:
+                    log.exception("error while stopping (%s); going on", step.__qualname__)
         finished = self.pool.stop(self.config.stop_timeout)
         if finished:
             self.store.close()
