@@ -102,6 +102,7 @@ OPS: dict[str, frozenset] = {
 
 _OPS_WITH_OP = {op: fields | {"op"} for op, fields in OPS.items()}
 _JOB_FIELDS_WITH_OP = _JOB_FIELDS | {"op"}
+_PLAIN_JOB_FIELDS = frozenset({"op", "func", "args", "kwargs"})
 
 _FUNC_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*([:.])[A-Za-z_]\w*$")
 _RETRY_FIELDS = frozenset({"policy", "interval", "max_interval", "max_attempts"})
@@ -208,8 +209,13 @@ def parse_job(obj: dict[str, Any], now: float) -> NewJob:
     """Validate one job spec (an `enqueue` request or an item of `enqueue_many`)."""
     if not isinstance(obj, dict):
         raise bad("a job must be a JSON object")
-    if not obj.keys() <= _JOB_FIELDS_WITH_OP:
-        raise bad(f"unknown job field(s): {', '.join(sorted(obj.keys() - _JOB_FIELDS_WITH_OP))}")
+    keys = obj.keys()
+    if keys <= _PLAIN_JOB_FIELDS:  # the common job, a function and its arguments: fast path
+        args, kwargs = obj.get("args"), obj.get("kwargs")
+        if (args is None or type(args) is list) and (kwargs is None or type(kwargs) is dict):
+            return NewJob(normalize_func(obj.get("func")), args or [], kwargs or {}, now)
+    if not keys <= _JOB_FIELDS_WITH_OP:
+        raise bad(f"unknown job field(s): {', '.join(sorted(keys - _JOB_FIELDS_WITH_OP))}")
     func = normalize_func(obj.get("func"))
     args = obj.get("args", [])
     if args is None:

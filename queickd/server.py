@@ -10,7 +10,6 @@ to the committer as one submission. A connection that runs too far ahead is paus
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 from collections import deque
@@ -39,12 +38,20 @@ def _error_bytes(exc: BaseException) -> bytes:
     return protocol.encode(QueueError(Code.INTERNAL, f"{type(exc).__name__}: {exc}").to_reply())
 
 
-def _render(fut: asyncio.Future) -> bytes:
+def _render(fut: asyncio.Future, _: Any = None) -> bytes:
     exc = fut.exception()
     return _error_bytes(exc) if exc is not None else protocol.encode(fut.result())
 
 
-def _render_enqueue(fut: asyncio.Future, index: int, many: bool) -> bytes:
+def _render_enqueue(fut: asyncio.Future, index: int) -> bytes:
+    return _render_answer(fut, index, False)
+
+
+def _render_enqueue_many(fut: asyncio.Future, index: int) -> bytes:
+    return _render_answer(fut, index, True)
+
+
+def _render_answer(fut: asyncio.Future, index: int, many: bool) -> bytes:
     exc = fut.exception()
     if exc is not None:
         return _error_bytes(exc)
@@ -72,7 +79,9 @@ class _Connection(asyncio.Protocol):
         self.svc = server.service
         self.loop = server.loop
         self.buf = bytearray()
-        self.pending: deque[bytes | tuple[asyncio.Future, Callable[[asyncio.Future], bytes]]] = deque()
+        # Replies owed, in request order: bytes when ready, else (future, render, arg) with
+        # render(future, arg) -> bytes once the future is done.
+        self.pending: deque[bytes | tuple[asyncio.Future, Callable[[asyncio.Future, Any], bytes], Any]] = deque()
         self.authed = server.service.token is None
         self.transport: asyncio.Transport | None = None
         self.closing = False
@@ -152,15 +161,15 @@ class _Connection(asyncio.Protocol):
                 jobs = self.svc.prepare_jobs(req)
                 if group is None:
                     group = [[], self.loop.create_future()]
-                entry = functools.partial(_render_enqueue, index=len(group[0]), many=op == "enqueue_many")
+                render = _render_enqueue if op == "enqueue" else _render_enqueue_many
+                self.pending.append((group[1], render, len(group[0])))
                 group[0].append(jobs)
-                self.pending.append((group[1], entry))
                 return group
             if op == "wait":
                 fut: asyncio.Future = asyncio.ensure_future(self._wait(req))
             else:
                 fut = self.loop.run_in_executor(self.server.io, self.svc.call, req)
-            self.pending.append((fut, _render))
+            self.pending.append((fut, _render, None))
         except QueueError as e:
             self.pending.append(protocol.encode(e.to_reply()))
         except Exception as e:  # a bug must cost one reply, not the connection
@@ -213,13 +222,13 @@ class _Connection(asyncio.Protocol):
             if type(head) is bytes:
                 out.append(head)
             else:
-                fut, render = head
+                fut, render, arg = head
                 if not fut.done():
                     if self._hooked is not fut:
                         self._hooked = fut
                         fut.add_done_callback(self._pump)
                     break
-                out.append(render(fut))
+                out.append(render(fut, arg))
             pending.popleft()
         if self.transport is None:
             return
