@@ -21,6 +21,7 @@ from .job import Job, Outcome, State
 from .loader import FunctionLoader
 from .protocol import QueueError
 from .store import Store
+from .store.base import Finished
 
 log = logging.getLogger("queickd.worker")
 
@@ -121,36 +122,43 @@ class WorkerPool:
                 except queue.Empty:
                     break
             try:
+                # Outcomes and the next claim share one transaction; what it changed in
+                # memory (busy count, submitted jobs) happens only once it has committed.
+                report = None
+                claimed: list[Job] = []
+                with self.store.batch(bookkeeping=True):
+                    if unapplied:
+                        report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after)
+                    free = self.workers - self._busy + len(unapplied)
+                    if free > 0 and not self._stopping:
+                        claimed = self.store.claim_available(free, self._clock(), self._network_up())
                 if unapplied:
-                    report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after)
-                    for p in report.paused:
-                        err = p.last_error or {}
-                        log.warning("%s %s paused after %d failed runs in a row (last: %s: %s); "
-                                    "its jobs wait until 'queick resume' or a manual run", p.kind,
-                                    p.name, p.failures, err.get("type"), err.get("message"))
                     self._busy -= len(unapplied)
                     finished, unapplied = unapplied, []
-                    ok = sum(1 for o in finished if o.state == State.SUCCEEDED)
-                    self.completed += ok
-                    self.failed += len(finished) - ok
-                    self._on_finished(finished)
-                if self._stopping:
-                    if self._busy == 0:
-                        self._idle.set()
-                        return
-                    continue
-                free = self.workers - self._busy
-                if free > 0:
-                    claimed = self.store.claim_available(free, self._clock(), self._network_up())
-                    for job in claimed:
-                        self._busy += 1
-                        self._executor.submit(self._run, job)  # type: ignore[union-attr]
-                    if claimed:
-                        self._on_claimed(claimed)
+                    self._after_finish(finished, report)
+                for job in claimed:
+                    self._busy += 1
+                    self._executor.submit(self._run, job)  # type: ignore[union-attr]
+                if claimed:
+                    self._on_claimed(claimed)
+                if self._stopping and self._busy == 0:
+                    self._idle.set()
+                    return
             except Exception:
                 log.exception("store error in the dispatcher; retrying in %.0f s", _STORE_RETRY)
                 time.sleep(_STORE_RETRY)
                 self._wake.set()
+
+    def _after_finish(self, finished: list[Outcome], report: Finished | None) -> None:
+        for p in report.paused if report else ():
+            err = p.last_error or {}
+            log.warning("%s %s paused after %d failed runs in a row (last: %s: %s); its jobs wait "
+                        "until 'queick resume' or a manual run", p.kind, p.name, p.failures,
+                        err.get("type"), err.get("message"))
+        ok = sum(1 for o in finished if o.state == State.SUCCEEDED)
+        self.completed += ok
+        self.failed += len(finished) - ok
+        self._on_finished(finished)
 
     # --- worker threads ---------------------------------------------------------------------
     def _run(self, job: Job) -> None:

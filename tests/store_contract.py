@@ -482,3 +482,14 @@ class StoreContract:
         store.cron_save(self._cron("c", T0 + 60))
         fire = store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 60)
         assert store.get(fire.submitted.job_id).key == "cron:c"
+
+    # --- batch ----------------------------------------------------------------------------
+    def test_calls_inside_a_batch_commit_together(self, store):
+        (s,) = store.submit([job()], T0)
+        (j,) = store.claim_available(1, T0)
+        store.submit([job()], T0)
+        with store.batch(bookkeeping=True):
+            store.finish_if_running([Outcome.succeeded(j.id, 1)], T0)
+            claimed = store.claim_available(5, T0)
+        assert store.get(s.job_id).state == State.SUCCEEDED
+        assert [store.get(c.id).state for c in claimed] == [State.RUNNING]

@@ -86,3 +86,25 @@ def test_sqlite_urls_name_relative_and_absolute_paths(tmp_path, monkeypatch):
 def test_unusable_store_urls_are_refused_clearly(url):
     with pytest.raises(ValueError, match="URL"):
         open_store(url)
+
+
+def test_acks_are_fsynced_while_pool_bookkeeping_is_not(tmp_path):
+    s = SQLiteStore(str(tmp_path / "q.db"), durability="full")
+    c = s._conn()
+    s.submit([job()], T0)
+    assert c.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL: the ack waits for fsync
+    s.claim_available(1, T0)
+    assert c.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL: a lost claim re-runs a job
+    s.submit([job()], T0)
+    assert c.execute("PRAGMA synchronous").fetchone()[0] == 2
+    s.close()
+
+
+def test_a_batch_that_raises_leaves_nothing_behind(tmp_path):
+    s = SQLiteStore(str(tmp_path / "q.db"))
+    s.submit([job(), job()], T0)
+    with pytest.raises(RuntimeError), s.batch(bookkeeping=True):
+        assert len(s.claim_available(2, T0)) == 2
+        raise RuntimeError("the dispatcher failed before it could run them")
+    assert s.counts()[State.QUEUED] == 2 and s.counts()[State.RUNNING] == 0
+    s.close()

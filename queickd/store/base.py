@@ -14,6 +14,7 @@ live in the core; a store only records what it is told, atomically.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -137,6 +138,14 @@ class Store(Protocol):
     # Capabilities. A store that cannot push wake-ups to other processes leaves this False
     # and the core relies on its own in-process signals plus one slow safety sweep.
     supports_notify: bool
+
+    # --- transactions -----------------------------------------------------------------
+    def batch(self, bookkeeping: bool = False) -> AbstractContextManager[None]:
+        """Store calls made on this thread inside the block form one transaction, committed
+        at its end (rolled back if it raises). With bookkeeping True, the commit may skip
+        its own fsync (SQLite: synchronous=NORMAL in WAL): use it only for changes whose loss
+        in a power cut means a job runs again, never for acknowledging a submit."""
+        ...
 
     # --- submit -----------------------------------------------------------------------
     def submit_requests(

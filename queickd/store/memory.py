@@ -6,11 +6,12 @@ order and are cleaned lazily (an entry whose job has moved on is skipped when po
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import heapq
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from ..job import Job, NewJob, Outcome, State, Submitted
 from . import admission as adm
@@ -34,7 +35,7 @@ class MemoryStore:
 
     def __init__(self, url: str = "memory://") -> None:
         self.url = url
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: batch() holds it across several calls
         self._jobs: dict[int, Job] = {}
         self._ids = itertools.count(1)
         self._queued: list[tuple[int, float, int]] = []  # (priority, run_at, id)
@@ -47,6 +48,12 @@ class MemoryStore:
         # Kept up to date by _put/_drop so admission and stats never scan every job.
         self._by_state: dict[str, int] = dict.fromkeys(State.ALL, 0)
         self._waiting_by_key: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def batch(self, bookkeeping: bool = False) -> Iterator[None]:
+        # No rollback here: memory is for tests and benchmarks, and each call is atomic.
+        with self._lock:
+            yield
 
     # --- helpers (lock held) -------------------------------------------------------------
     def _count(self, job: Job, delta: int) -> None:

@@ -203,13 +203,26 @@ class SQLiteStore:
             c.execute(f"PRAGMA synchronous={_SYNCHRONOUS[self.durability]}")
             c.execute("PRAGMA journal_size_limit=67108864")  # keep the WAL small on SD cards
             self._local.conn = c
+            self._local.sync = _SYNCHRONOUS[self.durability]
             with self._all_lock:
                 self._all.append(c)
         return c
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self, bookkeeping: bool = False) -> Iterator[sqlite3.Connection]:
+        """One write transaction. `bookkeeping` transactions (claims, finishes, promotions)
+        commit without their own fsync in WAL (synchronous=NORMAL): a power cut can undo
+        the last of them, and the only effect is that a job runs again (at-least-once).
+        Everything else, acknowledged submits above all, commits at the store's
+        durability; its fsync also makes every earlier bookkeeping commit durable."""
         c = self._conn()
+        if getattr(self._local, "in_batch", False):  # inside batch(): its transaction is ours
+            yield c
+            return
+        level = "NORMAL" if bookkeeping else _SYNCHRONOUS[self.durability]
+        if getattr(self._local, "sync", None) != level:
+            c.execute(f"PRAGMA synchronous={level}")
+            self._local.sync = level
         with self._write_lock:
             c.execute("BEGIN IMMEDIATE")
             try:
@@ -218,6 +231,18 @@ class SQLiteStore:
                 c.execute("ROLLBACK")
                 raise
             c.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def batch(self, bookkeeping: bool = False) -> Iterator[None]:
+        if getattr(self._local, "in_batch", False):
+            yield
+            return
+        with self._write(bookkeeping):
+            self._local.in_batch = True
+            try:
+                yield
+            finally:
+                self._local.in_batch = False
 
     def _migrate(self, c: sqlite3.Connection) -> None:
         with self._write_lock:
@@ -298,7 +323,7 @@ class SQLiteStore:
 
     # --- schedule -------------------------------------------------------------------------
     def promote_due(self, now: float) -> int:
-        with self._write() as c:
+        with self._write(bookkeeping=True) as c:
             return c.execute(
                 "UPDATE jobs INDEXED BY jobs_scheduled SET state = 'queued'"
                 " WHERE state = 'scheduled' AND run_at <= ?", (now,)
@@ -311,7 +336,7 @@ class SQLiteStore:
 
     # --- claim ----------------------------------------------------------------------------
     def claim_available(self, limit: int, now: float, network_up: bool = True) -> list[Job]:
-        with self._write() as c:
+        with self._write(bookkeeping=True) as c:
             busy = {r[0] for r in c.execute(
                 "SELECT key FROM jobs INDEXED BY jobs_running WHERE state = 'running' AND key IS NOT NULL")}
             paused = {(r[0], r[1]) for r in c.execute("SELECT kind, name FROM pauses")}
@@ -366,7 +391,7 @@ class SQLiteStore:
     def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None) -> Finished:
         changed = 0
         paused: list[Pause] = []
-        with self._write() as c:
+        with self._write(bookkeeping=True) as c:
             for o in outcomes:
                 row = c.execute(
                     "UPDATE jobs SET state = ?1, run_at = coalesce(?2, run_at), result = ?3, error = ?4,"
