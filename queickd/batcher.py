@@ -101,15 +101,30 @@ class SubmitBatcher:
                 item[1](QueueError(Code.INTERNAL, "the daemon is shutting down"))
 
     def _commit(self, batch: list[tuple[Requests, Done]]) -> None:
+        try:
+            self._commit_batch(batch)
+        except Exception:  # a bug after the commit must not end the committer thread
+            log.exception("error after a commit; the committer goes on")
+
+    def _commit_batch(self, batch: list[tuple[Requests, Done]]) -> None:
         requests = [r for reqs, _ in batch for r in reqs]
         try:
             answers = self.store.submit_requests(requests, self._clock(), self.admission)
         except Exception as e:
-            log.exception("could not store %d request(s); none was acknowledged", len(requests))
-            err = QueueError(Code.INTERNAL, f"the store failed: {e}")
-            for _, done in batch:
-                done(err)
+            if len(batch) > 1 or len(requests) > 1:
+                # One bad request must not fail the others that shared its transaction.
+                log.warning("a group commit failed (%s); committing its requests one by one", e)
+                for reqs, done in batch:
+                    self._commit_each(reqs, done)
+                return
+            log.exception("could not store a request; it was not acknowledged")
+            batch[0][1](QueueError(Code.INTERNAL, f"the store failed: {e}"))
             return
+        self._finish(batch, requests, answers)
+
+    def _finish(self, batch: list[tuple[Requests, Done]], requests: list[Sequence[NewJob]],
+                answers: list[Answer]) -> None:
+        """Answer each submitter, then tell the daemon what was stored."""
         self.commits += 1
         i = 0
         for reqs, done in batch:
@@ -124,4 +139,17 @@ class SubmitBatcher:
                 jobs.extend(r)
                 submitted.extend(a)
         self.jobs += sum(1 for s in submitted if not s.duplicate)
-        self._on_committed(jobs, submitted)
+        try:
+            self._on_committed(jobs, submitted)
+        except Exception:
+            log.exception("error in the post-commit hook; the jobs are stored and acknowledged")
+
+    def _commit_each(self, reqs: Requests, done: Done) -> None:
+        answers: list[Answer] = []
+        for r in reqs:
+            try:
+                answers.append(self.store.submit_requests([r], self._clock(), self.admission)[0])
+            except Exception as e:
+                log.warning("request refused by the store: %s", e)
+                answers.append(Refusal(Code.BAD_REQUEST, f"the store could not take this request: {e}"))
+        self._finish([(reqs, done)], list(reqs), answers)

@@ -49,7 +49,10 @@ def _opt(p: argparse.ArgumentParser, flag: str, help: str, default: Any = None,
     env = _env(flag)
     value = default
     if env is not None:
-        value = env.split(",") if kw.get("action") == "append" else type(env)
+        try:
+            value = env.split(",") if kw.get("action") == "append" else type(env)
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            p.error(f"QUEICKD_{flag.lstrip('-').upper().replace('-', '_')}={env!r}: {e}")
     envname = "QUEICKD_" + flag.lstrip("-").upper().replace("-", "_")
     shown = "" if default in (None, [], "") else f" (default: {default})"
     p.add_argument(flag, default=value, type=type, help=f"{help}{shown} [env {envname}]", **kw)

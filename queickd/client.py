@@ -240,12 +240,12 @@ class JobQueue:
         return self.enqueue(func, args, run_at=t, **options)
 
     def enqueue_many(self, jobs: Sequence[dict[str, Any]]) -> list[int]:
-        """Store many jobs in one request (one transaction). `jobs` are JobQueue.job(...)
-        dicts. Returns their ids, in order."""
-        ids: list[int] = []
-        for i in range(0, len(jobs), protocol.MAX_BATCH):
-            ids += self._call({"op": "enqueue_many", "jobs": list(jobs[i : i + protocol.MAX_BATCH])})["job_ids"]
-        return ids
+        """Store up to 10,000 jobs in one request, all or none (one transaction). `jobs` are
+        JobQueue.job(...) dicts. Returns their ids, in order."""
+        if len(jobs) > protocol.MAX_BATCH:
+            raise ValueError(f"at most {protocol.MAX_BATCH} jobs per enqueue_many (it is all or none); "
+                             "split them, or use enqueue_pipelined")
+        return self._call({"op": "enqueue_many", "jobs": list(jobs)})["job_ids"]
 
     def enqueue_pipelined(self, jobs: Sequence[dict[str, Any]]) -> list[int]:
         """Send one `enqueue` per job without waiting between them; replies come in order.
@@ -315,7 +315,9 @@ class JobQueue:
         deadline = time.monotonic() + timeout
         while True:
             remaining = max(0.0, deadline - time.monotonic())
-            req: dict[str, Any] = {"op": "wait", "job_id": job_id, "timeout": min(remaining, 3600.0)}
+            # Each round trip stays well inside our socket timeout; longer waits loop.
+            hold = min(remaining, max(1.0, self.timeout - 5.0), 3600.0)
+            req: dict[str, Any] = {"op": "wait", "job_id": job_id, "timeout": hold}
             if states is not None:
                 req["states"] = list(states)
             reply = self._call(req)

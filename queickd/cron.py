@@ -107,7 +107,12 @@ class CronExpr:
             elif d.minute not in self.minutes:
                 d += timedelta(minutes=1)
             else:
-                return d.timestamp()
+                # In the hour repeated when daylight saving ends, a wall time happens twice
+                # (fold 0, then fold 1); the tick is the first of them still after t.
+                for ts in (d.timestamp(), d.replace(fold=1).timestamp()):
+                    if ts > t:
+                        return ts
+                d += timedelta(minutes=1)
         raise ValueError(f"cron expression {self.text!r} never fires")
 
 
@@ -122,12 +127,15 @@ class Every:
         if t < self.start_at:
             return self.start_at
         n = math.floor((t - self.start_at) / self.interval) + 1
-        while self.start_at + n * self.interval <= t:  # float division may land one short
+        for _ in range(3):  # float division may land one or two short
+            if self.start_at + n * self.interval > t:
+                return self.start_at + n * self.interval
             n += 1
-        return self.start_at + n * self.interval
+        return math.nextafter(t, math.inf) + self.interval  # interval below float precision
 
 
 Schedule = CronExpr | Every
+MIN_INTERVAL = 0.1  # seconds; finer intervals are a busy loop, and below float precision never advance
 
 
 def finite_number(v: Any) -> float | None:
@@ -150,8 +158,8 @@ def parse_schedule(d: dict[str, Any], now: float | None = None) -> Schedule:
         return CronExpr.parse(d["cron"])
     if "every" in d:
         every = finite_number(d["every"])
-        if every is None or every <= 0:
-            raise ValueError("every must be a positive number of seconds")
+        if every is None or every < MIN_INTERVAL:
+            raise ValueError(f"every must be a number of seconds, at least {MIN_INTERVAL}")
         if d.get("start_at") is None:
             start: float | None = (time.time() if now is None else now) + every
         else:

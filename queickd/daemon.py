@@ -107,6 +107,11 @@ class Daemon:
         c = self.config
         token = c.read_token()
         self.store = store = open_store(c.store, c.durability)
+        try:
+            store.take_ownership()
+        except BaseException:
+            store.close()
+            raise
         recovered = store.recover_orphans(c.max_orphan_requeues, self.clock())
         if recovered.requeued or recovered.dead:
             log.warning(
@@ -129,12 +134,19 @@ class Daemon:
         self.service = QueueService(store, self.batcher, loader, self.scheduler, self.pool,
                                     token=token, clock=self.clock, network=self.network)
         self.server = Server(self.service, c.bind, c.port, max_line=c.max_line)
+        # Bind before anything can run: a daemon that cannot serve its port must not have
+        # started jobs on its way out.
+        self.batcher.start()
+        try:
+            self.server.start()
+        except BaseException:
+            self.batcher.stop()
+            store.close()
+            raise
         if self.network is not None:
             self.network.start()
         self.pool.start()
         self.scheduler.start()
-        self.batcher.start()
-        self.server.start()
         host, port = self.server.address  # type: ignore[misc]
         log.info(
             "queickd %s listening on %s:%d (store %s, durability %s, %d workers)",
@@ -187,6 +199,8 @@ class Daemon:
             n = self.store.release_network_waiting(self.clock())  # type: ignore[union-attr]
             if n:
                 log.info("sweep: network is up; %d parked job(s) released", n)
+        elif self.network is not None and self.network.up is False:
+            self.store.park_for_network(self.clock())  # type: ignore[union-attr]
 
     def _on_committed(self, jobs: list[NewJob], submitted: list[Submitted]) -> None:
         if any(j.retry_on_network for j in jobs):

@@ -54,23 +54,43 @@ def is_network_error(exc: BaseException) -> bool:
     return False
 
 
+def clean(text: str) -> str:
+    """Text that can be stored and sent as UTF-8: lone surrogates (from file names decoded
+    with surrogateescape, say) become backslash escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # an exception whose __str__ fails must still be recorded
+        return f"<unprintable {type(exc).__name__}>"
+
+
 def error_info(exc: BaseException) -> dict[str, Any]:
-    tb = "".join(traceback.format_exception(exc))
+    try:
+        tb = "".join(traceback.format_exception(exc))
+    except Exception:
+        tb = "<traceback could not be formatted>"
     if len(tb) > MAX_TRACEBACK_CHARS:
         tb = "…" + tb[-MAX_TRACEBACK_CHARS:]
-    return {"type": type(exc).__name__, "message": str(exc), "traceback": tb}
+    return {"type": type(exc).__name__, "message": clean(_safe_str(exc)), "traceback": clean(tb)}
 
 
 def storable_result(value: Any, limit: int = MAX_RESULT_BYTES) -> Any:
     """A result as it can be stored: itself if it is JSON within the limit, else a string
     that says what it was (the job still succeeded)."""
     try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError):
-        text = json.dumps(repr(value)[:limit], ensure_ascii=False)
-        value = repr(value)[:limit]
-    if len(text.encode()) > limit:
-        return f"<result of {len(text.encode())} bytes, over the {limit}-byte limit; not stored>"
+        size = len(json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8"))
+    except (TypeError, ValueError):  # not JSON (UnicodeEncodeError, a lone surrogate, included)
+        try:
+            text = repr(value)
+        except Exception:
+            text = f"<unprintable {type(value).__name__}>"
+        value = clean(text[:limit])
+        size = len(json.dumps(value, ensure_ascii=False).encode("utf-8"))
+    if size > limit:
+        return f"<result of {size} bytes, over the {limit}-byte limit; not stored>"
     return value
 
 

@@ -55,6 +55,8 @@ class FunctionLoader:
                 f"{func} is not allowed: its module is not in the app directory {self.app_dir}"
                 " and no --allow pattern names it",
             )
+            if len(self._checked) > 10_000:  # names are few; a flood of made-up ones is not kept
+                self._checked.clear()
             self._checked[func] = cached
         if cached is not None:
             raise cached
@@ -69,5 +71,9 @@ class FunctionLoader:
             fn = getattr(importlib.import_module(module), name)
             if not callable(fn):
                 raise TypeError(f"{func} is not callable")
+            if getattr(fn, "__module__", None) != module:
+                # `from subprocess import run` in an allowed module must not make it runnable
+                raise QueueError(Code.NOT_ALLOWED, f"{func} is not defined in {module} "
+                                 f"(it comes from {getattr(fn, '__module__', '?')})")
             self._funcs[func] = fn
         return fn

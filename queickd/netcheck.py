@@ -182,7 +182,10 @@ class NetworkMonitor:
         was, self.up, self.since = self.up, up, self._clock()
         log.info("network is %s (was %s)", "up" if up else "down",
                  "unknown" if was is None else "up" if was else "down")
-        self._on_change(up)
+        try:
+            self._on_change(up)
+        except Exception:  # the daemon's sweep applies the state again; keep supervising
+            log.exception("error while acting on the network change")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ DEFAULT_PORT = 9999
 MAX_LINE = 1 << 20  # bytes per request line, newline excluded
 MAX_KEY_LEN = 200
 MAX_BATCH = 10_000  # jobs in one enqueue_many
+MAX_INT = 2**31 - 1  # counts (max_attempts)
+MAX_ID = 2**63 - 1  # ids are SQLite/PostgreSQL bigints
 
 
 class Code:
@@ -126,13 +128,19 @@ _decoder = json.JSONDecoder(parse_float=_finite, parse_constant=_no_constant)
 def decode_line(line: bytes | str) -> dict[str, Any]:
     """One line (no newline) to a request dict, or QueueError(bad_request)."""
     try:
-        obj = _decoder.decode(line if isinstance(line, str) else line.decode("utf-8"))
+        text = line if isinstance(line, str) else line.decode("utf-8")
+        obj = _decoder.decode(text)
     except UnicodeDecodeError:
         raise bad("request is not UTF-8") from None
     except ValueError as e:
         raise bad(f"request is not JSON: {e}") from None
     if not isinstance(obj, dict):
         raise bad("request must be a JSON object")
+    if "\\ud" in text or "\\uD" in text:  # a \uD800-\uDFFF escape: is it a valid pair?
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise bad("request holds a lone surrogate (\\ud800-\\udfff): not valid Unicode") from None
     op = obj.get("op")
     if not isinstance(op, str):
         raise bad("request needs an 'op' string")
@@ -197,8 +205,9 @@ def parse_retry(v: Any) -> Any:
     for name in ("interval", "max_interval"):
         number(v, name)
     attempts = v.get("max_attempts")
-    if attempts is not None and (isinstance(attempts, bool) or not isinstance(attempts, int)):
-        raise bad("retry.max_attempts must be an integer")
+    if attempts is not None and (isinstance(attempts, bool) or not isinstance(attempts, int)
+                                 or not 1 <= attempts <= MAX_INT):
+        raise bad(f"retry.max_attempts must be an integer from 1 to {MAX_INT}")
     try:
         return retry_mod.make_spec(**{k: v[k] for k in _RETRY_FIELDS if v.get(k) is not None})
     except (ValueError, TypeError) as e:
@@ -235,7 +244,7 @@ def parse_job(obj: dict[str, Any], now: float) -> NewJob:
             raise bad("delay must not be negative")
         run_at = now + delay
     priority = obj.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > 2**31:
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_INT:
         raise bad("priority must be an integer")
     on_net = obj.get("retry_on_network", False)
     if not isinstance(on_net, bool):
@@ -302,7 +311,7 @@ def parse_event(obj: dict[str, Any], now: float) -> tuple[str, NewJob]:
 
 def job_id(obj: dict[str, Any]) -> int:
     v = obj.get("job_id")
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_ID:
         raise bad("job_id must be a positive integer")
     return v
 

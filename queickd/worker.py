@@ -114,7 +114,7 @@ class WorkerPool:
     def _loop(self) -> None:
         unapplied: list[Outcome] = []
         while True:
-            self._wake.wait(self._sweep)
+            self._wake.wait()  # the scheduler's safety sweep wakes us too: no timer of our own
             self._wake.clear()
             while True:
                 try:
@@ -146,8 +146,28 @@ class WorkerPool:
                     return
             except Exception:
                 log.exception("store error in the dispatcher; retrying in %.0f s", _STORE_RETRY)
+                unapplied = self._isolate(unapplied)
                 time.sleep(_STORE_RETRY)
                 self._wake.set()
+
+    def _isolate(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """After a failed batch: apply outcomes one by one, so that one the store cannot take
+        (a bug, bad data) cannot hold up the others; such a one is recorded as dead with a
+        plain error. Returns those that still failed (the store itself is in trouble)."""
+        left: list[Outcome] = []
+        for o in outcomes:
+            for attempt in (o, Outcome.dead(o.job_id, {"type": "unstorable_outcome",
+                                                       "message": "the job's outcome could not be stored"})):
+                try:
+                    report = self.store.finish_if_running([attempt], self._clock(), self._pause_after)
+                except Exception:
+                    continue
+                self._busy -= 1
+                self._after_finish([attempt], report)
+                break
+            else:
+                left.append(o)
+        return left
 
     def _after_finish(self, finished: list[Outcome], report: Finished | None) -> None:
         for p in report.paused if report else ():
@@ -164,13 +184,17 @@ class WorkerPool:
     def _run(self, job: Job) -> None:
         try:
             try:
-                fn = self.loader.resolve(job.func)
-            except QueueError as e:  # no longer allowed: retrying cannot help
-                outcome = Outcome.dead(job.id, {"type": "not_allowed", "message": e.message})
-            else:
-                outcome = fate.after_success(job, fn(*job.args, **job.kwargs))
-        except BaseException as e:  # a job's SystemExit must not end the worker
-            outcome = fate.after_failure(job, e, self._clock(), self._network_checker())
+                try:
+                    fn = self.loader.resolve(job.func)
+                except QueueError as e:  # no longer allowed: retrying cannot help
+                    outcome = Outcome.dead(job.id, {"type": "not_allowed", "message": e.message})
+                else:
+                    outcome = fate.after_success(job, fn(*job.args, **job.kwargs))
+            except BaseException as e:  # a job's SystemExit must not end the worker
+                outcome = fate.after_failure(job, e, self._clock(), self._network_checker())
+        except BaseException as e:  # deciding itself failed: the job must still leave `running`
+            outcome = Outcome.dead(job.id, {"type": type(e).__name__,
+                                            "message": "queickd could not record this job's outcome"})
         if outcome.state != State.SUCCEEDED:
             log.info(
                 "job %d %s failed (attempt %d/%d): %s: %s -> %s", job.id, job.func, job.attempts,

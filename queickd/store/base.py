@@ -117,6 +117,11 @@ class EventAccepted:
     job_id: int | None  # the job it became, if delivered
 
 
+class StoreInUseError(ValueError):
+    """Another daemon already serves this store (a configuration error: two daemons on one
+    SQLite file would each think the other's running jobs were orphans)."""
+
+
 class RefusedError(Exception):
     """Raised by Store.submit (the one-request form) when admission refused the request."""
 
@@ -139,10 +144,18 @@ class Store(Protocol):
     # and the core relies on its own in-process signals plus one slow safety sweep.
     supports_notify: bool
 
+    # --- ownership --------------------------------------------------------------------
+    def take_ownership(self) -> None:
+        """Called by a daemon before it recovers orphans: make sure no other daemon serves
+        this store, or raise StoreInUseError. Held until close(). A no-op where that cannot
+        happen (memory) or is handled otherwise (PostgreSQL: workers beat hearts)."""
+        ...
+
     # --- transactions -----------------------------------------------------------------
     def batch(self, bookkeeping: bool = False) -> AbstractContextManager[None]:
         """Store calls made on this thread inside the block form one transaction, committed
-        at its end (rolled back if it raises). With bookkeeping True, the commit may skip
+        at its end (rolled back if it raises; the memory store, which has no transactions,
+        applies each call as it goes and only keeps other threads out meanwhile). With bookkeeping True, the commit may skip
         its own fsync (SQLite: synchronous=NORMAL in WAL): use it only for changes whose loss
         in a power cut means a job runs again, never for acknowledging a submit."""
         ...

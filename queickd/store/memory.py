@@ -49,6 +49,9 @@ class MemoryStore:
         self._by_state: dict[str, int] = dict.fromkeys(State.ALL, 0)
         self._waiting_by_key: dict[str, int] = {}
 
+    def take_ownership(self) -> None:
+        pass  # one process is the whole store
+
     @contextlib.contextmanager
     def batch(self, bookkeeping: bool = False) -> Iterator[None]:
         # No rollback here: memory is for tests and benchmarks, and each call is atomic.
@@ -172,6 +175,8 @@ class MemoryStore:
                     continue  # a stale entry: the job moved on (or was re-queued at another time)
                 if (job.retry_on_network and not network_up) or job.key in busy or job.func in paused_funcs:
                     passed_over.append(entry)
+                    if job.key is not None:
+                        busy.add(job.key)  # a waiting head holds its key: order within a key
                     continue
                 if job.key is not None:
                     busy.add(job.key)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import sqlite3
@@ -32,6 +33,7 @@ from .base import (
     Pause,
     Recovered,
     RefusedError,
+    StoreInUseError,
 )
 
 SCHEMA_VERSION = 1
@@ -189,6 +191,7 @@ class SQLiteStore:
         self._write_lock = threading.Lock()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
+        self._lock_fd: int | None = None
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self._migrate(self._conn())
 
@@ -227,10 +230,29 @@ class SQLiteStore:
             c.execute("BEGIN IMMEDIATE")
             try:
                 yield c
+                c.execute("COMMIT")
             except BaseException:
-                c.execute("ROLLBACK")
+                # SQLite may already have rolled back (disk full, I/O error); never leave the
+                # connection inside a transaction, and never hide the first error.
+                if c.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        c.execute("ROLLBACK")
                 raise
-            c.execute("COMMIT")
+
+    def take_ownership(self) -> None:
+        # An advisory lock beside the database, held for the daemon's life; the kernel
+        # drops it when the process dies, kill -9 included, so no stale lock survives.
+        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise StoreInUseError(f"{self.path} is already served by a daemon (pid {holder}); "
+                                  "one store, one daemon") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
 
     @contextlib.contextmanager
     def batch(self, bookkeeping: bool = False) -> Iterator[None]:
@@ -346,12 +368,18 @@ class SQLiteStore:
             offset, page = 0, max(64, limit * 4)
             while len(chosen) < limit:
                 rows = c.execute(
-                    "SELECT id, key, func FROM jobs INDEXED BY jobs_queued WHERE state = 'queued'"
-                    " AND (? OR retry_on_network = 0) ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
-                    (int(network_up), page, offset),
+                    "SELECT id, key, func, retry_on_network FROM jobs INDEXED BY jobs_queued"
+                    " WHERE state = 'queued' ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
+                    (page, offset),
                 ).fetchall()
-                for job_id, key, func in rows:
+                for job_id, key, func, needs_network in rows:
+                    if needs_network and not network_up:
+                        if key is not None:
+                            busy.add(key)
+                        continue
                     if key in busy or func in paused_funcs:
+                        if key is not None:
+                            busy.add(key)  # a waiting head holds its key: order within a key
                         continue
                     if key is not None:
                         busy.add(key)  # one job per key, the first in queue order
@@ -673,3 +701,6 @@ class SQLiteStore:
                     c.close()
             self._all.clear()
         self._local = threading.local()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the daemon's lock
+            self._lock_fd = None

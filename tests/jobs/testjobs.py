@@ -67,3 +67,18 @@ def post_to(host, port, path, token):
     with socket.create_connection((host, port), timeout=2):
         pass
     append(path, token)
+
+
+def fail_surrogate():
+    """Fails with a message holding a lone surrogate, as a file name read with
+    surrogateescape would give."""
+    raise RuntimeError("bad file name: " + b"caf\xe9".decode("utf-8", "surrogateescape"))
+
+
+class _UnprintableError(Exception):
+    def __str__(self):
+        raise RuntimeError("cannot print myself")
+
+
+def fail_unprintable():
+    raise _UnprintableError()
