@@ -27,6 +27,7 @@ from .server import DEFAULT_HOST, Server
 from .service import QueueService
 from .store import DEFAULT_URL, Store, open_store
 from .store.admission import Admission
+from .store.base import EventState
 from .worker import DEFAULT_SWEEP, DEFAULT_WORKERS, WorkerPool
 
 log = logging.getLogger("queickd.daemon")
@@ -173,12 +174,12 @@ class Daemon:
         results = self.store.deliver_events(  # type: ignore[union-attr]
             now, self.config.admission, self.config.event_max_attempts,
             lambda attempts: min(60.0, 2.0 ** (attempts - 1)))
-        if any(r.state == "delivered" for r in results):
+        if any(r.state == EventState.DELIVERED for r in results):
             self.pool.wake()
         for r in results:
-            if r.state == "delivered":
+            if r.state == EventState.DELIVERED:
                 log.info("event %s delivered from the outbox as job %d", r.event_id, r.job_id)
-            elif r.state == "dead":
+            elif r.state == EventState.DEAD:
                 log.warning("event %s could not be delivered after %d attempts; it is a dead letter "
                             "('queick dead', 'queick retry --event')", r.event_id, self.config.event_max_attempts)
         return self.store.next_event_at()  # type: ignore[union-attr]

@@ -22,7 +22,7 @@ from .netcheck import NetworkMonitor
 from .protocol import Code, QueueError
 from .scheduler import Scheduler
 from .store import CronRecord, Store
-from .store.base import NewEvent
+from .store.base import EventState, NewEvent
 from .worker import WorkerPool
 
 
@@ -122,9 +122,9 @@ class QueueService:
         event_id, job = protocol.parse_event(req, now)
         self.loader.check(job.func)
         acc = self.store.accept_event(NewEvent(event_id, job), now, self.batcher.admission)
-        if acc.state == "delivered" and not acc.duplicate:
+        if acc.state == EventState.DELIVERED and not acc.duplicate:
             self.pool.wake()
-        elif acc.state == "pending":
+        elif acc.state == EventState.PENDING:
             self.scheduler.wake_at(now, "events")
         reply: dict[str, Any] = {"ok": True, "event_id": event_id, "state": acc.state, "job_id": acc.job_id}
         if acc.duplicate:
@@ -134,7 +134,7 @@ class QueueService:
     def op_dead(self, req: dict[str, Any]) -> dict[str, Any]:
         n = protocol.limit(req)
         return {"ok": True, "jobs": [j.to_dict() for j in self.store.list_jobs(State.DEAD, n)],
-                "events": [e.to_dict() for e in self.store.list_events("dead", n)]}
+                "events": [e.to_dict() for e in self.store.list_events(EventState.DEAD, n)]}
 
     def op_purge(self, req: dict[str, Any]) -> dict[str, Any]:
         state = req.get("state", State.DEAD)
@@ -172,7 +172,7 @@ class QueueService:
             ev = self.store.retry_event(str(event_id), now)
             if ev is None:
                 raise QueueError(Code.NOT_FOUND, f"no event {event_id!r}")
-            if ev.state != "pending":
+            if ev.state != EventState.PENDING:
                 raise QueueError(Code.CONFLICT, f"event {event_id!r} is {ev.state}; only dead events are retried")
             self.scheduler.wake_at(now, "events")
             return {"ok": True, "event": ev.to_dict()}

@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..job import Job, NewJob, Outcome, Submitted
+from ..job import Job, NewJob, Outcome, State, Submitted
 from .admission import NO_LIMITS, Admission, Refusal
 
 
@@ -88,9 +88,18 @@ class NewEvent:
     job: NewJob
 
 
+class EventState:
+    """States of an event in the outbox."""
+
+    PENDING = "pending"  # waiting for room in the queue
+    DELIVERED = "delivered"  # became a job
+    DEAD = "dead"  # out of delivery attempts: a dead letter
+    ALL = (PENDING, DELIVERED, DEAD)
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
-    """An event as stored in the outbox. state: pending, delivered or dead."""
+    """An event as stored in the outbox; state is one of EventState."""
 
     event_id: str
     state: str
@@ -326,3 +335,16 @@ class Store(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class StoreBase:
+    """What every backend derives from the primitives it implements."""
+
+    def submit(self, jobs: Sequence[NewJob], now: float) -> list[Submitted]:
+        answer = self.submit_requests([jobs], now)[0]  # type: ignore[attr-defined]
+        if isinstance(answer, Refusal):
+            raise RefusedError(answer)
+        return answer
+
+    def prune_finished(self, finished_before: float, limit: int) -> int:
+        return self.purge((State.SUCCEEDED, State.CANCELLED), finished_before, limit)  # type: ignore[attr-defined]

@@ -20,17 +20,18 @@ from .base import (
     CronRecord,
     Event,
     EventAccepted,
+    EventState,
     Finished,
     NewEvent,
     Pause,
     Recovered,
-    RefusedError,
+    StoreBase,
 )
 
 _WAITING = (State.SCHEDULED, State.QUEUED, State.WAITING_NETWORK)
 
 
-class MemoryStore:
+class MemoryStore(StoreBase):
     supports_notify = False
 
     def __init__(self, url: str = "memory://") -> None:
@@ -126,12 +127,6 @@ class MemoryStore:
         return adm.finish(p, requests, ids, now)
 
     # --- submit ---------------------------------------------------------------------------
-    def submit(self, jobs: Sequence[NewJob], now: float) -> list[Submitted]:
-        answer = self.submit_requests([jobs], now)[0]
-        if isinstance(answer, adm.Refusal):
-            raise RefusedError(answer)
-        return answer
-
     def submit_requests(
         self, requests: Sequence[Sequence[NewJob]], now: float, admission: adm.Admission = adm.NO_LIMITS
     ) -> list[list[Submitted] | adm.Refusal]:
@@ -292,10 +287,10 @@ class MemoryStore:
             dead = [j for j in self._jobs.values() if j.state == State.DEAD]
             for j in dead:
                 self._retry_dead_locked(j, now)
-            events = [e for e, _ in self._events.values() if e.state == "dead"]
+            events = [e for e, _ in self._events.values() if e.state == EventState.DEAD]
             for e in events:
                 self._events[e.event_id] = (
-                    dataclasses.replace(e, state="pending", attempts=0, next_attempt_at=now),
+                    dataclasses.replace(e, state=EventState.PENDING, attempts=0, next_attempt_at=now),
                     self._events[e.event_id][1])
             return len(dead) + len(events)
 
@@ -310,14 +305,11 @@ class MemoryStore:
             n = len(old)
             if State.DEAD in states:
                 gone = [i for i, (e, _) in self._events.items()
-                        if e.state == "dead" and e.created_at < finished_before]
+                        if e.state == EventState.DEAD and e.created_at < finished_before]
                 for i in gone:
                     del self._events[i]
                 n += len(gone)
             return n
-
-    def prune_finished(self, finished_before: float, limit: int) -> int:
-        return self.purge((State.SUCCEEDED, State.CANCELLED), finished_before, limit)
 
     # --- inspect --------------------------------------------------------------------------
     def get(self, job_id: int) -> Job | None:
@@ -387,7 +379,7 @@ class MemoryStore:
         answer = self._submit_locked([[new]], now, admission)[0]
         if not isinstance(answer, adm.Refusal):
             self._events[event.event_id] = (dataclasses.replace(
-                event, state="delivered", job_id=answer[0].job_id, next_attempt_at=None,
+                event, state=EventState.DELIVERED, job_id=answer[0].job_id, next_attempt_at=None,
                 attempts=event.attempts + 1), job)
         return answer
 
@@ -396,42 +388,42 @@ class MemoryStore:
             old = self._events.get(event.event_id)
             if old is not None:
                 return EventAccepted(event.event_id, True, old[0].state, old[0].job_id)
-            ev = Event(event.event_id, "pending", event.job.func, event.job.key, now, 0, now, None, None)
+            ev = Event(event.event_id, EventState.PENDING, event.job.func, event.job.key, now, 0, now, None, None)
             self._events[event.event_id] = (ev, event.job)
             answer = self._deliver_locked(ev, event.job, now, admission)
         if isinstance(answer, adm.Refusal):
-            return EventAccepted(event.event_id, False, "pending", None)
-        return EventAccepted(event.event_id, False, "delivered", answer[0].job_id)
+            return EventAccepted(event.event_id, False, EventState.PENDING, None)
+        return EventAccepted(event.event_id, False, EventState.DELIVERED, answer[0].job_id)
 
     def deliver_events(self, now: float, admission: adm.Admission, max_attempts: int,
                        backoff: Callable[[int], float], limit: int = 500) -> list[EventAccepted]:
         out = []
         with self._lock:
             due = sorted((e for e, _ in self._events.values()
-                          if e.state == "pending" and e.next_attempt_at is not None and e.next_attempt_at <= now),
+                          if e.state == EventState.PENDING and e.next_attempt_at is not None and e.next_attempt_at <= now),
                          key=lambda e: e.next_attempt_at)[:limit]  # type: ignore[arg-type, return-value]
             for ev in due:
                 job = self._events[ev.event_id][1]
                 answer = self._deliver_locked(ev, job, now, admission)
                 if not isinstance(answer, adm.Refusal):
-                    out.append(EventAccepted(ev.event_id, False, "delivered", answer[0].job_id))
+                    out.append(EventAccepted(ev.event_id, False, EventState.DELIVERED, answer[0].job_id))
                     continue
                 attempts = ev.attempts + 1
                 dead = attempts >= max_attempts
                 self._events[ev.event_id] = (dataclasses.replace(
-                    ev, attempts=attempts, state="dead" if dead else "pending",
+                    ev, attempts=attempts, state=EventState.DEAD if dead else EventState.PENDING,
                     next_attempt_at=None if dead else now + backoff(attempts),
                     last_error=f"{answer.code}: {answer.message}"), job)
-                out.append(EventAccepted(ev.event_id, False, "dead" if dead else "pending", None))
+                out.append(EventAccepted(ev.event_id, False, EventState.DEAD if dead else EventState.PENDING, None))
         return out
 
     def next_event_at(self) -> float | None:
         with self._lock:
             return min((e.next_attempt_at for e, _ in self._events.values()
-                        if e.state == "pending" and e.next_attempt_at is not None), default=None)
+                        if e.state == EventState.PENDING and e.next_attempt_at is not None), default=None)
 
     def event_counts(self) -> dict[str, int]:
-        out = dict.fromkeys(("pending", "delivered", "dead"), 0)
+        out = dict.fromkeys(EventState.ALL, 0)
         with self._lock:
             for e, _ in self._events.values():
                 out[e.state] += 1
@@ -448,8 +440,8 @@ class MemoryStore:
             if item is None:
                 return None
             ev, job = item
-            if ev.state == "dead":
-                ev = dataclasses.replace(ev, state="pending", attempts=0, next_attempt_at=now)
+            if ev.state == EventState.DEAD:
+                ev = dataclasses.replace(ev, state=EventState.PENDING, attempts=0, next_attempt_at=now)
                 self._events[event_id] = (ev, job)
             return ev
 

@@ -28,11 +28,12 @@ from .base import (
     CronRecord,
     Event,
     EventAccepted,
+    EventState,
     Finished,
     NewEvent,
     Pause,
     Recovered,
-    RefusedError,
+    StoreBase,
     StoreInUseError,
 )
 
@@ -177,7 +178,7 @@ def _row_to_pause(r: tuple) -> Pause:
     return Pause(r[0], r[1], r[2], r[3], json.loads(r[4]) if r[4] else None)
 
 
-class SQLiteStore:
+class SQLiteStore(StoreBase):
     supports_notify = False
 
     def __init__(self, path: str, durability: str = "full", busy_timeout: float = 30.0) -> None:
@@ -278,12 +279,6 @@ class SQLiteStore:
                 )
 
     # --- submit ---------------------------------------------------------------------------
-    def submit(self, jobs: Sequence[NewJob], now: float) -> list[Submitted]:
-        answer = self.submit_requests([jobs], now)[0]
-        if isinstance(answer, adm.Refusal):
-            raise RefusedError(answer)
-        return answer
-
     def submit_requests(
         self, requests: Sequence[Sequence[NewJob]], now: float, admission: adm.Admission = adm.NO_LIMITS
     ) -> list[list[Submitted] | adm.Refusal]:
@@ -532,9 +527,6 @@ class SQLiteStore:
                                (finished_before,)).rowcount
         return n
 
-    def prune_finished(self, finished_before: float, limit: int) -> int:
-        return self.purge((State.SUCCEEDED, State.CANCELLED), finished_before, limit)
-
     # --- inspect --------------------------------------------------------------------------
     def get(self, job_id: int) -> Job | None:
         row = self._conn().execute(f"SELECT {_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
@@ -641,8 +633,8 @@ class SQLiteStore:
                 (event.event_id, template, event.job.func, event.job.key, now, now))
             answer = self._deliver_in(c, event.event_id, template, now, admission)
         if isinstance(answer, adm.Refusal):
-            return EventAccepted(event.event_id, False, "pending", None)
-        return EventAccepted(event.event_id, False, "delivered", answer[0].job_id)
+            return EventAccepted(event.event_id, False, EventState.PENDING, None)
+        return EventAccepted(event.event_id, False, EventState.DELIVERED, answer[0].job_id)
 
     def deliver_events(self, now: float, admission: adm.Admission, max_attempts: int,
                        backoff: Callable[[int], float], limit: int = 500) -> list[EventAccepted]:
@@ -655,16 +647,16 @@ class SQLiteStore:
             for event_id, template, attempts in due:
                 answer = self._deliver_in(c, event_id, template, now, admission)
                 if not isinstance(answer, adm.Refusal):
-                    out.append(EventAccepted(event_id, False, "delivered", answer[0].job_id))
+                    out.append(EventAccepted(event_id, False, EventState.DELIVERED, answer[0].job_id))
                     continue
                 attempts += 1
                 dead = attempts >= max_attempts
                 c.execute(
                     "UPDATE events SET attempts = ?, state = ?, next_attempt_at = ?, last_error = ?"
                     " WHERE event_id = ?",
-                    (attempts, "dead" if dead else "pending", None if dead else now + backoff(attempts),
+                    (attempts, EventState.DEAD if dead else EventState.PENDING, None if dead else now + backoff(attempts),
                      f"{answer.code}: {answer.message}", event_id))
-                out.append(EventAccepted(event_id, False, "dead" if dead else "pending", None))
+                out.append(EventAccepted(event_id, False, EventState.DEAD if dead else EventState.PENDING, None))
         return out
 
     def next_event_at(self) -> float | None:
@@ -673,7 +665,7 @@ class SQLiteStore:
         ).fetchone()[0]
 
     def event_counts(self) -> dict[str, int]:
-        out = dict.fromkeys(("pending", "delivered", "dead"), 0)
+        out = dict.fromkeys(EventState.ALL, 0)
         out.update(self._conn().execute("SELECT state, count(*) FROM events GROUP BY state").fetchall())
         return out
 
