@@ -415,6 +415,8 @@ class SQLiteStore(StoreBase):
         changed = 0
         paused: list[Pause] = []
         with self._write(bookkeeping=True) as c:
+            # Usually nothing is failing: then a success has no streak to reset.
+            any_streak = c.execute("SELECT EXISTS (SELECT 1 FROM streaks)").fetchone()[0]
             for o in outcomes:
                 row = c.execute(
                     "UPDATE jobs SET state = ?1, run_at = coalesce(?2, run_at), result = ?3, error = ?4,"
@@ -427,8 +429,9 @@ class SQLiteStore(StoreBase):
                 if row is None:
                     continue
                 changed += 1
-                if o.state == State.WAITING_NETWORK:
+                if o.state == State.WAITING_NETWORK or (o.state == State.SUCCEEDED and not any_streak):
                     continue
+                any_streak = True
                 for kind, name in (("key", row[0]), ("func", row[1])):
                     if name is not None:
                         p = self._streak_in(c, kind, name, o, now, pause_after)
