@@ -207,3 +207,25 @@ def test_a_cron_expression_is_validated(client):
     assert client.crons()[0]["schedule"] == {"cron": "*/5 * * * *"}
     client.cron_delete("five")
     assert client.crons() == []
+
+
+def test_one_client_is_safe_to_share_between_threads(client):
+    import threading
+
+    ids: list[int] = []
+    lock = threading.Lock()
+
+    def work(n: int) -> None:
+        for i in range(25):
+            job_id = client.enqueue("testjobs:add", args=(n, i))
+            assert client.get(job_id)["args"] == [n, i]  # replies never cross between threads
+            with lock:
+                ids.append(job_id)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(ids)) == 200
+    assert {client.wait(i, 30)["state"] for i in ids} == {State.SUCCEEDED}
