@@ -341,6 +341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_daemon(a)
     try:
         return _run_client(a)
+    except BrokenPipeError:  # `queick jobs | head`: the reader has gone; so do we, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except QueueError as e:
         print(f"queick: {e}", file=sys.stderr)
         return 1
