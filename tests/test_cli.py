@@ -143,11 +143,10 @@ def test_logs_carry_syslog_priorities_under_journald(tmp_path):
 
 
 def test_output_piped_into_a_closed_reader_ends_quietly(daemon):
-    port = str(daemon.port)
-    for _ in range(30):
-        queick("enqueue", "testjobs:noop", "--delay", "3600", "--port", port)
-    p = subprocess.Popen([sys.executable, "-m", "queickd", "jobs", "--port", port], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    with daemon.client() as q:  # ~100 KiB of listing: more than a pipe buffer holds
+        q.enqueue_many([q.job("testjobs:noop", delay=3600) for _ in range(1500)])
+    p = subprocess.Popen([sys.executable, "-m", "queickd", "jobs", "--limit", "1500", "--port",
+                          str(daemon.port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     p.stdout.readline()
     p.stdout.close()  # like `| head -1`
     assert p.wait(30) == 0 and "Broken pipe" not in p.stderr.read()
