@@ -103,6 +103,7 @@ class Daemon:
         self._warned_no_checker = False
         self._stop = threading.Event()
         self._stopped = False
+        self._wakeup_w: int | None = None
 
     def start(self) -> None:
         c = self.config
@@ -225,7 +226,13 @@ class Daemon:
         self.service.waiters.notify([o.job_id for o in outcomes])
 
     def request_stop(self, *_: object) -> None:
+        """Ask run_forever() to stop, from any thread."""
         self._stop.set()
+        if self._wakeup_w is not None:
+            try:
+                os.write(self._wakeup_w, bytes([signal.SIGTERM]))
+            except OSError:
+                pass  # the pipe is full: a stop is already on its way
 
     def stop(self) -> bool:
         """Graceful stop. True if every running job finished within stop_timeout."""
@@ -254,13 +261,25 @@ class Daemon:
         return finished
 
     def run_forever(self) -> bool:
-        """Start, serve until SIGTERM/SIGINT, stop. Returns what stop() returned."""
-        signal.signal(signal.SIGTERM, self.request_stop)
-        signal.signal(signal.SIGINT, self.request_stop)
+        """Start, serve until SIGTERM/SIGINT, stop. Returns what stop() returned.
+
+        The kernel may hand a signal to any of our threads, and CPython then only flags it
+        for the main thread: a main thread blocked in a lock would never notice. So the
+        main thread blocks reading a pipe that the C-level handler writes to from whatever
+        thread received the signal (signal.set_wakeup_fd): no polling, no lost SIGTERM."""
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        self._wakeup_w = w
+        signal.set_wakeup_fd(w)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: None)  # the byte in the pipe is what counts
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where is it stuck?
         self.start()
         sdnotify.notify("READY=1")
         sdnotify.start_watchdog(lambda: self.scheduler.alive, self._stop)
-        self._stop.wait()
+        while not self._stop.is_set():
+            received = os.read(r, 64)
+            if signal.SIGTERM in received or signal.SIGINT in received:
+                self._stop.set()
         sdnotify.notify("STOPPING=1")
         return self.stop()

@@ -6,7 +6,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent / "jobs"))
 
-from helpers import DaemonProcess, Gate  # noqa: E402
+from helpers import STARTED, DaemonProcess, Gate  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_daemon_outlives_its_test():
+    yield
+    while STARTED:
+        STARTED.pop().close()
 
 
 @pytest.fixture

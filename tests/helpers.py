@@ -15,6 +15,7 @@ from pathlib import Path
 from queickd import JobQueue
 
 JOBS_DIR = Path(__file__).parent / "jobs"
+STARTED: list[DaemonProcess] = []  # every daemon a test started; conftest kills leftovers
 _LISTENING = re.compile(r"listening on (\S+):(\d+)")
 
 
@@ -40,6 +41,7 @@ class DaemonProcess:
         self.lines, self._lines_q = [], queue.Queue()
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      stdin=subprocess.DEVNULL, text=True, env=env)
+        STARTED.append(self)
         threading.Thread(target=self._read, args=(self.proc, self._lines_q), daemon=True).start()
         m = self.wait_for_line(_LISTENING, timeout)
         self.port = int(m.group(2))

@@ -150,3 +150,22 @@ def test_output_piped_into_a_closed_reader_ends_quietly(daemon):
     p.stdout.readline()
     p.stdout.close()  # like `| head -1`
     assert p.wait(30) == 0 and "Broken pipe" not in p.stderr.read()
+
+
+_TGKILL = {"x86_64": 234, "aarch64": 131, "armv7l": 268, "armv6l": 268}.get(os.uname().machine)
+
+
+@pytest.mark.skipif(sys.platform != "linux" or _TGKILL is None, reason="needs Linux tgkill on a known CPU")
+def test_sigterm_delivered_to_a_worker_thread_still_stops_the_daemon(tmp_path):
+    import ctypes
+
+    d = DaemonProcess(f"sqlite:///{tmp_path / 'q.db'}").start()
+    try:
+        pid = d.proc.pid
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+        assert tids, "the daemon has threads besides the main one"
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.syscall(_TGKILL, pid, tids[0], 15) == 0  # SIGTERM to a non-main thread
+        assert d.proc.wait(30) == 0
+    finally:
+        d.close()
