@@ -49,6 +49,7 @@ class MemoryStore(StoreBase):
         # Kept up to date by _put/_drop so admission and stats never scan every job.
         self._by_state: dict[str, int] = dict.fromkeys(State.ALL, 0)
         self._waiting_by_key: dict[str, int] = {}
+        self._running_by_key: dict[str, int] = {}
 
     def take_ownership(self) -> None:
         pass  # one process is the whole store
@@ -62,12 +63,16 @@ class MemoryStore(StoreBase):
     # --- helpers (lock held) -------------------------------------------------------------
     def _count(self, job: Job, delta: int) -> None:
         self._by_state[job.state] += delta
-        if job.key is not None and job.state in _WAITING:
-            n = self._waiting_by_key.get(job.key, 0) + delta
+        if job.key is None:
+            return
+        per_key = (self._waiting_by_key if job.state in _WAITING
+                   else self._running_by_key if job.state == State.RUNNING else None)
+        if per_key is not None:
+            n = per_key.get(job.key, 0) + delta
             if n:
-                self._waiting_by_key[job.key] = n
+                per_key[job.key] = n
             else:
-                self._waiting_by_key.pop(job.key, None)
+                per_key.pop(job.key, None)
 
     def _drop(self, job: Job) -> None:
         self._count(job, -1)
@@ -160,7 +165,7 @@ class MemoryStore(StoreBase):
         out: list[Job] = []
         passed_over: list[tuple[int, float, int]] = []
         with self._lock:
-            busy = {j.key for j in self._jobs.values() if j.state == State.RUNNING and j.key is not None}
+            busy = set(self._running_by_key)  # kept by _count: no scan of every job per claim
             busy |= {name for kind, name in self._pauses if kind == "key"}
             paused_funcs = {name for kind, name in self._pauses if kind == "func"}
             while self._queued and len(out) < limit:
