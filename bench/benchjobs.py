@@ -12,3 +12,20 @@ def append_byte(path):
     """Append one byte to `path`: a visible trace that the job ran."""
     with open(path, "ab") as f:
         f.write(b".")
+
+
+def append_line(path, line):
+    """Append one line (a token) to `path`; one write on an O_APPEND file, so lines from
+    concurrent workers never interleave."""
+    with open(path, "a") as f:
+        f.write(f"{line}\n")
+
+
+def record_latency(path, sent_at):
+    """Append, as one line, the seconds from `sent_at` (the client's time.time() just before
+    it sent the job) to now, when the job starts."""
+    import time
+
+    started = time.time()
+    with open(path, "a") as f:
+        f.write(f"{started - sent_at!r}\n")

@@ -3,7 +3,8 @@
     python bench/probes.py KIND [options]      # prints one JSON object on the last stdout line
 
 Standard library only at import time, so the same file runs under this project's Python
-(queickd's client) and under the peer virtualenv's Python (Queick 1.2.1's client). Each
+(queickd's client), under the peer virtualenv's Python (Queick 1.2.1's client) and under
+the huey virtualenv's Python (huey 3.5.4, which enqueues straight into its SQLite file). Each
 kind imports its client lazily. Every loop is bounded by a count and, where the count
 could take long, by a deadline as well.
 """
@@ -11,7 +12,9 @@ could take long, by a deadline as well.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import resource
 import socket
@@ -125,6 +128,194 @@ def queick_fill(a: argparse.Namespace) -> dict[str, Any]:
     return {"n": a.n, "seconds": elapsed, "rate": a.n / elapsed}
 
 
+# --- huey 3.5.4 (run under the huey virtualenv's Python) -------------------------------------
+def _huey_tasks(a: argparse.Namespace) -> Any:
+    """The hueyjobs module run.py wrote into the run's temp dir (the SqliteHuey instance and
+    its tasks); the probe runs with that dir as its cwd."""
+    sys.path.insert(0, os.path.abspath(a.dir))
+    import hueyjobs  # type: ignore[import-not-found]
+
+    return hueyjobs
+
+
+# --- end to end: N jobs that each append one byte, until the file holds N bytes ---------------
+def _wait_size(path: str, n: int, deadline: float) -> int:
+    """Poll path's size every 2 ms until it reaches n bytes or the deadline passes."""
+    size = 0
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError):
+            size = os.path.getsize(path)
+        if size >= n:
+            return size
+        time.sleep(0.002)
+    raise SystemExit(f"only {size} of {n} bytes in {path} before the deadline")
+
+
+def _e2e(a: argparse.Namespace, send_all: Any) -> dict[str, Any]:
+    path = os.path.join(os.path.abspath(a.dir), "e2e.out")
+    deadline = time.monotonic() + a.max_seconds
+    cpu0, t0 = _cpu_seconds(), time.perf_counter()
+    send_all(path)
+    t_sent = time.perf_counter()
+    cpu = _cpu_seconds() - cpu0
+    _wait_size(path, a.n, deadline)
+    elapsed = time.perf_counter() - t0
+    time.sleep(0.2)  # anything running twice would show up as extra bytes
+    final = os.path.getsize(path)
+    return {"n": a.n, "seconds": elapsed, "rate": a.n / elapsed, "enqueue_seconds": t_sent - t0,
+            "client_cpu_s": cpu, "final_bytes": final}
+
+
+def queickd_e2e(a: argparse.Namespace) -> dict[str, Any]:
+    from queickd import JobQueue
+
+    q = JobQueue("127.0.0.1", a.port, timeout=CLIENT_TIMEOUT)
+    q.stats()
+    last: list[int] = []
+
+    def send_all(path: str) -> None:
+        for start in range(0, a.n, a.chunk):
+            size = min(a.chunk, a.n - start)
+            last[:] = q.enqueue_many([JobQueue.job(benchjobs.append_byte, (path,)) for _ in range(size)])[-1:]
+
+    out = _e2e(a, send_all)
+    job = q.wait(last[0], timeout=30.0)
+    out["last_job_state"] = job["state"]
+    out["counts"] = q.stats()["counts"]
+    q.close()
+    return out
+
+
+def queick_e2e(a: argparse.Namespace) -> dict[str, Any]:
+    socket.setdefaulttimeout(CLIENT_TIMEOUT)
+    q = _queick_client()
+
+    def send_all(path: str) -> None:
+        for _ in range(a.n):
+            reply = q.enqueue(benchjobs.append_byte, args=(path,))
+            if not (reply and reply.get("success")):
+                raise SystemExit(f"Queick refused a job: {reply}")
+
+    return _e2e(a, send_all)
+
+
+def huey_e2e(a: argparse.Namespace) -> dict[str, Any]:
+    tasks = _huey_tasks(a)
+
+    def send_all(path: str) -> None:
+        for _ in range(a.n):
+            tasks.append_byte(path)
+
+    return _e2e(a, send_all)
+
+
+# --- enqueue -> start latency: single jobs at a fixed interval ---------------------------------
+def _latency(a: argparse.Namespace, send: Any) -> dict[str, Any]:
+    """send(path, sent_at) enqueues benchjobs.record_latency(path, sent_at), which appends
+    time.time() - sent_at when the job starts. One job every --interval seconds."""
+    path = os.path.join(os.path.abspath(a.dir), "latency.out")
+    t0 = time.monotonic()
+    for i in range(a.n):
+        pause = t0 + i * a.interval - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        send(path, time.time())
+    deadline = time.monotonic() + 30.0
+    lines: list[str] = []
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError), open(path) as f:
+            lines = [ln for ln in f.read().splitlines() if ln.strip()]
+        if len(lines) >= a.n:
+            break
+        time.sleep(0.01)
+    if len(lines) < a.n:
+        raise SystemExit(f"only {len(lines)} of {a.n} latency jobs ran within 30 s of the last enqueue")
+    ms = sorted(float(x) * 1000.0 for x in lines)
+
+    def pct(p: float) -> float:  # nearest rank
+        return ms[min(len(ms), max(1, math.ceil(p / 100.0 * len(ms)))) - 1]
+
+    return {"n": len(ms), "p50_ms": pct(50), "p90_ms": pct(90), "p99_ms": pct(99), "max_ms": ms[-1],
+            "min_ms": ms[0], "samples_ms": ms}
+
+
+def queickd_latency(a: argparse.Namespace) -> dict[str, Any]:
+    from queickd import JobQueue
+
+    q = JobQueue("127.0.0.1", a.port, timeout=CLIENT_TIMEOUT)
+    q.stats()
+    out = _latency(a, lambda path, sent_at: q.enqueue(benchjobs.record_latency, args=(path, sent_at)))
+    q.close()
+    return out
+
+
+def queick_latency(a: argparse.Namespace) -> dict[str, Any]:
+    socket.setdefaulttimeout(CLIENT_TIMEOUT)
+    q = _queick_client()
+
+    def send(path: str, sent_at: float) -> None:
+        reply = q.enqueue(benchjobs.record_latency, args=(path, sent_at))
+        if not (reply and reply.get("success")):
+            raise SystemExit(f"Queick refused a job: {reply}")
+
+    return _latency(a, send)
+
+
+def huey_latency(a: argparse.Namespace) -> dict[str, Any]:
+    tasks = _huey_tasks(a)
+    return _latency(a, lambda path, sent_at: tasks.record_latency(path, sent_at))
+
+
+# --- kill -9 under load: the client side ------------------------------------------------------
+def _crash_client(a: argparse.Namespace, send: Any, errors: tuple[type[BaseException], ...]) -> dict[str, Any]:
+    """Enqueue benchjobs.append_line(out, token) one at a time; after each acknowledgement
+    append the token to acked.txt (flushed, so run.py can count). Stops at the first failed
+    request (the daemon was killed), when run.py creates the file `stop`, at --n tokens or
+    at --max-seconds."""
+    d = os.path.abspath(a.dir)
+    out, stop = os.path.join(d, "tokens.out"), os.path.join(d, "stop")
+    acked, failure = 0, None
+    deadline = time.monotonic() + a.max_seconds
+    with open(os.path.join(d, "acked.txt"), "a", buffering=1) as f:
+        for i in range(a.n):
+            if os.path.exists(stop) or time.monotonic() > deadline:
+                break
+            token = f"t{i}"
+            try:
+                send(out, token)
+            except errors as e:
+                failure = f"{type(e).__name__}: {e}"
+                break
+            f.write(token + "\n")
+            acked += 1
+    return {"acked": acked, "stopped_by": failure or "stop file / limit"}
+
+
+def queickd_crash(a: argparse.Namespace) -> dict[str, Any]:
+    from queickd import JobQueue
+
+    q = JobQueue("127.0.0.1", a.port, timeout=10.0)
+    q.stats()
+    return _crash_client(a, lambda out, tok: q.enqueue(benchjobs.append_line, args=(out, tok)), (Exception,))
+
+
+def queick_crash(a: argparse.Namespace) -> dict[str, Any]:
+    socket.setdefaulttimeout(10.0)
+    q = _queick_client()
+
+    def send(out: str, tok: str) -> None:
+        reply = q.enqueue(benchjobs.append_line, args=(out, tok))
+        if not (reply and reply.get("success")):
+            raise RuntimeError(f"Queick refused a job: {reply}")
+
+    return _crash_client(a, send, (Exception,))
+
+
+def huey_crash(a: argparse.Namespace) -> dict[str, Any]:
+    tasks = _huey_tasks(a)
+    return _crash_client(a, lambda out, tok: tasks.append_line(out, tok), (Exception,))
+
+
 # --- the machine's raw limits ----------------------------------------------------------------
 def sqlite_commits(a: argparse.Namespace) -> dict[str, Any]:
     """Commits/s into a WAL database at the given synchronous level, k rows per commit."""
@@ -202,6 +393,15 @@ KINDS = {
     "queickd-fill": queickd_fill,
     "queick-enqueue": queick_enqueue,
     "queick-fill": queick_fill,
+    "queickd-e2e": queickd_e2e,
+    "queick-e2e": queick_e2e,
+    "huey-e2e": huey_e2e,
+    "queickd-latency": queickd_latency,
+    "queick-latency": queick_latency,
+    "huey-latency": huey_latency,
+    "queickd-crash": queickd_crash,
+    "queick-crash": queick_crash,
+    "huey-crash": huey_crash,
     "sqlite-commits": sqlite_commits,
     "tcp-echo-server": tcp_echo_server,
     "tcp-rtt": tcp_rtt,
@@ -223,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-commits", type=int, default=200_000)
     p.add_argument("--max-trips", type=int, default=2_000_000)
     p.add_argument("--max-seconds", type=float, default=600.0)
+    p.add_argument("--interval", type=float, default=0.05, help="seconds between latency jobs")
     a = p.parse_args(argv)
     _emit(KINDS[a.kind](a))
     return 0

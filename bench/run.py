@@ -1,5 +1,6 @@
 """queickd against the original Queick 1.2.1: enqueue rate, memory and disk per queued job,
-and the machine's raw limits for context.
+end-to-end rate, enqueue->start latency, idle cost and kill -9 recovery (the last four also
+against huey 3.5.4 with SqliteHuey), and the machine's raw limits for context.
 
     python -m bench.run                    # 3 rounds of everything (the 1M-job run takes minutes)
     python -m bench.run --quick            # a fast smoke run: fewer jobs, one round, no 1M run
@@ -16,6 +17,8 @@ VENV is --peer-venv, else $BENCH_QUEICK_VENV, else bench/.bench-cache/queick-ven
 by git). An existing venv is reused when its `queick` package reports version 1.2.1. The
 Queick server is started as VENV/bin/queick (an absolute path, never via PATH) and its
 client runs under VENV/bin/python; queickd runs as `python -m queickd` under this Python.
+huey 3.5.4 gets its own virtualenv the same way (--huey-venv, else $BENCH_HUEY_VENV, else
+bench/.bench-cache/huey-venv); see HueyConsumer.
 
 Every target runs in a fresh process with a fresh temp data dir; targets alternate
 (A B C A B C ...) over the rounds. Only loopback addresses are used. Every process this
@@ -61,6 +64,9 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 QUEICKD_SQLITE = "queickd sqlite/full"
 QUEICKD_MEMORY = "queickd memory"
 QUEICK = f"Queick {QUEICK_VERSION}"
+HUEY_VERSION = "3.5.4"
+HUEY = f"huey {HUEY_VERSION} SqliteHuey"
+HUEY_STARTED = re.compile(r"Huey consumer started")
 
 
 def log(msg: str) -> None:
@@ -148,6 +154,23 @@ def proc_cpu(pid: int) -> float:
     """User + system CPU seconds a process has used so far."""
     f = _stat_fields(pid)
     return 0.0 if f is None else (int(f[11]) + int(f[12])) / CLK_TCK
+
+
+def proc_ctx_switches(pid: int) -> int:
+    """Voluntary + involuntary context switches of every thread of a process, so far."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                        total += int(line.split(":")[1])
+    return total
+
+
+def group_usage(pgid: int) -> dict[int, tuple[float, int]]:
+    """(CPU seconds, context switches) of every live process in a process group."""
+    return {p: (proc_cpu(p), proc_ctx_switches(p)) for p in group_pids(pgid)}
 
 
 class LineWaiter:
@@ -294,7 +317,9 @@ class QueickServer:
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> QueickServer:
-        wait_port_free(QUEICK_PORT, timeout=15.0)
+        # 75 s: after a kill -9 the kernel may hold 127.0.0.1:9999 in TIME_WAIT for 60 s, and
+        # Queick binds without SO_REUSEADDR
+        wait_port_free(QUEICK_PORT, timeout=75.0)
         shutil.copy(JOBS_FILE, self.data_dir / "benchjobs.py")
         with open(self.data_dir / "queick.log", "wb") as logf:
             self.proc = _spawn([str(self.venv / "bin" / "queick")], cwd=self.data_dir, stdout=logf,
@@ -334,7 +359,10 @@ class QueickServer:
         deadline = time.monotonic() + 10.0
         while group_pids(pgid) and time.monotonic() < deadline:  # the forked receiver
             time.sleep(0.02)
-        wait_port_free(QUEICK_PORT, timeout=10.0)
+        try:
+            wait_port_free(QUEICK_PORT, timeout=75.0)
+        except RuntimeError:  # the next start waits (and fails) if it is still taken
+            log(f"127.0.0.1:{QUEICK_PORT} still taken 75 s after Queick stopped")
 
     def pids(self) -> list[int]:
         assert self.proc is not None
@@ -351,6 +379,72 @@ class QueickServer:
             return (self.data_dir / "queick.log").read_text(errors="replace").count("ERROR")
         except OSError:
             return 0
+
+
+HUEY_MODULE = '''"""Written by bench/run.py: the SqliteHuey instance and the bench tasks."""
+from huey import SqliteHuey
+
+import benchjobs
+
+# fsync=True: synchronous=FULL on every connection (commits survive power loss, like queickd
+# --durability full). This is also SQLite's usual compiled-in default, which huey keeps.
+huey = SqliteHuey("bench", filename={db!r}, fsync=True)
+
+
+@huey.task()
+def append_byte(path):
+    benchjobs.append_byte(path)
+
+
+@huey.task()
+def append_line(path, line):
+    benchjobs.append_line(path, line)
+
+
+@huey.task()
+def record_latency(path, sent_at):
+    benchjobs.record_latency(path, sent_at)
+'''
+
+
+class HueyConsumer:
+    """huey 3.5.4's consumer, `VENV/bin/huey_consumer hueyjobs.huey -w 4 -k thread`, in
+    data_dir, which holds hueyjobs.py (written here: the SqliteHuey instance on
+    data_dir/huey.db and its tasks) and a copy of benchjobs.py. huey has no server: clients
+    insert tasks into the SQLite file themselves and the consumer's workers poll it.
+    Readiness: the consumer's `Huey consumer started` log line."""
+
+    def __init__(self, venv: Path, data_dir: Path, workers: int = 4) -> None:
+        self.venv = venv
+        self.data_dir = data_dir
+        self.db_path = data_dir / "huey.db"
+        self.workers = workers
+        self.proc: subprocess.Popen | None = None
+        self.out: LineWaiter | None = None
+
+    def __enter__(self) -> HueyConsumer:
+        shutil.copy(JOBS_FILE, self.data_dir / "benchjobs.py")
+        (self.data_dir / "hueyjobs.py").write_text(HUEY_MODULE.format(db=str(self.db_path)))
+        cmd = [str(self.venv / "bin" / "huey_consumer"), "hueyjobs.huey", "-w", str(self.workers), "-k", "thread"]
+        self.proc = _spawn(cmd, cwd=self.data_dir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           env=_clean_env())
+        try:
+            self.out = LineWaiter(self.proc)
+            self.out.wait_for(HUEY_STARTED, timeout=30.0)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            _kill_group(self.proc)
+            _reap(self.proc)
+
+    def pending(self) -> int:
+        """Tasks still in huey's queue table (a task leaves it when a worker dequeues it)."""
+        with contextlib.closing(sqlite3.connect(self.db_path, timeout=10.0)) as c:
+            return c.execute("SELECT count(*) FROM task").fetchone()[0]
 
 
 def run_probe(python: str | Path, kind: str, *args: str, cwd: Path | None = None,
@@ -374,25 +468,36 @@ def run_probe(python: str | Path, kind: str, *args: str, cwd: Path | None = None
 
 
 # --- the peer's virtualenv -------------------------------------------------------------------
-def ensure_peer_venv(venv: Path) -> Path:
-    """Create (or reuse) a virtualenv holding Queick 1.2.1; returns its python."""
+def _ensure_venv(venv: Path, package: str, version: str, script: str) -> Path:
+    """Create (or reuse) a virtualenv holding package==version (with its console script
+    `script`); returns its python."""
     py = venv / "bin" / "python"
-    check = [str(py), "-c", "import importlib.metadata as m; print(m.version('queick'))"]
-    if py.exists() and (venv / "bin" / "queick").exists():
+    check = [str(py), "-c", f"import importlib.metadata as m; print(m.version({package!r}))"]
+    if py.exists() and (venv / "bin" / script).exists():
         r = subprocess.run(check, capture_output=True, text=True, timeout=60, env=_clean_env())
-        if r.returncode == 0 and r.stdout.strip() == QUEICK_VERSION:
+        if r.returncode == 0 and r.stdout.strip() == version:
             return py
-        log(f"{venv} does not hold queick {QUEICK_VERSION}; recreating it")
+        log(f"{venv} does not hold {package} {version}; recreating it")
         shutil.rmtree(venv)
-    log(f"creating the peer venv {venv} (queick=={QUEICK_VERSION})")
+    log(f"creating the venv {venv} ({package}=={version})")
     venv.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    f"queick=={QUEICK_VERSION}"], check=True, timeout=600, env=_clean_env())
+                    f"{package}=={version}"], check=True, timeout=600, env=_clean_env())
     r = subprocess.run(check, capture_output=True, text=True, timeout=60, env=_clean_env())
-    if r.returncode != 0 or r.stdout.strip() != QUEICK_VERSION:
-        raise RuntimeError(f"queick {QUEICK_VERSION} did not install into {venv}: {r.stderr}")
+    if r.returncode != 0 or r.stdout.strip() != version:
+        raise RuntimeError(f"{package} {version} did not install into {venv}: {r.stderr}")
     return py
+
+
+def ensure_peer_venv(venv: Path) -> Path:
+    """Create (or reuse) a virtualenv holding Queick 1.2.1; returns its python."""
+    return _ensure_venv(venv, "queick", QUEICK_VERSION, "queick")
+
+
+def ensure_huey_venv(venv: Path) -> Path:
+    """Create (or reuse) a virtualenv holding huey 3.5.4; returns its python."""
+    return _ensure_venv(venv, "huey", HUEY_VERSION, "huey_consumer")
 
 
 # --- results -----------------------------------------------------------------------------------
@@ -460,13 +565,26 @@ class Settings:
     raw_seconds: float
     tmp_root: Path
     venv: Path
+    e2e_jobs: int = 5_000
+    latency_samples: int = 100
+    idle_warmup: float = 90.0
+    idle_seconds: float = 30.0
+    crash_acks: int = 2_000
+    huey_venv: Path = CACHE_DIR / "huey-venv"
     peer_python: Path | None = None
     peer_error: str | None = None
+    huey_python: Path | None = None
+    huey_error: str | None = None
 
     def peer(self) -> Path:
         if self.peer_python is None:
             raise RuntimeError(f"no Queick {QUEICK_VERSION} venv: {self.peer_error}")
         return self.peer_python
+
+    def huey(self) -> Path:
+        if self.huey_python is None:
+            raise RuntimeError(f"no huey {HUEY_VERSION} venv: {self.huey_error}")
+        return self.huey_python
 
 
 def _fresh_dir(s: Settings, name: str) -> tempfile.TemporaryDirectory:
@@ -586,6 +704,195 @@ def run_raw_tcp(s: Settings, res: Results, scenario: str, target: str) -> None:
     res.add(scenario, "round trips/s", target, "trips/s", probe["rate"], higher_is_better=True, raw=probe)
 
 
+# --- end to end, latency, idle, crash: every target runs jobs --------------------------------------
+@dataclass
+class Served:
+    """A started target: how to run its probes and which process group it is."""
+
+    target: str
+    python: Path | str  # the Python its client probes run under
+    kind: str  # probe kind prefix: queickd / queick / huey
+    args: list[str]  # probe arguments that reach it
+    cwd: Path | None  # the probe's working directory
+    pgid: int
+    handle: Any  # QueickdDaemon / QueickServer / HueyConsumer
+
+    def probe(self, what: str, *args: str, timeout: float) -> dict[str, Any]:
+        return run_probe(self.python, f"{self.kind}-{what}", *self.args, *args, cwd=self.cwd, timeout=timeout)
+
+
+@contextlib.contextmanager
+def serve(s: Settings, target: str, d: Path, workers: int = 4) -> Any:
+    """Start target (queickd with `workers` workers, Queick with its defaults, huey's
+    consumer with 4 threads) in data dir d; killed on leaving, on error too."""
+    if target in (QUEICKD_SQLITE, QUEICKD_MEMORY):
+        store = "sqlite" if target == QUEICKD_SQLITE else "memory"
+        with QueickdDaemon(store, d, workers=workers) as daemon:
+            yield Served(target, sys.executable, "queickd", ["--port", str(daemon.port), "--dir", str(d)], None,
+                         daemon.pid, daemon)
+    elif target == QUEICK:
+        python = s.peer()
+        with QueickServer(s.venv, d) as srv:
+            assert srv.proc is not None
+            yield Served(target, python, "queick", ["--dir", str(d)], d, srv.proc.pid, srv)
+    elif target == HUEY:
+        python = s.huey()
+        with HueyConsumer(s.huey_venv, d) as consumer:
+            assert consumer.proc is not None
+            yield Served(target, python, "huey", ["--dir", str(d)], d, consumer.proc.pid, consumer)
+    else:
+        raise ValueError(target)
+
+
+def _group_cpu(pgid: int) -> float:
+    return sum(cpu for cpu, _ in group_usage(pgid).values())
+
+
+def _peer(scenario: str, target: str, label: str) -> tuple[str, str, str] | None:
+    return (scenario, QUEICK, label) if target not in (QUEICK, HUEY) else None
+
+
+def run_e2e(s: Settings, res: Results, scenario: str, target: str) -> None:
+    n = s.e2e_jobs
+    queickd = target in (QUEICKD_SQLITE, QUEICKD_MEMORY)
+    label = f"rate (enqueue_many x{s.chunk})" if queickd else "rate (one at a time)"
+    timeout = 60.0 + n / 20  # 20 jobs/s is far below anything seen; still bounded
+    with _fresh_dir(s, "e2e") as d, serve(s, target, Path(d)) as srv:
+        cpu0 = _group_cpu(srv.pgid)
+        probe = srv.probe("e2e", "--n", str(n), "--chunk", str(s.chunk), "--max-seconds", str(timeout - 10),
+                          timeout=timeout)
+        server_cpu = _group_cpu(srv.pgid) - cpu0
+    if probe["final_bytes"] != n:
+        raise RuntimeError(f"{probe['final_bytes']} bytes for {n} jobs: some job ran twice")
+    total_cpu = server_cpu + probe["client_cpu_s"]
+    res.add(scenario, label, target, "jobs/s", probe["rate"], higher_is_better=True,
+            peer=(scenario, QUEICK, "rate (one at a time)") if queickd else None,
+            raw={**probe, "server_cpu_s": server_cpu})
+    res.add(scenario, "CPU per job (server+client)", target, "µs", total_cpu / n * 1e6, higher_is_better=False,
+            peer=_peer(scenario, target, "CPU per job (server+client)"))
+
+
+def run_latency(s: Settings, res: Results, scenario: str, target: str) -> None:
+    n, interval = s.latency_samples, 0.05
+    with _fresh_dir(s, "latency") as d, serve(s, target, Path(d)) as srv:
+        probe = srv.probe("latency", "--n", str(n), "--interval", str(interval), timeout=90.0 + n * interval)
+    for key in ("p50", "p90", "p99"):
+        label = f"enqueue→start {key}"
+        res.add(scenario, label, target, "ms", probe[f"{key}_ms"], higher_is_better=False,
+                peer=_peer(scenario, target, label), raw=probe if key == "p50" else None)
+
+
+def run_idle(s: Settings, res: Results, scenario: str, target: str) -> None:
+    with _fresh_dir(s, "idle") as d, serve(s, target, Path(d)) as srv:
+        time.sleep(s.idle_warmup)
+        u0, t0 = group_usage(srv.pgid), time.monotonic()
+        time.sleep(s.idle_seconds)
+        u1, t1 = group_usage(srv.pgid), time.monotonic()
+    per_min = 60.0 / (t1 - t0)
+    # processes present at both samples (a process that came or went in between is left out
+    # and counted in the raw data)
+    both = set(u0) & set(u1)
+    cpu = sum(u1[p][0] - u0[p][0] for p in both)
+    cs = sum(u1[p][1] - u0[p][1] for p in both)
+    raw = {"warmup_s": s.idle_warmup, "measured_s": t1 - t0, "processes": sorted(both),
+           "appeared_or_left": sorted(set(u0) ^ set(u1)), "cpu_s": cpu, "ctx_switches": cs}
+    res.add(scenario, "CPU", target, "ms/min", cpu * 1000 * per_min, higher_is_better=False,
+            peer=_peer(scenario, target, "CPU"), raw=raw)
+    res.add(scenario, "context switches", target, "/min", cs * per_min, higher_is_better=False,
+            peer=_peer(scenario, target, "context switches"))
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return f.read().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def _queue_empty(srv: Served) -> bool:
+    """Nothing waiting or running, as far as the target can tell (Queick: nothing to ask)."""
+    if srv.target == QUEICK:
+        return True
+    if srv.target == HUEY:
+        return srv.handle.pending() == 0
+    from queickd import JobQueue
+
+    with JobQueue("127.0.0.1", srv.handle.port, timeout=10.0) as q:
+        counts = q.stats()["counts"]
+    return not any(counts.get(k, 0) for k in ("queued", "running", "scheduled", "waiting_network"))
+
+
+def run_crash(s: Settings, res: Results, scenario: str, target: str) -> None:
+    """A client enqueues append_line(tokens.out, token) one at a time and logs each ack;
+    after s.crash_acks acks the target's whole process group gets SIGKILL; it restarts on
+    the same data dir and drains; then acknowledged tokens never run and tokens run more
+    than once are counted."""
+    with _fresh_dir(s, "crash") as tmp:
+        d = Path(tmp)
+        acked_file, out_file = d / "acked.txt", d / "tokens.out"
+        with serve(s, target, d) as srv:
+            client = _spawn([str(srv.python), str(PROBES), f"{srv.kind}-crash", *srv.args, "--n", "1000000",
+                             "--max-seconds", "300"], cwd=srv.cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_clean_env())
+            try:
+                deadline = time.monotonic() + 240.0
+                while _count_lines(acked_file) < s.crash_acks:
+                    if client.poll() is not None:
+                        raise RuntimeError(f"crash client exited early:\n{client.communicate()[1][-2000:]}")
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"fewer than {s.crash_acks} acks in 240 s")
+                    time.sleep(0.005)
+                _kill_group(srv.handle.proc)  # kill -9: the daemon and anything it forked
+                t_kill = time.monotonic()
+                (d / "stop").touch()  # huey's client writes to the file itself: stop it too
+                out, err = client.communicate(timeout=30.0)
+            finally:
+                _kill_group(client)
+                _reap(client)
+            if client.returncode != 0:
+                raise RuntimeError(f"crash client failed with {client.returncode}:\n{err[-2000:]}")
+            probe = json.loads([ln for ln in out.splitlines() if ln.strip()][-1])
+            _reap(srv.handle.proc)
+            # Queick's forked receiver must be gone (and 9999 free) before the restart
+            if target == QUEICK:
+                srv.handle.__exit__()
+        ran_before_restart = _count_lines(out_file)
+        with serve(s, target, d) as srv2:
+            t_up = time.monotonic()
+            acked = acked_file.read_text().split()
+            want = set(acked)
+            deadline, last_size, stable_since = time.monotonic() + 120.0, -1, time.monotonic()
+            while time.monotonic() < deadline:
+                text = out_file.read_text() if out_file.exists() else ""
+                if want <= set(text.split()):
+                    break
+                if len(text) != last_size:
+                    last_size, stable_since = len(text), time.monotonic()
+                elif time.monotonic() - stable_since > 3.0 and _queue_empty(srv2):
+                    break
+                time.sleep(0.05)
+            else:
+                raise TimeoutError("the queue did not drain within 120 s of the restart")
+            drained = time.monotonic() - t_up
+    ran = text.split()
+    counts: dict[str, int] = {}
+    for tok in ran:
+        counts[tok] = counts.get(tok, 0) + 1
+    lost = [t for t in acked if t not in counts]
+    dup = [t for t, c in counts.items() if c > 1]
+    raw = {**probe, "acked": len(acked), "lines_run": len(ran), "ran_before_restart": ran_before_restart,
+           "lost": len(lost), "lost_sample": lost[:20], "run_twice_or_more": len(dup), "dup_sample": dup[:20],
+           "ran_unacked": len(set(counts) - want), "restart_to_drained_s": drained,
+           "kill_to_restart_s": t_up - t_kill}
+    res.add(scenario, "acknowledged before kill", target, "jobs", len(acked), higher_is_better=True, raw=raw)
+    res.add(scenario, "acknowledged, never ran", target, "jobs", len(lost), higher_is_better=False,
+            peer=_peer(scenario, target, "acknowledged, never ran"))
+    res.add(scenario, "ran more than once", target, "jobs", len(dup), higher_is_better=False,
+            peer=_peer(scenario, target, "ran more than once"))
+    res.add(scenario, "restart to drained", target, "s", drained, higher_is_better=False)
+
+
 @dataclass
 class Scenario:
     name: str
@@ -593,6 +900,7 @@ class Scenario:
     targets: list[str]
     run: Callable[[Settings, Results, str, str], None]
     needs_peer: bool = False
+    needs_huey: bool = False
 
 
 def scenarios(s: Settings) -> list[Scenario]:
@@ -613,6 +921,17 @@ def scenarios(s: Settings) -> list[Scenario]:
 
         out.append(Scenario(name, f"memory/disk, {n:,} far-future jobs", targets, run,
                             needs_peer=QUEICK in targets))
+    all4 = [QUEICKD_SQLITE, QUEICKD_MEMORY, QUEICK, HUEY]
+    out += [
+        Scenario("e2e", f"end to end, {s.e2e_jobs:,} append-byte jobs, 4 workers", all4, run_e2e,
+                 needs_peer=True, needs_huey=True),
+        Scenario("latency", f"enqueue→start, {s.latency_samples} single jobs 50 ms apart", all4, run_latency,
+                 needs_peer=True, needs_huey=True),
+        Scenario("idle", f"idle, {s.idle_seconds:g} s after {s.idle_warmup:g} s warm-up",
+                 [QUEICKD_SQLITE, QUEICK, HUEY], run_idle, needs_peer=True, needs_huey=True),
+        Scenario("crash", f"kill -9 after {s.crash_acks:,} acks, restart", [QUEICKD_SQLITE, QUEICK, HUEY],
+                 run_crash, needs_peer=True, needs_huey=True),
+    ]
     out.append(Scenario("raw-sqlite", "raw: sqlite3 commits", list(RAW_SQLITE), run_raw_sqlite))
     out.append(Scenario("raw-tcp", "raw: TCP request/response", [RAW_TCP], run_raw_tcp))
     return out
@@ -659,7 +978,7 @@ def machine_info(s: Settings) -> dict[str, Any]:
     return {
         "nproc": os.cpu_count(), "cpu": cpu, "mem_total": mem, "kernel": platform.release(),
         "python": platform.python_version(), "sqlite": sqlite3.sqlite_version, "queickd": qv,
-        "queick": QUEICK_VERSION, "tmp_dir": str(s.tmp_root), "tmp_fs": _fs_type(s.tmp_root.resolve()),
+        "queick": QUEICK_VERSION, "huey": HUEY_VERSION, "tmp_dir": str(s.tmp_root), "tmp_fs": _fs_type(s.tmp_root.resolve()),
         "loadavg_start": os.getloadavg(),
     }
 
@@ -677,8 +996,8 @@ def render(res: Results, order: list[Scenario], info: dict[str, Any], s: Setting
         f"queickd {info['queickd']} vs Queick {QUEICK_VERSION}: {s.rounds} round(s)"
         f"{' (--quick)' if s.quick else ''}; {info['nproc']} CPUs ({info['cpu']}), {info['mem_total']} RAM,"
         f" Python {info['python']}, SQLite {info['sqlite']}, temp dirs on {info['tmp_fs']}",
-        "ratio = queickd median / peer median (for rates >1 means queickd is faster; for sizes and CPU <1"
-        " means queickd uses less). * = compared with Queick one-at-a-time, its only enqueue mode.",
+        "ratio = queickd median / peer median (for rates >1 means queickd is faster; for sizes, CPU, latency"
+        " and counts <1 means queickd uses less). * = compared with Queick one-at-a-time, its only enqueue mode.",
         "",
     ]
     rows: list[tuple[str, ...]] = []
@@ -759,6 +1078,19 @@ def _context_lines(res: Results) -> list[str]:
     raw100 = med("raw-sqlite", "WAL sync=FULL, 100 rows/commit", "rows/s")
     if many and raw100:
         out.append(f"queickd sqlite/full enqueue_many = {many / raw100:.0%} of raw FULL 100-row-batch rows/s")
+    e2e_q = next((m.label for m in res.metrics.values() if m.scenario == "e2e" and m.target == QUEICKD_SQLITE
+                  and m.label.startswith("rate")), "")
+    for scenario, label_q, label_h, what in (
+        ("e2e", e2e_q, "rate (one at a time)", "e2e rate"),
+        ("e2e", "CPU per job (server+client)", "CPU per job (server+client)", "e2e CPU per job"),
+        ("latency", "enqueue→start p50", "enqueue→start p50", "latency p50"),
+        ("latency", "enqueue→start p99", "enqueue→start p99", "latency p99"),
+        ("idle", "CPU", "CPU", "idle CPU"),
+        ("idle", "context switches", "context switches", "idle context switches"),
+    ):
+        q, h = med(scenario, QUEICKD_SQLITE, label_q), med(scenario, HUEY, label_h)
+        if q is not None and h:
+            out.append(f"queickd sqlite/full vs huey: {what} {_fmt(q, '')} vs {_fmt(h, '')} = {q / h:.2f}x")
     return out
 
 
@@ -766,6 +1098,8 @@ def to_json(res: Results, info: dict[str, Any], s: Settings, order: list[Scenari
     return {
         "machine": info,
         "settings": {"rounds": s.rounds, "quick": s.quick, "enqueue_jobs": s.enqueue_jobs, "chunk": s.chunk,
+                     "e2e_jobs": s.e2e_jobs, "latency_samples": s.latency_samples, "idle_warmup": s.idle_warmup,
+                     "idle_seconds": s.idle_seconds, "crash_acks": s.crash_acks, "huey_venv": str(s.huey_venv),
                      "memory_sizes": s.memory_sizes, "queick_memory_max": s.queick_memory_max,
                      "raw_seconds": s.raw_seconds, "peer_venv": str(s.venv)},
         "scenarios": [{"name": sc.name, "title": sc.title, "targets": sc.targets} for sc in order],
@@ -788,11 +1122,13 @@ def build_parser() -> argparse.ArgumentParser:
         "job) and measure the machine's raw SQLite and loopback TCP limits. Targets alternate over "
         "the rounds, each in a fresh process and temp dir.",
         epilog="Scenarios: enqueue-single, enqueue-pipelined, enqueue-many, memory-100k, memory-1m, "
-        "raw-sqlite, raw-tcp. The Queick venv is created on first use (see the top of bench/run.py).",
+        "e2e, latency, idle, crash, raw-sqlite, raw-tcp. The Queick and huey venvs are created on first "
+        "use (see the top of bench/run.py).",
     )
     p.add_argument("--rounds", type=int, default=None, help="rounds per scenario (default: 3; 1 with --quick)")
     p.add_argument("--quick", action="store_true",
-                   help="fast smoke run: 2,000 jobs per enqueue run, no 1M memory run, 0.5 s raw runs")
+                   help="fast smoke run: 2,000 jobs per enqueue run, no 1M memory run, 0.5 s raw runs, "
+                   "1,000 e2e jobs, 20 latency samples, 10 s + 10 s idle, 500 acks before the crash")
     p.add_argument("--only", metavar="SCENARIO", help="run only these scenarios (names or prefixes, comma-separated)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     p.add_argument("--jobs", type=int, default=None, help="jobs per enqueue run (default: 20,000; 2,000 with --quick)")
@@ -801,6 +1137,15 @@ def build_parser() -> argparse.ArgumentParser:
                    default=Path(os.environ.get("BENCH_QUEICK_VENV", CACHE_DIR / "queick-venv")),
                    help="virtualenv holding Queick 1.2.1, created if missing [env BENCH_QUEICK_VENV] "
                    "(default: bench/.bench-cache/queick-venv)")
+    p.add_argument("--huey-venv", type=Path,
+                   default=Path(os.environ.get("BENCH_HUEY_VENV", CACHE_DIR / "huey-venv")),
+                   help=f"virtualenv holding huey {HUEY_VERSION}, created if missing [env BENCH_HUEY_VENV] "
+                   "(default: bench/.bench-cache/huey-venv)")
+    p.add_argument("--e2e-jobs", type=int, default=None, help="jobs per e2e run (default: 5,000; 1,000 with --quick)")
+    p.add_argument("--idle-warmup", type=float, default=None,
+                   help="seconds an idle target runs before measuring (default: 90; 10 with --quick)")
+    p.add_argument("--idle-seconds", type=float, default=None,
+                   help="seconds the idle cost is measured over (default: 30; 10 with --quick)")
     p.add_argument("--tmp-dir", type=Path, default=Path(tempfile.gettempdir()),
                    help="where the fresh per-run data dirs go; put it on the disk you care about "
                    "(default: %(default)s)")
@@ -813,10 +1158,16 @@ def main(argv: list[str] | None = None) -> int:
     rounds = a.rounds if a.rounds is not None else (1 if a.quick else 3)
     if rounds < 1 or (a.jobs is not None and a.jobs < 1) or not 1 <= a.chunk <= 10_000:
         raise SystemExit("bench: --rounds and --jobs must be positive, --chunk 1-10000")
+    if (a.e2e_jobs is not None and a.e2e_jobs < 1) or (a.idle_warmup or 0) < 0 or (a.idle_seconds or 1) <= 0:
+        raise SystemExit("bench: --e2e-jobs and --idle-seconds must be positive, --idle-warmup not negative")
     s = Settings(
         rounds=rounds, quick=a.quick, enqueue_jobs=a.jobs or (2_000 if a.quick else 20_000), chunk=a.chunk,
         memory_sizes=[100_000] if a.quick else [100_000, 1_000_000], queick_memory_max=100_000,
         raw_seconds=0.5 if a.quick else 2.0, tmp_root=a.tmp_dir.resolve(), venv=a.peer_venv.resolve(),
+        e2e_jobs=a.e2e_jobs or (1_000 if a.quick else 5_000), latency_samples=20 if a.quick else 100,
+        idle_warmup=a.idle_warmup if a.idle_warmup is not None else (10.0 if a.quick else 90.0),
+        idle_seconds=a.idle_seconds or (10.0 if a.quick else 30.0), crash_acks=500 if a.quick else 2_000,
+        huey_venv=a.huey_venv.resolve(),
     )
     order = select(scenarios(s), a.only)
     if a.list:
@@ -838,6 +1189,12 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # no registry, no venv module, ...: Queick's rows fail
                 s.peer_error = f"{type(e).__name__}: {e}"
                 log(f"cannot prepare the Queick venv ({s.peer_error}); its runs will fail")
+        if any(sc.needs_huey for sc in order):
+            try:
+                s.huey_python = ensure_huey_venv(s.huey_venv)
+            except Exception as e:
+                s.huey_error = f"{type(e).__name__}: {e}"
+                log(f"cannot prepare the huey venv ({s.huey_error}); its runs will fail")
         for sc in order:
             for r in range(s.rounds):
                 for target in sc.targets:
@@ -871,6 +1228,30 @@ def main(argv: list[str] | None = None) -> int:
         if not s.quick and "memory-1m" in names:
             res.notes.append("memory-1m: Queick skipped at 1,000,000 jobs (one TCP connection per job, "
                              "~10 minutes per round here; it is not durable either).")
+    if "e2e" in names:
+        res.notes.append(f"e2e: every target runs its jobs with 4 workers (Queick: its defaults); queickd gets "
+                         f"the jobs with enqueue_many in chunks of {s.chunk}, Queick one TCP connection per job, "
+                         "huey one task call (one SQLite insert by the client) per job. Timed from the first "
+                         "enqueue until the output file holds N bytes; CPU is the daemon's process group plus "
+                         "the client's (huey's client does the enqueue work itself).")
+    if "latency" in names:
+        res.notes.append("latency: the job itself appends time.time() - sent_at when it starts, so import and "
+                         "dispatch costs count. huey's workers poll SQLite with a backoff (0.1 s growing x1.15 "
+                         "per empty poll, up to 10 s), so its latency depends on its polling, not on a wake-up.")
+    if "idle" in names:
+        res.notes.append("idle: utime+stime from /proc/PID/stat and voluntary+involuntary context switches "
+                         "over /proc/PID/task/*/status, summed over the process group; clock ticks are 10 ms, "
+                         "so small CPU figures are coarse.")
+    if "crash" in names:
+        res.notes.append("crash: SIGKILL to the whole process group mid-load, restart on the same data (queickd "
+                         "--store file, huey's SQLite file; Queick has nothing to restart from, so every job it "
+                         "had not run yet is gone). 'never ran' counts acknowledged tokens absent after the "
+                         "drain; 'ran more than once' counts tokens written twice or more (queickd re-runs jobs "
+                         "that were running when killed: at least once; huey deletes a task from its table "
+                         "before running it: at most once).")
+    if any(n in names for n in ("e2e", "latency", "idle", "crash")):
+        res.notes.append(f"huey rows ({HUEY}) carry no ratio: the ratio column compares with Queick; see "
+                         "context for queickd vs huey.")
     res.notes.append("Queick keeps every job in RAM and loses them on exit: it is not durable. queickd "
                      "sqlite/full acknowledges a job only after its transaction is fsync'd.")
     text = render(res, order, info, s)
