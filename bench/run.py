@@ -209,7 +209,18 @@ class LineWaiter:
         return "".join(self.lines[-n:])
 
 
-class QueickdDaemon:
+class _ProcessGroup:
+    """A target started with _spawn in its own process group; leaving the `with` kills it."""
+
+    proc: subprocess.Popen | None = None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            _kill_group(self.proc)
+            _reap(self.proc)
+
+
+class QueickdDaemon(_ProcessGroup):
     """`python -m queickd run` on a free loopback port, with a store in data_dir."""
 
     def __init__(self, store: str, data_dir: Path, workers: int, durability: str = "full") -> None:
@@ -238,11 +249,6 @@ class QueickdDaemon:
             self.__exit__()
             raise
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None:
-            _kill_group(self.proc)
-            _reap(self.proc)
 
     @property
     def pid(self) -> int:
@@ -407,7 +413,7 @@ def record_latency(path, sent_at):
 '''
 
 
-class HueyConsumer:
+class HueyConsumer(_ProcessGroup):
     """huey 3.5.4's consumer, `VENV/bin/huey_consumer hueyjobs.huey -w 4 -k thread`, in
     data_dir, which holds hueyjobs.py (written here: the SqliteHuey instance on
     data_dir/huey.db and its tasks) and a copy of benchjobs.py. huey has no server: clients
@@ -435,11 +441,6 @@ class HueyConsumer:
             self.__exit__()
             raise
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None:
-            _kill_group(self.proc)
-            _reap(self.proc)
 
     def pending(self) -> int:
         """Tasks still in huey's queue table (a task leaves it when a worker dequeues it)."""
