@@ -6,14 +6,19 @@ next transaction takes them all (up to max_batch jobs). Admission (caps, conflic
 decided per request inside that transaction. An ack is released only after the
 transaction holding it has committed, so durability costs one fsync per batch, not one
 per job.
+
+A small request that finds nothing committing and nothing waiting may be committed by
+its submitter's own thread (`inline=True`): a lone client then pays no thread hand-off
+on its way to the disk and back. Order is kept: an inline commit never overtakes a
+request that was queued before it, and nothing queued commits beside it.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from .job import NewJob, Submitted
@@ -44,7 +49,9 @@ class SubmitBatcher:
         self._on_committed = on_committed
         self._clock = clock
         self._max_batch = max_batch
-        self._q: queue.SimpleQueue[tuple[Requests, Done] | None] = queue.SimpleQueue()
+        self._pending: deque[tuple[Requests, Done]] = deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._committing = False  # a transaction is being written (by either path)
         self._thread: threading.Thread | None = None
         self._closed = False
         self.commits = 0  # transactions written; with `jobs`, shows the batching at work
@@ -56,49 +63,64 @@ class SubmitBatcher:
             self._thread = threading.Thread(target=self._loop, name="queickd-committer", daemon=True)
             self._thread.start()
 
-    def submit(self, requests: Requests, done: Done) -> None:
+    def submit(self, requests: Requests, done: Done, *, inline: bool = False) -> None:
         """Queue requests (each a list of jobs, admitted all or nothing) for the next commit.
-        `done` is called once, from the committer thread, with one answer per request (its
-        Submitted list, or its Refusal), or with the exception that kept them all out."""
-        if self._closed:
+        `done` is called once with one answer per request (its Submitted list, or its
+        Refusal), or with the exception that kept them all out: from the committer thread,
+        or, with `inline` and an idle committer, from this thread before submit returns."""
+        with self._cond:
+            closed = self._closed
+            if not closed:
+                if not (inline and not self._committing and not self._pending):
+                    self._pending.append((requests, done))
+                    self._cond.notify()
+                    return
+                self._committing = True
+        if closed:
             done(QueueError(Code.INTERNAL, "the daemon is shutting down"))
             return
-        self._q.put((requests, done))
+        try:
+            self._commit([(requests, done)])
+        finally:
+            with self._cond:
+                self._committing = False
+                self._cond.notify()
 
     def stop(self) -> None:
         """Commit what is already queued, then stop. Idempotent; safe before start()."""
-        self._closed = True
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
         if self._thread is not None:
-            self._q.put(None)
             self._thread.join()
+        else:
+            self._refuse_pending()
 
     def _loop(self) -> None:
-        stop = False
-        while not stop:
-            item = self._q.get()
-            if item is None:
-                break
-            batch = [item]
-            size = sum(len(r) for r in item[0])
-            while size < self._max_batch:
-                try:
-                    item = self._q.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    stop = True
-                    break
-                batch.append(item)
-                size += sum(len(r) for r in item[0])
-            self._commit(batch)
-        # Anything that raced in after stop was decided: refuse it explicitly.
         while True:
+            with self._cond:
+                while self._committing or not self._pending:
+                    if self._closed and not self._pending:
+                        return
+                    self._cond.wait()
+                batch = [self._pending.popleft()]
+                size = sum(len(r) for r in batch[0][0])
+                while self._pending and size < self._max_batch:
+                    item = self._pending.popleft()
+                    batch.append(item)
+                    size += sum(len(r) for r in item[0])
+                self._committing = True
             try:
-                item = self._q.get_nowait()
-            except queue.Empty:
-                return
-            if item is not None:
-                item[1](QueueError(Code.INTERNAL, "the daemon is shutting down"))
+                self._commit(batch)
+            finally:
+                with self._cond:
+                    self._committing = False
+
+    def _refuse_pending(self) -> None:
+        with self._cond:
+            left, self._pending = list(self._pending), deque()
+        for _, done in left:
+            done(QueueError(Code.INTERNAL, "the daemon is shutting down"))
 
     def _commit(self, batch: list[tuple[Requests, Done]]) -> None:
         try:

@@ -1,0 +1,79 @@
+"""The group committer: who commits a request, in what order, and what stop() leaves."""
+
+import threading
+
+from store_contract import job
+
+from queickd.batcher import SubmitBatcher
+from queickd.job import Submitted
+from queickd.protocol import QueueError
+from queickd.store.memory import MemoryStore
+
+
+class HeldStore(MemoryStore):
+    """A real memory store whose first commit waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.first = True
+
+    def submit_requests(self, requests, now, admission):
+        if self.first:
+            self.first = False
+            self.entered.set()
+            assert self.release.wait(10)
+        return super().submit_requests(requests, now, admission)
+
+
+def test_a_lone_inline_request_is_committed_by_its_submitter_before_submit_returns():
+    b = SubmitBatcher(MemoryStore())  # no committer thread started at all
+    got = []
+    b.submit([[job()]], lambda a: got.append((threading.get_ident(), a)), inline=True)
+    assert len(got) == 1
+    thread, answers = got[0]
+    assert thread == threading.get_ident()
+    assert isinstance(answers[0][0], Submitted)
+
+
+def test_an_inline_request_never_overtakes_one_queued_before_it():
+    store = HeldStore()
+    b = SubmitBatcher(store)
+    b.start()
+    order, both = [], threading.Event()
+
+    def done(name):
+        def f(answers):
+            order.append((name, answers[0][0].job_id))
+            if len(order) == 2:
+                both.set()
+        return f
+
+    b.submit([[job()]], done("queued"))
+    assert store.entered.wait(10)  # the committer is writing "queued" and holds it there
+    b.submit([[job()]], done("inline"), inline=True)
+    assert order == []  # it waited its turn instead of committing beside the first
+    store.release.set()
+    assert both.wait(10)
+    b.stop()
+    assert [n for n, _ in order] == ["queued", "inline"]
+    assert order[0][1] < order[1][1]
+
+
+def test_stop_commits_what_was_queued_and_refuses_what_comes_after():
+    store = HeldStore()
+    b = SubmitBatcher(store)
+    b.start()
+    answers = []
+    b.submit([[job()]], answers.append)
+    assert store.entered.wait(10)
+    b.submit([[job()]], answers.append)  # queued behind the held commit
+    stopper = threading.Thread(target=b.stop)
+    stopper.start()
+    store.release.set()
+    stopper.join(10)
+    assert not stopper.is_alive()
+    b.submit([[job()]], answers.append, inline=True)
+    assert [type(a[0][0]) for a in answers[:2]] == [Submitted, Submitted]
+    assert isinstance(answers[2], QueueError)
