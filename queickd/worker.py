@@ -2,8 +2,8 @@
 
 One dispatcher thread owns every store call of the pool: it applies finished outcomes in
 one batch, then claims at most as many jobs as there are free workers (never more, so a
-job is never held in memory waiting for a thread). Worker threads of a fixed
-ThreadPoolExecutor only import and call job functions. The dispatcher sleeps until woken
+job is never held in memory waiting for a thread). A fixed set of worker threads, fed
+through one queue, only import and call job functions. The dispatcher sleeps until woken
 (a new job, a freed worker, a promotion), with one long safety sweep; it never polls.
 """
 
@@ -14,7 +14,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 from . import fate
 from .job import Job, Outcome, State
@@ -65,7 +64,10 @@ class WorkerPool:
         self._stopping = False
         self._idle = threading.Event()  # set when stopping and nothing is running
         self._thread: threading.Thread | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        # Claimed jobs for the worker threads; None tells one thread to exit. Plain threads
+        # on a SimpleQueue: a ThreadPoolExecutor's Future per job costs more than a no-op job.
+        self._runq: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
         self.completed = 0  # counters written by the dispatcher only
         self.failed = 0
 
@@ -77,8 +79,10 @@ class WorkerPool:
     def start(self) -> None:
         if self._thread is not None:
             return
-        if self.workers:
-            self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="queickd-job")
+        for i in range(self.workers):
+            t = threading.Thread(target=self._work, name=f"queickd-job-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
         self._thread = threading.Thread(target=self._loop, name="queickd-dispatcher", daemon=True)
         self._thread.start()
 
@@ -106,8 +110,8 @@ class WorkerPool:
         self.stop_claiming()
         finished = self._idle.wait(timeout)
         self._thread.join(1.0 if finished else 0.1)
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        for _ in self._threads:  # threads still in a job exit when it ends
+            self._runq.put(None)
         return finished
 
     # --- dispatcher thread ------------------------------------------------------------------
@@ -138,7 +142,7 @@ class WorkerPool:
                     self._after_finish(finished, report)
                 for job in claimed:
                     self._busy += 1
-                    self._executor.submit(self._run, job)  # type: ignore[union-attr]
+                    self._runq.put(job)
                 if claimed:
                     self._on_claimed(claimed)
                 if self._stopping and self._busy == 0:
@@ -181,6 +185,10 @@ class WorkerPool:
         self._on_finished(finished)
 
     # --- worker threads ---------------------------------------------------------------------
+    def _work(self) -> None:
+        while (job := self._runq.get()) is not None:
+            self._run(job)
+
     def _run(self, job: Job) -> None:
         try:
             try:

@@ -360,7 +360,7 @@ class SQLiteStore(StoreBase):
             paused_funcs = {n for k, n in paused if k == "func"}
             busy |= {n for k, n in paused if k == "key"}
             chosen: list[int] = []
-            offset, page = 0, max(64, limit * 4)
+            offset, page = 0, max(16, limit * 2)
             while len(chosen) < limit:
                 rows = c.execute(
                     "SELECT id, key, func, retry_on_network FROM jobs INDEXED BY jobs_queued"
@@ -417,6 +417,13 @@ class SQLiteStore(StoreBase):
         with self._write(bookkeeping=True) as c:
             # Usually nothing is failing: then a success has no streak to reset.
             any_streak = c.execute("SELECT EXISTS (SELECT 1 FROM streaks)").fetchone()[0]
+            if not any_streak and all(o.state == State.SUCCEEDED for o in outcomes):
+                # The steady state: successes with no streak to reset need no RETURNING.
+                cur = c.executemany(
+                    "UPDATE jobs SET state = 'succeeded', result = ?, error = NULL, finished_at = ?"
+                    " WHERE id = ? AND state = 'running'",
+                    [(None if o.result is None else _dumps(o.result), now, o.job_id) for o in outcomes])
+                return Finished(cur.rowcount, [])
             for o in outcomes:
                 row = c.execute(
                     "UPDATE jobs SET state = ?1, run_at = coalesce(?2, run_at), result = ?3, error = ?4,"
