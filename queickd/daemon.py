@@ -217,7 +217,7 @@ class Daemon:
         if later:
             self.scheduler.wake_at(min(later))
         if any(s.state == State.QUEUED and not s.duplicate for s in submitted):
-            self.pool.wake()
+            self.pool.dispatch_now()  # the committing thread claims: one hand-off fewer
 
     def _on_finished(self, outcomes: list[Outcome]) -> None:
         retries = [o.run_at for o in outcomes if o.state == State.SCHEDULED and o.run_at is not None]

@@ -185,6 +185,7 @@ class _Connection(asyncio.Protocol):
         def done(result: Any) -> None:  # this thread (inline commit) or the committer's
             if threading.get_ident() == here:
                 _resolve(fut, result)
+                self._pump()  # the ack leaves now, before the post-commit work (the claim)
             else:
                 loop.call_soon_threadsafe(_resolve, fut, result)
 
