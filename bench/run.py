@@ -617,7 +617,7 @@ class Settings:
     crash_acks: int = 2_000
     huey_venv: Path = CACHE_DIR / "huey-venv"
     # memory-* runs with more jobs leave huey out: its fill is one fsync'd commit per task and its
-    # consumer then moves each task to its schedule table, ~4 minutes per 100,000 here
+    # consumer then moves each task to its schedule table, 4-6 minutes per 100,000 here
     huey_memory_max: int = 100_000
     peer_python: Path | None = None
     peer_error: str | None = None
@@ -1370,7 +1370,7 @@ def main(argv: list[str] | None = None) -> int:
             res.notes.append("memory-1m: Queick skipped at 1,000,000 jobs (one TCP connection per job, "
                              "~10 minutes per round here; it is not durable either). huey skipped too: one "
                              "fsync'd commit per task plus its consumer's move of each task to the schedule table "
-                             "took about 4 minutes for 100,000 tasks here, so about 40 minutes per round.")
+                             "took 4 to 6 minutes for 100,000 tasks here, so most of an hour per round.")
     if "e2e" in names:
         res.notes.append(f"e2e: every target runs its jobs with 4 workers (Queick: its defaults); queickd gets "
                          f"the jobs with enqueue_many in chunks of {s.chunk}, Queick one TCP connection per job, "
