@@ -138,6 +138,42 @@ def _huey_tasks(a: argparse.Namespace) -> Any:
     return hueyjobs
 
 
+def huey_enqueue(a: argparse.Namespace) -> dict[str, Any]:
+    """N no-op tasks, one task call at a time: each call is one fsync'd insert into the SQLite
+    file, done by this process (huey has no server). No consumer runs meanwhile."""
+    tasks = _huey_tasks(a)
+    tasks.huey.pending_count()  # open the connection and set its pragmas outside the timed part
+    cpu0, t0 = _cpu_seconds(), time.perf_counter()
+    for _ in range(a.n):
+        tasks.noop()
+    elapsed = time.perf_counter() - t0
+    cpu = _cpu_seconds() - cpu0
+    pending = tasks.huey.pending_count()
+    if pending != a.n:
+        raise SystemExit(f"expected {a.n} tasks in huey's queue, it holds {pending}")
+    return {"n": a.n, "seconds": elapsed, "rate": a.n / elapsed, "client_cpu_s": cpu, "pending": pending}
+
+
+def huey_fill(a: argparse.Namespace) -> dict[str, Any]:
+    """N far-future tasks with task.schedule(delay=...), one at a time: huey has no batch
+    enqueue, and each call commits on its own (`begin exclusive`), so calls cannot share a
+    transaction. Progress goes to stderr about every 10 s."""
+    tasks = _huey_tasks(a)
+    tasks.huey.pending_count()
+    t0 = time.perf_counter()
+    deadline, next_report = time.monotonic() + a.max_seconds, time.monotonic() + 10.0
+    for i in range(a.n):
+        tasks.noop.schedule(delay=a.delay)
+        now = time.monotonic()
+        if now > deadline:
+            raise SystemExit(f"gave up after {i + 1} of {a.n} tasks: over {a.max_seconds:.0f} s")
+        if now > next_report:
+            print(f"huey-fill: {i + 1:,} of {a.n:,} tasks scheduled", file=sys.stderr, flush=True)
+            next_report = now + 10.0
+    elapsed = time.perf_counter() - t0
+    return {"n": a.n, "seconds": elapsed, "rate": a.n / elapsed}
+
+
 # --- end to end: N jobs that each append one byte, until the file holds N bytes ---------------
 def _wait_size(path: str, n: int, deadline: float) -> int:
     """Poll path's size every 2 ms until it reaches n bytes or the deadline passes."""
@@ -393,6 +429,8 @@ KINDS = {
     "queickd-fill": queickd_fill,
     "queick-enqueue": queick_enqueue,
     "queick-fill": queick_fill,
+    "huey-enqueue": huey_enqueue,
+    "huey-fill": huey_fill,
     "queickd-e2e": queickd_e2e,
     "queick-e2e": queick_e2e,
     "huey-e2e": huey_e2e,

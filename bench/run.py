@@ -1,6 +1,6 @@
-"""queickd against the original Queick 1.2.1: enqueue rate, memory and disk per queued job,
-end-to-end rate, enqueue->start latency, idle cost and kill -9 recovery (the last four also
-against huey 3.5.4 with SqliteHuey), and the machine's raw limits for context.
+"""queickd against the original Queick 1.2.1 and huey 3.5.4 (SqliteHuey): enqueue rate,
+memory and disk per queued job, end-to-end rate, enqueue->start latency, idle cost and
+kill -9 recovery, and the machine's raw limits for context.
 
     python -m bench.run                    # 3 rounds of everything (the 1M-job run takes minutes)
     python -m bench.run --quick            # a fast smoke run: fewer jobs, one round, no 1M run
@@ -214,6 +214,10 @@ class _ProcessGroup:
 
     proc: subprocess.Popen | None = None
 
+    def pids(self) -> list[int]:
+        assert self.proc is not None
+        return group_pids(self.proc.pid)
+
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
             _kill_group(self.proc)
@@ -269,11 +273,7 @@ class QueickdDaemon(_ProcessGroup):
         return time.perf_counter() - t0
 
     def store_bytes(self) -> dict[str, int]:
-        out = {}
-        for suffix in ("", "-wal", "-shm"):
-            p = Path(f"{self.db_path}{suffix}")
-            out["db" + suffix] = p.stat().st_size if p.exists() else 0
-        return out
+        return sqlite_files(self.db_path)
 
 
 def port_free(port: int) -> bool:
@@ -398,6 +398,11 @@ huey = SqliteHuey("bench", filename={db!r}, fsync=True)
 
 
 @huey.task()
+def noop():
+    benchjobs.noop()
+
+
+@huey.task()
 def append_byte(path):
     benchjobs.append_byte(path)
 
@@ -413,10 +418,35 @@ def record_latency(path, sent_at):
 '''
 
 
+def write_huey_app(data_dir: Path) -> Path:
+    """Write hueyjobs.py (the SqliteHuey instance on data_dir/huey.db and its tasks) and a
+    copy of benchjobs.py into data_dir, where huey's consumer and client probes import them.
+    Returns the database path."""
+    db_path = data_dir / "huey.db"
+    shutil.copy(JOBS_FILE, data_dir / "benchjobs.py")
+    (data_dir / "hueyjobs.py").write_text(HUEY_MODULE.format(db=str(db_path)))
+    return db_path
+
+
+def huey_table_counts(db_path: Path) -> dict[str, int]:
+    """Rows in huey's queue table (`task`: enqueued, not yet dequeued by a worker) and in its
+    `schedule` table (future tasks a worker dequeued and set aside)."""
+    with contextlib.closing(sqlite3.connect(db_path, timeout=10.0)) as c:
+        return {t: c.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("task", "schedule")}
+
+
+def sqlite_files(db_path: Path) -> dict[str, int]:
+    """Sizes of a SQLite database and its -wal and -shm files (0 when absent), in bytes."""
+    out = {}
+    for suffix in ("", "-wal", "-shm"):
+        p = Path(f"{db_path}{suffix}")
+        out["db" + suffix] = p.stat().st_size if p.exists() else 0
+    return out
+
+
 class HueyConsumer(_ProcessGroup):
     """huey 3.5.4's consumer, `VENV/bin/huey_consumer hueyjobs.huey -w 4 -k thread`, in
-    data_dir, which holds hueyjobs.py (written here: the SqliteHuey instance on
-    data_dir/huey.db and its tasks) and a copy of benchjobs.py. huey has no server: clients
+    data_dir, which holds the files write_huey_app writes. huey has no server: clients
     insert tasks into the SQLite file themselves and the consumer's workers poll it.
     Readiness: the consumer's `Huey consumer started` log line."""
 
@@ -429,8 +459,7 @@ class HueyConsumer(_ProcessGroup):
         self.out: LineWaiter | None = None
 
     def __enter__(self) -> HueyConsumer:
-        shutil.copy(JOBS_FILE, self.data_dir / "benchjobs.py")
-        (self.data_dir / "hueyjobs.py").write_text(HUEY_MODULE.format(db=str(self.db_path)))
+        self.db_path = write_huey_app(self.data_dir)
         cmd = [str(self.venv / "bin" / "huey_consumer"), "hueyjobs.huey", "-w", str(self.workers), "-k", "thread"]
         self.proc = _spawn(cmd, cwd=self.data_dir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                            env=_clean_env())
@@ -444,15 +473,29 @@ class HueyConsumer(_ProcessGroup):
 
     def pending(self) -> int:
         """Tasks still in huey's queue table (a task leaves it when a worker dequeues it)."""
-        with contextlib.closing(sqlite3.connect(self.db_path, timeout=10.0)) as c:
-            return c.execute("SELECT count(*) FROM task").fetchone()[0]
+        return huey_table_counts(self.db_path)["task"]
+
+    def stop(self, timeout: float = 60.0) -> float:
+        """Graceful stop (SIGINT: workers finish, the storage connection is closed). Returns
+        seconds taken."""
+        assert self.proc is not None
+        t0 = time.perf_counter()
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"huey's consumer did not stop within {timeout} s") from None
+        return time.perf_counter() - t0
 
 
 def run_probe(python: str | Path, kind: str, *args: str, cwd: Path | None = None,
-              timeout: float = 600.0) -> dict[str, Any]:
-    """Run one measurement in a fresh process; returns its JSON result."""
+              timeout: float = 600.0, progress: bool = False) -> dict[str, Any]:
+    """Run one measurement in a fresh process; returns its JSON result. With progress=True
+    the probe's stderr (its progress lines, and a traceback on failure) goes straight to
+    this script's stderr instead of into the error message."""
     cmd = [str(python), str(PROBES), kind, *args]
-    proc = _spawn(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_clean_env())
+    proc = _spawn(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True,
+                  env=_clean_env())
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -460,6 +503,7 @@ def run_probe(python: str | Path, kind: str, *args: str, cwd: Path | None = None
     finally:
         _kill_group(proc)
         _reap(proc)
+    err = err or ""
     if proc.returncode != 0:
         raise RuntimeError(f"probe {kind} failed with {proc.returncode}:\n{(out + err)[-3000:]}")
     lines = [line for line in out.splitlines() if line.strip()]
@@ -572,6 +616,9 @@ class Settings:
     idle_seconds: float = 30.0
     crash_acks: int = 2_000
     huey_venv: Path = CACHE_DIR / "huey-venv"
+    # memory-* runs with more jobs leave huey out: its fill is one fsync'd commit per task and its
+    # consumer then moves each task to its schedule table, 4-6 minutes per 100,000 here
+    huey_memory_max: int = 100_000
     peer_python: Path | None = None
     peer_error: str | None = None
     huey_python: Path | None = None
@@ -593,17 +640,21 @@ def _fresh_dir(s: Settings, name: str) -> tempfile.TemporaryDirectory:
 
 
 def _enqueue_metrics(res: Results, scenario: str, target: str, n: int, probe: dict[str, Any],
-                     server_cpu: float) -> None:
-    peer = ("enqueue-single", QUEICK, "enqueue rate") if target != QUEICK else None
+                     server_cpu: float | None) -> None:
+    """server_cpu is None for huey: it has no server, and its consumer does not run while its
+    enqueues are measured."""
+
+    def peer(label: str) -> tuple[str, str, str] | None:
+        return ("enqueue-single", QUEICK, label) if target not in (QUEICK, HUEY) else None
+
     res.add(scenario, "enqueue rate", target, "jobs/s", probe["rate"], higher_is_better=True,
-            peer=peer, raw={**probe, "server_cpu_s": server_cpu})
-    cpu_peer = ("enqueue-single", QUEICK, "server CPU per job") if target != QUEICK else None
-    res.add(scenario, "server CPU per job", target, "µs", server_cpu / n * 1e6, higher_is_better=False,
-            peer=cpu_peer)
+            peer=peer("enqueue rate"), raw={**probe, "server_cpu_s": server_cpu})
+    if server_cpu is not None:
+        res.add(scenario, "server CPU per job", target, "µs", server_cpu / n * 1e6, higher_is_better=False,
+                peer=peer("server CPU per job"))
     if "client_cpu_s" in probe:
-        cl_peer = ("enqueue-single", QUEICK, "client CPU per job") if target != QUEICK else None
         res.add(scenario, "client CPU per job", target, "µs", probe["client_cpu_s"] / n * 1e6,
-                higher_is_better=False, peer=cl_peer)
+                higher_is_better=False, peer=peer("client CPU per job"))
 
 
 def run_enqueue(s: Settings, res: Results, scenario: str, target: str) -> None:
@@ -619,6 +670,14 @@ def run_enqueue(s: Settings, res: Results, scenario: str, target: str) -> None:
             probe["job_errors_logged"] = srv.job_errors()
         _enqueue_metrics(res, scenario, target, n, probe, cpu)
         return
+    if target == HUEY:
+        # No consumer: like queickd's --workers 0, nothing dequeues while enqueues are measured.
+        huey_python = s.huey()
+        with _fresh_dir(s, "huey") as d:
+            write_huey_app(Path(d))
+            probe = run_probe(huey_python, "huey-enqueue", "--n", str(n), "--dir", d, cwd=Path(d), timeout=timeout)
+        _enqueue_metrics(res, scenario, target, n, probe, None)
+        return
     store = "sqlite" if target == QUEICKD_SQLITE else "memory"
     mode = scenario.removeprefix("enqueue-")
     with _fresh_dir(s, store) as d, QueickdDaemon(store, Path(d), workers=0) as daemon:
@@ -633,7 +692,7 @@ def run_memory(s: Settings, res: Results, scenario: str, target: str, n: int) ->
     mib = 1024 * 1024
 
     def peer_of(label: str) -> tuple[str, str, str] | None:
-        return (scenario, QUEICK, label) if target != QUEICK and n <= s.queick_memory_max else None
+        return (scenario, QUEICK, label) if target not in (QUEICK, HUEY) and n <= s.queick_memory_max else None
 
     if target == QUEICK:
         peer_python = s.peer()
@@ -647,6 +706,8 @@ def run_memory(s: Settings, res: Results, scenario: str, target: str, n: int) ->
         hwm1 = sum(v["VmHWM"] for v in after.values())
         raw = {**probe, "before": before, "after": after, "processes": len(after)}
         store_per_job = None
+    elif target == HUEY:
+        rss0, rss1, hwm1, probe, raw = _huey_memory(s, res, scenario, n)
     else:
         with _fresh_dir(s, "sqlite") as d, QueickdDaemon("sqlite", Path(d), workers=4) as daemon:
             m0 = proc_mem(daemon.pid)
@@ -671,6 +732,63 @@ def run_memory(s: Settings, res: Results, scenario: str, target: str, n: int) ->
             peer=peer_of("RSS growth per job"), raw=raw)
     res.add(scenario, "fill rate", target, "jobs/s", probe["rate"], higher_is_better=True,
             peer=peer_of("fill rate"))
+
+
+def _wait_huey_scheduled(consumer: HueyConsumer, n: int, timeout: float) -> tuple[float, dict[str, int]]:
+    """Wait until huey's consumer has moved all n far-future tasks from its queue table to its
+    schedule table (a worker dequeues each, sees it is not due, and inserts it into
+    `schedule`), logging progress about every 10 s. Returns (seconds waited, table counts)."""
+    t0 = time.monotonic()
+    next_report = t0 + 10.0
+    while True:
+        counts = huey_table_counts(consumer.db_path)
+        if counts["task"] == 0 and counts["schedule"] >= n:
+            return time.monotonic() - t0, counts
+        now = time.monotonic()
+        if now - t0 > timeout:
+            raise TimeoutError(f"huey's consumer had not scheduled {n:,} tasks {timeout:.0f} s after the fill: "
+                               f"{counts}")
+        if consumer.proc is not None and consumer.proc.poll() is not None:
+            raise RuntimeError(f"huey's consumer exited with {consumer.proc.returncode}:\n"
+                               f"{consumer.out.tail() if consumer.out else ''}")
+        if now > next_report:
+            log(f"  huey consumer: {counts['schedule']:,} of {n:,} tasks in its schedule table")
+            next_report = now + 10.0
+        time.sleep(0.5)
+
+
+def _huey_memory(s: Settings, res: Results, scenario: str, n: int) -> tuple[int, int, int, dict[str, Any],
+                                                                              dict[str, Any]]:
+    """huey's part of run_memory: its consumer runs (-w 4 -k thread); a client process calls
+    noop.schedule(delay=FAR_FUTURE) n times; once the consumer has moved them all into its
+    schedule table, the consumer's RSS and the SQLite files are measured, then again after a
+    graceful stop. Adds the store rows; returns (RSS before, RSS after, VmHWM after, probe, raw)."""
+    huey_python = s.huey()
+    fill_max = 120.0 + n / 100  # one fsync'd commit per task; 100 tasks/s is far below anything seen
+    with _fresh_dir(s, "huey") as d, HueyConsumer(s.huey_venv, Path(d)) as consumer:
+        before = {p: proc_mem(p) for p in consumer.pids()}
+        probe = run_probe(huey_python, "huey-fill", "--n", str(n), "--delay", str(FAR_FUTURE), "--dir", d,
+                          "--max-seconds", str(fill_max), cwd=Path(d), timeout=fill_max + 60.0, progress=True)
+        right_after_fill = {p: proc_mem(p) for p in consumer.pids()}
+        drain_s, counts = _wait_huey_scheduled(consumer, n, timeout=120.0 + n / 100)
+        after = {p: proc_mem(p) for p in consumer.pids()}
+        files = sqlite_files(consumer.db_path)
+        with contextlib.closing(sqlite3.connect(consumer.db_path, timeout=10.0)) as c:
+            pages = {k: c.execute(f"PRAGMA {k}").fetchone()[0] for k in ("page_size", "page_count", "freelist_count")}
+        stop_s = consumer.stop()
+        files_stopped = sqlite_files(consumer.db_path)
+    if counts["schedule"] != n:
+        raise RuntimeError(f"{counts['schedule']:,} tasks in huey's schedule table for {n:,} scheduled")
+    store_per_job = (files["db"] + files["db-wal"]) / n
+    res.add(scenario, "store (db+wal) per job", HUEY, "bytes", store_per_job, higher_is_better=False)
+    res.add(scenario, "store per job, after clean stop", HUEY, "bytes",
+            (files_stopped["db"] + files_stopped["db-wal"]) / n, higher_is_better=False)
+    res.add(scenario, "consumer scheduling after the fill", HUEY, "s", drain_s, higher_is_better=False)
+    raw = {**probe, "before": before, "right_after_fill": right_after_fill, "after": after,
+           "processes": len(after), "counts": counts, "files": files, "pages": pages,
+           "files_after_stop": files_stopped, "stop_seconds": stop_s, "scheduling_seconds": drain_s}
+    return (sum(v["VmRSS"] for v in before.values()), sum(v["VmRSS"] for v in after.values()),
+            sum(v["VmHWM"] for v in after.values()), probe, raw)
 
 
 RAW_SQLITE = {
@@ -906,8 +1024,8 @@ class Scenario:
 
 def scenarios(s: Settings) -> list[Scenario]:
     out = [
-        Scenario("enqueue-single", "enqueue, one request at a time", [QUEICKD_SQLITE, QUEICKD_MEMORY, QUEICK],
-                 run_enqueue, needs_peer=True),
+        Scenario("enqueue-single", "enqueue, one request at a time", [QUEICKD_SQLITE, QUEICKD_MEMORY, QUEICK, HUEY],
+                 run_enqueue, needs_peer=True, needs_huey=True),
         Scenario("enqueue-pipelined", f"enqueue_pipelined, chunks of {s.chunk}", [QUEICKD_SQLITE, QUEICKD_MEMORY],
                  run_enqueue),
         Scenario("enqueue-many", f"enqueue_many, chunks of {s.chunk}", [QUEICKD_SQLITE, QUEICKD_MEMORY],
@@ -915,13 +1033,14 @@ def scenarios(s: Settings) -> list[Scenario]:
     ]
     for n in s.memory_sizes:
         name = f"memory-{n // 1000}k" if n < 1_000_000 else f"memory-{n // 1_000_000}m"
-        targets = [QUEICKD_SQLITE] + ([QUEICK] if n <= s.queick_memory_max else [])
+        targets = [QUEICKD_SQLITE] + ([QUEICK] if n <= s.queick_memory_max else []) + \
+            ([HUEY] if n <= s.huey_memory_max else [])
 
         def run(st: Settings, res: Results, scenario: str, target: str, n: int = n) -> None:
             run_memory(st, res, scenario, target, n)
 
         out.append(Scenario(name, f"memory/disk, {n:,} far-future jobs", targets, run,
-                            needs_peer=QUEICK in targets))
+                            needs_peer=QUEICK in targets, needs_huey=HUEY in targets))
     all4 = [QUEICKD_SQLITE, QUEICKD_MEMORY, QUEICK, HUEY]
     out += [
         Scenario("e2e", f"end to end, {s.e2e_jobs:,} append-byte jobs, 4 workers", all4, run_e2e,
@@ -1082,6 +1201,11 @@ def _context_lines(res: Results) -> list[str]:
     e2e_q = next((m.label for m in res.metrics.values() if m.scenario == "e2e" and m.target == QUEICKD_SQLITE
                   and m.label.startswith("rate")), "")
     for scenario, label_q, label_h, what in (
+        ("enqueue-single", "enqueue rate", "enqueue rate", "enqueue rate (one at a time)"),
+        ("memory-100k", "store (db+wal) per job", "store (db+wal) per job", "store (db+wal) per job, 100k"),
+        ("memory-100k", "store per job, after clean stop", "store per job, after clean stop",
+         "store per job after clean stop, 100k"),
+        ("memory-100k", "RSS after", "RSS after", "RSS with 100k scheduled"),
         ("e2e", e2e_q, "rate (one at a time)", "e2e rate"),
         ("e2e", "CPU per job (server+client)", "CPU per job (server+client)", "e2e CPU per job"),
         ("latency", "enqueue→start p50", "enqueue→start p50", "latency p50"),
@@ -1102,6 +1226,7 @@ def to_json(res: Results, info: dict[str, Any], s: Settings, order: list[Scenari
                      "e2e_jobs": s.e2e_jobs, "latency_samples": s.latency_samples, "idle_warmup": s.idle_warmup,
                      "idle_seconds": s.idle_seconds, "crash_acks": s.crash_acks, "huey_venv": str(s.huey_venv),
                      "memory_sizes": s.memory_sizes, "queick_memory_max": s.queick_memory_max,
+                     "huey_memory_max": s.huey_memory_max,
                      "raw_seconds": s.raw_seconds, "peer_venv": str(s.venv)},
         "scenarios": [{"name": sc.name, "title": sc.title, "targets": sc.targets} for sc in order],
         "results": [
@@ -1119,9 +1244,10 @@ def to_json(res: Results, info: dict[str, Any], s: Settings, order: list[Scenari
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench.run",
-        description="Benchmark queickd against Queick 1.2.1 (enqueue rate, memory and disk per queued "
-        "job) and measure the machine's raw SQLite and loopback TCP limits. Targets alternate over "
-        "the rounds, each in a fresh process and temp dir.",
+        description="Benchmark queickd against Queick 1.2.1 and huey 3.5.4 (enqueue rate, memory and "
+        "disk per queued job, end-to-end rate, latency, idle cost, kill -9) and measure the machine's raw "
+        "SQLite and loopback TCP limits. Targets alternate over the rounds, each in a fresh process and "
+        "temp dir.",
         epilog="Scenarios: enqueue-single, enqueue-pipelined, enqueue-many, memory-100k, memory-1m, "
         "e2e, latency, idle, crash, raw-sqlite, raw-tcp. The Queick and huey venvs are created on first "
         "use (see the top of bench/run.py).",
@@ -1220,15 +1346,31 @@ def main(argv: list[str] | None = None) -> int:
         res.notes.append("queickd runs with --workers 0 during enqueue runs, so no job runs while they are "
                          "measured. Queick cannot be stopped from running jobs: its dispatcher process runs "
                          "each no-op (in a new thread pool per job) during its measurement, on the same 2 cores.")
+        res.notes.append("enqueue-single: huey has no server; its client inserts each task into the SQLite file "
+                         "itself (one fsync'd commit per task call), and no huey consumer runs during the "
+                         "measurement (as queickd runs with --workers 0), so huey has no server CPU row and its "
+                         "client CPU is the whole enqueue cost.")
     if any(n.startswith("memory") for n in names):
         res.notes.append("memory: queickd sqlite/full runs with 4 workers (jobs are far-future, none runs); "
                          "RSS is the daemon's. Queick's RSS is the sum over its process group (dispatcher + "
                          "receiver). In Queick 1.2.1 the first far-future job blocks its dispatcher inside "
                          "sched.run() until that job is due, so the later ones wait in the receiver's "
                          "multiprocessing.Queue buffer (and no immediate job would run meanwhile).")
+        if any(HUEY in sc.targets for sc in order if sc.name.startswith("memory")):
+            res.notes.append("memory: huey's consumer runs (-w 4 -k thread) while a client calls "
+                             "noop.schedule(delay=10**7) once per task: huey has no batch enqueue and each call "
+                             "commits on its own. The task lands in huey's queue table; a worker dequeues it, sees "
+                             "it is not due and inserts it into the schedule table. RSS (the consumer's), store "
+                             "bytes and the table counts are read once every task is in the schedule table "
+                             "('consumer scheduling after the fill' is that wait); its fill rate is the client's, "
+                             "with the consumer competing for the database. huey's SQLite connection has an 8 MB "
+                             "page cache (cache_mb=8), a ceiling on its RSS growth. After a clean stop (SIGINT) "
+                             "the last connection closes and SQLite checkpoints and removes the WAL.")
         if not s.quick and "memory-1m" in names:
             res.notes.append("memory-1m: Queick skipped at 1,000,000 jobs (one TCP connection per job, "
-                             "~10 minutes per round here; it is not durable either).")
+                             "~10 minutes per round here; it is not durable either). huey skipped too: one "
+                             "fsync'd commit per task plus its consumer's move of each task to the schedule table "
+                             "took 4 to 6 minutes for 100,000 tasks here, so most of an hour per round.")
     if "e2e" in names:
         res.notes.append(f"e2e: every target runs its jobs with 4 workers (Queick: its defaults); queickd gets "
                          f"the jobs with enqueue_many in chunks of {s.chunk}, Queick one TCP connection per job, "
@@ -1250,7 +1392,7 @@ def main(argv: list[str] | None = None) -> int:
                          "drain; 'ran more than once' counts tokens written twice or more (queickd re-runs jobs "
                          "that were running when killed: at least once; huey deletes a task from its table "
                          "before running it: at most once).")
-    if any(n in names for n in ("e2e", "latency", "idle", "crash")):
+    if any(HUEY in sc.targets for sc in order):
         res.notes.append(f"huey rows ({HUEY}) carry no ratio: the ratio column compares with Queick; see "
                          "context for queickd vs huey.")
     res.notes.append("Queick keeps every job in RAM and loses them on exit: it is not durable. queickd "
