@@ -378,6 +378,30 @@ def sqlite_commits(a: argparse.Namespace) -> dict[str, Any]:
             "rate": commits / elapsed, "rows_per_s": commits * a.rows / elapsed, "sync": a.sync}
 
 
+def sqlite_lone_commits(a: argparse.Namespace) -> dict[str, Any]:
+    """Latency of lone fsync'd commits (WAL, synchronous=FULL, one row), --interval s apart:
+    what one durable ack costs the disk when it is not one of a stream, as in the latency
+    scenario. The floor under queickd's enqueue→start latency at full durability."""
+    path = os.path.join(a.dir, "raw.db")
+    c = sqlite3.connect(path, isolation_level=None)
+    c.execute("PRAGMA journal_mode=WAL")
+    c.execute(f"PRAGMA synchronous={a.sync}")
+    c.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, func TEXT NOT NULL, run_at REAL NOT NULL)")
+    took = []
+    for _ in range(a.n):
+        t0 = time.perf_counter()
+        c.execute("BEGIN IMMEDIATE")
+        c.execute("INSERT INTO t (func, run_at) VALUES (?, ?)", ("benchjobs:noop", 0.0))
+        c.execute("COMMIT")
+        took.append(time.perf_counter() - t0)
+        time.sleep(a.interval)
+    c.close()
+    took.sort()
+    pick = lambda q: took[min(len(took) - 1, int(q * len(took)))] * 1e3  # noqa: E731
+    return {"n": a.n, "interval": a.interval, "sync": a.sync, "p50_ms": pick(0.5), "p90_ms": pick(0.9),
+            "p99_ms": pick(0.99)}
+
+
 def tcp_echo_server(a: argparse.Namespace) -> dict[str, Any]:
     """Serve one connection on loopback: echo every read back. Ends when the client leaves
     or after --max-seconds."""
@@ -441,6 +465,7 @@ KINDS = {
     "queick-crash": queick_crash,
     "huey-crash": huey_crash,
     "sqlite-commits": sqlite_commits,
+    "sqlite-lone-commits": sqlite_lone_commits,
     "tcp-echo-server": tcp_echo_server,
     "tcp-rtt": tcp_rtt,
 }

@@ -63,6 +63,11 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 QUEICKD_SQLITE = "queickd sqlite/full"
 QUEICKD_MEMORY = "queickd memory"
+# Acks after the WAL write, without waiting for its fsync: survives kill -9, not a power cut.
+# Context for the one-at-a-time rows, where a durable ack costs one fsync'd commit.
+QUEICKD_NORMAL = "queickd sqlite/normal"
+QUEICKD_TARGETS = {QUEICKD_SQLITE: ("sqlite", "full"), QUEICKD_NORMAL: ("sqlite", "normal"),
+                   QUEICKD_MEMORY: ("memory", "full")}
 QUEICK = f"Queick {QUEICK_VERSION}"
 HUEY_VERSION = "3.5.4"
 HUEY = f"huey {HUEY_VERSION} SqliteHuey"
@@ -678,9 +683,9 @@ def run_enqueue(s: Settings, res: Results, scenario: str, target: str) -> None:
             probe = run_probe(huey_python, "huey-enqueue", "--n", str(n), "--dir", d, cwd=Path(d), timeout=timeout)
         _enqueue_metrics(res, scenario, target, n, probe, None)
         return
-    store = "sqlite" if target == QUEICKD_SQLITE else "memory"
+    store, durability = QUEICKD_TARGETS[target]
     mode = scenario.removeprefix("enqueue-")
-    with _fresh_dir(s, store) as d, QueickdDaemon(store, Path(d), workers=0) as daemon:
+    with _fresh_dir(s, store) as d, QueickdDaemon(store, Path(d), workers=0, durability=durability) as daemon:
         cpu0 = proc_cpu(daemon.pid)
         probe = run_probe(sys.executable, "queickd-enqueue", "--port", str(daemon.port), "--mode", mode,
                           "--n", str(n), "--chunk", str(s.chunk), timeout=timeout)
@@ -798,6 +803,7 @@ RAW_SQLITE = {
     "WAL sync=NORMAL, 100 rows/commit": ("NORMAL", 100),
 }
 RAW_TCP = "loopback, 1 connection"
+RAW_LONE = "WAL sync=FULL, 1 row, 50 ms apart"
 
 
 def run_raw_sqlite(s: Settings, res: Results, scenario: str, target: str) -> None:
@@ -808,6 +814,15 @@ def run_raw_sqlite(s: Settings, res: Results, scenario: str, target: str) -> Non
     res.add(scenario, "commits/s", target, "commits/s", probe["rate"], higher_is_better=True, raw=probe)
     if rows > 1:
         res.add(scenario, "rows/s", target, "rows/s", probe["rows_per_s"], higher_is_better=True)
+
+
+def run_raw_lone(s: Settings, res: Results, scenario: str, target: str) -> None:
+    with _fresh_dir(s, "sqlite-lone") as d:
+        probe = run_probe(sys.executable, "sqlite-lone-commits", "--dir", d, "--sync", "FULL",
+                          "--n", str(s.latency_samples), "--interval", "0.05", timeout=60.0 + s.latency_samples)
+    for key in ("p50", "p90", "p99"):
+        res.add(scenario, f"lone commit {key}", target, "ms", probe[f"{key}_ms"], higher_is_better=False,
+                raw=probe if key == "p50" else None)
 
 
 def run_raw_tcp(s: Settings, res: Results, scenario: str, target: str) -> None:
@@ -844,9 +859,9 @@ class Served:
 def serve(s: Settings, target: str, d: Path, workers: int = 4) -> Any:
     """Start target (queickd with `workers` workers, Queick with its defaults, huey's
     consumer with 4 threads) in data dir d; killed on leaving, on error too."""
-    if target in (QUEICKD_SQLITE, QUEICKD_MEMORY):
-        store = "sqlite" if target == QUEICKD_SQLITE else "memory"
-        with QueickdDaemon(store, d, workers=workers) as daemon:
+    if target in QUEICKD_TARGETS:
+        store, durability = QUEICKD_TARGETS[target]
+        with QueickdDaemon(store, d, workers=workers, durability=durability) as daemon:
             yield Served(target, sys.executable, "queickd", ["--port", str(daemon.port), "--dir", str(d)], None,
                          daemon.pid, daemon)
     elif target == QUEICK:
@@ -873,7 +888,7 @@ def _peer(scenario: str, target: str, label: str) -> tuple[str, str, str] | None
 
 def run_e2e(s: Settings, res: Results, scenario: str, target: str) -> None:
     n = s.e2e_jobs
-    queickd = target in (QUEICKD_SQLITE, QUEICKD_MEMORY)
+    queickd = target in QUEICKD_TARGETS
     label = f"rate (enqueue_many x{s.chunk})" if queickd else "rate (one at a time)"
     timeout = 60.0 + n / 20  # 20 jobs/s is far below anything seen; still bounded
     with _fresh_dir(s, "e2e") as d, serve(s, target, Path(d)) as srv:
@@ -1024,7 +1039,8 @@ class Scenario:
 
 def scenarios(s: Settings) -> list[Scenario]:
     out = [
-        Scenario("enqueue-single", "enqueue, one request at a time", [QUEICKD_SQLITE, QUEICKD_MEMORY, QUEICK, HUEY],
+        Scenario("enqueue-single", "enqueue, one request at a time",
+                 [QUEICKD_SQLITE, QUEICKD_NORMAL, QUEICKD_MEMORY, QUEICK, HUEY],
                  run_enqueue, needs_peer=True, needs_huey=True),
         Scenario("enqueue-pipelined", f"enqueue_pipelined, chunks of {s.chunk}", [QUEICKD_SQLITE, QUEICKD_MEMORY],
                  run_enqueue),
@@ -1045,7 +1061,8 @@ def scenarios(s: Settings) -> list[Scenario]:
     out += [
         Scenario("e2e", f"end to end, {s.e2e_jobs:,} append-byte jobs, 4 workers", all4, run_e2e,
                  needs_peer=True, needs_huey=True),
-        Scenario("latency", f"enqueue→start, {s.latency_samples} single jobs 50 ms apart", all4, run_latency,
+        Scenario("latency", f"enqueue→start, {s.latency_samples} single jobs 50 ms apart",
+                 [QUEICKD_SQLITE, QUEICKD_NORMAL, QUEICKD_MEMORY, QUEICK, HUEY], run_latency,
                  needs_peer=True, needs_huey=True),
         Scenario("idle", f"idle, {s.idle_seconds:g} s after {s.idle_warmup:g} s warm-up",
                  [QUEICKD_SQLITE, QUEICK, HUEY], run_idle, needs_peer=True, needs_huey=True),
@@ -1053,6 +1070,7 @@ def scenarios(s: Settings) -> list[Scenario]:
                  run_crash, needs_peer=True, needs_huey=True),
     ]
     out.append(Scenario("raw-sqlite", "raw: sqlite3 commits", list(RAW_SQLITE), run_raw_sqlite))
+    out.append(Scenario("raw-lone-commit", "raw: lone fsync'd commit latency", [RAW_LONE], run_raw_lone))
     out.append(Scenario("raw-tcp", "raw: TCP request/response", [RAW_TCP], run_raw_tcp))
     return out
 
@@ -1186,6 +1204,10 @@ def _context_lines(res: Results) -> list[str]:
     if q1 and raw1:
         out.append(f"queickd sqlite/full one-at-a-time enqueue = {q1 / raw1:.0%} of raw FULL 1-row commits/s"
                    " (each lone request is one fsync'd commit)")
+    lat, lone = med("latency", QUEICKD_SQLITE, "enqueue→start p50"), med("raw-lone-commit", RAW_LONE, "lone commit p50")
+    if lat and lone:
+        out.append(f"queickd sqlite/full latency p50 {lat:.1f} ms, of which a lone fsync'd commit alone takes "
+                   f"{lone:.1f} ms (p50) on this disk")
     qm = med("enqueue-single", QUEICKD_MEMORY, "enqueue rate")
     rtt = med("raw-tcp", RAW_TCP, "round trips/s")
     if qm and rtt:
