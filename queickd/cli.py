@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import __version__, log
+from . import __version__, log, statusview
 from . import config as config_file
 from .client import JobQueue
 from .daemon import Config, Daemon
@@ -222,6 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
     _client_flags(stats)
     crons = sub.add_parser("crons", help="list recurring jobs", description="List recurring jobs.")
     _client_flags(crons)
+    status = sub.add_parser("status", help="what the daemon is doing, at a glance",
+                            description="Workers, waiting jobs per key, the oldest wait, pauses, running "
+                            "jobs, dead letters with their errors, the network, and the last hour.")
+    _client_flags(status)
+    top = sub.add_parser("top", help="a live view of 'queick status', redrawn every second",
+                         description="Redraw the status every second until q or Ctrl-C.")
+    _client_flags(top)
     return p
 
 
@@ -346,6 +353,11 @@ def _run_client(a: argparse.Namespace) -> int:
         elif a.command == "stats":
             out = q.stats()
             print(json.dumps(out)) if a.json else _print_stats(out)
+        elif a.command == "status":
+            out = q.stats(detail=True)
+            print(json.dumps(out) if a.json else "\n".join(statusview.lines(out, 200)))
+        elif a.command == "top":
+            return statusview.top(lambda: q.stats(detail=True))
         elif a.command == "crons":
             out = q.crons()
             if a.json:
