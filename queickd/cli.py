@@ -20,6 +20,7 @@ from . import __version__, log, statusview
 from . import config as config_file
 from .client import JobQueue
 from .daemon import Config, Daemon
+from .httpd import DEFAULT_HTTP_PORT
 from .job import State
 from .protocol import QueueError
 from .retry import POLICIES
@@ -89,7 +90,8 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
     _opt(p, "--keep-finished", "how long succeeded and cancelled jobs are kept (e.g. 7d)",
          d.keep_finished, type=duration)
     _opt(p, "--http", "serve webhooks, /metrics, /healthz and the status page on HOST:PORT "
-         "(off by default), e.g. 127.0.0.1:9998", None)
+         f"(off by default; --http alone means 127.0.0.1:{DEFAULT_HTTP_PORT})", None, nargs="?",
+         const=f"127.0.0.1:{DEFAULT_HTTP_PORT}")
     _opt(p, "--accept-queick-clients", "also accept unmodified Queick 1.2.1 clients (pickled "
          "requests, loaded as plain data only) on the TCP port", False, type=_truthy, nargs="?", const=True)
     _opt(p, "--log-level", "log level", "info", choices=log.LEVELS)

@@ -82,7 +82,10 @@ def _no_constant(name: str) -> Any:
 
 def _decode_json(body: bytes) -> Any:
     """Strict JSON (no NaN or Infinity, which could not be stored as JSON)."""
-    value = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
+    text = body.decode("utf-8")
+    value = json.loads(text, parse_constant=_no_constant)
+    if "\\ud" in text.lower():  # a \uD800-\uDFFF escape: is it part of a valid pair?
+        json.dumps(value, ensure_ascii=False).encode("utf-8")  # UnicodeEncodeError is a ValueError
     return value
 
 

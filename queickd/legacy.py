@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import logging
 import pickle
 from typing import TYPE_CHECKING, Any
@@ -62,6 +63,10 @@ def to_request(d: Any) -> dict[str, Any]:
         args = list(args)
     else:
         args = [args]  # Queick passed a lone argument through as it came
+    try:  # pickles carry bytes, sets, NaN...: only what JSON can hold may be stored
+        json.dumps(args, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as e:
+        raise QueueError(Code.BAD_REQUEST, f"args must be JSON data (strings, numbers, lists, dicts): {e}") from None
     req: dict[str, Any] = {"func": d["func_name"], "args": args,
                            "retry_on_network": bool(d.get("retry_on_network_available", False))}
     if d.get("retry"):

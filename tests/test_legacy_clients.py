@@ -143,6 +143,14 @@ def test_an_oversized_queick_request_is_refused(legacy_daemon):
     legacy_daemon.wait_for_line("refused a Queick request .* over")
 
 
+def test_a_queick_request_with_arguments_json_cannot_hold_is_refused(legacy_daemon):
+    reply = legacy_exchange(legacy_daemon.port, pickle.dumps({"func_name": "webjobs.record", "args": (b"raw",)}))
+    assert reply["success"] is False
+    assert "JSON" in reply["error"]
+    with legacy_daemon.client() as q:
+        assert q.jobs() == []
+
+
 def test_queick_requests_are_not_served_unless_enabled(daemon):
     payload = pickle.dumps({"func_name": "webjobs.record", "args": ()}) + b"\n"
     with socket.create_connection(("127.0.0.1", daemon.port), timeout=10) as s:

@@ -77,6 +77,11 @@ def test_body_that_does_not_parse_is_400_and_no_job(web):
         assert q.jobs() == []
 
 
+def test_json_with_a_lone_surrogate_is_400(web):
+    r = web.request("POST", "/hooks/gh", b'{"a": "\\ud800"}', {"Content-Type": "application/json"})
+    assert r.status == 400
+
+
 def test_body_over_the_limit_is_413_decided_from_content_length(start_daemon, tmp_path):
     web = start_web(start_daemon, tmp_path, HOOK + "max_body = 100\n")
     # Announce 10 MB and send none of it: the answer must come without the body being read.
