@@ -217,7 +217,7 @@ class QueueService:
             "network": self.network.snapshot() if self.network is not None else None,
         }
         if req.get("detail"):  # running jobs, dead letters, oldest waits, the last hour
-            reply.update(status.detail(self, now))
+            reply.update(status.detail(self, now, reply["counts"]))
         return reply
 
     def op_cron(self, req: dict[str, Any]) -> dict[str, Any]:

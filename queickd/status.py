@@ -17,7 +17,8 @@ DEAD_SHOWN = 10
 RUNNING_SHOWN = 20
 
 
-def detail(svc: QueueService, now: float) -> dict[str, Any]:
+def detail(svc: QueueService, now: float, counts: dict[str, int]) -> dict[str, Any]:
+    """The extra fields of `stats` with detail=true; `counts` is the reply's jobs by state."""
     store = svc.store
     # Optional store reads: a store without them shows no overall oldest wait.
     oldest_queued = getattr(store, "oldest_queued_at", None)
@@ -38,7 +39,6 @@ def detail(svc: QueueService, now: float) -> dict[str, Any]:
     }
     metrics = getattr(svc, "metrics", None)
     if metrics is not None:
-        counts = store.counts()
         metrics.sample_depth(sum(counts.get(s, 0) for s in State.PENDING))
         out["history"] = metrics.history()
     return out
