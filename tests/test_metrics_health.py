@@ -63,6 +63,14 @@ def test_metrics_show_how_long_the_oldest_job_has_waited(start_daemon, tmp_path)
     assert m[("queickd_jobs", (("state", "queued"),))] == 3
 
 
+def test_metric_labels_carry_any_key_name_intact(start_daemon, tmp_path):
+    web = start_web(start_daemon, tmp_path, workers=0)
+    key = 'door "A"\\1\nnext'
+    with web.daemon.client() as q:
+        q.enqueue("testjobs:noop", key=key)
+    assert scrape(web)[("queickd_key_waiting_jobs", (("key", key),))] == 1
+
+
 def test_metrics_show_the_network_checker_and_its_state(start_daemon, tmp_path):
     web = start_web(start_daemon, tmp_path, "", "--ping-host", "127.0.0.1:1")  # nothing listens on 1
     web.daemon.wait_for_line("network is down")
