@@ -267,6 +267,8 @@ class _Connection(asyncio.Protocol):
     def begin_close(self) -> None:
         """Finish the replies already owed, then close (used at shutdown)."""
         self.closing = True
+        if self.legacy is not None and self.legacy.done:
+            return  # a Queick request being committed: it closes itself after its one reply
         self._pump()
 
 
