@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
-import pty
 import select
+import struct
 import subprocess
 import sys
+import termios
 import time
 
 import pytest
@@ -64,25 +66,25 @@ def test_status_without_a_daemon_says_so_and_exits_1(tmp_path):
 
 
 def test_top_draws_the_status_and_quits_on_q(known):
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: queick top on the pty, as a person would run it
-        os.environ["TERM"] = "xterm"
-        os.execv(sys.executable, [sys.executable, "-m", "queickd", "top", "--port", str(known.port)])
+    # queick top on a terminal of its own (a pty of 40 x 120), as a person would run it
+    fd, tty = os.openpty()
+    fcntl.ioctl(tty, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "queickd", "top", "--port", str(known.port)],
+                            stdin=tty, stdout=tty, stderr=tty, env={**os.environ, "TERM": "xterm"},
+                            start_new_session=True)
+    os.close(tty)
     seen = b""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     try:
         while b"testjobs:gate" not in seen and time.monotonic() < deadline:
             ready, _, _ = select.select([fd], [], [], 1.0)
             if ready:
                 seen += os.read(fd, 65536)
-        assert b"testjobs:gate" in seen and b"q: quit" in seen
+        assert b"testjobs:gate" in seen and b"q: quit" in seen, seen[-3000:]
         os.write(fd, b"q")
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
+        assert proc.wait(30) == 0
     finally:
-        try:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
         os.close(fd)
