@@ -76,7 +76,8 @@ def test_top_draws_the_status_and_quits_on_q(known):
     seen = b""
     deadline = time.monotonic() + 60
     try:
-        while b"testjobs:gate" not in seen and time.monotonic() < deadline:
+        # the whole first frame: the running job, and the footer drawn after everything else
+        while not (b"testjobs:gate" in seen and b"q: quit" in seen) and time.monotonic() < deadline:
             ready, _, _ = select.select([fd], [], [], 1.0)
             if ready:
                 seen += os.read(fd, 65536)
