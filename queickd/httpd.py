@@ -171,7 +171,22 @@ def _error(code: str, message: str) -> dict[str, Any]:
 class _Handler(BaseHTTPRequestHandler):
     server_owner: HttpServer
     server_version = "queickd"
+    protocol_version = "HTTP/1.1"  # keep-alive for senders that reuse connections; every reply has a length
     timeout = 30  # seconds a slow client may hold its thread per read
+
+    def _hook_for(self, path: str) -> hooks_mod.Hook | None:
+        m = _HOOK_PATH.fullmatch(path.split("?", 1)[0])
+        return self.server_owner.hooks.get(m.group(1)) if m else None
+
+    def handle_expect_100(self) -> bool:
+        # "Expect: 100-continue" (curl sends it for bodies over 1 KiB): invite the body only
+        # when it will be read; otherwise do_POST answers at once and the body never comes.
+        hook = self._hook_for(self.path)
+        length = self.headers.get("Content-Length", "")
+        if self.command == "POST" and hook is not None and length.isdigit() and int(length) <= hook.max_body:
+            return super().handle_expect_100()
+        self.close_connection = True
+        return True
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         log.debug("%s %s", self.address_string(), format % args)
@@ -221,7 +236,7 @@ class _Handler(BaseHTTPRequestHandler):
         owner = self.server_owner
         path = self.path.split("?", 1)[0]
         m = _HOOK_PATH.fullmatch(path)
-        hook = owner.hooks.get(m.group(1)) if m else None
+        hook = self._hook_for(path)
         if hook is None:
             self.close_connection = True
             what = f"no hook named {m.group(1)!r}" if m else f"nothing at {path}"

@@ -93,6 +93,26 @@ def test_body_over_the_limit_is_413_decided_from_content_length(start_daemon, tm
     assert web.post_json("/hooks/gh", {"fits": "x" * 50}).status == 202
 
 
+def test_expect_100_continue_invites_a_body_within_the_limit(web):
+    body = b'{"big": "' + b"x" * 2000 + b'"}'
+    with socket.create_connection((web.host, web.port), timeout=10) as s:
+        s.sendall(b"POST /hooks/gh HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body))
+        f = s.makefile("rb")
+        assert f.readline().split()[1] == b"100"
+        assert f.readline() == b"\r\n"
+        s.sendall(body)
+        assert f.readline().split()[1] == b"202"
+
+
+def test_expect_100_continue_over_the_limit_is_answered_413_without_inviting_the_body(start_daemon, tmp_path):
+    web = start_web(start_daemon, tmp_path, HOOK + "max_body = 100\n")
+    with socket.create_connection((web.host, web.port), timeout=10) as s:
+        s.sendall(b"POST /hooks/gh HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Expect: 100-continue\r\nContent-Length: 5000\r\n\r\n")
+        assert s.makefile("rb").readline().split()[1] == b"413"
+
+
 def test_missing_content_length_is_411(web):
     with socket.create_connection((web.host, web.port), timeout=10) as s:
         s.sendall(b"POST /hooks/gh HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\r\n")
