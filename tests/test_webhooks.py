@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import http.client
 import socket
 import time
 
@@ -171,3 +172,14 @@ def test_full_queue_answers_429(start_daemon, tmp_path):
     r = web.post_json("/hooks/gh", {})
     assert r.status == 429
     assert "retry-after" in r.headers
+
+
+def test_daemon_with_http_stops_cleanly_on_sigterm_with_a_connection_open(web):
+    conn = http.client.HTTPConnection(web.host, web.port, timeout=10)
+    conn.request("GET", "/healthz")
+    assert conn.getresponse().read() == b"ok\n"  # the connection stays open (keep-alive)
+    try:
+        assert web.daemon.terminate() == 0
+    finally:
+        conn.close()
+    web.daemon.wait_for_line("stopped")
