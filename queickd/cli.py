@@ -16,9 +16,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import __version__, log
+from . import __version__, log, statusview
+from . import config as config_file
 from .client import JobQueue
 from .daemon import Config, Daemon
+from .httpd import DEFAULT_HTTP_PORT
 from .job import State
 from .protocol import QueueError
 from .retry import POLICIES
@@ -26,7 +28,7 @@ from .retry import POLICIES
 EX_CONFIG = 78
 _DEFAULTS = Config()
 _SUBCOMMANDS = ("run", "enqueue", "jobs", "show", "cancel", "retry", "stats", "crons", "dead", "purge",
-                "resume")
+                "resume", "status", "top")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -87,7 +89,52 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
     _opt(p, "--pause-after", "failed runs in a row that pause a key or function", d.pause_after, type=int)
     _opt(p, "--keep-finished", "how long succeeded and cancelled jobs are kept (e.g. 7d)",
          d.keep_finished, type=duration)
+    _opt(p, "--http", "serve webhooks, /metrics, /healthz and the status page on HOST:PORT "
+         f"(off by default; --http alone means 127.0.0.1:{DEFAULT_HTTP_PORT})", None, nargs="?",
+         const=f"127.0.0.1:{DEFAULT_HTTP_PORT}")
+    _opt(p, "--accept-queick-clients", "also accept unmodified Queick 1.2.1 clients (pickled "
+         "requests, loaded as plain data only) on the TCP port", False, type=_truthy, nargs="?", const=True)
     _opt(p, "--log-level", "log level", "info", choices=log.LEVELS)
+    _opt(p, "--config", "TOML file holding any of these flags (env and command line win over it) "
+         "and [hooks.NAME] webhook tables", None)
+
+
+def _truthy(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("1", "true", "yes", "on"):
+        return True
+    if t in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
+def _with_config_file(p: argparse.ArgumentParser, args: list[str], a: argparse.Namespace) -> argparse.Namespace:
+    """Parse again with the config file's settings as defaults (below env and flags)."""
+    run = next(act for act in p._subparsers._group_actions if act.dest == "command").choices["run"]  # type: ignore[union-attr]
+    dests = {act.dest: act for act in run._actions}
+    values = config_file.load(a.config, dests)
+    defaults: dict[str, Any] = {}
+    for name, v in values.items():
+        if name == "hooks":
+            defaults[name] = v
+            continue
+        act = dests[name]
+        if _env(act.option_strings[0]) is not None:
+            continue  # the environment wins over the file
+        if isinstance(v, list):
+            v = [str(x) for x in v]
+        elif not isinstance(v, str):
+            v = str(v).lower() if isinstance(v, bool) else str(v)  # typed by the flag's own parser
+        if act.type is not None and isinstance(v, str):
+            try:
+                v = act.type(v)
+            except (ValueError, argparse.ArgumentTypeError) as e:
+                raise config_file.ConfigFileError(f"{a.config}: {name}: {e}") from None
+        if act.choices is not None and v not in act.choices:
+            raise config_file.ConfigFileError(f"{a.config}: {name} must be one of {', '.join(act.choices)}")
+        defaults[name] = v
+    run.set_defaults(**defaults)
+    return p.parse_args(args)
 
 
 def _client_flags(p: argparse.ArgumentParser) -> None:
@@ -177,6 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
     _client_flags(stats)
     crons = sub.add_parser("crons", help="list recurring jobs", description="List recurring jobs.")
     _client_flags(crons)
+    status = sub.add_parser("status", help="what the daemon is doing, at a glance",
+                            description="Workers, waiting jobs per key, the oldest wait, pauses, running "
+                            "jobs, dead letters with their errors, the network, and the last hour.")
+    _client_flags(status)
+    top = sub.add_parser("top", help="a live view of 'queick status', redrawn every second",
+                         description="Redraw the status every second until q or Ctrl-C.")
+    _client_flags(top)
     return p
 
 
@@ -301,6 +355,11 @@ def _run_client(a: argparse.Namespace) -> int:
         elif a.command == "stats":
             out = q.stats()
             print(json.dumps(out)) if a.json else _print_stats(out)
+        elif a.command == "status":
+            out = q.stats(detail=True)
+            print(json.dumps(out) if a.json else "\n".join(statusview.lines(out, 200)))
+        elif a.command == "top":
+            return statusview.top(lambda: q.stats(detail=True))
         elif a.command == "crons":
             out = q.crons()
             if a.json:
@@ -332,11 +391,25 @@ def _run_daemon(a: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line (with no command, `run`), and for `run` the --config file beneath it.
+    Raises config.ConfigFileError for a bad file; exits (2) on bad usage, as argparse does."""
+    args = list(argv)
     if not args or (args[0] not in _SUBCOMMANDS and args[0] not in ("-h", "--help", "--version")):
         args.insert(0, "run")
-    a = build_parser().parse_args(args)
+    p = build_parser()
+    a = p.parse_args(args)
+    if a.command == "run" and a.config:
+        a = _with_config_file(p, args, a)
+    return a
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        a = parse_args(sys.argv[1:] if argv is None else argv)
+    except config_file.ConfigFileError as e:
+        print(f"queick: configuration error: {e}", file=sys.stderr)
+        return EX_CONFIG
     if a.command == "run":
         return _run_daemon(a)
     try:

@@ -339,8 +339,10 @@ class JobQueue:
             req["state"] = state
         return self._call(req)["jobs"]
 
-    def stats(self) -> dict[str, Any]:
-        reply = self._call({"op": "stats"})
+    def stats(self, detail: bool = False) -> dict[str, Any]:
+        """Counts, workers, scheduler, network; with detail, also running jobs, dead letters,
+        the oldest waits and the last hour's history (what `queick status` shows)."""
+        reply = self._call({"op": "stats", "detail": True} if detail else {"op": "stats"})
         reply.pop("ok", None)
         return reply
 

@@ -19,8 +19,11 @@ from dataclasses import dataclass, field
 
 from . import __version__, protocol, sdnotify
 from .batcher import SubmitBatcher
+from .hooks import parse_hooks
+from .httpd import HttpServer, parse_address
 from .job import NewJob, Outcome, State, Submitted
 from .loader import FunctionLoader
+from .metrics import Metrics
 from .netcheck import DEFAULT_INTERVAL, NetworkMonitor, parse_target
 from .scheduler import Scheduler
 from .server import DEFAULT_HOST, Server
@@ -57,6 +60,9 @@ class Config:
     event_max_attempts: int = 10
     pause_after: int = 5
     keep_finished: float = 7 * 24 * 3600.0
+    http: str | None = None  # HOST:PORT of the HTTP listener (webhooks, metrics, status page)
+    accept_queick_clients: bool = False
+    hooks: dict = field(default_factory=dict)  # [hooks.NAME] tables of the config file
 
     @property
     def admission(self) -> Admission:
@@ -77,6 +83,9 @@ class Config:
                              "must be at least 1")
         if self.idempotency_ttl < 0 or self.keep_finished < 0:
             raise ValueError("idempotency_ttl and keep_finished must not be negative")
+        if self.http is not None:
+            parse_address(self.http)
+        parse_hooks(self.hooks)
         if self.ping_host is not None:
             parse_target(self.ping_host)
             if not self.ping_interval > 0:
@@ -99,6 +108,8 @@ class Daemon:
         self.clock = clock
         self.store: Store | None = None
         self.server: Server | None = None
+        self.http: HttpServer | None = None
+        self.metrics = Metrics(clock)
         self.network: NetworkMonitor | None = None
         self._warned_no_checker = False
         self._stop = threading.Event()
@@ -108,6 +119,13 @@ class Daemon:
     def start(self) -> None:
         c = self.config
         token = c.read_token()
+        loader = FunctionLoader(c.app_dir, c.allow)
+        hooks = parse_hooks(c.hooks)
+        for hook in hooks.values():
+            try:
+                loader.check(hook.func)  # a hook that could never run is a configuration error
+            except protocol.QueueError as e:
+                raise ValueError(f"hooks.{hook.name}: {e.message}") from None
         self.store = store = open_store(c.store, c.durability)
         try:
             store.take_ownership()
@@ -120,7 +138,6 @@ class Daemon:
                 "recovered jobs left running by a previous run: %d re-queued, %d dead (orphaned)",
                 len(recovered.requeued), len(recovered.dead),
             )
-        loader = FunctionLoader(c.app_dir, c.allow)
         if c.ping_host is not None:
             self.network = NetworkMonitor(c.ping_host, c.ping_interval, self._on_network_change,
                                           clock=self.clock)
@@ -129,19 +146,28 @@ class Daemon:
                                network_up=self.network_up,
                                on_finished=self._on_finished,
                                on_claimed=lambda jobs: self.service.waiters.notify([j.id for j in jobs]),
-                               pause_after=c.pause_after)
+                               pause_after=c.pause_after, on_ran=self.metrics.on_ran)
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep,
                                    on_sweep=self._on_sweep, timers={"events": self._deliver_events})
         self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock, admission=c.admission)
         self.service = QueueService(store, self.batcher, loader, self.scheduler, self.pool,
-                                    token=token, clock=self.clock, network=self.network)
-        self.server = Server(self.service, c.bind, c.port, max_line=c.max_line)
+                                    token=token, clock=self.clock, network=self.network,
+                                    metrics=self.metrics)
+        self.server = Server(self.service, c.bind, c.port, max_line=c.max_line,
+                             accept_queick_clients=c.accept_queick_clients)
+        if c.http is not None:
+            self.http = HttpServer(self.service, self.metrics, hooks, *parse_address(c.http))
+        elif hooks:
+            log.warning("%d webhook(s) declared but no --http listener: they cannot be reached", len(hooks))
         # Bind before anything can run: a daemon that cannot serve its port must not have
         # started jobs on its way out.
         self.batcher.start()
         try:
             self.server.start()
+            if self.http is not None:
+                self.http.start()
         except BaseException:
+            self.server.stop()
             self.batcher.stop()
             store.close()
             raise
@@ -150,6 +176,9 @@ class Daemon:
         self.pool.start()
         self.scheduler.start()
         host, port = self.server.address  # type: ignore[misc]
+        if self.http is not None:
+            log.info("HTTP endpoint http://%s:%d/ (%d webhook(s))", *self.http.address,  # type: ignore[misc]
+                     len(self.http.hooks))
         log.info(
             "queickd %s listening on %s:%d (store %s, durability %s, %d workers)",
             __version__, host, port, store.url, c.durability, c.workers,
@@ -195,6 +224,8 @@ class Daemon:
 
     def _on_sweep(self) -> None:
         self._prune()
+        counts = self.store.counts()  # type: ignore[union-attr]
+        self.metrics.sample_depth(sum(counts[s] for s in State.PENDING))
         # A job can park while the checker still says "up" (its own server was down, or
         # the checker had not noticed yet): give it another go once per sweep.
         if self.network is not None and self.network.up:
@@ -205,6 +236,7 @@ class Daemon:
             self.store.park_for_network(self.clock())  # type: ignore[union-attr]
 
     def _on_committed(self, jobs: list[NewJob], submitted: list[Submitted]) -> None:
+        self.metrics.on_committed(jobs, submitted)
         if any(j.retry_on_network for j in jobs):
             if self.network is None:
                 if not self._warned_no_checker:
@@ -244,7 +276,7 @@ class Daemon:
                  self.config.stop_timeout)
         # Each step runs even if an earlier one failed: a stuck connection must not keep
         # accepted jobs from being committed or running jobs from finishing.
-        for step in (self.server.stop, self.batcher.stop, self.scheduler.stop,  # type: ignore[union-attr]
+        for step in (self.http.stop if self.http is not None else None, self.server.stop, self.batcher.stop, self.scheduler.stop,  # type: ignore[union-attr]
                      self.network.stop if self.network is not None else None):
             if step is not None:
                 try:

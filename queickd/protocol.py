@@ -96,7 +96,7 @@ OPS: dict[str, frozenset] = {
     "purge": frozenset({"state", "older_than"}),
     "resume": frozenset({"key", "func"}),
     "jobs": frozenset({"state", "limit"}),
-    "stats": frozenset(),
+    "stats": frozenset({"detail"}),
     "cron": _CRON_FIELDS,
     "crons": frozenset(),
     "cron_delete": frozenset({"name"}),

@@ -19,6 +19,7 @@ from typing import Any
 
 from . import protocol
 from .job import Submitted
+from .legacy import FIRST_BYTE, LegacyConnection
 from .protocol import Code, QueueError
 from .service import QueueService
 from .store.admission import Refusal
@@ -89,6 +90,8 @@ class _Connection(asyncio.Protocol):
         self._hooked: asyncio.Future | None = None
         self._reading_paused = False
         self._writing_paused = False
+        self.fresh = True  # nothing received yet: a Queick 1.2.1 client may show itself
+        self.legacy: LegacyConnection | None = None
 
     # --- asyncio callbacks ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -110,6 +113,17 @@ class _Connection(asyncio.Protocol):
         self._set_reading()
 
     def data_received(self, data: bytes) -> None:
+        if self.fresh:
+            self.fresh = False
+            if data[:1] == bytes([FIRST_BYTE]):
+                if self.server.accept_queick_clients:
+                    self.legacy = LegacyConnection(self.svc, self.transport, self.loop, self.server.io)  # type: ignore[arg-type]
+                else:
+                    log.warning("a Queick 1.2.1 client (pickle) connected; start with "
+                                "--accept-queick-clients to serve it")
+        if self.legacy is not None:
+            self.legacy.data_received(data)
+            return
         if self.closing:
             return
         self.buf += data
@@ -263,6 +277,8 @@ class _Connection(asyncio.Protocol):
     def begin_close(self) -> None:
         """Finish the replies already owed, then close (used at shutdown)."""
         self.closing = True
+        if self.legacy is not None and self.legacy.done:
+            return  # a Queick request being committed: it closes itself after its one reply
         self._pump()
 
 
@@ -284,8 +300,10 @@ class Server:
         *,
         max_line: int = protocol.MAX_LINE,
         io_threads: int = 4,
+        accept_queick_clients: bool = False,
     ) -> None:
         self.service = service
+        self.accept_queick_clients = accept_queick_clients
         self.host = host
         self.port = port
         self.max_line = max_line

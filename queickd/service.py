@@ -13,11 +13,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import __version__, protocol
+from . import __version__, protocol, status
 from .batcher import SubmitBatcher
 from .cron import parse_schedule
 from .job import NewJob, State
 from .loader import FunctionLoader
+from .metrics import Metrics
 from .netcheck import NetworkMonitor
 from .protocol import Code, QueueError
 from .scheduler import Scheduler
@@ -66,6 +67,7 @@ class QueueService:
         token: str | None = None,
         clock: Callable[[], float] = time.time,
         network: NetworkMonitor | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
         self.batcher = batcher
@@ -75,6 +77,7 @@ class QueueService:
         self.token = token
         self.clock = clock
         self.network = network
+        self.metrics = metrics
         self.waiters = Waiters()
         self.started_at = clock()
 
@@ -192,7 +195,7 @@ class QueueService:
     def op_stats(self, req: dict[str, Any]) -> dict[str, Any]:
         now = self.clock()
         crons = self.store.cron_list()
-        return {
+        reply = {
             "ok": True,
             "version": __version__,
             "store": self.store.url,
@@ -213,6 +216,9 @@ class QueueService:
             "events": self.store.event_counts(),
             "network": self.network.snapshot() if self.network is not None else None,
         }
+        if req.get("detail"):  # running jobs, dead letters, oldest waits, the last hour
+            reply.update(status.detail(self, now, reply["counts"]))
+        return reply
 
     def op_cron(self, req: dict[str, Any]) -> dict[str, Any]:
         now = self.clock()

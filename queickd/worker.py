@@ -43,6 +43,7 @@ class WorkerPool:
         on_finished: Callable[[list[Outcome]], None] = lambda outcomes: None,
         on_claimed: Callable[[list[Job]], None] = lambda jobs: None,
         pause_after: int | None = None,
+        on_ran: Callable[[Job, Outcome, float], None] | None = None,
     ) -> None:
         if workers < 0:
             raise ValueError("workers must be 0 or more")
@@ -56,6 +57,7 @@ class WorkerPool:
         self._on_finished = on_finished
         self._on_claimed = on_claimed
         self._pause_after = pause_after
+        self._on_ran = on_ran  # (job, outcome, seconds) from the worker thread: metrics
         # Set by anyone who may have made work available or freed a worker; cleared only
         # by the dispatcher before it looks, so no wake-up is lost.
         self._wake = threading.Event()
@@ -224,6 +226,7 @@ class WorkerPool:
             self._run(job)
 
     def _run(self, job: Job) -> None:
+        began = time.monotonic()
         try:
             try:
                 try:
@@ -242,5 +245,10 @@ class WorkerPool:
                 "job %d %s failed (attempt %d/%d): %s: %s -> %s", job.id, job.func, job.attempts,
                 job.max_attempts, outcome.error["type"], outcome.error["message"], outcome.state,
             )
+        if self._on_ran is not None:
+            try:
+                self._on_ran(job, outcome, time.monotonic() - began)
+            except Exception:  # counting must never keep an outcome from being recorded
+                log.exception("error counting job %d", job.id)
         self._done.put(outcome)
         self._wake.set()

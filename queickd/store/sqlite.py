@@ -674,6 +674,17 @@ class SQLiteStore(StoreBase):
             "SELECT min(next_attempt_at) FROM events INDEXED BY events_pending WHERE state = 'pending'"
         ).fetchone()[0]
 
+    def oldest_queued_at(self) -> float | None:
+        """Optional read for monitoring: the earliest run_at among `queued` jobs."""
+        return self._conn().execute(
+            "SELECT min(run_at) FROM jobs INDEXED BY jobs_queued WHERE state = 'queued'").fetchone()[0]
+
+    def oldest_pending_event_at(self) -> float | None:
+        """Optional read for monitoring: when the oldest pending outbox event was created."""
+        return self._conn().execute(
+            "SELECT min(created_at) FROM events INDEXED BY events_pending WHERE state = 'pending'"
+        ).fetchone()[0]
+
     def event_counts(self) -> dict[str, int]:
         out = dict.fromkeys(EventState.ALL, 0)
         out.update(self._conn().execute("SELECT state, count(*) FROM events GROUP BY state").fetchall())

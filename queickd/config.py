@@ -1,0 +1,44 @@
+"""The config file (`--config queickd.toml`): every daemon flag, plus the webhook table.
+
+A top-level key is a flag's name with dashes or underscores (`max-queued = 50` or
+`max_queued = 50`); `[hooks.NAME]` tables declare webhooks (see hooks.py). The file is a
+layer of defaults: an environment variable beats it, and a command-line flag beats both.
+Reads TOML with the standard library's tomllib; does no other I/O.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable
+from typing import Any
+
+
+class ConfigFileError(ValueError):
+    """The file cannot be read, is not TOML, or names an unknown setting."""
+
+
+def load(path: str, known: Iterable[str]) -> dict[str, Any]:
+    """Read the file → {setting name (underscores): value}, hooks under 'hooks'.
+
+    `known` is the set of setting names (flag destinations) the file may hold."""
+    known = set(known)
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise ConfigFileError(f"cannot read config file {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigFileError(f"config file {path} is not valid TOML: {e}") from None
+    out: dict[str, Any] = {}
+    for raw, value in data.items():
+        name = raw.replace("-", "_")
+        if name == "hooks":
+            if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+                raise ConfigFileError(f"{path}: hooks must be tables, [hooks.NAME]")
+        elif name not in known or name == "config":
+            raise ConfigFileError(f"{path}: unknown setting {raw!r} (settings are the daemon's flags, "
+                                  "e.g. port = 9999, max-queued = 1000, or [hooks.NAME] tables)")
+        elif isinstance(value, dict):
+            raise ConfigFileError(f"{path}: {raw} must be a value, not a table")
+        out[name] = value
+    return out

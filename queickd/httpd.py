@@ -1,0 +1,282 @@
+"""The optional HTTP listener (`--http HOST:PORT`): webhooks, /metrics, /healthz, /jobs/ID, /.
+
+Stdlib http.server, one thread per request (ThreadingHTTPServer), off by default and on
+loopback unless told otherwise. A webhook delivery is acknowledged only after its job is
+committed (the same group commit as the TCP enqueue path), so nothing is accepted and then
+dropped. Replies to POST /hooks/NAME:
+  202 a new job (its id), 200 a repeated delivery (the first job's id),
+  429 + Retry-After when the hook's key or the queue is full, 401 a bad or missing
+  signature, 404 an unknown hook, 411 no Content-Length, 413 a body over the hook's limit
+  (decided from Content-Length, before reading), 400 a body the hook cannot parse.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from . import hooks as hooks_mod
+from . import protocol, statuspage
+from .metrics import Metrics
+from .protocol import Code, QueueError
+from .service import QueueService
+from .store.admission import RETRY_AFTER_DEFAULT, Refusal
+
+log = logging.getLogger("queickd.http")
+
+DEFAULT_HTTP_PORT = 9998
+_COMMIT_TIMEOUT = 60.0  # seconds a delivery waits for its commit before answering 503
+_JOB_PATH = re.compile(r"^/jobs/(\d{1,19})$")
+_HOOK_PATH = re.compile(r"^/hooks/([^/]+)$")
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """'HOST:PORT', ':PORT' or 'PORT' (loopback), '[::1]:PORT' → (host, port)."""
+    t = text.strip()
+    host, sep, port = t.rpartition(":")
+    if not sep:
+        host, port = "", t
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        n = int(port)
+    except ValueError:
+        raise ValueError(f"--http {text!r}: expected HOST:PORT, e.g. 127.0.0.1:{DEFAULT_HTTP_PORT}") from None
+    if not 0 <= n <= 65535:
+        raise ValueError(f"--http {text!r}: port must be 0-65535")
+    return host, n
+
+
+def health(svc: QueueService) -> tuple[bool, str]:
+    """(healthy, reason): the store answers a read and the scheduler thread is alive."""
+    try:
+        svc.store.counts()
+    except Exception as e:
+        return False, f"store does not answer: {type(e).__name__}: {e}"
+    if not svc.scheduler.alive:
+        return False, "scheduler thread is not running"
+    return True, "ok"
+
+
+class HttpServer:
+    def __init__(self, service: QueueService, metrics: Metrics, hooks: dict[str, hooks_mod.Hook],
+                 host: str = "127.0.0.1", port: int = DEFAULT_HTTP_PORT) -> None:
+        self.service = service
+        self.metrics = metrics
+        self.hooks = hooks
+        self.host = host
+        self.port = port
+        self.address: tuple[str, int] | None = None
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def start(self) -> None:
+        """Bind and serve in a thread; returns once listening. OSError if it cannot bind."""
+        if self._httpd is not None:
+            return
+        owner = self
+
+        class Handler(_Handler):
+            server_owner = owner
+
+        server_class = _Server6 if ":" in self.host else ThreadingHTTPServer
+        httpd = server_class((self.host, self.port), Handler)
+        httpd.daemon_threads = True
+        httpd.timeout = None  # handle_request blocks until a connection: no polling
+        self._httpd = httpd
+        self.address = httpd.server_address[:2]  # type: ignore[assignment]
+        self._thread = threading.Thread(target=self._serve, args=(httpd,), name="queickd-http", daemon=True)
+        self._thread.start()
+
+    def _serve(self, httpd: ThreadingHTTPServer) -> None:
+        # serve_forever would wake every poll_interval to look for shutdown(); an idle
+        # daemon should not. stop() wakes this loop by connecting to it instead.
+        while not self._stopping:
+            httpd.handle_request()
+
+    def stop(self) -> None:
+        """Stop accepting and close the socket. Idempotent; safe before start()."""
+        if self._httpd is None or self._stopping:
+            return
+        self._stopping = True
+        host, port = self.address  # type: ignore[misc]
+        wake_host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+        try:
+            socket.create_connection((wake_host, port), timeout=2).close()
+        except OSError:
+            pass
+        if self._thread is not None:
+            self._thread.join(5.0)
+        self._httpd.server_close()
+
+    # --- one webhook delivery (a request thread) -------------------------------------------
+    def deliver(self, hook: hooks_mod.Hook, headers: dict[str, str], body: bytes,
+                content_type: str) -> tuple[int, dict[str, Any], dict[str, str]]:
+        """→ (status, JSON reply, extra headers). The body is already size- and signature-checked."""
+        svc = self.service
+        try:
+            arg = hook.payload(headers, body, content_type)
+        except (ValueError, UnicodeDecodeError) as e:
+            return 400, _error(Code.BAD_REQUEST, f"the body is not valid JSON: {e}"), {}
+        spec: dict[str, Any] = {"func": hook.func, "args": [arg], "key": hook.key}
+        delivery = hook.delivery_id(headers)
+        if delivery:
+            spec["idempotency_key"] = hooks_mod.idempotency_key(hook, delivery)
+        try:
+            job = protocol.parse_job(spec, svc.clock())
+            svc.loader.check(job.func)
+        except QueueError as e:
+            status = 403 if e.code == Code.NOT_ALLOWED else 400
+            return status, e.to_reply(), {}
+        done = threading.Event()
+        answer: list[Any] = []
+
+        def committed(result: Any) -> None:  # committer thread
+            answer.append(result)
+            done.set()
+
+        svc.batcher.submit([[job]], committed)
+        if not done.wait(_COMMIT_TIMEOUT) or isinstance(answer[0], BaseException):
+            why = answer[0] if answer else "the commit did not finish in time"
+            log.warning("webhook %s: not accepted: %s", hook.name, why)
+            return 503, _error(Code.INTERNAL, f"not accepted, try again: {why}"), {"Retry-After": "5"}
+        result = answer[0][0]
+        if isinstance(result, Refusal):
+            retry = result.retry_after if result.retry_after is not None else RETRY_AFTER_DEFAULT
+            reply = QueueError(result.code, result.message, retry, job_id=result.job_id).to_reply()
+            return 429, reply, {"Retry-After": str(max(1, math.ceil(retry)))}
+        sub = result[0]
+        reply = {"ok": True, "job_id": sub.job_id, "state": sub.state}
+        if sub.duplicate:
+            reply["duplicate"] = True
+            return 200, reply, {}
+        self.metrics.on_hook(hook.name)
+        return 202, reply, {}
+
+
+class _Server6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def _error(code: str, message: str) -> dict[str, Any]:
+    return QueueError(code, message).to_reply()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_owner: HttpServer
+    server_version = "queickd"
+    protocol_version = "HTTP/1.1"  # keep-alive for senders that reuse connections; every reply has a length
+    timeout = 30  # seconds a slow client may hold its thread per read
+
+    def _hook_for(self, path: str) -> hooks_mod.Hook | None:
+        m = _HOOK_PATH.fullmatch(path.split("?", 1)[0])
+        return self.server_owner.hooks.get(m.group(1)) if m else None
+
+    def handle_expect_100(self) -> bool:
+        # "Expect: 100-continue" (curl sends it for bodies over 1 KiB): invite the body only
+        # when it will be read; otherwise do_POST answers at once and the body never comes.
+        hook = self._hook_for(self.path)
+        length = self.headers.get("Content-Length", "")
+        if self.command == "POST" and hook is not None and length.isdigit() and int(length) <= hook.max_body:
+            return super().handle_expect_100()
+        self.close_connection = True
+        return True
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, status: int, obj: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        self._send(status, json.dumps(obj, ensure_ascii=False).encode() + b"\n", "application/json", headers)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        owner = self.server_owner
+        path = self.path.split("?", 1)[0]
+        try:
+            if path == "/metrics":
+                text = owner.metrics.render(owner.service.op_stats({"detail": True}))
+                self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
+            elif path == "/healthz":
+                ok, reason = health(owner.service)
+                self._send(200 if ok else 503, (reason + "\n").encode(), "text/plain; charset=utf-8")
+            elif path in ("/", "/index.html"):
+                page = statuspage.render(statuspage.snapshot(owner.service))
+                self._send(200, page.encode(), "text/html; charset=utf-8")
+            elif m := _JOB_PATH.fullmatch(path):
+                job = owner.service.store.get(int(m.group(1)))
+                if job is None:
+                    self._json(404, _error(Code.NOT_FOUND, f"no job {m.group(1)}"))
+                else:
+                    self._json(200, {"ok": True, "job": job.to_dict()})
+            else:
+                self._json(404, _error(Code.NOT_FOUND, f"nothing at {path}"))
+        except Exception as e:  # a bug costs one reply, never the listener
+            log.exception("error serving GET %s", path)
+            self._json(500, _error(Code.INTERNAL, f"{type(e).__name__}: {e}"))
+
+    do_HEAD = do_GET  # noqa: N815
+
+    def do_POST(self) -> None:  # noqa: N802
+        owner = self.server_owner
+        path = self.path.split("?", 1)[0]
+        m = _HOOK_PATH.fullmatch(path)
+        hook = self._hook_for(path)
+        if hook is None:
+            self.close_connection = True
+            what = f"no hook named {m.group(1)!r}" if m else f"nothing at {path}"
+            return self._json(404, _error(Code.NOT_FOUND, what))
+        length_text = self.headers.get("Content-Length")
+        if length_text is None:
+            self.close_connection = True
+            return self._json(411, _error(Code.BAD_REQUEST, "Content-Length is required"))
+        try:
+            length = int(length_text)
+            if length < 0:
+                raise ValueError
+        except ValueError:
+            self.close_connection = True
+            return self._json(400, _error(Code.BAD_REQUEST, "Content-Length is not a number"))
+        if length > hook.max_body:
+            self.close_connection = True  # the body is never read
+            return self._json(413, _error(Code.BAD_REQUEST, f"body of {length} bytes is over the hook's "
+                                          f"limit of {hook.max_body}"))
+        body = self.rfile.read(length)
+        if len(body) < length:
+            self.close_connection = True
+            return self._json(400, _error(Code.BAD_REQUEST, "body shorter than Content-Length"))
+        if not hook.signature_ok(body, self.headers.get(hook.signature_header)):
+            log.warning("webhook %s: bad or missing %s from %s", hook.name, hook.signature_header,
+                        self.address_string())
+            return self._json(401, _error(Code.UNAUTHORIZED, f"bad or missing {hook.signature_header}"))
+        headers: dict[str, str] = {}
+        for k, v in self.headers.items():
+            headers[k] = f"{headers[k]}, {v}" if k in headers else v
+        try:
+            status, reply, extra = owner.deliver(hook, headers, body,
+                                                 self.headers.get("Content-Type", "application/octet-stream"))
+        except Exception as e:
+            log.exception("error serving webhook %s", hook.name)
+            status, reply, extra = 500, _error(Code.INTERNAL, f"{type(e).__name__}: {e}"), {}
+        self._json(status, reply, extra)
+
+    def _not_allowed(self) -> None:
+        self.close_connection = True
+        self._json(405, _error(Code.BAD_REQUEST, f"{self.command} is not supported here"), {"Allow": "GET, POST"})
+
+    do_PUT = do_DELETE = do_PATCH = _not_allowed  # noqa: N815 - http.server's naming

@@ -1,0 +1,155 @@
+"""Queick 1.2.1 clients on the TCP port (`--accept-queick-clients`, off by default).
+
+Queick's JobQueue opens a connection, sends one pickled dict and reads one pickled reply,
+`{"success": bool, "error": str or None}`. Such a connection starts with the pickle
+protocol byte 0x80, which no JSON request can start with. The bytes are loaded by an
+unpickler whose find_class refuses every global, so only plain data (dicts, lists, tuples,
+strings, numbers) can load and nothing can be called; the request is size-limited. The
+dict is translated into a protocol v1 request and validated and admitted like any other
+(allowlist, caps, group commit before the reply). Runs in the server's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import pickle
+from typing import TYPE_CHECKING, Any
+
+from .protocol import Code, QueueError
+from .store.admission import Refusal
+
+if TYPE_CHECKING:
+    from .service import QueueService
+
+log = logging.getLogger("queickd.legacy")
+
+FIRST_BYTE = 0x80  # PROTO opcode: every pickle of protocol 2 or later starts with it
+MAX_REQUEST = 64 * 1024  # bytes; Queick's own server read at most 1024
+
+
+class RefusedGlobal(pickle.UnpicklingError):
+    """The pickle names a global (a class or function): never loaded."""
+
+
+class PlainDataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise RefusedGlobal(f"{module}.{name}")
+
+
+def loads_plain(data: bytes) -> Any:
+    """Load a pickle that holds plain data only. RefusedGlobal if it names any global;
+    EOFError or UnpicklingError('...truncated') if more bytes are needed."""
+    return PlainDataUnpickler(io.BytesIO(data)).load()
+
+
+def _truncated(e: Exception) -> bool:
+    return isinstance(e, EOFError) or (isinstance(e, pickle.UnpicklingError) and "truncated" in str(e))
+
+
+def to_request(d: Any) -> dict[str, Any]:
+    """Queick's payload → a protocol v1 `enqueue` or `cron` request. QueueError if unusable.
+
+    Queick's `priority` and `max_workers` have no meaning here and are ignored; a retry
+    follows queickd's attempt limit (retry.DEFAULT_MAX_ATTEMPTS) where Queick had none."""
+    if not isinstance(d, dict) or not isinstance(d.get("func_name"), str):
+        raise QueueError(Code.BAD_REQUEST, "a Queick request is a dict with a func_name string")
+    args = d.get("args")
+    if args is None:
+        args = []
+    elif isinstance(args, tuple | list):
+        args = list(args)
+    else:
+        args = [args]  # Queick passed a lone argument through as it came
+    try:  # pickles carry bytes, sets, NaN...: only what JSON can hold may be stored
+        json.dumps(args, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as e:
+        raise QueueError(Code.BAD_REQUEST, f"args must be JSON data (strings, numbers, lists, dicts): {e}") from None
+    req: dict[str, Any] = {"func": d["func_name"], "args": args,
+                           "retry_on_network": bool(d.get("retry_on_network_available", False))}
+    if d.get("retry"):
+        spec = {"policy": d.get("retry_type") or "exponential", "interval": d.get("retry_interval"),
+                "max_interval": d.get("max_retry_interval")}
+        req["retry"] = {k: v for k, v in spec.items() if v is not None}
+    start_at, interval = d.get("start_at"), d.get("interval")
+    if interval:
+        req.update(op="cron", every=interval)
+        if start_at:
+            req["start_at"] = start_at
+    else:
+        req["op"] = "enqueue"
+        if start_at:
+            req["run_at"] = start_at
+    return req
+
+
+def _reply(error: str | None) -> bytes:
+    return pickle.dumps({"success": error is None, "error": error}, protocol=2)
+
+
+class LegacyConnection:
+    """One Queick client's connection, from the first byte on."""
+
+    def __init__(self, service: QueueService, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
+                 io_pool: Any, max_request: int = MAX_REQUEST) -> None:
+        self.svc = service
+        self.transport = transport
+        self.loop = loop
+        self.io = io_pool
+        self.max_request = max_request
+        self.buf = bytearray()
+        self.done = False
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+
+    def data_received(self, data: bytes) -> None:
+        if self.done:
+            return
+        self.buf += data
+        if len(self.buf) > self.max_request:
+            log.warning("refused a Queick request from %s: over %d bytes", self.peer, self.max_request)
+            return self._finish(f"{Code.BAD_REQUEST}: request over {self.max_request} bytes")
+        try:
+            payload = loads_plain(bytes(self.buf))
+        except RefusedGlobal as e:
+            log.warning("refused a Queick request from %s: its pickle names the global %s; only plain "
+                        "data is accepted", self.peer, e)
+            return self._finish(f"{Code.BAD_REQUEST}: pickles naming globals ({e}) are refused")
+        except Exception as e:
+            if _truncated(e):
+                return  # wait for the rest
+            log.warning("refused a Queick request from %s: not a readable pickle (%s)", self.peer, e)
+            return self._finish(f"{Code.BAD_REQUEST}: not a readable pickle")
+        try:
+            req = to_request(payload)
+            if req["op"] == "cron":
+                fut = self.loop.run_in_executor(self.io, self.svc.call, req)
+                fut.add_done_callback(self._after_cron)
+            else:
+                jobs = self.svc.prepare_jobs(req)
+                self.done = True
+                self.svc.batcher.submit([jobs], self._after_commit)
+        except QueueError as e:
+            log.info("refused a Queick request from %s: %s", self.peer, e)
+            self._finish(str(e))
+        self.done = True
+
+    def _after_cron(self, fut: asyncio.Future) -> None:
+        exc = fut.exception()
+        self._finish(None if exc is None else str(exc))
+
+    def _after_commit(self, result: Any) -> None:  # committer thread
+        if isinstance(result, BaseException):
+            error: str | None = str(result)
+        else:
+            answer = result[0]
+            error = f"{answer.code}: {answer.message}" if isinstance(answer, Refusal) else None
+        self.loop.call_soon_threadsafe(self._finish, error)
+
+    def _finish(self, error: str | None) -> None:
+        self.done = True
+        if not self.transport.is_closing():
+            self.transport.write(_reply(error))
+            self.transport.close()

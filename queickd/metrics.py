@@ -1,0 +1,207 @@
+"""In-process counters, run-duration histograms and the last hour's history; Prometheus text.
+
+Counters are fed by hooks the daemon calls (a commit, a finished run, a webhook delivery),
+never by scanning the store; gauges (jobs by state, oldest wait, ...) come from the `stats`
+picture when /metrics is read. The history keeps one bucket per minute for the last hour:
+enqueued/completed/failed counts as they happen, and the queue depth as last sampled (on
+each safety sweep and each read), so an idle daemon adds no timer. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .job import Job, NewJob, Outcome, State, Submitted
+
+# Upper bounds (seconds) of the run-duration buckets: a Pi's jobs run from milliseconds
+# (a counter bump) to minutes (an upload over a slow link).
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+HISTORY_MINUTES = 60
+
+
+class _Histogram:
+    __slots__ = ("counts", "sum", "count")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(BUCKETS) + 1)  # the last one is +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect.bisect_left(BUCKETS, v)] += 1
+        self.sum += v
+        self.count += 1
+
+
+class Metrics:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()  # guards every field below; held only for a few updates
+        self.enqueued: dict[str, int] = {}
+        self.completed: dict[str, int] = {}
+        self.failed: dict[str, int] = {}
+        self.hook_deliveries: dict[str, int] = {}
+        self.durations: dict[str, _Histogram] = {}
+        # minute (unix time // 60) -> [enqueued, completed, failed, depth or None]
+        self._minutes: deque[list[Any]] = deque(maxlen=HISTORY_MINUTES + 1)
+
+    def _bucket(self, now: float) -> list[Any]:
+        minute = int(now // 60)
+        if not self._minutes or self._minutes[-1][0] != minute:
+            self._minutes.append([minute, 0, 0, 0, None])
+        return self._minutes[-1]
+
+    # --- hooks, called by the daemon's parts ----------------------------------------------
+    def on_committed(self, jobs: Sequence[NewJob], submitted: Sequence[Submitted]) -> None:
+        """Committer thread: jobs stored by one commit (duplicates are not new jobs)."""
+        with self._lock:
+            n = 0
+            for j, s in zip(jobs, submitted, strict=True):
+                if not s.duplicate:
+                    self.enqueued[j.func] = self.enqueued.get(j.func, 0) + 1
+                    n += 1
+            self._bucket(self._clock())[1] += n
+
+    def on_ran(self, job: Job, outcome: Outcome, seconds: float) -> None:
+        """Worker thread: one run of a job ended; a run that did not succeed is a failure."""
+        with self._lock:
+            ok = outcome.state == State.SUCCEEDED
+            table = self.completed if ok else self.failed
+            table[job.func] = table.get(job.func, 0) + 1
+            h = self.durations.get(job.func)
+            if h is None:
+                h = self.durations[job.func] = _Histogram()
+            h.observe(seconds)
+            self._bucket(self._clock())[2 if ok else 3] += 1
+
+    def on_hook(self, name: str) -> None:
+        with self._lock:
+            self.hook_deliveries[name] = self.hook_deliveries.get(name, 0) + 1
+
+    def sample_depth(self, waiting: int) -> None:
+        """Record the number of waiting jobs (scheduled, queued, waiting_network) now."""
+        with self._lock:
+            self._bucket(self._clock())[4] = waiting
+
+    def history(self) -> list[dict[str, Any]]:
+        """The last hour, one entry per minute, oldest first; minutes with no sample of the
+        depth carry the previous one forward (None before the first sample)."""
+        now = self._clock()
+        last = int(now // 60)
+        with self._lock:
+            by_minute = {b[0]: list(b) for b in self._minutes}
+        out, depth = [], None
+        for m in range(last - HISTORY_MINUTES + 1, last + 1):
+            b = by_minute.get(m)
+            if b is not None and b[4] is not None:
+                depth = b[4]
+            out.append({"t": m * 60, "enqueued": b[1] if b else 0, "completed": b[2] if b else 0,
+                        "failed": b[3] if b else 0, "depth": depth})
+        return out
+
+    # --- Prometheus text format -----------------------------------------------------------
+    def render(self, stats: dict[str, Any]) -> str:
+        """The exposition text, from a detailed `stats` reply plus these counters."""
+        now = self._clock()
+        out: list[str] = []
+
+        def family(name: str, kind: str, help: str, samples: list[tuple[dict[str, str], float]]) -> None:
+            out.append(f"# HELP {name} {help}")
+            out.append(f"# TYPE {name} {kind}")
+            for labels, value in samples:
+                out.append(f"{name}{_labels(labels)} {_num(value)}")
+
+        counts = stats["counts"]
+        family("queickd_jobs", "gauge", "Jobs by state.",
+               [({"state": s}, counts.get(s, 0)) for s in State.ALL])
+        oldest = stats.get("oldest_queued_at")
+        family("queickd_oldest_queued_seconds", "gauge",
+               "Age of the oldest job due and waiting for a worker (0 when none).",
+               [({}, max(0.0, now - oldest) if oldest is not None else 0.0)])
+        family("queickd_key_waiting_jobs", "gauge", "Waiting jobs per serial key (the busiest keys).",
+               [({"key": k["key"]}, k["waiting"]) for k in stats["waiting_by_key"]])
+        family("queickd_key_oldest_waiting_seconds", "gauge",
+               "Age of the oldest waiting job per serial key (0 while it is not yet due).",
+               [({"key": k["key"]}, max(0.0, now - k["oldest_run_at"])) for k in stats["waiting_by_key"]])
+        w = stats["workers"]
+        family("queickd_workers", "gauge", "Worker threads by activity.",
+               [({"state": "busy"}, w["busy"]), ({"state": "idle"}, w["total"] - w["busy"])])
+        family("queickd_running_without_worker", "gauge",
+               "Jobs recorded as running that no live worker of this daemon holds (approximate).",
+               [({}, max(0, counts.get(State.RUNNING, 0) - w["busy"]))])
+        ev = stats["events"]
+        ev_oldest = stats.get("outbox_oldest_pending_at")
+        family("queickd_outbox_pending_events", "gauge", "Events in the outbox waiting for room.",
+               [({}, ev.get("pending", 0))])
+        family("queickd_outbox_oldest_pending_seconds", "gauge",
+               "Age of the oldest pending outbox event (0 when none).",
+               [({}, max(0.0, now - ev_oldest) if ev_oldest is not None else 0.0)])
+        family("queickd_dead_letters", "gauge", "Dead jobs and dead outbox events.",
+               [({"kind": "job"}, counts.get(State.DEAD, 0)), ({"kind": "event"}, ev.get("dead", 0))])
+        family("queickd_paused", "gauge", "Keys and functions paused after repeated failures.",
+               [({"kind": p["kind"], "name": p["name"]}, 1) for p in stats["paused"]])
+        sch = stats["scheduler"]
+        family("queickd_scheduler_up", "gauge", "1 while the scheduler thread runs.",
+               [({}, 1 if sch["alive"] else 0)])
+        family("queickd_scheduler_last_fired_timestamp_seconds", "gauge",
+               "When the scheduler last promoted a job or fired a cron (unix time; 0 never).",
+               [({}, sch["last_fired_at"] or 0)])
+        net = stats.get("network")
+        family("queickd_network_checker_up", "gauge",
+               "1 while the network checker process runs (0 also when none is configured).",
+               [({}, 1 if net and net["checker_alive"] else 0)])
+        family("queickd_network_up", "gauge", "1 network up, 0 down, NaN unknown or no checker.",
+               [({}, {"up": 1, "down": 0}.get(net["state"], math.nan) if net else math.nan)])
+        family("queickd_requests_refused_total", "counter", "Enqueue requests refused (queue full, conflict).",
+               [({}, stats["refused"])])
+        family("queickd_start_time_seconds", "gauge", "When the daemon started (unix time).",
+               [({}, now - stats["uptime"])])
+        with self._lock:
+            enq, comp, fail = dict(self.enqueued), dict(self.completed), dict(self.failed)
+            hooks = dict(self.hook_deliveries)
+            hists = {f: (list(h.counts), h.sum, h.count) for f, h in self.durations.items()}
+        family("queickd_enqueued_total", "counter", "Jobs stored through the enqueue path (TCP, webhooks, "
+               "legacy clients), duplicates excluded.", [({"func": f}, n) for f, n in sorted(enq.items())])
+        family("queickd_completed_total", "counter", "Runs that succeeded.",
+               [({"func": f}, n) for f, n in sorted(comp.items())])
+        family("queickd_failed_total", "counter", "Runs that did not succeed (retried, dead or parked).",
+               [({"func": f}, n) for f, n in sorted(fail.items())])
+        family("queickd_webhook_deliveries_total", "counter", "Webhook deliveries accepted as new jobs.",
+               [({"hook": h}, n) for h, n in sorted(hooks.items())])
+        name = "queickd_job_run_duration_seconds"
+        out.append(f"# HELP {name} How long job runs took, per function.")
+        out.append(f"# TYPE {name} histogram")
+        for f, (buckets, total, count) in sorted(hists.items()):
+            acc = 0
+            for bound, n in zip((*BUCKETS, math.inf), buckets, strict=True):
+                acc += n
+                out.append(f"{name}_bucket{_labels({'func': f, 'le': _num(bound)})} {acc}")
+            out.append(f"{name}_sum{_labels({'func': f})} {_num(total)}")
+            out.append(f"{name}_count{_labels({'func': f})} {count}")
+        return "\n".join(out) + "\n"
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(labels: dict[str, str]) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items()) + "}"
+
+
+def _num(v: float) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "NaN"
+        if math.isinf(v):
+            return "+Inf" if v > 0 else "-Inf"
+        return repr(v)
+    return str(v)

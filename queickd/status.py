@@ -1,0 +1,44 @@
+"""The detailed `stats` picture: what `queick status`, `queick top`, the status page and
+/metrics show besides the plain counts. Reads the store (a few small, indexed queries) and
+the daemon's in-process parts; called from the server's I/O threads and HTTP threads.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .job import State
+from .store.base import EventState
+
+if TYPE_CHECKING:
+    from .service import QueueService
+
+DEAD_SHOWN = 10
+RUNNING_SHOWN = 20
+
+
+def detail(svc: QueueService, now: float, counts: dict[str, int]) -> dict[str, Any]:
+    """The extra fields of `stats` with detail=true; `counts` is the reply's jobs by state."""
+    store = svc.store
+    # Optional store reads: a store without them shows no overall oldest wait.
+    oldest_queued = getattr(store, "oldest_queued_at", None)
+    oldest_event = getattr(store, "oldest_pending_event_at", None)
+    running = store.list_jobs(State.RUNNING, RUNNING_SHOWN)
+    dead = store.list_jobs(State.DEAD, DEAD_SHOWN)
+    out: dict[str, Any] = {
+        "now": now,
+        "oldest_queued_at": oldest_queued() if oldest_queued else None,
+        "outbox_oldest_pending_at": oldest_event() if oldest_event else None,
+        "running": [{"id": j.id, "func": j.func, "key": j.key, "started_at": j.started_at,
+                     "attempts": j.attempts} for j in running],
+        "dead_jobs": [{"id": j.id, "func": j.func, "key": j.key, "finished_at": j.finished_at,
+                       "error": {"type": (j.error or {}).get("type"), "message": (j.error or {}).get("message")}}
+                      for j in dead],
+        "dead_events": [e.to_dict() for e in store.list_events(EventState.DEAD, DEAD_SHOWN)],
+        "history": [],
+    }
+    metrics = getattr(svc, "metrics", None)
+    if metrics is not None:
+        metrics.sample_depth(sum(counts.get(s, 0) for s in State.PENDING))
+        out["history"] = metrics.history()
+    return out

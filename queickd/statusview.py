@@ -1,0 +1,124 @@
+"""`queick status` (a terminal summary) and `queick top` (a live view, curses).
+
+Both draw the detailed `stats` reply, fetched over the TCP protocol, so they work against
+a remote daemon as well as a local one and never open the store. `lines()` is the one
+layout; status prints it once, top redraws it every second until `q` or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+_SPARK = " ▁▂▃▄▅▆▇█"
+
+
+def _ago(now: float, t: float | None) -> str:
+    if t is None:
+        return "-"
+    s = max(0.0, now - t)
+    if s < 120:
+        return f"{s:.0f}s"
+    if s < 7200:
+        return f"{s / 60:.0f}m"
+    if s < 172800:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
+
+
+def sparkline(values: list[int]) -> str:
+    top = max(values, default=0)
+    if top <= 0:
+        return _SPARK[0] * len(values)
+    return "".join(_SPARK[min(len(_SPARK) - 1, -(-v * (len(_SPARK) - 1) // top))] for v in values)
+
+
+def lines(s: dict[str, Any], width: int = 100) -> list[str]:
+    """The status picture as text lines, most important first."""
+    now = s.get("now") or time.time()
+    w, c, sch, net, ev = s["workers"], s["counts"], s["scheduler"], s.get("network"), s["events"]
+    waiting = c["scheduled"] + c["queued"] + c["waiting_network"]
+    out = [
+        f"queickd {s['version']}   up {_ago(now, now - s['uptime'])}   store {s['store']}",
+        f"workers  {w['busy']} busy / {w['total'] - w['busy']} idle   running {c['running']}   "
+        f"waiting {waiting} (queued {c['queued']}, scheduled {c['scheduled']}, "
+        f"for network {c['waiting_network']})",
+        f"oldest   queued job waiting {_ago(now, s.get('oldest_queued_at'))}   "
+        f"outbox pending {ev['pending']} (oldest {_ago(now, s.get('outbox_oldest_pending_at'))})",
+        f"dead     {c['dead']} jobs, {ev['dead']} events   scheduler "
+        f"{'alive' if sch['alive'] else 'STOPPED'} (last fired "
+        f"{_ago(now, sch['last_fired_at']) + ' ago' if sch['last_fired_at'] else 'never'})",
+    ]
+    if net is None:
+        out.append("network  no checker configured")
+    else:
+        out.append(f"network  {net['state']} since {_ago(now, net['since'])} ago   checker "
+                   f"{'alive' if net['checker_alive'] else 'DEAD'}, probing {net['target']}")
+    history = s.get("history") or []
+    if history:
+        done = [h["completed"] + h["failed"] for h in history]
+        out.append(f"runs/min {sparkline(done)}  {sum(done)} in the last hour "
+                   f"({sum(h['failed'] for h in history)} failed)")
+        depth = [h["depth"] or 0 for h in history]
+        out.append(f"waiting  {sparkline(depth)}  now {waiting}, peak {max(depth)}")
+    out.append(f"totals   enqueued {s['enqueued']}  completed {s['completed']}  failed runs {s['failed']}  "
+               f"refused {s['refused']}")
+    if s["waiting_by_key"]:
+        out.append("")
+        out.append(f"{'KEY':<30} {'WAITING':>8}  OLDEST DUE")
+        for k in s["waiting_by_key"]:
+            due = k["oldest_run_at"]
+            when = f"{_ago(now, due)} ago" if due <= now else f"in {_ago(due, now)}"
+            out.append(f"{k['key'][:30]:<30} {k['waiting']:>8}  {when}")
+    if s["paused"]:
+        out.append("")
+        for p in s["paused"]:
+            err = p.get("last_error") or {}
+            out.append(f"PAUSED {p['kind']} {p['name']} {_ago(now, p['paused_at'])} ago after "
+                       f"{p['failures']} failures: {err.get('type')}: {err.get('message')}")
+    if s.get("running"):
+        out.append("")
+        out.append(f"{'RUNNING':>8}  {'FOR':>6}  FUNC [KEY]")
+        for j in s["running"]:
+            key = f" [{j['key']}]" if j["key"] else ""
+            out.append(f"{j['id']:>8}  {_ago(now, j['started_at']):>6}  {j['func']}{key}")
+    if s.get("dead_jobs") or s.get("dead_events"):
+        out.append("")
+        out.append(f"{'DEAD':>8}  {'AGO':>6}  FUNC: ERROR")
+        for j in s.get("dead_jobs", []):
+            out.append(f"{j['id']:>8}  {_ago(now, j['finished_at']):>6}  {j['func']}: "
+                       f"{j['error']['type']}: {j['error']['message']}")
+        for e in s.get("dead_events", []):
+            out.append(f"{'event':>8}  {_ago(now, e['created_at']):>6}  {e['func']}: {e['event_id']}: "
+                       f"{e['last_error']}")
+    return [line[:width] for line in out]
+
+
+def top(fetch: Callable[[], dict[str, Any]], interval: float = 1.0) -> int:
+    """Redraw `fetch()` every `interval` s until q or Ctrl-C. Returns the exit status."""
+    import curses
+
+    def loop(scr: Any) -> None:
+        curses.curs_set(0)
+        scr.timeout(int(interval * 1000))
+        while True:
+            try:
+                body = lines(fetch(), 1000)
+            except (OSError, ConnectionError) as e:  # keep trying: the daemon may be restarting
+                body = [f"cannot reach queickd: {e}", "retrying every second; q quits"]
+            rows, cols = scr.getmaxyx()
+            scr.erase()
+            footer = time.strftime("%H:%M:%S") + "  q: quit"
+            for y, text in enumerate(body[: rows - 1]):
+                scr.addnstr(y, 0, text, cols - 1)
+            scr.addnstr(rows - 1, 0, footer, cols - 1, curses.A_REVERSE)
+            scr.refresh()
+            if scr.getch() in (ord("q"), ord("Q")):
+                return
+
+    try:
+        curses.wrapper(loop)
+    except KeyboardInterrupt:
+        pass
+    return 0
