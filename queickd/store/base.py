@@ -196,13 +196,15 @@ class Store(Protocol):
         ...
 
     # --- claim ------------------------------------------------------------------------
-    def claim_available(self, limit: int, now: float, network_up: bool = True) -> list[Job]:
+    def claim_available(self, limit: int, now: float, network_up: bool = True,
+                        pools: Sequence[str] | None = None) -> list[Job]:
         """Atomically move up to `limit` `queued` jobs to `running`, in queue order.
 
         Passed over (they keep waiting): a job whose key already has a running job (and
         every job of a key after the first one taken in this claim), a job whose key or
-        function is paused, and, with network_up False, a job that asked for network
-        replay. Each claimed job's attempts grows by one and started_at becomes now.
+        function is paused, a job of a pool not in `pools` (None: every pool), and, with
+        network_up False, a job that asked for network replay. A passed-over job at the
+        head of its key holds the key: its key's later jobs wait behind it. Each claimed job's attempts grows by one and started_at becomes now.
         Returns the claimed jobs as they are after the claim; [] when nothing is claimable.
         """
         ...
@@ -229,6 +231,18 @@ class Store(Protocol):
         the attempt (a run that found no network does not count against max_attempts);
         result and error are stored as given. One transaction for the batch.
         """
+        ...
+
+    # --- pools ------------------------------------------------------------------------
+    def set_pool(self, kind: str, name: str, pool: str) -> int:
+        """An operator's move to another pool: kind 'job' (name: its id; only while it
+        waits), 'key' (its waiting jobs) or 'cron' (its template and its waiting runs).
+        Returns how many jobs and crons moved."""
+        ...
+
+    def waiting_by_pool(self) -> dict[str, int]:
+        """Waiting jobs (scheduled, queued, waiting_network) per pool; pools with none
+        are absent."""
         ...
 
     # --- pauses -----------------------------------------------------------------------
