@@ -44,6 +44,7 @@ class WorkerPool:
         on_finished: Callable[[list[Outcome]], None] = lambda outcomes: None,
         on_claimed: Callable[[list[Job]], None] = lambda jobs: None,
         pause_after: int | None = None,
+        pools: list[str] | None = None,
     ) -> None:
         if workers < 0:
             raise ValueError("workers must be 0 or more")
@@ -57,6 +58,7 @@ class WorkerPool:
         self._on_finished = on_finished
         self._on_claimed = on_claimed
         self._pause_after = pause_after
+        self.pools = pools  # the worker pools whose jobs it runs; None: every pool
         # Set by anyone who may have made work available or freed a worker; cleared only
         # by the dispatcher before it looks, so no wake-up is lost.
         self._wake = threading.Event()
@@ -131,7 +133,8 @@ class WorkerPool:
                         report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after)
                     free = self.workers - self._busy + len(unapplied)
                     if free > 0 and not self._stopping:
-                        claimed = self.store.claim_available(free, self._clock(), self._network_up())
+                        claimed = self.store.claim_available(free, self._clock(), self._network_up(),
+                                                             pools=self.pools)
                 if unapplied:
                     self._busy -= len(unapplied)
                     finished, unapplied = unapplied, []

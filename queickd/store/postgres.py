@@ -151,9 +151,10 @@ class PostgresStore(StoreBase):
             self.migrate()
 
     # --- connections and transactions ---------------------------------------------------
-    def connect(self) -> psycopg.Connection:
-        """A new autocommit connection to this store's database (the caller closes it)."""
-        return psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+    def connect(self, **options: Any) -> psycopg.Connection:
+        """A new autocommit connection to this store's database (the caller closes it);
+        options are libpq's (keepalives=1, ...)."""
+        return psycopg.connect(self.url, autocommit=True, connect_timeout=10, **options)
 
     def _conn(self) -> psycopg.Connection:
         c = getattr(self._local, "conn", None)
