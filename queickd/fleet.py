@@ -16,6 +16,7 @@ Nothing here imports psycopg at module import time; it is used only with a Postg
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -52,7 +53,9 @@ class Listener:
         """Idempotent; safe before start()."""
         self._stopping.set()
         if self._thread is not None:
-            self._thread.join(self._poll + 5.0)
+            # It notices within `poll` seconds; nothing waits on its leaving (it holds no
+            # job and its connection dies with the process), so a stop does not wait long.
+            self._thread.join(0.2)
 
     def _run(self) -> None:
         from .store.postgres import CHANNEL
@@ -61,8 +64,9 @@ class Listener:
         first = True
         while not self._stopping.is_set():
             try:
+                # Keepalives: a connection the network silently dropped is noticed too.
                 conn = self.store.connect(keepalives=1, keepalives_idle=30, keepalives_interval=10,
-                                          keepalives_count=3)
+                                          keepalives_count=3, application_name=f"queickd-listener-{os.getpid()}")
             except Exception as e:
                 log.warning("listener: cannot connect (%s); trying again in %.1f s", e, backoff)
                 self._stopping.wait(backoff)
@@ -71,10 +75,11 @@ class Listener:
             try:
                 conn.execute(f"LISTEN {CHANNEL}")
                 self.connected.set()
-                if not first:
+                if first:
+                    log.debug("listener: listening on channel %s", CHANNEL)
+                else:
                     self.reconnects += 1
                     log.warning("listener: reconnected; sweeping for work that a lost notification announced")
-                first = False
                 backoff = 0.5
                 self._on_reconnect()  # whatever was announced while we were away
                 while not self._stopping.is_set():
@@ -83,6 +88,7 @@ class Listener:
             except Exception as e:
                 if not self._stopping.is_set():
                     log.warning("listener: connection lost (%s); reconnecting", e)
+                first = False
             finally:
                 self.connected.clear()
                 try:
