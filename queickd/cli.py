@@ -411,6 +411,9 @@ def _run_worker(a: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"queick: configuration error: {e}", file=sys.stderr)
         return EX_CONFIG
+    except OSError as e:  # the database cannot be reached: systemd tries again later
+        print(f"queick: cannot start: {e}", file=sys.stderr)
+        return 1
 
 
 def _run_db(a: argparse.Namespace) -> int:
@@ -424,6 +427,9 @@ def _run_db(a: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"queick: {e}", file=sys.stderr)
         return EX_CONFIG
+    except OSError as e:
+        print(f"queick: cannot migrate: {e}", file=sys.stderr)
+        return 1
     shown = f" (queickd {v[0]}, schema {v[1]})" if (v := getattr(store, "versions", lambda: None)()) else ""
     store.close()
     print(f"{a.store}: schema up to date{shown}")

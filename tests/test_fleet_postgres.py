@@ -227,3 +227,23 @@ def test_the_systemd_units_do_not_restart_a_worker_of_the_wrong_version():
         text = (root / unit).read_text()
         line = next(ln for ln in text.splitlines() if ln.startswith("RestartPreventExitStatus="))
         assert str(EX_VERSION) in line.split("=", 1)[1].split(), unit
+
+
+def test_the_compose_fleet_is_a_daemon_running_no_jobs_and_two_workers_in_two_pools(monkeypatch):
+    yaml = pytest.importorskip("yaml", reason="checking docker-compose.yml needs PyYAML")
+    import shlex
+
+    from queickd.cli import build_parser
+
+    compose = yaml.safe_load((Path(__file__).parent.parent / "docker" / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert services["queickd"]["command"] == ["queick", "run", "--workers", "0"]
+    pools = []
+    for name in ("worker-default", "worker-gpu"):
+        for var, value in services[name]["environment"].items():  # as compose sets them
+            monkeypatch.setenv(var, value)
+        worker_cmd = services[name]["command"][-1].split("exec ", 1)[1]
+        args = build_parser().parse_args(shlex.split(worker_cmd)[1:])  # flags our CLI takes
+        assert args.command == "worker" and services[name]["environment"]["QUEICKD_STORE"].startswith("postgresql://")
+        pools += args.pool
+    assert sorted(pools) == ["default", "gpu"]

@@ -31,6 +31,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 try:
     import psycopg
@@ -134,6 +135,15 @@ def _row_to_pause(r: tuple) -> Pause:
     return Pause(r[0], r[1], r[2], r[3], json.loads(r[4]) if r[4] else None)
 
 
+def _redact(url: str) -> str:
+    """The URL with any password replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def _notify(c: psycopg.Connection, payload: str) -> None:
     c.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
 
@@ -142,19 +152,24 @@ class PostgresStore(StoreBase):
     supports_notify = True
 
     def __init__(self, url: str, migrate: bool = True) -> None:
-        self.url = url
+        self._dsn = url
+        self.url = _redact(url)  # what logs and stats show: never a password
         self._local = threading.local()
         self._all: list[psycopg.Connection] = []
         self._all_lock = threading.Lock()
         self.worker_id: int | None = None  # set by register_worker; claims are recorded with it
         if migrate:
-            self.migrate()
+            try:
+                self.migrate()
+            except psycopg.Error as e:
+                self.close()
+                raise OSError(f"PostgreSQL store {self.url}: {e}".strip()) from e
 
     # --- connections and transactions ---------------------------------------------------
     def connect(self, **options: Any) -> psycopg.Connection:
         """A new autocommit connection to this store's database (the caller closes it);
         options are libpq's (keepalives=1, ...)."""
-        return psycopg.connect(self.url, autocommit=True, connect_timeout=10, **options)
+        return psycopg.connect(self._dsn, autocommit=True, connect_timeout=10, **options)
 
     def _conn(self) -> psycopg.Connection:
         c = getattr(self._local, "conn", None)
@@ -216,10 +231,13 @@ class PostgresStore(StoreBase):
     def versions(self) -> tuple[str | None, int]:
         """(queickd version, schema version) recorded by the last migration; (None, 0) if
         the database was never migrated."""
-        c = self._conn()
-        if c.execute("SELECT to_regclass('queickd_meta')").fetchone()[0] is None:
-            return None, 0
-        rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
+        try:
+            c = self._conn()
+            if c.execute("SELECT to_regclass('queickd_meta')").fetchone()[0] is None:
+                return None, 0
+            rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
+        except psycopg.OperationalError as e:
+            raise OSError(f"PostgreSQL store {self.url}: {e}".strip()) from e
         return rows.get("queickd_version"), int(rows.get("schema_version", 0))
 
     def check_version(self) -> None:
