@@ -205,8 +205,9 @@ class FleetMember:
         if kind == "q":
             if self.pool.pools is None or rest in self.pool.pools:
                 self.pool.wake()
-        elif kind == "f":
-            self.pool.wake()  # a finished job may free a key
+        elif kind in ("f", "fk"):
+            if kind == "fk":
+                self.pool.wake()  # a finished job freed its key: the key's next job may run
             try:
                 self._on_finished_ids([int(i) for i in rest.split(",") if i])
             except ValueError:

@@ -114,3 +114,15 @@ def test_open_store_takes_postgresql_urls(pg_url):
     s = open_store(pg_url)
     assert isinstance(s, PostgresStore) and s.supports_notify
     s.close()
+
+
+def test_a_tick_fired_before_is_not_fired_again_and_the_cron_moves_on(pg_store):
+    from queickd.store import CronRecord
+
+    cron = CronRecord("c", {"every": 60.0, "start_at": T0}, job(), T0 + 60, None, T0)
+    pg_store.cron_save(cron)
+    assert pg_store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 60).outcome == "fired"
+    pg_store.cron_save(cron)  # saved back onto the tick it already fired
+    assert pg_store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 61) is None
+    assert pg_store.next_cron_at() == T0 + 120
+    assert len(pg_store.list_jobs(None, 10)) == 1

@@ -41,6 +41,7 @@ class CronRecord:
             "func": self.template.func,
             "args": self.template.args,
             "kwargs": self.template.kwargs,
+            "pool": self.template.pool,
             "next_run_at": self.next_run_at,
             "last_fired_at": self.last_fired_at,
             "created_at": self.created_at,

@@ -13,8 +13,8 @@ What the database guarantees, not luck:
   conflicts) decides on what every other daemon has committed. The group commit keeps
   that to one lock per batch, not per job.
 Wake-ups go out as NOTIFY on channel `queickd` when jobs become claimable (`q:POOL`), when
-jobs finish (`f:ID,ID,...`: a key may be free, a client may be waiting) and when jobs are
-released (`r`). They are sent at commit, never for a rolled-back change.
+jobs finish (`f:ID,ID,...` for clients waiting on them; `fk:` when one of them held a key,
+which is free now) and when jobs are released (`r`: re-queued, resumed, retried). They are sent at commit, never for a rolled-back change.
 
 Liveness is by record: workers (daemons included) register in `workers` and beat from a
 thread of their own; a running job is an orphan only when its worker has missed three
@@ -401,9 +401,13 @@ class PostgresStore(StoreBase):
                         p = self._streak_in(c, kind, name, o, now, pause_after)
                         if p is not None:
                             paused.append(p)
+            # "fk": a key was freed, so workers should look for that key's next job; "f"
+            # only tells waiting clients (every worker waking on every finish would be a
+            # claim query per worker per finish for nothing).
+            kind = "fk:" if any(r[1] is not None for r in rows) else "f:"
             ids = [r[0] for r in rows]
             for i in range(0, len(ids), _NOTIFY_IDS):
-                _notify(c, "f:" + ",".join(map(str, ids[i:i + _NOTIFY_IDS])))
+                _notify(c, kind + ",".join(map(str, ids[i:i + _NOTIFY_IDS])))
         return Finished(len(rows), paused)
 
     def _streak_in(self, c: psycopg.Connection, kind: str, name: str, o: Outcome, now: float,
@@ -636,6 +640,9 @@ class PostgresStore(StoreBase):
                 return None
             if c.execute("INSERT INTO cron_ticks VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
                          (name, tick, now)).rowcount == 0:
+                # Fired before (the cron was saved back onto an old tick): move on, or the
+                # scheduler would find it due again at once, forever.
+                c.execute("UPDATE crons SET next_run_at = %s WHERE name = %s", (next_tick, name))
                 return None
             waiting = c.execute(
                 f"SELECT 1 FROM jobs WHERE cron = %s AND state IN {_WAITING_SQL} LIMIT 1", (name,)).fetchone()
