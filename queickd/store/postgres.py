@@ -288,21 +288,25 @@ class PostgresStore(StoreBase):
             ids = [r[0] for r in c.execute(
                 "SELECT nextval(pg_get_serial_sequence('jobs', 'id')) AS id"
                 " FROM generate_series(1, %s) ORDER BY id", (len(p.inserts),))]
-            rows = []
+            cols: tuple[list, ...] = tuple([] for _ in range(14))
             pools: set[str] = set()
             for job_id, (_, _, j) in zip(ids, p.inserts, strict=True):
                 state = State.QUEUED if j.run_at <= now else State.SCHEDULED
                 if state == State.QUEUED:
                     pools.add(j.pool)
-                rows.append((job_id, state, j.func, _dumps(j.args) if j.args else None,
-                             _dumps(j.kwargs) if j.kwargs else None, j.priority, j.run_at, now,
-                             j.max_attempts, _dumps(j.retry.to_dict()) if j.retry else None,
-                             j.retry_on_network, j.key, j.idempotency_key, j.cron, j.pool))
-            with c.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO jobs (id, state, func, args, kwargs, priority, run_at, created_at,"
-                    " max_attempts, retry, retry_on_network, key, idempotency_key, cron, pool)"
-                    " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)", rows)
+                for col, v in zip(cols, (job_id, state, j.func, _dumps(j.args) if j.args else None,
+                                         _dumps(j.kwargs) if j.kwargs else None, j.priority, j.run_at,
+                                         j.max_attempts, _dumps(j.retry.to_dict()) if j.retry else None,
+                                         j.retry_on_network, j.key, j.idempotency_key, j.cron, j.pool),
+                                  strict=True):
+                    col.append(v)
+            # One statement for the whole batch: a row per job would be a round trip each.
+            c.execute(
+                "INSERT INTO jobs (id, state, func, args, kwargs, priority, run_at, max_attempts, retry,"
+                " retry_on_network, key, idempotency_key, cron, pool, created_at)"
+                " SELECT *, %s FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[],"
+                " %s::int[], %s::float8[], %s::int[], %s::text[], %s::bool[], %s::text[], %s::text[],"
+                " %s::text[], %s::text[])", (now, *cols))
             for pool in sorted(pools):
                 _notify(c, "q:" + pool)
         manual = {(k, n) for _, _, j in p.inserts if j.manual for k, n in (("key", j.key), ("func", j.func))
