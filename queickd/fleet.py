@@ -131,6 +131,7 @@ class Heartbeat:
         from .store.pgschema import SCHEMA_VERSION
 
         next_sweep = time.monotonic() + self.sweep
+        reported = False
         while not self._stopping.wait(self.interval):
             try:
                 found, version, schema = self.store.beat()
@@ -139,10 +140,12 @@ class Heartbeat:
                     log.warning("heartbeat: this worker's record was gone (it stalled for longer than "
                                 "3 heartbeats and its jobs were re-queued); registering again")
                     self._reregister()
-                if (version, schema) != (__version__, SCHEMA_VERSION):
+                if (version, schema) != (__version__, SCHEMA_VERSION) and not reported:
+                    # Said once; the beats go on, so the jobs still running here while the
+                    # process stops are not taken for orphans and run twice.
+                    reported = True
                     self._on_version_change(f"the database is now at queickd {version} (schema {schema}); "
                                             f"this is {__version__} (schema {SCHEMA_VERSION})")
-                    return
                 rec = self.store.recover_orphans(self.max_orphan_requeues, self._clock())
                 if rec.requeued or rec.dead:
                     log.warning("jobs of workers that stopped beating: %d re-queued, %d dead (orphaned)",

@@ -255,6 +255,8 @@ class Store(Protocol):
 
     def recover_orphans(self, max_requeues: int, now: float) -> Recovered:
         """Every `running` job is an orphan (call only when no worker of this store runs).
+        A shared store (PostgreSQL) takes only the jobs whose worker stopped beating (or
+        that no registered worker claimed), so there it is safe to call at any time.
 
         An orphan whose `orphaned` count is below max_requeues goes back to `queued` with
         that count grown by one; the others become `dead` with error type "orphaned".
