@@ -22,6 +22,9 @@ def test_a_daemon_runs_only_its_pools_and_pool_set_moves_a_keys_waiting_jobs(sta
         assert q.wait(a, 20)["state"] == State.SUCCEEDED
         assert q.get(elsewhere)["state"] == State.QUEUED
         assert q.stats()["pools"]["gpu"] == {"waiting": 1, "workers": 0}
+        shown = queick("stats", "--port", str(d.port)).stdout
+        assert "pool gpu: 1 waiting, 0 worker slot(s) alive   NO WORKERS" in shown
+        assert "pool a: 0 waiting, 4 worker slot(s) alive" in shown
         r = queick("pool", "set", "scan", "b", "--port", str(d.port), "--json")
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout) == {"moved": 1}
