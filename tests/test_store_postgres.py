@@ -126,3 +126,17 @@ def test_a_tick_fired_before_is_not_fired_again_and_the_cron_moves_on(pg_store):
     assert pg_store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 61) is None
     assert pg_store.next_cron_at() == T0 + 120
     assert len(pg_store.list_jobs(None, 10)) == 1
+
+
+def test_a_new_record_for_the_same_host_and_pid_retires_the_old_one_and_its_jobs(pg_url, pg_store):
+    from queickd.store.postgres import PostgresStore
+
+    before = PostgresStore(pg_url, migrate=False)  # this pid's previous life, say
+    old_id = before.register_worker("worker", ["default"], 1, heartbeat=60)
+    pg_store.submit([job()], T0)
+    (held,) = before.claim_available(1, T0)
+    assert pg_store.recover_orphans(3, T0).requeued == []  # its worker beats: not an orphan
+    pg_store.register_worker("worker", ["default"], 1, heartbeat=60)
+    assert [w["id"] for w in pg_store.workers()] == [pg_store.worker_id] != [old_id]
+    assert pg_store.recover_orphans(3, T0).requeued == [held.id]
+    before.close()
