@@ -140,3 +140,9 @@ def test_a_new_record_for_the_same_host_and_pid_retires_the_old_one_and_its_jobs
     assert [w["id"] for w in pg_store.workers()] == [pg_store.worker_id] != [old_id]
     assert pg_store.recover_orphans(3, T0).requeued == [held.id]
     before.close()
+
+
+def test_the_hot_table_leaves_room_for_updates_and_is_vacuumed_early(pg_store):
+    (options,) = pg_store._conn().execute(
+        "SELECT reloptions FROM pg_class WHERE oid = 'jobs'::regclass").fetchone()
+    assert {"fillfactor=70", "autovacuum_vacuum_scale_factor=0.02"} <= set(options)
