@@ -219,13 +219,15 @@ class FleetMember:
             self.pool.wake()
 
 
-def pools_view(store: Any, own_pools: list[str] | None, own_slots: int) -> dict[str, dict[str, int]]:
-    """Per pool: waiting jobs and live worker slots (from the registry where there is one,
-    else this daemon's own workers). A pool with waiting jobs and 0 workers is stuck."""
+def pools_view(store: Any, own_pools: list[str] | None, own_slots: int,
+               registry: list[dict[str, Any]] | None = None) -> dict[str, dict[str, int]]:
+    """Per pool: waiting jobs and live worker slots (from the worker registry of a shared
+    store where given, else this daemon's own workers). A pool with waiting jobs and 0
+    workers is stuck until someone serves it."""
     waiting = store.waiting_by_pool()
     slots: dict[str, int] = {}
-    if hasattr(store, "workers"):
-        for w in store.workers():
+    if registry is not None:
+        for w in registry:
             if w["alive"]:
                 for p in w["pools"]:
                     slots[p] = slots.get(p, 0) + w["slots"]

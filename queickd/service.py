@@ -223,9 +223,9 @@ class QueueService:
         worker: host, pid, pools, version, alive, and why it refused to claim if it did."""
         from .fleet import pools_view
 
-        registry = getattr(self.store, "workers", None)
-        return {"pools": pools_view(self.store, self.pool.pools, self.pool.workers),
-                "fleet": registry() if registry is not None else None}
+        registry = self.store.workers() if hasattr(self.store, "workers") else None
+        return {"pools": pools_view(self.store, self.pool.pools, self.pool.workers, registry),
+                "fleet": registry}
 
     def op_set_pool(self, req: dict[str, Any]) -> dict[str, Any]:
         kind, name, pool = protocol.pool_target(req)
