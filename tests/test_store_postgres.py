@@ -146,3 +146,23 @@ def test_the_hot_table_leaves_room_for_updates_and_is_vacuumed_early(pg_store):
     (options,) = pg_store._conn().execute(
         "SELECT reloptions FROM pg_class WHERE oid = 'jobs'::regclass").fetchone()
     assert {"fillfactor=70", "autovacuum_vacuum_scale_factor=0.02"} <= set(options)
+
+
+def test_enqueues_and_finishes_are_announced_at_commit_with_their_pool_or_ids(pg_store):
+    import psycopg
+
+    listener = psycopg.connect(pg_store._dsn, autocommit=True)
+    listener.execute("LISTEN queickd")
+    plain, keyed = pg_store.submit([job(pool="gpu"), job(key="k")], T0)
+    a, b = pg_store.claim_available(2, T0)
+    pg_store.finish_if_running([Outcome.succeeded(a.id, None)], T0)
+    pg_store.finish_if_running([Outcome.succeeded(b.id, None)], T0)
+    pg_store.retry_all_dead(T0)  # nothing dead: no announcement
+    payloads = [n.payload for n in listener.notifies(timeout=1, stop_after=4)]
+    kinds = {a.id: "fk" if a.key else "f", b.id: "fk" if b.key else "f"}
+    assert payloads == ["q:default", "q:gpu", f"{kinds[a.id]}:{a.id}", f"{kinds[b.id]}:{b.id}"]
+    with pg_store.batch():
+        pg_store.submit([job()], T0)
+        assert list(listener.notifies(timeout=0.2)) == []  # not before the commit
+    assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["q:default"]
+    listener.close()

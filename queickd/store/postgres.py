@@ -61,7 +61,7 @@ from .pools import set_pool_sql
 CHANNEL = "queickd"
 MISSED_BEATS = 3  # a worker that missed this many heartbeats is gone
 _SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
-_NOTIFY_IDS = 600  # job ids per finish notification (payloads are limited to 8000 bytes)
+_NOTIFY_IDS = 300  # job ids per finish notification (payloads are limited to 8000 bytes)
 _CLAIM_RETRIES = 8
 _DB_NOW = "extract(epoch from clock_timestamp())"
 _COLS = (
@@ -73,26 +73,9 @@ _WAITING_SQL = "('scheduled', 'queued', 'waiting_network')"
 _ORPHAN_ERROR = {"type": "orphaned", "message": "its worker stopped while it ran, too often"}
 # A worker is alive while its last beat is younger than MISSED_BEATS of its intervals.
 _ALIVE = f"w.refused IS NULL AND w.beat_at >= {_DB_NOW} - {MISSED_BEATS} * w.heartbeat"
-_CLAIM = f"""
-UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = %(now)s, worker_id = %(worker)s
-WHERE id IN (
-    SELECT q.id FROM jobs q
-    WHERE q.state = 'queued'
-      AND (%(pools)s::text[] IS NULL OR q.pool = ANY(%(pools)s::text[]))
-      AND (%(net)s OR NOT q.retry_on_network)
-      AND NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'func' AND p.name = q.func)
-      AND (q.key IS NULL OR (
-          NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'key' AND p.name = q.key)
-          AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.key = q.key AND r.state = 'running')
-          -- only the head of a key: one job per key per claim, in queue order; a head that
-          -- must wait (network, paused function, another pool) holds its key
-          AND NOT EXISTS (SELECT 1 FROM jobs e WHERE e.key = q.key AND e.state = 'queued'
-                          AND (e.priority, e.run_at, e.id) < (q.priority, q.run_at, q.id))))
-    ORDER BY q.priority, q.run_at, q.id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED)
-RETURNING {_COLS}
-"""
+# The claim itself is the function queickd_claim (pgschema.py): an UPDATE ... WHERE id IN
+# (SELECT ... ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING.
+_CLAIM = f"SELECT {_COLS} FROM queickd_claim(%(now)s, %(worker)s, %(pools)s, %(net)s, %(limit)s)"
 
 
 def _dumps(v: Any) -> str:
@@ -176,6 +159,7 @@ class PostgresStore(StoreBase):
         if c is None or c.closed or c.broken:
             c = self.connect()
             self._local.conn = c
+            self._local.sync = "on"
             with self._all_lock:
                 self._all = [x for x in self._all if not x.closed]
                 self._all.append(c)
@@ -187,6 +171,9 @@ class PostgresStore(StoreBase):
         if getattr(self._local, "in_batch", False):
             yield c
             return
+        if getattr(self._local, "sync", "on") != "on":  # this thread ran bookkeeping before
+            c.execute("SET synchronous_commit = on")
+            self._local.sync = "on"
         with c.transaction():
             yield c
 
@@ -198,7 +185,15 @@ class PostgresStore(StoreBase):
         if getattr(self._local, "in_batch", False):
             yield
             return
-        with self._tx():
+        with self._tx() as c:
+            # The pool's claims and outcomes: a server crash may undo the last of these
+            # commits, and the only effect is that a job runs again (at-least-once), so
+            # they do not wait for the WAL flush. Acked submits always do. The setting is
+            # the session's, changed only when it must (the pool's thread keeps it off).
+            level = "off" if bookkeeping else "on"
+            if getattr(self._local, "sync", "on") != level:
+                c.execute(f"SET synchronous_commit = {level}")
+                self._local.sync = level
             self._local.in_batch = True
             try:
                 yield
@@ -335,11 +330,14 @@ class PostgresStore(StoreBase):
             return []
         params = {"now": now, "worker": self.worker_id, "pools": list(pools) if pools is not None else None,
                   "net": network_up, "limit": limit}
-        c = self._conn()
-        for attempt in range(_CLAIM_RETRIES):
+        if getattr(self._local, "in_batch", False):
+            # No savepoint here (two more round trips on every pass of the pool): a lost key
+            # race, which the claim's own conditions all but rule out, fails the batch,
+            # and the pool applies its outcomes alone and claims again.
+            rows = self._conn().execute(_CLAIM, params).fetchall()
+        for attempt in range(_CLAIM_RETRIES if not getattr(self._local, "in_batch", False) else 0):
             try:
-                # A savepoint inside batch(): a lost key race undoes only this claim.
-                with c.transaction():
+                with self._tx() as c:
                     rows = c.execute(_CLAIM, params).fetchall()
                 break
             except pgerrors.UniqueViolation:
@@ -377,22 +375,33 @@ class PostgresStore(StoreBase):
                                      _dumps(o.error) if o.error else None,
                                      now if o.state in State.FINAL else None), strict=True):
                 col.append(v)
+        # The finish notification rides in the same statement when its ids fit one payload.
+        # "fk": a key was freed, so workers look for that key's next job; "f" only tells
+        # waiting clients (every worker waking on every finish would be a claim query per
+        # worker per finish for nothing).
+        inline = len(outcomes) <= _NOTIFY_IDS
+        told = (", told AS (SELECT pg_notify('queickd', CASE WHEN bool_or(key IS NOT NULL) THEN 'fk:'"
+                " ELSE 'f:' END || string_agg(id::text, ',')) FROM done)") if inline else ""
         with self._tx() as c:
             # Only our own claims: a job re-queued as an orphan and claimed by another
             # worker meanwhile is that worker's to finish.
             rows = c.execute(
-                "UPDATE jobs j SET state = o.state, run_at = coalesce(o.run_at, j.run_at), result = o.result,"
-                " error = o.error, finished_at = o.finished_at, worker_id = NULL,"
+                "WITH done AS (UPDATE jobs j SET state = o.state, run_at = coalesce(o.run_at, j.run_at),"
+                " result = o.result, error = o.error, finished_at = o.finished_at, worker_id = NULL,"
                 " attempts = j.attempts - (o.state = 'waiting_network')::int"
                 " FROM unnest(%s::bigint[], %s::text[], %s::float8[], %s::text[], %s::text[], %s::float8[])"
                 " AS o(id, state, run_at, result, error, finished_at)"
                 " WHERE j.id = o.id AND j.state = 'running'"
-                " AND (%s::bigint IS NULL OR j.worker_id = %s::bigint) RETURNING j.id, j.key, j.func",
+                " AND (%s::bigint IS NULL OR j.worker_id = %s::bigint) RETURNING j.id, j.key, j.func)"
+                + told +
+                # Usually nothing is failing: then a success has no streak to reset.
+                " SELECT id, key, func, EXISTS (SELECT 1 FROM streaks)"
+                + (", (SELECT count(*) FROM told)" if inline else "") + " FROM done",
                 (*cols, self.worker_id, self.worker_id)).fetchall()
             if not rows:
                 return Finished(0, [])
             names = {r[0]: (r[1], r[2]) for r in rows}
-            any_streak = c.execute("SELECT EXISTS (SELECT 1 FROM streaks)").fetchone()[0]
+            any_streak = rows[0][3]
             for o in outcomes:
                 if o.job_id not in names or o.state == State.WAITING_NETWORK:
                     continue
@@ -405,13 +414,11 @@ class PostgresStore(StoreBase):
                         p = self._streak_in(c, kind, name, o, now, pause_after)
                         if p is not None:
                             paused.append(p)
-            # "fk": a key was freed, so workers should look for that key's next job; "f"
-            # only tells waiting clients (every worker waking on every finish would be a
-            # claim query per worker per finish for nothing).
-            kind = "fk:" if any(r[1] is not None for r in rows) else "f:"
-            ids = [r[0] for r in rows]
-            for i in range(0, len(ids), _NOTIFY_IDS):
-                _notify(c, kind + ",".join(map(str, ids[i:i + _NOTIFY_IDS])))
+            if not inline:
+                kind = "fk:" if any(r[1] is not None for r in rows) else "f:"
+                ids = [r[0] for r in rows]
+                for i in range(0, len(ids), _NOTIFY_IDS):
+                    _notify(c, kind + ",".join(map(str, ids[i:i + _NOTIFY_IDS])))
         return Finished(len(rows), paused)
 
     def _streak_in(self, c: psycopg.Connection, kind: str, name: str, o: Outcome, now: float,
