@@ -523,3 +523,7 @@ class StoreContract:
         assert store.set_pool("cron", "c", "gpu") == 1
         fire = store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 60)
         assert store.get(fire.submitted.job_id).pool == "gpu"
+
+    def test_a_claim_for_no_pool_at_all_takes_nothing(self, store):
+        store.submit([job()], T0)
+        assert store.claim_available(5, T0, pools=[]) == []

@@ -360,6 +360,8 @@ class SQLiteStore(StoreBase):
     def claim_available(self, limit: int, now: float, network_up: bool = True,
                         pools: Sequence[str] | None = None) -> list[Job]:
         served = None if pools is None else frozenset(pools)
+        if served is not None and not served:
+            return []
         with self._write(bookkeeping=True) as c:
             busy = {r[0] for r in c.execute(
                 "SELECT key FROM jobs INDEXED BY jobs_running WHERE state = 'running' AND key IS NOT NULL")}
@@ -368,11 +370,15 @@ class SQLiteStore(StoreBase):
             busy |= {n for k, n in paused if k == "key"}
             chosen: list[int] = []
             offset, page = 0, max(64, limit * 4)
+            # Other pools' jobs are passed over inside SQLite, not page by page here; those
+            # with a key still come back, as they may hold their key.
+            mine = "" if served is None else (
+                f" AND (pool IN ({','.join('?' * len(served))}) OR key IS NOT NULL)")
             while len(chosen) < limit:
                 rows = c.execute(
                     "SELECT id, key, func, retry_on_network, pool FROM jobs INDEXED BY jobs_queued"
-                    " WHERE state = 'queued' ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
-                    (page, offset),
+                    f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
+                    (*(served or ()), page, offset),
                 ).fetchall()
                 for job_id, key, func, needs_network, pool in rows:
                     if (needs_network and not network_up) or (served is not None and pool not in served):
