@@ -101,6 +101,15 @@ def test_a_pool_without_workers_keeps_its_jobs_waiting_and_stats_say_so(pg, star
     assert stats["pools"]["gpu"] == {"waiting": 1, "workers": 0}
 
 
+def test_a_daemon_on_postgres_registers_while_it_runs_and_deregisters_on_sigterm(pg, start_daemon):
+    url, admin = pg
+    d = _daemon(start_daemon, url, workers=2)
+    kinds = admin.execute("SELECT kind, pools, slots FROM workers WHERE pid = %s", (d.proc.pid,)).fetchall()
+    assert kinds == [("daemon", ["default"], 2)]
+    assert d.terminate() == 0
+    assert admin.execute("SELECT count(*) FROM workers WHERE pid = %s", (d.proc.pid,)).fetchone()[0] == 0
+
+
 def test_a_worker_killed_mid_job_loses_it_only_after_the_heartbeat_window_then_it_runs_again(
         pg, start_daemon, start_worker, gate):
     url, admin = pg
