@@ -69,7 +69,7 @@ def test_every_job_runs_once_on_a_worker_of_its_own_pool_and_one_at_a_time_per_k
             pool = "ab"[i % 2] if i % 3 else "c"
             key = f"k{i % 5}" if i % 4 == 0 else None
             token = f"{pool}-{key}-{i}"
-            jobs[token] = q.enqueue("testjobs:span", [str(out), token, 0.01], pool=pool, key=key)
+            jobs[token] = q.enqueue("testjobs:span", [str(out), token, 0.03], pool=pool, key=key)
         done = [q.wait(job_id, 60) for job_id in jobs.values()]
         stats = q.stats()
     assert {j["state"] for j in done} == {State.SUCCEEDED}
@@ -135,9 +135,8 @@ def test_a_worker_killed_mid_job_loses_it_only_after_the_heartbeat_window_then_i
 def test_a_worker_that_only_pauses_for_less_than_the_window_keeps_its_job(
         pg, start_daemon, start_worker, gate):
     url, _ = pg
-    d = _daemon(start_daemon, url)
+    d = _daemon(start_daemon, url)  # sweeps for orphans every 0.5 s
     slow = start_worker(url, heartbeat=1.5)  # window 4.5 s
-    start_worker(url, heartbeat=HEARTBEAT)  # a busy sweeper beside it
     with d.client() as q:
         job_id = q.enqueue("testjobs:gate", [gate.port, "only"])
         assert gate.arrival() == "only"
