@@ -158,6 +158,7 @@ class Daemon:
             self.fleet = FleetMember(store, self.pool, kind="daemon", heartbeat=c.heartbeat, sweep=c.sweep,
                                      max_orphan_requeues=c.max_orphan_requeues,
                                      on_finished_ids=lambda ids: self.service.waiters.notify(ids),
+                                     on_scheduled=lambda run_at: self.scheduler.wake_at(run_at),
                                      on_version_change=self._on_version_change, clock=self.clock)
             self.fleet.start()
         self.pool.start()

@@ -166,6 +166,7 @@ class FleetMember:
     def __init__(self, store: Any, pool: Any, *, kind: str, heartbeat: float = DEFAULT_HEARTBEAT,
                  sweep: float = 60.0, max_orphan_requeues: int = 3,
                  on_finished_ids: Callable[[list[int]], None] = lambda ids: None,
+                 on_scheduled: Callable[[float], None] = lambda run_at: None,
                  on_version_change: Callable[[str], None] = lambda reason: None,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
@@ -173,6 +174,7 @@ class FleetMember:
         self.kind = kind
         self.heartbeat_interval = heartbeat
         self._on_finished_ids = on_finished_ids
+        self._on_scheduled = on_scheduled
         self.listener = Listener(store, self._notified, pool.wake)
         self.heartbeat = Heartbeat(store, interval=heartbeat, sweep=sweep,
                                    max_orphan_requeues=max_orphan_requeues, wake=pool.wake,
@@ -213,6 +215,11 @@ class FleetMember:
                 self.pool.wake()  # a finished job freed its key: the key's next job may run
             try:
                 self._on_finished_ids([int(i) for i in rest.split(",") if i])
+            except ValueError:
+                log.warning("listener: unreadable notification %r", payload[:80])
+        elif kind == "s":
+            try:
+                self._on_scheduled(float(rest))
             except ValueError:
                 log.warning("listener: unreadable notification %r", payload[:80])
         else:

@@ -89,6 +89,18 @@ def test_every_job_runs_once_on_a_worker_of_its_own_pool_and_one_at_a_time_per_k
     assert sum(1 for w in stats["fleet"] if w["alive"] and w["kind"] == "worker") == 3
 
 
+def test_a_retry_scheduled_by_an_external_worker_is_promoted_by_the_daemon_on_time(
+        pg, start_daemon, start_worker):
+    url, _ = pg
+    d = _daemon(start_daemon, url, "--sweep", "600")  # its safety sweep would be far too late
+    start_worker(url)
+    with d.client() as q:
+        job_id = q.enqueue("testjobs:fail", retry=True, retry_type="constant", retry_interval=0.5,
+                           max_attempts=2)
+        job = q.wait(job_id, 30)
+    assert (job["state"], job["attempts"]) == (State.DEAD, 2)
+
+
 def test_a_pool_without_workers_keeps_its_jobs_waiting_and_stats_say_so(pg, start_daemon):
     url, _ = pg
     d = _daemon(start_daemon, url, workers=2)  # serves the default pool only

@@ -14,7 +14,8 @@ What the database guarantees, not luck:
   that to one lock per batch, not per job.
 Wake-ups go out as NOTIFY on channel `queickd` when jobs become claimable (`q:POOL`), when
 jobs finish (`f:ID,ID,...` for clients waiting on them; `fk:` when one of them held a key,
-which is free now) and when jobs are released (`r`: re-queued, resumed, retried). They are sent at commit, never for a rolled-back change.
+which is free now), when a failed job is scheduled for a retry (`s:RUN_AT`, for the
+daemons' timers) and when jobs are released (`r`: re-queued, resumed, retried). They are sent at commit, never for a rolled-back change.
 
 Liveness is by record: workers (daemons included) register in `workers` and beat from a
 thread of their own; a running job is an orphan only when its worker has missed three
@@ -402,6 +403,10 @@ class PostgresStore(StoreBase):
                 return Finished(0, [])
             names = {r[0]: (r[1], r[2]) for r in rows}
             any_streak = rows[0][3]
+            retries = [o.run_at for o in outcomes if o.state == State.SCHEDULED and o.job_id in names
+                       and o.run_at is not None]
+            if retries:  # the daemons' timers must know when to move them back to queued
+                _notify(c, f"s:{min(retries)!r}")
             for o in outcomes:
                 if o.job_id not in names or o.state == State.WAITING_NETWORK:
                     continue
