@@ -58,7 +58,7 @@ class Listener:
             self._thread.join(0.2)
 
     def _run(self) -> None:
-        from .store.postgres import CHANNEL
+        from .store.pgregistry import CHANNEL
 
         backoff = 0.5
         first = True

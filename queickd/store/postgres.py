@@ -4,10 +4,12 @@ Needs the `postgres` extra (psycopg 3). Each thread gets its own connection (aut
 a call is one explicit transaction, or joins the one batch() opened on that thread).
 
 What the database guarantees, not luck:
-- claims are `UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING`, so
-  concurrent workers never take the same job, and one claim takes at most `limit` jobs;
+- claims are `UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING` (the
+  function queickd_claim), so concurrent workers never take the same job, and one claim
+  takes at most `limit` jobs;
 - one running job per serial key: a partial unique index; a claim that loses that race
-  is retried (the other claim has committed by then, and the next one passes the key by);
+  is undone and tried again (the other claim has committed by then, so the next one
+  passes the key by);
 - idempotency keys, event ids and (cron, tick) rows are unique indexes;
 - submits take one advisory lock per transaction, so admission (caps, duplicates,
   conflicts) decides on what every other daemon has committed. The group commit keeps
@@ -15,7 +17,8 @@ What the database guarantees, not luck:
 Wake-ups go out as NOTIFY on channel `queickd` when jobs become claimable (`q:POOL`), when
 jobs finish (`f:ID,ID,...` for clients waiting on them; `fk:` when one of them held a key,
 which is free now), when a failed job is scheduled for a retry (`s:RUN_AT`, for the
-daemons' timers) and when jobs are released (`r`: re-queued, resumed, retried). They are sent at commit, never for a rolled-back change.
+daemons' timers) and when jobs are released (`r`: re-queued, resumed, retried). They go
+out at commit, never for a rolled-back change.
 
 Liveness is by record: workers (daemons included) register in `workers` and beat from a
 thread of their own; a running job is an orphan only when its worker has missed three
@@ -27,8 +30,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
-import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -40,7 +41,6 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
 
-from .. import __version__
 from .. import retry as retry_mod
 from ..job import Job, NewJob, Outcome, State, Submitted
 from . import admission as adm
@@ -56,15 +56,12 @@ from .base import (
     Recovered,
     StoreBase,
 )
-from .pgschema import MIGRATE_LOCK, MIGRATIONS, SCHEMA_VERSION, VersionMismatchError, parse_version
+from .pgregistry import ALIVE, FleetRecords, notify
 from .pools import set_pool_sql
 
-CHANNEL = "queickd"
-MISSED_BEATS = 3  # a worker that missed this many heartbeats is gone
 _SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
 _NOTIFY_IDS = 300  # job ids per finish notification (payloads are limited to 8000 bytes)
 _CLAIM_RETRIES = 8
-_DB_NOW = "extract(epoch from clock_timestamp())"
 _COLS = (
     "id, func, args, kwargs, state, priority, run_at, created_at, attempts, max_attempts, retry,"
     " retry_on_network, key, idempotency_key, cron, orphaned, started_at, finished_at, result, error, pool"
@@ -72,8 +69,6 @@ _COLS = (
 _EVENT_COLS = "event_id, state, func, key, created_at, attempts, next_attempt_at, job_id, last_error"
 _WAITING_SQL = "('scheduled', 'queued', 'waiting_network')"
 _ORPHAN_ERROR = {"type": "orphaned", "message": "its worker stopped while it ran, too often"}
-# A worker is alive while its last beat is younger than MISSED_BEATS of its intervals.
-_ALIVE = f"w.refused IS NULL AND w.beat_at >= {_DB_NOW} - {MISSED_BEATS} * w.heartbeat"
 # The claim itself is the function queickd_claim (pgschema.py): an UPDATE ... WHERE id IN
 # (SELECT ... ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING.
 _CLAIM = f"SELECT {_COLS} FROM queickd_claim(%(now)s, %(worker)s, %(pools)s, %(net)s, %(limit)s)"
@@ -128,11 +123,7 @@ def _redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def _notify(c: psycopg.Connection, payload: str) -> None:
-    c.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
-
-
-class PostgresStore(StoreBase):
+class PostgresStore(FleetRecords, StoreBase):
     supports_notify = True
 
     def __init__(self, url: str, migrate: bool = True) -> None:
@@ -201,50 +192,6 @@ class PostgresStore(StoreBase):
             finally:
                 self._local.in_batch = False
 
-    # --- schema and versions ------------------------------------------------------------
-    def migrate(self) -> int:
-        """Bring the schema up to date (idempotent; safe with several daemons starting at
-        once). Returns the schema version. Raises VersionMismatchError when the database
-        was migrated by a newer queickd."""
-        with self._tx() as c:
-            c.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
-            meta = c.execute("SELECT to_regclass('queickd_meta')").fetchone()[0]
-            current, version = 0, None
-            if meta is not None:
-                rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
-                current, version = int(rows.get("schema_version", 0)), rows.get("queickd_version")
-            if current > SCHEMA_VERSION or (version and parse_version(version) > parse_version(__version__)):
-                raise VersionMismatchError(
-                    f"the database was migrated by queickd {version} (schema {current}); this is "
-                    f"queickd {__version__} (schema {SCHEMA_VERSION}): upgrade this host")
-            for sql in MIGRATIONS[current:]:
-                c.execute(sql)
-            c.execute("INSERT INTO queickd_meta VALUES ('schema_version', %s), ('queickd_version', %s)"
-                      " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                      (str(SCHEMA_VERSION), __version__))
-        return SCHEMA_VERSION
-
-    def versions(self) -> tuple[str | None, int]:
-        """(queickd version, schema version) recorded by the last migration; (None, 0) if
-        the database was never migrated."""
-        try:
-            c = self._conn()
-            if c.execute("SELECT to_regclass('queickd_meta')").fetchone()[0] is None:
-                return None, 0
-            rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
-        except psycopg.OperationalError as e:
-            raise OSError(f"PostgreSQL store {self.url}: {e}".strip()) from e
-        return rows.get("queickd_version"), int(rows.get("schema_version", 0))
-
-    def check_version(self) -> None:
-        """Raise VersionMismatchError unless the database was migrated by this very
-        version of queickd (both the package and the schema version must match)."""
-        version, schema = self.versions()
-        if version != __version__ or schema != SCHEMA_VERSION:
-            raise VersionMismatchError(
-                f"database is at queickd {version} (schema {schema}), this worker is queickd "
-                f"{__version__} (schema {SCHEMA_VERSION})")
-
     # --- submit ---------------------------------------------------------------------------
     def submit_requests(
         self, requests: Sequence[Sequence[NewJob]], now: float, admission: adm.Admission = adm.NO_LIMITS
@@ -304,7 +251,7 @@ class PostgresStore(StoreBase):
                 " %s::int[], %s::float8[], %s::int[], %s::text[], %s::bool[], %s::text[], %s::text[],"
                 " %s::text[], %s::text[])", (now, *cols))
             for pool in sorted(pools):
-                _notify(c, "q:" + pool)
+                notify(c, "q:" + pool)
         manual = {(k, n) for _, _, j in p.inserts if j.manual for k, n in (("key", j.key), ("func", j.func))
                   if n is not None}
         for kind, name in manual:  # an operator's run lifts a pause
@@ -318,7 +265,7 @@ class PostgresStore(StoreBase):
                 "UPDATE jobs SET state = 'queued' WHERE state = 'scheduled' AND run_at <= %s RETURNING pool",
                 (now,))]
             for pool in sorted(set(pools)):
-                _notify(c, "q:" + pool)
+                notify(c, "q:" + pool)
         return len(pools)
 
     def next_scheduled_at(self) -> float | None:
@@ -361,7 +308,7 @@ class PostgresStore(StoreBase):
             n = c.execute("UPDATE jobs SET state = 'queued', run_at = %s WHERE state = 'waiting_network'",
                           (now,)).rowcount
             if n:
-                _notify(c, "r")
+                notify(c, "r")
         return n
 
     # --- finish ---------------------------------------------------------------------------
@@ -406,7 +353,7 @@ class PostgresStore(StoreBase):
             retries = [o.run_at for o in outcomes if o.state == State.SCHEDULED and o.job_id in names
                        and o.run_at is not None]
             if retries:  # the daemons' timers must know when to move them back to queued
-                _notify(c, f"s:{min(retries)!r}")
+                notify(c, f"s:{min(retries)!r}")
             for o in outcomes:
                 if o.job_id not in names or o.state == State.WAITING_NETWORK:
                     continue
@@ -423,7 +370,7 @@ class PostgresStore(StoreBase):
                 kind = "fk:" if any(r[1] is not None for r in rows) else "f:"
                 ids = [r[0] for r in rows]
                 for i in range(0, len(ids), _NOTIFY_IDS):
-                    _notify(c, kind + ",".join(map(str, ids[i:i + _NOTIFY_IDS])))
+                    notify(c, kind + ",".join(map(str, ids[i:i + _NOTIFY_IDS])))
         return Finished(len(rows), paused)
 
     def _streak_in(self, c: psycopg.Connection, kind: str, name: str, o: Outcome, now: float,
@@ -451,7 +398,7 @@ class PostgresStore(StoreBase):
         with self._tx() as c:
             rows = c.execute(
                 "WITH gone AS (SELECT id FROM jobs WHERE state = 'running' AND (worker_id IS NULL OR NOT EXISTS"
-                f" (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND {_ALIVE})) FOR UPDATE SKIP LOCKED)"
+                f" (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND {ALIVE})) FOR UPDATE SKIP LOCKED)"
                 " UPDATE jobs SET worker_id = NULL,"
                 "  state = CASE WHEN orphaned >= %(max)s THEN 'dead' ELSE 'queued' END,"
                 "  orphaned = orphaned + (orphaned < %(max)s)::int,"
@@ -461,67 +408,8 @@ class PostgresStore(StoreBase):
                 {"max": max_requeues, "err": _dumps(_ORPHAN_ERROR), "now": now}).fetchall()
             requeued = sorted(r[0] for r in rows if r[1] == State.QUEUED)
             if requeued:
-                _notify(c, "r")
+                notify(c, "r")
         return Recovered(requeued, sorted(r[0] for r in rows if r[1] == State.DEAD))
-
-    # --- the worker registry --------------------------------------------------------------
-    def register_worker(self, kind: str, pools: Sequence[str], slots: int, heartbeat: float,
-                        refused: str | None = None) -> int:
-        """Record this process as a worker serving `pools`; its claims carry the id from
-        now on. A stale record of the same host and pid (this pid's previous owner: pids
-        are compared only on their own host) is dropped, so its jobs become orphans."""
-        host, pid = socket.gethostname(), os.getpid()
-        with self._tx() as c:
-            c.execute("DELETE FROM workers WHERE host = %s AND pid = %s", (host, pid))
-            worker_id = c.execute(
-                "INSERT INTO workers (host, pid, pools, slots, version, schema_version, kind, started_at,"
-                f" beat_at, heartbeat, refused) VALUES (%s, %s, %s, %s, %s, %s, %s, {_DB_NOW}, {_DB_NOW}, %s, %s)"
-                " RETURNING id",
-                (host, pid, list(pools), slots, __version__, SCHEMA_VERSION, kind, heartbeat, refused),
-            ).fetchone()[0]
-        if refused is None:
-            self.worker_id = worker_id
-        return worker_id
-
-    def beat(self) -> tuple[bool, str | None, int]:
-        """Heartbeat: (our record was still there, database's queickd version, schema
-        version). A record that is gone (swept as dead after a long stall) is recreated by
-        the caller; the jobs it held were re-queued and are no longer ours."""
-        with self._tx() as c:
-            found = c.execute(f"UPDATE workers SET beat_at = {_DB_NOW} WHERE id = %s RETURNING id",
-                              (self.worker_id,)).fetchone() is not None
-            rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
-        return found, rows.get("queickd_version"), int(rows.get("schema_version", 0))
-
-    def deregister_worker(self) -> int:
-        """Remove this process's record. Returns how many jobs it still held running (they
-        become orphans: re-queued by the next sweep anywhere)."""
-        if self.worker_id is None:
-            return 0
-        with self._tx() as c:
-            held = c.execute("SELECT count(*) FROM jobs WHERE state = 'running' AND worker_id = %s",
-                             (self.worker_id,)).fetchone()[0]
-            c.execute("DELETE FROM workers WHERE id = %s", (self.worker_id,))
-            if held:
-                _notify(c, "r")
-        self.worker_id = None
-        return held
-
-    def forget_gone_workers(self, older_than: float) -> int:
-        """Delete records of workers silent for more than `older_than` seconds."""
-        with self._tx() as c:
-            return c.execute(f"DELETE FROM workers WHERE beat_at < {_DB_NOW} - %s", (older_than,)).rowcount
-
-    def workers(self) -> list[dict[str, Any]]:
-        """Every registered worker, with `alive` and seconds since its last beat."""
-        rows = self._conn().execute(
-            f"SELECT w.id, w.host, w.pid, w.pools, w.slots, w.version, w.schema_version, w.kind, w.started_at,"
-            f" {_DB_NOW} - w.beat_at, w.heartbeat, w.refused, {_ALIVE},"
-            " (SELECT count(*) FROM jobs j WHERE j.state = 'running' AND j.worker_id = w.id)"
-            " FROM workers w ORDER BY w.id").fetchall()
-        keys = ("id", "host", "pid", "pools", "slots", "version", "schema_version", "kind", "started_at",
-                "silent_for", "heartbeat", "refused", "alive", "running")
-        return [dict(zip(keys, r, strict=True)) for r in rows]
 
     def waiting_by_pool(self) -> dict[str, int]:
         rows = self._conn().execute(f"SELECT pool, count(*) FROM jobs WHERE state IN {_WAITING_SQL}"
@@ -534,7 +422,7 @@ class PostgresStore(StoreBase):
         with self._tx() as c:
             n = set_pool_sql(c.execute, kind, name, pool, "%s")
             if n:
-                _notify(c, "q:" + pool)
+                notify(c, "q:" + pool)
         return n
 
     # --- pauses ---------------------------------------------------------------------------
@@ -546,7 +434,7 @@ class PostgresStore(StoreBase):
         c.execute("DELETE FROM streaks WHERE kind = %s AND name = %s", (kind, name))
         gone = c.execute("DELETE FROM pauses WHERE kind = %s AND name = %s", (kind, name)).rowcount > 0
         if gone:
-            _notify(c, "r")
+            notify(c, "r")
         return gone
 
     def resume(self, kind: str, name: str) -> bool:
@@ -554,10 +442,10 @@ class PostgresStore(StoreBase):
             return self._resume_in(c, kind, name)
 
     # --- operator actions -----------------------------------------------------------------
-    def _update_one(self, sql: str, params: tuple, job_id: int, notify: bool = False) -> Job | None:
+    def _update_one(self, sql: str, params: tuple, job_id: int, released: bool = False) -> Job | None:
         with self._tx() as c:
-            if c.execute(sql, params).rowcount and notify:
-                _notify(c, "r")
+            if c.execute(sql, params).rowcount and released:
+                notify(c, "r")
             row = c.execute(f"SELECT {_COLS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
         return _row_to_job(row) if row else None
 
@@ -569,7 +457,7 @@ class PostgresStore(StoreBase):
     def retry_dead(self, job_id: int, now: float) -> Job | None:
         return self._update_one(
             "UPDATE jobs SET state = 'queued', run_at = %s, attempts = 0, orphaned = 0,"
-            " finished_at = NULL WHERE id = %s AND state = 'dead'", (now, job_id), job_id, notify=True)
+            " finished_at = NULL WHERE id = %s AND state = 'dead'", (now, job_id), job_id, released=True)
 
     def retry_all_dead(self, now: float) -> int:
         with self._tx() as c:
@@ -578,7 +466,7 @@ class PostgresStore(StoreBase):
             n += c.execute("UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = %s"
                            " WHERE state = 'dead'", (now,)).rowcount
             if n:
-                _notify(c, "r")
+                notify(c, "r")
         return n
 
     def purge(self, states: Sequence[str], finished_before: float, limit: int) -> int:
