@@ -12,7 +12,7 @@ Settings of the hot table `jobs`, why:
 - autovacuum at 2 % dead rows (the default is 20 %), with no cost delay: the queue turns
   over all day and dead tuples in the claim index slow every claim; small, frequent
   vacuums keep it short.
-Nothing here imports psycopg; postgres.py runs these statements.
+Nothing here imports psycopg; pgregistry.py runs these statements.
 """
 
 from __future__ import annotations
