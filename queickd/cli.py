@@ -2,7 +2,8 @@
 
 Every flag can also come from the environment: --some-flag reads QUEICKD_SOME_FLAG.
 Exit status: 0 success; 1 the daemon refused or could not be reached; 2 bad usage;
-78 (EX_CONFIG) a configuration error at start-up, which systemd should not restart.
+78 (EX_CONFIG) a configuration error at start-up, which systemd should not restart;
+79 (EX_VERSION) this queickd's version differs from the shared database's: not restarted either.
 """
 
 from __future__ import annotations
@@ -20,15 +21,17 @@ from . import __version__, log, statusview
 from . import config as config_file
 from .client import JobQueue
 from .daemon import Config, Daemon
+from .fleet import EX_VERSION
 from .httpd import DEFAULT_HTTP_PORT
 from .job import State
 from .protocol import QueueError
 from .retry import POLICIES
+from .store.pgschema import VersionMismatchError
 
 EX_CONFIG = 78
 _DEFAULTS = Config()
 _SUBCOMMANDS = ("run", "enqueue", "jobs", "show", "cancel", "retry", "stats", "crons", "dead", "purge",
-                "resume", "status", "top")
+                "resume", "status", "top", "worker", "db", "pool")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -62,7 +65,7 @@ def _opt(p: argparse.ArgumentParser, flag: str, help: str, default: Any = None,
 
 def _daemon_flags(p: argparse.ArgumentParser) -> None:
     d = _DEFAULTS
-    _opt(p, "--store", "store URL: sqlite:///path.db, memory://", d.store)
+    _opt(p, "--store", "store URL: sqlite:///path.db, memory://, postgresql://user@host/db", d.store)
     _opt(p, "--durability", "SQLite sync: full survives power loss; normal may lose the last "
          "commits on power loss (never on a crash)", d.durability, choices=("full", "normal"))
     _opt(p, "--bind", "address to listen on (keep loopback unless you set --token-file)", d.bind)
@@ -94,6 +97,10 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
          const=f"127.0.0.1:{DEFAULT_HTTP_PORT}")
     _opt(p, "--accept-queick-clients", "also accept unmodified Queick 1.2.1 clients (pickled "
          "requests, loaded as plain data only) on the TCP port", False, type=_truthy, nargs="?", const=True)
+    _opt(p, "--pool", "worker pool this daemon's workers serve (repeatable; "
+         "default: default)", None, action="append")
+    _opt(p, "--heartbeat", "seconds between heartbeats in a shared PostgreSQL store (gone after 3 missed)",
+         d.heartbeat, type=float)
     _opt(p, "--log-level", "log level", "info", choices=log.LEVELS)
     _opt(p, "--config", "TOML file holding any of these flags (env and command line win over it) "
          "and [hooks.NAME] webhook tables", None)
@@ -181,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument("--max-attempts", type=int, help="runs in all, the first included (with --retry)")
     enq.add_argument("--key", help="serial key")
     enq.add_argument("--idempotency-key", help="a second enqueue with this key returns the first job")
+    enq.add_argument("--pool", help="worker pool that runs it (default: default)")
     enq.add_argument("--manual", action="store_true",
                      help="an operator's run: refused (conflict) if its key already has a job; resumes a pause")
     enq.add_argument("--wait", type=float, metavar="SECONDS", help="wait for the job to finish and print it")
@@ -231,7 +239,51 @@ def build_parser() -> argparse.ArgumentParser:
     top = sub.add_parser("top", help="a live view of 'queick status', redrawn every second",
                          description="Redraw the status every second until q or Ctrl-C.")
     _client_flags(top)
+    _fleet_parsers(sub)
     return p
+
+
+def _fleet_parsers(sub: Any) -> None:
+    """`queick worker`, `queick db migrate`, `queick pool set`: scaling out on PostgreSQL."""
+    from .workerproc import WorkerConfig
+
+    w = WorkerConfig()
+    wk = sub.add_parser(
+        "worker", help="run an external worker that pulls jobs from PostgreSQL",
+        description="Run jobs of the given pools from a shared PostgreSQL store. Opens no port. "
+        f"Exits {EX_VERSION} (not restarted by systemd) if the database is at another queickd version.")
+    _opt(wk, "--store", "the shared store: postgresql://user@host/db", None, required=_env("--store") is None)
+    _opt(wk, "--pool", "worker pool to serve (repeatable; default: default)", None, action="append")
+    _opt(wk, "--workers", "jobs run at once by this process", w.workers, type=int)
+    _opt(wk, "--app-dir", "directory whose modules may run as jobs", w.app_dir)
+    _opt(wk, "--allow", "also allow modules matching this pattern (fnmatch, repeatable)", None, action="append")
+    _opt(wk, "--heartbeat", "seconds between heartbeats; gone after 3 missed", w.heartbeat, type=float)
+    _opt(wk, "--sweep", "seconds between safety sweeps when no notification comes", w.sweep, type=float)
+    _opt(wk, "--max-orphan-requeues", "times a job whose worker died is re-queued before it is dead",
+         w.max_orphan_requeues, type=int)
+    _opt(wk, "--stop-timeout", "seconds running jobs get to finish on SIGTERM", w.stop_timeout, type=float)
+    _opt(wk, "--pause-after", "failed runs in a row that pause a key or function", w.pause_after, type=int)
+    _opt(wk, "--log-level", "log level", "info", choices=log.LEVELS)
+
+    db = sub.add_parser("db", help="database maintenance", description="Database maintenance.")
+    dbsub = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
+    mig = dbsub.add_parser("migrate", help="create or upgrade the store's schema (idempotent)",
+                           description="Create or upgrade the schema of the store (the daemon does this "
+                           "at start too). Safe to run again, and from several hosts at once.")
+    _opt(mig, "--store", "store URL", _DEFAULTS.store)
+
+    pool = sub.add_parser("pool", help="move work between worker pools",
+                          description="Operator actions on worker pools (logged by the daemon).")
+    poolsub = pool.add_subparsers(dest="pool_command", metavar="ACTION", required=True)
+    ps = poolsub.add_parser("set", help="move a key's waiting jobs (or a job, or a cron) to a pool",
+                            description="Move the waiting jobs of KEY (or one waiting job, or a cron and "
+                            "its waiting runs) to POOL. Running jobs finish where they are.")
+    ps.add_argument("key", nargs="?", help="the serial key")
+    ps.add_argument("pool", help="the pool to move to")
+    which = ps.add_mutually_exclusive_group()
+    which.add_argument("--job", type=int, metavar="JOB_ID", help="one waiting job instead of a key")
+    which.add_argument("--cron", metavar="NAME", help="a cron instead of a key")
+    _client_flags(ps)
 
 
 def _fmt_time(t: float | None) -> str:
@@ -288,6 +340,13 @@ def _print_stats(s: dict[str, Any]) -> None:
     for k in s["waiting_by_key"]:
         print(f"  key {k['key']}: {k['waiting']} waiting, oldest due {_fmt_time(k['oldest_run_at'])}")
     _print_pauses(s["paused"])
+    for name, p in (s.get("pools") or {}).items():
+        alarm = "   NO WORKERS: its jobs wait" if p["waiting"] and not p["workers"] else ""
+        print(f"pool {name}: {p['waiting']} waiting, {p['workers']} worker slot(s) alive{alarm}")
+    for w in s.get("fleet") or []:
+        state = "REFUSED: " + w["refused"] if w["refused"] else "alive" if w["alive"] else "GONE"
+        print(f"  {w['kind']} {w['host']}:{w['pid']} pools {','.join(w['pools'])} queickd {w['version']}"
+              f"  running {w['running']}/{w['slots']}  last beat {w['silent_for']:.0f} s ago  {state}")
 
 
 def _client(a: argparse.Namespace) -> JobQueue:
@@ -304,7 +363,7 @@ def _run_client(a: argparse.Namespace) -> int:
         if a.command == "enqueue":
             options: dict[str, Any] = {"kwargs": a.kwargs, "delay": a.delay, "run_at": a.run_at,
                                        "key": a.key, "idempotency_key": a.idempotency_key,
-                                       "manual": a.manual}
+                                       "manual": a.manual, "pool": a.pool}
             if a.retry:
                 options.update(retry=True, retry_type=a.retry, max_attempts=a.max_attempts)
             job_id = q.enqueue(a.func, a.args, **options)
@@ -352,6 +411,12 @@ def _run_client(a: argparse.Namespace) -> int:
                 return 2
             q.resume(a.key, func=a.func)
             print(json.dumps({"resumed": a.key or a.func}) if a.json else f"resumed {a.key or a.func}")
+        elif a.command == "pool":
+            if (a.key is None) == (a.job is None and a.cron is None):
+                print("queick: give a KEY, or --job ID, or --cron NAME, and the POOL", file=sys.stderr)
+                return 2
+            n = q.set_pool(a.pool, key=a.key, job_id=a.job, cron=a.cron)
+            print(json.dumps({"moved": n}) if a.json else f"{n} moved to pool {a.pool}")
         elif a.command == "stats":
             out = q.stats()
             print(json.dumps(out)) if a.json else _print_stats(out)
@@ -380,6 +445,9 @@ def _run_daemon(a: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"queick: configuration error: {e}", file=sys.stderr)
         return EX_CONFIG
+    except VersionMismatchError as e:
+        print(f"queick: {e}", file=sys.stderr)
+        return EX_VERSION
     except OSError as e:  # the port is taken, the store's directory is not writable, ...
         print(f"queick: cannot start: {e}", file=sys.stderr)
         return 1
@@ -387,7 +455,43 @@ def _run_daemon(a: argparse.Namespace) -> int:
         # Worker threads cannot be interrupted; the store is consistent and their jobs are
         # recovered as orphans next time, so leave without waiting for them.
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(daemon.exit_status)
+    return daemon.exit_status
+
+
+def _run_worker(a: argparse.Namespace) -> int:
+    from .workerproc import WorkerConfig, run
+
+    log.setup(a.log_level)
+    fields = {f.name for f in dataclasses.fields(WorkerConfig)}
+    config = WorkerConfig(**{k: v for k, v in vars(a).items() if k in fields and v is not None})
+    try:
+        return run(config)
+    except ValueError as e:
+        print(f"queick: configuration error: {e}", file=sys.stderr)
+        return EX_CONFIG
+    except OSError as e:  # the database cannot be reached: systemd tries again later
+        print(f"queick: cannot start: {e}", file=sys.stderr)
+        return 1
+
+
+def _run_db(a: argparse.Namespace) -> int:
+    from .store import open_store
+
+    try:
+        store = open_store(a.store)  # opening migrates
+    except VersionMismatchError as e:
+        print(f"queick: {e}", file=sys.stderr)
+        return EX_VERSION
+    except ValueError as e:
+        print(f"queick: {e}", file=sys.stderr)
+        return EX_CONFIG
+    except OSError as e:
+        print(f"queick: cannot migrate: {e}", file=sys.stderr)
+        return 1
+    shown = f" (queickd {v[0]}, schema {v[1]})" if (v := getattr(store, "versions", lambda: None)()) else ""
+    store.close()
+    print(f"{a.store}: schema up to date{shown}")
     return 0
 
 
@@ -412,6 +516,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EX_CONFIG
     if a.command == "run":
         return _run_daemon(a)
+    if a.command == "worker":
+        return _run_worker(a)
+    if a.command == "db":
+        return _run_db(a)
     try:
         return _run_client(a)
     except BrokenPipeError:  # `queick jobs | head`: the reader has gone; so do we, quietly

@@ -191,6 +191,7 @@ class JobQueue:
         run_at: float | None = None,
         manual: bool = False,
         max_workers: int | None = None,  # accepted for Queick compatibility; the daemon decides
+        pool: str | None = None,
     ) -> dict[str, Any]:
         """The wire form of one job, for enqueue_many."""
         spec: dict[str, Any] = {"func": func_name(func)}
@@ -209,7 +210,7 @@ class JobQueue:
         if manual:
             spec["manual"] = True
         for name, value in (("key", key), ("idempotency_key", idempotency_key), ("delay", delay),
-                            ("run_at", run_at)):
+                            ("run_at", run_at), ("pool", pool)):
             if value is not None:
                 spec[name] = value
         return spec
@@ -332,6 +333,13 @@ class JobQueue:
     def retry(self, job_id: int) -> dict[str, Any]:
         """Send a dead job back to the queue."""
         return self._call({"op": "retry", "job_id": job_id})["job"]
+
+    def set_pool(self, pool: str, *, key: str | None = None, job_id: int | None = None,
+                 cron: str | None = None) -> int:
+        """Move a key's waiting jobs (or one waiting job, or a cron) to another worker
+        pool: an operator's action, logged by the daemon. Returns how many moved."""
+        req = {"op": "set_pool", "pool": pool, "key": key, "job_id": job_id, "cron": cron}
+        return self._call({k: v for k, v in req.items() if v is not None})["moved"]
 
     def jobs(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         req: dict[str, Any] = {"op": "jobs", "limit": limit}

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 
 from . import __version__, protocol, sdnotify
 from .batcher import SubmitBatcher
+from .fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
 from .hooks import parse_hooks
 from .httpd import HttpServer, parse_address
-from .job import NewJob, Outcome, State, Submitted
+from .job import DEFAULT_POOL, NewJob, Outcome, State, Submitted
 from .loader import FunctionLoader
 from .metrics import Metrics
 from .netcheck import DEFAULT_INTERVAL, NetworkMonitor, parse_target
@@ -63,6 +64,8 @@ class Config:
     http: str | None = None  # HOST:PORT of the HTTP listener (webhooks, metrics, status page)
     accept_queick_clients: bool = False
     hooks: dict = field(default_factory=dict)  # [hooks.NAME] tables of the config file
+    pool: list[str] = field(default_factory=lambda: [DEFAULT_POOL])  # worker pools its workers serve
+    heartbeat: float = DEFAULT_HEARTBEAT  # seconds between beats in a shared (PostgreSQL) store
 
     @property
     def admission(self) -> Admission:
@@ -81,6 +84,8 @@ class Config:
         if min(self.max_queued, self.max_queued_per_key, self.event_max_attempts, self.pause_after) < 1:
             raise ValueError("max_queued, max_queued_per_key, event_max_attempts and pause_after "
                              "must be at least 1")
+        if not self.pool or not all(self.pool) or not self.heartbeat > 0:
+            raise ValueError("give at least one non-empty pool; heartbeat must be positive")
         if self.idempotency_ttl < 0 or self.keep_finished < 0:
             raise ValueError("idempotency_ttl and keep_finished must not be negative")
         if self.http is not None:
@@ -115,6 +120,8 @@ class Daemon:
         self._stop = threading.Event()
         self._stopped = False
         self._wakeup_w: int | None = None
+        self.fleet: FleetMember | None = None  # with a shared store: registry, heartbeats, LISTEN
+        self.exit_status = 0
 
     def start(self) -> None:
         c = self.config
@@ -146,7 +153,7 @@ class Daemon:
                                network_up=self.network_up,
                                on_finished=self._on_finished,
                                on_claimed=lambda jobs: self.service.waiters.notify([j.id for j in jobs]),
-                               pause_after=c.pause_after, on_ran=self.metrics.on_ran)
+                               pause_after=c.pause_after, on_ran=self.metrics.on_ran, pools=list(c.pool))
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep,
                                    on_sweep=self._on_sweep, timers={"events": self._deliver_events})
         self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock, admission=c.admission)
@@ -173,6 +180,13 @@ class Daemon:
             raise
         if self.network is not None:
             self.network.start()
+        if store.supports_notify:
+            self.fleet = FleetMember(store, self.pool, kind="daemon", heartbeat=c.heartbeat, sweep=c.sweep,
+                                     max_orphan_requeues=c.max_orphan_requeues,
+                                     on_finished_ids=lambda ids: self.service.waiters.notify(ids),
+                                     on_scheduled=lambda run_at: self.scheduler.wake_at(run_at),
+                                     on_version_change=self._on_version_change, clock=self.clock)
+            self.fleet.start()
         self.pool.start()
         self.scheduler.start()
         host, port = self.server.address  # type: ignore[misc]
@@ -183,6 +197,11 @@ class Daemon:
             "queickd %s listening on %s:%d (store %s, durability %s, %d workers)",
             __version__, host, port, store.url, c.durability, c.workers,
         )
+
+    def _on_version_change(self, reason: str) -> None:
+        log.error("stopping: %s", reason)
+        self.exit_status = EX_VERSION
+        self.request_stop()
 
     def network_up(self) -> bool:
         """May jobs that need the network start? Without a checker, always; with one, only
@@ -284,6 +303,8 @@ class Daemon:
                 except Exception:
                     log.exception("error while stopping (%s); going on", step.__qualname__)
         finished = self.pool.stop(self.config.stop_timeout)
+        if self.fleet is not None:
+            self.fleet.stop()
         if finished:
             self.store.close()
             log.info("stopped")

@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+DEFAULT_POOL = "default"  # the worker pool a job goes to when it names none
+
 
 class State:
     """Job states. A job moves scheduled → queued → running → succeeded; see DESIGN.md."""
@@ -59,6 +61,7 @@ class NewJob:
     idempotency_key: str | None = None
     cron: str | None = None  # name of the cron that fired it
     manual: bool = False  # an operator's run: refused if its key is busy; resumes a pause
+    pool: str = DEFAULT_POOL  # only workers serving this pool run it
 
     @property
     def max_attempts(self) -> int:
@@ -98,6 +101,7 @@ class Job:
     finished_at: float | None
     result: Any
     error: dict | None
+    pool: str = DEFAULT_POOL
 
     def to_dict(self) -> dict[str, Any]:
         """The wire form of a job (protocol `get`, `jobs`)."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from . import retry as retry_mod
 from .cron import finite_number, parse_schedule, schedule_to_dict
-from .job import NewJob, State
+from .job import DEFAULT_POOL, NewJob, State
 
 VERSION = 1
 DEFAULT_PORT = 9999
@@ -74,13 +74,13 @@ def bad(message: str) -> QueueError:
 
 _JOB_FIELDS = frozenset(
     {"func", "args", "kwargs", "run_at", "delay", "retry", "retry_on_network", "key",
-     "idempotency_key", "priority", "manual"}
+     "idempotency_key", "priority", "manual", "pool"}
 )
 _EVENT_FIELDS = frozenset({"event_id", "func", "args", "kwargs", "key", "priority", "retry",
-                           "retry_on_network"})
+                           "retry_on_network", "pool"})
 _CRON_FIELDS = frozenset(
     {"name", "cron", "every", "start_at", "func", "args", "kwargs", "retry", "retry_on_network",
-     "key", "priority"}
+     "key", "priority", "pool"}
 )
 # op -> the fields it accepts besides "op". One table; the server rejects anything else.
 OPS: dict[str, frozenset] = {
@@ -100,6 +100,7 @@ OPS: dict[str, frozenset] = {
     "cron": _CRON_FIELDS,
     "crons": frozenset(),
     "cron_delete": frozenset({"name"}),
+    "set_pool": frozenset({"job_id", "key", "cron", "pool"}),
 }
 
 _OPS_WITH_OP = {op: fields | {"op"} for op, fields in OPS.items()}
@@ -263,6 +264,7 @@ def parse_job(obj: dict[str, Any], now: float) -> NewJob:
         key=_opt_str(obj, "key"),
         idempotency_key=_opt_str(obj, "idempotency_key"),
         manual=manual,
+        pool=_opt_str(obj, "pool") or DEFAULT_POOL,
     )
 
 
@@ -338,3 +340,16 @@ def limit(obj: dict[str, Any], default: int = 100, maximum: int = 10_000) -> int
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= maximum:
         raise bad(f"limit must be an integer from 1 to {maximum}")
     return v
+
+
+def pool_target(obj: dict[str, Any]) -> tuple[str, str, str]:
+    """A `set_pool` request -> (kind, name, pool): exactly one of job_id, key or cron."""
+    given = [k for k in ("job_id", "key", "cron") if obj.get(k) is not None]
+    if len(given) != 1:
+        raise bad("give exactly one of job_id, key or cron")
+    pool = _opt_str(obj, "pool")
+    if pool is None:
+        raise bad("pool is required")
+    if given[0] == "job_id":
+        return "job", str(job_id(obj)), pool
+    return given[0], _opt_str(obj, given[0]), pool  # type: ignore[return-value]

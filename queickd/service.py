@@ -8,6 +8,7 @@ are told. Blocking methods touch the store and are called from the server's I/O 
 from __future__ import annotations
 
 import hmac
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from .scheduler import Scheduler
 from .store import CronRecord, Store
 from .store.base import EventState, NewEvent
 from .worker import WorkerPool
+
+log = logging.getLogger("queickd.service")
 
 
 class Waiters:
@@ -215,10 +218,28 @@ class QueueService:
                                for k, n, t in self.store.waiting_by_key(10)],
             "events": self.store.event_counts(),
             "network": self.network.snapshot() if self.network is not None else None,
+            **self._fleet_stats(),
         }
         if req.get("detail"):  # running jobs, dead letters, oldest waits, the last hour
             reply.update(status.detail(self, now, reply["counts"]))
         return reply
+
+    def _fleet_stats(self) -> dict[str, Any]:
+        """Pools (waiting jobs, live worker slots) and, in a shared store, every registered
+        worker: host, pid, pools, version, alive, and why it refused to claim if it did."""
+        from .fleet import pools_view
+
+        registry = self.store.workers() if hasattr(self.store, "workers") else None
+        return {"pools": pools_view(self.store, self.pool.pools, self.pool.workers, registry),
+                "fleet": registry}
+
+    def op_set_pool(self, req: dict[str, Any]) -> dict[str, Any]:
+        kind, name, pool = protocol.pool_target(req)
+        moved = self.store.set_pool(kind, name, pool)
+        # An operator's reallocation of resources: always on the record.
+        log.warning("operator moved %s %r to pool %r (%d job(s)/cron(s) moved)", kind, name, pool, moved)
+        self.pool.wake()
+        return {"ok": True, "moved": moved}
 
     def op_cron(self, req: dict[str, Any]) -> dict[str, Any]:
         now = self.clock()

@@ -44,6 +44,7 @@ class WorkerPool:
         on_claimed: Callable[[list[Job]], None] = lambda jobs: None,
         pause_after: int | None = None,
         on_ran: Callable[[Job, Outcome, float], None] | None = None,
+        pools: list[str] | None = None,
     ) -> None:
         if workers < 0:
             raise ValueError("workers must be 0 or more")
@@ -58,6 +59,7 @@ class WorkerPool:
         self._on_claimed = on_claimed
         self._pause_after = pause_after
         self._on_ran = on_ran  # (job, outcome, seconds) from the worker thread: metrics
+        self.pools = pools  # the worker pools whose jobs it runs; None: every pool
         # Set by anyone who may have made work available or freed a worker; cleared only
         # by the dispatcher before it looks, so no wake-up is lost.
         self._wake = threading.Event()
@@ -175,7 +177,8 @@ class WorkerPool:
                 report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after)
             free = self.workers - self._busy + len(unapplied)
             if free > 0 and not self._stopping:
-                claimed = self.store.claim_available(free, self._clock(), self._network_up())
+                claimed = self.store.claim_available(free, self._clock(), self._network_up(),
+                                                     pools=self.pools)
         if unapplied:
             self._busy -= len(unapplied)
             finished, self._unapplied = unapplied, []

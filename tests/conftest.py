@@ -8,6 +8,8 @@ sys.path.insert(0, str(Path(__file__).parent / "jobs"))
 
 from helpers import STARTED, DaemonProcess, Gate  # noqa: E402
 
+pytest_plugins = ["pgfixtures"]  # PostgreSQL databases and schemas for the tests that need them
+
 
 @pytest.fixture(autouse=True)
 def _no_daemon_outlives_its_test():

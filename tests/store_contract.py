@@ -493,3 +493,37 @@ class StoreContract:
             claimed = store.claim_available(5, T0)
         assert store.get(s.job_id).state == State.SUCCEEDED
         assert [store.get(c.id).state for c in claimed] == [State.RUNNING]
+
+    # --- pools ----------------------------------------------------------------------------
+    def test_a_job_without_a_pool_is_in_the_default_pool(self, store):
+        (s,) = store.submit([job()], T0)
+        assert store.get(s.job_id).pool == "default"
+
+    def test_claim_serves_only_the_given_pools(self, store):
+        gpu, plain = store.submit([job(pool="gpu"), job()], T0)
+        assert [j.id for j in store.claim_available(5, T0, pools=["default"])] == [plain.job_id]
+        assert store.claim_available(5, T0, pools=["other"]) == []
+        (j,) = store.claim_available(5, T0, pools=["gpu", "other"])
+        assert (j.id, j.pool) == (gpu.job_id, "gpu")
+
+    def test_a_key_head_waiting_for_another_pool_holds_its_key(self, store):
+        head, later = store.submit([job(key="k", pool="gpu"), job(key="k")], T0)
+        assert store.claim_available(5, T0, pools=["default"]) == []
+        assert [j.id for j in store.claim_available(5, T0, pools=["gpu"])] == [head.job_id]
+
+    def test_set_pool_moves_a_keys_waiting_jobs_only(self, store):
+        a, b, other = store.submit([job(key="k"), job(key="k"), job(key="x")], T0)
+        store.claim_available(1, T0)  # a runs: it stays where it is
+        assert store.set_pool("key", "k", "gpu") == 1
+        assert [store.get(s.job_id).pool for s in (a, b, other)] == ["default", "gpu", "default"]
+        assert store.waiting_by_pool() == {"gpu": 1, "default": 1}
+
+    def test_set_pool_of_a_cron_moves_its_template(self, store):
+        store.cron_save(self._cron("c", T0 + 60))
+        assert store.set_pool("cron", "c", "gpu") == 1
+        fire = store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 60)
+        assert store.get(fire.submitted.job_id).pool == "gpu"
+
+    def test_a_claim_for_no_pool_at_all_takes_nothing(self, store):
+        store.submit([job()], T0)
+        assert store.claim_available(5, T0, pools=[]) == []

@@ -108,3 +108,18 @@ def test_a_batch_that_raises_leaves_nothing_behind(tmp_path):
         raise RuntimeError("the dispatcher failed before it could run them")
     assert s.counts()[State.QUEUED] == 2 and s.counts()[State.RUNNING] == 0
     s.close()
+
+
+def test_a_version_1_file_gains_the_pool_column_and_keeps_its_jobs(tmp_path):
+    path = str(tmp_path / "q.db")
+    s = SQLiteStore(path)
+    (sub,) = s.submit([job(args=[1])], T0)
+    s.close()
+    with sqlite3.connect(path) as c:  # what a queickd of schema 1 left behind
+        c.execute("ALTER TABLE jobs DROP COLUMN pool")
+        c.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    again = SQLiteStore(path)
+    assert again.get(sub.job_id).pool == "default"
+    assert [j.id for j in again.claim_available(5, T0, pools=["default"])] == [sub.job_id]
+    assert again._conn().execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "2"
+    again.close()

@@ -41,6 +41,7 @@ class CronRecord:
             "func": self.template.func,
             "args": self.template.args,
             "kwargs": self.template.kwargs,
+            "pool": self.template.pool,
             "next_run_at": self.next_run_at,
             "last_fired_at": self.last_fired_at,
             "created_at": self.created_at,
@@ -196,13 +197,15 @@ class Store(Protocol):
         ...
 
     # --- claim ------------------------------------------------------------------------
-    def claim_available(self, limit: int, now: float, network_up: bool = True) -> list[Job]:
+    def claim_available(self, limit: int, now: float, network_up: bool = True,
+                        pools: Sequence[str] | None = None) -> list[Job]:
         """Atomically move up to `limit` `queued` jobs to `running`, in queue order.
 
         Passed over (they keep waiting): a job whose key already has a running job (and
         every job of a key after the first one taken in this claim), a job whose key or
-        function is paused, and, with network_up False, a job that asked for network
-        replay. Each claimed job's attempts grows by one and started_at becomes now.
+        function is paused, a job of a pool not in `pools` (None: every pool), and, with
+        network_up False, a job that asked for network replay. A passed-over job at the
+        head of its key holds the key: its key's later jobs wait behind it. Each claimed job's attempts grows by one and started_at becomes now.
         Returns the claimed jobs as they are after the claim; [] when nothing is claimable.
         """
         ...
@@ -231,6 +234,18 @@ class Store(Protocol):
         """
         ...
 
+    # --- pools ------------------------------------------------------------------------
+    def set_pool(self, kind: str, name: str, pool: str) -> int:
+        """An operator's move to another pool: kind 'job' (name: its id; only while it
+        waits), 'key' (its waiting jobs) or 'cron' (its template and its waiting runs).
+        Returns how many jobs and crons moved."""
+        ...
+
+    def waiting_by_pool(self) -> dict[str, int]:
+        """Waiting jobs (scheduled, queued, waiting_network) per pool; pools with none
+        are absent."""
+        ...
+
     # --- pauses -----------------------------------------------------------------------
     def pauses(self) -> list[Pause]: ...
 
@@ -240,6 +255,8 @@ class Store(Protocol):
 
     def recover_orphans(self, max_requeues: int, now: float) -> Recovered:
         """Every `running` job is an orphan (call only when no worker of this store runs).
+        A shared store (PostgreSQL) takes only the jobs whose worker stopped beating (or
+        that no registered worker claimed), so there it is safe to call at any time.
 
         An orphan whose `orphaned` count is below max_requeues goes back to `queued` with
         that count grown by one; the others become `dead` with error type "orphaned".

@@ -121,7 +121,7 @@ class MemoryStore(StoreBase):
                 run_at=new.run_at, created_at=now, attempts=0, max_attempts=new.max_attempts,
                 retry=new.retry, retry_on_network=new.retry_on_network, key=new.key,
                 idempotency_key=new.idempotency_key, cron=new.cron, orphaned=0, started_at=None,
-                finished_at=None, result=None, error=None,
+                finished_at=None, result=None, error=None, pool=new.pool,
             ))
             if new.idempotency_key is not None:
                 self._idem[new.idempotency_key] = job_id
@@ -161,7 +161,9 @@ class MemoryStore(StoreBase):
             return None
 
     # --- claim ----------------------------------------------------------------------------
-    def claim_available(self, limit: int, now: float, network_up: bool = True) -> list[Job]:
+    def claim_available(self, limit: int, now: float, network_up: bool = True,
+                        pools: Sequence[str] | None = None) -> list[Job]:
+        served = None if pools is None else frozenset(pools)
         out: list[Job] = []
         passed_over: list[tuple[int, float, int]] = []
         with self._lock:
@@ -173,7 +175,8 @@ class MemoryStore(StoreBase):
                 job = self._jobs.get(entry[2])
                 if job is None or job.state != State.QUEUED or (job.priority, job.run_at) != entry[:2]:
                     continue  # a stale entry: the job moved on (or was re-queued at another time)
-                if (job.retry_on_network and not network_up) or job.key in busy or job.func in paused_funcs:
+                if ((job.retry_on_network and not network_up) or job.key in busy or job.func in paused_funcs
+                        or (served is not None and job.pool not in served)):
                     passed_over.append(entry)
                     if job.key is not None:
                         busy.add(job.key)  # a waiting head holds its key: order within a key
@@ -338,6 +341,31 @@ class MemoryStore(StoreBase):
                     per.setdefault(j.key, []).append(j.run_at)
         rows = sorted(((k, len(v), min(v)) for k, v in per.items()), key=lambda r: (-r[1], r[0]))
         return rows[:limit]
+
+    def set_pool(self, kind: str, name: str, pool: str) -> int:
+        with self._lock:
+            if kind == "job":
+                moving = [j for j in (self._jobs.get(int(name)),) if j is not None and j.state in _WAITING]
+            elif kind in ("key", "cron"):
+                moving = [j for j in self._jobs.values() if getattr(j, kind) == name and j.state in _WAITING]
+            else:
+                raise ValueError(f"kind must be job, key or cron, not {kind!r}")
+            for j in moving:
+                self._put(dataclasses.replace(j, pool=pool))
+            n = len(moving)
+            if kind == "cron" and name in self._crons:
+                cron = self._crons[name]
+                self._crons[name] = dataclasses.replace(cron, template=dataclasses.replace(cron.template, pool=pool))
+                n += 1
+            return n
+
+    def waiting_by_pool(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        with self._lock:
+            for j in self._jobs.values():
+                if j.state in _WAITING:
+                    out[j.pool] = out.get(j.pool, 0) + 1
+        return out
 
     # --- cron -----------------------------------------------------------------------------
     def cron_save(self, cron: CronRecord) -> CronRecord:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .. import retry as retry_mod
-from ..job import Job, NewJob, Outcome, State, Submitted
+from ..job import DEFAULT_POOL, Job, NewJob, Outcome, State, Submitted
 from . import admission as adm
 from .base import (
     CronFire,
@@ -36,8 +36,9 @@ from .base import (
     StoreBase,
     StoreInUseError,
 )
+from .pools import set_pool_sql
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: jobs.pool
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS jobs (
@@ -56,6 +57,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     key TEXT,
     idempotency_key TEXT,
     cron TEXT,
+    pool TEXT NOT NULL DEFAULT 'default',
     orphaned INTEGER NOT NULL DEFAULT 0,
     started_at REAL,
     finished_at REAL,
@@ -124,11 +126,11 @@ CREATE INDEX IF NOT EXISTS events_pending ON events (next_attempt_at) WHERE stat
 """
 _COLS = (
     "id, func, args, kwargs, state, priority, run_at, created_at, attempts, max_attempts, retry,"
-    " retry_on_network, key, idempotency_key, cron, orphaned, started_at, finished_at, result, error"
+    " retry_on_network, key, idempotency_key, cron, orphaned, started_at, finished_at, result, error, pool"
 )
 _INSERT = (
     "INSERT INTO jobs (id, state, func, args, kwargs, priority, run_at, created_at, max_attempts,"
-    " retry, retry_on_network, key, idempotency_key, cron) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    " retry, retry_on_network, key, idempotency_key, cron, pool) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 _INSERT_PLAIN = "INSERT INTO jobs (id, state, func, run_at, created_at) VALUES (?,?,?,?,?)"
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
@@ -149,7 +151,7 @@ def _row_to_job(r: tuple) -> Job:
         retry_on_network=bool(r[11]), key=r[12], idempotency_key=r[13], cron=r[14],
         orphaned=r[15], started_at=r[16], finished_at=r[17],
         result=json.loads(r[18]) if r[18] is not None else None,
-        error=json.loads(r[19]) if r[19] else None,
+        error=json.loads(r[19]) if r[19] else None, pool=r[20],
     )
 
 
@@ -157,7 +159,7 @@ def _template_to_json(t: NewJob) -> str:
     return _dumps({
         "func": t.func, "args": t.args, "kwargs": t.kwargs, "priority": t.priority,
         "retry": t.retry.to_dict() if t.retry else None, "retry_on_network": t.retry_on_network,
-        "key": t.key,
+        "key": t.key, "pool": t.pool,
     })
 
 
@@ -269,14 +271,17 @@ class SQLiteStore(StoreBase):
 
     def _migrate(self, c: sqlite3.Connection) -> None:
         with self._write_lock:
-            c.executescript(_SCHEMA)
-            row = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            if row is None:
-                c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) > SCHEMA_VERSION:
+            row = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() if c.execute(
+                "SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone() else None
+            if row is not None and int(row[0]) > SCHEMA_VERSION:
                 raise RuntimeError(
                     f"{self.path} has schema version {row[0]}, newer than this queickd ({SCHEMA_VERSION})"
                 )
+            c.executescript(_SCHEMA)
+            # Version 1 files have no pool column: every job they hold is in the default pool.
+            if "pool" not in {r[1] for r in c.execute("PRAGMA table_info(jobs)")}:
+                c.execute("ALTER TABLE jobs ADD COLUMN pool TEXT NOT NULL DEFAULT 'default'")
+            c.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
 
     # --- submit ---------------------------------------------------------------------------
     def submit_requests(
@@ -321,11 +326,11 @@ class SQLiteStore(StoreBase):
         for job_id, (_, _, j) in zip(ids, p.inserts, strict=True):
             state = State.QUEUED if j.run_at <= now else State.SCHEDULED
             if (j.args or j.kwargs or j.priority or j.retry or j.retry_on_network or j.key
-                    or j.idempotency_key or j.cron):
+                    or j.idempotency_key or j.cron or j.pool != DEFAULT_POOL):
                 full.append((job_id, state, j.func, _dumps(j.args) if j.args else None,
                              _dumps(j.kwargs) if j.kwargs else None, j.priority, j.run_at, now,
                              j.max_attempts, _dumps(j.retry.to_dict()) if j.retry else None,
-                             int(j.retry_on_network), j.key, j.idempotency_key, j.cron))
+                             int(j.retry_on_network), j.key, j.idempotency_key, j.cron, j.pool))
             else:  # binding 5 parameters instead of 14 is most of an insert's Python cost
                 plain.append((job_id, state, j.func, j.run_at, now))
         if plain:
@@ -352,7 +357,11 @@ class SQLiteStore(StoreBase):
         return row[0]
 
     # --- claim ----------------------------------------------------------------------------
-    def claim_available(self, limit: int, now: float, network_up: bool = True) -> list[Job]:
+    def claim_available(self, limit: int, now: float, network_up: bool = True,
+                        pools: Sequence[str] | None = None) -> list[Job]:
+        served = None if pools is None else frozenset(pools)
+        if served is not None and not served:
+            return []
         with self._write(bookkeeping=True) as c:
             busy = {r[0] for r in c.execute(
                 "SELECT key FROM jobs INDEXED BY jobs_running WHERE state = 'running' AND key IS NOT NULL")}
@@ -361,14 +370,18 @@ class SQLiteStore(StoreBase):
             busy |= {n for k, n in paused if k == "key"}
             chosen: list[int] = []
             offset, page = 0, max(16, limit * 2)
+            # Other pools' jobs are passed over inside SQLite, not page by page here; those
+            # with a key still come back, as they may hold their key.
+            mine = "" if served is None else (
+                f" AND (pool IN ({','.join('?' * len(served))}) OR key IS NOT NULL)")
             while len(chosen) < limit:
                 rows = c.execute(
-                    "SELECT id, key, func, retry_on_network FROM jobs INDEXED BY jobs_queued"
-                    " WHERE state = 'queued' ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
-                    (page, offset),
+                    "SELECT id, key, func, retry_on_network, pool FROM jobs INDEXED BY jobs_queued"
+                    f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
+                    (*(served or ()), page, offset),
                 ).fetchall()
-                for job_id, key, func, needs_network in rows:
-                    if needs_network and not network_up:
+                for job_id, key, func, needs_network, pool in rows:
+                    if (needs_network and not network_up) or (served is not None and pool not in served):
                         if key is not None:
                             busy.add(key)
                         continue
@@ -568,6 +581,15 @@ class SQLiteStore(StoreBase):
             " AND state IN ('scheduled', 'queued', 'waiting_network') GROUP BY key"
             " ORDER BY count(*) DESC, key LIMIT ?", (limit,))
         return [tuple(r) for r in rows]  # type: ignore[misc]
+
+    def set_pool(self, kind: str, name: str, pool: str) -> int:
+        with self._write() as c:
+            return set_pool_sql(c.execute, kind, name, pool, "?")
+
+    def waiting_by_pool(self) -> dict[str, int]:
+        return dict(self._conn().execute(
+            "SELECT pool, count(*) FROM jobs WHERE state IN ('scheduled', 'queued', 'waiting_network')"
+            " GROUP BY pool").fetchall())
 
     def integrity_check(self) -> str:
         """'ok', or what SQLite's quick_check found wrong."""

@@ -82,3 +82,14 @@ class _UnprintableError(Exception):
 
 def fail_unprintable():
     raise _UnprintableError()
+
+
+def span(path, token, hold=0.02):
+    """Record one run: token, the worker's pid, and when it started and ended (one line,
+    written whole), so a test can see which process ran it and whether runs overlapped."""
+    import os
+
+    start = time.time()
+    time.sleep(hold)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"{token} {os.getpid()} {start!r} {time.time()!r}\n")

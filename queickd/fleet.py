@@ -1,0 +1,246 @@
+"""Membership of a fleet on one PostgreSQL database: wake-ups, heartbeats, orphan sweeps.
+
+A process that runs jobs from a shared store (a daemon, or an external `queick worker`)
+registers in the store's worker registry, then keeps two threads of its own, apart from
+the threads that run jobs, so a long or CPU-bound job never silences them:
+- the listener holds a connection that LISTENs; a notification wakes the worker pool (or,
+  for finished jobs, the clients waiting on them). The connection is watched: when it
+  drops, the listener reconnects and at once wakes the pool for a sweep, so a lost NOTIFY
+  costs at most one sweep interval, never a stuck job.
+- the heartbeat beats every `heartbeat` seconds, re-queues the running jobs of workers
+  that missed three beats (safe to run in every process at once), wakes the pool once per
+  `sweep` as a safety net, and notices a database migrated to another version.
+Nothing here imports psycopg at module import time; it is used only with a PostgresStore.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("queickd.fleet")
+
+EX_VERSION = 79  # exit status: this worker's version differs from the database's; do not restart
+DEFAULT_HEARTBEAT = 10.0  # seconds between heartbeats; a worker silent for 3 of them is gone
+FORGET_AFTER = 24 * 3600.0  # records of gone workers stay visible in stats this long
+_RECONNECT_MAX = 30.0
+
+
+class Listener:
+    """LISTEN on the store's channel in a thread of its own; reconnects when dropped."""
+
+    def __init__(self, store: Any, on_notify: Callable[[str], None], on_reconnect: Callable[[], None],
+                 *, poll: float = 2.0) -> None:
+        self.store = store
+        self._on_notify = on_notify
+        self._on_reconnect = on_reconnect
+        self._poll = poll  # how often the thread checks for stop(); no query is sent
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.connected = threading.Event()  # set while LISTENing
+        self.reconnects = 0
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="queickd-listener", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Idempotent; safe before start()."""
+        self._stopping.set()
+        if self._thread is not None:
+            # It notices within `poll` seconds; nothing waits on its leaving (it holds no
+            # job and its connection dies with the process), so a stop does not wait long.
+            self._thread.join(0.2)
+
+    def _run(self) -> None:
+        from .store.pgregistry import CHANNEL
+
+        backoff = 0.5
+        first = True
+        while not self._stopping.is_set():
+            try:
+                # Keepalives: a connection the network silently dropped is noticed too.
+                conn = self.store.connect(keepalives=1, keepalives_idle=30, keepalives_interval=10,
+                                          keepalives_count=3, application_name=f"queickd-listener-{os.getpid()}")
+            except Exception as e:
+                log.warning("listener: cannot connect (%s); trying again in %.1f s", e, backoff)
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, _RECONNECT_MAX)
+                continue
+            try:
+                conn.execute(f"LISTEN {CHANNEL}")
+                self.connected.set()
+                if first:
+                    log.debug("listener: listening on channel %s", CHANNEL)
+                else:
+                    self.reconnects += 1
+                    log.warning("listener: reconnected; sweeping for work that a lost notification announced")
+                backoff = 0.5
+                self._on_reconnect()  # whatever was announced while we were away
+                while not self._stopping.is_set():
+                    for n in conn.notifies(timeout=self._poll):
+                        self._on_notify(n.payload)
+            except Exception as e:
+                if not self._stopping.is_set():
+                    log.warning("listener: connection lost (%s); reconnecting", e)
+                first = False
+            finally:
+                self.connected.clear()
+                try:
+                    conn.close()
+                except Exception:
+                    pass
+
+
+class Heartbeat:
+    """Beats, sweeps orphans and wakes the pool for its safety sweep, from its own thread."""
+
+    def __init__(self, store: Any, *, interval: float, sweep: float, max_orphan_requeues: int,
+                 wake: Callable[[], None], reregister: Callable[[], None],
+                 on_version_change: Callable[[str], None], clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.interval = interval
+        self.sweep = sweep
+        self.max_orphan_requeues = max_orphan_requeues
+        self._wake = wake
+        self._reregister = reregister
+        self._on_version_change = on_version_change
+        self._clock = clock
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.beats = 0
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="queickd-heartbeat", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Idempotent; safe before start()."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(10.0)
+
+    def _run(self) -> None:
+        from . import __version__
+        from .store.pgschema import SCHEMA_VERSION
+
+        next_sweep = time.monotonic() + self.sweep
+        reported = False
+        while not self._stopping.wait(self.interval):
+            try:
+                found, version, schema = self.store.beat()
+                self.beats += 1
+                if not found:
+                    log.warning("heartbeat: this worker's record was gone (it stalled for longer than "
+                                "3 heartbeats and its jobs were re-queued); registering again")
+                    self._reregister()
+                if (version, schema) != (__version__, SCHEMA_VERSION) and not reported:
+                    # Said once; the beats go on, so the jobs still running here while the
+                    # process stops are not taken for orphans and run twice.
+                    reported = True
+                    self._on_version_change(f"the database is now at queickd {version} (schema {schema}); "
+                                            f"this is {__version__} (schema {SCHEMA_VERSION})")
+                rec = self.store.recover_orphans(self.max_orphan_requeues, self._clock())
+                if rec.requeued or rec.dead:
+                    log.warning("jobs of workers that stopped beating: %d re-queued, %d dead (orphaned)",
+                                len(rec.requeued), len(rec.dead))
+                    self._wake()
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + self.sweep
+                    self.store.forget_gone_workers(FORGET_AFTER)
+                    self._wake()  # safety sweep: a lost wake-up costs at most this long
+            except Exception:
+                log.exception("heartbeat: store error; trying again at the next beat")
+
+
+class FleetMember:
+    """Registers a process's WorkerPool in the store's registry and keeps it beating and
+    listening. start() once the pool exists; stop() after the pool has stopped."""
+
+    def __init__(self, store: Any, pool: Any, *, kind: str, heartbeat: float = DEFAULT_HEARTBEAT,
+                 sweep: float = 60.0, max_orphan_requeues: int = 3,
+                 on_finished_ids: Callable[[list[int]], None] = lambda ids: None,
+                 on_scheduled: Callable[[float], None] = lambda run_at: None,
+                 on_version_change: Callable[[str], None] = lambda reason: None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.pool = pool
+        self.kind = kind
+        self.heartbeat_interval = heartbeat
+        self._on_finished_ids = on_finished_ids
+        self._on_scheduled = on_scheduled
+        self.listener = Listener(store, self._notified, pool.wake)
+        self.heartbeat = Heartbeat(store, interval=heartbeat, sweep=sweep,
+                                   max_orphan_requeues=max_orphan_requeues, wake=pool.wake,
+                                   reregister=self._register, on_version_change=on_version_change,
+                                   clock=clock)
+
+    def _register(self) -> None:
+        pools = self.pool.pools if self.pool.pools is not None else ["*"]
+        self.store.register_worker(self.kind, pools, self.pool.workers, self.heartbeat_interval)
+
+    def start(self) -> None:
+        self._register()
+        self.listener.start()
+        self.heartbeat.start()
+
+    def stop(self) -> None:
+        """Stop listening and beating, then deregister. Jobs still running (past the stop
+        timeout) are left to the orphan sweep of the other members, and said so."""
+        self.listener.stop()
+        self.heartbeat.stop()
+        try:
+            held = self.store.deregister_worker()
+        except Exception:
+            log.exception("could not deregister; the other workers will take this one for gone "
+                          "after 3 missed heartbeats")
+            return
+        if held:
+            log.warning("deregistered with %d job(s) still running; they are orphans now and will be "
+                        "re-queued by the next sweep of any worker", held)
+
+    def _notified(self, payload: str) -> None:
+        kind, _, rest = payload.partition(":")
+        if kind == "q":
+            if self.pool.pools is None or rest in self.pool.pools:
+                self.pool.wake()
+        elif kind in ("f", "fk"):
+            if kind == "fk":
+                self.pool.wake()  # a finished job freed its key: the key's next job may run
+            try:
+                self._on_finished_ids([int(i) for i in rest.split(",") if i])
+            except ValueError:
+                log.warning("listener: unreadable notification %r", payload[:80])
+        elif kind == "s":
+            try:
+                self._on_scheduled(float(rest))
+            except ValueError:
+                log.warning("listener: unreadable notification %r", payload[:80])
+        else:
+            self.pool.wake()
+
+
+def pools_view(store: Any, own_pools: list[str] | None, own_slots: int,
+               registry: list[dict[str, Any]] | None = None) -> dict[str, dict[str, int]]:
+    """Per pool: waiting jobs and live worker slots (from the worker registry of a shared
+    store where given, else this daemon's own workers). A pool with waiting jobs and 0
+    workers is stuck until someone serves it."""
+    waiting = store.waiting_by_pool()
+    slots: dict[str, int] = {}
+    if registry is not None:
+        for w in registry:
+            if w["alive"]:
+                for p in w["pools"]:
+                    slots[p] = slots.get(p, 0) + w["slots"]
+    else:
+        for p in own_pools or ["*"]:
+            slots[p] = slots.get(p, 0) + own_slots
+    names = sorted(set(waiting) | {p for p in slots if p != "*"})
+    everything = slots.get("*", 0)
+    return {p: {"waiting": waiting.get(p, 0), "workers": slots.get(p, 0) + everything} for p in names}

@@ -1,0 +1,141 @@
+"""The PostgreSQL store's records of the fleet: schema migration and versions, and the
+worker registry (who serves which pools, and who still beats).
+
+A mixin of PostgresStore, kept apart because none of it is the Store contract: it is what
+daemons and external workers on one database need to know about each other. It uses the
+store's `_tx()`, `_conn()`, `url` and `worker_id`. Times of beats are the database's
+clock, so hosts whose clocks disagree still agree on who is alive.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from .. import __version__
+from .pgschema import MIGRATE_LOCK, MIGRATIONS, SCHEMA_VERSION, VersionMismatchError, parse_version
+
+CHANNEL = "queickd"  # the LISTEN/NOTIFY channel of wake-ups
+MISSED_BEATS = 3  # a worker that missed this many heartbeats is gone
+DB_NOW = "extract(epoch from clock_timestamp())"
+# A worker is alive while its last beat is younger than MISSED_BEATS of its intervals.
+ALIVE = f"w.refused IS NULL AND w.beat_at >= {DB_NOW} - {MISSED_BEATS} * w.heartbeat"
+
+
+def notify(c: psycopg.Connection, payload: str) -> None:
+    """NOTIFY the channel; delivered when the caller's transaction commits, if it does."""
+    c.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+
+
+class FleetRecords:
+    """Schema, versions and the worker registry; mixed into PostgresStore."""
+
+    url: str
+    worker_id: int | None  # set by register_worker; the store's claims are recorded with it
+
+    # --- schema and versions ------------------------------------------------------------
+    def migrate(self) -> int:
+        """Bring the schema up to date (idempotent; safe with several daemons starting at
+        once). Returns the schema version. Raises VersionMismatchError when the database
+        was migrated by a newer queickd."""
+        with self._tx() as c:
+            c.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
+            meta = c.execute("SELECT to_regclass('queickd_meta')").fetchone()[0]
+            current, version = 0, None
+            if meta is not None:
+                rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
+                current, version = int(rows.get("schema_version", 0)), rows.get("queickd_version")
+            if current > SCHEMA_VERSION or (version and parse_version(version) > parse_version(__version__)):
+                raise VersionMismatchError(
+                    f"the database was migrated by queickd {version} (schema {current}); this is "
+                    f"queickd {__version__} (schema {SCHEMA_VERSION}): upgrade this host")
+            for sql in MIGRATIONS[current:]:
+                c.execute(sql)
+            c.execute("INSERT INTO queickd_meta VALUES ('schema_version', %s), ('queickd_version', %s)"
+                      " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                      (str(SCHEMA_VERSION), __version__))
+        return SCHEMA_VERSION
+
+    def versions(self) -> tuple[str | None, int]:
+        """(queickd version, schema version) recorded by the last migration; (None, 0) if
+        the database was never migrated."""
+        try:
+            c = self._conn()
+            if c.execute("SELECT to_regclass('queickd_meta')").fetchone()[0] is None:
+                return None, 0
+            rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
+        except psycopg.OperationalError as e:
+            raise OSError(f"PostgreSQL store {self.url}: {e}".strip()) from e
+        return rows.get("queickd_version"), int(rows.get("schema_version", 0))
+
+    def check_version(self) -> None:
+        """Raise VersionMismatchError unless the database was migrated by this very
+        version of queickd (both the package and the schema version must match)."""
+        version, schema = self.versions()
+        if version != __version__ or schema != SCHEMA_VERSION:
+            raise VersionMismatchError(
+                f"database is at queickd {version} (schema {schema}), this worker is queickd "
+                f"{__version__} (schema {SCHEMA_VERSION})")
+
+    # --- the worker registry --------------------------------------------------------------
+    def register_worker(self, kind: str, pools: Sequence[str], slots: int, heartbeat: float,
+                        refused: str | None = None) -> int:
+        """Record this process as a worker serving `pools`; its claims carry the id from
+        now on. A stale record of the same host and pid (this pid's previous owner: pids
+        are compared only on their own host) is dropped, so its jobs become orphans."""
+        host, pid = socket.gethostname(), os.getpid()
+        with self._tx() as c:
+            c.execute("DELETE FROM workers WHERE host = %s AND pid = %s", (host, pid))
+            worker_id = c.execute(
+                "INSERT INTO workers (host, pid, pools, slots, version, schema_version, kind, started_at,"
+                f" beat_at, heartbeat, refused) VALUES (%s, %s, %s, %s, %s, %s, %s, {DB_NOW}, {DB_NOW}, %s, %s)"
+                " RETURNING id",
+                (host, pid, list(pools), slots, __version__, SCHEMA_VERSION, kind, heartbeat, refused),
+            ).fetchone()[0]
+        if refused is None:
+            self.worker_id = worker_id
+        return worker_id
+
+    def beat(self) -> tuple[bool, str | None, int]:
+        """Heartbeat: (our record was still there, database's queickd version, schema
+        version). A record that is gone (swept as dead after a long stall) is recreated by
+        the caller; the jobs it held were re-queued and are no longer ours."""
+        with self._tx() as c:
+            found = c.execute(f"UPDATE workers SET beat_at = {DB_NOW} WHERE id = %s RETURNING id",
+                              (self.worker_id,)).fetchone() is not None
+            rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
+        return found, rows.get("queickd_version"), int(rows.get("schema_version", 0))
+
+    def deregister_worker(self) -> int:
+        """Remove this process's record. Returns how many jobs it still held running (they
+        become orphans: re-queued by the next sweep anywhere)."""
+        if self.worker_id is None:
+            return 0
+        with self._tx() as c:
+            held = c.execute("SELECT count(*) FROM jobs WHERE state = 'running' AND worker_id = %s",
+                             (self.worker_id,)).fetchone()[0]
+            c.execute("DELETE FROM workers WHERE id = %s", (self.worker_id,))
+            if held:
+                notify(c, "r")
+        self.worker_id = None
+        return held
+
+    def forget_gone_workers(self, older_than: float) -> int:
+        """Delete records of workers silent for more than `older_than` seconds."""
+        with self._tx() as c:
+            return c.execute(f"DELETE FROM workers WHERE beat_at < {DB_NOW} - %s", (older_than,)).rowcount
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Every registered worker, with `alive` and seconds since its last beat."""
+        rows = self._conn().execute(
+            f"SELECT w.id, w.host, w.pid, w.pools, w.slots, w.version, w.schema_version, w.kind, w.started_at,"
+            f" {DB_NOW} - w.beat_at, w.heartbeat, w.refused, {ALIVE},"
+            " (SELECT count(*) FROM jobs j WHERE j.state = 'running' AND j.worker_id = w.id)"
+            " FROM workers w ORDER BY w.id").fetchall()
+        keys = ("id", "host", "pid", "pools", "slots", "version", "schema_version", "kind", "started_at",
+                "silent_for", "heartbeat", "refused", "alive", "running")
+        return [dict(zip(keys, r, strict=True)) for r in rows]

@@ -1,0 +1,640 @@
+"""PostgreSQL store (`postgresql://user@host/db`): one queue shared by many hosts.
+
+Needs the `postgres` extra (psycopg 3). Each thread gets its own connection (autocommit;
+a call is one explicit transaction, or joins the one batch() opened on that thread).
+
+What the database guarantees, not luck:
+- claims are `UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING` (the
+  function queickd_claim), so concurrent workers never take the same job, and one claim
+  takes at most `limit` jobs;
+- one running job per serial key: a partial unique index; a claim that loses that race
+  is undone and tried again (the other claim has committed by then, so the next one
+  passes the key by);
+- idempotency keys, event ids and (cron, tick) rows are unique indexes;
+- submits take one advisory lock per transaction, so admission (caps, duplicates,
+  conflicts) decides on what every other daemon has committed. The group commit keeps
+  that to one lock per batch, not per job.
+Wake-ups go out as NOTIFY on channel `queickd` when jobs become claimable (`q:POOL`), when
+jobs finish (`f:ID,ID,...` for clients waiting on them; `fk:` when one of them held a key,
+which is free now), when a failed job is scheduled for a retry (`s:RUN_AT`, for the
+daemons' timers) and when jobs are released (`r`: re-queued, resumed, retried). They go
+out at commit, never for a rolled-back change.
+
+Liveness is by record: workers (daemons included) register in `workers` and beat from a
+thread of their own; a running job is an orphan only when its worker has missed three
+beats (database clock), so a long job is never rescued while its worker lives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+try:
+    import psycopg
+    from psycopg import errors as pgerrors
+except ImportError as e:  # pragma: no cover - depends on the installed extras
+    raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
+
+from .. import retry as retry_mod
+from ..job import Job, NewJob, Outcome, State, Submitted
+from . import admission as adm
+from .base import (
+    CronFire,
+    CronRecord,
+    Event,
+    EventAccepted,
+    EventState,
+    Finished,
+    NewEvent,
+    Pause,
+    Recovered,
+    StoreBase,
+)
+from .pgregistry import ALIVE, FleetRecords, notify
+from .pools import set_pool_sql
+
+_SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
+_NOTIFY_IDS = 300  # job ids per finish notification (payloads are limited to 8000 bytes)
+_CLAIM_RETRIES = 8
+_COLS = (
+    "id, func, args, kwargs, state, priority, run_at, created_at, attempts, max_attempts, retry,"
+    " retry_on_network, key, idempotency_key, cron, orphaned, started_at, finished_at, result, error, pool"
+)
+_EVENT_COLS = "event_id, state, func, key, created_at, attempts, next_attempt_at, job_id, last_error"
+_WAITING_SQL = "('scheduled', 'queued', 'waiting_network')"
+_ORPHAN_ERROR = {"type": "orphaned", "message": "its worker stopped while it ran, too often"}
+# The claim itself is the function queickd_claim (pgschema.py): an UPDATE ... WHERE id IN
+# (SELECT ... ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING.
+_CLAIM = f"SELECT {_COLS} FROM queickd_claim(%(now)s, %(worker)s, %(pools)s, %(net)s, %(limit)s)"
+
+
+def _dumps(v: Any) -> str:
+    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+
+
+def _row_to_job(r: tuple) -> Job:
+    return Job(
+        id=r[0], func=r[1], args=json.loads(r[2]) if r[2] else [],
+        kwargs=json.loads(r[3]) if r[3] else {}, state=r[4], priority=r[5], run_at=r[6],
+        created_at=r[7], attempts=r[8], max_attempts=r[9],
+        retry=retry_mod.spec_from_dict(json.loads(r[10])) if r[10] else None,
+        retry_on_network=r[11], key=r[12], idempotency_key=r[13], cron=r[14],
+        orphaned=r[15], started_at=r[16], finished_at=r[17],
+        result=json.loads(r[18]) if r[18] is not None else None,
+        error=json.loads(r[19]) if r[19] else None, pool=r[20],
+    )
+
+
+def _template_to_json(t: NewJob) -> str:
+    return _dumps({
+        "func": t.func, "args": t.args, "kwargs": t.kwargs, "priority": t.priority,
+        "retry": t.retry.to_dict() if t.retry else None, "retry_on_network": t.retry_on_network,
+        "key": t.key, "pool": t.pool,
+    })
+
+
+def _template_from_json(s: str) -> NewJob:
+    d = json.loads(s)
+    d["retry"] = retry_mod.spec_from_dict(d.get("retry"))
+    return NewJob(**d)
+
+
+def _row_to_cron(r: tuple) -> CronRecord:
+    return CronRecord(name=r[0], schedule=json.loads(r[1]), template=_template_from_json(r[2]),
+                      next_run_at=r[3], last_fired_at=r[4], created_at=r[5], folded=r[6])
+
+
+def _row_to_pause(r: tuple) -> Pause:
+    return Pause(r[0], r[1], r[2], r[3], json.loads(r[4]) if r[4] else None)
+
+
+def _redact(url: str) -> str:
+    """The URL with any password replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class PostgresStore(FleetRecords, StoreBase):
+    supports_notify = True
+
+    def __init__(self, url: str, migrate: bool = True) -> None:
+        self._dsn = url
+        self.url = _redact(url)  # what logs and stats show: never a password
+        self._local = threading.local()
+        self._all: list[psycopg.Connection] = []
+        self._all_lock = threading.Lock()
+        self.worker_id: int | None = None  # set by register_worker; claims are recorded with it
+        if migrate:
+            try:
+                self.migrate()
+            except psycopg.Error as e:
+                self.close()
+                raise OSError(f"PostgreSQL store {self.url}: {e}".strip()) from e
+
+    # --- connections and transactions ---------------------------------------------------
+    def connect(self, **options: Any) -> psycopg.Connection:
+        """A new autocommit connection to this store's database (the caller closes it);
+        options are libpq's (keepalives=1, ...)."""
+        return psycopg.connect(self._dsn, autocommit=True, connect_timeout=10, **options)
+
+    def _conn(self) -> psycopg.Connection:
+        c = getattr(self._local, "conn", None)
+        if c is None or c.closed or c.broken:
+            c = self.connect()
+            self._local.conn = c
+            self._local.sync = "on"
+            with self._all_lock:
+                self._all = [x for x in self._all if not x.closed]
+                self._all.append(c)
+        return c
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[psycopg.Connection]:
+        c = self._conn()
+        if getattr(self._local, "in_batch", False):
+            yield c
+            return
+        if getattr(self._local, "sync", "on") != "on":  # this thread ran bookkeeping before
+            c.execute("SET synchronous_commit = on")
+            self._local.sync = "on"
+        with c.transaction():
+            yield c
+
+    def take_ownership(self) -> None:
+        pass  # many daemons share one database; running jobs are guarded by heartbeats
+
+    @contextlib.contextmanager
+    def batch(self, bookkeeping: bool = False) -> Iterator[None]:
+        if getattr(self._local, "in_batch", False):
+            yield
+            return
+        with self._tx() as c:
+            # The pool's claims and outcomes: a server crash may undo the last of these
+            # commits, and the only effect is that a job runs again (at-least-once), so
+            # they do not wait for the WAL flush. Acked submits always do. The setting is
+            # the session's, changed only when it must (the pool's thread keeps it off).
+            level = "off" if bookkeeping else "on"
+            if getattr(self._local, "sync", "on") != level:
+                c.execute(f"SET synchronous_commit = {level}")
+                self._local.sync = level
+            self._local.in_batch = True
+            try:
+                yield
+            finally:
+                self._local.in_batch = False
+
+    # --- submit ---------------------------------------------------------------------------
+    def submit_requests(
+        self, requests: Sequence[Sequence[NewJob]], now: float, admission: adm.Admission = adm.NO_LIMITS
+    ) -> list[list[Submitted] | adm.Refusal]:
+        with self._tx() as c:
+            return self._submit_in(c, requests, now, admission)
+
+    def _lookups(self, c: psycopg.Connection) -> adm.Lookups:
+        def by_key(k: str) -> adm.Existing | None:
+            row = c.execute("SELECT id, state, created_at FROM jobs WHERE idempotency_key = %s", (k,)).fetchone()
+            return adm.Existing(*row) if row else None
+
+        def active(key: str) -> int | None:
+            row = c.execute(
+                "SELECT id FROM jobs WHERE key = %s AND state IN"
+                " ('scheduled', 'queued', 'waiting_network', 'running') ORDER BY id LIMIT 1", (key,)).fetchone()
+            return row[0] if row else None
+
+        return adm.Lookups(
+            by_idempotency_key=by_key,
+            waiting_for_key=lambda key: c.execute(
+                f"SELECT count(*) FROM jobs WHERE key = %s AND state IN {_WAITING_SQL}", (key,)).fetchone()[0],
+            waiting_total=lambda: c.execute(
+                f"SELECT count(*) FROM jobs WHERE state IN {_WAITING_SQL}").fetchone()[0],
+            active_for_key=active,
+        )
+
+    def _submit_in(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
+                   admission: adm.Admission) -> list[list[Submitted] | adm.Refusal]:
+        c.execute("SELECT pg_advisory_xact_lock(%s)", (_SUBMIT_LOCK,))
+        p = adm.plan(requests, now, admission, self._lookups(c))
+        if p.expired_keys:
+            c.execute("UPDATE jobs SET idempotency_key = NULL WHERE idempotency_key = ANY(%s)",
+                      (p.expired_keys,))
+        ids: list[int] = []
+        if p.inserts:
+            ids = [r[0] for r in c.execute(
+                "SELECT nextval(pg_get_serial_sequence('jobs', 'id')) AS id"
+                " FROM generate_series(1, %s) ORDER BY id", (len(p.inserts),))]
+            cols: tuple[list, ...] = tuple([] for _ in range(14))
+            pools: set[str] = set()
+            for job_id, (_, _, j) in zip(ids, p.inserts, strict=True):
+                state = State.QUEUED if j.run_at <= now else State.SCHEDULED
+                if state == State.QUEUED:
+                    pools.add(j.pool)
+                for col, v in zip(cols, (job_id, state, j.func, _dumps(j.args) if j.args else None,
+                                         _dumps(j.kwargs) if j.kwargs else None, j.priority, j.run_at,
+                                         j.max_attempts, _dumps(j.retry.to_dict()) if j.retry else None,
+                                         j.retry_on_network, j.key, j.idempotency_key, j.cron, j.pool),
+                                  strict=True):
+                    col.append(v)
+            # One statement for the whole batch: a row per job would be a round trip each.
+            c.execute(
+                "INSERT INTO jobs (id, state, func, args, kwargs, priority, run_at, max_attempts, retry,"
+                " retry_on_network, key, idempotency_key, cron, pool, created_at)"
+                " SELECT *, %s FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[],"
+                " %s::int[], %s::float8[], %s::int[], %s::text[], %s::bool[], %s::text[], %s::text[],"
+                " %s::text[], %s::text[])", (now, *cols))
+            for pool in sorted(pools):
+                notify(c, "q:" + pool)
+        manual = {(k, n) for _, _, j in p.inserts if j.manual for k, n in (("key", j.key), ("func", j.func))
+                  if n is not None}
+        for kind, name in manual:  # an operator's run lifts a pause
+            self._resume_in(c, kind, name)
+        return adm.finish(p, requests, ids, now)
+
+    # --- schedule -------------------------------------------------------------------------
+    def promote_due(self, now: float) -> int:
+        with self._tx() as c:
+            pools = [r[0] for r in c.execute(
+                "UPDATE jobs SET state = 'queued' WHERE state = 'scheduled' AND run_at <= %s RETURNING pool",
+                (now,))]
+            for pool in sorted(set(pools)):
+                notify(c, "q:" + pool)
+        return len(pools)
+
+    def next_scheduled_at(self) -> float | None:
+        return self._conn().execute("SELECT min(run_at) FROM jobs WHERE state = 'scheduled'").fetchone()[0]
+
+    # --- claim ----------------------------------------------------------------------------
+    def claim_available(self, limit: int, now: float, network_up: bool = True,
+                        pools: Sequence[str] | None = None) -> list[Job]:
+        if limit <= 0:
+            return []
+        params = {"now": now, "worker": self.worker_id, "pools": list(pools) if pools is not None else None,
+                  "net": network_up, "limit": limit}
+        if getattr(self._local, "in_batch", False):
+            # No savepoint here (two more round trips on every pass of the pool): a lost key
+            # race, which the claim's own conditions all but rule out, fails the batch,
+            # and the pool applies its outcomes alone and claims again.
+            rows = self._conn().execute(_CLAIM, params).fetchall()
+        for attempt in range(_CLAIM_RETRIES if not getattr(self._local, "in_batch", False) else 0):
+            try:
+                with self._tx() as c:
+                    rows = c.execute(_CLAIM, params).fetchall()
+                break
+            except pgerrors.UniqueViolation:
+                # Another worker claimed a job of the same key meanwhile and committed; the
+                # next try sees it running and passes the key by.
+                if attempt == _CLAIM_RETRIES - 1:
+                    raise
+        jobs = [_row_to_job(r) for r in rows]
+        jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
+        return jobs
+
+    # --- network --------------------------------------------------------------------------
+    def park_for_network(self, now: float) -> int:
+        with self._tx() as c:
+            return c.execute("UPDATE jobs SET state = 'waiting_network'"
+                             " WHERE state = 'queued' AND retry_on_network").rowcount
+
+    def release_network_waiting(self, now: float) -> int:
+        with self._tx() as c:
+            n = c.execute("UPDATE jobs SET state = 'queued', run_at = %s WHERE state = 'waiting_network'",
+                          (now,)).rowcount
+            if n:
+                notify(c, "r")
+        return n
+
+    # --- finish ---------------------------------------------------------------------------
+    def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None) -> Finished:
+        if not outcomes:
+            return Finished(0, [])
+        paused: list[Pause] = []
+        cols: tuple[list, ...] = ([], [], [], [], [], [])
+        for o in outcomes:
+            for col, v in zip(cols, (o.job_id, o.state, o.run_at,
+                                     None if o.result is None else _dumps(o.result),
+                                     _dumps(o.error) if o.error else None,
+                                     now if o.state in State.FINAL else None), strict=True):
+                col.append(v)
+        # The finish notification rides in the same statement when its ids fit one payload.
+        # "fk": a key was freed, so workers look for that key's next job; "f" only tells
+        # waiting clients (every worker waking on every finish would be a claim query per
+        # worker per finish for nothing).
+        inline = len(outcomes) <= _NOTIFY_IDS
+        told = (", told AS (SELECT pg_notify('queickd', CASE WHEN bool_or(key IS NOT NULL) THEN 'fk:'"
+                " ELSE 'f:' END || string_agg(id::text, ',')) FROM done)") if inline else ""
+        with self._tx() as c:
+            # Only our own claims: a job re-queued as an orphan and claimed by another
+            # worker meanwhile is that worker's to finish.
+            rows = c.execute(
+                "WITH done AS (UPDATE jobs j SET state = o.state, run_at = coalesce(o.run_at, j.run_at),"
+                " result = o.result, error = o.error, finished_at = o.finished_at, worker_id = NULL,"
+                " attempts = j.attempts - (o.state = 'waiting_network')::int"
+                " FROM unnest(%s::bigint[], %s::text[], %s::float8[], %s::text[], %s::text[], %s::float8[])"
+                " AS o(id, state, run_at, result, error, finished_at)"
+                " WHERE j.id = o.id AND j.state = 'running'"
+                " AND (%s::bigint IS NULL OR j.worker_id = %s::bigint) RETURNING j.id, j.key, j.func)"
+                + told +
+                # Usually nothing is failing: then a success has no streak to reset.
+                " SELECT id, key, func, EXISTS (SELECT 1 FROM streaks)"
+                + (", (SELECT count(*) FROM told)" if inline else "") + " FROM done",
+                (*cols, self.worker_id, self.worker_id)).fetchall()
+            if not rows:
+                return Finished(0, [])
+            names = {r[0]: (r[1], r[2]) for r in rows}
+            any_streak = rows[0][3]
+            retries = [o.run_at for o in outcomes if o.state == State.SCHEDULED and o.job_id in names
+                       and o.run_at is not None]
+            if retries:  # the daemons' timers must know when to move them back to queued
+                notify(c, f"s:{min(retries)!r}")
+            for o in outcomes:
+                if o.job_id not in names or o.state == State.WAITING_NETWORK:
+                    continue
+                if o.state == State.SUCCEEDED and not any_streak:
+                    continue
+                any_streak = True
+                key, func = names.pop(o.job_id)
+                for kind, name in (("key", key), ("func", func)):
+                    if name is not None:
+                        p = self._streak_in(c, kind, name, o, now, pause_after)
+                        if p is not None:
+                            paused.append(p)
+            if not inline:
+                kind = "fk:" if any(r[1] is not None for r in rows) else "f:"
+                ids = [r[0] for r in rows]
+                for i in range(0, len(ids), _NOTIFY_IDS):
+                    notify(c, kind + ",".join(map(str, ids[i:i + _NOTIFY_IDS])))
+        return Finished(len(rows), paused)
+
+    def _streak_in(self, c: psycopg.Connection, kind: str, name: str, o: Outcome, now: float,
+                   pause_after: int | None) -> Pause | None:
+        if o.state == State.SUCCEEDED:
+            c.execute("DELETE FROM streaks WHERE kind = %s AND name = %s", (kind, name))
+            return None
+        err = _dumps(o.error) if o.error else None
+        failures = c.execute(
+            "INSERT INTO streaks VALUES (%s, %s, 1, %s) ON CONFLICT (kind, name) DO UPDATE"
+            " SET failures = streaks.failures + 1, last_error = excluded.last_error RETURNING failures",
+            (kind, name, err)).fetchone()[0]
+        if pause_after is None or failures < pause_after:
+            return None
+        inserted = c.execute(
+            "INSERT INTO pauses VALUES (%s, %s, %s, %s, %s) ON CONFLICT (kind, name) DO UPDATE"
+            " SET failures = excluded.failures, last_error = excluded.last_error"
+            " RETURNING (xmax = 0)", (kind, name, now, failures, err)).fetchone()[0]
+        return Pause(kind, name, now, failures, o.error) if inserted else None
+
+    def recover_orphans(self, max_requeues: int, now: float) -> Recovered:
+        """Running jobs whose worker is gone (missed its beats, deregistered, or none was
+        registered) are orphans; those of live workers are left alone, however long they
+        have run. Safe to call from every daemon and worker at any time."""
+        with self._tx() as c:
+            rows = c.execute(
+                "WITH gone AS (SELECT id FROM jobs WHERE state = 'running' AND (worker_id IS NULL OR NOT EXISTS"
+                f" (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND {ALIVE})) FOR UPDATE SKIP LOCKED)"
+                " UPDATE jobs SET worker_id = NULL,"
+                "  state = CASE WHEN orphaned >= %(max)s THEN 'dead' ELSE 'queued' END,"
+                "  orphaned = orphaned + (orphaned < %(max)s)::int,"
+                "  error = CASE WHEN orphaned >= %(max)s THEN %(err)s ELSE error END,"
+                "  finished_at = CASE WHEN orphaned >= %(max)s THEN %(now)s ELSE finished_at END"
+                " FROM gone WHERE jobs.id = gone.id RETURNING jobs.id, jobs.state",
+                {"max": max_requeues, "err": _dumps(_ORPHAN_ERROR), "now": now}).fetchall()
+            requeued = sorted(r[0] for r in rows if r[1] == State.QUEUED)
+            if requeued:
+                notify(c, "r")
+        return Recovered(requeued, sorted(r[0] for r in rows if r[1] == State.DEAD))
+
+    def waiting_by_pool(self) -> dict[str, int]:
+        rows = self._conn().execute(f"SELECT pool, count(*) FROM jobs WHERE state IN {_WAITING_SQL}"
+                                    " GROUP BY pool").fetchall()
+        return dict(rows)
+
+    def set_pool(self, kind: str, name: str, pool: str) -> int:
+        """Move a waiting job (kind 'job', name its id), a key's waiting jobs, or a cron
+        (its template and its waiting runs) to another pool. Returns jobs and crons moved."""
+        with self._tx() as c:
+            n = set_pool_sql(c.execute, kind, name, pool, "%s")
+            if n:
+                notify(c, "q:" + pool)
+        return n
+
+    # --- pauses ---------------------------------------------------------------------------
+    def pauses(self) -> list[Pause]:
+        rows = self._conn().execute("SELECT * FROM pauses ORDER BY paused_at, kind, name")
+        return [_row_to_pause(r) for r in rows]
+
+    def _resume_in(self, c: psycopg.Connection, kind: str, name: str) -> bool:
+        c.execute("DELETE FROM streaks WHERE kind = %s AND name = %s", (kind, name))
+        gone = c.execute("DELETE FROM pauses WHERE kind = %s AND name = %s", (kind, name)).rowcount > 0
+        if gone:
+            notify(c, "r")
+        return gone
+
+    def resume(self, kind: str, name: str) -> bool:
+        with self._tx() as c:
+            return self._resume_in(c, kind, name)
+
+    # --- operator actions -----------------------------------------------------------------
+    def _update_one(self, sql: str, params: tuple, job_id: int, released: bool = False) -> Job | None:
+        with self._tx() as c:
+            if c.execute(sql, params).rowcount and released:
+                notify(c, "r")
+            row = c.execute(f"SELECT {_COLS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
+        return _row_to_job(row) if row else None
+
+    def cancel(self, job_id: int, now: float) -> Job | None:
+        return self._update_one(
+            "UPDATE jobs SET state = 'cancelled', finished_at = %s"
+            " WHERE id = %s AND state IN ('scheduled', 'queued', 'waiting_network')", (now, job_id), job_id)
+
+    def retry_dead(self, job_id: int, now: float) -> Job | None:
+        return self._update_one(
+            "UPDATE jobs SET state = 'queued', run_at = %s, attempts = 0, orphaned = 0,"
+            " finished_at = NULL WHERE id = %s AND state = 'dead'", (now, job_id), job_id, released=True)
+
+    def retry_all_dead(self, now: float) -> int:
+        with self._tx() as c:
+            n = c.execute("UPDATE jobs SET state = 'queued', run_at = %s, attempts = 0, orphaned = 0,"
+                          " finished_at = NULL WHERE state = 'dead'", (now,)).rowcount
+            n += c.execute("UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = %s"
+                           " WHERE state = 'dead'", (now,)).rowcount
+            if n:
+                notify(c, "r")
+        return n
+
+    def purge(self, states: Sequence[str], finished_before: float, limit: int) -> int:
+        with self._tx() as c:
+            n = c.execute(
+                "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE finished_at < %s"
+                " AND state = ANY(%s) ORDER BY finished_at LIMIT %s FOR UPDATE SKIP LOCKED)",
+                (finished_before, list(states), limit)).rowcount
+            if State.DEAD in states:
+                n += c.execute("DELETE FROM events WHERE state = 'dead' AND created_at < %s",
+                               (finished_before,)).rowcount
+            # Fired-tick rows only guard against a second firing of a recent tick.
+            c.execute("DELETE FROM cron_ticks WHERE fired_at < %s", (finished_before,))
+        return n
+
+    # --- inspect --------------------------------------------------------------------------
+    def get(self, job_id: int) -> Job | None:
+        row = self._conn().execute(f"SELECT {_COLS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
+        return _row_to_job(row) if row else None
+
+    def list_jobs(self, state: str | None, limit: int) -> list[Job]:
+        if state is None:
+            rows = self._conn().execute(f"SELECT {_COLS} FROM jobs ORDER BY id DESC LIMIT %s", (limit,))
+        else:
+            if state not in State.ALL:
+                raise ValueError(f"unknown state {state!r}")
+            rows = self._conn().execute(
+                f"SELECT {_COLS} FROM jobs WHERE state = %s ORDER BY id DESC LIMIT %s", (state, limit))
+        return [_row_to_job(r) for r in rows]
+
+    def counts(self) -> dict[str, int]:
+        """Exact, by a scan of the state index (no shared counter row: one would make
+        every claim and finish of every worker wait for one row lock)."""
+        out = dict.fromkeys(State.ALL, 0)
+        out.update(self._conn().execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall())
+        return out
+
+    def waiting_by_key(self, limit: int) -> list[tuple[str, int, float]]:
+        rows = self._conn().execute(
+            f"SELECT key, count(*), min(run_at) FROM jobs WHERE key IS NOT NULL AND state IN {_WAITING_SQL}"
+            " GROUP BY key ORDER BY count(*) DESC, key LIMIT %s", (limit,))
+        return [tuple(r) for r in rows]  # type: ignore[misc]
+
+    # --- cron -----------------------------------------------------------------------------
+    def cron_save(self, cron: CronRecord) -> CronRecord:
+        with self._tx() as c:
+            c.execute(
+                "INSERT INTO crons VALUES (%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (name) DO UPDATE SET"
+                " schedule = excluded.schedule, template = excluded.template, next_run_at = excluded.next_run_at,"
+                " last_fired_at = excluded.last_fired_at, created_at = excluded.created_at, folded = excluded.folded",
+                (cron.name, _dumps(cron.schedule), _template_to_json(cron.template), cron.next_run_at,
+                 cron.last_fired_at, cron.created_at, cron.folded))
+        return cron
+
+    def cron_list(self) -> list[CronRecord]:
+        return [_row_to_cron(r) for r in self._conn().execute("SELECT * FROM crons ORDER BY name")]
+
+    def cron_delete(self, name: str) -> bool:
+        with self._tx() as c:
+            return c.execute("DELETE FROM crons WHERE name = %s", (name,)).rowcount > 0
+
+    def crons_due(self, now: float) -> list[CronRecord]:
+        return [_row_to_cron(r) for r in self._conn().execute("SELECT * FROM crons WHERE next_run_at <= %s", (now,))]
+
+    def next_cron_at(self) -> float | None:
+        return self._conn().execute("SELECT min(next_run_at) FROM crons").fetchone()[0]
+
+    def cron_fire_if_due(self, name: str, tick: float, next_tick: float, now: float) -> CronFire | None:
+        with self._tx() as c:
+            # The row lock makes a second daemon wait here, then find next_run_at moved on;
+            # the (cron, tick) row makes a second firing of the same tick impossible anyway.
+            row = c.execute("SELECT template FROM crons WHERE name = %s AND next_run_at = %s FOR UPDATE",
+                            (name, tick)).fetchone()
+            if row is None:
+                return None
+            if c.execute("INSERT INTO cron_ticks VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                         (name, tick, now)).rowcount == 0:
+                # Fired before (the cron was saved back onto an old tick): move on, or the
+                # scheduler would find it due again at once, forever.
+                c.execute("UPDATE crons SET next_run_at = %s WHERE name = %s", (next_tick, name))
+                return None
+            waiting = c.execute(
+                f"SELECT 1 FROM jobs WHERE cron = %s AND state IN {_WAITING_SQL} LIMIT 1", (name,)).fetchone()
+            c.execute("UPDATE crons SET next_run_at = %s, last_fired_at = %s, folded = folded + %s WHERE name = %s",
+                      (next_tick, tick, 1 if waiting else 0, name))
+            if waiting:
+                return CronFire("folded", None)
+            t = _template_from_json(row[0])
+            job = dataclasses.replace(t, run_at=now, cron=name, key=t.key or f"cron:{name}",
+                                      idempotency_key=f"cron:{name}:{tick!r}")
+            answer = self._submit_in(c, [[job]], now, adm.NO_LIMITS)[0]
+            return CronFire("fired", answer[0])  # type: ignore[index]
+
+    # --- events ---------------------------------------------------------------------------
+    def _deliver_in(self, c: psycopg.Connection, event_id: str, template: str, now: float,
+                    admission: adm.Admission) -> list[Submitted] | adm.Refusal:
+        job = dataclasses.replace(_template_from_json(template), run_at=now, idempotency_key=f"event:{event_id}")
+        answer = self._submit_in(c, [[job]], now, admission)[0]
+        if not isinstance(answer, adm.Refusal):
+            c.execute("UPDATE events SET state = 'delivered', job_id = %s, next_attempt_at = NULL,"
+                      " attempts = attempts + 1 WHERE event_id = %s", (answer[0].job_id, event_id))
+        return answer
+
+    def accept_event(self, event: NewEvent, now: float, admission: adm.Admission) -> EventAccepted:
+        template = _template_to_json(event.job)
+        with self._tx() as c:
+            inserted = c.execute(
+                "INSERT INTO events (event_id, state, job, func, key, created_at, next_attempt_at)"
+                " VALUES (%s, 'pending', %s, %s, %s, %s, %s) ON CONFLICT (event_id) DO NOTHING",
+                (event.event_id, template, event.job.func, event.job.key, now, now)).rowcount
+            if not inserted:
+                old = c.execute("SELECT state, job_id FROM events WHERE event_id = %s", (event.event_id,)).fetchone()
+                return EventAccepted(event.event_id, True, old[0], old[1])
+            answer = self._deliver_in(c, event.event_id, template, now, admission)
+        if isinstance(answer, adm.Refusal):
+            return EventAccepted(event.event_id, False, EventState.PENDING, None)
+        return EventAccepted(event.event_id, False, EventState.DELIVERED, answer[0].job_id)
+
+    def deliver_events(self, now: float, admission: adm.Admission, max_attempts: int,
+                       backoff: Callable[[int], float], limit: int = 500) -> list[EventAccepted]:
+        out = []
+        with self._tx() as c:
+            due = c.execute(
+                "SELECT event_id, job, attempts FROM events WHERE state = 'pending' AND next_attempt_at <= %s"
+                " ORDER BY next_attempt_at LIMIT %s FOR UPDATE SKIP LOCKED", (now, limit)).fetchall()
+            for event_id, template, attempts in due:
+                answer = self._deliver_in(c, event_id, template, now, admission)
+                if not isinstance(answer, adm.Refusal):
+                    out.append(EventAccepted(event_id, False, EventState.DELIVERED, answer[0].job_id))
+                    continue
+                attempts += 1
+                dead = attempts >= max_attempts
+                c.execute("UPDATE events SET attempts = %s, state = %s, next_attempt_at = %s, last_error = %s"
+                          " WHERE event_id = %s",
+                          (attempts, EventState.DEAD if dead else EventState.PENDING,
+                           None if dead else now + backoff(attempts), f"{answer.code}: {answer.message}", event_id))
+                out.append(EventAccepted(event_id, False, EventState.DEAD if dead else EventState.PENDING, None))
+        return out
+
+    def next_event_at(self) -> float | None:
+        return self._conn().execute("SELECT min(next_attempt_at) FROM events WHERE state = 'pending'").fetchone()[0]
+
+    def event_counts(self) -> dict[str, int]:
+        out = dict.fromkeys(EventState.ALL, 0)
+        out.update(self._conn().execute("SELECT state, count(*) FROM events GROUP BY state").fetchall())
+        return out
+
+    def list_events(self, state: str | None, limit: int) -> list[Event]:
+        if state is None:
+            rows = self._conn().execute(f"SELECT {_EVENT_COLS} FROM events ORDER BY created_at DESC LIMIT %s",
+                                        (limit,))
+        else:
+            rows = self._conn().execute(
+                f"SELECT {_EVENT_COLS} FROM events WHERE state = %s ORDER BY created_at DESC LIMIT %s", (state, limit))
+        return [Event(*r) for r in rows]
+
+    def retry_event(self, event_id: str, now: float) -> Event | None:
+        with self._tx() as c:
+            c.execute("UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = %s"
+                      " WHERE event_id = %s AND state = 'dead'", (now, event_id))
+            row = c.execute(f"SELECT {_EVENT_COLS} FROM events WHERE event_id = %s", (event_id,)).fetchone()
+        return Event(*row) if row else None
+
+    def close(self) -> None:
+        with self._all_lock:
+            for c in self._all:
+                with contextlib.suppress(Exception):
+                    c.close()
+            self._all.clear()
+        self._local = threading.local()
+

@@ -1,0 +1,115 @@
+"""`queick worker`: an external worker that pulls jobs of its pools from PostgreSQL.
+
+It opens no port: it needs only to reach the database (and to import the job modules).
+Start-up refuses, with exit status EX_VERSION, when the database was migrated by another
+queickd version (a worker never migrates); the refusal is recorded in the worker registry
+so `queick stats` shows it. SIGTERM stops claiming, lets running jobs finish (bounded by
+--stop-timeout), then deregisters.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from dataclasses import dataclass, field
+
+from . import __version__
+from .fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
+from .loader import FunctionLoader
+from .worker import DEFAULT_SWEEP, DEFAULT_WORKERS, WorkerPool
+
+log = logging.getLogger("queickd.workerproc")
+
+
+@dataclass
+class WorkerConfig:
+    store: str = ""
+    pool: list[str] = field(default_factory=lambda: ["default"])
+    workers: int = DEFAULT_WORKERS
+    app_dir: str = "."
+    allow: list[str] = field(default_factory=list)
+    heartbeat: float = DEFAULT_HEARTBEAT
+    sweep: float = DEFAULT_SWEEP
+    max_orphan_requeues: int = 3
+    stop_timeout: float = 30.0
+    pause_after: int = 5
+
+    def validate(self) -> None:
+        if not self.store.startswith(("postgresql://", "postgres://")):
+            raise ValueError("queick worker needs a shared store: --store postgresql://...")
+        if self.workers < 1:
+            raise ValueError("workers must be at least 1")
+        if not self.heartbeat > 0 or not self.sweep > 0 or self.stop_timeout < 0:
+            raise ValueError("heartbeat and sweep must be positive, stop_timeout not negative")
+        if not self.pool or any(not p for p in self.pool):
+            raise ValueError("give at least one non-empty --pool")
+        if not os.path.isdir(self.app_dir):
+            raise ValueError(f"app directory {self.app_dir!r} does not exist")
+
+
+def run(config: WorkerConfig) -> int:
+    """Run until SIGTERM/SIGINT (0) or a version change of the database (EX_VERSION)."""
+    from .store.pgschema import VersionMismatchError
+    from .store.postgres import PostgresStore
+
+    config.validate()
+    store = PostgresStore(config.store, migrate=False)
+    try:
+        try:
+            store.check_version()
+        except VersionMismatchError as e:
+            log.error("refusing to claim jobs: %s. Run 'queick db migrate' with the new version, or "
+                      "install queickd %s here; exiting with status %d", e, store.versions()[0], EX_VERSION)
+            store.register_worker("worker", config.pool, config.workers, config.heartbeat, refused=str(e))
+            return EX_VERSION
+        stop = threading.Event()
+        status = {"code": 0}
+
+        def version_changed(reason: str) -> None:
+            log.error("stopping: %s; exiting with status %d once running jobs finish", reason, EX_VERSION)
+            status["code"] = EX_VERSION
+            stop.set()
+
+        pool = WorkerPool(store, FunctionLoader(config.app_dir, config.allow), config.workers,
+                          sweep=config.sweep, pause_after=config.pause_after, pools=list(config.pool))
+        member = FleetMember(store, pool, kind="worker", heartbeat=config.heartbeat, sweep=config.sweep,
+                             max_orphan_requeues=config.max_orphan_requeues, on_version_change=version_changed)
+        member.start()
+        pool.start()
+        pool.wake()
+        log.info("queickd %s worker serving pool(s) %s with %d workers (heartbeat %.1f s, pid %d)",
+                 __version__, ",".join(config.pool), config.workers, config.heartbeat, os.getpid())
+        _wait_for_signal(stop)
+        pool.stop_claiming()
+        log.info("stopping: no new claims; waiting up to %.0f s for running jobs", config.stop_timeout)
+        finished = pool.stop(config.stop_timeout)
+        member.stop()
+        log.info("stopped" if finished else "stopped with jobs still running (re-queued by the fleet)")
+        return status["code"]
+    finally:
+        store.close()
+
+
+def _wait_for_signal(stop: threading.Event) -> None:
+    """Block until SIGTERM/SIGINT or `stop` is set. The main thread reads a pipe that the
+    C-level signal handler writes to, so a signal delivered to any thread is seen at once."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+
+    def relay() -> None:
+        stop.wait()
+        try:
+            os.write(w, b"\0")
+        except OSError:
+            pass
+
+    threading.Thread(target=relay, name="queickd-stop-relay", daemon=True).start()
+    while not stop.is_set():
+        data = os.read(r, 64)
+        if signal.SIGTERM in data or signal.SIGINT in data:
+            stop.set()

@@ -1,0 +1,71 @@
+"""PostgreSQL for the tests: a fresh database per test session, a fresh schema per test.
+
+Set QUEICKD_TEST_PG to a server URL (default postgresql://postgres@127.0.0.1:5432/postgres).
+Without psycopg or a reachable server the tests that use these fixtures skip and say why.
+conftest.py loads this module as a plugin, so every test can ask for these fixtures.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import pytest
+
+SERVER = os.environ.get("QUEICKD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _with_db(url: str, db: str, schema: str | None = None) -> str:
+    parts = urlsplit(url)
+    query = f"options={quote('-csearch_path=' + schema)}" if schema else parts.query
+    return urlunsplit((parts.scheme, parts.netloc, "/" + db, query, ""))
+
+
+def _admin():
+    try:
+        import psycopg
+    except ImportError:
+        pytest.skip("PostgreSQL tests need psycopg 3 (pip install -e '.[test]')")
+    try:
+        return psycopg.connect(SERVER, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as e:
+        pytest.skip(f"no PostgreSQL server reachable at {SERVER} (set QUEICKD_TEST_PG): {e}".strip())
+
+
+@pytest.fixture(scope="session")
+def pg_database():
+    """A database of its own for this test session (parallel runs never share one)."""
+    admin = _admin()
+    name = f"queickd_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _with_db(SERVER, name)
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+@pytest.fixture
+def pg_url(pg_database):
+    """A URL whose connections work in a schema made for this test alone."""
+    import psycopg
+
+    schema = "t_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(pg_database, autocommit=True) as c:
+        c.execute(f'CREATE SCHEMA "{schema}"')
+    return _with_db(pg_database, urlsplit(pg_database).path.lstrip("/"), schema)
+
+
+@pytest.fixture
+def pg_fresh_database(pg_database):
+    """A whole database for one test: for tests whose processes LISTEN (notifications are
+    per database, so a database of its own keeps other tests' traffic out)."""
+    admin = _admin()
+    name = f"queickd_t_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _with_db(SERVER, name)
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()

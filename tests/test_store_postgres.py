@@ -1,0 +1,168 @@
+"""The store contract on PostgreSQL, and what only PostgreSQL does (skips without a server)."""
+
+import threading
+
+import pytest
+from store_contract import T0, StoreContract, job
+
+from queickd.job import Outcome, State
+
+
+@pytest.fixture
+def pg_store(pg_url):
+    from queickd.store.postgres import PostgresStore
+
+    s = PostgresStore(pg_url)
+    yield s
+    s.close()
+
+
+class TestPostgresStore(StoreContract):
+    @pytest.fixture
+    def store(self, pg_store):
+        return pg_store
+
+
+def test_migrate_is_idempotent_and_records_both_versions(pg_store):
+    from queickd import __version__
+    from queickd.store.pgschema import SCHEMA_VERSION
+
+    (s,) = pg_store.submit([job()], T0)
+    assert pg_store.migrate() == pg_store.migrate() == SCHEMA_VERSION
+    assert pg_store.versions() == (__version__, SCHEMA_VERSION)
+    assert pg_store.get(s.job_id) is not None
+
+
+def test_a_database_migrated_by_a_newer_queickd_is_refused(pg_url, pg_store):
+    from queickd.store.pgschema import VersionMismatchError
+    from queickd.store.postgres import PostgresStore
+
+    pg_store._conn().execute("UPDATE queickd_meta SET value = '99.0' WHERE key = 'queickd_version'")
+    with pytest.raises(VersionMismatchError, match="99.0"):
+        PostgresStore(pg_url)
+    with pytest.raises(VersionMismatchError):
+        pg_store.check_version()
+
+
+def test_the_database_itself_refuses_a_second_running_job_for_a_key(pg_store):
+    import psycopg
+
+    a, b = pg_store.submit([job(key="k"), job(key="k")], T0)
+    pg_store.claim_available(1, T0)
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        pg_store._conn().execute("UPDATE jobs SET state = 'running' WHERE id = %s", (b.job_id,))
+
+
+def test_concurrent_claimers_run_each_job_once_and_one_job_per_key_at_a_time(pg_url, pg_store):
+    from queickd.store.postgres import PostgresStore
+
+    pg_store.submit([job(key=f"k{i % 4}", args=[i]) for i in range(60)] + [job() for _ in range(40)], T0)
+    claimed: list[int] = []
+    overlap: list[str] = []
+    running: set[str] = set()
+    lock = threading.Lock()
+
+    def claimer():
+        s = PostgresStore(pg_url, migrate=False)
+        try:
+            while True:
+                jobs = s.claim_available(3, T0)
+                if not jobs and not s.counts()[State.QUEUED]:
+                    return
+                with lock:
+                    for j in jobs:
+                        if j.key is not None and j.key in running:
+                            overlap.append(j.key)
+                        running.add(j.key)
+                    claimed.extend(j.id for j in jobs)
+                with lock:
+                    running.difference_update(j.key for j in jobs)
+                s.finish_if_running([Outcome.succeeded(j.id, None) for j in jobs], T0)
+        finally:
+            s.close()
+
+    threads = [threading.Thread(target=claimer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(claimed) == sorted(set(claimed)) and len(claimed) == 100
+    assert overlap == []
+    assert pg_store.counts()[State.SUCCEEDED] == 100
+
+
+def test_orphans_are_only_jobs_of_workers_that_stopped_beating(pg_url, pg_store):
+    from queickd.store.postgres import PostgresStore
+
+    other = PostgresStore(pg_url, migrate=False)
+    other.register_worker("worker", ["default"], 1, heartbeat=0.2)
+    pg_store.submit([job(), job()], T0)
+    (mine,) = other.claim_available(1, T0)
+    (nobodys,) = pg_store.claim_available(1, T0)  # claimed with no registered worker
+    assert pg_store.recover_orphans(3, T0).requeued == [nobodys.id]
+    assert pg_store.get(mine.id).state == State.RUNNING  # its worker is alive
+    pg_store._conn().execute("UPDATE workers SET beat_at = beat_at - 1")  # 5 beats missed
+    assert pg_store.recover_orphans(3, T0).requeued == [mine.id]
+    assert other.finish_if_running([Outcome.succeeded(mine.id, None)], T0).changed == 0
+    other.close()
+
+
+def test_open_store_takes_postgresql_urls(pg_url):
+    from queickd.store import open_store
+    from queickd.store.postgres import PostgresStore
+
+    s = open_store(pg_url)
+    assert isinstance(s, PostgresStore) and s.supports_notify
+    s.close()
+
+
+def test_a_tick_fired_before_is_not_fired_again_and_the_cron_moves_on(pg_store):
+    from queickd.store import CronRecord
+
+    cron = CronRecord("c", {"every": 60.0, "start_at": T0}, job(), T0 + 60, None, T0)
+    pg_store.cron_save(cron)
+    assert pg_store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 60).outcome == "fired"
+    pg_store.cron_save(cron)  # saved back onto the tick it already fired
+    assert pg_store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 61) is None
+    assert pg_store.next_cron_at() == T0 + 120
+    assert len(pg_store.list_jobs(None, 10)) == 1
+
+
+def test_a_new_record_for_the_same_host_and_pid_retires_the_old_one_and_its_jobs(pg_url, pg_store):
+    from queickd.store.postgres import PostgresStore
+
+    before = PostgresStore(pg_url, migrate=False)  # this pid's previous life, say
+    old_id = before.register_worker("worker", ["default"], 1, heartbeat=60)
+    pg_store.submit([job()], T0)
+    (held,) = before.claim_available(1, T0)
+    assert pg_store.recover_orphans(3, T0).requeued == []  # its worker beats: not an orphan
+    pg_store.register_worker("worker", ["default"], 1, heartbeat=60)
+    assert [w["id"] for w in pg_store.workers()] == [pg_store.worker_id] != [old_id]
+    assert pg_store.recover_orphans(3, T0).requeued == [held.id]
+    before.close()
+
+
+def test_the_hot_table_leaves_room_for_updates_and_is_vacuumed_early(pg_store):
+    (options,) = pg_store._conn().execute(
+        "SELECT reloptions FROM pg_class WHERE oid = 'jobs'::regclass").fetchone()
+    assert {"fillfactor=70", "autovacuum_vacuum_scale_factor=0.02"} <= set(options)
+
+
+def test_enqueues_and_finishes_are_announced_at_commit_with_their_pool_or_ids(pg_store):
+    import psycopg
+
+    listener = psycopg.connect(pg_store._dsn, autocommit=True)
+    listener.execute("LISTEN queickd")
+    plain, keyed = pg_store.submit([job(pool="gpu"), job(key="k")], T0)
+    a, b = pg_store.claim_available(2, T0)
+    pg_store.finish_if_running([Outcome.succeeded(a.id, None)], T0)
+    pg_store.finish_if_running([Outcome.succeeded(b.id, None)], T0)
+    pg_store.retry_all_dead(T0)  # nothing dead: no announcement
+    payloads = [n.payload for n in listener.notifies(timeout=1, stop_after=4)]
+    kinds = {a.id: "fk" if a.key else "f", b.id: "fk" if b.key else "f"}
+    assert payloads == ["q:default", "q:gpu", f"{kinds[a.id]}:{a.id}", f"{kinds[b.id]}:{b.id}"]
+    with pg_store.batch():
+        pg_store.submit([job()], T0)
+        assert list(listener.notifies(timeout=0.2)) == []  # not before the commit
+    assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["q:default"]
+    listener.close()
