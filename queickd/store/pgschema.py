@@ -105,11 +105,14 @@ MIGRATIONS: list[str] = [
     -- index above is what guarantees one running job per key. A function so that its
     -- planner settings are its own: with statistics taken while the queue was empty, the
     -- planner would sort every queued job on each claim after a burst, instead of walking
-    -- jobs_queued in order and stopping after p_limit.
+    -- jobs_queued in order and stopping after p_limit. PL/pgSQL, not SQL: its statement's
+    -- plan is cached for the session, where an SQL function with SET options is planned
+    -- again on every call (a few ms, more than the claim itself).
     CREATE OR REPLACE FUNCTION queickd_claim(p_now double precision, p_worker bigint, p_pools text[],
                                              p_net boolean, p_limit integer) RETURNS SETOF jobs
-    LANGUAGE sql SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off AS $$
-    UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = p_now, worker_id = p_worker
+    LANGUAGE plpgsql SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off AS $$
+    BEGIN
+    RETURN QUERY UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = p_now, worker_id = p_worker
     WHERE id IN (
         SELECT q.id FROM jobs q
         WHERE q.state = 'queued'
@@ -124,7 +127,8 @@ MIGRATIONS: list[str] = [
         ORDER BY q.priority, q.run_at, q.id
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED)
-    RETURNING *
+    RETURNING *;
+    END
     $$;
     -- The worker registry: liveness by record (heartbeats), not by pid.
     CREATE TABLE IF NOT EXISTS workers (

@@ -151,7 +151,6 @@ class PostgresStore(FleetRecords, StoreBase):
         if c is None or c.closed or c.broken:
             c = self.connect()
             self._local.conn = c
-            self._local.sync = "on"
             with self._all_lock:
                 self._all = [x for x in self._all if not x.closed]
                 self._all.append(c)
@@ -163,9 +162,6 @@ class PostgresStore(FleetRecords, StoreBase):
         if getattr(self._local, "in_batch", False):
             yield c
             return
-        if getattr(self._local, "sync", "on") != "on":  # this thread ran bookkeeping before
-            c.execute("SET synchronous_commit = on")
-            self._local.sync = "on"
         with c.transaction():
             yield c
 
@@ -177,20 +173,31 @@ class PostgresStore(FleetRecords, StoreBase):
         if getattr(self._local, "in_batch", False):
             yield
             return
-        with self._tx() as c:
-            # The pool's claims and outcomes: a server crash may undo the last of these
-            # commits, and the only effect is that a job runs again (at-least-once), so
-            # they do not wait for the WAL flush. Acked submits always do. The setting is
-            # the session's, changed only when it must (the pool's thread keeps it off).
-            level = "off" if bookkeeping else "on"
-            if getattr(self._local, "sync", "on") != level:
-                c.execute(f"SET synchronous_commit = {level}")
-                self._local.sync = level
-            self._local.in_batch = True
-            try:
-                yield
-            finally:
-                self._local.in_batch = False
+        if not bookkeeping:
+            with self._tx():
+                self._local.in_batch = True
+                try:
+                    yield
+                finally:
+                    self._local.in_batch = False
+            return
+        # The pool's claims and outcomes: a server crash may undo the last of these
+        # commits, and the only effect is that a job runs again (at-least-once), so they
+        # do not wait for the WAL flush; acked submits always do. SET LOCAL ends with the
+        # transaction, and rides in the same round trip as its BEGIN.
+        c = self._conn()
+        c.execute("BEGIN; SET LOCAL synchronous_commit = off")
+        self._local.in_batch = True
+        try:
+            yield
+        except BaseException:
+            self._local.in_batch = False
+            if not c.closed and not c.broken:
+                with contextlib.suppress(psycopg.Error):
+                    c.execute("ROLLBACK")
+            raise
+        self._local.in_batch = False
+        c.execute("COMMIT")
 
     # --- submit ---------------------------------------------------------------------------
     def submit_requests(
