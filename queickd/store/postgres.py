@@ -132,6 +132,8 @@ class PostgresStore(FleetRecords, StoreBase):
         self._local = threading.local()
         self._all: list[psycopg.Connection] = []
         self._all_lock = threading.Lock()
+        self._bk: psycopg.Connection | None = None  # bookkeeping (claims, finishes), under _bk_lock
+        self._bk_lock = threading.Lock()
         self.worker_id: int | None = None  # set by register_worker; claims are recorded with it
         if migrate:
             try:
@@ -147,10 +149,23 @@ class PostgresStore(FleetRecords, StoreBase):
         return psycopg.connect(self._dsn, autocommit=True, connect_timeout=10, **options)
 
     def _conn(self) -> psycopg.Connection:
+        if getattr(self._local, "bookkeeping", False):
+            return self._bookkeeping_conn()
         c = getattr(self._local, "conn", None)
         if c is None or c.closed or c.broken:
             c = self.connect()
             self._local.conn = c
+            with self._all_lock:
+                self._all = [x for x in self._all if not x.closed]
+                self._all.append(c)
+        return c
+
+    def _bookkeeping_conn(self) -> psycopg.Connection:
+        c = self._bk
+        if c is None or c.closed or c.broken:
+            c = self.connect()
+            c.execute("SET synchronous_commit = off")
+            self._bk = c
             with self._all_lock:
                 self._all = [x for x in self._all if not x.closed]
                 self._all.append(c)
@@ -164,6 +179,9 @@ class PostgresStore(FleetRecords, StoreBase):
             return
         with c.transaction():
             yield c
+
+    def _local_bookkeeping(self) -> bool:
+        return getattr(self._local, "bookkeeping", False)
 
     def take_ownership(self) -> None:
         pass  # many daemons share one database; running jobs are guarded by heartbeats
@@ -181,23 +199,20 @@ class PostgresStore(FleetRecords, StoreBase):
                 finally:
                     self._local.in_batch = False
             return
-        # The pool's claims and outcomes: a server crash may undo the last of these
-        # commits, and the only effect is that a job runs again (at-least-once), so they
-        # do not wait for the WAL flush; acked submits always do. SET LOCAL ends with the
-        # transaction, and rides in the same round trip as its BEGIN.
-        c = self._conn()
-        c.execute("BEGIN; SET LOCAL synchronous_commit = off")
-        self._local.in_batch = True
-        try:
-            yield
-        except BaseException:
-            self._local.in_batch = False
-            if not c.closed and not c.broken:
-                with contextlib.suppress(psycopg.Error):
-                    c.execute("ROLLBACK")
-            raise
-        self._local.in_batch = False
-        c.execute("COMMIT")
+        # The pool's claims and outcomes run on a connection of their own, one statement
+        # each with no BEGIN/COMMIT round trips: a finish is one statement (its streak
+        # updates, when a job failed, share a transaction with it) and a claim is one. Its
+        # session has synchronous_commit off: a server crash may undo the last of these
+        # commits, and the only effect is that a job runs again (at-least-once); acked
+        # submits, on the other connections, always wait for the WAL flush.
+        with self._bk_lock:
+            self._local.bookkeeping = True
+            self._local.in_batch = True
+            try:
+                yield
+            finally:
+                self._local.bookkeeping = False
+                self._local.in_batch = False
 
     # --- submit ---------------------------------------------------------------------------
     def submit_requests(
@@ -337,7 +352,11 @@ class PostgresStore(FleetRecords, StoreBase):
         inline = len(outcomes) <= _NOTIFY_IDS
         told = (", told AS (SELECT pg_notify('queickd', CASE WHEN bool_or(key IS NOT NULL) THEN 'fk:'"
                 " ELSE 'f:' END || string_agg(id::text, ',')) FROM done)") if inline else ""
-        with self._tx() as c:
+        # Successes are the steady state: their finish, notification and streak resets are
+        # one statement. A failure's streak counting follows it in the same transaction.
+        alone = inline and all(o.state == State.SUCCEEDED for o in outcomes)
+        with self._tx() as c, (contextlib.nullcontext() if alone or not self._local_bookkeeping()
+                               else c.transaction()):
             # Only our own claims: a job re-queued as an orphan and claimed by another
             # worker meanwhile is that worker's to finish.
             rows = c.execute(
@@ -347,26 +366,23 @@ class PostgresStore(FleetRecords, StoreBase):
                 " FROM unnest(%s::bigint[], %s::text[], %s::float8[], %s::text[], %s::text[], %s::float8[])"
                 " AS o(id, state, run_at, result, error, finished_at)"
                 " WHERE j.id = o.id AND j.state = 'running'"
-                " AND (%s::bigint IS NULL OR j.worker_id = %s::bigint) RETURNING j.id, j.key, j.func)"
+                " AND (%s::bigint IS NULL OR j.worker_id = %s::bigint) RETURNING j.id, j.key, j.func, o.state)"
+                ", reset AS (DELETE FROM streaks s USING done d WHERE d.state = 'succeeded'"
+                " AND ((s.kind = 'key' AND s.name = d.key) OR (s.kind = 'func' AND s.name = d.func)))"
                 + told +
-                # Usually nothing is failing: then a success has no streak to reset.
-                " SELECT id, key, func, EXISTS (SELECT 1 FROM streaks)"
+                " SELECT id, key, func"
                 + (", (SELECT count(*) FROM told)" if inline else "") + " FROM done",
                 (*cols, self.worker_id, self.worker_id)).fetchall()
             if not rows:
                 return Finished(0, [])
             names = {r[0]: (r[1], r[2]) for r in rows}
-            any_streak = rows[0][3]
             retries = [o.run_at for o in outcomes if o.state == State.SCHEDULED and o.job_id in names
                        and o.run_at is not None]
             if retries:  # the daemons' timers must know when to move them back to queued
                 notify(c, f"s:{min(retries)!r}")
             for o in outcomes:
-                if o.job_id not in names or o.state == State.WAITING_NETWORK:
-                    continue
-                if o.state == State.SUCCEEDED and not any_streak:
-                    continue
-                any_streak = True
+                if o.job_id not in names or o.state in (State.WAITING_NETWORK, State.SUCCEEDED):
+                    continue  # a success's streaks were reset by the statement above
                 key, func = names.pop(o.job_id)
                 for kind, name in (("key", key), ("func", func)):
                     if name is not None:
