@@ -177,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     _client_flags(stats)
     crons = sub.add_parser("crons", help="list recurring jobs", description="List recurring jobs.")
     _client_flags(crons)
+    # Parsed by queickd.attendance.cli (main() hands it over); listed here for --help.
+    sub.add_parser("attendance", help="the NFC attendance terminal ('queick attendance --help')", add_help=False)
     return p
 
 
@@ -334,6 +336,9 @@ def _run_daemon(a: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["attendance"]:
+        from .attendance.cli import main as attendance_main  # no extras needed to import it
+        return attendance_main(args[1:])
     if not args or (args[0] not in _SUBCOMMANDS and args[0] not in ("-h", "--help", "--version")):
         args.insert(0, "run")
     a = build_parser().parse_args(args)
