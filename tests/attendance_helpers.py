@@ -54,6 +54,7 @@ class CardFeed:
         return self._conn
 
     def tap(self, card_id: str, timeout: float = 20.0) -> None:
+        """Send one card id line; the reader must be open (RunningTerminal.wait_reader_open)."""
         self.connection(timeout).sendall(card_id.encode() + b"\r\n")
 
     def unplug(self) -> None:
@@ -81,6 +82,10 @@ class RunningTerminal:
         self.plog = self.terminal.plog
         self.terminal.start()
 
+    def wait_reader_open(self, count: int = 1, timeout: float = 20.0) -> None:
+        # A serial port flushes its input as it opens: tap after that, as a person would.
+        assert self.terminal.loop.wait_open(count, timeout), "the reader did not open"
+
     def next_tap(self, timeout: float = 20.0) -> Tap:
         return self.taps.get(timeout=timeout)
 
@@ -103,3 +108,26 @@ def terminal_config(tmp_path: Path, reader: str, daemon_port: int, **kw) -> Term
     kw.setdefault("slack_token_file", str(token))
     kw.setdefault("slack_channel", "C0ATTEND")
     return TerminalConfig(reader=reader, db=str(tmp_path / "attendance.db"), port=daemon_port, **kw)
+
+
+ALICE_IDM, BOB_IDM, CAROL_UID = "0102030405060708", "01020304050607AA", "08112233"
+
+
+def terminals(tmp_path: Path):
+    """For a fixture (`yield from terminals(tmp_path)`): start in-process terminals on a reader path with Alice, Bob and Carol registered.
+    Their daemon port has nothing listening: these tests look at the log, not at posts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nowhere = s.getsockname()[1]
+    started: list[RunningTerminal] = []
+
+    def start(reader: str, **kw) -> RunningTerminal:
+        t = RunningTerminal(terminal_config(tmp_path, reader, nowhere, **kw))
+        for card, name in ((ALICE_IDM, "Alice"), (BOB_IDM, "Bob"), (CAROL_UID, "Carol")):
+            t.plog.register(card, name)
+        started.append(t)
+        return t
+
+    yield start
+    for t in started:
+        t.stop()

@@ -53,6 +53,7 @@ def terminal(tmp_path, feed, slack):
         t.plog.register(BOB, "Bob")
         t.plog.register(CAROL, "Carol")
         started.append(t)
+        t.wait_reader_open()
         return t
 
     yield start

@@ -193,6 +193,8 @@ class ReaderLoop:
         self.on_card = on_card
         self.backoff = tuple(backoff)
         self.opens = 0  # successful opens, for status and tests
+        self.releases = 0  # cards that came and left again
+        self._signal = threading.Condition()  # notified by the reader thread on each open and release
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -204,6 +206,16 @@ class ReaderLoop:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="attendance-reader", daemon=True)
             self._thread.start()
+
+    def wait_open(self, count: int, timeout: float) -> bool:
+        """Block until the reader has been opened `count` times in all; False on timeout."""
+        with self._signal:
+            return self._signal.wait_for(lambda: self.opens >= count, timeout)
+
+    def wait_released(self, count: int, timeout: float) -> bool:
+        """Block until `count` cards in all have been presented and taken away."""
+        with self._signal:
+            return self._signal.wait_for(lambda: self.releases >= count, timeout)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Idempotent; safe before start(). A driver call in progress ends within its own
@@ -224,7 +236,9 @@ class ReaderLoop:
                 log.warning("cannot open reader %s (%s); trying again in %g s", path, e, delay)
                 self._stop.wait(delay)
                 continue
-            self.opens += 1
+            with self._signal:
+                self.opens += 1
+                self._signal.notify_all()
             log.info("reader %s open", path)
             try:
                 while not self._stop.is_set():
@@ -237,6 +251,9 @@ class ReaderLoop:
                     except Exception:  # the tap is lost only if the log could not be written
                         log.exception("could not handle a tap of card %s", card)
                     self.reader.wait_release(self._stop)
+                    with self._signal:
+                        self.releases += 1
+                        self._signal.notify_all()
             except Exception as e:
                 delay = self.backoff[min(failures, len(self.backoff) - 1)]
                 failures += 1
