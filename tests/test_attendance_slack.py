@@ -219,3 +219,19 @@ def test_a_punch_tapped_while_the_daemon_is_down_is_posted_once_it_is_back(
         assert msg["json"]["text"].startswith("<@U0ALICE> (Alice) clocked in at ")
     finally:
         d.close()
+
+
+def test_the_daily_summary_job_posts_each_persons_hours(start_daemon, terminal, feed, slack):
+    d = start_daemon(None, *ALLOW)
+    term = terminal(d, debounce=0)
+    for card in (ALICE, BOB, ALICE):
+        tap_and_post(feed, term, card)
+    slack.wait_posted(3)
+    cfg = term.terminal.config
+    with d.client() as q:
+        job_id = q.enqueue("queickd.attendance.slack:post_daily_summary",
+                           [cfg.db, cfg.slack.to_dict(), 4 * 60])
+        assert q.wait(job_id, 20)["state"] == State.SUCCEEDED
+    summary = slack.wait_posted(4)[-1]["json"]["text"]
+    assert summary.startswith("Attendance ") and "• Alice: " in summary and "• Bob: " in summary
+    assert "Bob: 0 s" in summary and "(no clock-out yet)" in summary

@@ -177,10 +177,11 @@ def _report(a: argparse.Namespace, plog: PunchLog) -> int:
 
 
 def _run(a: argparse.Namespace) -> int:
-    log.setup(a.log_level)
     fields = {f.name for f in dataclasses.fields(TerminalConfig)}
     config = TerminalConfig(**{k: v for k, v in vars(a).items() if k in fields and v is not None})
     try:
+        config.validate()
+        log.setup(a.log_level)
         terminal = Terminal(config)
     except (ValueError, OSError) as e:
         print(f"queick attendance: configuration error: {e}", file=sys.stderr)

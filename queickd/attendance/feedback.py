@@ -49,3 +49,5 @@ class Feedback:
         if r.returncode != 0:
             log.warning("feedback command %s exited with %d: %s", argv[0], r.returncode,
                         r.stderr.decode(errors="replace").strip()[:200])
+        else:
+            log.debug("feedback command %s done: %s", argv[0], argv[-1])
