@@ -81,3 +81,32 @@ def test_a_type_a_tap_becomes_one_punch_and_a_held_card_one_tap(run_terminal):
     taps = [term.next_tap(), term.next_tap()]
     assert [(t.card_id, t.punch.direction) for t in taps] == [(CAROL_UID, IN), (CAROL_UID, OUT)]
     assert term.taps.empty()
+
+
+# --- a PN532 over UART ---------------------------------------------------------------------------
+
+@pytest.fixture
+def pn532():
+    from pn532sim import PN532Simulator
+
+    sim = PN532Simulator()
+    yield sim
+    sim.close()
+
+
+def test_a_pn532_on_a_serial_port_reads_a_felica_tap_once_however_long_it_is_held(run_terminal, pn532):
+    # The pty's device file stands in for /dev/ttyAMA0 (or a /dev/serial/by-id/ link).
+    term = run_terminal(f"tty:{pn532.path}:pn532", targets=["212F"], debounce=0)
+    term.wait_reader_open()
+    assert 0x14 in pn532.commands  # nfcpy's driver configured the chip (SAMConfiguration)
+    pn532.present(ALICE_IDM)
+    tap = term.next_tap()
+    assert (tap.card_id, tap.punch.direction, tap.name) == (ALICE_IDM, IN, "Alice")
+    held = pn532.commands.count(0x42) + 10
+    assert pn532.wait_commands(0x42, held)  # ten presence checks (InCommunicateThru) while held
+    assert term.terminal.loop.releases == 0 and term.taps.empty()
+    pn532.remove()
+    assert term.terminal.loop.wait_released(1, 20)
+    pn532.present(BOB_IDM)
+    assert term.next_tap().card_id == BOB_IDM
+    assert [p.card_id for p in term.plog.punches()] == [ALICE_IDM, BOB_IDM]

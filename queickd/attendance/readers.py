@@ -68,7 +68,9 @@ class NfcReader:
         import nfc
 
         clf = nfc.ContactlessFrontend()
-        if not clf.open(self.path):
+        if _device_file(self.path) is not None:
+            clf.device = _open_tty_device(self.path)
+        elif not clf.open(self.path):
             raise OSError(errno.ENODEV, f"no NFC reader found on {self.path}")
         self._clf = clf
 
@@ -123,6 +125,34 @@ class NfcReader:
                 clf.close()
             except Exception as e:  # a device that is already gone may fail to close
                 log.debug("reader %s: close: %s", self.path, e)
+
+
+def _device_file(path: str) -> tuple[str, str] | None:
+    """`tty:/dev/serial/by-id/...:pn532` → (device file, driver); None for other paths."""
+    kind, _, rest = path.partition(":")
+    dev, _, driver = rest.rpartition(":")
+    return (dev, driver) if kind == "tty" and dev.startswith("/") and driver else None
+
+
+def _open_tty_device(path: str):  # -> nfc.clf.device.Device
+    """Compatibility shim: nfcpy 1.0.4 finds `tty:` ports only by their name directly in
+    /dev (`tty:AMA0:pn532` is /dev/ttyAMA0), so a udev symlink such as
+    /dev/serial/by-id/... (or a pty) cannot be named. For a `tty:` path with an absolute
+    device file, load the driver on that file the way nfcpy's device.connect() does."""
+    import importlib
+
+    from nfc.clf import transport
+
+    dev, driver = _device_file(path)  # type: ignore[misc]
+    module = importlib.import_module("nfc.clf." + driver)
+    tty = transport.TTY(dev)
+    try:
+        device = module.init(tty)
+    except BaseException:
+        tty.close()
+        raise
+    device._path = dev
+    return device
 
 
 class LineReader:
