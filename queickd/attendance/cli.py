@@ -40,7 +40,10 @@ def _opt(p: argparse.ArgumentParser, flag: str, help: str, default: Any = None,
     env = _CLIENT_ENV.get(dest, "QUEICKD_ATTENDANCE_" + dest.upper())
     value = os.environ.get(env)
     if value is not None:
-        default = type(value) if kw.get("action") is None else [value]
+        try:
+            default = type(value)
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            p.error(f"{env}={value!r}: {e}")
     shown = f" (default: {default})" if default not in (None, "", []) else ""
     p.add_argument(flag, default=default, type=type, help=f"{help}{shown} [env {env}]", **kw)
 

@@ -86,7 +86,7 @@ class SlackTarget:
     def validate(self) -> None:
         if self.token_file and self.webhook_file:
             raise ValueError("give a Slack token file or a webhook URL file, not both")
-        if self.webhook_file is None and not self.channel:
+        if self.token_file is not None and not self.channel:
             raise ValueError("posting with a bot token needs a channel (--slack-channel)")
         if self.base_url is not None and not self.base_url.endswith("/"):
             raise ValueError("the Slack base URL must end in '/'")
@@ -137,6 +137,8 @@ def send(target: SlackTarget, text: str) -> str | None:
         if token is None:
             raise SlackRejectedError("no Slack token: give --slack-token-file or --slack-webhook-file, or a "
                                      f"systemd credential named {TOKEN_CREDENTIAL} or {WEBHOOK_CREDENTIAL}")
+        if not target.channel:
+            raise SlackRejectedError("posting with a bot token needs a channel (--slack-channel)")
         return _send_web_api(token, target, text)
     except (SlackError, SlackUnavailableError):
         raise
