@@ -48,6 +48,9 @@ class Reader(Protocol):
     def close(self) -> None:
         """Idempotent."""
 
+    def interrupt(self) -> None:
+        """From another thread: make a blocked wait_card() return soon (stop is set)."""
+
 
 class NfcReader:
     """An nfcpy ContactlessFrontend, polled one sense at a time.
@@ -118,6 +121,9 @@ class NfcReader:
                 return
             stop.wait(self.presence_interval)
 
+    def interrupt(self) -> None:
+        pass  # a poll ends within its own timeout (about a second per target)
+
     def close(self) -> None:
         clf, self._clf, self._tag = self._clf, None, None
         if clf is not None:
@@ -158,13 +164,13 @@ def _open_tty_device(path: str):  # -> nfc.clf.device.Device
 class LineReader:
     """A serial reader that prints one card id per line. Lines that are not hex are
     logged and skipped. A reader that repeats its line while a card is held is tamed by
-    the punch log's debounce."""
+    the punch log's debounce. Reads block without a timeout (an idle reader costs
+    nothing); interrupt() ends a read: cancel_read() where pyserial has it, else close."""
 
-    def __init__(self, url: str, baudrate: int = 9600, read_timeout: float = 0.5) -> None:
+    def __init__(self, url: str, baudrate: int = 9600) -> None:
         self.path = url
         self.url = url[len("line:"):] if url.startswith("line:") else url
         self.baudrate = baudrate
-        self.read_timeout = read_timeout
         self._port = None
         self._buf = b""
         self._lines: deque[str] = deque()
@@ -173,7 +179,7 @@ class LineReader:
         import serial
 
         self._buf, self._lines = b"", deque()
-        self._port = serial.serial_for_url(self.url, baudrate=self.baudrate, timeout=self.read_timeout)
+        self._port = serial.serial_for_url(self.url, baudrate=self.baudrate, timeout=None)
 
     def wait_card(self, stop: threading.Event) -> str | None:
         while not stop.is_set():
@@ -183,8 +189,12 @@ class LineReader:
                     return normalize_card_id(line)
                 except ValueError:
                     log.warning("reader %s: skipping a line that is not a card id: %r", self.path, line[:80])
-            chunk = self._port.read(256)  # type: ignore[union-attr]  # returns after read_timeout
+            port = self._port
+            if port is None:  # closed by interrupt()
+                return None
+            chunk = port.read(1)  # blocks; b"" after cancel_read()
             if chunk:
+                chunk += port.read(port.in_waiting)
                 self._buf += chunk
                 *lines, self._buf = self._buf.replace(b"\r", b"\n").split(b"\n")
                 self._lines.extend(s for s in (x.decode("ascii", "replace").strip() for x in lines) if s)
@@ -195,6 +205,16 @@ class LineReader:
 
     def wait_release(self, stop: threading.Event) -> None:
         return None  # a line is already one presentation
+
+    def interrupt(self) -> None:
+        port = self._port
+        if port is None:
+            return
+        cancel = getattr(port, "cancel_read", None)
+        if cancel is not None:
+            cancel()
+        else:  # socket:// and friends: closing wakes the blocked read with an error
+            self.close()
 
     def close(self) -> None:
         port, self._port = self._port, None
@@ -252,6 +272,7 @@ class ReaderLoop:
         timeout (a poll is at most a couple of seconds)."""
         self._stop.set()
         if self._thread is not None:
+            self.reader.interrupt()
             self._thread.join(timeout)
 
     def _run(self) -> None:
@@ -285,6 +306,9 @@ class ReaderLoop:
                         self.releases += 1
                         self._signal.notify_all()
             except Exception as e:
+                if self._stop.is_set():  # interrupted on the way out
+                    self.reader.close()
+                    break
                 delay = self.backoff[min(failures, len(self.backoff) - 1)]
                 failures += 1
                 log.warning("reader %s failed (%s: %s); reopening in %g s", path, type(e).__name__, e, delay)
