@@ -1,7 +1,7 @@
 """The feedback command: run on every tap so the person knows whether it counted.
 
-`--feedback 'CMD ARGS'` runs `CMD ARGS RESULT` where RESULT is `in`, `out`, `unknown` or
-`ignored`, with QUEICK_TAP_RESULT, QUEICK_TAP_CARD and QUEICK_TAP_NAME in its
+`--feedback 'CMD ARGS'` runs `CMD ARGS RESULT` where RESULT is `in`, `out`, `unknown`,
+`ignored` or `error` (the tap could not be logged), with QUEICK_TAP_RESULT, QUEICK_TAP_CARD and QUEICK_TAP_NAME in its
 environment (a beep, an LED through GPIO). It runs beside the terminal, never in its
 way: a slow or failing command is logged, and killed after `timeout` seconds.
 """
@@ -31,11 +31,17 @@ class Feedback:
         self.timeout = timeout
 
     def __call__(self, tap: Tap) -> None:
+        self._start(tap_result(tap), tap.card_id, tap.name)
+
+    def error(self, card_id: str) -> None:
+        """The tap could not be logged (a full or broken disk): it did not count."""
+        self._start("error", card_id, None)
+
+    def _start(self, result: str, card_id: str, name: str | None) -> None:
         if not self.argv:
             return
-        result = tap_result(tap)
-        env = {**os.environ, "QUEICK_TAP_RESULT": result, "QUEICK_TAP_CARD": tap.card_id,
-               "QUEICK_TAP_NAME": tap.name or ""}
+        env = {**os.environ, "QUEICK_TAP_RESULT": result, "QUEICK_TAP_CARD": card_id,
+               "QUEICK_TAP_NAME": name or ""}
         threading.Thread(target=self._run, args=([*self.argv, result], env), name="attendance-feedback",
                          daemon=True).start()
 

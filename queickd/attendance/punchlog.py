@@ -26,6 +26,9 @@ from typing import Any
 IN, OUT, UNKNOWN = "in", "out", "unknown"
 ACCEPTED, IGNORED = "accepted", "ignored"
 UNKNOWN_POLICIES = ("once", "every", "never")  # when an unknown card's tap is posted
+DEFAULT_UNKNOWN_CARDS = "once"
+DEFAULT_DEBOUNCE = 60.0  # seconds in which the same card again is ignored
+DEFAULT_DAY_BOUNDARY = "04:00"  # a work day starts then, so a night shift is one day
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS cards (
@@ -125,15 +128,15 @@ class Tap:
 
 
 class PunchLog:
-    def __init__(self, path: str, *, debounce: float = 60.0, day_boundary: int = 4 * 60,
-                 unknown_cards: str = "once", synchronous: str = "FULL") -> None:
+    def __init__(self, path: str, *, debounce: float = DEFAULT_DEBOUNCE, day_boundary: int | None = None,
+                 unknown_cards: str = DEFAULT_UNKNOWN_CARDS, synchronous: str = "FULL") -> None:
         if unknown_cards not in UNKNOWN_POLICIES:
             raise ValueError(f"unknown_cards must be one of {', '.join(UNKNOWN_POLICIES)}")
         if debounce < 0:
             raise ValueError("debounce must not be negative")
         self.path = path
         self.debounce = debounce
-        self.day_boundary = day_boundary
+        self.day_boundary = parse_day_boundary(DEFAULT_DAY_BOUNDARY) if day_boundary is None else day_boundary
         self.unknown_cards = unknown_cards
         self._lock = threading.Lock()  # guards _db: one statement or transaction at a time
         self._db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)

@@ -198,10 +198,10 @@ def post_punch(punch: dict[str, Any], slack: dict[str, Any], db: str | None = No
             plog.close()
 
 
-def post_daily_summary(db: str, slack: dict[str, Any], day_boundary: int = 4 * 60) -> dict[str, Any]:
+def post_daily_summary(db: str, slack: dict[str, Any], day_boundary: int | None = None) -> dict[str, Any]:
     """The cron job: post the current work day's hours per person."""
-    with PunchLog(db) as plog:
-        day = work_day(time.time(), day_boundary)
+    with PunchLog(db, day_boundary=day_boundary) as plog:
+        day = work_day(time.time(), plog.day_boundary)
         text = summary_text(day, day_report(plog.punches(day)))
     ts = send(SlackTarget.from_dict(slack), text)
     return {"posted": True, "ts": ts, "day": day}

@@ -11,8 +11,9 @@ Order of events for a tap: the punch is committed to the attendance log (fsync'd
 feedback command runs, and only then is the post job enqueued, with the punch id as
 its idempotency key. A punch whose enqueue failed (daemon down, restarting) stays
 "unsent" in the log and the dispatcher sends it, in tap order, when the daemon answers
-again, with backoff. Nothing is lost if either process is killed at any point; a resend
-after a crash between enqueue and its bookkeeping names the same job.
+again, with backoff. A tap that was acknowledged (the feedback runs only after the
+commit) is never lost, whichever process is killed when; a resend after a crash between
+an enqueue and its bookkeeping names the same job (the idempotency key).
 """
 
 from __future__ import annotations
@@ -26,9 +27,18 @@ from dataclasses import dataclass, field
 
 from .. import sdnotify
 from ..client import JobQueue
-from ..protocol import QueueError
+from ..protocol import DEFAULT_PORT, Code, QueueError
 from .feedback import Feedback
-from .punchlog import ACCEPTED, PunchLog, Tap, parse_day_boundary
+from .message import DEFAULT_LATE_AFTER
+from .punchlog import (
+    ACCEPTED,
+    DEFAULT_DAY_BOUNDARY,
+    DEFAULT_DEBOUNCE,
+    DEFAULT_UNKNOWN_CARDS,
+    PunchLog,
+    Tap,
+    parse_day_boundary,
+)
 from .readers import DEFAULT_TARGETS, REOPEN_BACKOFF, Reader, ReaderLoop, make_reader
 from .slack import SlackTarget
 
@@ -52,17 +62,17 @@ class TerminalConfig:
     targets: list[str] = field(default_factory=lambda: list(DEFAULT_TARGETS))
     db: str = "attendance.db"
     host: str = "127.0.0.1"
-    port: int = 9999
+    port: int = DEFAULT_PORT
     token_file: str | None = None
-    debounce: float = 60.0
-    day_boundary: str = "04:00"
-    unknown_cards: str = "once"
+    debounce: float = DEFAULT_DEBOUNCE
+    day_boundary: str = DEFAULT_DAY_BOUNDARY
+    unknown_cards: str = DEFAULT_UNKNOWN_CARDS
     feedback: str | None = None
     slack_channel: str | None = None
     slack_token_file: str | None = None
     slack_webhook_file: str | None = None
     slack_base_url: str | None = None
-    late_after: float = 60.0
+    late_after: float = DEFAULT_LATE_AFTER
     daily_summary: str | None = None  # a cron expression, e.g. '0 19 * * *'
 
     @property
@@ -146,8 +156,11 @@ class Dispatcher:
             except (ConnectionError, OSError, QueueError) as e:
                 wait = self.backoff[min(failures, len(self.backoff) - 1)]
                 failures += 1
-                log.warning("cannot hand punches to queickd at %s:%d (%s); they are safe in %s, trying "
-                            "again in %g s", self.queue.host, self.queue.port, e, self.config.db, wait)
+                hint = ""
+                if isinstance(e, QueueError) and e.code == Code.NOT_ALLOWED:
+                    hint = "; start the daemon with --allow 'queickd.attendance.*'"
+                log.warning("cannot hand punches to queickd at %s:%d (%s%s); they are safe in %s, trying "
+                            "again in %g s", self.queue.host, self.queue.port, e, hint, self.config.db, wait)
             self._wake.wait(wait)
             self._wake.clear()
 
@@ -188,7 +201,11 @@ class Terminal:
         self.on_tap: Callable[[Tap], None] | None = None  # for tests and embedding
 
     def on_card(self, card_id: str) -> None:
-        tap = self.plog.record_tap(card_id)
+        try:
+            tap = self.plog.record_tap(card_id)
+        except Exception:
+            self.feedback.error(card_id)  # the person must know this tap did not count
+            raise
         if tap.outcome != ACCEPTED:
             log.info("tap of card %s%s ignored: %s", card_id, f" ({tap.name})" if tap.name else "", tap.reason)
         elif tap.reason == "unknown card":
@@ -209,6 +226,9 @@ class Terminal:
         unsent = len(self.plog.unsent(1_000_000))
         if unsent:
             log.info("%d punch(es) in %s are not yet with queickd; sending them first", unsent, self.config.db)
+        if self.config.slack_token_file is None and self.config.slack_webhook_file is None:
+            log.info("no Slack token or webhook file given: the post jobs read the daemon's systemd "
+                     "credential slack-token or slack-webhook")
         self.dispatcher.start()
         self.loop.start()
         log.info("attendance terminal ready: reader %s, log %s, queickd %s:%d, debounce %g s, day starts %s",
