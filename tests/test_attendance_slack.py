@@ -5,7 +5,9 @@ real code); the daemon is a real subprocess that runs the post jobs."""
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 import time
 
 import pytest
@@ -152,7 +154,7 @@ def test_an_outage_parks_every_post_and_replays_one_message_per_punch_in_tap_ord
                      workers=2)
     try:
         d.wait_for_line("network is up")
-        term = terminal(d, debounce=0)
+        term = terminal(d, debounce=0, late_after=0)  # every post says how late it is
         port = slack.port
         slack.close()  # Slack refuses connections ...
         internet.close()  # ... and the checker sees the network go
@@ -171,6 +173,7 @@ def test_an_outage_parks_every_post_and_replays_one_message_per_punch_in_tap_ord
         assert [re.sub(r" at .*", "", m["json"]["text"]) for m in posted] == [
             "<@U0ALICE> (Alice) clocked in", "Bob clocked in", "Carol clocked in", "<@U0ALICE> (Alice) clocked out"]
         assert len(slack.requests) == 4
+        assert all("late: the network or Slack was unavailable" in m["json"]["text"] for m in posted)
     finally:
         internet.close()
 
@@ -235,3 +238,29 @@ def test_the_daily_summary_job_posts_each_persons_hours(start_daemon, terminal, 
     summary = slack.wait_posted(4)[-1]["json"]["text"]
     assert summary.startswith("Attendance ") and "• Alice: " in summary and "• Bob: " in summary
     assert "Bob: 0 s" in summary and "(no clock-out yet)" in summary
+
+
+class LogWaiter(logging.Handler):
+    """Sets `seen` when a record containing `text` is logged."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.seen = text, threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+def test_a_daemon_that_does_not_allow_the_post_job_says_how_to_fix_it_and_the_punch_waits(
+        start_daemon, terminal, feed, slack):
+    d = start_daemon()  # no --allow 'queickd.attendance.*'
+    waiter = LogWaiter("start the daemon with --allow 'queickd.attendance.*'")
+    logging.getLogger("queickd.attendance").addHandler(waiter)
+    try:
+        term = terminal(d)
+        punch = tap_and_post(feed, term, ALICE)
+        assert waiter.seen.wait(20)
+        assert [p.punch_id for p in term.plog.unsent()] == [punch.punch_id]
+    finally:
+        logging.getLogger("queickd.attendance").removeHandler(waiter)

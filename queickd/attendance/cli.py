@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     _opt(run, "--day-boundary", "local time a work day starts (night shifts end before it)", _D.day_boundary)
     _opt(run, "--unknown-cards", "post a tap of an unregistered card: once per card, every time, or never",
          _D.unknown_cards, choices=UNKNOWN_POLICIES)
-    _opt(run, "--feedback", "command run on every tap with in/out/unknown/ignored appended (a beep, an LED)")
+    _opt(run, "--feedback", "command run on every tap with in/out/unknown/ignored/error appended (a beep, an LED)")
     _opt(run, "--slack-channel", "channel to post to (with a bot token)")
     _opt(run, "--slack-token-file", "file holding the bot token (default: the systemd credential "
          "'slack-token' of the daemon)")
