@@ -169,3 +169,18 @@ def test_the_terminal_process_posts_taps_runs_feedback_registers_the_summary_and
             proc.wait()
         feed.close()
         slack.close()
+
+
+def test_register_a_card_by_tapping_it_on_a_reader(attendance, db):
+    pytest.importorskip("nfc")
+    from pn532sim import PN532Simulator
+
+    sim = PN532Simulator()
+    try:
+        sim.present(ALICE)  # already on the reader when the command starts
+        r = attendance("register", "--db", db, "--reader", f"tty:{sim.path}:pn532", "--targets", "212F",
+                       "--name", "Alice", "--timeout", "10")
+    finally:
+        sim.close()
+    assert r.returncode == 0 and f"card {ALICE} registered for Alice" in r.stdout
+    assert "tap the card" in r.stderr
