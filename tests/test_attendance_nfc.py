@@ -2,25 +2,23 @@
 
 The cards are emulated by nfcpy over its udp driver and read by the terminal through
 nfcpy's reader code (sense, activation, presence checks), one target per reader, as
-each empty udp poll costs a second per target."""
+each empty udp poll costs a second per target. A card stays on the reader until the
+terminal has seen it, so no test depends on when a poll happens."""
 
 from __future__ import annotations
 
 import socket
+import threading
+import time
 
 import pytest
 
 pytest.importorskip("nfc")
 
-import nfc_cards  # noqa: E402
 from attendance_helpers import ALICE_IDM, BOB_IDM, CAROL_UID, RunningTerminal, terminals  # noqa: E402
 
-from queickd.attendance.punchlog import ACCEPTED, IGNORED, IN, OUT  # noqa: E402
-
-# How long a card stays on the reader. An empty udp poll waits a second for an answer
-# that never comes (a datagram to a port nobody has bound yet is dropped), so a tap has
-# to outlast one poll cycle to be seen at all.
-TAP = 1.5
+from queickd.attendance.emulate import felica_tap, type_a_tap  # noqa: E402
+from queickd.attendance.punchlog import ACCEPTED, IGNORED, IN, OUT, Tap  # noqa: E402
 
 
 def free_udp_port() -> int:
@@ -29,14 +27,22 @@ def free_udp_port() -> int:
         return s.getsockname()[1]
 
 
-def tap(term: RunningTerminal, card, port: int, card_id: str, hold: float = TAP) -> None:
-    """Present a card for `hold` seconds, take it away, and wait until the reader has
-    noticed: only then may the next card come (else it would answer the presence checks
-    meant for the last one, as no physical card could)."""
-    done = term.terminal.loop.releases
-    nfc_cards.present(card, port, card_id, hold).join()
-    assert term.terminal.loop.wait_released(done + 1, 20), "the reader never saw the card leave"
-
+def tap(term: RunningTerminal, card, port: int, card_id: str, held: float = 0.0) -> Tap:
+    """Put a card on the reader until the terminal has seen it, keep it there `held`
+    seconds more, take it away, and wait until the reader has noticed (only then may the
+    next card come: it would answer the presence checks meant for this one, as no
+    physical card could). Returns what the tap came to."""
+    released, gone = term.terminal.loop.releases, threading.Event()
+    card_thread = threading.Thread(target=card, args=(port, card_id, 20.0), kwargs={"until": gone}, daemon=True)
+    card_thread.start()
+    try:
+        seen = term.next_tap()
+        time.sleep(held)  # a person keeping the card on the reader
+    finally:
+        gone.set()
+        card_thread.join(10)
+    assert term.terminal.loop.wait_released(released + 1, 20), "the reader never saw the card leave"
+    return seen
 
 
 @pytest.fixture
@@ -46,19 +52,17 @@ def run_terminal(tmp_path):
 def test_a_felica_tap_becomes_exactly_one_punch(run_terminal):
     port = free_udp_port()
     term = run_terminal(f"udp:127.0.0.1:{port}", targets=["212F"])
-    tap(term, nfc_cards.felica, port, ALICE_IDM)
-    first = term.next_tap()
+    first = tap(term, felica_tap, port, ALICE_IDM)
     assert (first.card_id, first.outcome, first.punch.direction, first.name) == (ALICE_IDM, ACCEPTED, IN, "Alice")
-    tap(term, nfc_cards.felica, port, BOB_IDM)
-    assert term.next_tap().card_id == BOB_IDM  # nothing came between
+    assert tap(term, felica_tap, port, BOB_IDM).card_id == BOB_IDM  # nothing came between
+    assert term.taps.empty()
     assert [p.card_id for p in term.plog.punches()] == [ALICE_IDM, BOB_IDM]
 
 
 def test_a_felica_card_held_on_the_reader_is_one_tap(run_terminal):
     port = free_udp_port()
     term = run_terminal(f"udp:127.0.0.1:{port}", targets=["212F"], debounce=0)
-    tap(term, nfc_cards.felica, port, ALICE_IDM, hold=TAP + 1.0)  # about ten presence checks once seen
-    assert term.next_tap().card_id == ALICE_IDM
+    assert tap(term, felica_tap, port, ALICE_IDM, held=1.5).card_id == ALICE_IDM  # ~15 presence checks
     assert term.taps.empty() and term.terminal.loop.releases == 1
     assert len(term.plog.punches()) == 1
 
@@ -66,9 +70,7 @@ def test_a_felica_card_held_on_the_reader_is_one_tap(run_terminal):
 def test_a_felica_retap_inside_the_debounce_is_ignored(run_terminal):
     port = free_udp_port()
     term = run_terminal(f"udp:127.0.0.1:{port}", targets=["212F"])  # default debounce: 60 s
-    tap(term, nfc_cards.felica, port, ALICE_IDM)
-    tap(term, nfc_cards.felica, port, ALICE_IDM)
-    first, second = term.next_tap(), term.next_tap()
+    first, second = tap(term, felica_tap, port, ALICE_IDM), tap(term, felica_tap, port, ALICE_IDM)
     assert (first.outcome, second.outcome) == (ACCEPTED, IGNORED)
     assert len(term.plog.punches()) == 1
 
@@ -76,9 +78,7 @@ def test_a_felica_retap_inside_the_debounce_is_ignored(run_terminal):
 def test_a_type_a_tap_becomes_one_punch_and_a_held_card_one_tap(run_terminal):
     port = free_udp_port()
     term = run_terminal(f"udp:127.0.0.1:{port}", targets=["106A"], debounce=0)
-    tap(term, nfc_cards.type_a, port, CAROL_UID, hold=TAP + 1.0)
-    tap(term, nfc_cards.type_a, port, CAROL_UID)
-    taps = [term.next_tap(), term.next_tap()]
+    taps = [tap(term, type_a_tap, port, CAROL_UID, held=1.5), tap(term, type_a_tap, port, CAROL_UID)]
     assert [(t.card_id, t.punch.direction) for t in taps] == [(CAROL_UID, IN), (CAROL_UID, OUT)]
     assert term.taps.empty()
 
