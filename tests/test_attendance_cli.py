@@ -102,6 +102,14 @@ def test_run_refuses_a_slack_base_url_without_a_trailing_slash(attendance, db, t
     assert r.returncode == 78 and "must end in '/'" in r.stderr
 
 
+def test_run_refuses_a_daily_summary_that_is_not_a_cron_expression(attendance, db, tmp_path):
+    token = tmp_path / "t"
+    token.write_text("xoxb")
+    r = attendance("run", "--db", db, "--reader", "socket://127.0.0.1:9", "--slack-channel", "C",
+                   "--slack-token-file", str(token), "--daily-summary", "0 25 * * *")
+    assert r.returncode == 78 and "hour field '25' is outside 0-23" in r.stderr
+
+
 class Lines:
     """Collects a subprocess's stderr lines; wait() for one that matches."""
 

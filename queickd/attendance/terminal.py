@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from .. import sdnotify
 from ..client import JobQueue
+from ..cron import CronExpr
 from ..protocol import DEFAULT_PORT, Code, QueueError
 from .feedback import Feedback
 from .message import DEFAULT_LATE_AFTER
@@ -90,6 +91,8 @@ class TerminalConfig:
             raise ValueError("give a reader: --reader usb | tty:AMA0:pn532 | udp:HOST:PORT | /dev/ttyUSB0 | "
                              "socket://HOST:PORT")
         parse_day_boundary(self.day_boundary)
+        if self.daily_summary is not None:
+            CronExpr.parse(self.daily_summary)  # ValueError names what is wrong
         if self.debounce < 0 or self.late_after < 0:
             raise ValueError("debounce and late_after must not be negative")
         self.slack.validate()
@@ -166,11 +169,16 @@ class Dispatcher:
 
     def _send_all(self) -> None:
         if not self._cron_done:
-            self.queue.cron(self.config.daily_summary, SUMMARY_FUNC, args=[self._db, self._slack,
-                            parse_day_boundary(self.config.day_boundary)], name=SUMMARY_CRON, **POST_RETRY,
-                            retry_on_network_available=True)
+            try:
+                self.queue.cron(self.config.daily_summary, SUMMARY_FUNC, args=[self._db, self._slack,
+                                parse_day_boundary(self.config.day_boundary)], name=SUMMARY_CRON, **POST_RETRY,
+                                retry_on_network_available=True)
+                log.info("daily summary registered with queickd (%s)", self.config.daily_summary)
+            except QueueError as e:
+                if e.code != Code.BAD_REQUEST:
+                    raise
+                log.error("the daily summary could not be registered: %s", e)  # punches go on regardless
             self._cron_done = True
-            log.info("daily summary registered with queickd (%s)", self.config.daily_summary)
         while not self._stop.is_set():
             batch = self.plog.unsent(50)
             if not batch:
