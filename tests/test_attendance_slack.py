@@ -15,6 +15,7 @@ from attendance_helpers import ALLOW, CardFeed, RunningTerminal, terminal_config
 from helpers import DaemonProcess, Listener
 from slackstub import HOLD, SlackStub
 
+from queickd.attendance.punchlog import PunchLog
 from queickd.job import State
 
 pytest.importorskip("slack_sdk")
@@ -264,3 +265,19 @@ def test_a_daemon_that_does_not_allow_the_post_job_says_how_to_fix_it_and_the_pu
         assert [p.punch_id for p in term.plog.unsent()] == [punch.punch_id]
     finally:
         logging.getLogger("queickd.attendance").removeHandler(waiter)
+
+
+def test_punches_left_unsent_by_a_terminal_that_died_are_posted_by_the_next_one(
+        start_daemon, terminal, feed, slack, tmp_path):
+    # A terminal killed after the commit and before the hand-over leaves this behind.
+    with PunchLog(str(tmp_path / "attendance.db"), debounce=0) as plog:
+        plog.register(BOB, "Bob")
+        left = [plog.record_tap(BOB).punch for _ in range(2)]
+    d = start_daemon(None, *ALLOW)
+    term = terminal(d)
+    term.wait_sent(2)
+    texts = [m["json"]["text"] for m in slack.wait_posted(2)]
+    assert [t.split(" at ")[0] for t in texts] == ["Bob clocked in", "Bob clocked out"]
+    with d.client() as q:
+        assert [q.wait(term.job_id(p.punch_id), 20)["state"] for p in left] == [State.SUCCEEDED] * 2
+    assert [term.plog.punch(p.punch_id).posted_at is not None for p in left] == [True, True]
