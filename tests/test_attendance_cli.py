@@ -11,7 +11,7 @@ import sys
 import threading
 
 import pytest
-from attendance_helpers import ALLOW, CardFeed
+from attendance_support import ALLOW, CardFeed
 from slackstub import SlackStub
 
 from queickd.attendance import cli
@@ -84,7 +84,7 @@ def test_report_prints_the_days_punches_and_hours(attendance, db):
         plog.record_tap(ALICE, t0 + 2 * 3600)
     out = json.loads(attendance("report", "--db", db, "--date", first.day, "--json").stdout)
     assert [p["direction"] for p in out["punches"]] == ["in", "out"]
-    assert out["people"] == [{"name": "Alice", "seconds": 7200.0, "open": False, "sessions": [[t0, t0 + 7200]]}]
+    assert out["people"] == [{"name": "Alice", "seconds": 7200.0, "open": False, "periods": [[t0, t0 + 7200]]}]
     text = attendance("report", "--db", db, "--date", first.day).stdout
     assert "Alice: 2 h 00 min" in text and "not sent" in text
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from attendance_helpers import ALICE_IDM, BOB_IDM, CardFeed, terminals
+from attendance_support import ALICE_IDM, BOB_IDM, CardFeed, terminals
 
 from queickd.attendance.punchlog import ACCEPTED
 

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from attendance_helpers import ALLOW, CardFeed, RunningTerminal, terminal_config
+from attendance_support import ALLOW, CardFeed, RunningTerminal, terminal_config
 from helpers import DaemonProcess, Listener
 from slackstub import HOLD, SlackStub
 

@@ -167,7 +167,7 @@ def _report(a: argparse.Namespace, plog: PunchLog) -> int:
     if a.json:
         print(json.dumps({"day": day, "punches": [p.to_dict() for p in punches],
                           "people": [{"name": d.name, "seconds": d.seconds, "open": d.open,
-                                      "sessions": d.sessions} for d in people]}))
+                                      "periods": d.periods} for d in people]}))
         return 0
     print(f"work day {day}: {len(punches)} punch(es)")
     for p in punches:

@@ -53,15 +53,15 @@ def punch_text(p: Punch, posted_at: float, late_after: float = DEFAULT_LATE_AFTE
 @dataclass
 class PersonDay:
     name: str
-    sessions: list[tuple[float, float | None]] = field(default_factory=list)  # (in, out or None)
+    periods: list[tuple[float, float | None]] = field(default_factory=list)  # (in, out or None)
 
     @property
     def seconds(self) -> float:
-        return sum(out - in_ for in_, out in self.sessions if out is not None)
+        return sum(out - in_ for in_, out in self.periods if out is not None)
 
     @property
     def open(self) -> bool:
-        return bool(self.sessions) and self.sessions[-1][1] is None
+        return bool(self.periods) and self.periods[-1][1] is None
 
 
 def day_report(punches: Iterable[Punch]) -> list[PersonDay]:
@@ -72,11 +72,11 @@ def day_report(punches: Iterable[Punch]) -> list[PersonDay]:
             continue
         day = people.setdefault(p.name, PersonDay(p.name))
         if p.direction == IN:
-            day.sessions.append((p.tapped_at, None))
+            day.periods.append((p.tapped_at, None))
         elif day.open:
-            day.sessions[-1] = (day.sessions[-1][0], p.tapped_at)
+            day.periods[-1] = (day.periods[-1][0], p.tapped_at)
         else:  # an "out" with no "in" before it (the in was on the previous work day)
-            day.sessions.append((p.tapped_at, p.tapped_at))
+            day.periods.append((p.tapped_at, p.tapped_at))
     return list(people.values())
 
 
@@ -85,7 +85,7 @@ def summary_text(day: str, report: list[PersonDay]) -> str:
         return f"Attendance {day}: nobody clocked in."
     lines = [f"Attendance {day}:"]
     for person in report:
-        times = ", ".join(f"{clock(i)}–{clock(o) if o is not None else '…'}" for i, o in person.sessions)
+        times = ", ".join(f"{clock(i)}–{clock(o) if o is not None else '…'}" for i, o in person.periods)
         tail = " (no clock-out yet)" if person.open else ""
         lines.append(f"• {person.name}: {span(person.seconds)} ({times}){tail}")
     return "\n".join(lines)

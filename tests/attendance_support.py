@@ -1,4 +1,4 @@
-"""Helpers for the attendance tests: a serial card reader behind socket:// and an
+"""Support for the attendance tests: a serial card reader behind socket:// and an
 in-process terminal wired to a real daemon."""
 
 from __future__ import annotations
