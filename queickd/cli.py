@@ -240,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Redraw the status every second until q or Ctrl-C.")
     _client_flags(top)
     _fleet_parsers(sub)
+    # Parsed by queickd.attendance.cli (main() hands it over); listed here for --help.
+    sub.add_parser("attendance", help="the NFC attendance terminal ('queick attendance --help')", add_help=False)
     return p
 
 
@@ -509,8 +511,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["attendance"]:
+        from .attendance.cli import main as attendance_main  # no extras needed to import it
+        return attendance_main(args[1:])
     try:
-        a = parse_args(sys.argv[1:] if argv is None else argv)
+        a = parse_args(args)
     except config_file.ConfigFileError as e:
         print(f"queick: configuration error: {e}", file=sys.stderr)
         return EX_CONFIG

@@ -110,10 +110,24 @@ def after_failure(
     `job.attempts` already counts the attempt that failed. A network-class failure of a
     job that asked for network replay is parked without spending its retries, but only
     when a network checker runs to release it; otherwise it follows its retry policy.
+
+    An exception may say more about itself, for errors the job knows better than the
+    policy: `permanent = True` (bad credentials, a missing channel) makes the job dead at
+    once, since retrying cannot help; `retry_after` (seconds, e.g. an HTTP 429's
+    Retry-After) replaces the policy's delay for the next attempt.
     """
     err = error_info(exc)
+    if getattr(exc, "permanent", False) is True:
+        return Outcome.dead(job.id, err)
     if job.retry_on_network and network_checker and is_network_error(exc):
         return Outcome.waiting_network(job.id, err)
     if job.retry is not None and job.attempts < job.max_attempts:
-        return Outcome.retry_at(job.id, now + retry_mod.delay(job.retry, job.attempts, rand), err)
+        return Outcome.retry_at(job.id, now + _retry_delay(job, exc, rand), err)
     return Outcome.dead(job.id, err)
+
+
+def _retry_delay(job: Job, exc: BaseException, rand: random.Random | None) -> float:
+    asked = getattr(exc, "retry_after", None)
+    if isinstance(asked, int | float) and not isinstance(asked, bool) and 0 <= asked <= 86400:
+        return float(asked)
+    return retry_mod.delay(job.retry, job.attempts, rand)  # type: ignore[arg-type]

@@ -1,0 +1,283 @@
+"""Punches to Slack through a real daemon and slack-sdk, against a local Slack stand-in.
+
+The terminal runs in this process with a serial line reader on socket:// (pyserial's
+real code); the daemon is a real subprocess that runs the post jobs."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+
+import pytest
+from attendance_support import ALLOW, CardFeed, RunningTerminal, terminal_config
+from helpers import DaemonProcess, Listener
+from slackstub import HOLD, SlackStub
+
+from queickd.attendance.punchlog import PunchLog
+from queickd.job import State
+
+pytest.importorskip("slack_sdk")
+pytest.importorskip("serial")
+
+ALICE, BOB, CAROL = "0102030405060708", "08A1B2C3", "0A0B0C0D0E0F1011"
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch):
+    # slack-sdk and urllib honour proxy variables; the stand-in is on loopback.
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def slack():
+    s = SlackStub().start()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def feed():
+    f = CardFeed()
+    yield f
+    f.close()
+
+
+@pytest.fixture
+def terminal(tmp_path, feed, slack):
+    started: list[RunningTerminal] = []
+
+    def start(daemon: DaemonProcess, port: int | None = None, **kw) -> RunningTerminal:
+        kw.setdefault("slack_base_url", slack.base_url)
+        t = RunningTerminal(terminal_config(tmp_path, feed.url, port or daemon.port, **kw))
+        t.plog.register(ALICE, "Alice", "U0ALICE")
+        t.plog.register(BOB, "Bob")
+        t.plog.register(CAROL, "Carol")
+        started.append(t)
+        t.wait_reader_open()
+        return t
+
+    yield start
+    for t in started:
+        t.stop()
+
+
+def tap_and_post(feed, term, card):
+    feed.tap(card)
+    tap = term.next_tap()
+    assert tap.punch is not None, tap
+    return tap.punch
+
+
+def test_a_tap_is_posted_naming_the_person_direction_and_tap_time(start_daemon, terminal, feed, slack):
+    d = start_daemon(None, *ALLOW)
+    term = terminal(d)
+    punch = tap_and_post(feed, term, ALICE)
+    [msg] = slack.wait_posted(1)
+    assert msg["path"] == "/api/chat.postMessage"
+    assert msg["auth"] == "Bearer xoxb-test-token"
+    assert msg["json"]["channel"] == "C0ATTEND"
+    tapped = time.strftime("%H:%M:%S", time.localtime(punch.tapped_at))
+    assert msg["json"]["text"] == f"<@U0ALICE> (Alice) clocked in at {tapped}."
+    with d.client() as q:
+        job = q.wait(term.job_id(punch.punch_id), 20)
+    assert job["state"] == State.SUCCEEDED and job["idempotency_key"] == punch.punch_id
+    assert job["retry_on_network"] is True
+    assert term.plog.punch(punch.punch_id).slack_ts == msg["ts"]
+
+
+def test_taps_toggle_in_and_out_and_post_in_tap_order(start_daemon, terminal, feed, slack):
+    d = start_daemon(None, *ALLOW)
+    term = terminal(d, debounce=0)
+    for card in (ALICE, BOB, ALICE):
+        tap_and_post(feed, term, card)
+    texts = [m["json"]["text"] for m in slack.wait_posted(3)]
+    assert [re.sub(r" at .*", "", t) for t in texts] == [
+        "<@U0ALICE> (Alice) clocked in", "Bob clocked in", "<@U0ALICE> (Alice) clocked out"]
+
+
+def test_429_is_retried_after_its_retry_after(start_daemon, terminal, feed, slack):
+    slack.then((429, {"ok": False, "error": "ratelimited"}, {"Retry-After": "1"}))
+    d = start_daemon(None, *ALLOW)
+    term = terminal(d)
+    punch = tap_and_post(feed, term, BOB)
+    slack.wait_posted(1)
+    first, second = slack.requests
+    assert second["at"] - first["at"] >= 1.0  # not before Slack said
+    with d.client() as q:
+        job = q.wait(term.job_id(punch.punch_id), 20)
+    assert job["state"] == State.SUCCEEDED and job["attempts"] == 2
+    assert len(slack.posted) == 1
+
+
+def test_503_is_network_class_and_parks_the_post(start_daemon, terminal, feed, slack):
+    internet = Listener()
+    slack.then((503, "Service Unavailable"))
+    d = start_daemon(None, *ALLOW, "--ping-host", f"127.0.0.1:{internet.port}", "--ping-interval", "0.1",
+                     "--sweep", "1")
+    try:
+        d.wait_for_line("network is up")
+        term = terminal(d)
+        punch = tap_and_post(feed, term, BOB)
+        term.wait_sent(1)
+        with d.client() as q:
+            job = q.wait(term.job_id(punch.punch_id), 20, states=[State.WAITING_NETWORK])
+            assert job["error"]["type"] == "SlackUnavailableError" and "503" in job["error"]["message"]
+            assert job["attempts"] == 0  # parking spends no attempt
+            # The checker says "up", so the next sweep gives it another go; Slack is back.
+            assert q.wait(job["id"], 20)["state"] == State.SUCCEEDED
+        assert len(slack.wait_posted(1)) == 1 and len(slack.requests) == 2
+    finally:
+        internet.close()
+
+
+@pytest.mark.parametrize("error", ["invalid_auth", "channel_not_found"])
+def test_a_post_slack_refuses_for_good_is_a_dead_letter_at_once(start_daemon, terminal, feed, slack, error):
+    slack.then((200, {"ok": False, "error": error}))
+    d = start_daemon(None, *ALLOW)
+    term = terminal(d)
+    punch = tap_and_post(feed, term, ALICE)
+    term.wait_sent(1)
+    with d.client() as q:
+        job = q.wait(term.job_id(punch.punch_id), 20)
+        assert job["state"] == State.DEAD and job["attempts"] == 1
+        assert job["error"]["type"] == "SlackRejectedError" and error in job["error"]["message"]
+        assert [j["id"] for j in q.dead()["jobs"]] == [job["id"]]
+    assert slack.posted == [] and term.plog.punch(punch.punch_id).posted_at is None
+
+
+def test_an_outage_parks_every_post_and_replays_one_message_per_punch_in_tap_order(
+        start_daemon, terminal, feed, slack):
+    internet = Listener()
+    d = start_daemon(None, *ALLOW, "--ping-host", f"127.0.0.1:{internet.port}", "--ping-interval", "0.1",
+                     workers=2)
+    try:
+        d.wait_for_line("network is up")
+        term = terminal(d, debounce=0, late_after=0)  # every post says how late it is
+        port = slack.port
+        slack.close()  # Slack refuses connections ...
+        internet.close()  # ... and the checker sees the network go
+        d.wait_for_line("network is down")
+        punches = [tap_and_post(feed, term, card) for card in (ALICE, BOB, CAROL, ALICE)]
+        term.wait_sent(4)
+        with d.client() as q:
+            for p in punches:
+                job = q.wait(term.job_id(p.punch_id), 20, states=[State.WAITING_NETWORK])
+                assert job["attempts"] == 0
+            slack.start(port)
+            internet.open()
+            for p in punches:
+                assert q.wait(term.job_id(p.punch_id), 30)["state"] == State.SUCCEEDED
+        posted = slack.wait_posted(4)
+        assert [re.sub(r" at .*", "", m["json"]["text"]) for m in posted] == [
+            "<@U0ALICE> (Alice) clocked in", "Bob clocked in", "Carol clocked in", "<@U0ALICE> (Alice) clocked out"]
+        assert len(slack.requests) == 4
+        assert all("late: the network or Slack was unavailable" in m["json"]["text"] for m in posted)
+    finally:
+        internet.close()
+
+
+def test_posts_through_an_incoming_webhook(start_daemon, terminal, feed, slack, tmp_path):
+    hook = tmp_path / "webhook"
+    hook.write_text(slack.webhook_url + "\n")
+    d = start_daemon(None, *ALLOW)
+    term = terminal(d, slack_token_file=None, slack_channel=None, slack_base_url=None, slack_webhook_file=str(hook))
+    tap_and_post(feed, term, BOB)
+    [msg] = slack.wait_posted(1)
+    assert msg["path"] == "/services/T000/B000/XXXX" and msg["json"]["text"].startswith("Bob clocked in at ")
+
+
+def test_a_daemon_killed_between_tap_and_post_posts_the_punch_once_after_restart(
+        start_daemon, terminal, feed, slack, db_url):
+    slack.then(HOLD)  # the first post reaches Slack's door and gets no answer
+    d = start_daemon(db_url, *ALLOW)
+    term = terminal(d)
+    punch = tap_and_post(feed, term, CAROL)
+    slack.wait_request()
+    d.kill()  # kill -9 with the post in flight
+    slack.release()
+    d2 = start_daemon(db_url, *ALLOW)
+    with d2.client() as q:
+        job = q.wait(term.job_id(punch.punch_id), 30)
+    assert job["state"] == State.SUCCEEDED and job["orphaned"] == 1
+    [msg] = slack.wait_posted(1)
+    assert msg["json"]["text"].startswith("Carol clocked in at ")
+    assert len(slack.posted) == 1
+
+
+def test_a_punch_tapped_while_the_daemon_is_down_is_posted_once_it_is_back(
+        start_daemon, terminal, feed, slack, db_url):
+    d = start_daemon(db_url, *ALLOW)
+    port = d.port
+    assert d.terminate() == 0
+    d = DaemonProcess(db_url, "--port", str(port), *ALLOW)  # same port, later
+    term = terminal(d, port=port)
+    punch = tap_and_post(feed, term, ALICE)
+    assert term.plog.punch(punch.punch_id).job_id is None  # safe in the log, not yet handed over
+    d.start()
+    try:
+        term.wait_sent(1, timeout=30)
+        [msg] = slack.wait_posted(1)
+        assert msg["json"]["text"].startswith("<@U0ALICE> (Alice) clocked in at ")
+    finally:
+        d.close()
+
+
+def test_the_daily_summary_job_posts_each_persons_hours(start_daemon, terminal, feed, slack):
+    d = start_daemon(None, *ALLOW)
+    term = terminal(d, debounce=0)
+    for card in (ALICE, BOB, ALICE):
+        tap_and_post(feed, term, card)
+    slack.wait_posted(3)
+    cfg = term.terminal.config
+    with d.client() as q:
+        job_id = q.enqueue("queickd.attendance.slack:post_daily_summary",
+                           [cfg.db, cfg.slack.to_dict(), 4 * 60])
+        assert q.wait(job_id, 20)["state"] == State.SUCCEEDED
+    summary = slack.wait_posted(4)[-1]["json"]["text"]
+    assert summary.startswith("Attendance ") and "• Alice: " in summary and "• Bob: " in summary
+    assert "Bob: 0 s" in summary and "(no clock-out yet)" in summary
+
+
+class LogWaiter(logging.Handler):
+    """Sets `seen` when a record containing `text` is logged."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.seen = text, threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+def test_a_daemon_that_does_not_allow_the_post_job_says_how_to_fix_it_and_the_punch_waits(
+        start_daemon, terminal, feed, slack):
+    d = start_daemon()  # no --allow 'queickd.attendance.*'
+    waiter = LogWaiter("start the daemon with --allow 'queickd.attendance.*'")
+    logging.getLogger("queickd.attendance").addHandler(waiter)
+    try:
+        term = terminal(d)
+        punch = tap_and_post(feed, term, ALICE)
+        assert waiter.seen.wait(20)
+        assert [p.punch_id for p in term.plog.unsent()] == [punch.punch_id]
+    finally:
+        logging.getLogger("queickd.attendance").removeHandler(waiter)
+
+
+def test_punches_left_unsent_by_a_terminal_that_died_are_posted_by_the_next_one(
+        start_daemon, terminal, feed, slack, tmp_path):
+    # A terminal killed after the commit and before the hand-over leaves this behind.
+    with PunchLog(str(tmp_path / "attendance.db"), debounce=0) as plog:
+        plog.register(BOB, "Bob")
+        left = [plog.record_tap(BOB).punch for _ in range(2)]
+    d = start_daemon(None, *ALLOW)
+    term = terminal(d)
+    term.wait_sent(2)
+    texts = [m["json"]["text"] for m in slack.wait_posted(2)]
+    assert [t.split(" at ")[0] for t in texts] == ["Bob clocked in", "Bob clocked out"]
+    with d.client() as q:
+        assert [q.wait(term.job_id(p.punch_id), 20)["state"] for p in left] == [State.SUCCEEDED] * 2
+    assert [term.plog.punch(p.punch_id).posted_at is not None for p in left] == [True, True]
