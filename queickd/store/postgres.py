@@ -510,6 +510,10 @@ class PostgresStore(FleetRecords, StoreBase):
             " GROUP BY key ORDER BY count(*) DESC, key LIMIT %s", (limit,))
         return [tuple(r) for r in rows]  # type: ignore[misc]
 
+    def oldest_queued_at(self) -> float | None:
+        """A walk of the partial index jobs_queued (queued rows only)."""
+        return self._conn().execute("SELECT min(run_at) FROM jobs WHERE state = 'queued'").fetchone()[0]
+
     # --- cron -----------------------------------------------------------------------------
     def cron_save(self, cron: CronRecord) -> CronRecord:
         with self._tx() as c:
@@ -608,6 +612,10 @@ class PostgresStore(FleetRecords, StoreBase):
 
     def next_event_at(self) -> float | None:
         return self._conn().execute("SELECT min(next_attempt_at) FROM events WHERE state = 'pending'").fetchone()[0]
+
+    def oldest_pending_event_at(self) -> float | None:
+        """A walk of the partial index events_pending (pending rows only)."""
+        return self._conn().execute("SELECT min(created_at) FROM events WHERE state = 'pending'").fetchone()[0]
 
     def event_counts(self) -> dict[str, int]:
         out = dict.fromkeys(EventState.ALL, 0)
