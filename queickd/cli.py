@@ -21,7 +21,7 @@ from . import __version__, log, statusview
 from . import config as config_file
 from .client import JobQueue
 from .daemon import Config, Daemon
-from .fleet import EX_VERSION
+from .fleet import EX_VERSION, unserved
 from .httpd import DEFAULT_HTTP_PORT
 from .job import State
 from .protocol import QueueError
@@ -341,7 +341,7 @@ def _print_stats(s: dict[str, Any]) -> None:
         print(f"  key {k['key']}: {k['waiting']} waiting, oldest due {_fmt_time(k['oldest_run_at'])}")
     _print_pauses(s["paused"])
     for name, p in (s.get("pools") or {}).items():
-        alarm = "   NO WORKERS: its jobs wait" if p["waiting"] and not p["workers"] else ""
+        alarm = "   NO WORKERS: its jobs wait" if unserved(p) else ""
         print(f"pool {name}: {p['waiting']} waiting, {p['workers']} worker slot(s) alive{alarm}")
     for w in s.get("fleet") or []:
         state = "REFUSED: " + w["refused"] if w["refused"] else "alive" if w["alive"] else "GONE"
