@@ -21,7 +21,7 @@ from . import __version__, log, statusview
 from . import config as config_file
 from .client import JobQueue
 from .daemon import Config, Daemon
-from .fleet import EX_VERSION
+from .fleet import EX_VERSION, unserved
 from .httpd import DEFAULT_HTTP_PORT
 from .job import State
 from .protocol import QueueError
@@ -48,6 +48,18 @@ def _env(flag: str) -> str | None:
     return os.environ.get("QUEICKD_" + flag.lstrip("-").upper().replace("-", "_"))
 
 
+class _Repeatable(argparse.Action):
+    """A repeatable flag (--pool a --pool b). Values given on the command line replace the
+    default from the environment or the config file, as any other flag's do, instead of
+    being added to it (argparse's own append would add them)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        items = getattr(namespace, self.dest, None)
+        items = [] if items is None or items is self.default else items
+        setattr(namespace, self.dest, [*items, values])
+
+
 def _opt(p: argparse.ArgumentParser, flag: str, help: str, default: Any = None,
          type: Callable[[str], Any] = str, **kw: Any) -> None:
     """Add a flag whose default comes from QUEICKD_<FLAG> first, then `default`."""
@@ -60,6 +72,8 @@ def _opt(p: argparse.ArgumentParser, flag: str, help: str, default: Any = None,
             p.error(f"QUEICKD_{flag.lstrip('-').upper().replace('-', '_')}={env!r}: {e}")
     envname = "QUEICKD_" + flag.lstrip("-").upper().replace("-", "_")
     shown = "" if default in (None, [], "") else f" (default: {default})"
+    if kw.get("action") == "append":
+        kw["action"] = _Repeatable
     p.add_argument(flag, default=value, type=type, help=f"{help}{shown} [env {envname}]", **kw)
 
 
@@ -128,6 +142,8 @@ def _with_config_file(p: argparse.ArgumentParser, args: list[str], a: argparse.N
         act = dests[name]
         if _env(act.option_strings[0]) is not None:
             continue  # the environment wins over the file
+        if isinstance(act, _Repeatable) and not isinstance(v, list):
+            v = [v]  # pool = "gpu" means the one pool, as pool = ["gpu"] does
         if isinstance(v, list):
             v = [str(x) for x in v]
         elif not isinstance(v, str):
@@ -343,7 +359,7 @@ def _print_stats(s: dict[str, Any]) -> None:
         print(f"  key {k['key']}: {k['waiting']} waiting, oldest due {_fmt_time(k['oldest_run_at'])}")
     _print_pauses(s["paused"])
     for name, p in (s.get("pools") or {}).items():
-        alarm = "   NO WORKERS: its jobs wait" if p["waiting"] and not p["workers"] else ""
+        alarm = "   NO WORKERS: its jobs wait" if unserved(p) else ""
         print(f"pool {name}: {p['waiting']} waiting, {p['workers']} worker slot(s) alive{alarm}")
     for w in s.get("fleet") or []:
         state = "REFUSED: " + w["refused"] if w["refused"] else "alive" if w["alive"] else "GONE"

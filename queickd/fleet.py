@@ -244,3 +244,8 @@ def pools_view(store: Any, own_pools: list[str] | None, own_slots: int,
     names = sorted(set(waiting) | {p for p in slots if p != "*"})
     everything = slots.get("*", 0)
     return {p: {"waiting": waiting.get(p, 0), "workers": slots.get(p, 0) + everything} for p in names}
+
+
+def unserved(pool: dict[str, int]) -> bool:
+    """A pool (an entry of pools_view) whose jobs wait because no live worker serves it."""
+    return pool["waiting"] > 0 and pool["workers"] == 0

@@ -133,8 +133,19 @@ class Metrics:
         family("queickd_workers", "gauge", "Worker threads by activity.",
                [({"state": "busy"}, w["busy"]), ({"state": "idle"}, w["total"] - w["busy"])])
         family("queickd_running_without_worker", "gauge",
-               "Jobs recorded as running that no live worker of this daemon holds (approximate).",
-               [({}, max(0, counts.get(State.RUNNING, 0) - w["busy"]))])
+               "Jobs recorded as running whose worker is gone. Shared PostgreSQL store: running jobs "
+               "whose worker record is missing or missed 3 heartbeats (the orphan sweep re-queues them). "
+               "SQLite and memory: running jobs beyond this daemon's busy workers (approximate).",
+               [({}, stats["running_without_worker"])])
+        pools = stats.get("pools") or {}
+        family("queickd_pool_workers", "gauge",
+               "Live worker slots serving each pool (every registered daemon and external worker on "
+               "PostgreSQL; this daemon's own workers on SQLite and memory). With waiting jobs and 0 "
+               "here, the pool's jobs wait until a worker serves it.",
+               [({"pool": name}, p["workers"]) for name, p in pools.items()])
+        family("queickd_pool_waiting_jobs", "gauge",
+               "Waiting jobs (scheduled, queued, waiting for the network) per pool.",
+               [({"pool": name}, p["waiting"]) for name, p in pools.items()])
         ev = stats["events"]
         ev_oldest = stats.get("outbox_oldest_pending_at")
         family("queickd_outbox_pending_events", "gauge", "Events in the outbox waiting for room.",

@@ -218,20 +218,25 @@ class QueueService:
                                for k, n, t in self.store.waiting_by_key(10)],
             "events": self.store.event_counts(),
             "network": self.network.snapshot() if self.network is not None else None,
-            **self._fleet_stats(),
         }
+        reply.update(self._fleet_stats(reply["counts"]))
         if req.get("detail"):  # running jobs, dead letters, oldest waits, the last hour
             reply.update(status.detail(self, now, reply["counts"]))
         return reply
 
-    def _fleet_stats(self) -> dict[str, Any]:
-        """Pools (waiting jobs, live worker slots) and, in a shared store, every registered
-        worker: host, pid, pools, version, alive, and why it refused to claim if it did."""
+    def _fleet_stats(self, counts: dict[str, int]) -> dict[str, Any]:
+        """Pools (waiting jobs, live worker slots), jobs running without a live worker and,
+        in a shared store, every registered worker: host, pid, pools, version, alive, and
+        why it refused to claim if it did."""
         from .fleet import pools_view
 
         registry = self.store.workers() if hasattr(self.store, "workers") else None
+        if registry is not None:  # shared store: by the worker registry
+            without = self.store.running_without_worker()
+        else:  # this daemon is the only worker: what it does not hold (approximate)
+            without = max(0, counts.get(State.RUNNING, 0) - self.pool.busy)
         return {"pools": pools_view(self.store, self.pool.pools, self.pool.workers, registry),
-                "fleet": registry}
+                "fleet": registry, "running_without_worker": without}
 
     def op_set_pool(self, req: dict[str, Any]) -> dict[str, Any]:
         kind, name, pool = protocol.pool_target(req)

@@ -20,15 +20,12 @@ RUNNING_SHOWN = 20
 def detail(svc: QueueService, now: float, counts: dict[str, int]) -> dict[str, Any]:
     """The extra fields of `stats` with detail=true; `counts` is the reply's jobs by state."""
     store = svc.store
-    # Optional store reads: a store without them shows no overall oldest wait.
-    oldest_queued = getattr(store, "oldest_queued_at", None)
-    oldest_event = getattr(store, "oldest_pending_event_at", None)
     running = store.list_jobs(State.RUNNING, RUNNING_SHOWN)
     dead = store.list_jobs(State.DEAD, DEAD_SHOWN)
     out: dict[str, Any] = {
         "now": now,
-        "oldest_queued_at": oldest_queued() if oldest_queued else None,
-        "outbox_oldest_pending_at": oldest_event() if oldest_event else None,
+        "oldest_queued_at": store.oldest_queued_at(),
+        "outbox_oldest_pending_at": store.oldest_pending_event_at(),
         "running": [{"id": j.id, "func": j.func, "key": j.key, "started_at": j.started_at,
                      "attempts": j.attempts} for j in running],
         "dead_jobs": [{"id": j.id, "func": j.func, "key": j.key, "finished_at": j.finished_at,

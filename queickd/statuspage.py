@@ -9,6 +9,8 @@ import time
 from html import escape
 from typing import TYPE_CHECKING, Any
 
+from .fleet import unserved
+
 if TYPE_CHECKING:
     from .service import QueueService
 
@@ -104,6 +106,7 @@ def render(s: dict[str, Any]) -> str:
     w, counts, net, sch = s["workers"], s["counts"], s.get("network"), s["scheduler"]
     waiting = counts["scheduled"] + counts["queued"] + counts["waiting_network"]
     dead_total = counts["dead"] + s["events"]["dead"]
+    stuck = [name for name, p in s["pools"].items() if unserved(p)]
     if net is None:
         net_text, net_cls = "no checker", ""
     else:
@@ -120,7 +123,16 @@ def render(s: dict[str, Any]) -> str:
         _card("network", net_text, net_cls, metric="network"),
         _card("scheduler", "alive" if sch["alive"] else "STOPPED", "ok" if sch["alive"] else "bad",
               metric="scheduler"),
+        _card("pools without workers", len(stuck), "bad" if stuck else "", metric="unserved-pools"),
     ])
+    pools = _table(["pool", "waiting", "live worker slots", ""],
+                   [[name, p["waiting"], p["workers"], "NO LIVE WORKER: its jobs wait" if unserved(p) else ""]
+                    for name, p in s["pools"].items()], "no pools")
+    fleet = _table(["worker", "kind", "pools", "running", "last beat", "state"],
+                   [[f"{wk['host']}:{wk['pid']}", wk["kind"], ", ".join(wk["pools"]),
+                     f"{wk['running']} / {wk['slots']}", f"{wk['silent_for']:.0f} s ago",
+                     "REFUSED: " + wk["refused"] if wk["refused"] else "alive" if wk["alive"] else "GONE"]
+                    for wk in s.get("fleet") or []], "")
     keys = _table(["key", "waiting", "oldest due"],
                   [[k["key"], k["waiting"], _ago(now, k["oldest_run_at"]) + " ago"
                     if k["oldest_run_at"] <= now else "in " + _ago(k["oldest_run_at"], now)]
@@ -152,6 +164,7 @@ def render(s: dict[str, Any]) -> str:
 {chart(s.get("history", []))}
 <p class="sub">jobs: {escape(state_line)} · enqueued {s['enqueued']} · completed {s['completed']}
  · failed runs {s['failed']} · refused {s['refused']} · outbox pending {s['events']['pending']}</p>
+<h2>Pools</h2>{pools}{fleet if s.get("fleet") else ""}
 <h2>Waiting per key</h2>{keys}
 <h2>Paused</h2>{paused}
 <h2>Running</h2>{running}

@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .fleet import unserved
+
 _SPARK = " ▁▂▃▄▅▆▇█"
 
 
@@ -64,6 +66,17 @@ def lines(s: dict[str, Any], width: int = 100) -> list[str]:
         out.append(f"waiting  {sparkline(depth)}  now {waiting}, peak {max(depth)}")
     out.append(f"totals   enqueued {s['enqueued']}  completed {s['completed']}  failed runs {s['failed']}  "
                f"refused {s['refused']}")
+    pools = s.get("pools") or {}
+    if pools:
+        out.append("")
+        out.append(f"{'POOL':<30} {'WAITING':>8} {'WORKERS':>8}")
+        for name, p in pools.items():
+            alarm = "  NO LIVE WORKER: its jobs wait" if unserved(p) else ""
+            out.append(f"{name[:30]:<30} {p['waiting']:>8} {p['workers']:>8}{alarm}")
+    for wk in s.get("fleet") or []:
+        state = "REFUSED: " + wk["refused"] if wk["refused"] else "alive" if wk["alive"] else "GONE"
+        out.append(f"  {wk['kind']} {wk['host']}:{wk['pid']} pools {','.join(wk['pools'])}  running "
+                   f"{wk['running']}/{wk['slots']}  beat {wk['silent_for']:.0f}s ago  {state}")
     if s["waiting_by_key"]:
         out.append("")
         out.append(f"{'KEY':<30} {'WAITING':>8}  OLDEST DUE")

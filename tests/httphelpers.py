@@ -51,12 +51,28 @@ class Web:
         return self.request("POST", path, body, {"Content-Type": "application/json", **(headers or {})})
 
 
-def start_web(start_daemon, tmp_path: Path, config: str = "", *extra: str, **kw) -> Web:
-    """Start a daemon whose config file holds `config` (TOML) plus the HTTP listener."""
+def start_web(start_daemon, tmp_path: Path, config: str = "", *extra: str, store_url: str | None = None,
+              **kw) -> Web:
+    """Start a daemon whose config file holds `config` (TOML) plus the HTTP listener, on
+    `store_url` (default: a fresh SQLite file)."""
     path = tmp_path / "queickd.toml"
     path.write_text(f'http = "127.0.0.1:0"\n{config}')
-    d = start_daemon(None, "--config", str(path), *extra, **kw)
+    d = start_daemon(store_url, "--config", str(path), *extra, **kw)
     return Web(d)
 
 
-__all__ = ["JOBS_DIR", "Reply", "Web", "start_web"]
+def scrape(web: Web) -> dict[tuple[str, tuple], float]:
+    """GET /metrics, read by the Prometheus client's own parser: {(name, labels): value}."""
+    from prometheus_client import parser
+
+    r = web.get("/metrics")
+    assert r.status == 200
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = {}
+    for family in parser.text_string_to_metric_families(r.body.decode()):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+__all__ = ["JOBS_DIR", "Reply", "Web", "scrape", "start_web"]

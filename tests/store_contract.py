@@ -216,6 +216,17 @@ class StoreContract:
         assert set(counts) == set(State.ALL)
         assert counts[State.QUEUED] == 1 and counts[State.SCHEDULED] == 1 and counts[State.DEAD] == 0
 
+    def test_oldest_queued_at_is_the_earliest_run_at_among_queued_jobs_only(self, store):
+        assert store.oldest_queued_at() is None
+        store.submit([job(run_at=T0 - 30, priority=9), job(run_at=T0 - 10, priority=0),
+                      job(run_at=T0 + 60)], T0)  # the scheduled one is not waiting for a worker
+        assert store.oldest_queued_at() == T0 - 30  # by run_at, whatever the priority
+        (first,) = store.claim_available(1, T0)
+        assert first.run_at == T0 - 10  # priority 0 ran first; the oldest waits on
+        assert store.oldest_queued_at() == T0 - 30
+        store.claim_available(1, T0)
+        assert store.oldest_queued_at() is None
+
     # --- cron -----------------------------------------------------------------------------
     def _cron(self, name="c", next_run_at=T0 + 60):
         return CronRecord(name, {"every": 60.0, "start_at": T0}, job(func="m:tick", args=[1]),
@@ -477,6 +488,17 @@ class StoreContract:
         assert store.retry_event("e1", T0 + 500).state == "pending"
         (done,) = store.deliver_events(T0 + 500, Admission(), 3, lambda n: 1.0)
         assert done.state == "delivered"
+
+    def test_oldest_pending_event_at_is_when_the_oldest_pending_event_was_created(self, store):
+        assert store.oldest_pending_event_at() is None
+        full = Admission(max_queued=0)
+        store.accept_event(self._event("e1"), T0, full)
+        store.accept_event(self._event("e2"), T0 + 5, full)
+        assert store.oldest_pending_event_at() == T0
+        store.deliver_events(T0 + 10, full, 1, lambda n: 1.0)  # both dead: no longer pending
+        assert store.oldest_pending_event_at() is None
+        store.accept_event(self._event("e3"), T0 + 20, Admission())  # delivered at once
+        assert store.oldest_pending_event_at() is None
 
     def test_a_cron_without_a_key_serializes_its_runs_under_its_own_name(self, store):
         store.cron_save(self._cron("c", T0 + 60))

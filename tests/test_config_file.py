@@ -73,3 +73,31 @@ def test_daemon_exits_78_on_a_hook_it_could_never_run(tmp_path):
                        text=True, timeout=60)
     assert r.returncode == EX_CONFIG
     assert "os:system is not allowed" in r.stderr
+
+
+def test_pools_and_heartbeat_can_live_in_the_file(tmp_path):
+    a = parse_args(["--config", write(tmp_path, 'pool = ["gpu", "cpu"]\nheartbeat = 2.5\n')])
+    assert (a.pool, a.heartbeat) == (["gpu", "cpu"], 2.5)
+
+
+def test_one_pool_in_the_file_may_be_a_plain_string(tmp_path):
+    assert parse_args(["--config", write(tmp_path, 'pool = "gpu"\n')]).pool == ["gpu"]
+
+
+def test_pools_on_the_command_line_replace_those_of_the_file(tmp_path):
+    path = write(tmp_path, 'pool = ["gpu", "cpu"]\n')
+    assert parse_args(["run", "--config", path, "--pool", "a", "--pool", "b"]).pool == ["a", "b"]
+
+
+def test_pools_and_heartbeat_come_from_the_environment_over_the_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUEICKD_POOL", "a,b")
+    monkeypatch.setenv("QUEICKD_HEARTBEAT", "4")
+    a = parse_args(["--config", write(tmp_path, 'pool = "gpu"\nheartbeat = 2.5\n')])
+    assert (a.pool, a.heartbeat) == (["a", "b"], 4.0)
+    assert parse_args(["run", "--pool", "z"]).pool == ["z"]  # and the command line over both
+
+
+def test_a_daemon_serves_the_pool_its_file_names(start_daemon, tmp_path):
+    d = start_daemon("memory://", "--config", write(tmp_path, 'pool = "gpu"\n'), workers=2)
+    with d.client() as q:
+        assert q.stats()["pools"] == {"gpu": {"waiting": 0, "workers": 2}}

@@ -5,20 +5,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from httphelpers import start_web
+from httphelpers import scrape, start_web
 
-parser = pytest.importorskip("prometheus_client.parser", reason="prometheus_client is a test dependency")
-
-
-def scrape(web) -> dict[tuple[str, tuple], float]:
-    r = web.get("/metrics")
-    assert r.status == 200
-    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
-    samples = {}
-    for family in parser.text_string_to_metric_families(r.body.decode()):
-        for s in family.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return samples
+pytest.importorskip("prometheus_client.parser", reason="prometheus_client is a test dependency")
 
 
 @pytest.fixture
@@ -61,6 +50,17 @@ def test_metrics_show_how_long_the_oldest_job_has_waited(start_daemon, tmp_path)
     assert m[("queickd_key_waiting_jobs", (("key", "door"),))] == 2
     assert m[("queickd_key_oldest_waiting_seconds", (("key", "door"),))] >= 300
     assert m[("queickd_jobs", (("state", "queued"),))] == 3
+
+
+def test_metrics_show_each_pools_workers_and_waiting_jobs(start_daemon, tmp_path):
+    web = start_web(start_daemon, tmp_path, 'pool = ["a"]\n', workers=3)
+    with web.daemon.client() as q:
+        q.enqueue("testjobs:noop", pool="gpu")  # no worker serves gpu: it waits
+    m = scrape(web)
+    assert m[("queickd_pool_workers", (("pool", "a"),))] == 3
+    assert m[("queickd_pool_waiting_jobs", (("pool", "a"),))] == 0
+    assert m[("queickd_pool_workers", (("pool", "gpu"),))] == 0
+    assert m[("queickd_pool_waiting_jobs", (("pool", "gpu"),))] == 1
 
 
 def test_metric_labels_carry_any_key_name_intact(start_daemon, tmp_path):

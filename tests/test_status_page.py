@@ -47,6 +47,17 @@ def test_status_page_is_one_self_contained_html_page(busy_web):
     assert '<meta http-equiv="refresh"' in page
 
 
+def test_status_page_flags_a_pool_with_waiting_jobs_and_no_live_worker(start_daemon, tmp_path):
+    web = start_web(start_daemon, tmp_path, workers=2)
+    with web.daemon.client() as q:
+        q.enqueue("testjobs:noop", pool="gpu")
+    page = web.get("/").body.decode()
+    assert cell(page, "unserved-pools") == "1"
+    rows = re.findall(r"<tr>((?:<td>[^<]*</td>)+)</tr>", page)
+    assert "<td>gpu</td><td>1</td><td>0</td><td>NO LIVE WORKER: its jobs wait</td>" in rows
+    assert "<td>default</td><td>0</td><td>2</td><td></td>" in rows
+
+
 def test_status_page_holds_the_daemons_numbers(busy_web, gate):
     page = busy_web.get("/").body.decode()
     # One job held by the gate, the first 'door' job also started (two workers).

@@ -166,3 +166,20 @@ def test_enqueues_and_finishes_are_announced_at_commit_with_their_pool_or_ids(pg
         assert list(listener.notifies(timeout=0.2)) == []  # not before the commit
     assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["q:default"]
     listener.close()
+
+
+def test_running_without_worker_counts_only_running_jobs_whose_worker_is_gone(pg_url, pg_store):
+    from queickd.store.postgres import PostgresStore
+
+    pg_store.register_worker("worker", ["default"], 2, 10.0)
+    pg_store.submit([job(), job(), job()], T0)
+    pg_store.claim_available(1, T0)  # held by a registered worker that beats
+    assert pg_store.running_without_worker() == 0
+    unregistered = PostgresStore(pg_url)  # its claims carry no worker at all
+    try:
+        unregistered.claim_available(1, T0)
+    finally:
+        unregistered.close()
+    assert pg_store.running_without_worker() == 1
+    pg_store.deregister_worker()  # its record is gone: its job has no worker either
+    assert pg_store.running_without_worker() == 2

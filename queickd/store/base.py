@@ -302,6 +302,12 @@ class Store(Protocol):
         """(key, waiting jobs, oldest run_at) for the keys with the most waiting jobs."""
         ...
 
+    def oldest_queued_at(self) -> float | None:
+        """Non-destructively read the earliest run_at among `queued` jobs (how long the
+        longest-waiting due job has waited, for monitoring), or None when none is queued.
+        Served by the queued-jobs index; cheap enough to call on every scrape."""
+        ...
+
     # --- cron -------------------------------------------------------------------------
     def cron_save(self, cron: CronRecord) -> CronRecord:
         """Create or replace the cron of that name. Returns what is stored."""
@@ -340,6 +346,11 @@ class Store(Protocol):
         ...
 
     def next_event_at(self) -> float | None: ...
+
+    def oldest_pending_event_at(self) -> float | None:
+        """Non-destructively read when the oldest `pending` outbox event was created, or
+        None when none is pending (for monitoring)."""
+        ...
 
     def event_counts(self) -> dict[str, int]:
         """Events by state: pending, delivered, dead (every state present)."""

@@ -456,12 +456,12 @@ class MemoryStore(StoreBase):
                         if e.state == EventState.PENDING and e.next_attempt_at is not None), default=None)
 
     def oldest_queued_at(self) -> float | None:
-        """Optional read for monitoring: the earliest run_at among `queued` jobs."""
+        """For monitoring: the earliest run_at among `queued` jobs."""
         with self._lock:
             return min((j.run_at for j in self._jobs.values() if j.state == State.QUEUED), default=None)
 
     def oldest_pending_event_at(self) -> float | None:
-        """Optional read for monitoring: when the oldest pending outbox event was created."""
+        """For monitoring: when the oldest pending outbox event was created."""
         with self._lock:
             return min((e.created_at for e, _ in self._events.values() if e.state == EventState.PENDING),
                        default=None)

@@ -139,3 +139,11 @@ class FleetRecords:
         keys = ("id", "host", "pid", "pools", "slots", "version", "schema_version", "kind", "started_at",
                 "silent_for", "heartbeat", "refused", "alive", "running")
         return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    def running_without_worker(self) -> int:
+        """Running jobs whose worker is gone: no registered worker claimed them, or its
+        record is missing or has missed its beats. These are the jobs the next orphan
+        sweep re-queues; a job of a live worker never counts, however long it runs."""
+        return self._conn().execute(
+            "SELECT count(*) FROM jobs WHERE state = 'running' AND (worker_id IS NULL OR NOT EXISTS"
+            f" (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND {ALIVE}))").fetchone()[0]

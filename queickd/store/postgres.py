@@ -533,6 +533,17 @@ class PostgresStore(FleetRecords, StoreBase):
             " GROUP BY key ORDER BY count(*) DESC, key LIMIT %s", (limit,))
         return [tuple(r) for r in rows]  # type: ignore[misc]
 
+    def oldest_queued_at(self) -> float | None:
+        """jobs_queued is ordered by (priority, run_at): the first entry of each priority
+        holds that priority's oldest run_at, so hop from priority to priority (a handful of
+        index probes) rather than reading every queued row as a plain min() would."""
+        return self._conn().execute(
+            "WITH RECURSIVE heads AS ("
+            " (SELECT priority, run_at FROM jobs WHERE state = 'queued' ORDER BY priority, run_at, id LIMIT 1)"
+            " UNION ALL SELECT n.priority, n.run_at FROM heads h, LATERAL (SELECT priority, run_at FROM jobs"
+            "  WHERE state = 'queued' AND priority > h.priority ORDER BY priority, run_at, id LIMIT 1) n)"
+            " SELECT min(run_at) FROM heads").fetchone()[0]
+
     # --- cron -----------------------------------------------------------------------------
     def cron_save(self, cron: CronRecord) -> CronRecord:
         with self._tx() as c:
@@ -631,6 +642,10 @@ class PostgresStore(FleetRecords, StoreBase):
 
     def next_event_at(self) -> float | None:
         return self._conn().execute("SELECT min(next_attempt_at) FROM events WHERE state = 'pending'").fetchone()[0]
+
+    def oldest_pending_event_at(self) -> float | None:
+        """A walk of the partial index events_pending (pending rows only)."""
+        return self._conn().execute("SELECT min(created_at) FROM events WHERE state = 'pending'").fetchone()[0]
 
     def event_counts(self) -> dict[str, int]:
         out = dict.fromkeys(EventState.ALL, 0)

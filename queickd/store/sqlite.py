@@ -697,12 +697,12 @@ class SQLiteStore(StoreBase):
         ).fetchone()[0]
 
     def oldest_queued_at(self) -> float | None:
-        """Optional read for monitoring: the earliest run_at among `queued` jobs."""
+        """For monitoring: the earliest run_at among `queued` jobs."""
         return self._conn().execute(
             "SELECT min(run_at) FROM jobs INDEXED BY jobs_queued WHERE state = 'queued'").fetchone()[0]
 
     def oldest_pending_event_at(self) -> float | None:
-        """Optional read for monitoring: when the oldest pending outbox event was created."""
+        """For monitoring: when the oldest pending outbox event was created."""
         return self._conn().execute(
             "SELECT min(created_at) FROM events INDEXED BY events_pending WHERE state = 'pending'"
         ).fetchone()[0]
