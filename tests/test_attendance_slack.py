@@ -217,13 +217,13 @@ def test_a_daemon_killed_between_tap_and_post_posts_the_punch_once_after_restart
     assert len(slack.requests_to("conversations.history")) == 1  # looked, did not find it, posted
 
 
-def kill_with_a_post_in_flight(start_daemon, terminal, feed, slack, db_url, answer):
+def kill_with_a_post_in_flight(start_daemon, terminal, feed, slack, db_url, answer, **terminal_kw):
     """Tap, let the post reach the Slack stand-in (which answers `answer`: HOLD or STALL),
     kill -9 the daemon while the job waits for Slack's answer, restart it on the same
     store. Returns the punch, the terminal and the restarted daemon."""
     slack.then(answer)
     d = start_daemon(db_url, *ALLOW)
-    term = terminal(d)
+    term = terminal(d, **terminal_kw)
     punch = tap_and_post(feed, term, CAROL)
     slack.wait_request()
     d.kill()
@@ -258,6 +258,21 @@ def test_without_the_history_scope_a_maybe_posted_punch_is_posted_with_a_warning
     [msg] = slack.wait_posted(1)
     assert msg["json"]["metadata"] == punch_metadata(punch.punch_id)
     assert len(slack.requests_to("conversations.history")) == 1
+
+
+def test_through_a_webhook_a_post_slack_took_before_the_kill_is_posted_again_with_a_warning(
+        start_daemon, terminal, feed, slack, db_url, tmp_path):
+    # The documented limit: a webhook cannot be asked what it posted.
+    hook = tmp_path / "webhook"
+    hook.write_text(slack.webhook_url + "\n")
+    punch, term, d = kill_with_a_post_in_flight(
+        start_daemon, terminal, feed, slack, db_url, STALL,
+        slack_token_file=None, slack_channel=None, slack_base_url=None, slack_webhook_file=str(hook))
+    with d.client() as q:
+        assert q.wait(term.job_id(punch.punch_id), 30)["state"] == State.SUCCEEDED
+    d.wait_for_line(rf"punch {punch.punch_id}: an earlier post may have reached Slack, and an incoming "
+                    "webhook cannot be asked; posting it again")
+    assert len(slack.wait_posted(2)) == 2
 
 
 def test_the_lookup_pages_back_newest_first_and_stops_at_its_bound(slack, tmp_path, monkeypatch):
