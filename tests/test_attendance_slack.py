@@ -275,7 +275,7 @@ def test_through_a_webhook_a_post_slack_took_before_the_kill_is_posted_again_wit
     assert len(slack.wait_posted(2)) == 2
 
 
-def test_the_lookup_pages_back_newest_first_and_stops_at_its_bound(slack, tmp_path, monkeypatch):
+def test_the_lookup_pages_back_newest_first_and_stops_at_its_bound(slack, tmp_path, monkeypatch, caplog):
     token = tmp_path / "token"
     token.write_text("xoxb-test-token\n")
     target = slack_jobs.SlackTarget(channel="C0ATTEND", token_file=str(token), base_url=slack.base_url)
@@ -286,6 +286,7 @@ def test_the_lookup_pages_back_newest_first_and_stops_at_its_bound(slack, tmp_pa
     monkeypatch.setattr(slack_jobs, "LOOKUP_PAGES", 2)
     assert slack_jobs.find_punch(target, "punch-1", since) == slack.posted[1]["ts"]  # on the second page
     assert slack_jobs.find_punch(target, "punch-0", since) is None  # beyond four messages back
+    assert "punch punch-0: not among the newest 4 messages of C0ATTEND" in caplog.text
     assert slack_jobs.find_punch(target, "punch-4", float(slack.posted[4]["ts"])) is None  # older than `since`
 
 

@@ -182,7 +182,7 @@ def find_punch(target: SlackTarget, punch_id: str, since: float) -> str | None:
                              include_all_metadata=True, limit=LOOKUP_PAGE, cursor=cursor)
             except SlackError as e:
                 if getattr(e, "slack_error", None) in UNREADABLE_ERRORS:
-                    raise HistoryUnreadableError(str(e)) from None
+                    raise HistoryUnreadableError(e.slack_error) from None  # type: ignore[attr-defined]
                 raise
             for m in reply.get("messages") or []:
                 meta = m.get("metadata") or {}
@@ -191,8 +191,8 @@ def find_punch(target: SlackTarget, punch_id: str, since: float) -> str | None:
             cursor = (reply.get("response_metadata") or {}).get("next_cursor")
             if not reply.get("has_more") or not cursor:
                 return None
-    log.warning("punch %s: not among the newest %d messages of %s; that is as far as the lookup goes",
-                punch_id, LOOKUP_PAGE * LOOKUP_PAGES, target.channel)
+    log.warning("punch %s: not among the newest %d messages of %s, as far as the lookup goes; posting it, "
+                "so it may appear twice", punch_id, LOOKUP_PAGE * LOOKUP_PAGES, target.channel)
     return None
 
 
