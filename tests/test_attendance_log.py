@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import sqlite3
 import time
 
 import pytest
@@ -178,3 +179,28 @@ def test_the_day_report_pairs_ins_and_outs_and_sums_hours(plog):
     assert report["Bob"].open
     text = summary_text("2026-11-30", list(report.values()))
     assert "Alice: 7 h 30 min (09:00–12:00, 13:00–17:30)" in text and "Bob: 0 s (10:00–…) (no clock-out yet)" in text
+
+
+def test_a_punch_whose_post_was_begun_and_never_ended_is_maybe_posted(plog):
+    punch = plog.record_tap(ALICE, at("2026-11-30 09:00")).punch
+    assert plog.begin_post(punch.punch_id).maybe_posted is False  # the first try
+    assert plog.begin_post(punch.punch_id).maybe_posted is True  # the first try's outcome was lost
+    plog.post_not_sent(punch.punch_id)  # Slack answered with an error: nothing was posted
+    assert plog.begin_post(punch.punch_id).maybe_posted is False
+    plog.mark_posted(punch.punch_id, "1796000000.000100")
+    assert plog.punch(punch.punch_id).maybe_posted is False
+
+
+def test_a_log_from_before_the_post_mark_gains_it_and_keeps_its_punches(tmp_path):
+    path = str(tmp_path / "old.db")
+    with PunchLog(path) as log:
+        log.register(BOB, "Bob")
+        old = log.record_tap(BOB).punch
+    db = sqlite3.connect(path)
+    db.execute("ALTER TABLE punches DROP COLUMN posting_at")  # as the log was written before
+    db.commit()
+    db.close()
+    with PunchLog(path) as log:
+        assert log.punch(old.punch_id).posting_at is None
+        assert log.begin_post(old.punch_id).maybe_posted is False
+        assert log.punch(old.punch_id).posting_at is not None

@@ -13,8 +13,9 @@ import time
 import pytest
 from attendance_support import ALLOW, CardFeed, RunningTerminal, terminal_config
 from helpers import DaemonProcess, Listener
-from slackstub import HOLD, SlackStub
+from slackstub import HOLD, STALL, SlackStub
 
+from queickd.attendance import slack as slack_jobs
 from queickd.attendance.punchlog import PunchLog
 from queickd.job import State
 
@@ -22,6 +23,10 @@ pytest.importorskip("slack_sdk")
 pytest.importorskip("serial")
 
 ALICE, BOB, CAROL = "0102030405060708", "08A1B2C3", "0A0B0C0D0E0F1011"
+
+
+def punch_metadata(punch_id: str) -> dict:
+    return {"event_type": "queickd_punch", "event_payload": {"punch_id": punch_id}}
 
 
 @pytest.fixture(autouse=True)
@@ -81,11 +86,13 @@ def test_a_tap_is_posted_naming_the_person_direction_and_tap_time(start_daemon, 
     assert msg["json"]["channel"] == "C0ATTEND"
     tapped = time.strftime("%H:%M:%S", time.localtime(punch.tapped_at))
     assert msg["json"]["text"] == f"<@U0ALICE> (Alice) clocked in at {tapped}."
+    assert msg["json"]["metadata"] == punch_metadata(punch.punch_id)
     with d.client() as q:
         job = q.wait(term.job_id(punch.punch_id), 20)
     assert job["state"] == State.SUCCEEDED and job["idempotency_key"] == punch.punch_id
     assert job["retry_on_network"] is True
     assert term.plog.punch(punch.punch_id).slack_ts == msg["ts"]
+    assert slack.requests_to("conversations.history") == []  # a first try has nothing to look for
 
 
 def test_taps_toggle_in_and_out_and_post_in_tap_order(start_daemon, terminal, feed, slack):
@@ -128,7 +135,9 @@ def test_503_is_network_class_and_parks_the_post(start_daemon, terminal, feed, s
             assert job["attempts"] == 0  # parking spends no attempt
             # The checker says "up", so the next sweep gives it another go; Slack is back.
             assert q.wait(job["id"], 20)["state"] == State.SUCCEEDED
-        assert len(slack.wait_posted(1)) == 1 and len(slack.requests) == 2
+        assert len(slack.wait_posted(1)) == 1 and len(slack.requests_to("chat.postMessage")) == 2
+        # A 503 may come after Slack took the post: the second try looked for it first.
+        assert len(slack.requests_to("conversations.history")) == 1
     finally:
         internet.close()
 
@@ -205,6 +214,80 @@ def test_a_daemon_killed_between_tap_and_post_posts_the_punch_once_after_restart
     [msg] = slack.wait_posted(1)
     assert msg["json"]["text"].startswith("Carol clocked in at ")
     assert len(slack.posted) == 1
+    assert len(slack.requests_to("conversations.history")) == 1  # looked, did not find it, posted
+
+
+def kill_with_a_post_in_flight(start_daemon, terminal, feed, slack, db_url, answer, **terminal_kw):
+    """Tap, let the post reach the Slack stand-in (which answers `answer`: HOLD or STALL),
+    kill -9 the daemon while the job waits for Slack's answer, restart it on the same
+    store. Returns the punch, the terminal and the restarted daemon."""
+    slack.then(answer)
+    d = start_daemon(db_url, *ALLOW)
+    term = terminal(d, **terminal_kw)
+    punch = tap_and_post(feed, term, CAROL)
+    slack.wait_request()
+    d.kill()
+    slack.release()  # the held answer is never read: its reader is dead
+    return punch, term, start_daemon(db_url, *ALLOW)
+
+
+def test_a_post_slack_took_before_the_daemon_was_killed_is_found_and_not_posted_again(
+        start_daemon, terminal, feed, slack, db_url):
+    punch, term, d = kill_with_a_post_in_flight(start_daemon, terminal, feed, slack, db_url, STALL)
+    [msg] = slack.posted  # Slack has it; the job never heard back
+    with d.client() as q:
+        job = q.wait(term.job_id(punch.punch_id), 30)
+    assert job["state"] == State.SUCCEEDED and job["orphaned"] == 1
+    assert job["result"] == {"posted": False, "reason": "found in Slack", "ts": msg["ts"]}
+    assert len(slack.requests_to("chat.postMessage")) == 1 and len(slack.posted) == 1
+    [lookup] = slack.requests_to("conversations.history")
+    assert lookup["json"]["include_all_metadata"] in ("1", "true")
+    assert float(lookup["json"]["oldest"]) < punch.tapped_at
+    assert term.plog.punch(punch.punch_id).slack_ts == msg["ts"]
+
+
+def test_without_the_history_scope_a_maybe_posted_punch_is_posted_with_a_warning(
+        start_daemon, terminal, feed, slack, db_url):
+    slack.history_error = "missing_scope"
+    punch, term, d = kill_with_a_post_in_flight(start_daemon, terminal, feed, slack, db_url, HOLD)
+    with d.client() as q:
+        job = q.wait(term.job_id(punch.punch_id), 30)
+    assert job["state"] == State.SUCCEEDED and job["result"]["posted"] is True
+    d.wait_for_line(rf"punch {punch.punch_id}: an earlier post may have reached Slack, but the token cannot "
+                    r"read C0ATTEND's history .*missing_scope.* give the Slack app the scope channels:history")
+    [msg] = slack.wait_posted(1)
+    assert msg["json"]["metadata"] == punch_metadata(punch.punch_id)
+    assert len(slack.requests_to("conversations.history")) == 1
+
+
+def test_through_a_webhook_a_post_slack_took_before_the_kill_is_posted_again_with_a_warning(
+        start_daemon, terminal, feed, slack, db_url, tmp_path):
+    # The documented limit: a webhook cannot be asked what it posted.
+    hook = tmp_path / "webhook"
+    hook.write_text(slack.webhook_url + "\n")
+    punch, term, d = kill_with_a_post_in_flight(
+        start_daemon, terminal, feed, slack, db_url, STALL,
+        slack_token_file=None, slack_channel=None, slack_base_url=None, slack_webhook_file=str(hook))
+    with d.client() as q:
+        assert q.wait(term.job_id(punch.punch_id), 30)["state"] == State.SUCCEEDED
+    d.wait_for_line(rf"punch {punch.punch_id}: an earlier post may have reached Slack, and an incoming "
+                    "webhook cannot be asked; posting it again")
+    assert len(slack.wait_posted(2)) == 2
+
+
+def test_the_lookup_pages_back_newest_first_and_stops_at_its_bound(slack, tmp_path, monkeypatch, caplog):
+    token = tmp_path / "token"
+    token.write_text("xoxb-test-token\n")
+    target = slack_jobs.SlackTarget(channel="C0ATTEND", token_file=str(token), base_url=slack.base_url)
+    since = time.time() - 60
+    for n in range(5):
+        slack_jobs.send(target, f"message {n}", punch_metadata(f"punch-{n}"))
+    monkeypatch.setattr(slack_jobs, "LOOKUP_PAGE", 2)
+    monkeypatch.setattr(slack_jobs, "LOOKUP_PAGES", 2)
+    assert slack_jobs.find_punch(target, "punch-1", since) == slack.posted[1]["ts"]  # on the second page
+    assert slack_jobs.find_punch(target, "punch-0", since) is None  # beyond four messages back
+    assert "punch punch-0: not among the newest 4 messages of C0ATTEND" in caplog.text
+    assert slack_jobs.find_punch(target, "punch-4", float(slack.posted[4]["ts"])) is None  # older than `since`
 
 
 def test_a_punch_tapped_while_the_daemon_is_down_is_posted_once_it_is_back(

@@ -49,7 +49,8 @@ CREATE TABLE IF NOT EXISTS punches (
     missed_out_day TEXT,                               -- previous work day had no clock-out
     job_id         INTEGER,                            -- the daemon's post job, once enqueued
     posted_at      REAL,
-    slack_ts       TEXT
+    slack_ts       TEXT,
+    posting_at     REAL                                -- a post may have reached Slack (see begin_post)
 );
 CREATE INDEX IF NOT EXISTS punches_name ON punches (name, seq);
 CREATE INDEX IF NOT EXISTS punches_card ON punches (card_id, seq);
@@ -111,6 +112,12 @@ class Punch:
     job_id: int | None = None
     posted_at: float | None = None
     slack_ts: str | None = None
+    posting_at: float | None = None  # set before each post; cleared when Slack surely did not take it
+
+    @property
+    def maybe_posted(self) -> bool:
+        """A post was started and nobody knows how it ended (a kill, a cut connection)."""
+        return self.posted_at is None and self.posting_at is not None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -145,6 +152,13 @@ class PunchLog:
         # FULL: a punch that was accepted (and beeped) survives a power cut.
         self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.executescript(_SCHEMA)
+        self._upgrade()
+
+    def _upgrade(self) -> None:
+        # Logs written before posting_at existed gain it; NULL there means "never tried".
+        columns = {r["name"] for r in self._db.execute("PRAGMA table_info(punches)")}
+        if "posting_at" not in columns:
+            self._db.execute("ALTER TABLE punches ADD COLUMN posting_at REAL")
 
     def close(self) -> None:
         with self._lock:
@@ -259,6 +273,24 @@ class PunchLog:
     def mark_enqueued(self, punch_id: str, job_id: int) -> None:
         with self._tx() as db:
             db.execute("UPDATE punches SET job_id = ? WHERE punch_id = ?", (job_id, punch_id))
+
+    def begin_post(self, punch_id: str, now: float | None = None) -> Punch | None:
+        """Mark the punch "about to post" (committed, fsync'd, before Slack is called) and
+        return it as it was before: if it already had the mark, an earlier post may have
+        reached Slack with its outcome lost (the daemon killed mid-post). None if unknown."""
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM punches WHERE punch_id = ?", (punch_id,)).fetchone()
+            if row is None:
+                return None
+            db.execute("UPDATE punches SET posting_at = ? WHERE punch_id = ?",
+                       (time.time() if now is None else now, punch_id))
+        return Punch(**dict(row))
+
+    def post_not_sent(self, punch_id: str) -> None:
+        """Slack surely did not take the post (it answered with an error, or the connection
+        was refused): the next try need not look for it first."""
+        with self._tx() as db:
+            db.execute("UPDATE punches SET posting_at = NULL WHERE punch_id = ? AND posted_at IS NULL", (punch_id,))
 
     def mark_posted(self, punch_id: str, slack_ts: str | None, now: float | None = None) -> None:
         with self._tx() as db:
