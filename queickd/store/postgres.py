@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -56,10 +57,11 @@ from .base import (
     Recovered,
     StoreBase,
 )
-from .pgregistry import ALIVE, FleetRecords, notify
+from .pgregistry import ALIVE, CHANNEL, FleetRecords, notify
 from .pools import set_pool_sql
 
 _SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
+_COUNT_TTL = 1.0  # seconds an exact count of waiting jobs stands in, far below the cap
 _NOTIFY_IDS = 300  # job ids per finish notification (payloads are limited to 8000 bytes)
 _CLAIM_RETRIES = 8
 _COLS = (
@@ -134,6 +136,8 @@ class PostgresStore(FleetRecords, StoreBase):
         self._all_lock = threading.Lock()
         self._bk: psycopg.Connection | None = None  # bookkeeping (claims, finishes), under _bk_lock
         self._bk_lock = threading.Lock()
+        self._waiting_seen: tuple[int, float] | None = None  # (exact count, when), see _waiting_total
+        self._inserted_since_count = 0
         self.worker_id: int | None = None  # set by register_worker; claims are recorded with it
         if migrate:
             try:
@@ -218,10 +222,41 @@ class PostgresStore(FleetRecords, StoreBase):
     def submit_requests(
         self, requests: Sequence[Sequence[NewJob]], now: float, admission: adm.Admission = adm.NO_LIMITS
     ) -> list[list[Submitted] | adm.Refusal]:
-        with self._tx() as c:
+        if getattr(self._local, "in_batch", False):
+            c = self._conn()
+            c.execute("SELECT pg_advisory_xact_lock(%s)", (_SUBMIT_LOCK,))
             return self._submit_in(c, requests, now, admission)
+        # BEGIN and the lock that orders every host's submits share one round trip.
+        c = self._conn()
+        c.execute(f"BEGIN; SELECT pg_advisory_xact_lock({_SUBMIT_LOCK})")
+        try:
+            answers = self._submit_in(c, requests, now, admission)
+        except BaseException:
+            if not c.closed and not c.broken:
+                with contextlib.suppress(psycopg.Error):
+                    c.execute("ROLLBACK")
+            raise
+        c.execute("COMMIT")
+        self._inserted_since_count += sum(1 for a in answers if not isinstance(a, adm.Refusal)
+                                          for s in a if not s.duplicate)
+        return answers
 
-    def _lookups(self, c: psycopg.Connection) -> adm.Lookups:
+    def _waiting_total(self, c: psycopg.Connection, cap: int | None) -> int:
+        """Jobs waiting in the whole fleet. An exact count reads every waiting job, so far
+        below the cap a count up to _COUNT_TTL s old, plus what this store has added since,
+        stands in for it; within 10 % of the cap every submit counts exactly."""
+        seen = self._waiting_seen
+        if seen is not None and cap is not None:
+            n, at = seen
+            estimate = n + self._inserted_since_count
+            if time.monotonic() - at < _COUNT_TTL and estimate < 0.9 * cap:
+                return estimate
+        n = c.execute(f"SELECT count(*) FROM jobs WHERE state IN {_WAITING_SQL}").fetchone()[0]
+        self._waiting_seen = (n, time.monotonic())
+        self._inserted_since_count = 0
+        return n
+
+    def _lookups(self, c: psycopg.Connection, cap: int | None = None) -> adm.Lookups:
         def by_key(k: str) -> adm.Existing | None:
             row = c.execute("SELECT id, state, created_at FROM jobs WHERE idempotency_key = %s", (k,)).fetchone()
             return adm.Existing(*row) if row else None
@@ -236,15 +271,13 @@ class PostgresStore(FleetRecords, StoreBase):
             by_idempotency_key=by_key,
             waiting_for_key=lambda key: c.execute(
                 f"SELECT count(*) FROM jobs WHERE key = %s AND state IN {_WAITING_SQL}", (key,)).fetchone()[0],
-            waiting_total=lambda: c.execute(
-                f"SELECT count(*) FROM jobs WHERE state IN {_WAITING_SQL}").fetchone()[0],
+            waiting_total=lambda: self._waiting_total(c, cap),
             active_for_key=active,
         )
 
     def _submit_in(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
                    admission: adm.Admission) -> list[list[Submitted] | adm.Refusal]:
-        c.execute("SELECT pg_advisory_xact_lock(%s)", (_SUBMIT_LOCK,))
-        p = adm.plan(requests, now, admission, self._lookups(c))
+        p = adm.plan(requests, now, admission, self._lookups(c, admission.max_queued))
         if p.expired_keys:
             c.execute("UPDATE jobs SET idempotency_key = NULL WHERE idempotency_key = ANY(%s)",
                       (p.expired_keys,))
@@ -266,14 +299,15 @@ class PostgresStore(FleetRecords, StoreBase):
                                   strict=True):
                     col.append(v)
             # One statement for the whole batch: a row per job would be a round trip each.
+            # The wake-up for each pool rides in the same statement.
             c.execute(
-                "INSERT INTO jobs (id, state, func, args, kwargs, priority, run_at, max_attempts, retry,"
-                " retry_on_network, key, idempotency_key, cron, pool, created_at)"
+                "WITH ins AS (INSERT INTO jobs (id, state, func, args, kwargs, priority, run_at, max_attempts,"
+                " retry, retry_on_network, key, idempotency_key, cron, pool, created_at)"
                 " SELECT *, %s FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[],"
                 " %s::int[], %s::float8[], %s::int[], %s::text[], %s::bool[], %s::text[], %s::text[],"
-                " %s::text[], %s::text[])", (now, *cols))
-            for pool in sorted(pools):
-                notify(c, "q:" + pool)
+                " %s::text[], %s::text[]))"
+                " SELECT pg_notify(%s, 'q:' || p) FROM unnest(%s::text[]) AS p",
+                (now, *cols, CHANNEL, sorted(pools)))
         manual = {(k, n) for _, _, j in p.inserts if j.manual for k, n in (("key", j.key), ("func", j.func))
                   if n is not None}
         for kind, name in manual:  # an operator's run lifts a pause
