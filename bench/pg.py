@@ -356,8 +356,7 @@ def serve(s: Settings, target: str, db: Database, d: Path, with_workers: bool) -
         py = str(s.python(target))
         shutil.copy(PGQUEUER_APP, d / PGQUEUER_APP.name)
         # max_concurrent_tasks must be at least twice the batch size (pgqueuer's rule)
-        srv.worker_cmds = [[py, "-m", "pgqueuer", "--pg-dsn", db.dsn, "run", "pgqueuer_app:create_queue_manager",
-                            "--max-concurrent-tasks", str(c), "--batch-size", str(max(1, c // 2))]
+        srv.worker_cmds = [[py, PGQUEUER_APP.name, "--max-concurrent-tasks", str(c), "--batch-size", str(max(1, c // 2))]
                            for c in split(s.concurrency, s.peer_processes)]
         schema = [py, "-m", "pgqueuer", "--pg-dsn", db.dsn, "install"]
     elif target == PROCRASTINATE:
@@ -422,18 +421,20 @@ def run_e2e(s: Settings, res: Results, scenario: str, target: str) -> None:
     database. The file must hold exactly N bytes."""
     n = s.e2e_jobs
     with fresh(s, "e2e") as (db, d), serve(s, target, db, d, with_workers=True) as srv:
-        cpu0, tx0 = srv.cpu(), db.transactions()
+        cpu0, tx0, be0 = srv.cpu(), db.transactions(), _cpu_of(db.backends())
         probe = srv.probe("e2e", "--n", str(n), "--chunk", str(s.chunk), "--max-seconds", str(60 + n / 20),
                           timeout=90.0 + n / 20)
-        cpu1, tx1 = srv.cpu(), db.transactions()
+        cpu1, tx1, be1 = srv.cpu(), db.transactions(), _cpu_of(db.backends())
         srv.check_alive()
     if probe["final_bytes"] != n:
         raise RuntimeError(f"{probe['final_bytes']} bytes for {n} jobs: some job ran twice")
-    server_cpu = sum(cpu1[p] - cpu0[p] for p in set(cpu0) & set(cpu1))
+    target_cpu = sum(cpu1[p] - cpu0[p] for p in set(cpu0) & set(cpu1))
+    be_cpu = sum(be1[p] - be0[p] for p in set(be0) & set(be1))
     res.add(scenario, "jobs/s", target, "jobs/s", probe["rate"], higher_is_better=True,
-            raw={**probe, "workers_cpu_s": server_cpu, "transactions": tx1 - tx0})
-    res.add(scenario, "client+workers CPU per job", target, "µs", (probe["client_cpu_s"] + server_cpu) / n * 1e6,
+            raw={**probe, "target_cpu_s": target_cpu, "backend_cpu_s": be_cpu, "transactions": tx1 - tx0})
+    res.add(scenario, "CPU per job, client + target", target, "µs", (probe["client_cpu_s"] + target_cpu) / n * 1e6,
             higher_is_better=False)
+    res.add(scenario, "CPU per job, its server backends", target, "µs", be_cpu / n * 1e6, higher_is_better=False)
     res.add(scenario, "transactions per job", target, "xacts", (tx1 - tx0) / n, higher_is_better=False)
 
 
@@ -444,12 +445,11 @@ def run_idle(s: Settings, res: Results, scenario: str, target: str) -> None:
     with fresh(s, "idle") as (db, d), serve(s, target, db, d, with_workers=True) as srv:
         time.sleep(s.idle_warmup)
         backends0 = db.backends()
-        tx0, cpu0, t0 = db.transactions(), srv.cpu(), time.monotonic()
-        be0 = {p: c for p, (c, _) in _usage(backends0).items()}
+        tx0, cpu0, be0, t0 = db.transactions(), srv.cpu(), _cpu_of(backends0), time.monotonic()
         time.sleep(s.idle_seconds)
         tx1, cpu1, t1 = db.transactions(), srv.cpu(), time.monotonic()
         backends1 = db.backends()
-        be1 = {p: c for p, (c, _) in _usage(backends1).items()}
+        be1 = _cpu_of(backends1)
         srv.check_alive()
     per_min = 60.0 / (t1 - t0)
     cpu = sum(cpu1[p] - cpu0[p] for p in set(cpu0) & set(cpu1))
@@ -463,11 +463,11 @@ def run_idle(s: Settings, res: Results, scenario: str, target: str) -> None:
     res.add(scenario, "connections", target, "", len(backends1), higher_is_better=False)
 
 
-def _usage(pids: list[int]) -> dict[int, tuple[float, int]]:
-    """(CPU seconds, context switches) of these processes (server backends: no group)."""
-    from bench.run import proc_cpu, proc_ctx_switches
+def _cpu_of(pids: list[int]) -> dict[int, float]:
+    """CPU seconds of these processes (server backends, which are no group of ours)."""
+    from bench.run import proc_cpu
 
-    return {p: (proc_cpu(p), proc_ctx_switches(p)) for p in pids if os.path.exists(f"/proc/{p}")}
+    return {p: proc_cpu(p) for p in pids if os.path.exists(f"/proc/{p}")}
 
 
 def _lines(path: Path) -> list[str]:
