@@ -58,8 +58,13 @@ class Client:
         """Enqueue n jobs that each append one byte to path, in one request."""
         raise NotImplementedError
 
-    async def append_line(self, path: str, token: str) -> None:
-        """Enqueue one job that appends token and a newline to path."""
+    async def append_line_after(self, path: str, token: str, seconds: float) -> None:
+        """Enqueue one job that works for `seconds` (a sleep), then appends token and a
+        newline to path."""
+        raise NotImplementedError
+
+    async def states(self) -> dict[str, int]:
+        """Jobs per state, in the system's own words."""
         raise NotImplementedError
 
     async def unfinished(self) -> int:
@@ -95,12 +100,15 @@ class QueickdClient(Client):
         else:
             self.q.enqueue_many([self.jq.job(self.jobs.append_byte, (path,)) for _ in range(n)])
 
-    async def append_line(self, path: str, token: str) -> None:
-        self.q.enqueue(self.jobs.append_line, args=(path, token))
+    async def append_line_after(self, path: str, token: str, seconds: float) -> None:
+        self.q.enqueue(self.jobs.append_line_after, args=(path, token, seconds))
 
     async def unfinished(self) -> int:
         counts = self.q.stats()["counts"]
         return sum(counts.get(k, 0) for k in ("queued", "running", "scheduled", "waiting_network"))
+
+    async def states(self) -> dict[str, int]:
+        return {k: v for k, v in self.q.stats()["counts"].items() if v}
 
 
 class PgqueuerClient(Client):
@@ -129,12 +137,18 @@ class PgqueuerClient(Client):
         else:
             await self.q.enqueue(["append_byte"] * n, [p] * n, [0] * n)
 
-    async def append_line(self, path: str, token: str) -> None:
-        await self.q.enqueue("append_line", json.dumps([path, token]).encode())
+    async def append_line_after(self, path: str, token: str, seconds: float) -> None:
+        await self.q.enqueue("append_line_after", json.dumps([path, token, seconds]).encode())
 
     async def unfinished(self) -> int:
         # a job's row leaves the queue table when its outcome is logged
         return await self.conn.fetchval("SELECT count(*) FROM pgqueuer")
+
+    async def states(self) -> dict[str, int]:
+        rows = await self.conn.fetch("SELECT status::text AS s, count(*) AS n FROM pgqueuer GROUP BY 1")
+        logged = await self.conn.fetch("SELECT status::text AS s, count(*) AS n FROM pgqueuer_log "
+                                       "WHERE status <> 'queued' AND status <> 'picked' GROUP BY 1")
+        return {**{r["s"]: r["n"] for r in rows}, **{f"log:{r['s']}": r["n"] for r in logged}}
 
 
 class ProcrastinateClient(Client):
@@ -163,13 +177,18 @@ class ProcrastinateClient(Client):
         else:
             await self.mod.append_byte.batch_defer_async(*({"path": path} for _ in range(n)))
 
-    async def append_line(self, path: str, token: str) -> None:
-        await self.mod.append_line.defer_async(path=path, line=token)
+    async def append_line_after(self, path: str, token: str, seconds: float) -> None:
+        await self.mod.append_line_after.defer_async(path=path, line=token, seconds=seconds)
 
     async def unfinished(self) -> int:
         rows = await self.app.connector.execute_query_all_async(
             "SELECT count(*) AS n FROM procrastinate_jobs WHERE status IN ('todo', 'doing')")
         return int(rows[0]["n"])
+
+    async def states(self) -> dict[str, int]:
+        rows = await self.app.connector.execute_query_all_async(
+            "SELECT task_name || ':' || status AS s, count(*) AS n FROM procrastinate_jobs GROUP BY 1")
+        return {r["s"]: int(r["n"]) for r in rows}
 
 
 CLIENTS: dict[str, type[Client]] = {
@@ -236,7 +255,7 @@ async def e2e(c: Client, a: argparse.Namespace) -> dict[str, Any]:
 
 
 async def crash_client(c: Client, a: argparse.Namespace) -> dict[str, Any]:
-    """Enqueue append_line(DIR/tokens.out, token) one at a time, appending each acknowledged
+    """Enqueue append_line_after(DIR/tokens.out, token, --job-seconds) one at a time, appending each acknowledged
     token to DIR/acked.txt (line-buffered, so pg.py can count). Stops at --n tokens, when the
     file DIR/stop appears, or at --max-seconds."""
     d = os.path.abspath(a.dir)
@@ -248,14 +267,14 @@ async def crash_client(c: Client, a: argparse.Namespace) -> dict[str, Any]:
             if os.path.exists(stop) or time.monotonic() > deadline:
                 break
             token = f"t{i}"
-            await c.append_line(out, token)
+            await c.append_line_after(out, token, a.job_seconds)
             f.write(token + "\n")
             acked += 1
     return {"acked": acked}
 
 
 async def unfinished(c: Client, a: argparse.Namespace) -> dict[str, Any]:
-    return {"unfinished": await c.unfinished()}
+    return {"unfinished": await c.unfinished(), "states": await c.states()}
 
 
 MEASUREMENTS: dict[str, Callable[[Client, argparse.Namespace], Awaitable[dict[str, Any]]]] = {
@@ -285,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", choices=("single", "batch"), default="single")
     p.add_argument("--name", default="e2e", help="output file name (without .out) for e2e")
     p.add_argument("--max-seconds", type=float, default=600.0)
+    p.add_argument("--job-seconds", type=float, default=0.05, help="how long each crash job works")
     a = p.parse_args(argv)
     # the peers' app modules and benchjobs.py live in the run dir (the cwd); queickd's client
     # gets bench/ on sys.path, where this file is

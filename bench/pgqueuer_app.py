@@ -37,9 +37,10 @@ async def create_queue_manager() -> AsyncIterator[QueueManager]:
     async def append_byte(job: Job) -> None:
         benchjobs.append_byte(job.payload.decode())
 
-    @qm.entrypoint("append_line")
-    async def append_line(job: Job) -> None:
-        path, line = json.loads(job.payload)
+    @qm.entrypoint("append_line_after")
+    async def append_line_after(job: Job) -> None:
+        path, line, seconds = json.loads(job.payload)
+        await asyncio.sleep(seconds)  # the loop's way to work for a while
         benchjobs.append_line(path, line)
 
     yield qm

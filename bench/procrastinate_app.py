@@ -12,6 +12,7 @@ heartbeat (its default), the same window as queickd's (3 x 10 s) and pgqueuer's 
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import benchjobs
@@ -30,12 +31,13 @@ async def append_byte(path: str) -> None:
     benchjobs.append_byte(path)
 
 
-@app.task(name="append_line")
-async def append_line(path: str, line: str) -> None:
+@app.task(name="append_line_after")
+async def append_line_after(path: str, line: str, seconds: float) -> None:
+    await asyncio.sleep(seconds)  # the loop's way to work for a while
     benchjobs.append_line(path, line)
 
 
-@app.periodic(cron="*/30 * * * * *")
+@app.periodic(cron="* * * * * */30")  # the 6th field is seconds
 @app.task(name="retry_stalled_jobs", queueing_lock="retry_stalled_jobs", pass_context=True)
 async def retry_stalled_jobs(context: procrastinate.JobContext, timestamp: int) -> None:
     for job in await app.job_manager.get_stalled_jobs(seconds_since_heartbeat=30):
