@@ -91,7 +91,7 @@ class Settings:
     tmp_root: Path
     enqueue_jobs: int = 5_000
     chunk: int = 1000
-    e2e_jobs: int = 10_000
+    e2e_jobs: int = 5_000
     concurrency: int = 4
     worker_procs: list[int] = field(default_factory=lambda: [1, 2, 4])
     peer_processes: int = 1
@@ -727,7 +727,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "[env BENCH_PG_URL] (default: %(default)s)")
     p.add_argument("--jobs", type=int, default=None, help="jobs per enqueue run (default: 5,000; 1,000 with --quick)")
     p.add_argument("--chunk", type=int, default=1000, help="jobs per batch request (default: 1000)")
-    p.add_argument("--e2e-jobs", type=int, default=None, help="jobs per e2e run (default: 10,000; 2,000 with --quick)")
+    p.add_argument("--e2e-jobs", type=int, default=None, help="jobs per e2e run (default: 5,000; 2,000 with --quick)")
     p.add_argument("--concurrency", type=int, default=4, help="job slots per target (default: 4)")
     p.add_argument("--worker-procs", default="1,2,4",
                    help="queickd worker process counts to run, comma-separated (default: 1,2,4)")
@@ -770,7 +770,7 @@ def main(argv: list[str] | None = None) -> int:
     s = Settings(
         rounds=rounds, quick=a.quick, admin_url=a.pg, tmp_root=a.tmp_dir.resolve(),
         enqueue_jobs=a.jobs or (1_000 if a.quick else 5_000), chunk=a.chunk,
-        e2e_jobs=a.e2e_jobs or (2_000 if a.quick else 10_000), concurrency=a.concurrency, worker_procs=procs,
+        e2e_jobs=a.e2e_jobs or (2_000 if a.quick else 5_000), concurrency=a.concurrency, worker_procs=procs,
         peer_processes=a.peer_processes,
         idle_warmup=a.idle_warmup if a.idle_warmup is not None else (5.0 if a.quick else 30.0),
         idle_seconds=a.idle_seconds or (20.0 if a.quick else 60.0),
