@@ -29,3 +29,12 @@ def record_latency(path, sent_at):
     started = time.time()
     with open(path, "a") as f:
         f.write(f"{started - sent_at!r}\n")
+
+
+def append_line_after(path, line, seconds):
+    """Work for `seconds` (a sleep), then append `line` like append_line: a job that is
+    still running when its worker is killed leaves no line unless it runs again."""
+    import time
+
+    time.sleep(seconds)
+    append_line(path, line)
