@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -42,9 +41,9 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
 
-from .. import retry as retry_mod
 from ..job import Job, NewJob, Outcome, State, Submitted
 from . import admission as adm
+from . import rows as dbrows
 from .base import (
     CronFire,
     CronRecord,
@@ -64,56 +63,17 @@ _SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit trans
 _COUNT_TTL = 1.0  # seconds an exact count of waiting jobs stands in, far below the cap
 _NOTIFY_IDS = 300  # job ids per finish notification (payloads are limited to 8000 bytes)
 _CLAIM_RETRIES = 8
-_COLS = (
-    "id, func, args, kwargs, state, priority, run_at, created_at, attempts, max_attempts, retry,"
-    " retry_on_network, key, idempotency_key, cron, orphaned, started_at, finished_at, result, error, pool"
-)
-_EVENT_COLS = "event_id, state, func, key, created_at, attempts, next_attempt_at, job_id, last_error"
 _WAITING_SQL = "('scheduled', 'queued', 'waiting_network')"
 _ORPHAN_ERROR = {"type": "orphaned", "message": "its worker stopped while it ran, too often"}
 # The claim itself is the function queickd_claim (pgschema.py): an UPDATE ... WHERE id IN
 # (SELECT ... ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING.
-_CLAIM = f"SELECT {_COLS} FROM queickd_claim(%(now)s, %(worker)s, %(pools)s, %(net)s, %(limit)s)"
+_CLAIM = f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(now)s, %(worker)s, %(pools)s, %(net)s, %(limit)s)"
 
 
-def _dumps(v: Any) -> str:
-    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
 
 
-def _row_to_job(r: tuple) -> Job:
-    return Job(
-        id=r[0], func=r[1], args=json.loads(r[2]) if r[2] else [],
-        kwargs=json.loads(r[3]) if r[3] else {}, state=r[4], priority=r[5], run_at=r[6],
-        created_at=r[7], attempts=r[8], max_attempts=r[9],
-        retry=retry_mod.spec_from_dict(json.loads(r[10])) if r[10] else None,
-        retry_on_network=r[11], key=r[12], idempotency_key=r[13], cron=r[14],
-        orphaned=r[15], started_at=r[16], finished_at=r[17],
-        result=json.loads(r[18]) if r[18] is not None else None,
-        error=json.loads(r[19]) if r[19] else None, pool=r[20],
-    )
 
 
-def _template_to_json(t: NewJob) -> str:
-    return _dumps({
-        "func": t.func, "args": t.args, "kwargs": t.kwargs, "priority": t.priority,
-        "retry": t.retry.to_dict() if t.retry else None, "retry_on_network": t.retry_on_network,
-        "key": t.key, "pool": t.pool,
-    })
-
-
-def _template_from_json(s: str) -> NewJob:
-    d = json.loads(s)
-    d["retry"] = retry_mod.spec_from_dict(d.get("retry"))
-    return NewJob(**d)
-
-
-def _row_to_cron(r: tuple) -> CronRecord:
-    return CronRecord(name=r[0], schedule=json.loads(r[1]), template=_template_from_json(r[2]),
-                      next_run_at=r[3], last_fired_at=r[4], created_at=r[5], folded=r[6])
-
-
-def _row_to_pause(r: tuple) -> Pause:
-    return Pause(r[0], r[1], r[2], r[3], json.loads(r[4]) if r[4] else None)
 
 
 def _redact(url: str) -> str:
@@ -292,9 +252,9 @@ class PostgresStore(FleetRecords, StoreBase):
                 state = State.QUEUED if j.run_at <= now else State.SCHEDULED
                 if state == State.QUEUED:
                     pools.add(j.pool)
-                for col, v in zip(cols, (job_id, state, j.func, _dumps(j.args) if j.args else None,
-                                         _dumps(j.kwargs) if j.kwargs else None, j.priority, j.run_at,
-                                         j.max_attempts, _dumps(j.retry.to_dict()) if j.retry else None,
+                for col, v in zip(cols, (job_id, state, j.func, dbrows.dumps(j.args) if j.args else None,
+                                         dbrows.dumps(j.kwargs) if j.kwargs else None, j.priority, j.run_at,
+                                         j.max_attempts, dbrows.dumps(j.retry.to_dict()) if j.retry else None,
                                          j.retry_on_network, j.key, j.idempotency_key, j.cron, j.pool),
                                   strict=True):
                     col.append(v)
@@ -349,7 +309,7 @@ class PostgresStore(FleetRecords, StoreBase):
                 # next try sees it running and passes the key by.
                 if attempt == _CLAIM_RETRIES - 1:
                     raise
-        jobs = [_row_to_job(r) for r in rows]
+        jobs = [dbrows.row_to_job(r) for r in rows]
         jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
         return jobs
 
@@ -375,8 +335,8 @@ class PostgresStore(FleetRecords, StoreBase):
         cols: tuple[list, ...] = ([], [], [], [], [], [])
         for o in outcomes:
             for col, v in zip(cols, (o.job_id, o.state, o.run_at,
-                                     None if o.result is None else _dumps(o.result),
-                                     _dumps(o.error) if o.error else None,
+                                     None if o.result is None else dbrows.dumps(o.result),
+                                     dbrows.dumps(o.error) if o.error else None,
                                      now if o.state in State.FINAL else None), strict=True):
                 col.append(v)
         # The finish notification rides in the same statement when its ids fit one payload.
@@ -435,7 +395,7 @@ class PostgresStore(FleetRecords, StoreBase):
         if o.state == State.SUCCEEDED:
             c.execute("DELETE FROM streaks WHERE kind = %s AND name = %s", (kind, name))
             return None
-        err = _dumps(o.error) if o.error else None
+        err = dbrows.dumps(o.error) if o.error else None
         failures = c.execute(
             "INSERT INTO streaks VALUES (%s, %s, 1, %s) ON CONFLICT (kind, name) DO UPDATE"
             " SET failures = streaks.failures + 1, last_error = excluded.last_error RETURNING failures",
@@ -462,7 +422,7 @@ class PostgresStore(FleetRecords, StoreBase):
                 "  error = CASE WHEN orphaned >= %(max)s THEN %(err)s ELSE error END,"
                 "  finished_at = CASE WHEN orphaned >= %(max)s THEN %(now)s ELSE finished_at END"
                 " FROM gone WHERE jobs.id = gone.id RETURNING jobs.id, jobs.state",
-                {"max": max_requeues, "err": _dumps(_ORPHAN_ERROR), "now": now}).fetchall()
+                {"max": max_requeues, "err": dbrows.dumps(_ORPHAN_ERROR), "now": now}).fetchall()
             requeued = sorted(r[0] for r in rows if r[1] == State.QUEUED)
             if requeued:
                 notify(c, "r")
@@ -485,7 +445,7 @@ class PostgresStore(FleetRecords, StoreBase):
     # --- pauses ---------------------------------------------------------------------------
     def pauses(self) -> list[Pause]:
         rows = self._conn().execute("SELECT * FROM pauses ORDER BY paused_at, kind, name")
-        return [_row_to_pause(r) for r in rows]
+        return [dbrows.row_to_pause(r) for r in rows]
 
     def _resume_in(self, c: psycopg.Connection, kind: str, name: str) -> bool:
         c.execute("DELETE FROM streaks WHERE kind = %s AND name = %s", (kind, name))
@@ -503,8 +463,8 @@ class PostgresStore(FleetRecords, StoreBase):
         with self._tx() as c:
             if c.execute(sql, params).rowcount and released:
                 notify(c, "r")
-            row = c.execute(f"SELECT {_COLS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
-        return _row_to_job(row) if row else None
+            row = c.execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
+        return dbrows.row_to_job(row) if row else None
 
     def cancel(self, job_id: int, now: float) -> Job | None:
         return self._update_one(
@@ -541,18 +501,18 @@ class PostgresStore(FleetRecords, StoreBase):
 
     # --- inspect --------------------------------------------------------------------------
     def get(self, job_id: int) -> Job | None:
-        row = self._conn().execute(f"SELECT {_COLS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
-        return _row_to_job(row) if row else None
+        row = self._conn().execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
+        return dbrows.row_to_job(row) if row else None
 
     def list_jobs(self, state: str | None, limit: int) -> list[Job]:
         if state is None:
-            rows = self._conn().execute(f"SELECT {_COLS} FROM jobs ORDER BY id DESC LIMIT %s", (limit,))
+            rows = self._conn().execute(f"SELECT {dbrows.JOB_COLS} FROM jobs ORDER BY id DESC LIMIT %s", (limit,))
         else:
             if state not in State.ALL:
                 raise ValueError(f"unknown state {state!r}")
             rows = self._conn().execute(
-                f"SELECT {_COLS} FROM jobs WHERE state = %s ORDER BY id DESC LIMIT %s", (state, limit))
-        return [_row_to_job(r) for r in rows]
+                f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE state = %s ORDER BY id DESC LIMIT %s", (state, limit))
+        return [dbrows.row_to_job(r) for r in rows]
 
     def counts(self) -> dict[str, int]:
         """Exact, by a scan of the state index (no shared counter row: one would make
@@ -585,19 +545,19 @@ class PostgresStore(FleetRecords, StoreBase):
                 "INSERT INTO crons VALUES (%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (name) DO UPDATE SET"
                 " schedule = excluded.schedule, template = excluded.template, next_run_at = excluded.next_run_at,"
                 " last_fired_at = excluded.last_fired_at, created_at = excluded.created_at, folded = excluded.folded",
-                (cron.name, _dumps(cron.schedule), _template_to_json(cron.template), cron.next_run_at,
+                (cron.name, dbrows.dumps(cron.schedule), dbrows.template_to_json(cron.template), cron.next_run_at,
                  cron.last_fired_at, cron.created_at, cron.folded))
         return cron
 
     def cron_list(self) -> list[CronRecord]:
-        return [_row_to_cron(r) for r in self._conn().execute("SELECT * FROM crons ORDER BY name")]
+        return [dbrows.row_to_cron(r) for r in self._conn().execute("SELECT * FROM crons ORDER BY name")]
 
     def cron_delete(self, name: str) -> bool:
         with self._tx() as c:
             return c.execute("DELETE FROM crons WHERE name = %s", (name,)).rowcount > 0
 
     def crons_due(self, now: float) -> list[CronRecord]:
-        return [_row_to_cron(r) for r in self._conn().execute("SELECT * FROM crons WHERE next_run_at <= %s", (now,))]
+        return [dbrows.row_to_cron(r) for r in self._conn().execute("SELECT * FROM crons WHERE next_run_at <= %s", (now,))]
 
     def next_cron_at(self) -> float | None:
         return self._conn().execute("SELECT min(next_run_at) FROM crons").fetchone()[0]
@@ -622,7 +582,7 @@ class PostgresStore(FleetRecords, StoreBase):
                       (next_tick, tick, 1 if waiting else 0, name))
             if waiting:
                 return CronFire("folded", None)
-            t = _template_from_json(row[0])
+            t = dbrows.template_from_json(row[0])
             job = dataclasses.replace(t, run_at=now, cron=name, key=t.key or f"cron:{name}",
                                       idempotency_key=f"cron:{name}:{tick!r}")
             answer = self._submit_in(c, [[job]], now, adm.NO_LIMITS)[0]
@@ -631,7 +591,7 @@ class PostgresStore(FleetRecords, StoreBase):
     # --- events ---------------------------------------------------------------------------
     def _deliver_in(self, c: psycopg.Connection, event_id: str, template: str, now: float,
                     admission: adm.Admission) -> list[Submitted] | adm.Refusal:
-        job = dataclasses.replace(_template_from_json(template), run_at=now, idempotency_key=f"event:{event_id}")
+        job = dataclasses.replace(dbrows.template_from_json(template), run_at=now, idempotency_key=f"event:{event_id}")
         answer = self._submit_in(c, [[job]], now, admission)[0]
         if not isinstance(answer, adm.Refusal):
             c.execute("UPDATE events SET state = 'delivered', job_id = %s, next_attempt_at = NULL,"
@@ -639,7 +599,7 @@ class PostgresStore(FleetRecords, StoreBase):
         return answer
 
     def accept_event(self, event: NewEvent, now: float, admission: adm.Admission) -> EventAccepted:
-        template = _template_to_json(event.job)
+        template = dbrows.template_to_json(event.job)
         with self._tx() as c:
             inserted = c.execute(
                 "INSERT INTO events (event_id, state, job, func, key, created_at, next_attempt_at)"
@@ -688,18 +648,18 @@ class PostgresStore(FleetRecords, StoreBase):
 
     def list_events(self, state: str | None, limit: int) -> list[Event]:
         if state is None:
-            rows = self._conn().execute(f"SELECT {_EVENT_COLS} FROM events ORDER BY created_at DESC LIMIT %s",
+            rows = self._conn().execute(f"SELECT {dbrows.EVENT_COLS} FROM events ORDER BY created_at DESC LIMIT %s",
                                         (limit,))
         else:
             rows = self._conn().execute(
-                f"SELECT {_EVENT_COLS} FROM events WHERE state = %s ORDER BY created_at DESC LIMIT %s", (state, limit))
+                f"SELECT {dbrows.EVENT_COLS} FROM events WHERE state = %s ORDER BY created_at DESC LIMIT %s", (state, limit))
         return [Event(*r) for r in rows]
 
     def retry_event(self, event_id: str, now: float) -> Event | None:
         with self._tx() as c:
             c.execute("UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = %s"
                       " WHERE event_id = %s AND state = 'dead'", (now, event_id))
-            row = c.execute(f"SELECT {_EVENT_COLS} FROM events WHERE event_id = %s", (event_id,)).fetchone()
+            row = c.execute(f"SELECT {dbrows.EVENT_COLS} FROM events WHERE event_id = %s", (event_id,)).fetchone()
         return Event(*row) if row else None
 
     def close(self) -> None:

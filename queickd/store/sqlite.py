@@ -13,16 +13,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import json
 import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
-from .. import retry as retry_mod
 from ..job import DEFAULT_POOL, Job, NewJob, Outcome, State, Submitted
 from . import admission as adm
+from . import rows as dbrows
 from .base import (
     CronFire,
     CronRecord,
@@ -124,10 +122,6 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_pending ON events (next_attempt_at) WHERE state = 'pending';
 """
-_COLS = (
-    "id, func, args, kwargs, state, priority, run_at, created_at, attempts, max_attempts, retry,"
-    " retry_on_network, key, idempotency_key, cron, orphaned, started_at, finished_at, result, error, pool"
-)
 _INSERT = (
     "INSERT INTO jobs (id, state, func, args, kwargs, priority, run_at, created_at, max_attempts,"
     " retry, retry_on_network, key, idempotency_key, cron, pool) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
@@ -135,49 +129,12 @@ _INSERT = (
 _INSERT_PLAIN = "INSERT INTO jobs (id, state, func, run_at, created_at) VALUES (?,?,?,?,?)"
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 _RARE = frozenset({State.RUNNING, State.DEAD, State.WAITING_NETWORK, State.CANCELLED})  # own indexes
-_EVENT_COLS = "event_id, state, func, key, created_at, attempts, next_attempt_at, job_id, last_error"
 
 
-def _dumps(v: Any) -> str:
-    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
 
 
-def _row_to_job(r: tuple) -> Job:
-    return Job(
-        id=r[0], func=r[1], args=json.loads(r[2]) if r[2] else [],
-        kwargs=json.loads(r[3]) if r[3] else {}, state=r[4], priority=r[5], run_at=r[6],
-        created_at=r[7], attempts=r[8], max_attempts=r[9],
-        retry=retry_mod.spec_from_dict(json.loads(r[10])) if r[10] else None,
-        retry_on_network=bool(r[11]), key=r[12], idempotency_key=r[13], cron=r[14],
-        orphaned=r[15], started_at=r[16], finished_at=r[17],
-        result=json.loads(r[18]) if r[18] is not None else None,
-        error=json.loads(r[19]) if r[19] else None, pool=r[20],
-    )
 
 
-def _template_to_json(t: NewJob) -> str:
-    return _dumps({
-        "func": t.func, "args": t.args, "kwargs": t.kwargs, "priority": t.priority,
-        "retry": t.retry.to_dict() if t.retry else None, "retry_on_network": t.retry_on_network,
-        "key": t.key, "pool": t.pool,
-    })
-
-
-def _template_from_json(s: str) -> NewJob:
-    d = json.loads(s)
-    d["retry"] = retry_mod.spec_from_dict(d.get("retry"))
-    return NewJob(**d)
-
-
-def _row_to_cron(r: tuple) -> CronRecord:
-    return CronRecord(
-        name=r[0], schedule=json.loads(r[1]), template=_template_from_json(r[2]),
-        next_run_at=r[3], last_fired_at=r[4], created_at=r[5], folded=r[6],
-    )
-
-
-def _row_to_pause(r: tuple) -> Pause:
-    return Pause(r[0], r[1], r[2], r[3], json.loads(r[4]) if r[4] else None)
 
 
 class SQLiteStore(StoreBase):
@@ -327,9 +284,9 @@ class SQLiteStore(StoreBase):
             state = State.QUEUED if j.run_at <= now else State.SCHEDULED
             if (j.args or j.kwargs or j.priority or j.retry or j.retry_on_network or j.key
                     or j.idempotency_key or j.cron or j.pool != DEFAULT_POOL):
-                full.append((job_id, state, j.func, _dumps(j.args) if j.args else None,
-                             _dumps(j.kwargs) if j.kwargs else None, j.priority, j.run_at, now,
-                             j.max_attempts, _dumps(j.retry.to_dict()) if j.retry else None,
+                full.append((job_id, state, j.func, dbrows.dumps(j.args) if j.args else None,
+                             dbrows.dumps(j.kwargs) if j.kwargs else None, j.priority, j.run_at, now,
+                             j.max_attempts, dbrows.dumps(j.retry.to_dict()) if j.retry else None,
                              int(j.retry_on_network), j.key, j.idempotency_key, j.cron, j.pool))
             else:  # binding 5 parameters instead of 14 is most of an insert's Python cost
                 plain.append((job_id, state, j.func, j.run_at, now))
@@ -402,9 +359,9 @@ class SQLiteStore(StoreBase):
             marks = ",".join("?" * len(chosen))
             rows = c.execute(
                 "UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = ?"
-                f" WHERE id IN ({marks}) RETURNING {_COLS}", (now, *chosen),
+                f" WHERE id IN ({marks}) RETURNING {dbrows.JOB_COLS}", (now, *chosen),
             ).fetchall()
-        jobs = [_row_to_job(r) for r in rows]
+        jobs = [dbrows.row_to_job(r) for r in rows]
         jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
         return jobs
 
@@ -435,15 +392,15 @@ class SQLiteStore(StoreBase):
                 cur = c.executemany(
                     "UPDATE jobs SET state = 'succeeded', result = ?, error = NULL, finished_at = ?"
                     " WHERE id = ? AND state = 'running'",
-                    [(None if o.result is None else _dumps(o.result), now, o.job_id) for o in outcomes])
+                    [(None if o.result is None else dbrows.dumps(o.result), now, o.job_id) for o in outcomes])
                 return Finished(cur.rowcount, [])
             for o in outcomes:
                 row = c.execute(
                     "UPDATE jobs SET state = ?1, run_at = coalesce(?2, run_at), result = ?3, error = ?4,"
                     " finished_at = ?5, attempts = attempts - (?1 = 'waiting_network')"
                     " WHERE id = ?6 AND state = 'running' RETURNING key, func",
-                    (o.state, o.run_at, None if o.result is None else _dumps(o.result),
-                     _dumps(o.error) if o.error else None, now if o.state in State.FINAL else None,
+                    (o.state, o.run_at, None if o.result is None else dbrows.dumps(o.result),
+                     dbrows.dumps(o.error) if o.error else None, now if o.state in State.FINAL else None,
                      o.job_id),
                 ).fetchone()
                 if row is None:
@@ -464,7 +421,7 @@ class SQLiteStore(StoreBase):
         if o.state == State.SUCCEEDED:
             c.execute("DELETE FROM streaks WHERE kind = ? AND name = ?", (kind, name))
             return None
-        err = _dumps(o.error) if o.error else None
+        err = dbrows.dumps(o.error) if o.error else None
         failures = c.execute(
             "INSERT INTO streaks VALUES (?, ?, 1, ?) ON CONFLICT (kind, name) DO UPDATE"
             " SET failures = failures + 1, last_error = excluded.last_error RETURNING failures",
@@ -480,7 +437,7 @@ class SQLiteStore(StoreBase):
         return Pause(kind, name, now, failures, o.error)
 
     def recover_orphans(self, max_requeues: int, now: float) -> Recovered:
-        err = _dumps({"type": "orphaned", "message": "its worker stopped while it ran, too often"})
+        err = dbrows.dumps({"type": "orphaned", "message": "its worker stopped while it ran, too often"})
         with self._write() as c:
             dead = c.execute(
                 "UPDATE jobs INDEXED BY jobs_running SET state = 'dead', error = ?, finished_at = ?"
@@ -496,7 +453,7 @@ class SQLiteStore(StoreBase):
     # --- pauses ---------------------------------------------------------------------------
     def pauses(self) -> list[Pause]:
         rows = self._conn().execute("SELECT * FROM pauses ORDER BY paused_at, kind, name")
-        return [_row_to_pause(r) for r in rows]
+        return [dbrows.row_to_pause(r) for r in rows]
 
     def _resume_in(self, c: sqlite3.Connection, kind: str, name: str) -> bool:
         c.execute("DELETE FROM streaks WHERE kind = ? AND name = ?", (kind, name))
@@ -510,8 +467,8 @@ class SQLiteStore(StoreBase):
     def _update_one(self, sql: str, params: tuple, job_id: int) -> Job | None:
         with self._write() as c:
             c.execute(sql, params)
-            row = c.execute(f"SELECT {_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return _row_to_job(row) if row else None
+            row = c.execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return dbrows.row_to_job(row) if row else None
 
     def cancel(self, job_id: int, now: float) -> Job | None:
         return self._update_one(
@@ -552,12 +509,12 @@ class SQLiteStore(StoreBase):
 
     # --- inspect --------------------------------------------------------------------------
     def get(self, job_id: int) -> Job | None:
-        row = self._conn().execute(f"SELECT {_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return _row_to_job(row) if row else None
+        row = self._conn().execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return dbrows.row_to_job(row) if row else None
 
     def list_jobs(self, state: str | None, limit: int) -> list[Job]:
         if state is None:
-            sql, params = f"SELECT {_COLS} FROM jobs ORDER BY id DESC LIMIT ?", (limit,)
+            sql, params = f"SELECT {dbrows.JOB_COLS} FROM jobs ORDER BY id DESC LIMIT ?", (limit,)
         else:
             # Rare states have an index; the common ones are found walking back from the
             # newest job (no sort either way).
@@ -566,9 +523,9 @@ class SQLiteStore(StoreBase):
             # The state is inlined (one of the fixed names): a partial index is usable only
             # when SQLite sees the literal its predicate names.
             hint = f"INDEXED BY jobs_{state}" if state in _RARE else "NOT INDEXED"
-            sql = f"SELECT {_COLS} FROM jobs {hint} WHERE state = '{state}' ORDER BY id DESC LIMIT ?"
+            sql = f"SELECT {dbrows.JOB_COLS} FROM jobs {hint} WHERE state = '{state}' ORDER BY id DESC LIMIT ?"
             params = (limit,)
-        return [_row_to_job(r) for r in self._conn().execute(sql, params)]
+        return [dbrows.row_to_job(r) for r in self._conn().execute(sql, params)]
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(State.ALL, 0)
@@ -601,13 +558,13 @@ class SQLiteStore(StoreBase):
         with self._write() as c:
             c.execute(
                 "INSERT OR REPLACE INTO crons VALUES (?,?,?,?,?,?,?)",
-                (cron.name, _dumps(cron.schedule), _template_to_json(cron.template),
+                (cron.name, dbrows.dumps(cron.schedule), dbrows.template_to_json(cron.template),
                  cron.next_run_at, cron.last_fired_at, cron.created_at, cron.folded),
             )
         return cron
 
     def cron_list(self) -> list[CronRecord]:
-        return [_row_to_cron(r) for r in self._conn().execute("SELECT * FROM crons ORDER BY name")]
+        return [dbrows.row_to_cron(r) for r in self._conn().execute("SELECT * FROM crons ORDER BY name")]
 
     def cron_delete(self, name: str) -> bool:
         with self._write() as c:
@@ -615,7 +572,7 @@ class SQLiteStore(StoreBase):
 
     def crons_due(self, now: float) -> list[CronRecord]:
         rows = self._conn().execute("SELECT * FROM crons WHERE next_run_at <= ?", (now,))
-        return [_row_to_cron(r) for r in rows]
+        return [dbrows.row_to_cron(r) for r in rows]
 
     def next_cron_at(self) -> float | None:
         return self._conn().execute("SELECT min(next_run_at) FROM crons").fetchone()[0]
@@ -636,7 +593,7 @@ class SQLiteStore(StoreBase):
             )
             if waiting:
                 return CronFire("folded", None)
-            t = _template_from_json(row[0])
+            t = dbrows.template_from_json(row[0])
             job = dataclasses.replace(t, run_at=now, cron=name, key=t.key or f"cron:{name}",
                                       idempotency_key=f"cron:{name}:{tick!r}")
             answer = self._submit_in(c, [[job]], now, adm.NO_LIMITS)[0]
@@ -645,7 +602,7 @@ class SQLiteStore(StoreBase):
     # --- events ---------------------------------------------------------------------------
     def _deliver_in(self, c: sqlite3.Connection, event_id: str, template: str, now: float,
                     admission: adm.Admission) -> list[Submitted] | adm.Refusal:
-        job = dataclasses.replace(_template_from_json(template), run_at=now,
+        job = dataclasses.replace(dbrows.template_from_json(template), run_at=now,
                                   idempotency_key=f"event:{event_id}")
         answer = self._submit_in(c, [[job]], now, admission)[0]
         if not isinstance(answer, adm.Refusal):
@@ -654,7 +611,7 @@ class SQLiteStore(StoreBase):
         return answer
 
     def accept_event(self, event: NewEvent, now: float, admission: adm.Admission) -> EventAccepted:
-        template = _template_to_json(event.job)
+        template = dbrows.template_to_json(event.job)
         with self._write() as c:
             old = c.execute("SELECT state, job_id FROM events WHERE event_id = ?", (event.event_id,)).fetchone()
             if old:
@@ -715,10 +672,10 @@ class SQLiteStore(StoreBase):
     def list_events(self, state: str | None, limit: int) -> list[Event]:
         if state is None:
             rows = self._conn().execute(
-                f"SELECT {_EVENT_COLS} FROM events ORDER BY created_at DESC LIMIT ?", (limit,))
+                f"SELECT {dbrows.EVENT_COLS} FROM events ORDER BY created_at DESC LIMIT ?", (limit,))
         else:
             rows = self._conn().execute(
-                f"SELECT {_EVENT_COLS} FROM events WHERE state = ? ORDER BY created_at DESC LIMIT ?",
+                f"SELECT {dbrows.EVENT_COLS} FROM events WHERE state = ? ORDER BY created_at DESC LIMIT ?",
                 (state, limit))
         return [Event(*r) for r in rows]
 
@@ -726,7 +683,7 @@ class SQLiteStore(StoreBase):
         with self._write() as c:
             c.execute("UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = ?"
                       " WHERE event_id = ? AND state = 'dead'", (now, event_id))
-            row = c.execute(f"SELECT {_EVENT_COLS} FROM events WHERE event_id = ?", (event_id,)).fetchone()
+            row = c.execute(f"SELECT {dbrows.EVENT_COLS} FROM events WHERE event_id = ?", (event_id,)).fetchone()
         return Event(*row) if row else None
 
     def close(self) -> None:
