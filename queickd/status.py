@@ -39,3 +39,18 @@ def detail(svc: QueueService, now: float, counts: dict[str, int]) -> dict[str, A
         metrics.sample_depth(sum(counts.get(s, 0) for s in State.PENDING))
         out["history"] = metrics.history()
     return out
+
+
+def ago(now: float, t: float | None, sep: str = " ") -> str:
+    """How long before `now` the time `t` was, for people: '45 s', '12 min', '3.5 h', '2.0 d'
+    (with sep="": '45s', '12m', ...); '-' when there is no time."""
+    if t is None:
+        return "-"
+    s = max(0.0, now - t)
+    if s < 120:
+        return f"{s:.0f}{sep}s"
+    if s < 7200:
+        return f"{s / 60:.0f}{sep}{'min' if sep else 'm'}"
+    if s < 172800:
+        return f"{s / 3600:.1f}{sep}h"
+    return f"{s / 86400:.1f}{sep}d"

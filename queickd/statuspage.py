@@ -10,6 +10,7 @@ from html import escape
 from typing import TYPE_CHECKING, Any
 
 from .fleet import unserved
+from .status import ago
 
 if TYPE_CHECKING:
     from .service import QueueService
@@ -33,17 +34,6 @@ def snapshot(svc: QueueService) -> dict[str, Any]:
     return svc.op_stats({"detail": True})
 
 
-def _ago(now: float, t: float | None) -> str:
-    if t is None:
-        return "-"
-    s = max(0.0, now - t)
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.0f} min"
-    if s < 172800:
-        return f"{s / 3600:.1f} h"
-    return f"{s / 86400:.1f} d"
 
 
 def _when(t: float | None) -> str:
@@ -117,7 +107,7 @@ def render(s: dict[str, Any]) -> str:
         _card("idle", w["total"] - w["busy"], metric="workers-idle"),
         _card("waiting", waiting, metric="waiting"),
         _card("running", counts["running"], metric="running"),
-        _card("oldest wait", _ago(now, s.get("oldest_queued_at")) if s.get("oldest_queued_at") else "-",
+        _card("oldest wait", ago(now, s.get("oldest_queued_at")) if s.get("oldest_queued_at") else "-",
               metric="oldest-wait"),
         _card("dead letters", dead_total, "bad" if dead_total else "", metric="dead"),
         _card("network", net_text, net_cls, metric="network"),
@@ -134,15 +124,15 @@ def render(s: dict[str, Any]) -> str:
                      "REFUSED: " + wk["refused"] if wk["refused"] else "alive" if wk["alive"] else "GONE"]
                     for wk in s.get("fleet") or []], "")
     keys = _table(["key", "waiting", "oldest due"],
-                  [[k["key"], k["waiting"], _ago(now, k["oldest_run_at"]) + " ago"
-                    if k["oldest_run_at"] <= now else "in " + _ago(k["oldest_run_at"], now)]
+                  [[k["key"], k["waiting"], ago(now, k["oldest_run_at"]) + " ago"
+                    if k["oldest_run_at"] <= now else "in " + ago(k["oldest_run_at"], now)]
                    for k in s["waiting_by_key"]], "no jobs waiting on a key")
     paused = _table(["kind", "name", "since", "failures", "last error"],
                     [[p["kind"], p["name"], _when(p["paused_at"]), p["failures"],
                       f"{(p.get('last_error') or {}).get('type')}: {(p.get('last_error') or {}).get('message')}"]
                      for p in s["paused"]], "nothing paused")
     running = _table(["job", "function", "key", "running for"],
-                     [[j["id"], j["func"], j["key"] or "", _ago(now, j["started_at"])] for j in s.get("running", [])],
+                     [[j["id"], j["func"], j["key"] or "", ago(now, j["started_at"])] for j in s.get("running", [])],
                      "nothing running")
     dead = _table(["job", "function", "died", "error"],
                   [[j["id"], j["func"], _when(j["finished_at"]),
@@ -157,7 +147,7 @@ def render(s: dict[str, Any]) -> str:
 <title>queickd status</title><style>{_CSS}</style></head>
 <body>
 <h1>queickd {escape(s['version'])}</h1>
-<p class="sub">store {escape(s['store'])} · up {_ago(now, now - s['uptime'])}
+<p class="sub">store {escape(s['store'])} · up {ago(now, now - s['uptime'])}
  · {escape(_when(now))} · refreshes every {REFRESH} s</p>
 <div class="grid">{cards}</div>
 <h2>Last hour</h2>

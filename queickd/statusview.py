@@ -12,21 +12,16 @@ from collections.abc import Callable
 from typing import Any
 
 from .fleet import unserved
+from .status import ago
+
+
+def _terse_ago(now: float, t: float | None) -> str:
+    return ago(now, t, sep="")
+
 
 _SPARK = " ▁▂▃▄▅▆▇█"
 
 
-def _ago(now: float, t: float | None) -> str:
-    if t is None:
-        return "-"
-    s = max(0.0, now - t)
-    if s < 120:
-        return f"{s:.0f}s"
-    if s < 7200:
-        return f"{s / 60:.0f}m"
-    if s < 172800:
-        return f"{s / 3600:.1f}h"
-    return f"{s / 86400:.1f}d"
 
 
 def sparkline(values: list[int]) -> str:
@@ -42,20 +37,20 @@ def lines(s: dict[str, Any], width: int = 100) -> list[str]:
     w, c, sch, net, ev = s["workers"], s["counts"], s["scheduler"], s.get("network"), s["events"]
     waiting = c["scheduled"] + c["queued"] + c["waiting_network"]
     out = [
-        f"queickd {s['version']}   up {_ago(now, now - s['uptime'])}   store {s['store']}",
+        f"queickd {s['version']}   up {_terse_ago(now, now - s['uptime'])}   store {s['store']}",
         f"workers  {w['busy']} busy / {w['total'] - w['busy']} idle   running {c['running']}   "
         f"waiting {waiting} (queued {c['queued']}, scheduled {c['scheduled']}, "
         f"for network {c['waiting_network']})",
-        f"oldest   queued job waiting {_ago(now, s.get('oldest_queued_at'))}   "
-        f"outbox pending {ev['pending']} (oldest {_ago(now, s.get('outbox_oldest_pending_at'))})",
+        f"oldest   queued job waiting {_terse_ago(now, s.get('oldest_queued_at'))}   "
+        f"outbox pending {ev['pending']} (oldest {_terse_ago(now, s.get('outbox_oldest_pending_at'))})",
         f"dead     {c['dead']} jobs, {ev['dead']} events   scheduler "
         f"{'alive' if sch['alive'] else 'STOPPED'} (last fired "
-        f"{_ago(now, sch['last_fired_at']) + ' ago' if sch['last_fired_at'] else 'never'})",
+        f"{_terse_ago(now, sch['last_fired_at']) + ' ago' if sch['last_fired_at'] else 'never'})",
     ]
     if net is None:
         out.append("network  no checker configured")
     else:
-        out.append(f"network  {net['state']} since {_ago(now, net['since'])} ago   checker "
+        out.append(f"network  {net['state']} since {_terse_ago(now, net['since'])} ago   checker "
                    f"{'alive' if net['checker_alive'] else 'DEAD'}, probing {net['target']}")
     history = s.get("history") or []
     if history:
@@ -82,28 +77,28 @@ def lines(s: dict[str, Any], width: int = 100) -> list[str]:
         out.append(f"{'KEY':<30} {'WAITING':>8}  OLDEST DUE")
         for k in s["waiting_by_key"]:
             due = k["oldest_run_at"]
-            when = f"{_ago(now, due)} ago" if due <= now else f"in {_ago(due, now)}"
+            when = f"{_terse_ago(now, due)} ago" if due <= now else f"in {_terse_ago(due, now)}"
             out.append(f"{k['key'][:30]:<30} {k['waiting']:>8}  {when}")
     if s["paused"]:
         out.append("")
         for p in s["paused"]:
             err = p.get("last_error") or {}
-            out.append(f"PAUSED {p['kind']} {p['name']} {_ago(now, p['paused_at'])} ago after "
+            out.append(f"PAUSED {p['kind']} {p['name']} {_terse_ago(now, p['paused_at'])} ago after "
                        f"{p['failures']} failures: {err.get('type')}: {err.get('message')}")
     if s.get("running"):
         out.append("")
         out.append(f"{'RUNNING':>8}  {'FOR':>6}  FUNC [KEY]")
         for j in s["running"]:
             key = f" [{j['key']}]" if j["key"] else ""
-            out.append(f"{j['id']:>8}  {_ago(now, j['started_at']):>6}  {j['func']}{key}")
+            out.append(f"{j['id']:>8}  {_terse_ago(now, j['started_at']):>6}  {j['func']}{key}")
     if s.get("dead_jobs") or s.get("dead_events"):
         out.append("")
         out.append(f"{'DEAD':>8}  {'AGO':>6}  FUNC: ERROR")
         for j in s.get("dead_jobs", []):
-            out.append(f"{j['id']:>8}  {_ago(now, j['finished_at']):>6}  {j['func']}: "
+            out.append(f"{j['id']:>8}  {_terse_ago(now, j['finished_at']):>6}  {j['func']}: "
                        f"{j['error']['type']}: {j['error']['message']}")
         for e in s.get("dead_events", []):
-            out.append(f"{'event':>8}  {_ago(now, e['created_at']):>6}  {e['func']}: {e['event_id']}: "
+            out.append(f"{'event':>8}  {_terse_ago(now, e['created_at']):>6}  {e['func']}: {e['event_id']}: "
                        f"{e['last_error']}")
     return [line[:width] for line in out]
 
