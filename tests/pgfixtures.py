@@ -7,6 +7,7 @@ conftest.py loads this module as a plugin, so every test can ask for these fixtu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -33,17 +34,24 @@ def _admin():
         pytest.skip(f"no PostgreSQL server reachable at {SERVER} (set QUEICKD_TEST_PG): {e}".strip())
 
 
-@pytest.fixture(scope="session")
-def pg_database():
-    """A database of its own for this test session (parallel runs never share one)."""
+@contextlib.contextmanager
+def _new_database(prefix: str):
+    """A freshly created database (unique name), dropped on leaving; yields its URL."""
     admin = _admin()
-    name = f"queickd_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     admin.execute(f'CREATE DATABASE "{name}"')
     try:
         yield _with_db(SERVER, name)
     finally:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+
+
+@pytest.fixture(scope="session")
+def pg_database():
+    """A database of its own for this test session (parallel runs never share one)."""
+    with _new_database("queickd_test") as url:
+        yield url
 
 
 @pytest.fixture
@@ -61,11 +69,5 @@ def pg_url(pg_database):
 def pg_fresh_database(pg_database):
     """A whole database for one test: for tests whose processes LISTEN (notifications are
     per database, so a database of its own keeps other tests' traffic out)."""
-    admin = _admin()
-    name = f"queickd_t_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield _with_db(SERVER, name)
-    finally:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
+    with _new_database("queickd_t") as url:
+        yield url
