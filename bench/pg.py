@@ -52,6 +52,7 @@ from bench.run import (
     LISTENING,
     LineWaiter,
     Results,
+    TargetSkippedError,
     _clean_env,
     _fmt,
     _fs_type,
@@ -61,6 +62,7 @@ from bench.run import (
     group_usage,
     kill_all,
     log,
+    run_rounds,
 )
 
 PROBES = BENCH_DIR / "pg_probes.py"
@@ -110,10 +112,6 @@ class Settings:
         if peer not in self.pythons:
             raise RuntimeError(f"no {peer} venv: {self.venv_errors.get(peer, 'not prepared')}")
         return self.pythons[peer]
-
-
-class TargetSkippedError(Exception):
-    """A target that cannot run here: reported as SKIPPED with the reason, not as a failure."""
 
 
 def split(total: int, parts: int) -> list[int]:
@@ -808,24 +806,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # no registry, no venv module: that peer's rows fail
                 s.venv_errors[peer] = f"{type(e).__name__}: {e}"
                 log(f"cannot prepare the {peer} venv ({s.venv_errors[peer]}); its runs will fail")
-        for sc in order:
-            for r in range(s.rounds):
-                for target in sc.targets:
-                    if (sc.name, target) in skipped:
-                        continue
-                    log(f"{sc.name} round {r + 1}/{s.rounds}: {target}")
-                    t0 = time.perf_counter()
-                    try:
-                        sc.run(s, res, sc.name, target)
-                    except TargetSkippedError as e:
-                        skipped[(sc.name, target)] = f"skipped: {e}"
-                        log(f"  skipped: {e}")
-                    except Exception as e:  # one failed run must not lose the others
-                        log(f"  FAILED: {type(e).__name__}: {e}")
-                        res.error(sc.name, target, f"round {r + 1}: {e}")
-                    finally:
-                        kill_all()  # nothing outlives its run
-                    log(f"  done in {time.perf_counter() - t0:.1f} s")
+        run_rounds(order, s, res, skipped)
     except KeyboardInterrupt:
         log("interrupted; reporting what was measured")
         res.notes.append("interrupted before the end")

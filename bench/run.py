@@ -45,7 +45,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1302,6 +1302,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class TargetSkippedError(Exception):
+    """A target that cannot run here: reported as SKIPPED with the reason, not as a failure."""
+
+
+def run_rounds(order: Sequence[Any], s: Any, res: Results,
+               skipped: dict[tuple[str, str], str] | None = None) -> None:
+    """Run every scenario's targets in turn (A B C A B C ...), s.rounds times, each run on
+    its own: a failed run is recorded and the others go on, and a target that raises
+    TargetSkippedError is recorded in `skipped` and not tried again."""
+    skipped = {} if skipped is None else skipped
+    for sc in order:
+        for r in range(s.rounds):
+            for target in sc.targets:
+                if (sc.name, target) in skipped:
+                    continue
+                log(f"{sc.name} round {r + 1}/{s.rounds}: {target}")
+                t0 = time.perf_counter()
+                try:
+                    sc.run(s, res, sc.name, target)
+                except TargetSkippedError as e:
+                    skipped[(sc.name, target)] = f"skipped: {e}"
+                    log(f"  skipped: {e}")
+                except Exception as e:  # one failed run must not lose the others
+                    log(f"  FAILED: {type(e).__name__}: {e}")
+                    res.error(sc.name, target, f"round {r + 1}: {e}")
+                finally:
+                    kill_all()  # nothing outlives its run
+                log(f"  done in {time.perf_counter() - t0:.1f} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     rounds = a.rounds if a.rounds is not None else (1 if a.quick else 3)
@@ -1344,19 +1374,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:
                 s.huey_error = f"{type(e).__name__}: {e}"
                 log(f"cannot prepare the huey venv ({s.huey_error}); its runs will fail")
-        for sc in order:
-            for r in range(s.rounds):
-                for target in sc.targets:
-                    log(f"{sc.name} round {r + 1}/{s.rounds}: {target}")
-                    t0 = time.perf_counter()
-                    try:
-                        sc.run(s, res, sc.name, target)
-                    except Exception as e:  # one failed run must not lose the others
-                        log(f"  FAILED: {type(e).__name__}: {e}")
-                        res.error(sc.name, target, f"round {r + 1}: {e}")
-                    finally:
-                        kill_all()  # nothing outlives its run
-                    log(f"  done in {time.perf_counter() - t0:.1f} s")
+        run_rounds(order, s, res)
     except KeyboardInterrupt:
         log("interrupted; reporting what was measured")
         res.notes.append("interrupted before the end")
