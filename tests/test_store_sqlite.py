@@ -58,7 +58,7 @@ def test_a_store_written_by_a_newer_version_is_refused(tmp_path):
 def test_claim_walks_the_queue_index_without_sorting(tmp_path):
     s = SQLiteStore(str(tmp_path / "q.db"))
     s.submit([job() for _ in range(100)], T0)
-    c = s._conn()
+    c = s._bookkeeping_conn()  # claims run on the bookkeeping connection
     c.execute("ANALYZE")  # with or without statistics, the plan must not change
     c.set_trace_callback(None)
     sql = []
@@ -90,13 +90,20 @@ def test_unusable_store_urls_are_refused_clearly(url):
 
 def test_acks_are_fsynced_while_pool_bookkeeping_is_not(tmp_path):
     s = SQLiteStore(str(tmp_path / "q.db"), durability="full")
-    c = s._conn()
+    acks, bookkeeping = s._conn(), s._bookkeeping_conn()
+    ran: dict[str, list[str]] = {"acks": [], "bookkeeping": []}
+    acks.set_trace_callback(ran["acks"].append)
+    bookkeeping.set_trace_callback(ran["bookkeeping"].append)
     s.submit([job()], T0)
-    assert c.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL: the ack waits for fsync
     s.claim_available(1, T0)
-    assert c.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL: a lost claim re-runs a job
     s.submit([job()], T0)
-    assert c.execute("PRAGMA synchronous").fetchone()[0] == 2
+    acks.set_trace_callback(None)
+    bookkeeping.set_trace_callback(None)
+    assert any(q.startswith("INSERT INTO jobs") for q in ran["acks"])
+    assert not any(q.startswith("INSERT INTO jobs") for q in ran["bookkeeping"])
+    assert any(q.startswith("UPDATE jobs SET state = 'running'") for q in ran["bookkeeping"])
+    assert acks.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL: the ack waits for fsync
+    assert bookkeeping.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL: a lost claim re-runs a job
     s.close()
 
 

@@ -151,6 +151,7 @@ class SQLiteStore(StoreBase):
         self._write_lock = threading.Lock()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
+        self._bk: sqlite3.Connection | None = None  # see _bookkeeping_conn
         self._lock_fd: int | None = None
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self._migrate(self._conn())
@@ -166,8 +167,24 @@ class SQLiteStore(StoreBase):
             c.execute(f"PRAGMA synchronous={_SYNCHRONOUS[self.durability]}")
             c.execute("PRAGMA journal_size_limit=67108864")  # keep the WAL small on SD cards
             self._local.conn = c
-            self._local.sync = _SYNCHRONOUS[self.durability]
             with self._all_lock:
+                self._all.append(c)
+        return c
+
+    def _bookkeeping_conn(self) -> sqlite3.Connection:
+        """The connection of bookkeeping transactions (synchronous=NORMAL), shared by every
+        thread under _write_lock: a thread that both submits and claims (the committer, the
+        server's loop) then switches no PRAGMA between them."""
+        if self.path == ":memory:":  # a second connection would be another, empty database
+            return self._conn()
+        with self._all_lock:
+            c = self._bk
+            if c is None:
+                c = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
+                                    check_same_thread=False)
+                c.execute("PRAGMA journal_mode=WAL")
+                c.execute("PRAGMA synchronous=NORMAL")
+                self._bk = c
                 self._all.append(c)
         return c
 
@@ -178,14 +195,11 @@ class SQLiteStore(StoreBase):
         the last of them, and the only effect is that a job runs again (at-least-once).
         Everything else, acknowledged submits above all, commits at the store's
         durability; its fsync also makes every earlier bookkeeping commit durable."""
-        c = self._conn()
-        if getattr(self._local, "in_batch", False):  # inside batch(): its transaction is ours
-            yield c
+        inside = getattr(self._local, "batch_conn", None)
+        if inside is not None:  # inside batch(): its transaction is ours
+            yield inside
             return
-        level = "NORMAL" if bookkeeping else _SYNCHRONOUS[self.durability]
-        if getattr(self._local, "sync", None) != level:
-            c.execute(f"PRAGMA synchronous={level}")
-            self._local.sync = level
+        c = self._bookkeeping_conn() if bookkeeping else self._conn()
         with self._write_lock:
             c.execute("BEGIN IMMEDIATE")
             try:
@@ -216,15 +230,15 @@ class SQLiteStore(StoreBase):
 
     @contextlib.contextmanager
     def batch(self, bookkeeping: bool = False) -> Iterator[None]:
-        if getattr(self._local, "in_batch", False):
+        if getattr(self._local, "batch_conn", None) is not None:
             yield
             return
-        with self._write(bookkeeping):
-            self._local.in_batch = True
+        with self._write(bookkeeping) as c:
+            self._local.batch_conn = c
             try:
                 yield
             finally:
-                self._local.in_batch = False
+                self._local.batch_conn = None
 
     def _migrate(self, c: sqlite3.Connection) -> None:
         with self._write_lock:
@@ -692,6 +706,7 @@ class SQLiteStore(StoreBase):
                 with contextlib.suppress(sqlite3.Error):
                     c.close()
             self._all.clear()
+            self._bk = None
         self._local = threading.local()
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the daemon's lock
