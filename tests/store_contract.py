@@ -33,6 +33,15 @@ class StoreContract:
         assert len({s.job_id for s in subs}) == 5
         assert [store.get(s.job_id).args for s in subs] == [[i] for i in range(5)]
 
+    def test_a_large_mixed_batch_keeps_every_job_its_id_order_and_the_counts(self, store):
+        jobs = [job(args=[i]) if i % 3 else job() for i in range(600)] + [job(run_at=T0 + 60) for _ in range(77)]
+        subs = store.submit(jobs, T0)
+        ids = [s.job_id for s in subs]
+        assert ids == sorted(set(ids)) and len(ids) == 677
+        assert [store.get(i).args for i in ids[:600:50]] == [[i] if i % 3 else [] for i in range(0, 600, 50)]
+        counts = store.counts()
+        assert (counts[State.QUEUED], counts[State.SCHEDULED]) == (600, 77)
+
     def test_submit_stores_due_jobs_queued_and_later_jobs_scheduled(self, store):
         due, later = store.submit([job(run_at=T0), job(run_at=T0 + 10)], T0)
         assert (due.state, later.state) == (State.QUEUED, State.SCHEDULED)

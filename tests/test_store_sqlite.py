@@ -5,7 +5,7 @@ from store_contract import T0, StoreContract, job
 
 from queickd.job import State
 from queickd.store import open_store
-from queickd.store.sqlite import SQLiteStore
+from queickd.store.sqlite import SCHEMA_VERSION, SQLiteStore
 
 
 class TestSQLiteStore(StoreContract):
@@ -128,5 +128,22 @@ def test_a_version_1_file_gains_the_pool_column_and_keeps_its_jobs(tmp_path):
     again = SQLiteStore(path)
     assert again.get(sub.job_id).pool == "default"
     assert [j.id for j in again.claim_available(5, T0, pools=["default"])] == [sub.job_id]
-    assert again._conn().execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "2"
+    assert again._conn().execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+    again.close()
+
+
+def test_a_version_2_file_loses_its_insert_trigger_and_counts_each_new_job_once(tmp_path):
+    path = str(tmp_path / "q.db")
+    s = SQLiteStore(path)
+    s.submit([job(), job(run_at=T0 + 60)], T0)
+    s.close()
+    with sqlite3.connect(path) as c:  # what a queickd of schema 2 left behind: inserts counted by a trigger
+        c.execute("CREATE TRIGGER jobs_count_insert AFTER INSERT ON jobs BEGIN INSERT INTO state_counts"
+                  " VALUES (NEW.state, 1) ON CONFLICT (state) DO UPDATE SET n = n + 1; END")
+        c.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    again = SQLiteStore(path)
+    again.submit([job() for _ in range(300)] + [job(args=[1], run_at=T0 + 60)], T0)
+    counts = again.counts()
+    assert (counts["queued"], counts["scheduled"]) == (301, 2)
+    assert again._conn().execute("SELECT count(*) FROM sqlite_master WHERE name = 'jobs_count_insert'").fetchone()[0] == 0
     again.close()
