@@ -68,9 +68,10 @@ class NewJob:
         return self.retry.max_attempts if self.retry else 1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Submitted:
-    """The store's answer for one submitted job."""
+    """The store's answer for one submitted job. Treat as immutable; not frozen because a
+    frozen dataclass's __init__ costs several times more, and one is built per job."""
 
     job_id: int
     state: str

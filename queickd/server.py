@@ -45,34 +45,42 @@ def _render(fut: asyncio.Future, _: Any = None) -> bytes:
     return _error_bytes(exc) if exc is not None else protocol.encode(fut.result())
 
 
-def _render_enqueue(fut: asyncio.Future, index: int) -> bytes:
-    return _render_answer(fut, index, False)
+def _render_enqueues(fut: asyncio.Future, run: list[int]) -> bytes:
+    """The replies of a run of consecutive `enqueue` requests of one read, [start, stop)
+    of its submission: one pending entry and one render for the run, not one per request."""
+    start, stop = run
+    exc = fut.exception()
+    if exc is not None:
+        return _error_bytes(exc) * (stop - start)
+    out = []
+    for answer in fut.result()[start:stop]:
+        if type(answer) is list and len(answer) == 1 and not answer[0].duplicate:
+            # The hottest reply, formatted directly: an int and one of the fixed state names.
+            out.append(b'{"ok":true,"job_id":%d,"state":"%s"}\n' % (answer[0].job_id, answer[0].state.encode()))
+        else:
+            out.append(_render_answer(answer, False))
+    return b"".join(out)
 
 
 def _render_enqueue_many(fut: asyncio.Future, index: int) -> bytes:
-    return _render_answer(fut, index, True)
-
-
-def _render_answer(fut: asyncio.Future, index: int, many: bool) -> bytes:
     exc = fut.exception()
-    if exc is not None:
-        return _error_bytes(exc)
-    answer = fut.result()[index]
+    return _error_bytes(exc) if exc is not None else _render_answer(fut.result()[index], True)
+
+
+def _render_answer(answer: list[Submitted] | Refusal, many: bool) -> bytes:
     if isinstance(answer, Refusal):
         return protocol.encode(QueueError(answer.code, answer.message, answer.retry_after,
                                           job_id=answer.job_id).to_reply())
-    subs: list[Submitted] = answer
     if many:
-        reply: dict[str, Any] = {"ok": True, "job_ids": [s.job_id for s in subs]}
-        dups = [s.job_id for s in subs if s.duplicate]
+        reply: dict[str, Any] = {"ok": True, "job_ids": [s.job_id for s in answer]}
+        dups = [s.job_id for s in answer if s.duplicate]
         if dups:
             reply["duplicates"] = dups
         return protocol.encode(reply)
-    s = subs[0]
+    s = answer[0]
     if s.duplicate:
         return protocol.encode({"ok": True, "job_id": s.job_id, "state": s.state, "duplicate": True})
-    # The hottest reply, formatted directly: an int and one of the fixed state names.
-    return b'{"ok":true,"job_id":%d,"state":"%s"}\n' % (s.job_id, s.state.encode())
+    return protocol.encode({"ok": True, "job_id": s.job_id, "state": s.state})
 
 
 class _Connection(asyncio.Protocol):
@@ -128,7 +136,7 @@ class _Connection(asyncio.Protocol):
             return
         self.buf += data
         max_line = self.server.max_line
-        group: list[Any] | None = None  # [requests, future] of this read's enqueues
+        group: list[Any] | None = None  # [requests, future, open run] of this read's enqueues
         start = 0
         while True:
             nl = self.buf.find(b"\n", start)
@@ -175,10 +183,17 @@ class _Connection(asyncio.Protocol):
             if op in ("enqueue", "enqueue_many"):
                 jobs = self.svc.prepare_jobs(req)
                 if group is None:
-                    group = [[], self.loop.create_future()]
-                render = _render_enqueue if op == "enqueue" else _render_enqueue_many
-                self.pending.append((group[1], render, len(group[0])))
+                    group = [[], self.loop.create_future(), None]  # requests, future, open run
+                index = len(group[0])
                 group[0].append(jobs)
+                run = group[2]
+                if op == "enqueue_many":
+                    self.pending.append((group[1], _render_enqueue_many, index))
+                elif run is not None and self.pending[-1] is run:  # extends the run just before
+                    run[2][1] = index + 1
+                else:
+                    group[2] = run = (group[1], _render_enqueues, [index, index + 1])
+                    self.pending.append(run)
                 return group
             if op == "wait":
                 fut: asyncio.Future = asyncio.ensure_future(self._wait(req))
@@ -192,7 +207,7 @@ class _Connection(asyncio.Protocol):
         return group
 
     def _submit(self, group: list[Any]) -> None:
-        jobs, fut = group
+        jobs, fut, _ = group
         loop = self.loop
         here = threading.get_ident()
 

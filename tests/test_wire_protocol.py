@@ -130,6 +130,24 @@ def test_pipelined_requests_are_answered_in_order(raw):
     assert ids == sorted(ids) and len(set(ids)) == 200
 
 
+def test_a_pipelined_mix_of_enqueues_duplicates_batches_and_errors_gets_each_its_own_reply(raw):
+    reqs = [
+        {"op": "enqueue", "func": "testjobs:noop"},
+        {"op": "enqueue", "func": "testjobs:noop", "idempotency_key": "once"},
+        {"op": "enqueue", "func": "testjobs:noop", "idempotency_key": "once"},
+        {"op": "enqueue", "func": 42},
+        {"op": "enqueue", "func": "testjobs:noop", "delay": 3600},
+        {"op": "enqueue_many", "jobs": [{"func": "testjobs:noop"}, {"func": "testjobs:noop"}]},
+        {"op": "enqueue", "func": "testjobs:noop"},
+    ]
+    raw.send(b"".join(json.dumps(r).encode() + b"\n" for r in reqs))
+    first, once, again, bad, later, many, last = (raw.reply() for _ in reqs)
+    assert (first["state"], once["state"], later["state"], last["state"]) == ("queued", "queued", "scheduled", "queued")
+    assert again == {"ok": True, "job_id": once["job_id"], "state": "queued", "duplicate": True}
+    assert bad["error"]["code"] == "bad_request"
+    assert first["job_id"] < once["job_id"] < later["job_id"] < many["job_ids"][0] < many["job_ids"][1] < last["job_id"]
+
+
 def test_enqueue_many_rejects_the_whole_batch_if_one_job_is_bad(raw):
     r = raw.ask({"op": "enqueue_many", "jobs": [{"func": "testjobs:noop"}, {"func": 42}]})
     assert r["error"]["code"] == "bad_request" and "jobs[1]" in r["error"]["message"]
