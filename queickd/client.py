@@ -15,7 +15,6 @@ twice: after a connection breaks mid-request the error is raised, and the caller
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import socket
@@ -130,7 +129,7 @@ class JobQueue:
                 line = self._rfile.readline(protocol.MAX_LINE * 4 + 2)
                 if not line:
                     raise ConnectionError(f"queickd closed the connection{f' ({failed[0]})' if failed else ''}")
-                replies.append(json.loads(line))
+                replies.append(protocol.decode_reply(line))
             if sender is not None:
                 sender.join()
             return replies

@@ -153,8 +153,20 @@ def decode_line(line: bytes | str) -> dict[str, Any]:
     return obj
 
 
-def encode(reply: dict[str, Any]) -> bytes:
-    return json.dumps(reply, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+# One encoder and one reply decoder, built once: json.dumps with options builds an encoder
+# per call, which cost more than the encoding of a small message.
+_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_reply_decoder = json.JSONDecoder()
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """A request or reply as one line."""
+    return _encoder.encode(message).encode() + b"\n"
+
+
+def decode_reply(line: bytes) -> dict[str, Any]:
+    """A reply line from the daemon (the client side); ValueError if it is not JSON."""
+    return _reply_decoder.decode(line.decode())
 
 
 def normalize_func(func: Any) -> str:
