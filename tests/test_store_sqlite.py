@@ -58,7 +58,7 @@ def test_a_store_written_by_a_newer_version_is_refused(tmp_path):
 def test_claim_walks_the_queue_index_without_sorting(tmp_path):
     s = SQLiteStore(str(tmp_path / "q.db"))
     s.submit([job() for _ in range(100)], T0)
-    c = s._bookkeeping_conn()  # claims run on the bookkeeping connection
+    c = s._writer()  # claims run on the writing connection
     c.execute("ANALYZE")  # with or without statistics, the plan must not change
     c.set_trace_callback(None)
     sql = []
@@ -90,20 +90,23 @@ def test_unusable_store_urls_are_refused_clearly(url):
 
 def test_acks_are_fsynced_while_pool_bookkeeping_is_not(tmp_path):
     s = SQLiteStore(str(tmp_path / "q.db"), durability="full")
-    acks, bookkeeping = s._conn(), s._bookkeeping_conn()
-    ran: dict[str, list[str]] = {"acks": [], "bookkeeping": []}
-    acks.set_trace_callback(ran["acks"].append)
-    bookkeeping.set_trace_callback(ran["bookkeeping"].append)
+    w = s._writer()
+    sql: list[str] = []
+    w.set_trace_callback(sql.append)
     s.submit([job()], T0)
     s.claim_available(1, T0)
     s.submit([job()], T0)
-    acks.set_trace_callback(None)
-    bookkeeping.set_trace_callback(None)
-    assert any(q.startswith("INSERT INTO jobs") for q in ran["acks"])
-    assert not any(q.startswith("INSERT INTO jobs") for q in ran["bookkeeping"])
-    assert any(q.startswith("UPDATE jobs SET state = 'running'") for q in ran["bookkeeping"])
-    assert acks.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL: the ack waits for fsync
-    assert bookkeeping.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL: a lost claim re-runs a job
+    w.set_trace_callback(None)
+    level, committed_at = None, []  # the synchronous level each insert or claim committed at
+    for q in sql:
+        if q.startswith("PRAGMA synchronous="):
+            level = q.partition("=")[2]
+        elif q.startswith(("INSERT INTO jobs", "UPDATE jobs SET state = 'running'")):
+            committed_at.append((q.split()[0], level))
+    # FULL: the ack waits for fsync; NORMAL: a claim lost to a power cut re-runs a job
+    assert {lvl for kind, lvl in committed_at if kind == "INSERT"} == {"FULL"}
+    assert {lvl for kind, lvl in committed_at if kind == "UPDATE"} == {"NORMAL"}
+    assert w.execute("PRAGMA synchronous").fetchone()[0] == 2
     s.close()
 
 

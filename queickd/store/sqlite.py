@@ -164,7 +164,8 @@ class SQLiteStore(StoreBase):
         self._write_lock = threading.Lock()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
-        self._bk: sqlite3.Connection | None = None  # see _bookkeeping_conn
+        self._w: sqlite3.Connection | None = None  # see _writer
+        self._w_sync: str | None = None  # its PRAGMA synchronous, changed under _write_lock
         self._lock_fd: int | None = None
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self._migrate(self._conn())
@@ -184,20 +185,21 @@ class SQLiteStore(StoreBase):
                 self._all.append(c)
         return c
 
-    def _bookkeeping_conn(self) -> sqlite3.Connection:
-        """The connection of bookkeeping transactions (synchronous=NORMAL), shared by every
-        thread under _write_lock: a thread that both submits and claims (the committer, the
-        server's loop) then switches no PRAGMA between them."""
+    def _writer(self) -> sqlite3.Connection:
+        """The one connection that writes, shared by every thread under _write_lock. One
+        connection keeps its page cache across transactions; with one per thread, each
+        commit made the other connections drop theirs and read the pages back (a dozen
+        pread calls per job). Its synchronous level follows each transaction's needs."""
         if self.path == ":memory:":  # a second connection would be another, empty database
             return self._conn()
         with self._all_lock:
-            c = self._bk
+            c = self._w
             if c is None:
                 c = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
                                     check_same_thread=False)
                 c.execute("PRAGMA journal_mode=WAL")
-                c.execute("PRAGMA synchronous=NORMAL")
-                self._bk = c
+                c.execute("PRAGMA journal_size_limit=67108864")  # keep the WAL small on SD cards
+                self._w = c
                 self._all.append(c)
         return c
 
@@ -212,8 +214,12 @@ class SQLiteStore(StoreBase):
         if inside is not None:  # inside batch(): its transaction is ours
             yield inside
             return
-        c = self._bookkeeping_conn() if bookkeeping else self._conn()
+        c = self._writer()
         with self._write_lock:
+            sync = "NORMAL" if bookkeeping else _SYNCHRONOUS[self.durability]
+            if self._w_sync != sync:  # a statement without I/O, only when the level changes
+                c.execute(f"PRAGMA synchronous={sync}")
+                self._w_sync = sync
             c.execute("BEGIN IMMEDIATE")
             try:
                 yield c
@@ -720,7 +726,7 @@ class SQLiteStore(StoreBase):
                 with contextlib.suppress(sqlite3.Error):
                     c.close()
             self._all.clear()
-            self._bk = None
+            self._w, self._w_sync = None, None
         self._local = threading.local()
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the daemon's lock
