@@ -1,11 +1,13 @@
 """The worker pool: claims queued jobs for free worker threads and records how they ended.
 
-One dispatcher thread owns every store call of the pool: it applies finished outcomes in
-one batch, then claims at most as many jobs as there are free workers (never more, so a
-job is never held in memory waiting for a thread). A fixed set of worker threads, fed
-through one queue, only import and call job functions. The dispatcher sleeps until woken
-(a new job, a freed worker, a promotion), with one long safety sweep; it never polls.
-"""
+The pool's store calls happen in passes, one at a time under a lock: a pass applies the
+finished outcomes in one batch, then claims at most as many jobs as there are free
+workers (never more, so a job is never held in memory waiting for a thread). The
+dispatcher thread runs a pass when woken (a new job, a promotion, the safety sweep); it
+never polls. A thread that has just made work possible runs the pass itself when none is
+running: the thread that committed a submit, and a worker whose job has ended, which then
+takes its next job without waking anyone. A fixed set of worker threads, fed through one
+queue, call the job functions."""
 
 from __future__ import annotations
 
@@ -130,14 +132,19 @@ class WorkerPool:
         if self._busy >= self.workers or self._stopping or self._thread is None:
             self.wake()
             return
+        self._pass_here("after a commit")
+
+    def _pass_here(self, after: str) -> None:
+        """Do the dispatcher's pass in this thread if no pass is running; else make sure the
+        running one is followed by another. A pass that fails here is left to the dispatcher."""
         if not self._dispatch_lock.acquire(blocking=False):
-            self._wake.set()  # the dispatcher is in a pass: it will look again after it
+            self._wake.set()  # a pass is running: the dispatcher will look again after it
             return
         try:
             self._wake.clear()
             self._pass()
         except Exception:
-            log.warning("dispatch after a commit failed; the dispatcher retries", exc_info=True)
+            log.warning("dispatch %s failed; the dispatcher retries", after, exc_info=True)
             self._wake.set()
         finally:
             self._dispatch_lock.release()
@@ -254,4 +261,9 @@ class WorkerPool:
             except Exception:  # counting must never keep an outcome from being recorded
                 log.exception("error counting job %d", job.id)
         self._done.put(outcome)
-        self._wake.set()
+        if self._stopping:
+            self._wake.set()  # the dispatcher sees the pool idle and ends
+        else:
+            # The worker that has just finished records its outcome and claims the next job
+            # itself: no wake-up of the dispatcher and hand-off back per job.
+            self._pass_here("after a run")
