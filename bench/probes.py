@@ -448,6 +448,30 @@ def tcp_rtt(a: argparse.Namespace) -> dict[str, Any]:
     return {"trips": trips, "seconds": elapsed, "rate": trips / elapsed}
 
 
+def tcp_lone_rtt(a: argparse.Namespace) -> dict[str, Any]:
+    """Latency of lone request/response round trips on one loopback connection, --interval s
+    apart: what two processes that were idle pay to wake and answer each other, as in the
+    latency scenario. The floor under every queue's enqueue→start latency on this machine."""
+    s = socket.create_connection(("127.0.0.1", a.port), timeout=10.0)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    took = []
+    for _ in range(a.n):
+        time.sleep(a.interval)
+        t0 = time.perf_counter()
+        s.sendall(b"ping\n")
+        got = b""
+        while not got.endswith(b"\n"):
+            part = s.recv(64)
+            if not part:
+                raise SystemExit("echo server closed the connection")
+            got += part
+        took.append(time.perf_counter() - t0)
+    s.close()
+    took.sort()
+    pick = lambda q: took[min(len(took) - 1, int(q * len(took)))] * 1e3  # noqa: E731
+    return {"n": a.n, "interval": a.interval, "p50_ms": pick(0.5), "p90_ms": pick(0.9), "p99_ms": pick(0.99)}
+
+
 KINDS = {
     "queickd-enqueue": queickd_enqueue,
     "queickd-fill": queickd_fill,
@@ -468,6 +492,7 @@ KINDS = {
     "sqlite-lone-commits": sqlite_lone_commits,
     "tcp-echo-server": tcp_echo_server,
     "tcp-rtt": tcp_rtt,
+    "tcp-lone-rtt": tcp_lone_rtt,
 }
 
 

@@ -804,6 +804,7 @@ RAW_SQLITE = {
 }
 RAW_TCP = "loopback, 1 connection"
 RAW_LONE = "WAL sync=FULL, 1 row, 50 ms apart"
+RAW_LONE_TCP = "loopback, 2 processes, 50 ms apart"
 
 
 def run_raw_sqlite(s: Settings, res: Results, scenario: str, target: str) -> None:
@@ -825,17 +826,29 @@ def run_raw_lone(s: Settings, res: Results, scenario: str, target: str) -> None:
                 raw=probe if key == "p50" else None)
 
 
-def run_raw_tcp(s: Settings, res: Results, scenario: str, target: str) -> None:
-    server = _spawn([sys.executable, str(PROBES), "tcp-echo-server", "--max-seconds", str(30 + s.raw_seconds)],
+def _against_echo_server(s: Settings, *args: str, timeout: float) -> dict[str, Any]:
+    """Run a probe against a fresh loopback echo server process."""
+    server = _spawn([sys.executable, str(PROBES), "tcp-echo-server", "--max-seconds", str(30 + timeout)],
                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_clean_env())
     try:
         port = int(LineWaiter(server).wait_for(LISTENING, timeout=20.0).group(2))
-        probe = run_probe(sys.executable, "tcp-rtt", "--port", str(port), "--seconds", str(s.raw_seconds),
-                          timeout=60.0 + s.raw_seconds)
+        return run_probe(sys.executable, args[0], "--port", str(port), *args[1:], timeout=timeout)
     finally:
         _kill_group(server)
         _reap(server)
+
+
+def run_raw_tcp(s: Settings, res: Results, scenario: str, target: str) -> None:
+    probe = _against_echo_server(s, "tcp-rtt", "--seconds", str(s.raw_seconds), timeout=60.0 + s.raw_seconds)
     res.add(scenario, "round trips/s", target, "trips/s", probe["rate"], higher_is_better=True, raw=probe)
+
+
+def run_raw_lone_tcp(s: Settings, res: Results, scenario: str, target: str) -> None:
+    probe = _against_echo_server(s, "tcp-lone-rtt", "--n", str(s.latency_samples), "--interval", "0.05",
+                                 timeout=60.0 + s.latency_samples)
+    for key in ("p50", "p90", "p99"):
+        res.add(scenario, f"lone round trip {key}", target, "ms", probe[f"{key}_ms"], higher_is_better=False,
+                raw=probe if key == "p50" else None)
 
 
 # --- end to end, latency, idle, crash: every target runs jobs --------------------------------------
@@ -1072,6 +1085,7 @@ def scenarios(s: Settings) -> list[Scenario]:
     out.append(Scenario("raw-sqlite", "raw: sqlite3 commits", list(RAW_SQLITE), run_raw_sqlite))
     out.append(Scenario("raw-lone-commit", "raw: lone fsync'd commit latency", [RAW_LONE], run_raw_lone))
     out.append(Scenario("raw-tcp", "raw: TCP request/response", [RAW_TCP], run_raw_tcp))
+    out.append(Scenario("raw-lone-tcp", "raw: lone TCP round trip latency", [RAW_LONE_TCP], run_raw_lone_tcp))
     return out
 
 
@@ -1208,6 +1222,11 @@ def _context_lines(res: Results) -> list[str]:
     if lat and lone:
         out.append(f"queickd sqlite/full latency p50 {lat:.1f} ms, of which a lone fsync'd commit alone takes "
                    f"{lone:.1f} ms (p50) on this disk")
+    lat_m, trip = med("latency", QUEICKD_MEMORY, "enqueue→start p50"), med("raw-lone-tcp", RAW_LONE_TCP,
+                                                                             "lone round trip p50")
+    if lat_m and trip:
+        out.append(f"queickd memory latency p50 {lat_m:.1f} ms, of which a lone loopback round trip between two "
+                   f"idle processes alone takes {trip:.2f} ms (p50) on this machine")
     qm = med("enqueue-single", QUEICKD_MEMORY, "enqueue rate")
     rtt = med("raw-tcp", RAW_TCP, "round trips/s")
     if qm and rtt:
