@@ -325,9 +325,9 @@ class SQLiteStore(StoreBase):
                 plain.append((job_id, state, j.func, j.run_at, now))
         _insert_rows(c, _INSERT_PLAIN, plain)
         _insert_rows(c, _INSERT, full)
-        new_states = collections.Counter(row[1] for rows in (plain, full) for row in rows)
-        c.executemany("INSERT INTO state_counts VALUES (?, ?) ON CONFLICT (state) DO UPDATE SET n = n + excluded.n",
-                      new_states.items())
+        for state, n in collections.Counter(row[1] for rows in (plain, full) for row in rows).items():
+            c.execute("INSERT INTO state_counts VALUES (?, ?) ON CONFLICT (state) DO UPDATE SET n = n + excluded.n",
+                      (state, n))
         manual = {(k, n) for _, _, j in p.inserts if j.manual for k, n in (("key", j.key), ("func", j.func))
                   if n is not None}
         for kind, name in manual:  # an operator's run lifts a pause
@@ -354,11 +354,12 @@ class SQLiteStore(StoreBase):
         if served is not None and not served:
             return []
         with self._write(bookkeeping=True) as c:
-            busy = {r[0] for r in c.execute(
-                "SELECT key FROM jobs INDEXED BY jobs_running WHERE state = 'running' AND key IS NOT NULL")}
-            paused = {(r[0], r[1]) for r in c.execute("SELECT kind, name FROM pauses")}
-            paused_funcs = {n for k, n in paused if k == "func"}
-            busy |= {n for k, n in paused if k == "key"}
+            # Keys that cannot start a job (running or paused) and paused functions, in one statement.
+            held = c.execute(
+                "SELECT 'key', key FROM jobs INDEXED BY jobs_running WHERE state = 'running' AND key IS NOT NULL"
+                " UNION ALL SELECT kind, name FROM pauses").fetchall()
+            busy = {n for k, n in held if k == "key"}
+            paused_funcs = {n for k, n in held if k == "func"}
             chosen: list[int] = []
             offset, page = 0, max(16, limit * 2)
             # Other pools' jobs are passed over inside SQLite, not page by page here; those
