@@ -396,10 +396,13 @@ def sqlite_lone_commits(a: argparse.Namespace) -> dict[str, Any]:
         took.append(time.perf_counter() - t0)
         time.sleep(a.interval)
     c.close()
-    took.sort()
+    return {"n": a.n, "interval": a.interval, "sync": a.sync, **_percentiles_ms(took)}
+
+
+def _percentiles_ms(seconds: list[float]) -> dict[str, float]:
+    took = sorted(seconds)
     pick = lambda q: took[min(len(took) - 1, int(q * len(took)))] * 1e3  # noqa: E731
-    return {"n": a.n, "interval": a.interval, "sync": a.sync, "p50_ms": pick(0.5), "p90_ms": pick(0.9),
-            "p99_ms": pick(0.99)}
+    return {"p50_ms": pick(0.5), "p90_ms": pick(0.9), "p99_ms": pick(0.99)}
 
 
 def tcp_echo_server(a: argparse.Namespace) -> dict[str, Any]:
@@ -424,22 +427,30 @@ def tcp_echo_server(a: argparse.Namespace) -> dict[str, Any]:
     return {"served": served}
 
 
+def _echo_client(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10.0)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def _round_trip(s: socket.socket) -> None:
+    s.sendall(b"ping\n")
+    got = b""
+    while not got.endswith(b"\n"):
+        part = s.recv(64)
+        if not part:
+            raise SystemExit("echo server closed the connection")
+        got += part
+
+
 def tcp_rtt(a: argparse.Namespace) -> dict[str, Any]:
     """Request/response round trips per second on one loopback connection (a 5-byte line)."""
-    s = socket.create_connection(("127.0.0.1", a.port), timeout=10.0)
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    msg = b"ping\n"
+    s = _echo_client(a.port)
     trips = 0
     deadline = time.perf_counter() + a.seconds
     t0 = time.perf_counter()
     while trips < a.max_trips:
-        s.sendall(msg)
-        got = b""
-        while not got.endswith(b"\n"):
-            part = s.recv(64)
-            if not part:
-                raise SystemExit("echo server closed the connection")
-            got += part
+        _round_trip(s)
         trips += 1
         if time.perf_counter() >= deadline:
             break
@@ -452,24 +463,15 @@ def tcp_lone_rtt(a: argparse.Namespace) -> dict[str, Any]:
     """Latency of lone request/response round trips on one loopback connection, --interval s
     apart: what two processes that were idle pay to wake and answer each other, as in the
     latency scenario. The floor under every queue's enqueue→start latency on this machine."""
-    s = socket.create_connection(("127.0.0.1", a.port), timeout=10.0)
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s = _echo_client(a.port)
     took = []
     for _ in range(a.n):
         time.sleep(a.interval)
         t0 = time.perf_counter()
-        s.sendall(b"ping\n")
-        got = b""
-        while not got.endswith(b"\n"):
-            part = s.recv(64)
-            if not part:
-                raise SystemExit("echo server closed the connection")
-            got += part
+        _round_trip(s)
         took.append(time.perf_counter() - t0)
     s.close()
-    took.sort()
-    pick = lambda q: took[min(len(took) - 1, int(q * len(took)))] * 1e3  # noqa: E731
-    return {"n": a.n, "interval": a.interval, "p50_ms": pick(0.5), "p90_ms": pick(0.9), "p99_ms": pick(0.99)}
+    return {"n": a.n, "interval": a.interval, **_percentiles_ms(took)}
 
 
 KINDS = {
