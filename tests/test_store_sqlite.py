@@ -150,3 +150,12 @@ def test_a_version_2_file_loses_its_insert_trigger_and_counts_each_new_job_once(
     assert (counts["queued"], counts["scheduled"]) == (301, 2)
     assert again._conn().execute("SELECT count(*) FROM sqlite_master WHERE name = 'jobs_count_insert'").fetchone()[0] == 0
     again.close()
+
+
+def test_a_batch_fits_an_sqlite_build_that_allows_only_999_parameters_per_statement(tmp_path):
+    s = SQLiteStore(str(tmp_path / "q.db"))
+    s._writer().setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)  # what SQLite before 3.32 allows
+    subs = s.submit([job(args=[i], key=f"k{i}") for i in range(300)] + [job() for _ in range(300)], T0)
+    assert len({x.job_id for x in subs}) == 600
+    assert s.get(subs[299].job_id).args == [299] and s.counts()[State.QUEUED] == 600
+    s.close()

@@ -137,9 +137,12 @@ def _insert_rows(c: sqlite3.Connection, insert: tuple[str, int], rows: list[tupl
     """INSERT rows with multi-row VALUES statements: one statement step for many rows costs
     less than half of executemany's step per row. Chunks of 2**k rows (at most _ROWS_MAX)
     keep the SQL texts few, so the connection's statement cache holds them all."""
+    # Older SQLite builds allow 999 parameters per statement, newer ones 32,766.
+    fits = min(_ROWS_MAX, c.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // insert[1])
+    largest = 1 << (fits.bit_length() - 1)
     i, n = 0, len(rows)
     while i < n:
-        size = min(_ROWS_MAX, 1 << ((n - i).bit_length() - 1))
+        size = min(largest, 1 << ((n - i).bit_length() - 1))
         c.execute(_values_sql(insert, size), list(itertools.chain.from_iterable(rows[i:i + size])))
         i += size
 
