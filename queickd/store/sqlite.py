@@ -1,11 +1,12 @@
 """SQLite store (`sqlite:///path/to/queue.db`): the durable default for one machine.
 
-WAL journal; synchronous FULL by default (a Pi loses power), NORMAL on request. Writers
-in this process take one Python lock before BEGIN IMMEDIATE, so they hand over at once
-instead of backing off in SQLite's sleeping busy handler; busy_timeout still covers other
-processes (the CLI, a second daemon by mistake). Readers use their own per-thread
-connections and never block writers. Counts by state are kept by triggers, so stats and
-the queue cap cost one row read, not a scan of a million jobs.
+WAL journal; synchronous FULL by default (a Pi loses power), NORMAL on request. Every
+write in this process goes through one connection, under one Python lock taken before
+BEGIN IMMEDIATE, so writers hand over at once instead of backing off in SQLite's sleeping
+busy handler; busy_timeout still covers other processes (the CLI, a second daemon by
+mistake). Readers use their own per-thread connections and never block writers. Counts by
+state are kept in a table (new jobs by the submit, changes of state by triggers), so stats
+and the queue cap cost one row read, not a scan of a million jobs.
 """
 
 from __future__ import annotations
