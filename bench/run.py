@@ -1218,6 +1218,10 @@ def _context_lines(res: Results) -> list[str]:
     if q1 and raw1:
         out.append(f"queickd sqlite/full one-at-a-time enqueue = {q1 / raw1:.0%} of raw FULL 1-row commits/s"
                    " (each lone request is one fsync'd commit)")
+    qk1 = med("enqueue-single", QUEICK, "enqueue rate")
+    if qk1 and raw1:
+        out.append(f"1.5x Queick one at a time = {1.5 * qk1:,.0f} acks/s; this disk did {raw1:,.0f} fsync'd 1-row commits/s"
+                   f" ({raw1 / qk1:.2f}x Queick): the ceiling of a client that waits for each durable ack")
     lat, lone = med("latency", QUEICKD_SQLITE, "enqueue→start p50"), med("raw-lone-commit", RAW_LONE, "lone commit p50")
     if lat and lone:
         out.append(f"queickd sqlite/full latency p50 {lat:.1f} ms, of which a lone fsync'd commit alone takes "
