@@ -77,11 +77,16 @@ def error_info(exc: BaseException) -> dict[str, Any]:
     return {"type": type(exc).__name__, "message": clean(_safe_str(exc)), "traceback": clean(tb)}
 
 
+_strict_json = json.JSONEncoder(ensure_ascii=False, allow_nan=False)  # built once, not per result
+
+
 def storable_result(value: Any, limit: int = MAX_RESULT_BYTES) -> Any:
     """A result as it can be stored: itself if it is JSON within the limit, else a string
     that says what it was (the job still succeeded)."""
+    if value is None:  # most jobs return nothing
+        return None
     try:
-        size = len(json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8"))
+        size = len(_strict_json.encode(value).encode("utf-8"))
     except (TypeError, ValueError):  # not JSON (UnicodeEncodeError, a lone surrogate, included)
         try:
             text = repr(value)
