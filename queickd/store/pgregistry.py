@@ -3,7 +3,7 @@ worker registry (who serves which pools, and who still beats).
 
 A mixin of PostgresStore, kept apart because none of it is the Store contract: it is what
 daemons and external workers on one database need to know about each other. It uses the
-store's `_tx()`, `_conn()`, `url` and `worker_id`. Times of beats are the database's
+store's `_write()`, `_conn()`, `url` and `worker_id`. Times of beats are the database's
 clock, so hosts whose clocks disagree still agree on who is alive.
 """
 
@@ -42,7 +42,7 @@ class FleetRecords:
         """Bring the schema up to date (idempotent; safe with several daemons starting at
         once). Returns the schema version. Raises VersionMismatchError when the database
         was migrated by a newer queickd."""
-        with self._tx() as c:
+        with self._write() as c:
             c.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
             meta = c.execute("SELECT to_regclass('queickd_meta')").fetchone()[0]
             current, version = 0, None
@@ -88,7 +88,7 @@ class FleetRecords:
         now on. A stale record of the same host and pid (this pid's previous owner: pids
         are compared only on their own host) is dropped, so its jobs become orphans."""
         host, pid = socket.gethostname(), os.getpid()
-        with self._tx() as c:
+        with self._write() as c:
             c.execute("DELETE FROM workers WHERE host = %s AND pid = %s", (host, pid))
             worker_id = c.execute(
                 "INSERT INTO workers (host, pid, pools, slots, version, schema_version, kind, started_at,"
@@ -104,7 +104,7 @@ class FleetRecords:
         """Heartbeat: (our record was still there, database's queickd version, schema
         version). A record that is gone (swept as dead after a long stall) is recreated by
         the caller; the jobs it held were re-queued and are no longer ours."""
-        with self._tx() as c:
+        with self._write() as c:
             found = c.execute(f"UPDATE workers SET beat_at = {DB_NOW} WHERE id = %s RETURNING id",
                               (self.worker_id,)).fetchone() is not None
             rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
@@ -115,7 +115,7 @@ class FleetRecords:
         become orphans: re-queued by the next sweep anywhere)."""
         if self.worker_id is None:
             return 0
-        with self._tx() as c:
+        with self._write() as c:
             held = c.execute("SELECT count(*) FROM jobs WHERE state = 'running' AND worker_id = %s",
                              (self.worker_id,)).fetchone()[0]
             c.execute("DELETE FROM workers WHERE id = %s", (self.worker_id,))
@@ -126,7 +126,7 @@ class FleetRecords:
 
     def forget_gone_workers(self, older_than: float) -> int:
         """Delete records of workers silent for more than `older_than` seconds."""
-        with self._tx() as c:
+        with self._write() as c:
             return c.execute(f"DELETE FROM workers WHERE beat_at < {DB_NOW} - %s", (older_than,)).rowcount
 
     def workers(self) -> list[dict[str, Any]]:

@@ -47,7 +47,6 @@ from . import rows as dbrows
 from .base import (
     CronFire,
     CronRecord,
-    Event,
     EventAccepted,
     EventState,
     Finished,
@@ -58,6 +57,7 @@ from .base import (
 )
 from .pgregistry import ALIVE, CHANNEL, FleetRecords, notify
 from .pools import set_pool_sql
+from .sqlshared import SharedSql
 
 _SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
 _COUNT_TTL = 1.0  # seconds an exact count of waiting jobs stands in, far below the cap
@@ -85,7 +85,8 @@ def _redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-class PostgresStore(FleetRecords, StoreBase):
+class PostgresStore(FleetRecords, SharedSql, StoreBase):
+    MARK = "%s"  # the parameter marker of psycopg (SharedSql)
     supports_notify = True
 
     def __init__(self, url: str, migrate: bool = True) -> None:
@@ -136,7 +137,7 @@ class PostgresStore(FleetRecords, StoreBase):
         return c
 
     @contextlib.contextmanager
-    def _tx(self) -> Iterator[psycopg.Connection]:
+    def _write(self) -> Iterator[psycopg.Connection]:
         c = self._conn()
         if getattr(self._local, "in_batch", False):
             yield c
@@ -156,7 +157,7 @@ class PostgresStore(FleetRecords, StoreBase):
             yield
             return
         if not bookkeeping:
-            with self._tx():
+            with self._write():
                 self._local.in_batch = True
                 try:
                     yield
@@ -276,7 +277,7 @@ class PostgresStore(FleetRecords, StoreBase):
 
     # --- schedule -------------------------------------------------------------------------
     def promote_due(self, now: float) -> int:
-        with self._tx() as c:
+        with self._write() as c:
             pools = [r[0] for r in c.execute(
                 "UPDATE jobs SET state = 'queued' WHERE state = 'scheduled' AND run_at <= %s RETURNING pool",
                 (now,))]
@@ -301,7 +302,7 @@ class PostgresStore(FleetRecords, StoreBase):
             rows = self._conn().execute(_CLAIM, params).fetchall()
         for attempt in range(_CLAIM_RETRIES if not getattr(self._local, "in_batch", False) else 0):
             try:
-                with self._tx() as c:
+                with self._write() as c:
                     rows = c.execute(_CLAIM, params).fetchall()
                 break
             except pgerrors.UniqueViolation:
@@ -315,12 +316,12 @@ class PostgresStore(FleetRecords, StoreBase):
 
     # --- network --------------------------------------------------------------------------
     def park_for_network(self, now: float) -> int:
-        with self._tx() as c:
+        with self._write() as c:
             return c.execute("UPDATE jobs SET state = 'waiting_network'"
                              " WHERE state = 'queued' AND retry_on_network").rowcount
 
     def release_network_waiting(self, now: float) -> int:
-        with self._tx() as c:
+        with self._write() as c:
             n = c.execute("UPDATE jobs SET state = 'queued', run_at = %s WHERE state = 'waiting_network'",
                           (now,)).rowcount
             if n:
@@ -349,7 +350,7 @@ class PostgresStore(FleetRecords, StoreBase):
         # Successes are the steady state: their finish, notification and streak resets are
         # one statement. A failure's streak counting follows it in the same transaction.
         alone = inline and all(o.state == State.SUCCEEDED for o in outcomes)
-        with self._tx() as c, (contextlib.nullcontext() if alone or not self._local_bookkeeping()
+        with self._write() as c, (contextlib.nullcontext() if alone or not self._local_bookkeeping()
                                else c.transaction()):
             # Only our own claims: a job re-queued as an orphan and claimed by another
             # worker meanwhile is that worker's to finish.
@@ -412,7 +413,7 @@ class PostgresStore(FleetRecords, StoreBase):
         """Running jobs whose worker is gone (missed its beats, deregistered, or none was
         registered) are orphans; those of live workers are left alone, however long they
         have run. Safe to call from every daemon and worker at any time."""
-        with self._tx() as c:
+        with self._write() as c:
             rows = c.execute(
                 "WITH gone AS (SELECT id FROM jobs WHERE state = 'running' AND (worker_id IS NULL OR NOT EXISTS"
                 f" (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND {ALIVE})) FOR UPDATE SKIP LOCKED)"
@@ -436,17 +437,13 @@ class PostgresStore(FleetRecords, StoreBase):
     def set_pool(self, kind: str, name: str, pool: str) -> int:
         """Move a waiting job (kind 'job', name its id), a key's waiting jobs, or a cron
         (its template and its waiting runs) to another pool. Returns jobs and crons moved."""
-        with self._tx() as c:
-            n = set_pool_sql(c.execute, kind, name, pool, "%s")
+        with self._write() as c:
+            n = set_pool_sql(c.execute, kind, name, pool, self.MARK)
             if n:
                 notify(c, "q:" + pool)
         return n
 
     # --- pauses ---------------------------------------------------------------------------
-    def pauses(self) -> list[Pause]:
-        rows = self._conn().execute("SELECT * FROM pauses ORDER BY paused_at, kind, name")
-        return [dbrows.row_to_pause(r) for r in rows]
-
     def _resume_in(self, c: psycopg.Connection, kind: str, name: str) -> bool:
         c.execute("DELETE FROM streaks WHERE kind = %s AND name = %s", (kind, name))
         gone = c.execute("DELETE FROM pauses WHERE kind = %s AND name = %s", (kind, name)).rowcount > 0
@@ -454,13 +451,9 @@ class PostgresStore(FleetRecords, StoreBase):
             notify(c, "r")
         return gone
 
-    def resume(self, kind: str, name: str) -> bool:
-        with self._tx() as c:
-            return self._resume_in(c, kind, name)
-
     # --- operator actions -----------------------------------------------------------------
     def _update_one(self, sql: str, params: tuple, job_id: int, released: bool = False) -> Job | None:
-        with self._tx() as c:
+        with self._write() as c:
             if c.execute(sql, params).rowcount and released:
                 notify(c, "r")
             row = c.execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
@@ -477,7 +470,7 @@ class PostgresStore(FleetRecords, StoreBase):
             " finished_at = NULL WHERE id = %s AND state = 'dead'", (now, job_id), job_id, released=True)
 
     def retry_all_dead(self, now: float) -> int:
-        with self._tx() as c:
+        with self._write() as c:
             n = c.execute("UPDATE jobs SET state = 'queued', run_at = %s, attempts = 0, orphaned = 0,"
                           " finished_at = NULL WHERE state = 'dead'", (now,)).rowcount
             n += c.execute("UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = %s"
@@ -487,7 +480,7 @@ class PostgresStore(FleetRecords, StoreBase):
         return n
 
     def purge(self, states: Sequence[str], finished_before: float, limit: int) -> int:
-        with self._tx() as c:
+        with self._write() as c:
             n = c.execute(
                 "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE finished_at < %s"
                 " AND state = ANY(%s) ORDER BY finished_at LIMIT %s FOR UPDATE SKIP LOCKED)",
@@ -500,10 +493,6 @@ class PostgresStore(FleetRecords, StoreBase):
         return n
 
     # --- inspect --------------------------------------------------------------------------
-    def get(self, job_id: int) -> Job | None:
-        row = self._conn().execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
-        return dbrows.row_to_job(row) if row else None
-
     def list_jobs(self, state: str | None, limit: int) -> list[Job]:
         if state is None:
             rows = self._conn().execute(f"SELECT {dbrows.JOB_COLS} FROM jobs ORDER BY id DESC LIMIT %s", (limit,))
@@ -540,7 +529,7 @@ class PostgresStore(FleetRecords, StoreBase):
 
     # --- cron -----------------------------------------------------------------------------
     def cron_save(self, cron: CronRecord) -> CronRecord:
-        with self._tx() as c:
+        with self._write() as c:
             c.execute(
                 "INSERT INTO crons VALUES (%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (name) DO UPDATE SET"
                 " schedule = excluded.schedule, template = excluded.template, next_run_at = excluded.next_run_at,"
@@ -549,21 +538,11 @@ class PostgresStore(FleetRecords, StoreBase):
                  cron.last_fired_at, cron.created_at, cron.folded))
         return cron
 
-    def cron_list(self) -> list[CronRecord]:
-        return [dbrows.row_to_cron(r) for r in self._conn().execute("SELECT * FROM crons ORDER BY name")]
-
-    def cron_delete(self, name: str) -> bool:
-        with self._tx() as c:
-            return c.execute("DELETE FROM crons WHERE name = %s", (name,)).rowcount > 0
-
     def crons_due(self, now: float) -> list[CronRecord]:
         return [dbrows.row_to_cron(r) for r in self._conn().execute("SELECT * FROM crons WHERE next_run_at <= %s", (now,))]
 
-    def next_cron_at(self) -> float | None:
-        return self._conn().execute("SELECT min(next_run_at) FROM crons").fetchone()[0]
-
     def cron_fire_if_due(self, name: str, tick: float, next_tick: float, now: float) -> CronFire | None:
-        with self._tx() as c:
+        with self._write() as c:
             # The row lock makes a second daemon wait here, then find next_run_at moved on;
             # the (cron, tick) row makes a second firing of the same tick impossible anyway.
             row = c.execute("SELECT template FROM crons WHERE name = %s AND next_run_at = %s FOR UPDATE",
@@ -589,18 +568,9 @@ class PostgresStore(FleetRecords, StoreBase):
             return CronFire("fired", answer[0])  # type: ignore[index]
 
     # --- events ---------------------------------------------------------------------------
-    def _deliver_in(self, c: psycopg.Connection, event_id: str, template: str, now: float,
-                    admission: adm.Admission) -> list[Submitted] | adm.Refusal:
-        job = dataclasses.replace(dbrows.template_from_json(template), run_at=now, idempotency_key=f"event:{event_id}")
-        answer = self._submit_in(c, [[job]], now, admission)[0]
-        if not isinstance(answer, adm.Refusal):
-            c.execute("UPDATE events SET state = 'delivered', job_id = %s, next_attempt_at = NULL,"
-                      " attempts = attempts + 1 WHERE event_id = %s", (answer[0].job_id, event_id))
-        return answer
-
     def accept_event(self, event: NewEvent, now: float, admission: adm.Admission) -> EventAccepted:
         template = dbrows.template_to_json(event.job)
-        with self._tx() as c:
+        with self._write() as c:
             inserted = c.execute(
                 "INSERT INTO events (event_id, state, job, func, key, created_at, next_attempt_at)"
                 " VALUES (%s, 'pending', %s, %s, %s, %s, %s) ON CONFLICT (event_id) DO NOTHING",
@@ -616,7 +586,7 @@ class PostgresStore(FleetRecords, StoreBase):
     def deliver_events(self, now: float, admission: adm.Admission, max_attempts: int,
                        backoff: Callable[[int], float], limit: int = 500) -> list[EventAccepted]:
         out = []
-        with self._tx() as c:
+        with self._write() as c:
             due = c.execute(
                 "SELECT event_id, job, attempts FROM events WHERE state = 'pending' AND next_attempt_at <= %s"
                 " ORDER BY next_attempt_at LIMIT %s FOR UPDATE SKIP LOCKED", (now, limit)).fetchall()
@@ -640,27 +610,6 @@ class PostgresStore(FleetRecords, StoreBase):
     def oldest_pending_event_at(self) -> float | None:
         """A walk of the partial index events_pending (pending rows only)."""
         return self._conn().execute("SELECT min(created_at) FROM events WHERE state = 'pending'").fetchone()[0]
-
-    def event_counts(self) -> dict[str, int]:
-        out = dict.fromkeys(EventState.ALL, 0)
-        out.update(self._conn().execute("SELECT state, count(*) FROM events GROUP BY state").fetchall())
-        return out
-
-    def list_events(self, state: str | None, limit: int) -> list[Event]:
-        if state is None:
-            rows = self._conn().execute(f"SELECT {dbrows.EVENT_COLS} FROM events ORDER BY created_at DESC LIMIT %s",
-                                        (limit,))
-        else:
-            rows = self._conn().execute(
-                f"SELECT {dbrows.EVENT_COLS} FROM events WHERE state = %s ORDER BY created_at DESC LIMIT %s", (state, limit))
-        return [Event(*r) for r in rows]
-
-    def retry_event(self, event_id: str, now: float) -> Event | None:
-        with self._tx() as c:
-            c.execute("UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = %s"
-                      " WHERE event_id = %s AND state = 'dead'", (now, event_id))
-            row = c.execute(f"SELECT {dbrows.EVENT_COLS} FROM events WHERE event_id = %s", (event_id,)).fetchone()
-        return Event(*row) if row else None
 
     def close(self) -> None:
         with self._all_lock:

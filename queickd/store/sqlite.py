@@ -28,7 +28,6 @@ from . import rows as dbrows
 from .base import (
     CronFire,
     CronRecord,
-    Event,
     EventAccepted,
     EventState,
     Finished,
@@ -39,6 +38,7 @@ from .base import (
     StoreInUseError,
 )
 from .pools import set_pool_sql
+from .sqlshared import SharedSql
 
 SCHEMA_VERSION = 3  # 2: jobs.pool; 3: inserts counted by the store, not a trigger
 _SCHEMA = """
@@ -154,7 +154,8 @@ def _values_sql(insert: tuple[str, int], rows: int) -> str:
     return head + ",".join(["(" + ",".join("?" * width) + ")"] * rows)
 
 
-class SQLiteStore(StoreBase):
+class SQLiteStore(SharedSql, StoreBase):
+    MARK = "?"  # the parameter marker of sqlite3 (SharedSql)
     supports_notify = False
 
     def __init__(self, path: str, durability: str = "full", busy_timeout: float = 30.0) -> None:
@@ -490,17 +491,9 @@ class SQLiteStore(StoreBase):
         return Recovered(sorted(r[0] for r in requeued), sorted(r[0] for r in dead))
 
     # --- pauses ---------------------------------------------------------------------------
-    def pauses(self) -> list[Pause]:
-        rows = self._conn().execute("SELECT * FROM pauses ORDER BY paused_at, kind, name")
-        return [dbrows.row_to_pause(r) for r in rows]
-
     def _resume_in(self, c: sqlite3.Connection, kind: str, name: str) -> bool:
         c.execute("DELETE FROM streaks WHERE kind = ? AND name = ?", (kind, name))
         return c.execute("DELETE FROM pauses WHERE kind = ? AND name = ?", (kind, name)).rowcount > 0
-
-    def resume(self, kind: str, name: str) -> bool:
-        with self._write() as c:
-            return self._resume_in(c, kind, name)
 
     # --- operator actions -----------------------------------------------------------------
     def _update_one(self, sql: str, params: tuple, job_id: int) -> Job | None:
@@ -547,10 +540,6 @@ class SQLiteStore(StoreBase):
         return n
 
     # --- inspect --------------------------------------------------------------------------
-    def get(self, job_id: int) -> Job | None:
-        row = self._conn().execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return dbrows.row_to_job(row) if row else None
-
     def list_jobs(self, state: str | None, limit: int) -> list[Job]:
         if state is None:
             sql, params = f"SELECT {dbrows.JOB_COLS} FROM jobs ORDER BY id DESC LIMIT ?", (limit,)
@@ -580,7 +569,7 @@ class SQLiteStore(StoreBase):
 
     def set_pool(self, kind: str, name: str, pool: str) -> int:
         with self._write() as c:
-            return set_pool_sql(c.execute, kind, name, pool, "?")
+            return set_pool_sql(c.execute, kind, name, pool, self.MARK)
 
     def waiting_by_pool(self) -> dict[str, int]:
         return dict(self._conn().execute(
@@ -602,19 +591,9 @@ class SQLiteStore(StoreBase):
             )
         return cron
 
-    def cron_list(self) -> list[CronRecord]:
-        return [dbrows.row_to_cron(r) for r in self._conn().execute("SELECT * FROM crons ORDER BY name")]
-
-    def cron_delete(self, name: str) -> bool:
-        with self._write() as c:
-            return c.execute("DELETE FROM crons WHERE name = ?", (name,)).rowcount > 0
-
     def crons_due(self, now: float) -> list[CronRecord]:
         rows = self._conn().execute("SELECT * FROM crons WHERE next_run_at <= ?", (now,))
         return [dbrows.row_to_cron(r) for r in rows]
-
-    def next_cron_at(self) -> float | None:
-        return self._conn().execute("SELECT min(next_run_at) FROM crons").fetchone()[0]
 
     def cron_fire_if_due(self, name: str, tick: float, next_tick: float, now: float) -> CronFire | None:
         with self._write() as c:
@@ -639,16 +618,6 @@ class SQLiteStore(StoreBase):
             return CronFire("fired", answer[0])  # type: ignore[index]
 
     # --- events ---------------------------------------------------------------------------
-    def _deliver_in(self, c: sqlite3.Connection, event_id: str, template: str, now: float,
-                    admission: adm.Admission) -> list[Submitted] | adm.Refusal:
-        job = dataclasses.replace(dbrows.template_from_json(template), run_at=now,
-                                  idempotency_key=f"event:{event_id}")
-        answer = self._submit_in(c, [[job]], now, admission)[0]
-        if not isinstance(answer, adm.Refusal):
-            c.execute("UPDATE events SET state = 'delivered', job_id = ?, next_attempt_at = NULL,"
-                      " attempts = attempts + 1 WHERE event_id = ?", (answer[0].job_id, event_id))
-        return answer
-
     def accept_event(self, event: NewEvent, now: float, admission: adm.Admission) -> EventAccepted:
         template = dbrows.template_to_json(event.job)
         with self._write() as c:
@@ -702,28 +671,6 @@ class SQLiteStore(StoreBase):
         return self._conn().execute(
             "SELECT min(created_at) FROM events INDEXED BY events_pending WHERE state = 'pending'"
         ).fetchone()[0]
-
-    def event_counts(self) -> dict[str, int]:
-        out = dict.fromkeys(EventState.ALL, 0)
-        out.update(self._conn().execute("SELECT state, count(*) FROM events GROUP BY state").fetchall())
-        return out
-
-    def list_events(self, state: str | None, limit: int) -> list[Event]:
-        if state is None:
-            rows = self._conn().execute(
-                f"SELECT {dbrows.EVENT_COLS} FROM events ORDER BY created_at DESC LIMIT ?", (limit,))
-        else:
-            rows = self._conn().execute(
-                f"SELECT {dbrows.EVENT_COLS} FROM events WHERE state = ? ORDER BY created_at DESC LIMIT ?",
-                (state, limit))
-        return [Event(*r) for r in rows]
-
-    def retry_event(self, event_id: str, now: float) -> Event | None:
-        with self._write() as c:
-            c.execute("UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = ?"
-                      " WHERE event_id = ? AND state = 'dead'", (now, event_id))
-            row = c.execute(f"SELECT {dbrows.EVENT_COLS} FROM events WHERE event_id = ?", (event_id,)).fetchone()
-        return Event(*row) if row else None
 
     def close(self) -> None:
         with self._all_lock:
