@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from . import __version__, log, statusview
 from . import config as config_file
@@ -453,10 +453,18 @@ def _run_client(a: argparse.Namespace) -> int:
     return 0
 
 
+_C = TypeVar("_C")
+
+
+def _given(config_class: type[_C], a: argparse.Namespace) -> _C:
+    """A config dataclass from the options given (those left at None keep its defaults)."""
+    fields = {f.name for f in dataclasses.fields(config_class)}  # type: ignore[arg-type]
+    return config_class(**{k: v for k, v in vars(a).items() if k in fields and v is not None})
+
+
 def _run_daemon(a: argparse.Namespace) -> int:
     log.setup(a.log_level)
-    fields = {f.name for f in dataclasses.fields(Config)}
-    config = Config(**{k: v for k, v in vars(a).items() if k in fields and v is not None})
+    config = _given(Config, a)
     try:
         daemon = Daemon(config)
         finished = daemon.run_forever()
@@ -481,8 +489,7 @@ def _run_worker(a: argparse.Namespace) -> int:
     from .workerproc import WorkerConfig, run
 
     log.setup(a.log_level)
-    fields = {f.name for f in dataclasses.fields(WorkerConfig)}
-    config = WorkerConfig(**{k: v for k, v in vars(a).items() if k in fields and v is not None})
+    config = _given(WorkerConfig, a)
     try:
         return run(config)
     except ValueError as e:
