@@ -62,7 +62,9 @@ from bench.run import (
     group_usage,
     kill_all,
     log,
+    print_scenarios,
     run_rounds,
+    stop_on_sigterm,
 )
 
 PROBES = BENCH_DIR / "pg_probes.py"
@@ -782,15 +784,10 @@ def main(argv: list[str] | None = None) -> int:
             sc.targets = [t for t in sc.targets if any(w in t for w in wanted)]
         order = [sc for sc in order if sc.targets]
     if a.list:
-        for sc in scenarios(s):
-            print(f"{sc.name:<16} {sc.title}  [{', '.join(sc.targets)}]")
+        print_scenarios(scenarios(s))
         return 0
     s.tmp_root.mkdir(parents=True, exist_ok=True)
-
-    def on_term(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
+    stop_on_sigterm()
     res = Results()
     skipped: dict[tuple[str, str], str] = {}
     s.queickd_path = a.queickd_path.resolve() if a.queickd_path else default_queickd_path()

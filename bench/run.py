@@ -1089,6 +1089,21 @@ def scenarios(s: Settings) -> list[Scenario]:
     return out
 
 
+def print_scenarios(all_scenarios: list[Any]) -> None:
+    """--list: one line per scenario, its title and targets."""
+    width = max(len(sc.name) for sc in all_scenarios) + 2
+    for sc in all_scenarios:
+        print(f"{sc.name:<{width}} {sc.title}  [{', '.join(sc.targets)}]")
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM ends a run like Ctrl-C, so the cleanup kills every process group it started."""
+    def on_term(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
 def select(all_scenarios: list[Scenario], only: str | None) -> list[Scenario]:
     """--only takes names or prefixes, comma-separated: 'enqueue', 'memory-100k,raw'."""
     if not only:
@@ -1373,15 +1388,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     order = select(scenarios(s), a.only)
     if a.list:
-        for sc in scenarios(s):
-            print(f"{sc.name:<18} {sc.title}  [{', '.join(sc.targets)}]")
+        print_scenarios(scenarios(s))
         return 0
     s.tmp_root.mkdir(parents=True, exist_ok=True)
-
-    def on_term(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
+    stop_on_sigterm()
     res = Results()
     info = machine_info(s)
     try:
