@@ -45,6 +45,14 @@ def db(tmp_path):
     return str(tmp_path / "attendance.db")
 
 
+@pytest.fixture
+def slack_options(tmp_path):
+    """`run` options for a Slack channel with a bot token file, and a reader (never opened)."""
+    token = tmp_path / "t"
+    token.write_text("xoxb")
+    return ["--reader", "socket://127.0.0.1:9", "--slack-channel", "C", "--slack-token-file", str(token)]
+
+
 def test_queick_help_lists_the_attendance_command():
     assert "attendance" in queick("--help").stdout
     out = queick("attendance", "--help").stdout
@@ -94,19 +102,13 @@ def test_run_without_a_reader_is_a_configuration_error(attendance, db):
     assert r.returncode == 78 and "give a reader" in r.stderr
 
 
-def test_run_refuses_a_slack_base_url_without_a_trailing_slash(attendance, db, tmp_path):
-    token = tmp_path / "t"
-    token.write_text("xoxb")
-    r = attendance("run", "--db", db, "--reader", "socket://127.0.0.1:9", "--slack-channel", "C",
-               "--slack-token-file", str(token), "--slack-base-url", "http://127.0.0.1:9/api")
+def test_run_refuses_a_slack_base_url_without_a_trailing_slash(attendance, db, slack_options):
+    r = attendance("run", "--db", db, *slack_options, "--slack-base-url", "http://127.0.0.1:9/api")
     assert r.returncode == 78 and "must end in '/'" in r.stderr
 
 
-def test_run_refuses_a_daily_summary_that_is_not_a_cron_expression(attendance, db, tmp_path):
-    token = tmp_path / "t"
-    token.write_text("xoxb")
-    r = attendance("run", "--db", db, "--reader", "socket://127.0.0.1:9", "--slack-channel", "C",
-                   "--slack-token-file", str(token), "--daily-summary", "0 25 * * *")
+def test_run_refuses_a_daily_summary_that_is_not_a_cron_expression(attendance, db, slack_options):
+    r = attendance("run", "--db", db, *slack_options, "--daily-summary", "0 25 * * *")
     assert r.returncode == 78 and "hour field '25' is outside 0-23" in r.stderr
 
 
