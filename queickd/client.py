@@ -23,10 +23,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from . import protocol
-from .cron import SchedulingTime
-from .protocol import QueueError
-from .retry import RETRY_TYPE
+from .core import protocol
+from .core.cron import SchedulingTime
+from .core.protocol import QueueError
+from .core.retry import RETRY_TYPE
 
 __all__ = ["JobQueue", "QueueError", "func_name"]
 

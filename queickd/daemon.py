@@ -17,22 +17,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import __version__, protocol, sdnotify
-from .batcher import SubmitBatcher
-from .fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
-from .hooks import parse_hooks
-from .httpd import HttpServer, parse_address
-from .job import DEFAULT_POOL, NewJob, Outcome, State, Submitted
-from .loader import FunctionLoader
-from .metrics import Metrics
-from .netcheck import DEFAULT_INTERVAL, NetworkMonitor, parse_target
-from .scheduler import Scheduler
-from .server import DEFAULT_HOST, Server
-from .service import QueueService
+from . import __version__
+from .api.hooks import parse_hooks
+from .api.httpd import HttpServer, parse_address
+from .api.server import DEFAULT_HOST, Server
+from .api.service import QueueService
+from .core import protocol
+from .core.job import DEFAULT_POOL, NewJob, Outcome, State, Submitted
+from .core.policy.admission import Admission
+from .run.loader import FunctionLoader
+from .services import sdnotify
+from .services.batcher import SubmitBatcher
+from .services.fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
+from .services.netcheck import DEFAULT_INTERVAL, NetworkMonitor, parse_target
+from .services.scheduler import Scheduler
+from .services.worker import DEFAULT_SWEEP, DEFAULT_WORKERS, WorkerPool
 from .store import DEFAULT_URL, Store, open_store
-from .store.admission import Admission
 from .store.base import EventState
-from .worker import DEFAULT_SWEEP, DEFAULT_WORKERS, WorkerPool
+from .ui.metrics import Metrics
 
 log = logging.getLogger("queickd.daemon")
 

@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from queickd.job import NewJob, Outcome, State
-from queickd.retry import make_spec
+from queickd.core.job import NewJob, Outcome, State
+from queickd.core.policy.admission import Admission, Refusal
+from queickd.core.retry import make_spec
 from queickd.store import CronRecord
-from queickd.store.admission import Admission, Refusal
 from queickd.store.base import NewEvent, RefusedError
 
 T0 = 1_700_000_000.0

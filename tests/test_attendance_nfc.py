@@ -17,8 +17,8 @@ pytest.importorskip("nfc")
 
 from attendance_support import ALICE_IDM, BOB_IDM, CAROL_UID, RunningTerminal, terminals  # noqa: E402
 
-from queickd.attendance.emulate import felica_tap, type_a_tap  # noqa: E402
-from queickd.attendance.punchlog import ACCEPTED, IGNORED, IN, OUT, Tap  # noqa: E402
+from queickd.attendance.emulate import felica_tap, type_a_tap
+from queickd.attendance.punchlog import ACCEPTED, IGNORED, IN, OUT, Tap
 
 
 def free_udp_port() -> int:

@@ -17,7 +17,7 @@ from slackstub import HOLD, STALL, SlackStub
 
 from queickd.attendance import slack as slack_jobs
 from queickd.attendance.punchlog import PunchLog
-from queickd.job import State
+from queickd.core.job import State
 
 pytest.importorskip("slack_sdk")
 pytest.importorskip("serial")

@@ -13,8 +13,8 @@ from queickd.attendance.slack import (
     SlackUnavailableError,
     _classify,
 )
-from queickd.fate import after_failure, is_network_error
-from queickd.job import State
+from queickd.core.fate import after_failure, is_network_error
+from queickd.core.job import State
 
 
 @pytest.mark.parametrize(("status", "headers", "error", "kind"), [

@@ -4,9 +4,9 @@ import threading
 
 from store_contract import job
 
-from queickd.batcher import SubmitBatcher
-from queickd.job import Submitted
-from queickd.protocol import QueueError
+from queickd.core.job import Submitted
+from queickd.core.protocol import QueueError
+from queickd.services.batcher import SubmitBatcher
 from queickd.store.memory import MemoryStore
 
 

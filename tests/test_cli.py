@@ -10,7 +10,7 @@ import pytest
 from helpers import JOBS_DIR, DaemonProcess
 
 from queickd.cli import EX_CONFIG
-from queickd.job import State
+from queickd.core.job import State
 
 
 def queick(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:

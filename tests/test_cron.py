@@ -13,7 +13,7 @@ from datetime import datetime
 
 import pytest
 
-from queickd.cron import CronExpr, Every, SchedulingTime, parse_schedule, schedule_to_dict
+from queickd.core.cron import CronExpr, Every, SchedulingTime, parse_schedule, schedule_to_dict
 
 
 def ts(year, month, day, hour=0, minute=0, second=0, microsecond=0) -> float:

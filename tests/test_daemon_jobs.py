@@ -6,8 +6,8 @@ import pytest
 from helpers import read_lines
 
 from queickd import SchedulingTime
-from queickd.job import State
-from queickd.protocol import QueueError
+from queickd.core.job import State
+from queickd.core.protocol import QueueError
 
 
 def test_an_enqueued_job_runs_and_its_result_is_stored(client):

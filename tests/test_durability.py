@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 from helpers import DaemonProcess, read_lines
 
-from queickd.job import NewJob, State
+from queickd.core.job import NewJob, State
 from queickd.store import CronRecord
 from queickd.store.sqlite import SQLiteStore
 

@@ -11,9 +11,9 @@ import urllib.error
 
 import pytest
 
-from queickd.fate import after_failure, after_success, is_network_error, storable_result
-from queickd.job import Job, State
-from queickd.retry import RETRY_TYPE, delay, make_spec
+from queickd.core.fate import after_failure, after_success, is_network_error, storable_result
+from queickd.core.job import Job, State
+from queickd.core.retry import RETRY_TYPE, delay, make_spec
 
 NOW = 1_750_000_000.0
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from test_fate import NOW, make_job, raised
 
-from queickd.fate import after_failure
-from queickd.job import State
+from queickd.core.fate import after_failure
+from queickd.core.job import State
 
 
 class RejectedError(Exception):

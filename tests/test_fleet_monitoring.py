@@ -11,7 +11,7 @@ import pytest
 from fleethelpers import WorkerProcess
 from httphelpers import scrape, start_web
 
-from queickd.job import State
+from queickd.core.job import State
 
 pytest.importorskip("prometheus_client.parser", reason="prometheus_client is a test dependency")
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from fleethelpers import WorkerProcess
 
-from queickd.fleet import EX_VERSION
-from queickd.job import NewJob, State
+from queickd.core.job import NewJob, State
+from queickd.services.fleet import EX_VERSION
 
 HEARTBEAT = 0.5
 WINDOW = 3 * HEARTBEAT  # silent this long: gone

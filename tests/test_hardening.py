@@ -11,10 +11,10 @@ import pytest
 from helpers import DaemonProcess
 from store_contract import T0, job
 
-from queickd.batcher import SubmitBatcher
-from queickd.cron import Every, parse_schedule
-from queickd.job import Outcome, State
-from queickd.netcheck import NetworkMonitor
+from queickd.core.cron import Every, parse_schedule
+from queickd.core.job import Outcome, State
+from queickd.services.batcher import SubmitBatcher
+from queickd.services.netcheck import NetworkMonitor
 from queickd.store.memory import MemoryStore
 from queickd.store.sqlite import SQLiteStore
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from queickd.loader import FunctionLoader
-from queickd.protocol import Code, QueueError
+from queickd.core.protocol import Code, QueueError
+from queickd.run.loader import FunctionLoader
 
 
 class Modules:

@@ -10,8 +10,8 @@ import sys
 import pytest
 from helpers import DaemonProcess, Listener, read_lines
 
-from queickd.job import State
-from queickd.netcheck import parse_target
+from queickd.core.job import State
+from queickd.services.netcheck import parse_target
 
 UP = re.compile(r"network is up")
 DOWN = re.compile(r"network is down")

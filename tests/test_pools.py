@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from queickd.job import State
+from queickd.core.job import State
 
 
 def queick(*args: str) -> subprocess.CompletedProcess:

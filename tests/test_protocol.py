@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from queickd.job import NewJob
-from queickd.protocol import (
+from queickd.core.job import NewJob
+from queickd.core.protocol import (
     MAX_BATCH,
     MAX_KEY_LEN,
     Code,
@@ -19,7 +19,7 @@ from queickd.protocol import (
     parse_job,
     parse_jobs,
 )
-from queickd.retry import RETRY_TYPE, make_spec
+from queickd.core.retry import RETRY_TYPE, make_spec
 
 NOW = 1_750_000_000.0
 

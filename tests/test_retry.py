@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from queickd.job import RetrySpec
-from queickd.retry import (
+from queickd.core.job import RetrySpec
+from queickd.core.retry import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_INTERVAL,
     RETRY_TYPE,

@@ -10,8 +10,8 @@ import threading
 import pytest
 from helpers import read_lines
 
-from queickd.job import State
-from queickd.protocol import QueueError
+from queickd.core.job import State
+from queickd.core.protocol import QueueError
 
 
 def queick(port, *args):

@@ -5,7 +5,7 @@ import threading
 import pytest
 from store_contract import T0, StoreContract, job
 
-from queickd.job import Outcome, State
+from queickd.core.job import Outcome, State
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ import sqlite3
 import pytest
 from store_contract import T0, StoreContract, job
 
-from queickd.job import State
+from queickd.core.job import State
 from queickd.store import open_store
 from queickd.store.sqlite import SCHEMA_VERSION, SQLiteStore
 

@@ -10,7 +10,7 @@ import time
 import pytest
 from httphelpers import start_web
 
-from queickd.hooks import sign
+from queickd.api.hooks import sign
 
 HOOK = '[hooks.gh]\nfunc = "webjobs:echo"\n'
 

@@ -7,8 +7,8 @@ import pytest
 from helpers import DaemonProcess
 
 from queickd import JobQueue
-from queickd.job import State
-from queickd.protocol import QueueError
+from queickd.core.job import State
+from queickd.core.protocol import QueueError
 from queickd.store.sqlite import SQLiteStore
 
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from store_contract import job
 
-from queickd.job import State
-from queickd.loader import FunctionLoader
+from queickd.core.job import State
+from queickd.run.loader import FunctionLoader
+from queickd.services.worker import WorkerPool
 from queickd.store.memory import MemoryStore
-from queickd.worker import WorkerPool
 
 JOBS = str(Path(__file__).parent / "jobs")
 

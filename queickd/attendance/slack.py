@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..fate import is_network_error
+from ..core.fate import is_network_error
 from .message import DEFAULT_LATE_AFTER, day_report, punch_text, summary_text
 from .punchlog import Punch, PunchLog, work_day
 

@@ -25,10 +25,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .. import sdnotify
 from ..client import JobQueue
-from ..cron import CronExpr
-from ..protocol import DEFAULT_PORT, Code, QueueError
+from ..core.cron import CronExpr
+from ..core.protocol import DEFAULT_PORT, Code, QueueError
+from ..services import sdnotify
 from .feedback import Feedback
 from .message import DEFAULT_LATE_AFTER
 from .punchlog import (

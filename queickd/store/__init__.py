@@ -26,7 +26,7 @@ def open_store(url: str = DEFAULT_URL, durability: str = "full") -> Store:
             raise ValueError(f"an SQLite store URL needs a path: sqlite:///queue.db, not {url!r}")
         return SQLiteStore(path, durability=durability)
     if url.startswith(("postgresql://", "postgres://")):
-        from .postgres import PostgresStore  # raises ValueError without the postgres extra
+        from .postgres import PostgresStore
 
         return PostgresStore(url)
     raise ValueError(f"unknown store URL {url!r}: use memory://, sqlite:///path or postgresql://")

@@ -18,8 +18,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..job import Job, NewJob, Outcome, State, Submitted
-from .admission import NO_LIMITS, Admission, Refusal
+from ..core.job import Job, NewJob, Outcome, State, Submitted
+from ..core.policy.admission import NO_LIMITS, Admission, Refusal
 
 
 @dataclass(frozen=True, slots=True)

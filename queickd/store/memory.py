@@ -13,8 +13,8 @@ import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
-from ..job import Job, NewJob, Outcome, State, Submitted
-from . import admission as adm
+from ..core.job import Job, NewJob, Outcome, State, Submitted
+from ..core.policy import admission as adm
 from .base import (
     CronFire,
     CronRecord,

@@ -41,8 +41,8 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
 
-from ..job import Job, NewJob, Outcome, State, Submitted
-from . import admission as adm
+from ..core.job import Job, NewJob, Outcome, State, Submitted
+from ..core.policy import admission as adm
 from . import rows as dbrows
 from .base import (
     CronFire,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import retry as retry_mod
-from ..job import Job, NewJob
+from ..core import retry as retry_mod
+from ..core.job import Job, NewJob
 from .base import CronRecord, Pause
 
 JOB_COLS = (

@@ -22,8 +22,8 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
-from ..job import DEFAULT_POOL, Job, NewJob, Outcome, State, Submitted
-from . import admission as adm
+from ..core.job import DEFAULT_POOL, Job, NewJob, Outcome, State, Submitted
+from ..core.policy import admission as adm
 from . import rows as dbrows
 from .base import (
     CronFire,

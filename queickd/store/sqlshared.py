@@ -10,8 +10,8 @@ import dataclasses
 import functools
 from typing import Any
 
-from ..job import Job, Submitted
-from . import admission as adm
+from ..core.job import Job, Submitted
+from ..core.policy import admission as adm
 from . import rows as dbrows
 from .base import CronRecord, Event, EventState, Pause
 

@@ -17,7 +17,7 @@ def record(path, *args):
 def stop_scheduler():
     """Stop the daemon's scheduler thread from inside the daemon, through its own stop(),
     so a test can watch /healthz notice a dead scheduler."""
-    from queickd.scheduler import Scheduler
+    from queickd.services.scheduler import Scheduler
 
     schedulers = [o for o in gc.get_objects() if isinstance(o, Scheduler)]
     for s in schedulers:

@@ -14,18 +14,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import __version__, protocol, status
-from .batcher import SubmitBatcher
-from .cron import parse_schedule
-from .job import NewJob, State
-from .loader import FunctionLoader
-from .metrics import Metrics
-from .netcheck import NetworkMonitor
-from .protocol import Code, QueueError
-from .scheduler import Scheduler
-from .store import CronRecord, Store
-from .store.base import EventState, NewEvent
-from .worker import WorkerPool
+from .. import __version__
+from ..core import protocol
+from ..core.cron import parse_schedule
+from ..core.job import NewJob, State
+from ..core.protocol import Code, QueueError
+from ..run.loader import FunctionLoader
+from ..services.batcher import SubmitBatcher
+from ..services.netcheck import NetworkMonitor
+from ..services.scheduler import Scheduler
+from ..services.worker import WorkerPool
+from ..store import CronRecord, Store
+from ..store.base import EventState, NewEvent
+from ..ui import status
+from ..ui.metrics import Metrics
 
 log = logging.getLogger("queickd.service")
 
@@ -228,7 +230,7 @@ class QueueService:
         """Pools (waiting jobs, live worker slots), jobs running without a live worker and,
         in a shared store, every registered worker: host, pid, pools, version, alive, and
         why it refused to claim if it did."""
-        from .fleet import pools_view
+        from ..services.fleet import pools_view
 
         registry = self.store.workers() if hasattr(self.store, "workers") else None
         if registry is not None:  # shared store: by the worker registry

@@ -150,7 +150,7 @@ class NetworkMonitor:
 
     def _spawn(self) -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, "-m", "queickd.netcheck", self.target, "--interval", str(self.interval)],
+            [sys.executable, "-m", "queickd.services.netcheck", self.target, "--interval", str(self.interval)],
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, bufsize=1,
         )
 

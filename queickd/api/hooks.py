@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from . import protocol
-from .protocol import QueueError
+from ..core import protocol
+from ..core.protocol import QueueError
 
 DEFAULT_MAX_BODY = 1 << 20  # bytes
 SIGNATURE_HEADER = "X-Hub-Signature-256"  # "sha256=<hex>" as GitHub and many others send it

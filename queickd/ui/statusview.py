@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .fleet import unserved
+from ..services.fleet import unserved
 from .status import ago
 
 

@@ -9,11 +9,11 @@ import time
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from .fleet import unserved
+from ..services.fleet import unserved
 from .status import ago
 
 if TYPE_CHECKING:
-    from .service import QueueService
+    from ..api.service import QueueService
 
 REFRESH = 5  # seconds between reloads
 _W, _H, _PAD = 640, 170, 30  # chart size in px

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .protocol import Code, QueueError
+from ..core.protocol import Code, QueueError
 
 
 class FunctionLoader:

@@ -17,12 +17,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from . import protocol
-from .job import Submitted
+from ..core import protocol
+from ..core.job import Submitted
+from ..core.policy.admission import Refusal
+from ..core.protocol import Code, QueueError
 from .legacy import FIRST_BYTE, LegacyConnection
-from .protocol import Code, QueueError
 from .service import QueueService
-from .store.admission import Refusal
 
 log = logging.getLogger("queickd.server")
 

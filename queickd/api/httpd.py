@@ -21,12 +21,13 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from ..core import protocol
+from ..core.policy.admission import RETRY_AFTER_DEFAULT, Refusal
+from ..core.protocol import Code, QueueError
+from ..ui import statuspage
+from ..ui.metrics import Metrics
 from . import hooks as hooks_mod
-from . import protocol, statuspage
-from .metrics import Metrics
-from .protocol import Code, QueueError
 from .service import QueueService
-from .store.admission import RETRY_AFTER_DEFAULT, Refusal
 
 log = logging.getLogger("queickd.http")
 

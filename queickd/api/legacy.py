@@ -18,8 +18,8 @@ import logging
 import pickle
 from typing import TYPE_CHECKING, Any
 
-from .protocol import Code, QueueError
-from .store.admission import Refusal
+from ..core.policy.admission import Refusal
+from ..core.protocol import Code, QueueError
 
 if TYPE_CHECKING:
     from .service import QueueService

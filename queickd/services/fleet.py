@@ -58,7 +58,7 @@ class Listener:
             self._thread.join(0.2)
 
     def _run(self) -> None:
-        from .store.pgregistry import CHANNEL
+        from ..store.pgregistry import CHANNEL
 
         backoff = 0.5
         first = True
@@ -127,8 +127,8 @@ class Heartbeat:
             self._thread.join(10.0)
 
     def _run(self) -> None:
-        from . import __version__
-        from .store.pgschema import SCHEMA_VERSION
+        from .. import __version__
+        from ..store.pgschema import SCHEMA_VERSION
 
         next_sweep = time.monotonic() + self.sweep
         reported = False

@@ -18,8 +18,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from .cron import parse_schedule
-from .store import Store
+from ..core.cron import parse_schedule
+from ..store import Store
 
 log = logging.getLogger("queickd.scheduler")
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .job import State
-from .store.base import EventState
+from ..core.job import State
+from ..store.base import EventState
 
 if TYPE_CHECKING:
-    from .service import QueueService
+    from ..api.service import QueueService
 
 DEAD_SHOWN = 10
 RUNNING_SHOWN = 20

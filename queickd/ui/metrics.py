@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .job import Job, NewJob, Outcome, State, Submitted
+from ..core.job import Job, NewJob, Outcome, State, Submitted
 
 # Upper bounds (seconds) of the run-duration buckets: a Pi's jobs run from milliseconds
 # (a counter bump) to minutes (an upload over a slow link).

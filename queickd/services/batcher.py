@@ -21,10 +21,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from .job import NewJob, Submitted
-from .protocol import Code, QueueError
-from .store import Store
-from .store.admission import NO_LIMITS, Admission, Refusal
+from ..core.job import NewJob, Submitted
+from ..core.policy.admission import NO_LIMITS, Admission, Refusal
+from ..core.protocol import Code, QueueError
+from ..store import Store
 
 log = logging.getLogger("queickd.batcher")
 

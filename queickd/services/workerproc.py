@@ -15,9 +15,9 @@ import signal
 import threading
 from dataclasses import dataclass, field
 
-from . import __version__
+from .. import __version__
+from ..run.loader import FunctionLoader
 from .fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
-from .loader import FunctionLoader
 from .worker import DEFAULT_SWEEP, DEFAULT_WORKERS, WorkerPool
 
 log = logging.getLogger("queickd.workerproc")
@@ -51,8 +51,8 @@ class WorkerConfig:
 
 def run(config: WorkerConfig) -> int:
     """Run until SIGTERM/SIGINT (0) or a version change of the database (EX_VERSION)."""
-    from .store.pgschema import VersionMismatchError
-    from .store.postgres import PostgresStore
+    from ..store.pgschema import VersionMismatchError
+    from ..store.postgres import PostgresStore
 
     config.validate()
     store = PostgresStore(config.store, migrate=False)

@@ -17,16 +17,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from . import __version__, log, statusview
-from . import config as config_file
-from .client import JobQueue
-from .daemon import Config, Daemon
-from .fleet import EX_VERSION, unserved
-from .httpd import DEFAULT_HTTP_PORT
-from .job import State
-from .protocol import QueueError
-from .retry import POLICIES
-from .store.pgschema import VersionMismatchError
+from .. import __version__, log
+from .. import config as config_file
+from ..api.httpd import DEFAULT_HTTP_PORT
+from ..client import JobQueue
+from ..core.job import State
+from ..core.protocol import QueueError
+from ..core.retry import POLICIES
+from ..daemon import Config, Daemon
+from ..services.fleet import EX_VERSION, unserved
+from ..store.pgschema import VersionMismatchError
+from ..ui import statusview
 
 EX_CONFIG = 78
 _DEFAULTS = Config()
@@ -263,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _fleet_parsers(sub: Any) -> None:
     """`queick worker`, `queick db migrate`, `queick pool set`: scaling out on PostgreSQL."""
-    from .workerproc import WorkerConfig
+    from ..services.workerproc import WorkerConfig
 
     w = WorkerConfig()
     wk = sub.add_parser(
@@ -486,7 +487,7 @@ def _run_daemon(a: argparse.Namespace) -> int:
 
 
 def _run_worker(a: argparse.Namespace) -> int:
-    from .workerproc import WorkerConfig, run
+    from ..services.workerproc import WorkerConfig, run
 
     log.setup(a.log_level)
     config = _given(WorkerConfig, a)
@@ -501,7 +502,7 @@ def _run_worker(a: argparse.Namespace) -> int:
 
 
 def _run_db(a: argparse.Namespace) -> int:
-    from .store import open_store
+    from ..store import open_store
 
     try:
         store = open_store(a.store)  # opening migrates
@@ -536,7 +537,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["attendance"]:
-        from .attendance.cli import main as attendance_main  # no extras needed to import it
+        from ..attendance.cli import main as attendance_main
         return attendance_main(args[1:])
     try:
         a = parse_args(args)

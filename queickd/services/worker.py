@@ -17,12 +17,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import fate
-from .job import Job, Outcome, State
-from .loader import FunctionLoader
-from .protocol import QueueError
-from .store import Store
-from .store.base import Finished
+from ..core import fate
+from ..core.job import Job, Outcome, State
+from ..core.protocol import QueueError
+from ..run.loader import FunctionLoader
+from ..store import Store
+from ..store.base import Finished
 
 log = logging.getLogger("queickd.worker")
 

@@ -1,0 +1,1 @@
+"""Running jobs: what may run (the allowlist and loader) and the runners that execute a job."""
