@@ -5,9 +5,19 @@ of a scheduled job, the earliest cron tick (both read from the store, so delayed
 no memory here), any slots the daemon adds (the event outbox's next delivery), and one
 safety sweep (default 60 s) that re-reads them all in case a wake-up was lost or the wall
 clock jumped (a Pi without a clock battery jumps at boot). Between events the thread
-sleeps; an idle daemon wakes once per sweep.
+waits; an idle daemon wakes once per sweep.
 
-wake_at() may be called from any thread; everything else runs on the scheduler thread.
+Time comes in twice, as in `sched.scheduler(timefunc, delayfunc)`: `clock` says what time
+it is (wall clock: run_at and cron ticks are wall times) and `delay` waits. The default
+delay waits on an Event with a timeout, so idle costs nothing and wake_at()/stop() cut a
+wait short; tests pass a fake clock and a fake delay and never sleep. A wait is never
+longer than one sweep, whatever the clock says, so a clock that jumps is caught up.
+
+An error in a callback (on_queued, on_sweep, a timer) or in the store is logged and the
+scheduler goes on; the next sweep re-reads everything.
+
+wake_at() and stop() may be called from any thread; everything else runs on the thread
+that runs run() (start() makes one).
 """
 
 from __future__ import annotations
@@ -17,11 +27,41 @@ import sched
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from ..core.cron import parse_schedule
 from ..store import Store
 
 log = logging.getLogger("queickd.scheduler")
+
+
+class Delay(Protocol):
+    """How the scheduler waits: sched's delayfunc, plus a way to cut the wait short."""
+
+    def wait(self, seconds: float) -> None:
+        """Block for up to `seconds` (> 0), or less once interrupt() was called. An
+        interrupt that comes while nobody waits makes the next wait return at once."""
+        ...
+
+    def interrupt(self) -> None:
+        """End the current or next wait now. Called from any thread."""
+        ...
+
+
+class EventDelay:
+    """The real delay: waits on an Event with a timeout (no polling)."""
+
+    def __init__(self) -> None:
+        # Set by interrupt() (wake_at, stop); cleared after a wait, never before one, so
+        # a wake-up that comes between reading the head of the queue and waiting is kept.
+        self._wake = threading.Event()
+
+    def wait(self, seconds: float) -> None:
+        self._wake.wait(seconds)
+        self._wake.clear()
+
+    def interrupt(self) -> None:
+        self._wake.set()
 
 
 class Scheduler:
@@ -31,6 +71,7 @@ class Scheduler:
         on_queued: Callable[[], None],
         *,
         clock: Callable[[], float] = time.time,
+        delay: Delay | None = None,
         sweep: float = 60.0,
         on_sweep: Callable[[], None] = lambda: None,
         timers: dict[str, Callable[[float], float | None]] | None = None,
@@ -43,10 +84,10 @@ class Scheduler:
         # More timer slots: name -> action(now) that does its work and returns when it
         # wants to run next (None: not until woken or the next sweep).
         self._extra = dict(timers or {})
-        # Set by wake_at()/stop() so a sleeping delay re-reads the head of the queue.
-        self._wake = threading.Event()
+        # Interrupted by wake_at()/stop() so a waiting run() re-reads the head of the queue.
+        self._waiter: Delay = delay if delay is not None else EventDelay()
         self._sched = sched.scheduler(clock, self._delay)
-        self._lock = threading.Lock()  # guards the two timer slots below
+        self._lock = threading.Lock()  # guards _timers (wake_at comes from any thread)
         self._timers: dict[str, sched.Event] = {}
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -59,14 +100,14 @@ class Scheduler:
     def start(self) -> None:
         if self._thread is not None:
             return
-        self._thread = threading.Thread(target=self._run, name="queickd-scheduler", daemon=True)
+        self._thread = threading.Thread(target=self.run, name="queickd-scheduler", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Idempotent; safe before start()."""
+        """Idempotent; safe before start() (run() then returns at once)."""
         self._stopping = True
-        self._wake.set()
-        if self._thread is not None:
+        self._waiter.interrupt()
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5.0)
 
     def wake_at(self, t: float, slot: str = "jobs") -> None:
@@ -82,25 +123,34 @@ class Scheduler:
                     pass  # it is running right now; it re-arms itself from the store
             action = {"jobs": self._promote, "crons": self._fire_crons}.get(slot, self._run_extra)
             self._timers[slot] = self._sched.enterabs(t, 0, action, argument=(slot,))
-        self._wake.set()
+        self._waiter.interrupt()
 
-    # --- scheduler thread -------------------------------------------------------------------
-    def _delay(self, seconds: float) -> None:
-        if seconds > 0 and not self._stopping:
-            self._wake.wait(min(seconds, self._sweep))
-            self._wake.clear()
+    def run(self) -> None:
+        """Sweep once, then run the timers on the calling thread until stop()."""
         if self._stopping:
-            raise _Stopped
-
-    def _run(self) -> None:
-        self._sweep_now()
+            return
         try:
+            self._sweep_now()
             self._sched.run()
         except _Stopped:
             pass
         except Exception:  # pragma: no cover - a bug; the health view shows alive=False
             log.exception("scheduler stopped by an error")
             raise
+
+    # --- scheduler thread -------------------------------------------------------------------
+    def _delay(self, seconds: float) -> None:
+        # sched calls this with 0 after each event, to let other threads in: no wait then.
+        if seconds > 0 and not self._stopping:
+            self._waiter.wait(min(seconds, self._sweep))
+        if self._stopping:
+            raise _Stopped
+
+    def _queued(self) -> None:
+        try:
+            self._on_queued()
+        except Exception:
+            log.exception("error in the on_queued hook")
 
     def _disarm(self, slot: str) -> None:
         with self._lock:
@@ -120,7 +170,7 @@ class Scheduler:
         if n:
             self.last_fired_at = now
             log.debug("%d due job(s) queued", n)
-            self._on_queued()
+            self._queued()
         if nxt is not None:
             self.wake_at(nxt, "jobs")
 
@@ -145,7 +195,7 @@ class Scheduler:
                     "cron %s fired job %d%s", cron.name, fire.submitted.job_id,  # type: ignore[union-attr]
                     f" (tick missed by {late:.0f} s)" if late > 60 else "",
                 )
-                self._on_queued()
+                self._queued()
             nxt = self.store.next_cron_at()
         except Exception:
             log.exception("store error while firing crons; next sweep retries")
@@ -164,6 +214,8 @@ class Scheduler:
             self.wake_at(nxt, slot)
 
     def _sweep_now(self) -> None:
+        # Armed first, so nothing below can leave the scheduler without its next sweep.
+        self._sched.enter(self._sweep, 1, self._sweep_now)
         self._promote()
         self._fire_crons()
         for slot in self._extra:
@@ -172,9 +224,8 @@ class Scheduler:
             self._on_sweep()
         except Exception:
             log.exception("error in a sweep hook")
-        self._on_queued()  # safety: a lost wake-up costs at most one sweep
+        self._queued()  # safety: a lost wake-up costs at most one sweep
         log.debug("swept; next sweep in %.0f s", self._sweep)
-        self._sched.enter(self._sweep, 1, self._sweep_now)
 
 
 class _Stopped(Exception):  # noqa: N818 - a signal, not an error
