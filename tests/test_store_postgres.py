@@ -183,3 +183,44 @@ def test_running_without_worker_counts_only_running_jobs_whose_worker_is_gone(pg
     assert pg_store.running_without_worker() == 1
     pg_store.deregister_worker()  # its record is gone: its job has no worker either
     assert pg_store.running_without_worker() == 2
+
+
+def _fill_the_fleet_to(pg_url, n):
+    """Another host's store adds n waiting jobs, unseen by pg_store's cached count."""
+    from queickd.store.postgres import PostgresStore
+
+    other = PostgresStore(pg_url)
+    try:
+        other.submit([job() for _ in range(n)], T0)
+    finally:
+        other.close()
+
+
+def test_far_below_the_cap_a_count_younger_than_its_ttl_stands_in_for_an_exact_one(pg_url, pg_store):
+    from queickd.core.policy.admission import Admission, Refusal
+
+    cap = Admission(max_queued=10)
+    pg_store.submit_requests([[job()]], T0, cap)  # counts exactly: nothing waits
+    _fill_the_fleet_to(pg_url, 9)
+    (answer,) = pg_store.submit_requests([[job()]], T0 + 0.5, cap)  # estimate: 0 + the 1 it added
+    assert not isinstance(answer, Refusal)
+
+
+def test_a_count_older_than_its_ttl_is_made_again(pg_url, pg_store):
+    from queickd.core.policy.admission import Admission, Refusal
+
+    cap = Admission(max_queued=10)
+    pg_store.submit_requests([[job()]], T0, cap)
+    _fill_the_fleet_to(pg_url, 9)
+    (answer,) = pg_store.submit_requests([[job()]], T0 + 1.5, cap)
+    assert isinstance(answer, Refusal) and answer.code == "queue_full"
+
+
+def test_a_count_made_later_than_now_is_made_again(pg_url, pg_store):
+    from queickd.core.policy.admission import Admission, Refusal
+
+    cap = Admission(max_queued=10)
+    pg_store.submit_requests([[job()]], T0, cap)
+    _fill_the_fleet_to(pg_url, 9)
+    (answer,) = pg_store.submit_requests([[job()]], T0 - 5, cap)  # the wall clock went back
+    assert isinstance(answer, Refusal) and answer.code == "queue_full"

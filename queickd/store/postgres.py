@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -145,9 +144,6 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
         with c.transaction():
             yield c
 
-    def _local_bookkeeping(self) -> bool:
-        return getattr(self._local, "bookkeeping", False)
-
     def take_ownership(self) -> None:
         pass  # many daemons share one database; running jobs are guarded by heartbeats
 
@@ -164,13 +160,13 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
                 finally:
                     self._local.in_batch = False
             return
-        # The pool's claims and outcomes run on a connection of their own, one statement
-        # each with no BEGIN/COMMIT round trips: a finish is one statement (its streak
-        # updates, when a job failed, share a transaction with it) and a claim is one. Its
-        # session has synchronous_commit off: a server crash may undo the last of these
-        # commits, and the only effect is that a job runs again (at-least-once); acked
-        # submits, on the other connections, always wait for the WAL flush.
-        with self._bk_lock:
+        # The pool's claims and outcomes run on a connection of their own, in one
+        # transaction per pass, as the contract says (the finish and the claim of a pass
+        # stand or fall together). Its session has synchronous_commit off: a server crash
+        # may undo the last of these commits, and the only effect is that a job runs again
+        # (at-least-once); acked submits, on the other connections, always wait for the
+        # WAL flush.
+        with self._bk_lock, self._bookkeeping_conn().transaction():
             self._local.bookkeeping = True
             self._local.in_batch = True
             try:
@@ -202,22 +198,23 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
                                           for s in a if not s.duplicate)
         return answers
 
-    def _waiting_total(self, c: psycopg.Connection, cap: int | None) -> int:
+    def _waiting_total(self, c: psycopg.Connection, cap: int | None, now: float) -> int:
         """Jobs waiting in the whole fleet. An exact count reads every waiting job, so far
-        below the cap a count up to _COUNT_TTL s old, plus what this store has added since,
-        stands in for it; within 10 % of the cap every submit counts exactly."""
+        below the cap a count made less than _COUNT_TTL s before `now`, plus what this
+        store has added since, stands in for it; within 10 % of the cap, and after the
+        clock went back, every submit counts exactly."""
         seen = self._waiting_seen
         if seen is not None and cap is not None:
             n, at = seen
             estimate = n + self._inserted_since_count
-            if time.monotonic() - at < _COUNT_TTL and estimate < 0.9 * cap:
+            if 0 <= now - at < _COUNT_TTL and estimate < 0.9 * cap:
                 return estimate
         n = c.execute(f"SELECT count(*) FROM jobs WHERE state IN {_WAITING_SQL}").fetchone()[0]
-        self._waiting_seen = (n, time.monotonic())
+        self._waiting_seen = (n, now)
         self._inserted_since_count = 0
         return n
 
-    def _lookups(self, c: psycopg.Connection, cap: int | None = None) -> adm.Lookups:
+    def _lookups(self, c: psycopg.Connection, now: float, cap: int | None = None) -> adm.Lookups:
         def by_key(k: str) -> adm.Existing | None:
             row = c.execute("SELECT id, state, created_at FROM jobs WHERE idempotency_key = %s", (k,)).fetchone()
             return adm.Existing(*row) if row else None
@@ -232,13 +229,13 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
             by_idempotency_key=by_key,
             waiting_for_key=lambda key: c.execute(
                 f"SELECT count(*) FROM jobs WHERE key = %s AND state IN {_WAITING_SQL}", (key,)).fetchone()[0],
-            waiting_total=lambda: self._waiting_total(c, cap),
+            waiting_total=lambda: self._waiting_total(c, cap, now),
             active_for_key=active,
         )
 
     def _submit_in(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
                    admission: adm.Admission) -> list[list[Submitted] | adm.Refusal]:
-        p = adm.plan(requests, now, admission, self._lookups(c, admission.max_queued))
+        p = adm.plan(requests, now, admission, self._lookups(c, now, admission.max_queued))
         if p.expired_keys:
             c.execute("UPDATE jobs SET idempotency_key = NULL WHERE idempotency_key = ANY(%s)",
                       (p.expired_keys,))
@@ -349,9 +346,7 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
                 " ELSE 'f:' END || string_agg(id::text, ',')) FROM done)") if inline else ""
         # Successes are the steady state: their finish, notification and streak resets are
         # one statement. A failure's streak counting follows it in the same transaction.
-        alone = inline and all(o.state == State.SUCCEEDED for o in outcomes)
-        with self._write() as c, (contextlib.nullcontext() if alone or not self._local_bookkeeping()
-                               else c.transaction()):
+        with self._write() as c:
             # Only our own claims: a job re-queued as an orphan and claimed by another
             # worker meanwhile is that worker's to finish.
             rows = c.execute(
