@@ -11,7 +11,7 @@ from queickd.core.job import NewJob, Outcome, State
 from queickd.core.policy.admission import Admission, Refusal
 from queickd.core.retry import make_spec
 from queickd.store import CronRecord
-from queickd.store.base import NewEvent, RefusedError
+from queickd.store.base import EventState, NewEvent, RefusedError
 
 T0 = 1_700_000_000.0
 
@@ -524,6 +524,31 @@ class StoreContract:
             claimed = store.claim_available(5, T0)
         assert store.get(s.job_id).state == State.SUCCEEDED
         assert [store.get(c.id).state for c in claimed] == [State.RUNNING]
+
+    def test_a_bookkeeping_batch_that_raises_halfway_leaves_nothing_behind(self, store):
+        ran, a, b = store.submit([job("m:bad", key="k"), job(), job()], T0)
+        store.claim_available(1, T0)
+        with pytest.raises(RuntimeError), store.batch(bookkeeping=True):
+            store.finish_if_running([Outcome.dead(ran.job_id, {"type": "E", "message": "m"})], T0, pause_after=1)
+            assert len(store.claim_available(5, T0)) == 2
+            raise RuntimeError("the dispatcher failed before it could run them")
+        assert store.counts()[State.QUEUED] == 2 and store.counts()[State.RUNNING] == 1
+        assert store.get(ran.job_id).state == State.RUNNING and store.pauses() == []
+        assert [j.id for j in store.claim_available(5, T0)] == [a.job_id, b.job_id]
+
+    def test_a_batch_that_raises_halfway_leaves_nothing_behind(self, store):
+        (kept,) = store.submit([job(run_at=T0 + 60)], T0)
+        with pytest.raises(RuntimeError), store.batch():
+            store.submit([job(idempotency_key="once"), job(run_at=T0 + 30)], T0)
+            store.promote_due(T0 + 60)
+            store.cron_save(self._cron("c"))
+            store.accept_event(self._event("e1"), T0, Admission())
+            raise RuntimeError("failed after some store calls")
+        assert store.counts() == {**dict.fromkeys(State.ALL, 0), State.SCHEDULED: 1}
+        assert store.get(kept.job_id).state == State.SCHEDULED and store.next_scheduled_at() == T0 + 60
+        assert store.cron_list() == [] and store.event_counts()[EventState.PENDING] == 0
+        assert store.list_events(None, 10) == []
+        assert not store.submit([job(idempotency_key="once")], T0)[0].duplicate
 
     # --- pools ----------------------------------------------------------------------------
     def test_a_job_without_a_pool_is_in_the_default_pool(self, store):

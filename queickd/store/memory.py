@@ -27,6 +27,7 @@ from .base import (
     Recovered,
     StoreBase,
 )
+from .undo import ABSENT, Journal, UndoDict
 
 _WAITING = (State.SCHEDULED, State.QUEUED, State.WAITING_NETWORK)
 
@@ -37,15 +38,20 @@ class MemoryStore(StoreBase):
     def __init__(self, url: str = "memory://") -> None:
         self.url = url
         self._lock = threading.RLock()  # re-entrant: batch() holds it across several calls
-        self._jobs: dict[int, Job] = {}
+        # What a batch can roll back is written to one journal (by the UndoDicts, and for
+        # _jobs, the most used, by _put/_drop); heaps and counts are derived from _jobs
+        # and rebuilt on a rollback.
+        self._journal = Journal()
+        self._jobs: dict[int, Job] = {}  # written only by _put/_drop, which journal it
         self._ids = itertools.count(1)
         self._queued: list[tuple[int, float, int]] = []  # (priority, run_at, id)
         self._scheduled: list[tuple[float, int]] = []  # (run_at, id)
-        self._idem: dict[str, int] = {}
-        self._crons: dict[str, CronRecord] = {}
-        self._streaks: dict[tuple[str, str], tuple[int, dict | None]] = {}
-        self._pauses: dict[tuple[str, str], Pause] = {}
-        self._events: dict[str, tuple[Event, NewJob]] = {}
+        self._idem: dict[str, int] = UndoDict(self._journal)
+        self._crons: dict[str, CronRecord] = UndoDict(self._journal)
+        self._streaks: dict[tuple[str, str], tuple[int, dict | None]] = UndoDict(self._journal)
+        self._pauses: dict[tuple[str, str], Pause] = UndoDict(self._journal)
+        self._events: dict[str, tuple[Event, NewJob]] = UndoDict(self._journal)
+        self._in_batch = False
         # Kept up to date by _put/_drop so admission and stats never scan every job.
         self._by_state: dict[str, int] = dict.fromkeys(State.ALL, 0)
         self._waiting_by_key: dict[str, int] = {}
@@ -56,9 +62,34 @@ class MemoryStore(StoreBase):
 
     @contextlib.contextmanager
     def batch(self, bookkeeping: bool = False) -> Iterator[None]:
-        # No rollback here: memory is for tests and benchmarks, and each call is atomic.
         with self._lock:
-            yield
+            if self._in_batch:  # a nested batch is part of the outer one
+                yield
+                return
+            self._journal.begin()
+            self._in_batch = True
+            try:
+                yield
+            except BaseException:
+                self._journal.rollback()
+                self._rebuild_derived()
+                raise
+            else:
+                self._journal.commit()
+            finally:
+                self._in_batch = False
+
+    def _rebuild_derived(self) -> None:
+        """After a rollback: heaps and counts again from the jobs (a scan, on failure only)."""
+        self._queued[:] = [(j.priority, j.run_at, j.id) for j in self._jobs.values() if j.state == State.QUEUED]
+        heapq.heapify(self._queued)
+        self._scheduled[:] = [(j.run_at, j.id) for j in self._jobs.values() if j.state == State.SCHEDULED]
+        heapq.heapify(self._scheduled)
+        self._by_state = dict.fromkeys(State.ALL, 0)
+        self._waiting_by_key.clear()
+        self._running_by_key.clear()
+        for j in self._jobs.values():
+            self._count(j, 1)
 
     # --- helpers (lock held) -------------------------------------------------------------
     def _count(self, job: Job, delta: int) -> None:
@@ -76,10 +107,14 @@ class MemoryStore(StoreBase):
 
     def _drop(self, job: Job) -> None:
         self._count(job, -1)
+        if self._journal.entries is not None:
+            self._journal.entries.append((self._jobs, job.id, job))
         del self._jobs[job.id]
 
     def _put(self, job: Job) -> None:
         old = self._jobs.get(job.id)
+        if self._journal.entries is not None:
+            self._journal.entries.append((self._jobs, job.id, ABSENT if old is None else old))
         if old is not None:
             self._count(old, -1)
         self._count(job, 1)
