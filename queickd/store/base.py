@@ -2,13 +2,16 @@
 
 Rules that hold for every method unless its docstring says otherwise:
 - Each call is one transaction: it happens entirely or not at all, and when it returns
-  the change is as durable as the backend promises (SQLite: on disk per --durability).
+  the change is as durable as the backend promises (SQLite: on disk per --durability;
+  memory: until the process exits). batch() makes several calls one transaction.
 - Methods are safe to call from any thread, concurrently.
 - Order among waiting jobs is priority (smaller first), then run_at, then id (insertion).
 - Times are unix seconds (wall clock) and are passed in by the caller (`now`), so tests
-  control time and stores never read the clock for decisions.
+  control time and stores never read the clock for decisions. One exception: PostgreSQL
+  judges a worker's heartbeats by the database's clock, the one clock its hosts share.
 Backends stay thin: retry policies, backoff, cron arithmetic and serialisation of results
-live in the core; a store only records what it is told, atomically.
+live in the core, and admission is a plan made by core/policy that the store applies;
+a store records what it is told, atomically.
 """
 
 from __future__ import annotations
@@ -164,10 +167,15 @@ class Store(Protocol):
     # --- transactions -----------------------------------------------------------------
     def batch(self, bookkeeping: bool = False) -> AbstractContextManager[None]:
         """Store calls made on this thread inside the block form one transaction, committed
-        at its end (rolled back if it raises; the memory store, which has no transactions,
-        applies each call as it goes and only keeps other threads out meanwhile). With bookkeeping True, the commit may skip
-        its own fsync (SQLite: synchronous=NORMAL in WAL): use it only for changes whose loss
-        in a power cut means a job runs again, never for acknowledging a submit."""
+        at its end, or rolled back if the block raises (every store, memory included: it
+        leaves nothing behind). A batch opened inside another joins it. Writers on other
+        threads may wait until it ends (SQLite and memory: all of them; PostgreSQL, with
+        bookkeeping: the other bookkeeping batches), so keep the block short.
+
+        With bookkeeping True, the commit may skip its own flush to disk (SQLite:
+        synchronous=NORMAL in WAL; PostgreSQL: synchronous_commit off): use it only for
+        changes whose loss in a power cut means a job runs again, never for acknowledging
+        a submit."""
         ...
 
     # --- submit -----------------------------------------------------------------------
