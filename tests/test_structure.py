@@ -29,7 +29,7 @@ def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
             base = package
             for _ in range(node.level - 1):
                 base = base.rpartition(".")[0]
-            target = node.module or "" if not node.level else ".".join(p for p in (base, node.module) if p)
+            target = (node.module or "") if not node.level else ".".join(p for p in (base, node.module) if p)
             for a in node.names:  # `from pkg import mod` imports the module pkg.mod
                 found.add(f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target)
     return {m for m in found if m in modules and m != name}
