@@ -1,5 +1,9 @@
 """The daemon: its settings, and the wiring of store, committer, scheduler, pool and server.
 
+It wires and starts/stops; it decides nothing itself. What becomes of jobs waiting for
+the network is services/network.py's, retention services/retention.py's, the fleet's
+membership services/fleet.py's; the callbacks here only pass events between the parts.
+
 Start order: recover orphans, then the pool, scheduler, committer, and last the server,
 so nothing is accepted before it can be stored and run. Stop order is the reverse: stop
 accepting and send the replies owed, commit what was accepted, stop the timers, let the
@@ -30,10 +34,12 @@ from .services import sdnotify
 from .services.batcher import SubmitBatcher
 from .services.fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
 from .services.netcheck import DEFAULT_INTERVAL, NetworkMonitor, parse_target
+from .services.network import NetworkParking
+from .services.retention import Retention
 from .services.scheduler import Scheduler
 from .services.worker import DEFAULT_SWEEP, DEFAULT_WORKERS, WorkerPool
 from .store import DEFAULT_URL, Store, open_store
-from .store.base import EventState
+from .store.base import EventState, FleetStore
 from .ui.metrics import Metrics
 
 log = logging.getLogger("queickd.daemon")
@@ -118,7 +124,6 @@ class Daemon:
         self.http: HttpServer | None = None
         self.metrics = Metrics(clock)
         self.network: NetworkMonitor | None = None
-        self._warned_no_checker = False
         self._stop = threading.Event()
         self._stopped = False
         self._wakeup_w: int | None = None
@@ -148,11 +153,13 @@ class Daemon:
                 len(recovered.requeued), len(recovered.dead),
             )
         if c.ping_host is not None:
-            self.network = NetworkMonitor(c.ping_host, c.ping_interval, self._on_network_change,
+            self.network = NetworkMonitor(c.ping_host, c.ping_interval, lambda up: self.parking.on_change(up),
                                           clock=self.clock)
+        self.parking = NetworkParking(store, self.network, lambda: self.pool.wake(), clock=self.clock)
+        self.retention = Retention(store, c.keep_finished, clock=self.clock)
         self.pool = WorkerPool(store, loader, c.workers, clock=self.clock, sweep=c.sweep,
-                               network_checker=lambda: self.network is not None,
-                               network_up=self.network_up,
+                               network_checker=lambda: self.parking.checker,
+                               network_up=self.parking.network_up,
                                on_finished=self._on_finished,
                                on_claimed=lambda jobs: self.service.waiters.notify([j.id for j in jobs]),
                                pause_after=c.pause_after, on_ran=self.metrics.on_ran, pools=list(c.pool))
@@ -182,7 +189,7 @@ class Daemon:
             raise
         if self.network is not None:
             self.network.start()
-        if store.supports_notify:
+        if isinstance(store, FleetStore):  # shared with other workers: registry, heartbeats, LISTEN
             self.fleet = FleetMember(store, self.pool, kind="daemon", heartbeat=c.heartbeat, sweep=c.sweep,
                                      max_orphan_requeues=c.max_orphan_requeues,
                                      on_finished_ids=lambda ids: self.service.waiters.notify(ids),
@@ -205,21 +212,6 @@ class Daemon:
         self.exit_status = EX_VERSION
         self.request_stop()
 
-    def network_up(self) -> bool:
-        """May jobs that need the network start? Without a checker, always; with one, only
-        once it has reported the network up."""
-        return self.network is None or self.network.up is True
-
-    def _on_network_change(self, up: bool) -> None:
-        now = self.clock()
-        if up:
-            n = self.store.release_network_waiting(now)  # type: ignore[union-attr]
-            log.info("network is back: %d job(s) waiting for it released", n)
-            self.pool.wake()
-        else:
-            n = self.store.park_for_network(now)  # type: ignore[union-attr]
-            log.info("network is down: %d queued job(s) that need it parked", n)
-
     def _deliver_events(self, now: float) -> float | None:
         """The outbox timer: deliver the events that are due; returns the next due time."""
         results = self.store.deliver_events(  # type: ignore[union-attr]
@@ -235,37 +227,15 @@ class Daemon:
                             "('queick dead', 'queick retry --event')", r.event_id, self.config.event_max_attempts)
         return self.store.next_event_at()  # type: ignore[union-attr]
 
-    def _prune(self) -> None:
-        """Retention: delete succeeded/cancelled jobs past keep_finished, in small batches."""
-        cutoff, total = self.clock() - self.config.keep_finished, 0
-        while (n := self.store.prune_finished(cutoff, 500)) > 0:  # type: ignore[union-attr]
-            total += n
-        if total:
-            log.info("retention: pruned %d finished job(s) older than %.0f s", total, self.config.keep_finished)
-
     def _on_sweep(self) -> None:
-        self._prune()
+        self.retention.prune()
         counts = self.store.counts()  # type: ignore[union-attr]
         self.metrics.sample_depth(sum(counts[s] for s in State.PENDING))
-        # A job can park while the checker still says "up" (its own server was down, or
-        # the checker had not noticed yet): give it another go once per sweep.
-        if self.network is not None and self.network.up:
-            n = self.store.release_network_waiting(self.clock())  # type: ignore[union-attr]
-            if n:
-                log.info("sweep: network is up; %d parked job(s) released", n)
-        elif self.network is not None and self.network.up is False:
-            self.store.park_for_network(self.clock())  # type: ignore[union-attr]
+        self.parking.on_sweep()
 
     def _on_committed(self, jobs: list[NewJob], submitted: list[Submitted]) -> None:
         self.metrics.on_committed(jobs, submitted)
-        if any(j.retry_on_network for j in jobs):
-            if self.network is None:
-                if not self._warned_no_checker:
-                    self._warned_no_checker = True
-                    log.warning("jobs ask to wait for the network, but no checker is configured "
-                                "(--ping-host); they follow their normal retry policy")
-            elif not self.network.up:
-                self.store.park_for_network(self.clock())  # type: ignore[union-attr]
+        self.parking.on_committed(jobs)
         later = [j.run_at for j, s in zip(jobs, submitted, strict=True) if s.state == State.SCHEDULED and not s.duplicate]
         if later:
             self.scheduler.wake_at(min(later))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_fate import NOW, make_job, raised
+from test_fate import NOW, failed, make_job, raised
 
 from queickd.attendance.slack import (
     SlackError,
@@ -35,24 +35,24 @@ def test_each_slack_answer_has_its_kind(status, headers, error, kind):
 
 def test_a_rate_limit_waits_what_retry_after_says():
     e = _classify(429, {"retry-after": "7"}, "")
-    o = after_failure(make_job(), raised(e), NOW)
+    o = after_failure(make_job(), failed(raised(e)), NOW)
     assert o.state == State.SCHEDULED and o.run_at == NOW + 7
 
 
 def test_an_unavailable_slack_parks_a_network_job():
     e = _classify(503, {}, "")
     assert is_network_error(e)
-    o = after_failure(make_job(retry_on_network=True), raised(e), NOW, network_checker=True)
+    o = after_failure(make_job(retry_on_network=True), failed(raised(e)), NOW, network_checker=True)
     assert o.state == State.WAITING_NETWORK and o.error["type"] == "SlackUnavailableError"
 
 
 def test_a_refusal_is_a_dead_letter_that_names_the_error():
-    o = after_failure(make_job(retry_on_network=True), raised(_classify(200, {}, "invalid_auth")), NOW, True)
+    o = after_failure(make_job(retry_on_network=True), failed(raised(_classify(200, {}, "invalid_auth"))), NOW, True)
     assert o.state == State.DEAD and "invalid_auth" in o.error["message"] and "queick retry" in o.error["message"]
 
 
 def test_an_unknown_error_follows_the_retry_policy():
-    o = after_failure(make_job(), raised(_classify(200, {}, "something_new")), NOW)
+    o = after_failure(make_job(), failed(raised(_classify(200, {}, "something_new"))), NOW)
     assert o.state == State.SCHEDULED and o.run_at == NOW + 10
 
 

@@ -1,4 +1,5 @@
-"""Unit tests for queickd.fate: network-error classification, result storage, failure outcomes."""
+"""Unit tests for queickd.fate: network-error classification, result storage, and the
+outcomes it decides from a run's report (built from the exception as the runners do)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pytest
 from queickd.core.fate import after_failure, after_success, is_network_error, storable_result
 from queickd.core.job import Job, State
 from queickd.core.retry import RETRY_TYPE, delay, make_spec
+from queickd.run import capture
+from queickd.run.base import RunReport
 
 NOW = 1_750_000_000.0
 
@@ -53,6 +56,11 @@ def raised(exc: BaseException) -> BaseException:
         raise exc
     except BaseException as e:
         return e
+
+
+def failed(exc: BaseException) -> RunReport:
+    """The report a runner makes of a run that raised `exc`."""
+    return capture.failed(exc, 0.0)
 
 
 def chained(outer: BaseException, inner: BaseException, explicit: bool = True) -> BaseException:
@@ -182,7 +190,7 @@ def test_storable_result_over_limit_non_json_value_names_the_limit():
 
 
 def test_after_success_stores_the_result():
-    out = after_success(make_job(), {"n": 1})
+    out = after_success(make_job(), capture.succeeded({"n": 1}, 0.0))
     assert (out.job_id, out.state, out.result) == (7, State.SUCCEEDED, {"n": 1})
 
 
@@ -190,88 +198,88 @@ def test_after_success_stores_the_result():
 
 
 def test_after_failure_retries_at_now_plus_the_policy_delay():
-    out = after_failure(make_job(attempts=1), ValueError("boom"), NOW)
+    out = after_failure(make_job(attempts=1), failed(ValueError("boom")), NOW)
     assert (out.job_id, out.state, out.run_at) == (7, State.SCHEDULED, NOW + 10.0)
 
 
 def test_after_failure_retry_delay_uses_the_attempt_count():
     retry = make_spec(RETRY_TYPE.LINEAR_INCREASING, interval=5.0, max_attempts=5)
-    out = after_failure(make_job(retry=retry, max_attempts=5, attempts=3), ValueError(), NOW)
+    out = after_failure(make_job(retry=retry, max_attempts=5, attempts=3), failed(ValueError()), NOW)
     assert out.run_at == NOW + 15.0
 
 
 def test_after_failure_exponential_retry_uses_the_given_rand():
     retry = make_spec(RETRY_TYPE.EXPONENTIAL, interval=2.0, max_attempts=5)
     job = make_job(retry=retry, max_attempts=5, attempts=2)
-    out = after_failure(job, ValueError(), NOW, rand=random.Random(11))
+    out = after_failure(job, failed(ValueError()), NOW, rand=random.Random(11))
     assert out.run_at == NOW + delay(retry, 2, random.Random(11))
 
 
 def test_after_failure_records_the_error():
-    out = after_failure(make_job(), raised(ValueError("boom")), NOW)
+    out = after_failure(make_job(), failed(raised(ValueError("boom"))), NOW)
     assert out.error["type"] == "ValueError"
     assert out.error["message"] == "boom"
     assert "ValueError: boom" in out.error["traceback"]
 
 
 def test_after_failure_is_dead_when_attempts_are_exhausted():
-    out = after_failure(make_job(attempts=3, max_attempts=3), ValueError("boom"), NOW)
+    out = after_failure(make_job(attempts=3, max_attempts=3), failed(ValueError("boom")), NOW)
     assert out.state == State.DEAD
     assert out.run_at is None
 
 
 def test_after_failure_is_dead_without_a_retry_spec():
-    out = after_failure(make_job(retry=None, max_attempts=1, attempts=1), ValueError(), NOW)
+    out = after_failure(make_job(retry=None, max_attempts=1, attempts=1), failed(ValueError()), NOW)
     assert out.state == State.DEAD
 
 
 def test_after_failure_parks_network_failure_when_asked_and_checker_runs():
     job = make_job(retry_on_network=True)
-    out = after_failure(job, ConnectionRefusedError(), NOW, network_checker=True)
+    out = after_failure(job, failed(ConnectionRefusedError()), NOW, network_checker=True)
     assert out.state == State.WAITING_NETWORK
     assert out.error["type"] == "ConnectionRefusedError"
 
 
 def test_after_failure_parks_network_failure_even_with_attempts_exhausted():
     job = make_job(retry_on_network=True, attempts=3, max_attempts=3)
-    out = after_failure(job, TimeoutError(), NOW, network_checker=True)
+    out = after_failure(job, failed(TimeoutError()), NOW, network_checker=True)
     assert out.state == State.WAITING_NETWORK
 
 
 def test_after_failure_does_not_park_without_a_network_checker():
     job = make_job(retry_on_network=True)
-    out = after_failure(job, ConnectionRefusedError(), NOW, network_checker=False)
+    out = after_failure(job, failed(ConnectionRefusedError()), NOW, network_checker=False)
     assert (out.state, out.run_at) == (State.SCHEDULED, NOW + 10.0)
 
 
 def test_after_failure_does_not_park_when_the_job_did_not_ask():
     job = make_job(retry_on_network=False)
-    out = after_failure(job, ConnectionRefusedError(), NOW, network_checker=True)
+    out = after_failure(job, failed(ConnectionRefusedError()), NOW, network_checker=True)
     assert out.state == State.SCHEDULED
 
 
 def test_after_failure_non_network_error_with_retry_on_network_follows_retry_policy():
     job = make_job(retry_on_network=True)
-    out = after_failure(job, ValueError("bad data"), NOW, network_checker=True)
+    out = after_failure(job, failed(ValueError("bad data")), NOW, network_checker=True)
     assert (out.state, out.run_at) == (State.SCHEDULED, NOW + 10.0)
 
 
 def test_after_failure_non_network_error_with_retry_on_network_dies_when_exhausted():
     job = make_job(retry_on_network=True, attempts=3, max_attempts=3)
-    out = after_failure(job, ValueError("bad data"), NOW, network_checker=True)
+    out = after_failure(job, failed(ValueError("bad data")), NOW, network_checker=True)
     assert out.state == State.DEAD
 
 
 def test_after_failure_parks_a_wrapped_network_failure():
     job = make_job(retry_on_network=True)
     exc = chained(RuntimeError("sync failed"), ConnectionResetError())
-    assert after_failure(job, exc, NOW, network_checker=True).state == State.WAITING_NETWORK
+    assert after_failure(job, failed(exc), NOW, network_checker=True).state == State.WAITING_NETWORK
 
 
 def test_after_failure_does_not_change_the_job():
     job = make_job()
     before = dataclasses.asdict(job)
-    after_failure(job, ValueError(), NOW)
+    after_failure(job, failed(ValueError()), NOW)
     assert dataclasses.asdict(job) == before
 
 

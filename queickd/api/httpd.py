@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from ..core import protocol
-from ..core.policy.admission import RETRY_AFTER_DEFAULT, Refusal
+from ..core.policy.admission import Refusal
 from ..core.protocol import Code, QueueError
 from ..ui import statuspage
 from ..ui.metrics import Metrics
 from . import hooks as hooks_mod
+from .replies import NotCommittedError, refused
 from .service import QueueService
 
 log = logging.getLogger("queickd.http")
@@ -51,17 +50,6 @@ def parse_address(text: str) -> tuple[str, int]:
     if not 0 <= n <= 65535:
         raise ValueError(f"--http {text!r}: port must be 0-65535")
     return host, n
-
-
-def health(svc: QueueService) -> tuple[bool, str]:
-    """(healthy, reason): the store answers a read and the scheduler thread is alive."""
-    try:
-        svc.store.counts()
-    except Exception as e:
-        return False, f"store does not answer: {type(e).__name__}: {e}"
-    if not svc.scheduler.alive:
-        return False, "scheduler thread is not running"
-    return True, "ok"
 
 
 class HttpServer:
@@ -130,30 +118,17 @@ class HttpServer:
         if delivery:
             spec["idempotency_key"] = hooks_mod.idempotency_key(hook, delivery)
         try:
-            job = protocol.parse_job(spec, svc.clock())
-            svc.loader.check(job.func)
+            job = svc.prepare_job(spec)
+            answer = svc.enqueue_wait([[job]], _COMMIT_TIMEOUT)[0]
+        except NotCommittedError as e:
+            log.warning("webhook %s: not accepted: %s", hook.name, e)
+            return refused(e).http()
         except QueueError as e:
-            status = 403 if e.code == Code.NOT_ALLOWED else 400
-            return status, e.to_reply(), {}
-        done = threading.Event()
-        answer: list[Any] = []
-
-        def committed(result: Any) -> None:  # committer thread
-            answer.append(result)
-            done.set()
-
-        svc.batcher.submit([[job]], committed)
-        if not done.wait(_COMMIT_TIMEOUT) or isinstance(answer[0], BaseException):
-            why = answer[0] if answer else "the commit did not finish in time"
-            log.warning("webhook %s: not accepted: %s", hook.name, why)
-            return 503, _error(Code.INTERNAL, f"not accepted, try again: {why}"), {"Retry-After": "5"}
-        result = answer[0][0]
-        if isinstance(result, Refusal):
-            retry = result.retry_after if result.retry_after is not None else RETRY_AFTER_DEFAULT
-            reply = QueueError(result.code, result.message, retry, job_id=result.job_id).to_reply()
-            return 429, reply, {"Retry-After": str(max(1, math.ceil(retry)))}
-        sub = result[0]
-        reply = {"ok": True, "job_id": sub.job_id, "state": sub.state}
+            return refused(e).http()
+        if isinstance(answer, Refusal):
+            return refused(answer).http()
+        sub = answer[0]
+        reply: dict[str, Any] = {"ok": True, "job_id": sub.job_id, "state": sub.state}
         if sub.duplicate:
             reply["duplicate"] = True
             return 200, reply, {}
@@ -214,22 +189,21 @@ class _Handler(BaseHTTPRequestHandler):
                 text = owner.metrics.render(owner.service.op_stats({"detail": True}))
                 self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
             elif path == "/healthz":
-                ok, reason = health(owner.service)
+                ok, reason = owner.service.health()
                 self._send(200 if ok else 503, (reason + "\n").encode(), "text/plain; charset=utf-8")
             elif path in ("/", "/index.html"):
                 page = statuspage.render(statuspage.snapshot(owner.service))
                 self._send(200, page.encode(), "text/html; charset=utf-8")
             elif m := _JOB_PATH.fullmatch(path):
-                job = owner.service.store.get(int(m.group(1)))
-                if job is None:
-                    self._json(404, _error(Code.NOT_FOUND, f"no job {m.group(1)}"))
-                else:
-                    self._json(200, {"ok": True, "job": job.to_dict()})
+                try:
+                    self._json(200, {"ok": True, "job": owner.service.job(int(m.group(1))).to_dict()})
+                except QueueError as e:  # not found
+                    self._json(*refused(e).http())
             else:
                 self._json(404, _error(Code.NOT_FOUND, f"nothing at {path}"))
         except Exception as e:  # a bug costs one reply, never the listener
             log.exception("error serving GET %s", path)
-            self._json(500, _error(Code.INTERNAL, f"{type(e).__name__}: {e}"))
+            self._json(*refused(e).http())
 
     do_HEAD = do_GET  # noqa: N815
 
@@ -273,7 +247,7 @@ class _Handler(BaseHTTPRequestHandler):
                                                  self.headers.get("Content-Type", "application/octet-stream"))
         except Exception as e:
             log.exception("error serving webhook %s", hook.name)
-            status, reply, extra = 500, _error(Code.INTERNAL, f"{type(e).__name__}: {e}"), {}
+            status, reply, extra = refused(e).http()
         self._json(status, reply, extra)
 
     def _not_allowed(self) -> None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.policy.admission import Refusal
 from ..core.protocol import Code, QueueError
+from .replies import refused
 
 if TYPE_CHECKING:
     from .service import QueueService
@@ -130,22 +131,19 @@ class LegacyConnection:
             else:
                 jobs = self.svc.prepare_jobs(req)
                 self.done = True
-                self.svc.batcher.submit([jobs], self._after_commit)
+                self.svc.enqueue([jobs], self._after_commit)
         except QueueError as e:
             log.info("refused a Queick request from %s: %s", self.peer, e)
-            self._finish(str(e))
+            self._finish(refused(e).legacy())
         self.done = True
 
     def _after_cron(self, fut: asyncio.Future) -> None:
         exc = fut.exception()
-        self._finish(None if exc is None else str(exc))
+        self._finish(None if exc is None else refused(exc).legacy())
 
     def _after_commit(self, result: Any) -> None:  # committer thread
-        if isinstance(result, BaseException):
-            error: str | None = str(result)
-        else:
-            answer = result[0]
-            error = f"{answer.code}: {answer.message}" if isinstance(answer, Refusal) else None
+        why = result if isinstance(result, BaseException) else result[0]
+        error = refused(why).legacy() if isinstance(why, BaseException | Refusal) else None
         self.loop.call_soon_threadsafe(self._finish, error)
 
     def _finish(self, error: str | None) -> None:

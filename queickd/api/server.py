@@ -22,6 +22,7 @@ from ..core.job import Submitted
 from ..core.policy.admission import Refusal
 from ..core.protocol import Code, QueueError
 from .legacy import FIRST_BYTE, LegacyConnection
+from .replies import refused
 from .service import QueueService
 
 log = logging.getLogger("queickd.server")
@@ -34,10 +35,9 @@ _INLINE_MAX = 8  # jobs in one read small enough to commit on the loop thread
 
 
 def _error_bytes(exc: BaseException) -> bytes:
-    if isinstance(exc, QueueError):
-        return protocol.encode(exc.to_reply())
-    log.error("internal error serving a request", exc_info=exc)
-    return protocol.encode(QueueError(Code.INTERNAL, f"{type(exc).__name__}: {exc}").to_reply())
+    if not isinstance(exc, QueueError):
+        log.error("internal error serving a request", exc_info=exc)
+    return protocol.encode(refused(exc).json())
 
 
 def _render(fut: asyncio.Future, _: Any = None) -> bytes:
@@ -69,8 +69,7 @@ def _render_enqueue_many(fut: asyncio.Future, index: int) -> bytes:
 
 def _render_answer(answer: list[Submitted] | Refusal, many: bool) -> bytes:
     if isinstance(answer, Refusal):
-        return protocol.encode(QueueError(answer.code, answer.message, answer.retry_after,
-                                          job_id=answer.job_id).to_reply())
+        return protocol.encode(refused(answer).json())
     if many:
         reply: dict[str, Any] = {"ok": True, "job_ids": [s.job_id for s in answer]}
         dups = [s.job_id for s in answer if s.duplicate]
@@ -200,9 +199,7 @@ class _Connection(asyncio.Protocol):
             else:
                 fut = self.loop.run_in_executor(self.server.io, self.svc.call, req)
             self.pending.append((fut, _render, None))
-        except QueueError as e:
-            self.pending.append(protocol.encode(e.to_reply()))
-        except Exception as e:  # a bug must cost one reply, not the connection
+        except Exception as e:  # a QueueError, or a bug: it must cost one reply, not the connection
             self.pending.append(_error_bytes(e))
         return group
 
@@ -222,7 +219,7 @@ class _Connection(asyncio.Protocol):
         # ack then costs no thread hand-off. Bigger reads go to the committer, so parsing
         # the next read overlaps with writing this one.
         inline = sum(len(r) for r in jobs) <= _INLINE_MAX
-        self.svc.batcher.submit(jobs, done, inline=inline)
+        self.svc.enqueue(jobs, done, inline=inline)
 
     async def _wait(self, req: dict[str, Any]) -> dict[str, Any]:
         job_id = protocol.job_id(req)

@@ -1,8 +1,11 @@
-"""The queue's operations as the protocol exposes them, independent of the transport.
+"""The queue's front door: its operations, independent of the transport.
 
-The TCP server frames requests and calls these; validation comes from protocol.py, state
-changes go to the store, and the components that must react (pool, scheduler, waiters)
-are told. Blocking methods touch the store and are called from the server's I/O threads.
+Every transport (the TCP server, HTTP webhooks and pages, Queick 1.2.1 clients) goes in
+through these and nothing else: it frames requests and renders replies; what a refusal
+looks like on each transport is api/replies.py's. Validation comes from protocol.py,
+submissions go to the committer, state changes to the store, and the components that
+must react (pool, scheduler, waiters) are told. The service never formats a transport's
+reply. Blocking methods touch the store and are called from the transports' threads.
 """
 
 from __future__ import annotations
@@ -17,17 +20,18 @@ from typing import Any
 from .. import __version__
 from ..core import protocol
 from ..core.cron import parse_schedule
-from ..core.job import NewJob, State
+from ..core.job import Job, NewJob, State
 from ..core.protocol import Code, QueueError
 from ..run.loader import FunctionLoader
-from ..services.batcher import SubmitBatcher
+from ..services.batcher import Answer, Done, Requests, SubmitBatcher
 from ..services.netcheck import NetworkMonitor
 from ..services.scheduler import Scheduler
 from ..services.worker import WorkerPool
 from ..store import CronRecord, Store
-from ..store.base import EventState, NewEvent
+from ..store.base import EventState, FleetStore, NewEvent
 from ..ui import status
 from ..ui.metrics import Metrics
+from .replies import NotCommittedError
 
 log = logging.getLogger("queickd.service")
 
@@ -102,18 +106,59 @@ class QueueService:
             self.loader.check(j.func)
         return jobs
 
+    def prepare_job(self, spec: dict[str, Any]) -> NewJob:
+        """Validate one job's fields (an enqueue request without its op) and check the allowlist."""
+        job = protocol.parse_job(spec, self.clock())
+        self.loader.check(job.func)
+        return job
+
+    # --- submitting: the one way jobs come in ------------------------------------------------
+    def enqueue(self, requests: Requests, done: Done, *, inline: bool = False) -> None:
+        """Submit prepared requests (each a list of jobs, admitted all or nothing) to the next
+        group commit. `done` gets one answer per request, its Submitted list or its Refusal,
+        or the exception that kept them all out (see SubmitBatcher.submit for the thread)."""
+        self.batcher.submit(requests, done, inline=inline)
+
+    def enqueue_wait(self, requests: Requests, timeout: float) -> list[Answer]:
+        """enqueue() for a thread that may block: the answers once committed. NotCommittedError
+        if the commit failed or did not finish within `timeout` seconds."""
+        finished = threading.Event()
+        result: list[list[Answer] | BaseException] = []
+
+        def committed(r: list[Answer] | BaseException) -> None:  # the committer's thread
+            result.append(r)
+            finished.set()
+
+        self.enqueue(requests, committed)
+        if not finished.wait(timeout):
+            raise NotCommittedError("the commit did not finish in time")
+        if isinstance(result[0], BaseException):
+            raise NotCommittedError(str(result[0])) from result[0]
+        return result[0]
+
     # --- blocking: store access -------------------------------------------------------------
     def call(self, req: dict[str, Any]) -> dict[str, Any]:
         return getattr(self, "op_" + req["op"])(req)
 
-    def _job_or_404(self, job_id: int) -> Any:
+    def job(self, job_id: int) -> Job:
+        """The job, or QueueError(not_found)."""
         job = self.store.get(job_id)
         if job is None:
             raise QueueError(Code.NOT_FOUND, f"no job {job_id}")
         return job
 
+    def health(self) -> tuple[bool, str]:
+        """(healthy, reason): the store answers a read and the scheduler thread is alive."""
+        try:
+            self.store.counts()
+        except Exception as e:
+            return False, f"store does not answer: {type(e).__name__}: {e}"
+        if not self.scheduler.alive:
+            return False, "scheduler thread is not running"
+        return True, "ok"
+
     def op_get(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": True, "job": self._job_or_404(protocol.job_id(req)).to_dict()}
+        return {"ok": True, "job": self.job(protocol.job_id(req)).to_dict()}
 
     def op_cancel(self, req: dict[str, Any]) -> dict[str, Any]:
         job_id = protocol.job_id(req)
@@ -185,7 +230,7 @@ class QueueService:
             self.scheduler.wake_at(now, "events")
             return {"ok": True, "event": ev.to_dict()}
         job_id = protocol.job_id(req)
-        before = self._job_or_404(job_id)
+        before = self.job(job_id)
         if before.state != State.DEAD:
             raise QueueError(Code.CONFLICT, f"job {job_id} is {before.state}; only dead jobs are retried")
         job = self.store.retry_dead(job_id, self.clock())
@@ -223,7 +268,7 @@ class QueueService:
         }
         reply.update(self._fleet_stats(reply["counts"]))
         if req.get("detail"):  # running jobs, dead letters, oldest waits, the last hour
-            reply.update(status.detail(self, now, reply["counts"]))
+            reply.update(status.detail(self.store, self.metrics, now, reply["counts"]))
         return reply
 
     def _fleet_stats(self, counts: dict[str, int]) -> dict[str, Any]:
@@ -232,9 +277,11 @@ class QueueService:
         why it refused to claim if it did."""
         from ..services.fleet import pools_view
 
-        registry = self.store.workers() if hasattr(self.store, "workers") else None
-        if registry is not None:  # shared store: by the worker registry
-            without = self.store.running_without_worker()
+        store = self.store
+        registry: list[dict[str, Any]] | None = None
+        if isinstance(store, FleetStore):  # shared store: by the worker registry
+            registry = store.workers()
+            without = store.running_without_worker()
         else:  # this daemon is the only worker: what it does not hold (approximate)
             without = max(0, counts.get(State.RUNNING, 0) - self.pool.busy)
         return {"pools": pools_view(self.store, self.pool.pools, self.pool.workers, registry),

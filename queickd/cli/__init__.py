@@ -503,6 +503,7 @@ def _run_worker(a: argparse.Namespace) -> int:
 
 def _run_db(a: argparse.Namespace) -> int:
     from ..store import open_store
+    from ..store.base import FleetStore
 
     try:
         store = open_store(a.store)  # opening migrates
@@ -515,7 +516,8 @@ def _run_db(a: argparse.Namespace) -> int:
     except OSError as e:
         print(f"queick: cannot migrate: {e}", file=sys.stderr)
         return 1
-    shown = f" (queickd {v[0]}, schema {v[1]})" if (v := getattr(store, "versions", lambda: None)()) else ""
+    v = store.versions() if isinstance(store, FleetStore) else None  # only a shared store records them
+    shown = f" (queickd {v[0]}, schema {v[1]})" if v else ""
     store.close()
     print(f"{a.store}: schema up to date{shown}")
     return 0

@@ -1,7 +1,10 @@
 """The one place that decides a job's fate after it ran: succeeded, retry, park, or dead.
 
-Pure functions of (job, what happened, now). The worker pool calls them from worker
-threads and hands the resulting Outcome to the store; nothing here does I/O.
+Pure functions of (job, what happened, now). What happened is a runner's report
+(`run.base.RunReport`: plain data, so a run in another process is judged the same way);
+the helpers that read an exception (network class, error text, storable result) are
+here too, for the runners that build such a report. The worker pool calls these from
+worker threads and hands the resulting Outcome to the store; nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -13,10 +16,13 @@ import random
 import socket
 import traceback
 import urllib.error
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import retry as retry_mod
 from .job import Job, Outcome
+
+if TYPE_CHECKING:
+    from ..run.base import RunReport
 
 MAX_RESULT_BYTES = 64 * 1024
 MAX_TRACEBACK_CHARS = 8 * 1024
@@ -99,13 +105,13 @@ def storable_result(value: Any, limit: int = MAX_RESULT_BYTES) -> Any:
     return value
 
 
-def after_success(job: Job, result: Any) -> Outcome:
-    return Outcome.succeeded(job.id, storable_result(result))
+def after_success(job: Job, report: RunReport) -> Outcome:
+    return Outcome.succeeded(job.id, report.result)
 
 
 def after_failure(
     job: Job,
-    exc: BaseException,
+    report: RunReport,
     now: float,
     network_checker: bool = False,
     rand: random.Random | None = None,
@@ -116,23 +122,23 @@ def after_failure(
     job that asked for network replay is parked without spending its retries, but only
     when a network checker runs to release it; otherwise it follows its retry policy.
 
-    An exception may say more about itself, for errors the job knows better than the
-    policy: `permanent = True` (bad credentials, a missing channel) makes the job dead at
-    once, since retrying cannot help; `retry_after` (seconds, e.g. an HTTP 429's
-    Retry-After) replaces the policy's delay for the next attempt.
+    The job's exception may have said more about itself, for errors the job knows better
+    than the policy (the runner put it in the report): `permanent = True` (bad
+    credentials, a missing channel) makes the job dead at once, since retrying cannot
+    help; `retry_after` (seconds, e.g. an HTTP 429's Retry-After) replaces the policy's
+    delay for the next attempt.
     """
-    err = error_info(exc)
-    if getattr(exc, "permanent", False) is True:
+    err = report.error()
+    if report.permanent:
         return Outcome.dead(job.id, err)
-    if job.retry_on_network and network_checker and is_network_error(exc):
+    if job.retry_on_network and network_checker and report.network:
         return Outcome.waiting_network(job.id, err)
     if job.retry is not None and job.attempts < job.max_attempts:
-        return Outcome.retry_at(job.id, now + _retry_delay(job, exc, rand), err)
+        return Outcome.retry_at(job.id, now + _retry_delay(job, report.retry_after, rand), err)
     return Outcome.dead(job.id, err)
 
 
-def _retry_delay(job: Job, exc: BaseException, rand: random.Random | None) -> float:
-    asked = getattr(exc, "retry_after", None)
-    if isinstance(asked, int | float) and not isinstance(asked, bool) and 0 <= asked <= 86400:
-        return float(asked)
+def _retry_delay(job: Job, asked: float | None, rand: random.Random | None) -> float:
+    if asked is not None and 0 <= asked <= 86400:
+        return asked
     return retry_mod.delay(job.retry, job.attempts, rand)  # type: ignore[arg-type]

@@ -10,7 +10,8 @@ the threads that run jobs, so a long or CPU-bound job never silences them:
 - the heartbeat beats every `heartbeat` seconds, re-queues the running jobs of workers
   that missed three beats (safe to run in every process at once), wakes the pool once per
   `sweep` as a safety net, and notices a database migrated to another version.
-Nothing here imports psycopg at module import time; it is used only with a PostgresStore.
+Nothing here imports psycopg at module import time; it is used only with a store that is a
+FleetStore (store/base.py: PostgreSQL).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from ..store.base import FleetStore, Store
+from .worker import WorkerPool
 
 log = logging.getLogger("queickd.fleet")
 
@@ -33,7 +37,7 @@ _RECONNECT_MAX = 30.0
 class Listener:
     """LISTEN on the store's channel in a thread of its own; reconnects when dropped."""
 
-    def __init__(self, store: Any, on_notify: Callable[[str], None], on_reconnect: Callable[[], None],
+    def __init__(self, store: FleetStore, on_notify: Callable[[str], None], on_reconnect: Callable[[], None],
                  *, poll: float = 2.0) -> None:
         self.store = store
         self._on_notify = on_notify
@@ -100,7 +104,7 @@ class Listener:
 class Heartbeat:
     """Beats, sweeps orphans and wakes the pool for its safety sweep, from its own thread."""
 
-    def __init__(self, store: Any, *, interval: float, sweep: float, max_orphan_requeues: int,
+    def __init__(self, store: FleetStore, *, interval: float, sweep: float, max_orphan_requeues: int,
                  wake: Callable[[], None], reregister: Callable[[], None],
                  on_version_change: Callable[[str], None], clock: Callable[[], float] = time.time) -> None:
         self.store = store
@@ -163,7 +167,7 @@ class FleetMember:
     """Registers a process's WorkerPool in the store's registry and keeps it beating and
     listening. start() once the pool exists; stop() after the pool has stopped."""
 
-    def __init__(self, store: Any, pool: Any, *, kind: str, heartbeat: float = DEFAULT_HEARTBEAT,
+    def __init__(self, store: FleetStore, pool: WorkerPool, *, kind: str, heartbeat: float = DEFAULT_HEARTBEAT,
                  sweep: float = 60.0, max_orphan_requeues: int = 3,
                  on_finished_ids: Callable[[list[int]], None] = lambda ids: None,
                  on_scheduled: Callable[[float], None] = lambda run_at: None,
@@ -226,7 +230,7 @@ class FleetMember:
             self.pool.wake()
 
 
-def pools_view(store: Any, own_pools: list[str] | None, own_slots: int,
+def pools_view(store: Store, own_pools: list[str] | None, own_slots: int,
                registry: list[dict[str, Any]] | None = None) -> dict[str, dict[str, int]]:
     """Per pool: waiting jobs and live worker slots (from the worker registry of a shared
     store where given, else this daemon's own workers). A pool with waiting jobs and 0

@@ -7,7 +7,8 @@ dispatcher thread runs a pass when woken (a new job, a promotion, the safety swe
 never polls. A thread that has just made work possible runs the pass itself when none is
 running: the thread that committed a submit, and a worker whose job has ended, which then
 takes its next job without waking anyone. A fixed set of worker threads, fed through one
-queue, call the job functions."""
+queue, run the jobs through a runner (run.base.Runner; the in-thread one by default) and
+leave the outcome to core.fate."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from collections.abc import Callable
 
 from ..core import fate
 from ..core.job import Job, Outcome, State
-from ..core.protocol import QueueError
+from ..run.base import Runner
 from ..run.loader import FunctionLoader
+from ..run.thread import ThreadRunner
 from ..store import Store
 from ..store.base import Finished
 
@@ -47,11 +49,13 @@ class WorkerPool:
         pause_after: int | None = None,
         on_ran: Callable[[Job, Outcome, float], None] | None = None,
         pools: list[str] | None = None,
+        runner: Runner | None = None,
     ) -> None:
         if workers < 0:
             raise ValueError("workers must be 0 or more")
         self.store = store
         self.loader = loader
+        self.runner: Runner = runner if runner is not None else ThreadRunner(loader)  # runs each job
         self.workers = workers
         self._clock = clock
         self._sweep = sweep
@@ -236,18 +240,15 @@ class WorkerPool:
             self._run(job)
 
     def _run(self, job: Job) -> None:
-        began = time.monotonic()
         try:
-            try:
-                try:
-                    fn = self.loader.resolve(job.func)
-                except QueueError as e:  # no longer allowed: retrying cannot help
-                    outcome = Outcome.dead(job.id, {"type": "not_allowed", "message": e.message})
-                else:
-                    outcome = fate.after_success(job, fn(*job.args, **job.kwargs))
-            except BaseException as e:  # a job's SystemExit must not end the worker
-                outcome = fate.after_failure(job, e, self._clock(), self._network_checker())
+            report = self.runner.run(job)
+            runtime = report.runtime
+            if report.ok:  # the clock and the checker are read on failure only
+                outcome = fate.after_success(job, report)
+            else:
+                outcome = fate.after_failure(job, report, self._clock(), self._network_checker())
         except BaseException as e:  # deciding itself failed: the job must still leave `running`
+            runtime = 0.0
             outcome = Outcome.dead(job.id, {"type": type(e).__name__,
                                             "message": "queickd could not record this job's outcome"})
         if outcome.state != State.SUCCEEDED:
@@ -257,7 +258,7 @@ class WorkerPool:
             )
         if self._on_ran is not None:
             try:
-                self._on_ran(job, outcome, time.monotonic() - began)
+                self._on_ran(job, outcome, runtime)
             except Exception:  # counting must never keep an outcome from being recorded
                 log.exception("error counting job %d", job.id)
         self._done.put(outcome)

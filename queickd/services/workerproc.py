@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from .. import __version__
 from ..run.loader import FunctionLoader
+from ..run.thread import ThreadRunner
 from .fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
 from .worker import DEFAULT_SWEEP, DEFAULT_WORKERS, WorkerPool
 
@@ -72,8 +73,9 @@ def run(config: WorkerConfig) -> int:
             status["code"] = EX_VERSION
             stop.set()
 
-        pool = WorkerPool(store, FunctionLoader(config.app_dir, config.allow), config.workers,
-                          sweep=config.sweep, pause_after=config.pause_after, pools=list(config.pool))
+        loader = FunctionLoader(config.app_dir, config.allow)
+        pool = WorkerPool(store, loader, config.workers, sweep=config.sweep, pause_after=config.pause_after,
+                          pools=list(config.pool), runner=ThreadRunner(loader))
         member = FleetMember(store, pool, kind="worker", heartbeat=config.heartbeat, sweep=config.sweep,
                              max_orphan_requeues=config.max_orphan_requeues, on_version_change=version_changed)
         member.start()

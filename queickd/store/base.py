@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ..core.job import Job, NewJob, Outcome, State, Submitted
 from ..core.policy.admission import NO_LIMITS, Admission, Refusal
@@ -371,6 +371,53 @@ class Store(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class FleetStore(Store, Protocol):
+    """A store shared by a fleet of worker processes (PostgreSQL): a registry of workers
+    with heartbeats, schema versions every member must match, and a connection that
+    LISTENs for wake-ups. Test for it with isinstance(store, FleetStore); a store that is
+    not one is served by one daemon alone."""
+
+    def connect(self, **options: Any) -> Any:
+        """A new autocommit connection for LISTEN (the caller closes it); options are the
+        driver's (keepalives=1, ...)."""
+        ...
+
+    def versions(self) -> tuple[str | None, int]:
+        """(queickd version, schema version) the database was migrated by."""
+        ...
+
+    def check_version(self) -> None:
+        """Raise if the database was migrated by another queickd version than this one."""
+        ...
+
+    def register_worker(self, kind: str, pools: Sequence[str], slots: int, heartbeat: float,
+                        refused: str | None = None) -> int:
+        """Record this process as a worker serving `pools` (or, with `refused`, why it will
+        not); its claims carry the returned id."""
+        ...
+
+    def beat(self) -> tuple[bool, str | None, int]:
+        """Heartbeat: (this worker's record was still there, database's version, schema)."""
+        ...
+
+    def deregister_worker(self) -> int:
+        """Remove this process's record; returns how many jobs it still held running."""
+        ...
+
+    def forget_gone_workers(self, older_than: float) -> int:
+        """Delete records of workers silent for more than `older_than` seconds."""
+        ...
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Every registered worker, with `alive` and seconds since its last beat."""
+        ...
+
+    def running_without_worker(self) -> int:
+        """Running jobs whose worker is gone (what the next orphan sweep re-queues)."""
+        ...
 
 
 class StoreBase:

@@ -1,25 +1,23 @@
 """The detailed `stats` picture: what `queick status`, `queick top`, the status page and
 /metrics show besides the plain counts. Reads the store (a few small, indexed queries) and
-the daemon's in-process parts; called from the server's I/O threads and HTTP threads.
+the daemon's metrics; called from the server's I/O threads and HTTP threads.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core.job import State
-from ..store.base import EventState
-
-if TYPE_CHECKING:
-    from ..api.service import QueueService
+from ..store.base import EventState, Store
+from .metrics import Metrics
 
 DEAD_SHOWN = 10
 RUNNING_SHOWN = 20
 
 
-def detail(svc: QueueService, now: float, counts: dict[str, int]) -> dict[str, Any]:
-    """The extra fields of `stats` with detail=true; `counts` is the reply's jobs by state."""
-    store = svc.store
+def detail(store: Store, metrics: Metrics | None, now: float, counts: dict[str, int]) -> dict[str, Any]:
+    """The extra fields of `stats` with detail=true; `counts` is the reply's jobs by state.
+    Takes the parts it reads, not the service, so the service may import it."""
     running = store.list_jobs(State.RUNNING, RUNNING_SHOWN)
     dead = store.list_jobs(State.DEAD, DEAD_SHOWN)
     out: dict[str, Any] = {
@@ -34,7 +32,6 @@ def detail(svc: QueueService, now: float, counts: dict[str, int]) -> dict[str, A
         "dead_events": [e.to_dict() for e in store.list_events(EventState.DEAD, DEAD_SHOWN)],
         "history": [],
     }
-    metrics = getattr(svc, "metrics", None)
     if metrics is not None:
         metrics.sample_depth(sum(counts.get(s, 0) for s in State.PENDING))
         out["history"] = metrics.history()

@@ -1,0 +1,75 @@
+"""How a refusal is said on each transport: the one translation of what the service
+refused into a reply.
+
+`refused(why)` takes an admission `Refusal`, a `QueueError`, `NotCommittedError` (the commit
+failed or did not finish: nothing was accepted) or any other exception (a bug), and
+renders it as the TCP protocol's JSON error object, an HTTP status with its JSON body
+and headers, or a Queick 1.2.1 client's error string. Pure; it never logs (the transport
+knows whether an error is worth a log line) and never decides whether to refuse.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..core.policy.admission import RETRY_AFTER_DEFAULT, Refusal
+from ..core.protocol import Code, QueueError
+
+# HTTP statuses of the protocol's codes; an admission refusal is always 429 (the hook's
+# key or the queue is full: try again later), whatever its code.
+_HTTP_STATUS = {Code.BAD_REQUEST: 400, Code.UNAUTHORIZED: 401, Code.NOT_ALLOWED: 403, Code.NOT_FOUND: 404,
+                Code.CONFLICT: 409, Code.QUEUE_FULL: 429, Code.INTERNAL: 500}
+_NOT_COMMITTED_RETRY = "5"  # seconds an HTTP sender waits after a commit that failed
+
+
+class NotCommittedError(Exception):
+    """The commit holding a request failed or did not finish in time; nothing was accepted."""
+
+
+class Refused:
+    """One refusal, rendered per transport on demand."""
+
+    __slots__ = ("why",)
+
+    def __init__(self, why: Refusal | BaseException) -> None:
+        self.why = why
+
+    def error(self) -> QueueError:
+        """The refusal as the protocol's error (TCP's reply is its to_reply())."""
+        why = self.why
+        if isinstance(why, Refusal):
+            return QueueError(why.code, why.message, why.retry_after, job_id=why.job_id)
+        if isinstance(why, QueueError):
+            return why
+        if isinstance(why, NotCommittedError):
+            return QueueError(Code.INTERNAL, f"not accepted, try again: {why}")
+        return QueueError(Code.INTERNAL, f"{type(why).__name__}: {why}")
+
+    def json(self) -> dict[str, Any]:
+        """The TCP protocol's reply: {"ok": false, "error": {...}, "retry_after"?}."""
+        return self.error().to_reply()
+
+    def http(self) -> tuple[int, dict[str, Any], dict[str, str]]:
+        """(status, JSON body, extra headers). A refusal says when to come back, in the body
+        and in Retry-After, even when admission gave no time (a key's conflict)."""
+        why = self.why
+        if isinstance(why, Refusal):
+            retry = why.retry_after if why.retry_after is not None else RETRY_AFTER_DEFAULT
+            body = QueueError(why.code, why.message, retry, job_id=why.job_id).to_reply()
+            return 429, body, {"Retry-After": str(max(1, math.ceil(retry)))}
+        if isinstance(why, NotCommittedError):
+            return 503, self.json(), {"Retry-After": _NOT_COMMITTED_RETRY}
+        err = self.error()
+        return _HTTP_STATUS.get(err.code, 500), err.to_reply(), {}
+
+    def legacy(self) -> str:
+        """The `error` string of a Queick client's reply: an admission refusal names its code."""
+        why = self.why
+        if isinstance(why, Refusal):
+            return f"{why.code}: {why.message}"
+        return str(why)
+
+
+def refused(why: Refusal | BaseException) -> Refused:
+    return Refused(why)

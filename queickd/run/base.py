@@ -1,0 +1,57 @@
+"""The runner seam: what running one job returns (`RunReport`) and who runs it (`Runner`).
+
+A runner executes a claimed job and reports what happened as plain data: the result, or
+the error (type, message, traceback text) with the hints the job's exception gave
+(`permanent`, `retry_after`) and whether it was a network-class failure. `core.fate`
+decides the job's outcome from the report alone, so a job run in another process is
+judged exactly like one run in a worker thread. `run.capture` builds the report from
+what the call did. A runner never decides a fate and never touches the store. An
+in-thread runner hands the report over as it is; only a runner in another process needs
+`to_dict`/`from_dict` (JSON) to carry it across.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Protocol
+
+from ..core.job import Job
+
+
+@dataclass(slots=True)
+class RunReport:
+    """How one run of a job ended. Every field is JSON data (see to_dict)."""
+
+    ok: bool
+    result: Any = None  # as it can be stored (fate.storable_result); None on failure
+    error_type: str | None = None
+    error_message: str | None = None
+    traceback: str | None = None  # None when there is none to show (a refused function)
+    permanent: bool = False  # retrying cannot help: dead at once
+    retry_after: float | None = None  # the job's own delay for its next attempt, as given
+    network: bool = False  # a network-class failure (connection, timeout, DNS)
+    runtime: float = 0.0  # seconds, wall clock, around the call
+    peak_memory: int | None = None  # bytes; None where the runner cannot measure it (threads)
+    cpu_time: float | None = None  # seconds; None where the runner cannot measure it (threads)
+
+    def error(self) -> dict[str, Any]:
+        """The error as a job records it: type, message and, when there is one, traceback."""
+        err: dict[str, Any] = {"type": self.error_type, "message": self.error_message}
+        if self.traceback is not None:
+            err["traceback"] = self.traceback
+        return err
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunReport:
+        """The report from its to_dict() form (after JSON); unknown keys are ignored, so a
+        newer runner's report still reads."""
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
+class Runner(Protocol):
+    """Executes one claimed job; never raises for what the job does (that is the report)."""
+
+    def run(self, job: Job) -> RunReport: ...

@@ -1,0 +1,39 @@
+"""Turns what a job's call did into a `RunReport`, for every runner (in a thread or in
+another process): the stored form of its result, or its exception read once (text,
+traceback, the `permanent`/`retry_after` hints, network class). Pure; the traceback is
+formatted on failure only, so a successful run costs no more than its result's check.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..core.fate import error_info, is_network_error, storable_result
+from .base import RunReport
+
+
+def succeeded(value: Any, runtime: float) -> RunReport:
+    return RunReport(True, storable_result(value), runtime=runtime)
+
+
+def failed(exc: BaseException, runtime: float) -> RunReport:
+    """The report of a run that raised `exc`."""
+    err = error_info(exc)
+    return RunReport(False, None, err["type"], err["message"], err["traceback"],
+                     permanent=getattr(exc, "permanent", False) is True,
+                     retry_after=_retry_hint(getattr(exc, "retry_after", None)),
+                     network=is_network_error(exc), runtime=runtime)
+
+
+def refused(error_type: str, message: str, runtime: float = 0.0) -> RunReport:
+    """A run that could not start and never will (the function is no longer allowed)."""
+    return RunReport(False, None, error_type, message, None, permanent=True, runtime=runtime)
+
+
+def _retry_hint(v: object) -> float | None:
+    """A number the job gave as its retry delay, kept as given (fate judges its range);
+    anything that is not a finite number is no hint (and would not be JSON)."""
+    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None

@@ -1,0 +1,36 @@
+"""Retention: succeeded and cancelled jobs are deleted once older than `keep_finished`.
+
+Called by the scheduler's safety sweep (no thread of its own). Deletes in small batches,
+each its own transaction, so a large backlog never holds the store's writer for long.
+Dead jobs are never pruned: they wait for an operator ('queick purge').
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from ..store import Store
+
+log = logging.getLogger("queickd.daemon")  # the line was the daemon's; its logger stays
+
+BATCH = 500  # jobs deleted per transaction
+
+
+class Retention:
+    def __init__(self, store: Store, keep_finished: float, *, clock: Callable[[], float] = time.time) -> None:
+        if keep_finished < 0:
+            raise ValueError("keep_finished must not be negative")
+        self.store = store
+        self.keep_finished = keep_finished
+        self._clock = clock
+
+    def prune(self) -> int:
+        """Delete the finished jobs past their time; returns how many."""
+        cutoff, total = self._clock() - self.keep_finished, 0
+        while (n := self.store.prune_finished(cutoff, BATCH)) > 0:
+            total += n
+        if total:
+            log.info("retention: pruned %d finished job(s) older than %.0f s", total, self.keep_finished)
+        return total

@@ -1,0 +1,98 @@
+"""Network parking and retention, the policies the daemon used to hold, on a real store
+with an injected clock (the checker's state is set as its reader thread would set it)."""
+
+from __future__ import annotations
+
+import threading
+
+from store_contract import T0, job
+
+from queickd.core.job import Outcome, State
+from queickd.services.netcheck import NetworkMonitor
+from queickd.services.network import NetworkParking
+from queickd.services.retention import Retention
+from queickd.store.memory import MemoryStore
+
+
+def _monitor(up: bool | None) -> NetworkMonitor:
+    m = NetworkMonitor("127.0.0.1:9", 1.0, lambda up: None, clock=lambda: T0)  # never started
+    m.up = up
+    return m
+
+
+def _parking(store: MemoryStore, up: bool | None = None, checker: bool = True):
+    woken = threading.Event()
+    return NetworkParking(store, _monitor(up) if checker else None, woken.set, clock=lambda: T0), woken
+
+
+def _net_job(store: MemoryStore) -> int:
+    return store.submit([job(retry_on_network=True)], T0)[0].job_id
+
+
+def test_without_a_checker_network_jobs_may_start():
+    parking, _ = _parking(MemoryStore(), checker=False)
+    assert (parking.checker, parking.network_up()) == (False, True)
+
+
+def test_with_a_checker_that_has_not_spoken_network_jobs_wait():
+    parking, _ = _parking(MemoryStore(), up=None)
+    assert (parking.checker, parking.network_up()) == (True, False)
+
+
+def test_a_commit_while_the_network_is_down_parks_the_jobs_that_need_it():
+    store = MemoryStore()
+    parking, _ = _parking(store, up=False)
+    new = job(retry_on_network=True)
+    job_id = store.submit([new], T0)[0].job_id
+    parking.on_committed([new])
+    assert store.get(job_id).state == State.WAITING_NETWORK
+
+
+def test_a_commit_without_a_checker_parks_nothing():
+    store = MemoryStore()
+    parking, _ = _parking(store, checker=False)
+    new = job(retry_on_network=True)
+    job_id = store.submit([new], T0)[0].job_id
+    parking.on_committed([new])
+    assert store.get(job_id).state == State.QUEUED
+
+
+def test_the_network_going_down_parks_and_coming_back_releases_and_wakes_the_pool():
+    store = MemoryStore()
+    parking, woken = _parking(store, up=True)
+    job_id = _net_job(store)
+    parking.on_change(False)
+    assert store.get(job_id).state == State.WAITING_NETWORK and not woken.is_set()
+    parking.on_change(True)
+    assert store.get(job_id).state == State.QUEUED and woken.is_set()
+
+
+def test_the_sweep_releases_a_job_parked_while_the_checker_says_up():
+    store = MemoryStore()
+    parking, _ = _parking(store, up=True)
+    job_id = _net_job(store)
+    store.park_for_network(T0)  # parked by its own failure, say
+    parking.on_sweep()
+    assert store.get(job_id).state == State.QUEUED
+
+
+def _finished(store: MemoryStore, outcome, at: float) -> int:
+    job_id = store.submit([job()], at)[0].job_id
+    store.claim_available(1, at)
+    store.finish_if_running([outcome(job_id)], at)
+    return job_id
+
+
+def test_retention_prunes_finished_jobs_older_than_keep_finished():
+    store = MemoryStore()
+    old = _finished(store, lambda i: Outcome.succeeded(i, None), T0)
+    recent = _finished(store, lambda i: Outcome.succeeded(i, None), T0 + 50)
+    assert Retention(store, 100.0, clock=lambda: T0 + 120).prune() == 1
+    assert store.get(old) is None and store.get(recent) is not None
+
+
+def test_retention_keeps_dead_jobs():
+    store = MemoryStore()
+    dead = _finished(store, lambda i: Outcome.dead(i, {"type": "E", "message": "x"}), T0)
+    assert Retention(store, 0.0, clock=lambda: T0 + 1000).prune() == 0
+    assert store.get(dead).state == State.DEAD
