@@ -1,0 +1,83 @@
+"""`queick run`, `queick worker` and `queick db migrate`: the commands that start a process
+or open a store themselves rather than talk to a daemon. Owns their exit statuses (78 for a
+configuration error, 79 for a version mismatch, 1 for what systemd should retry)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from typing import TypeVar
+
+from .. import log
+from ..daemon import Config, Daemon
+from ..services.fleet import EX_VERSION
+from ..store.pgschema import VersionMismatchError
+from .options import EX_CONFIG
+
+_C = TypeVar("_C")
+
+
+def given(config_class: type[_C], a: argparse.Namespace) -> _C:
+    """A config dataclass from the options given (those left at None keep its defaults)."""
+    fields = {f.name for f in dataclasses.fields(config_class)}  # type: ignore[arg-type]
+    return config_class(**{k: v for k, v in vars(a).items() if k in fields and v is not None})
+
+
+def run_daemon(a: argparse.Namespace) -> int:
+    log.setup(a.log_level)
+    config = given(Config, a)
+    try:
+        daemon = Daemon(config)
+        finished = daemon.run_forever()
+    except ValueError as e:
+        print(f"queick: configuration error: {e}", file=sys.stderr)
+        return EX_CONFIG
+    except VersionMismatchError as e:
+        print(f"queick: {e}", file=sys.stderr)
+        return EX_VERSION
+    except OSError as e:  # the port is taken, the store's directory is not writable, ...
+        print(f"queick: cannot start: {e}", file=sys.stderr)
+        return 1
+    if not finished:
+        # Worker threads cannot be interrupted; the store is consistent and their jobs are
+        # recovered as orphans next time, so leave without waiting for them.
+        sys.stderr.flush()
+        os._exit(daemon.exit_status)
+    return daemon.exit_status
+
+
+def run_worker(a: argparse.Namespace) -> int:
+    from ..services.workerproc import WorkerConfig, run
+
+    log.setup(a.log_level)
+    config = given(WorkerConfig, a)
+    try:
+        return run(config)
+    except ValueError as e:
+        print(f"queick: configuration error: {e}", file=sys.stderr)
+        return EX_CONFIG
+    except OSError as e:  # the database cannot be reached: systemd tries again later
+        print(f"queick: cannot start: {e}", file=sys.stderr)
+        return 1
+
+
+def db_migrate(a: argparse.Namespace) -> int:
+    from ..store import open_store
+
+    try:
+        store = open_store(a.store)  # opening migrates
+    except VersionMismatchError as e:
+        print(f"queick: {e}", file=sys.stderr)
+        return EX_VERSION
+    except ValueError as e:
+        print(f"queick: {e}", file=sys.stderr)
+        return EX_CONFIG
+    except OSError as e:
+        print(f"queick: cannot migrate: {e}", file=sys.stderr)
+        return 1
+    shown = f" (queickd {v[0]}, schema {v[1]})" if (v := getattr(store, "versions", lambda: None)()) else ""
+    store.close()
+    print(f"{a.store}: schema up to date{shown}")
+    return 0
