@@ -57,6 +57,8 @@ def print_stats(s: dict[str, Any]) -> None:
         print(f"network: {net['state']} since {fmt_time(net['since'])}   checker "
               f"{'alive' if net['checker_alive'] else 'DEAD'} (pid {net['checker_pid']}, "
               f"{net['restarts']} restarts), probing {net['target']}")
+        if net.get("error"):
+            print(f"network checker error: {net['error']}")
     print("jobs: " + "  ".join(f"{k} {v}" for k, v in s["counts"].items()))
     ev = s["events"]
     print(f"events: pending {ev['pending']}  dead {ev['dead']}   refused requests {s['refused']}"
