@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -52,7 +53,11 @@ def opt(p: argparse.ArgumentParser, flag: str, help: str, default: Any = None,
         try:
             value = value_env.split(",") if kw.get("action") == "append" else type(value_env)
         except (ValueError, argparse.ArgumentTypeError) as e:
-            p.error(f"QUEICKD_{flag.lstrip('-').upper().replace('-', '_')}={value_env!r}: {e}")
+            # A bad value in the environment (an EnvironmentFile) is a configuration error, not
+            # a usage error: exit 78 so that systemd does not restart it in a loop.
+            p.print_usage(sys.stderr)
+            p.exit(EX_CONFIG, f"{p.prog}: configuration error: "
+                   f"QUEICKD_{flag.lstrip('-').upper().replace('-', '_')}={value_env!r}: {e}\n")
     envname = "QUEICKD_" + flag.lstrip("-").upper().replace("-", "_")
     shown = "" if default in (None, [], "") else f" (default: {default})"
     if kw.get("action") == "append":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import socket
 import sys
 from typing import TypeVar
 
@@ -26,10 +27,9 @@ def given(config_class: type[_C], a: argparse.Namespace) -> _C:
 
 
 def run_daemon(a: argparse.Namespace) -> int:
-    log.setup(a.log_level)
-    config = given(Config, a)
     try:
-        daemon = Daemon(config)
+        log.setup(a.log_level)  # QUEICKD_LOG_LEVEL skips the flag's choices: ValueError
+        daemon = Daemon(given(Config, a))
         finished = daemon.run_forever()
     except ValueError as e:
         print(f"queick: configuration error: {e}", file=sys.stderr)
@@ -37,7 +37,10 @@ def run_daemon(a: argparse.Namespace) -> int:
     except VersionMismatchError as e:
         print(f"queick: {e}", file=sys.stderr)
         return EX_VERSION
-    except OSError as e:  # the port is taken, the store's directory is not writable, ...
+    except socket.gaierror as e:  # --bind or --http names no address: restarting cannot help
+        print(f"queick: configuration error: cannot resolve the address to listen on: {e}", file=sys.stderr)
+        return EX_CONFIG
+    except OSError as e:  # the port is taken, the store's directory is not writable (yet), ...
         print(f"queick: cannot start: {e}", file=sys.stderr)
         return 1
     if not finished:
@@ -51,10 +54,9 @@ def run_daemon(a: argparse.Namespace) -> int:
 def run_worker(a: argparse.Namespace) -> int:
     from ..services.workerproc import WorkerConfig, run
 
-    log.setup(a.log_level)
-    config = given(WorkerConfig, a)
     try:
-        return run(config)
+        log.setup(a.log_level)
+        return run(given(WorkerConfig, a))
     except ValueError as e:
         print(f"queick: configuration error: {e}", file=sys.stderr)
         return EX_CONFIG
