@@ -189,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     _talks(status, ops.status)
     top = sub.add_parser("top", help="a live view of 'queick status', redrawn every second",
                          description="Redraw the status every second until q or Ctrl-C.")
-    _talks(top, ops.top)
+    _client_flags(top)
+    top.set_defaults(handler=ops.top)  # it checks for a terminal before it connects
     _fleet_parsers(sub)
     # Parsed by queickd.attendance.cli (main() hands it over); listed here for --help.
     sub.add_parser("attendance", help="the NFC attendance terminal ('queick attendance --help')", add_help=False)
