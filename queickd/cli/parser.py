@@ -227,6 +227,13 @@ def _fleet_parsers(sub: Any) -> None:
                            "at start too). Safe to run again, and from several hosts at once.")
     opt(mig, "--store", "store URL", DEFAULTS.store)
     mig.set_defaults(handler=run_cmd.db_migrate)
+    bak = dbsub.add_parser("backup", help="copy the SQLite store to PATH, safely, while the daemon runs",
+                           description="Copy the SQLite store to a new file PATH online (SQLite's backup "
+                           "API, one read snapshot): the copy holds every job acknowledged before it "
+                           "began. Progress goes to stderr for a large store. Not for PostgreSQL (pg_dump).")
+    bak.add_argument("path", help="the new file to write (it must not exist)")
+    opt(bak, "--store", "store URL", DEFAULTS.store)
+    bak.set_defaults(handler=run_cmd.db_backup)
 
     pool = sub.add_parser("pool", help="move work between worker pools",
                           description="Operator actions on worker pools (logged by the daemon).")

@@ -8,7 +8,9 @@ import argparse
 import dataclasses
 import os
 import socket
+import sqlite3
 import sys
+import time
 from typing import TypeVar
 
 from .. import log
@@ -82,4 +84,33 @@ def db_migrate(a: argparse.Namespace) -> int:
     shown = f" (queickd {v[0]}, schema {v[1]})" if (v := getattr(store, "versions", lambda: None)()) else ""
     store.close()
     print(f"{a.store}: schema up to date{shown}")
+    return 0
+
+
+def db_backup(a: argparse.Namespace) -> int:
+    """`queick db backup PATH`: an online copy of the SQLite store, with progress on stderr."""
+    from ..store import sqlitebackup
+
+    try:
+        source = sqlitebackup.sqlite_path(a.store)
+    except ValueError as e:
+        print(f"queick db backup: {e}", file=sys.stderr)
+        return 2
+    shown = [-1]
+
+    def progress(copied: int, total: int) -> None:
+        percent = copied * 100 // max(total, 1)
+        if total > sqlitebackup.STEP_PAGES and percent // 10 != shown[0]:  # a large file: every 10 %
+            shown[0] = percent // 10
+            print(f"queick db backup: {percent}% ({copied} of {total} pages)", file=sys.stderr, flush=True)
+
+    started = time.monotonic()
+    try:
+        pages = sqlitebackup.backup(source, a.path, progress)
+    except (OSError, sqlite3.Error) as e:
+        print(f"queick db backup: {e}", file=sys.stderr)
+        return 1
+    size = os.path.getsize(a.path)
+    print(f"{a.store} backed up to {a.path}: {pages} pages, {size / 1e6:.1f} MB in "
+          f"{time.monotonic() - started:.1f} s")
     return 0
