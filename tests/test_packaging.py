@@ -1,5 +1,6 @@
 """What the Pi install relies on: a stdlib-only core, valid units, a sane install script."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -50,3 +51,19 @@ def test_the_install_script_parses_and_refuses_non_root_use():
     if hasattr(__import__("os"), "geteuid") and __import__("os").geteuid() != 0:
         r = subprocess.run(["bash", str(script)], capture_output=True, text=True)
         assert r.returncode == 1 and "run as root" in r.stderr
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+@pytest.mark.parametrize("unit", sorted((ROOT / "systemd").glob("*.service")), ids=lambda p: p.name)
+def test_systemd_units_are_rated_ok_by_systemd_analyze_security(unit):
+    r = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(unit)], capture_output=True, text=True)
+    if "--offline" in r.stderr:
+        pytest.skip("this systemd-analyze has no --offline")
+    score = float(re.search(r"Overall exposure level for \S+: (\d+\.\d)", r.stdout).group(1))
+    assert score <= 2.0, r.stdout  # 7.6 "EXPOSED" before the sandbox was tightened
+
+
+def test_the_daemon_unit_lets_the_network_checker_send_icmp_and_nothing_more():
+    lines = (ROOT / "systemd" / "queickd.service").read_text().splitlines()
+    assert "AmbientCapabilities=CAP_NET_RAW" in lines and "CapabilityBoundingSet=CAP_NET_RAW" in lines
+    assert "NoNewPrivileges=yes" in lines and "User=queickd" in lines
