@@ -44,9 +44,11 @@ def _opt(p: argparse.ArgumentParser, flag: str, help: str, default: Any = None,
         try:
             default = type(value)
         except (ValueError, argparse.ArgumentTypeError) as e:
-            # A bad value in the environment is a configuration error (78), not a usage error.
-            p.print_usage(sys.stderr)
-            p.exit(EX_CONFIG, f"{p.prog}: configuration error: {env}={value!r}: {e}\n")
+            # For `run` (a unit's EnvironmentFile) a bad value is a configuration error: 78.
+            if p.prog.endswith(" run"):
+                p.print_usage(sys.stderr)
+                p.exit(EX_CONFIG, f"{p.prog}: configuration error: {env}={value!r}: {e}\n")
+            p.error(f"{env}={value!r}: {e}")
     shown = f" (default: {default})" if default not in (None, "", []) else ""
     p.add_argument(flag, default=default, type=type, help=f"{help}{shown} [env {env}]", **kw)
 

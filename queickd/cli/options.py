@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +31,17 @@ def env(flag: str) -> str | None:
     return os.environ.get("QUEICKD_" + flag.lstrip("-").upper().replace("-", "_"))
 
 
+class BadEnvironmentError(Exception):
+    """A QUEICKD_* variable that its flag cannot parse. For the commands that start a process
+    (run, worker) it is a configuration error (78: an EnvironmentFile does not get better by
+    restarting); for the others a usage error (2), reported by `parser`, as argparse would."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+        self.message = message
+
+
 class Repeatable(argparse.Action):
     """A repeatable flag (--pool a --pool b). Values given on the command line replace the
     default from the environment or the config file, as any other flag's do, instead of
@@ -53,11 +63,8 @@ def opt(p: argparse.ArgumentParser, flag: str, help: str, default: Any = None,
         try:
             value = value_env.split(",") if kw.get("action") == "append" else type(value_env)
         except (ValueError, argparse.ArgumentTypeError) as e:
-            # A bad value in the environment (an EnvironmentFile) is a configuration error, not
-            # a usage error: exit 78 so that systemd does not restart it in a loop.
-            p.print_usage(sys.stderr)
-            p.exit(EX_CONFIG, f"{p.prog}: configuration error: "
-                   f"QUEICKD_{flag.lstrip('-').upper().replace('-', '_')}={value_env!r}: {e}\n")
+            raise BadEnvironmentError(p, f"QUEICKD_{flag.lstrip('-').upper().replace('-', '_')}="
+                                      f"{value_env!r}: {e}") from None
     envname = "QUEICKD_" + flag.lstrip("-").upper().replace("-", "_")
     shown = "" if default in (None, [], "") else f" (default: {default})"
     if kw.get("action") == "append":

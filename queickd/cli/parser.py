@@ -18,11 +18,12 @@ from ..services.fleet import EX_VERSION
 from . import jobs as jobs_cmd
 from . import ops
 from . import run as run_cmd
-from .options import DEFAULTS, Repeatable, duration, env, json_arg, opt, truthy
+from .options import DEFAULTS, BadEnvironmentError, Repeatable, duration, env, json_arg, opt, truthy
 from .remote import ClientCommand, run_client
 
 SUBCOMMANDS = ("run", "enqueue", "jobs", "show", "cancel", "retry", "stats", "crons", "dead", "purge",
                "resume", "status", "top", "worker", "db", "pool")
+STARTS_A_PROCESS = ("run", "worker")  # their bad QUEICKD_* values exit 78, not 2
 
 
 def _talks(p: argparse.ArgumentParser, command: ClientCommand) -> None:
@@ -251,11 +252,17 @@ def _fleet_parsers(sub: Any) -> None:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """The command line (with no command, `run`), and for `run` the --config file beneath it.
-    Raises config.ConfigFileError for a bad file; exits (2) on bad usage, as argparse does."""
+    Raises config.ConfigFileError for a bad file, and for a bad QUEICKD_* value given to a
+    command that starts a process; exits (2) on bad usage, as argparse does."""
     args = list(argv)
     if not args or (args[0] not in SUBCOMMANDS and args[0] not in ("-h", "--help", "--version")):
         args.insert(0, "run")
-    p = build_parser()
+    try:
+        p = build_parser()
+    except BadEnvironmentError as e:
+        if args[0] in STARTS_A_PROCESS:
+            raise config_file.ConfigFileError(e.message) from None
+        e.parser.error(e.message)
     a = p.parse_args(args)
     if a.command == "run" and a.config:
         a = _with_config_file(p, args, a)
