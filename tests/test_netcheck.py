@@ -87,7 +87,7 @@ def test_a_daemon_whose_icmp_probe_cannot_run_says_so_in_stats_and_its_log(tmp_p
     d = DaemonProcess(f"sqlite:///{tmp_path / 'q.db'}", "--ping-host", "icmp://127.0.0.1",
                       "--ping-interval", "0.2", prefix=no_raw).start()
     try:
-        d.wait_for_line("probe cannot run")
+        d.wait_for_line(r"network checker \(pid \d+\): probe cannot run")  # the supervisor has read it
         with d.client() as q:
             net = q.stats()["network"]
         assert net["error"].startswith("probe cannot run: ") and net["state"] == "unknown"
