@@ -107,8 +107,11 @@ class Config:
     def read_token(self) -> str | None:
         if self.token_file is None:
             return None
-        with open(self.token_file, encoding="utf-8") as f:
-            token = f.read().strip()
+        try:
+            with open(self.token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as e:  # a missing token file does not appear by restarting: EX_CONFIG
+            raise ValueError(f"cannot read token file {self.token_file}: {e.strerror or e}") from None
         if not token:
             raise ValueError(f"token file {self.token_file} is empty")
         return token

@@ -5,6 +5,9 @@
 #   sudo scripts/install-pi.sh --uninstall     remove the services and the venv (keeps the
 #                                              queue, the attendance log, the user, the secrets)
 # Environment: EXTRAS (more pip extras, e.g. "postgres"), PREFIX (default /opt/queickd).
+# Needs Python 3.11 or newer with venv (Raspberry Pi OS Bookworm: apt install python3-venv;
+# Bullseye ships 3.9: upgrade the OS first). `queick` is linked into /usr/local/bin.
+# EXTRAS=postgres on 32-bit ARM (no psycopg binary wheel) installs libpq5 and plain psycopg.
 #
 # The attendance terminal reads /etc/default/queickd-attendance (QUEICKD_ATTENDANCE_READER,
 # QUEICKD_ATTENDANCE_SLACK_CHANNEL, ...) and posts with the secret in
@@ -23,7 +26,7 @@ DROPIN=$UNITS/queickd.service.d/attendance.conf
 UDEV_RULE=/etc/udev/rules.d/90-queickd-nfc.rules
 MODPROBE=/etc/modprobe.d/queickd-nfc.conf
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
 
 ATTENDANCE=0
 UNINSTALL=0
@@ -36,6 +39,20 @@ for arg in "$@"; do
   esac
 done
 
+# Before anything else (and before asking for root): say what to install.
+if [ "$UNINSTALL" -eq 0 ]; then
+  if ! command -v python3 >/dev/null || ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    found=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo none)
+    echo "install-pi.sh: queickd needs Python 3.11 or newer; this host has $found." >&2
+    echo "  Raspberry Pi OS Bookworm (12) or newer ships 3.11; on Bullseye (3.9) upgrade the OS." >&2
+    exit 1
+  fi
+  if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+    echo "install-pi.sh: Python's venv module is missing: apt install python3-venv" >&2
+    exit 1
+  fi
+fi
+
 if [ "$(id -u)" -ne 0 ]; then
   echo "install-pi.sh: run as root (sudo)" >&2
   exit 1
@@ -46,7 +63,12 @@ if [ "$UNINSTALL" -eq 1 ]; then
     systemctl disable --now "$unit" 2>/dev/null || true
     rm -f "$UNITS/$unit"
   done
-  systemctl stop 'queickd-worker@*.service' 2>/dev/null || true
+  # Every enabled or running worker instance (queickd-worker@gpu, ...), then the template.
+  for unit in $(systemctl list-units --all --plain --no-legend 'queickd-worker@*.service' 2>/dev/null | awk '{print $1}') \
+              $(systemctl list-unit-files --plain --no-legend 'queickd-worker@*.service' 2>/dev/null | awk '$1 != "queickd-worker@.service" {print $1}'); do
+    systemctl disable --now "$unit" 2>/dev/null || true
+  done
+  find "$UNITS" -name 'queickd-worker@*.service' -type l -delete 2>/dev/null || true
   rm -f "$UNITS/queickd-worker@.service"
   rm -f "$DROPIN"
   rmdir "$UNITS/queickd.service.d" 2>/dev/null || true
@@ -54,6 +76,7 @@ if [ "$UNINSTALL" -eq 1 ]; then
   command -v udevadm >/dev/null && udevadm control --reload || true
   systemctl daemon-reload
   rm -rf "$PREFIX"
+  [ "$(readlink /usr/local/bin/queick 2>/dev/null)" = "$PREFIX/venv/bin/queick" ] && rm -f /usr/local/bin/queick
   echo "removed the services and $PREFIX; kept /var/lib/queickd (queue, attendance log), /etc/queickd and the queickd user"
   exit 0
 fi
@@ -65,6 +88,9 @@ if [ "$ATTENDANCE" -eq 1 ]; then
     getent group "$group" >/dev/null || groupadd --system "$group"
   done
   usermod -a -G dialout,plugdev queickd
+  # gpio: the terminal's unit names it (GPIO feedback through /dev/gpiochip*).
+  getent group gpio >/dev/null || groupadd --system gpio
+  usermod -a -G gpio queickd
   EXTRAS=${EXTRAS:+$EXTRAS,}nfc,slack
 fi
 
@@ -73,7 +99,23 @@ echo "==> virtualenv in $PREFIX/venv"
 "$PREFIX/venv/bin/pip" install --quiet --upgrade pip
 spec="$SRC"
 [ -n "$EXTRAS" ] && spec="$SRC[$EXTRAS]"
+case ",$EXTRAS," in
+  *,postgres,*)
+    # psycopg[binary] has no wheel for 32-bit ARM (armv7l, armv6l): there the pure-Python
+    # psycopg uses the system's libpq.
+    platform=$("$PREFIX/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_platform())')
+    if [ "$platform" = linux-armv7l ] || [ "$platform" = linux-armv6l ]; then
+      echo "==> no psycopg binary wheel for $platform: libpq5 and plain psycopg"
+      apt-get install -y libpq5
+      "$PREFIX/venv/bin/pip" install --quiet --upgrade 'psycopg>=3.1'
+      spec="$SRC"
+      rest=$(echo ",$EXTRAS," | sed 's/,postgres,/,/; s/^,//; s/,$//')
+      [ -n "$rest" ] && spec="$SRC[$rest]"
+    fi
+    ;;
+esac
 "$PREFIX/venv/bin/pip" install --quiet --upgrade "$spec"
+ln -sfn "$PREFIX/venv/bin/queick" /usr/local/bin/queick
 
 echo "==> job directory /etc/queickd/jobs"
 install -d -m 0755 /etc/queickd/jobs

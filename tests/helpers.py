@@ -22,8 +22,10 @@ _LISTENING = re.compile(r"listening on (\S+):(\d+)")
 class DaemonProcess:
     """`python -m queickd run` on a free port with the given store; stderr is collected."""
 
-    def __init__(self, store_url: str, *extra: str, workers: int = 4, env: dict | None = None) -> None:
+    def __init__(self, store_url: str, *extra: str, workers: int = 4, env: dict | None = None,
+                 prefix: list[str] | None = None) -> None:
         self.store_url = store_url
+        self.prefix = prefix or []  # a command the daemon runs under, e.g. setpriv dropping a capability
         self.extra = list(extra)
         self.workers = workers
         self.env = env or {}
@@ -33,7 +35,7 @@ class DaemonProcess:
         self._lines_q: queue.Queue[str | None] = queue.Queue()
 
     def start(self, timeout: float = 20.0) -> DaemonProcess:
-        cmd = [sys.executable, "-m", "queickd", "run", "--store", self.store_url, "--port", "0",
+        cmd = [*self.prefix, sys.executable, "-m", "queickd", "run", "--store", self.store_url, "--port", "0",
                "--app-dir", str(JOBS_DIR), "--workers", str(self.workers), "--log-level", "debug",
                *self.extra]
         env = {**os.environ, **self.env}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import os
 import queue
 import re
 import signal
@@ -194,3 +196,24 @@ def test_register_a_card_by_tapping_it_on_a_reader(attendance, db):
         sim.close()
     assert r.returncode == 0 and f"card {ALICE} registered for Alice" in r.stdout
     assert "tap the card" in r.stderr
+
+
+def test_report_without_a_log_says_there_is_none_and_creates_nothing(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "QUEICKD_ATTENDANCE_DB"}
+    r = subprocess.run([sys.executable, "-m", "queickd", "attendance", "report"], capture_output=True,
+                       text=True, timeout=30, cwd=tmp_path, env=env)
+    assert r.returncode == 1 and "there is no attendance log at attendance.db" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_report_yesterday_is_the_work_day_before_today(attendance, db):
+    PunchLog(db).close()
+    today = json.loads(attendance("report", "--db", db, "--date", "today", "--json").stdout)["day"]
+    yesterday = json.loads(attendance("report", "--db", db, "--date", "yesterday", "--json").stdout)["day"]
+    assert dt.date.fromisoformat(today) - dt.date.fromisoformat(yesterday) == dt.timedelta(days=1)
+
+
+def test_report_refuses_a_date_it_cannot_read(attendance, db):
+    PunchLog(db).close()
+    r = attendance("report", "--db", db, "--date", "last week")
+    assert r.returncode == 2 and "'last week' is not a day: give YYYY-MM-DD, today or yesterday" in r.stderr

@@ -102,6 +102,17 @@ def test_configuration_errors_exit_with_ex_config(args, message, tmp_path):
     assert r.returncode == EX_CONFIG and message in r.stderr
 
 
+@pytest.mark.parametrize("env,message", [
+    ({"QUEICKD_TOKEN_FILE": "/no/such/token"}, "cannot read token file /no/such/token"),
+    ({"QUEICKD_WORKERS": "four"}, "QUEICKD_WORKERS='four'"),
+    ({"QUEICKD_LOG_LEVEL": "loud"}, "Unknown level"),
+    ({"QUEICKD_BIND": "no-such-host.invalid"}, "cannot resolve the address to listen on"),
+], ids=["missing-token-file", "bad-env-value", "bad-env-log-level", "unresolvable-bind"])
+def test_start_up_configuration_errors_from_the_environment_exit_with_ex_config(env, message, tmp_path):
+    r = queick("run", "--port", "0", "--store", f"sqlite:///{tmp_path / 'q.db'}", env=env, timeout=30)
+    assert r.returncode == EX_CONFIG and message in r.stderr and "Traceback" not in r.stderr
+
+
 def test_no_subcommand_runs_the_daemon(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "queickd", "--port", "0", "--store",
                              f"sqlite:///{tmp_path / 'q.db'}", "--app-dir", str(JOBS_DIR)],

@@ -1,8 +1,11 @@
 """What the Pi install relies on: a stdlib-only core, valid units, a sane install script."""
 
+import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -50,3 +53,60 @@ def test_the_install_script_parses_and_refuses_non_root_use():
     if hasattr(__import__("os"), "geteuid") and __import__("os").geteuid() != 0:
         r = subprocess.run(["bash", str(script)], capture_output=True, text=True)
         assert r.returncode == 1 and "run as root" in r.stderr
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+@pytest.mark.parametrize("unit", sorted((ROOT / "systemd").glob("*.service")), ids=lambda p: p.name)
+def test_systemd_units_are_rated_ok_by_systemd_analyze_security(unit):
+    r = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(unit)], capture_output=True, text=True)
+    if "--offline" in r.stderr:
+        pytest.skip("this systemd-analyze has no --offline")
+    score = float(re.search(r"Overall exposure level for \S+: (\d+\.\d)", r.stdout).group(1))
+    assert score <= 2.0, r.stdout  # 7.6 "EXPOSED" before the sandbox was tightened
+
+
+def test_the_daemon_unit_lets_the_network_checker_send_icmp_and_nothing_more():
+    lines = (ROOT / "systemd" / "queickd.service").read_text().splitlines()
+    assert "AmbientCapabilities=CAP_NET_RAW" in lines and "CapabilityBoundingSet=CAP_NET_RAW" in lines
+    assert "NoNewPrivileges=yes" in lines and "User=queickd" in lines
+
+
+def _fake_python(version: str, venv: bool) -> Path:
+    """A python3 on a PATH of its own (readable by any user) answering the install script's checks."""
+    bindir = Path(tempfile.mkdtemp(prefix="fakepy-"))
+    bindir.chmod(0o755)
+    old = "import sys; sys.exit(sys.version_info < (3, 11))"
+    script = bindir / "python3"
+    script.write_text("#!/bin/sh\n"
+                      f"case \"$2\" in\n  '{old}') exit {0 if tuple(map(int, version.split('.'))) >= (3, 11) else 1} ;;\n"
+                      f"  *print*) echo {version} ;;\n  *ensurepip*) exit {0 if venv else 1} ;;\nesac\n")
+    script.chmod(0o755)
+    return bindir
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+@pytest.mark.parametrize("version,venv,message", [
+    ("3.9", True, "needs Python 3.11 or newer; this host has 3.9"),
+    ("3.11", False, "apt install python3-venv"),
+], ids=["old-python", "no-venv"])
+def test_the_install_script_checks_python_before_anything_else(version, venv, message):
+    bindir = _fake_python(version, venv)
+    try:
+        # As an unprivileged user where one exists: the check comes before the root check,
+        # and such a user could not change the system if it did not.
+        who = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] \
+            if os.geteuid() == 0 and shutil.which("setpriv") else []
+        if os.geteuid() == 0 and not who:
+            pytest.skip("running as root without setpriv: the script would install for real")
+        r = subprocess.run([*who, "bash", str(ROOT / "scripts" / "install-pi.sh")], capture_output=True,
+                           text=True, env={**os.environ, "PATH": f"{bindir}:/usr/bin:/bin"}, cwd="/")
+    finally:
+        shutil.rmtree(bindir)
+    assert r.returncode == 1 and message in r.stderr and "run as root" not in r.stderr
+
+
+def test_the_install_script_puts_queick_on_the_path_and_uninstalls_worker_instances():
+    text = (ROOT / "scripts" / "install-pi.sh").read_text()
+    assert 'ln -sfn "$PREFIX/venv/bin/queick" /usr/local/bin/queick' in text
+    assert "systemctl disable --now \"$unit\"" in text and "'queickd-worker@*.service'" in text
+    assert "apt-get install -y libpq5" in text and "linux-armv7l" in text

@@ -89,3 +89,13 @@ def test_top_draws_the_status_and_quits_on_q(known):
             proc.kill()
             proc.wait(10)
         os.close(fd)
+
+
+def test_top_without_a_terminal_says_it_needs_one(known):
+    r = queick("top", "--port", str(known.port))
+    assert r.returncode == 2 and "needs a terminal" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_top_refuses_json(known):
+    r = queick("top", "--json", "--port", str(known.port))
+    assert r.returncode == 2 and "queick status --json" in r.stderr

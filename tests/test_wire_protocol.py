@@ -201,3 +201,34 @@ def test_an_unreachable_daemon_raises_connection_error():
     s.close()
     with pytest.raises(ConnectionError, match="is the daemon running"):
         JobQueue("127.0.0.1", port).stats()
+
+
+def _send_then_half_close(port: int, reqs: list[dict]) -> list[dict]:
+    """Send every request, shut our sending side (as `nc -q1` does), read until the daemon closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(b"".join(json.dumps(r).encode() + b"\n" for r in reqs))
+        sock.shutdown(socket.SHUT_WR)
+        with sock.makefile("rb") as rfile:
+            return [json.loads(line) for line in rfile]
+
+
+def test_every_request_sent_before_a_half_close_is_answered(daemon):
+    reqs = [{"op": "enqueue", "func": "testjobs:add", "args": [i, 1]} for i in range(50)] + [{"op": "stats"}]
+    replies = _send_then_half_close(daemon.port, reqs)
+    assert len(replies) == len(reqs)
+    assert all(r["ok"] for r in replies) and "counts" in replies[-1]
+
+
+def test_a_lone_read_request_before_a_half_close_is_answered(daemon):
+    replies = _send_then_half_close(daemon.port, [{"op": "stats"}])
+    assert len(replies) == 1 and "counts" in replies[0]
+
+
+def test_enqueues_acked_before_a_half_close_are_committed(daemon, tmp_path):
+    reqs = [{"op": "enqueue", "func": "testjobs:add", "args": [i, 1], "delay": 3600} for i in range(20)]
+    ids = [r["job_id"] for r in _send_then_half_close(daemon.port, reqs)]
+    store = SQLiteStore(str(tmp_path / "queue.db"))
+    try:
+        assert [store.get(i).id for i in ids] == ids
+    finally:
+        store.close()

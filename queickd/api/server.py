@@ -119,6 +119,17 @@ class _Connection(asyncio.Protocol):
         self._writing_paused = False
         self._set_reading()
 
+    def eof_received(self) -> bool | None:
+        """The peer shut its sending side (`nc -q1`, `printf ... | nc`): it still reads. Answer
+        every request read so far (enqueues once committed), then close; returning True keeps
+        our sending side open until `_pump` has written the last reply owed."""
+        if self.legacy is not None:
+            return None  # a Queick request is one shot: its own reply path closes
+        self.closing = True
+        self.buf.clear()  # a last line without its newline is no request
+        self._pump()
+        return True
+
     def data_received(self, data: bytes) -> None:
         if self.fresh:
             self.fresh = False

@@ -4,7 +4,7 @@
   queick attendance register --name Alice [--slack-user U123] (--card HEX | --last-unknown | --reader PATH)
   queick attendance cards [--unknown]
   queick attendance remove CARD
-  queick attendance report [--date YYYY-MM-DD]
+  queick attendance report [--date YYYY-MM-DD|today|yesterday]
 
 Terminal flags can come from the environment: --some-flag reads
 QUEICKD_ATTENDANCE_SOME_FLAG; the daemon's address and token use the client's
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime as dt
 import json
 import os
 import sys
@@ -43,9 +44,24 @@ def _opt(p: argparse.ArgumentParser, flag: str, help: str, default: Any = None,
         try:
             default = type(value)
         except (ValueError, argparse.ArgumentTypeError) as e:
+            # For `run` (a unit's EnvironmentFile) a bad value is a configuration error: 78.
+            if p.prog.endswith(" run"):
+                p.print_usage(sys.stderr)
+                p.exit(EX_CONFIG, f"{p.prog}: configuration error: {env}={value!r}: {e}\n")
             p.error(f"{env}={value!r}: {e}")
     shown = f" (default: {default})" if default not in (None, "", []) else ""
     p.add_argument(flag, default=default, type=type, help=f"{help}{shown} [env {env}]", **kw)
+
+
+def _day(text: str) -> str:
+    """--date: an ISO date, or 'today' / 'yesterday' (work days, resolved by the report)."""
+    t = text.strip().lower()
+    if t in ("today", "yesterday"):
+        return t
+    try:
+        return dt.date.fromisoformat(t).isoformat()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a day: give YYYY-MM-DD, today or yesterday") from None
 
 
 def _db_flag(p: argparse.ArgumentParser) -> None:
@@ -114,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="a day's punches and hours",
                          description="Print one work day's punches and each person's hours.")
-    rep.add_argument("--date", help="the work day, YYYY-MM-DD (default: the current one)")
+    rep.add_argument("--date", type=_day, help="the work day: YYYY-MM-DD, today or yesterday (default: today)")
     _opt(rep, "--day-boundary", "local time a work day starts", _D.day_boundary)
     rep.add_argument("--json", action="store_true", help="print JSON")
     _db_flag(rep)
@@ -161,7 +177,10 @@ def _fmt(t: float | None) -> str:
 
 
 def _report(a: argparse.Namespace, plog: PunchLog) -> int:
-    day = a.date or work_day(time.time(), parse_day_boundary(a.day_boundary))
+    day = a.date or "today"
+    if day in ("today", "yesterday"):
+        today = work_day(time.time(), parse_day_boundary(a.day_boundary))
+        day = today if day == "today" else (dt.date.fromisoformat(today) - dt.timedelta(days=1)).isoformat()
     punches = plog.punches(day)
     people = day_report(punches)
     if a.json:
@@ -197,6 +216,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if a.command == "run":
         return _run(a)
+    if a.command != "register" and not os.path.exists(a.db):
+        # Reading (or removing from) a log that is not there must not create an empty one.
+        print(f"queick attendance: there is no attendance log at {a.db} (give --db PATH or set "
+              "QUEICKD_ATTENDANCE_DB)", file=sys.stderr)
+        return 1
     try:
         with PunchLog(a.db) as plog:
             if a.command == "register":

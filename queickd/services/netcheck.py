@@ -1,28 +1,36 @@
 """The network checker: a separate process that probes reachability, and its supervisor.
 
-The checker (`python -m queickd.netcheck TARGET`) probes every `interval` seconds, a TCP
-connect to HOST:PORT (port 80 by default) or, for `icmp://HOST`, one echo through the
-system `ping`. It prints `up` or `down` on its stdout once at start and then on every
-transition; that pipe is the local channel to the daemon. It exits when its parent dies.
+The checker (`python -m queickd.services.netcheck TARGET`) probes every `interval` seconds,
+a TCP connect to HOST:PORT (port 80 by default) or, for `icmp://HOST`, one ICMP echo sent
+from Python itself: over an unprivileged ICMP datagram socket where
+`net.ipv4.ping_group_range` admits the process's group (systemd's default admits every
+group), else over a raw socket (CAP_NET_RAW, e.g. `AmbientCapabilities=CAP_NET_RAW`). No
+`ping` program, whose file capability `NoNewPrivileges=yes` disables. It prints `up` or
+`down` on its stdout once at start and then on every transition; that pipe is the local
+channel to the daemon. A probe that cannot run at all (no socket may be opened) is not
+"down": the checker prints `error probe cannot run: WHY` and exits with status 3. It exits
+when its parent dies.
 
 NetworkMonitor (in the daemon) starts the checker, reads its reports on a thread, restarts
-it when it dies (logged, with backoff), and calls on_change(up) on every transition. The
-state is None ("unknown") until the checker has spoken once, so the daemon never assumes
-the network is up.
+it when it dies or cannot even be started (logged, with backoff), keeps the last "cannot
+run" error for `stats`, and calls on_change(up) on every transition. The state is None
+("unknown") until the checker has spoken once, so the daemon never assumes the network is
+up. The monitor only reports; it never parks or releases jobs itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
-import shutil
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 log = logging.getLogger("queickd.netcheck")
@@ -30,6 +38,13 @@ log = logging.getLogger("queickd.netcheck")
 DEFAULT_PORT = 80
 DEFAULT_INTERVAL = 1.0
 _RESTART_BACKOFF = (0.5, 1, 2, 5, 10, 30)
+EX_CANNOT_RUN = 3  # the checker's exit status when its probe cannot run at all
+_ECHO = {socket.AF_INET: (8, 0), socket.AF_INET6: (128, 129)}  # echo request, reply types
+_SEQ = itertools.count(1)
+
+
+class ProbeCannotRunError(Exception):
+    """The probe cannot be made at all (a permission, a missing facility): not "network down"."""
 
 
 def parse_target(target: str) -> tuple[str, str, int | None]:
@@ -55,16 +70,66 @@ def parse_target(target: str) -> tuple[str, str, int | None]:
 
 
 def probe(kind: str, host: str, port: int | None, timeout: float) -> bool:
+    """One probe: True if HOST answered. Raises ProbeCannotRunError if it cannot be made at all."""
     if kind == "tcp":
         try:
             with socket.create_connection((host, port), timeout=timeout):
                 return True
         except OSError:
             return False
-    wait = str(max(1, round(timeout)))
-    r = subprocess.run(["ping", "-c", "1", "-W", wait, host], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=timeout + 5)
-    return r.returncode == 0
+    return icmp_echo(host, timeout)
+
+
+def _icmp_socket(family: int) -> tuple[socket.socket, bool]:
+    """An ICMP socket and whether it is raw: the unprivileged datagram kind first."""
+    proto = socket.IPPROTO_ICMP if family == socket.AF_INET else socket.IPPROTO_ICMPV6
+    errors = []
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_RAW):
+        try:
+            return socket.socket(family, kind, proto), kind == socket.SOCK_RAW
+        except OSError as e:
+            errors.append(f"{'datagram' if kind == socket.SOCK_DGRAM else 'raw'}: {e.strerror or e}")
+    raise ProbeCannotRunError(
+        f"no ICMP socket may be opened ({'; '.join(errors)}): let group {os.getgid()} in "
+        "net.ipv4.ping_group_range (sysctl) or give the process CAP_NET_RAW "
+        "(AmbientCapabilities=CAP_NET_RAW and CapabilityBoundingSet=CAP_NET_RAW in the unit)")
+
+
+def _checksum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    s = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    s = (s >> 16) + (s & 0xFFFF)
+    s += s >> 16
+    return ~s & 0xFFFF
+
+
+def icmp_echo(host: str, timeout: float) -> bool:
+    """Send one ICMP echo request to `host` and wait up to `timeout` s for its reply."""
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)[0]
+    except socket.gaierror:
+        return False  # no name resolution is no network, as far as the jobs are concerned
+    request, reply = _ECHO[family]
+    sock, raw = _icmp_socket(family)
+    seq = next(_SEQ) & 0xFFFF
+    payload = b"queickd" + os.urandom(8)  # matched on the way back: a raw socket sees all ICMP
+    header = struct.pack("!BBHHH", request, 0, 0, os.getpid() & 0xFFFF, seq)
+    packet = struct.pack("!BBHHH", request, 0, _checksum(header + payload), os.getpid() & 0xFFFF, seq) + payload
+    deadline = time.monotonic() + timeout
+    with sock:
+        try:
+            sock.sendto(packet, addr)
+            while (left := deadline - time.monotonic()) > 0:
+                sock.settimeout(left)
+                data = sock.recv(2048)
+                if raw and family == socket.AF_INET:
+                    data = data[(data[0] & 0x0F) * 4:]  # a raw IPv4 socket hands over the IP header too
+                if len(data) >= 8 and data[0] == reply and data[8:] == payload:
+                    return True
+        except OSError:  # unreachable, timed out, refused by a firewall: down
+            return False
+    return False
 
 
 def checker_main(argv: list[str] | None = None) -> int:
@@ -78,15 +143,21 @@ def checker_main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"netcheck: {e}", file=sys.stderr)
         return 2
-    if kind == "icmp" and shutil.which("ping") is None:
-        print("netcheck: icmp:// needs the system 'ping' command", file=sys.stderr)
-        return 2
     parent = os.getppid()
     last: bool | None = None
     timeout = max(0.2, min(a.interval, 5.0))
     while os.getppid() == parent:  # reparented: the daemon is gone, so are we
         started = time.monotonic()
-        up = probe(kind, host, port, timeout)
+        try:
+            up = probe(kind, host, port, timeout)
+        except ProbeCannotRunError as e:
+            print(f"netcheck: probe cannot run: {e}", file=sys.stderr)
+            try:
+                sys.stdout.write(f"error probe cannot run: {e}\n")
+                sys.stdout.flush()
+            except BrokenPipeError:
+                pass
+            return EX_CANNOT_RUN
         if up != last:
             try:
                 sys.stdout.write("up\n" if up else "down\n")
@@ -102,9 +173,11 @@ class NetworkMonitor:
     """Supervises the checker process; the daemon's view of the network. Thread-safe reads."""
 
     def __init__(self, target: str, interval: float, on_change: Callable[[bool], None],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, command: Sequence[str] | None = None) -> None:
         parse_target(target)  # fail at start-up, not in the child
         self.target = target
+        # The checker's program and its first arguments (the target and interval follow).
+        self.command = list(command or [sys.executable, "-m", "queickd.services.netcheck"])
         self.interval = interval
         self._on_change = on_change
         self._clock = clock
@@ -112,6 +185,7 @@ class NetworkMonitor:
         self.since: float | None = None  # wall time of the last transition
         self.restarts = 0
         self.last_report_at: float | None = None
+        self.error: str | None = None  # why the probe cannot run, or the checker cannot start
         self._proc: subprocess.Popen | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -146,34 +220,52 @@ class NetworkMonitor:
         state = "unknown" if self.up is None else "up" if self.up else "down"
         return {"target": self.target, "checker_alive": self.alive, "checker_pid": self.pid,
                 "state": state, "since": self.since, "down_since": self.since if self.up is False else None,
-                "restarts": self.restarts, "last_report_at": self.last_report_at}
+                "restarts": self.restarts, "last_report_at": self.last_report_at, "error": self.error}
 
     def _spawn(self) -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, "-m", "queickd.services.netcheck", self.target, "--interval", str(self.interval)],
+            [*self.command, self.target, "--interval", str(self.interval)],
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, bufsize=1,
         )
 
     def _supervise(self) -> None:
         failures = 0
         while not self._stopping.is_set():
-            self._proc = proc = self._spawn()
-            log.info("network checker started (pid %d, probing %s every %g s)", proc.pid,
-                     self.target, self.interval)
-            spoke = False
-            for line in proc.stdout:  # type: ignore[union-attr]
-                spoke = True
-                self._report(line.strip() == "up")
-            code = proc.wait()
+            spoke = self._run_once()
             if self._stopping.is_set():
                 return
             self.restarts += 1
             failures = 0 if spoke else failures + 1
             delay = _RESTART_BACKOFF[min(failures, len(_RESTART_BACKOFF) - 1)]
-            log.warning("network checker (pid %d) exited with %s; restarting in %g s",
-                        proc.pid, code, delay)
+            log.warning("network checker stopped; restarting in %g s", delay)
             if self._stopping.wait(delay):
                 return
+
+    def _run_once(self) -> bool:
+        """Start the checker and read it until it exits. True if it reported up or down. Any
+        failure to start it is logged and survived: the supervisor must outlive it."""
+        try:
+            self._proc = proc = self._spawn()
+        except Exception as e:  # PermissionError, a missing interpreter, no more processes...
+            self.error = f"checker cannot start: {type(e).__name__}: {e}"
+            log.error("network checker cannot start: %s", e)
+            return False
+        log.info("network checker started (pid %d, probing %s every %g s)", proc.pid,
+                 self.target, self.interval)
+        spoke = False
+        for line in proc.stdout:  # type: ignore[union-attr]
+            line = line.strip()
+            if line.startswith("error "):
+                self.error = line[len("error "):]
+                log.error("network checker (pid %d): %s; the network state stays unknown", proc.pid, self.error)
+            elif line in ("up", "down"):
+                spoke = True
+                self.error = None
+                self._report(line == "up")
+        code = proc.wait()
+        if not self._stopping.is_set():
+            log.warning("network checker (pid %d) exited with %s", proc.pid, code)
+        return spoke
 
     def _report(self, up: bool) -> None:
         self.last_report_at = self._clock()

@@ -52,6 +52,8 @@ def lines(s: dict[str, Any], width: int = 100) -> list[str]:
     else:
         out.append(f"network  {net['state']} since {_terse_ago(now, net['since'])} ago   checker "
                    f"{'alive' if net['checker_alive'] else 'DEAD'}, probing {net['target']}")
+        if net.get("error"):
+            out.append(f"network  {net['error'].upper()[:1]}{net['error'][1:]}")
     history = s.get("history") or []
     if history:
         done = [h["completed"] + h["failed"] for h in history]

@@ -1,0 +1,271 @@
+"""The `queick` command line: one sub-parser per command, each naming the function that runs
+it (`set_defaults(handler=...)`), and the `--config` file read beneath `queick run`. Only parses;
+never runs a command."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from .. import __version__, log
+from .. import config as config_file
+from ..api.httpd import DEFAULT_HTTP_PORT
+from ..core.job import State
+from ..core.retry import POLICIES
+from ..services.fleet import EX_VERSION
+from . import jobs as jobs_cmd
+from . import ops
+from . import run as run_cmd
+from .options import DEFAULTS, BadEnvironmentError, Repeatable, duration, env, json_arg, opt, truthy
+from .remote import ClientCommand, run_client
+
+SUBCOMMANDS = ("run", "enqueue", "jobs", "show", "cancel", "retry", "stats", "crons", "dead", "purge",
+               "resume", "status", "top", "worker", "db", "pool")
+STARTS_A_PROCESS = ("run", "worker")  # their bad QUEICKD_* values exit 78, not 2
+
+
+def _talks(p: argparse.ArgumentParser, command: ClientCommand) -> None:
+    """Give `p` the client flags and make it run `command` against the daemon."""
+    _client_flags(p)
+    p.set_defaults(handler=functools.partial(run_client, command))
+
+
+def _daemon_flags(p: argparse.ArgumentParser) -> None:
+    d = DEFAULTS
+    opt(p, "--store", "store URL: sqlite:///path.db, memory://, postgresql://user@host/db", d.store)
+    opt(p, "--durability", "SQLite sync: full survives power loss; normal may lose the last "
+         "commits on power loss (never on a crash)", d.durability, choices=("full", "normal"))
+    opt(p, "--bind", "address to listen on (keep loopback unless you set --token-file)", d.bind)
+    opt(p, "--port", "TCP port of the enqueue protocol (0 picks a free one)", d.port, type=int)
+    opt(p, "--workers", "worker threads running jobs", d.workers, type=int)
+    opt(p, "--app-dir", "directory whose modules may run as jobs", d.app_dir)
+    opt(p, "--allow", "also allow modules matching this pattern (fnmatch, repeatable), "
+         "e.g. 'queickd.attendance.*'", None, action="append")
+    opt(p, "--token-file", "file holding a token that clients must send in hello", None)
+    opt(p, "--stop-timeout", "seconds running jobs get to finish on SIGTERM", d.stop_timeout, type=float)
+    opt(p, "--max-orphan-requeues", "times a job left running by a crash is re-queued before "
+         "it is dead", d.max_orphan_requeues, type=int)
+    opt(p, "--sweep", "seconds between safety sweeps of an idle daemon", d.sweep, type=float)
+    opt(p, "--ping-host", "start the network checker: HOST[:PORT] (TCP connect, port 80) or "
+         "icmp://HOST; jobs with retry_on_network wait for the network", None)
+    opt(p, "--ping-interval", "seconds between network probes", d.ping_interval, type=float)
+    opt(p, "--max-queued", "waiting jobs in all before enqueue answers queue_full", d.max_queued, type=int)
+    opt(p, "--max-queued-per-key", "waiting jobs per key before enqueue answers queue_full",
+         d.max_queued_per_key, type=int)
+    opt(p, "--idempotency-ttl", "how long an idempotency key names its job (e.g. 24h)",
+         d.idempotency_ttl, type=duration)
+    opt(p, "--event-max-attempts", "delivery attempts of an event before it is a dead letter",
+         d.event_max_attempts, type=int)
+    opt(p, "--pause-after", "failed runs in a row that pause a key or function", d.pause_after, type=int)
+    opt(p, "--keep-finished", "how long succeeded and cancelled jobs are kept (e.g. 7d)",
+         d.keep_finished, type=duration)
+    opt(p, "--http", "serve webhooks, /metrics, /healthz and the status page on HOST:PORT "
+         f"(off by default; --http alone means 127.0.0.1:{DEFAULT_HTTP_PORT})", None, nargs="?",
+         const=f"127.0.0.1:{DEFAULT_HTTP_PORT}")
+    opt(p, "--accept-queick-clients", "also accept unmodified Queick 1.2.1 clients (pickled "
+         "requests, loaded as plain data only) on the TCP port", False, type=truthy, nargs="?", const=True)
+    opt(p, "--pool", "worker pool this daemon's workers serve (repeatable; "
+         "default: default)", None, action="append")
+    opt(p, "--heartbeat", "seconds between heartbeats in a shared PostgreSQL store (gone after 3 missed)",
+         d.heartbeat, type=float)
+    opt(p, "--log-level", "log level", "info", choices=log.LEVELS)
+    opt(p, "--config", "TOML file holding any of these flags (env and command line win over it) "
+         "and [hooks.NAME] webhook tables", None)
+
+
+def _with_config_file(p: argparse.ArgumentParser, args: list[str], a: argparse.Namespace) -> argparse.Namespace:
+    """Parse again with the config file's settings as defaults (below env and flags)."""
+    run = next(act for act in p._subparsers._group_actions if act.dest == "command").choices["run"]  # type: ignore[union-attr]
+    dests = {act.dest: act for act in run._actions}
+    values = config_file.load(a.config, dests)
+    defaults: dict[str, Any] = {}
+    for name, v in values.items():
+        if name == "hooks":
+            defaults[name] = v
+            continue
+        act = dests[name]
+        if env(act.option_strings[0]) is not None:
+            continue  # the environment wins over the file
+        if isinstance(act, Repeatable) and not isinstance(v, list):
+            v = [v]  # pool = "gpu" means the one pool, as pool = ["gpu"] does
+        if isinstance(v, list):
+            v = [str(x) for x in v]
+        elif not isinstance(v, str):
+            v = str(v).lower() if isinstance(v, bool) else str(v)  # typed by the flag's own parser
+        if act.type is not None and isinstance(v, str):
+            try:
+                v = act.type(v)
+            except (ValueError, argparse.ArgumentTypeError) as e:
+                raise config_file.ConfigFileError(f"{a.config}: {name}: {e}") from None
+        if act.choices is not None and v not in act.choices:
+            raise config_file.ConfigFileError(f"{a.config}: {name} must be one of {', '.join(act.choices)}")
+        defaults[name] = v
+    run.set_defaults(**defaults)
+    return p.parse_args(args)
+
+
+def _client_flags(p: argparse.ArgumentParser) -> None:
+    opt(p, "--host", "daemon host", "127.0.0.1")
+    opt(p, "--port", "daemon port", DEFAULTS.port, type=int)
+    opt(p, "--token-file", "file holding the daemon's token", None)
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="queick",
+        description="queickd: a durable job-queue daemon for edge devices. With no command, "
+        "runs the daemon (same as 'queick run').",
+        epilog="Run 'queick COMMAND --help' for a command's flags.",
+    )
+    p.add_argument("--version", action="version", version=f"queickd {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the daemon (the default)",
+                         description="Run the daemon in the foreground until SIGTERM/SIGINT.")
+    _daemon_flags(run)
+    run.set_defaults(handler=run_cmd.run_daemon)
+
+    enq = sub.add_parser("enqueue", help="queue a job", description="Queue one job and print its id.")
+    enq.add_argument("func", help="module:function to run (module.function works too)")
+    enq.add_argument("--args", type=json_arg(list), default=[], help="positional arguments, a JSON array")
+    enq.add_argument("--kwargs", type=json_arg(dict), default={}, help="keyword arguments, a JSON object")
+    when = enq.add_mutually_exclusive_group()
+    when.add_argument("--delay", type=float, help="run after this many seconds")
+    when.add_argument("--run-at", type=float, help="run at this unix time")
+    enq.add_argument("--retry", choices=POLICIES, help="retry on failure with this backoff policy")
+    enq.add_argument("--max-attempts", type=int, help="runs in all, the first included (with --retry)")
+    enq.add_argument("--key", help="serial key")
+    enq.add_argument("--idempotency-key", help="a second enqueue with this key returns the first job")
+    enq.add_argument("--pool", help="worker pool that runs it (default: default)")
+    enq.add_argument("--manual", action="store_true",
+                     help="an operator's run: refused (conflict) if its key already has a job; resumes a pause")
+    enq.add_argument("--wait", type=float, metavar="SECONDS", help="wait for the job to finish and print it")
+    _talks(enq, jobs_cmd.enqueue)
+
+    jobs = sub.add_parser("jobs", help="list jobs, newest first", description="List jobs, newest first.")
+    jobs.add_argument("--state", choices=State.ALL, help="only jobs in this state")
+    jobs.add_argument("--limit", type=int, default=50, help="at most this many (default: 50)")
+    _talks(jobs, jobs_cmd.jobs)
+
+    for name, text, command in (("show", "show one job in full", jobs_cmd.show),
+                                ("cancel", "cancel a job that has not started", jobs_cmd.cancel)):
+        sp = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        sp.add_argument("job_id", type=int, help="job id")
+        _talks(sp, command)
+    retry = sub.add_parser("retry", help="send dead letters back to the queue",
+                           description="Send a dead job (by id), a dead event, or every dead letter back.")
+    which = retry.add_mutually_exclusive_group(required=True)
+    which.add_argument("job_id", type=int, nargs="?", help="job id")
+    which.add_argument("--all", action="store_true", help="every dead job and dead event")
+    which.add_argument("--event", metavar="EVENT_ID", help="a dead event")
+    _talks(retry, jobs_cmd.retry)
+    dead = sub.add_parser("dead", help="list dead letters", description="List dead jobs and dead events.")
+    dead.add_argument("--limit", type=int, default=50, help="at most this many of each (default: 50)")
+    _talks(dead, jobs_cmd.dead)
+    purge = sub.add_parser("purge", help="delete old finished jobs",
+                           description="Delete jobs in a final state that finished long enough ago.")
+    kind = purge.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--dead", dest="state", action="store_const", const="dead", help="dead letters")
+    kind.add_argument("--succeeded", dest="state", action="store_const", const="succeeded")
+    kind.add_argument("--cancelled", dest="state", action="store_const", const="cancelled")
+    purge.add_argument("--older-than", type=duration, required=True, help="e.g. 7d, 12h, 3600")
+    _talks(purge, jobs_cmd.purge)
+    resume = sub.add_parser("resume", help="resume a paused key or function",
+                            description="Lift the pause put on a key (or function) after repeated failures.")
+    resume.add_argument("key", nargs="?", help="the serial key")
+    resume.add_argument("--func", help="module:function instead of a key")
+    _talks(resume, jobs_cmd.resume)
+
+    stats = sub.add_parser("stats", help="counts by state, workers, scheduler",
+                           description="Show the daemon's counts by state, workers and scheduler.")
+    _talks(stats, ops.stats)
+    crons = sub.add_parser("crons", help="list recurring jobs", description="List recurring jobs.")
+    _talks(crons, ops.crons)
+    status = sub.add_parser("status", help="what the daemon is doing, at a glance",
+                            description="Workers, waiting jobs per key, the oldest wait, pauses, running "
+                            "jobs, dead letters with their errors, the network, and the last hour.")
+    _talks(status, ops.status)
+    top = sub.add_parser("top", help="a live view of 'queick status', redrawn every second",
+                         description="Redraw the status every second until q or Ctrl-C.")
+    _client_flags(top)
+    top.set_defaults(handler=ops.top)  # it checks for a terminal before it connects
+    _fleet_parsers(sub)
+    # Parsed by queickd.attendance.cli (main() hands it over); listed here for --help.
+    sub.add_parser("attendance", help="the NFC attendance terminal ('queick attendance --help')", add_help=False)
+    return p
+
+
+def _fleet_parsers(sub: Any) -> None:
+    """`queick worker`, `queick db migrate`, `queick pool set`: scaling out on PostgreSQL."""
+    from ..services.workerproc import WorkerConfig
+
+    w = WorkerConfig()
+    wk = sub.add_parser(
+        "worker", help="run an external worker that pulls jobs from PostgreSQL",
+        description="Run jobs of the given pools from a shared PostgreSQL store. Opens no port. "
+        f"Exits {EX_VERSION} (not restarted by systemd) if the database is at another queickd version.")
+    opt(wk, "--store", "the shared store: postgresql://user@host/db", None, required=env("--store") is None)
+    opt(wk, "--pool", "worker pool to serve (repeatable; default: default)", None, action="append")
+    opt(wk, "--workers", "jobs run at once by this process", w.workers, type=int)
+    opt(wk, "--app-dir", "directory whose modules may run as jobs", w.app_dir)
+    opt(wk, "--allow", "also allow modules matching this pattern (fnmatch, repeatable)", None, action="append")
+    opt(wk, "--heartbeat", "seconds between heartbeats; gone after 3 missed", w.heartbeat, type=float)
+    opt(wk, "--sweep", "seconds between safety sweeps when no notification comes", w.sweep, type=float)
+    opt(wk, "--max-orphan-requeues", "times a job whose worker died is re-queued before it is dead",
+         w.max_orphan_requeues, type=int)
+    opt(wk, "--stop-timeout", "seconds running jobs get to finish on SIGTERM", w.stop_timeout, type=float)
+    opt(wk, "--pause-after", "failed runs in a row that pause a key or function", w.pause_after, type=int)
+    opt(wk, "--log-level", "log level", "info", choices=log.LEVELS)
+    wk.set_defaults(handler=run_cmd.run_worker)
+
+    db = sub.add_parser("db", help="database maintenance", description="Database maintenance.")
+    dbsub = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
+    mig = dbsub.add_parser("migrate", help="create or upgrade the store's schema (idempotent)",
+                           description="Create or upgrade the schema of the store (the daemon does this "
+                           "at start too). Safe to run again, and from several hosts at once.")
+    opt(mig, "--store", "store URL", DEFAULTS.store)
+    mig.set_defaults(handler=run_cmd.db_migrate)
+    bak = dbsub.add_parser("backup", help="copy the SQLite store to PATH, safely, while the daemon runs",
+                           description="Copy the SQLite store to a new file PATH online (SQLite's backup "
+                           "API, one read snapshot): the copy holds every job acknowledged before it "
+                           "began. Progress goes to stderr for a large store. Not for PostgreSQL (pg_dump).")
+    bak.add_argument("path", help="the new file to write (it must not exist)")
+    opt(bak, "--store", "store URL", DEFAULTS.store)
+    bak.set_defaults(handler=run_cmd.db_backup)
+
+    pool = sub.add_parser("pool", help="move work between worker pools",
+                          description="Operator actions on worker pools (logged by the daemon).")
+    poolsub = pool.add_subparsers(dest="pool_command", metavar="ACTION", required=True)
+    ps = poolsub.add_parser("set", help="move a key's waiting jobs (or a job, or a cron) to a pool",
+                            description="Move the waiting jobs of KEY (or one waiting job, or a cron and "
+                            "its waiting runs) to POOL. Running jobs finish where they are.")
+    ps.add_argument("key", nargs="?", help="the serial key")
+    ps.add_argument("pool", help="the pool to move to")
+    which = ps.add_mutually_exclusive_group()
+    which.add_argument("--job", type=int, metavar="JOB_ID", help="one waiting job instead of a key")
+    which.add_argument("--cron", metavar="NAME", help="a cron instead of a key")
+    _talks(ps, jobs_cmd.pool_set)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line (with no command, `run`), and for `run` the --config file beneath it.
+    Raises config.ConfigFileError for a bad file, and for a bad QUEICKD_* value given to a
+    command that starts a process; exits (2) on bad usage, as argparse does."""
+    args = list(argv)
+    if not args or (args[0] not in SUBCOMMANDS and args[0] not in ("-h", "--help", "--version")):
+        args.insert(0, "run")
+    try:
+        p = build_parser()
+    except BadEnvironmentError as e:
+        if args[0] in STARTS_A_PROCESS:
+            raise config_file.ConfigFileError(e.message) from None
+        e.parser.error(e.message)
+    a = p.parse_args(args)
+    if a.command == "run" and a.config:
+        a = _with_config_file(p, args, a)
+    return a
+
+

@@ -1,0 +1,40 @@
+"""Runs a client command against a daemon: connects (with the token file), calls the
+command, and turns what can go wrong on the way into an exit status (1: refused or not
+reachable) and one line on stderr instead of a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+from ..client import JobQueue
+from ..core.protocol import QueueError
+
+ClientCommand = Callable[[argparse.Namespace, JobQueue], int]
+
+
+def connect(a: argparse.Namespace) -> JobQueue:
+    token = None
+    if a.token_file:
+        with open(a.token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+    return JobQueue(a.host, a.port, token=token)
+
+
+def run_client(command: ClientCommand, a: argparse.Namespace) -> int:
+    """Connect and run `command`; the exit status it returns, or 1 if the daemon refused or
+    could not be reached."""
+    try:
+        with connect(a) as q:
+            return command(a, q)
+    except BrokenPipeError:  # `queick jobs | head`: the reader has gone; so do we, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except QueueError as e:
+        print(f"queick: {e}", file=sys.stderr)
+        return 1
+    except (ConnectionError, TimeoutError, OSError) as e:
+        print(f"queick: {e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,118 @@
+"""`queick run`, `queick worker` and `queick db migrate`: the commands that start a process
+or open a store themselves rather than talk to a daemon. Owns their exit statuses (78 for a
+configuration error, 79 for a version mismatch, 1 for what systemd should retry)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+import sqlite3
+import sys
+import time
+from typing import TypeVar
+
+from .. import log
+from ..daemon import Config, Daemon
+from ..services.fleet import EX_VERSION
+from ..store.pgschema import VersionMismatchError
+from .options import EX_CONFIG
+
+_C = TypeVar("_C")
+
+
+def given(config_class: type[_C], a: argparse.Namespace) -> _C:
+    """A config dataclass from the options given (those left at None keep its defaults)."""
+    fields = {f.name for f in dataclasses.fields(config_class)}  # type: ignore[arg-type]
+    return config_class(**{k: v for k, v in vars(a).items() if k in fields and v is not None})
+
+
+def run_daemon(a: argparse.Namespace) -> int:
+    try:
+        log.setup(a.log_level)  # QUEICKD_LOG_LEVEL skips the flag's choices: ValueError
+        daemon = Daemon(given(Config, a))
+        finished = daemon.run_forever()
+    except ValueError as e:
+        print(f"queick: configuration error: {e}", file=sys.stderr)
+        return EX_CONFIG
+    except VersionMismatchError as e:
+        print(f"queick: {e}", file=sys.stderr)
+        return EX_VERSION
+    except socket.gaierror as e:  # --bind or --http names no address: restarting cannot help
+        print(f"queick: configuration error: cannot resolve the address to listen on: {e}", file=sys.stderr)
+        return EX_CONFIG
+    except OSError as e:  # the port is taken, the store's directory is not writable (yet), ...
+        print(f"queick: cannot start: {e}", file=sys.stderr)
+        return 1
+    if not finished:
+        # Worker threads cannot be interrupted; the store is consistent and their jobs are
+        # recovered as orphans next time, so leave without waiting for them.
+        sys.stderr.flush()
+        os._exit(daemon.exit_status)
+    return daemon.exit_status
+
+
+def run_worker(a: argparse.Namespace) -> int:
+    from ..services.workerproc import WorkerConfig, run
+
+    try:
+        log.setup(a.log_level)
+        return run(given(WorkerConfig, a))
+    except ValueError as e:
+        print(f"queick: configuration error: {e}", file=sys.stderr)
+        return EX_CONFIG
+    except OSError as e:  # the database cannot be reached: systemd tries again later
+        print(f"queick: cannot start: {e}", file=sys.stderr)
+        return 1
+
+
+def db_migrate(a: argparse.Namespace) -> int:
+    from ..store import open_store
+    from ..store.base import FleetStore
+
+    try:
+        store = open_store(a.store)  # opening migrates
+    except VersionMismatchError as e:
+        print(f"queick: {e}", file=sys.stderr)
+        return EX_VERSION
+    except ValueError as e:
+        print(f"queick: {e}", file=sys.stderr)
+        return EX_CONFIG
+    except OSError as e:
+        print(f"queick: cannot migrate: {e}", file=sys.stderr)
+        return 1
+    v = store.versions() if isinstance(store, FleetStore) else None  # only a shared store records them
+    shown = f" (queickd {v[0]}, schema {v[1]})" if v else ""
+    store.close()
+    print(f"{a.store}: schema up to date{shown}")
+    return 0
+
+
+def db_backup(a: argparse.Namespace) -> int:
+    """`queick db backup PATH`: an online copy of the SQLite store, with progress on stderr."""
+    from ..store import sqlitebackup
+
+    try:
+        source = sqlitebackup.sqlite_path(a.store)
+    except ValueError as e:
+        print(f"queick db backup: {e}", file=sys.stderr)
+        return 2
+    shown = [-1]
+
+    def progress(copied: int, total: int) -> None:
+        percent = copied * 100 // max(total, 1)
+        if total > sqlitebackup.STEP_PAGES and percent // 10 != shown[0]:  # a large file: every 10 %
+            shown[0] = percent // 10
+            print(f"queick db backup: {percent}% ({copied} of {total} pages)", file=sys.stderr, flush=True)
+
+    started = time.monotonic()
+    try:
+        pages = sqlitebackup.backup(source, a.path, progress)
+    except (OSError, sqlite3.Error) as e:
+        print(f"queick db backup: {e}", file=sys.stderr)
+        return 1
+    size = os.path.getsize(a.path)
+    print(f"{a.store} backed up to {a.path}: {pages} pages, {size / 1e6:.1f} MB in "
+          f"{time.monotonic() - started:.1f} s")
+    return 0

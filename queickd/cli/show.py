@@ -1,0 +1,75 @@
+"""How `queick` prints jobs, pauses and stats as text. Only formats what it is given; never
+talks to a daemon."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from ..services.fleet import unserved
+
+
+def fmt_time(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def print_jobs(jobs: list[dict[str, Any]]) -> None:
+    print(f"{'ID':>8}  {'STATE':<15} {'TRIES':>5}  {'RUN AT':<19}  FUNC / ERROR")
+    for j in jobs:
+        err = j.get("error") or {}
+        tail = f"  [{err.get('type')}: {err.get('message')}]" if err else ""
+        tries = f"{j['attempts']}/{j['max_attempts']}"
+        print(f"{j['id']:>8}  {j['state']:<15} {tries:>5}  {fmt_time(j['run_at']):<19}  {j['func']}{tail}")
+
+
+def print_pauses(pauses: list[dict[str, Any]]) -> None:
+    for p in pauses:
+        err = p.get("last_error") or {}
+        print(f"PAUSED {p['kind']} {p['name']} since {fmt_time(p['paused_at'])} after {p['failures']} "
+              f"failures: {err.get('type')}: {err.get('message')}  ('queick resume')")
+
+
+def print_job(job: dict[str, Any]) -> None:
+    for k, v in job.items():
+        if k == "error" and v:
+            print(f"{'error':>16}: {v.get('type')}: {v.get('message')}")
+            if v.get("traceback"):
+                print("\n".join("                  " + line for line in v["traceback"].splitlines()))
+        elif k in ("run_at", "created_at", "started_at", "finished_at"):
+            print(f"{k:>16}: {fmt_time(v)}")
+        else:
+            print(f"{k:>16}: {json.dumps(v, ensure_ascii=False) if not isinstance(v, str) else v}")
+
+
+def print_stats(s: dict[str, Any]) -> None:
+    print(f"queickd {s['version']}  store {s['store']}  up {s['uptime']:.0f} s")
+    w = s["workers"]
+    print(f"workers: {w['busy']}/{w['total']} busy   enqueued {s['enqueued']} in {s['commits']} commits"
+          f"   completed {s['completed']}   failed attempts {s['failed']}")
+    sch = s["scheduler"]
+    print(f"scheduler: {'alive' if sch['alive'] else 'STOPPED'}, last fired {fmt_time(sch['last_fired_at'])}"
+          f"   crons: {s['crons']}")
+    net = s.get("network")
+    if net is None:
+        print("network: no checker configured")
+    else:
+        print(f"network: {net['state']} since {fmt_time(net['since'])}   checker "
+              f"{'alive' if net['checker_alive'] else 'DEAD'} (pid {net['checker_pid']}, "
+              f"{net['restarts']} restarts), probing {net['target']}")
+        if net.get("error"):
+            print(f"network checker error: {net['error']}")
+    print("jobs: " + "  ".join(f"{k} {v}" for k, v in s["counts"].items()))
+    ev = s["events"]
+    print(f"events: pending {ev['pending']}  dead {ev['dead']}   refused requests {s['refused']}"
+          f"   cron ticks folded {s['crons_folded']}")
+    for k in s["waiting_by_key"]:
+        print(f"  key {k['key']}: {k['waiting']} waiting, oldest due {fmt_time(k['oldest_run_at'])}")
+    print_pauses(s["paused"])
+    for name, p in (s.get("pools") or {}).items():
+        alarm = "   NO WORKERS: its jobs wait" if unserved(p) else ""
+        print(f"pool {name}: {p['waiting']} waiting, {p['workers']} worker slot(s) alive{alarm}")
+    for w in s.get("fleet") or []:
+        state = "REFUSED: " + w["refused"] if w["refused"] else "alive" if w["alive"] else "GONE"
+        print(f"  {w['kind']} {w['host']}:{w['pid']} pools {','.join(w['pools'])} queickd {w['version']}"
+              f"  running {w['running']}/{w['slots']}  last beat {w['silent_for']:.0f} s ago  {state}")
