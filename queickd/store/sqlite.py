@@ -22,7 +22,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
-from ..core.job import DEFAULT_POOL, Job, NewJob, Outcome, State, Submitted
+from ..core.job import Job, NewJob, Outcome, State, Submitted
 from ..core.policy import admission as adm
 from . import rows as dbrows
 from .base import (
@@ -126,9 +126,10 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_pending ON events (next_attempt_at) WHERE state = 'pending';
 """
-_INSERT = ("INSERT INTO jobs (id, state, func, args, kwargs, priority, run_at, created_at, max_attempts,"
-           " retry, retry_on_network, key, idempotency_key, cron, pool) VALUES ", 15)
+_INSERT = (f"INSERT INTO jobs ({', '.join(dbrows.INSERT_COLS)}) VALUES ", len(dbrows.INSERT_COLS))
+_STATE_AT = dbrows.INSERT_COLS.index("state")  # in a row of _INSERT
 _INSERT_PLAIN = ("INSERT INTO jobs (id, state, func, run_at, created_at) VALUES ", 5)
+_plain = dbrows.plain_check(("func", "run_at"))  # a job _INSERT_PLAIN can store
 _ROWS_MAX = 256  # rows per INSERT statement; statements of 2**k rows, so few distinct ones
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 _RARE = frozenset({State.RUNNING, State.DEAD, State.WAITING_NETWORK, State.CANCELLED})  # own indexes
@@ -320,17 +321,15 @@ class SQLiteStore(SharedSql, StoreBase):
         plain, full = [], []
         for job_id, (_, _, j) in zip(ids, p.inserts, strict=True):
             state = State.QUEUED if j.run_at <= now else State.SCHEDULED
-            if (j.args or j.kwargs or j.priority or j.retry or j.retry_on_network or j.key
-                    or j.idempotency_key or j.cron or j.pool != DEFAULT_POOL):
-                full.append((job_id, state, j.func, dbrows.dumps(j.args) if j.args else None,
-                             dbrows.dumps(j.kwargs) if j.kwargs else None, j.priority, j.run_at, now,
-                             j.max_attempts, dbrows.dumps(j.retry.to_dict()) if j.retry else None,
-                             int(j.retry_on_network), j.key, j.idempotency_key, j.cron, j.pool))
-            else:  # binding 5 parameters instead of 14 is most of an insert's Python cost
+            if _plain(j):  # binding 5 parameters instead of 15 is most of an insert's Python cost
                 plain.append((job_id, state, j.func, j.run_at, now))
+            else:
+                full.append(dbrows.insert_values(job_id, state, now, j))
         _insert_rows(c, _INSERT_PLAIN, plain)
         _insert_rows(c, _INSERT, full)
-        for state, n in collections.Counter(row[1] for rows in (plain, full) for row in rows).items():
+        counts = collections.Counter(row[1] for row in plain)
+        counts.update(row[_STATE_AT] for row in full)
+        for state, n in counts.items():
             c.execute("INSERT INTO state_counts VALUES (?, ?) ON CONFLICT (state) DO UPDATE SET n = n + excluded.n",
                       (state, n))
         manual = {(k, n) for _, _, j in p.inserts if j.manual for k, n in (("key", j.key), ("func", j.func))
