@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from queickd.core.job import NewJob, RetrySpec
+from queickd.core.job import NewJob, RetrySpec, new_record
 from queickd.core.policy import admission as adm
 from queickd.store import sqlite_schema
 from queickd.store.sqlite import SCHEMA_VERSION, SchemaTooNewError, SQLiteStore
@@ -98,3 +98,15 @@ def test_a_new_file_gets_every_step_and_the_last_version(tmp_path):
     c.close()
     assert {"jobs", "meta", "state_counts", "crons", "streaks", "pauses", "events"} <= names
     assert "jobs_count_insert" not in names  # dropped by step 3
+
+
+
+@pytest.mark.parametrize("new", [NewJob("m:f", run_at=T0), NewJob("m:f", [1], {"a": 1}, 3, T0, key="k", pool="p")],
+                         ids=["plain insert", "full insert"])
+def test_a_new_job_reads_back_as_the_declared_new_record(tmp_path, new):
+    # A plain insert names five columns and leaves the others to the columns' defaults,
+    # which must be the declared ones (the memory store's record is built from those).
+    s = SQLiteStore(str(tmp_path / "q.db"))
+    (sub,) = s.submit([new], T0)
+    assert s.get(sub.job_id) == new_record(sub.job_id, "queued", T0, new)
+    s.close()

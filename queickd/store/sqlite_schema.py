@@ -119,6 +119,13 @@ def _run(c: sqlite3.Connection, script: str) -> None:
         raise ValueError(f"incomplete statement in a migration: {stmt.strip()[:80]}")
 
 
+def _add_column(c: sqlite3.Connection, table: str, column: str, decl: str) -> None:
+    """ALTER TABLE ADD COLUMN unless the column is there: a step may meet a file that a
+    crash or a hand-edited version left half way, and must still apply."""
+    if column not in {r[1] for r in c.execute(f"PRAGMA table_info({table})")}:
+        c.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+
+
 def _v1(c: sqlite3.Connection) -> None:
     """Tables, partial indexes, state counts kept by triggers, crons, streaks, pauses, events."""
     _run(c, _V1)
@@ -127,8 +134,7 @@ def _v1(c: sqlite3.Connection) -> None:
 def _v2(c: sqlite3.Connection) -> None:
     """jobs.pool: every job of an older file is in the default pool."""
     _run(c, _V1)  # early schema-1 files: the tables added while the version stayed 1
-    if "pool" not in {r[1] for r in c.execute("PRAGMA table_info(jobs)")}:
-        c.execute("ALTER TABLE jobs ADD COLUMN pool TEXT NOT NULL DEFAULT 'default'")
+    _add_column(c, "jobs", "pool", "TEXT NOT NULL DEFAULT 'default'")
 
 
 def _v3(c: sqlite3.Connection) -> None:
