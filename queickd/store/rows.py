@@ -12,7 +12,7 @@ from typing import Any
 
 from ..core import fields
 from ..core import retry as retry_mod
-from ..core.job import Job, NewJob
+from ..core.job import Job, NewJob, State
 from .base import CronRecord, Pause
 
 EVENT_COLS = "event_id, state, func, key, created_at, attempts, next_attempt_at, job_id, last_error"
@@ -60,10 +60,16 @@ INSERT_COLS = tuple(f.name for f in fields.INSERTED)  # the columns of insert_va
 PG_INSERT_TYPES = tuple(_PG_ARRAY[f.sql] for f in fields.INSERTED)  # type: ignore[index]
 
 
+_FROM = {fields.FROM_ID: "job_id", fields.FROM_STATE: "state", fields.FROM_NOW: "now"}
+
+
+def _value(f: fields.Field) -> str:
+    return _ENCODE[f.codec].format(v=_FROM.get(f.insert, f"j.{f.name}"))  # type: ignore[arg-type]
+
+
 def _insert_encoder() -> Any:
-    src_of = {fields.FROM_ID: "job_id", fields.FROM_STATE: "state", fields.FROM_NOW: "now"}
-    parts = [_ENCODE[f.codec].format(v=src_of.get(f.insert, f"j.{f.name}")) for f in fields.INSERTED]
-    src = "def insert_values(job_id, state, now, j):\n    return (" + ", ".join(parts) + ",)\n"
+    src = ("def insert_values(job_id, state, now, j):\n    return ("
+           + ", ".join(_value(f) for f in fields.INSERTED) + ",)\n")
     return fields.build_function("insert_values", src, _NS)
 
 
@@ -71,18 +77,32 @@ insert_values = _insert_encoder()
 insert_values.__doc__ = "The values of INSERT_COLS for a new job, encoded for either SQL store."
 
 
-def plain_check(names: tuple[str, ...]) -> Any:
-    """at_defaults(j): true when every stored NewJob field but `names` is at its declared
-    default, so the job can be inserted with the columns `names` alone (max_attempts follows
-    retry, so it is at its column default too)."""
-    tests = []
+def insert_splitter(plain_cols: tuple[str, ...]) -> Any:
+    """split(ids, inserts, now) -> (plain rows, full rows), for (_, _, NewJob) `inserts` as
+    admission plans them. A job whose stored fields outside `plain_cols` are all at their
+    declared defaults (max_attempts follows retry) is a plain row of `plain_cols`, which
+    leaves the other columns to their defaults; the others are rows of INSERT_COLS. One
+    generated loop: a call or two per job would cost a few percent of the insert."""
+    by_name = {f.name: f for f in fields.INSERTED}
+    tests, ns = [], {**_NS, "QUEUED": State.QUEUED, "SCHEDULED": State.SCHEDULED}
     for f in fields.NEW_FIELDS:
-        if f.job and f.name not in names:
-            falsy = f.default in (list, dict) or (f.default in (None, 0, False, "") and not callable(f.default))
+        if f.job and f.name not in plain_cols:
+            falsy = f.default in (list, dict) or (not callable(f.default) and f.default in (None, 0, False, ""))
             tests.append(f"not j.{f.name}" if falsy else f"j.{f.name} == d_{f.name}")
-    ns = {f"d_{f.name}": f.default for f in fields.NEW_FIELDS}
-    src = "def at_defaults(j):\n    return " + " and ".join(tests) + "\n"
-    return fields.build_function("at_defaults", src, ns)
+            ns[f"d_{f.name}"] = f.default
+    plain = ", ".join(_value(by_name[n]) for n in plain_cols)
+    full = ", ".join(_value(f) for f in fields.INSERTED)
+    src = f"""def split(ids, inserts, now):
+    plain, full = [], []
+    for job_id, (_, _, j) in zip(ids, inserts, strict=True):
+        state = QUEUED if j.run_at <= now else SCHEDULED
+        if {" and ".join(tests)}:
+            plain.append(({plain},))
+        else:
+            full.append(({full},))
+    return plain, full
+"""
+    return fields.build_function("split", src, ns)
 
 
 def _template_encoder() -> Any:
