@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .core import protocol
+from .core import fields, protocol
 from .core.cron import SchedulingTime
 from .core.protocol import QueueError
 from .core.retry import RETRY_TYPE
@@ -193,6 +193,7 @@ class JobQueue:
         pool: str | None = None,
     ) -> dict[str, Any]:
         """The wire form of one job, for enqueue_many."""
+        given = locals()
         spec: dict[str, Any] = {"func": func_name(func)}
         if args:
             spec["args"] = list(args)
@@ -208,10 +209,11 @@ class JobQueue:
             spec["retry_on_network"] = True
         if manual:
             spec["manual"] = True
-        for name, value in (("key", key), ("idempotency_key", idempotency_key), ("delay", delay),
-                            ("run_at", run_at), ("pool", pool)):
-            if value is not None:
-                spec[name] = value
+        if delay is not None:
+            spec["delay"] = delay
+        for name, wire in fields.CLIENT_PLAIN:  # keywords sent as given, when given
+            if given[name] is not None:
+                spec[wire] = given[name]
         return spec
 
     # --- the queue ------------------------------------------------------------------------------

@@ -1,16 +1,20 @@
 """The job model: states, the stored record, new-job specs and finishing outcomes.
 
 This module owns the single list of job states and the shapes that cross the store
-boundary. It does no I/O. Everything here is immutable and safe to share between threads.
+boundary; the fields of Job and NewJob are declared in fields.py and the classes built from
+that table here. It does no I/O. Everything here is immutable and safe to share between threads.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_POOL = "default"  # the worker pool a job goes to when it names none
+from . import fields
+from .fields import DEFAULT_POOL
+
+__all__ = ["DEFAULT_POOL", "Job", "NewJob", "Outcome", "RetrySpec", "State", "Submitted", "new_record"]
 
 
 class State:
@@ -43,29 +47,22 @@ class RetrySpec:
         return dataclasses.asdict(self)
 
 
-@dataclass(slots=True)
-class NewJob:
-    """A validated job to submit. Built by protocol.parse_job or by the scheduler.
-
-    Treat as immutable (use dataclasses.replace). Not frozen only because a frozen
-    dataclass's __init__ costs several times more, and one is built per enqueued job."""
-
-    func: str
-    args: list = field(default_factory=list)
-    kwargs: dict = field(default_factory=dict)
-    run_at: float = 0.0  # unix seconds; <= now means "queued at once"
-    priority: int = 0  # smaller runs first
-    retry: RetrySpec | None = None  # None: one attempt only
-    retry_on_network: bool = False
-    key: str | None = None
-    idempotency_key: str | None = None
-    cron: str | None = None  # name of the cron that fired it
-    manual: bool = False  # an operator's run: refused if its key is busy; resumes a pause
-    pool: str = DEFAULT_POOL  # only workers serving this pool run it
+class _NewJobMethods:
+    __slots__ = ()
 
     @property
     def max_attempts(self) -> int:
-        return self.retry.max_attempts if self.retry else 1
+        return self.retry.max_attempts if self.retry else 1  # type: ignore[attr-defined]
+
+
+# A validated job to submit, built by protocol.parse_job or by the scheduler; its fields
+# are declared in fields.py. Treat as immutable (use dataclasses.replace). Not frozen only
+# because a frozen dataclass's __init__ costs several times more, and one is built per
+# enqueued job.
+NewJob: Any = dataclasses.make_dataclass(
+    "NewJob", fields.dataclass_fields(fields.NEW_FIELDS), bases=(_NewJobMethods,), slots=True,
+    namespace={"__module__": __name__, "__doc__": "A validated job to submit (fields: fields.py)."},
+)
 
 
 @dataclass(slots=True)
@@ -78,37 +75,24 @@ class Submitted:
     duplicate: bool = False  # an idempotency key matched an existing job
 
 
-@dataclass(frozen=True, slots=True)
-class Job:
-    """A job as stored. Returned by stores; never mutated in place."""
-
-    id: int
-    func: str
-    args: list
-    kwargs: dict
-    state: str
-    priority: int
-    run_at: float
-    created_at: float
-    attempts: int
-    max_attempts: int
-    retry: RetrySpec | None
-    retry_on_network: bool
-    key: str | None
-    idempotency_key: str | None
-    cron: str | None
-    orphaned: int
-    started_at: float | None
-    finished_at: float | None
-    result: Any
-    error: dict | None
-    pool: str = DEFAULT_POOL
+class _JobMethods:
+    __slots__ = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The wire form of a job (protocol `get`, `jobs`)."""
-        d = dataclasses.asdict(self)
-        d["retry"] = self.retry.to_dict() if self.retry else None
+        d = dataclasses.asdict(self)  # type: ignore[call-overload]
+        d["retry"] = self.retry.to_dict() if self.retry else None  # type: ignore[attr-defined]
         return d
+
+
+# A job as stored, returned by stores and never mutated in place; its fields are declared
+# in fields.py.
+Job: Any = dataclasses.make_dataclass(
+    "Job", fields.dataclass_fields(fields.JOB_FIELDS), bases=(_JobMethods,), frozen=True, slots=True,
+    namespace={"__module__": __name__, "__doc__": "A job as stored (fields: fields.py)."},
+)
+# The record a store keeps for a newly submitted job: new_record(job_id, state, now, new).
+new_record = fields.record_builder(Job)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
-from ..core.job import Job, NewJob, Outcome, State, Submitted
+from ..core.job import Job, NewJob, Outcome, State, Submitted, new_record
 from ..core.policy import admission as adm
 from .base import (
     CronFire,
@@ -150,14 +150,7 @@ class MemoryStore(StoreBase):
         for _, _, new in p.inserts:
             job_id = next(self._ids)
             ids.append(job_id)
-            self._put(Job(
-                id=job_id, func=new.func, args=list(new.args), kwargs=dict(new.kwargs),
-                state=State.QUEUED if new.run_at <= now else State.SCHEDULED, priority=new.priority,
-                run_at=new.run_at, created_at=now, attempts=0, max_attempts=new.max_attempts,
-                retry=new.retry, retry_on_network=new.retry_on_network, key=new.key,
-                idempotency_key=new.idempotency_key, cron=new.cron, orphaned=0, started_at=None,
-                finished_at=None, result=None, error=None, pool=new.pool,
-            ))
+            self._put(new_record(job_id, State.QUEUED if new.run_at <= now else State.SCHEDULED, now, new))
             if new.idempotency_key is not None:
                 self._idem[new.idempotency_key] = job_id
             if new.manual:

@@ -67,6 +67,9 @@ _ORPHAN_ERROR = {"type": "orphaned", "message": "its worker stopped while it ran
 # The claim itself is the function queickd_claim (pgschema.py): an UPDATE ... WHERE id IN
 # (SELECT ... ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING.
 _CLAIM = f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(now)s, %(worker)s, %(pools)s, %(net)s, %(limit)s)"
+_INSERT = (f"WITH ins AS (INSERT INTO jobs ({', '.join(dbrows.INSERT_COLS)})"
+           f" SELECT * FROM unnest({', '.join(f'%s::{t}' for t in dbrows.PG_INSERT_TYPES)}))"
+           " SELECT pg_notify(%s, 'q:' || p) FROM unnest(%s::text[]) AS p")
 
 
 
@@ -244,28 +247,16 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
             ids = [r[0] for r in c.execute(
                 "SELECT nextval(pg_get_serial_sequence('jobs', 'id')) AS id"
                 " FROM generate_series(1, %s) ORDER BY id", (len(p.inserts),))]
-            cols: tuple[list, ...] = tuple([] for _ in range(14))
-            pools: set[str] = set()
+            values, pools = [], set()
             for job_id, (_, _, j) in zip(ids, p.inserts, strict=True):
                 state = State.QUEUED if j.run_at <= now else State.SCHEDULED
                 if state == State.QUEUED:
                     pools.add(j.pool)
-                for col, v in zip(cols, (job_id, state, j.func, dbrows.dumps(j.args) if j.args else None,
-                                         dbrows.dumps(j.kwargs) if j.kwargs else None, j.priority, j.run_at,
-                                         j.max_attempts, dbrows.dumps(j.retry.to_dict()) if j.retry else None,
-                                         j.retry_on_network, j.key, j.idempotency_key, j.cron, j.pool),
-                                  strict=True):
-                    col.append(v)
+                values.append(dbrows.insert_values(job_id, state, now, j))
+            cols = [list(col) for col in zip(*values, strict=True)]  # rows to one array per column
             # One statement for the whole batch: a row per job would be a round trip each.
             # The wake-up for each pool rides in the same statement.
-            c.execute(
-                "WITH ins AS (INSERT INTO jobs (id, state, func, args, kwargs, priority, run_at, max_attempts,"
-                " retry, retry_on_network, key, idempotency_key, cron, pool, created_at)"
-                " SELECT *, %s FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[],"
-                " %s::int[], %s::float8[], %s::int[], %s::text[], %s::bool[], %s::text[], %s::text[],"
-                " %s::text[], %s::text[]))"
-                " SELECT pg_notify(%s, 'q:' || p) FROM unnest(%s::text[]) AS p",
-                (now, *cols, CHANNEL, sorted(pools)))
+            c.execute(_INSERT, (*cols, CHANNEL, sorted(pools)))
         manual = {(k, n) for _, _, j in p.inserts if j.manual for k, n in (("key", j.key), ("func", j.func))
                   if n is not None}
         for kind, name in manual:  # an operator's run lifts a pause

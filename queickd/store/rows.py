@@ -1,19 +1,20 @@
 """Rows of the SQL stores (SQLite, PostgreSQL) to and from queickd's objects: one column
-order and one encoding (JSON text for args, kwargs, retry, result, error) for both."""
+order and one encoding (JSON text for args, kwargs, retry, result, error) for both.
+
+The job's select list, its row decoder, the insert's columns and values and the cron
+template's JSON are derived from the job record's declaration (core/fields.py), by name;
+nothing here lists a job field. Executes no SQL."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from ..core import fields
 from ..core import retry as retry_mod
-from ..core.job import Job, NewJob
+from ..core.job import Job, NewJob, State
 from .base import CronRecord, Pause
 
-JOB_COLS = (
-    "id, func, args, kwargs, state, priority, run_at, created_at, attempts, max_attempts, retry,"
-    " retry_on_network, key, idempotency_key, cron, orphaned, started_at, finished_at, result, error, pool"
-)
 EVENT_COLS = "event_id, state, func, key, created_at, attempts, next_attempt_at, job_id, last_error"
 
 
@@ -21,32 +22,105 @@ def dumps(v: Any) -> str:
     return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
 
 
-def row_to_job(r: tuple) -> Job:
-    """A row of JOB_COLS as a Job."""
-    return Job(
-        id=r[0], func=r[1], args=json.loads(r[2]) if r[2] else [],
-        kwargs=json.loads(r[3]) if r[3] else {}, state=r[4], priority=r[5], run_at=r[6],
-        created_at=r[7], attempts=r[8], max_attempts=r[9],
-        retry=retry_mod.spec_from_dict(json.loads(r[10])) if r[10] else None,
-        retry_on_network=bool(r[11]), key=r[12], idempotency_key=r[13], cron=r[14],
-        orphaned=r[15], started_at=r[16], finished_at=r[17],
-        result=json.loads(r[18]) if r[18] is not None else None,
-        error=json.loads(r[19]) if r[19] else None, pool=r[20],
-    )
+# --- derived from the job record's declaration (core/fields.py) ------------------------------
+# How a stored value is decoded from its column `r` (an expression) and encoded from a value `v`.
+_DECODE = {
+    None: "{r}",
+    "json": "loads({r}) if {r} else {empty}",
+    "retry": "spec_from_dict(loads({r})) if {r} else None",
+    "bool": "bool({r})",
+}
+_ENCODE = {
+    None: "{v}",
+    "json": "dumps({v}) if {v} else None",
+    "retry": "dumps({v}.to_dict()) if {v} else None",
+    "bool": "{v}",  # sqlite3 binds a bool as 0/1; PostgreSQL's column is boolean
+}
+_NS = {"loads": json.loads, "dumps": dumps, "spec_from_dict": retry_mod.spec_from_dict, "Job": Job}
+# PostgreSQL array types of the insert's unnest, by declared SQL type.
+_PG_ARRAY = {"BIGINT": "bigint[]", "INTEGER": "int[]", "REAL": "float8[]", "TEXT": "text[]",
+             "BOOLEAN": "bool[]"}
+
+JOB_COLS = ", ".join(f.name for f in fields.JOB_FIELDS)  # the select list row_to_job reads
 
 
-def template_to_json(t: NewJob) -> str:
-    """A cron's job template as stored."""
-    return dumps({
-        "func": t.func, "args": t.args, "kwargs": t.kwargs, "priority": t.priority,
-        "retry": t.retry.to_dict() if t.retry else None, "retry_on_network": t.retry_on_network,
-        "key": t.key, "pool": t.pool,
-    })
+def _row_decoder() -> Any:
+    parts = []
+    for i, f in enumerate(fields.JOB_FIELDS):  # the position of each name in JOB_COLS
+        empty = repr(f.fresh_default()) if f.codec == "json" else "None"
+        parts.append(f"{f.name}=" + _DECODE[f.codec].format(r=f"r[{i}]", empty=empty))
+    src = "def row_to_job(r):\n    return Job(" + ", ".join(parts) + ")\n"
+    return fields.build_function("row_to_job", src, _NS)
+
+
+row_to_job = _row_decoder()
+row_to_job.__doc__ = "A row of JOB_COLS as a Job."
+
+INSERT_COLS = tuple(f.name for f in fields.INSERTED)  # the columns of insert_values, in order
+PG_INSERT_TYPES = tuple(_PG_ARRAY[f.sql] for f in fields.INSERTED)  # type: ignore[index]
+
+
+_FROM = {fields.FROM_ID: "job_id", fields.FROM_STATE: "state", fields.FROM_NOW: "now"}
+
+
+def _value(f: fields.Field) -> str:
+    return _ENCODE[f.codec].format(v=_FROM.get(f.insert, f"j.{f.name}"))  # type: ignore[arg-type]
+
+
+def _insert_encoder() -> Any:
+    src = ("def insert_values(job_id, state, now, j):\n    return ("
+           + ", ".join(_value(f) for f in fields.INSERTED) + ",)\n")
+    return fields.build_function("insert_values", src, _NS)
+
+
+insert_values = _insert_encoder()
+insert_values.__doc__ = "The values of INSERT_COLS for a new job, encoded for either SQL store."
+
+
+def insert_splitter(plain_cols: tuple[str, ...]) -> Any:
+    """split(ids, inserts, now) -> (plain rows, full rows), for (_, _, NewJob) `inserts` as
+    admission plans them. A job whose stored fields outside `plain_cols` are all at their
+    declared defaults (max_attempts follows retry) is a plain row of `plain_cols`, which
+    leaves the other columns to their defaults; the others are rows of INSERT_COLS. One
+    generated loop: a call or two per job would cost a few percent of the insert."""
+    by_name = {f.name: f for f in fields.INSERTED}
+    tests, ns = [], {**_NS, "QUEUED": State.QUEUED, "SCHEDULED": State.SCHEDULED}
+    for f in fields.NEW_FIELDS:
+        if f.job and f.name not in plain_cols:
+            falsy = f.default in (list, dict) or (not callable(f.default) and f.default in (None, 0, False, ""))
+            tests.append(f"not j.{f.name}" if falsy else f"j.{f.name} == d_{f.name}")
+            ns[f"d_{f.name}"] = f.default
+    plain = ", ".join(_value(by_name[n]) for n in plain_cols)
+    full = ", ".join(_value(f) for f in fields.INSERTED)
+    src = f"""def split(ids, inserts, now):
+    plain, full = [], []
+    for job_id, (_, _, j) in zip(ids, inserts, strict=True):
+        state = QUEUED if j.run_at <= now else SCHEDULED
+        if {" and ".join(tests)}:
+            plain.append(({plain},))
+        else:
+            full.append(({full},))
+    return plain, full
+"""
+    return fields.build_function("split", src, ns)
+
+
+def _template_encoder() -> Any:
+    parts = [f'"{f.name}": ' + ("t.retry.to_dict() if t.retry else None" if f.codec == "retry" else f"t.{f.name}")
+             for f in fields.TEMPLATE_FIELDS]
+    src = "def template_to_json(t):\n    return dumps({" + ", ".join(parts) + "})\n"
+    return fields.build_function("template_to_json", src, _NS)
+
+
+template_to_json = _template_encoder()
+template_to_json.__doc__ = "A cron's (or an event's) job template as stored."
+_TEMPLATE_RETRY = tuple(f.name for f in fields.TEMPLATE_FIELDS if f.codec == "retry")
 
 
 def template_from_json(s: str) -> NewJob:
     d = json.loads(s)
-    d["retry"] = retry_mod.spec_from_dict(d.get("retry"))
+    for name in _TEMPLATE_RETRY:
+        d[name] = retry_mod.spec_from_dict(d.get(name))
     return NewJob(**d)
 
 

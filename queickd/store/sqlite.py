@@ -1,10 +1,8 @@
 """SQLite store (`sqlite:///path/to/queue.db`): the durable default for one machine.
 
-WAL journal; synchronous FULL by default (a Pi loses power), NORMAL on request. Every
-write in this process goes through one connection, under one Python lock taken before
-BEGIN IMMEDIATE, so writers hand over at once instead of backing off in SQLite's sleeping
-busy handler; busy_timeout still covers other processes (the CLI, a second daemon by
-mistake). Readers use their own per-thread connections and never block writers. Counts by
+This module owns the store's queries. Its connections and transactions (one writing
+connection under a lock, per-thread readers) are in sqlite_conn.py, its schema and
+migrations in sqlite_schema.py, the encoding of rows in rows.py. Counts by
 state are kept in a table (new jobs by the submit, changes of state by triggers), so stats
 and the queue cap cost one row read, not a scan of a million jobs.
 """
@@ -12,17 +10,11 @@ and the queue cap cost one row read, not a scan of a million jobs.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
-import fcntl
-import functools
-import itertools
-import os
 import sqlite3
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
-from ..core.job import DEFAULT_POOL, Job, NewJob, Outcome, State, Submitted
+from ..core.job import Job, NewJob, Outcome, State, Submitted
 from ..core.policy import admission as adm
 from . import rows as dbrows
 from .base import (
@@ -35,248 +27,27 @@ from .base import (
     Pause,
     Recovered,
     StoreBase,
-    StoreInUseError,
 )
 from .pools import set_pool_sql
+from .sqlite_conn import SQLiteFile, insert_rows
+from .sqlite_schema import SCHEMA_VERSION, SchemaTooNewError
 from .sqlshared import SharedSql
 
-SCHEMA_VERSION = 3  # 2: jobs.pool; 3: inserts counted by the store, not a trigger
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS jobs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- AUTOINCREMENT: ids are never reused
-    state TEXT NOT NULL,
-    func TEXT NOT NULL,
-    args TEXT,                             -- JSON; NULL when empty, to keep rows small
-    kwargs TEXT,
-    priority INTEGER NOT NULL DEFAULT 0,
-    run_at REAL NOT NULL,
-    created_at REAL NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    max_attempts INTEGER NOT NULL DEFAULT 1,
-    retry TEXT,
-    retry_on_network INTEGER NOT NULL DEFAULT 0,
-    key TEXT,
-    idempotency_key TEXT,
-    cron TEXT,
-    pool TEXT NOT NULL DEFAULT 'default',
-    orphaned INTEGER NOT NULL DEFAULT 0,
-    started_at REAL,
-    finished_at REAL,
-    result TEXT,
-    error TEXT
-);
--- Partial indexes: each holds only the jobs its queries look for, so an insert touches
--- the table, jobs_queued or jobs_scheduled, and nothing else. (A full (state, id) index
--- doubled the cost of an insert.) Queries name their index (INDEXED BY): without
--- statistics the planner may pick a plan that sorts every queued job on each claim.
-DROP INDEX IF EXISTS jobs_state;
-CREATE INDEX IF NOT EXISTS jobs_queued ON jobs (priority, run_at, id) WHERE state = 'queued';
-CREATE INDEX IF NOT EXISTS jobs_scheduled ON jobs (run_at) WHERE state = 'scheduled';
--- One small index per rare state (SQLite cannot match `state = 'x'` to `state IN (...)`).
-CREATE INDEX IF NOT EXISTS jobs_running ON jobs (id) WHERE state = 'running';
-CREATE INDEX IF NOT EXISTS jobs_dead ON jobs (id) WHERE state = 'dead';
-CREATE INDEX IF NOT EXISTS jobs_waiting_network ON jobs (id) WHERE state = 'waiting_network';
-CREATE INDEX IF NOT EXISTS jobs_cancelled ON jobs (id) WHERE state = 'cancelled';
-CREATE INDEX IF NOT EXISTS jobs_key ON jobs (key, state) WHERE key IS NOT NULL;
-CREATE INDEX IF NOT EXISTS jobs_cron ON jobs (cron, state) WHERE cron IS NOT NULL;
-CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished_at) WHERE finished_at IS NOT NULL;
-CREATE UNIQUE INDEX IF NOT EXISTS jobs_idempotency ON jobs (idempotency_key)
-    WHERE idempotency_key IS NOT NULL;
-CREATE TABLE IF NOT EXISTS state_counts (state TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID;
--- Inserts are counted by _submit_in, once per state and transaction: a per-row trigger
--- cost a quarter of a batched insert. Changes of state and deletes stay with triggers.
-DROP TRIGGER IF EXISTS jobs_count_insert;
-CREATE TRIGGER IF NOT EXISTS jobs_count_update AFTER UPDATE OF state ON jobs
-WHEN OLD.state != NEW.state BEGIN
-    UPDATE state_counts SET n = n - 1 WHERE state = OLD.state;
-    INSERT INTO state_counts VALUES (NEW.state, 1) ON CONFLICT (state) DO UPDATE SET n = n + 1;
-END;
-CREATE TRIGGER IF NOT EXISTS jobs_count_delete AFTER DELETE ON jobs BEGIN
-    UPDATE state_counts SET n = n - 1 WHERE state = OLD.state;
-END;
-CREATE TABLE IF NOT EXISTS crons (
-    name TEXT PRIMARY KEY,
-    schedule TEXT NOT NULL,
-    template TEXT NOT NULL,
-    next_run_at REAL NOT NULL,
-    last_fired_at REAL,
-    created_at REAL NOT NULL,
-    folded INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS streaks (
-    kind TEXT NOT NULL, name TEXT NOT NULL, failures INTEGER NOT NULL, last_error TEXT,
-    PRIMARY KEY (kind, name)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS pauses (
-    kind TEXT NOT NULL, name TEXT NOT NULL, paused_at REAL NOT NULL, failures INTEGER NOT NULL,
-    last_error TEXT, PRIMARY KEY (kind, name)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS events (
-    event_id TEXT PRIMARY KEY,
-    state TEXT NOT NULL,                   -- pending, delivered, dead
-    job TEXT NOT NULL,                     -- the job template, JSON
-    func TEXT NOT NULL,
-    key TEXT,
-    created_at REAL NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    next_attempt_at REAL,
-    job_id INTEGER,
-    last_error TEXT
-);
-CREATE INDEX IF NOT EXISTS events_pending ON events (next_attempt_at) WHERE state = 'pending';
-"""
-_INSERT = ("INSERT INTO jobs (id, state, func, args, kwargs, priority, run_at, created_at, max_attempts,"
-           " retry, retry_on_network, key, idempotency_key, cron, pool) VALUES ", 15)
-_INSERT_PLAIN = ("INSERT INTO jobs (id, state, func, run_at, created_at) VALUES ", 5)
-_ROWS_MAX = 256  # rows per INSERT statement; statements of 2**k rows, so few distinct ones
-_SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
+__all__ = ["SCHEMA_VERSION", "SQLiteStore", "SchemaTooNewError"]
+
+_INSERT = (f"INSERT INTO jobs ({', '.join(dbrows.INSERT_COLS)}) VALUES ", len(dbrows.INSERT_COLS))
+_STATE_AT = dbrows.INSERT_COLS.index("state")  # in a row of _INSERT
+# Binding 5 parameters instead of 15 is most of an insert's Python cost: a job with its
+# other fields at their defaults is inserted with these columns alone.
+_PLAIN_COLS = ("id", "state", "func", "run_at", "created_at")
+_INSERT_PLAIN = (f"INSERT INTO jobs ({', '.join(_PLAIN_COLS)}) VALUES ", len(_PLAIN_COLS))
+_split = dbrows.insert_splitter(_PLAIN_COLS)
 _RARE = frozenset({State.RUNNING, State.DEAD, State.WAITING_NETWORK, State.CANCELLED})  # own indexes
 
 
-def _insert_rows(c: sqlite3.Connection, insert: tuple[str, int], rows: list[tuple]) -> None:
-    """INSERT rows with multi-row VALUES statements: one statement step for many rows costs
-    less than half of executemany's step per row. Chunks of 2**k rows (at most _ROWS_MAX)
-    keep the SQL texts few, so the connection's statement cache holds them all."""
-    # Older SQLite builds allow 999 parameters per statement, newer ones 32,766.
-    fits = min(_ROWS_MAX, c.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // insert[1])
-    largest = 1 << (fits.bit_length() - 1)
-    i, n = 0, len(rows)
-    while i < n:
-        size = min(largest, 1 << ((n - i).bit_length() - 1))
-        c.execute(_values_sql(insert, size), list(itertools.chain.from_iterable(rows[i:i + size])))
-        i += size
-
-
-@functools.cache
-def _values_sql(insert: tuple[str, int], rows: int) -> str:
-    head, width = insert
-    return head + ",".join(["(" + ",".join("?" * width) + ")"] * rows)
-
-
-class SQLiteStore(SharedSql, StoreBase):
+class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
     MARK = "?"  # the parameter marker of sqlite3 (SharedSql)
     supports_notify = False
-
-    def __init__(self, path: str, durability: str = "full", busy_timeout: float = 30.0) -> None:
-        if durability not in _SYNCHRONOUS:
-            raise ValueError("durability must be 'full' or 'normal'")
-        self.path = path
-        self.url = f"sqlite:///{path}"
-        self.durability = durability
-        self._busy_timeout = busy_timeout
-        self._local = threading.local()
-        self._write_lock = threading.Lock()
-        self._all: list[sqlite3.Connection] = []
-        self._all_lock = threading.Lock()
-        self._w: sqlite3.Connection | None = None  # see _writer
-        self._w_sync: str | None = None  # its PRAGMA synchronous, changed under _write_lock
-        self._lock_fd: int | None = None
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        self._migrate(self._conn())
-
-    # --- connections ----------------------------------------------------------------------
-    def _conn(self) -> sqlite3.Connection:
-        c = getattr(self._local, "conn", None)
-        if c is None:
-            c = sqlite3.connect(
-                self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
-            )
-            c.execute("PRAGMA journal_mode=WAL")
-            c.execute(f"PRAGMA synchronous={_SYNCHRONOUS[self.durability]}")
-            c.execute("PRAGMA journal_size_limit=67108864")  # keep the WAL small on SD cards
-            self._local.conn = c
-            with self._all_lock:
-                self._all.append(c)
-        return c
-
-    def _writer(self) -> sqlite3.Connection:
-        """The one connection that writes, shared by every thread under _write_lock. One
-        connection keeps its page cache across transactions; with one per thread, each
-        commit made the other connections drop theirs and read the pages back (a dozen
-        pread calls per job). Its synchronous level follows each transaction's needs."""
-        if self.path == ":memory:":  # a second connection would be another, empty database
-            return self._conn()
-        with self._all_lock:
-            c = self._w
-            if c is None:
-                c = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
-                                    check_same_thread=False)
-                c.execute("PRAGMA journal_mode=WAL")
-                c.execute("PRAGMA journal_size_limit=67108864")  # keep the WAL small on SD cards
-                self._w = c
-                self._all.append(c)
-        return c
-
-    @contextlib.contextmanager
-    def _write(self, bookkeeping: bool = False) -> Iterator[sqlite3.Connection]:
-        """One write transaction. `bookkeeping` transactions (claims, finishes, promotions)
-        commit without their own fsync in WAL (synchronous=NORMAL): a power cut can undo
-        the last of them, and the only effect is that a job runs again (at-least-once).
-        Everything else, acknowledged submits above all, commits at the store's
-        durability; its fsync also makes every earlier bookkeeping commit durable."""
-        inside = getattr(self._local, "batch_conn", None)
-        if inside is not None:  # inside batch(): its transaction is ours
-            yield inside
-            return
-        c = self._writer()
-        with self._write_lock:
-            sync = "NORMAL" if bookkeeping else _SYNCHRONOUS[self.durability]
-            if self._w_sync != sync:  # a statement without I/O, only when the level changes
-                c.execute(f"PRAGMA synchronous={sync}")
-                self._w_sync = sync
-            c.execute("BEGIN IMMEDIATE")
-            try:
-                yield c
-                c.execute("COMMIT")
-            except BaseException:
-                # SQLite may already have rolled back (disk full, I/O error); never leave the
-                # connection inside a transaction, and never hide the first error.
-                if c.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        c.execute("ROLLBACK")
-                raise
-
-    def take_ownership(self) -> None:
-        # An advisory lock beside the database, held for the daemon's life; the kernel
-        # drops it when the process dies, kill -9 included, so no stale lock survives.
-        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise StoreInUseError(f"{self.path} is already served by a daemon (pid {holder}); "
-                                  "one store, one daemon") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._lock_fd = fd
-
-    @contextlib.contextmanager
-    def batch(self, bookkeeping: bool = False) -> Iterator[None]:
-        if getattr(self._local, "batch_conn", None) is not None:
-            yield
-            return
-        with self._write(bookkeeping) as c:
-            self._local.batch_conn = c
-            try:
-                yield
-            finally:
-                self._local.batch_conn = None
-
-    def _migrate(self, c: sqlite3.Connection) -> None:
-        with self._write_lock:
-            row = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() if c.execute(
-                "SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone() else None
-            if row is not None and int(row[0]) > SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"{self.path} has schema version {row[0]}, newer than this queickd ({SCHEMA_VERSION})"
-                )
-            c.executescript(_SCHEMA)
-            # Version 1 files have no pool column: every job they hold is in the default pool.
-            if "pool" not in {r[1] for r in c.execute("PRAGMA table_info(jobs)")}:
-                c.execute("ALTER TABLE jobs ADD COLUMN pool TEXT NOT NULL DEFAULT 'default'")
-            c.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
 
     # --- submit ---------------------------------------------------------------------------
     def submit_requests(
@@ -317,20 +88,12 @@ class SQLiteStore(SharedSql, StoreBase):
         row = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
         first = (row[0] if row else 0) + 1
         ids = list(range(first, first + len(p.inserts)))
-        plain, full = [], []
-        for job_id, (_, _, j) in zip(ids, p.inserts, strict=True):
-            state = State.QUEUED if j.run_at <= now else State.SCHEDULED
-            if (j.args or j.kwargs or j.priority or j.retry or j.retry_on_network or j.key
-                    or j.idempotency_key or j.cron or j.pool != DEFAULT_POOL):
-                full.append((job_id, state, j.func, dbrows.dumps(j.args) if j.args else None,
-                             dbrows.dumps(j.kwargs) if j.kwargs else None, j.priority, j.run_at, now,
-                             j.max_attempts, dbrows.dumps(j.retry.to_dict()) if j.retry else None,
-                             int(j.retry_on_network), j.key, j.idempotency_key, j.cron, j.pool))
-            else:  # binding 5 parameters instead of 14 is most of an insert's Python cost
-                plain.append((job_id, state, j.func, j.run_at, now))
-        _insert_rows(c, _INSERT_PLAIN, plain)
-        _insert_rows(c, _INSERT, full)
-        for state, n in collections.Counter(row[1] for rows in (plain, full) for row in rows).items():
+        plain, full = _split(ids, p.inserts, now)
+        insert_rows(c, _INSERT_PLAIN, plain)
+        insert_rows(c, _INSERT, full)
+        counts = collections.Counter(row[1] for row in plain)  # state is _PLAIN_COLS[1]
+        counts.update(row[_STATE_AT] for row in full)
+        for state, n in counts.items():
             c.execute("INSERT INTO state_counts VALUES (?, ?) ON CONFLICT (state) DO UPDATE SET n = n + excluded.n",
                       (state, n))
         manual = {(k, n) for _, _, j in p.inserts if j.manual for k, n in (("key", j.key), ("func", j.func))
@@ -576,11 +339,6 @@ class SQLiteStore(SharedSql, StoreBase):
             "SELECT pool, count(*) FROM jobs WHERE state IN ('scheduled', 'queued', 'waiting_network')"
             " GROUP BY pool").fetchall())
 
-    def integrity_check(self) -> str:
-        """'ok', or what SQLite's quick_check found wrong."""
-        rows = self._conn().execute("PRAGMA quick_check").fetchall()
-        return "\n".join(r[0] for r in rows)
-
     # --- cron -----------------------------------------------------------------------------
     def cron_save(self, cron: CronRecord) -> CronRecord:
         with self._write() as c:
@@ -671,15 +429,3 @@ class SQLiteStore(SharedSql, StoreBase):
         return self._conn().execute(
             "SELECT min(created_at) FROM events INDEXED BY events_pending WHERE state = 'pending'"
         ).fetchone()[0]
-
-    def close(self) -> None:
-        with self._all_lock:
-            for c in self._all:
-                with contextlib.suppress(sqlite3.Error):
-                    c.close()
-            self._all.clear()
-            self._w, self._w_sync = None, None
-        self._local = threading.local()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the daemon's lock
-            self._lock_fd = None

@@ -1,0 +1,185 @@
+"""The SQLite schema, as numbered migrations applied at open.
+
+`migrate()` reads the file's schema version (the `schema_version` row of `meta`; 0 for a
+new file), refuses a file written by a newer queickd, and applies each missing step in
+order, one transaction per step, the step and its new version committed together. Every
+writer takes BEGIN IMMEDIATE and reads the version again inside it, so a second process
+opening the same file at the same moment applies nothing twice. Steps are functions of a
+connection; a new one is appended, a shipped one is never edited. New files replay every
+step, so a file made today and one upgraded from an old release have the same schema.
+
+This module owns the schema and its history; it reads and writes no jobs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable
+
+# Version 1, as the last release of schema 1 left it. Every statement is IF [NOT] EXISTS:
+# files of the first releases of schema 1 lack some of these tables, and step 2 runs it
+# again to complete them.
+_V1 = """
+    CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS jobs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,  -- AUTOINCREMENT: ids are never reused
+        state TEXT NOT NULL,
+        func TEXT NOT NULL,
+        args TEXT,                             -- JSON; NULL when empty, to keep rows small
+        kwargs TEXT,
+        priority INTEGER NOT NULL DEFAULT 0,
+        run_at REAL NOT NULL,
+        created_at REAL NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        max_attempts INTEGER NOT NULL DEFAULT 1,
+        retry TEXT,
+        retry_on_network INTEGER NOT NULL DEFAULT 0,
+        key TEXT,
+        idempotency_key TEXT,
+        cron TEXT,
+        orphaned INTEGER NOT NULL DEFAULT 0,
+        started_at REAL,
+        finished_at REAL,
+        result TEXT,
+        error TEXT
+    );
+    -- Partial indexes: each holds only the jobs its queries look for, so an insert touches
+    -- the table, jobs_queued or jobs_scheduled, and nothing else. (A full (state, id) index
+    -- doubled the cost of an insert.) Queries name their index (INDEXED BY): without
+    -- statistics the planner may pick a plan that sorts every queued job on each claim.
+    DROP INDEX IF EXISTS jobs_state;
+    CREATE INDEX IF NOT EXISTS jobs_queued ON jobs (priority, run_at, id) WHERE state = 'queued';
+    CREATE INDEX IF NOT EXISTS jobs_scheduled ON jobs (run_at) WHERE state = 'scheduled';
+    -- One small index per rare state (SQLite cannot match `state = 'x'` to `state IN (...)`).
+    CREATE INDEX IF NOT EXISTS jobs_running ON jobs (id) WHERE state = 'running';
+    CREATE INDEX IF NOT EXISTS jobs_dead ON jobs (id) WHERE state = 'dead';
+    CREATE INDEX IF NOT EXISTS jobs_waiting_network ON jobs (id) WHERE state = 'waiting_network';
+    CREATE INDEX IF NOT EXISTS jobs_cancelled ON jobs (id) WHERE state = 'cancelled';
+    CREATE INDEX IF NOT EXISTS jobs_key ON jobs (key, state) WHERE key IS NOT NULL;
+    CREATE INDEX IF NOT EXISTS jobs_cron ON jobs (cron, state) WHERE cron IS NOT NULL;
+    CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished_at) WHERE finished_at IS NOT NULL;
+    CREATE UNIQUE INDEX IF NOT EXISTS jobs_idempotency ON jobs (idempotency_key)
+        WHERE idempotency_key IS NOT NULL;
+    CREATE TABLE IF NOT EXISTS state_counts (state TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID;
+    CREATE TRIGGER IF NOT EXISTS jobs_count_insert AFTER INSERT ON jobs BEGIN
+        INSERT INTO state_counts VALUES (NEW.state, 1) ON CONFLICT (state) DO UPDATE SET n = n + 1;
+    END;
+    CREATE TRIGGER IF NOT EXISTS jobs_count_update AFTER UPDATE OF state ON jobs
+    WHEN OLD.state != NEW.state BEGIN
+        UPDATE state_counts SET n = n - 1 WHERE state = OLD.state;
+        INSERT INTO state_counts VALUES (NEW.state, 1) ON CONFLICT (state) DO UPDATE SET n = n + 1;
+    END;
+    CREATE TRIGGER IF NOT EXISTS jobs_count_delete AFTER DELETE ON jobs BEGIN
+        UPDATE state_counts SET n = n - 1 WHERE state = OLD.state;
+    END;
+    CREATE TABLE IF NOT EXISTS crons (
+        name TEXT PRIMARY KEY,
+        schedule TEXT NOT NULL,
+        template TEXT NOT NULL,
+        next_run_at REAL NOT NULL,
+        last_fired_at REAL,
+        created_at REAL NOT NULL,
+        folded INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE IF NOT EXISTS streaks (
+        kind TEXT NOT NULL, name TEXT NOT NULL, failures INTEGER NOT NULL, last_error TEXT,
+        PRIMARY KEY (kind, name)
+    ) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS pauses (
+        kind TEXT NOT NULL, name TEXT NOT NULL, paused_at REAL NOT NULL, failures INTEGER NOT NULL,
+        last_error TEXT, PRIMARY KEY (kind, name)
+    ) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS events (
+        event_id TEXT PRIMARY KEY,
+        state TEXT NOT NULL,                   -- pending, delivered, dead
+        job TEXT NOT NULL,                     -- the job template, JSON
+        func TEXT NOT NULL,
+        key TEXT,
+        created_at REAL NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at REAL,
+        job_id INTEGER,
+        last_error TEXT
+    );
+    CREATE INDEX IF NOT EXISTS events_pending ON events (next_attempt_at) WHERE state = 'pending';
+"""
+
+
+def _run(c: sqlite3.Connection, script: str) -> None:
+    """Run a script statement by statement: executescript would commit the step's
+    transaction before its first statement."""
+    stmt = ""
+    for line in script.splitlines(keepends=True):
+        stmt += line
+        if sqlite3.complete_statement(stmt):
+            c.execute(stmt)
+            stmt = ""
+    if stmt.strip() and not stmt.strip().startswith("--"):
+        raise ValueError(f"incomplete statement in a migration: {stmt.strip()[:80]}")
+
+
+def _add_column(c: sqlite3.Connection, table: str, column: str, decl: str) -> None:
+    """ALTER TABLE ADD COLUMN unless the column is there: a step may meet a file that a
+    crash or a hand-edited version left half way, and must still apply."""
+    if column not in {r[1] for r in c.execute(f"PRAGMA table_info({table})")}:
+        c.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+
+
+def _v1(c: sqlite3.Connection) -> None:
+    """Tables, partial indexes, state counts kept by triggers, crons, streaks, pauses, events."""
+    _run(c, _V1)
+
+
+def _v2(c: sqlite3.Connection) -> None:
+    """jobs.pool: every job of an older file is in the default pool."""
+    _run(c, _V1)  # early schema-1 files: the tables added while the version stayed 1
+    _add_column(c, "jobs", "pool", "TEXT NOT NULL DEFAULT 'default'")
+
+
+def _v3(c: sqlite3.Connection) -> None:
+    """Inserts are counted by the store, once per state and transaction: a per-row trigger
+    cost a quarter of a batched insert. Changes of state and deletes stay with triggers."""
+    c.execute("DROP TRIGGER IF EXISTS jobs_count_insert")
+
+
+# MIGRATIONS[i] brings a file from version i to i + 1.
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class SchemaTooNewError(RuntimeError):
+    """The file was written by a newer queickd, with a schema this one does not know."""
+
+
+def version(c: sqlite3.Connection) -> int:
+    """The file's schema version; 0 for a file queickd never opened."""
+    if c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone() is None:
+        return 0
+    row = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def migrate(c: sqlite3.Connection, path: str) -> int:
+    """Bring the file up to SCHEMA_VERSION, one transaction per step. `c` is in autocommit
+    mode (isolation_level None). Returns the version. Raises SchemaTooNewError for a file
+    of a newer queickd, before changing anything."""
+    while True:
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            current = version(c)
+            if current > SCHEMA_VERSION:
+                raise SchemaTooNewError(
+                    f"{path} has schema version {current}, newer than this queickd knows ({SCHEMA_VERSION}):"
+                    " it was written by a newer queickd; upgrade queickd to open it")
+            if current == SCHEMA_VERSION:
+                c.execute("COMMIT")
+                return current
+            MIGRATIONS[current](c)
+            c.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(current + 1),))
+            c.execute("COMMIT")
+        except BaseException:
+            if c.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    c.execute("ROLLBACK")
+            raise

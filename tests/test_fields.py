@@ -1,0 +1,67 @@
+"""The job record's declaration (core/fields.py) and what is derived from it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from queickd.core import fields, protocol
+from queickd.core.job import Job, NewJob, RetrySpec, new_record
+from queickd.store import rows
+
+NOW = 1_700_000_000.0
+
+
+def test_the_job_dataclasses_have_the_declared_fields_in_order():
+    assert [f.name for f in dataclasses.fields(Job)] == [f.name for f in fields.FIELDS if f.job]
+    assert [f.name for f in dataclasses.fields(NewJob)] == [f.name for f in fields.FIELDS if f.new]
+
+
+def test_a_stored_row_is_decoded_by_column_name():
+    spec = RetrySpec("constant", 2.0, 2.0, 3)
+    stored = {"id": 7, "func": "m:f", "args": "[1]", "kwargs": '{"a":2}', "state": "dead", "priority": 4,
+              "run_at": NOW, "created_at": NOW - 1, "attempts": 3, "max_attempts": 3,
+              "retry": json.dumps(spec.to_dict()), "retry_on_network": 1, "key": "k", "idempotency_key": "i",
+              "cron": "c", "orphaned": 1, "started_at": NOW + 1, "finished_at": NOW + 2, "result": None,
+              "error": '{"type":"E"}', "pool": "gpu"}
+    names = [n.strip() for n in rows.JOB_COLS.split(",")]
+    job = rows.row_to_job(tuple(stored.get(n) for n in names))  # columns added later: NULL
+    assert {n: getattr(job, n) for n in stored} == dict(
+        id=7, func="m:f", args=[1], kwargs={"a": 2}, state="dead", priority=4, run_at=NOW, created_at=NOW - 1,
+        attempts=3, max_attempts=3, retry=spec, retry_on_network=True, key="k", idempotency_key="i", cron="c",
+        orphaned=1, started_at=NOW + 1, finished_at=NOW + 2, result=None, error={"type": "E"}, pool="gpu")
+
+
+def test_insert_values_name_each_inserted_column():
+    new = NewJob("m:f", [1], {}, 2, NOW + 5, key="k", pool="gpu")
+    values = dict(zip(rows.INSERT_COLS, rows.insert_values(9, "scheduled", NOW, new), strict=True))
+    assert values.items() >= {"id": 9, "func": "m:f", "args": "[1]", "kwargs": None, "state": "scheduled",
+                      "priority": 2, "run_at": NOW + 5, "created_at": NOW, "max_attempts": 1, "retry": None,
+                      "retry_on_network": False, "key": "k", "idempotency_key": None, "cron": None,
+                      "pool": "gpu"}.items()
+
+
+def test_a_new_record_copies_the_jobs_arguments():
+    new = NewJob("m:f", [1], {"a": 1}, 0, NOW)
+    job = new_record(3, "queued", NOW, new)
+    new.args.append(2)
+    assert (job.id, job.state, job.created_at, job.args, job.attempts, job.pool) == (3, "queued", NOW, [1], 0,
+                                                                                       "default")
+
+
+def test_a_cron_template_is_stored_in_the_same_json_as_before():
+    t = NewJob("m:f", [1], {"a": 1}, 2, NOW, retry=RetrySpec("constant", 1.0, 1.0, 2), key="k", manual=True)
+    assert rows.template_to_json(t).startswith(  # fields added later come after these
+        '{"func":"m:f","args":[1],"kwargs":{"a":1},"priority":2,"retry":{"policy":"constant","interval":1.0,'
+        '"max_interval":1.0,"max_attempts":2},"retry_on_network":false,"key":"k","pool":"default"')
+    assert rows.template_from_json(rows.template_to_json(t)) == dataclasses.replace(t, run_at=0.0, manual=False)
+
+
+def test_the_protocol_accepts_the_declared_settable_fields_and_delay():
+    assert protocol.OPS["enqueue"] == {f.name for f in fields.FIELDS if f.enqueue} | {"delay"}
+    assert protocol.OPS["event"] - {"event_id"} == {f.name for f in fields.FIELDS if f.enqueue and f.template}
+
+
+def test_only_the_fields_a_request_gives_are_checked():
+    job = protocol.parse_job({"func": "m:f", "priority": 3, "pool": None}, NOW)
+    assert (job.priority, job.pool, job.key, job.run_at) == (3, "default", None, NOW)

@@ -1,0 +1,112 @@
+"""SQLite's numbered migrations (store/sqlite_schema.py) on files of earlier releases."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from queickd.core.job import NewJob, RetrySpec, new_record
+from queickd.core.policy import admission as adm
+from queickd.store import sqlite_schema
+from queickd.store.sqlite import SCHEMA_VERSION, SchemaTooNewError, SQLiteStore
+
+T0 = 1_700_000_000.0
+DATA = Path(__file__).parent / "data"  # see data/README.md
+# Files of earlier releases, and the pool their "gpu" jobs are in (schema 1 had no pools).
+RELEASES = {"sqlite-schema3.db": "gpu", "sqlite-schema1.db": "default"}
+
+
+@pytest.fixture(params=sorted(RELEASES))
+def old(request, tmp_path):
+    path = tmp_path / "q.db"
+    shutil.copy(DATA / request.param, path)  # never write to the file kept in the repository
+    s = SQLiteStore(str(path))
+    yield s, RELEASES[request.param]
+    s.close()
+
+
+def test_a_file_of_an_earlier_release_keeps_every_job(old):
+    old_store, pool = old
+    jobs = {j.id: j for j in old_store.list_jobs(None, 100)}
+    assert {i: (j.func, j.state) for i, j in jobs.items()} == {
+        1: ("jobs:add", "succeeded"), 2: ("jobs:fail", "dead"), 3: ("jobs:slow", "running"),
+        4: ("jobs:net", "waiting_network"), 5: ("jobs:later", "scheduled"), 6: ("jobs:drop", "cancelled"),
+        7: ("jobs:once", "queued")}
+    assert (jobs[1].args, jobs[1].result, jobs[1].finished_at) == ([1, 2], {"sum": 3}, T0 + 2)
+    assert (jobs[2].retry, jobs[2].max_attempts) == (RetrySpec("constant", 5.0, 3600.0, 2), 2)
+    assert (jobs[2].kwargs, jobs[2].key, jobs[2].error) == ({"why": "x"}, "k-fail",
+                                                             {"type": "ValueError", "message": "no"})
+    assert (jobs[3].priority, jobs[3].attempts, jobs[3].started_at) == (-1, 1, T0 + 1)
+    assert jobs[4].retry_on_network is True and jobs[4].attempts == 0
+    assert (jobs[5].run_at, jobs[5].priority, jobs[5].key, jobs[5].pool, jobs[5].kwargs) == (
+        T0 + 3600, 5, "k-later", pool, {"at": 1})
+    assert (jobs[7].args, jobs[7].idempotency_key, jobs[7].attempts) == (["é"], "once-1", 1)
+    assert all(j.created_at == T0 for j in jobs.values())
+    assert old_store.counts() == {"scheduled": 1, "queued": 1, "running": 1, "succeeded": 1, "dead": 1,
+                                  "waiting_network": 1, "cancelled": 1}
+
+
+def test_a_file_of_an_earlier_release_keeps_its_cron_pauses_and_outbox_event(old):
+    old_store, pool = old
+    (cron,) = old_store.cron_list()
+    assert (cron.name, cron.schedule, cron.next_run_at, cron.created_at) == ("hourly", {"cron": "0 * * * *"},
+                                                                             T0 + 3600, T0)
+    t = cron.template
+    assert (t.func, t.args, t.key, t.pool, t.retry.max_attempts) == ("jobs:tick", [1], "tick", pool, 3)
+    assert {(p.kind, p.name, p.failures) for p in old_store.pauses()} == {("key", "k-fail", 1),
+                                                                           ("func", "jobs:fail", 1)}
+    (event,) = old_store.list_events(None, 10)
+    assert (event.event_id, event.state, event.func, event.key) == ("order-42", "pending", "jobs:ship", "ship")
+
+
+def test_a_file_of_an_earlier_release_is_at_todays_schema_version_and_takes_new_jobs(old):
+    old_store, _ = old
+    assert sqlite_schema.version(old_store._conn()) == SCHEMA_VERSION
+    (sub,) = old_store.submit([NewJob("jobs:new", [8], key="k-new")], T0 + 10)
+    assert sub.job_id == 8 and old_store.get(8).args == [8]
+    delivered = old_store.deliver_events(T0 + 10, adm.NO_LIMITS, 5, lambda n: 1.0)
+    assert [(e.event_id, e.state) for e in delivered] == [("order-42", "delivered")]
+    assert old_store.counts()["queued"] == 3
+
+
+def test_a_file_from_a_newer_queickd_is_refused_and_left_as_it_was(tmp_path):
+    path = str(tmp_path / "q.db")
+    SQLiteStore(path).close()
+    with sqlite3.connect(path) as c:
+        c.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+        before = c.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
+    c.close()
+    with pytest.raises(SchemaTooNewError, match=f"schema version {SCHEMA_VERSION + 1}, newer than this queickd"):
+        SQLiteStore(path)
+    with sqlite3.connect(path) as c:
+        assert c.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall() == before
+        assert c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(
+            SCHEMA_VERSION + 1)
+    c.close()
+
+
+def test_a_new_file_gets_every_step_and_the_last_version(tmp_path):
+    path = str(tmp_path / "q.db")
+    SQLiteStore(path).close()
+    with sqlite3.connect(path) as c:
+        names = {r[0] for r in c.execute("SELECT name FROM sqlite_master")}
+        assert sqlite_schema.version(c) == SCHEMA_VERSION == len(sqlite_schema.MIGRATIONS)
+        assert "pool" in {r[1] for r in c.execute("PRAGMA table_info(jobs)")}
+    c.close()
+    assert {"jobs", "meta", "state_counts", "crons", "streaks", "pauses", "events"} <= names
+    assert "jobs_count_insert" not in names  # dropped by step 3
+
+
+
+@pytest.mark.parametrize("new", [NewJob("m:f", run_at=T0), NewJob("m:f", [1], {"a": 1}, 3, T0, key="k", pool="p")],
+                         ids=["plain insert", "full insert"])
+def test_a_new_job_reads_back_as_the_declared_new_record(tmp_path, new):
+    # A plain insert names five columns and leaves the others to the columns' defaults,
+    # which must be the declared ones (the memory store's record is built from those).
+    s = SQLiteStore(str(tmp_path / "q.db"))
+    (sub,) = s.submit([new], T0)
+    assert s.get(sub.job_id) == new_record(sub.job_id, "queued", T0, new)
+    s.close()
