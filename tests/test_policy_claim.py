@@ -73,3 +73,12 @@ def test_a_selection_offered_one_by_one_says_which_start_and_when_it_is_full():
     s = Selection(Request(2), Running())
     assert [s.offer(c) for c in (row(1, "k"), row(2, "k"), row(3))] == [True, False, True]
     assert s.full and not s.offer(row(4)) and s.chosen == [1, 3]
+
+
+def test_offering_all_at_once_decides_as_offering_one_by_one():
+    cands = [row(1, "k"), row(2, "k", func="m:bad"), row(3, "j", net=True), row(4, "j"), row(5), row(6)]
+    req, run = Request(3, network_up=False), Running(paused_funcs=frozenset({"m:bad"}))
+    one = Selection(req, run)
+    for c in cands:
+        one.offer(c)
+    assert select(cands, req, run) == one.chosen == [1, 5, 6]

@@ -219,9 +219,11 @@ class MemoryStore(StoreBase):
                     changes["attempts"] = job.attempts - 1
                 self._put(dataclasses.replace(job, **changes))
                 changed += 1
-                finished.append(pz.Finish(o.state, o.error, job.key, job.func))
-            if not self._streaks and all(f.state == State.SUCCEEDED for f in finished):
-                return Finished(changed, [])  # the steady state: no streak to end
+                # With no streak yet, successes have nothing to end: the steady state.
+                if finished or self._streaks or o.state != State.SUCCEEDED:
+                    finished.append(pz.Finish(o.state, o.error, job.key, job.func))
+            if not finished:
+                return Finished(changed, [])
             p = pz.plan(finished, now, pause_after, pz.Lookups(
                 lambda t: (self._streaks.get(t, (0, None))[0], t in self._pauses)))
             for t in p.reset:

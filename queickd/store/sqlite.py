@@ -379,10 +379,7 @@ class SQLiteStore(SharedSql, StoreBase):
                     f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
                     (*(served or ()), page, offset),
                 ).fetchall()
-                for row in rows:
-                    pick.offer(claim.Row(*row))
-                    if pick.full:
-                        break
+                pick.offer_all(map(claim.Row._make, rows))
                 if len(rows) < page:
                     break
                 offset += page
