@@ -66,7 +66,10 @@ _NOTIFY_IDS = 300  # job ids per finish notification (payloads are limited to 80
 _CLAIM_RETRIES = 8
 _WAITING_SQL = "('scheduled', 'queued', 'waiting_network')"
 # The claim itself is the function queickd_claim (pgschema.py): an UPDATE ... WHERE id IN
-# (SELECT ... ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING.
+# (SELECT ... ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING, one
+# round trip. Its conditions are core/policy/claim.py's rules written in SQL (choosing in
+# Python would cost a round trip more and hold row locks on every row read); the store
+# contract test test_claim_starts_what_the_selection_policy_picks holds the two together.
 _CLAIM = f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(now)s, %(worker)s, %(pools)s, %(net)s, %(limit)s)"
 
 
