@@ -385,8 +385,8 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
                     continue  # a success's streaks were reset by the statement above
                 failed.append(pz.Finish(o.state, o.error, *names.pop(o.job_id)))
             if failed:
-                paused = self._write_pauses(c, pz.plan(failed, now, pause_after,
-                                                       pz.Lookups(lambda t: self._lock_streak(c, t))))
+                known = self._lock_streaks(c, sorted({t for f in failed for t in pz.targets(f.key, f.func)}))
+                paused = self._write_pauses(c, pz.plan(failed, now, pause_after, pz.Lookups(known.__getitem__)))
             if not inline:
                 kind = "fk:" if any(r[1] is not None for r in rows) else "f:"
                 ids = [r[0] for r in rows]
@@ -395,15 +395,32 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
         return Finished(len(rows), paused)
 
     @staticmethod
-    def _lock_streak(c: psycopg.Connection, t: pz.Target) -> tuple[int, bool]:
-        """A target's streak and pause (pauses.Lookups), its streak row locked until commit:
-        workers of other hosts failing jobs of the same function count one after the other,
-        never both from the same old count."""
-        c.execute("INSERT INTO streaks VALUES (%s, %s, 0, NULL) ON CONFLICT DO NOTHING", t)
-        n, paused = c.execute(
-            "SELECT failures, EXISTS (SELECT 1 FROM pauses p WHERE p.kind = s.kind AND p.name = s.name)"
-            " FROM streaks s WHERE kind = %s AND name = %s FOR UPDATE", t).fetchone()
-        return n, paused
+    def _lock_streaks(c: psycopg.Connection, targets: list[pz.Target]) -> dict[pz.Target, tuple[int, bool]]:
+        """The targets' streaks and pauses (pauses.Lookups), read by an upsert that changes
+        no value but locks each streak row (made with 0 failures if new) until commit, in
+        one order (no deadlock): failures of one function on several hosts at once count one
+        after the other, never both from the same old count. (A SELECT ... FOR UPDATE cannot
+        lock a row that does not exist yet, and costs as much.)"""
+        rows = c.execute(
+            "INSERT INTO streaks SELECT k, n, 0, NULL FROM unnest(%s::text[], %s::text[]) AS t(k, n) ORDER BY k, n"
+            " ON CONFLICT (kind, name) DO UPDATE SET failures = streaks.failures RETURNING kind, name, failures,"
+            " EXISTS (SELECT 1 FROM pauses p WHERE p.kind = streaks.kind AND p.name = streaks.name)",
+            ([t[0] for t in targets], [t[1] for t in targets])).fetchall()
+        return {(k, n): (f, p) for k, n, f, p in rows}
+
+    def _begin_pause(self, c: psycopg.Connection, t: pz.Target, at: float, failures: int, err: str | None) -> bool:
+        # The plan read the pauses before its streak row lock was granted: another host may
+        # have begun this pause meanwhile. Then it stays as begun there, with our count.
+        return c.execute(
+            "INSERT INTO pauses VALUES (%s, %s, %s, %s, %s) ON CONFLICT (kind, name) DO UPDATE"
+            " SET failures = excluded.failures, last_error = excluded.last_error RETURNING (xmax = 0)",
+            (*t, at, failures, err)).fetchone()[0]
+
+    def _put_streaks(self, c: psycopg.Connection, rows: list[tuple]) -> None:
+        # One statement for every streak of the finish (their rows exist: _lock_streaks made them).
+        c.execute("UPDATE streaks s SET failures = r.f, last_error = r.e FROM unnest(%s::text[], %s::text[],"
+                  " %s::int[], %s::text[]) AS r(k, n, f, e) WHERE s.kind = r.k AND s.name = r.n",
+                  [list(col) for col in zip(*rows, strict=True)])
 
     def recover_orphans(self, max_requeues: int, now: float) -> Recovered:
         """Running jobs whose worker is gone (missed its beats, deregistered, or none was

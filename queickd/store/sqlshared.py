@@ -83,17 +83,26 @@ class SharedSql:
         if p.reset:
             self._many(c, "DELETE FROM streaks WHERE kind = ? AND name = ?", p.reset)
         if p.streaks:
-            self._many(c, "INSERT INTO streaks VALUES (?, ?, ?, ?) ON CONFLICT (kind, name) DO UPDATE"
-                          " SET failures = excluded.failures, last_error = excluded.last_error",
-                       [(*t, n, dbrows.dumps(e) if e else None) for t, (n, e) in p.streaks.items()])
+            self._put_streaks(c, [(*t, n, dbrows.dumps(e) if e else None) for t, (n, e) in p.streaks.items()])
+        begun = set()
         for t, (at, n, e) in p.pauses.items():
             err = dbrows.dumps(e) if e else None
             if at is None:
                 c.execute(self._q("UPDATE pauses SET failures = ?, last_error = ? WHERE kind = ? AND name = ?"),
                           (n, err, *t))
-            else:
-                c.execute(self._q("INSERT INTO pauses VALUES (?, ?, ?, ?, ?)"), (*t, at, n, err))
-        return [Pause(*t, p.pauses[t][0], n, e) for t, n, e in p.new]  # type: ignore[arg-type]
+            elif self._begin_pause(c, t, at, n, err):
+                begun.add(t)
+        return [Pause(*t, p.pauses[t][0], n, e) for t, n, e in p.new if t in begun]  # type: ignore[arg-type]
+
+    def _begin_pause(self, c: Any, t: pz.Target, at: float, failures: int, err: str | None) -> bool:
+        """Write a pause the plan begins; False if it was there already (see PostgreSQL)."""
+        c.execute(self._q("INSERT INTO pauses VALUES (?, ?, ?, ?, ?)"), (*t, at, failures, err))
+        return True
+
+    def _put_streaks(self, c: Any, rows: list[tuple]) -> None:
+        """(kind, name, failures, last error JSON) rows: the streaks as they are now."""
+        self._many(c, "INSERT INTO streaks VALUES (?, ?, ?, ?) ON CONFLICT (kind, name) DO UPDATE"
+                      " SET failures = excluded.failures, last_error = excluded.last_error", rows)
 
     def _write_orphans(self, c: Any, p: orphans.Plan, now: float) -> None:
         if p.dead:
