@@ -28,6 +28,7 @@ from .api.server import DEFAULT_HOST, Server
 from .api.service import QueueService
 from .core import protocol
 from .core.job import DEFAULT_POOL, NewJob, Outcome, State, Submitted
+from .core.policy import outbox
 from .core.policy.admission import Admission
 from .run.loader import FunctionLoader
 from .services import sdnotify
@@ -218,8 +219,7 @@ class Daemon:
     def _deliver_events(self, now: float) -> float | None:
         """The outbox timer: deliver the events that are due; returns the next due time."""
         results = self.store.deliver_events(  # type: ignore[union-attr]
-            now, self.config.admission, self.config.event_max_attempts,
-            lambda attempts: min(60.0, 2.0 ** (attempts - 1)))
+            now, self.config.admission, self.config.event_max_attempts, outbox.backoff)
         if any(r.state == EventState.DELIVERED for r in results):
             self.pool.wake()
         for r in results:

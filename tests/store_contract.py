@@ -3,11 +3,13 @@ provides a `store` fixture; backend files add only their quirks."""
 
 from __future__ import annotations
 
+import random
 import threading
 
 import pytest
 
 from queickd.core.job import NewJob, Outcome, State
+from queickd.core.policy import claim
 from queickd.core.policy.admission import Admission, Refusal
 from queickd.core.retry import make_spec
 from queickd.store import CronRecord
@@ -407,6 +409,61 @@ class StoreContract:
         self._fail(store, 3, key="k")
         store.submit([job(key="k", manual=True)], T0)
         assert ("key", "k") not in {(p.kind, p.name) for p in store.pauses()}
+
+    def _four_running(self, store, **kw):
+        store.submit([job(**kw) for _ in range(4)], T0)
+        jobs = store.claim_available(4, T0)
+        err = {"type": "E", "message": "no"}
+        store.finish_if_running([Outcome.dead(j.id, err) for j in jobs[:3]], T0, pause_after=3)
+        return jobs[3]
+
+    def test_further_failures_of_a_paused_target_keep_its_first_pause_time(self, store):
+        last = self._four_running(store)
+        fin = store.finish_if_running([Outcome.dead(last.id, {"type": "F", "message": "4th"})], T0 + 5,
+                                      pause_after=3)
+        assert fin.paused == []  # paused already: not a new pause
+        (p,) = store.pauses()
+        assert (p.paused_at, p.failures, p.last_error) == (T0, 4, {"type": "F", "message": "4th"})
+
+    def test_a_success_ends_the_streak_but_not_the_pause(self, store):
+        last = self._four_running(store)
+        store.finish_if_running([Outcome.succeeded(last.id, None)], T0 + 5, pause_after=3)
+        assert [(p.kind, p.name, p.failures) for p in store.pauses()] == [("func", "m:f", 3)]
+
+    def test_a_run_parked_for_the_network_does_not_extend_a_streak(self, store):
+        self._fail(store, 2)
+        store.submit([job()], T0)
+        (j,) = store.claim_available(1, T0)
+        store.finish_if_running([Outcome.waiting_network(j.id, {"type": "N", "message": ""})], T0, pause_after=3)
+        assert store.pauses() == []
+
+    def test_failures_finished_together_count_one_by_one(self, store):
+        store.submit([job(key="k"), job()], T0)
+        a, b = store.claim_available(2, T0)
+        err = {"type": "E", "message": "no"}
+        fin = store.finish_if_running([Outcome.dead(a.id, err), Outcome.dead(b.id, err)], T0, pause_after=2)
+        assert [(p.kind, p.name, p.failures) for p in fin.paused] == [("func", "m:f", 2)]
+        assert [(p.kind, p.name, p.failures) for p in store.pauses()] == [("func", "m:f", 2)]
+
+    def test_claim_starts_what_the_selection_policy_picks(self, store):
+        # The stores' claims (PostgreSQL's is an SQL function) must agree with claim.select
+        # on what they read: keys, pauses, pools, the network, priorities, passed-over heads.
+        self._fail(store, 3, func="m:bad")
+        rnd = random.Random(13)
+        store.submit([job(func=rnd.choice(["m:f", "m:g", "m:bad"]), key=rnd.choice([None, None, "a", "b", "c"]),
+                          priority=rnd.choice([0, 0, 1, 5]), pool=rnd.choice(["default", "default", "other"]),
+                          retry_on_network=rnd.random() < 0.2, run_at=T0 - rnd.randint(0, 5))
+                      for _ in range(80)], T0)
+        for limit, net, pools in [(3, True, None), (5, False, ["default"]), (4, True, ["other"]),
+                                  (10, False, None), (2, True, ["default", "other"]), (50, True, None)] * 3:
+            queued = sorted(store.list_jobs(State.QUEUED, 1000), key=lambda j: (j.priority, j.run_at, j.id))
+            running = claim.Running.of([j.key for j in store.list_jobs(State.RUNNING, 1000)],
+                                       [(p.kind, p.name) for p in store.pauses()])
+            want = claim.select(queued, claim.Request.of(limit, net, pools), running)
+            got = store.claim_available(limit, T0, network_up=net, pools=pools)
+            assert [j.id for j in got] == want
+            done = store.list_jobs(State.RUNNING, 1000)[::2]
+            store.finish_if_running([Outcome.succeeded(j.id, None) for j in done], T0)
 
     # --- dead letters and retention -------------------------------------------------------
     def _dead(self, store, n):

@@ -91,6 +91,34 @@ def test_concurrent_claimers_run_each_job_once_and_one_job_per_key_at_a_time(pg_
     assert pg_store.counts()[State.SUCCEEDED] == 100
 
 
+def test_failures_finished_at_once_on_several_connections_are_all_counted(pg_url, pg_store):
+    from queickd.store.postgres import PostgresStore
+
+    pg_store.submit([job() for _ in range(60)], T0)
+    jobs = pg_store.claim_available(60, T0)
+    start = threading.Barrier(3)
+    err = {"type": "E", "message": "no"}
+    paused = []
+
+    def finisher(mine):
+        s = PostgresStore(pg_url, migrate=False)
+        try:
+            start.wait(10)
+            for j in mine:
+                paused.extend(s.finish_if_running([Outcome.dead(j.id, err)], T0, pause_after=45).paused)
+        finally:
+            s.close()
+
+    threads = [threading.Thread(target=finisher, args=(jobs[i::3],)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert pg_store.connect().execute("SELECT failures FROM streaks WHERE kind = 'func'").fetchone()[0] == 60
+    assert [(p.name, p.failures) for p in paused] == [("m:f", 45)]
+    assert [(p.name, p.failures) for p in pg_store.pauses()] == [("m:f", 60)]
+
+
 def test_orphans_are_only_jobs_of_workers_that_stopped_beating(pg_url, pg_store):
     from queickd.store.postgres import PostgresStore
 

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 from ..core.job import Job, NewJob, Outcome, State, Submitted, new_record
 from ..core.policy import admission as adm
+from ..core.policy import claim, crons, orphans, outbox
+from ..core.policy import pauses as pz
 from .base import (
     CronFire,
     CronRecord,
@@ -191,26 +193,20 @@ class MemoryStore(StoreBase):
     # --- claim ----------------------------------------------------------------------------
     def claim_available(self, limit: int, now: float, network_up: bool = True,
                         pools: Sequence[str] | None = None) -> list[Job]:
-        served = None if pools is None else frozenset(pools)
         out: list[Job] = []
         passed_over: list[tuple[int, float, int]] = []
         with self._lock:
-            busy = set(self._running_by_key)  # kept by _count: no scan of every job per claim
-            busy |= {name for kind, name in self._pauses if kind == "key"}
-            paused_funcs = {name for kind, name in self._pauses if kind == "func"}
-            while self._queued and len(out) < limit:
+            # _running_by_key is kept by _count: no scan of every job per claim.
+            pick = claim.Selection(claim.Request.of(limit, network_up, pools),
+                                   claim.Running.of(self._running_by_key, self._pauses))
+            while self._queued and not pick.full:
                 entry = heapq.heappop(self._queued)
                 job = self._jobs.get(entry[2])
                 if job is None or job.state != State.QUEUED or (job.priority, job.run_at) != entry[:2]:
                     continue  # a stale entry: the job moved on (or was re-queued at another time)
-                if ((job.retry_on_network and not network_up) or job.key in busy or job.func in paused_funcs
-                        or (served is not None and job.pool not in served)):
+                if not pick.offer(job):
                     passed_over.append(entry)
-                    if job.key is not None:
-                        busy.add(job.key)  # a waiting head holds its key: order within a key
                     continue
-                if job.key is not None:
-                    busy.add(job.key)
                 job = dataclasses.replace(job, state=State.RUNNING, attempts=job.attempts + 1, started_at=now)
                 self._put(job)
                 out.append(job)
@@ -236,7 +232,7 @@ class MemoryStore(StoreBase):
     # --- finish ---------------------------------------------------------------------------
     def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None) -> Finished:
         changed = 0
-        paused: list[Pause] = []
+        finished: list[pz.Finish] = []
         with self._lock:
             for o in outcomes:
                 job = self._jobs.get(o.job_id)
@@ -251,38 +247,31 @@ class MemoryStore(StoreBase):
                     changes["attempts"] = job.attempts - 1
                 self._put(dataclasses.replace(job, **changes))
                 changed += 1
-                if o.state == State.WAITING_NETWORK:
-                    continue
-                for target in (("key", job.key), ("func", job.func)):
-                    if target[1] is None:
-                        continue
-                    if o.state == State.SUCCEEDED:
-                        self._streaks.pop(target, None)  # type: ignore[arg-type]
-                        continue
-                    failures = self._streaks.get(target, (0, None))[0] + 1  # type: ignore[arg-type]
-                    self._streaks[target] = (failures, o.error)  # type: ignore[index]
-                    if pause_after is None or failures < pause_after:
-                        continue
-                    pause = Pause(target[0], target[1], now, failures, o.error)  # type: ignore[arg-type]
-                    if target in self._pauses:
-                        pause = dataclasses.replace(pause, paused_at=self._pauses[target].paused_at)  # type: ignore[index]
-                    else:
-                        paused.append(pause)
-                    self._pauses[target] = pause  # type: ignore[index]
-        return Finished(changed, paused)
+                # With no streak yet, successes have nothing to end: the steady state.
+                if finished or self._streaks or o.state != State.SUCCEEDED:
+                    finished.append(pz.Finish(o.state, o.error, job.key, job.func))
+            if not finished:
+                return Finished(changed, [])
+            p = pz.plan(finished, now, pause_after, pz.Lookups(
+                lambda t: (self._streaks.get(t, (0, None))[0], t in self._pauses)))
+            for t in p.reset:
+                self._streaks.pop(t, None)
+            self._streaks.update(p.streaks)
+            for t, (at, failures, err) in p.pauses.items():
+                self._pauses[t] = Pause(*t, self._pauses[t].paused_at if at is None else at, failures, err)
+        return Finished(changed, [Pause(*t, now, failures, err) for t, failures, err in p.new])
 
     def recover_orphans(self, max_requeues: int, now: float) -> Recovered:
-        requeued, dead = [], []
         with self._lock:
-            for job in [j for j in self._jobs.values() if j.state == State.RUNNING]:
-                if job.orphaned < max_requeues:
-                    self._put(dataclasses.replace(job, state=State.QUEUED, orphaned=job.orphaned + 1))
-                    requeued.append(job.id)
-                else:
-                    err = {"type": "orphaned", "message": "its worker stopped while it ran, too often"}
-                    self._put(dataclasses.replace(job, state=State.DEAD, error=err, finished_at=now))
-                    dead.append(job.id)
-        return Recovered(requeued, dead)
+            p = orphans.plan(((j.id, j.orphaned) for j in self._jobs.values() if j.state == State.RUNNING),
+                             max_requeues)
+            for job_id in p.requeue:
+                job = self._jobs[job_id]
+                self._put(dataclasses.replace(job, state=State.QUEUED, orphaned=job.orphaned + 1))
+            for job_id in p.dead:
+                self._put(dataclasses.replace(self._jobs[job_id], state=State.DEAD, error=dict(orphans.ERROR),
+                                              finished_at=now))
+        return Recovered(p.requeue, p.dead)
 
     # --- pauses ---------------------------------------------------------------------------
     def pauses(self) -> list[Pause]:
@@ -423,21 +412,18 @@ class MemoryStore(StoreBase):
             if cron is None or cron.next_run_at != tick:
                 return None
             waiting = any(j.cron == name and j.state in _WAITING for j in self._jobs.values())
+            fire = crons.fire(name, cron.template, tick, now, waiting)
             self._crons[name] = dataclasses.replace(
-                cron, next_run_at=next_tick, last_fired_at=tick, folded=cron.folded + int(waiting))
-            if waiting:
+                cron, next_run_at=next_tick, last_fired_at=tick, folded=cron.folded + int(fire.folded))
+            if fire.job is None:
                 return CronFire("folded", None)
-            job = dataclasses.replace(cron.template, run_at=now, cron=name,
-                                      key=cron.template.key or f"cron:{name}",
-                                      idempotency_key=f"cron:{name}:{tick!r}")
-            answer = self._submit_locked([[job]], now, adm.NO_LIMITS)[0]
+            answer = self._submit_locked([[fire.job]], now, adm.NO_LIMITS)[0]
             return CronFire("fired", answer[0])  # type: ignore[index]
 
     # --- events ---------------------------------------------------------------------------
     def _deliver_locked(self, event: Event, job: NewJob, now: float,
                         admission: adm.Admission) -> list[Submitted] | adm.Refusal:
-        new = dataclasses.replace(job, run_at=now, idempotency_key=f"event:{event.event_id}")
-        answer = self._submit_locked([[new]], now, admission)[0]
+        answer = self._submit_locked([[outbox.job_for(event.event_id, job, now)]], now, admission)[0]
         if not isinstance(answer, adm.Refusal):
             self._events[event.event_id] = (dataclasses.replace(
                 event, state=EventState.DELIVERED, job_id=answer[0].job_id, next_attempt_at=None,
@@ -469,13 +455,12 @@ class MemoryStore(StoreBase):
                 if not isinstance(answer, adm.Refusal):
                     out.append(EventAccepted(ev.event_id, False, EventState.DELIVERED, answer[0].job_id))
                     continue
-                attempts = ev.attempts + 1
-                dead = attempts >= max_attempts
+                r = outbox.after_refusal(ev.attempts, answer, now, max_attempts, backoff)
+                state = EventState.DEAD if r.dead else EventState.PENDING
                 self._events[ev.event_id] = (dataclasses.replace(
-                    ev, attempts=attempts, state=EventState.DEAD if dead else EventState.PENDING,
-                    next_attempt_at=None if dead else now + backoff(attempts),
-                    last_error=f"{answer.code}: {answer.message}"), job)
-                out.append(EventAccepted(ev.event_id, False, EventState.DEAD if dead else EventState.PENDING, None))
+                    ev, attempts=r.attempts, state=state, next_attempt_at=r.next_attempt_at,
+                    last_error=r.last_error), job)
+                out.append(EventAccepted(ev.event_id, False, state, None))
         return out
 
     def next_event_at(self) -> float | None:

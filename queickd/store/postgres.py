@@ -28,7 +28,6 @@ beats (database clock), so a long job is never rescued while its worker lives.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -42,6 +41,8 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
 
 from ..core.job import Job, NewJob, Outcome, State, Submitted
 from ..core.policy import admission as adm
+from ..core.policy import orphans
+from ..core.policy import pauses as pz
 from . import rows as dbrows
 from .base import (
     CronFire,
@@ -63,9 +64,11 @@ _COUNT_TTL = 1.0  # seconds an exact count of waiting jobs stands in, far below 
 _NOTIFY_IDS = 300  # job ids per finish notification (payloads are limited to 8000 bytes)
 _CLAIM_RETRIES = 8
 _WAITING_SQL = "('scheduled', 'queued', 'waiting_network')"
-_ORPHAN_ERROR = {"type": "orphaned", "message": "its worker stopped while it ran, too often"}
 # The claim itself is the function queickd_claim (pgschema.py): an UPDATE ... WHERE id IN
-# (SELECT ... ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING.
+# (SELECT ... ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING, one
+# round trip. Its conditions are core/policy/claim.py's rules written in SQL (choosing in
+# Python would cost a round trip more and hold row locks on every row read); the store
+# contract test test_claim_starts_what_the_selection_policy_picks holds the two together.
 _CLAIM = f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(now)s, %(worker)s, %(pools)s, %(net)s, %(limit)s)"
 _INSERT = (f"WITH ins AS (INSERT INTO jobs ({', '.join(dbrows.INSERT_COLS)})"
            f" SELECT * FROM unnest({', '.join(f'%s::{t}' for t in dbrows.PG_INSERT_TYPES)}))"
@@ -89,6 +92,7 @@ def _redact(url: str) -> str:
 
 class PostgresStore(FleetRecords, SharedSql, StoreBase):
     MARK = "%s"  # the parameter marker of psycopg (SharedSql)
+    _RELEASE = ", worker_id = NULL"  # a job that leaves running is no worker's any more
     supports_notify = True
 
     def __init__(self, url: str, migrate: bool = True) -> None:
@@ -361,15 +365,14 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
                        and o.run_at is not None]
             if retries:  # the daemons' timers must know when to move them back to queued
                 notify(c, f"s:{min(retries)!r}")
+            failed = []
             for o in outcomes:
                 if o.job_id not in names or o.state in (State.WAITING_NETWORK, State.SUCCEEDED):
                     continue  # a success's streaks were reset by the statement above
-                key, func = names.pop(o.job_id)
-                for kind, name in (("key", key), ("func", func)):
-                    if name is not None:
-                        p = self._streak_in(c, kind, name, o, now, pause_after)
-                        if p is not None:
-                            paused.append(p)
+                failed.append(pz.Finish(o.state, o.error, *names.pop(o.job_id)))
+            if failed:
+                known = self._lock_streaks(c, sorted({t for f in failed for t in pz.targets(f.key, f.func)}))
+                paused = self._write_pauses(c, pz.plan(failed, now, pause_after, pz.Lookups(known.__getitem__)))
             if not inline:
                 kind = "fk:" if any(r[1] is not None for r in rows) else "f:"
                 ids = [r[0] for r in rows]
@@ -377,43 +380,48 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
                     notify(c, kind + ",".join(map(str, ids[i:i + _NOTIFY_IDS])))
         return Finished(len(rows), paused)
 
-    def _streak_in(self, c: psycopg.Connection, kind: str, name: str, o: Outcome, now: float,
-                   pause_after: int | None) -> Pause | None:
-        if o.state == State.SUCCEEDED:
-            c.execute("DELETE FROM streaks WHERE kind = %s AND name = %s", (kind, name))
-            return None
-        err = dbrows.dumps(o.error) if o.error else None
-        failures = c.execute(
-            "INSERT INTO streaks VALUES (%s, %s, 1, %s) ON CONFLICT (kind, name) DO UPDATE"
-            " SET failures = streaks.failures + 1, last_error = excluded.last_error RETURNING failures",
-            (kind, name, err)).fetchone()[0]
-        if pause_after is None or failures < pause_after:
-            return None
-        inserted = c.execute(
+    @staticmethod
+    def _lock_streaks(c: psycopg.Connection, targets: list[pz.Target]) -> dict[pz.Target, tuple[int, bool]]:
+        """The targets' streaks and pauses (pauses.Lookups), read by an upsert that changes
+        no value but locks each streak row (made with 0 failures if new) until commit, in
+        one order (no deadlock): failures of one function on several hosts at once count one
+        after the other, never both from the same old count. (A SELECT ... FOR UPDATE cannot
+        lock a row that does not exist yet, and costs as much.)"""
+        rows = c.execute(
+            "INSERT INTO streaks SELECT k, n, 0, NULL FROM unnest(%s::text[], %s::text[]) AS t(k, n) ORDER BY k, n"
+            " ON CONFLICT (kind, name) DO UPDATE SET failures = streaks.failures RETURNING kind, name, failures,"
+            " EXISTS (SELECT 1 FROM pauses p WHERE p.kind = streaks.kind AND p.name = streaks.name)",
+            ([t[0] for t in targets], [t[1] for t in targets])).fetchall()
+        return {(k, n): (f, p) for k, n, f, p in rows}
+
+    def _begin_pause(self, c: psycopg.Connection, t: pz.Target, at: float, failures: int, err: str | None) -> bool:
+        # The plan read the pauses before its streak row lock was granted: another host may
+        # have begun this pause meanwhile. Then it stays as begun there, with our count.
+        return c.execute(
             "INSERT INTO pauses VALUES (%s, %s, %s, %s, %s) ON CONFLICT (kind, name) DO UPDATE"
-            " SET failures = excluded.failures, last_error = excluded.last_error"
-            " RETURNING (xmax = 0)", (kind, name, now, failures, err)).fetchone()[0]
-        return Pause(kind, name, now, failures, o.error) if inserted else None
+            " SET failures = excluded.failures, last_error = excluded.last_error RETURNING (xmax = 0)",
+            (*t, at, failures, err)).fetchone()[0]
+
+    def _put_streaks(self, c: psycopg.Connection, rows: list[tuple]) -> None:
+        # One statement for every streak of the finish (their rows exist: _lock_streaks made them).
+        c.execute("UPDATE streaks s SET failures = r.f, last_error = r.e FROM unnest(%s::text[], %s::text[],"
+                  " %s::int[], %s::text[]) AS r(k, n, f, e) WHERE s.kind = r.k AND s.name = r.n",
+                  [list(col) for col in zip(*rows, strict=True)])
 
     def recover_orphans(self, max_requeues: int, now: float) -> Recovered:
         """Running jobs whose worker is gone (missed its beats, deregistered, or none was
         registered) are orphans; those of live workers are left alone, however long they
         have run. Safe to call from every daemon and worker at any time."""
         with self._write() as c:
-            rows = c.execute(
-                "WITH gone AS (SELECT id FROM jobs WHERE state = 'running' AND (worker_id IS NULL OR NOT EXISTS"
-                f" (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND {ALIVE})) FOR UPDATE SKIP LOCKED)"
-                " UPDATE jobs SET worker_id = NULL,"
-                "  state = CASE WHEN orphaned >= %(max)s THEN 'dead' ELSE 'queued' END,"
-                "  orphaned = orphaned + (orphaned < %(max)s)::int,"
-                "  error = CASE WHEN orphaned >= %(max)s THEN %(err)s ELSE error END,"
-                "  finished_at = CASE WHEN orphaned >= %(max)s THEN %(now)s ELSE finished_at END"
-                " FROM gone WHERE jobs.id = gone.id RETURNING jobs.id, jobs.state",
-                {"max": max_requeues, "err": dbrows.dumps(_ORPHAN_ERROR), "now": now}).fetchall()
-            requeued = sorted(r[0] for r in rows if r[1] == State.QUEUED)
-            if requeued:
+            # Locked (SKIP LOCKED: another sweep has those) until the plan is written.
+            p = orphans.plan(c.execute(
+                "SELECT id, orphaned FROM jobs WHERE state = 'running' AND (worker_id IS NULL OR NOT EXISTS"
+                f" (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND {ALIVE})) FOR UPDATE SKIP LOCKED"
+            ).fetchall(), max_requeues)
+            self._write_orphans(c, p, now)
+            if p.requeue:
                 notify(c, "r")
-        return Recovered(requeued, sorted(r[0] for r in rows if r[1] == State.DEAD))
+        return Recovered(p.requeue, p.dead)
 
     def waiting_by_pool(self) -> dict[str, int]:
         rows = self._conn().execute(f"SELECT pool, count(*) FROM jobs WHERE state IN {_WAITING_SQL}"
@@ -543,15 +551,7 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
                 return None
             waiting = c.execute(
                 f"SELECT 1 FROM jobs WHERE cron = %s AND state IN {_WAITING_SQL} LIMIT 1", (name,)).fetchone()
-            c.execute("UPDATE crons SET next_run_at = %s, last_fired_at = %s, folded = folded + %s WHERE name = %s",
-                      (next_tick, tick, 1 if waiting else 0, name))
-            if waiting:
-                return CronFire("folded", None)
-            t = dbrows.template_from_json(row[0])
-            job = dataclasses.replace(t, run_at=now, cron=name, key=t.key or f"cron:{name}",
-                                      idempotency_key=f"cron:{name}:{tick!r}")
-            answer = self._submit_in(c, [[job]], now, adm.NO_LIMITS)[0]
-            return CronFire("fired", answer[0])  # type: ignore[index]
+            return self._fire_in(c, name, row[0], tick, next_tick, now, waiting is not None)
 
     # --- events ---------------------------------------------------------------------------
     def accept_event(self, event: NewEvent, now: float, admission: adm.Admission) -> EventAccepted:
@@ -571,24 +571,12 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
 
     def deliver_events(self, now: float, admission: adm.Admission, max_attempts: int,
                        backoff: Callable[[int], float], limit: int = 500) -> list[EventAccepted]:
-        out = []
         with self._write() as c:
             due = c.execute(
                 "SELECT event_id, job, attempts FROM events WHERE state = 'pending' AND next_attempt_at <= %s"
                 " ORDER BY next_attempt_at LIMIT %s FOR UPDATE SKIP LOCKED", (now, limit)).fetchall()
-            for event_id, template, attempts in due:
-                answer = self._deliver_in(c, event_id, template, now, admission)
-                if not isinstance(answer, adm.Refusal):
-                    out.append(EventAccepted(event_id, False, EventState.DELIVERED, answer[0].job_id))
-                    continue
-                attempts += 1
-                dead = attempts >= max_attempts
-                c.execute("UPDATE events SET attempts = %s, state = %s, next_attempt_at = %s, last_error = %s"
-                          " WHERE event_id = %s",
-                          (attempts, EventState.DEAD if dead else EventState.PENDING,
-                           None if dead else now + backoff(attempts), f"{answer.code}: {answer.message}", event_id))
-                out.append(EventAccepted(event_id, False, EventState.DEAD if dead else EventState.PENDING, None))
-        return out
+            return [self._deliver_due_in(c, event_id, template, attempts, now, admission, max_attempts, backoff)
+                   for event_id, template, attempts in due]
 
     def next_event_at(self) -> float | None:
         return self._conn().execute("SELECT min(next_attempt_at) FROM events WHERE state = 'pending'").fetchone()[0]

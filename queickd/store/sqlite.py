@@ -10,12 +10,13 @@ and the queue cap cost one row read, not a scan of a million jobs.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import sqlite3
 from collections.abc import Callable, Sequence
 
 from ..core.job import Job, NewJob, Outcome, State, Submitted
 from ..core.policy import admission as adm
+from ..core.policy import claim, orphans
+from ..core.policy import pauses as pz
 from . import rows as dbrows
 from .base import (
     CronFire,
@@ -24,14 +25,13 @@ from .base import (
     EventState,
     Finished,
     NewEvent,
-    Pause,
     Recovered,
     StoreBase,
 )
 from .pools import set_pool_sql
 from .sqlite_conn import SQLiteFile, insert_rows
 from .sqlite_schema import SCHEMA_VERSION, SchemaTooNewError
-from .sqlshared import SharedSql
+from .sqlshared import STREAK, SharedSql
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore", "SchemaTooNewError"]
 
@@ -47,6 +47,7 @@ _RARE = frozenset({State.RUNNING, State.DEAD, State.WAITING_NETWORK, State.CANCE
 
 class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
     MARK = "?"  # the parameter marker of sqlite3 (SharedSql)
+    _RELEASE = ""  # a running job's row holds nothing else
     supports_notify = False
 
     # --- submit ---------------------------------------------------------------------------
@@ -121,48 +122,36 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
         served = None if pools is None else frozenset(pools)
         if served is not None and not served:
             return []
+        # Inside the write transaction: SQLite serializes writers, so the selection is exact.
         with self._write(bookkeeping=True) as c:
-            # Keys that cannot start a job (running or paused) and paused functions, in one statement.
+            # Running keys and pauses, in one statement.
             held = c.execute(
-                "SELECT 'key', key FROM jobs INDEXED BY jobs_running WHERE state = 'running' AND key IS NOT NULL"
-                " UNION ALL SELECT kind, name FROM pauses").fetchall()
-            busy = {n for k, n in held if k == "key"}
-            paused_funcs = {n for k, n in held if k == "func"}
-            chosen: list[int] = []
+                "SELECT 'running', key FROM jobs INDEXED BY jobs_running WHERE state = 'running'"
+                " AND key IS NOT NULL UNION ALL SELECT kind, name FROM pauses").fetchall()
+            pick = claim.Selection(claim.Request(limit, network_up, served),
+                                   claim.Running.of((n for k, n in held if k == "running"),
+                                                    [(k, n) for k, n in held if k != "running"]))
             offset, page = 0, max(16, limit * 2)
             # Other pools' jobs are passed over inside SQLite, not page by page here; those
             # with a key still come back, as they may hold their key.
             mine = "" if served is None else (
                 f" AND (pool IN ({','.join('?' * len(served))}) OR key IS NOT NULL)")
-            while len(chosen) < limit:
+            while not pick.full:
                 rows = c.execute(
-                    "SELECT id, key, func, retry_on_network, pool FROM jobs INDEXED BY jobs_queued"
+                    "SELECT id, key, func, pool, retry_on_network FROM jobs INDEXED BY jobs_queued"
                     f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
                     (*(served or ()), page, offset),
                 ).fetchall()
-                for job_id, key, func, needs_network, pool in rows:
-                    if (needs_network and not network_up) or (served is not None and pool not in served):
-                        if key is not None:
-                            busy.add(key)
-                        continue
-                    if key in busy or func in paused_funcs:
-                        if key is not None:
-                            busy.add(key)  # a waiting head holds its key: order within a key
-                        continue
-                    if key is not None:
-                        busy.add(key)  # one job per key, the first in queue order
-                    chosen.append(job_id)
-                    if len(chosen) == limit:
-                        break
+                pick.offer_all(map(claim.Row._make, rows))
                 if len(rows) < page:
                     break
                 offset += page
-            if not chosen:
+            if not pick.chosen:
                 return []
-            marks = ",".join("?" * len(chosen))
+            marks = ",".join("?" * len(pick.chosen))
             rows = c.execute(
                 "UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = ?"
-                f" WHERE id IN ({marks}) RETURNING {dbrows.JOB_COLS}", (now, *chosen),
+                f" WHERE id IN ({marks}) RETURNING {dbrows.JOB_COLS}", (now, *pick.chosen),
             ).fetchall()
         jobs = [dbrows.row_to_job(r) for r in rows]
         jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
@@ -186,7 +175,7 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
     # --- finish ---------------------------------------------------------------------------
     def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None) -> Finished:
         changed = 0
-        paused: list[Pause] = []
+        finished: list[pz.Finish] = []
         with self._write(bookkeeping=True) as c:
             # Usually nothing is failing: then a success has no streak to reset.
             any_streak = c.execute("SELECT EXISTS (SELECT 1 FROM streaks)").fetchone()[0]
@@ -209,49 +198,24 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
                 if row is None:
                     continue
                 changed += 1
-                if o.state == State.WAITING_NETWORK or (o.state == State.SUCCEEDED and not any_streak):
-                    continue
-                any_streak = True
-                for kind, name in (("key", row[0]), ("func", row[1])):
-                    if name is not None:
-                        p = self._streak_in(c, kind, name, o, now, pause_after)
-                        if p is not None:
-                            paused.append(p)
-        return Finished(changed, paused)
+                finished.append(pz.Finish(o.state, o.error, row[0], row[1]))
+            if not finished:
+                return Finished(0, [])
 
-    def _streak_in(self, c: sqlite3.Connection, kind: str, name: str, o: Outcome, now: float,
-                   pause_after: int | None) -> Pause | None:
-        if o.state == State.SUCCEEDED:
-            c.execute("DELETE FROM streaks WHERE kind = ? AND name = ?", (kind, name))
-            return None
-        err = dbrows.dumps(o.error) if o.error else None
-        failures = c.execute(
-            "INSERT INTO streaks VALUES (?, ?, 1, ?) ON CONFLICT (kind, name) DO UPDATE"
-            " SET failures = failures + 1, last_error = excluded.last_error RETURNING failures",
-            (kind, name, err),
-        ).fetchone()[0]
-        if pause_after is None or failures < pause_after:
-            return None
-        if c.execute("SELECT 1 FROM pauses WHERE kind = ? AND name = ?", (kind, name)).fetchone():
-            c.execute("UPDATE pauses SET failures = ?, last_error = ? WHERE kind = ? AND name = ?",
-                      (failures, err, kind, name))
-            return None
-        c.execute("INSERT INTO pauses VALUES (?, ?, ?, ?, ?)", (kind, name, now, failures, err))
-        return Pause(kind, name, now, failures, o.error)
+            def streak(t: pz.Target) -> tuple[int, bool]:
+                if not any_streak:  # no streak anywhere before this finish: only the pause to read
+                    return 0, c.execute("SELECT 1 FROM pauses WHERE kind = ? AND name = ?", t).fetchone() is not None
+                n, paused = c.execute(STREAK, (*t, *t)).fetchone()
+                return n, bool(paused)
+
+            return Finished(changed, self._write_pauses(c, pz.plan(finished, now, pause_after, pz.Lookups(streak))))
 
     def recover_orphans(self, max_requeues: int, now: float) -> Recovered:
-        err = dbrows.dumps({"type": "orphaned", "message": "its worker stopped while it ran, too often"})
         with self._write() as c:
-            dead = c.execute(
-                "UPDATE jobs INDEXED BY jobs_running SET state = 'dead', error = ?, finished_at = ?"
-                " WHERE state = 'running' AND orphaned >= ? RETURNING id",
-                (err, now, max_requeues),
-            ).fetchall()
-            requeued = c.execute(
-                "UPDATE jobs INDEXED BY jobs_running SET state = 'queued', orphaned = orphaned + 1"
-                " WHERE state = 'running' RETURNING id"
-            ).fetchall()
-        return Recovered(sorted(r[0] for r in requeued), sorted(r[0] for r in dead))
+            p = orphans.plan(c.execute("SELECT id, orphaned FROM jobs INDEXED BY jobs_running"
+                                       " WHERE state = 'running'").fetchall(), max_requeues)
+            self._write_orphans(c, p, now)
+        return Recovered(p.requeue, p.dead)
 
     # --- pauses ---------------------------------------------------------------------------
     def _resume_in(self, c: sqlite3.Connection, kind: str, name: str) -> bool:
@@ -363,17 +327,7 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
             waiting = c.execute(
                 "SELECT 1 FROM jobs INDEXED BY jobs_cron WHERE cron = ? AND state IN"
                 " ('scheduled', 'queued', 'waiting_network') LIMIT 1", (name,)).fetchone()
-            c.execute(
-                "UPDATE crons SET next_run_at = ?, last_fired_at = ?, folded = folded + ? WHERE name = ?",
-                (next_tick, tick, 1 if waiting else 0, name),
-            )
-            if waiting:
-                return CronFire("folded", None)
-            t = dbrows.template_from_json(row[0])
-            job = dataclasses.replace(t, run_at=now, cron=name, key=t.key or f"cron:{name}",
-                                      idempotency_key=f"cron:{name}:{tick!r}")
-            answer = self._submit_in(c, [[job]], now, adm.NO_LIMITS)[0]
-            return CronFire("fired", answer[0])  # type: ignore[index]
+            return self._fire_in(c, name, row[0], tick, next_tick, now, waiting is not None)
 
     # --- events ---------------------------------------------------------------------------
     def accept_event(self, event: NewEvent, now: float, admission: adm.Admission) -> EventAccepted:
@@ -393,26 +347,13 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
 
     def deliver_events(self, now: float, admission: adm.Admission, max_attempts: int,
                        backoff: Callable[[int], float], limit: int = 500) -> list[EventAccepted]:
-        out = []
         with self._write() as c:
             due = c.execute(
                 "SELECT event_id, job, attempts FROM events INDEXED BY events_pending"
                 " WHERE state = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?",
                 (now, limit)).fetchall()
-            for event_id, template, attempts in due:
-                answer = self._deliver_in(c, event_id, template, now, admission)
-                if not isinstance(answer, adm.Refusal):
-                    out.append(EventAccepted(event_id, False, EventState.DELIVERED, answer[0].job_id))
-                    continue
-                attempts += 1
-                dead = attempts >= max_attempts
-                c.execute(
-                    "UPDATE events SET attempts = ?, state = ?, next_attempt_at = ?, last_error = ?"
-                    " WHERE event_id = ?",
-                    (attempts, EventState.DEAD if dead else EventState.PENDING, None if dead else now + backoff(attempts),
-                     f"{answer.code}: {answer.message}", event_id))
-                out.append(EventAccepted(event_id, False, EventState.DEAD if dead else EventState.PENDING, None))
-        return out
+            return [self._deliver_due_in(c, event_id, template, attempts, now, admission, max_attempts, backoff)
+                   for event_id, template, attempts in due]
 
     def next_event_at(self) -> float | None:
         return self._conn().execute(

@@ -1,0 +1,84 @@
+"""Unit tests for core/policy/claim.py: plain candidates in, the ids that may start out."""
+
+from __future__ import annotations
+
+from queickd.core.policy.claim import Request, Row, Running, Selection, select
+
+
+def row(job_id: int, key: str | None = None, func: str = "m:f", pool: str = "default",
+        net: bool = False) -> Row:
+    return Row(job_id, key, func, pool, net)
+
+
+def test_candidates_start_in_queue_order_up_to_the_limit():
+    assert select([row(i) for i in range(1, 6)], Request(3), Running()) == [1, 2, 3]
+
+
+def test_a_key_starts_one_job_per_claim():
+    assert select([row(1, "k"), row(2, "k"), row(3)], Request(5), Running()) == [1, 3]
+
+
+def test_a_key_with_a_running_job_starts_nothing():
+    assert select([row(1, "k"), row(2)], Request(5), Running(keys=frozenset({"k"}))) == [2]
+
+
+def test_jobs_of_a_paused_function_are_passed_over():
+    assert select([row(1, func="m:bad"), row(2)], Request(5), Running(paused_funcs=frozenset({"m:bad"}))) == [2]
+
+
+def test_jobs_of_a_paused_key_are_passed_over():
+    assert select([row(1, "k"), row(2, "j")], Request(5), Running(paused_keys=frozenset({"k"}))) == [2]
+
+
+def test_a_head_passed_over_for_its_function_holds_its_key():
+    cands = [row(1, "k", func="m:bad"), row(2, "k"), row(3)]
+    assert select(cands, Request(5), Running(paused_funcs=frozenset({"m:bad"}))) == [3]
+
+
+def test_network_jobs_wait_while_the_network_is_down():
+    assert select([row(1, net=True), row(2)], Request(5, network_up=False), Running()) == [2]
+
+
+def test_network_jobs_start_while_the_network_is_up():
+    assert select([row(1, net=True)], Request(5), Running()) == [1]
+
+
+def test_a_head_waiting_for_the_network_holds_its_key():
+    assert select([row(1, "k", net=True), row(2, "k")], Request(5, network_up=False), Running()) == []
+
+
+def test_only_the_served_pools_start():
+    cands = [row(1, pool="a"), row(2, pool="b"), row(3)]
+    assert select(cands, Request.of(5, pools=["a", "default"]), Running()) == [1, 3]
+
+
+def test_a_head_of_another_pool_holds_its_key():
+    assert select([row(1, "k", pool="b"), row(2, "k")], Request.of(5, pools=["default"]), Running()) == []
+
+
+def test_no_pool_at_all_starts_nothing():
+    assert select([row(1)], Request.of(5, pools=[]), Running()) == []
+
+
+def test_a_limit_of_zero_starts_nothing():
+    assert select([row(1)], Request(0), Running()) == []
+
+
+def test_running_of_ignores_jobs_without_a_key_and_splits_pauses_by_kind():
+    r = Running.of(["a", None, "b"], [("key", "k"), ("func", "m:f")])
+    assert (r.keys, r.paused_keys, r.paused_funcs) == ({"a", "b"}, {"k"}, {"m:f"})
+
+
+def test_a_selection_offered_one_by_one_says_which_start_and_when_it_is_full():
+    s = Selection(Request(2), Running())
+    assert [s.offer(c) for c in (row(1, "k"), row(2, "k"), row(3))] == [True, False, True]
+    assert s.full and not s.offer(row(4)) and s.chosen == [1, 3]
+
+
+def test_offering_all_at_once_decides_as_offering_one_by_one():
+    cands = [row(1, "k"), row(2, "k", func="m:bad"), row(3, "j", net=True), row(4, "j"), row(5), row(6)]
+    req, run = Request(3, network_up=False), Running(paused_funcs=frozenset({"m:bad"}))
+    one = Selection(req, run)
+    for c in cands:
+        one.offer(c)
+    assert select(cands, req, run) == one.chosen == [1, 5, 6]

@@ -1,0 +1,82 @@
+"""Unit tests for core/policy/pauses.py: finished runs and the streaks read in, the plan out."""
+
+from __future__ import annotations
+
+from queickd.core.job import State
+from queickd.core.policy import pauses as pz
+
+NOW = 1_750_000_000.0
+E = {"type": "E", "message": "no"}
+
+
+def look(streaks: dict | None = None, paused: set | None = None) -> pz.Lookups:
+    streaks, paused = streaks or {}, paused or set()
+    return pz.Lookups(lambda t: (streaks.get(t, 0), t in paused))
+
+
+def failed(key: str | None = None, func: str = "m:f", err: dict | None = E) -> pz.Finish:
+    return pz.Finish(State.DEAD, err, key, func)
+
+
+def test_a_failure_extends_the_streaks_of_its_key_and_function():
+    p = pz.plan([failed("k")], NOW, 3, look({("func", "m:f"): 1}))
+    assert p.streaks == {("key", "k"): (1, E), ("func", "m:f"): (2, E)} and p.pauses == {}
+
+
+def test_a_scheduled_retry_counts_as_a_failure():
+    p = pz.plan([pz.Finish(State.SCHEDULED, E, None, "m:f")], NOW, 3, look())
+    assert p.streaks == {("func", "m:f"): (1, E)}
+
+
+def test_a_streak_reaching_pause_after_begins_a_pause():
+    p = pz.plan([failed()], NOW, 3, look({("func", "m:f"): 2}))
+    assert p.new == [(("func", "m:f"), 3, E)] and p.pauses == {("func", "m:f"): (NOW, 3, E)}
+
+
+def test_without_pause_after_nothing_pauses():
+    assert pz.plan([failed()], NOW, None, look({("func", "m:f"): 99})).pauses == {}
+
+
+def test_a_failure_of_a_paused_target_updates_the_pause_and_keeps_its_time():
+    p = pz.plan([failed()], NOW, 3, look({("func", "m:f"): 5}, {("func", "m:f")}))
+    assert p.new == [] and p.pauses == {("func", "m:f"): (None, 6, E)}
+
+
+def test_a_success_ends_a_streak():
+    p = pz.plan([pz.Finish(State.SUCCEEDED, None, "k", "m:f")], NOW, 3, look({("key", "k"): 2}))
+    assert p.reset == [("key", "k")] and p.streaks == {}
+
+
+def test_a_success_with_no_streak_writes_nothing():
+    assert pz.plan([pz.Finish(State.SUCCEEDED, None, "k", "m:f")], NOW, 3, look()) == pz.Plan()
+
+
+def test_a_success_does_not_lift_a_pause():
+    p = pz.plan([pz.Finish(State.SUCCEEDED, None, None, "m:f")], NOW, 3,
+                look({("func", "m:f"): 4}, {("func", "m:f")}))
+    assert p.reset == [("func", "m:f")] and p.pauses == {}
+
+
+def test_a_run_parked_for_the_network_counts_for_nothing():
+    assert pz.plan([pz.Finish(State.WAITING_NETWORK, E, "k", "m:f")], NOW, 1, look()) == pz.Plan()
+
+
+def test_runs_finished_together_count_in_order():
+    p = pz.plan([failed(), failed(), pz.Finish(State.SUCCEEDED, None, None, "m:f"), failed()], NOW, 9, look())
+    assert p.reset == [("func", "m:f")] and p.streaks == {("func", "m:f"): (1, E)}
+
+
+def test_a_pause_begun_in_a_batch_is_reported_as_begun_and_written_as_it_ends():
+    late = {"type": "L", "message": ""}
+    p = pz.plan([failed(), failed(), failed(err=late)], NOW, 2, look())
+    assert p.new == [(("func", "m:f"), 2, E)] and p.pauses == {("func", "m:f"): (NOW, 3, late)}
+
+
+def test_each_target_is_read_once_per_plan():
+    reads = []
+    p = pz.plan([failed("k"), failed("k")], NOW, 9, pz.Lookups(lambda t: reads.append(t) or (0, False)))
+    assert sorted(reads) == [("func", "m:f"), ("key", "k")] and p.streaks[("key", "k")] == (2, E)
+
+
+def test_targets_are_the_key_then_the_function():
+    assert pz.targets("k", "m:f") == [("key", "k"), ("func", "m:f")] and pz.targets(None, "m:f") == [("func", "m:f")]
