@@ -45,27 +45,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.run import (
+from bench.processes import (
     BENCH_DIR,
     CACHE_DIR,
     JOBS_FILE,
     LISTENING,
     LineWaiter,
-    Results,
-    TargetSkippedError,
     _clean_env,
-    _fmt,
-    _fs_type,
     _kill_group,
     _reap,
     _spawn,
     group_usage,
     kill_all,
     log,
-    print_scenarios,
-    run_rounds,
-    stop_on_sigterm,
 )
+from bench.report import Results, _fmt, _fs_type
+from bench.run import TargetSkippedError, print_scenarios, run_rounds, stop_on_sigterm
 
 PROBES = BENCH_DIR / "pg_probes.py"
 PGQUEUER_APP = BENCH_DIR / "pgqueuer_app.py"
@@ -466,7 +461,7 @@ def run_idle(s: Settings, res: Results, scenario: str, target: str) -> None:
 
 def _cpu_of(pids: list[int]) -> dict[int, float]:
     """CPU seconds of these processes (server backends, which are no group of ours)."""
-    from bench.run import proc_cpu
+    from bench.processes import proc_cpu
 
     return {p: proc_cpu(p) for p in pids if os.path.exists(f"/proc/{p}")}
 
