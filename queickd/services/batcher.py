@@ -11,8 +11,15 @@ A small request that finds nothing committing and nothing waiting may be committ
 its submitter's own thread (`inline=True`): a lone client then pays no thread hand-off
 on its way to the disk and back. Order is kept: an inline commit never overtakes a
 request that was queued before it, and nothing queued commits beside it.
-"""
 
+An event loop serving many connections must not commit their requests one by one on its
+own thread: while it writes one, it reads nothing, so the others cannot gather. `Gather`
+collects what one pass of the loop submitted and hands it over as one submission when the
+pass ends; only a pass that brought a single small submission commits inline.
+
+This module owns batching and acks; it never decides admission (the store applies the
+admission plan) and never touches a socket.
+"""
 from __future__ import annotations
 
 import logging
@@ -68,19 +75,25 @@ class SubmitBatcher:
         `done` is called once with one answer per request (its Submitted list, or its
         Refusal), or with the exception that kept them all out: from the committer thread,
         or, with `inline` and an idle committer, from this thread before submit returns."""
+        self.submit_all([(requests, done)], inline=inline)
+
+    def submit_all(self, items: Sequence[tuple[Requests, Done]], *, inline: bool = False) -> None:
+        """submit() for several submissions at once: they join the same commit (unless
+        max_batch splits them), each `done` answered as submit() says."""
         with self._cond:
             closed = self._closed
             if not closed:
                 if not (inline and not self._committing and not self._pending):
-                    self._pending.append((requests, done))
+                    self._pending.extend(items)
                     self._cond.notify()
                     return
                 self._committing = True
         if closed:
-            done(QueueError(Code.INTERNAL, "the daemon is shutting down"))
+            for _, done in items:
+                done(QueueError(Code.INTERNAL, "the daemon is shutting down"))
             return
         try:
-            self._commit([(requests, done)])
+            self._commit(list(items))
         finally:
             with self._cond:
                 self._committing = False
@@ -175,3 +188,29 @@ class SubmitBatcher:
                 log.warning("request refused by the store: %s", e)
                 answers.append(Refusal(Code.BAD_REQUEST, f"the store could not take this request: {e}"))
         self._finish([(reqs, done)], list(reqs), answers)
+
+
+class Gather:
+    """The submissions one thread makes during one pass of its event loop, handed to the
+    batcher together when the pass ends. `schedule(fn)` must run fn on the same thread
+    after the pass (asyncio: loop.call_soon, which runs after every read of the pass).
+    Not thread-safe: one per event loop."""
+
+    def __init__(self, batcher: SubmitBatcher, schedule: Callable[[Callable[[], None]], object],
+                 inline_max: int = 8) -> None:
+        self._batcher = batcher
+        self._schedule = schedule
+        self._inline_max = inline_max
+        self._items: list[tuple[Requests, Done]] = []
+
+    def submit(self, requests: Requests, done: Done) -> None:
+        self._items.append((requests, done))
+        if len(self._items) == 1:
+            self._schedule(self._flush)
+
+    def _flush(self) -> None:
+        items, self._items = self._items, []
+        # One small submission in the pass: likely a lone client, whose ack should not pay a
+        # thread hand-off. Several: the loop stays free to read while the committer writes.
+        inline = len(items) == 1 and sum(len(r) for r in items[0][0]) <= self._inline_max
+        self._batcher.submit_all(items, inline=inline)
