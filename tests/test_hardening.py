@@ -109,7 +109,7 @@ def test_intervals_too_small_to_advance_are_refused():
 
 def test_cron_ticks_keep_moving_forward_through_the_repeated_dst_hour():
     code = (
-        "import time; from queickd.cron import CronExpr\n"
+        "import time; from queickd.core.cron import CronExpr\n"
         "e = CronExpr.parse('* * * * *')\n"
         "t = 1761440400.0 + 30  # 2025-10-26 02:00:30 CET, the second 02:00 in Berlin\n"
         "for _ in range(120):\n"
