@@ -55,6 +55,7 @@ from bench.processes import (
     _kill_group,
     _reap,
     _spawn,
+    default_queickd_path,
     group_usage,
     kill_all,
     log,
@@ -141,19 +142,6 @@ def ensure_venv(venv: Path, pins: dict[str, str]) -> Path:
     if not holds():
         raise RuntimeError(f"{pins} did not install into {venv}")
     return py
-
-
-def default_queickd_path() -> Path | None:
-    """The first $PYTHONPATH entry holding a queickd package, else where this Python imports
-    queickd from. ($PYTHONPATH first: `python -m bench.pg` puts the working directory ahead
-    of it, and the point of PYTHONPATH=... is to pick another checkout.)"""
-    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-        if entry and (Path(entry) / "queickd" / "__init__.py").exists():
-            return Path(entry).resolve()
-    spec = importlib.util.find_spec("queickd")
-    if spec is None or spec.origin is None:
-        return None
-    return Path(spec.origin).resolve().parent.parent
 
 
 def check_queickd(path: Path | None, cwd: Path) -> str | None:

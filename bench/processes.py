@@ -7,16 +7,21 @@ and starting queickd itself. It owns no scenario and no report.
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
+import importlib.util
 import json
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +41,62 @@ def log(msg: str) -> None:
 _LIVE: list[subprocess.Popen] = []  # started and not yet reaped; killed by kill_all()
 
 
+_SLOWED: dict[str, str] = {}  # the slow-fsync shim's variables while a scenario asks for it
+
+
 def _clean_env(extra_path: bool = False) -> dict[str, str]:
     """This environment minus anything that would change a daemon's config or a venv's
-    imports (QUEICKD_*, systemd's variables, PYTHONPATH/PYTHONHOME)."""
+    imports (QUEICKD_*, systemd's variables, PYTHONPATH/PYTHONHOME), plus the slow-fsync
+    shim inside slow_fsync(). With extra_path (queickd's own processes), PYTHONPATH is the
+    checkout of default_queickd_path(), so they run the code this bench was pointed at."""
     drop = ("JOURNAL_STREAM", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "PYTHONPATH", "PYTHONHOME")
-    return {k: v for k, v in os.environ.items() if not k.startswith("QUEICKD_") and k not in drop}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEICKD_") and k not in drop}
+    path = default_queickd_path() if extra_path else None
+    if path is not None:
+        env["PYTHONPATH"] = str(path)
+    return {**env, **_SLOWED}
+
+
+@functools.cache
+def default_queickd_path() -> Path | None:
+    """The first $PYTHONPATH entry holding a queickd package, else where this Python imports
+    queickd from. ($PYTHONPATH first: `python -m bench.run` puts the working directory ahead
+    of it, and the point of PYTHONPATH=... is to pick another checkout.)"""
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if entry and (Path(entry) / "queickd" / "__init__.py").exists():
+            return Path(entry).resolve()
+    spec = importlib.util.find_spec("queickd")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).resolve().parent.parent
+
+
+def build_slow_fsync(cache_dir: Path = CACHE_DIR) -> Path:
+    """The LD_PRELOAD shim of bench/slowfsync.c, built with the system C compiler (`cc`)
+    into the cache dir once per version of its source."""
+    source = BENCH_DIR / "slowfsync.c"
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    lib = cache_dir / f"slowfsync-{digest}.so"
+    if not lib.exists():
+        cc = shutil.which("cc")
+        if cc is None:
+            raise RuntimeError("no C compiler (cc) to build the slow-fsync shim")
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+        subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(source), "-ldl"], check=True,
+                       capture_output=True, timeout=120)
+        tmp.replace(lib)
+    return lib
+
+
+@contextlib.contextmanager
+def slow_fsync(ms: float) -> Iterator[None]:
+    """Every process started inside gets the shim: each fsync/fdatasync takes `ms` longer."""
+    _SLOWED.update(LD_PRELOAD=str(build_slow_fsync()), SLOW_FSYNC_MS=str(int(ms)))
+    try:
+        yield
+    finally:
+        _SLOWED.clear()
 
 
 def _spawn(cmd: list[str], **kw: Any) -> subprocess.Popen:
@@ -201,7 +257,7 @@ class QueickdDaemon(_ProcessGroup):
                "--bind", "127.0.0.1", "--port", "0", "--workers", str(self.workers),
                "--app-dir", str(BENCH_DIR), "--log-level", "info"]
         self.proc = _spawn(cmd, cwd=self.data_dir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           text=True, env=_clean_env())
+                           text=True, env=_clean_env(extra_path=True))
         try:
             self.out = LineWaiter(self.proc)
             m = self.out.wait_for(LISTENING, timeout=30.0)
@@ -275,7 +331,7 @@ def run_probe(python: str | Path, kind: str, *args: str, cwd: Path | None = None
     this script's stderr instead of into the error message."""
     cmd = [str(python), str(PROBES), kind, *args]
     proc = _spawn(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True,
-                  env=_clean_env())
+                  env=_clean_env(extra_path=str(python) == sys.executable))
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -14,7 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.goals import goal_lines
+from bench.manyclients import RATE
 from bench.peers import HUEY, HUEY_VERSION, QUEICK, QUEICK_VERSION, QUEICKD_MEMORY, QUEICKD_SQLITE
+from bench.processes import default_queickd_path
+from bench.running import E2E_SINGLE
 from bench.scenarios import RAW_LONE, RAW_LONE_TCP, RAW_TCP
 
 if TYPE_CHECKING:
@@ -70,6 +74,11 @@ class Results:
             return None
         return m.median / p.median
 
+    def median(self, key: tuple[str, str, str]) -> float | None:
+        """The median of (scenario, target, label), None when not measured."""
+        m = self.metrics.get(key)
+        return m.median if m else None
+
     def has_errors(self) -> bool:
         return any(m.errors for m in self.metrics.values())
 
@@ -102,6 +111,7 @@ def machine_info(s: Settings) -> dict[str, Any]:
     return {
         "nproc": os.cpu_count(), "cpu": cpu, "mem_total": mem, "kernel": platform.release(),
         "python": platform.python_version(), "sqlite": sqlite3.sqlite_version, "queickd": qv,
+        "queickd_path": str(default_queickd_path()),
         "queick": QUEICK_VERSION, "huey": HUEY_VERSION, "tmp_dir": str(s.tmp_root), "tmp_fs": _fs_type(s.tmp_root.resolve()),
         "loadavg_start": os.getloadavg(),
     }
@@ -117,7 +127,7 @@ def _fmt(v: float | None, unit: str) -> str:
 
 def render(res: Results, order: list[Scenario], info: dict[str, Any], s: Settings) -> str:
     lines = [
-        f"queickd {info['queickd']} vs Queick {QUEICK_VERSION}: {s.rounds} round(s)"
+        f"queickd {info['queickd']} ({info['queickd_path']}) vs Queick {QUEICK_VERSION}: {s.rounds} round(s)"
         f"{' (--quick)' if s.quick else ''}; {info['nproc']} CPUs ({info['cpu']}), {info['mem_total']} RAM,"
         f" Python {info['python']}, SQLite {info['sqlite']}, temp dirs on {info['tmp_fs']}",
         "ratio = queickd median / peer median (for rates >1 means queickd is faster; for sizes, CPU, latency"
@@ -171,6 +181,9 @@ def render(res: Results, order: list[Scenario], info: dict[str, Any], s: Setting
         shown = r if r[0] != prev else ("",) + r[1:]
         prev = r[0]
         lines.append(fmt_row(shown).rstrip())
+    goals = goal_lines(res)
+    if goals:
+        lines += ["goals (ratios of medians of this run):"] + [f"  {g}" for g in goals] + [""]
     ctx = _context_lines(res)
     if ctx:
         lines += ["context:"] + [f"  {c}" for c in ctx] + [""]
@@ -215,15 +228,14 @@ def _context_lines(res: Results) -> list[str]:
     raw100 = med("raw-sqlite", "WAL sync=FULL, 100 rows/commit", "rows/s")
     if many and raw100:
         out.append(f"queickd sqlite/full enqueue_many = {many / raw100:.0%} of raw FULL 100-row-batch rows/s")
-    e2e_q = next((m.label for m in res.metrics.values() if m.scenario == "e2e" and m.target == QUEICKD_SQLITE
-                  and m.label.startswith("rate")), "")
     for scenario, label_q, label_h, what in (
         ("enqueue-single", "enqueue rate", "enqueue rate", "enqueue rate (one at a time)"),
         ("memory-100k", "store (db+wal) per job", "store (db+wal) per job", "store (db+wal) per job, 100k"),
         ("memory-100k", "store per job, after clean stop", "store per job, after clean stop",
          "store per job after clean stop, 100k"),
         ("memory-100k", "RSS after", "RSS after", "RSS with 100k scheduled"),
-        ("e2e", e2e_q, "rate (one at a time)", "e2e rate"),
+        ("e2e", E2E_SINGLE, E2E_SINGLE, "e2e rate, one enqueue per job"),
+        ("many-clients-enqueue", RATE, RATE, "many clients, enqueue only"),
         ("e2e", "CPU per job (server+client)", "CPU per job (server+client)", "e2e CPU per job"),
         ("latency", "enqueue→start p50", "enqueue→start p50", "latency p50"),
         ("latency", "enqueue→start p99", "enqueue→start p99", "latency p99"),
@@ -253,6 +265,7 @@ def to_json(res: Results, info: dict[str, Any], s: Settings, order: list[Scenari
              "peer": list(m.peer) if m.peer else None, "errors": m.errors, "rounds": m.rounds}
             for m in res.metrics.values()
         ],
+        "goals": goal_lines(res),
         "notes": res.notes,
     }
 

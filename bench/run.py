@@ -42,6 +42,7 @@ from typing import Any
 if not __package__:  # run as `python bench/run.py`: the bench package sits one level up
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.manyclients import run_many_clients, run_slowed
 from bench.peers import (
     HUEY,
     HUEY_VERSION,
@@ -102,8 +103,15 @@ def scenarios(s: Settings) -> list[Scenario]:
                             needs_peer=QUEICK in targets, needs_huey=HUEY in targets))
     all4 = [QUEICKD_SQLITE, QUEICKD_MEMORY, QUEICK, HUEY]
     out += [
-        Scenario("e2e", f"end to end, {s.e2e_jobs:,} append-byte jobs, 4 workers", all4, run_e2e,
-                 needs_peer=True, needs_huey=True),
+        Scenario("e2e", f"end to end, {s.e2e_jobs:,} append-byte jobs, one enqueue each, 4 workers", all4,
+                 run_e2e, needs_peer=True, needs_huey=True),
+        Scenario("e2e-many", f"end to end, {s.e2e_jobs:,} jobs, batched: enqueue_many x{s.chunk}, 4 workers",
+                 [QUEICKD_SQLITE, QUEICKD_MEMORY], run_e2e_many),
+        Scenario("many-clients", f"{s.clients} clients x {s.client_jobs} jobs, one request at a time, 4 workers",
+                 all4, run_many_workers, needs_peer=True, needs_huey=True),
+        Scenario("many-clients-enqueue", f"{s.clients} clients x {s.client_jobs} jobs, one request at a time, "
+                 "--workers 0 (enqueue only)", [QUEICKD_SQLITE, QUEICKD_MEMORY, HUEY], run_many_enqueue,
+                 needs_huey=True),
         Scenario("latency", f"enqueue→start, {s.latency_samples} single jobs 50 ms apart",
                  [QUEICKD_SQLITE, QUEICKD_NORMAL, QUEICKD_MEMORY, QUEICK, HUEY], run_latency,
                  needs_peer=True, needs_huey=True),
@@ -112,11 +120,30 @@ def scenarios(s: Settings) -> list[Scenario]:
         Scenario("crash", f"kill -9 after {s.crash_acks:,} acks, restart", [QUEICKD_SQLITE, QUEICK, HUEY],
                  run_crash, needs_peer=True, needs_huey=True),
     ]
+    sd = f"SD card (fsync +{s.slow_fsync_ms:g} ms)"
+    out += [
+        Scenario("sd-many-clients", f"{sd}: {s.clients} clients x {s.client_jobs} jobs, enqueue only",
+                 [QUEICKD_SQLITE, HUEY], run_slowed, needs_huey=True),
+        Scenario("sd-e2e", f"{sd}: end to end, {s.e2e_jobs:,} jobs, one enqueue each, 4 workers",
+                 [QUEICKD_SQLITE, HUEY], run_slowed, needs_huey=True),
+    ]
     out.append(Scenario("raw-sqlite", "raw: sqlite3 commits", list(RAW_SQLITE), run_raw_sqlite))
     out.append(Scenario("raw-lone-commit", "raw: lone fsync'd commit latency", [RAW_LONE], run_raw_lone))
     out.append(Scenario("raw-tcp", "raw: TCP request/response", [RAW_TCP], run_raw_tcp))
     out.append(Scenario("raw-lone-tcp", "raw: lone TCP round trip latency", [RAW_LONE_TCP], run_raw_lone_tcp))
     return out
+
+
+def run_e2e_many(s: Settings, res: Results, scenario: str, target: str) -> None:
+    run_e2e(s, res, scenario, target, batched=True)
+
+
+def run_many_workers(s: Settings, res: Results, scenario: str, target: str) -> None:
+    run_many_clients(s, res, scenario, target, workers=4)
+
+
+def run_many_enqueue(s: Settings, res: Results, scenario: str, target: str) -> None:
+    run_many_clients(s, res, scenario, target, workers=0)
 
 
 def print_scenarios(all_scenarios: list[Any]) -> None:
@@ -156,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
         "SQLite and loopback TCP limits. Targets alternate over the rounds, each in a fresh process and "
         "temp dir.",
         epilog="Scenarios: enqueue-single, enqueue-pipelined, enqueue-many, memory-100k, memory-1m, "
-        "e2e, latency, idle, crash, raw-sqlite, raw-tcp. The Queick and huey venvs are created on first "
+        "e2e, e2e-many, many-clients, many-clients-enqueue, latency, idle, crash, sd-many-clients, sd-e2e, "
+        "raw-sqlite, raw-lone-commit, raw-tcp, raw-lone-tcp (--list shows them). The Queick and huey venvs are created on first "
         "use (see the top of bench/run.py).",
     )
     p.add_argument("--rounds", type=int, default=None, help="rounds per scenario (default: 3; 1 with --quick)")
@@ -183,6 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tmp-dir", type=Path, default=Path(tempfile.gettempdir()),
                    help="where the fresh per-run data dirs go; put it on the disk you care about "
                    "(default: %(default)s)")
+    p.add_argument("--clients", type=int, default=16, help="client processes in many-clients (default: 16)")
+    p.add_argument("--client-jobs", type=int, default=None,
+                   help="jobs per client in many-clients (default: 500; 100 with --quick)")
+    p.add_argument("--slow-fsync", type=float, default=5.0, metavar="MS",
+                   help="milliseconds the sd-* scenarios add to every fsync/fdatasync of the target's processes, "
+                   "with an LD_PRELOAD shim built from bench/slowfsync.c by the system C compiler (default: 5)")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     return p
 
@@ -224,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("bench: --rounds and --jobs must be positive, --chunk 1-10000")
     if (a.e2e_jobs is not None and a.e2e_jobs < 1) or (a.idle_warmup or 0) < 0 or (a.idle_seconds or 1) <= 0:
         raise SystemExit("bench: --e2e-jobs and --idle-seconds must be positive, --idle-warmup not negative")
+    if a.clients < 1 or (a.client_jobs is not None and a.client_jobs < 1) or a.slow_fsync < 0:
+        raise SystemExit("bench: --clients and --client-jobs must be positive, --slow-fsync not negative")
     s = Settings(
         rounds=rounds, quick=a.quick, enqueue_jobs=a.jobs or (2_000 if a.quick else 20_000), chunk=a.chunk,
         memory_sizes=[100_000] if a.quick else [100_000, 1_000_000], queick_memory_max=100_000,
@@ -231,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         e2e_jobs=a.e2e_jobs or (1_000 if a.quick else 5_000), latency_samples=20 if a.quick else 100,
         idle_warmup=a.idle_warmup if a.idle_warmup is not None else (10.0 if a.quick else 90.0),
         idle_seconds=a.idle_seconds or (10.0 if a.quick else 30.0), crash_acks=500 if a.quick else 2_000,
-        huey_venv=a.huey_venv.resolve(),
+        huey_venv=a.huey_venv.resolve(), clients=a.clients,
+        client_jobs=a.client_jobs or (100 if a.quick else 500), slow_fsync_ms=a.slow_fsync,
     )
     order = select(scenarios(s), a.only)
     if a.list:
@@ -291,12 +328,23 @@ def main(argv: list[str] | None = None) -> int:
                              "~10 minutes per round here; it is not durable either). huey skipped too: one "
                              "fsync'd commit per task plus its consumer's move of each task to the schedule table "
                              "took 4 to 6 minutes for 100,000 tasks here, so most of an hour per round.")
-    if "e2e" in names:
-        res.notes.append(f"e2e: every target runs its jobs with 4 workers (Queick: its defaults); queickd gets "
-                         f"the jobs with enqueue_many in chunks of {s.chunk}, Queick one TCP connection per job, "
-                         "huey one task call (one SQLite insert by the client) per job. Timed from the first "
-                         "enqueue until the output file holds N bytes; CPU is the daemon's process group plus "
-                         "the client's (huey's client does the enqueue work itself).")
+    if names & {"e2e", "e2e-many", "sd-e2e"}:
+        res.notes.append("e2e: every target runs its jobs with 4 workers (Queick: its defaults) and gets one "
+                         "enqueue per job, as a Queick or huey user writes it (queickd: JobQueue().enqueue in a "
+                         "loop, Queick one TCP connection per job, huey one task call, an SQLite insert by the "
+                         f"client); e2e-many is queickd batched, enqueue_many in chunks of {s.chunk}, compared with "
+                         "Queick one at a time (*). Timed from the first enqueue until the output file holds N "
+                         "bytes; CPU is the daemon's process group plus the client's (huey's client does the "
+                         "enqueue work itself).")
+    if names & {"many-clients", "many-clients-enqueue", "sd-many-clients"}:
+        res.notes.append(f"many-clients: {s.clients} client processes, each sending {s.client_jobs} jobs one "
+                         "request at a time and waiting for every ack, started together once all are connected; "
+                         "with 4 workers timed until every job ran (append-byte jobs), with --workers 0 (huey: no "
+                         "consumer, its clients insert into SqliteHuey themselves) until the last ack.")
+    if any(n.startswith("sd-") for n in names):
+        res.notes.append(f"sd-*: every fsync/fdatasync of the target's processes (daemon, consumer, huey's "
+                         f"clients) takes {s.slow_fsync_ms:g} ms more, as on an SD card: an LD_PRELOAD shim "
+                         "(bench/slowfsync.c, built with cc into the cache dir).")
     if "latency" in names:
         res.notes.append("latency: the job itself appends time.time() - sent_at when it starts, so import and "
                          "dispatch costs count. huey's workers poll SQLite with a backoff (0.1 s growing x1.15 "

@@ -12,9 +12,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bench.peers import HUEY, QUEICK, QUEICKD_TARGETS, HueyConsumer, QueickServer
+from bench.peers import HUEY, QUEICK, QUEICKD_TARGETS, HueyConsumer, QueickServer, write_huey_app
 from bench.processes import (
     PROBES,
     QueickdDaemon,
@@ -25,8 +25,10 @@ from bench.processes import (
     group_usage,
     run_probe,
 )
-from bench.report import Results
 from bench.scenarios import Settings, _fresh_dir
+
+if TYPE_CHECKING:
+    from bench.report import Results
 
 
 # --- end to end, latency, idle, crash: every target runs jobs --------------------------------------
@@ -49,7 +51,8 @@ class Served:
 @contextlib.contextmanager
 def serve(s: Settings, target: str, d: Path, workers: int = 4) -> Any:
     """Start target (queickd with `workers` workers, Queick with its defaults, huey's
-    consumer with 4 threads) in data dir d; killed on leaving, on error too."""
+    consumer with 4 threads, or none with workers=0) in data dir d; killed on leaving, on
+    error too."""
     if target in QUEICKD_TARGETS:
         store, durability = QUEICKD_TARGETS[target]
         with QueickdDaemon(store, d, workers=workers, durability=durability) as daemon:
@@ -60,6 +63,10 @@ def serve(s: Settings, target: str, d: Path, workers: int = 4) -> Any:
         with QueickServer(s.venv, d) as srv:
             assert srv.proc is not None
             yield Served(target, python, "queick", ["--dir", str(d)], d, srv.proc.pid, srv)
+    elif target == HUEY and workers == 0:  # no consumer: its clients only insert
+        python = s.huey()
+        write_huey_app(d)
+        yield Served(target, python, "huey", ["--dir", str(d)], d, 0, None)
     elif target == HUEY:
         python = s.huey()
         with HueyConsumer(s.huey_venv, d) as consumer:
@@ -70,6 +77,8 @@ def serve(s: Settings, target: str, d: Path, workers: int = 4) -> Any:
 
 
 def _group_cpu(pgid: int) -> float:
+    if not pgid:  # a target with no process of its own (huey's clients without a consumer)
+        return 0.0
     return sum(cpu for cpu, _ in group_usage(pgid).values())
 
 
@@ -77,21 +86,28 @@ def _peer(scenario: str, target: str, label: str) -> tuple[str, str, str] | None
     return (scenario, QUEICK, label) if target not in (QUEICK, HUEY) else None
 
 
-def run_e2e(s: Settings, res: Results, scenario: str, target: str) -> None:
+E2E_SINGLE = "rate (one enqueue per job)"
+E2E_MANY = "rate (enqueue_many, batched)"
+
+
+def run_e2e(s: Settings, res: Results, scenario: str, target: str, batched: bool = False) -> None:
+    """N append-byte jobs with 4 workers running them. Every target gets one enqueue per job
+    (the like-for-like headline) unless `batched`: queickd's enqueue_many in chunks."""
     n = s.e2e_jobs
-    queickd = target in QUEICKD_TARGETS
-    label = f"rate (enqueue_many x{s.chunk})" if queickd else "rate (one at a time)"
+    label = E2E_MANY if batched else E2E_SINGLE
     timeout = 60.0 + n / 20  # 20 jobs/s is far below anything seen; still bounded
+    mode = ["--mode", "many" if batched else "single"] if target in QUEICKD_TARGETS else []
     with _fresh_dir(s, "e2e") as d, serve(s, target, Path(d)) as srv:
         cpu0 = _group_cpu(srv.pgid)
         probe = srv.probe("e2e", "--n", str(n), "--chunk", str(s.chunk), "--max-seconds", str(timeout - 10),
-                          timeout=timeout)
+                          *mode, timeout=timeout)
         server_cpu = _group_cpu(srv.pgid) - cpu0
     if probe["final_bytes"] != n:
         raise RuntimeError(f"{probe['final_bytes']} bytes for {n} jobs: some job ran twice")
     total_cpu = server_cpu + probe["client_cpu_s"]
+    base = scenario.removesuffix("-many")  # the batched row is compared with Queick one at a time
     res.add(scenario, label, target, "jobs/s", probe["rate"], higher_is_better=True,
-            peer=(scenario, QUEICK, "rate (one at a time)") if queickd else None,
+            peer=(base, QUEICK, E2E_SINGLE) if target not in (QUEICK, HUEY) else None,
             raw={**probe, "server_cpu_s": server_cpu})
     res.add(scenario, "CPU per job (server+client)", target, "µs", total_cpu / n * 1e6, higher_is_better=False,
             peer=_peer(scenario, target, "CPU per job (server+client)"))
@@ -159,7 +175,7 @@ def run_crash(s: Settings, res: Results, scenario: str, target: str) -> None:
         with serve(s, target, d) as srv:
             client = _spawn([str(srv.python), str(PROBES), f"{srv.kind}-crash", *srv.args, "--n", "1000000",
                              "--max-seconds", "300"], cwd=srv.cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_clean_env())
+                            stderr=subprocess.PIPE, text=True, env=_clean_env(srv.kind == "queickd"))
             try:
                 deadline = time.monotonic() + 240.0
                 while _count_lines(acked_file) < s.crash_acks:

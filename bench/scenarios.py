@@ -66,6 +66,9 @@ class Settings:
     idle_warmup: float = 90.0
     idle_seconds: float = 30.0
     crash_acks: int = 2_000
+    clients: int = 16  # many-clients: client processes
+    client_jobs: int = 500  # many-clients: jobs per client
+    slow_fsync_ms: float = 5.0  # sd-*: delay added to every fsync/fdatasync
     huey_venv: Path = CACHE_DIR / "huey-venv"
     # memory-* runs with more jobs leave huey out: its fill is one fsync'd commit per task and its
     # consumer then moves each task to its schedule table, 4-6 minutes per 100,000 here
