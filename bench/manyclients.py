@@ -71,8 +71,11 @@ def run_many_clients(s: Settings, res: Results, scenario: str, target: str, work
     client_cpu = sum(r["client_cpu_s"] for r in results)
     peer = (scenario, QUEICK, RATE) if target not in (QUEICK, HUEY) and workers else None
     raw = {"clients": k, "jobs_per_client": per, "seconds": t_done - t0, "acked_s": t_acked - t0,
-           "server_cpu_s": server_cpu, "client_cpu_s": client_cpu, "workers": workers}
+           "server_cpu_s": server_cpu, "client_cpu_s": client_cpu, "workers": workers,
+           "retried": [r.get("retried", 0) for r in results]}
     res.add(scenario, RATE, target, "jobs/s", total / (t_done - t0), higher_is_better=True, peer=peer, raw=raw)
+    res.add(scenario, "calls failed and retried", target, "calls", sum(r.get("retried", 0) for r in results),
+            higher_is_better=False)
     if srv.pgid:
         res.add(scenario, "server CPU per job", target, "µs", server_cpu / total * 1e6, higher_is_better=False,
                 peer=(scenario, QUEICK, "server CPU per job") if peer else None)
