@@ -4,6 +4,7 @@ a slowed disk), and the committer's rules for what joins which commit."""
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,21 @@ from test_batcher import HeldStore
 from queickd.core.job import Submitted
 from queickd.services.batcher import Gather, SubmitBatcher
 from queickd.store.memory import MemoryStore
+
+
+class SlowStore(MemoryStore):
+    """A real memory store whose every commit takes `seconds`, like a slow disk's, and which
+    tells when it is writing."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.writing = threading.Event()
+
+    def submit_requests(self, requests, now, admission):
+        self.writing.set()
+        time.sleep(self.seconds)  # the slow disk itself, not a wait in the test
+        return super().submit_requests(requests, now, admission)
 
 SHIM_SOURCE = Path(__file__).resolve().parent.parent / "bench" / "slowfsync.c"
 CLIENTS, PER_CLIENT = 16, 25
@@ -115,3 +131,31 @@ def test_requests_arriving_during_a_commit_all_go_into_the_next_one():
     b.stop()
     assert b.commits == 2
 
+
+
+def test_after_a_shared_commit_the_committer_waits_briefly_for_its_acked_clients():
+    b = SubmitBatcher(SlowStore(0.2), max_linger=1.0)  # may wait up to half a commit: 0.1 s
+    acked, answered = threading.Event(), threading.Semaphore(0)
+
+    def client_b(a) -> None:
+        answered.release()
+        acked.set()
+
+    def done(a) -> None:
+        answered.release()
+
+    def comes_back() -> None:  # client B sends its next request as soon as it has its ack
+        assert acked.wait(10)
+        b.submit([[job()]], done)
+
+    back = threading.Thread(target=comes_back)
+    back.start()
+    b.submit_all([([[job()]], done), ([[job()]], client_b)])  # commit 1: clients A and B
+    b.start()
+    assert b.store.writing.wait(10)
+    b.submit([[job()]], done)  # client C arrives during commit 1
+    for _ in range(4):
+        assert answered.acquire(timeout=10)
+    back.join(10)
+    b.stop()
+    assert b.commits == 2  # C waited for B's return instead of committing alone

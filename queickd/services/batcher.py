@@ -17,6 +17,13 @@ own thread: while it writes one, it reads nothing, so the others cannot gather. 
 collects what one pass of the loop submitted and hands it over as one submission when the
 pass ends; only a pass that brought a single small submission commits inline.
 
+Clients that wait for each ack come back right after a shared commit, a moment after the
+committer has started the next one with whoever arrived first; they would split into two
+cohorts taking turns, each commit holding half of them. So after a commit of several
+submissions, with fewer waiting than it held, the committer waits a little (at most half a
+commit, and max_linger) for the rest. Nothing waits after a lone commit, and nothing waits
+for more than the next commit after its arrival.
+
 This module owns batching and acks; it never decides admission (the store applies the
 admission plan) and never touches a socket.
 """
@@ -39,6 +46,7 @@ Answer = list[Submitted] | Refusal
 Done = Callable[[list[Answer] | BaseException], None]
 Requests = Sequence[Sequence[NewJob]]
 DEFAULT_MAX_BATCH = 4096
+DEFAULT_MAX_LINGER = 0.002  # seconds the committer may wait for acked clients to come back
 
 
 class SubmitBatcher:
@@ -50,17 +58,21 @@ class SubmitBatcher:
         clock: Callable[[], float] = time.time,
         max_batch: int = DEFAULT_MAX_BATCH,
         admission: Admission = NO_LIMITS,
+        max_linger: float = DEFAULT_MAX_LINGER,
     ) -> None:
         self.store = store
         self.admission = admission
         self._on_committed = on_committed
         self._clock = clock
         self._max_batch = max_batch
+        self._max_linger = max_linger
         self._pending: deque[tuple[Requests, Done]] = deque()
         self._cond = threading.Condition(threading.Lock())
         self._committing = False  # a transaction is being written (by either path)
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._last_size = 0  # submissions in the last commit, and how long it took
+        self._last_seconds = 0.0
         self.commits = 0  # transactions written; with `jobs`, shows the batching at work
         self.jobs = 0  # jobs stored (duplicates not counted)
         self.refused = 0  # requests refused by admission
@@ -116,6 +128,7 @@ class SubmitBatcher:
                     if self._closed and not self._pending:
                         return
                     self._cond.wait()
+                self._linger()
                 batch = [self._pending.popleft()]
                 size = sum(len(r) for r in batch[0][0])
                 while self._pending and size < self._max_batch:
@@ -129,6 +142,21 @@ class SubmitBatcher:
                 with self._cond:
                     self._committing = False
 
+    def _linger(self) -> None:
+        """After a commit shared by several submitters, those just acked are likely on their
+        way back: wait a little (at most half that commit's duration, and max_linger) for
+        as many submissions as it held, so the clients do not split into two cohorts that
+        take turns. Never after a lone commit: a lone client does not wait. Holds _cond."""
+        want = self._last_size
+        if want < 2 or len(self._pending) >= want:
+            return
+        until = time.monotonic() + min(self._max_linger, self._last_seconds / 2)
+        while len(self._pending) < want and not self._closed:
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            self._cond.wait(left)
+
     def _refuse_pending(self) -> None:
         with self._cond:
             left, self._pending = list(self._pending), deque()
@@ -136,10 +164,12 @@ class SubmitBatcher:
             done(QueueError(Code.INTERNAL, "the daemon is shutting down"))
 
     def _commit(self, batch: list[tuple[Requests, Done]]) -> None:
+        t0 = time.monotonic()
         try:
             self._commit_batch(batch)
         except Exception:  # a bug after the commit must not end the committer thread
             log.exception("error after a commit; the committer goes on")
+        self._last_size, self._last_seconds = len(batch), time.monotonic() - t0
 
     def _commit_batch(self, batch: list[tuple[Requests, Done]]) -> None:
         requests = [r for reqs, _ in batch for r in reqs]
