@@ -21,8 +21,9 @@ Clients that wait for each ack come back right after a shared commit, a moment a
 committer has started the next one with whoever arrived first; they would split into two
 cohorts taking turns, each commit holding half of them. So after a commit of several
 submissions, with fewer waiting than it held, the committer waits a little (at most half a
-commit, and max_linger) for the rest. Nothing waits after a lone commit, and nothing waits
-for more than the next commit after its arrival.
+commit, and max_linger) for the rest, when commits take long enough (a disk flush) for
+that to pay. Nothing waits after a lone commit, and nothing waits for more than the next
+commit after its arrival.
 
 This module owns batching and acks; it never decides admission (the store applies the
 admission plan) and never touches a socket.
@@ -47,6 +48,7 @@ Done = Callable[[list[Answer] | BaseException], None]
 Requests = Sequence[Sequence[NewJob]]
 DEFAULT_MAX_BATCH = 4096
 DEFAULT_MAX_LINGER = 0.002  # seconds the committer may wait for acked clients to come back
+_LINGER_FROM = 0.001  # a shorter commit (no disk flush) is over before a client's round trip
 
 
 class SubmitBatcher:
@@ -148,7 +150,7 @@ class SubmitBatcher:
         as many submissions as it held, so the clients do not split into two cohorts that
         take turns. Never after a lone commit: a lone client does not wait. Holds _cond."""
         want = self._last_size
-        if want < 2 or len(self._pending) >= want:
+        if want < 2 or len(self._pending) >= want or self._last_seconds < _LINGER_FROM:
             return
         until = time.monotonic() + min(self._max_linger, self._last_seconds / 2)
         while len(self._pending) < want and not self._closed:
