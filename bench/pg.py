@@ -45,27 +45,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.run import (
+from bench.processes import (
     BENCH_DIR,
     CACHE_DIR,
     JOBS_FILE,
     LISTENING,
     LineWaiter,
-    Results,
-    TargetSkippedError,
     _clean_env,
-    _fmt,
-    _fs_type,
     _kill_group,
     _reap,
     _spawn,
+    default_queickd_path,
     group_usage,
     kill_all,
     log,
-    print_scenarios,
-    run_rounds,
-    stop_on_sigterm,
 )
+from bench.report import Results, _fmt, _fs_type
+from bench.run import TargetSkippedError, print_scenarios, run_rounds, stop_on_sigterm
 
 PROBES = BENCH_DIR / "pg_probes.py"
 PGQUEUER_APP = BENCH_DIR / "pgqueuer_app.py"
@@ -146,19 +142,6 @@ def ensure_venv(venv: Path, pins: dict[str, str]) -> Path:
     if not holds():
         raise RuntimeError(f"{pins} did not install into {venv}")
     return py
-
-
-def default_queickd_path() -> Path | None:
-    """The first $PYTHONPATH entry holding a queickd package, else where this Python imports
-    queickd from. ($PYTHONPATH first: `python -m bench.pg` puts the working directory ahead
-    of it, and the point of PYTHONPATH=... is to pick another checkout.)"""
-    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-        if entry and (Path(entry) / "queickd" / "__init__.py").exists():
-            return Path(entry).resolve()
-    spec = importlib.util.find_spec("queickd")
-    if spec is None or spec.origin is None:
-        return None
-    return Path(spec.origin).resolve().parent.parent
 
 
 def check_queickd(path: Path | None, cwd: Path) -> str | None:
@@ -466,7 +449,7 @@ def run_idle(s: Settings, res: Results, scenario: str, target: str) -> None:
 
 def _cpu_of(pids: list[int]) -> dict[int, float]:
     """CPU seconds of these processes (server backends, which are no group of ours)."""
-    from bench.run import proc_cpu
+    from bench.processes import proc_cpu
 
     return {p: proc_cpu(p) for p in pids if os.path.exists(f"/proc/{p}")}
 

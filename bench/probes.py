@@ -210,6 +210,10 @@ def queickd_e2e(a: argparse.Namespace) -> dict[str, Any]:
     last: list[int] = []
 
     def send_all(path: str) -> None:
+        if a.mode == "single":  # as a Queick user writes it: one enqueue per job
+            for _ in range(a.n):
+                last[:] = [q.enqueue(benchjobs.append_byte, (path,))]
+            return
         for start in range(0, a.n, a.chunk):
             size = min(a.chunk, a.n - start)
             last[:] = q.enqueue_many([JobQueue.job(benchjobs.append_byte, (path,)) for _ in range(size)])[-1:]

@@ -21,6 +21,7 @@ from ..core import protocol
 from ..core.job import Submitted
 from ..core.policy.admission import Refusal
 from ..core.protocol import Code, QueueError
+from ..services.batcher import Gather
 from .legacy import FIRST_BYTE, LegacyConnection
 from .replies import refused
 from .service import QueueService
@@ -31,7 +32,7 @@ DEFAULT_HOST = "127.0.0.1"
 _PAUSE_AT = 20_000  # pending replies on one connection before reading pauses
 _RESUME_AT = 2_000
 _WAIT_MAX = 3600.0
-_INLINE_MAX = 8  # jobs in one read small enough to commit on the loop thread
+_INLINE_MAX = 8  # jobs in a lone read small enough to commit on the loop thread
 
 
 def _error_bytes(exc: BaseException) -> bytes:
@@ -226,11 +227,9 @@ class _Connection(asyncio.Protocol):
             else:
                 loop.call_soon_threadsafe(_resolve, fut, result)
 
-        # A few jobs with the committer idle are committed right here: the lone client's
-        # ack then costs no thread hand-off. Bigger reads go to the committer, so parsing
-        # the next read overlaps with writing this one.
-        inline = sum(len(r) for r in jobs) <= _INLINE_MAX
-        self.svc.enqueue(jobs, done, inline=inline)
+        # Every connection's enqueues of this loop pass go to the committer together; a pass
+        # with one small read (a lone client) commits right here, at no thread hand-off.
+        self.server.gather.submit(jobs, done)
 
     async def _wait(self, req: dict[str, Any]) -> dict[str, Any]:
         job_id = protocol.job_id(req)
@@ -333,6 +332,7 @@ class Server:
         self.io = ThreadPoolExecutor(io_threads, thread_name_prefix="queickd-io")
         self.connections: set[_Connection] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.gather: Gather  # made with the loop, in _main
         self.address: tuple[str, int] | None = None
         self.drained: asyncio.Event | None = None  # set when the last connection closes at shutdown
         self._srv: asyncio.base_events.Server | None = None
@@ -352,6 +352,7 @@ class Server:
 
     def _main(self) -> None:
         self.loop = loop = asyncio.new_event_loop()
+        self.gather = Gather(self.service.enqueue_all, loop.call_soon, _INLINE_MAX)
         try:
             self._srv = loop.run_until_complete(
                 loop.create_server(lambda: _Connection(self), self.host, self.port, backlog=1024)

@@ -14,7 +14,7 @@ import hmac
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import __version__
@@ -118,6 +118,11 @@ class QueueService:
         group commit. `done` gets one answer per request, its Submitted list or its Refusal,
         or the exception that kept them all out (see SubmitBatcher.submit for the thread)."""
         self.batcher.submit(requests, done, inline=inline)
+
+    def enqueue_all(self, items: Sequence[tuple[Requests, Done]], *, inline: bool = False) -> None:
+        """enqueue() for several submissions at once (one event-loop pass of every connection):
+        they join the same group commit."""
+        self.batcher.submit_all(items, inline=inline)
 
     def enqueue_wait(self, requests: Requests, timeout: float) -> list[Answer]:
         """enqueue() for a thread that may block: the answers once committed. NotCommittedError

@@ -11,8 +11,23 @@ A small request that finds nothing committing and nothing waiting may be committ
 its submitter's own thread (`inline=True`): a lone client then pays no thread hand-off
 on its way to the disk and back. Order is kept: an inline commit never overtakes a
 request that was queued before it, and nothing queued commits beside it.
-"""
 
+An event loop serving many connections must not commit their requests one by one on its
+own thread: while it writes one, it reads nothing, so the others cannot gather. `Gather`
+collects what one pass of the loop submitted and hands it over as one submission when the
+pass ends; only a pass that brought a single small submission commits inline.
+
+Clients that wait for each ack come back right after a shared commit, a moment after the
+committer has started the next one with whoever arrived first; they would split into two
+cohorts taking turns, each commit holding half of them. So after a commit of several
+submissions, with fewer waiting than it held, the committer waits a little (at most half a
+commit, and max_linger) for the rest, when commits take long enough (a disk flush) for
+that to pay. Nothing waits after a lone commit, and nothing waits for more than the next
+commit after its arrival.
+
+This module owns batching and acks; it never decides admission (the store applies the
+admission plan) and never touches a socket.
+"""
 from __future__ import annotations
 
 import logging
@@ -20,6 +35,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from ..core.job import NewJob, Submitted
 from ..core.policy.admission import NO_LIMITS, Admission, Refusal
@@ -31,7 +47,19 @@ log = logging.getLogger("queickd.batcher")
 Answer = list[Submitted] | Refusal
 Done = Callable[[list[Answer] | BaseException], None]
 Requests = Sequence[Sequence[NewJob]]
+
+
+
+
+class SubmitAll(Protocol):
+    """SubmitBatcher.submit_all's shape: what a Gather hands each pass to."""
+
+    def __call__(self, items: Sequence[tuple[Requests, Done]], *, inline: bool = ...) -> None: ...
+
+
 DEFAULT_MAX_BATCH = 4096
+DEFAULT_MAX_LINGER = 0.002  # seconds the committer may wait for acked clients to come back
+_LINGER_FROM = 0.001  # a shorter commit (no disk flush) is over before a client's round trip
 
 
 class SubmitBatcher:
@@ -43,17 +71,21 @@ class SubmitBatcher:
         clock: Callable[[], float] = time.time,
         max_batch: int = DEFAULT_MAX_BATCH,
         admission: Admission = NO_LIMITS,
+        max_linger: float = DEFAULT_MAX_LINGER,
     ) -> None:
         self.store = store
         self.admission = admission
         self._on_committed = on_committed
         self._clock = clock
         self._max_batch = max_batch
+        self._max_linger = max_linger
         self._pending: deque[tuple[Requests, Done]] = deque()
         self._cond = threading.Condition(threading.Lock())
         self._committing = False  # a transaction is being written (by either path)
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._last_size = 0  # submissions in the last commit, and how long it took
+        self._last_seconds = 0.0
         self.commits = 0  # transactions written; with `jobs`, shows the batching at work
         self.jobs = 0  # jobs stored (duplicates not counted)
         self.refused = 0  # requests refused by admission
@@ -68,19 +100,25 @@ class SubmitBatcher:
         `done` is called once with one answer per request (its Submitted list, or its
         Refusal), or with the exception that kept them all out: from the committer thread,
         or, with `inline` and an idle committer, from this thread before submit returns."""
+        self.submit_all([(requests, done)], inline=inline)
+
+    def submit_all(self, items: Sequence[tuple[Requests, Done]], *, inline: bool = False) -> None:
+        """submit() for several submissions at once: they join the same commit (unless
+        max_batch splits them), each `done` answered as submit() says."""
         with self._cond:
             closed = self._closed
             if not closed:
                 if not (inline and not self._committing and not self._pending):
-                    self._pending.append((requests, done))
+                    self._pending.extend(items)
                     self._cond.notify()
                     return
                 self._committing = True
         if closed:
-            done(QueueError(Code.INTERNAL, "the daemon is shutting down"))
+            for _, done in items:
+                done(QueueError(Code.INTERNAL, "the daemon is shutting down"))
             return
         try:
-            self._commit([(requests, done)])
+            self._commit(list(items))
         finally:
             with self._cond:
                 self._committing = False
@@ -103,6 +141,7 @@ class SubmitBatcher:
                     if self._closed and not self._pending:
                         return
                     self._cond.wait()
+                self._linger()
                 batch = [self._pending.popleft()]
                 size = sum(len(r) for r in batch[0][0])
                 while self._pending and size < self._max_batch:
@@ -116,6 +155,21 @@ class SubmitBatcher:
                 with self._cond:
                     self._committing = False
 
+    def _linger(self) -> None:
+        """After a commit shared by several submitters, those just acked are likely on their
+        way back: wait a little (at most half that commit's duration, and max_linger) for
+        as many submissions as it held, so the clients do not split into two cohorts that
+        take turns. Never after a lone commit: a lone client does not wait. Holds _cond."""
+        want = self._last_size
+        if want < 2 or len(self._pending) >= want or self._last_seconds < _LINGER_FROM:
+            return
+        until = time.monotonic() + min(self._max_linger, self._last_seconds / 2)
+        while len(self._pending) < want and not self._closed:
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            self._cond.wait(left)
+
     def _refuse_pending(self) -> None:
         with self._cond:
             left, self._pending = list(self._pending), deque()
@@ -123,10 +177,12 @@ class SubmitBatcher:
             done(QueueError(Code.INTERNAL, "the daemon is shutting down"))
 
     def _commit(self, batch: list[tuple[Requests, Done]]) -> None:
+        t0 = time.monotonic()
         try:
             self._commit_batch(batch)
         except Exception:  # a bug after the commit must not end the committer thread
             log.exception("error after a commit; the committer goes on")
+        self._last_size, self._last_seconds = len(batch), time.monotonic() - t0
 
     def _commit_batch(self, batch: list[tuple[Requests, Done]]) -> None:
         requests = [r for reqs, _ in batch for r in reqs]
@@ -175,3 +231,29 @@ class SubmitBatcher:
                 log.warning("request refused by the store: %s", e)
                 answers.append(Refusal(Code.BAD_REQUEST, f"the store could not take this request: {e}"))
         self._finish([(reqs, done)], list(reqs), answers)
+
+
+class Gather:
+    """The submissions one thread makes during one pass of its event loop, handed to the
+    batcher together when the pass ends. `schedule(fn)` must run fn on the same thread
+    after the pass (asyncio: loop.call_soon, which runs after every read of the pass).
+    Not thread-safe: one per event loop."""
+
+    def __init__(self, submit_all: SubmitAll, schedule: Callable[[Callable[[], None]], object],
+                 inline_max: int = 8) -> None:
+        self._submit_all = submit_all  # SubmitBatcher.submit_all, or the service's door to it
+        self._schedule = schedule
+        self._inline_max = inline_max
+        self._items: list[tuple[Requests, Done]] = []
+
+    def submit(self, requests: Requests, done: Done) -> None:
+        self._items.append((requests, done))
+        if len(self._items) == 1:
+            self._schedule(self._flush)
+
+    def _flush(self) -> None:
+        items, self._items = self._items, []
+        # One small submission in the pass: likely a lone client, whose ack should not pay a
+        # thread hand-off. Several: the loop stays free to read while the committer writes.
+        inline = len(items) == 1 and sum(len(r) for r in items[0][0]) <= self._inline_max
+        self._submit_all(items, inline=inline)

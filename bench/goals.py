@@ -1,0 +1,96 @@
+"""The performance goals the bench checks: each a ratio of two medians of the same run (or
+one value against a bound), printed with whether it holds. Pure: it reads the results and
+starts nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from bench.manyclients import RATE
+from bench.peers import HUEY, QUEICK, QUEICKD_MEMORY, QUEICKD_SQLITE
+from bench.running import E2E_MANY, E2E_SINGLE
+from bench.scenarios import RAW_LONE, RAW_LONE_TCP
+
+if TYPE_CHECKING:
+    from bench.report import Results
+
+Key = tuple[str, str, str]  # (scenario, target, metric label)
+
+
+def serial_floor(res: Results) -> float | None:
+    """Acks/s of one client waiting for each durable ack: 1 / (lone loopback round trip + lone
+    fsync'd commit), both p50s of this run."""
+    trip = res.median(("raw-lone-tcp", RAW_LONE_TCP, "lone round trip p50"))
+    commit = res.median(("raw-lone-commit", RAW_LONE, "lone commit p50"))
+    return 1000.0 / (trip + commit) if trip is not None and commit is not None else None
+
+
+@dataclass(frozen=True)
+class Goal:
+    text: str
+    value: Key
+    base: Key | Callable[[Results], float | None] | None  # None: `value` itself against the bound
+    bound: float
+    at_least: bool = True
+
+    def check(self, res: Results) -> str:
+        v = res.median(self.value)
+        if self.base is None:
+            b: float | None = 1.0
+        elif callable(self.base):
+            b = self.base(res)
+        else:
+            b = res.median(self.base)
+        if v is None or not b:
+            return f"{self.text}: not measured in this run"
+        r = v / b
+        holds = r >= self.bound if self.at_least else r <= self.bound
+        shown = f"{v:,.1f}" if self.base is None else f"{r:.2f}x"
+        return f"{self.text}: {shown}  {'holds' if holds else 'MISSES'}"
+
+
+def _q(scenario: str, label: str, target: str = QUEICKD_SQLITE) -> Key:
+    return (scenario, target, label)
+
+
+ENQ = "enqueue rate"
+GOALS = [
+    Goal("many clients, 4 workers: sqlite/full >= 2x Queick", _q("many-clients", RATE),
+         _q("many-clients", RATE, QUEICK), 2.0),
+    Goal("many clients, enqueue only: sqlite/full >= 1.5x huey", _q("many-clients-enqueue", RATE),
+         _q("many-clients-enqueue", RATE, HUEY), 1.5),
+    Goal("many clients, enqueue only: sqlite/full >= 0.7x memory", _q("many-clients-enqueue", RATE),
+         _q("many-clients-enqueue", RATE, QUEICKD_MEMORY), 0.7),
+    Goal("end to end, one enqueue per job: sqlite/full >= 2x Queick", _q("e2e", E2E_SINGLE),
+         _q("e2e", E2E_SINGLE, QUEICK), 2.0),
+    Goal("end to end, one enqueue per job: sqlite/full >= 2x huey", _q("e2e", E2E_SINGLE),
+         _q("e2e", E2E_SINGLE, HUEY), 2.0),
+    Goal("end to end, enqueue_many (batched): sqlite/full >= 6x huey one at a time", _q("e2e-many", E2E_MANY),
+         _q("e2e", E2E_SINGLE, HUEY), 6.0),
+    Goal("one client, one at a time: sqlite/full >= 0.6x the serial floor", _q("enqueue-single", ENQ),
+         serial_floor, 0.6),
+    Goal("one client, one at a time: memory >= 1.5x Queick", _q("enqueue-single", ENQ, QUEICKD_MEMORY),
+         _q("enqueue-single", ENQ, QUEICK), 1.5),
+    Goal("pipelined: sqlite/full >= 20x Queick one at a time", _q("enqueue-pipelined", ENQ),
+         _q("enqueue-single", ENQ, QUEICK), 20.0),
+    Goal("enqueue_many: sqlite/full >= 30x Queick one at a time", _q("enqueue-many", ENQ),
+         _q("enqueue-single", ENQ, QUEICK), 30.0),
+    Goal("latency p50: sqlite/full <= 0.6x Queick", _q("latency", "enqueue→start p50"),
+         _q("latency", "enqueue→start p50", QUEICK), 0.6, at_least=False),
+    Goal("latency p99: sqlite/full <= 0.2x Queick", _q("latency", "enqueue→start p99"),
+         _q("latency", "enqueue→start p99", QUEICK), 0.2, at_least=False),
+    Goal("kill -9: acknowledged jobs never run = 0 (sqlite/full)", _q("crash", "acknowledged, never ran"),
+         None, 0.0, at_least=False),
+    Goal("SD card, many clients (enqueue only): sqlite/full >= 10x huey", _q("sd-many-clients", RATE),
+         _q("sd-many-clients", RATE, HUEY), 10.0),
+    Goal("SD card, end to end: sqlite/full >= 5x huey", _q("sd-e2e", E2E_SINGLE), _q("sd-e2e", E2E_SINGLE, HUEY),
+         5.0),
+]
+
+
+def goal_lines(res: Results) -> list[str]:
+    """One line per goal whose value was measured in this run."""
+    return [g.check(res) for g in GOALS if res.median(g.value) is not None]
