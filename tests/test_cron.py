@@ -1,4 +1,4 @@
-"""Unit tests for queickd.cron: cron expressions, fixed intervals and the SchedulingTime builder.
+"""Unit tests for queickd.core.cron: cron expressions, fixed intervals and the SchedulingTime builder.
 
 CronExpr reads times in the process's local time (datetime.fromtimestamp), so expected
 instants are built with datetime(...).timestamp() in local time too. The dates are chosen

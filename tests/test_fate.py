@@ -1,4 +1,4 @@
-"""Unit tests for queickd.fate: network-error classification, result storage, and the
+"""Unit tests for queickd.core.fate: network-error classification, result storage, and the
 outcomes it decides from a run's report (built from the exception as the runners do)."""
 
 from __future__ import annotations

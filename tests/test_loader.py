@@ -1,4 +1,4 @@
-"""Unit tests for queickd.loader: the app-directory rule, --allow patterns and resolving."""
+"""Unit tests for queickd.run.loader: the app-directory rule, --allow patterns and resolving."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Unit tests for queickd.protocol: request decoding, job/cron validation and error replies."""
+"""Unit tests for queickd.core.protocol: request decoding, job/cron validation and error replies."""
 
 from __future__ import annotations
 

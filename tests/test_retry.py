@@ -1,4 +1,4 @@
-"""Unit tests for queickd.retry: spec defaults, validation and the four backoff policies."""
+"""Unit tests for queickd.core.retry: spec defaults, validation and the four backoff policies."""
 
 from __future__ import annotations
 

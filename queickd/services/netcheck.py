@@ -133,7 +133,7 @@ def icmp_echo(host: str, timeout: float) -> bool:
 
 
 def checker_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m queickd.netcheck",
+    p = argparse.ArgumentParser(prog="python -m queickd.services.netcheck",
                                 description="Probe reachability; print up/down on transitions.")
     p.add_argument("target", help="HOST[:PORT] (TCP connect, port 80 by default) or icmp://HOST")
     p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL, help="seconds between probes")
