@@ -50,6 +50,9 @@ def _values_sql(insert: tuple[str, int], rows: int) -> str:
 class SQLiteFile:
     """Connections to one SQLite file; the base of SQLiteStore."""
 
+    # A full or failing disk, a lock held too long: the file's trouble, not a call's data.
+    UNAVAILABLE: tuple[type[BaseException], ...] = (sqlite3.OperationalError,)
+
     def __init__(self, path: str, durability: str = "full", busy_timeout: float = 30.0) -> None:
         if durability not in _SYNCHRONOUS:
             raise ValueError("durability must be 'full' or 'normal'")
