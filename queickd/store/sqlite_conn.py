@@ -5,7 +5,8 @@ WAL journal; synchronous FULL by default (a Pi loses power), NORMAL on request. 
 write in this process goes through one connection, under one Python lock taken before
 BEGIN IMMEDIATE, so writers hand over at once instead of backing off in SQLite's sleeping
 busy handler; busy_timeout still covers other processes (the CLI, a second daemon by
-mistake). Readers use their own per-thread connections and never block writers.
+mistake). Readers use their own per-thread connections and never block writers. Opening
+checks the file first (sqlite_check.py): a damaged one raises DamagedStoreError.
 This module runs no query of the store's own; sqlite.py does.
 """
 
@@ -20,7 +21,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 
-from . import sqlite_schema
+from . import sqlite_check, sqlite_schema
 from .base import StoreInUseError
 
 _ROWS_MAX = 256  # rows per INSERT statement; statements of 2**k rows, so few distinct ones
@@ -68,8 +69,25 @@ class SQLiteFile:
         self._w_sync: str | None = None  # its PRAGMA synchronous, changed under _write_lock
         self._lock_fd: int | None = None
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with self._write_lock:
-            sqlite_schema.migrate(self._conn(), path)
+        on_disk = path != ":memory:"
+        if on_disk:
+            sqlite_check.check_file(path)  # DamagedStoreError before SQLite touches the file
+        try:
+            with self._write_lock:
+                c = self._conn()
+                if on_disk:
+                    sqlite_check.check_open(c, path)
+                sqlite_schema.migrate(c, path)
+        except sqlite3.DatabaseError as e:
+            self.close()
+            if isinstance(e, sqlite3.OperationalError):
+                raise
+            raise sqlite_check.DamagedStoreError(path, f"SQLite cannot read it: {e}") from None
+        except BaseException:
+            self.close()
+            raise
+        if on_disk:
+            sqlite_check.write_marker(path)
 
     # --- connections ----------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
