@@ -133,3 +133,14 @@ def test_a_webhook_body_nested_too_deep_is_400_and_no_job(start_daemon, tmp_path
     assert r.status == 400
     with web.daemon.client() as q:
         assert q.jobs() == []
+
+
+def test_a_result_nested_deeper_than_the_bound_is_not_stored_and_the_job_reads_back(client):
+    job = client.wait(client.enqueue("testjobs:nested_result", [600]), 20)
+    assert job["state"] == "succeeded" and "not stored" in job["result"]
+    assert [j["id"] for j in client.jobs()] == [job["id"]]
+
+
+def test_a_result_as_deep_as_a_request_may_be_is_stored_whole(client):
+    job = client.wait(client.enqueue("testjobs:nested_result", [MAX_DEPTH]), 20)
+    assert job["result"] == nested(MAX_DEPTH)
