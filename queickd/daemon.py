@@ -150,12 +150,8 @@ class Daemon:
         except BaseException:
             store.close()
             raise
-        recovered = store.recover_orphans(c.max_orphan_requeues, self.clock())
-        if recovered.requeued or recovered.dead:
-            log.warning(
-                "recovered jobs left running by a previous run: %d re-queued, %d dead (orphaned)",
-                len(recovered.requeued), len(recovered.dead),
-            )
+        self._orphans_recovered = False
+        self._recover_orphans()
         if c.ping_host is not None:
             self.network = NetworkMonitor(c.ping_host, c.ping_interval, lambda up: self.parking.on_change(up),
                                           clock=self.clock)
@@ -211,6 +207,22 @@ class Daemon:
             __version__, host, port, store.url, c.durability, c.workers,
         )
 
+    def _recover_orphans(self) -> None:
+        """At start; while the store cannot be written (a full disk), again at each sweep."""
+        store = self.store
+        try:
+            recovered = store.recover_orphans(self.config.max_orphan_requeues, self.clock())  # type: ignore[union-attr]
+        except store.UNAVAILABLE as e:  # type: ignore[union-attr]
+            log.warning("cannot recover jobs left running by a previous run yet (%s); trying again at "
+                        "each sweep", e)
+            return
+        self._orphans_recovered = True
+        if recovered.requeued or recovered.dead:
+            log.warning(
+                "recovered jobs left running by a previous run: %d re-queued, %d dead (orphaned)",
+                len(recovered.requeued), len(recovered.dead),
+            )
+
     def _on_version_change(self, reason: str) -> None:
         log.error("stopping: %s", reason)
         self.exit_status = EX_VERSION
@@ -231,6 +243,8 @@ class Daemon:
         return self.store.next_event_at()  # type: ignore[union-attr]
 
     def _on_sweep(self) -> None:
+        if not self._orphans_recovered:
+            self._recover_orphans()
         self.retention.prune()
         counts = self.store.counts()  # type: ignore[union-attr]
         self.metrics.sample_depth(sum(counts[s] for s in State.PENDING))

@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from queickd.core.protocol import Code, QueueError
-from queickd.run.loader import FunctionLoader
+from queickd.run.loader import FunctionLoader, ShadowingError
 
 
 class Modules:
@@ -245,3 +246,39 @@ def test_resolve_imports_a_module_in_the_app_dir(mods):
     name, marker = mods.marker_module(mods.app_dir)
     FunctionLoader(str(mods.app_dir)).resolve(f"{name}:f")
     assert marker.exists()
+
+
+# --- app modules that would hide standard or installed ones --------------------------------------
+
+
+def test_an_app_module_named_like_a_stdlib_module_is_refused(mods):
+    (mods.app_dir / "csv.py").write_text("def f():\n    return 'not the csv module'\n")
+    with pytest.raises(ShadowingError, match="csv: the standard library's csv"):
+        FunctionLoader(str(mods.app_dir))
+
+
+def test_a_refused_app_dir_is_not_put_on_sys_path(mods):
+    (mods.app_dir / "csv.py").write_text("")
+    with pytest.raises(ShadowingError):
+        FunctionLoader(str(mods.app_dir))
+    assert os.path.realpath(mods.app_dir) not in sys.path
+
+
+def test_an_app_package_named_like_an_installed_module_is_refused(mods):
+    (mods.app_dir / "pytest").mkdir()
+    (mods.app_dir / "pytest" / "__init__.py").write_text("")
+    with pytest.raises(ShadowingError, match="pytest: the installed pytest"):
+        FunctionLoader(str(mods.app_dir))
+
+
+def test_an_app_directory_without_init_named_like_a_stdlib_module_is_allowed(mods):
+    (mods.app_dir / "csv").mkdir()  # a namespace portion: the stdlib's csv still wins
+    FunctionLoader(str(mods.app_dir))
+
+
+def test_the_daemon_refuses_an_app_csv_module_at_start_with_exit_78(tmp_path):
+    (tmp_path / "csv.py").write_text("def f():\n    return 1\n")
+    r = subprocess.run([sys.executable, "-m", "queickd", "run", "--store", "memory://", "--port", "0",
+                        "--app-dir", str(tmp_path)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 78
+    assert "csv: the standard library's csv" in r.stderr and "Traceback" not in r.stderr

@@ -83,7 +83,15 @@ def _no_constant(name: str) -> Any:
 def _decode_json(body: bytes) -> Any:
     """Strict JSON (no NaN or Infinity, which could not be stored as JSON)."""
     text = body.decode("utf-8")
-    value = json.loads(text, parse_constant=_no_constant)
+    # The body is the job's argument three levels down ([{"json": body}]): the same bound
+    # as a request's, so the job can be read back.
+    deepest = protocol.MAX_DEPTH - 3
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError(f"the JSON body nests more than {deepest} levels deep") from None
+    if protocol.too_deep(value, deepest):
+        raise ValueError(f"the JSON body nests more than {deepest} levels deep")
     if "\\ud" in text.lower():  # a \uD800-\uDFFF escape: is it part of a valid pair?
         json.dumps(value, ensure_ascii=False).encode("utf-8")  # UnicodeEncodeError is a ValueError
     return value

@@ -235,6 +235,19 @@ def _fleet_parsers(sub: Any) -> None:
     bak.add_argument("path", help="the new file to write (it must not exist)")
     opt(bak, "--store", "store URL", DEFAULTS.store)
     bak.set_defaults(handler=run_cmd.db_backup)
+    chk = dbsub.add_parser("check", help="check the SQLite store as the daemon does at start",
+                           description="Check the SQLite store without writing to it: the file against "
+                           "its marker (PATH.id), its header, PRAGMA quick_check and its schema. Exits 0 "
+                           "if it is sound, 1 if it is damaged (the daemon would refuse it, exit 78).")
+    opt(chk, "--store", "store URL", DEFAULTS.store)
+    chk.set_defaults(handler=run_cmd.db_check)
+    rec = dbsub.add_parser("recover", help="copy every readable job of a damaged SQLite store into a new file",
+                           description="Copy every row that can still be read from a damaged SQLite store "
+                           "into the new file TO (sqlite3's .recover where it works, else a row-by-row "
+                           "salvage). The damaged file is never written. Stop the daemon first.")
+    opt(rec, "--store", "the damaged store's URL", DEFAULTS.store)
+    rec.add_argument("--to", required=True, metavar="PATH", help="the new file to write (it must not exist)")
+    rec.set_defaults(handler=run_cmd.db_recover)
 
     pool = sub.add_parser("pool", help="move work between worker pools",
                           description="Operator actions on worker pools (logged by the daemon).")

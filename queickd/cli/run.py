@@ -1,6 +1,7 @@
-"""`queick run`, `queick worker` and `queick db migrate`: the commands that start a process
-or open a store themselves rather than talk to a daemon. Owns their exit statuses (78 for a
-configuration error, 79 for a version mismatch, 1 for what systemd should retry)."""
+"""`queick run`, `queick worker` and `queick db ...`: the commands that start a process or
+open a store themselves rather than talk to a daemon. Owns their exit statuses (78 for a
+configuration error or a damaged store, 79 for a version mismatch, 1 for what systemd
+should retry)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from .. import log
 from ..daemon import Config, Daemon
 from ..services.fleet import EX_VERSION
 from ..store.pgschema import VersionMismatchError
+from ..store.sqlite_check import DamagedStoreError
 from .options import EX_CONFIG
 
 _C = TypeVar("_C")
@@ -33,6 +35,9 @@ def run_daemon(a: argparse.Namespace) -> int:
         log.setup(a.log_level)  # QUEICKD_LOG_LEVEL skips the flag's choices: ValueError
         daemon = Daemon(given(Config, a))
         finished = daemon.run_forever()
+    except DamagedStoreError as e:  # restarting cannot mend the file: EX_CONFIG, not retried
+        print(f"queick: cannot start: {e}", file=sys.stderr)
+        return EX_CONFIG
     except ValueError as e:
         print(f"queick: configuration error: {e}", file=sys.stderr)
         return EX_CONFIG
@@ -73,6 +78,9 @@ def db_migrate(a: argparse.Namespace) -> int:
 
     try:
         store = open_store(a.store)  # opening migrates
+    except DamagedStoreError as e:
+        print(f"queick: {e}", file=sys.stderr)
+        return EX_CONFIG
     except VersionMismatchError as e:
         print(f"queick: {e}", file=sys.stderr)
         return EX_VERSION
@@ -115,4 +123,62 @@ def db_backup(a: argparse.Namespace) -> int:
     size = os.path.getsize(a.path)
     print(f"{a.store} backed up to {a.path}: {pages} pages, {size / 1e6:.1f} MB in "
           f"{time.monotonic() - started:.1f} s")
+    return 0
+
+
+def db_check(a: argparse.Namespace) -> int:
+    """`queick db check`: the checks the daemon makes at start; 0 if sound, 1 if damaged."""
+    from ..store import sqlite_salvage, sqlitebackup
+
+    try:
+        path = sqlitebackup.sqlite_path(a.store)
+    except ValueError as e:
+        print(f"queick db check: {e}", file=sys.stderr)
+        return 2
+    sound, found = sqlite_salvage.check(path)
+    print(found, file=sys.stdout if sound else sys.stderr)
+    if not sound and os.path.exists(path):
+        print(f"queick db check: to copy every readable job into a new file: queick db recover "
+              f"--store {a.store} --to NEW.db", file=sys.stderr)
+    return 0 if sound else 1
+
+
+def db_recover(a: argparse.Namespace) -> int:
+    """`queick db recover --to PATH`: every readable job of a damaged store into a new file."""
+    import fcntl
+
+    from ..store import sqlite_salvage, sqlitebackup
+
+    try:
+        path = sqlitebackup.sqlite_path(a.store)
+    except ValueError as e:
+        print(f"queick db recover: {e}", file=sys.stderr)
+        return 2
+    try:
+        fd = os.open(path + ".lock", os.O_RDONLY)
+    except FileNotFoundError:
+        fd = None
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"queick db recover: {path} is served by a running daemon; stop it first "
+                      "(or copy a live store with 'queick db backup')", file=sys.stderr)
+                return 1
+        started = time.monotonic()
+        report = sqlite_salvage.recover(path, a.to)
+    except (OSError, sqlite3.Error) as e:
+        print(f"queick db recover: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if fd is not None:
+            os.close(fd)
+    states = ", ".join(f"{n} {s}" for s, n in sorted(report.states.items())) or "none"
+    print(f"recovered {report.jobs} jobs ({states}) from {path} into {a.to} by {report.method} "
+          f"in {time.monotonic() - started:.1f} s; {path} is left as it was")
+    for what in report.unreadable:
+        print(f"queick db recover: could not read {what}", file=sys.stderr)
+    print(f"next: check it ('queick db check --store sqlite:///{a.to}'), then start the daemon on it "
+          f"(--store sqlite:///{a.to})")
     return 0

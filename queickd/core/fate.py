@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import retry as retry_mod
 from .job import Job, Outcome
+from .protocol import MAX_DEPTH, too_deep
 
 if TYPE_CHECKING:
     from ..run.base import RunReport
@@ -91,8 +92,14 @@ def storable_result(value: Any, limit: int = MAX_RESULT_BYTES) -> Any:
     that says what it was (the job still succeeded)."""
     if value is None:  # most jobs return nothing
         return None
+    deep = f"<result nested more than {MAX_DEPTH} levels deep; not stored>"  # it could not be read back
     try:
-        size = len(_strict_json.encode(value).encode("utf-8"))
+        text = _strict_json.encode(value)
+        size = len(text.encode("utf-8"))
+        if text.count("[") + text.count("{") > MAX_DEPTH and too_deep(value, MAX_DEPTH):
+            return deep
+    except RecursionError:
+        return deep
     except (TypeError, ValueError):  # not JSON (UnicodeEncodeError, a lone surrogate, included)
         try:
             text = repr(value)

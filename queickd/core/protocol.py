@@ -25,6 +25,10 @@ MAX_KEY_LEN = 200
 MAX_BATCH = 10_000  # jobs in one enqueue_many
 MAX_INT = 2**31 - 1  # counts (max_attempts)
 MAX_ID = 2**63 - 1  # ids are SQLite/PostgreSQL bigints
+# Levels of arrays and objects in a request, the request itself included. Every later path
+# handles far deeper values (the first to fail, at about 495 levels of args, is the reply
+# to `get`; json.loads fails near 990), so a stored job can always be read back.
+MAX_DEPTH = 64
 
 
 class Code:
@@ -121,6 +125,18 @@ def _no_constant(name: str) -> Any:
 _decoder = json.JSONDecoder(parse_float=_finite, parse_constant=_no_constant)
 
 
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether `value` nests arrays and objects more than `limit` levels deep (a scalar is
+    0 levels, [] is 1). Walks one level at a time, without recursion."""
+    level = [value] if type(value) is dict or type(value) is list else []
+    for _ in range(limit):
+        if not level:
+            return False
+        level = [x for v in level for x in (v.values() if type(v) is dict else v)
+                 if type(x) is dict or type(x) is list]
+    return bool(level)
+
+
 def decode_line(line: bytes | str) -> dict[str, Any]:
     """One line (no newline) to a request dict, or QueueError(bad_request)."""
     try:
@@ -130,8 +146,13 @@ def decode_line(line: bytes | str) -> dict[str, Any]:
         raise bad("request is not UTF-8") from None
     except ValueError as e:
         raise bad(f"request is not JSON: {e}") from None
+    except RecursionError:
+        raise bad(f"request nests arrays and objects more than {MAX_DEPTH} levels deep") from None
     if not isinstance(obj, dict):
         raise bad("request must be a JSON object")
+    # Fewer brackets than levels allowed cannot nest too deep: most requests skip the walk.
+    if text.count("[") + text.count("{") > MAX_DEPTH and too_deep(obj):
+        raise bad(f"request nests arrays and objects more than {MAX_DEPTH} levels deep")
     if "\\ud" in text or "\\uD" in text:  # a \uD800-\uDFFF escape: is it a valid pair?
         try:
             json.dumps(obj, ensure_ascii=False).encode("utf-8")

@@ -207,13 +207,19 @@ class WorkerPool:
     def _isolate(self, outcomes: list[Outcome]) -> list[Outcome]:
         """After a failed batch: apply outcomes one by one, so that one the store cannot take
         (a bug, bad data) cannot hold up the others; such a one is recorded as dead with a
-        plain error. Returns those that still failed (the store itself is in trouble)."""
+        plain error. Returns those that still failed (the store itself is in trouble).
+
+        An error the store reports as its own (store.UNAVAILABLE: a lost connection, a
+        failing disk) is never an outcome's fault: isolating stops there and every outcome
+        not yet stored is kept, as it is, for the next pass (which reconnects)."""
         left: list[Outcome] = []
-        for o in outcomes:
+        for i, o in enumerate(outcomes):
             for attempt in (o, Outcome.dead(o.job_id, {"type": "unstorable_outcome",
                                                        "message": "the job's outcome could not be stored"})):
                 try:
                     report = self.store.finish_if_running([attempt], self._clock(), self._pause_after)
+                except self.store.UNAVAILABLE:
+                    return left + outcomes[i:]
                 except Exception:
                     continue
                 self._busy -= 1

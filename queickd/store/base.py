@@ -156,6 +156,9 @@ class Store(Protocol):
     # Capabilities. A store that cannot push wake-ups to other processes leaves this False
     # and the core relies on its own in-process signals plus one slow safety sweep.
     supports_notify: bool
+    # The exceptions by which the store says it is itself in trouble (a lost connection, a
+    # full or failing disk), never the data a call carried; the next call may succeed.
+    UNAVAILABLE: tuple[type[BaseException], ...]
 
     # --- ownership --------------------------------------------------------------------
     def take_ownership(self) -> None:
@@ -422,6 +425,10 @@ class FleetStore(Store, Protocol):
 
 class StoreBase:
     """What every backend derives from the primitives it implements."""
+
+    # Errors that say the store itself is in trouble (a lost connection, a failing disk),
+    # never the data a call carried: retried as they are, never blamed on a job.
+    UNAVAILABLE: tuple[type[BaseException], ...] = ()
 
     def submit(self, jobs: Sequence[NewJob], now: float) -> list[Submitted]:
         answer = self.submit_requests([jobs], now)[0]  # type: ignore[attr-defined]

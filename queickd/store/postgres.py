@@ -94,6 +94,9 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
     MARK = "%s"  # the parameter marker of psycopg (SharedSql)
     _RELEASE = ", worker_id = NULL"  # a job that leaves running is no worker's any more
     supports_notify = True
+    # A killed or dropped connection (OperationalError: AdminShutdown, a reset socket...;
+    # InterfaceError: a connection psycopg already knows is gone); the next call reconnects.
+    UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)
 
     def __init__(self, url: str, migrate: bool = True) -> None:
         self._dsn = url

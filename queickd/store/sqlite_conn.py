@@ -5,26 +5,52 @@ WAL journal; synchronous FULL by default (a Pi loses power), NORMAL on request. 
 write in this process goes through one connection, under one Python lock taken before
 BEGIN IMMEDIATE, so writers hand over at once instead of backing off in SQLite's sleeping
 busy handler; busy_timeout still covers other processes (the CLI, a second daemon by
-mistake). Readers use their own per-thread connections and never block writers.
+mistake). Readers use their own per-thread connections and never block writers. Opening
+checks the file first (sqlite_check.py): a damaged one raises DamagedStoreError.
+
+A full disk at start (opening in WAL mode writes the -shm, migrating writes the file) does
+not stop the daemon: the file is opened read-only and immutable (no -shm needed), reads are
+served, and every write raises DiskFullError, a clear error naming the disk, until a write
+finds space again (statvfs, tried at most once a second); then the file is opened for
+writing as at start, and each thread's connection is replaced on its next use.
 This module runs no query of the store's own; sqlite.py does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import itertools
+import logging
 import os
 import sqlite3
 import threading
+import time
+import urllib.parse
 from collections.abc import Iterator
 
-from . import sqlite_schema
+from . import sqlite_check, sqlite_schema
 from .base import StoreInUseError
+
+log = logging.getLogger("queickd.store")
 
 _ROWS_MAX = 256  # rows per INSERT statement; statements of 2**k rows, so few distinct ones
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
+_ROOM = 1 << 20  # bytes free below which a write that fails is put down to a full disk
+_RETRY_WRITABLE = 1.0  # seconds between attempts to open the file for writing again
+
+
+class DiskFullError(sqlite3.OperationalError):
+    """The disk holding the store is full: the store serves reads only, and this write was
+    not made. The first write after space returns succeeds."""
+
+
+def free_bytes(path: str) -> int:
+    """Bytes an unprivileged writer may still use on the file system holding `path`."""
+    st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    return st.f_bavail * st.f_frsize
 
 
 def insert_rows(c: sqlite3.Connection, insert: tuple[str, int], rows: list[tuple]) -> None:
@@ -50,6 +76,9 @@ def _values_sql(insert: tuple[str, int], rows: int) -> str:
 class SQLiteFile:
     """Connections to one SQLite file; the base of SQLiteStore."""
 
+    # A full or failing disk, a lock held too long: the file's trouble, not a call's data.
+    UNAVAILABLE: tuple[type[BaseException], ...] = (sqlite3.OperationalError,)
+
     def __init__(self, path: str, durability: str = "full", busy_timeout: float = 30.0) -> None:
         if durability not in _SYNCHRONOUS:
             raise ValueError("durability must be 'full' or 'normal'")
@@ -65,20 +94,115 @@ class SQLiteFile:
         self._w_sync: str | None = None  # its PRAGMA synchronous, changed under _write_lock
         self._lock_fd: int | None = None
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with self._write_lock:
-            sqlite_schema.migrate(self._conn(), path)
+        self.read_only = False  # the disk was full: see _read_only_open
+        self._gen = 0  # bumped when every thread must replace its connection
+        self._mode_lock = threading.Lock()
+        self._next_try = 0.0  # monotonic time of the next attempt to leave read-only mode
+        on_disk = path != ":memory:"
+        if on_disk:
+            sqlite_check.check_file(path)  # DamagedStoreError before SQLite touches the file
+        try:
+            self._open_writable()
+        except sqlite3.OperationalError as e:
+            self.close()
+            if not on_disk or free_bytes(path) >= _ROOM:
+                raise
+            self._read_only_open(e)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_writable(self) -> None:
+        """Check and migrate the file on this thread's connection, then write the marker.
+        Leaves closing to the caller."""
+        on_disk = self.path != ":memory:"
+        try:
+            with self._write_lock:
+                c = self._conn()
+                if on_disk:
+                    sqlite_check.check_open(c, self.path)
+                sqlite_schema.migrate(c, self.path)
+        except sqlite3.DatabaseError as e:
+            if isinstance(e, sqlite3.OperationalError):
+                raise
+            raise sqlite_check.DamagedStoreError(self.path, f"SQLite cannot read it: {e}") from None
+        if on_disk:
+            try:
+                sqlite_check.write_marker(self.path)
+            except OSError as e:  # written by the next start that has room
+                log.warning("cannot write the store's marker %s: %s", sqlite_check.marker_path(self.path), e)
+
+    def _read_only_open(self, cause: sqlite3.OperationalError) -> None:
+        """Serve reads from a file that cannot be opened for writing for want of space.
+        Immutable: SQLite then neither needs a -shm nor reads the -wal, so a -wal holding
+        commits (a crash before) must not be left out: then the daemon cannot start."""
+        wal = self.path + "-wal"
+        if os.path.exists(wal) and os.path.getsize(wal) > 0:
+            raise OSError(errno.ENOSPC, f"disk full: the disk holding {self.path} has no room, and {wal} "
+                          f"holds commits not yet in the file ({cause}); free some space, then start again")
+        self.read_only = True
+        c = self._conn()
+        try:
+            sqlite_check.check_open(c, self.path)
+            current = sqlite_schema.version(c)
+        except BaseException:
+            self.close()
+            raise
+        if current != sqlite_schema.SCHEMA_VERSION:
+            self.close()
+            raise OSError(errno.ENOSPC, f"disk full: {self.path} needs its schema upgraded (version {current} to "
+                          f"{sqlite_schema.SCHEMA_VERSION}), which needs space; free some, then start again")
+        log.warning("disk full: the disk holding %s has %d bytes free (%s); serving reads only, writes are "
+                    "refused until space returns", self.path, free_bytes(self.path), cause)
+
+    def _leave_read_only(self) -> None:
+        """Called before each write while read-only: open for writing if there is room
+        again, else raise DiskFullError."""
+        with self._mode_lock:
+            if not self.read_only:
+                return
+            free = free_bytes(self.path)
+            if free >= _ROOM and time.monotonic() >= self._next_try:
+                self._next_try = time.monotonic() + _RETRY_WRITABLE
+                self.read_only = False
+                self._gen += 1  # every thread's read-only connection is replaced
+                try:
+                    self._open_writable()
+                except sqlite3.OperationalError as e:
+                    self.read_only = True
+                    self._gen += 1  # this thread's writable connection is replaced too
+                    log.warning("disk space is back (%d bytes free) but the store still cannot be written: %s",
+                                free, e)
+                else:
+                    log.warning("disk space is back (%d bytes free): writes to %s are accepted again",
+                                free, self.path)
+                    return
+            raise DiskFullError(f"disk full: the disk holding {self.path} has {free} bytes free; queickd serves "
+                                "reads only and nothing was written; free some space and try again")
 
     # --- connections ----------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
         c = getattr(self._local, "conn", None)
+        if c is not None and self._local.gen != self._gen:  # the store changed mode
+            with self._all_lock:
+                if c in self._all:
+                    self._all.remove(c)
+            with contextlib.suppress(sqlite3.Error):
+                c.close()
+            c = None
         if c is None:
-            c = sqlite3.connect(
-                self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
-            )
-            c.execute("PRAGMA journal_mode=WAL")
-            c.execute(f"PRAGMA synchronous={_SYNCHRONOUS[self.durability]}")
-            c.execute("PRAGMA journal_size_limit=67108864")  # keep the WAL small on SD cards
+            if self.read_only:
+                c = sqlite3.connect(f"file:{urllib.parse.quote(self.path)}?mode=ro&immutable=1", uri=True,
+                                    isolation_level=None, check_same_thread=False)
+            else:
+                c = sqlite3.connect(
+                    self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
+                )
+                c.execute("PRAGMA journal_mode=WAL")
+                c.execute(f"PRAGMA synchronous={_SYNCHRONOUS[self.durability]}")
+                c.execute("PRAGMA journal_size_limit=67108864")  # keep the WAL small on SD cards
             self._local.conn = c
+            self._local.gen = self._gen
             with self._all_lock:
                 self._all.append(c)
         return c
@@ -112,6 +236,8 @@ class SQLiteFile:
         if inside is not None:  # inside batch(): its transaction is ours
             yield inside
             return
+        if self.read_only:
+            self._leave_read_only()  # DiskFullError while there is no room
         c = self._writer()
         with self._write_lock:
             sync = "NORMAL" if bookkeeping else _SYNCHRONOUS[self.durability]
@@ -141,8 +267,11 @@ class SQLiteFile:
             os.close(fd)
             raise StoreInUseError(f"{self.path} is already served by a daemon (pid {holder}); "
                                   "one store, one daemon") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+        except OSError:
+            pass  # a full disk: the lock holds all the same, only the pid is not shown
         self._lock_fd = fd
 
     @contextlib.contextmanager

@@ -93,3 +93,10 @@ def span(path, token, hold=0.02):
     time.sleep(hold)
     with open(path, "a", encoding="utf-8") as f:
         f.write(f"{token} {os.getpid()} {start!r} {time.time()!r}\n")
+
+
+def nested_result(levels):
+    v = [0]
+    for _ in range(levels - 1):
+        v = [v]
+    return v

@@ -1,0 +1,313 @@
+"""`queick db check` and `queick db recover`: what is wrong with an SQLite store, and a new
+file holding every job that can still be read from a damaged one.
+
+Recovery works on a copy of the damaged file (and its -wal) in a temporary directory: the
+damaged file is never written, so nothing is lost by trying. It uses the `sqlite3`
+command's `.recover` where that is installed and works (it reads every page directly, so
+it finds rows that no intact index leads to); otherwise, or if its result does not pass
+integrity_check, a salvage with the standard library: a new file with queickd's schema, and
+every row of each table that SQLite can still read copied into it, row by row past damaged
+pages. A header that is not SQLite's is rebuilt on the copy first. Afterwards the counts by
+state are made again from the jobs recovered, and ids continue after the highest one the
+damaged file knew (ids are never reused). The new file appears whole or not at all.
+
+Owns reading a damaged store and writing the new file; never writes the damaged file, its
+marker or its lock, and never decides anything about jobs.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import shutil
+import sqlite3
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+
+from . import sqlite_check, sqlite_schema
+
+_PAGE_SIZES = (4096, 1024, 2048, 8192, 16384, 32768, 65536)
+_PROBE_BEYOND = 10_000  # rowids probed past the last readable one when the table's end is unknown
+_SKIP_META = {"schema_version"}  # the new file's own schema decides its version
+
+
+@dataclass
+class Recovered:
+    """What `recover` wrote: rows per table, jobs per state, and how."""
+
+    method: str
+    rows: dict[str, int] = field(default_factory=dict)
+    states: dict[str, int] = field(default_factory=dict)
+    unreadable: list[str] = field(default_factory=list)  # tables that could not be read at all
+
+    @property
+    def jobs(self) -> int:
+        return sum(self.states.values())
+
+
+def check(path: str) -> tuple[bool, str]:
+    """(sound, what was found): the checks a daemon makes at start, without writing."""
+    try:
+        if sqlite_check.check_file(path):
+            return False, f"no SQLite store at {path}"
+        c = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+        try:
+            sqlite_check.check_open(c, path)
+            version = sqlite_schema.version(c)
+            counts = dict(c.execute("SELECT state, n FROM state_counts WHERE n > 0 ORDER BY state"))
+        finally:
+            c.close()
+    except sqlite_check.DamagedStoreError as e:
+        return False, f"{path}: {e.found}"
+    except sqlite3.Error as e:
+        return False, f"{path}: SQLite cannot read it: {e}"
+    shown = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no jobs"
+    return True, f"{path}: ok (quick_check passed, schema version {version}; {shown})"
+
+
+def recover(source: str, target: str, use_sqlite3_command: bool = True) -> Recovered:
+    """Copy every readable job of the SQLite file `source` into the new file `target`.
+    Raises FileNotFoundError without a source, FileExistsError if target exists."""
+    if not os.path.exists(source):
+        raise FileNotFoundError(f"no file at {source}")
+    if os.path.exists(target):
+        raise FileExistsError(f"{target} exists; give a new path")
+    partial = f"{target}.partial"
+    with tempfile.TemporaryDirectory(prefix="queickd-recover-") as tmp:
+        copy = os.path.join(tmp, "damaged.db")
+        shutil.copyfile(source, copy)
+        if os.path.exists(source + "-wal"):  # the last commits may be there
+            shutil.copyfile(source + "-wal", copy + "-wal")
+        _remove(partial)
+        report = _with_command(copy, partial) if use_sqlite3_command else None
+        if report is None:
+            _remove(partial)
+            report = _salvage(copy, partial)
+    try:
+        _finish(partial, report)
+    except BaseException:
+        _remove(partial)
+        raise
+    os.replace(partial, target)
+    return report
+
+
+def _remove(path: str) -> None:
+    for p in (path, f"{path}-wal", f"{path}-shm", f"{path}-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(p)
+
+
+def _with_command(copy: str, partial: str) -> Recovered | None:
+    """`sqlite3 copy .recover | sqlite3 partial`, or None where the command is missing or
+    fails (some builds lack what .recover needs and stop with 'SQL logic error')."""
+    exe = shutil.which("sqlite3")
+    if exe is None:
+        return None
+    try:
+        dump = subprocess.run([exe, copy, ".recover"], capture_output=True, timeout=3600)
+        if dump.returncode != 0 or b"sql error" in dump.stderr.lower():
+            return None
+        load = subprocess.run([exe, partial], input=dump.stdout, capture_output=True, timeout=3600)
+        if load.returncode != 0:
+            return None
+        c = sqlite3.connect(partial)
+        try:
+            if c.execute("PRAGMA integrity_check").fetchone()[0] != "ok" or not _tables(c):
+                return None
+            rows = {t: c.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in _tables(c)}
+        finally:
+            c.close()
+    except (OSError, subprocess.SubprocessError, sqlite3.Error):
+        return None
+    return Recovered("sqlite3 .recover", rows)
+
+
+def _tables(c: sqlite3.Connection) -> list[str]:
+    return [r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'table'"
+                                    " AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+
+
+def _open_damaged(copy: str) -> sqlite3.Connection:
+    """A connection that reads as much of the copy as SQLite will: writable_schema lets a
+    file shorter than its header says be opened. A header that is not SQLite's is
+    rewritten (on the copy) with the first page size under which the schema reads."""
+    with open(copy, "rb") as f:
+        head = f.read(100)
+    if not head:
+        raise sqlite3.DatabaseError("the file is empty (0 bytes)")
+    if not head.startswith(sqlite_check.HEADER):
+        original = head
+        for page in _PAGE_SIZES:
+            _write_header(copy, page)
+            c = _connect(copy)
+            try:
+                _tables(c)
+                return c
+            except sqlite3.DatabaseError:
+                c.close()
+        with open(copy, "r+b") as f:
+            f.write(original)
+    return _connect(copy)
+
+
+def _connect(copy: str) -> sqlite3.Connection:
+    c = sqlite3.connect(copy, isolation_level=None)
+    c.execute("PRAGMA writable_schema = ON")  # read past a size the header gets wrong
+    return c
+
+
+def _write_header(path: str, page: int) -> None:
+    """A plausible 100-byte header: the page size, the file's size in pages, UTF-8, format 4,
+    rollback journal (the -wal of the copy, if any, is left out of it)."""
+    size = os.path.getsize(path)
+    h = bytearray(100)
+    h[0:16] = sqlite_check.HEADER
+    h[16:18] = (1 if page == 65536 else page).to_bytes(2, "big")
+    h[18], h[19], h[20], h[21], h[22], h[23] = 1, 1, 0, 64, 32, 32
+    h[24:28] = (1).to_bytes(4, "big")  # change counter
+    h[28:32] = (size // page).to_bytes(4, "big")
+    h[40:44] = (1).to_bytes(4, "big")  # schema cookie
+    h[44:48] = (4).to_bytes(4, "big")  # schema format
+    h[56:60] = (1).to_bytes(4, "big")  # UTF-8
+    h[92:96] = (1).to_bytes(4, "big")  # version-valid-for: the change counter
+    h[96:100] = (3040000).to_bytes(4, "big")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path + "-wal")
+    with open(path, "r+b") as f:
+        f.write(h)
+
+
+def _salvage(copy: str, partial: str) -> Recovered:
+    report = Recovered("row-by-row salvage (Python's sqlite3)")
+    dst = sqlite3.connect(partial, isolation_level=None)
+    try:
+        sqlite_schema.migrate(dst, partial)
+        try:
+            src = _open_damaged(copy)
+        except sqlite3.DatabaseError as e:
+            report.unreadable.append(f"the whole file: {e}")
+            return report
+        try:
+            try:
+                tables = _tables(src)
+            except sqlite3.DatabaseError as e:
+                report.unreadable.append(f"its list of tables ({e})")
+                return report
+            wanted = set(_tables(dst))
+            dst.execute("BEGIN")
+            for table in tables:
+                if table in wanted:
+                    report.rows[table] = _copy_table(src, dst, table, report)
+            _carry_sequence(src, dst)
+            dst.execute("COMMIT")
+        finally:
+            src.close()
+    finally:
+        dst.close()
+    return report
+
+
+def _columns(c: sqlite3.Connection, table: str) -> list[str]:
+    return [r[1] for r in c.execute(f'PRAGMA table_info("{table}")')]
+
+
+def _copy_table(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, report: Recovered) -> int:
+    try:
+        cols = [c for c in _columns(src, table) if c in set(_columns(dst, table))]
+        rowid = src.execute("SELECT 1 FROM sqlite_master WHERE name = ? AND sql LIKE '%WITHOUT ROWID%'",
+                            (table,)).fetchone() is None
+    except sqlite3.DatabaseError as e:
+        report.unreadable.append(f"{table} ({e})")
+        return 0
+    names = ", ".join(f'"{c}"' for c in cols)
+    insert = f'INSERT OR IGNORE INTO "{table}" ({names}) VALUES ({", ".join("?" * len(cols))})'
+    rows = _rowid_rows(src, table, names) if rowid else _plain_rows(src, table, names)
+    if table == "meta":
+        rows = [r for r in rows if r[0] not in _SKIP_META]
+    dst.executemany(insert, rows)
+    return len(rows)
+
+
+def _plain_rows(src: sqlite3.Connection, table: str, names: str) -> list[tuple]:
+    """Every row until the first unreadable page (tables without rowid are small)."""
+    rows: list[tuple] = []
+    with contextlib.suppress(sqlite3.DatabaseError):
+        for r in src.execute(f'SELECT {names} FROM "{table}"'):
+            rows.append(r)
+    return rows
+
+
+def _rowid_rows(src: sqlite3.Connection, table: str, names: str) -> list[tuple]:
+    """Every readable row in rowid order: scan until a damaged page stops the scan, then
+    look rowids up one at a time until one reads, and scan on from there."""
+    rows: list[tuple] = []
+    last = -(2**63)
+    end = _last_rowid(src, table)
+    while True:
+        try:
+            for r in src.execute(f'SELECT rowid, {names} FROM "{table}" WHERE rowid > ? ORDER BY rowid', (last,)):
+                last = r[0]
+                rows.append(r[1:])
+            return rows
+        except sqlite3.DatabaseError:
+            pass
+        limit = max(end or 0, last + _PROBE_BEYOND) if last > 0 else (end or _PROBE_BEYOND)
+        probe, found = max(last, 0) + 1, False
+        while probe <= limit and not found:
+            try:
+                r = src.execute(f'SELECT rowid, {names} FROM "{table}" WHERE rowid = ?', (probe,)).fetchone()
+            except sqlite3.DatabaseError:
+                r = None
+            if r is not None:
+                rows.append(r[1:])
+                last, found = probe, True
+            probe += 1
+        if not found:
+            return rows
+
+
+def _last_rowid(src: sqlite3.Connection, table: str) -> int | None:
+    """The highest rowid the table had: sqlite_sequence's (AUTOINCREMENT), else max(rowid)."""
+    for sql in ("SELECT seq FROM sqlite_sequence WHERE name = ?", f'SELECT max(rowid) FROM "{table}"'):
+        try:
+            row = src.execute(sql, (table,) if "?" in sql else ()).fetchone()
+        except sqlite3.DatabaseError:
+            continue
+        if row and row[0] is not None:
+            return int(row[0])
+    return None
+
+
+def _carry_sequence(src: sqlite3.Connection, dst: sqlite3.Connection) -> None:
+    """New jobs continue after the highest id the damaged file knew, read or not."""
+    seen = _last_rowid(src, "jobs") or 0
+    have = dst.execute("SELECT coalesce(max(id), 0) FROM jobs").fetchone()[0]
+    seq = max(seen, have)
+    if dst.execute("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'jobs'", (seq,)).rowcount == 0:
+        dst.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', ?)", (seq,))
+
+
+def _finish(partial: str, report: Recovered) -> None:
+    """Counts by state made again from the jobs there are; checked; synced to disk."""
+    c = sqlite3.connect(partial, isolation_level=None)
+    try:
+        sqlite_schema.migrate(c, partial)  # a file from .recover of an older queickd
+        c.execute("BEGIN IMMEDIATE")
+        c.execute("DELETE FROM state_counts")
+        c.execute("INSERT INTO state_counts SELECT state, count(*) FROM jobs GROUP BY state")
+        c.execute("COMMIT")
+        report.states = dict(collections.Counter(dict(c.execute("SELECT state, n FROM state_counts"))))
+        ok = c.execute("PRAGMA integrity_check").fetchone()[0]
+        if ok != "ok":
+            raise sqlite3.DatabaseError(f"the recovered file failed its integrity check: {ok}")
+        c.execute("PRAGMA journal_mode = DELETE")  # one file, nothing left in a WAL
+    finally:
+        c.close()
+    fd = os.open(partial, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
