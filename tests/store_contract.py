@@ -445,6 +445,82 @@ class StoreContract:
         assert [(p.kind, p.name, p.failures) for p in fin.paused] == [("func", "m:f", 2)]
         assert [(p.kind, p.name, p.failures) for p in store.pauses()] == [("func", "m:f", 2)]
 
+    # --- the breaker: a pause lets one probe through after its cooldown ---------------------
+    def _trip(self, store, cooldown=60.0):
+        """m:bad paused at T0 by 3 dead jobs, with its probe at T0 + cooldown; 3 more wait."""
+        store.submit([job(func="m:bad") for _ in range(3)], T0)
+        ran = store.claim_available(3, T0)
+        fin = store.finish_if_running([Outcome.dead(j.id, {"type": "E", "message": "no"}) for j in ran], T0,
+                                      pause_after=3, pause_cooldown=cooldown)
+        return fin, [s.job_id for s in store.submit([job(func="m:bad") for _ in range(3)], T0)]
+
+    def test_a_pause_with_a_cooldown_shows_its_probe_time(self, store):
+        fin, _ = self._trip(store)
+        assert [(p.name, p.probe_at, p.trips) for p in fin.paused] == [("m:bad", T0 + 60, 1)]
+        assert fin.next_probe == T0 + 60
+        assert [(p.probe_at, p.trips, p.probe_job) for p in store.pauses()] == [(T0 + 60, 1, None)]
+
+    def test_a_pause_lets_no_job_through_before_its_probe_time(self, store):
+        self._trip(store)
+        assert store.claim_available(5, T0 + 59) == []
+
+    def test_a_pause_lets_exactly_one_probe_through_at_its_probe_time(self, store):
+        _, waiting = self._trip(store)
+        assert [j.id for j in store.claim_available(5, T0 + 60)] == waiting[:1]
+        assert store.claim_available(5, T0 + 61) == []  # the probe runs: no second one
+        assert store.pauses()[0].probe_job == waiting[0]
+
+    def test_the_probes_success_resumes_the_pause(self, store):
+        _, waiting = self._trip(store)
+        (probe,) = store.claim_available(5, T0 + 60)
+        store.finish_if_running([Outcome.succeeded(probe.id, None)], T0 + 61, pause_after=3, pause_cooldown=60.0)
+        assert store.pauses() == []
+        assert [j.id for j in store.claim_available(5, T0 + 62)] == waiting[1:]
+
+    def test_the_probes_failure_pauses_again_with_a_longer_cooldown(self, store):
+        self._trip(store)
+        (probe,) = store.claim_available(5, T0 + 60)
+        fin = store.finish_if_running([Outcome.dead(probe.id, {"type": "E", "message": "again"})], T0 + 61,
+                                      pause_after=3, pause_cooldown=60.0)
+        assert fin.paused == [] and fin.next_probe == T0 + 61 + 120
+        (p,) = store.pauses()
+        assert (p.paused_at, p.probe_at, p.trips, p.probe_job, p.failures) == (T0, T0 + 181, 2, None, 4)
+        assert store.claim_available(5, T0 + 180) == [] and len(store.claim_available(5, T0 + 181)) == 1
+
+    def test_a_probe_that_stopped_running_lets_another_through(self, store):
+        _, waiting = self._trip(store)
+        (probe,) = store.claim_available(5, T0 + 60)
+        store.finish_if_running([Outcome.waiting_network(probe.id, {"type": "N", "message": ""})], T0 + 61,
+                                pause_after=3, pause_cooldown=60.0)  # parked: not a probe's answer
+        assert [j.id for j in store.claim_available(5, T0 + 62)] == waiting[1:2]
+
+    def test_a_scheduled_retry_does_not_count_toward_a_pause(self, store):
+        store.submit([job() for _ in range(3)], T0)
+        ran = store.claim_available(3, T0)
+        fin = store.finish_if_running([Outcome.retry_at(j.id, T0 + 9, {"type": "E", "message": "no"}) for j in ran],
+                                      T0, pause_after=1, pause_cooldown=60.0)
+        assert fin.paused == [] and store.pauses() == []
+
+    # --- pauses by hand -----------------------------------------------------------------
+    def test_a_pause_by_hand_holds_a_function_with_no_probe_until_resumed(self, store):
+        assert store.pause("func", "m:f", T0) and not store.pause("func", "m:f", T0 + 1)
+        (waiting,) = store.submit([job()], T0)
+        assert store.claim_available(5, T0 + 10 ** 6) == []
+        assert [(p.kind, p.name, p.paused_at, p.probe_at, p.trips) for p in store.pauses()] == [
+            ("func", "m:f", T0, None, 0)]
+        assert store.resume("func", "m:f")
+        assert [j.id for j in store.claim_available(5, T0)] == [waiting.job_id]
+
+    def test_a_pause_by_hand_takes_the_probe_away_from_a_breakers_pause(self, store):
+        self._trip(store)
+        store.pause("func", "m:bad", T0 + 1)
+        assert store.claim_available(5, T0 + 60) == [] and store.pauses()[0].probe_at is None
+
+    def test_a_paused_pool_starts_none_of_its_jobs(self, store):
+        store.pause("pool", "gpu", T0)
+        (other,) = store.submit([job(pool="gpu"), job()], T0)[1:]
+        assert [j.id for j in store.claim_available(5, T0)] == [other.job_id]
+
     def test_claim_starts_what_the_selection_policy_picks(self, store):
         # The stores' claims (PostgreSQL's is an SQL function) must agree with claim.select
         # on what they read: keys, pauses, pools, the network, priorities, passed-over heads.

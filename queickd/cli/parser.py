@@ -58,7 +58,9 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
          d.idempotency_ttl, type=duration)
     opt(p, "--event-max-attempts", "delivery attempts of an event before it is a dead letter",
          d.event_max_attempts, type=int)
-    opt(p, "--pause-after", "failed runs in a row that pause a key or function", d.pause_after, type=int)
+    opt(p, "--pause-after", "dead jobs in a row that pause a key or function (0: never)", d.pause_after, type=int)
+    opt(p, "--pause-cooldown", "wait before a pause lets one probe job through (doubles on each trip, "
+         "up to 1h)", d.pause_cooldown, type=duration)
     opt(p, "--keep-finished", "how long succeeded and cancelled jobs are kept (e.g. 7d)",
          d.keep_finished, type=duration)
     opt(p, "--http", "serve webhooks, /metrics, /healthz and the status page on HOST:PORT "
@@ -217,7 +219,9 @@ def _fleet_parsers(sub: Any) -> None:
     opt(wk, "--max-orphan-requeues", "times a job whose worker died is re-queued before it is dead",
          w.max_orphan_requeues, type=int)
     opt(wk, "--stop-timeout", "seconds running jobs get to finish on SIGTERM", w.stop_timeout, type=float)
-    opt(wk, "--pause-after", "failed runs in a row that pause a key or function", w.pause_after, type=int)
+    opt(wk, "--pause-after", "dead jobs in a row that pause a key or function (0: never)", w.pause_after, type=int)
+    opt(wk, "--pause-cooldown", "wait before a pause lets one probe job through (doubles on each trip, "
+         "up to 1h)", w.pause_cooldown, type=duration)
     opt(wk, "--log-level", "log level", "info", choices=log.LEVELS)
     wk.set_defaults(handler=run_cmd.run_worker)
 

@@ -26,8 +26,10 @@ def print_jobs(jobs: list[dict[str, Any]]) -> None:
 def print_pauses(pauses: list[dict[str, Any]]) -> None:
     for p in pauses:
         err = p.get("last_error") or {}
+        probe = ("until resumed" if p.get("probe_at") is None
+                 else f"next probe {fmt_time(p['probe_at'])}, trip {p.get('trips', 0)}")
         print(f"PAUSED {p['kind']} {p['name']} since {fmt_time(p['paused_at'])} after {p['failures']} "
-              f"failures: {err.get('type')}: {err.get('message')}  ('queick resume')")
+              f"failures: {err.get('type')}: {err.get('message')}  ({probe}; 'queick resume')")
 
 
 def print_job(job: dict[str, Any]) -> None:

@@ -47,6 +47,8 @@ class WorkerPool:
         on_finished: Callable[[list[Outcome]], None] = lambda outcomes: None,
         on_claimed: Callable[[list[Job]], None] = lambda jobs: None,
         pause_after: int | None = None,
+        pause_cooldown: float | None = None,
+        on_probe_at: Callable[[float], None] = lambda t: None,
         on_ran: Callable[[Job, Outcome, float], None] | None = None,
         pools: list[str] | None = None,
         runner: Runner | None = None,
@@ -63,7 +65,9 @@ class WorkerPool:
         self._network_up = network_up  # may jobs that need the network start now?
         self._on_finished = on_finished
         self._on_claimed = on_claimed
-        self._pause_after = pause_after
+        self._pause_after = pause_after or None  # 0: the breaker is off
+        self._pause_cooldown = pause_cooldown  # None: a pause lasts until resumed
+        self._on_probe_at = on_probe_at  # a pause's probe is due then: wake the pool at that time
         self._on_ran = on_ran  # (job, outcome, seconds) from the worker thread: metrics
         self.pools = pools  # the worker pools whose jobs it runs; None: every pool
         # Set by anyone who may have made work available or freed a worker; cleared only
@@ -185,7 +189,8 @@ class WorkerPool:
         claimed: list[Job] = []
         with self.store.batch(bookkeeping=True):
             if unapplied:
-                report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after)
+                report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after,
+                                                      self._pause_cooldown)
             free = self.workers - self._busy + len(unapplied)
             if free > 0 and not self._stopping:
                 claimed = self.store.claim_available(free, self._clock(), self._network_up(),
@@ -213,7 +218,8 @@ class WorkerPool:
             for attempt in (o, Outcome.dead(o.job_id, {"type": "unstorable_outcome",
                                                        "message": "the job's outcome could not be stored"})):
                 try:
-                    report = self.store.finish_if_running([attempt], self._clock(), self._pause_after)
+                    report = self.store.finish_if_running([attempt], self._clock(), self._pause_after,
+                                                          self._pause_cooldown)
                 except Exception:
                     continue
                 self._busy -= 1
@@ -226,9 +232,12 @@ class WorkerPool:
     def _after_finish(self, finished: list[Outcome], report: Finished | None) -> None:
         for p in report.paused if report else ():
             err = p.last_error or {}
+            until = ("until 'queick resume' or a manual run" if p.probe_at is None else
+                     f"until a probe job in {p.probe_at - self._clock():.0f} s succeeds, 'queick resume' or a manual run")
             log.warning("%s %s paused after %d failed runs in a row (last: %s: %s); its jobs wait "
-                        "until 'queick resume' or a manual run", p.kind, p.name, p.failures,
-                        err.get("type"), err.get("message"))
+                        "%s", p.kind, p.name, p.failures, err.get("type"), err.get("message"), until)
+        if report is not None and report.next_probe is not None:
+            self._on_probe_at(report.next_probe)
         ok = sum(1 for o in finished if o.state == State.SUCCEEDED)
         self.completed += ok
         self.failed += len(finished) - ok

@@ -35,7 +35,8 @@ class WorkerConfig:
     sweep: float = DEFAULT_SWEEP
     max_orphan_requeues: int = 3
     stop_timeout: float = 30.0
-    pause_after: int = 5
+    pause_after: int = 5  # 0: no auto-pause
+    pause_cooldown: float = 300.0
 
     def validate(self) -> None:
         if not self.store.startswith(("postgresql://", "postgres://")):
@@ -44,6 +45,8 @@ class WorkerConfig:
             raise ValueError("workers must be at least 1")
         if not self.heartbeat > 0 or not self.sweep > 0 or self.stop_timeout < 0:
             raise ValueError("heartbeat and sweep must be positive, stop_timeout not negative")
+        if self.pause_after < 0 or not self.pause_cooldown > 0:
+            raise ValueError("pause_after must not be negative (0: off), pause_cooldown must be positive")
         if not self.pool or any(not p for p in self.pool):
             raise ValueError("give at least one non-empty --pool")
         if not os.path.isdir(self.app_dir):
@@ -75,7 +78,7 @@ def run(config: WorkerConfig) -> int:
 
         loader = FunctionLoader(config.app_dir, config.allow)
         pool = WorkerPool(store, loader, config.workers, sweep=config.sweep, pause_after=config.pause_after,
-                          pools=list(config.pool), runner=ThreadRunner(loader))
+                          pause_cooldown=config.pause_cooldown, pools=list(config.pool), runner=ThreadRunner(loader))
         member = FleetMember(store, pool, kind="worker", heartbeat=config.heartbeat, sweep=config.sweep,
                              max_orphan_requeues=config.max_orphan_requeues, on_version_change=version_changed)
         member.start()

@@ -54,17 +54,21 @@ class CronRecord:
 
 @dataclass(frozen=True, slots=True)
 class Pause:
-    """A key or function that stopped being started after repeated failures."""
+    """A key or function that stopped being started after repeated failures (or by hand)."""
 
     kind: str  # "key" or "func"
     name: str
     paused_at: float
     failures: int
     last_error: dict | None
+    probe_at: float | None = None  # when one job is let through to test it; None: until resumed
+    trips: int = 0  # times the breaker paused it (0: paused by hand)
+    probe_job: int | None = None  # the job last let through as its probe
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "paused_at": self.paused_at,
-                "failures": self.failures, "last_error": self.last_error}
+                "failures": self.failures, "last_error": self.last_error, "probe_at": self.probe_at,
+                "trips": self.trips, "probe_job": self.probe_job}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,7 @@ class Finished:
 
     changed: int
     paused: list[Pause]
+    next_probe: float | None = None  # the earliest probe time this finish wrote, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,12 +234,16 @@ class Store(Protocol):
         ...
 
     # --- finish -----------------------------------------------------------------------
-    def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None) -> Finished:
+    def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None,
+                          pause_cooldown: float | None = None) -> Finished:
         """Apply each outcome to its job only if that job is still `running`.
 
-        Failure streaks are kept per key and per function: a success resets them, a failed
-        run (an outcome to scheduled or dead) grows them; with pause_after set, a streak
-        reaching it pauses that key or function. Parking for the network is neither.
+        Failure streaks are kept per key and per function (core/policy/pauses.py): a
+        success resets them, a dead job grows them; with pause_after set, a streak reaching
+        it pauses that key or function, with a probe `pause_cooldown` seconds later (None:
+        no probe). A retry scheduled or parking for the network is neither. The probe of a
+        pause (the one job a claim let through) resumes it by succeeding, and by failing
+        pauses it again with a longer cooldown.
 
         succeeded/dead set finished_at; scheduled sets run_at; waiting_network gives back
         the attempt (a run that found no network does not count against max_attempts);

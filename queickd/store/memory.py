@@ -198,7 +198,7 @@ class MemoryStore(StoreBase):
         with self._lock:
             # _running_by_key is kept by _count: no scan of every job per claim.
             pick = claim.Selection(claim.Request.of(limit, network_up, pools),
-                                   claim.Running.of(self._running_by_key, self._pauses))
+                                   claim.Running.of(self._running_by_key, self._pauses, self._due_probes(now)))
             while self._queued and not pick.full:
                 entry = heapq.heappop(self._queued)
                 job = self._jobs.get(entry[2])
@@ -212,6 +212,18 @@ class MemoryStore(StoreBase):
                 out.append(job)
             for entry in passed_over:
                 heapq.heappush(self._queued, entry)
+            for t, job_id in pick.probes:  # no other probe of these pauses until it finishes
+                self._pauses[t] = dataclasses.replace(self._pauses[t], probe_job=job_id)
+        return out
+
+    def _due_probes(self, now: float) -> list[tuple[str, str]]:
+        """Pauses whose probe time has come and whose probe (if any) is not running."""
+        out = []
+        for t, p in self._pauses.items():
+            if p.probe_at is not None and p.probe_at <= now:
+                probe = self._jobs.get(p.probe_job) if p.probe_job is not None else None
+                if probe is None or probe.state != State.RUNNING:
+                    out.append(t)
         return out
 
     # --- network --------------------------------------------------------------------------
@@ -230,7 +242,8 @@ class MemoryStore(StoreBase):
             return len(waiting)
 
     # --- finish ---------------------------------------------------------------------------
-    def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None) -> Finished:
+    def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None,
+                          pause_cooldown: float | None = None) -> Finished:
         changed = 0
         finished: list[pz.Finish] = []
         with self._lock:
@@ -248,18 +261,26 @@ class MemoryStore(StoreBase):
                 self._put(dataclasses.replace(job, **changes))
                 changed += 1
                 # With no streak yet, successes have nothing to end: the steady state.
-                if finished or self._streaks or o.state != State.SUCCEEDED:
-                    finished.append(pz.Finish(o.state, o.error, job.key, job.func))
+                if finished or self._streaks or self._pauses or o.state != State.SUCCEEDED:
+                    finished.append(pz.Finish(o.state, o.error, job.key, job.func, job.id))
             if not finished:
                 return Finished(changed, [])
             p = pz.plan(finished, now, pause_after, pz.Lookups(
-                lambda t: (self._streaks.get(t, (0, None))[0], t in self._pauses)))
+                lambda t: (self._streaks.get(t, (0, None))[0], t in self._pauses),
+                lambda t: (self._pauses[t].trips, self._pauses[t].probe_job)), pause_cooldown)
             for t in p.reset:
                 self._streaks.pop(t, None)
+            for t in p.resumed:
+                self._pauses.pop(t, None)
             self._streaks.update(p.streaks)
             for t, (at, failures, err) in p.pauses.items():
-                self._pauses[t] = Pause(*t, self._pauses[t].paused_at if at is None else at, failures, err)
-        return Finished(changed, [Pause(*t, now, failures, err) for t, failures, err in p.new])
+                old = self._pauses.get(t)
+                self._pauses[t] = (Pause(*t, at, failures, err) if old is None or at is not None
+                                   else dataclasses.replace(old, failures=failures, last_error=err))
+            for t, (probe_at, trips) in p.probes.items():
+                self._pauses[t] = dataclasses.replace(self._pauses[t], probe_at=probe_at, trips=trips, probe_job=None)
+        return Finished(changed, [Pause(*t, now, failures, err, *p.probes.get(t, (None, 0)))
+                                  for t, failures, err in p.new], p.next_probe)
 
     def recover_orphans(self, max_requeues: int, now: float) -> Recovered:
         with self._lock:
@@ -285,6 +306,13 @@ class MemoryStore(StoreBase):
     def resume(self, kind: str, name: str) -> bool:
         with self._lock:
             return self._resume_locked(kind, name)
+
+    def pause(self, kind: str, name: str, now: float) -> bool:
+        with self._lock:
+            old = self._pauses.get((kind, name))
+            self._pauses[(kind, name)] = (Pause(kind, name, now, 0, None) if old is None
+                                          else dataclasses.replace(old, probe_at=None, probe_job=None))
+            return old is None
 
     # --- operator actions -----------------------------------------------------------------
     def cancel(self, job_id: int, now: float) -> Job | None:

@@ -321,10 +321,12 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
         return n
 
     # --- finish ---------------------------------------------------------------------------
-    def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None) -> Finished:
+    def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None,
+                          pause_cooldown: float | None = None) -> Finished:
         if not outcomes:
             return Finished(0, [])
         paused: list[Pause] = []
+        next_probe = None
         cols: tuple[list, ...] = ([], [], [], [], [], [])
         for o in outcomes:
             for col, v in zip(cols, (o.job_id, o.state, o.run_at,
@@ -354,8 +356,11 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
                 " AND (%s::bigint IS NULL OR j.worker_id = %s::bigint) RETURNING j.id, j.key, j.func, o.state)"
                 ", reset AS (DELETE FROM streaks s USING done d WHERE d.state = 'succeeded'"
                 " AND ((s.kind = 'key' AND s.name = d.key) OR (s.kind = 'func' AND s.name = d.func)))"
+                # A probe that succeeded lifts its pause (the breaker closes).
+                ", lifted AS (DELETE FROM pauses p USING done d WHERE d.state = 'succeeded' AND p.probe_job = d.id"
+                " RETURNING 1), woke AS (SELECT pg_notify('queickd', 'r') FROM (SELECT 1 FROM lifted LIMIT 1) x)"
                 + told +
-                " SELECT id, key, func"
+                " SELECT id, key, func, (SELECT count(*) FROM woke)"
                 + (", (SELECT count(*) FROM told)" if inline else "") + " FROM done",
                 (*cols, self.worker_id, self.worker_id)).fetchall()
             if not rows:
@@ -369,16 +374,18 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
             for o in outcomes:
                 if o.job_id not in names or o.state in (State.WAITING_NETWORK, State.SUCCEEDED):
                     continue  # a success's streaks were reset by the statement above
-                failed.append(pz.Finish(o.state, o.error, *names.pop(o.job_id)))
+                failed.append(pz.Finish(o.state, o.error, *names.pop(o.job_id), o.job_id))
             if failed:
                 known = self._lock_streaks(c, sorted({t for f in failed for t in pz.targets(f.key, f.func)}))
-                paused = self._write_pauses(c, pz.plan(failed, now, pause_after, pz.Lookups(known.__getitem__)))
+                p = pz.plan(failed, now, pause_after, pz.Lookups(known.__getitem__, lambda t: self._pause_of(c, t)),
+                            pause_cooldown)
+                paused, next_probe = self._write_pauses(c, p), p.next_probe
             if not inline:
                 kind = "fk:" if any(r[1] is not None for r in rows) else "f:"
                 ids = [r[0] for r in rows]
                 for i in range(0, len(ids), _NOTIFY_IDS):
                     notify(c, kind + ",".join(map(str, ids[i:i + _NOTIFY_IDS])))
-        return Finished(len(rows), paused)
+        return Finished(len(rows), paused, next_probe)
 
     @staticmethod
     def _lock_streaks(c: psycopg.Connection, targets: list[pz.Target]) -> dict[pz.Target, tuple[int, bool]]:
@@ -398,7 +405,8 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
         # The plan read the pauses before its streak row lock was granted: another host may
         # have begun this pause meanwhile. Then it stays as begun there, with our count.
         return c.execute(
-            "INSERT INTO pauses VALUES (%s, %s, %s, %s, %s) ON CONFLICT (kind, name) DO UPDATE"
+            "INSERT INTO pauses (kind, name, paused_at, failures, last_error) VALUES (%s, %s, %s, %s, %s)"
+            " ON CONFLICT (kind, name) DO UPDATE"
             " SET failures = excluded.failures, last_error = excluded.last_error RETURNING (xmax = 0)",
             (*t, at, failures, err)).fetchone()[0]
 

@@ -143,8 +143,17 @@ def _v3(c: sqlite3.Connection) -> None:
     c.execute("DROP TRIGGER IF EXISTS jobs_count_insert")
 
 
+def _v4(c: sqlite3.Connection) -> None:
+    """Pauses are circuit breakers: the next probe time, the trips so far and the job last
+    let through as the probe. A pause of an older file has no probe time: it lasts until
+    resumed, as it did."""
+    _add_column(c, "pauses", "probe_at", "REAL")
+    _add_column(c, "pauses", "trips", "INTEGER NOT NULL DEFAULT 0")
+    _add_column(c, "pauses", "probe_job", "INTEGER")
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

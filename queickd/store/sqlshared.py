@@ -46,12 +46,31 @@ class SharedSql:
         return dbrows.row_to_job(row) if row else None
 
     def pauses(self) -> list[Pause]:
-        rows = self._conn().execute("SELECT * FROM pauses ORDER BY paused_at, kind, name")
+        rows = self._conn().execute(f"SELECT {dbrows.PAUSE_COLS} FROM pauses ORDER BY paused_at, kind, name")
         return [dbrows.row_to_pause(r) for r in rows]
 
     def resume(self, kind: str, name: str) -> bool:
         with self._write() as c:
             return self._resume_in(c, kind, name)
+
+    def pause(self, kind: str, name: str, now: float) -> bool:
+        with self._write() as c:
+            new = c.execute(self._q("SELECT 1 FROM pauses WHERE kind = ? AND name = ?"), (kind, name)).fetchone() is None
+            # By hand: no probe, whether it was paused already by the breaker or not.
+            c.execute(self._q("INSERT INTO pauses (kind, name, paused_at, failures) VALUES (?, ?, ?, 0)"
+                              " ON CONFLICT (kind, name) DO UPDATE SET probe_at = NULL, probe_job = NULL"),
+                      (kind, name, now))
+        return new
+
+    def _pause_of(self, c: Any, t: pz.Target) -> tuple[int, int | None]:
+        """pauses.Lookups.pause: a paused target's trips and probe job."""
+        row = c.execute(self._q("SELECT trips, probe_job FROM pauses WHERE kind = ? AND name = ?"), t).fetchone()
+        return (row[0], row[1]) if row else (0, None)
+
+    def _stamp_probes(self, c: Any, probes: list[tuple[pz.Target, int]]) -> None:
+        """The claim let these jobs through as probes: no other probe until they finish."""
+        self._many(c, "UPDATE pauses SET probe_job = ? WHERE kind = ? AND name = ?",
+                   [(job_id, *t) for t, job_id in probes])
 
     def cron_list(self) -> list[CronRecord]:
         return [dbrows.row_to_cron(r) for r in self._conn().execute("SELECT * FROM crons ORDER BY name")]
@@ -84,6 +103,8 @@ class SharedSql:
             self._many(c, "DELETE FROM streaks WHERE kind = ? AND name = ?", p.reset)
         if p.streaks:
             self._put_streaks(c, [(*t, n, dbrows.dumps(e) if e else None) for t, (n, e) in p.streaks.items()])
+        if p.resumed:  # a probe succeeded
+            self._many(c, "DELETE FROM pauses WHERE kind = ? AND name = ?", p.resumed)
         begun = set()
         for t, (at, n, e) in p.pauses.items():
             err = dbrows.dumps(e) if e else None
@@ -92,11 +113,16 @@ class SharedSql:
                           (n, err, *t))
             elif self._begin_pause(c, t, at, n, err):
                 begun.add(t)
-        return [Pause(*t, p.pauses[t][0], n, e) for t, n, e in p.new if t in begun]  # type: ignore[arg-type]
+        if p.probes:
+            self._many(c, "UPDATE pauses SET probe_at = ?, trips = ?, probe_job = NULL WHERE kind = ? AND name = ?",
+                       [(at, trips, *t) for t, (at, trips) in p.probes.items()])
+        return [Pause(*t, p.pauses[t][0], n, e, *p.probes.get(t, (None, 0)))  # type: ignore[arg-type]
+                for t, n, e in p.new if t in begun]
 
     def _begin_pause(self, c: Any, t: pz.Target, at: float, failures: int, err: str | None) -> bool:
         """Write a pause the plan begins; False if it was there already (see PostgreSQL)."""
-        c.execute(self._q("INSERT INTO pauses VALUES (?, ?, ?, ?, ?)"), (*t, at, failures, err))
+        c.execute(self._q("INSERT INTO pauses (kind, name, paused_at, failures, last_error) VALUES (?, ?, ?, ?, ?)"),
+                  (*t, at, failures, err))
         return True
 
     def _put_streaks(self, c: Any, rows: list[tuple]) -> None:

@@ -157,6 +157,11 @@ class Metrics:
                [({"kind": "job"}, counts.get(State.DEAD, 0)), ({"kind": "event"}, ev.get("dead", 0))])
         family("queickd_paused", "gauge", "Keys and functions paused after repeated failures.",
                [({"kind": p["kind"], "name": p["name"]}, 1) for p in stats["paused"]])
+        family("queickd_pause_next_probe_timestamp_seconds", "gauge",
+               "When a paused key or function lets its next probe job through (unix time; "
+               "absent for a pause by hand, which lasts until resumed).",
+               [({"kind": p["kind"], "name": p["name"]}, p["probe_at"]) for p in stats["paused"]
+                if p.get("probe_at") is not None])
         sch = stats["scheduler"]
         family("queickd_scheduler_up", "gauge", "1 while the scheduler thread runs.",
                [({}, 1 if sch["alive"] else 0)])

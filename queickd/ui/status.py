@@ -51,3 +51,14 @@ def ago(now: float, t: float | None, sep: str = " ") -> str:
     if s < 172800:
         return f"{s / 3600:.1f}{sep}h"
     return f"{s / 86400:.1f}{sep}d"
+
+
+def probe_text(p: dict[str, Any], now: float) -> str:
+    """What a pause (a `stats` pause dict) waits for: its next probe, its probe running, or
+    a resume by hand."""
+    at = p.get("probe_at")
+    if at is None:
+        return " (until resumed)"
+    if p.get("probe_job") is not None and at <= now:
+        return f" (probe job {p['probe_job']} running)"
+    return f" (next probe {'now' if at <= now else 'in ' + ago(at, now, sep='')})"

@@ -10,7 +10,7 @@ from html import escape
 from typing import TYPE_CHECKING, Any
 
 from ..services.fleet import unserved
-from .status import ago
+from .status import ago, probe_text
 
 if TYPE_CHECKING:
     from ..api.service import QueueService
@@ -127,9 +127,10 @@ def render(s: dict[str, Any]) -> str:
                   [[k["key"], k["waiting"], ago(now, k["oldest_run_at"]) + " ago"
                     if k["oldest_run_at"] <= now else "in " + ago(k["oldest_run_at"], now)]
                    for k in s["waiting_by_key"]], "no jobs waiting on a key")
-    paused = _table(["kind", "name", "since", "failures", "last error"],
+    paused = _table(["kind", "name", "since", "failures", "last error", "next probe"],
                     [[p["kind"], p["name"], _when(p["paused_at"]), p["failures"],
-                      f"{(p.get('last_error') or {}).get('type')}: {(p.get('last_error') or {}).get('message')}"]
+                      f"{(p.get('last_error') or {}).get('type')}: {(p.get('last_error') or {}).get('message')}",
+                      probe_text(p, now).strip(" ()")]
                      for p in s["paused"]], "nothing paused")
     running = _table(["job", "function", "key", "running for"],
                      [[j["id"], j["func"], j["key"] or "", ago(now, j["started_at"])] for j in s.get("running", [])],

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..services.fleet import unserved
-from .status import ago
+from .status import ago, probe_text
 
 
 def _terse_ago(now: float, t: float | None) -> str:
@@ -86,7 +86,7 @@ def lines(s: dict[str, Any], width: int = 100) -> list[str]:
         for p in s["paused"]:
             err = p.get("last_error") or {}
             out.append(f"PAUSED {p['kind']} {p['name']} {_terse_ago(now, p['paused_at'])} ago after "
-                       f"{p['failures']} failures: {err.get('type')}: {err.get('message')}")
+                       f"{p['failures']} failures: {err.get('type')}: {err.get('message')}{probe_text(p, now)}")
     if s.get("running"):
         out.append("")
         out.append(f"{'RUNNING':>8}  {'FOR':>6}  FUNC [KEY]")
@@ -132,3 +132,4 @@ def top(fetch: Callable[[], dict[str, Any]], interval: float = 1.0) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+

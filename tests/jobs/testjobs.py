@@ -93,3 +93,12 @@ def span(path, token, hold=0.02):
     time.sleep(hold)
     with open(path, "a", encoding="utf-8") as f:
         f.write(f"{token} {os.getpid()} {start!r} {time.time()!r}\n")
+
+
+def fail_while(path):
+    """Fails while `path` exists: an outage that ends when the test removes the file."""
+    import os
+
+    if os.path.exists(path):
+        raise ConnectionError(f"{path} says the service is down")
+    return "up"
