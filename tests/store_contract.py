@@ -221,6 +221,39 @@ class StoreContract:
         assert [j.id for j in store.list_jobs(None, 10)] == [s.job_id for s in reversed(subs)]
         assert [j.id for j in store.list_jobs(State.QUEUED, 1)] == [subs[1].job_id]
 
+    def test_list_jobs_filters_by_function_key_and_pool(self, store):
+        a, b, c, d = store.submit([job(func="m:g", key="k"), job(key="k", pool="gpu"), job(pool="gpu"),
+                                   job(func="m:g", run_at=T0 + 9)], T0)
+        ids = lambda **f: [j.id for j in store.list_jobs(None, 10, **f)]  # noqa: E731
+        assert ids(func="m:g") == [d.job_id, a.job_id]
+        assert ids(key="k") == [b.job_id, a.job_id]
+        assert ids(pool="gpu") == [c.job_id, b.job_id]
+        assert ids(func="m:f", key="k", pool="gpu") == [b.job_id]
+        assert [j.id for j in store.list_jobs(State.QUEUED, 10, func="m:g")] == [a.job_id]
+
+    # --- operator cancels -------------------------------------------------------------------
+    def test_cancel_running_cancels_at_once_and_its_late_outcome_changes_nothing(self, store):
+        store.submit([job(key="k"), job(key="k")], T0)
+        (running,) = store.claim_available(5, T0)
+        cancelled = store.cancel_running(running.id, T0 + 1)
+        assert (cancelled.state, cancelled.finished_at) == (State.CANCELLED, T0 + 1)
+        assert store.finish_if_running([Outcome.succeeded(running.id, 1)], T0 + 2).changed == 0
+        assert store.get(running.id).state == State.CANCELLED
+        assert len(store.claim_available(5, T0 + 2)) == 1  # its key is free
+
+    def test_cancel_running_leaves_a_job_that_is_not_running(self, store):
+        (s,) = store.submit([job()], T0)
+        assert store.cancel_running(s.job_id, T0).state == State.QUEUED
+        assert store.cancel_running(987_654, T0) is None
+
+    def test_cancel_waiting_cancels_the_matching_jobs_of_one_state(self, store):
+        a, b, c, d = store.submit([job(func="m:g"), job(func="m:g", pool="gpu"), job(), job(func="m:g", run_at=T0 + 9)],
+                                  T0)
+        assert sorted(store.cancel_waiting(State.QUEUED, T0, func="m:g")) == [a.job_id, b.job_id]
+        assert [store.get(i).state for i in (a.job_id, b.job_id, c.job_id, d.job_id)] == [
+            State.CANCELLED, State.CANCELLED, State.QUEUED, State.SCHEDULED]
+        assert store.counts()[State.CANCELLED] == 2 and store.counts()[State.QUEUED] == 1
+
     def test_counts_cover_every_state(self, store):
         store.submit([job(), job(run_at=T0 + 5)], T0)
         counts = store.counts()

@@ -78,6 +78,8 @@ class WorkerPool:
         self._dispatch_lock = threading.Lock()  # one pass at a time, whichever thread runs it
         self._unapplied: list[Outcome] = []  # outcomes taken but not yet stored
         self._stopping = False
+        self._draining = False  # an operator's drain: claim nothing, let running jobs end
+        self._drained = threading.Event()  # set while draining and nothing runs
         self._idle = threading.Event()  # set when stopping and nothing is running
         self._thread: threading.Thread | None = None
         # Claimed jobs for the worker threads; None tells one thread to exit. Plain threads
@@ -114,6 +116,25 @@ class WorkerPool:
         """Claim nothing more from now on; running jobs go on. Idempotent."""
         self._stopping = True
         self._wake.set()
+
+    def drain(self, on: bool = True) -> None:
+        """Stop claiming (on) or claim again (off); running jobs go on either way."""
+        self._draining = on
+        if not on:
+            self._drained.clear()
+        self._wake.set()  # the dispatcher's pass sees the pool idle (or claims again)
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def wait_drained(self, timeout: float) -> bool:
+        """While draining: wait up to `timeout` s for no job to run here. True once idle."""
+        return self._draining and self._drained.wait(timeout)
+
+    def cancel_running(self, job_id: int) -> None:
+        """Pass an operator's cancel of a running job on to the runner (see Runner.cancel)."""
+        self.runner.cancel(job_id)
 
     def stop(self, timeout: float) -> bool:
         """Stop claiming; wait up to `timeout` s for running jobs. True if all finished.
@@ -192,7 +213,7 @@ class WorkerPool:
                 report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after,
                                                       self._pause_cooldown)
             free = self.workers - self._busy + len(unapplied)
-            if free > 0 and not self._stopping:
+            if free > 0 and not self._stopping and not self._draining:
                 claimed = self.store.claim_available(free, self._clock(), self._network_up(),
                                                      pools=self.pools)
         if unapplied:
@@ -204,6 +225,8 @@ class WorkerPool:
             self._runq.put(job)
         if claimed:
             self._on_claimed(claimed)
+        if self._draining and self._busy == 0:
+            self._drained.set()
         if self._stopping and self._busy == 0:
             self._idle.set()
             return True

@@ -303,8 +303,29 @@ class Store(Protocol):
     # --- inspect ----------------------------------------------------------------------
     def get(self, job_id: int) -> Job | None: ...
 
-    def list_jobs(self, state: str | None, limit: int) -> list[Job]:
-        """Jobs, newest first, optionally of one state."""
+    def list_jobs(self, state: str | None, limit: int, *, func: str | None = None, key: str | None = None,
+                  pool: str | None = None) -> list[Job]:
+        """Jobs, newest first, optionally of one state, function, serial key and pool (each
+        filter given narrows the list)."""
+        ...
+
+    def cancel_running(self, job_id: int, now: float) -> Job | None:
+        """An operator's cancel of a running job: `cancelled` at once (finished_at = now),
+        so the outcome its run reports later changes nothing (finish_if_running applies
+        only to running jobs). Its key is free at once. Returns the job as it is after
+        (still in its state if it was not running); None if there is no such job."""
+        ...
+
+    def cancel_waiting(self, state: str, now: float, *, func: str | None = None, key: str | None = None,
+                       pool: str | None = None) -> list[int]:
+        """Cancel every job in `state` (scheduled, queued or waiting_network) matching the
+        filters given, in one transaction. Returns their ids."""
+        ...
+
+    def pause(self, kind: str, name: str, now: float) -> bool:
+        """An operator's pause of a key, function or pool ("key", "func", "pool"): no probe,
+        it lasts until resume(); over a breaker's pause, it takes its probe away. True if
+        it was not paused before."""
         ...
 
     def counts(self) -> dict[str, int]:

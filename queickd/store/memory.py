@@ -369,10 +369,29 @@ class MemoryStore(StoreBase):
         with self._lock:
             return self._jobs.get(job_id)
 
-    def list_jobs(self, state: str | None, limit: int) -> list[Job]:
+    def list_jobs(self, state: str | None, limit: int, *, func: str | None = None, key: str | None = None,
+                  pool: str | None = None) -> list[Job]:
         with self._lock:
-            jobs = (j for j in reversed(self._jobs.values()) if state is None or j.state == state)
+            jobs = (j for j in reversed(self._jobs.values()) if _matches(j, state, func, key, pool))
             return list(itertools.islice(jobs, limit))
+
+    def cancel_running(self, job_id: int, now: float) -> Job | None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is not None and job.state == State.RUNNING:
+                job = dataclasses.replace(job, state=State.CANCELLED, finished_at=now)
+                self._put(job)
+            return job
+
+    def cancel_waiting(self, state: str, now: float, *, func: str | None = None, key: str | None = None,
+                       pool: str | None = None) -> list[int]:
+        if state not in _WAITING:
+            raise ValueError(f"only waiting jobs are cancelled this way, not {state!r}")
+        with self._lock:
+            hit = [j for j in self._jobs.values() if _matches(j, state, func, key, pool)]
+            for j in hit:
+                self._put(dataclasses.replace(j, state=State.CANCELLED, finished_at=now))
+            return [j.id for j in hit]
 
     def counts(self) -> dict[str, int]:
         with self._lock:
@@ -532,3 +551,8 @@ class MemoryStore(StoreBase):
 
     def close(self) -> None:
         pass
+
+
+def _matches(j: Job, state: str | None, func: str | None, key: str | None, pool: str | None) -> bool:
+    return ((state is None or j.state == state) and (func is None or j.func == func)
+            and (key is None or j.key == key) and (pool is None or j.pool == pool))

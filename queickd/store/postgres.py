@@ -57,7 +57,7 @@ from .base import (
 )
 from .pgregistry import ALIVE, CHANNEL, FleetRecords, notify
 from .pools import set_pool_sql
-from .sqlshared import SharedSql
+from .sqlshared import SharedSql, filters
 
 _SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
 _COUNT_TTL = 1.0  # seconds an exact count of waiting jobs stands in, far below the cap
@@ -445,6 +445,9 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
                 notify(c, "q:" + pool)
         return n
 
+    def _released(self, c: psycopg.Connection) -> None:
+        notify(c, "r")
+
     # --- pauses ---------------------------------------------------------------------------
     def _resume_in(self, c: psycopg.Connection, kind: str, name: str) -> bool:
         c.execute("DELETE FROM streaks WHERE kind = %s AND name = %s", (kind, name))
@@ -495,14 +498,19 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
         return n
 
     # --- inspect --------------------------------------------------------------------------
-    def list_jobs(self, state: str | None, limit: int) -> list[Job]:
+    def list_jobs(self, state: str | None, limit: int, *, func: str | None = None, key: str | None = None,
+                  pool: str | None = None) -> list[Job]:
+        extra, fparams = filters(func, key, pool)
+        extra = self._q(extra)
         if state is None:
-            rows = self._conn().execute(f"SELECT {dbrows.JOB_COLS} FROM jobs ORDER BY id DESC LIMIT %s", (limit,))
+            rows = self._conn().execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE true{extra} ORDER BY id DESC"
+                                        " LIMIT %s", (*fparams, limit))
         else:
             if state not in State.ALL:
                 raise ValueError(f"unknown state {state!r}")
             rows = self._conn().execute(
-                f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE state = %s ORDER BY id DESC LIMIT %s", (state, limit))
+                f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE state = %s{extra} ORDER BY id DESC LIMIT %s",
+                (state, *fparams, limit))
         return [dbrows.row_to_job(r) for r in rows]
 
     def counts(self) -> dict[str, int]:

@@ -31,7 +31,7 @@ from .base import (
 from .pools import set_pool_sql
 from .sqlite_conn import SQLiteFile, insert_rows
 from .sqlite_schema import SCHEMA_VERSION, SchemaTooNewError
-from .sqlshared import STREAK, SharedSql
+from .sqlshared import STREAK, SharedSql, filters
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore", "SchemaTooNewError"]
 
@@ -276,7 +276,15 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
         return n
 
     # --- inspect --------------------------------------------------------------------------
-    def list_jobs(self, state: str | None, limit: int) -> list[Job]:
+    def list_jobs(self, state: str | None, limit: int, *, func: str | None = None, key: str | None = None,
+                  pool: str | None = None) -> list[Job]:
+        if func is not None or key is not None or pool is not None:
+            if state is not None and state not in State.ALL:
+                raise ValueError(f"unknown state {state!r}")
+            extra, fparams = filters(func, key, pool)
+            where = ("1" if state is None else f"state = '{state}'") + extra
+            sql = f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE {where} ORDER BY id DESC LIMIT ?"
+            return [dbrows.row_to_job(r) for r in self._conn().execute(sql, (*fparams, limit))]
         if state is None:
             sql, params = f"SELECT {dbrows.JOB_COLS} FROM jobs ORDER BY id DESC LIMIT ?", (limit,)
         else:

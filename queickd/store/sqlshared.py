@@ -25,6 +25,15 @@ STREAK = ("SELECT coalesce((SELECT failures FROM streaks WHERE kind = ? AND name
           " EXISTS (SELECT 1 FROM pauses WHERE kind = ? AND name = ?)")
 
 
+_WAITING = ("scheduled", "queued", "waiting_network")
+
+
+def filters(func: str | None, key: str | None, pool: str | None) -> tuple[str, tuple]:
+    """' AND ...' conditions (with ? marks) for list_jobs' and cancel_waiting's filters."""
+    given = [(c, v) for c, v in (("func", func), ("key", key), ("pool", pool)) if v is not None]
+    return "".join(f" AND {c} = ?" for c, _ in given), tuple(v for _, v in given)
+
+
 @functools.cache
 def _marked(sql: str, mark: str) -> str:
     return sql if mark == "?" else sql.replace("?", mark)
@@ -52,6 +61,32 @@ class SharedSql:
     def resume(self, kind: str, name: str) -> bool:
         with self._write() as c:
             return self._resume_in(c, kind, name)
+
+    def cancel_running(self, job_id: int, now: float) -> Job | None:
+        with self._write() as c:
+            # Its key is free at once: wake the claimers (PostgreSQL notifies, see _released).
+            if c.execute(self._q(f"UPDATE jobs SET state = 'cancelled', finished_at = ?{self._RELEASE}"
+                                 " WHERE id = ? AND state = 'running'"), (now, job_id)).rowcount:
+                self._released(c)
+            row = c.execute(self._q(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = ?"), (job_id,)).fetchone()
+        return dbrows.row_to_job(row) if row else None
+
+    def cancel_waiting(self, state: str, now: float, *, func: str | None = None, key: str | None = None,
+                       pool: str | None = None) -> list[int]:
+        if state not in _WAITING:
+            raise ValueError(f"only waiting jobs are cancelled this way, not {state!r}")
+        extra, params = filters(func, key, pool)
+        with self._write() as c:
+            # The state is inlined (one of the fixed names): SQLite's partial indexes need the literal.
+            ids = [r[0] for r in c.execute(self._q(
+                f"UPDATE jobs SET state = 'cancelled', finished_at = ? WHERE state = '{state}'{extra} RETURNING id"),
+                (now, *params)).fetchall()]
+            if ids:  # a key whose head went may start its next job
+                self._released(c)
+        return ids
+
+    def _released(self, c: Any) -> None:
+        """A job left `running` outside a finish: PostgreSQL tells the other claimers."""
 
     def pause(self, kind: str, name: str, now: float) -> bool:
         with self._write() as c:
