@@ -135,11 +135,15 @@ class Daemon:
         self._wakeup_w: int | None = None
         self.fleet: FleetMember | None = None  # with a shared store: registry, heartbeats, LISTEN
         self.exit_status = 0
+        # Called in order on SIGHUP (reload()), on the main thread: the loader's re-import
+        # first; other parts that hold job code (a runner's zygote) add theirs.
+        self.on_reload: list[Callable[[], None]] = []
 
     def start(self) -> None:
         c = self.config
         token = c.read_token()
-        loader = FunctionLoader(c.app_dir, c.allow)
+        self.loader = loader = FunctionLoader(c.app_dir, c.allow)
+        self.on_reload.insert(0, loader.reload)
         hooks = parse_hooks(c.hooks)
         for hook in hooks.values():
             try:
@@ -266,6 +270,16 @@ class Daemon:
             self.scheduler.wake_at(min(retries))
         self.service.waiters.notify([o.job_id for o in outcomes])
 
+    def reload(self) -> None:
+        """SIGHUP (`systemctl reload queickd`): run the on_reload callbacks; one that fails is
+        logged and the others still run. Jobs running now finish with the code they have."""
+        log.info("SIGHUP: reloading job code")
+        for cb in list(self.on_reload):
+            try:
+                cb()
+            except Exception:
+                log.exception("reload: %s failed; going on", getattr(cb, "__qualname__", cb))
+
     def request_stop(self, *_: object) -> None:
         """Ask run_forever() to stop, from any thread."""
         self._stop.set()
@@ -314,7 +328,7 @@ class Daemon:
         os.set_blocking(w, False)
         self._wakeup_w = w
         signal.set_wakeup_fd(w)
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: None)  # the byte in the pipe is what counts
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where is it stuck?
         self.start()
@@ -324,5 +338,7 @@ class Daemon:
             received = os.read(r, 64)
             if signal.SIGTERM in received or signal.SIGINT in received:
                 self._stop.set()
+            elif signal.SIGHUP in received:
+                self.reload()
         sdnotify.notify("STOPPING=1")
         return self.stop()

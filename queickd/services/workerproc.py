@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .. import __version__
@@ -86,7 +87,7 @@ def run(config: WorkerConfig) -> int:
         pool.wake()
         log.info("queickd %s worker serving pool(s) %s with %d workers (heartbeat %.1f s, pid %d)",
                  __version__, ",".join(config.pool), config.workers, config.heartbeat, os.getpid())
-        _wait_for_signal(stop)
+        _wait_for_signal(stop, on_hup=loader.reload)
         pool.stop_claiming()
         log.info("stopping: no new claims; waiting up to %.0f s for running jobs", config.stop_timeout)
         finished = pool.stop(config.stop_timeout)
@@ -97,13 +98,14 @@ def run(config: WorkerConfig) -> int:
         store.close()
 
 
-def _wait_for_signal(stop: threading.Event) -> None:
-    """Block until SIGTERM/SIGINT or `stop` is set. The main thread reads a pipe that the
-    C-level signal handler writes to, so a signal delivered to any thread is seen at once."""
+def _wait_for_signal(stop: threading.Event, on_hup: Callable[[], object] = lambda: None) -> None:
+    """Block until SIGTERM/SIGINT or `stop` is set; on SIGHUP call `on_hup` (reload the job
+    code). The main thread reads a pipe that the C-level signal handler writes to, so a
+    signal delivered to any thread is seen at once."""
     r, w = os.pipe()
     os.set_blocking(w, False)
     signal.set_wakeup_fd(w)
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)
 
     def relay() -> None:
@@ -118,3 +120,5 @@ def _wait_for_signal(stop: threading.Event) -> None:
         data = os.read(r, 64)
         if signal.SIGTERM in data or signal.SIGINT in data:
             stop.set()
+        elif signal.SIGHUP in data:
+            on_hup()
