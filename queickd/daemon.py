@@ -40,7 +40,7 @@ from .services.retention import Retention
 from .services.scheduler import Scheduler
 from .services.worker import DEFAULT_SWEEP, DEFAULT_WORKERS, WorkerPool
 from .store import DEFAULT_URL, Store, open_store
-from .store.base import EventState, FleetStore
+from .store.base import EventState, FleetStore, Minute
 from .ui.metrics import Metrics
 
 log = logging.getLogger("queickd.daemon")
@@ -249,7 +249,11 @@ class Daemon:
     def _on_sweep(self) -> None:
         self.retention.prune()
         counts = self.store.counts()  # type: ignore[union-attr]
-        self.metrics.sample_depth(sum(counts[s] for s in State.PENDING))
+        depth = sum(counts[s] for s in State.PENDING)
+        self.metrics.sample_depth(depth)
+        # The depth kept in the store too, with the runs: the chart survives a restart.
+        self.store.add_minute(Minute(int(self.clock() // 60), self.pool.member, 0, 0, 0.0, depth))  # type: ignore[union-attr]
+        self.pool.flush_counts()
         self.parking.on_sweep()
         nxt = self._probes_due(self.clock())  # pauses begun by other hosts of a shared store
         if nxt is not None:

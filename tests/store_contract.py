@@ -231,6 +231,32 @@ class StoreContract:
         assert ids(func="m:f", key="k", pool="gpu") == [b.job_id]
         assert [j.id for j in store.list_jobs(State.QUEUED, 10, func="m:g")] == [a.job_id]
 
+    # --- per-minute counters ----------------------------------------------------------------
+    def test_add_minute_adds_counts_per_minute_and_member(self, store):
+        from queickd.store.base import Minute
+
+        store.add_minute(Minute(100, "a:1", 2, 1, 0.5))
+        store.add_minute(Minute(100, "a:1", 1, 0, 0.25, depth=7))
+        store.add_minute(Minute(100, "b:2", 0, 3, 1.0))
+        store.add_minute(Minute(101, "a:1", 0, 0, 0.0, depth=4))
+        assert store.minutes(100) == [Minute(100, "a:1", 3, 1, 0.75, 7), Minute(100, "b:2", 0, 3, 1.0, None),
+                                      Minute(101, "a:1", 0, 0, 0.0, 4)]
+        assert store.minutes(101) == [Minute(101, "a:1", 0, 0, 0.0, 4)]
+
+    def test_a_minute_without_a_depth_keeps_the_depth_sampled(self, store):
+        from queickd.store.base import Minute
+
+        store.add_minute(Minute(100, "a:1", 0, 0, 0.0, depth=7))
+        store.add_minute(Minute(100, "a:1", 1, 0, 0.5))
+        assert store.minutes(0)[0].depth == 7
+
+    def test_prune_minutes_deletes_the_older_rows(self, store):
+        from queickd.store.base import Minute
+
+        for minute in (98, 99, 100):
+            store.add_minute(Minute(minute, "a:1", 1, 0, 0.1))
+        assert store.prune_minutes(100) == 2 and [m.minute for m in store.minutes(0)] == [100]
+
     # --- operator cancels -------------------------------------------------------------------
     def test_cancel_running_cancels_at_once_and_its_late_outcome_changes_nothing(self, store):
         store.submit([job(key="k"), job(key="k")], T0)

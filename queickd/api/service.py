@@ -313,8 +313,10 @@ class QueueService:
             "network": self.network.snapshot() if self.network is not None else None,
         }
         reply.update(self._fleet_stats(reply["counts"]))
+        minutes = self.store.minutes(status.first_minute(now))  # whoever ran them: the fleet's
+        reply["last_hour"] = status.last_hour(minutes)
         if req.get("detail"):  # running jobs, dead letters, oldest waits, the last hour
-            reply.update(status.detail(self.store, self.metrics, now, reply["counts"]))
+            reply.update(status.detail(self.store, self.metrics, now, reply["counts"], minutes))
         return reply
 
     def _fleet_stats(self, counts: dict[str, int]) -> dict[str, Any]:

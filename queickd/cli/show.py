@@ -61,6 +61,12 @@ def print_stats(s: dict[str, Any]) -> None:
               f"{net['restarts']} restarts), probing {net['target']}")
         if net.get("error"):
             print(f"network checker error: {net['error']}")
+    hour = s.get("last_hour")
+    if hour is not None:  # from the store: every daemon and worker of the fleet
+        runs = hour["completed"] + hour["failed"]
+        print(f"last hour: {runs} runs, {hour['failed']} failed, {hour['seconds']:.1f} s of work"
+              + "".join(f"   {m['member']} {m['completed'] + m['failed']}/{m['failed']} failed/{m['seconds']:.1f} s"
+                        for m in hour["members"]))
     print("jobs: " + "  ".join(f"{k} {v}" for k, v in s["counts"].items()))
     ev = s["events"]
     print(f"events: pending {ev['pending']}  dead {ev['dead']}   refused requests {s['refused']}"

@@ -72,6 +72,20 @@ class Pause:
 
 
 @dataclass(frozen=True, slots=True)
+class Minute:
+    """One member's (a daemon's or worker's, "host:pid") runs in one minute (unix time // 60):
+    runs that succeeded, runs that did not, their seconds in all, and the waiting jobs it
+    last sampled then (None: it sampled none)."""
+
+    minute: int
+    member: str
+    completed: int
+    failed: int
+    seconds: float
+    depth: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     """What finish_if_running did: jobs changed, and pauses it started."""
 
@@ -334,6 +348,20 @@ class Store(Protocol):
 
     def prune_finished(self, finished_before: float, limit: int) -> int:
         """Delete up to `limit` succeeded or cancelled jobs finished before the time."""
+        ...
+
+    # --- per-minute counters (the history and the fleet's counts) ------------------------
+    def add_minute(self, m: Minute) -> None:
+        """Add a member's counts to its row of that minute (made if new); a depth given
+        replaces the row's. Joins an enclosing batch (the pool writes it with a finish)."""
+        ...
+
+    def minutes(self, since: int) -> list[Minute]:
+        """Every member's rows from minute `since` on, by minute then member."""
+        ...
+
+    def prune_minutes(self, before: int) -> int:
+        """Delete the rows of minutes before `before`; returns how many."""
         ...
 
     def waiting_by_key(self, limit: int) -> list[tuple[str, int, float]]:

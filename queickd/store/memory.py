@@ -24,6 +24,7 @@ from .base import (
     EventAccepted,
     EventState,
     Finished,
+    Minute,
     NewEvent,
     Pause,
     Recovered,
@@ -53,6 +54,7 @@ class MemoryStore(StoreBase):
         self._streaks: dict[tuple[str, str], tuple[int, dict | None]] = UndoDict(self._journal)
         self._pauses: dict[tuple[str, str], Pause] = UndoDict(self._journal)
         self._events: dict[str, tuple[Event, NewJob]] = UndoDict(self._journal)
+        self._minutes: dict[tuple[int, str], Minute] = UndoDict(self._journal)
         self._in_batch = False
         # Kept up to date by _put/_drop so admission and stats never scan every job.
         self._by_state: dict[str, int] = dict.fromkeys(State.ALL, 0)
@@ -293,6 +295,26 @@ class MemoryStore(StoreBase):
                 self._put(dataclasses.replace(self._jobs[job_id], state=State.DEAD, error=dict(orphans.ERROR),
                                               finished_at=now))
         return Recovered(p.requeue, p.dead)
+
+    # --- per-minute counters ---------------------------------------------------------------
+    def add_minute(self, m: Minute) -> None:
+        with self._lock:
+            old = self._minutes.get((m.minute, m.member))
+            if old is not None:
+                m = Minute(m.minute, m.member, old.completed + m.completed, old.failed + m.failed,
+                           old.seconds + m.seconds, old.depth if m.depth is None else m.depth)
+            self._minutes[(m.minute, m.member)] = m
+
+    def minutes(self, since: int) -> list[Minute]:
+        with self._lock:
+            return [self._minutes[k] for k in sorted(self._minutes) if k[0] >= since]
+
+    def prune_minutes(self, before: int) -> int:
+        with self._lock:
+            old = [k for k in self._minutes if k[0] < before]
+            for k in old:
+                del self._minutes[k]
+            return len(old)
 
     # --- pauses ---------------------------------------------------------------------------
     def pauses(self) -> list[Pause]:

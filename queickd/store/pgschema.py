@@ -222,6 +222,15 @@ MIGRATIONS: list[str] = [
     END
     $$;
     """,
+    # 3: per-minute counters of runs (and the sampled queue depth), per daemon or worker
+    # ("host:pid"), written with each member's finishes: the fleet's counts and the status
+    # page's history come from here, whoever ran the jobs. Pruned after a day.
+    """
+    CREATE TABLE IF NOT EXISTS minutes (
+        minute bigint NOT NULL, member text NOT NULL, completed integer NOT NULL, failed integer NOT NULL,
+        seconds double precision NOT NULL, depth integer, PRIMARY KEY (minute, member)
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

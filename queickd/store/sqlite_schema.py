@@ -152,8 +152,17 @@ def _v4(c: sqlite3.Connection) -> None:
     _add_column(c, "pauses", "probe_job", "INTEGER")
 
 
+def _v5(c: sqlite3.Connection) -> None:
+    """Per-minute counters of runs (and the sampled queue depth), per daemon or worker: the
+    status page's chart and the last hour's counts survive a restart. Kept for a day (the
+    retention sweep prunes them), so the table stays small."""
+    c.execute("CREATE TABLE IF NOT EXISTS minutes (minute INTEGER NOT NULL, member TEXT NOT NULL,"
+              " completed INTEGER NOT NULL, failed INTEGER NOT NULL, seconds REAL NOT NULL, depth INTEGER,"
+              " PRIMARY KEY (minute, member)) WITHOUT ROWID")
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

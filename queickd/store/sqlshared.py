@@ -18,7 +18,7 @@ from ..core.policy import admission as adm
 from ..core.policy import crons, orphans, outbox
 from ..core.policy import pauses as pz
 from . import rows as dbrows
-from .base import CronFire, CronRecord, Event, EventAccepted, EventState, Pause
+from .base import CronFire, CronRecord, Event, EventAccepted, EventState, Minute, Pause
 
 # A target's streak and whether it is paused (pauses.Lookups), in one statement.
 STREAK = ("SELECT coalesce((SELECT failures FROM streaks WHERE kind = ? AND name = ?), 0),"
@@ -106,6 +106,24 @@ class SharedSql:
         """The claim let these jobs through as probes: no other probe until they finish."""
         self._many(c, "UPDATE pauses SET probe_job = ? WHERE kind = ? AND name = ?",
                    [(job_id, *t) for t, job_id in probes])
+
+    # --- per-minute counters ---------------------------------------------------------------
+    def add_minute(self, m: Minute) -> None:
+        with self._write() as c:
+            c.execute(self._q("INSERT INTO minutes VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (minute, member) DO UPDATE"
+                              " SET completed = minutes.completed + excluded.completed,"
+                              " failed = minutes.failed + excluded.failed, seconds = minutes.seconds + excluded.seconds,"
+                              " depth = coalesce(excluded.depth, minutes.depth)"),
+                      (m.minute, m.member, m.completed, m.failed, m.seconds, m.depth))
+
+    def minutes(self, since: int) -> list[Minute]:
+        rows = self._conn().execute(self._q("SELECT minute, member, completed, failed, seconds, depth FROM minutes"
+                                            " WHERE minute >= ? ORDER BY minute, member"), (since,)).fetchall()
+        return [Minute(*r) for r in rows]
+
+    def prune_minutes(self, before: int) -> int:
+        with self._write() as c:
+            return c.execute(self._q("DELETE FROM minutes WHERE minute < ?"), (before,)).rowcount
 
     def cron_list(self) -> list[CronRecord]:
         return [dbrows.row_to_cron(r) for r in self._conn().execute("SELECT * FROM crons ORDER BY name")]

@@ -8,15 +8,62 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.job import State
-from ..store.base import EventState, Store
-from .metrics import Metrics
+from ..store.base import EventState, Minute, Store
+from .metrics import HISTORY_MINUTES, Metrics
 
 DEAD_SHOWN = 10
 RUNNING_SHOWN = 20
 
 
-def detail(store: Store, metrics: Metrics | None, now: float, counts: dict[str, int]) -> dict[str, Any]:
-    """The extra fields of `stats` with detail=true; `counts` is the reply's jobs by state.
+def first_minute(now: float) -> int:
+    """The first minute (unix time // 60) of the last hour's history."""
+    return int(now // 60) - HISTORY_MINUTES + 1
+
+
+def last_hour(minutes: list[Minute]) -> dict[str, Any]:
+    """The last hour's runs from the store's per-minute counts: the fleet's (every daemon and
+    worker that ran jobs), and each member's beside them."""
+    per: dict[str, list] = {}
+    for m in minutes:
+        c = per.setdefault(m.member, [0, 0, 0.0])
+        c[0] += m.completed
+        c[1] += m.failed
+        c[2] += m.seconds
+    members = [{"member": k, "completed": c[0], "failed": c[1], "seconds": round(c[2], 3)}
+               for k, c in sorted(per.items()) if c[0] or c[1]]
+    return {"completed": sum(m["completed"] for m in members), "failed": sum(m["failed"] for m in members),
+            "seconds": round(sum(m["seconds"] for m in members), 3), "members": members}
+
+
+def history(now: float, minutes: list[Minute], mine: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per minute of the last hour, oldest first: runs and the sampled queue depth
+    from the store (they survive a restart, and count every member of a fleet), enqueued
+    and this process's latest depth sample from its own metrics (`mine`, Metrics.history)."""
+    first = first_minute(now)
+    runs: dict[int, list] = {}
+    for m in minutes:
+        r = runs.setdefault(m.minute, [0, 0, None])
+        r[0] += m.completed
+        r[1] += m.failed
+        if m.depth is not None:
+            r[2] = m.depth if r[2] is None else max(r[2], m.depth)
+    own = {int(h["t"] // 60): h for h in mine}
+    out, depth = [], None
+    for minute in range(first, first + HISTORY_MINUTES):
+        r, h = runs.get(minute), own.get(minute)
+        # The store's sample (every daemon's), else this process's own (carried forward).
+        sampled = r[2] if r is not None and r[2] is not None else (h["depth"] if h is not None else None)
+        if sampled is not None:
+            depth = sampled
+        out.append({"t": minute * 60, "enqueued": h["enqueued"] if h else 0, "completed": r[0] if r else 0,
+                    "failed": r[1] if r else 0, "depth": depth})
+    return out
+
+
+def detail(store: Store, metrics: Metrics | None, now: float, counts: dict[str, int],
+           minutes: list[Minute] | None = None) -> dict[str, Any]:
+    """The extra fields of `stats` with detail=true; `counts` is the reply's jobs by state,
+    `minutes` the store's per-minute counts of the last hour (read here if not given).
     Takes the parts it reads, not the service, so the service may import it."""
     running = store.list_jobs(State.RUNNING, RUNNING_SHOWN)
     dead = store.list_jobs(State.DEAD, DEAD_SHOWN)
@@ -32,9 +79,13 @@ def detail(store: Store, metrics: Metrics | None, now: float, counts: dict[str, 
         "dead_events": [e.to_dict() for e in store.list_events(EventState.DEAD, DEAD_SHOWN)],
         "history": [],
     }
+    mine: list[dict[str, Any]] = []
     if metrics is not None:
         metrics.sample_depth(sum(counts.get(s, 0) for s in State.PENDING))
-        out["history"] = metrics.history()
+        mine = metrics.history()
+    if minutes is None:
+        minutes = store.minutes(first_minute(now))
+    out["history"] = history(now, minutes, mine)
     return out
 
 

@@ -61,6 +61,7 @@ def lines(s: dict[str, Any], width: int = 100) -> list[str]:
                    f"({sum(h['failed'] for h in history)} failed)")
         depth = [h["depth"] or 0 for h in history]
         out.append(f"waiting  {sparkline(depth)}  now {waiting}, peak {max(depth)}")
+    out.extend(member_lines(s.get("last_hour")))
     out.append(f"totals   enqueued {s['enqueued']}  completed {s['completed']}  failed runs {s['failed']}  "
                f"refused {s['refused']}")
     pools = s.get("pools") or {}
@@ -133,3 +134,14 @@ def top(fetch: Callable[[], dict[str, Any]], interval: float = 1.0) -> int:
         pass
     return 0
 
+
+def member_lines(hour: dict[str, Any] | None) -> list[str]:
+    """The last hour's runs per member (daemon or worker) beside the fleet's, when several ran."""
+    if not hour or len(hour["members"]) < 2:
+        return []
+    out = []
+    for m in hour["members"]:
+        runs = m["completed"] + m["failed"]
+        out.append(f"  {m['member'][:28]:<28} {runs:>6} runs  {m['failed']:>5} failed  "
+                   f"{m['seconds'] / runs if runs else 0:.3f} s/run")
+    return out
