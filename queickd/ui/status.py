@@ -8,11 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.job import State
-from ..store.base import EventState, Minute, Store
+from ..store.base import EventState, Minute, Pause, Store
 from .metrics import HISTORY_MINUTES, Metrics
 
 DEAD_SHOWN = 10
 RUNNING_SHOWN = 20
+SCHEDULED_READ = 1000  # scheduled jobs read to tell retries from later runs (a Pi has few)
+HEADS_READ = 200  # queued jobs of a key read to find its head
 
 
 def first_minute(now: float) -> int:
@@ -79,6 +81,8 @@ def detail(store: Store, metrics: Metrics | None, now: float, counts: dict[str, 
         "dead_events": [e.to_dict() for e in store.list_events(EventState.DEAD, DEAD_SHOWN)],
         "history": [],
     }
+    out.update(scheduled_split(store))
+    out["key_blocks"] = key_blocks(store, store.pauses(), [k for k, _, _ in store.waiting_by_key(10)])
     mine: list[dict[str, Any]] = []
     if metrics is not None:
         metrics.sample_depth(sum(counts.get(s, 0) for s in State.PENDING))
@@ -86,6 +90,34 @@ def detail(store: Store, metrics: Metrics | None, now: float, counts: dict[str, 
     if minutes is None:
         minutes = store.minutes(first_minute(now))
     out["history"] = history(now, minutes, mine)
+    return out
+
+
+def scheduled_split(store: Store) -> dict[str, Any]:
+    """Scheduled jobs waiting out a retry (they have run) apart from those scheduled for
+    later (never run yet), and the next retry's time. Reads at most SCHEDULED_READ of them
+    (`scheduled_capped` says so)."""
+    jobs = store.list_jobs(State.SCHEDULED, SCHEDULED_READ)
+    retrying = [j for j in jobs if j.attempts > 0]
+    return {"retrying": len(retrying), "scheduled_later": len(jobs) - len(retrying),
+            "next_retry_at": min((j.run_at for j in retrying), default=None),
+            "scheduled_capped": len(jobs) >= SCHEDULED_READ}
+
+
+def key_blocks(store: Store, pauses: list[Pause], keys: list[str]) -> dict[str, str]:
+    """Why a key's queued jobs do not start, for the keys that are held: its own pause, or
+    its head job's function paused (which holds every job of the key behind it)."""
+    paused_keys = {p.name for p in pauses if p.kind == "key"}
+    paused_funcs = {p.name for p in pauses if p.kind == "func"}
+    out: dict[str, str] = {}
+    for k in keys:
+        if k in paused_keys:
+            out[k] = "the key is paused"
+        elif paused_funcs:
+            queued = store.list_jobs(State.QUEUED, HEADS_READ, key=k)
+            head = min(queued, key=lambda j: (j.priority, j.run_at, j.id), default=None)
+            if head is not None and head.func in paused_funcs:
+                out[k] = f"blocked: its next job's function {head.func} is paused"
     return out
 
 

@@ -106,6 +106,10 @@ def render(s: dict[str, Any]) -> str:
         _card("workers busy", f"{w['busy']} / {w['total']}", metric="workers-busy"),
         _card("idle", w["total"] - w["busy"], metric="workers-idle"),
         _card("waiting", waiting, metric="waiting"),
+        _card("waiting out a retry", s.get("retrying", 0), metric="retrying"),
+        _card("scheduled for later", s.get("scheduled_later", 0), metric="scheduled-later"),
+        _card("paused", ", ".join(f"{p['kind']} {p['name']}" for p in s["paused"]) or "nothing",
+              "bad" if s["paused"] else "", metric="paused"),
         _card("running", counts["running"], metric="running"),
         _card("oldest wait", ago(now, s.get("oldest_queued_at")) if s.get("oldest_queued_at") else "-",
               metric="oldest-wait"),
@@ -115,7 +119,7 @@ def render(s: dict[str, Any]) -> str:
               metric="scheduler"),
         _card("pools without workers", len(stuck), "bad" if stuck else "", metric="unserved-pools"),
     ])
-    pools = _table(["pool", "waiting", "live worker slots", ""],
+    pools = _table(["pool", "waiting", "live worker slots", "state"],
                    [[name, p["waiting"], p["workers"], "NO LIVE WORKER: its jobs wait" if unserved(p) else ""]
                     for name, p in s["pools"].items()], "no pools")
     fleet = _table(["worker", "kind", "pools", "running", "last beat", "state"],
@@ -123,13 +127,16 @@ def render(s: dict[str, Any]) -> str:
                      f"{wk['running']} / {wk['slots']}", f"{wk['silent_for']:.0f} s ago",
                      "REFUSED: " + wk["refused"] if wk["refused"] else "alive" if wk["alive"] else "GONE"]
                     for wk in s.get("fleet") or []], "")
-    keys = _table(["key", "waiting", "oldest due"],
+    blocks = s.get("key_blocks") or {}
+    keys = _table(["key", "waiting", "oldest due", "held"],
                   [[k["key"], k["waiting"], ago(now, k["oldest_run_at"]) + " ago"
-                    if k["oldest_run_at"] <= now else "in " + ago(k["oldest_run_at"], now)]
+                    if k["oldest_run_at"] <= now else "in " + ago(k["oldest_run_at"], now),
+                    blocks.get(k["key"], "")]
                    for k in s["waiting_by_key"]], "no jobs waiting on a key")
     paused = _table(["kind", "name", "since", "failures", "last error", "next probe"],
                     [[p["kind"], p["name"], _when(p["paused_at"]), p["failures"],
-                      f"{(p.get('last_error') or {}).get('type')}: {(p.get('last_error') or {}).get('message')}",
+                      f"{p['last_error'].get('type')}: {p['last_error'].get('message')}" if p.get("last_error")
+                      else "- (paused by hand)",
                       probe_text(p, now).strip(" ()")]
                      for p in s["paused"]], "nothing paused")
     running = _table(["job", "function", "key", "running for"],
