@@ -30,12 +30,13 @@ from .base import (
     Recovered,
     StoreBase,
 )
+from .memory_ops import MemoryOperatorOps, matches
 from .undo import ABSENT, Journal, UndoDict
 
 _WAITING = (State.SCHEDULED, State.QUEUED, State.WAITING_NETWORK)
 
 
-class MemoryStore(StoreBase):
+class MemoryStore(MemoryOperatorOps, StoreBase):
     supports_notify = False
 
     def __init__(self, url: str = "memory://") -> None:
@@ -296,26 +297,6 @@ class MemoryStore(StoreBase):
                                               finished_at=now))
         return Recovered(p.requeue, p.dead)
 
-    # --- per-minute counters ---------------------------------------------------------------
-    def add_minute(self, m: Minute) -> None:
-        with self._lock:
-            old = self._minutes.get((m.minute, m.member))
-            if old is not None:
-                m = Minute(m.minute, m.member, old.completed + m.completed, old.failed + m.failed,
-                           old.seconds + m.seconds, old.depth if m.depth is None else m.depth)
-            self._minutes[(m.minute, m.member)] = m
-
-    def minutes(self, since: int) -> list[Minute]:
-        with self._lock:
-            return [self._minutes[k] for k in sorted(self._minutes) if k[0] >= since]
-
-    def prune_minutes(self, before: int) -> int:
-        with self._lock:
-            old = [k for k in self._minutes if k[0] < before]
-            for k in old:
-                del self._minutes[k]
-            return len(old)
-
     # --- pauses ---------------------------------------------------------------------------
     def pauses(self) -> list[Pause]:
         with self._lock:
@@ -328,13 +309,6 @@ class MemoryStore(StoreBase):
     def resume(self, kind: str, name: str) -> bool:
         with self._lock:
             return self._resume_locked(kind, name)
-
-    def pause(self, kind: str, name: str, now: float) -> bool:
-        with self._lock:
-            old = self._pauses.get((kind, name))
-            self._pauses[(kind, name)] = (Pause(kind, name, now, 0, None) if old is None
-                                          else dataclasses.replace(old, probe_at=None, probe_job=None))
-            return old is None
 
     # --- operator actions -----------------------------------------------------------------
     def cancel(self, job_id: int, now: float) -> Job | None:
@@ -394,26 +368,8 @@ class MemoryStore(StoreBase):
     def list_jobs(self, state: str | None, limit: int, *, func: str | None = None, key: str | None = None,
                   pool: str | None = None) -> list[Job]:
         with self._lock:
-            jobs = (j for j in reversed(self._jobs.values()) if _matches(j, state, func, key, pool))
+            jobs = (j for j in reversed(self._jobs.values()) if matches(j, state, func, key, pool))
             return list(itertools.islice(jobs, limit))
-
-    def cancel_running(self, job_id: int, now: float) -> Job | None:
-        with self._lock:
-            job = self._jobs.get(job_id)
-            if job is not None and job.state == State.RUNNING:
-                job = dataclasses.replace(job, state=State.CANCELLED, finished_at=now)
-                self._put(job)
-            return job
-
-    def cancel_waiting(self, state: str, now: float, *, func: str | None = None, key: str | None = None,
-                       pool: str | None = None) -> list[int]:
-        if state not in _WAITING:
-            raise ValueError(f"only waiting jobs are cancelled this way, not {state!r}")
-        with self._lock:
-            hit = [j for j in self._jobs.values() if _matches(j, state, func, key, pool)]
-            for j in hit:
-                self._put(dataclasses.replace(j, state=State.CANCELLED, finished_at=now))
-            return [j.id for j in hit]
 
     def counts(self) -> dict[str, int]:
         with self._lock:
@@ -573,8 +529,3 @@ class MemoryStore(StoreBase):
 
     def close(self) -> None:
         pass
-
-
-def _matches(j: Job, state: str | None, func: str | None, key: str | None, pool: str | None) -> bool:
-    return ((state is None or j.state == state) and (func is None or j.func == func)
-            and (key is None or j.key == key) and (pool is None or j.pool == pool))
