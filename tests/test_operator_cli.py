@@ -118,6 +118,7 @@ def test_drain_lets_running_jobs_finish_starts_nothing_new_and_reports_idle(daem
         daemon.wait_for_line("operator began a drain")
         later = q.enqueue("testjobs:noop")  # accepted as usual, not started
         assert q.stats()["draining"] is True
+        assert "DRAINING" in queick(daemon.port, "status").stdout
         gate.release_all()
         out, err = drain.communicate(timeout=60)
         assert drain.returncode == 0 and out.startswith("idle") and "waiting for 1 running job" in err

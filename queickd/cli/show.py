@@ -48,7 +48,8 @@ def print_stats(s: dict[str, Any]) -> None:
     print(f"queickd {s['version']}  store {s['store']}  up {s['uptime']:.0f} s")
     w = s["workers"]
     print(f"workers: {w['busy']}/{w['total']} busy   enqueued {s['enqueued']} in {s['commits']} commits"
-          f"   completed {s['completed']}   failed attempts {s['failed']}")
+          f"   completed {s['completed']}   failed attempts {s['failed']}"
+          + ("   DRAINING: no new job starts" if s.get("draining") else ""))
     sch = s["scheduler"]
     print(f"scheduler: {'alive' if sch['alive'] else 'STOPPED'}, last fired {fmt_time(sch['last_fired_at'])}"
           f"   crons: {s['crons']}")

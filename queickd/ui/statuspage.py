@@ -103,7 +103,8 @@ def render(s: dict[str, Any]) -> str:
         net_text = f"{net['state']} ({'checker alive' if net['checker_alive'] else 'checker DEAD'})"
         net_cls = "ok" if net["state"] == "up" and net["checker_alive"] else "bad"
     cards = "".join([
-        _card("workers busy", f"{w['busy']} / {w['total']}", metric="workers-busy"),
+        _card("workers busy", f"{w['busy']} / {w['total']}" + (" (draining)" if s.get("draining") else ""),
+              "bad" if s.get("draining") else "", metric="workers-busy"),
         _card("idle", w["total"] - w["busy"], metric="workers-idle"),
         _card("waiting", waiting, metric="waiting"),
         _card("waiting out a retry", s.get("retrying", 0), metric="retrying"),

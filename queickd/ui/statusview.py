@@ -40,7 +40,8 @@ def lines(s: dict[str, Any], width: int = 100) -> list[str]:
         f"queickd {s['version']}   up {_terse_ago(now, now - s['uptime'])}   store {s['store']}",
         f"workers  {w['busy']} busy / {w['total'] - w['busy']} idle   running {c['running']}   "
         f"waiting {waiting} (queued {c['queued']}, scheduled {c['scheduled']}, "
-        f"for network {c['waiting_network']})",
+        f"for network {c['waiting_network']})"
+        + ("   DRAINING: no new job starts ('queick drain --off')" if s.get("draining") else ""),
         f"oldest   queued job waiting {_terse_ago(now, s.get('oldest_queued_at'))}   "
         f"outbox pending {ev['pending']} (oldest {_terse_ago(now, s.get('outbox_oldest_pending_at'))})",
         f"dead     {c['dead']} jobs, {ev['dead']} events   scheduler "
