@@ -299,14 +299,44 @@ class JobQueue:
         """Delete jobs in a final state (dead by default) that finished over older_than s ago."""
         return self._call({"op": "purge", "state": state, "older_than": older_than})["purged"]
 
-    def resume(self, key: str | None = None, *, func: Callable[..., Any] | str | None = None) -> None:
-        """Lift the auto-pause of a key (or of a function)."""
-        req: dict[str, Any] = {"op": "resume"}
+    def resume(self, key: str | None = None, *, func: Callable[..., Any] | str | None = None,
+               pool: str | None = None) -> None:
+        """Lift the pause of a key (or of a function, or of a pool)."""
+        self._call(self._target("resume", key, func, pool))
+
+    def pause(self, key: str | None = None, *, func: Callable[..., Any] | str | None = None,
+              pool: str | None = None) -> bool:
+        """Pause a key (or a function, or a pool) by hand: its jobs wait, with no probe, until
+        resume(). True if it was not paused before."""
+        return self._call(self._target("pause", key, func, pool))["paused"]
+
+    @staticmethod
+    def _target(op: str, key: str | None, func: Callable[..., Any] | str | None, pool: str | None) -> dict[str, Any]:
+        req: dict[str, Any] = {"op": op}
         if key is not None:
             req["key"] = key
         if func is not None:
             req["func"] = func_name(func)
-        self._call(req)
+        if pool is not None:
+            req["pool"] = pool
+        return req
+
+    def drain(self, wait: float = 0.0, *, off: bool = False) -> dict[str, Any]:
+        """Stop this daemon claiming new jobs (running ones go on) and wait up to `wait` s
+        (at most 60) for them to end; off=True claims again. Returns draining, running and
+        idle."""
+        req: dict[str, Any] = {"op": "drain", "off": True} if off else {"op": "drain", "wait": wait}
+        return self._call(req)
+
+    def cancel_waiting(self, state: str, *, func: Callable[..., Any] | str | None = None, key: str | None = None,
+                       pool: str | None = None, dry_run: bool = False) -> int:
+        """Cancel every job in a waiting state (queued, scheduled, waiting_network) of the
+        given function, key and pool. Returns how many were cancelled (with dry_run: how
+        many would be, up to 10,000, and none is)."""
+        req = {"op": "cancel", "state": state, "func": None if func is None else func_name(func), "key": key,
+               "pool": pool, "dry_run": dry_run or None}
+        reply = self._call({k: v for k, v in req.items() if v is not None})
+        return reply["matching"] if dry_run else reply["cancelled"]
 
     def get(self, job_id: int) -> dict[str, Any]:
         return self._call({"op": "get", "job_id": job_id})["job"]
@@ -329,6 +359,7 @@ class JobQueue:
                 raise TimeoutError(f"job {job_id} is still {reply['job']['state']} after {timeout} s")
 
     def cancel(self, job_id: int) -> dict[str, Any]:
+        """Cancel a job that waits, or one that runs (its outcome is then discarded)."""
         return self._call({"op": "cancel", "job_id": job_id})["job"]
 
     def retry(self, job_id: int) -> dict[str, Any]:
@@ -342,10 +373,13 @@ class JobQueue:
         req = {"op": "set_pool", "pool": pool, "key": key, "job_id": job_id, "cron": cron}
         return self._call({k: v for k, v in req.items() if v is not None})["moved"]
 
-    def jobs(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    def jobs(self, state: str | None = None, limit: int = 100, *, func: Callable[..., Any] | str | None = None,
+             key: str | None = None, pool: str | None = None) -> list[dict[str, Any]]:
         req: dict[str, Any] = {"op": "jobs", "limit": limit}
-        if state is not None:
-            req["state"] = state
+        for name, v in (("state", state), ("func", None if func is None else func_name(func)), ("key", key),
+                        ("pool", pool)):
+            if v is not None:
+                req[name] = v
         return self._call(req)["jobs"]
 
     def stats(self, detail: bool = False) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from .services.retention import Retention
 from .services.scheduler import Scheduler
 from .services.worker import DEFAULT_SWEEP, DEFAULT_WORKERS, WorkerPool
 from .store import DEFAULT_URL, Store, open_store
-from .store.base import EventState, FleetStore
+from .store.base import EventState, FleetStore, Minute
 from .ui.metrics import Metrics
 
 log = logging.getLogger("queickd.daemon")
@@ -68,7 +68,8 @@ class Config:
     max_queued_per_key: int = 100
     idempotency_ttl: float = 24 * 3600.0
     event_max_attempts: int = 10
-    pause_after: int = 5
+    pause_after: int = 5  # 0: no auto-pause
+    pause_cooldown: float = 300.0  # seconds from a pause to its probe (doubling on each trip)
     keep_finished: float = 7 * 24 * 3600.0
     http: str | None = None  # HOST:PORT of the HTTP listener (webhooks, metrics, status page)
     accept_queick_clients: bool = False
@@ -90,9 +91,10 @@ class Config:
             raise ValueError(f"app directory {self.app_dir!r} does not exist")
         if self.stop_timeout < 0 or self.sweep <= 0 or self.max_orphan_requeues < 0:
             raise ValueError("stop_timeout, sweep and max_orphan_requeues must not be negative")
-        if min(self.max_queued, self.max_queued_per_key, self.event_max_attempts, self.pause_after) < 1:
-            raise ValueError("max_queued, max_queued_per_key, event_max_attempts and pause_after "
-                             "must be at least 1")
+        if min(self.max_queued, self.max_queued_per_key, self.event_max_attempts) < 1:
+            raise ValueError("max_queued, max_queued_per_key and event_max_attempts must be at least 1")
+        if self.pause_after < 0 or not self.pause_cooldown > 0:
+            raise ValueError("pause_after must not be negative (0: off), pause_cooldown must be positive")
         if not self.pool or not all(self.pool) or not self.heartbeat > 0:
             raise ValueError("give at least one non-empty pool; heartbeat must be positive")
         if self.idempotency_ttl < 0 or self.keep_finished < 0:
@@ -133,11 +135,15 @@ class Daemon:
         self._wakeup_w: int | None = None
         self.fleet: FleetMember | None = None  # with a shared store: registry, heartbeats, LISTEN
         self.exit_status = 0
+        # Called in order on SIGHUP (reload()), on the main thread: the loader's re-import
+        # first; other parts that hold job code (a runner's zygote) add theirs.
+        self.on_reload: list[Callable[[], None]] = []
 
     def start(self) -> None:
         c = self.config
         token = c.read_token()
-        loader = FunctionLoader(c.app_dir, c.allow)
+        self.loader = loader = FunctionLoader(c.app_dir, c.allow)
+        self.on_reload.insert(0, loader.reload)
         hooks = parse_hooks(c.hooks)
         for hook in hooks.values():
             try:
@@ -162,9 +168,12 @@ class Daemon:
                                network_up=self.parking.network_up,
                                on_finished=self._on_finished,
                                on_claimed=lambda jobs: self.service.waiters.notify([j.id for j in jobs]),
-                               pause_after=c.pause_after, on_ran=self.metrics.on_ran, pools=list(c.pool))
+                               pause_after=c.pause_after, pause_cooldown=c.pause_cooldown,
+                               on_probe_at=lambda t: self.scheduler.wake_at(t, "probes"),
+                               on_ran=self.metrics.on_ran, pools=list(c.pool))
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep,
-                                   on_sweep=self._on_sweep, timers={"events": self._deliver_events})
+                                   on_sweep=self._on_sweep, timers={"events": self._deliver_events,
+                                                                    "probes": self._probes_due})
         self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock, admission=c.admission)
         self.service = QueueService(store, self.batcher, loader, self.scheduler, self.pool,
                                     token=token, clock=self.clock, network=self.network,
@@ -242,13 +251,27 @@ class Daemon:
                             "('queick dead', 'queick retry --event')", r.event_id, self.config.event_max_attempts)
         return self.store.next_event_at()  # type: ignore[union-attr]
 
+    def _probes_due(self, now: float) -> float | None:
+        """The probe timer: a pause's probe time has come, so the pool claims (and lets the
+        probe through); returns the next probe time still ahead."""
+        self.pool.wake()
+        return min((p.probe_at for p in self.store.pauses()  # type: ignore[union-attr]
+                    if p.probe_at is not None and p.probe_at > now), default=None)
+
     def _on_sweep(self) -> None:
         if not self._orphans_recovered:
             self._recover_orphans()
         self.retention.prune()
         counts = self.store.counts()  # type: ignore[union-attr]
-        self.metrics.sample_depth(sum(counts[s] for s in State.PENDING))
+        depth = sum(counts[s] for s in State.PENDING)
+        self.metrics.sample_depth(depth)
+        # The depth kept in the store too, with the runs: the chart survives a restart.
+        self.store.add_minute(Minute(int(self.clock() // 60), self.pool.member, 0, 0, 0.0, depth))  # type: ignore[union-attr]
+        self.pool.flush_counts()
         self.parking.on_sweep()
+        nxt = self._probes_due(self.clock())  # pauses begun by other hosts of a shared store
+        if nxt is not None:
+            self.scheduler.wake_at(nxt, "probes")
 
     def _on_committed(self, jobs: list[NewJob], submitted: list[Submitted]) -> None:
         self.metrics.on_committed(jobs, submitted)
@@ -264,6 +287,16 @@ class Daemon:
         if retries:
             self.scheduler.wake_at(min(retries))
         self.service.waiters.notify([o.job_id for o in outcomes])
+
+    def reload(self) -> None:
+        """SIGHUP (`systemctl reload queickd`): run the on_reload callbacks; one that fails is
+        logged and the others still run. Jobs running now finish with the code they have."""
+        log.info("SIGHUP: reloading job code")
+        for cb in list(self.on_reload):
+            try:
+                cb()
+            except Exception:
+                log.exception("reload: %s failed; going on", getattr(cb, "__qualname__", cb))
 
     def request_stop(self, *_: object) -> None:
         """Ask run_forever() to stop, from any thread."""
@@ -313,7 +346,7 @@ class Daemon:
         os.set_blocking(w, False)
         self._wakeup_w = w
         signal.set_wakeup_fd(w)
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: None)  # the byte in the pipe is what counts
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where is it stuck?
         self.start()
@@ -323,5 +356,7 @@ class Daemon:
             received = os.read(r, 64)
             if signal.SIGTERM in received or signal.SIGINT in received:
                 self._stop.set()
+            elif signal.SIGHUP in received:
+                self.reload()
         sdnotify.notify("STOPPING=1")
         return self.stop()

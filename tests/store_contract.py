@@ -221,6 +221,65 @@ class StoreContract:
         assert [j.id for j in store.list_jobs(None, 10)] == [s.job_id for s in reversed(subs)]
         assert [j.id for j in store.list_jobs(State.QUEUED, 1)] == [subs[1].job_id]
 
+    def test_list_jobs_filters_by_function_key_and_pool(self, store):
+        a, b, c, d = store.submit([job(func="m:g", key="k"), job(key="k", pool="gpu"), job(pool="gpu"),
+                                   job(func="m:g", run_at=T0 + 9)], T0)
+        ids = lambda **f: [j.id for j in store.list_jobs(None, 10, **f)]  # noqa: E731
+        assert ids(func="m:g") == [d.job_id, a.job_id]
+        assert ids(key="k") == [b.job_id, a.job_id]
+        assert ids(pool="gpu") == [c.job_id, b.job_id]
+        assert ids(func="m:f", key="k", pool="gpu") == [b.job_id]
+        assert [j.id for j in store.list_jobs(State.QUEUED, 10, func="m:g")] == [a.job_id]
+
+    # --- per-minute counters ----------------------------------------------------------------
+    def test_add_minute_adds_counts_per_minute_and_member(self, store):
+        from queickd.store.base import Minute
+
+        store.add_minute(Minute(100, "a:1", 2, 1, 0.5))
+        store.add_minute(Minute(100, "a:1", 1, 0, 0.25, depth=7))
+        store.add_minute(Minute(100, "b:2", 0, 3, 1.0))
+        store.add_minute(Minute(101, "a:1", 0, 0, 0.0, depth=4))
+        assert store.minutes(100) == [Minute(100, "a:1", 3, 1, 0.75, 7), Minute(100, "b:2", 0, 3, 1.0, None),
+                                      Minute(101, "a:1", 0, 0, 0.0, 4)]
+        assert store.minutes(101) == [Minute(101, "a:1", 0, 0, 0.0, 4)]
+
+    def test_a_minute_without_a_depth_keeps_the_depth_sampled(self, store):
+        from queickd.store.base import Minute
+
+        store.add_minute(Minute(100, "a:1", 0, 0, 0.0, depth=7))
+        store.add_minute(Minute(100, "a:1", 1, 0, 0.5))
+        assert store.minutes(0)[0].depth == 7
+
+    def test_prune_minutes_deletes_the_older_rows(self, store):
+        from queickd.store.base import Minute
+
+        for minute in (98, 99, 100):
+            store.add_minute(Minute(minute, "a:1", 1, 0, 0.1))
+        assert store.prune_minutes(100) == 2 and [m.minute for m in store.minutes(0)] == [100]
+
+    # --- operator cancels -------------------------------------------------------------------
+    def test_cancel_running_cancels_at_once_and_its_late_outcome_changes_nothing(self, store):
+        store.submit([job(key="k"), job(key="k")], T0)
+        (running,) = store.claim_available(5, T0)
+        cancelled = store.cancel_running(running.id, T0 + 1)
+        assert (cancelled.state, cancelled.finished_at) == (State.CANCELLED, T0 + 1)
+        assert store.finish_if_running([Outcome.succeeded(running.id, 1)], T0 + 2).changed == 0
+        assert store.get(running.id).state == State.CANCELLED
+        assert len(store.claim_available(5, T0 + 2)) == 1  # its key is free
+
+    def test_cancel_running_leaves_a_job_that_is_not_running(self, store):
+        (s,) = store.submit([job()], T0)
+        assert store.cancel_running(s.job_id, T0).state == State.QUEUED
+        assert store.cancel_running(987_654, T0) is None
+
+    def test_cancel_waiting_cancels_the_matching_jobs_of_one_state(self, store):
+        a, b, c, d = store.submit([job(func="m:g"), job(func="m:g", pool="gpu"), job(), job(func="m:g", run_at=T0 + 9)],
+                                  T0)
+        assert sorted(store.cancel_waiting(State.QUEUED, T0, func="m:g")) == [a.job_id, b.job_id]
+        assert [store.get(i).state for i in (a.job_id, b.job_id, c.job_id, d.job_id)] == [
+            State.CANCELLED, State.CANCELLED, State.QUEUED, State.SCHEDULED]
+        assert store.counts()[State.CANCELLED] == 2 and store.counts()[State.QUEUED] == 1
+
     def test_counts_cover_every_state(self, store):
         store.submit([job(), job(run_at=T0 + 5)], T0)
         counts = store.counts()
@@ -444,6 +503,82 @@ class StoreContract:
         fin = store.finish_if_running([Outcome.dead(a.id, err), Outcome.dead(b.id, err)], T0, pause_after=2)
         assert [(p.kind, p.name, p.failures) for p in fin.paused] == [("func", "m:f", 2)]
         assert [(p.kind, p.name, p.failures) for p in store.pauses()] == [("func", "m:f", 2)]
+
+    # --- the breaker: a pause lets one probe through after its cooldown ---------------------
+    def _trip(self, store, cooldown=60.0):
+        """m:bad paused at T0 by 3 dead jobs, with its probe at T0 + cooldown; 3 more wait."""
+        store.submit([job(func="m:bad") for _ in range(3)], T0)
+        ran = store.claim_available(3, T0)
+        fin = store.finish_if_running([Outcome.dead(j.id, {"type": "E", "message": "no"}) for j in ran], T0,
+                                      pause_after=3, pause_cooldown=cooldown)
+        return fin, [s.job_id for s in store.submit([job(func="m:bad") for _ in range(3)], T0)]
+
+    def test_a_pause_with_a_cooldown_shows_its_probe_time(self, store):
+        fin, _ = self._trip(store)
+        assert [(p.name, p.probe_at, p.trips) for p in fin.paused] == [("m:bad", T0 + 60, 1)]
+        assert fin.next_probe == T0 + 60
+        assert [(p.probe_at, p.trips, p.probe_job) for p in store.pauses()] == [(T0 + 60, 1, None)]
+
+    def test_a_pause_lets_no_job_through_before_its_probe_time(self, store):
+        self._trip(store)
+        assert store.claim_available(5, T0 + 59) == []
+
+    def test_a_pause_lets_exactly_one_probe_through_at_its_probe_time(self, store):
+        _, waiting = self._trip(store)
+        assert [j.id for j in store.claim_available(5, T0 + 60)] == waiting[:1]
+        assert store.claim_available(5, T0 + 61) == []  # the probe runs: no second one
+        assert store.pauses()[0].probe_job == waiting[0]
+
+    def test_the_probes_success_resumes_the_pause(self, store):
+        _, waiting = self._trip(store)
+        (probe,) = store.claim_available(5, T0 + 60)
+        store.finish_if_running([Outcome.succeeded(probe.id, None)], T0 + 61, pause_after=3, pause_cooldown=60.0)
+        assert store.pauses() == []
+        assert [j.id for j in store.claim_available(5, T0 + 62)] == waiting[1:]
+
+    def test_the_probes_failure_pauses_again_with_a_longer_cooldown(self, store):
+        self._trip(store)
+        (probe,) = store.claim_available(5, T0 + 60)
+        fin = store.finish_if_running([Outcome.dead(probe.id, {"type": "E", "message": "again"})], T0 + 61,
+                                      pause_after=3, pause_cooldown=60.0)
+        assert fin.paused == [] and fin.next_probe == T0 + 61 + 120
+        (p,) = store.pauses()
+        assert (p.paused_at, p.probe_at, p.trips, p.probe_job, p.failures) == (T0, T0 + 181, 2, None, 4)
+        assert store.claim_available(5, T0 + 180) == [] and len(store.claim_available(5, T0 + 181)) == 1
+
+    def test_a_probe_that_stopped_running_lets_another_through(self, store):
+        _, waiting = self._trip(store)
+        (probe,) = store.claim_available(5, T0 + 60)
+        store.finish_if_running([Outcome.waiting_network(probe.id, {"type": "N", "message": ""})], T0 + 61,
+                                pause_after=3, pause_cooldown=60.0)  # parked: not a probe's answer
+        assert [j.id for j in store.claim_available(5, T0 + 62)] == waiting[1:2]
+
+    def test_a_scheduled_retry_does_not_count_toward_a_pause(self, store):
+        store.submit([job() for _ in range(3)], T0)
+        ran = store.claim_available(3, T0)
+        fin = store.finish_if_running([Outcome.retry_at(j.id, T0 + 9, {"type": "E", "message": "no"}) for j in ran],
+                                      T0, pause_after=1, pause_cooldown=60.0)
+        assert fin.paused == [] and store.pauses() == []
+
+    # --- pauses by hand -----------------------------------------------------------------
+    def test_a_pause_by_hand_holds_a_function_with_no_probe_until_resumed(self, store):
+        assert store.pause("func", "m:f", T0) and not store.pause("func", "m:f", T0 + 1)
+        (waiting,) = store.submit([job()], T0)
+        assert store.claim_available(5, T0 + 10 ** 6) == []
+        assert [(p.kind, p.name, p.paused_at, p.probe_at, p.trips) for p in store.pauses()] == [
+            ("func", "m:f", T0, None, 0)]
+        assert store.resume("func", "m:f")
+        assert [j.id for j in store.claim_available(5, T0)] == [waiting.job_id]
+
+    def test_a_pause_by_hand_takes_the_probe_away_from_a_breakers_pause(self, store):
+        self._trip(store)
+        store.pause("func", "m:bad", T0 + 1)
+        assert store.claim_available(5, T0 + 60) == [] and store.pauses()[0].probe_at is None
+
+    def test_a_paused_pool_starts_none_of_its_jobs(self, store):
+        store.pause("pool", "gpu", T0)
+        (other,) = store.submit([job(pool="gpu"), job()], T0)[1:]
+        assert [j.id for j in store.claim_available(5, T0)] == [other.job_id]
 
     def test_claim_starts_what_the_selection_policy_picks(self, store):
         # The stores' claims (PostgreSQL's is an SQL function) must agree with claim.select

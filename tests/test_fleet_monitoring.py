@@ -61,3 +61,32 @@ def test_a_pool_shows_no_workers_until_an_external_worker_serves_it(pg_fresh_dat
             assert q.wait(held, 30)["state"] == State.SUCCEEDED
         finally:
             worker.close()
+
+
+def test_with_workers_0_the_last_hour_counts_the_external_workers_runs(pg_fresh_database, start_daemon, tmp_path):
+    url = pg_fresh_database
+    web = start_web(start_daemon, tmp_path, "", "--heartbeat", str(HEARTBEAT), store_url=url, workers=0)
+    worker = WorkerProcess(url, "default", workers=2, heartbeat=HEARTBEAT).start()
+    try:
+        with web.daemon.client() as q:
+            ok = [q.enqueue("testjobs:add", [i, 1]) for i in range(4)]
+            bad = q.enqueue("testjobs:fail")
+            assert [q.wait(i, 30)["result"] for i in ok] == [1, 2, 3, 4]
+            assert q.wait(bad, 30)["state"] == State.DEAD
+            # The worker wrote its counts in the transaction of its last finish, before the
+            # finish was announced: once every job is waited for, they are all in the store.
+            hour = q.stats()["last_hour"]
+            assert (hour["completed"], hour["failed"]) == (4, 1)
+            (m,) = hour["members"]
+            assert m["member"].endswith(f":{worker.pid}") and (m["completed"], m["failed"]) == (4, 1)
+            assert hour["seconds"] >= 0
+            history = q.stats(detail=True)["history"]
+            assert sum(h["completed"] for h in history) == 4 and sum(h["failed"] for h in history) == 1
+        lines = status(web.daemon.port)
+        assert any("5 in the last hour (1 failed)" in line for line in lines)
+        metrics = scrape(web)
+        label = (("member", m["member"]), ("result", "completed"))
+        assert metrics[("queickd_fleet_runs_last_hour", label)] == 4
+        assert ("queickd_fleet_run_seconds_last_hour", (("member", m["member"]),)) in metrics
+    finally:
+        worker.close()

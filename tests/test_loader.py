@@ -282,3 +282,37 @@ def test_the_daemon_refuses_an_app_csv_module_at_start_with_exit_78(tmp_path):
                         "--app-dir", str(tmp_path)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 78
     assert "csv: the standard library's csv" in r.stderr and "Traceback" not in r.stderr
+
+
+# --- reload -------------------------------------------------------------------------------------
+
+
+def test_reload_picks_up_a_function_added_to_an_imported_module(mods):
+    name = mods.write("def f():\n    return 1\n")
+    loader = FunctionLoader(str(mods.app_dir))
+    assert loader.resolve(f"{name}:f")() == 1
+    (mods.app_dir / f"{name}.py").write_text("def f():\n    return 2\n\n\ndef g():\n    return 'new'\n")
+    done = loader.reload()
+    assert name in done.modules and done.failed == {}
+    assert loader.resolve(f"{name}:f")() == 2 and loader.resolve(f"{name}:g")() == "new"
+
+
+def test_a_module_that_fails_on_reload_keeps_its_old_code(mods, caplog):
+    name = mods.write("def f():\n    return 1\n")
+    loader = FunctionLoader(str(mods.app_dir))
+    assert loader.resolve(f"{name}:f")() == 1
+    (mods.app_dir / f"{name}.py").write_text("def f():\n    return 2\n\nraise RuntimeError('half-written file')\n")
+    with caplog.at_level("ERROR", logger="queickd.loader"):
+        done = loader.reload()
+    assert done.modules == [] and "RuntimeError: half-written file" in done.failed[name]
+    assert loader.resolve(f"{name}:f")() == 1
+    assert f"{name} failed to import, the old code keeps serving" in caplog.text
+
+
+def test_reload_finds_a_module_added_after_it_was_refused(mods):
+    loader = FunctionLoader(str(mods.app_dir))
+    name = mods.unique()
+    not_allowed(loader.check, f"{name}:f")  # not there yet: refused, and the refusal cached
+    (mods.app_dir / f"{name}.py").write_text("def f():\n    return 3\n")
+    loader.reload()
+    assert loader.resolve(f"{name}:f")() == 3

@@ -82,3 +82,28 @@ def test_offering_all_at_once_decides_as_offering_one_by_one():
     for c in cands:
         one.offer(c)
     assert select(cands, req, run) == one.chosen == [1, 5, 6]
+
+
+
+def test_a_pause_whose_probe_is_due_lets_exactly_one_job_through():
+    s = Selection(Request(5), Running(paused_funcs=frozenset({"m:bad"}), probes=frozenset({("func", "m:bad")})))
+    s.offer_all([row(1, func="m:bad"), row(2, func="m:bad"), row(3)])
+    assert s.chosen == [1, 3] and s.probes == [(("func", "m:bad"), 1)]
+
+
+def test_a_probe_is_not_taken_by_a_job_its_key_holds_back():
+    running = Running(keys=frozenset({"k"}), paused_funcs=frozenset({"m:bad"}),
+                      probes=frozenset({("func", "m:bad")}))
+    s = Selection(Request(5), running)
+    s.offer_all([row(1, "k", func="m:bad"), row(2, func="m:bad"), row(3, func="m:bad")])
+    assert s.chosen == [2] and s.probes == [(("func", "m:bad"), 2)]
+
+
+def test_a_job_under_a_pause_with_no_probe_due_waits_though_its_other_pause_probes():
+    running = Running(paused_funcs=frozenset({"m:bad"}), paused_keys=frozenset({"k"}),
+                      probes=frozenset({("key", "k")}))
+    assert select([row(1, "k", func="m:bad")], Request(5), running) == []
+
+
+def test_jobs_of_a_paused_pool_are_passed_over():
+    assert select([row(1), row(2, pool="gpu")], Request(5), Running.of([], [("pool", "default")])) == [2]

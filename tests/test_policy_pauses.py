@@ -23,9 +23,9 @@ def test_a_failure_extends_the_streaks_of_its_key_and_function():
     assert p.streaks == {("key", "k"): (1, E), ("func", "m:f"): (2, E)} and p.pauses == {}
 
 
-def test_a_scheduled_retry_counts_as_a_failure():
-    p = pz.plan([pz.Finish(State.SCHEDULED, E, None, "m:f")], NOW, 3, look())
-    assert p.streaks == {("func", "m:f"): (1, E)}
+def test_a_scheduled_retry_counts_for_nothing():
+    # Only a job with no retry left counts: its own retries come first.
+    assert pz.plan([pz.Finish(State.SCHEDULED, E, None, "m:f")], NOW, 1, look()) == pz.Plan()
 
 
 def test_a_streak_reaching_pause_after_begins_a_pause():
@@ -80,3 +80,44 @@ def test_each_target_is_read_once_per_plan():
 
 def test_targets_are_the_key_then_the_function():
     assert pz.targets("k", "m:f") == [("key", "k"), ("func", "m:f")] and pz.targets(None, "m:f") == [("func", "m:f")]
+
+
+# --- the breaker: cooldowns and probes --------------------------------------------------
+def probing(job_id: int, trips: int = 1, failures: int = 3) -> pz.Lookups:
+    t = ("func", "m:f")
+    return pz.Lookups(lambda x: (failures, True) if x == t else (0, False),
+                      lambda x: (trips, job_id) if x == t else (0, None))
+
+
+def test_a_pause_begun_with_a_cooldown_has_its_probe_one_cooldown_later():
+    p = pz.plan([failed()], NOW, 3, look({("func", "m:f"): 2}), cooldown=60.0)
+    assert p.probes == {("func", "m:f"): (NOW + 60.0, 1)} and p.next_probe == NOW + 60.0
+
+
+def test_a_pause_begun_without_a_cooldown_has_no_probe():
+    assert pz.plan([failed()], NOW, 3, look({("func", "m:f"): 2})).probes == {}
+
+
+def test_the_probes_success_lifts_the_pause_and_its_streak():
+    p = pz.plan([pz.Finish(State.SUCCEEDED, None, None, "m:f", 7)], NOW, 3, probing(7), cooldown=60.0)
+    assert p.resumed == [("func", "m:f")] and p.reset == [("func", "m:f")] and p.pauses == {}
+
+
+def test_a_success_of_another_job_does_not_lift_the_pause():
+    p = pz.plan([pz.Finish(State.SUCCEEDED, None, None, "m:f", 8)], NOW, 3, probing(7), cooldown=60.0)
+    assert p.resumed == [] and p.pauses == {}
+
+
+def test_the_probes_failure_pauses_again_with_a_doubled_cooldown():
+    p = pz.plan([pz.Finish(State.DEAD, E, None, "m:f", 7)], NOW, 3, probing(7, trips=2), cooldown=60.0)
+    assert p.probes == {("func", "m:f"): (NOW + 240.0, 3)} and p.pauses == {("func", "m:f"): (None, 4, E)}
+
+
+def test_the_probes_scheduled_retry_is_a_failed_probe():
+    p = pz.plan([pz.Finish(State.SCHEDULED, E, None, "m:f", 7)], NOW, 3, probing(7), cooldown=60.0)
+    assert p.probes == {("func", "m:f"): (NOW + 120.0, 2)}
+
+
+def test_the_cooldown_grows_to_an_hour_at_most():
+    assert [pz.cooldown_for(300, n) for n in (1, 2, 3, 4, 5, 9)] == [300, 600, 1200, 2400, 3600, 3600]
+    assert pz.cooldown_for(7200, 3) == 7200  # a cooldown longer than the cap is kept

@@ -99,3 +99,71 @@ def test_status_page_renders_in_headless_chromium(busy_web, tmp_path):
     keep = os.environ.get("QUEICKD_SCREENSHOT")
     if keep:  # for a person to look at: QUEICKD_SCREENSHOT=/tmp/status.png pytest -k chromium
         shutil.copy(shot, keep)
+
+
+@pytest.fixture
+def held_web(start_daemon, tmp_path):
+    """A job waiting out a retry, one scheduled for later, a function paused by hand and a
+    key whose next job is of that function."""
+    web = start_web(start_daemon, tmp_path, "", workers=2)
+    with web.daemon.client() as q:
+        retry = q.enqueue("testjobs:fail", ["flaky upstream"], retry=True, retry_type="constant",
+                          retry_interval=3600, max_attempts=3)
+        q.wait(retry, 20, states=["scheduled"])
+        q.enqueue("testjobs:noop", delay=3600)
+        q.pause(func="testjobs:add")
+        q.enqueue("testjobs:add", [1, 2], key="ledger")
+        q.enqueue("testjobs:noop", key="ledger")  # behind the paused function's job
+    return web
+
+
+def test_status_page_shows_retries_apart_from_later_jobs(held_web):
+    page = held_web.get("/").body.decode()
+    assert cell(page, "retrying") == "1" and cell(page, "scheduled-later") == "1"
+
+
+def test_status_page_shows_pauses_among_the_top_cards(held_web):
+    page = held_web.get("/").body.decode()
+    assert cell(page, "paused") == "func testjobs:add"
+    assert page.index('data-metric="paused"') < page.index("<h2>")
+
+
+def test_status_page_says_a_key_is_blocked_by_a_paused_function(held_web):
+    page = held_web.get("/").body.decode()
+    assert ("<td>ledger</td><td>2</td>" in page
+            and "blocked: its next job&#x27;s function testjobs:add is paused" in page)
+
+
+@pytest.mark.parametrize("fixture", ["busy_web", "held_web"])
+def test_status_page_has_no_empty_table_header(fixture, request):
+    assert "<th></th>" not in request.getfixturevalue(fixture).get("/").body.decode()
+
+
+def test_the_chart_survives_a_restart(start_daemon, tmp_path):
+    web = start_web(start_daemon, tmp_path, "", workers=2)
+    with web.daemon.client() as q:
+        for i in range(3):
+            q.wait(q.enqueue("testjobs:add", [i, i]), 20)
+        q.wait(q.enqueue("testjobs:fail"), 20)
+    assert web.daemon.terminate() == 0
+    again = start_web(start_daemon, tmp_path, "", workers=2)
+    with again.daemon.client() as q:
+        history = q.stats(detail=True)["history"]
+    assert (sum(h["completed"] for h in history), sum(h["failed"] for h in history)) == (3, 1)
+    assert " done</title>" in again.get("/").body.decode()  # the chart draws them
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists() or shutil.which(CHROMIUM) is None,
+                    reason=f"{CHROMIUM} is not installed (Debian: apt-get install chromium)")
+def test_status_page_with_retries_pauses_and_a_blocked_key_renders_in_headless_chromium(held_web, tmp_path):
+    shot = tmp_path / "held.png"
+    url = f"http://{held_web.host}:{held_web.port}/"
+    r = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                        f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,1200",
+                        f"--screenshot={shot}", url], capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    keep = os.environ.get("QUEICKD_SCREENSHOT")
+    if keep:
+        shutil.copy(shot, keep)

@@ -252,3 +252,31 @@ def test_a_count_made_later_than_now_is_made_again(pg_url, pg_store):
     _fill_the_fleet_to(pg_url, 9)
     (answer,) = pg_store.submit_requests([[job()]], T0 - 5, cap)  # the wall clock went back
     assert isinstance(answer, Refusal) and answer.code == "queue_full"
+
+
+def test_hosts_claiming_at_once_let_one_probe_through(pg_url, pg_store):
+    from queickd.store.postgres import PostgresStore
+
+    pg_store.submit([job(func="m:bad") for _ in range(3)], T0)
+    ran = pg_store.claim_available(3, T0)
+    pg_store.finish_if_running([Outcome.dead(j.id, {"type": "E", "message": "no"}) for j in ran], T0,
+                               pause_after=3, pause_cooldown=60.0)
+    pg_store.submit([job(func="m:bad") for _ in range(20)], T0)
+    start = threading.Barrier(4)
+    got = []
+
+    def claimer():
+        s = PostgresStore(pg_url, migrate=False)
+        try:
+            start.wait(10)
+            for _ in range(10):
+                got.extend(s.claim_available(5, T0 + 60))
+        finally:
+            s.close()
+
+    threads = [threading.Thread(target=claimer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(got) == 1 and pg_store.pauses()[0].probe_job == got[0].id

@@ -166,14 +166,39 @@ class QueueService:
         return {"ok": True, "job": self.job(protocol.job_id(req)).to_dict()}
 
     def op_cancel(self, req: dict[str, Any]) -> dict[str, Any]:
+        if req.get("job_id") is None and req.get("state") is not None:
+            return self._cancel_bulk(req)
         job_id = protocol.job_id(req)
         job = self.store.cancel(job_id, self.clock())
+        if job is not None and job.state == State.RUNNING:
+            # Cancelled in the store at once; its run's outcome is discarded when it ends.
+            job = self.store.cancel_running(job_id, self.clock())
+            if job is not None and job.state == State.CANCELLED:
+                log.warning("operator cancelled job %d (%s) while it ran", job_id, job.func)
+                self.pool.cancel_running(job_id)
+                self.pool.wake()  # its key is free
         if job is None:
             raise QueueError(Code.NOT_FOUND, f"no job {job_id}")
         if job.state != State.CANCELLED:
             raise QueueError(Code.CONFLICT, f"job {job_id} is {job.state} and cannot be cancelled")
         self.waiters.notify([job_id])
         return {"ok": True, "job": job.to_dict()}
+
+    def _cancel_bulk(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Every waiting job of one state matching the filters; with dry_run, only their count."""
+        state = protocol.state_filter(req)
+        if state not in State.PENDING:
+            raise QueueError(Code.BAD_REQUEST, f"bulk cancel takes a waiting state: {', '.join(State.PENDING)}")
+        filters = protocol.job_filters(req)
+        if req.get("dry_run") is True:
+            n = len(self.store.list_jobs(state, protocol.MAX_BATCH, **filters))
+            return {"ok": True, "cancelled": 0, "matching": n}
+        ids = self.store.cancel_waiting(state, self.clock(), **filters)  # type: ignore[arg-type]
+        log.warning("operator cancelled %d %s job(s) (%s)", len(ids), state,
+                    ", ".join(f"{k} {v}" for k, v in filters.items() if v is not None) or "all")
+        self.waiters.notify(ids)
+        self.pool.wake()
+        return {"ok": True, "cancelled": len(ids), "matching": len(ids)}
 
     def op_event(self, req: dict[str, Any]) -> dict[str, Any]:
         now = self.clock()
@@ -206,13 +231,33 @@ class QueueService:
             total += n
         return {"ok": True, "purged": total}
 
+    def op_pause(self, req: dict[str, Any]) -> dict[str, Any]:
+        """An operator's pause: no probe, until resume."""
+        kind, name = protocol.pause_target(req)
+        new = self.store.pause(kind, name, self.clock())
+        log.warning("operator paused %s %r; its jobs wait until 'queick resume'", kind, name)
+        return {"ok": True, "paused": new}
+
+    def op_drain(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Stop claiming (or with off, claim again); with wait, wait up to that many seconds
+        (at most 60 per request) for this daemon's running jobs to end."""
+        if req.get("off") is True:
+            self.pool.drain(False)
+            log.warning("operator ended the drain: claiming again")
+            return {"ok": True, "draining": False, "running": self.pool.busy, "idle": self.pool.busy == 0}
+        wait = protocol.number(req, "wait") or 0.0
+        if not 0 <= wait <= 60:
+            raise QueueError(Code.BAD_REQUEST, "wait must be 0 to 60 seconds")
+        if not self.pool.draining:
+            self.pool.drain(True)
+            log.warning("operator began a drain: no new jobs start here; %d running", self.pool.busy)
+        idle = self.pool.wait_drained(wait)
+        return {"ok": True, "draining": True, "running": self.pool.busy, "idle": idle}
+
     def op_resume(self, req: dict[str, Any]) -> dict[str, Any]:
-        given = [(k, req[k]) for k in ("key", "func") if req.get(k) is not None]
-        if len(given) != 1 or not isinstance(given[0][1], str):
+        if not any(req.get(k) is not None for k in ("key", "func", "pool")):
             raise QueueError(Code.BAD_REQUEST, "give the key or the func to resume")
-        kind, name = given[0]
-        if kind == "func":
-            name = protocol.normalize_func(name)
+        kind, name = protocol.pause_target(req)
         if not self.store.resume(kind, name):
             raise QueueError(Code.NOT_FOUND, f"{kind} {name!r} is not paused")
         self.pool.wake()
@@ -244,7 +289,7 @@ class QueueService:
         return {"ok": True, "job": job.to_dict()}
 
     def op_jobs(self, req: dict[str, Any]) -> dict[str, Any]:
-        jobs = self.store.list_jobs(protocol.state_filter(req), protocol.limit(req))
+        jobs = self.store.list_jobs(protocol.state_filter(req), protocol.limit(req), **protocol.job_filters(req))
         return {"ok": True, "jobs": [j.to_dict() for j in jobs]}
 
     def op_stats(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -257,6 +302,7 @@ class QueueService:
             "uptime": round(now - self.started_at, 3),
             "counts": self.store.counts(),
             "workers": {"total": self.pool.workers, "busy": self.pool.busy},
+            "draining": self.pool.draining,
             "enqueued": self.batcher.jobs,
             "commits": self.batcher.commits,
             "completed": self.pool.completed,
@@ -272,8 +318,10 @@ class QueueService:
             "network": self.network.snapshot() if self.network is not None else None,
         }
         reply.update(self._fleet_stats(reply["counts"]))
+        minutes = self.store.minutes(status.first_minute(now))  # whoever ran them: the fleet's
+        reply["last_hour"] = status.last_hour(minutes)
         if req.get("detail"):  # running jobs, dead letters, oldest waits, the last hour
-            reply.update(status.detail(self.store, self.metrics, now, reply["counts"]))
+            reply.update(status.detail(self.store, self.metrics, now, reply["counts"], minutes))
         return reply
 
     def _fleet_stats(self, counts: dict[str, int]) -> dict[str, Any]:

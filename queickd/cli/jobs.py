@@ -1,4 +1,4 @@
-"""`queick enqueue/jobs/show/cancel/retry/dead/purge/resume/pool set`: one function per
+"""`queick enqueue/jobs/show/cancel/retry/dead/purge/resume/pause/pool set`: one function per
 command, each given the parsed options and a connected client. Never opens a store."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from .show import print_job, print_jobs, print_pauses
 def enqueue(a: argparse.Namespace, q: JobQueue) -> int:
     options: dict[str, Any] = {"kwargs": a.kwargs, "delay": a.delay, "run_at": a.run_at,
                                "key": a.key, "idempotency_key": a.idempotency_key,
-                               "manual": a.manual, "pool": a.pool}
+                               "manual": a.manual, "pool": a.pool, "priority": a.priority}
     if a.retry:
         options.update(retry=True, retry_type=a.retry, max_attempts=a.max_attempts)
     job_id = q.enqueue(a.func, a.args, **options)
@@ -29,7 +29,7 @@ def enqueue(a: argparse.Namespace, q: JobQueue) -> int:
 
 
 def jobs(a: argparse.Namespace, q: JobQueue) -> int:
-    out = q.jobs(a.state, a.limit)
+    out = q.jobs(a.state, a.limit, func=a.func, key=a.key, pool=a.pool)
     if a.json:
         print(json.dumps(out))
     else:
@@ -45,8 +45,25 @@ def show(a: argparse.Namespace, q: JobQueue) -> int:
 
 
 def cancel(a: argparse.Namespace, q: JobQueue) -> int:
-    out = q.cancel(a.job_id)
-    print(json.dumps(out)) if a.json else print_job(out)
+    if (a.job_id is None) == (a.state is None):
+        print("queick cancel: give a job ID, or --state (with --func, --key, --pool)", file=sys.stderr)
+        return 2
+    if a.job_id is not None:
+        if a.func or a.key or a.pool or a.yes:
+            print("queick cancel: --func, --key, --pool and --yes go with --state", file=sys.stderr)
+            return 2
+        out = q.cancel(a.job_id)
+        print(json.dumps(out)) if a.json else print_job(out)
+        return 0
+    filters = {"func": a.func, "key": a.key, "pool": a.pool}
+    n = q.cancel_waiting(a.state, **filters, dry_run=not a.yes)
+    which = " ".join([a.state, *(f"{k} {v}" for k, v in filters.items() if v is not None)])
+    if a.json:
+        print(json.dumps({"cancelled": n} if a.yes else {"matching": n, "cancelled": 0}))
+    elif a.yes:
+        print(f"{n} job(s) cancelled ({which})")
+    else:
+        print(f"{n} job(s) would be cancelled ({which}); run again with --yes to cancel them")
     return 0
 
 
@@ -80,12 +97,31 @@ def purge(a: argparse.Namespace, q: JobQueue) -> int:
     return 0
 
 
+def _one_target(a: argparse.Namespace, command: str) -> bool:
+    if sum(v is not None for v in (a.key, a.func, a.pool)) != 1:
+        print(f"queick {command}: give a KEY, --func or --pool", file=sys.stderr)
+        return False
+    return True
+
+
 def resume(a: argparse.Namespace, q: JobQueue) -> int:
-    if (a.key is None) == (a.func is None):
-        print("queick resume: give a KEY or --func", file=sys.stderr)
+    if not _one_target(a, "resume"):
         return 2
-    q.resume(a.key, func=a.func)
-    print(json.dumps({"resumed": a.key or a.func}) if a.json else f"resumed {a.key or a.func}")
+    q.resume(a.key, func=a.func, pool=a.pool)
+    name = a.key or a.func or a.pool
+    print(json.dumps({"resumed": name}) if a.json else f"resumed {name}")
+    return 0
+
+
+def pause(a: argparse.Namespace, q: JobQueue) -> int:
+    if not _one_target(a, "pause"):
+        return 2
+    new = q.pause(a.key, func=a.func, pool=a.pool)
+    name = a.key or a.func or a.pool
+    if a.json:
+        print(json.dumps({"paused": name, "new": new}))
+    else:
+        print(f"paused {name} until 'queick resume'" + ("" if new else " (it was paused already; no probe now)"))
     return 0
 
 

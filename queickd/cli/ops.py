@@ -1,4 +1,4 @@
-"""`queick stats/status/top/crons`: the operator's views of a running daemon, one function
+"""`queick stats/status/top/crons/cron delete/drain`: the operator's views of a running daemon, one function
 per command, each given the parsed options and a connected client."""
 
 from __future__ import annotations
@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from ..client import JobQueue
 from ..ui import statusview
+from .options import fmt_duration
 from .remote import run_client
 from .show import fmt_time, print_stats
 
@@ -53,7 +55,49 @@ def crons(a: argparse.Namespace, q: JobQueue) -> int:
     if a.json:
         print(json.dumps(out))
         return 0
-    for c in out:
-        print(f"{c['name']}: {c['schedule']}  next {fmt_time(c['next_run_at'])}"
-              f"  last {fmt_time(c['last_fired_at'])}  folded {c['folded']}")
+    if not out:
+        print("no recurring jobs")
+        return 0
+    rows = [[c["name"], schedule_text(c["schedule"]), c["func"], c.get("pool") or "default",
+             fmt_time(c["next_run_at"]), fmt_time(c["last_fired_at"]), str(c["folded"])] for c in out]
+    head = ["NAME", "SCHEDULE", "FUNC", "POOL", "NEXT", "LAST", "FOLDED"]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    for r in [head, *rows]:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
     return 0
+
+
+def schedule_text(s: dict) -> str:
+    """{"cron": "*/5 * * * *"} -> '*/5 * * * *'; {"every": 300, ...} -> 'every 5m'."""
+    if "cron" in s:
+        return s["cron"]
+    return f"every {fmt_duration(s['every'])}"
+
+
+def cron_delete(a: argparse.Namespace, q: JobQueue) -> int:
+    q.cron_delete(a.name)
+    print(json.dumps({"deleted": a.name}) if a.json else f"deleted cron {a.name}")
+    return 0
+
+
+def drain(a: argparse.Namespace, q: JobQueue) -> int:
+    """Drain (or with --off end it); waits, a request of at most 10 s at a time, for idle."""
+    if a.off:
+        out = q.drain(off=True)
+        print(json.dumps(out) if a.json else "drain ended: jobs start again")
+        return 0
+    deadline = time.monotonic() + a.timeout
+    out = q.drain(0)
+    told = False
+    while not out["idle"] and (left := deadline - time.monotonic()) > 0:
+        if not told and not a.json:
+            print(f"draining: no new jobs start; waiting for {out['running']} running job(s)", file=sys.stderr)
+            told = True
+        out = q.drain(min(10.0, left))
+    if a.json:
+        print(json.dumps(out))
+    elif out["idle"]:
+        print("idle: nothing runs here; no new job starts until 'queick drain --off' or a restart")
+    else:
+        print(f"still busy after {fmt_duration(a.timeout)}: {out['running']} job(s) running; the drain goes on")
+    return 0 if out["idle"] else 1

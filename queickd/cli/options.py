@@ -26,6 +26,15 @@ def duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 90, 15m, 12h or 7d") from None
 
 
+def fmt_duration(seconds: float) -> str:
+    """Seconds as the README writes them: 604800 -> '7d', 86400 -> '24h', 300 -> '5m', 90 -> '90s'."""
+    s = float(seconds)
+    for unit, size, least in (("d", 86400, 2), ("h", 3600, 1), ("m", 60, 1)):
+        if s >= size * least and s % size == 0:
+            return f"{s / size:.0f}{unit}"
+    return f"{s:g}s"
+
+
 def env(flag: str) -> str | None:
     """The value of QUEICKD_<FLAG> for `--flag`, or None."""
     return os.environ.get("QUEICKD_" + flag.lstrip("-").upper().replace("-", "_"))
@@ -54,6 +63,19 @@ class Repeatable(argparse.Action):
         setattr(namespace, self.dest, [*items, values])
 
 
+class Switch(argparse.Action):
+    """An on/off flag: `--flag` alone turns it on (no value, no metavar); QUEICKD_FLAG and
+    the config file give true or false, read by its `type` (truthy)."""
+
+    def __init__(self, option_strings: list[str], dest: str, type: Callable[[str], Any] | None = None,
+                 **kw: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, type=type, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, True)
+
+
 def opt(p: argparse.ArgumentParser, flag: str, help: str, default: Any = None,
         type: Callable[[str], Any] = str, **kw: Any) -> None:
     """Add a flag whose default comes from QUEICKD_<FLAG> first, then `default`."""
@@ -66,7 +88,10 @@ def opt(p: argparse.ArgumentParser, flag: str, help: str, default: Any = None,
             raise BadEnvironmentError(p, f"QUEICKD_{flag.lstrip('-').upper().replace('-', '_')}="
                                       f"{value_env!r}: {e}") from None
     envname = "QUEICKD_" + flag.lstrip("-").upper().replace("-", "_")
-    shown = "" if default in (None, [], "") else f" (default: {default})"
+    shown_value = fmt_duration(default) if type is duration and default is not None else default
+    shown = "" if default in (None, [], "") or kw.get("action") == "switch" else f" (default: {shown_value})"
+    if kw.get("action") == "switch":
+        kw["action"] = Switch
     if kw.get("action") == "append":
         kw["action"] = Repeatable
     p.add_argument(flag, default=value, type=type, help=f"{help}{shown} [env {envname}]", **kw)

@@ -21,8 +21,8 @@ from . import run as run_cmd
 from .options import DEFAULTS, BadEnvironmentError, Repeatable, duration, env, json_arg, opt, truthy
 from .remote import ClientCommand, run_client
 
-SUBCOMMANDS = ("run", "enqueue", "jobs", "show", "cancel", "retry", "stats", "crons", "dead", "purge",
-               "resume", "status", "top", "worker", "db", "pool")
+SUBCOMMANDS = ("run", "enqueue", "jobs", "show", "cancel", "retry", "stats", "crons", "cron", "dead", "purge",
+               "resume", "pause", "drain", "status", "top", "worker", "db", "pool")
 STARTS_A_PROCESS = ("run", "worker")  # their bad QUEICKD_* values exit 78, not 2
 
 
@@ -58,14 +58,17 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
          d.idempotency_ttl, type=duration)
     opt(p, "--event-max-attempts", "delivery attempts of an event before it is a dead letter",
          d.event_max_attempts, type=int)
-    opt(p, "--pause-after", "failed runs in a row that pause a key or function", d.pause_after, type=int)
+    opt(p, "--pause-after", "dead jobs in a row that pause a key or function (0: never)", d.pause_after, type=int)
+    opt(p, "--pause-cooldown", "wait before a pause lets one probe job through (doubles on each trip, "
+         "up to 1h)", d.pause_cooldown, type=duration)
     opt(p, "--keep-finished", "how long succeeded and cancelled jobs are kept (e.g. 7d)",
          d.keep_finished, type=duration)
     opt(p, "--http", "serve webhooks, /metrics, /healthz and the status page on HOST:PORT "
          f"(off by default; --http alone means 127.0.0.1:{DEFAULT_HTTP_PORT})", None, nargs="?",
          const=f"127.0.0.1:{DEFAULT_HTTP_PORT}")
     opt(p, "--accept-queick-clients", "also accept unmodified Queick 1.2.1 clients (pickled "
-         "requests, loaded as plain data only) on the TCP port", False, type=truthy, nargs="?", const=True)
+         "requests, loaded as plain data only) on the TCP port (off unless given)", False, type=truthy,
+         action="switch")
     opt(p, "--pool", "worker pool this daemon's workers serve (repeatable; "
          "default: default)", None, action="append")
     opt(p, "--heartbeat", "seconds between heartbeats in a shared PostgreSQL store (gone after 3 missed)",
@@ -113,6 +116,12 @@ def _client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
+def _filter_flags(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--func", help=f"{what} of this module:function")
+    p.add_argument("--key", help=f"{what} of this serial key")
+    p.add_argument("--pool", help=f"{what} of this worker pool")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="queick",
@@ -135,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     when = enq.add_mutually_exclusive_group()
     when.add_argument("--delay", type=float, help="run after this many seconds")
     when.add_argument("--run-at", type=float, help="run at this unix time")
+    enq.add_argument("--priority", type=int, default=0, help="lower runs first (default: 0)")
     enq.add_argument("--retry", choices=POLICIES, help="retry on failure with this backoff policy")
     enq.add_argument("--max-attempts", type=int, help="runs in all, the first included (with --retry)")
     enq.add_argument("--key", help="serial key")
@@ -148,13 +158,23 @@ def build_parser() -> argparse.ArgumentParser:
     jobs = sub.add_parser("jobs", help="list jobs, newest first", description="List jobs, newest first.")
     jobs.add_argument("--state", choices=State.ALL, help="only jobs in this state")
     jobs.add_argument("--limit", type=int, default=50, help="at most this many (default: 50)")
+    _filter_flags(jobs, "only jobs")
     _talks(jobs, jobs_cmd.jobs)
 
-    for name, text, command in (("show", "show one job in full", jobs_cmd.show),
-                                ("cancel", "cancel a job that has not started", jobs_cmd.cancel)):
-        sp = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
-        sp.add_argument("job_id", type=int, help="job id")
-        _talks(sp, command)
+    show = sub.add_parser("show", help="show one job in full", description="Show one job in full.")
+    show.add_argument("job_id", type=int, help="job id")
+    _talks(show, jobs_cmd.show)
+    cancel = sub.add_parser(
+        "cancel", help="cancel a job (waiting or running), or every waiting job matching filters",
+        description="Cancel one job: a waiting one never starts; a running one is cancelled at once and "
+        "the outcome of its run is discarded (a job run in a thread runs on to its end; one run in a "
+        "process is killed). Or, with --state, every job in that waiting state matching --func, --key "
+        "and --pool: without --yes it only counts them.")
+    cancel.add_argument("job_id", type=int, nargs="?", help="job id")
+    cancel.add_argument("--state", choices=State.PENDING, help="cancel every job in this waiting state")
+    _filter_flags(cancel, "with --state: only jobs")
+    cancel.add_argument("--yes", action="store_true", help="with --state: cancel them (without it: count only)")
+    _talks(cancel, jobs_cmd.cancel)
     retry = sub.add_parser("retry", help="send dead letters back to the queue",
                            description="Send a dead job (by id), a dead event, or every dead letter back.")
     which = retry.add_mutually_exclusive_group(required=True)
@@ -169,21 +189,50 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Delete jobs in a final state that finished long enough ago.")
     kind = purge.add_mutually_exclusive_group(required=True)
     kind.add_argument("--dead", dest="state", action="store_const", const="dead", help="dead letters")
-    kind.add_argument("--succeeded", dest="state", action="store_const", const="succeeded")
-    kind.add_argument("--cancelled", dest="state", action="store_const", const="cancelled")
+    kind.add_argument("--succeeded", dest="state", action="store_const", const="succeeded",
+                      help="succeeded jobs")
+    kind.add_argument("--cancelled", dest="state", action="store_const", const="cancelled",
+                      help="cancelled jobs")
     purge.add_argument("--older-than", type=duration, required=True, help="e.g. 7d, 12h, 3600")
     _talks(purge, jobs_cmd.purge)
-    resume = sub.add_parser("resume", help="resume a paused key or function",
-                            description="Lift the pause put on a key (or function) after repeated failures.")
+    resume = sub.add_parser("resume", help="resume a paused key, function or pool",
+                            description="Lift the pause of a key (or function, or pool): one put on after "
+                            "repeated failures, or by 'queick pause'.")
     resume.add_argument("key", nargs="?", help="the serial key")
     resume.add_argument("--func", help="module:function instead of a key")
+    resume.add_argument("--pool", help="a worker pool instead of a key")
     _talks(resume, jobs_cmd.resume)
+    pause = sub.add_parser("pause", help="pause a key, function or pool by hand, until 'queick resume'",
+                           description="Pause a key (or function, or pool): its jobs wait, running ones "
+                           "finish. The same pause as after repeated failures, but with no probe: it "
+                           "lasts until 'queick resume'.")
+    pause.add_argument("key", nargs="?", help="the serial key")
+    pause.add_argument("--func", help="module:function instead of a key")
+    pause.add_argument("--pool", help="a worker pool instead of a key")
+    _talks(pause, jobs_cmd.pause)
+    drain = sub.add_parser("drain", help="stop starting jobs, let running ones finish, report when idle",
+                           description="For maintenance: this daemon starts no new job (they keep "
+                           "waiting, and are accepted as usual); waits for its running jobs and says "
+                           "when it is idle. Lasts until 'queick drain --off' or a restart.")
+    drain.add_argument("--off", action="store_true", help="end the drain: start jobs again")
+    drain.add_argument("--timeout", type=duration, default=600.0,
+                       help="how long to wait for running jobs (e.g. 90, 15m; default: 10m); exit 1 if "
+                       "still busy")
+    _talks(drain, ops.drain)
 
     stats = sub.add_parser("stats", help="counts by state, workers, scheduler",
                            description="Show the daemon's counts by state, workers and scheduler.")
     _talks(stats, ops.stats)
     crons = sub.add_parser("crons", help="list recurring jobs", description="List recurring jobs.")
     _talks(crons, ops.crons)
+    cron = sub.add_parser("cron", help="manage a recurring job ('queick cron delete NAME')",
+                          description="Manage recurring jobs (see 'queick crons' for their names).")
+    cronsub = cron.add_subparsers(dest="cron_command", metavar="ACTION", required=True)
+    cdel = cronsub.add_parser("delete", help="delete a recurring job by name (runs already queued stay)",
+                              description="Delete the recurring job NAME: it fires no more. Runs it has "
+                              "already queued stay queued.")
+    cdel.add_argument("name", help="the cron's name")
+    _talks(cdel, ops.cron_delete)
     status = sub.add_parser("status", help="what the daemon is doing, at a glance",
                             description="Workers, waiting jobs per key, the oldest wait, pauses, running "
                             "jobs, dead letters with their errors, the network, and the last hour.")
@@ -217,7 +266,9 @@ def _fleet_parsers(sub: Any) -> None:
     opt(wk, "--max-orphan-requeues", "times a job whose worker died is re-queued before it is dead",
          w.max_orphan_requeues, type=int)
     opt(wk, "--stop-timeout", "seconds running jobs get to finish on SIGTERM", w.stop_timeout, type=float)
-    opt(wk, "--pause-after", "failed runs in a row that pause a key or function", w.pause_after, type=int)
+    opt(wk, "--pause-after", "dead jobs in a row that pause a key or function (0: never)", w.pause_after, type=int)
+    opt(wk, "--pause-cooldown", "wait before a pause lets one probe job through (doubles on each trip, "
+         "up to 1h)", w.pause_cooldown, type=duration)
     opt(wk, "--log-level", "log level", "info", choices=log.LEVELS)
     wk.set_defaults(handler=run_cmd.run_worker)
 

@@ -26,8 +26,10 @@ def print_jobs(jobs: list[dict[str, Any]]) -> None:
 def print_pauses(pauses: list[dict[str, Any]]) -> None:
     for p in pauses:
         err = p.get("last_error") or {}
+        probe = ("until resumed" if p.get("probe_at") is None
+                 else f"next probe {fmt_time(p['probe_at'])}, trip {p.get('trips', 0)}")
         print(f"PAUSED {p['kind']} {p['name']} since {fmt_time(p['paused_at'])} after {p['failures']} "
-              f"failures: {err.get('type')}: {err.get('message')}  ('queick resume')")
+              f"failures: {err.get('type')}: {err.get('message')}  ({probe}; 'queick resume')")
 
 
 def print_job(job: dict[str, Any]) -> None:
@@ -46,7 +48,8 @@ def print_stats(s: dict[str, Any]) -> None:
     print(f"queickd {s['version']}  store {s['store']}  up {s['uptime']:.0f} s")
     w = s["workers"]
     print(f"workers: {w['busy']}/{w['total']} busy   enqueued {s['enqueued']} in {s['commits']} commits"
-          f"   completed {s['completed']}   failed attempts {s['failed']}")
+          f"   completed {s['completed']}   failed attempts {s['failed']}"
+          + ("   DRAINING: no new job starts" if s.get("draining") else ""))
     sch = s["scheduler"]
     print(f"scheduler: {'alive' if sch['alive'] else 'STOPPED'}, last fired {fmt_time(sch['last_fired_at'])}"
           f"   crons: {s['crons']}")
@@ -59,6 +62,12 @@ def print_stats(s: dict[str, Any]) -> None:
               f"{net['restarts']} restarts), probing {net['target']}")
         if net.get("error"):
             print(f"network checker error: {net['error']}")
+    hour = s.get("last_hour")
+    if hour is not None:  # from the store: every daemon and worker of the fleet
+        runs = hour["completed"] + hour["failed"]
+        print(f"last hour: {runs} runs, {hour['failed']} failed, {hour['seconds']:.1f} s of work"
+              + "".join(f"   {m['member']} {m['completed'] + m['failed']}/{m['failed']} failed/{m['seconds']:.1f} s"
+                        for m in hour["members"]))
     print("jobs: " + "  ".join(f"{k} {v}" for k, v in s["counts"].items()))
     ev = s["events"]
     print(f"events: pending {ev['pending']}  dead {ev['dead']}   refused requests {s['refused']}"

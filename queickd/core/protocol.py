@@ -89,12 +89,14 @@ OPS: dict[str, frozenset] = {
     "event": _EVENT_FIELDS,
     "get": frozenset({"job_id"}),
     "wait": frozenset({"job_id", "timeout", "states"}),
-    "cancel": frozenset({"job_id"}),
+    "cancel": frozenset({"job_id", "state", "func", "key", "pool", "dry_run"}),
     "retry": frozenset({"job_id", "event_id", "all"}),
     "dead": frozenset({"limit"}),
     "purge": frozenset({"state", "older_than"}),
-    "resume": frozenset({"key", "func"}),
-    "jobs": frozenset({"state", "limit"}),
+    "resume": frozenset({"key", "func", "pool"}),
+    "pause": frozenset({"key", "func", "pool"}),
+    "drain": frozenset({"wait", "off"}),
+    "jobs": frozenset({"state", "limit", "func", "key", "pool"}),
     "stats": frozenset({"detail"}),
     "cron": _CRON_FIELDS,
     "crons": frozenset(),
@@ -403,6 +405,22 @@ def state_filter(obj: dict[str, Any]) -> str | None:
     if s is not None and s not in State.ALL:
         raise bad(f"state must be one of {', '.join(State.ALL)}")
     return s
+
+
+def job_filters(obj: dict[str, Any]) -> dict[str, str | None]:
+    """The func, key and pool filters of `jobs` and of a bulk `cancel` (absent: any)."""
+    func = obj.get("func")
+    return {"func": None if func is None else normalize_func(func), "key": _opt_str(obj, "key"),
+            "pool": _opt_str(obj, "pool")}
+
+
+def pause_target(obj: dict[str, Any]) -> tuple[str, str]:
+    """A `pause` or `resume` request -> (kind, name): exactly one of key, func or pool."""
+    given = [k for k in ("key", "func", "pool") if obj.get(k) is not None]
+    if len(given) != 1:
+        raise bad("give exactly one of key, func or pool")
+    kind = given[0]
+    return kind, normalize_func(obj[kind]) if kind == "func" else _opt_str(obj, kind)  # type: ignore[return-value]
 
 
 def states(obj: dict[str, Any]) -> frozenset[str]:

@@ -7,7 +7,8 @@ decides the job's outcome from the report alone, so a job run in another process
 judged exactly like one run in a worker thread. `run.capture` builds the report from
 what the call did. A runner never decides a fate and never touches the store. An
 in-thread runner hands the report over as it is; only a runner in another process needs
-`to_dict`/`from_dict` (JSON) to carry it across.
+`to_dict`/`from_dict` (JSON) to carry it across. `cancel(job_id)` is how the worker pool
+passes on an operator's cancel of a running job.
 """
 
 from __future__ import annotations
@@ -55,3 +56,9 @@ class Runner(Protocol):
     """Executes one claimed job; never raises for what the job does (that is the report)."""
 
     def run(self, job: Job) -> RunReport: ...
+
+    def cancel(self, job_id: int) -> None:
+        """An operator cancelled this job while it runs (the store has it `cancelled`
+        already, so whatever its run reports is discarded). A runner that can stop a run
+        (a process: kill it) does so and its run() returns soon after; one that cannot (a
+        thread) does nothing. Called from any thread; a job not running here is ignored."""

@@ -9,6 +9,12 @@ Safe from any thread; results are cached per function name.
 The app directory goes first on sys.path, so a module there named like one of the standard
 library or an installed package (an app `csv.py`) would be imported in its place by the
 whole process, queickd included: the loader refuses to start with one (ShadowingError).
+
+Code is picked up when a module is first imported, and again on `reload()` (the daemon's
+SIGHUP): every module imported from the app directory is imported afresh into a new
+module object, which replaces the old one only once its code has run without error; a
+module that fails leaves the old one serving. Jobs already running keep the function
+they started with. Modules admitted by --allow outside the app directory are not reloaded.
 """
 
 from __future__ import annotations
@@ -18,12 +24,26 @@ import importlib
 import importlib.machinery
 import importlib.util
 import inspect
+import logging
 import os
 import sys
+import threading
+import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.protocol import Code, QueueError
+
+log = logging.getLogger("queickd.loader")
+
+
+@dataclass
+class Reloaded:
+    """What reload() did: modules imported afresh, and those that failed (name -> why)."""
+
+    modules: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 class ShadowingError(ValueError):
@@ -84,6 +104,7 @@ class FunctionLoader:
                 "Rename them (or move them into a package of the app's own)")
         self._checked: dict[str, QueueError | None] = {}
         self._funcs: dict[str, Callable[..., Any]] = {}
+        self._reload_lock = threading.Lock()  # one reload at a time
         if self.app_dir not in sys.path:
             sys.path.insert(0, self.app_dir)
 
@@ -118,6 +139,55 @@ class FunctionLoader:
             self._checked[func] = cached
         if cached is not None:
             raise cached
+
+    def _app_modules(self) -> list[str]:
+        """Names of the imported modules whose file lies in the app directory, parents first."""
+        out = []
+        for name, m in list(sys.modules.items()):
+            path = getattr(m, "__file__", None)
+            if name == "__main__" or name == "queickd" or name.startswith("queickd."):
+                continue  # the daemon's own code (an app directory holding a checkout) stays
+            if path and os.path.commonpath([self.app_dir, os.path.realpath(path)]) == self.app_dir:
+                out.append(name)
+        return sorted(out, key=lambda n: (n.count("."), n))
+
+    def reload(self) -> Reloaded:
+        """Import every app-directory module afresh (see the module docstring) and forget
+        what was cached, so new functions and new modules are found. Logs each failure with
+        its traceback; never raises for a module's error."""
+        done = Reloaded()
+        with self._reload_lock:
+            importlib.invalidate_caches()
+            for name in self._app_modules():
+                old = sys.modules.get(name)
+                spec = getattr(old, "__spec__", None)
+                if old is None or spec is None or spec.origin is None:
+                    continue
+                new_spec = importlib.util.spec_from_file_location(
+                    name, spec.origin, submodule_search_locations=spec.submodule_search_locations)
+                if new_spec is None or new_spec.loader is None:
+                    continue
+                new = importlib.util.module_from_spec(new_spec)
+                sys.modules[name] = new  # as an import does: the module may import itself
+                try:
+                    new_spec.loader.exec_module(new)
+                except BaseException as e:  # a syntax error, an exception at import, a SystemExit
+                    sys.modules[name] = old
+                    done.failed[name] = f"{type(e).__name__}: {e}"
+                    log.error("reload: %s failed to import, the old code keeps serving: %s: %s\n%s", name,
+                              type(e).__name__, e, "".join(traceback.format_exception(e)).rstrip())
+                    continue
+                parent, _, child = name.rpartition(".")
+                if parent and parent in sys.modules:
+                    setattr(sys.modules[parent], child, new)
+                done.modules.append(name)
+            # Functions resolve again from the new modules; a failed one's old functions are
+            # found again through its old module, still in sys.modules.
+            self._funcs = {}
+            self._checked = {}
+        log.info("reload: %d module(s) imported afresh%s", len(done.modules),
+                 f", {len(done.failed)} failed (old code kept): {', '.join(done.failed)}" if done.failed else "")
+        return done
 
     def resolve(self, func: str) -> Callable[..., Any]:
         """Import and return the function. Raises QueueError(not_allowed), ImportError or

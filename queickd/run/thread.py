@@ -33,3 +33,7 @@ class ThreadRunner:
         except BaseException as e:  # a job's SystemExit must not end the worker
             return capture.failed(e, time.monotonic() - began)
         return capture.succeeded(value, time.monotonic() - began)
+
+    def cancel(self, job_id: int) -> None:
+        """A thread cannot be stopped from outside: the call runs to its end and the store,
+        which has the job cancelled already, discards its outcome."""

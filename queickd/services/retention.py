@@ -1,4 +1,5 @@
-"""Retention: succeeded and cancelled jobs are deleted once older than `keep_finished`.
+"""Retention: succeeded and cancelled jobs are deleted once older than `keep_finished`, and
+the per-minute counters once older than a day.
 
 Called by the scheduler's safety sweep (no thread of its own). Deletes in small batches,
 each its own transaction, so a large backlog never holds the store's writer for long.
@@ -16,6 +17,7 @@ from ..store import Store
 log = logging.getLogger("queickd.daemon")  # the line was the daemon's; its logger stays
 
 BATCH = 500  # jobs deleted per transaction
+KEEP_MINUTES = 24 * 60  # per-minute counters kept (the status page shows the last hour)
 
 
 class Retention:
@@ -33,4 +35,5 @@ class Retention:
             total += n
         if total:
             log.info("retention: pruned %d finished job(s) older than %.0f s", total, self.keep_finished)
+        self.store.prune_minutes(int(self._clock() // 60) - KEEP_MINUTES)
         return total

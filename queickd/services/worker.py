@@ -8,12 +8,19 @@ never polls. A thread that has just made work possible runs the pass itself when
 running: the thread that committed a submit, and a worker whose job has ended, which then
 takes its next job without waking anyone. A fixed set of worker threads, fed through one
 queue, run the jobs through a runner (run.base.Runner; the in-thread one by default) and
-leave the outcome to core.fate."""
+leave the outcome to core.fate.
+
+Each run is also counted per minute (runs, failures, seconds) and the counts are written to
+the store (`add_minute`, as this member "host:pid") in a pass's finishing batch, at most
+once a second or when the minute turns, and on stop: the fleet's counts and the status
+page's history are read from there, whoever ran the jobs."""
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -24,13 +31,19 @@ from ..run.base import Runner
 from ..run.loader import FunctionLoader
 from ..run.thread import ThreadRunner
 from ..store import Store
-from ..store.base import Finished
+from ..store.base import Finished, Minute
 
 log = logging.getLogger("queickd.worker")
 
 DEFAULT_WORKERS = 4
 DEFAULT_SWEEP = 60.0  # seconds between safety sweeps when nothing wakes the pool
 _STORE_RETRY = 1.0  # seconds to wait after a store error before trying again
+_COUNTS_EVERY = 1.0  # seconds between writes of the per-minute counts (and when the minute turns)
+
+
+def member_name() -> str:
+    """How this process names itself in the per-minute counts: host:pid, as the fleet shows it."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class WorkerPool:
@@ -47,9 +60,12 @@ class WorkerPool:
         on_finished: Callable[[list[Outcome]], None] = lambda outcomes: None,
         on_claimed: Callable[[list[Job]], None] = lambda jobs: None,
         pause_after: int | None = None,
+        pause_cooldown: float | None = None,
+        on_probe_at: Callable[[float], None] = lambda t: None,
         on_ran: Callable[[Job, Outcome, float], None] | None = None,
         pools: list[str] | None = None,
         runner: Runner | None = None,
+        member: str | None = None,
     ) -> None:
         if workers < 0:
             raise ValueError("workers must be 0 or more")
@@ -63,7 +79,9 @@ class WorkerPool:
         self._network_up = network_up  # may jobs that need the network start now?
         self._on_finished = on_finished
         self._on_claimed = on_claimed
-        self._pause_after = pause_after
+        self._pause_after = pause_after or None  # 0: the breaker is off
+        self._pause_cooldown = pause_cooldown  # None: a pause lasts until resumed
+        self._on_probe_at = on_probe_at  # a pause's probe is due then: wake the pool at that time
         self._on_ran = on_ran  # (job, outcome, seconds) from the worker thread: metrics
         self.pools = pools  # the worker pools whose jobs it runs; None: every pool
         # Set by anyone who may have made work available or freed a worker; cleared only
@@ -74,6 +92,8 @@ class WorkerPool:
         self._dispatch_lock = threading.Lock()  # one pass at a time, whichever thread runs it
         self._unapplied: list[Outcome] = []  # outcomes taken but not yet stored
         self._stopping = False
+        self._draining = False  # an operator's drain: claim nothing, let running jobs end
+        self._drained = threading.Event()  # set while draining and nothing runs
         self._idle = threading.Event()  # set when stopping and nothing is running
         self._thread: threading.Thread | None = None
         # Claimed jobs for the worker threads; None tells one thread to exit. Plain threads
@@ -82,6 +102,10 @@ class WorkerPool:
         self._threads: list[threading.Thread] = []
         self.completed = 0  # counters written by the dispatcher only
         self.failed = 0
+        self.member = member or member_name()
+        self._counts: dict[int, list] = {}  # minute -> [completed, failed, seconds] not yet stored
+        self._counts_lock = threading.Lock()  # worker threads add, the pass takes
+        self._counts_at = 0.0  # monotonic time of the last write
 
     @property
     def busy(self) -> int:
@@ -111,6 +135,25 @@ class WorkerPool:
         self._stopping = True
         self._wake.set()
 
+    def drain(self, on: bool = True) -> None:
+        """Stop claiming (on) or claim again (off); running jobs go on either way."""
+        self._draining = on
+        if not on:
+            self._drained.clear()
+        self._wake.set()  # the dispatcher's pass sees the pool idle (or claims again)
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def wait_drained(self, timeout: float) -> bool:
+        """While draining: wait up to `timeout` s for no job to run here. True once idle."""
+        return self._draining and self._drained.wait(timeout)
+
+    def cancel_running(self, job_id: int) -> None:
+        """Pass an operator's cancel of a running job on to the runner (see Runner.cancel)."""
+        self.runner.cancel(job_id)
+
     def stop(self, timeout: float) -> bool:
         """Stop claiming; wait up to `timeout` s for running jobs. True if all finished.
 
@@ -122,6 +165,7 @@ class WorkerPool:
         self.stop_claiming()
         finished = self._idle.wait(timeout)
         self._thread.join(1.0 if finished else 0.1)
+        self.flush_counts()
         for _ in self._threads:  # threads still in a job exit when it ends
             self._runq.put(None)
         return finished
@@ -183,13 +227,22 @@ class WorkerPool:
                 break
         report = None
         claimed: list[Job] = []
-        with self.store.batch(bookkeeping=True):
-            if unapplied:
-                report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after)
-            free = self.workers - self._busy + len(unapplied)
-            if free > 0 and not self._stopping:
-                claimed = self.store.claim_available(free, self._clock(), self._network_up(),
-                                                     pools=self.pools)
+        # Every count is written once the pool goes idle; while busy, once a second at most.
+        counted = self._take_counts(force=self._busy == len(unapplied)) if unapplied else []
+        try:
+            with self.store.batch(bookkeeping=True):
+                if unapplied:
+                    report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after,
+                                                          self._pause_cooldown)
+                    for m in counted:
+                        self.store.add_minute(m)
+                free = self.workers - self._busy + len(unapplied)
+                if free > 0 and not self._stopping and not self._draining:
+                    claimed = self.store.claim_available(free, self._clock(), self._network_up(),
+                                                         pools=self.pools)
+        except BaseException:
+            self._put_back(counted)
+            raise
         if unapplied:
             self._busy -= len(unapplied)
             finished, self._unapplied = unapplied, []
@@ -199,10 +252,55 @@ class WorkerPool:
             self._runq.put(job)
         if claimed:
             self._on_claimed(claimed)
+        if self._draining and self._busy == 0:
+            self._drained.set()
         if self._stopping and self._busy == 0:
             self._idle.set()
             return True
         return False
+
+    # --- per-minute counts ------------------------------------------------------------------
+    def _count(self, ok: bool, seconds: float) -> None:
+        """Worker thread: one run ended."""
+        minute = int(self._clock() // 60)
+        with self._counts_lock:
+            c = self._counts.get(minute)
+            if c is None:
+                c = self._counts[minute] = [0, 0, 0.0]
+            c[0 if ok else 1] += 1
+            c[2] += seconds
+
+    def _take_counts(self, force: bool) -> list[Minute]:
+        """The counts due to be written: all of them when forced, a second after the last
+        write, or once a minute other than the current one holds some."""
+        now = time.monotonic()
+        with self._counts_lock:
+            if not self._counts:
+                return []
+            current = int(self._clock() // 60)
+            if not force and now - self._counts_at < _COUNTS_EVERY and set(self._counts) == {current}:
+                return []
+            taken, self._counts = self._counts, {}
+        self._counts_at = now
+        return [Minute(m, self.member, c[0], c[1], c[2]) for m, c in sorted(taken.items())]
+
+    def _put_back(self, counted: list[Minute]) -> None:
+        """A batch that failed: its counts are written with a later one."""
+        with self._counts_lock:
+            for m in counted:
+                c = self._counts.setdefault(m.minute, [0, 0, 0.0])
+                c[0] += m.completed
+                c[1] += m.failed
+                c[2] += m.seconds
+
+    def flush_counts(self) -> None:
+        """Write the counts not yet stored (on stop). A store error is logged, not raised."""
+        counted = self._take_counts(force=True)
+        try:
+            for m in counted:
+                self.store.add_minute(m)
+        except Exception:
+            log.exception("could not store the last per-minute counts")
 
     def _isolate(self, outcomes: list[Outcome]) -> list[Outcome]:
         """After a failed batch: apply outcomes one by one, so that one the store cannot take
@@ -217,7 +315,8 @@ class WorkerPool:
             for attempt in (o, Outcome.dead(o.job_id, {"type": "unstorable_outcome",
                                                        "message": "the job's outcome could not be stored"})):
                 try:
-                    report = self.store.finish_if_running([attempt], self._clock(), self._pause_after)
+                    report = self.store.finish_if_running([attempt], self._clock(), self._pause_after,
+                                                          self._pause_cooldown)
                 except self.store.UNAVAILABLE:
                     return left + outcomes[i:]
                 except Exception:
@@ -232,9 +331,12 @@ class WorkerPool:
     def _after_finish(self, finished: list[Outcome], report: Finished | None) -> None:
         for p in report.paused if report else ():
             err = p.last_error or {}
+            until = ("until 'queick resume' or a manual run" if p.probe_at is None else
+                     f"until a probe job in {p.probe_at - self._clock():.0f} s succeeds, 'queick resume' or a manual run")
             log.warning("%s %s paused after %d failed runs in a row (last: %s: %s); its jobs wait "
-                        "until 'queick resume' or a manual run", p.kind, p.name, p.failures,
-                        err.get("type"), err.get("message"))
+                        "%s", p.kind, p.name, p.failures, err.get("type"), err.get("message"), until)
+        if report is not None and report.next_probe is not None:
+            self._on_probe_at(report.next_probe)
         ok = sum(1 for o in finished if o.state == State.SUCCEEDED)
         self.completed += ok
         self.failed += len(finished) - ok
@@ -262,6 +364,7 @@ class WorkerPool:
                 "job %d %s failed (attempt %d/%d): %s: %s -> %s", job.id, job.func, job.attempts,
                 job.max_attempts, outcome.error["type"], outcome.error["message"], outcome.state,
             )
+        self._count(outcome.state == State.SUCCEEDED, runtime)
         if self._on_ran is not None:
             try:
                 self._on_ran(job, outcome, runtime)

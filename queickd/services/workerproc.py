@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .. import __version__
@@ -35,7 +36,8 @@ class WorkerConfig:
     sweep: float = DEFAULT_SWEEP
     max_orphan_requeues: int = 3
     stop_timeout: float = 30.0
-    pause_after: int = 5
+    pause_after: int = 5  # 0: no auto-pause
+    pause_cooldown: float = 300.0
 
     def validate(self) -> None:
         if not self.store.startswith(("postgresql://", "postgres://")):
@@ -44,6 +46,8 @@ class WorkerConfig:
             raise ValueError("workers must be at least 1")
         if not self.heartbeat > 0 or not self.sweep > 0 or self.stop_timeout < 0:
             raise ValueError("heartbeat and sweep must be positive, stop_timeout not negative")
+        if self.pause_after < 0 or not self.pause_cooldown > 0:
+            raise ValueError("pause_after must not be negative (0: off), pause_cooldown must be positive")
         if not self.pool or any(not p for p in self.pool):
             raise ValueError("give at least one non-empty --pool")
         if not os.path.isdir(self.app_dir):
@@ -75,7 +79,7 @@ def run(config: WorkerConfig) -> int:
 
         loader = FunctionLoader(config.app_dir, config.allow)
         pool = WorkerPool(store, loader, config.workers, sweep=config.sweep, pause_after=config.pause_after,
-                          pools=list(config.pool), runner=ThreadRunner(loader))
+                          pause_cooldown=config.pause_cooldown, pools=list(config.pool), runner=ThreadRunner(loader))
         member = FleetMember(store, pool, kind="worker", heartbeat=config.heartbeat, sweep=config.sweep,
                              max_orphan_requeues=config.max_orphan_requeues, on_version_change=version_changed)
         member.start()
@@ -83,7 +87,7 @@ def run(config: WorkerConfig) -> int:
         pool.wake()
         log.info("queickd %s worker serving pool(s) %s with %d workers (heartbeat %.1f s, pid %d)",
                  __version__, ",".join(config.pool), config.workers, config.heartbeat, os.getpid())
-        _wait_for_signal(stop)
+        _wait_for_signal(stop, on_hup=loader.reload)
         pool.stop_claiming()
         log.info("stopping: no new claims; waiting up to %.0f s for running jobs", config.stop_timeout)
         finished = pool.stop(config.stop_timeout)
@@ -94,13 +98,14 @@ def run(config: WorkerConfig) -> int:
         store.close()
 
 
-def _wait_for_signal(stop: threading.Event) -> None:
-    """Block until SIGTERM/SIGINT or `stop` is set. The main thread reads a pipe that the
-    C-level signal handler writes to, so a signal delivered to any thread is seen at once."""
+def _wait_for_signal(stop: threading.Event, on_hup: Callable[[], object] = lambda: None) -> None:
+    """Block until SIGTERM/SIGINT or `stop` is set; on SIGHUP call `on_hup` (reload the job
+    code). The main thread reads a pipe that the C-level signal handler writes to, so a
+    signal delivered to any thread is seen at once."""
     r, w = os.pipe()
     os.set_blocking(w, False)
     signal.set_wakeup_fd(w)
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)
 
     def relay() -> None:
@@ -115,3 +120,5 @@ def _wait_for_signal(stop: threading.Event) -> None:
         data = os.read(r, 64)
         if signal.SIGTERM in data or signal.SIGINT in data:
             stop.set()
+        elif signal.SIGHUP in data:
+            on_hup()

@@ -54,17 +54,35 @@ class CronRecord:
 
 @dataclass(frozen=True, slots=True)
 class Pause:
-    """A key or function that stopped being started after repeated failures."""
+    """A key or function that stopped being started after repeated failures (or by hand)."""
 
     kind: str  # "key" or "func"
     name: str
     paused_at: float
     failures: int
     last_error: dict | None
+    probe_at: float | None = None  # when one job is let through to test it; None: until resumed
+    trips: int = 0  # times the breaker paused it (0: paused by hand)
+    probe_job: int | None = None  # the job last let through as its probe
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "paused_at": self.paused_at,
-                "failures": self.failures, "last_error": self.last_error}
+                "failures": self.failures, "last_error": self.last_error, "probe_at": self.probe_at,
+                "trips": self.trips, "probe_job": self.probe_job}
+
+
+@dataclass(frozen=True, slots=True)
+class Minute:
+    """One member's (a daemon's or worker's, "host:pid") runs in one minute (unix time // 60):
+    runs that succeeded, runs that did not, their seconds in all, and the waiting jobs it
+    last sampled then (None: it sampled none)."""
+
+    minute: int
+    member: str
+    completed: int
+    failed: int
+    seconds: float
+    depth: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +91,7 @@ class Finished:
 
     changed: int
     paused: list[Pause]
+    next_probe: float | None = None  # the earliest probe time this finish wrote, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,12 +251,16 @@ class Store(Protocol):
         ...
 
     # --- finish -----------------------------------------------------------------------
-    def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None) -> Finished:
+    def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None,
+                          pause_cooldown: float | None = None) -> Finished:
         """Apply each outcome to its job only if that job is still `running`.
 
-        Failure streaks are kept per key and per function: a success resets them, a failed
-        run (an outcome to scheduled or dead) grows them; with pause_after set, a streak
-        reaching it pauses that key or function. Parking for the network is neither.
+        Failure streaks are kept per key and per function (core/policy/pauses.py): a
+        success resets them, a dead job grows them; with pause_after set, a streak reaching
+        it pauses that key or function, with a probe `pause_cooldown` seconds later (None:
+        no probe). A retry scheduled or parking for the network is neither. The probe of a
+        pause (the one job a claim let through) resumes it by succeeding, and by failing
+        pauses it again with a longer cooldown.
 
         succeeded/dead set finished_at; scheduled sets run_at; waiting_network gives back
         the attempt (a run that found no network does not count against max_attempts);
@@ -297,8 +320,29 @@ class Store(Protocol):
     # --- inspect ----------------------------------------------------------------------
     def get(self, job_id: int) -> Job | None: ...
 
-    def list_jobs(self, state: str | None, limit: int) -> list[Job]:
-        """Jobs, newest first, optionally of one state."""
+    def list_jobs(self, state: str | None, limit: int, *, func: str | None = None, key: str | None = None,
+                  pool: str | None = None) -> list[Job]:
+        """Jobs, newest first, optionally of one state, function, serial key and pool (each
+        filter given narrows the list)."""
+        ...
+
+    def cancel_running(self, job_id: int, now: float) -> Job | None:
+        """An operator's cancel of a running job: `cancelled` at once (finished_at = now),
+        so the outcome its run reports later changes nothing (finish_if_running applies
+        only to running jobs). Its key is free at once. Returns the job as it is after
+        (still in its state if it was not running); None if there is no such job."""
+        ...
+
+    def cancel_waiting(self, state: str, now: float, *, func: str | None = None, key: str | None = None,
+                       pool: str | None = None) -> list[int]:
+        """Cancel every job in `state` (scheduled, queued or waiting_network) matching the
+        filters given, in one transaction. Returns their ids."""
+        ...
+
+    def pause(self, kind: str, name: str, now: float) -> bool:
+        """An operator's pause of a key, function or pool ("key", "func", "pool"): no probe,
+        it lasts until resume(); over a breaker's pause, it takes its probe away. True if
+        it was not paused before."""
         ...
 
     def counts(self) -> dict[str, int]:
@@ -307,6 +351,20 @@ class Store(Protocol):
 
     def prune_finished(self, finished_before: float, limit: int) -> int:
         """Delete up to `limit` succeeded or cancelled jobs finished before the time."""
+        ...
+
+    # --- per-minute counters (the history and the fleet's counts) ------------------------
+    def add_minute(self, m: Minute) -> None:
+        """Add a member's counts to its row of that minute (made if new); a depth given
+        replaces the row's. Joins an enclosing batch (the pool writes it with a finish)."""
+        ...
+
+    def minutes(self, since: int) -> list[Minute]:
+        """Every member's rows from minute `since` on, by minute then member."""
+        ...
+
+    def prune_minutes(self, before: int) -> int:
+        """Delete the rows of minutes before `before`; returns how many."""
         ...
 
     def waiting_by_key(self, limit: int) -> list[tuple[str, int, float]]:

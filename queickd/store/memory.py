@@ -24,17 +24,19 @@ from .base import (
     EventAccepted,
     EventState,
     Finished,
+    Minute,
     NewEvent,
     Pause,
     Recovered,
     StoreBase,
 )
+from .memory_ops import MemoryOperatorOps, matches
 from .undo import ABSENT, Journal, UndoDict
 
 _WAITING = (State.SCHEDULED, State.QUEUED, State.WAITING_NETWORK)
 
 
-class MemoryStore(StoreBase):
+class MemoryStore(MemoryOperatorOps, StoreBase):
     supports_notify = False
 
     def __init__(self, url: str = "memory://") -> None:
@@ -53,6 +55,7 @@ class MemoryStore(StoreBase):
         self._streaks: dict[tuple[str, str], tuple[int, dict | None]] = UndoDict(self._journal)
         self._pauses: dict[tuple[str, str], Pause] = UndoDict(self._journal)
         self._events: dict[str, tuple[Event, NewJob]] = UndoDict(self._journal)
+        self._minutes: dict[tuple[int, str], Minute] = UndoDict(self._journal)
         self._in_batch = False
         # Kept up to date by _put/_drop so admission and stats never scan every job.
         self._by_state: dict[str, int] = dict.fromkeys(State.ALL, 0)
@@ -198,7 +201,7 @@ class MemoryStore(StoreBase):
         with self._lock:
             # _running_by_key is kept by _count: no scan of every job per claim.
             pick = claim.Selection(claim.Request.of(limit, network_up, pools),
-                                   claim.Running.of(self._running_by_key, self._pauses))
+                                   claim.Running.of(self._running_by_key, self._pauses, self._due_probes(now)))
             while self._queued and not pick.full:
                 entry = heapq.heappop(self._queued)
                 job = self._jobs.get(entry[2])
@@ -212,6 +215,18 @@ class MemoryStore(StoreBase):
                 out.append(job)
             for entry in passed_over:
                 heapq.heappush(self._queued, entry)
+            for t, job_id in pick.probes:  # no other probe of these pauses until it finishes
+                self._pauses[t] = dataclasses.replace(self._pauses[t], probe_job=job_id)
+        return out
+
+    def _due_probes(self, now: float) -> list[tuple[str, str]]:
+        """Pauses whose probe time has come and whose probe (if any) is not running."""
+        out = []
+        for t, p in self._pauses.items():
+            if p.probe_at is not None and p.probe_at <= now:
+                probe = self._jobs.get(p.probe_job) if p.probe_job is not None else None
+                if probe is None or probe.state != State.RUNNING:
+                    out.append(t)
         return out
 
     # --- network --------------------------------------------------------------------------
@@ -230,7 +245,8 @@ class MemoryStore(StoreBase):
             return len(waiting)
 
     # --- finish ---------------------------------------------------------------------------
-    def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None) -> Finished:
+    def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None,
+                          pause_cooldown: float | None = None) -> Finished:
         changed = 0
         finished: list[pz.Finish] = []
         with self._lock:
@@ -248,18 +264,26 @@ class MemoryStore(StoreBase):
                 self._put(dataclasses.replace(job, **changes))
                 changed += 1
                 # With no streak yet, successes have nothing to end: the steady state.
-                if finished or self._streaks or o.state != State.SUCCEEDED:
-                    finished.append(pz.Finish(o.state, o.error, job.key, job.func))
+                if finished or self._streaks or self._pauses or o.state != State.SUCCEEDED:
+                    finished.append(pz.Finish(o.state, o.error, job.key, job.func, job.id))
             if not finished:
                 return Finished(changed, [])
             p = pz.plan(finished, now, pause_after, pz.Lookups(
-                lambda t: (self._streaks.get(t, (0, None))[0], t in self._pauses)))
+                lambda t: (self._streaks.get(t, (0, None))[0], t in self._pauses),
+                lambda t: (self._pauses[t].trips, self._pauses[t].probe_job)), pause_cooldown)
             for t in p.reset:
                 self._streaks.pop(t, None)
+            for t in p.resumed:
+                self._pauses.pop(t, None)
             self._streaks.update(p.streaks)
             for t, (at, failures, err) in p.pauses.items():
-                self._pauses[t] = Pause(*t, self._pauses[t].paused_at if at is None else at, failures, err)
-        return Finished(changed, [Pause(*t, now, failures, err) for t, failures, err in p.new])
+                old = self._pauses.get(t)
+                self._pauses[t] = (Pause(*t, at, failures, err) if old is None or at is not None
+                                   else dataclasses.replace(old, failures=failures, last_error=err))
+            for t, (probe_at, trips) in p.probes.items():
+                self._pauses[t] = dataclasses.replace(self._pauses[t], probe_at=probe_at, trips=trips, probe_job=None)
+        return Finished(changed, [Pause(*t, now, failures, err, *p.probes.get(t, (None, 0)))
+                                  for t, failures, err in p.new], p.next_probe)
 
     def recover_orphans(self, max_requeues: int, now: float) -> Recovered:
         with self._lock:
@@ -341,9 +365,10 @@ class MemoryStore(StoreBase):
         with self._lock:
             return self._jobs.get(job_id)
 
-    def list_jobs(self, state: str | None, limit: int) -> list[Job]:
+    def list_jobs(self, state: str | None, limit: int, *, func: str | None = None, key: str | None = None,
+                  pool: str | None = None) -> list[Job]:
         with self._lock:
-            jobs = (j for j in reversed(self._jobs.values()) if state is None or j.state == state)
+            jobs = (j for j in reversed(self._jobs.values()) if matches(j, state, func, key, pool))
             return list(itertools.islice(jobs, limit))
 
     def counts(self) -> dict[str, int]:

@@ -17,7 +17,6 @@ Nothing here imports psycopg; pgregistry.py runs these statements.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
 MIGRATE_LOCK = 0x71756963_6B640001  # pg_advisory lock id: "quickd" + 1, held while migrating
 
 # Each entry brings the schema from version i to i + 1. Never edit one that has shipped:
@@ -146,7 +145,94 @@ MIGRATIONS: list[str] = [
         refused text                  -- why it refused to claim (version mismatch), if it did
     );
     """,
+    # 2: pauses are circuit breakers, and a pool may be paused by hand (kind 'pool'): a probe time, the trips so far and the probe let
+    # through. The claim lets one probe through per pause whose probe is due: it locks
+    # those pause rows (SKIP LOCKED: another host's claim is taking that probe) and stamps
+    # each with its probe's id in the same transaction, so two hosts never both probe.
+    # Probes are claimed after the claim's other jobs, when room is left.
+    """
+    ALTER TABLE pauses ADD COLUMN IF NOT EXISTS probe_at double precision;
+    ALTER TABLE pauses ADD COLUMN IF NOT EXISTS trips integer NOT NULL DEFAULT 0;
+    ALTER TABLE pauses ADD COLUMN IF NOT EXISTS probe_job bigint;
+    CREATE OR REPLACE FUNCTION queickd_claim(p_now double precision, p_worker bigint, p_pools text[],
+                                             p_net boolean, p_limit integer) RETURNS SETOF jobs
+    LANGUAGE plpgsql SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off AS $$
+    DECLARE
+        n integer;
+        locked text[];
+        open_p text[];  -- 'kind:name' of the pauses whose probe this claim may take
+        j jobs;
+    BEGIN
+    RETURN QUERY UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = p_now, worker_id = p_worker
+    WHERE id IN (
+        SELECT q.id FROM jobs q
+        WHERE q.state = 'queued'
+          AND (p_pools IS NULL OR q.pool = ANY(p_pools))
+          AND (p_net OR NOT q.retry_on_network)
+          AND NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'pool' AND p.name = q.pool)
+          AND NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'func' AND p.name = q.func)
+          AND (q.key IS NULL OR (
+              NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'key' AND p.name = q.key)
+              AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.key = q.key AND r.state = 'running')
+              AND NOT EXISTS (SELECT 1 FROM jobs e WHERE e.key = q.key AND e.state = 'queued'
+                              AND (e.priority, e.run_at, e.id) < (q.priority, q.run_at, q.id))))
+        ORDER BY q.priority, q.run_at, q.id
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED)
+    RETURNING *;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n >= p_limit OR NOT EXISTS (SELECT 1 FROM pauses WHERE probe_at <= p_now) THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(x.kind || ':' || x.name) INTO locked FROM (
+        SELECT kind, name FROM pauses WHERE probe_at <= p_now ORDER BY kind, name FOR UPDATE SKIP LOCKED) x;
+    -- A new statement, a new snapshot: a probe another host started and committed while
+    -- we waited is seen running here.
+    SELECT array_agg(p.kind || ':' || p.name) INTO open_p FROM pauses p
+    WHERE p.kind || ':' || p.name = ANY(coalesce(locked, '{}'))
+      AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.id = p.probe_job AND r.state = 'running');
+    WHILE n < p_limit AND coalesce(cardinality(open_p), 0) > 0 LOOP
+        SELECT q.* INTO j FROM jobs q
+        WHERE q.state = 'queued'
+          AND (p_pools IS NULL OR q.pool = ANY(p_pools))
+          AND (p_net OR NOT q.retry_on_network)
+          AND NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'pool' AND p.name = q.pool)
+          AND ('func:' || q.func = ANY(open_p) OR 'key:' || q.key = ANY(open_p))
+          AND ('func:' || q.func = ANY(open_p)
+               OR NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'func' AND p.name = q.func))
+          AND (q.key IS NULL OR (
+              ('key:' || q.key = ANY(open_p)
+               OR NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'key' AND p.name = q.key))
+              AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.key = q.key AND r.state = 'running')
+              AND NOT EXISTS (SELECT 1 FROM jobs e WHERE e.key = q.key AND e.state = 'queued'
+                              AND (e.priority, e.run_at, e.id) < (q.priority, q.run_at, q.id))))
+        ORDER BY q.priority, q.run_at, q.id
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED;
+        EXIT WHEN NOT FOUND;
+        UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = p_now, worker_id = p_worker
+        WHERE id = j.id RETURNING * INTO j;
+        UPDATE pauses SET probe_job = j.id
+        WHERE (kind = 'func' AND name = j.func AND 'func:' || j.func = ANY(open_p))
+           OR (kind = 'key' AND name = j.key AND 'key:' || j.key = ANY(open_p));
+        open_p := array_remove(array_remove(open_p, 'func:' || j.func), 'key:' || coalesce(j.key, ''));
+        n := n + 1;
+        RETURN NEXT j;
+    END LOOP;
+    END
+    $$;
+    """,
+    # 3: per-minute counters of runs (and the sampled queue depth), per daemon or worker
+    # ("host:pid"), written with each member's finishes: the fleet's counts and the status
+    # page's history come from here, whoever ran the jobs. Pruned after a day.
+    """
+    CREATE TABLE IF NOT EXISTS minutes (
+        minute bigint NOT NULL, member text NOT NULL, completed integer NOT NULL, failed integer NOT NULL,
+        seconds double precision NOT NULL, depth integer, PRIMARY KEY (minute, member)
+    );
+    """,
 ]
+SCHEMA_VERSION = len(MIGRATIONS)
 
 
 class VersionMismatchError(RuntimeError):

@@ -57,7 +57,7 @@ from .base import (
 )
 from .pgregistry import ALIVE, CHANNEL, FleetRecords, notify
 from .pools import set_pool_sql
-from .sqlshared import SharedSql
+from .sqlshared import SharedSql, filters
 
 _SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
 _COUNT_TTL = 1.0  # seconds an exact count of waiting jobs stands in, far below the cap
@@ -324,10 +324,12 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
         return n
 
     # --- finish ---------------------------------------------------------------------------
-    def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None) -> Finished:
+    def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None,
+                          pause_cooldown: float | None = None) -> Finished:
         if not outcomes:
             return Finished(0, [])
         paused: list[Pause] = []
+        next_probe = None
         cols: tuple[list, ...] = ([], [], [], [], [], [])
         for o in outcomes:
             for col, v in zip(cols, (o.job_id, o.state, o.run_at,
@@ -357,8 +359,11 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
                 " AND (%s::bigint IS NULL OR j.worker_id = %s::bigint) RETURNING j.id, j.key, j.func, o.state)"
                 ", reset AS (DELETE FROM streaks s USING done d WHERE d.state = 'succeeded'"
                 " AND ((s.kind = 'key' AND s.name = d.key) OR (s.kind = 'func' AND s.name = d.func)))"
+                # A probe that succeeded lifts its pause (the breaker closes).
+                ", lifted AS (DELETE FROM pauses p USING done d WHERE d.state = 'succeeded' AND p.probe_job = d.id"
+                " RETURNING 1), woke AS (SELECT pg_notify('queickd', 'r') FROM (SELECT 1 FROM lifted LIMIT 1) x)"
                 + told +
-                " SELECT id, key, func"
+                " SELECT id, key, func, (SELECT count(*) FROM woke)"
                 + (", (SELECT count(*) FROM told)" if inline else "") + " FROM done",
                 (*cols, self.worker_id, self.worker_id)).fetchall()
             if not rows:
@@ -372,16 +377,18 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
             for o in outcomes:
                 if o.job_id not in names or o.state in (State.WAITING_NETWORK, State.SUCCEEDED):
                     continue  # a success's streaks were reset by the statement above
-                failed.append(pz.Finish(o.state, o.error, *names.pop(o.job_id)))
+                failed.append(pz.Finish(o.state, o.error, *names.pop(o.job_id), o.job_id))
             if failed:
                 known = self._lock_streaks(c, sorted({t for f in failed for t in pz.targets(f.key, f.func)}))
-                paused = self._write_pauses(c, pz.plan(failed, now, pause_after, pz.Lookups(known.__getitem__)))
+                p = pz.plan(failed, now, pause_after, pz.Lookups(known.__getitem__, lambda t: self._pause_of(c, t)),
+                            pause_cooldown)
+                paused, next_probe = self._write_pauses(c, p), p.next_probe
             if not inline:
                 kind = "fk:" if any(r[1] is not None for r in rows) else "f:"
                 ids = [r[0] for r in rows]
                 for i in range(0, len(ids), _NOTIFY_IDS):
                     notify(c, kind + ",".join(map(str, ids[i:i + _NOTIFY_IDS])))
-        return Finished(len(rows), paused)
+        return Finished(len(rows), paused, next_probe)
 
     @staticmethod
     def _lock_streaks(c: psycopg.Connection, targets: list[pz.Target]) -> dict[pz.Target, tuple[int, bool]]:
@@ -401,7 +408,8 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
         # The plan read the pauses before its streak row lock was granted: another host may
         # have begun this pause meanwhile. Then it stays as begun there, with our count.
         return c.execute(
-            "INSERT INTO pauses VALUES (%s, %s, %s, %s, %s) ON CONFLICT (kind, name) DO UPDATE"
+            "INSERT INTO pauses (kind, name, paused_at, failures, last_error) VALUES (%s, %s, %s, %s, %s)"
+            " ON CONFLICT (kind, name) DO UPDATE"
             " SET failures = excluded.failures, last_error = excluded.last_error RETURNING (xmax = 0)",
             (*t, at, failures, err)).fetchone()[0]
 
@@ -439,6 +447,9 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
             if n:
                 notify(c, "q:" + pool)
         return n
+
+    def _released(self, c: psycopg.Connection) -> None:
+        notify(c, "r")
 
     # --- pauses ---------------------------------------------------------------------------
     def _resume_in(self, c: psycopg.Connection, kind: str, name: str) -> bool:
@@ -490,14 +501,19 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
         return n
 
     # --- inspect --------------------------------------------------------------------------
-    def list_jobs(self, state: str | None, limit: int) -> list[Job]:
+    def list_jobs(self, state: str | None, limit: int, *, func: str | None = None, key: str | None = None,
+                  pool: str | None = None) -> list[Job]:
+        extra, fparams = filters(func, key, pool)
+        extra = self._q(extra)
         if state is None:
-            rows = self._conn().execute(f"SELECT {dbrows.JOB_COLS} FROM jobs ORDER BY id DESC LIMIT %s", (limit,))
+            rows = self._conn().execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE true{extra} ORDER BY id DESC"
+                                        " LIMIT %s", (*fparams, limit))
         else:
             if state not in State.ALL:
                 raise ValueError(f"unknown state {state!r}")
             rows = self._conn().execute(
-                f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE state = %s ORDER BY id DESC LIMIT %s", (state, limit))
+                f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE state = %s{extra} ORDER BY id DESC LIMIT %s",
+                (state, *fparams, limit))
         return [dbrows.row_to_job(r) for r in rows]
 
     def counts(self) -> dict[str, int]:

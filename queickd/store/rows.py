@@ -131,5 +131,8 @@ def row_to_cron(r: tuple) -> CronRecord:
 
 
 def row_to_pause(r: tuple) -> Pause:
-    """A row of (kind, name, since, failures, last_error)."""
-    return Pause(r[0], r[1], r[2], r[3], json.loads(r[4]) if r[4] else None)
+    """A row of (kind, name, since, failures, last_error, probe_at, trips, probe_job)."""
+    return Pause(r[0], r[1], r[2], r[3], json.loads(r[4]) if r[4] else None, *r[5:8])
+
+
+PAUSE_COLS = "kind, name, paused_at, failures, last_error, probe_at, trips, probe_job"

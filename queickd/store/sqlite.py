@@ -31,7 +31,7 @@ from .base import (
 from .pools import set_pool_sql
 from .sqlite_conn import SQLiteFile, insert_rows
 from .sqlite_schema import SCHEMA_VERSION, SchemaTooNewError
-from .sqlshared import STREAK, SharedSql
+from .sqlshared import STREAK, SharedSql, filters
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore", "SchemaTooNewError"]
 
@@ -124,13 +124,16 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
             return []
         # Inside the write transaction: SQLite serializes writers, so the selection is exact.
         with self._write(bookkeeping=True) as c:
-            # Running keys and pauses, in one statement.
+            # Running keys and pauses, in one statement; a pause's third column: its probe is
+            # due (its time has come and no probe of it is running).
             held = c.execute(
-                "SELECT 'running', key FROM jobs INDEXED BY jobs_running WHERE state = 'running'"
-                " AND key IS NOT NULL UNION ALL SELECT kind, name FROM pauses").fetchall()
+                "SELECT 'running', key, 0 FROM jobs INDEXED BY jobs_running WHERE state = 'running'"
+                " AND key IS NOT NULL UNION ALL SELECT kind, name, coalesce(probe_at <= ?, 0) AND NOT EXISTS"
+                " (SELECT 1 FROM jobs WHERE id = probe_job AND state = 'running') FROM pauses", (now,)).fetchall()
             pick = claim.Selection(claim.Request(limit, network_up, served),
-                                   claim.Running.of((n for k, n in held if k == "running"),
-                                                    [(k, n) for k, n in held if k != "running"]))
+                                   claim.Running.of((n for k, n, _ in held if k == "running"),
+                                                    [(k, n) for k, n, _ in held if k != "running"],
+                                                    [(k, n) for k, n, due in held if k != "running" and due]))
             offset, page = 0, max(16, limit * 2)
             # Other pools' jobs are passed over inside SQLite, not page by page here; those
             # with a key still come back, as they may hold their key.
@@ -148,6 +151,8 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
                 offset += page
             if not pick.chosen:
                 return []
+            if pick.probes:
+                self._stamp_probes(c, pick.probes)
             marks = ",".join("?" * len(pick.chosen))
             rows = c.execute(
                 "UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = ?"
@@ -173,13 +178,16 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
             ).rowcount
 
     # --- finish ---------------------------------------------------------------------------
-    def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None) -> Finished:
+    def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None,
+                          pause_cooldown: float | None = None) -> Finished:
         changed = 0
         finished: list[pz.Finish] = []
         with self._write(bookkeeping=True) as c:
             # Usually nothing is failing: then a success has no streak to reset.
             any_streak = c.execute("SELECT EXISTS (SELECT 1 FROM streaks)").fetchone()[0]
-            if not any_streak and all(o.state == State.SUCCEEDED for o in outcomes):
+            # ... nor a probe whose success would lift its pause.
+            probing = c.execute("SELECT EXISTS (SELECT 1 FROM pauses WHERE probe_job IS NOT NULL)").fetchone()[0]
+            if not any_streak and not probing and all(o.state == State.SUCCEEDED for o in outcomes):
                 # The steady state: successes with no streak to reset need no RETURNING.
                 cur = c.executemany(
                     "UPDATE jobs SET state = 'succeeded', result = ?, error = NULL, finished_at = ?"
@@ -198,7 +206,7 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
                 if row is None:
                     continue
                 changed += 1
-                finished.append(pz.Finish(o.state, o.error, row[0], row[1]))
+                finished.append(pz.Finish(o.state, o.error, row[0], row[1], o.job_id))
             if not finished:
                 return Finished(0, [])
 
@@ -208,7 +216,8 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
                 n, paused = c.execute(STREAK, (*t, *t)).fetchone()
                 return n, bool(paused)
 
-            return Finished(changed, self._write_pauses(c, pz.plan(finished, now, pause_after, pz.Lookups(streak))))
+            p = pz.plan(finished, now, pause_after, pz.Lookups(streak, lambda t: self._pause_of(c, t)), pause_cooldown)
+            return Finished(changed, self._write_pauses(c, p), p.next_probe)
 
     def recover_orphans(self, max_requeues: int, now: float) -> Recovered:
         with self._write() as c:
@@ -267,7 +276,15 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
         return n
 
     # --- inspect --------------------------------------------------------------------------
-    def list_jobs(self, state: str | None, limit: int) -> list[Job]:
+    def list_jobs(self, state: str | None, limit: int, *, func: str | None = None, key: str | None = None,
+                  pool: str | None = None) -> list[Job]:
+        if func is not None or key is not None or pool is not None:
+            if state is not None and state not in State.ALL:
+                raise ValueError(f"unknown state {state!r}")
+            extra, fparams = filters(func, key, pool)
+            where = ("1" if state is None else f"state = '{state}'") + extra
+            sql = f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE {where} ORDER BY id DESC LIMIT ?"
+            return [dbrows.row_to_job(r) for r in self._conn().execute(sql, (*fparams, limit))]
         if state is None:
             sql, params = f"SELECT {dbrows.JOB_COLS} FROM jobs ORDER BY id DESC LIMIT ?", (limit,)
         else:

@@ -143,8 +143,26 @@ def _v3(c: sqlite3.Connection) -> None:
     c.execute("DROP TRIGGER IF EXISTS jobs_count_insert")
 
 
+def _v4(c: sqlite3.Connection) -> None:
+    """Pauses are circuit breakers: the next probe time, the trips so far and the job last
+    let through as the probe. A pause of an older file has no probe time: it lasts until
+    resumed, as it did."""
+    _add_column(c, "pauses", "probe_at", "REAL")
+    _add_column(c, "pauses", "trips", "INTEGER NOT NULL DEFAULT 0")
+    _add_column(c, "pauses", "probe_job", "INTEGER")
+
+
+def _v5(c: sqlite3.Connection) -> None:
+    """Per-minute counters of runs (and the sampled queue depth), per daemon or worker: the
+    status page's chart and the last hour's counts survive a restart. Kept for a day (the
+    retention sweep prunes them), so the table stays small."""
+    c.execute("CREATE TABLE IF NOT EXISTS minutes (minute INTEGER NOT NULL, member TEXT NOT NULL,"
+              " completed INTEGER NOT NULL, failed INTEGER NOT NULL, seconds REAL NOT NULL, depth INTEGER,"
+              " PRIMARY KEY (minute, member)) WITHOUT ROWID")
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

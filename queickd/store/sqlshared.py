@@ -18,11 +18,20 @@ from ..core.policy import admission as adm
 from ..core.policy import crons, orphans, outbox
 from ..core.policy import pauses as pz
 from . import rows as dbrows
-from .base import CronFire, CronRecord, Event, EventAccepted, EventState, Pause
+from .base import CronFire, CronRecord, Event, EventAccepted, EventState, Minute, Pause
 
 # A target's streak and whether it is paused (pauses.Lookups), in one statement.
 STREAK = ("SELECT coalesce((SELECT failures FROM streaks WHERE kind = ? AND name = ?), 0),"
           " EXISTS (SELECT 1 FROM pauses WHERE kind = ? AND name = ?)")
+
+
+_WAITING = ("scheduled", "queued", "waiting_network")
+
+
+def filters(func: str | None, key: str | None, pool: str | None) -> tuple[str, tuple]:
+    """' AND ...' conditions (with ? marks) for list_jobs' and cancel_waiting's filters."""
+    given = [(c, v) for c, v in (("func", func), ("key", key), ("pool", pool)) if v is not None]
+    return "".join(f" AND {c} = ?" for c, _ in given), tuple(v for _, v in given)
 
 
 @functools.cache
@@ -46,12 +55,75 @@ class SharedSql:
         return dbrows.row_to_job(row) if row else None
 
     def pauses(self) -> list[Pause]:
-        rows = self._conn().execute("SELECT * FROM pauses ORDER BY paused_at, kind, name")
+        rows = self._conn().execute(f"SELECT {dbrows.PAUSE_COLS} FROM pauses ORDER BY paused_at, kind, name")
         return [dbrows.row_to_pause(r) for r in rows]
 
     def resume(self, kind: str, name: str) -> bool:
         with self._write() as c:
             return self._resume_in(c, kind, name)
+
+    def cancel_running(self, job_id: int, now: float) -> Job | None:
+        with self._write() as c:
+            # Its key is free at once: wake the claimers (PostgreSQL notifies, see _released).
+            if c.execute(self._q(f"UPDATE jobs SET state = 'cancelled', finished_at = ?{self._RELEASE}"
+                                 " WHERE id = ? AND state = 'running'"), (now, job_id)).rowcount:
+                self._released(c)
+            row = c.execute(self._q(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = ?"), (job_id,)).fetchone()
+        return dbrows.row_to_job(row) if row else None
+
+    def cancel_waiting(self, state: str, now: float, *, func: str | None = None, key: str | None = None,
+                       pool: str | None = None) -> list[int]:
+        if state not in _WAITING:
+            raise ValueError(f"only waiting jobs are cancelled this way, not {state!r}")
+        extra, params = filters(func, key, pool)
+        with self._write() as c:
+            # The state is inlined (one of the fixed names): SQLite's partial indexes need the literal.
+            ids = [r[0] for r in c.execute(self._q(
+                f"UPDATE jobs SET state = 'cancelled', finished_at = ? WHERE state = '{state}'{extra} RETURNING id"),
+                (now, *params)).fetchall()]
+            if ids:  # a key whose head went may start its next job
+                self._released(c)
+        return ids
+
+    def _released(self, c: Any) -> None:
+        """A job left `running` outside a finish: PostgreSQL tells the other claimers."""
+
+    def pause(self, kind: str, name: str, now: float) -> bool:
+        with self._write() as c:
+            new = c.execute(self._q("SELECT 1 FROM pauses WHERE kind = ? AND name = ?"), (kind, name)).fetchone() is None
+            # By hand: no probe, whether it was paused already by the breaker or not.
+            c.execute(self._q("INSERT INTO pauses (kind, name, paused_at, failures) VALUES (?, ?, ?, 0)"
+                              " ON CONFLICT (kind, name) DO UPDATE SET probe_at = NULL, probe_job = NULL"),
+                      (kind, name, now))
+        return new
+
+    def _pause_of(self, c: Any, t: pz.Target) -> tuple[int, int | None]:
+        """pauses.Lookups.pause: a paused target's trips and probe job."""
+        row = c.execute(self._q("SELECT trips, probe_job FROM pauses WHERE kind = ? AND name = ?"), t).fetchone()
+        return (row[0], row[1]) if row else (0, None)
+
+    def _stamp_probes(self, c: Any, probes: list[tuple[pz.Target, int]]) -> None:
+        """The claim let these jobs through as probes: no other probe until they finish."""
+        self._many(c, "UPDATE pauses SET probe_job = ? WHERE kind = ? AND name = ?",
+                   [(job_id, *t) for t, job_id in probes])
+
+    # --- per-minute counters ---------------------------------------------------------------
+    def add_minute(self, m: Minute) -> None:
+        with self._write() as c:
+            c.execute(self._q("INSERT INTO minutes VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (minute, member) DO UPDATE"
+                              " SET completed = minutes.completed + excluded.completed,"
+                              " failed = minutes.failed + excluded.failed, seconds = minutes.seconds + excluded.seconds,"
+                              " depth = coalesce(excluded.depth, minutes.depth)"),
+                      (m.minute, m.member, m.completed, m.failed, m.seconds, m.depth))
+
+    def minutes(self, since: int) -> list[Minute]:
+        rows = self._conn().execute(self._q("SELECT minute, member, completed, failed, seconds, depth FROM minutes"
+                                            " WHERE minute >= ? ORDER BY minute, member"), (since,)).fetchall()
+        return [Minute(*r) for r in rows]
+
+    def prune_minutes(self, before: int) -> int:
+        with self._write() as c:
+            return c.execute(self._q("DELETE FROM minutes WHERE minute < ?"), (before,)).rowcount
 
     def cron_list(self) -> list[CronRecord]:
         return [dbrows.row_to_cron(r) for r in self._conn().execute("SELECT * FROM crons ORDER BY name")]
@@ -84,6 +156,8 @@ class SharedSql:
             self._many(c, "DELETE FROM streaks WHERE kind = ? AND name = ?", p.reset)
         if p.streaks:
             self._put_streaks(c, [(*t, n, dbrows.dumps(e) if e else None) for t, (n, e) in p.streaks.items()])
+        if p.resumed:  # a probe succeeded
+            self._many(c, "DELETE FROM pauses WHERE kind = ? AND name = ?", p.resumed)
         begun = set()
         for t, (at, n, e) in p.pauses.items():
             err = dbrows.dumps(e) if e else None
@@ -92,11 +166,16 @@ class SharedSql:
                           (n, err, *t))
             elif self._begin_pause(c, t, at, n, err):
                 begun.add(t)
-        return [Pause(*t, p.pauses[t][0], n, e) for t, n, e in p.new if t in begun]  # type: ignore[arg-type]
+        if p.probes:
+            self._many(c, "UPDATE pauses SET probe_at = ?, trips = ?, probe_job = NULL WHERE kind = ? AND name = ?",
+                       [(at, trips, *t) for t, (at, trips) in p.probes.items()])
+        return [Pause(*t, p.pauses[t][0], n, e, *p.probes.get(t, (None, 0)))  # type: ignore[arg-type]
+                for t, n, e in p.new if t in begun]
 
     def _begin_pause(self, c: Any, t: pz.Target, at: float, failures: int, err: str | None) -> bool:
         """Write a pause the plan begins; False if it was there already (see PostgreSQL)."""
-        c.execute(self._q("INSERT INTO pauses VALUES (?, ?, ?, ?, ?)"), (*t, at, failures, err))
+        c.execute(self._q("INSERT INTO pauses (kind, name, paused_at, failures, last_error) VALUES (?, ?, ?, ?, ?)"),
+                  (*t, at, failures, err))
         return True
 
     def _put_streaks(self, c: Any, rows: list[tuple]) -> None:

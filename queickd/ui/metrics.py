@@ -155,8 +155,21 @@ class Metrics:
                [({}, max(0.0, now - ev_oldest) if ev_oldest is not None else 0.0)])
         family("queickd_dead_letters", "gauge", "Dead jobs and dead outbox events.",
                [({"kind": "job"}, counts.get(State.DEAD, 0)), ({"kind": "event"}, ev.get("dead", 0))])
+        hour = stats.get("last_hour") or {"members": []}
+        family("queickd_fleet_runs_last_hour", "gauge",
+               "Runs in the last hour by each daemon and worker of the store (result: completed or "
+               "failed), from the store's per-minute counts; the fleet's is their sum.",
+               [({"member": m["member"], "result": r}, m[r]) for m in hour["members"] for r in ("completed", "failed")])
+        family("queickd_fleet_run_seconds_last_hour", "gauge",
+               "Seconds spent running jobs in the last hour, by each daemon and worker of the store.",
+               [({"member": m["member"]}, m["seconds"]) for m in hour["members"]])
         family("queickd_paused", "gauge", "Keys and functions paused after repeated failures.",
                [({"kind": p["kind"], "name": p["name"]}, 1) for p in stats["paused"]])
+        family("queickd_pause_next_probe_timestamp_seconds", "gauge",
+               "When a paused key or function lets its next probe job through (unix time; "
+               "absent for a pause by hand, which lasts until resumed).",
+               [({"kind": p["kind"], "name": p["name"]}, p["probe_at"]) for p in stats["paused"]
+                if p.get("probe_at") is not None])
         sch = stats["scheduler"]
         family("queickd_scheduler_up", "gauge", "1 while the scheduler thread runs.",
                [({}, 1 if sch["alive"] else 0)])

@@ -10,7 +10,7 @@ from html import escape
 from typing import TYPE_CHECKING, Any
 
 from ..services.fleet import unserved
-from .status import ago
+from .status import ago, probe_text
 
 if TYPE_CHECKING:
     from ..api.service import QueueService
@@ -103,9 +103,14 @@ def render(s: dict[str, Any]) -> str:
         net_text = f"{net['state']} ({'checker alive' if net['checker_alive'] else 'checker DEAD'})"
         net_cls = "ok" if net["state"] == "up" and net["checker_alive"] else "bad"
     cards = "".join([
-        _card("workers busy", f"{w['busy']} / {w['total']}", metric="workers-busy"),
+        _card("workers busy", f"{w['busy']} / {w['total']}" + (" (draining)" if s.get("draining") else ""),
+              "bad" if s.get("draining") else "", metric="workers-busy"),
         _card("idle", w["total"] - w["busy"], metric="workers-idle"),
         _card("waiting", waiting, metric="waiting"),
+        _card("waiting out a retry", s.get("retrying", 0), metric="retrying"),
+        _card("scheduled for later", s.get("scheduled_later", 0), metric="scheduled-later"),
+        _card("paused", ", ".join(f"{p['kind']} {p['name']}" for p in s["paused"]) or "nothing",
+              "bad" if s["paused"] else "", metric="paused"),
         _card("running", counts["running"], metric="running"),
         _card("oldest wait", ago(now, s.get("oldest_queued_at")) if s.get("oldest_queued_at") else "-",
               metric="oldest-wait"),
@@ -115,7 +120,7 @@ def render(s: dict[str, Any]) -> str:
               metric="scheduler"),
         _card("pools without workers", len(stuck), "bad" if stuck else "", metric="unserved-pools"),
     ])
-    pools = _table(["pool", "waiting", "live worker slots", ""],
+    pools = _table(["pool", "waiting", "live worker slots", "state"],
                    [[name, p["waiting"], p["workers"], "NO LIVE WORKER: its jobs wait" if unserved(p) else ""]
                     for name, p in s["pools"].items()], "no pools")
     fleet = _table(["worker", "kind", "pools", "running", "last beat", "state"],
@@ -123,13 +128,17 @@ def render(s: dict[str, Any]) -> str:
                      f"{wk['running']} / {wk['slots']}", f"{wk['silent_for']:.0f} s ago",
                      "REFUSED: " + wk["refused"] if wk["refused"] else "alive" if wk["alive"] else "GONE"]
                     for wk in s.get("fleet") or []], "")
-    keys = _table(["key", "waiting", "oldest due"],
+    blocks = s.get("key_blocks") or {}
+    keys = _table(["key", "waiting", "oldest due", "held"],
                   [[k["key"], k["waiting"], ago(now, k["oldest_run_at"]) + " ago"
-                    if k["oldest_run_at"] <= now else "in " + ago(k["oldest_run_at"], now)]
+                    if k["oldest_run_at"] <= now else "in " + ago(k["oldest_run_at"], now),
+                    blocks.get(k["key"], "")]
                    for k in s["waiting_by_key"]], "no jobs waiting on a key")
-    paused = _table(["kind", "name", "since", "failures", "last error"],
+    paused = _table(["kind", "name", "since", "failures", "last error", "next probe"],
                     [[p["kind"], p["name"], _when(p["paused_at"]), p["failures"],
-                      f"{(p.get('last_error') or {}).get('type')}: {(p.get('last_error') or {}).get('message')}"]
+                      f"{p['last_error'].get('type')}: {p['last_error'].get('message')}" if p.get("last_error")
+                      else "- (paused by hand)",
+                      probe_text(p, now).strip(" ()")]
                      for p in s["paused"]], "nothing paused")
     running = _table(["job", "function", "key", "running for"],
                      [[j["id"], j["func"], j["key"] or "", ago(now, j["started_at"])] for j in s.get("running", [])],

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..services.fleet import unserved
-from .status import ago
+from .status import ago, probe_text
 
 
 def _terse_ago(now: float, t: float | None) -> str:
@@ -40,7 +40,8 @@ def lines(s: dict[str, Any], width: int = 100) -> list[str]:
         f"queickd {s['version']}   up {_terse_ago(now, now - s['uptime'])}   store {s['store']}",
         f"workers  {w['busy']} busy / {w['total'] - w['busy']} idle   running {c['running']}   "
         f"waiting {waiting} (queued {c['queued']}, scheduled {c['scheduled']}, "
-        f"for network {c['waiting_network']})",
+        f"for network {c['waiting_network']})"
+        + ("   DRAINING: no new job starts ('queick drain --off')" if s.get("draining") else ""),
         f"oldest   queued job waiting {_terse_ago(now, s.get('oldest_queued_at'))}   "
         f"outbox pending {ev['pending']} (oldest {_terse_ago(now, s.get('outbox_oldest_pending_at'))})",
         f"dead     {c['dead']} jobs, {ev['dead']} events   scheduler "
@@ -61,6 +62,7 @@ def lines(s: dict[str, Any], width: int = 100) -> list[str]:
                    f"({sum(h['failed'] for h in history)} failed)")
         depth = [h["depth"] or 0 for h in history]
         out.append(f"waiting  {sparkline(depth)}  now {waiting}, peak {max(depth)}")
+    out.extend(member_lines(s.get("last_hour")))
     out.append(f"totals   enqueued {s['enqueued']}  completed {s['completed']}  failed runs {s['failed']}  "
                f"refused {s['refused']}")
     pools = s.get("pools") or {}
@@ -86,7 +88,7 @@ def lines(s: dict[str, Any], width: int = 100) -> list[str]:
         for p in s["paused"]:
             err = p.get("last_error") or {}
             out.append(f"PAUSED {p['kind']} {p['name']} {_terse_ago(now, p['paused_at'])} ago after "
-                       f"{p['failures']} failures: {err.get('type')}: {err.get('message')}")
+                       f"{p['failures']} failures: {err.get('type')}: {err.get('message')}{probe_text(p, now)}")
     if s.get("running"):
         out.append("")
         out.append(f"{'RUNNING':>8}  {'FOR':>6}  FUNC [KEY]")
@@ -132,3 +134,15 @@ def top(fetch: Callable[[], dict[str, Any]], interval: float = 1.0) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def member_lines(hour: dict[str, Any] | None) -> list[str]:
+    """The last hour's runs per member (daemon or worker) beside the fleet's, when several ran."""
+    if not hour or len(hour["members"]) < 2:
+        return []
+    out = []
+    for m in hour["members"]:
+        runs = m["completed"] + m["failed"]
+        out.append(f"  {m['member'][:28]:<28} {runs:>6} runs  {m['failed']:>5} failed  "
+                   f"{m['seconds'] / runs if runs else 0:.3f} s/run")
+    return out

@@ -100,3 +100,12 @@ def nested_result(levels):
     for _ in range(levels - 1):
         v = [v]
     return v
+
+
+def fail_while(path):
+    """Fails while `path` exists: an outage that ends when the test removes the file."""
+    import os
+
+    if os.path.exists(path):
+        raise ConnectionError(f"{path} says the service is down")
+    return "up"

@@ -6,7 +6,8 @@ the candidates one by one to a `Selection`; the selection says which may start, 
 limit, and the store marks those running. Pure: no I/O of its own, no clock.
 
 A candidate may start when it is eligible (its pool is served, its network, if it needs
-one, is up, neither its function nor its key is paused) and every rule admits it. Rules
+one, is up, its pool is not paused, neither its function nor its key is paused, unless that pause's probe is due:
+see below) and every rule admits it. Rules
 are small classes with the same three methods (`Rule`), applied in order; the first:
 - `SerialKeys`: a serial key runs at most one job at a time, and only its head (its
   first job in queue order) may start, so a key's jobs run in enqueue order: a head that
@@ -14,6 +15,12 @@ are small classes with the same three methods (`Rule`), applied in order; the fi
 More rules (concurrency groups, cost budgets) join the tuple in `Selection.__init__`; a
 rule decides for itself whether a job it passes over holds anything (a key's head does;
 a job over a budget need not, so cheaper jobs behind it may start).
+
+A pause whose probe is due (its cooldown over, no probe of it running: `Running.probes`)
+lets exactly one job through: the first candidate that is eligible and admitted takes the
+probe of each pause it is under (`Selection.probes`), and the store stamps those pauses
+with the job's id in the claim's transaction, so no second probe starts. (PostgreSQL's
+SQL claim takes probes after the claim's other jobs, when room is left: see pgschema.py.)
 
 A store may leave out, before offering, candidates that every rule would pass over
 without holding anything (a job of another pool that has no key), and may stop reading
@@ -62,17 +69,23 @@ class Running:
     keys: frozenset[str] = frozenset()  # serial keys with a running job
     paused_keys: frozenset[str] = frozenset()
     paused_funcs: frozenset[str] = frozenset()
+    paused_pools: frozenset[str] = frozenset()  # paused by hand: no probe
+    probes: frozenset[tuple[str, str]] = frozenset()  # (kind, name) of pauses whose probe is due
 
     @staticmethod
-    def of(running_keys: Iterable[str | None], pauses: Iterable[tuple[str, str]] = ()) -> Running:
-        """From the keys of running jobs and the (kind, name) of pauses."""
+    def of(running_keys: Iterable[str | None], pauses: Iterable[tuple[str, str]] = (),
+           probes: Iterable[tuple[str, str]] = ()) -> Running:
+        """From the keys of running jobs, the (kind, name) of pauses and of those pauses
+        whose probe is due."""
         keys = frozenset(running_keys)
         held = list(pauses)
         if not held:  # the common case, on every claim: no pause to sort
             return Running(keys - {None} if None in keys else keys)  # type: ignore[arg-type]
         return Running(keys - {None},  # type: ignore[arg-type]
                        frozenset(n for kind, n in held if kind == "key"),
-                       frozenset(n for kind, n in held if kind == "func"))
+                       frozenset(n for kind, n in held if kind == "func"),
+                       frozenset(n for kind, n in held if kind == "pool"),
+                       frozenset(probes))
 
 
 @dataclass(slots=True)
@@ -122,14 +135,18 @@ class SerialKeys:
 class Selection:
     """Offer candidates in queue order; `offer` says whether each may start."""
 
-    __slots__ = ("limit", "chosen", "rules", "_net", "_pools", "_paused_funcs", "_paused_keys")
+    __slots__ = ("limit", "chosen", "rules", "probes", "_net", "_pools", "_paused_funcs", "_paused_keys",
+                 "_paused_pools", "_open")
 
     def __init__(self, request: Request, running: Running) -> None:
         self.limit = request.limit
         self.chosen: list[int] = []
         self.rules: tuple[Rule, ...] = (SerialKeys(running.keys),)
+        self.probes: list[tuple[tuple[str, str], int]] = []  # (pause, job id): probes let through
         self._net, self._pools = request.network_up, request.pools
         self._paused_funcs, self._paused_keys = running.paused_funcs, running.paused_keys
+        self._paused_pools = running.paused_pools
+        self._open = set(running.probes)  # due probes not taken yet by this selection
 
     @property
     def full(self) -> bool:
@@ -137,11 +154,19 @@ class Selection:
 
     def eligible(self, c: Candidate) -> bool:
         """Its pool is served, its network (if it needs one) is up, its function and key
-        are not paused. Nothing is counted: the rules do that."""
+        are not paused (or their pause's probe is due). Nothing is counted: the rules do that."""
         return ((self._net or not c.retry_on_network)
                 and (self._pools is None or c.pool in self._pools)
-                and c.func not in self._paused_funcs
-                and (c.key is None or c.key not in self._paused_keys))
+                and (not self._paused_pools or c.pool not in self._paused_pools)
+                and (c.func not in self._paused_funcs or ("func", c.func) in self._open)
+                and (c.key is None or c.key not in self._paused_keys or ("key", c.key) in self._open))
+
+    def _take_probes(self, c: Candidate) -> None:
+        """c starts: it is the probe of each pause it is under."""
+        for t in (("func", c.func), ("key", c.key)):
+            if t in self._open:
+                self._open.discard(t)
+                self.probes.append((t, c.id))  # type: ignore[arg-type]
 
     def offer(self, c: Candidate) -> bool:
         if len(self.chosen) >= self.limit:
@@ -155,6 +180,8 @@ class Selection:
                 for rule in rules:
                     rule.started(c)
                 self.chosen.append(c.id)
+                if self._open:
+                    self._take_probes(c)
                 return True
         for rule in rules:
             rule.passed(c)
@@ -176,6 +203,8 @@ class Selection:
                     for rule in rules:
                         rule.started(c)
                     chosen.append(c.id)
+                    if self._open:
+                        self._take_probes(c)
                     continue
             for rule in rules:
                 rule.passed(c)

@@ -1,0 +1,44 @@
+"""SIGHUP reloads job code in a running daemon: a function added to an imported module
+runs without a restart; a module that fails to import on reload keeps its old code."""
+
+from __future__ import annotations
+
+import signal
+
+from queickd.core.job import State
+
+FIRST = "def hello():\n    return 'v1'\n"
+SECOND = "def hello():\n    return 'v2'\n\n\ndef added(x):\n    return x * 10\n"
+BROKEN = "def hello():\n    return 'v3'\n\nimport nonexistent_module_for_the_reload_test\n"
+
+
+def _daemon(start_daemon, tmp_path):
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "reloadjobs.py").write_text(FIRST)
+    return app, start_daemon(None, "--app-dir", str(app), workers=1)
+
+
+def test_sighup_imports_job_modules_afresh(start_daemon, tmp_path):
+    app, d = _daemon(start_daemon, tmp_path)
+    with d.client() as q:
+        assert q.wait(q.enqueue("reloadjobs:hello"), 20)["result"] == "v1"
+        (app / "reloadjobs.py").write_text(SECOND)
+        before = q.wait(q.enqueue("reloadjobs:added", (4,)), 20)  # not picked up yet
+        assert before["state"] == State.DEAD and before["error"]["type"] == "AttributeError"
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait_for_line(r"reload: \d+ module\(s\) imported afresh")
+        assert q.wait(q.enqueue("reloadjobs:added", (4,)), 20)["result"] == 40
+        assert q.wait(q.enqueue("reloadjobs:hello"), 20)["result"] == "v2"
+
+
+def test_a_module_that_fails_on_reload_keeps_serving_its_old_code_and_says_why(start_daemon, tmp_path):
+    app, d = _daemon(start_daemon, tmp_path)
+    with d.client() as q:
+        assert q.wait(q.enqueue("reloadjobs:hello"), 20)["result"] == "v1"
+        (app / "reloadjobs.py").write_text(BROKEN)
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait_for_line("reload: reloadjobs failed to import, the old code keeps serving: "
+                        "ModuleNotFoundError")
+        assert q.wait(q.enqueue("reloadjobs:hello"), 20)["result"] == "v1"
+        assert d.proc.poll() is None  # still serving
