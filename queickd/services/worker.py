@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from ..core import fate
 from ..core.job import Job, Outcome, State
+from ..core.policy.claim import NO_LIMITS, Limits
 from ..run.base import Runner
 from ..run.loader import FunctionLoader
 from ..run.thread import ThreadRunner
@@ -50,6 +51,7 @@ class WorkerPool:
         on_ran: Callable[[Job, Outcome, float], None] | None = None,
         pools: list[str] | None = None,
         runner: Runner | None = None,
+        limits: Limits = NO_LIMITS,
     ) -> None:
         if workers < 0:
             raise ValueError("workers must be 0 or more")
@@ -66,6 +68,7 @@ class WorkerPool:
         self._pause_after = pause_after
         self._on_ran = on_ran  # (job, outcome, seconds) from the worker thread: metrics
         self.pools = pools  # the worker pools whose jobs it runs; None: every pool
+        self.limits = limits  # cost budgets and their patience, applied by each claim
         # Set by anyone who may have made work available or freed a worker; cleared only
         # by the dispatcher before it looks, so no wake-up is lost.
         self._wake = threading.Event()
@@ -189,7 +192,7 @@ class WorkerPool:
             free = self.workers - self._busy + len(unapplied)
             if free > 0 and not self._stopping:
                 claimed = self.store.claim_available(free, self._clock(), self._network_up(),
-                                                     pools=self.pools)
+                                                     pools=self.pools, limits=self.limits)
         if unapplied:
             self._busy -= len(unapplied)
             finished, self._unapplied = unapplied, []

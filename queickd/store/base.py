@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ..core.job import Job, NewJob, Outcome, State, Submitted
+from ..core.policy import claim
 from ..core.policy.admission import NO_LIMITS, Admission, Refusal
 
 
@@ -206,8 +207,13 @@ class Store(Protocol):
 
     # --- claim ------------------------------------------------------------------------
     def claim_available(self, limit: int, now: float, network_up: bool = True,
-                        pools: Sequence[str] | None = None) -> list[Job]:
+                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS) -> list[Job]:
         """Atomically move up to `limit` `queued` jobs to `running`, in queue order.
+
+        Resource control (core/policy/claim.py): a grouped job whose group runs its
+        concurrency_limit already, and a job over a budget of `limits`, are passed over and
+        hold nothing (a patient one reserves its budgets); exact across hosts on PostgreSQL.
+        At most claim.LOOK_AHEAD candidates past the jobs taken are read.
 
         Passed over (they keep waiting): a job whose key already has a running job (and
         every job of a key after the first one taken in this claim), a job whose key or

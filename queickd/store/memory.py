@@ -58,6 +58,7 @@ class MemoryStore(StoreBase):
         self._by_state: dict[str, int] = dict.fromkeys(State.ALL, 0)
         self._waiting_by_key: dict[str, int] = {}
         self._running_by_key: dict[str, int] = {}
+        self._running: dict[int, Job] = {}  # kept by _count: what the claim's limits read
 
     def take_ownership(self) -> None:
         pass  # one process is the whole store
@@ -90,12 +91,18 @@ class MemoryStore(StoreBase):
         self._by_state = dict.fromkeys(State.ALL, 0)
         self._waiting_by_key.clear()
         self._running_by_key.clear()
+        self._running.clear()
         for j in self._jobs.values():
             self._count(j, 1)
 
     # --- helpers (lock held) -------------------------------------------------------------
     def _count(self, job: Job, delta: int) -> None:
         self._by_state[job.state] += delta
+        if job.state == State.RUNNING:
+            if delta > 0:
+                self._running[job.id] = job
+            else:
+                self._running.pop(job.id, None)
         if job.key is None:
             return
         per_key = (self._waiting_by_key if job.state in _WAITING
@@ -192,14 +199,16 @@ class MemoryStore(StoreBase):
 
     # --- claim ----------------------------------------------------------------------------
     def claim_available(self, limit: int, now: float, network_up: bool = True,
-                        pools: Sequence[str] | None = None) -> list[Job]:
+                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS) -> list[Job]:
         out: list[Job] = []
         passed_over: list[tuple[int, float, int]] = []
         with self._lock:
-            # _running_by_key is kept by _count: no scan of every job per claim.
-            pick = claim.Selection(claim.Request.of(limit, network_up, pools),
-                                   claim.Running.of(self._running_by_key, self._pauses))
-            while self._queued and not pick.full:
+            # _running is kept by _count: no scan of every job per claim.
+            pick = claim.Selection(
+                claim.Request.of(limit, network_up, pools, limits, now),
+                claim.Running.of_jobs([(j.key, j.concurrency_group, None, j.concurrency_limit, j.pool, j.cost_units)
+                                       for j in self._running.values()], self._pauses))
+            while self._queued and not pick.full and len(passed_over) < pick.look_ahead:
                 entry = heapq.heappop(self._queued)
                 job = self._jobs.get(entry[2])
                 if job is None or job.state != State.QUEUED or (job.priority, job.run_at) != entry[:2]:

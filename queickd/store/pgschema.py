@@ -17,7 +17,7 @@ Nothing here imports psycopg; pgregistry.py runs these statements.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MIGRATE_LOCK = 0x71756963_6B640001  # pg_advisory lock id: "quickd" + 1, held while migrating
 
 # Each entry brings the schema from version i to i + 1. Never edit one that has shipped:
@@ -145,6 +145,44 @@ MIGRATIONS: list[str] = [
         heartbeat double precision NOT NULL, -- its interval; gone after 3 missed
         refused text                  -- why it refused to claim (version mismatch), if it did
     );
+    """,
+    # 2: resource control. A grouped job running holds a slot number of its group, from 1 to
+    # its limit; the unique index makes two hosts taking the same slot a unique violation
+    # (the loser's claim is undone and tried again), so a group's limit holds across hosts.
+    # Grouped jobs, and every job of a budgeted pool, are claimed by the store's selection
+    # (postgres.py) under a lock per budget; queickd_claim, the fast path, leaves them out.
+    """
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS concurrency_group text;
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS concurrency_limit integer;
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS cost_units double precision;
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS slot integer;
+    CREATE UNIQUE INDEX IF NOT EXISTS jobs_group_slot ON jobs (concurrency_group, slot)
+        WHERE state = 'running' AND concurrency_group IS NOT NULL;
+    CREATE INDEX IF NOT EXISTS jobs_queued_grouped ON jobs (id)
+        WHERE state = 'queued' AND concurrency_group IS NOT NULL;
+    CREATE OR REPLACE FUNCTION queickd_claim(p_now double precision, p_worker bigint, p_pools text[],
+                                             p_net boolean, p_limit integer) RETURNS SETOF jobs
+    LANGUAGE plpgsql SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off AS $$
+    BEGIN
+    RETURN QUERY UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = p_now, worker_id = p_worker
+    WHERE id IN (
+        SELECT q.id FROM jobs q
+        WHERE q.state = 'queued'
+          AND q.concurrency_group IS NULL
+          AND (p_pools IS NULL OR q.pool = ANY(p_pools))
+          AND (p_net OR NOT q.retry_on_network)
+          AND NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'func' AND p.name = q.func)
+          AND (q.key IS NULL OR (
+              NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'key' AND p.name = q.key)
+              AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.key = q.key AND r.state = 'running')
+              AND NOT EXISTS (SELECT 1 FROM jobs e WHERE e.key = q.key AND e.state = 'queued'
+                              AND (e.priority, e.run_at, e.id) < (q.priority, q.run_at, q.id))))
+        ORDER BY q.priority, q.run_at, q.id
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED)
+    RETURNING *;
+    END
+    $$;
     """,
 ]
 

@@ -41,7 +41,7 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
 
 from ..core.job import Job, NewJob, Outcome, State, Submitted
 from ..core.policy import admission as adm
-from ..core.policy import orphans
+from ..core.policy import claim, orphans
 from ..core.policy import pauses as pz
 from . import rows as dbrows
 from .base import (
@@ -63,6 +63,7 @@ _SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit trans
 _COUNT_TTL = 1.0  # seconds an exact count of waiting jobs stands in, far below the cap
 _NOTIFY_IDS = 300  # job ids per finish notification (payloads are limited to 8000 bytes)
 _CLAIM_RETRIES = 8
+_BUDGET_LOCK = 0x716B6203  # first key of the advisory locks on budgets (the second: the name's hash)
 _WAITING_SQL = "('scheduled', 'queued', 'waiting_network')"
 # The claim itself is the function queickd_claim (pgschema.py): an UPDATE ... WHERE id IN
 # (SELECT ... ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING, one
@@ -282,29 +283,82 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
 
     # --- claim ----------------------------------------------------------------------------
     def claim_available(self, limit: int, now: float, network_up: bool = True,
-                        pools: Sequence[str] | None = None) -> list[Job]:
+                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS) -> list[Job]:
         if limit <= 0:
             return []
         params = {"now": now, "worker": self.worker_id, "pools": list(pools) if pools is not None else None,
                   "net": network_up, "limit": limit}
-        if getattr(self._local, "in_batch", False):
+        in_batch = getattr(self._local, "in_batch", False)
+        if in_batch and not limits.any and not self._grouped_waiting(self._conn()):
             # No savepoint here (two more round trips on every pass of the pool): a lost key
             # race, which the claim's own conditions all but rule out, fails the batch,
             # and the pool applies its outcomes alone and claims again.
             rows = self._conn().execute(_CLAIM, params).fetchall()
-        for attempt in range(_CLAIM_RETRIES if not getattr(self._local, "in_batch", False) else 0):
-            try:
-                with self._write() as c:
-                    rows = c.execute(_CLAIM, params).fetchall()
-                break
-            except pgerrors.UniqueViolation:
-                # Another worker claimed a job of the same key meanwhile and committed; the
-                # next try sees it running and passes the key by.
-                if attempt == _CLAIM_RETRIES - 1:
-                    raise
+        else:
+            for attempt in range(_CLAIM_RETRIES):
+                try:
+                    # In a batch, a savepoint: a lost race for a group's slot is common when
+                    # hosts claim one group at once, and must not undo the batch's finish.
+                    with self._conn().transaction() if in_batch else self._write() as tx:
+                        c = tx.connection if in_batch else tx
+                        if limits.any or self._grouped_waiting(c):
+                            rows = self._claim_selected(c, params, limits)
+                        else:
+                            rows = c.execute(_CLAIM, params).fetchall()
+                    break
+                except pgerrors.UniqueViolation:
+                    # Another worker claimed a job of the same key, or the same slot of a
+                    # group, meanwhile and committed; the next try sees it running.
+                    if attempt == _CLAIM_RETRIES - 1:
+                        raise
         jobs = [dbrows.row_to_job(r) for r in rows]
         jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
         return jobs
+
+    @staticmethod
+    def _grouped_waiting(c: psycopg.Connection) -> bool:
+        """Is any grouped job queued? (jobs_queued_grouped: one index probe.)"""
+        return c.execute("SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'queued'"
+                         " AND concurrency_group IS NOT NULL)").fetchone()[0]
+
+    def _claim_selected(self, c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits) -> list[tuple]:
+        """The claim with groups or budgets: core/policy/claim.py's selection over the queued
+        jobs read page by page in queue order (bounded look-ahead), in the caller's
+        transaction. Budgets: a transaction lock per budget, taken in one order, so what
+        runs against a budget is read after every other claim of it has committed. Group
+        limits: the slot each job takes, under jobs_group_slot (a race is a unique violation)."""
+        names = sorted([f"p:{n}" for n in limits.pools] + [f"g:{n}" for n in limits.groups])
+        if names:
+            c.execute("SELECT pg_advisory_xact_lock(%s, hashtext(n)) FROM unnest(%s::text[]) AS n ORDER BY n",
+                      (_BUDGET_LOCK, names))
+        held = c.execute(
+            f"SELECT 'running', {claim.RUNNING_COLS.format(slot='slot')} FROM jobs WHERE state = 'running'"
+            " UNION ALL SELECT kind, name, NULL, NULL, NULL, NULL, NULL FROM pauses").fetchall()
+        served = None if params["pools"] is None else frozenset(params["pools"])
+        pick = claim.Selection(claim.Request(params["limit"], params["net"], served, limits, params["now"]),
+                               claim.Running.of_jobs([r[1:] for r in held if r[0] == "running"],
+                                                     [(r[0], r[1]) for r in held if r[0] != "running"]))
+        page, offset = max(16, params["limit"] * 2), 0
+        full = pick.full_groups()
+        while not pick.full and offset < pick.look_ahead:
+            rows = c.execute(
+                f"SELECT {claim.ROW_COLS} FROM jobs WHERE state = 'queued'"
+                " AND (%(pools)s::text[] IS NULL OR pool = ANY(%(pools)s) OR key IS NOT NULL)"
+                " AND (concurrency_group IS NULL OR NOT concurrency_group = ANY(%(full)s::text[]))"
+                " ORDER BY priority, run_at, id LIMIT %(page)s OFFSET %(offset)s",
+                {**params, "full": full, "page": page, "offset": offset}).fetchall()
+            pick.offer_all(map(claim.Row._make, rows))
+            if len(rows) < page:
+                break
+            offset += page
+        if not pick.chosen:
+            return []
+        # A row another claim took meanwhile is no longer queued: it is left out here.
+        return c.execute(
+            "UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = %s, worker_id = %s,"
+            " slot = u.s FROM unnest(%s::bigint[], %s::int[]) AS u(i, s) WHERE jobs.id = u.i"
+            f" AND jobs.state = 'queued' RETURNING {', '.join('jobs.' + n for n in dbrows.JOB_COLS.split(', '))}",
+            (params["now"], params["worker"], pick.chosen, [pick.slot(i) for i in pick.chosen])).fetchall()
 
     # --- network --------------------------------------------------------------------------
     def park_for_network(self, now: float) -> int:

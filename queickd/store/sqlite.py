@@ -118,29 +118,34 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
 
     # --- claim ----------------------------------------------------------------------------
     def claim_available(self, limit: int, now: float, network_up: bool = True,
-                        pools: Sequence[str] | None = None) -> list[Job]:
+                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS) -> list[Job]:
         served = None if pools is None else frozenset(pools)
         if served is not None and not served:
             return []
         # Inside the write transaction: SQLite serializes writers, so the selection is exact.
         with self._write(bookkeeping=True) as c:
-            # Running keys and pauses, in one statement.
+            # What runs (keys, groups, pools, costs: a handful of rows) and pauses, in one statement.
             held = c.execute(
-                "SELECT 'running', key FROM jobs INDEXED BY jobs_running WHERE state = 'running'"
-                " AND key IS NOT NULL UNION ALL SELECT kind, name FROM pauses").fetchall()
-            pick = claim.Selection(claim.Request(limit, network_up, served),
-                                   claim.Running.of((n for k, n in held if k == "running"),
-                                                    [(k, n) for k, n in held if k != "running"]))
+                f"SELECT 'running', {claim.RUNNING_COLS.format(slot='NULL')} FROM jobs INDEXED BY jobs_running"
+                " WHERE state = 'running' UNION ALL SELECT kind, name, NULL, NULL, NULL, NULL, NULL FROM pauses"
+            ).fetchall()
+            pick = claim.Selection(claim.Request(limit, network_up, served, limits, now),
+                                   claim.Running.of_jobs([r[1:] for r in held if r[0] == "running"],
+                                                         [(r[0], r[1]) for r in held if r[0] != "running"]))
             offset, page = 0, max(16, limit * 2)
             # Other pools' jobs are passed over inside SQLite, not page by page here; those
-            # with a key still come back, as they may hold their key.
+            # with a key still come back, as they may hold their key. So are the jobs of
+            # groups with every slot taken (they hold nothing).
             mine = "" if served is None else (
                 f" AND (pool IN ({','.join('?' * len(served))}) OR key IS NOT NULL)")
-            while not pick.full:
+            full = pick.full_groups()
+            if full:
+                mine += f" AND (concurrency_group IS NULL OR concurrency_group NOT IN ({','.join('?' * len(full))}))"
+            while not pick.full and offset < pick.look_ahead:
                 rows = c.execute(
-                    "SELECT id, key, func, pool, retry_on_network FROM jobs INDEXED BY jobs_queued"
+                    f"SELECT {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued"
                     f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
-                    (*(served or ()), page, offset),
+                    (*(served or ()), *full, page, offset),
                 ).fetchall()
                 pick.offer_all(map(claim.Row._make, rows))
                 if len(rows) < page:

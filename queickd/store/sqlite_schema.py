@@ -143,8 +143,16 @@ def _v3(c: sqlite3.Connection) -> None:
     c.execute("DROP TRIGGER IF EXISTS jobs_count_insert")
 
 
+def _v4(c: sqlite3.Connection) -> None:
+    """Resource control: jobs.concurrency_group, concurrency_limit, cost_units (NULL: none,
+    none, 1). The claim reads running jobs through jobs_running and skips full groups in
+    its walk of jobs_queued; no index more on the insert path."""
+    for column, decl in (("concurrency_group", "TEXT"), ("concurrency_limit", "INTEGER"), ("cost_units", "REAL")):
+        _add_column(c, "jobs", column, decl)
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
