@@ -30,6 +30,8 @@ from .core import protocol
 from .core.job import DEFAULT_POOL, NewJob, Outcome, State, Submitted
 from .core.policy import outbox
 from .core.policy.admission import Admission
+from .core.policy.resources import Resources
+from .core.policy.resources import parse as parse_resources
 from .run.loader import FunctionLoader
 from .services import sdnotify
 from .services.batcher import SubmitBatcher
@@ -75,10 +77,17 @@ class Config:
     hooks: dict = field(default_factory=dict)  # [hooks.NAME] tables of the config file
     pool: list[str] = field(default_factory=lambda: [DEFAULT_POOL])  # worker pools its workers serve
     heartbeat: float = DEFAULT_HEARTBEAT  # seconds between beats in a shared (PostgreSQL) store
+    functions: dict = field(default_factory=dict)  # [functions."module:func"]: job defaults
+    budgets: dict = field(default_factory=dict)  # [budgets.pools] and [budgets.groups]
+    budget_patience: float = 30.0  # seconds before a job over its budget reserves it
 
     @property
     def admission(self) -> Admission:
         return Admission(self.max_queued, self.max_queued_per_key, self.idempotency_ttl)
+
+    @property
+    def resources(self) -> Resources:
+        return parse_resources(self.functions, self.budgets, self.budget_patience)
     def validate(self) -> None:
         if self.durability not in ("full", "normal"):
             raise ValueError("durability must be 'full' or 'normal'")
@@ -100,6 +109,7 @@ class Config:
         if self.http is not None:
             parse_address(self.http)
         parse_hooks(self.hooks)
+        self.resources  # noqa: B018 - raises ValueError naming a bad table or field
         if self.ping_host is not None:
             parse_target(self.ping_host)
             if not self.ping_interval > 0:
@@ -139,6 +149,7 @@ class Daemon:
         token = c.read_token()
         loader = FunctionLoader(c.app_dir, c.allow)
         hooks = parse_hooks(c.hooks)
+        resources = c.resources
         for hook in hooks.values():
             try:
                 loader.check(hook.func)  # a hook that could never run is a configuration error
@@ -166,13 +177,14 @@ class Daemon:
                                network_up=self.parking.network_up,
                                on_finished=self._on_finished,
                                on_claimed=lambda jobs: self.service.waiters.notify([j.id for j in jobs]),
-                               pause_after=c.pause_after, on_ran=self.metrics.on_ran, pools=list(c.pool))
+                               pause_after=c.pause_after, on_ran=self.metrics.on_ran, pools=list(c.pool),
+                               limits=resources.limits)
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep,
                                    on_sweep=self._on_sweep, timers={"events": self._deliver_events})
         self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock, admission=c.admission)
         self.service = QueueService(store, self.batcher, loader, self.scheduler, self.pool,
                                     token=token, clock=self.clock, network=self.network,
-                                    metrics=self.metrics)
+                                    metrics=self.metrics, resources=resources)
         self.server = Server(self.service, c.bind, c.port, max_line=c.max_line,
                              accept_queick_clients=c.accept_queick_clients)
         if c.http is not None:

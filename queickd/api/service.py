@@ -21,6 +21,7 @@ from .. import __version__
 from ..core import protocol
 from ..core.cron import parse_schedule
 from ..core.job import Job, NewJob, State
+from ..core.policy.resources import NO_RESOURCES, Resources
 from ..core.protocol import Code, QueueError
 from ..run.loader import FunctionLoader
 from ..services.batcher import Answer, Done, Requests, SubmitBatcher
@@ -77,6 +78,7 @@ class QueueService:
         clock: Callable[[], float] = time.time,
         network: NetworkMonitor | None = None,
         metrics: Metrics | None = None,
+        resources: Resources = NO_RESOURCES,
     ) -> None:
         self.store = store
         self.batcher = batcher
@@ -87,6 +89,7 @@ class QueueService:
         self.clock = clock
         self.network = network
         self.metrics = metrics
+        self.resources = resources  # per-function job defaults and budgets, applied to every job
         self.waiters = Waiters()
         self.started_at = clock()
 
@@ -104,13 +107,27 @@ class QueueService:
         jobs = [protocol.parse_job(req, now)] if req["op"] == "enqueue" else protocol.parse_jobs(req, now)
         for j in jobs:
             self.loader.check(j.func)
+        if self.resources.active:
+            jobs = self._resourced(jobs)
         return jobs
+
+    def _resourced(self, jobs: list[NewJob]) -> list[NewJob]:
+        apply = self.resources.apply
+        if len(jobs) == 1:
+            return [apply(jobs[0])]
+        out = []
+        for i, j in enumerate(jobs):
+            try:
+                out.append(apply(j))
+            except QueueError as e:
+                raise protocol.bad(f"jobs[{i}]: {e.message}") from None
+        return out
 
     def prepare_job(self, spec: dict[str, Any]) -> NewJob:
         """Validate one job's fields (an enqueue request without its op) and check the allowlist."""
         job = protocol.parse_job(spec, self.clock())
         self.loader.check(job.func)
-        return job
+        return self.resources.apply(job)
 
     # --- submitting: the one way jobs come in ------------------------------------------------
     def enqueue(self, requests: Requests, done: Done, *, inline: bool = False) -> None:
@@ -174,6 +191,7 @@ class QueueService:
         now = self.clock()
         event_id, job = protocol.parse_event(req, now)
         self.loader.check(job.func)
+        job = self.resources.apply(job)
         acc = self.store.accept_event(NewEvent(event_id, job), now, self.batcher.admission)
         if acc.state == EventState.DELIVERED and not acc.duplicate:
             self.pool.wake()
@@ -299,6 +317,7 @@ class QueueService:
         now = self.clock()
         name, schedule, template = protocol.parse_cron(req, now)
         self.loader.check(template.func)
+        template = self.resources.apply(template)
         start = schedule.get("start_at")
         # A start time that is now (give or take the client's clock) fires at once.
         first = start if start is not None and start >= now - 1.0 else parse_schedule(schedule).next_after(now)

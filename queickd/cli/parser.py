@@ -70,9 +70,12 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
          "default: default)", None, action="append")
     opt(p, "--heartbeat", "seconds between heartbeats in a shared PostgreSQL store (gone after 3 missed)",
          d.heartbeat, type=float)
+    opt(p, "--budget-patience", "seconds a job over its budget waits before younger jobs of its "
+         "pool or group stop starting until it has", d.budget_patience, type=duration)
     opt(p, "--log-level", "log level", "info", choices=log.LEVELS)
-    opt(p, "--config", "TOML file holding any of these flags (env and command line win over it) "
-         "and [hooks.NAME] webhook tables", None)
+    opt(p, "--config", "TOML file holding any of these flags (env and command line win over it), "
+         "[hooks.NAME] webhook tables, [functions.\"module:func\"] job defaults and "
+         "[budgets.pools] / [budgets.groups] cost budgets", None)
 
 
 def _with_config_file(p: argparse.ArgumentParser, args: list[str], a: argparse.Namespace) -> argparse.Namespace:
@@ -82,7 +85,7 @@ def _with_config_file(p: argparse.ArgumentParser, args: list[str], a: argparse.N
     values = config_file.load(a.config, dests)
     defaults: dict[str, Any] = {}
     for name, v in values.items():
-        if name == "hooks":
+        if name in config_file.TABLES:
             defaults[name] = v
             continue
         act = dests[name]
@@ -140,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument("--key", help="serial key")
     enq.add_argument("--idempotency-key", help="a second enqueue with this key returns the first job")
     enq.add_argument("--pool", help="worker pool that runs it (default: default)")
+    enq.add_argument("--concurrency-group", help="at most --concurrency-limit jobs of this group run at once")
+    enq.add_argument("--concurrency-limit", type=int, help="the group's limit (with --concurrency-group)")
+    enq.add_argument("--cost-units", type=float, help="what it takes of its pool's and group's budgets "
+                     "(default: 1)")
     enq.add_argument("--manual", action="store_true",
                      help="an operator's run: refused (conflict) if its key already has a job; resumes a pause")
     enq.add_argument("--wait", type=float, metavar="SECONDS", help="wait for the job to finish and print it")

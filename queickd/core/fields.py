@@ -106,6 +106,7 @@ FIELDS: tuple[Field, ...] = (
 )
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
+BY_WIRE: dict[str, Field] = {f.wire_name: f for f in FIELDS}
 NEW_FIELDS: tuple[Field, ...] = tuple(f for f in FIELDS if f.new)
 JOB_FIELDS: tuple[Field, ...] = tuple(f for f in FIELDS if f.job)
 INSERTED: tuple[Field, ...] = tuple(f for f in JOB_FIELDS if f.insert)  # columns an insert writes

@@ -302,6 +302,12 @@ if _CHECKS.keys() | {"func", "run_at"} != fields.ENQUEUE_WIRE:  # a new settable
     raise ImportError(f"protocol checks differ from the job fields: {sorted(_CHECKS.keys() ^ fields.ENQUEUE_WIRE)}")
 
 
+def check_field(wire_name: str, v: Any) -> Any:
+    """One settable field's check (the value given -> the value stored, or QueueError), for
+    values that come from elsewhere than a request (a function's defaults in the config)."""
+    return _CHECKS[wire_name](v)
+
+
 def _job_builder() -> Any:
     """_build(obj, keys, func, run_at) -> NewJob: each field the request gives through its
     check, in the declaration's order (so errors come in a fixed order), the others at
