@@ -174,3 +174,27 @@ def test_a_hook_gives_its_deliveries_jobs_its_group_and_cost():
     assert dict(hook.job) == {"concurrency_group": "gh", "concurrency_limit": 1, "cost_units": 2.0}
     with pytest.raises(ValueError, match="hooks.gh: cost_units"):
         parse_hooks({"gh": {"func": "testjobs:noop", "cost_units": 0}})
+
+
+def test_budgets_show_in_stats_metrics_the_status_page_and_queick_budgets(start_daemon, tmp_path, gate):
+    import urllib.request
+
+    cfg = config(tmp_path, '[budgets.pools]\ndefault = 4\n[budgets.groups]\nopenai = 3\n')
+    d = start_daemon(None, "--config", cfg, "--http", "127.0.0.1:0")
+    port = int(d.wait_for_line(r"HTTP endpoint http://\S+:(\d+)/").group(1))
+    with d.client() as q:
+        q.enqueue("testjobs:gate", [gate.port, "a"], cost_units=3, concurrency_group="openai", concurrency_limit=9)
+        assert gate.arrival() == "a"
+        q.enqueue("testjobs:noop", cost_units=2)  # 3 + 2 > 4: it waits
+        (pool, group) = q.stats()["budgets"]
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10).read().decode()
+        shown = subprocess.run([sys.executable, "-m", "queickd", "budgets", "--port", str(d.port)],
+                               capture_output=True, text=True, timeout=60, env=dict(os.environ)).stdout
+        gate.release_all()
+    assert pool == {"kind": "pool", "name": "default", "limit": 4, "running": 3, "running_jobs": 1,
+                    "waiting": 2, "waiting_jobs": 1}
+    assert (group["name"], group["running"], group["waiting"]) == ("openai", 3, 0)
+    assert 'queickd_budget_running_units{kind="pool",name="default"} 3' in metrics
+    assert "<h2>Budgets</h2>" in page and "group openai" in page
+    assert "budget pool default: 3/4 units running (1 jobs), 2 waiting (1 jobs)" in shown

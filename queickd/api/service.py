@@ -21,7 +21,7 @@ from .. import __version__
 from ..core import protocol
 from ..core.cron import parse_schedule
 from ..core.job import Job, NewJob, State
-from ..core.policy.resources import NO_RESOURCES, Resources
+from ..core.policy.resources import NO_RESOURCES, Resources, budget_view
 from ..core.protocol import Code, QueueError
 from ..run.loader import FunctionLoader
 from ..services.batcher import Answer, Done, Requests, SubmitBatcher
@@ -283,11 +283,20 @@ class QueueService:
                                for k, n, t in self.store.waiting_by_key(10)],
             "events": self.store.event_counts(),
             "network": self.network.snapshot() if self.network is not None else None,
+            "budgets": self.budgets(),
         }
         reply.update(self._fleet_stats(reply["counts"]))
         if req.get("detail"):  # running jobs, dead letters, oldest waits, the last hour
             reply.update(status.detail(self.store, self.metrics, now, reply["counts"]))
         return reply
+
+    def budgets(self) -> list[dict[str, Any]]:
+        """Each configured budget: its limit, the cost running against it, the cost waiting."""
+        limits = self.resources.limits
+        if not limits.any:
+            return []
+        usage = self.store.budget_usage(sorted(limits.pools), sorted(limits.groups))
+        return budget_view(limits, usage)
 
     def _fleet_stats(self, counts: dict[str, int]) -> dict[str, Any]:
         """Pools (waiting jobs, live worker slots), jobs running without a live worker and,

@@ -22,7 +22,7 @@ from .options import DEFAULTS, BadEnvironmentError, Repeatable, duration, env, j
 from .remote import ClientCommand, run_client
 
 SUBCOMMANDS = ("run", "enqueue", "jobs", "show", "cancel", "retry", "stats", "crons", "dead", "purge",
-               "resume", "status", "top", "worker", "db", "pool")
+               "resume", "status", "top", "worker", "db", "pool", "budgets")
 STARTS_A_PROCESS = ("run", "worker")  # their bad QUEICKD_* values exit 78, not 2
 
 
@@ -189,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     stats = sub.add_parser("stats", help="counts by state, workers, scheduler",
                            description="Show the daemon's counts by state, workers and scheduler.")
     _talks(stats, ops.stats)
+    budgets = sub.add_parser("budgets", help="cost budgets: limit, running, waiting",
+                             description="Each cost budget ([budgets.pools], [budgets.groups]): its limit, "
+                             "the cost units running against it and those waiting for it.")
+    _talks(budgets, ops.budgets)
     crons = sub.add_parser("crons", help="list recurring jobs", description="List recurring jobs.")
     _talks(crons, ops.crons)
     status = sub.add_parser("status", help="what the daemon is doing, at a glance",

@@ -42,6 +42,12 @@ def print_job(job: dict[str, Any]) -> None:
             print(f"{k:>16}: {json.dumps(v, ensure_ascii=False) if not isinstance(v, str) else v}")
 
 
+def print_budgets(budgets: list[dict[str, Any]]) -> None:
+    for b in budgets:
+        print(f"budget {b['kind']} {b['name']}: {b['running']:g}/{b['limit']:g} units running"
+              f" ({b['running_jobs']} jobs), {b['waiting']:g} waiting ({b['waiting_jobs']} jobs)")
+
+
 def print_stats(s: dict[str, Any]) -> None:
     print(f"queickd {s['version']}  store {s['store']}  up {s['uptime']:.0f} s")
     w = s["workers"]
@@ -69,6 +75,7 @@ def print_stats(s: dict[str, Any]) -> None:
     for name, p in (s.get("pools") or {}).items():
         alarm = "   NO WORKERS: its jobs wait" if unserved(p) else ""
         print(f"pool {name}: {p['waiting']} waiting, {p['workers']} worker slot(s) alive{alarm}")
+    print_budgets(s.get("budgets") or [])
     for w in s.get("fleet") or []:
         state = "REFUSED: " + w["refused"] if w["refused"] else "alive" if w["alive"] else "GONE"
         print(f"  {w['kind']} {w['host']}:{w['pid']} pools {','.join(w['pools'])} queickd {w['version']}"

@@ -260,6 +260,11 @@ class Store(Protocol):
         are absent."""
         ...
 
+    def budget_usage(self, pools: list[str], groups: list[str]) -> dict[tuple[str, str], tuple[float, int, float, int]]:
+        """("pool" | "group", name) -> (running cost, running jobs, waiting cost, waiting
+        jobs), for the named pools and groups that have any. For stats: may scan."""
+        ...
+
     # --- pauses -----------------------------------------------------------------------
     def pauses(self) -> list[Pause]: ...
 

@@ -385,6 +385,21 @@ class MemoryStore(StoreBase):
                 n += 1
             return n
 
+    def budget_usage(self, pools: list[str], groups: list[str]) -> dict[tuple[str, str], tuple[float, int, float, int]]:
+        out: dict[tuple[str, str], tuple[float, int, float, int]] = {}
+        wanted = {("pool", p) for p in pools} | {("group", g) for g in groups}
+        with self._lock:
+            for j in self._jobs.values():
+                if j.state != State.RUNNING and j.state not in _WAITING:
+                    continue
+                units = 1.0 if j.cost_units is None else j.cost_units
+                for t in (("pool", j.pool), ("group", j.concurrency_group)):
+                    if t in wanted:
+                        rc, rn, wc, wn = out.get(t, (0.0, 0, 0.0, 0))
+                        out[t] = ((rc + units, rn + 1, wc, wn) if j.state == State.RUNNING
+                                  else (rc, rn, wc + units, wn + 1))
+        return out
+
     def waiting_by_pool(self) -> dict[str, int]:
         out: dict[str, int] = {}
         with self._lock:

@@ -135,6 +135,24 @@ class SharedSql:
                           " WHERE event_id = ?"), (r.attempts, state, r.next_attempt_at, r.last_error, event_id))
         return EventAccepted(event_id, False, state, None)
 
+    def budget_usage(self, pools: list[str], groups: list[str]) -> dict[tuple[str, str], tuple[float, int, float, int]]:
+        """(kind, name) -> (running cost, running jobs, waiting cost, waiting jobs) of the
+        named pools and groups (for stats; a scan of the waiting jobs, never on a claim)."""
+        parts, params = [], []
+        for kind, col, names in (("pool", "pool", pools), ("group", "concurrency_group", groups)):
+            if names:
+                parts.append(f"SELECT '{kind}', {col}, state = 'running', count(*), sum(coalesce(cost_units, 1))"
+                             " FROM jobs WHERE state IN ('running', 'scheduled', 'queued', 'waiting_network')"
+                             f" AND {col} IN ({','.join('?' * len(names))}) GROUP BY {col}, state = 'running'")
+                params += names
+        out: dict[tuple[str, str], tuple[float, int, float, int]] = {}
+        if not parts:
+            return out
+        for kind, name, running, n, units in self._conn().execute(self._q(" UNION ALL ".join(parts)), params):
+            rc, rn, wc, wn = out.get((kind, name), (0.0, 0, 0.0, 0))
+            out[(kind, name)] = (rc + units, rn + n, wc, wn) if running else (rc, rn, wc + units, wn + n)
+        return out
+
     def event_counts(self) -> dict[str, int]:
         out = dict.fromkeys(EventState.ALL, 0)
         out.update(self._conn().execute("SELECT state, count(*) FROM events GROUP BY state").fetchall())

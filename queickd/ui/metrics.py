@@ -146,6 +146,12 @@ class Metrics:
         family("queickd_pool_waiting_jobs", "gauge",
                "Waiting jobs (scheduled, queued, waiting for the network) per pool.",
                [({"pool": name}, p["waiting"]) for name, p in pools.items()])
+        budgets = stats.get("budgets") or []
+        for metric, what, help_text in (
+                ("queickd_budget_limit_units", "limit", "Each cost budget's limit (cost units)."),
+                ("queickd_budget_running_units", "running", "Cost units running against each budget."),
+                ("queickd_budget_waiting_units", "waiting", "Cost units of the jobs waiting for each budget.")):
+            family(metric, "gauge", help_text, [({"kind": b["kind"], "name": b["name"]}, b[what]) for b in budgets])
         ev = stats["events"]
         ev_oldest = stats.get("outbox_oldest_pending_at")
         family("queickd_outbox_pending_events", "gauge", "Events in the outbox waiting for room.",

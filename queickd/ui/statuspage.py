@@ -123,6 +123,9 @@ def render(s: dict[str, Any]) -> str:
                      f"{wk['running']} / {wk['slots']}", f"{wk['silent_for']:.0f} s ago",
                      "REFUSED: " + wk["refused"] if wk["refused"] else "alive" if wk["alive"] else "GONE"]
                     for wk in s.get("fleet") or []], "")
+    budgets = _table(["budget", "limit", "running", "waiting"],
+                     [[f"{b['kind']} {b['name']}", f"{b['limit']:g}", f"{b['running']:g} ({b['running_jobs']} jobs)",
+                       f"{b['waiting']:g} ({b['waiting_jobs']} jobs)"] for b in s.get("budgets") or []], "")
     keys = _table(["key", "waiting", "oldest due"],
                   [[k["key"], k["waiting"], ago(now, k["oldest_run_at"]) + " ago"
                     if k["oldest_run_at"] <= now else "in " + ago(k["oldest_run_at"], now)]
@@ -155,6 +158,7 @@ def render(s: dict[str, Any]) -> str:
 <p class="sub">jobs: {escape(state_line)} · enqueued {s['enqueued']} · completed {s['completed']}
  · failed runs {s['failed']} · refused {s['refused']} · outbox pending {s['events']['pending']}</p>
 <h2>Pools</h2>{pools}{fleet if s.get("fleet") else ""}
+{"<h2>Budgets</h2>" + budgets if s.get("budgets") else ""}
 <h2>Waiting per key</h2>{keys}
 <h2>Paused</h2>{paused}
 <h2>Running</h2>{running}

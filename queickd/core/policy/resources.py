@@ -61,6 +61,18 @@ class Resources:
                                    f" ({budget:g}, budgets.{kind}): it could never start")
 
 
+def budget_view(limits: Limits, usage: dict[tuple[str, str], tuple[float, int, float, int]]
+                ) -> list[dict[str, Any]]:
+    """Each budget with what runs against it and what waits for it (stats, metrics, views)."""
+    out = []
+    for kind, table in (("pool", limits.pools), ("group", limits.groups)):
+        for name, limit in sorted(table.items()):
+            rc, rn, wc, wn = usage.get((kind, name), (0.0, 0, 0.0, 0))
+            out.append({"kind": kind, "name": name, "limit": limit, "running": rc, "running_jobs": rn,
+                        "waiting": wc, "waiting_jobs": wn})
+    return out
+
+
 def parse(functions: dict[str, Any], budgets: dict[str, Any], patience: float) -> Resources:
     """The config file's tables -> Resources. ValueError naming the table and field."""
     defaults: dict[str, dict[str, Any]] = {}
