@@ -36,6 +36,7 @@ from .run.loader import FunctionLoader
 from .services import sdnotify
 from .services.batcher import SubmitBatcher
 from .services.fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
+from .services.memory_gate import DEFAULT_RESERVE_MB, MemoryGate
 from .services.netcheck import DEFAULT_INTERVAL, NetworkMonitor, parse_target
 from .services.network import NetworkParking
 from .services.retention import Retention
@@ -80,6 +81,9 @@ class Config:
     functions: dict = field(default_factory=dict)  # [functions."module:func"]: job defaults
     budgets: dict = field(default_factory=dict)  # [budgets.pools] and [budgets.groups]
     budget_patience: float = 30.0  # seconds before a job over its budget reserves it
+    memory_reserve: float = DEFAULT_RESERVE_MB  # MB kept free by the memory-aware start
+    max_rss: float | None = None  # MB this process may grow to, jobs included
+    memory_root: str = "/"  # where /proc and /sys/fs/cgroup are read (tests point it elsewhere)
 
     @property
     def admission(self) -> Admission:
@@ -104,6 +108,8 @@ class Config:
                              "must be at least 1")
         if not self.pool or not all(self.pool) or not self.heartbeat > 0:
             raise ValueError("give at least one non-empty pool; heartbeat must be positive")
+        if self.memory_reserve < 0 or (self.max_rss is not None and not self.max_rss > 0):
+            raise ValueError("memory_reserve must not be negative, max_rss must be positive")
         if self.idempotency_ttl < 0 or self.keep_finished < 0:
             raise ValueError("idempotency_ttl and keep_finished must not be negative")
         if self.http is not None:
@@ -178,7 +184,10 @@ class Daemon:
                                on_finished=self._on_finished,
                                on_claimed=lambda jobs: self.service.waiters.notify([j.id for j in jobs]),
                                pause_after=c.pause_after, on_ran=self.metrics.on_ran, pools=list(c.pool),
-                               limits=resources.limits)
+                               limits=resources.limits,
+                               memory=MemoryGate(store, reserve_mb=c.memory_reserve, max_rss_mb=c.max_rss,
+                                                 root=c.memory_root),
+                               on_deferred=lambda run_at: self.scheduler.wake_at(run_at))
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep,
                                    on_sweep=self._on_sweep, timers={"events": self._deliver_events})
         self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock, admission=c.admission)

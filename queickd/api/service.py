@@ -284,6 +284,7 @@ class QueueService:
             "events": self.store.event_counts(),
             "network": self.network.snapshot() if self.network is not None else None,
             "budgets": self.budgets(),
+            "memory": self.pool.memory.snapshot() if self.pool.memory is not None else None,
         }
         reply.update(self._fleet_stats(reply["counts"]))
         if req.get("detail"):  # running jobs, dead letters, oldest waits, the last hour

@@ -72,10 +72,18 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
          d.heartbeat, type=float)
     opt(p, "--budget-patience", "seconds a job over its budget waits before younger jobs of its "
          "pool or group stop starting until it has", d.budget_patience, type=duration)
+    _memory_flags(p, d.memory_reserve)
     opt(p, "--log-level", "log level", "info", choices=log.LEVELS)
     opt(p, "--config", "TOML file holding any of these flags (env and command line win over it), "
          "[hooks.NAME] webhook tables, [functions.\"module:func\"] job defaults and "
          "[budgets.pools] / [budgets.groups] cost budgets", None)
+
+
+def _memory_flags(p: argparse.ArgumentParser, reserve: float) -> None:
+    opt(p, "--memory-reserve", "MB of memory kept free: a job whose functions' recent runs took more "
+         "than the room left waits a little (unless nothing else runs)", reserve, type=float)
+    opt(p, "--max-rss", "MB this process may grow to, its jobs included (default: no cap)", None, type=float)
+    p.add_argument("--memory-root", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # tests: a fake /proc
 
 
 def _with_config_file(p: argparse.ArgumentParser, args: list[str], a: argparse.Namespace) -> argparse.Namespace:
@@ -229,6 +237,7 @@ def _fleet_parsers(sub: Any) -> None:
          w.max_orphan_requeues, type=int)
     opt(wk, "--stop-timeout", "seconds running jobs get to finish on SIGTERM", w.stop_timeout, type=float)
     opt(wk, "--pause-after", "failed runs in a row that pause a key or function", w.pause_after, type=int)
+    _memory_flags(wk, w.memory_reserve)
     opt(wk, "--log-level", "log level", "info", choices=log.LEVELS)
     wk.set_defaults(handler=run_cmd.run_worker)
 

@@ -76,6 +76,12 @@ def print_stats(s: dict[str, Any]) -> None:
         alarm = "   NO WORKERS: its jobs wait" if unserved(p) else ""
         print(f"pool {name}: {p['waiting']} waiting, {p['workers']} worker slot(s) alive{alarm}")
     print_budgets(s.get("budgets") or [])
+    m = s.get("memory")
+    if m:
+        deferred = ", ".join(f"{r} {n}" for r, n in sorted(m["deferred"].items())) or "none"
+        cap = "" if m["max_rss_mb"] is None else f", max rss {m['max_rss_mb']:g} MB"
+        print(f"memory: free memory read from {m['source']}, reserve {m['reserve_mb']:g} MB{cap}"
+              f"   deferred: {deferred}")
     for w in s.get("fleet") or []:
         state = "REFUSED: " + w["refused"] if w["refused"] else "alive" if w["alive"] else "GONE"
         print(f"  {w['kind']} {w['host']}:{w['pid']} pools {','.join(w['pools'])} queickd {w['version']}"

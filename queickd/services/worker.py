@@ -26,6 +26,7 @@ from ..run.loader import FunctionLoader
 from ..run.thread import ThreadRunner
 from ..store import Store
 from ..store.base import Finished
+from .memory_gate import MemoryGate
 
 log = logging.getLogger("queickd.worker")
 
@@ -52,12 +53,17 @@ class WorkerPool:
         pools: list[str] | None = None,
         runner: Runner | None = None,
         limits: Limits = NO_LIMITS,
+        memory: MemoryGate | None = None,
+        on_deferred: Callable[[float], None] = lambda run_at: None,
     ) -> None:
         if workers < 0:
             raise ValueError("workers must be 0 or more")
         self.store = store
         self.loader = loader
-        self.runner: Runner = runner if runner is not None else ThreadRunner(loader)  # runs each job
+        self.memory = memory  # which claimed jobs fit in memory; None: all start
+        self._on_deferred = on_deferred  # (earliest run_at) of jobs sent back for want of memory
+        self.runner: Runner = runner if runner is not None else ThreadRunner(
+            loader, measure=memory.keeps if memory is not None else None)  # runs each job
         self.workers = workers
         self._clock = clock
         self._sweep = sweep
@@ -186,6 +192,7 @@ class WorkerPool:
                 break
         report = None
         claimed: list[Job] = []
+        deferred_at = None
         with self.store.batch(bookkeeping=True):
             if unapplied:
                 report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after)
@@ -193,6 +200,10 @@ class WorkerPool:
             if free > 0 and not self._stopping:
                 claimed = self.store.claim_available(free, self._clock(), self._network_up(),
                                                      pools=self.pools, limits=self.limits)
+            if self.memory is not None:
+                self.memory.flush(self._clock())
+                if claimed:
+                    claimed, deferred_at = self._fit(claimed, self._busy - len(unapplied))
         if unapplied:
             self._busy -= len(unapplied)
             finished, self._unapplied = unapplied, []
@@ -202,10 +213,26 @@ class WorkerPool:
             self._runq.put(job)
         if claimed:
             self._on_claimed(claimed)
+        if deferred_at is not None:
+            self._on_deferred(deferred_at)
         if self._stopping and self._busy == 0:
             self._idle.set()
             return True
         return False
+
+    def _fit(self, claimed: list[Job], running_here: int) -> tuple[list[Job], float | None]:
+        """The claimed jobs that fit in memory; the others go back to wait a little, their
+        attempt not spent (in the pass's transaction). -> (to start, when the first returns)."""
+        assert self.memory is not None
+        start, later = self.memory.split(claimed, running_here)
+        if not later:
+            return start, None
+        now = self._clock()
+        run_ats = [now + w for w in self.memory.backoffs(later)]
+        self.store.release_unstarted([j.id for j in later], run_ats, now)
+        for job in later:
+            log.info("job %d %s deferred: it may not fit in memory now (%s)", job.id, job.func, self.memory.source)
+        return start, min(run_ats)
 
     def _isolate(self, outcomes: list[Outcome]) -> list[Outcome]:
         """After a failed batch: apply outcomes one by one, so that one the store cannot take
@@ -243,8 +270,10 @@ class WorkerPool:
             self._run(job)
 
     def _run(self, job: Job) -> None:
+        report_ok = False  # a report to learn from (deciding the outcome may still fail)
         try:
             report = self.runner.run(job)
+            report_ok = True
             runtime = report.runtime
             if report.ok:  # the clock and the checker are read on failure only
                 outcome = fate.after_success(job, report)
@@ -259,6 +288,9 @@ class WorkerPool:
                 "job %d %s failed (attempt %d/%d): %s: %s -> %s", job.id, job.func, job.attempts,
                 job.max_attempts, outcome.error["type"], outcome.error["message"], outcome.state,
             )
+        if self.memory is not None and report_ok:
+            self.memory.after_run(job, report.peak_memory, runtime, report.error_type == "memory_limit",
+                                  report.peak_estimated)
         if self._on_ran is not None:
             try:
                 self._on_ran(job, outcome, runtime)

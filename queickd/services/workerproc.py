@@ -19,6 +19,7 @@ from .. import __version__
 from ..run.loader import FunctionLoader
 from ..run.thread import ThreadRunner
 from .fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
+from .memory_gate import DEFAULT_RESERVE_MB, MemoryGate
 from .worker import DEFAULT_SWEEP, DEFAULT_WORKERS, WorkerPool
 
 log = logging.getLogger("queickd.workerproc")
@@ -36,6 +37,9 @@ class WorkerConfig:
     max_orphan_requeues: int = 3
     stop_timeout: float = 30.0
     pause_after: int = 5
+    memory_reserve: float = DEFAULT_RESERVE_MB
+    max_rss: float | None = None
+    memory_root: str = "/"
 
     def validate(self) -> None:
         if not self.store.startswith(("postgresql://", "postgres://")):
@@ -74,8 +78,10 @@ def run(config: WorkerConfig) -> int:
             stop.set()
 
         loader = FunctionLoader(config.app_dir, config.allow)
+        gate = MemoryGate(store, reserve_mb=config.memory_reserve, max_rss_mb=config.max_rss,
+                          root=config.memory_root)
         pool = WorkerPool(store, loader, config.workers, sweep=config.sweep, pause_after=config.pause_after,
-                          pools=list(config.pool), runner=ThreadRunner(loader))
+                          pools=list(config.pool), runner=ThreadRunner(loader, measure=gate.keeps), memory=gate)
         member = FleetMember(store, pool, kind="worker", heartbeat=config.heartbeat, sweep=config.sweep,
                              max_orphan_requeues=config.max_orphan_requeues, on_version_change=version_changed)
         member.start()

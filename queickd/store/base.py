@@ -24,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..core.job import Job, NewJob, Outcome, State, Submitted
 from ..core.policy import claim
 from ..core.policy.admission import NO_LIMITS, Admission, Refusal
+from ..core.policy.memory import Footprint
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +259,21 @@ class Store(Protocol):
     def waiting_by_pool(self) -> dict[str, int]:
         """Waiting jobs (scheduled, queued, waiting_network) per pool; pools with none
         are absent."""
+        ...
+
+    # --- memory-aware start ---------------------------------------------------------------
+    def footprints(self, funcs: list[str]) -> dict[str, Footprint]:
+        """Each named function's expected peak memory and runtime, if it has a history."""
+        ...
+
+    def record_runs(self, runs: list[tuple[str, int | None, float, bool, bool]], now: float) -> None:
+        """Fold runs (func, peak bytes or None, runtime, whether it was killed for its
+        memory limit, whether the peak is an estimate) into the functions' footprints."""
+        ...
+
+    def release_unstarted(self, job_ids: list[int], run_ats: list[float], now: float) -> int:
+        """Claimed jobs that were not started go back to `scheduled` at their run_at, with
+        the attempt the claim counted given back. Returns how many were still running."""
         ...
 
     def budget_usage(self, pools: list[str], groups: list[str]) -> dict[tuple[str, str], tuple[float, int, float, int]]:

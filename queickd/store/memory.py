@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from ..core.job import Job, NewJob, Outcome, State, Submitted, new_record
 from ..core.policy import admission as adm
 from ..core.policy import claim, crons, orphans, outbox
+from ..core.policy import memory as mem
 from ..core.policy import pauses as pz
 from .base import (
     CronFire,
@@ -29,12 +30,13 @@ from .base import (
     Recovered,
     StoreBase,
 )
+from .memres import MemoryResources
 from .undo import ABSENT, Journal, UndoDict
 
 _WAITING = (State.SCHEDULED, State.QUEUED, State.WAITING_NETWORK)
 
 
-class MemoryStore(StoreBase):
+class MemoryStore(MemoryResources, StoreBase):
     supports_notify = False
 
     def __init__(self, url: str = "memory://") -> None:
@@ -59,6 +61,7 @@ class MemoryStore(StoreBase):
         self._waiting_by_key: dict[str, int] = {}
         self._running_by_key: dict[str, int] = {}
         self._running: dict[int, Job] = {}  # kept by _count: what the claim's limits read
+        self._footprints: dict[str, mem.Footprint] = {}  # func -> expected peak and runtime (memres.py)
 
     def take_ownership(self) -> None:
         pass  # one process is the whole store
@@ -384,21 +387,6 @@ class MemoryStore(StoreBase):
                 self._crons[name] = dataclasses.replace(cron, template=dataclasses.replace(cron.template, pool=pool))
                 n += 1
             return n
-
-    def budget_usage(self, pools: list[str], groups: list[str]) -> dict[tuple[str, str], tuple[float, int, float, int]]:
-        out: dict[tuple[str, str], tuple[float, int, float, int]] = {}
-        wanted = {("pool", p) for p in pools} | {("group", g) for g in groups}
-        with self._lock:
-            for j in self._jobs.values():
-                if j.state != State.RUNNING and j.state not in _WAITING:
-                    continue
-                units = 1.0 if j.cost_units is None else j.cost_units
-                for t in (("pool", j.pool), ("group", j.concurrency_group)):
-                    if t in wanted:
-                        rc, rn, wc, wn = out.get(t, (0.0, 0, 0.0, 0))
-                        out[t] = ((rc + units, rn + 1, wc, wn) if j.state == State.RUNNING
-                                  else (rc, rn, wc + units, wn + 1))
-        return out
 
     def waiting_by_pool(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -160,6 +160,11 @@ MIGRATIONS: list[str] = [
         WHERE state = 'running' AND concurrency_group IS NOT NULL;
     CREATE INDEX IF NOT EXISTS jobs_queued_grouped ON jobs (id)
         WHERE state = 'queued' AND concurrency_group IS NOT NULL;
+    -- Each function's expected peak memory (bytes) and runtime, for the memory-aware start.
+    CREATE TABLE IF NOT EXISTS footprints (
+        func text PRIMARY KEY, peak double precision NOT NULL, runtime double precision NOT NULL,
+        runs integer NOT NULL, estimated boolean NOT NULL, updated_at double precision NOT NULL
+    );
     CREATE OR REPLACE FUNCTION queickd_claim(p_now double precision, p_worker bigint, p_pools text[],
                                              p_net boolean, p_limit integer) RETURNS SETOF jobs
     LANGUAGE plpgsql SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off AS $$

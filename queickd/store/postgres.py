@@ -315,6 +315,9 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
         jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
         return jobs
 
+    def _scheduled_at(self, c: psycopg.Connection, run_at: float) -> None:
+        notify(c, f"s:{run_at!r}")  # the daemons' timers must know when to move them back to queued
+
     @staticmethod
     def _grouped_waiting(c: psycopg.Connection) -> bool:
         """Is any grouped job queued? (jobs_queued_grouped: one index probe.)"""

@@ -146,9 +146,13 @@ def _v3(c: sqlite3.Connection) -> None:
 def _v4(c: sqlite3.Connection) -> None:
     """Resource control: jobs.concurrency_group, concurrency_limit, cost_units (NULL: none,
     none, 1). The claim reads running jobs through jobs_running and skips full groups in
-    its walk of jobs_queued; no index more on the insert path."""
+    its walk of jobs_queued; no index more on the insert path. `footprints`: each
+    function's expected peak memory and runtime (core/policy/memory.py)."""
     for column, decl in (("concurrency_group", "TEXT"), ("concurrency_limit", "INTEGER"), ("cost_units", "REAL")):
         _add_column(c, "jobs", column, decl)
+    c.execute("CREATE TABLE IF NOT EXISTS footprints (func TEXT PRIMARY KEY, peak REAL NOT NULL,"
+              " runtime REAL NOT NULL, runs INTEGER NOT NULL, estimated INTEGER NOT NULL, updated_at REAL NOT NULL)"
+              " WITHOUT ROWID")
 
 
 # MIGRATIONS[i] brings a file from version i to i + 1.

@@ -152,6 +152,10 @@ class Metrics:
                 ("queickd_budget_running_units", "running", "Cost units running against each budget."),
                 ("queickd_budget_waiting_units", "waiting", "Cost units of the jobs waiting for each budget.")):
             family(metric, "gauge", help_text, [({"kind": b["kind"], "name": b["name"]}, b[what]) for b in budgets])
+        memory = stats.get("memory") or {}
+        family("queickd_deferred_total", "counter", "Claimed jobs sent back to wait, by reason (memory: "
+               "they may not fit in the memory left; max_rss: in what --max-rss leaves).",
+               [({"reason": r}, n) for r, n in sorted((memory.get("deferred") or {}).items())])
         ev = stats["events"]
         ev_oldest = stats.get("outbox_oldest_pending_at")
         family("queickd_outbox_pending_events", "gauge", "Events in the outbox waiting for room.",

@@ -93,3 +93,16 @@ def span(path, token, hold=0.02):
     time.sleep(hold)
     with open(path, "a", encoding="utf-8") as f:
         f.write(f"{token} {os.getpid()} {start!r} {time.time()!r}\n")
+
+
+_HELD = []
+
+
+def hold_memory(mb):
+    """Grow the process by `mb` MB and keep it (touched, so it is resident): a run whose
+    RSS growth the in-thread runner can see."""
+    block = bytearray(mb * 1024 * 1024)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    _HELD.append(block)
+    return len(_HELD)
