@@ -91,9 +91,16 @@ def tighten(root: Path, free_mb: int) -> None:
     (root / "sys/fs/cgroup/queickd.service/memory.current").write_text(f"{(4000 - free_mb) * MB}\n")
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'queue.db'}"
+    return request.getfixturevalue("pg_fresh_database")
+
+
 def test_a_job_that_may_not_fit_is_deferred_without_an_attempt_then_starts_when_room_appears(
-        start_daemon, tree, gate):
-    d = start_daemon(None, "--memory-root", str(tree), workers=2)
+        start_daemon, store_url, tree, gate):
+    d = start_daemon(store_url, "--memory-root", str(tree), workers=2)
     with d.client() as q:
         assert q.wait(q.enqueue("testjobs:hold_memory", [40]), 20)["state"] == State.SUCCEEDED  # learnt
         tighten(tree, 80)  # 80 MB free, 64 reserved: 16 MB of room for a 40 MB job
