@@ -39,6 +39,7 @@ from .services.fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
 from .services.memory_gate import DEFAULT_RESERVE_MB, MemoryGate
 from .services.netcheck import DEFAULT_INTERVAL, NetworkMonitor, parse_target
 from .services.network import NetworkParking
+from .services.pool_size import DEFAULT_IDLE_GRACE, PoolSize, adaptive_size
 from .services.retention import Retention
 from .services.scheduler import Scheduler
 from .services.worker import DEFAULT_SWEEP, DEFAULT_WORKERS, WorkerPool
@@ -84,10 +85,16 @@ class Config:
     memory_reserve: float = DEFAULT_RESERVE_MB  # MB kept free by the memory-aware start
     max_rss: float | None = None  # MB this process may grow to, jobs included
     memory_root: str = "/"  # where /proc and /sys/fs/cgroup are read (tests point it elsewhere)
+    min_workers: int | None = None  # adaptive pool bounds (None: --workers, a fixed size)
+    max_workers: int | None = None
+    idle_grace: float = DEFAULT_IDLE_GRACE  # seconds the queue is quiet before the pool shrinks
 
     @property
     def admission(self) -> Admission:
         return Admission(self.max_queued, self.max_queued_per_key, self.idempotency_ttl)
+
+    def pool_size(self, clock: Callable[[], float] = time.time) -> PoolSize:
+        return adaptive_size(self.workers, self.min_workers, self.max_workers, self.idle_grace, clock)
 
     @property
     def resources(self) -> Resources:
@@ -116,6 +123,7 @@ class Config:
             parse_address(self.http)
         parse_hooks(self.hooks)
         self.resources  # noqa: B018 - raises ValueError naming a bad table or field
+        self.pool_size()
         if self.ping_host is not None:
             parse_target(self.ping_host)
             if not self.ping_interval > 0:
@@ -187,7 +195,8 @@ class Daemon:
                                limits=resources.limits,
                                memory=MemoryGate(store, reserve_mb=c.memory_reserve, max_rss_mb=c.max_rss,
                                                  root=c.memory_root),
-                               on_deferred=lambda run_at: self.scheduler.wake_at(run_at))
+                               on_deferred=lambda run_at: self.scheduler.wake_at(run_at),
+                               size=c.pool_size(self.clock))
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep,
                                    on_sweep=self._on_sweep, timers={"events": self._deliver_events})
         self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock, admission=c.admission)

@@ -269,7 +269,7 @@ class QueueService:
             "store": self.store.url,
             "uptime": round(now - self.started_at, 3),
             "counts": self.store.counts(),
-            "workers": {"total": self.pool.workers, "busy": self.pool.busy},
+            "workers": {"total": self.pool.workers, "busy": self.pool.busy, **self.pool.size_info()},
             "enqueued": self.batcher.jobs,
             "commits": self.batcher.commits,
             "completed": self.pool.completed,

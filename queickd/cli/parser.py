@@ -39,7 +39,8 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
          "commits on power loss (never on a crash)", d.durability, choices=("full", "normal"))
     opt(p, "--bind", "address to listen on (keep loopback unless you set --token-file)", d.bind)
     opt(p, "--port", "TCP port of the enqueue protocol (0 picks a free one)", d.port, type=int)
-    opt(p, "--workers", "worker threads running jobs", d.workers, type=int)
+    opt(p, "--workers", "worker threads running jobs (a fixed size; see --min-workers)", d.workers, type=int)
+    _size_flags(p, d.idle_grace)
     opt(p, "--app-dir", "directory whose modules may run as jobs", d.app_dir)
     opt(p, "--allow", "also allow modules matching this pattern (fnmatch, repeatable), "
          "e.g. 'queickd.attendance.*'", None, action="append")
@@ -77,6 +78,14 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
     opt(p, "--config", "TOML file holding any of these flags (env and command line win over it), "
          "[hooks.NAME] webhook tables, [functions.\"module:func\"] job defaults and "
          "[budgets.pools] / [budgets.groups] cost budgets", None)
+
+
+def _size_flags(p: argparse.ArgumentParser, grace: float) -> None:
+    opt(p, "--min-workers", "adaptive pool: workers kept running (default: --workers)", None, type=int)
+    opt(p, "--max-workers", "adaptive pool: grow to this many while work waits with every worker busy "
+         "(default: --workers)", None, type=int)
+    opt(p, "--idle-grace", "adaptive pool: seconds of a quiet queue before it shrinks by one",
+         grace, type=duration)
 
 
 def _memory_flags(p: argparse.ArgumentParser, reserve: float) -> None:
@@ -228,7 +237,9 @@ def _fleet_parsers(sub: Any) -> None:
         f"Exits {EX_VERSION} (not restarted by systemd) if the database is at another queickd version.")
     opt(wk, "--store", "the shared store: postgresql://user@host/db", None, required=env("--store") is None)
     opt(wk, "--pool", "worker pool to serve (repeatable; default: default)", None, action="append")
-    opt(wk, "--workers", "jobs run at once by this process", w.workers, type=int)
+    opt(wk, "--workers", "jobs run at once by this process (a fixed size; see --min-workers)", w.workers,
+        type=int)
+    _size_flags(wk, w.idle_grace)
     opt(wk, "--app-dir", "directory whose modules may run as jobs", w.app_dir)
     opt(wk, "--allow", "also allow modules matching this pattern (fnmatch, repeatable)", None, action="append")
     opt(wk, "--heartbeat", "seconds between heartbeats; gone after 3 missed", w.heartbeat, type=float)

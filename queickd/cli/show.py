@@ -53,6 +53,11 @@ def print_stats(s: dict[str, Any]) -> None:
     w = s["workers"]
     print(f"workers: {w['busy']}/{w['total']} busy   enqueued {s['enqueued']} in {s['commits']} commits"
           f"   completed {s['completed']}   failed attempts {s['failed']}")
+    last = w.get("last_resize")
+    if w.get("max", w["total"]) != w.get("min", w["total"]):
+        print(f"pool size: {w['size']} (min {w['min']}, max {w['max']}, idle grace {w['idle_grace']:g} s)"
+              + (f"   last resize {last['from']} -> {last['to']} at {fmt_time(last['at'])}: {last['reason']}"
+                 if last else ""))
     sch = s["scheduler"]
     print(f"scheduler: {'alive' if sch['alive'] else 'STOPPED'}, last fired {fmt_time(sch['last_fired_at'])}"
           f"   crons: {s['crons']}")

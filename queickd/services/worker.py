@@ -17,6 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..core import fate
 from ..core.job import Job, Outcome, State
@@ -27,6 +28,7 @@ from ..run.thread import ThreadRunner
 from ..store import Store
 from ..store.base import Finished
 from .memory_gate import MemoryGate
+from .pool_size import PoolSize
 
 log = logging.getLogger("queickd.worker")
 
@@ -55,6 +57,7 @@ class WorkerPool:
         limits: Limits = NO_LIMITS,
         memory: MemoryGate | None = None,
         on_deferred: Callable[[float], None] = lambda run_at: None,
+        size: PoolSize | None = None,
     ) -> None:
         if workers < 0:
             raise ValueError("workers must be 0 or more")
@@ -64,7 +67,8 @@ class WorkerPool:
         self._on_deferred = on_deferred  # (earliest run_at) of jobs sent back for want of memory
         self.runner: Runner = runner if runner is not None else ThreadRunner(
             loader, measure=memory.keeps if memory is not None else None)  # runs each job
-        self.workers = workers
+        self.size = size if size is not None and size.adaptive else None  # None: a fixed size
+        self.workers = self.size.min if self.size is not None else workers  # threads now
         self._clock = clock
         self._sweep = sweep
         self._network_checker = network_checker  # is a checker there to release parked jobs?
@@ -100,10 +104,8 @@ class WorkerPool:
     def start(self) -> None:
         if self._thread is not None:
             return
-        for i in range(self.workers):
-            t = threading.Thread(target=self._work, name=f"queickd-job-{i}", daemon=True)
-            t.start()
-            self._threads.append(t)
+        for _ in range(self.workers):
+            self._add_thread()
         self._thread = threading.Thread(target=self._loop, name="queickd-dispatcher", daemon=True)
         self._thread.start()
 
@@ -112,8 +114,35 @@ class WorkerPool:
 
         Skipped while every worker is busy: a worker that finishes wakes the dispatcher
         itself, and the dispatcher claims after applying outcomes in the same pass."""
-        if self._busy < self.workers or self._stopping:
+        if self._busy < self.workers or self._stopping or self._can_grow():
             self._wake.set()
+
+    def size_info(self) -> dict[str, Any]:
+        """The pool's size, its bounds and its last resize (a fixed pool: min = max = size)."""
+        if self.size is None:
+            return {"size": self.workers, "min": self.workers, "max": self.workers, "idle_grace": None,
+                    "last_resize": None}
+        return self.size.snapshot(self.workers)
+
+    def _can_grow(self) -> bool:
+        return (self.size is not None and self.workers < self.size.max and not self._stopping
+                and (self.memory is None or self.memory.fits_one_more()))
+
+    def _add_thread(self) -> None:
+        t = threading.Thread(target=self._work, name=f"queickd-job-{len(self._threads)}", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def shrink_if_idle(self, now: float) -> int:
+        """The shrink timer's call (tests call it with their clock): one worker less when
+        the queue has been quiet for the grace. Returns the size after."""
+        with self._dispatch_lock:
+            if self.size is not None and self.size.due(self.workers, now) and self._busy < self.workers:
+                self.workers -= 1
+                self._runq.put(None)  # the next idle thread exits
+                self.size.resized(self.workers + 1, self.workers, "idle for the grace", now)
+                log.info("worker pool shrinks to %d (quiet for %.0f s)", self.workers, self.size.grace)
+            return self.workers
 
     def stop_claiming(self) -> None:
         """Claim nothing more from now on; running jobs go on. Idempotent."""
@@ -126,6 +155,8 @@ class WorkerPool:
         Jobs still running at the timeout stay `running` in the store; the next start
         recovers them as orphans. Idempotent, and safe before start().
         """
+        if self.size is not None:
+            self.size.stop()
         if self._thread is None:
             return True
         self.stop_claiming()
@@ -197,8 +228,11 @@ class WorkerPool:
             if unapplied:
                 report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after)
             free = self.workers - self._busy + len(unapplied)
-            if free > 0 and not self._stopping:
-                claimed = self.store.claim_available(free, self._clock(), self._network_up(),
+            # One job more than the free workers when the pool may grow: getting it is the
+            # sign that work waits with every worker busy (no polling for it).
+            ask = free + 1 if self._can_grow() else free
+            if ask > 0 and not self._stopping:
+                claimed = self.store.claim_available(ask, self._clock(), self._network_up(),
                                                      pools=self.pools, limits=self.limits)
             if self.memory is not None:
                 self.memory.flush(self._clock())
@@ -208,6 +242,11 @@ class WorkerPool:
             self._busy -= len(unapplied)
             finished, self._unapplied = unapplied, []
             self._after_finish(finished, report)
+        if claimed and self.size is not None:
+            now = self._clock()
+            self.size.claimed(now)
+            if len(claimed) > max(0, free):
+                self._grow(now)
         for job in claimed:
             self._busy += 1
             self._runq.put(job)
@@ -219,6 +258,15 @@ class WorkerPool:
             self._idle.set()
             return True
         return False
+
+    def _grow(self, now: float) -> None:
+        assert self.size is not None
+        self.workers += 1
+        self._add_thread()
+        self.size.resized(self.workers - 1, self.workers, "work waiting with every worker busy", now)
+        log.info("worker pool grows to %d (work waiting with every worker busy)", self.workers)
+        self.size.start_timer(self.shrink_if_idle)
+        self._wake.set()  # look again at once: more may wait, for one more worker
 
     def _fit(self, claimed: list[Job], running_here: int) -> tuple[list[Job], float | None]:
         """The claimed jobs that fit in memory; the others go back to wait a little, their

@@ -132,6 +132,10 @@ class Metrics:
         w = stats["workers"]
         family("queickd_workers", "gauge", "Worker threads by activity.",
                [({"state": "busy"}, w["busy"]), ({"state": "idle"}, w["total"] - w["busy"])])
+        family("queickd_pool_size", "gauge", "Worker threads of this process now, and the adaptive "
+               "pool's bounds (min = max for a fixed size).",
+               [({"bound": "size"}, w.get("size", w["total"])), ({"bound": "min"}, w.get("min", w["total"])),
+                ({"bound": "max"}, w.get("max", w["total"]))])
         family("queickd_running_without_worker", "gauge",
                "Jobs recorded as running whose worker is gone. Shared PostgreSQL store: running jobs "
                "whose worker record is missing or missed 3 heartbeats (the orphan sweep re-queues them). "

@@ -105,6 +105,8 @@ def render(s: dict[str, Any]) -> str:
     cards = "".join([
         _card("workers busy", f"{w['busy']} / {w['total']}", metric="workers-busy"),
         _card("idle", w["total"] - w["busy"], metric="workers-idle"),
+        _card("pool size", f"{w.get('size', w['total'])} ({w.get('min', w['total'])}-{w.get('max', w['total'])})",
+              metric="pool-size"),
         _card("waiting", waiting, metric="waiting"),
         _card("running", counts["running"], metric="running"),
         _card("oldest wait", ago(now, s.get("oldest_queued_at")) if s.get("oldest_queued_at") else "-",
