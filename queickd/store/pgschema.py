@@ -160,6 +160,29 @@ MIGRATIONS: list[str] = [
         WHERE state = 'running' AND concurrency_group IS NOT NULL;
     CREATE INDEX IF NOT EXISTS jobs_queued_grouped ON jobs (id)
         WHERE state = 'queued' AND concurrency_group IS NOT NULL;
+    -- The claim with groups or budgets reads its candidates a page at a time through this,
+    -- in queue order along jobs_queued (planner settings of its own, as queickd_claim's:
+    -- never a sort of every queued job), leaving out other pools' jobs without a key and
+    -- the jobs of groups with every slot taken (p_full; NULL: as the running jobs say, for
+    -- the first page, read before the claim knows what runs).
+    CREATE OR REPLACE FUNCTION queickd_candidates(p_pools text[], p_full text[], p_limit integer,
+                                                  p_offset integer)
+    RETURNS TABLE (id bigint, key text, func text, pool text, retry_on_network boolean,
+                   run_at double precision, concurrency_group text, concurrency_limit integer,
+                   cost_units double precision)
+    LANGUAGE plpgsql STABLE SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off AS $$
+    BEGIN
+    RETURN QUERY SELECT q.id, q.key, q.func, q.pool, q.retry_on_network, q.run_at, q.concurrency_group,
+                        q.concurrency_limit, q.cost_units
+    FROM jobs q WHERE q.state = 'queued'
+      AND (p_pools IS NULL OR q.pool = ANY(p_pools) OR q.key IS NOT NULL)
+      AND (q.concurrency_group IS NULL OR (CASE WHEN p_full IS NULL
+           THEN (SELECT count(*) FROM jobs r WHERE r.state = 'running'
+                 AND r.concurrency_group = q.concurrency_group) < coalesce(q.concurrency_limit, 1)
+           ELSE NOT q.concurrency_group = ANY(p_full) END))
+    ORDER BY q.priority, q.run_at, q.id LIMIT p_limit OFFSET p_offset;
+    END
+    $$;
     -- Each function's expected peak memory (bytes) and runtime, for the memory-aware start.
     CREATE TABLE IF NOT EXISTS footprints (
         func text PRIMARY KEY, peak double precision NOT NULL, runtime double precision NOT NULL,

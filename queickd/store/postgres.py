@@ -63,7 +63,7 @@ _SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit trans
 _COUNT_TTL = 1.0  # seconds an exact count of waiting jobs stands in, far below the cap
 _NOTIFY_IDS = 300  # job ids per finish notification (payloads are limited to 8000 bytes)
 _CLAIM_RETRIES = 8
-_BUDGET_LOCK = 0x716B6203  # first key of the advisory locks on budgets (the second: the name's hash)
+_CLAIM_LOCK = 0x71756963_6B640003  # advisory lock id held by each claim with groups or budgets
 _WAITING_SQL = "('scheduled', 'queued', 'waiting_network')"
 # The claim itself is the function queickd_claim (pgschema.py): an UPDATE ... WHERE id IN
 # (SELECT ... ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING, one
@@ -288,29 +288,24 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
             return []
         params = {"now": now, "worker": self.worker_id, "pools": list(pools) if pools is not None else None,
                   "net": network_up, "limit": limit}
-        in_batch = getattr(self._local, "in_batch", False)
-        if in_batch and not limits.any and not self._grouped_waiting(self._conn()):
+        if getattr(self._local, "in_batch", False):
             # No savepoint here (two more round trips on every pass of the pool): a lost key
-            # race, which the claim's own conditions all but rule out, fails the batch,
-            # and the pool applies its outcomes alone and claims again.
-            rows = self._conn().execute(_CLAIM, params).fetchall()
-        else:
-            for attempt in range(_CLAIM_RETRIES):
-                try:
-                    # In a batch, a savepoint: a lost race for a group's slot is common when
-                    # hosts claim one group at once, and must not undo the batch's finish.
-                    with self._conn().transaction() if in_batch else self._write() as tx:
-                        c = tx.connection if in_batch else tx
-                        if limits.any or self._grouped_waiting(c):
-                            rows = self._claim_selected(c, params, limits)
-                        else:
-                            rows = c.execute(_CLAIM, params).fetchall()
-                    break
-                except pgerrors.UniqueViolation:
-                    # Another worker claimed a job of the same key, or the same slot of a
-                    # group, meanwhile and committed; the next try sees it running.
-                    if attempt == _CLAIM_RETRIES - 1:
-                        raise
+            # or slot race, which the claim's own conditions and its lock all but rule out,
+            # fails the batch, and the pool applies its outcomes alone and claims again.
+            c = self._conn()
+            rows = (self._claim_selected(c, params, limits) if limits.any or self._grouped_waiting(c)
+                    else c.execute(_CLAIM, params).fetchall())
+        for attempt in range(_CLAIM_RETRIES if not getattr(self._local, "in_batch", False) else 0):
+            try:
+                with self._write() as c:
+                    rows = (self._claim_selected(c, params, limits) if limits.any or self._grouped_waiting(c)
+                            else c.execute(_CLAIM, params).fetchall())
+                break
+            except pgerrors.UniqueViolation:
+                # Another worker claimed a job of the same key, or the same slot of a group,
+                # meanwhile and committed; the next try sees it running.
+                if attempt == _CLAIM_RETRIES - 1:
+                    raise
         jobs = [dbrows.row_to_job(r) for r in rows]
         jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
         return jobs
@@ -327,29 +322,33 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
     def _claim_selected(self, c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits) -> list[tuple]:
         """The claim with groups or budgets: core/policy/claim.py's selection over the queued
         jobs read page by page in queue order (bounded look-ahead), in the caller's
-        transaction. Budgets: a transaction lock per budget, taken in one order, so what
-        runs against a budget is read after every other claim of it has committed. Group
+        transaction, under one transaction lock taken before what runs is read (so what
+        runs against a budget is read after every earlier such claim has committed). Group
         limits: the slot each job takes, under jobs_group_slot (a race is a unique violation)."""
-        names = sorted([f"p:{n}" for n in limits.pools] + [f"g:{n}" for n in limits.groups])
-        if names:
-            c.execute("SELECT pg_advisory_xact_lock(%s, hashtext(n)) FROM unnest(%s::text[]) AS n ORDER BY n",
-                      (_BUDGET_LOCK, names))
-        held = c.execute(
-            f"SELECT 'running', {claim.RUNNING_COLS.format(slot='slot')} FROM jobs WHERE state = 'running'"
-            " UNION ALL SELECT kind, name, NULL, NULL, NULL, NULL, NULL FROM pauses").fetchall()
+        running = (f"SELECT 'running', {claim.RUNNING_COLS.format(slot='slot')} FROM jobs WHERE state = 'running'"
+                   " UNION ALL SELECT kind, name, NULL, NULL, NULL, NULL, NULL FROM pauses")
+        # One lock for these claims (they take turns, host by host), then what runs and the
+        # first page of candidates, each read by a statement of its own: after every earlier
+        # such claim committed, so budgets are exact and slot races all but gone (the unique
+        # index still guarantees the limits). One round trip: several statements, their
+        # values bound on this side (a ClientCursor), each statement a snapshot of its own.
+        page, offset = max(16, params["limit"] * 2), 0
+        cur = psycopg.ClientCursor(c)
+        cur.execute(f"SELECT pg_advisory_xact_lock({_CLAIM_LOCK}); {running};"
+                    " SELECT * FROM queickd_candidates(%s, NULL, %s, 0)", (params["pools"], page))
+        cur.nextset()
+        held = cur.fetchall()
+        cur.nextset()
+        first = cur.fetchall()
         served = None if params["pools"] is None else frozenset(params["pools"])
         pick = claim.Selection(claim.Request(params["limit"], params["net"], served, limits, params["now"]),
                                claim.Running.of_jobs([r[1:] for r in held if r[0] == "running"],
                                                      [(r[0], r[1]) for r in held if r[0] != "running"]))
-        page, offset = max(16, params["limit"] * 2), 0
         full = pick.full_groups()
         while not pick.full and offset < pick.look_ahead:
-            rows = c.execute(
-                f"SELECT {claim.ROW_COLS} FROM jobs WHERE state = 'queued'"
-                " AND (%(pools)s::text[] IS NULL OR pool = ANY(%(pools)s) OR key IS NOT NULL)"
-                " AND (concurrency_group IS NULL OR NOT concurrency_group = ANY(%(full)s::text[]))"
-                " ORDER BY priority, run_at, id LIMIT %(page)s OFFSET %(offset)s",
-                {**params, "full": full, "page": page, "offset": offset}).fetchall()
+            rows = first if offset == 0 else c.execute(
+                "SELECT * FROM queickd_candidates(%s, %s::text[], %s, %s)", (params["pools"], full, page, offset)
+            ).fetchall()
             pick.offer_all(map(claim.Row._make, rows))
             if len(rows) < page:
                 break
