@@ -74,3 +74,21 @@ def test_a_killed_workers_group_slots_come_back_after_the_heartbeat_window(
         finished = [q.wait(i, 30) for i in held]
     assert [(j["state"], j["attempts"], j["orphaned"]) for j in finished] == [(State.SUCCEEDED, 2, 1)] * 2
     assert sorted(t for t, _, _ in runs(out)) == ["s0", "s1", "s2", "s3"]
+
+
+def test_queick_workers_apply_the_budgets_of_their_config_file(pg_fresh_database, start_daemon, start_worker,
+                                                               tmp_path):
+    url = pg_fresh_database
+    cfg = tmp_path / "queickd.toml"
+    cfg.write_text("[budgets.pools]\ndefault = 3\n")
+    d = start_daemon(url, "--heartbeat", str(HEARTBEAT), workers=0)
+    for _ in range(2):
+        start_worker(url, workers=3, heartbeat=HEARTBEAT, extra=("--config", str(cfg)))
+    out = tmp_path / "runs.txt"
+    with d.client() as q:
+        ids = [q.enqueue("testjobs:span", [str(out), f"j{i}", 0.05], cost_units=(1, 2)[i % 2]) for i in range(12)]
+        for i in ids:
+            assert q.wait(i, 60)["state"] == State.SUCCEEDED
+    spans = runs(out)
+    assert len(spans) == 12
+    assert peak([(s, e, (1, 2)[int(t[1:]) % 2]) for t, s, e in spans]) <= 3

@@ -249,6 +249,8 @@ def _fleet_parsers(sub: Any) -> None:
     opt(wk, "--stop-timeout", "seconds running jobs get to finish on SIGTERM", w.stop_timeout, type=float)
     opt(wk, "--pause-after", "failed runs in a row that pause a key or function", w.pause_after, type=int)
     _memory_flags(wk, w.memory_reserve)
+    opt(wk, "--config", "the daemons' TOML file: its [budgets.pools], [budgets.groups] and "
+         "budget-patience apply to this worker's claims too (its other settings are the daemon's)", None)
     opt(wk, "--log-level", "log level", "info", choices=log.LEVELS)
     wk.set_defaults(handler=run_cmd.run_worker)
 

@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass, field
 
 from .. import __version__
+from ..core.policy.resources import parse as parse_resources
 from ..run.loader import FunctionLoader
 from ..run.thread import ThreadRunner
 from .fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
@@ -44,6 +45,8 @@ class WorkerConfig:
     min_workers: int | None = None
     max_workers: int | None = None
     idle_grace: float = DEFAULT_IDLE_GRACE
+    budgets: dict = field(default_factory=dict)  # [budgets.pools] / [budgets.groups] of --config
+    budget_patience: float = 30.0
 
     def validate(self) -> None:
         if not self.store.startswith(("postgresql://", "postgres://")):
@@ -51,6 +54,7 @@ class WorkerConfig:
         if self.workers < 1:
             raise ValueError("workers must be at least 1")
         adaptive_size(self.workers, self.min_workers, self.max_workers, self.idle_grace)
+        parse_resources({}, self.budgets, self.budget_patience)
         if not self.heartbeat > 0 or not self.sweep > 0 or self.stop_timeout < 0:
             raise ValueError("heartbeat and sweep must be positive, stop_timeout not negative")
         if not self.pool or any(not p for p in self.pool):
@@ -88,7 +92,8 @@ def run(config: WorkerConfig) -> int:
         pool = WorkerPool(store, loader, config.workers, sweep=config.sweep, pause_after=config.pause_after,
                           pools=list(config.pool), runner=ThreadRunner(loader, measure=gate.keeps), memory=gate,
                           size=adaptive_size(config.workers, config.min_workers, config.max_workers,
-                                             config.idle_grace))
+                                             config.idle_grace),
+                          limits=parse_resources({}, config.budgets, config.budget_patience).limits)
         member = FleetMember(store, pool, kind="worker", heartbeat=config.heartbeat, sweep=config.sweep,
                              max_orphan_requeues=config.max_orphan_requeues, on_version_change=version_changed)
         member.start()
