@@ -163,8 +163,8 @@ MIGRATIONS: list[str] = [
     -- The claim with groups or budgets reads its candidates a page at a time through this,
     -- in queue order along jobs_queued (planner settings of its own, as queickd_claim's:
     -- never a sort of every queued job), leaving out other pools' jobs without a key and
-    -- the jobs of groups with every slot taken (p_full; NULL: as the running jobs say, for
-    -- the first page, read before the claim knows what runs).
+    -- the jobs of groups with every slot taken (p_full: none for the first page, read
+    -- before the claim knows what runs).
     CREATE OR REPLACE FUNCTION queickd_candidates(p_pools text[], p_full text[], p_limit integer,
                                                   p_offset integer)
     RETURNS TABLE (id bigint, key text, func text, pool text, retry_on_network boolean,
@@ -176,10 +176,7 @@ MIGRATIONS: list[str] = [
                         q.concurrency_limit, q.cost_units
     FROM jobs q WHERE q.state = 'queued'
       AND (p_pools IS NULL OR q.pool = ANY(p_pools) OR q.key IS NOT NULL)
-      AND (q.concurrency_group IS NULL OR (CASE WHEN p_full IS NULL
-           THEN (SELECT count(*) FROM jobs r WHERE r.state = 'running'
-                 AND r.concurrency_group = q.concurrency_group) < coalesce(q.concurrency_limit, 1)
-           ELSE NOT q.concurrency_group = ANY(p_full) END))
+      AND (q.concurrency_group IS NULL OR NOT q.concurrency_group = ANY(p_full))
     ORDER BY q.priority, q.run_at, q.id LIMIT p_limit OFFSET p_offset;
     END
     $$;

@@ -332,10 +332,10 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
         # such claim committed, so budgets are exact and slot races all but gone (the unique
         # index still guarantees the limits). One round trip: several statements, their
         # values bound on this side (a ClientCursor), each statement a snapshot of its own.
-        page, offset = max(16, params["limit"] * 2), 0
+        page = max(16, params["limit"] * 2)
         cur = psycopg.ClientCursor(c)
         cur.execute(f"SELECT pg_advisory_xact_lock({_CLAIM_LOCK}); {running};"
-                    " SELECT * FROM queickd_candidates(%s, NULL, %s, 0)", (params["pools"], page))
+                    " SELECT * FROM queickd_candidates(%s, '{}', %s, 0)", (params["pools"], page))
         cur.nextset()
         held = cur.fetchall()
         cur.nextset()
@@ -344,14 +344,18 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
         pick = claim.Selection(claim.Request(params["limit"], params["net"], served, limits, params["now"]),
                                claim.Running.of_jobs([r[1:] for r in held if r[0] == "running"],
                                                      [(r[0], r[1]) for r in held if r[0] != "running"]))
+        # The first page came unfiltered, with what runs; the next ones leave out the jobs of
+        # groups full before this claim (they hold nothing), from the first such row not read.
         full = pick.full_groups()
-        while not pick.full and offset < pick.look_ahead:
-            rows = first if offset == 0 else c.execute(
-                "SELECT * FROM queickd_candidates(%s, %s::text[], %s, %s)", (params["pools"], full, page, offset)
-            ).fetchall()
+        skip = set(full)
+        pick.offer_all(map(claim.Row._make, first))
+        offset = sum(1 for r in first if r[6] is None or r[6] not in skip)  # r[6]: concurrency_group
+        more = len(first) == page
+        while more and not pick.full and offset < pick.look_ahead:
+            rows = c.execute("SELECT * FROM queickd_candidates(%s, %s::text[], %s, %s)",
+                             (params["pools"], full, page, offset)).fetchall()
             pick.offer_all(map(claim.Row._make, rows))
-            if len(rows) < page:
-                break
+            more = len(rows) == page
             offset += page
         if not pick.chosen:
             return []
