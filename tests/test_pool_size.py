@@ -96,3 +96,27 @@ def test_the_daemon_grows_under_a_backlog_and_shrinks_after_the_idle_grace(start
             q.wait(i, 20)
         d.wait_for_line(r"worker pool shrinks to 1", timeout=20)
         assert q.stats()["workers"]["size"] == 1
+
+
+def test_the_pool_does_not_grow_when_one_more_typical_job_would_not_fit(gate, tmp_path):
+    from test_memory_gate import MB, fake_tree
+
+    from queickd.services.memory_gate import MemoryGate
+
+    fake_tree(tmp_path, v2=(1000 * MB, 900 * MB, 0))  # 100 MB free, 64 reserved
+    clock = Clock()
+    store = MemoryStore()
+    store.record_runs([("testjobs:gate", 200 * MB, 1.0, False, False)], clock.now)  # a big function
+    pool = WorkerPool(store, FunctionLoader(JOBS), clock=clock, size=PoolSize(1, 4, 30, clock=clock),
+                      memory=MemoryGate(store, root=str(tmp_path)))
+    pool.start()
+    try:
+        store.submit([job(func="testjobs:gate", args=[gate.port, f"g{i}"], run_at=clock.now) for i in range(2)],
+                     clock.now)
+        pool.wake()
+        assert gate.arrival() == "g0"  # alone on the worker: it starts although it may not fit
+        assert pool.workers == 1 and not pool._can_grow()
+        assert pool.memory.snapshot()["deferred"] == {"memory": 1}  # the one asked for a new worker
+    finally:
+        gate.release_all()
+        pool.stop(10)

@@ -114,7 +114,7 @@ class WorkerPool:
 
         Skipped while every worker is busy: a worker that finishes wakes the dispatcher
         itself, and the dispatcher claims after applying outcomes in the same pass."""
-        if self._busy < self.workers or self._stopping or self._can_grow():
+        if self._busy < self.workers or self._stopping or self._can_grow(memory=False):
             self._wake.set()
 
     def size_info(self) -> dict[str, Any]:
@@ -124,9 +124,11 @@ class WorkerPool:
                     "last_resize": None}
         return self.size.snapshot(self.workers)
 
-    def _can_grow(self) -> bool:
+    def _can_grow(self, memory: bool = True) -> bool:
+        """Below the maximum (and, with `memory`, one more typical job would fit: the pass
+        asks that; a wake-up, on every commit, does not read /proc)."""
         return (self.size is not None and self.workers < self.size.max and not self._stopping
-                and (self.memory is None or self.memory.fits_one_more()))
+                and (not memory or self.memory is None or self.memory.fits_one_more()))
 
     def _add_thread(self) -> None:
         t = threading.Thread(target=self._work, name=f"queickd-job-{len(self._threads)}", daemon=True)
