@@ -198,3 +198,24 @@ def test_budgets_show_in_stats_metrics_the_status_page_and_queick_budgets(start_
     assert 'queickd_budget_running_units{kind="pool",name="default"} 3' in metrics
     assert "<h2>Budgets</h2>" in page and "group openai" in page
     assert "budget pool default: 3/4 units running (1 jobs), 2 waiting (1 jobs)" in shown
+
+
+def test_an_events_job_carries_the_resource_fields(client):
+    fields = {"concurrency_group": "api", "concurrency_limit": 2, "cost_units": 1.5}
+    reply = client.emit_event("e-1", "testjobs:noop", **fields)
+    job = client.get(reply["job_id"])
+    assert {k: job[k] for k in fields} == fields
+
+
+def test_a_crons_runs_carry_the_resource_fields(client, gate):
+    import time as _time
+
+    from queickd import SchedulingTime
+
+    fields = {"concurrency_group": "api", "concurrency_limit": 2, "cost_units": 1.5}
+    client.cron(SchedulingTime().every(hours=1).starting_from(_time.time()), "testjobs:gate", [gate.port, "c"],
+                name="hourly", **fields)
+    assert gate.arrival() == "c"  # the cron's first run has started
+    (job,) = [j for j in client.jobs(State.RUNNING) if j["cron"] == "hourly"]
+    gate.release_all()
+    assert {k: job[k] for k in fields} == fields
