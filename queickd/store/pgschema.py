@@ -180,6 +180,27 @@ MIGRATIONS: list[str] = [
     ORDER BY q.priority, q.run_at, q.id LIMIT p_limit OFFSET p_offset;
     END
     $$;
+    -- What such a claim reads first, in one call with its plans cached: it takes the lock
+    -- those claims share (they take turns, host by host), then reads what runs (kind
+    -- 'running'), the pauses (kind 'key' or 'func', the name in key) and the first page of
+    -- candidates (kind 'queued'), each by a statement of its own (VOLATILE: a snapshot each,
+    -- after the lock), so what runs is what every earlier such claim committed.
+    CREATE OR REPLACE FUNCTION queickd_claim_view(p_lock bigint, p_pools text[], p_page integer)
+    RETURNS TABLE (kind text, id bigint, key text, func text, pool text, retry_on_network boolean,
+                   run_at double precision, concurrency_group text, concurrency_limit integer,
+                   cost_units double precision, slot integer)
+    LANGUAGE plpgsql VOLATILE SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off AS $$
+    BEGIN
+    PERFORM pg_advisory_xact_lock(p_lock);
+    RETURN QUERY SELECT 'running'::text, r.id, r.key, r.func, r.pool, r.retry_on_network, r.run_at,
+                        r.concurrency_group, r.concurrency_limit, r.cost_units, r.slot
+    FROM jobs r WHERE r.state = 'running';
+    RETURN QUERY SELECT p.kind, NULL::bigint, p.name, NULL::text, NULL::text, NULL::boolean,
+                        NULL::double precision, NULL::text, NULL::integer, NULL::double precision, NULL::integer
+    FROM pauses p;
+    RETURN QUERY SELECT 'queued'::text, c.*, NULL::integer FROM queickd_candidates(p_pools, '{}', p_page, 0) c;
+    END
+    $$;
     -- Each function's expected peak memory (bytes) and runtime, for the memory-aware start.
     CREATE TABLE IF NOT EXISTS footprints (
         func text PRIMARY KEY, peak double precision NOT NULL, runtime double precision NOT NULL,

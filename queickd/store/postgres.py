@@ -325,25 +325,17 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
         transaction, under one transaction lock taken before what runs is read (so what
         runs against a budget is read after every earlier such claim has committed). Group
         limits: the slot each job takes, under jobs_group_slot (a race is a unique violation)."""
-        running = (f"SELECT 'running', {claim.RUNNING_COLS.format(slot='slot')} FROM jobs WHERE state = 'running'"
-                   " UNION ALL SELECT kind, name, NULL, NULL, NULL, NULL, NULL FROM pauses")
-        # One lock for these claims (they take turns, host by host), then what runs and the
-        # first page of candidates, each read by a statement of its own: after every earlier
-        # such claim committed, so budgets are exact and slot races all but gone (the unique
-        # index still guarantees the limits). One round trip: several statements, their
-        # values bound on this side (a ClientCursor), each statement a snapshot of its own.
+        # What runs, the pauses and the first page of candidates, read after the lock these
+        # claims share (queickd_claim_view): budgets are exact and slot races all but gone
+        # (the unique index still guarantees the limits). One round trip, plans cached.
         page = max(16, params["limit"] * 2)
-        cur = psycopg.ClientCursor(c)
-        cur.execute(f"SELECT pg_advisory_xact_lock({_CLAIM_LOCK}); {running};"
-                    " SELECT * FROM queickd_candidates(%s, '{}', %s, 0)", (params["pools"], page))
-        cur.nextset()
-        held = cur.fetchall()
-        cur.nextset()
-        first = cur.fetchall()
+        view = c.execute("SELECT * FROM queickd_claim_view(%s, %s, %s)", (_CLAIM_LOCK, params["pools"], page)).fetchall()
+        running = [(r[2], r[7], r[10], r[8], r[4], r[9]) for r in view if r[0] == "running"]  # RUNNING_COLS
+        pauses = [(r[0], r[2]) for r in view if r[0] in ("key", "func")]
+        first = [r[1:10] for r in view if r[0] == "queued"]
         served = None if params["pools"] is None else frozenset(params["pools"])
         pick = claim.Selection(claim.Request(params["limit"], params["net"], served, limits, params["now"]),
-                               claim.Running.of_jobs([r[1:] for r in held if r[0] == "running"],
-                                                     [(r[0], r[1]) for r in held if r[0] != "running"]))
+                               claim.Running.of_jobs(running, pauses))
         # The first page came unfiltered, with what runs; the next ones leave out the jobs of
         # groups full before this claim (they hold nothing), from the first such row not read.
         full = pick.full_groups()
