@@ -110,11 +110,10 @@ def test_any_number_of_jobs_of_a_full_group_do_not_hold_back_a_job_behind_them(s
     assert [j.id for j in store.claim_available(1, T0)] == [plain.job_id]
 
 
-def test_concurrent_claimers_never_exceed_a_group_limit(store):
-    if store.__class__.__name__ != "PostgresStore":
-        pytest.skip("one process's claims are serialized by its lock")
+def test_concurrent_postgres_claimers_never_exceed_a_group_limit(pg_url):
     from queickd.store.postgres import PostgresStore
 
+    store = PostgresStore(pg_url)
     store.submit([grouped("api", 3) for _ in range(40)], T0)
     others = [PostgresStore(store._dsn, migrate=False) for _ in range(4)]
     start, lock, claimed = threading.Barrier(4), threading.Lock(), []
@@ -137,3 +136,4 @@ def test_concurrent_claimers_never_exceed_a_group_limit(store):
     finally:
         for s in others:
             s.close()
+        store.close()
