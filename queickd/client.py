@@ -191,8 +191,13 @@ class JobQueue:
         manual: bool = False,
         max_workers: int | None = None,  # accepted for Queick compatibility; the daemon decides
         pool: str | None = None,
+        concurrency_group: str | None = None,
+        concurrency_limit: int | None = None,
+        cost_units: float | None = None,
     ) -> dict[str, Any]:
-        """The wire form of one job, for enqueue_many."""
+        """The wire form of one job, for enqueue_many. concurrency_group/concurrency_limit:
+        at most that many jobs of the group run at once; cost_units: what it takes of its
+        pool's and group's budgets (default 1)."""
         given = locals()
         spec: dict[str, Any] = {"func": func_name(func)}
         if args:

@@ -1,7 +1,9 @@
 """The config file (`--config queickd.toml`): every daemon flag, plus the webhook table.
 
 A top-level key is a flag's name with dashes or underscores (`max-queued = 50` or
-`max_queued = 50`); `[hooks.NAME]` tables declare webhooks (see hooks.py). The file is a
+`max_queued = 50`); `[hooks.NAME]` tables declare webhooks (see hooks.py),
+`[functions."module:func"]` tables a function's job defaults and `[budgets.pools]` /
+`[budgets.groups]` the cost budgets (core/policy/resources.py checks both). The file is a
 layer of defaults: an environment variable beats it, and a command-line flag beats both.
 Reads TOML with the standard library's tomllib; does no other I/O.
 """
@@ -12,13 +14,15 @@ import tomllib
 from collections.abc import Iterable
 from typing import Any
 
+TABLES = ("hooks", "functions", "budgets")  # tables of tables, passed on as they are read
+
 
 class ConfigFileError(ValueError):
     """The file cannot be read, is not TOML, or names an unknown setting."""
 
 
 def load(path: str, known: Iterable[str]) -> dict[str, Any]:
-    """Read the file → {setting name (underscores): value}, hooks under 'hooks'.
+    """Read the file → {setting name (underscores): value}; the tables (TABLES) under their name.
 
     `known` is the set of setting names (flag destinations) the file may hold."""
     known = set(known)
@@ -32,9 +36,9 @@ def load(path: str, known: Iterable[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for raw, value in data.items():
         name = raw.replace("-", "_")
-        if name == "hooks":
+        if name in TABLES:
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
-                raise ConfigFileError(f"{path}: hooks must be tables, [hooks.NAME]")
+                raise ConfigFileError(f"{path}: {name} must be tables, [{name}.NAME]")
         elif name not in known or name == "config":
             raise ConfigFileError(f"{path}: unknown setting {raw!r} (settings are the daemon's flags, "
                                   "e.g. port = 9999, max-queued = 1000, or [hooks.NAME] tables)")

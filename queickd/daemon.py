@@ -30,12 +30,16 @@ from .core import protocol
 from .core.job import DEFAULT_POOL, NewJob, Outcome, State, Submitted
 from .core.policy import outbox
 from .core.policy.admission import Admission
+from .core.policy.resources import Resources
+from .core.policy.resources import parse as parse_resources
 from .run.loader import FunctionLoader
 from .services import sdnotify
 from .services.batcher import SubmitBatcher
 from .services.fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
+from .services.memory_gate import DEFAULT_RESERVE_MB, MemoryGate
 from .services.netcheck import DEFAULT_INTERVAL, NetworkMonitor, parse_target
 from .services.network import NetworkParking
+from .services.pool_size import DEFAULT_IDLE_GRACE, PoolSize, adaptive_size
 from .services.retention import Retention
 from .services.scheduler import Scheduler
 from .services.worker import DEFAULT_SWEEP, DEFAULT_WORKERS, WorkerPool
@@ -76,10 +80,26 @@ class Config:
     hooks: dict = field(default_factory=dict)  # [hooks.NAME] tables of the config file
     pool: list[str] = field(default_factory=lambda: [DEFAULT_POOL])  # worker pools its workers serve
     heartbeat: float = DEFAULT_HEARTBEAT  # seconds between beats in a shared (PostgreSQL) store
+    functions: dict = field(default_factory=dict)  # [functions."module:func"]: job defaults
+    budgets: dict = field(default_factory=dict)  # [budgets.pools] and [budgets.groups]
+    budget_patience: float = 30.0  # seconds before a job over its budget reserves it
+    memory_reserve: float = DEFAULT_RESERVE_MB  # MB kept free by the memory-aware start
+    max_rss: float | None = None  # MB this process may grow to, jobs included
+    memory_root: str = "/"  # where /proc and /sys/fs/cgroup are read (tests point it elsewhere)
+    min_workers: int | None = None  # adaptive pool bounds (None: --workers, a fixed size)
+    max_workers: int | None = None
+    idle_grace: float = DEFAULT_IDLE_GRACE  # seconds the queue is quiet before the pool shrinks
 
     @property
     def admission(self) -> Admission:
         return Admission(self.max_queued, self.max_queued_per_key, self.idempotency_ttl)
+
+    def pool_size(self, clock: Callable[[], float] = time.time) -> PoolSize:
+        return adaptive_size(self.workers, self.min_workers, self.max_workers, self.idle_grace, clock)
+
+    @property
+    def resources(self) -> Resources:
+        return parse_resources(self.functions, self.budgets, self.budget_patience)
     def validate(self) -> None:
         if self.durability not in ("full", "normal"):
             raise ValueError("durability must be 'full' or 'normal'")
@@ -97,11 +117,15 @@ class Config:
             raise ValueError("pause_after must not be negative (0: off), pause_cooldown must be positive")
         if not self.pool or not all(self.pool) or not self.heartbeat > 0:
             raise ValueError("give at least one non-empty pool; heartbeat must be positive")
+        if self.memory_reserve < 0 or (self.max_rss is not None and not self.max_rss > 0):
+            raise ValueError("memory_reserve must not be negative, max_rss must be positive")
         if self.idempotency_ttl < 0 or self.keep_finished < 0:
             raise ValueError("idempotency_ttl and keep_finished must not be negative")
         if self.http is not None:
             parse_address(self.http)
         parse_hooks(self.hooks)
+        self.resources  # noqa: B018 - raises ValueError naming a bad table or field
+        self.pool_size()
         if self.ping_host is not None:
             parse_target(self.ping_host)
             if not self.ping_interval > 0:
@@ -145,6 +169,7 @@ class Daemon:
         self.loader = loader = FunctionLoader(c.app_dir, c.allow)
         self.on_reload.insert(0, loader.reload)
         hooks = parse_hooks(c.hooks)
+        resources = c.resources
         for hook in hooks.values():
             try:
                 loader.check(hook.func)  # a hook that could never run is a configuration error
@@ -170,14 +195,19 @@ class Daemon:
                                on_claimed=lambda jobs: self.service.waiters.notify([j.id for j in jobs]),
                                pause_after=c.pause_after, pause_cooldown=c.pause_cooldown,
                                on_probe_at=lambda t: self.scheduler.wake_at(t, "probes"),
-                               on_ran=self.metrics.on_ran, pools=list(c.pool))
+                               on_ran=self.metrics.on_ran, pools=list(c.pool),
+                               limits=resources.limits,
+                               memory=MemoryGate(store, reserve_mb=c.memory_reserve, max_rss_mb=c.max_rss,
+                                                 root=c.memory_root),
+                               on_deferred=lambda run_at: self.scheduler.wake_at(run_at),
+                               size=c.pool_size(self.clock))
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep,
                                    on_sweep=self._on_sweep, timers={"events": self._deliver_events,
                                                                     "probes": self._probes_due})
         self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock, admission=c.admission)
         self.service = QueueService(store, self.batcher, loader, self.scheduler, self.pool,
                                     token=token, clock=self.clock, network=self.network,
-                                    metrics=self.metrics)
+                                    metrics=self.metrics, resources=resources)
         self.server = Server(self.service, c.bind, c.port, max_line=c.max_line,
                              accept_queick_clients=c.accept_queick_clients)
         if c.http is not None:

@@ -21,8 +21,8 @@ class ClaimWatch(MemoryStore):
         super().__init__()
         self.claimers: list[tuple[int, list[int]]] = []
 
-    def claim_available(self, limit, now, network_up=True, pools=None):
-        jobs = super().claim_available(limit, now, network_up, pools=pools)
+    def claim_available(self, limit, now, network_up=True, pools=None, **limits):
+        jobs = super().claim_available(limit, now, network_up, pools=pools, **limits)
         if jobs:
             self.claimers.append((threading.get_ident(), [j.id for j in jobs]))
         return jobs

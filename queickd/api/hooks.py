@@ -27,7 +27,10 @@ SIGNATURE_HEADER = "X-Hub-Signature-256"  # "sha256=<hex>" as GitHub and many ot
 DELIVERY_HEADERS = ("X-Delivery-Id", "X-GitHub-Delivery", "Idempotency-Key")
 DROPPED_HEADERS = frozenset({"authorization", "cookie"})  # never stored with a job
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
-_FIELDS = frozenset({"func", "key", "secret_file", "idempotency_header", "max_body", "signature_header"})
+# Job fields a hook may give its deliveries' jobs, as a job gives them (checked the same way).
+JOB_FIELDS = ("concurrency_group", "concurrency_limit", "cost_units")
+_FIELDS = frozenset({"func", "key", "secret_file", "idempotency_header", "max_body", "signature_header",
+                     *JOB_FIELDS})
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class Hook:
     idempotency_header: str | None = None
     signature_header: str = SIGNATURE_HEADER
     max_body: int = DEFAULT_MAX_BODY
+    job: tuple[tuple[str, Any], ...] = ()  # JOB_FIELDS given, as (wire name, value)
 
     def signature_ok(self, body: bytes, given: str | None) -> bool:
         """True when the hook has no secret, or `given` is the body's HMAC-SHA256 (hex,
@@ -134,8 +138,15 @@ def parse_hooks(table: dict[str, Any]) -> dict[str, Hook]:
                 raise ValueError(f"{where}: cannot read secret_file: {e.strerror or e}") from None
             if not secret:
                 raise ValueError(f"{where}: secret_file {spec['secret_file']} is empty")
+        job = []
+        for field in JOB_FIELDS:
+            if spec.get(field) is not None:
+                try:
+                    job.append((field, protocol.check_field(field, spec[field])))
+                except QueueError as e:
+                    raise ValueError(f"{where}: {e.message}") from None
         hooks[name] = Hook(name, func, spec.get("key"), secret, spec.get("idempotency_header"),
-                           spec.get("signature_header") or SIGNATURE_HEADER, max_body)
+                           spec.get("signature_header") or SIGNATURE_HEADER, max_body, tuple(job))
     return hooks
 
 

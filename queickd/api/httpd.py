@@ -113,7 +113,7 @@ class HttpServer:
             arg = hook.payload(headers, body, content_type)
         except (ValueError, UnicodeDecodeError) as e:
             return 400, _error(Code.BAD_REQUEST, f"the body is not valid JSON: {e}"), {}
-        spec: dict[str, Any] = {"func": hook.func, "args": [arg], "key": hook.key}
+        spec: dict[str, Any] = {"func": hook.func, "args": [arg], "key": hook.key, **dict(hook.job)}
         delivery = hook.delivery_id(headers)
         if delivery:
             spec["idempotency_key"] = hooks_mod.idempotency_key(hook, delivery)

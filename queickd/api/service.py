@@ -21,6 +21,7 @@ from .. import __version__
 from ..core import protocol
 from ..core.cron import parse_schedule
 from ..core.job import Job, NewJob, State
+from ..core.policy.resources import NO_RESOURCES, Resources, budget_view
 from ..core.protocol import Code, QueueError
 from ..run.loader import FunctionLoader
 from ..services.batcher import Answer, Done, Requests, SubmitBatcher
@@ -77,6 +78,7 @@ class QueueService:
         clock: Callable[[], float] = time.time,
         network: NetworkMonitor | None = None,
         metrics: Metrics | None = None,
+        resources: Resources = NO_RESOURCES,
     ) -> None:
         self.store = store
         self.batcher = batcher
@@ -87,6 +89,7 @@ class QueueService:
         self.clock = clock
         self.network = network
         self.metrics = metrics
+        self.resources = resources  # per-function job defaults and budgets, applied to every job
         self.waiters = Waiters()
         self.started_at = clock()
 
@@ -104,13 +107,27 @@ class QueueService:
         jobs = [protocol.parse_job(req, now)] if req["op"] == "enqueue" else protocol.parse_jobs(req, now)
         for j in jobs:
             self.loader.check(j.func)
+        if self.resources.active:
+            jobs = self._resourced(jobs)
         return jobs
+
+    def _resourced(self, jobs: list[NewJob]) -> list[NewJob]:
+        apply = self.resources.apply
+        if len(jobs) == 1:
+            return [apply(jobs[0])]
+        out = []
+        for i, j in enumerate(jobs):
+            try:
+                out.append(apply(j))
+            except QueueError as e:
+                raise protocol.bad(f"jobs[{i}]: {e.message}") from None
+        return out
 
     def prepare_job(self, spec: dict[str, Any]) -> NewJob:
         """Validate one job's fields (an enqueue request without its op) and check the allowlist."""
         job = protocol.parse_job(spec, self.clock())
         self.loader.check(job.func)
-        return job
+        return self.resources.apply(job)
 
     # --- submitting: the one way jobs come in ------------------------------------------------
     def enqueue(self, requests: Requests, done: Done, *, inline: bool = False) -> None:
@@ -204,6 +221,7 @@ class QueueService:
         now = self.clock()
         event_id, job = protocol.parse_event(req, now)
         self.loader.check(job.func)
+        job = self.resources.apply(job)
         acc = self.store.accept_event(NewEvent(event_id, job), now, self.batcher.admission)
         if acc.state == EventState.DELIVERED and not acc.duplicate:
             self.pool.wake()
@@ -301,7 +319,7 @@ class QueueService:
             "store": self.store.url,
             "uptime": round(now - self.started_at, 3),
             "counts": self.store.counts(),
-            "workers": {"total": self.pool.workers, "busy": self.pool.busy},
+            "workers": {"total": self.pool.workers, "busy": self.pool.busy, **self.pool.size_info()},
             "draining": self.pool.draining,
             "enqueued": self.batcher.jobs,
             "commits": self.batcher.commits,
@@ -316,6 +334,8 @@ class QueueService:
                                for k, n, t in self.store.waiting_by_key(10)],
             "events": self.store.event_counts(),
             "network": self.network.snapshot() if self.network is not None else None,
+            "budgets": self.budgets(),
+            "memory": self.pool.memory.snapshot() if self.pool.memory is not None else None,
         }
         reply.update(self._fleet_stats(reply["counts"]))
         minutes = self.store.minutes(status.first_minute(now))  # whoever ran them: the fleet's
@@ -323,6 +343,14 @@ class QueueService:
         if req.get("detail"):  # running jobs, dead letters, oldest waits, the last hour
             reply.update(status.detail(self.store, self.metrics, now, reply["counts"], minutes))
         return reply
+
+    def budgets(self) -> list[dict[str, Any]]:
+        """Each configured budget: its limit, the cost running against it, the cost waiting."""
+        limits = self.resources.limits
+        if not limits.any:
+            return []
+        usage = self.store.budget_usage(sorted(limits.pools), sorted(limits.groups))
+        return budget_view(limits, usage)
 
     def _fleet_stats(self, counts: dict[str, int]) -> dict[str, Any]:
         """Pools (waiting jobs, live worker slots), jobs running without a live worker and,
@@ -352,6 +380,7 @@ class QueueService:
         now = self.clock()
         name, schedule, template = protocol.parse_cron(req, now)
         self.loader.check(template.func)
+        template = self.resources.apply(template)
         start = schedule.get("start_at")
         # A start time that is now (give or take the client's clock) fires at once.
         first = start if start is not None and start >= now - 1.0 else parse_schedule(schedule).next_after(now)

@@ -12,12 +12,24 @@ from ..client import JobQueue
 from ..ui import statusview
 from .options import fmt_duration
 from .remote import run_client
-from .show import fmt_time, print_stats
+from .show import fmt_time, print_budgets, print_stats
 
 
 def stats(a: argparse.Namespace, q: JobQueue) -> int:
     out = q.stats()
     print(json.dumps(out)) if a.json else print_stats(out)
+    return 0
+
+
+def budgets(a: argparse.Namespace, q: JobQueue) -> int:
+    """`queick budgets`: each budget's limit, what runs against it and what waits for it."""
+    out = q.stats()["budgets"]
+    if a.json:
+        print(json.dumps(out))
+    elif not out:
+        print("no budgets configured ([budgets.pools] and [budgets.groups] in the config file)")
+    else:
+        print_budgets(out)
     return 0
 
 

@@ -22,7 +22,7 @@ from .options import DEFAULTS, BadEnvironmentError, Repeatable, duration, env, j
 from .remote import ClientCommand, run_client
 
 SUBCOMMANDS = ("run", "enqueue", "jobs", "show", "cancel", "retry", "stats", "crons", "cron", "dead", "purge",
-               "resume", "pause", "drain", "status", "top", "worker", "db", "pool")
+               "resume", "pause", "drain", "status", "top", "worker", "db", "pool", "budgets")
 STARTS_A_PROCESS = ("run", "worker")  # their bad QUEICKD_* values exit 78, not 2
 
 
@@ -39,7 +39,8 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
          "commits on power loss (never on a crash)", d.durability, choices=("full", "normal"))
     opt(p, "--bind", "address to listen on (keep loopback unless you set --token-file)", d.bind)
     opt(p, "--port", "TCP port of the enqueue protocol (0 picks a free one)", d.port, type=int)
-    opt(p, "--workers", "worker threads running jobs", d.workers, type=int)
+    opt(p, "--workers", "worker threads running jobs (a fixed size; see --min-workers)", d.workers, type=int)
+    _size_flags(p, d.idle_grace)
     opt(p, "--app-dir", "directory whose modules may run as jobs", d.app_dir)
     opt(p, "--allow", "also allow modules matching this pattern (fnmatch, repeatable), "
          "e.g. 'queickd.attendance.*'", None, action="append")
@@ -73,9 +74,28 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
          "default: default)", None, action="append")
     opt(p, "--heartbeat", "seconds between heartbeats in a shared PostgreSQL store (gone after 3 missed)",
          d.heartbeat, type=float)
+    opt(p, "--budget-patience", "seconds a job over its budget waits before younger jobs of its "
+         "pool or group stop starting until it has", d.budget_patience, type=duration)
+    _memory_flags(p, d.memory_reserve)
     opt(p, "--log-level", "log level", "info", choices=log.LEVELS)
-    opt(p, "--config", "TOML file holding any of these flags (env and command line win over it) "
-         "and [hooks.NAME] webhook tables", None)
+    opt(p, "--config", "TOML file holding any of these flags (env and command line win over it), "
+         "[hooks.NAME] webhook tables, [functions.\"module:func\"] job defaults and "
+         "[budgets.pools] / [budgets.groups] cost budgets", None)
+
+
+def _size_flags(p: argparse.ArgumentParser, grace: float) -> None:
+    opt(p, "--min-workers", "adaptive pool: workers kept running (default: --workers)", None, type=int)
+    opt(p, "--max-workers", "adaptive pool: grow to this many while work waits with every worker busy "
+         "(default: --workers)", None, type=int)
+    opt(p, "--idle-grace", "adaptive pool: seconds of a quiet queue before it shrinks by one",
+         grace, type=duration)
+
+
+def _memory_flags(p: argparse.ArgumentParser, reserve: float) -> None:
+    opt(p, "--memory-reserve", "MB of memory kept free: a job whose functions' recent runs took more "
+         "than the room left waits a little (unless nothing else runs)", reserve, type=float)
+    opt(p, "--max-rss", "MB this process may grow to, its jobs included (default: no cap)", None, type=float)
+    p.add_argument("--memory-root", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # tests: a fake /proc
 
 
 def _with_config_file(p: argparse.ArgumentParser, args: list[str], a: argparse.Namespace) -> argparse.Namespace:
@@ -85,7 +105,7 @@ def _with_config_file(p: argparse.ArgumentParser, args: list[str], a: argparse.N
     values = config_file.load(a.config, dests)
     defaults: dict[str, Any] = {}
     for name, v in values.items():
-        if name == "hooks":
+        if name in config_file.TABLES:
             defaults[name] = v
             continue
         act = dests[name]
@@ -150,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument("--key", help="serial key")
     enq.add_argument("--idempotency-key", help="a second enqueue with this key returns the first job")
     enq.add_argument("--pool", help="worker pool that runs it (default: default)")
+    enq.add_argument("--concurrency-group", help="at most --concurrency-limit jobs of this group run at once")
+    enq.add_argument("--concurrency-limit", type=int, help="the group's limit (with --concurrency-group)")
+    enq.add_argument("--cost-units", type=float, help="what it takes of its pool's and group's budgets "
+                     "(default: 1)")
     enq.add_argument("--manual", action="store_true",
                      help="an operator's run: refused (conflict) if its key already has a job; resumes a pause")
     enq.add_argument("--wait", type=float, metavar="SECONDS", help="wait for the job to finish and print it")
@@ -223,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
     stats = sub.add_parser("stats", help="counts by state, workers, scheduler",
                            description="Show the daemon's counts by state, workers and scheduler.")
     _talks(stats, ops.stats)
+    budgets = sub.add_parser("budgets", help="cost budgets: limit, running, waiting",
+                             description="Each cost budget ([budgets.pools], [budgets.groups]): its limit, "
+                             "the cost units running against it and those waiting for it.")
+    _talks(budgets, ops.budgets)
     crons = sub.add_parser("crons", help="list recurring jobs", description="List recurring jobs.")
     _talks(crons, ops.crons)
     cron = sub.add_parser("cron", help="manage a recurring job ('queick cron delete NAME')",
@@ -258,7 +286,9 @@ def _fleet_parsers(sub: Any) -> None:
         f"Exits {EX_VERSION} (not restarted by systemd) if the database is at another queickd version.")
     opt(wk, "--store", "the shared store: postgresql://user@host/db", None, required=env("--store") is None)
     opt(wk, "--pool", "worker pool to serve (repeatable; default: default)", None, action="append")
-    opt(wk, "--workers", "jobs run at once by this process", w.workers, type=int)
+    opt(wk, "--workers", "jobs run at once by this process (a fixed size; see --min-workers)", w.workers,
+        type=int)
+    _size_flags(wk, w.idle_grace)
     opt(wk, "--app-dir", "directory whose modules may run as jobs", w.app_dir)
     opt(wk, "--allow", "also allow modules matching this pattern (fnmatch, repeatable)", None, action="append")
     opt(wk, "--heartbeat", "seconds between heartbeats; gone after 3 missed", w.heartbeat, type=float)
@@ -269,6 +299,9 @@ def _fleet_parsers(sub: Any) -> None:
     opt(wk, "--pause-after", "dead jobs in a row that pause a key or function (0: never)", w.pause_after, type=int)
     opt(wk, "--pause-cooldown", "wait before a pause lets one probe job through (doubles on each trip, "
          "up to 1h)", w.pause_cooldown, type=duration)
+    _memory_flags(wk, w.memory_reserve)
+    opt(wk, "--config", "the daemons' TOML file: its [budgets.pools], [budgets.groups] and "
+         "budget-patience apply to this worker's claims too (its other settings are the daemon's)", None)
     opt(wk, "--log-level", "log level", "info", choices=log.LEVELS)
     wk.set_defaults(handler=run_cmd.run_worker)
 

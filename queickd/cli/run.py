@@ -14,12 +14,13 @@ import sys
 import time
 from typing import TypeVar
 
+from .. import config as config_file
 from .. import log
 from ..daemon import Config, Daemon
 from ..services.fleet import EX_VERSION
 from ..store.pgschema import VersionMismatchError
 from ..store.sqlite_check import DamagedStoreError
-from .options import EX_CONFIG
+from .options import EX_CONFIG, duration
 
 _C = TypeVar("_C")
 
@@ -63,7 +64,12 @@ def run_worker(a: argparse.Namespace) -> int:
 
     try:
         log.setup(a.log_level)
-        return run(given(WorkerConfig, a))
+        config = given(WorkerConfig, a)
+        if a.config:  # the daemons' file: its [budgets] and budget-patience apply to this worker's claims
+            values = config_file.load(a.config, {f.name for f in dataclasses.fields(Config)})
+            config.budgets = values.get("budgets", {})
+            config.budget_patience = duration(str(values.get("budget_patience", config.budget_patience)))
+        return run(config)
     except ValueError as e:
         print(f"queick: configuration error: {e}", file=sys.stderr)
         return EX_CONFIG

@@ -44,12 +44,23 @@ def print_job(job: dict[str, Any]) -> None:
             print(f"{k:>16}: {json.dumps(v, ensure_ascii=False) if not isinstance(v, str) else v}")
 
 
+def print_budgets(budgets: list[dict[str, Any]]) -> None:
+    for b in budgets:
+        print(f"budget {b['kind']} {b['name']}: {b['running']:g}/{b['limit']:g} units running"
+              f" ({b['running_jobs']} jobs), {b['waiting']:g} waiting ({b['waiting_jobs']} jobs)")
+
+
 def print_stats(s: dict[str, Any]) -> None:
     print(f"queickd {s['version']}  store {s['store']}  up {s['uptime']:.0f} s")
     w = s["workers"]
     print(f"workers: {w['busy']}/{w['total']} busy   enqueued {s['enqueued']} in {s['commits']} commits"
           f"   completed {s['completed']}   failed attempts {s['failed']}"
           + ("   DRAINING: no new job starts" if s.get("draining") else ""))
+    last = w.get("last_resize")
+    if w.get("max", w["total"]) != w.get("min", w["total"]):
+        print(f"pool size: {w['size']} (min {w['min']}, max {w['max']}, idle grace {w['idle_grace']:g} s)"
+              + (f"   last resize {last['from']} -> {last['to']} at {fmt_time(last['at'])}: {last['reason']}"
+                 if last else ""))
     sch = s["scheduler"]
     print(f"scheduler: {'alive' if sch['alive'] else 'STOPPED'}, last fired {fmt_time(sch['last_fired_at'])}"
           f"   crons: {s['crons']}")
@@ -78,6 +89,13 @@ def print_stats(s: dict[str, Any]) -> None:
     for name, p in (s.get("pools") or {}).items():
         alarm = "   NO WORKERS: its jobs wait" if unserved(p) else ""
         print(f"pool {name}: {p['waiting']} waiting, {p['workers']} worker slot(s) alive{alarm}")
+    print_budgets(s.get("budgets") or [])
+    m = s.get("memory")
+    if m:
+        deferred = ", ".join(f"{r} {n}" for r, n in sorted(m["deferred"].items())) or "none"
+        cap = "" if m["max_rss_mb"] is None else f", max rss {m['max_rss_mb']:g} MB"
+        print(f"memory: free memory read from {m['source']}, reserve {m['reserve_mb']:g} MB{cap}"
+              f"   deferred: {deferred}")
     for w in s.get("fleet") or []:
         state = "REFUSED: " + w["refused"] if w["refused"] else "alive" if w["alive"] else "GONE"
         print(f"  {w['kind']} {w['host']}:{w['pid']} pools {','.join(w['pools'])} queickd {w['version']}"

@@ -95,9 +95,18 @@ FIELDS: tuple[Field, ...] = (
     Field("error", "dict | None", None, new=False, sql="TEXT", codec="json"),
     Field("pool", "str", DEFAULT_POOL, enqueue=True, client=True, template=True, sql="TEXT",
           **_NEW),  # only workers serving this pool run it
+    # Resource control (core/policy/claim.py). None: the function's configured default, if
+    # any (api/resources.py), else no group and a cost of 1.
+    Field("concurrency_group", "str | None", None, enqueue=True, client=True, template=True, sql="TEXT",
+          **_NEW),  # at most concurrency_limit jobs of a group run at once
+    Field("concurrency_limit", "int | None", None, enqueue=True, client=True, template=True, sql="INTEGER",
+          **_NEW),
+    Field("cost_units", "float | None", None, enqueue=True, client=True, template=True, sql="REAL",
+          **_NEW),  # what it takes of its pool's and group's budgets
 )
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
+BY_WIRE: dict[str, Field] = {f.wire_name: f for f in FIELDS}
 NEW_FIELDS: tuple[Field, ...] = tuple(f for f in FIELDS if f.new)
 JOB_FIELDS: tuple[Field, ...] = tuple(f for f in FIELDS if f.job)
 INSERTED: tuple[Field, ...] = tuple(f for f in JOB_FIELDS if f.insert)  # columns an insert writes

@@ -283,6 +283,26 @@ def _text(name: str) -> Any:
     return check
 
 
+def _group(v: Any) -> str | None:
+    if v is not None and (not isinstance(v, str) or not v or len(v.encode()) > MAX_KEY_LEN):
+        raise bad(f"concurrency_group must be a non-empty string of at most {MAX_KEY_LEN} bytes")
+    return v
+
+
+def _concurrency_limit(v: Any) -> int | None:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_INT):
+        raise bad(f"concurrency_limit must be an integer from 1 to {MAX_INT}")
+    return v
+
+
+def _cost_units(v: Any) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+        raise bad("cost_units must be a number greater than 0")
+    return float(v)
+
+
 _pool_text = _text("pool")
 # Each settable field's own check, by wire name: the value given -> the value stored, or
 # QueueError. Called only for the fields a request gives; the others keep their defaults.
@@ -297,9 +317,18 @@ _CHECKS: dict[str, Any] = {
     "idempotency_key": _text("idempotency_key"),
     "manual": _flag("manual"),
     "pool": lambda v: _pool_text(v) or DEFAULT_POOL,
+    "concurrency_group": _group,
+    "concurrency_limit": _concurrency_limit,
+    "cost_units": _cost_units,
 }
 if _CHECKS.keys() | {"func", "run_at"} != fields.ENQUEUE_WIRE:  # a new settable field needs its check
     raise ImportError(f"protocol checks differ from the job fields: {sorted(_CHECKS.keys() ^ fields.ENQUEUE_WIRE)}")
+
+
+def check_field(wire_name: str, v: Any) -> Any:
+    """One settable field's check (the value given -> the value stored, or QueueError), for
+    values that come from elsewhere than a request (a function's defaults in the config)."""
+    return _CHECKS[wire_name](v)
 
 
 def _job_builder() -> Any:

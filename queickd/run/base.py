@@ -32,7 +32,8 @@ class RunReport:
     retry_after: float | None = None  # the job's own delay for its next attempt, as given
     network: bool = False  # a network-class failure (connection, timeout, DNS)
     runtime: float = 0.0  # seconds, wall clock, around the call
-    peak_memory: int | None = None  # bytes; None where the runner cannot measure it (threads)
+    peak_memory: int | None = None  # bytes; None where the runner cannot measure it
+    peak_estimated: bool = False  # peak_memory is the process's RSS growth over a thread run
     cpu_time: float | None = None  # seconds; None where the runner cannot measure it (threads)
 
     def error(self) -> dict[str, Any]:

@@ -4,12 +4,16 @@ Loads the function through the loader (the allowlist is checked again: the opera
 have changed it since the job was accepted), calls it and turns what happened into a
 `RunReport` (run.capture). It never raises for what the job does, a job's SystemExit included, and
 it never decides the job's fate. Safe to use from many worker threads at once. It cannot
-measure a thread's memory or CPU time, so those stay None.
+measure a thread's memory or CPU time; when `measure(func)` says the function's footprint
+is kept, it reports the process's RSS growth over the call as an estimate of its peak
+(`peak_estimated`; two reads of /proc/self/statm), else None.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 
 from ..core.job import Job
 from ..core.protocol import QueueError
@@ -17,12 +21,33 @@ from . import capture
 from .base import RunReport
 from .loader import FunctionLoader
 
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _rss() -> int | None:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
 
 class ThreadRunner:
-    def __init__(self, loader: FunctionLoader) -> None:
+    def __init__(self, loader: FunctionLoader, measure: Callable[[str], bool] | None = None) -> None:
         self.loader = loader
+        self.measure = measure
 
     def run(self, job: Job) -> RunReport:
+        if self.measure is None or not self.measure(job.func):
+            return self._run(job)
+        before = _rss()
+        report = self._run(job)
+        after = _rss()
+        if before is not None and after is not None:
+            report.peak_memory, report.peak_estimated = max(0, after - before), True
+        return report
+
+    def _run(self, job: Job) -> RunReport:
         began = time.monotonic()
         try:
             try:

@@ -24,14 +24,18 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..core import fate
 from ..core.job import Job, Outcome, State
+from ..core.policy.claim import NO_LIMITS, Limits
 from ..run.base import Runner
 from ..run.loader import FunctionLoader
 from ..run.thread import ThreadRunner
 from ..store import Store
 from ..store.base import Finished, Minute
+from .memory_gate import MemoryGate
+from .pool_size import PoolSize
 
 log = logging.getLogger("queickd.worker")
 
@@ -66,13 +70,21 @@ class WorkerPool:
         pools: list[str] | None = None,
         runner: Runner | None = None,
         member: str | None = None,
+        limits: Limits = NO_LIMITS,
+        memory: MemoryGate | None = None,
+        on_deferred: Callable[[float], None] = lambda run_at: None,
+        size: PoolSize | None = None,
     ) -> None:
         if workers < 0:
             raise ValueError("workers must be 0 or more")
         self.store = store
         self.loader = loader
-        self.runner: Runner = runner if runner is not None else ThreadRunner(loader)  # runs each job
-        self.workers = workers
+        self.memory = memory  # which claimed jobs fit in memory; None: all start
+        self._on_deferred = on_deferred  # (earliest run_at) of jobs sent back for want of memory
+        self.runner: Runner = runner if runner is not None else ThreadRunner(
+            loader, measure=memory.keeps if memory is not None else None)  # runs each job
+        self.size = size if size is not None and size.adaptive else None  # None: a fixed size
+        self.workers = self.size.min if self.size is not None else workers  # threads now
         self._clock = clock
         self._sweep = sweep
         self._network_checker = network_checker  # is a checker there to release parked jobs?
@@ -84,6 +96,7 @@ class WorkerPool:
         self._on_probe_at = on_probe_at  # a pause's probe is due then: wake the pool at that time
         self._on_ran = on_ran  # (job, outcome, seconds) from the worker thread: metrics
         self.pools = pools  # the worker pools whose jobs it runs; None: every pool
+        self.limits = limits  # cost budgets and their patience, applied by each claim
         # Set by anyone who may have made work available or freed a worker; cleared only
         # by the dispatcher before it looks, so no wake-up is lost.
         self._wake = threading.Event()
@@ -115,10 +128,8 @@ class WorkerPool:
     def start(self) -> None:
         if self._thread is not None:
             return
-        for i in range(self.workers):
-            t = threading.Thread(target=self._work, name=f"queickd-job-{i}", daemon=True)
-            t.start()
-            self._threads.append(t)
+        for _ in range(self.workers):
+            self._add_thread()
         self._thread = threading.Thread(target=self._loop, name="queickd-dispatcher", daemon=True)
         self._thread.start()
 
@@ -127,8 +138,37 @@ class WorkerPool:
 
         Skipped while every worker is busy: a worker that finishes wakes the dispatcher
         itself, and the dispatcher claims after applying outcomes in the same pass."""
-        if self._busy < self.workers or self._stopping:
+        if self._busy < self.workers or self._stopping or self._can_grow(memory=False):
             self._wake.set()
+
+    def size_info(self) -> dict[str, Any]:
+        """The pool's size, its bounds and its last resize (a fixed pool: min = max = size)."""
+        if self.size is None:
+            return {"size": self.workers, "min": self.workers, "max": self.workers, "idle_grace": None,
+                    "last_resize": None}
+        return self.size.snapshot(self.workers)
+
+    def _can_grow(self, memory: bool = True) -> bool:
+        """Below the maximum (and, with `memory`, one more typical job would fit: the pass
+        asks that; a wake-up, on every commit, does not read /proc)."""
+        return (self.size is not None and self.workers < self.size.max and not self._stopping
+                and (not memory or self.memory is None or self.memory.fits_one_more()))
+
+    def _add_thread(self) -> None:
+        t = threading.Thread(target=self._work, name=f"queickd-job-{len(self._threads)}", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def shrink_if_idle(self, now: float) -> int:
+        """The shrink timer's call (tests call it with their clock): one worker less when
+        the queue has been quiet for the grace. Returns the size after."""
+        with self._dispatch_lock:
+            if self.size is not None and self.size.due(self.workers, now) and self._busy < self.workers:
+                self.workers -= 1
+                self._runq.put(None)  # the next idle thread exits
+                self.size.resized(self.workers + 1, self.workers, "idle for the grace", now)
+                log.info("worker pool shrinks to %d (quiet for %.0f s)", self.workers, self.size.grace)
+            return self.workers
 
     def stop_claiming(self) -> None:
         """Claim nothing more from now on; running jobs go on. Idempotent."""
@@ -160,6 +200,8 @@ class WorkerPool:
         Jobs still running at the timeout stay `running` in the store; the next start
         recovers them as orphans. Idempotent, and safe before start().
         """
+        if self.size is not None:
+            self.size.stop()
         if self._thread is None:
             return True
         self.stop_claiming()
@@ -227,6 +269,7 @@ class WorkerPool:
                 break
         report = None
         claimed: list[Job] = []
+        deferred_at = None
         # Every count is written once the pool goes idle; while busy, once a second at most.
         counted = self._take_counts(force=self._busy == len(unapplied)) if unapplied else []
         try:
@@ -237,9 +280,16 @@ class WorkerPool:
                     for m in counted:
                         self.store.add_minute(m)
                 free = self.workers - self._busy + len(unapplied)
-                if free > 0 and not self._stopping and not self._draining:
-                    claimed = self.store.claim_available(free, self._clock(), self._network_up(),
-                                                         pools=self.pools)
+                # One job more than the free workers when the pool may grow: getting it is the
+                # sign that work waits with every worker busy (no polling for it).
+                ask = free + 1 if self._can_grow() else free
+                if ask > 0 and not self._stopping and not self._draining:
+                    claimed = self.store.claim_available(ask, self._clock(), self._network_up(),
+                                                         pools=self.pools, limits=self.limits)
+                if self.memory is not None:
+                    self.memory.flush(self._clock())
+                    if claimed:
+                        claimed, deferred_at = self._fit(claimed, self._busy - len(unapplied))
         except BaseException:
             self._put_back(counted)
             raise
@@ -247,6 +297,11 @@ class WorkerPool:
             self._busy -= len(unapplied)
             finished, self._unapplied = unapplied, []
             self._after_finish(finished, report)
+        if claimed and self.size is not None:
+            now = self._clock()
+            self.size.claimed(now)
+            if len(claimed) > max(0, free):
+                self._grow(now)
         for job in claimed:
             self._busy += 1
             self._runq.put(job)
@@ -254,6 +309,8 @@ class WorkerPool:
             self._on_claimed(claimed)
         if self._draining and self._busy == 0:
             self._drained.set()
+        if deferred_at is not None:
+            self._on_deferred(deferred_at)
         if self._stopping and self._busy == 0:
             self._idle.set()
             return True
@@ -302,6 +359,29 @@ class WorkerPool:
         except Exception:
             log.exception("could not store the last per-minute counts")
 
+    def _grow(self, now: float) -> None:
+        assert self.size is not None
+        self.workers += 1
+        self._add_thread()
+        self.size.resized(self.workers - 1, self.workers, "work waiting with every worker busy", now)
+        log.info("worker pool grows to %d (work waiting with every worker busy)", self.workers)
+        self.size.start_timer(self.shrink_if_idle)
+        self._wake.set()  # look again at once: more may wait, for one more worker
+
+    def _fit(self, claimed: list[Job], running_here: int) -> tuple[list[Job], float | None]:
+        """The claimed jobs that fit in memory; the others go back to wait a little, their
+        attempt not spent (in the pass's transaction). -> (to start, when the first returns)."""
+        assert self.memory is not None
+        start, later = self.memory.split(claimed, running_here)
+        if not later:
+            return start, None
+        now = self._clock()
+        run_ats = [now + w for w in self.memory.backoffs(later)]
+        self.store.release_unstarted([j.id for j in later], run_ats, now)
+        for job in later:
+            log.info("job %d %s deferred: it may not fit in memory now (%s)", job.id, job.func, self.memory.source)
+        return start, min(run_ats)
+
     def _isolate(self, outcomes: list[Outcome]) -> list[Outcome]:
         """After a failed batch: apply outcomes one by one, so that one the store cannot take
         (a bug, bad data) cannot hold up the others; such a one is recorded as dead with a
@@ -348,8 +428,10 @@ class WorkerPool:
             self._run(job)
 
     def _run(self, job: Job) -> None:
+        report_ok = False  # a report to learn from (deciding the outcome may still fail)
         try:
             report = self.runner.run(job)
+            report_ok = True
             runtime = report.runtime
             if report.ok:  # the clock and the checker are read on failure only
                 outcome = fate.after_success(job, report)
@@ -365,6 +447,9 @@ class WorkerPool:
                 job.max_attempts, outcome.error["type"], outcome.error["message"], outcome.state,
             )
         self._count(outcome.state == State.SUCCEEDED, runtime)
+        if self.memory is not None and report_ok:
+            self.memory.after_run(job, report.peak_memory, runtime, report.error_type == "memory_limit",
+                                  report.peak_estimated)
         if self._on_ran is not None:
             try:
                 self._on_ran(job, outcome, runtime)

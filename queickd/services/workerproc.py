@@ -17,9 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .. import __version__
+from ..core.policy.resources import parse as parse_resources
 from ..run.loader import FunctionLoader
 from ..run.thread import ThreadRunner
 from .fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
+from .memory_gate import DEFAULT_RESERVE_MB, MemoryGate
+from .pool_size import DEFAULT_IDLE_GRACE, adaptive_size
 from .worker import DEFAULT_SWEEP, DEFAULT_WORKERS, WorkerPool
 
 log = logging.getLogger("queickd.workerproc")
@@ -38,12 +41,22 @@ class WorkerConfig:
     stop_timeout: float = 30.0
     pause_after: int = 5  # 0: no auto-pause
     pause_cooldown: float = 300.0
+    memory_reserve: float = DEFAULT_RESERVE_MB
+    max_rss: float | None = None
+    memory_root: str = "/"
+    min_workers: int | None = None
+    max_workers: int | None = None
+    idle_grace: float = DEFAULT_IDLE_GRACE
+    budgets: dict = field(default_factory=dict)  # [budgets.pools] / [budgets.groups] of --config
+    budget_patience: float = 30.0
 
     def validate(self) -> None:
         if not self.store.startswith(("postgresql://", "postgres://")):
             raise ValueError("queick worker needs a shared store: --store postgresql://...")
         if self.workers < 1:
             raise ValueError("workers must be at least 1")
+        adaptive_size(self.workers, self.min_workers, self.max_workers, self.idle_grace)
+        parse_resources({}, self.budgets, self.budget_patience)
         if not self.heartbeat > 0 or not self.sweep > 0 or self.stop_timeout < 0:
             raise ValueError("heartbeat and sweep must be positive, stop_timeout not negative")
         if self.pause_after < 0 or not self.pause_cooldown > 0:
@@ -78,8 +91,14 @@ def run(config: WorkerConfig) -> int:
             stop.set()
 
         loader = FunctionLoader(config.app_dir, config.allow)
+        gate = MemoryGate(store, reserve_mb=config.memory_reserve, max_rss_mb=config.max_rss,
+                          root=config.memory_root)
         pool = WorkerPool(store, loader, config.workers, sweep=config.sweep, pause_after=config.pause_after,
-                          pause_cooldown=config.pause_cooldown, pools=list(config.pool), runner=ThreadRunner(loader))
+                          pause_cooldown=config.pause_cooldown, pools=list(config.pool),
+                          runner=ThreadRunner(loader, measure=gate.keeps), memory=gate,
+                          size=adaptive_size(config.workers, config.min_workers, config.max_workers,
+                                             config.idle_grace),
+                          limits=parse_resources({}, config.budgets, config.budget_patience).limits)
         member = FleetMember(store, pool, kind="worker", heartbeat=config.heartbeat, sweep=config.sweep,
                              max_orphan_requeues=config.max_orphan_requeues, on_version_change=version_changed)
         member.start()

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ..core.job import Job, NewJob, Outcome, State, Submitted
+from ..core.policy import claim
 from ..core.policy.admission import NO_LIMITS, Admission, Refusal
+from ..core.policy.memory import Footprint
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,8 +230,13 @@ class Store(Protocol):
 
     # --- claim ------------------------------------------------------------------------
     def claim_available(self, limit: int, now: float, network_up: bool = True,
-                        pools: Sequence[str] | None = None) -> list[Job]:
+                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS) -> list[Job]:
         """Atomically move up to `limit` `queued` jobs to `running`, in queue order.
+
+        Resource control (core/policy/claim.py): a grouped job whose group runs its
+        concurrency_limit already, and a job over a budget of `limits`, are passed over and
+        hold nothing (a patient one reserves its budgets); exact across hosts on PostgreSQL.
+        At most claim.LOOK_AHEAD candidates past the jobs taken are read.
 
         Passed over (they keep waiting): a job whose key already has a running job (and
         every job of a key after the first one taken in this claim), a job whose key or
@@ -278,6 +285,26 @@ class Store(Protocol):
     def waiting_by_pool(self) -> dict[str, int]:
         """Waiting jobs (scheduled, queued, waiting_network) per pool; pools with none
         are absent."""
+        ...
+
+    # --- memory-aware start ---------------------------------------------------------------
+    def footprints(self, funcs: list[str]) -> dict[str, Footprint]:
+        """Each named function's expected peak memory and runtime, if it has a history."""
+        ...
+
+    def record_runs(self, runs: list[tuple[str, int | None, float, bool, bool]], now: float) -> None:
+        """Fold runs (func, peak bytes or None, runtime, whether it was killed for its
+        memory limit, whether the peak is an estimate) into the functions' footprints."""
+        ...
+
+    def release_unstarted(self, job_ids: list[int], run_ats: list[float], now: float) -> int:
+        """Claimed jobs that were not started go back to `scheduled` at their run_at, with
+        the attempt the claim counted given back. Returns how many were still running."""
+        ...
+
+    def budget_usage(self, pools: list[str], groups: list[str]) -> dict[tuple[str, str], tuple[float, int, float, int]]:
+        """("pool" | "group", name) -> (running cost, running jobs, waiting cost, waiting
+        jobs), for the named pools and groups that have any. For stats: may scan."""
         ...
 
     # --- pauses -----------------------------------------------------------------------

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from ..core.job import Job, NewJob, Outcome, State, Submitted, new_record
 from ..core.policy import admission as adm
 from ..core.policy import claim, crons, orphans, outbox
+from ..core.policy import memory as mem
 from ..core.policy import pauses as pz
 from .base import (
     CronFire,
@@ -31,12 +32,13 @@ from .base import (
     StoreBase,
 )
 from .memory_ops import MemoryOperatorOps, matches
+from .memres import MemoryResources
 from .undo import ABSENT, Journal, UndoDict
 
 _WAITING = (State.SCHEDULED, State.QUEUED, State.WAITING_NETWORK)
 
 
-class MemoryStore(MemoryOperatorOps, StoreBase):
+class MemoryStore(MemoryOperatorOps, MemoryResources, StoreBase):
     supports_notify = False
 
     def __init__(self, url: str = "memory://") -> None:
@@ -61,6 +63,8 @@ class MemoryStore(MemoryOperatorOps, StoreBase):
         self._by_state: dict[str, int] = dict.fromkeys(State.ALL, 0)
         self._waiting_by_key: dict[str, int] = {}
         self._running_by_key: dict[str, int] = {}
+        self._running: dict[int, Job] = {}  # kept by _count: what the claim's limits read
+        self._footprints: dict[str, mem.Footprint] = {}  # func -> expected peak and runtime (memres.py)
 
     def take_ownership(self) -> None:
         pass  # one process is the whole store
@@ -93,12 +97,18 @@ class MemoryStore(MemoryOperatorOps, StoreBase):
         self._by_state = dict.fromkeys(State.ALL, 0)
         self._waiting_by_key.clear()
         self._running_by_key.clear()
+        self._running.clear()
         for j in self._jobs.values():
             self._count(j, 1)
 
     # --- helpers (lock held) -------------------------------------------------------------
     def _count(self, job: Job, delta: int) -> None:
         self._by_state[job.state] += delta
+        if job.state == State.RUNNING:
+            if delta > 0:
+                self._running[job.id] = job
+            else:
+                self._running.pop(job.id, None)
         if job.key is None:
             return
         per_key = (self._waiting_by_key if job.state in _WAITING
@@ -195,14 +205,16 @@ class MemoryStore(MemoryOperatorOps, StoreBase):
 
     # --- claim ----------------------------------------------------------------------------
     def claim_available(self, limit: int, now: float, network_up: bool = True,
-                        pools: Sequence[str] | None = None) -> list[Job]:
+                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS) -> list[Job]:
         out: list[Job] = []
         passed_over: list[tuple[int, float, int]] = []
         with self._lock:
-            # _running_by_key is kept by _count: no scan of every job per claim.
-            pick = claim.Selection(claim.Request.of(limit, network_up, pools),
-                                   claim.Running.of(self._running_by_key, self._pauses, self._due_probes(now)))
-            while self._queued and not pick.full:
+            # _running is kept by _count: no scan of every job per claim.
+            pick = claim.Selection(
+                claim.Request.of(limit, network_up, pools, limits, now),
+                claim.Running.of_jobs([(j.key, j.concurrency_group, None, j.concurrency_limit, j.pool, j.cost_units)
+                                       for j in self._running.values()], self._pauses, self._due_probes(now)))
+            while self._queued and not pick.full and len(passed_over) < pick.look_ahead:
                 entry = heapq.heappop(self._queued)
                 job = self._jobs.get(entry[2])
                 if job is None or job.state != State.QUEUED or (job.priority, job.run_at) != entry[:2]:

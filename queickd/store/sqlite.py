@@ -118,32 +118,38 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
 
     # --- claim ----------------------------------------------------------------------------
     def claim_available(self, limit: int, now: float, network_up: bool = True,
-                        pools: Sequence[str] | None = None) -> list[Job]:
+                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS) -> list[Job]:
         served = None if pools is None else frozenset(pools)
         if served is not None and not served:
             return []
         # Inside the write transaction: SQLite serializes writers, so the selection is exact.
         with self._write(bookkeeping=True) as c:
-            # Running keys and pauses, in one statement; a pause's third column: its probe is
-            # due (its time has come and no probe of it is running).
+            # What runs (keys, groups, pools, costs: a handful of rows) and pauses, in one
+            # statement; a pause's third column: its probe is due (its time has come and no
+            # probe of it is running).
             held = c.execute(
-                "SELECT 'running', key, 0 FROM jobs INDEXED BY jobs_running WHERE state = 'running'"
-                " AND key IS NOT NULL UNION ALL SELECT kind, name, coalesce(probe_at <= ?, 0) AND NOT EXISTS"
-                " (SELECT 1 FROM jobs WHERE id = probe_job AND state = 'running') FROM pauses", (now,)).fetchall()
-            pick = claim.Selection(claim.Request(limit, network_up, served),
-                                   claim.Running.of((n for k, n, _ in held if k == "running"),
-                                                    [(k, n) for k, n, _ in held if k != "running"],
-                                                    [(k, n) for k, n, due in held if k != "running" and due]))
+                f"SELECT 'running', {claim.RUNNING_COLS.format(slot='NULL')} FROM jobs INDEXED BY jobs_running"
+                " WHERE state = 'running' UNION ALL SELECT kind, name, coalesce(probe_at <= ?, 0) AND NOT EXISTS"
+                " (SELECT 1 FROM jobs WHERE id = probe_job AND state = 'running'), NULL, NULL, NULL, NULL"
+                " FROM pauses", (now,)).fetchall()
+            pick = claim.Selection(claim.Request(limit, network_up, served, limits, now),
+                                   claim.Running.of_jobs([r[1:] for r in held if r[0] == "running"],
+                                                         [(r[0], r[1]) for r in held if r[0] != "running"],
+                                                         [(r[0], r[1]) for r in held if r[0] != "running" and r[2]]))
             offset, page = 0, max(16, limit * 2)
             # Other pools' jobs are passed over inside SQLite, not page by page here; those
-            # with a key still come back, as they may hold their key.
+            # with a key still come back, as they may hold their key. So are the jobs of
+            # groups with every slot taken (they hold nothing).
             mine = "" if served is None else (
                 f" AND (pool IN ({','.join('?' * len(served))}) OR key IS NOT NULL)")
-            while not pick.full:
+            full = pick.full_groups()
+            if full:
+                mine += f" AND (concurrency_group IS NULL OR concurrency_group NOT IN ({','.join('?' * len(full))}))"
+            while not pick.full and offset < pick.look_ahead:
                 rows = c.execute(
-                    "SELECT id, key, func, pool, retry_on_network FROM jobs INDEXED BY jobs_queued"
+                    f"SELECT {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued"
                     f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
-                    (*(served or ()), page, offset),
+                    (*(served or ()), *full, page, offset),
                 ).fetchall()
                 pick.offer_all(map(claim.Row._make, rows))
                 if len(rows) < page:

@@ -161,8 +161,20 @@ def _v5(c: sqlite3.Connection) -> None:
               " PRIMARY KEY (minute, member)) WITHOUT ROWID")
 
 
+def _v6(c: sqlite3.Connection) -> None:
+    """Resource control: jobs.concurrency_group, concurrency_limit, cost_units (NULL: none,
+    none, 1). The claim reads running jobs through jobs_running and skips full groups in
+    its walk of jobs_queued; no index more on the insert path. `footprints`: each
+    function's expected peak memory and runtime (core/policy/memory.py)."""
+    for column, decl in (("concurrency_group", "TEXT"), ("concurrency_limit", "INTEGER"), ("cost_units", "REAL")):
+        _add_column(c, "jobs", column, decl)
+    c.execute("CREATE TABLE IF NOT EXISTS footprints (func TEXT PRIMARY KEY, peak REAL NOT NULL,"
+              " runtime REAL NOT NULL, runs INTEGER NOT NULL, estimated INTEGER NOT NULL, updated_at REAL NOT NULL)"
+              " WITHOUT ROWID")
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

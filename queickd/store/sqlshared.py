@@ -16,6 +16,7 @@ from typing import Any
 from ..core.job import Job, Submitted
 from ..core.policy import admission as adm
 from ..core.policy import crons, orphans, outbox
+from ..core.policy import memory as mem
 from ..core.policy import pauses as pz
 from . import rows as dbrows
 from .base import CronFire, CronRecord, Event, EventAccepted, EventState, Minute, Pause
@@ -213,6 +214,65 @@ class SharedSql:
         c.execute(self._q("UPDATE events SET attempts = ?, state = ?, next_attempt_at = ?, last_error = ?"
                           " WHERE event_id = ?"), (r.attempts, state, r.next_attempt_at, r.last_error, event_id))
         return EventAccepted(event_id, False, state, None)
+
+    # --- memory-aware start ----------------------------------------------------------------
+    def footprints(self, funcs: list[str]) -> dict[str, mem.Footprint]:
+        if not funcs:
+            return {}
+        rows = self._conn().execute(self._q(
+            f"SELECT func, peak, runtime, runs, estimated FROM footprints WHERE func IN ({','.join('?' * len(funcs))})"),
+            list(funcs)).fetchall()
+        return {f: mem.Footprint(p, r, n, bool(e)) for f, p, r, n, e in rows}
+
+    def record_runs(self, runs: list[tuple[str, int | None, float, bool, bool]], now: float) -> None:
+        """Fold each run (func, peak bytes, runtime, killed, estimated) into its function's
+        footprint (mem.update), in one transaction."""
+        with self._write() as c:
+            rows = c.execute(self._q(
+                "SELECT func, peak, runtime, runs, estimated FROM footprints WHERE func IN"
+                f" ({','.join('?' * len({r[0] for r in runs}))})"), sorted({r[0] for r in runs})).fetchall()
+            known: dict[str, mem.Footprint | None] = {f: mem.Footprint(p, r, n, bool(e)) for f, p, r, n, e in rows}
+            for func, peak, runtime, killed, estimated in runs:
+                known[func] = mem.update(known.get(func), peak, runtime, killed, estimated)
+            self._many(c, self._q(
+                "INSERT INTO footprints VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (func) DO UPDATE SET peak = excluded.peak,"
+                " runtime = excluded.runtime, runs = excluded.runs, estimated = excluded.estimated,"
+                " updated_at = excluded.updated_at"),
+                [(f, fp.peak, fp.runtime, fp.runs, fp.estimated, now) for f, fp in known.items() if fp is not None])
+
+    def release_unstarted(self, job_ids: list[int], run_ats: list[float], now: float) -> int:
+        """Claimed jobs that did not start go back to wait (scheduled at run_at), their
+        attempt not spent. Returns how many were still running."""
+        with self._write() as c:
+            n = 0
+            for job_id, run_at in zip(job_ids, run_ats, strict=True):
+                n += c.execute(self._q(
+                    "UPDATE jobs SET state = 'scheduled', run_at = ?, attempts = attempts - 1, started_at = NULL"
+                    f"{self._RELEASE} WHERE id = ? AND state = 'running'"), (run_at, job_id)).rowcount
+            if n and run_ats:
+                self._scheduled_at(c, min(run_ats))
+        return n
+
+    def _scheduled_at(self, c: Any, run_at: float) -> None:
+        """Jobs were scheduled at run_at (a shared store tells the other daemons' timers)."""
+
+    def budget_usage(self, pools: list[str], groups: list[str]) -> dict[tuple[str, str], tuple[float, int, float, int]]:
+        """(kind, name) -> (running cost, running jobs, waiting cost, waiting jobs) of the
+        named pools and groups (for stats; a scan of the waiting jobs, never on a claim)."""
+        parts, params = [], []
+        for kind, col, names in (("pool", "pool", pools), ("group", "concurrency_group", groups)):
+            if names:
+                parts.append(f"SELECT '{kind}', {col}, state = 'running', count(*), sum(coalesce(cost_units, 1))"
+                             " FROM jobs WHERE state IN ('running', 'scheduled', 'queued', 'waiting_network')"
+                             f" AND {col} IN ({','.join('?' * len(names))}) GROUP BY {col}, state = 'running'")
+                params += names
+        out: dict[tuple[str, str], tuple[float, int, float, int]] = {}
+        if not parts:
+            return out
+        for kind, name, running, n, units in self._conn().execute(self._q(" UNION ALL ".join(parts)), params):
+            rc, rn, wc, wn = out.get((kind, name), (0.0, 0, 0.0, 0))
+            out[(kind, name)] = (rc + units, rn + n, wc, wn) if running else (rc, rn, wc + units, wn + n)
+        return out
 
     def event_counts(self) -> dict[str, int]:
         out = dict.fromkeys(EventState.ALL, 0)

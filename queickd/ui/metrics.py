@@ -132,6 +132,10 @@ class Metrics:
         w = stats["workers"]
         family("queickd_workers", "gauge", "Worker threads by activity.",
                [({"state": "busy"}, w["busy"]), ({"state": "idle"}, w["total"] - w["busy"])])
+        family("queickd_pool_size", "gauge", "Worker threads of this process now, and the adaptive "
+               "pool's bounds (min = max for a fixed size).",
+               [({"bound": "size"}, w.get("size", w["total"])), ({"bound": "min"}, w.get("min", w["total"])),
+                ({"bound": "max"}, w.get("max", w["total"]))])
         family("queickd_running_without_worker", "gauge",
                "Jobs recorded as running whose worker is gone. Shared PostgreSQL store: running jobs "
                "whose worker record is missing or missed 3 heartbeats (the orphan sweep re-queues them). "
@@ -146,6 +150,16 @@ class Metrics:
         family("queickd_pool_waiting_jobs", "gauge",
                "Waiting jobs (scheduled, queued, waiting for the network) per pool.",
                [({"pool": name}, p["waiting"]) for name, p in pools.items()])
+        budgets = stats.get("budgets") or []
+        for metric, what, help_text in (
+                ("queickd_budget_limit_units", "limit", "Each cost budget's limit (cost units)."),
+                ("queickd_budget_running_units", "running", "Cost units running against each budget."),
+                ("queickd_budget_waiting_units", "waiting", "Cost units of the jobs waiting for each budget.")):
+            family(metric, "gauge", help_text, [({"kind": b["kind"], "name": b["name"]}, b[what]) for b in budgets])
+        memory = stats.get("memory") or {}
+        family("queickd_deferred_total", "counter", "Claimed jobs sent back to wait, by reason (memory: "
+               "they may not fit in the memory left; max_rss: in what --max-rss leaves).",
+               [({"reason": r}, n) for r, n in sorted((memory.get("deferred") or {}).items())])
         ev = stats["events"]
         ev_oldest = stats.get("outbox_oldest_pending_at")
         family("queickd_outbox_pending_events", "gauge", "Events in the outbox waiting for room.",

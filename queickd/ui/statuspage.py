@@ -106,6 +106,8 @@ def render(s: dict[str, Any]) -> str:
         _card("workers busy", f"{w['busy']} / {w['total']}" + (" (draining)" if s.get("draining") else ""),
               "bad" if s.get("draining") else "", metric="workers-busy"),
         _card("idle", w["total"] - w["busy"], metric="workers-idle"),
+        _card("pool size", f"{w.get('size', w['total'])} ({w.get('min', w['total'])}-{w.get('max', w['total'])})",
+              metric="pool-size"),
         _card("waiting", waiting, metric="waiting"),
         _card("waiting out a retry", s.get("retrying", 0), metric="retrying"),
         _card("scheduled for later", s.get("scheduled_later", 0), metric="scheduled-later"),
@@ -128,6 +130,9 @@ def render(s: dict[str, Any]) -> str:
                      f"{wk['running']} / {wk['slots']}", f"{wk['silent_for']:.0f} s ago",
                      "REFUSED: " + wk["refused"] if wk["refused"] else "alive" if wk["alive"] else "GONE"]
                     for wk in s.get("fleet") or []], "")
+    budgets = _table(["budget", "limit", "running", "waiting"],
+                     [[f"{b['kind']} {b['name']}", f"{b['limit']:g}", f"{b['running']:g} ({b['running_jobs']} jobs)",
+                       f"{b['waiting']:g} ({b['waiting_jobs']} jobs)"] for b in s.get("budgets") or []], "")
     blocks = s.get("key_blocks") or {}
     keys = _table(["key", "waiting", "oldest due", "held"],
                   [[k["key"], k["waiting"], ago(now, k["oldest_run_at"]) + " ago"
@@ -164,6 +169,7 @@ def render(s: dict[str, Any]) -> str:
 <p class="sub">jobs: {escape(state_line)} · enqueued {s['enqueued']} · completed {s['completed']}
  · failed runs {s['failed']} · refused {s['refused']} · outbox pending {s['events']['pending']}</p>
 <h2>Pools</h2>{pools}{fleet if s.get("fleet") else ""}
+{"<h2>Budgets</h2>" + budgets if s.get("budgets") else ""}
 <h2>Waiting per key</h2>{keys}
 <h2>Paused</h2>{paused}
 <h2>Running</h2>{running}

@@ -109,3 +109,16 @@ def fail_while(path):
     if os.path.exists(path):
         raise ConnectionError(f"{path} says the service is down")
     return "up"
+
+
+_HELD = []
+
+
+def hold_memory(mb):
+    """Grow the process by `mb` MB and keep it (touched, so it is resident): a run whose
+    RSS growth the in-thread runner can see."""
+    block = bytearray(mb * 1024 * 1024)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    _HELD.append(block)
+    return len(_HELD)

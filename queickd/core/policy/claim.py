@@ -12,9 +12,19 @@ are small classes with the same three methods (`Rule`), applied in order; the fi
 - `SerialKeys`: a serial key runs at most one job at a time, and only its head (its
   first job in queue order) may start, so a key's jobs run in enqueue order: a head that
   cannot start, for any reason, still holds its key.
-More rules (concurrency groups, cost budgets) join the tuple in `Selection.__init__`; a
-rule decides for itself whether a job it passes over holds anything (a key's head does;
-a job over a budget need not, so cheaper jobs behind it may start).
+- `ConcurrencyGroups`: at most `concurrency_limit` jobs of a `concurrency_group` run at
+  once; a job passed over for its group holds nothing (skip, not block): the next job of
+  another group, or of none, may start.
+- `CostBudgets`: the `cost_units` running in a job's pool and in its group, plus its own,
+  stay within each budget of `Limits`; a job over a budget is passed over and holds
+  nothing, unless it has waited `Limits.patience` seconds: then it reserves the budgets it
+  does not fit, and younger jobs of that pool or group stop starting until it has started.
+A rule decides for itself whether a job it passes over holds anything.
+
+What runs is read from the running jobs themselves (`Running.of`: their keys, groups,
+pools and costs, a handful of rows read through the running index), never from counters
+that a crash could leave wrong: a job recovered as an orphan is no longer running, so its
+slot and its cost are free again with nothing else to release.
 
 A pause whose probe is due (its cooldown over, no probe of it running: `Running.probes`)
 lets exactly one job through: the first candidate that is eligible and admitted takes the
@@ -29,6 +39,7 @@ once the selection is `full`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -47,6 +58,14 @@ class Candidate(Protocol):
     def pool(self) -> str: ...
     @property
     def retry_on_network(self) -> bool: ...
+    @property
+    def run_at(self) -> float: ...
+    @property
+    def concurrency_group(self) -> str | None: ...
+    @property
+    def concurrency_limit(self) -> int | None: ...
+    @property
+    def cost_units(self) -> float | None: ...
 
 
 class Row(NamedTuple):
@@ -58,6 +77,37 @@ class Row(NamedTuple):
     func: str
     pool: str
     retry_on_network: bool
+    run_at: float = 0.0
+    concurrency_group: str | None = None
+    concurrency_limit: int | None = None
+    cost_units: float | None = None
+
+
+ROW_COLS = "id, key, func, pool, retry_on_network, run_at, concurrency_group, concurrency_limit, cost_units"
+# What the stores read of each running job for Running.of: (key, group, slot, pool, cost).
+RUNNING_COLS = "key, concurrency_group, {slot}, concurrency_limit, pool, cost_units"
+
+
+def cost(c: Candidate) -> float:
+    """A job's cost units (1 when it names none)."""
+    return 1.0 if c.cost_units is None else c.cost_units
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The budgets of the config file (`[budgets.pools]`, `[budgets.groups]`: name -> cost
+    units) and how long a job over a budget waits before it reserves it."""
+
+    pools: dict[str, float] = dataclasses.field(default_factory=dict)
+    groups: dict[str, float] = dataclasses.field(default_factory=dict)
+    patience: float = 30.0
+
+    @property
+    def any(self) -> bool:
+        return bool(self.pools or self.groups)
+
+
+NO_LIMITS = Limits()
 
 
 # Request and Running are made on every claim: plain slotted classes, cheaper to build
@@ -71,6 +121,10 @@ class Running:
     paused_funcs: frozenset[str] = frozenset()
     paused_pools: frozenset[str] = frozenset()  # paused by hand: no probe
     probes: frozenset[tuple[str, str]] = frozenset()  # (kind, name) of pauses whose probe is due
+    slots: dict[str, set[int]] = dataclasses.field(default_factory=dict)  # group -> slots taken
+    pool_cost: dict[str, float] = dataclasses.field(default_factory=dict)  # running cost per pool
+    group_cost: dict[str, float] = dataclasses.field(default_factory=dict)  # and per group
+    group_limit: dict[str, int] = dataclasses.field(default_factory=dict)  # as its running jobs say
 
     @staticmethod
     def of(running_keys: Iterable[str | None], pauses: Iterable[tuple[str, str]] = (),
@@ -87,6 +141,23 @@ class Running:
                        frozenset(n for kind, n in held if kind == "pool"),
                        frozenset(probes))
 
+    @staticmethod
+    def of_jobs(running: Iterable[tuple[str | None, str | None, int | None, int | None, str, float | None]],
+                pauses: Iterable[tuple[str, str]] = (), probes: Iterable[tuple[str, str]] = ()) -> Running:
+        """From (key, group, slot, limit, pool, cost) of each running job (RUNNING_COLS) and the
+        pauses. A store that keeps no slot numbers gives None: slots are then counted."""
+        rows = list(running)
+        r = Running.of((row[0] for row in rows), pauses, probes)
+        for _, group, slot, limit, pool, units in rows:
+            c = 1.0 if units is None else units
+            r.pool_cost[pool] = r.pool_cost.get(pool, 0.0) + c
+            if group is not None:
+                taken = r.slots.setdefault(group, set())
+                taken.add(slot if slot is not None else -len(taken) - 1)  # unnumbered: distinct
+                r.group_cost[group] = r.group_cost.get(group, 0.0) + c
+                r.group_limit[group] = min(r.group_limit.get(group, 1 << 30), limit or 1)
+        return r
+
 
 @dataclass(slots=True)
 class Request:
@@ -95,10 +166,13 @@ class Request:
     limit: int
     network_up: bool = True
     pools: frozenset[str] | None = None  # None: every pool
+    limits: Limits = NO_LIMITS
+    now: float = 0.0  # for the budgets' patience
 
     @staticmethod
-    def of(limit: int, network_up: bool = True, pools: Sequence[str] | None = None) -> Request:
-        return Request(limit, network_up, None if pools is None else frozenset(pools))
+    def of(limit: int, network_up: bool = True, pools: Sequence[str] | None = None,
+           limits: Limits = NO_LIMITS, now: float = 0.0) -> Request:
+        return Request(limit, network_up, None if pools is None else frozenset(pools), limits, now)
 
 
 class Rule(Protocol):
@@ -132,16 +206,109 @@ class SerialKeys:
             self.busy.add(c.key)  # a waiting head holds its key: order within a key
 
 
+class ConcurrencyGroups:
+    """At most a group's limit of its jobs run at once; a job over it is skipped, not
+    blocking. Each job started takes the lowest free slot number of its group (the
+    PostgreSQL store keeps it under a unique index, so two hosts cannot both take it)."""
+
+    __slots__ = ("taken", "slot_of", "limit_of")
+
+    def __init__(self, slots: dict[str, set[int]], limits: dict[str, int]) -> None:
+        self.taken = {g: set(s) for g, s in slots.items()}
+        self.limit_of = dict(limits)  # the limit the group's running jobs carry
+        self.slot_of: dict[int, int] = {}  # job id -> its slot, for jobs started here
+
+    def admits(self, c: Candidate) -> bool:
+        g = c.concurrency_group
+        if g is None:
+            return True
+        taken = self.taken.get(g)
+        return taken is None or len(taken) < (c.concurrency_limit or 1)
+
+    def started(self, c: Candidate) -> None:
+        g = c.concurrency_group
+        if g is None:
+            return
+        taken = self.taken.setdefault(g, set())
+        slot = next(i for i in range(1, len(taken) + 2) if i not in taken)
+        taken.add(slot)
+        self.slot_of[c.id] = slot
+
+    def passed(self, c: Candidate) -> None:
+        pass  # skip, not block: the next job of the group, or of another, may start
+
+
+class CostBudgets:
+    """The running cost of a pool and of a group, plus a job's own, stay within their
+    budgets. A job over a budget is passed over; one that has waited `patience` seconds
+    reserves the budgets it does not fit (younger jobs there are passed over too)."""
+
+    __slots__ = ("limits", "now", "pool_cost", "group_cost", "reserved", "_over")
+
+    def __init__(self, limits: Limits, running: Running, now: float) -> None:
+        self.limits, self.now = limits, now
+        self.pool_cost = dict(running.pool_cost)
+        self.group_cost = dict(running.group_cost)
+        self.reserved: set[tuple[str, str]] = set()  # ("pool" | "group", name) held by a patient job
+        self._over: tuple[int, list[tuple[str, str]]] | None = None  # the last job over a budget
+
+    def _budgets(self, c: Candidate) -> list[tuple[str, str, float, float]]:
+        out = []
+        b = self.limits.pools.get(c.pool)
+        if b is not None:
+            out.append(("pool", c.pool, b, self.pool_cost.get(c.pool, 0.0)))
+        g = c.concurrency_group
+        if g is not None:
+            b = self.limits.groups.get(g)
+            if b is not None:
+                out.append(("group", g, b, self.group_cost.get(g, 0.0)))
+        return out
+
+    def admits(self, c: Candidate) -> bool:
+        units = cost(c)
+        over, ok = [], True
+        for kind, name, budget, used in self._budgets(c):
+            if (kind, name) in self.reserved:
+                ok = False
+            elif used + units > budget + 1e-9:
+                over.append((kind, name))
+                ok = False
+        self._over = (c.id, over) if over else None
+        return ok
+
+    def started(self, c: Candidate) -> None:
+        units = cost(c)
+        if c.pool in self.limits.pools:
+            self.pool_cost[c.pool] = self.pool_cost.get(c.pool, 0.0) + units
+        g = c.concurrency_group
+        if g is not None and g in self.limits.groups:
+            self.group_cost[g] = self.group_cost.get(g, 0.0) + units
+
+    def passed(self, c: Candidate) -> None:
+        over, self._over = self._over, None
+        if over is not None and over[0] == c.id and self.now - c.run_at >= self.limits.patience:
+            self.reserved.update(over[1])  # waited long enough: what it needs is kept for it
+
+
 class Selection:
     """Offer candidates in queue order; `offer` says whether each may start."""
 
-    __slots__ = ("limit", "chosen", "rules", "probes", "_net", "_pools", "_paused_funcs", "_paused_keys",
-                 "_paused_pools", "_open")
+    __slots__ = ("limit", "chosen", "rules", "groups", "look_ahead", "probes", "_net", "_pools",
+                 "_paused_funcs", "_paused_keys", "_paused_pools", "_open")
 
     def __init__(self, request: Request, running: Running) -> None:
         self.limit = request.limit
         self.chosen: list[int] = []
-        self.rules: tuple[Rule, ...] = (SerialKeys(running.keys),)
+        self.groups = ConcurrencyGroups(running.slots, running.group_limit)
+        rules: list[Rule] = [SerialKeys(running.keys), self.groups]
+        # Rows a store reads at most. Unbounded without budgets, as before them: what is
+        # passed over then is held keys, and full groups, which the stores leave out of
+        # what they read.
+        self.look_ahead = 1 << 62
+        if request.limits.any:
+            rules.append(CostBudgets(request.limits, running, request.now))
+            self.look_ahead = LOOK_AHEAD + request.limit
+        self.rules: tuple[Rule, ...] = tuple(rules)
         self.probes: list[tuple[tuple[str, str], int]] = []  # (pause, job id): probes let through
         self._net, self._pools = request.network_up, request.pools
         self._paused_funcs, self._paused_keys = running.paused_funcs, running.paused_keys
@@ -151,6 +318,17 @@ class Selection:
     @property
     def full(self) -> bool:
         return len(self.chosen) >= self.limit
+
+    def slot(self, job_id: int) -> int | None:
+        """The group slot a chosen job takes (None: it has no group)."""
+        return self.groups.slot_of.get(job_id)
+
+    def full_groups(self) -> list[str]:
+        """Groups with every slot taken: a store may leave their jobs out of what it reads
+        (they would be passed over, holding nothing) so a claim does not walk them. Groups
+        whose jobs disagree on the limit are left in."""
+        lim = self.groups.limit_of
+        return [g for g, t in self.groups.taken.items() if len(t) >= lim.get(g, 1 << 30)]
 
     def eligible(self, c: Candidate) -> bool:
         """Its pool is served, its network (if it needs one) is up, its function and key
@@ -208,6 +386,12 @@ class Selection:
                     continue
             for rule in rules:
                 rule.passed(c)
+
+
+# Candidates a claim with budgets reads, at most, beyond the jobs it starts: its look-ahead.
+# Past it, a claim stops even if it started fewer than it could (the rest wait for the next
+# claim), so a queue held up by its budgets costs a page or two, not a walk of every job.
+LOOK_AHEAD = 512
 
 
 def select(candidates: Iterable[Candidate], request: Request, running: Running) -> list[int]:

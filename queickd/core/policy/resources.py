@@ -1,0 +1,117 @@
+"""Per-function job defaults and budgets, from the config file, and the enqueue-time check
+that a job can ever start under them.
+
+- `[functions."module:func"]`: defaults for that function's jobs, by wire name (any field a
+  job template keeps, e.g. concurrency_group, concurrency_limit, cost_units); a job's own
+  value wins. Each value goes through the protocol's check for its field.
+- `[budgets.pools]` / `[budgets.groups]`: name -> cost units (claim.Limits).
+- `admit(job)`: a job whose cost exceeds its pool's or its group's whole budget, or whose
+  concurrency_limit disagrees with its function's configured one, could never start or
+  would break its group's limit: refused (bad_request, naming the budget).
+Pure: reads no file (the config module does), no clock, no store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .. import fields, protocol
+from ..job import NewJob
+from .claim import NO_LIMITS, Limits
+
+BUDGET_KINDS = ("pools", "groups")
+# Wire names a function's defaults may set: what a job template keeps, less what names the
+# job itself (its function, its arguments).
+DEFAULTABLE = frozenset(fields.TEMPLATE_WIRE - {"func", "args", "kwargs"})
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    defaults: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # func -> {field: value}
+    limits: Limits = NO_LIMITS
+
+    @property
+    def active(self) -> bool:
+        """Is there anything to apply? (Without, enqueue skips apply().)"""
+        return bool(self.defaults) or self.limits.any
+
+    def apply(self, job: NewJob) -> NewJob:
+        """The job with its function's defaults for the fields it left at theirs, checked."""
+        d = self.defaults.get(job.func)
+        if d:
+            own = {k: v for k, v in d.items() if getattr(job, k) == fields.BY_NAME[k].fresh_default()}
+            if own:
+                job = dataclasses.replace(job, **own)
+        self.admit(job, d or {})
+        return job
+
+    def admit(self, job: NewJob, d: dict[str, Any]) -> None:
+        limit = d.get("concurrency_limit")
+        if limit is not None and job.concurrency_limit not in (None, limit):
+            raise protocol.bad(f"concurrency_limit {job.concurrency_limit} disagrees with the limit"
+                               f" configured for {job.func} ({limit})")
+        units = 1.0 if job.cost_units is None else job.cost_units
+        for kind, name, budgets in (("pools", job.pool, self.limits.pools),
+                                    ("groups", job.concurrency_group, self.limits.groups)):
+            budget = budgets.get(name) if name is not None else None
+            if budget is not None and units > budget:
+                raise protocol.bad(f"cost_units {units:g} exceeds the whole budget of {kind[:-1]} {name!r}"
+                                   f" ({budget:g}, budgets.{kind}): it could never start")
+
+
+def budget_view(limits: Limits, usage: dict[tuple[str, str], tuple[float, int, float, int]]
+                ) -> list[dict[str, Any]]:
+    """Each budget with what runs against it and what waits for it (stats, metrics, views)."""
+    out = []
+    for kind, table in (("pool", limits.pools), ("group", limits.groups)):
+        for name, limit in sorted(table.items()):
+            rc, rn, wc, wn = usage.get((kind, name), (0.0, 0, 0.0, 0))
+            out.append({"kind": kind, "name": name, "limit": limit, "running": rc, "running_jobs": rn,
+                        "waiting": wc, "waiting_jobs": wn})
+    return out
+
+
+def parse(functions: dict[str, Any], budgets: dict[str, Any], patience: float) -> Resources:
+    """The config file's tables -> Resources. ValueError naming the table and field."""
+    defaults: dict[str, dict[str, Any]] = {}
+    for func, table in functions.items():
+        where = f"functions.{func}"
+        try:
+            name = protocol.normalize_func(func)
+        except protocol.QueueError:
+            raise ValueError(f"{where}: a function is 'module:function'") from None
+        if not isinstance(table, dict):
+            raise ValueError(f"{where} must be a table")
+        unknown = table.keys() - DEFAULTABLE
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+        checked = {}
+        for k, v in table.items():
+            try:
+                checked[fields.BY_WIRE[k].name] = protocol.check_field(k, v)
+            except protocol.QueueError as e:
+                raise ValueError(f"{where}: {e.message}") from None
+        defaults[name] = checked
+    unknown = budgets.keys() - set(BUDGET_KINDS)
+    if unknown:
+        raise ValueError(f"budgets: unknown kind(s) {', '.join(sorted(unknown))} (budgets are"
+                         " [budgets.pools] and [budgets.groups])")
+    out: dict[str, dict[str, float]] = {}
+    for kind in BUDGET_KINDS:
+        table = budgets.get(kind, {})
+        if not isinstance(table, dict):
+            raise ValueError(f"budgets.{kind} must be a table of name = cost units")
+        for name, v in table.items():
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0 or v == float("inf"):
+                raise ValueError(f"budgets.{kind}.{name} must be a number of cost units greater than 0")
+            if kind == "groups" and len(name.encode()) > protocol.MAX_KEY_LEN:
+                raise ValueError(f"budgets.groups: group name over {protocol.MAX_KEY_LEN} bytes")
+        out[kind] = {str(n): float(v) for n, v in table.items()}
+    if not patience >= 0:
+        raise ValueError("budget_patience must not be negative")
+    return Resources(defaults, Limits(out["pools"], out["groups"], float(patience)))
+
+
+NO_RESOURCES = Resources()

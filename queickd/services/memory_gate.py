@@ -1,0 +1,208 @@
+"""The memory gate: before claimed jobs start, the worker pool asks it which fit.
+
+Owns the readers of free memory, each taking the root directory it reads under (tests
+point them at a tree they write):
+- the process's own cgroup, named in `proc/self/cgroup`: v2 `memory.max` less
+  (`memory.current` less `inactive_file` of `memory.stat`); v1 (`memory` controller)
+  `memory.limit_in_bytes` less (`memory.usage_in_bytes` less `total_inactive_file`);
+- `proc/meminfo`'s MemAvailable (a Pi has no memory cgroup by default: then this alone).
+The room is the lower of the two, less the reserve; `--max-rss` caps the process itself
+(its RSS from `proc/self/statm`). It keeps the functions' footprints (read from the store
+once per function, then its own updates; written back in the pool's pass) and counts
+deferrals by reason. The decision is core/policy/memory.py's; it never touches a job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+from pathlib import Path
+from typing import Any
+
+from ..core.job import Job
+from ..core.policy import memory as mem
+
+log = logging.getLogger("queickd.worker")
+
+DEFAULT_RESERVE_MB = 64.0
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _stat(text: str | None, name: str) -> int:
+    for line in (text or "").splitlines():
+        k, _, v = line.partition(" ")
+        if k == name:
+            return int(v)
+    return 0
+
+
+def cgroup_room(root: str = "/") -> int | None:
+    """Bytes the process's cgroup may still take, or None with no memory limit there."""
+    base = Path(root)
+    text = _read(base / "proc/self/cgroup") or ""
+    for line in text.splitlines():
+        hier, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        rel = path.strip().lstrip("/")
+        if hier == "0" and controllers == "":  # v2
+            d = base / "sys/fs/cgroup" / rel
+            limit = (_read(d / "memory.max") or "").strip()
+            current = (_read(d / "memory.current") or "").strip()
+            if not limit or limit == "max" or not current:
+                continue
+            used = int(current) - _stat(_read(d / "memory.stat"), "inactive_file")
+            return max(0, int(limit) - used)
+        if "memory" in controllers.split(","):  # v1
+            d = base / "sys/fs/cgroup/memory" / rel
+            limit = (_read(d / "memory.limit_in_bytes") or "").strip()
+            usage = (_read(d / "memory.usage_in_bytes") or "").strip()
+            if not limit or not usage or int(limit) >= 1 << 62:  # v1's "no limit" is a huge number
+                continue
+            used = int(usage) - _stat(_read(d / "memory.stat"), "total_inactive_file")
+            return max(0, int(limit) - used)
+    return None
+
+
+def meminfo_available(root: str = "/") -> int | None:
+    for line in (_read(Path(root) / "proc/meminfo") or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def own_rss(root: str = "/") -> int | None:
+    text = _read(Path(root) / "proc/self/statm")
+    return int(text.split()[1]) * _PAGE if text else None
+
+
+def room(root: str = "/") -> tuple[float, str]:
+    """(free bytes, the source in force: "cgroup", "meminfo" or "none")."""
+    cg, mi = cgroup_room(root), meminfo_available(root)
+    if cg is not None and (mi is None or cg <= mi):
+        return float(cg), "cgroup"
+    if mi is not None:
+        return float(mi), "meminfo"
+    return float("inf"), "none"
+
+
+class MemoryGate:
+    """Which claimed jobs may start now; the rest go back to the queue for a short while."""
+
+    def __init__(self, store: Any, *, reserve_mb: float = DEFAULT_RESERVE_MB, max_rss_mb: float | None = None,
+                 root: str = "/", rng: random.Random | None = None) -> None:
+        self.store = store
+        self.reserve = reserve_mb * mem.MB
+        self.max_rss = None if max_rss_mb is None else max_rss_mb * mem.MB
+        self.root = root
+        self._rng = rng or random.Random()
+        self._lock = threading.Lock()
+        self._known: dict[str, mem.Footprint | None] = {}  # func -> footprint (None: none yet)
+        self._pending: list[tuple[str, int | None, float, bool, bool]] = []  # runs to store
+        self._deferrals: dict[int, int] = {}  # job id -> times deferred
+        self.deferred: dict[str, int] = {}  # reason -> count
+        self.source = "none"
+
+    def keeps(self, func: str) -> bool:
+        """Is this function's history kept (so a thread run should measure itself)? Yes."""
+        return True
+
+    def footprint(self, func: str) -> mem.Footprint | None:
+        with self._lock:
+            if func in self._known:
+                return self._known[func]
+        fp = self.store.footprints([func]).get(func)
+        with self._lock:
+            self._known.setdefault(func, fp)
+            return self._known[func]
+
+    def typical(self) -> float:
+        """The footprint of a typical job here (the largest known), for pool growth."""
+        with self._lock:
+            return max((f.peak for f in self._known.values() if f is not None), default=0.0)
+
+    def fits_one_more(self) -> bool:
+        need = self.typical()
+        if need == 0:
+            return True
+        free, self.source = room(self.root)
+        return need <= free - self.reserve
+
+    def split(self, jobs: list[Job], running_here: int) -> tuple[list[Job], list[Job]]:
+        """(may start, deferred) among claimed jobs, in their order."""
+        start: list[Job] = []
+        later: list[Job] = []
+        free: float | None = None
+        rss_room: float | None = None
+        taken = 0.0
+        for job in jobs:
+            fp = self.footprint(job.func)
+            need = fp.peak if fp is not None else 0.0
+            if need == 0:
+                start.append(job)
+                continue
+            if free is None:
+                free, self.source = room(self.root)
+                free -= self.reserve
+                if self.max_rss is not None:
+                    rss = own_rss(self.root)
+                    rss_room = self.max_rss - rss if rss is not None else None
+            d = mem.decide(need, free, taken, running_here + len(start), rss_room)
+            if d.start:
+                if d.reason == "alone":
+                    log.info("job %d %s starts although it may not fit in memory (expected %.0f MB,"
+                             " %.0f MB free): nothing else runs here", job.id, job.func, need / mem.MB,
+                             max(0.0, free) / mem.MB)
+                taken += need
+                start.append(job)
+            else:
+                later.append(job)
+                with self._lock:
+                    self.deferred[d.reason or "memory"] = self.deferred.get(d.reason or "memory", 0) + 1
+        return start, later
+
+    def backoffs(self, jobs: list[Job]) -> list[float]:
+        """Each deferred job's wait (seconds), longer each time it is deferred."""
+        out = []
+        with self._lock:
+            for job in jobs:
+                n = self._deferrals.get(job.id, 0)
+                self._deferrals[job.id] = n + 1
+                out.append(mem.backoff(n, self._rng))
+            if len(self._deferrals) > 10_000:  # jobs long gone
+                self._deferrals.clear()
+        return out
+
+    def after_run(self, job: Job, peak: int | None, runtime: float, killed: bool, estimated: bool) -> None:
+        """A run's measure, kept until the pool's next pass writes it."""
+        with self._lock:
+            self._deferrals.pop(job.id, None)
+            old = self._known.get(job.func)
+            new = mem.update(old, peak, runtime, killed, estimated)
+            self._known[job.func] = new
+            # Written only when it tells something (a first real measure, a kill, a change
+            # of a tenth or more): a run of a small function costs no write.
+            if new is not None and (killed or (old is None and new.peak >= mem.MB)
+                                    or (old is not None and abs(new.peak - old.peak) > 0.1 * max(old.peak, mem.MB))):
+                self._pending.append((job.func, peak, runtime, killed, estimated))
+
+    def flush(self, now: float) -> None:
+        """Write the runs measured since the last flush (in the pool's transaction)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        if pending:
+            self.store.record_runs(pending, now)
+
+    def snapshot(self) -> dict[str, Any]:
+        self.source = room(self.root)[1]
+        with self._lock:
+            return {"source": self.source, "reserve_mb": self.reserve / mem.MB, "deferred": dict(self.deferred),
+                    "max_rss_mb": None if self.max_rss is None else self.max_rss / mem.MB}
+

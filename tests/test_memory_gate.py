@@ -1,0 +1,129 @@
+"""Memory-aware start: the readers on fake /proc and cgroup trees, the pure decision, and a
+real daemon that defers a job that may not fit (no attempt spent), starts it once room
+appears, and starts it anyway when nothing else runs."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from queickd.core.job import State
+from queickd.core.policy import memory as mem
+from queickd.services import memory_gate as gate_mod
+
+MB = 1024 * 1024
+
+
+def fake_tree(root: Path, *, v2: tuple[int, int, int] | None = None, v1: tuple[int, int, int] | None = None,
+              available_kb: int = 8_000_000) -> None:
+    """A /proc and /sys/fs/cgroup under root: v2 or v1 (limit, usage, inactive file), or none."""
+    (root / "proc/self").mkdir(parents=True, exist_ok=True)
+    (root / "proc/meminfo").write_text(f"MemTotal: 16000000 kB\nMemAvailable: {available_kb} kB\n")
+    if v2 is not None:
+        (root / "proc/self/cgroup").write_text("0::/queickd.service\n")
+        d = root / "sys/fs/cgroup/queickd.service"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "memory.max").write_text(f"{v2[0]}\n")
+        (d / "memory.current").write_text(f"{v2[1]}\n")
+        (d / "memory.stat").write_text(f"anon 1\ninactive_file {v2[2]}\nactive_file 3\n")
+    elif v1 is not None:
+        (root / "proc/self/cgroup").write_text("12:cpu,cpuacct:/q\n4:memory:/q\n")
+        d = root / "sys/fs/cgroup/memory/q"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "memory.limit_in_bytes").write_text(f"{v1[0]}\n")
+        (d / "memory.usage_in_bytes").write_text(f"{v1[1]}\n")
+        (d / "memory.stat").write_text(f"cache 5\ntotal_inactive_file {v1[2]}\n")
+    else:
+        (root / "proc/self/cgroup").write_text("0::/\n")
+
+
+def test_cgroup_v2_room_is_max_less_current_less_inactive_file(tmp_path):
+    fake_tree(tmp_path, v2=(1000 * MB, 700 * MB, 100 * MB))
+    assert gate_mod.room(str(tmp_path)) == (400 * MB, "cgroup")
+
+
+def test_cgroup_v1_room_is_limit_less_usage_less_inactive_file(tmp_path):
+    fake_tree(tmp_path, v1=(1000 * MB, 900 * MB, 50 * MB))
+    assert gate_mod.room(str(tmp_path)) == (150 * MB, "cgroup")
+
+
+def test_without_a_memory_cgroup_meminfo_is_the_source(tmp_path):
+    fake_tree(tmp_path, available_kb=512 * 1024)
+    assert gate_mod.room(str(tmp_path)) == (512 * MB, "meminfo")
+
+
+def test_the_lower_of_cgroup_and_meminfo_is_in_force(tmp_path):
+    fake_tree(tmp_path, v2=(4000 * MB, 0, 0), available_kb=300 * 1024)
+    assert gate_mod.room(str(tmp_path)) == (300 * MB, "meminfo")
+
+
+def test_a_footprint_favours_recent_runs_and_a_memory_kill_raises_it():
+    fp = mem.update(None, 100 * MB, 1.0)
+    fp = mem.update(fp, 200 * MB, 1.0)
+    assert fp.peak == 150 * MB and fp.runs == 2
+    killed = mem.update(fp, 160 * MB, 1.0, killed=True)
+    assert killed.peak == 160 * MB * mem.KILLED_MARGIN
+
+
+def test_a_job_that_does_not_fit_waits_unless_nothing_else_runs():
+    assert mem.decide(50 * MB, 40 * MB, 0, running_here=1) == mem.Decision(False, "memory")
+    assert mem.decide(50 * MB, 40 * MB, 0, running_here=0) == mem.Decision(True, "alone")
+    assert mem.decide(50 * MB, 400 * MB, 0, running_here=3, rss_room=10 * MB) == mem.Decision(False, "max_rss")
+
+
+def test_the_backoff_is_short_grows_and_has_jitter():
+    rng = random.Random(7)
+    waits = [mem.backoff(n, rng) for n in range(8)]
+    assert 0.25 <= waits[0] <= 0.75 and max(waits) <= 15
+    assert len({round(w, 6) for w in waits}) == len(waits)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "root"
+    fake_tree(root, v2=(4000 * MB, 0, 0))
+    return root
+
+
+def tighten(root: Path, free_mb: int) -> None:
+    (root / "sys/fs/cgroup/queickd.service/memory.current").write_text(f"{(4000 - free_mb) * MB}\n")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'queue.db'}"
+    return request.getfixturevalue("pg_fresh_database")
+
+
+def test_a_job_that_may_not_fit_is_deferred_without_an_attempt_then_starts_when_room_appears(
+        start_daemon, store_url, tree, gate):
+    d = start_daemon(store_url, "--memory-root", str(tree), workers=2)
+    with d.client() as q:
+        assert q.wait(q.enqueue("testjobs:hold_memory", [40]), 20)["state"] == State.SUCCEEDED  # learnt
+        tighten(tree, 80)  # 80 MB free, 64 reserved: 16 MB of room for a 40 MB job
+        q.enqueue("testjobs:gate", [gate.port, "busy"])
+        assert gate.arrival() == "busy"  # something else runs on this worker
+        big = q.enqueue("testjobs:hold_memory", [40])
+        d.wait_for_line(rf"job {big} testjobs:hold_memory deferred")
+        job = q.get(big)
+        assert job["state"] in (State.SCHEDULED, State.QUEUED) and job["attempts"] == 0
+        assert q.stats()["memory"]["deferred"]["memory"] >= 1
+        assert q.stats()["memory"]["source"] == "cgroup"
+        tighten(tree, 2000)
+        done = q.wait(big, 30)
+        gate.release_all()
+    assert (done["state"], done["attempts"]) == (State.SUCCEEDED, 1)
+
+
+def test_a_job_that_may_not_fit_starts_anyway_when_nothing_else_runs(start_daemon, tree):
+    d = start_daemon(None, "--memory-root", str(tree), workers=2)
+    with d.client() as q:
+        assert q.wait(q.enqueue("testjobs:hold_memory", [40]), 20)["state"] == State.SUCCEEDED
+        tighten(tree, 10)
+        job = q.wait(q.enqueue("testjobs:hold_memory", [40]), 20)
+        assert q.stats()["memory"]["deferred"] == {}
+    assert (job["state"], job["attempts"]) == (State.SUCCEEDED, 1)
+    d.wait_for_line(r"starts although it may not fit in memory")

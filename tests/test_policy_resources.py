@@ -1,0 +1,69 @@
+"""The pure resource policies: claim rules for groups and budgets, per-function defaults and
+the enqueue-time refusals (core/policy/claim.py, core/policy/resources.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from queickd.core.job import NewJob
+from queickd.core.policy.claim import Limits, Request, Row, Running, select
+from queickd.core.policy.resources import budget_view, parse
+from queickd.core.protocol import QueueError
+
+
+def row(i, group=None, limit=None, cost=None, pool="default", run_at=0.0, key=None):
+    return Row(i, key, "m:f", pool, False, run_at, group, limit, cost)
+
+
+def test_a_full_group_is_skipped_not_blocking():
+    running = Running.of_jobs([(None, "api", 1, 1, "default", None)])
+    assert select([row(1, "api", 1), row(2, "db", 1), row(3)], Request(5), running) == [2, 3]
+
+
+def test_slots_are_the_lowest_free_numbers():
+    from queickd.core.policy.claim import Selection
+
+    s = Selection(Request(5), Running.of_jobs([(None, "api", 2, 3, "default", None)]))
+    s.offer_all([row(1, "api", 3), row(2, "api", 3), row(3, "api", 3)])
+    assert s.chosen == [1, 2] and (s.slot(1), s.slot(2)) == (1, 3)
+
+
+def test_a_cheaper_job_passes_one_over_the_budget_until_it_is_patient():
+    limits = Limits(pools={"default": 4}, patience=10)
+    running = Running.of_jobs([(None, None, None, None, "default", 2)])
+    heavy, light = row(1, cost=3, run_at=0.0), row(2, cost=1, run_at=1.0)
+    assert select([heavy, light], Request(5, limits=limits, now=5.0), running) == [2]
+    assert select([heavy, light], Request(5, limits=limits, now=10.0), running) == []
+
+
+def test_a_function_default_fills_only_what_the_job_left_unset():
+    r = parse({"m:f": {"cost_units": 3, "concurrency_group": "api", "concurrency_limit": 2}}, {}, 30)
+    job = r.apply(NewJob("m:f", run_at=0, cost_units=1.5))
+    assert (job.cost_units, job.concurrency_group, job.concurrency_limit) == (1.5, "api", 2)
+
+
+def test_a_job_over_a_whole_budget_is_refused_naming_it():
+    r = parse({}, {"pools": {"gpu": 2}}, 30)
+    with pytest.raises(QueueError, match="pool 'gpu'"):
+        r.apply(NewJob("m:f", run_at=0, pool="gpu", cost_units=3))
+
+
+@pytest.mark.parametrize(("functions", "budgets", "named"), [
+    ({"m:f": {"cost_units": -1}}, {}, "cost_units"),
+    ({"m:f": {"nonsense": 1}}, {}, "nonsense"),
+    ({}, {"pools": {"p": 0}}, "budgets.pools.p"),
+    ({}, {"groups": {"g" * 201: 1}}, "200 bytes"),
+    ({}, {"tenants": {"a": 1}}, "tenants"),
+])
+def test_bad_tables_are_refused_naming_the_field(functions, budgets, named):
+    with pytest.raises(ValueError, match=named):
+        parse(functions, budgets, 30)
+
+
+def test_the_budget_view_lists_every_budget_with_its_use():
+    limits = Limits(pools={"p": 5}, groups={"g": 2})
+    view = budget_view(limits, {("pool", "p"): (3.0, 2, 1.0, 1)})
+    assert view == [{"kind": "pool", "name": "p", "limit": 5, "running": 3.0, "running_jobs": 2, "waiting": 1.0,
+                     "waiting_jobs": 1},
+                    {"kind": "group", "name": "g", "limit": 2, "running": 0.0, "running_jobs": 0, "waiting": 0.0,
+                     "waiting_jobs": 0}]

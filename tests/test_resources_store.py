@@ -1,0 +1,139 @@
+"""Resource control in every store: concurrency groups, cost budgets, patience, skip-not-block,
+and the claim's bounded look-ahead (core/policy/claim.py applied by memory, SQLite, PostgreSQL)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from store_contract import T0, job
+
+from queickd.core.job import Outcome, State
+from queickd.core.policy.claim import LOOK_AHEAD, Limits
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def store(request, tmp_path):
+    if request.param == "memory":
+        from queickd.store.memory import MemoryStore
+
+        s = MemoryStore()
+    elif request.param == "sqlite":
+        from queickd.store.sqlite import SQLiteStore
+
+        s = SQLiteStore(str(tmp_path / "q.db"))
+    else:
+        from queickd.store.postgres import PostgresStore
+
+        s = PostgresStore(request.getfixturevalue("pg_url"))
+    yield s
+    s.close()
+
+
+def grouped(group, limit, **kw):
+    return job(concurrency_group=group, concurrency_limit=limit, **kw)
+
+
+def test_a_group_runs_at_most_its_limit_at_once(store):
+    store.submit([grouped("api", 2) for _ in range(5)], T0)
+    assert len(store.claim_available(10, T0)) == 2
+    assert store.claim_available(10, T0) == []
+
+
+def test_a_full_group_does_not_hold_back_jobs_of_another_group_or_none(store):
+    subs = store.submit([grouped("api", 1), grouped("api", 1), grouped("db", 1), job()], T0)
+    got = [j.id for j in store.claim_available(10, T0)]
+    assert got == [subs[0].job_id, subs[2].job_id, subs[3].job_id]
+
+
+def test_a_finished_job_frees_its_group_slot(store):
+    store.submit([grouped("api", 1) for _ in range(2)], T0)
+    (a,) = store.claim_available(5, T0)
+    assert store.claim_available(5, T0) == []
+    store.finish_if_running([Outcome(a.id, State.SUCCEEDED)], T0 + 1)
+    assert len(store.claim_available(5, T0 + 1)) == 1
+
+
+def test_an_orphan_recovered_frees_its_group_slot(store):
+    store.submit([grouped("api", 1) for _ in range(2)], T0)
+    (a,) = store.claim_available(5, T0)
+    store.recover_orphans(3, T0 + 1)  # nothing registered as its worker: it is an orphan
+    (again,) = store.claim_available(5, T0 + 1)
+    assert again.id == a.id  # back at the head of the queue, and the slot is free for it
+
+
+def test_a_pool_budget_holds_the_running_cost(store):
+    store.submit([job(cost_units=5), job(cost_units=5), job(cost_units=5)], T0)
+    limits = Limits(pools={"default": 12})
+    assert len(store.claim_available(10, T0, limits=limits)) == 2
+    assert store.claim_available(10, T0, limits=limits) == []
+
+
+def test_a_job_over_the_budget_is_passed_over_for_a_cheaper_one(store):
+    subs = store.submit([job(cost_units=8), job(cost_units=8), job(cost_units=2)], T0)
+    got = [j.id for j in store.claim_available(10, T0, limits=Limits(pools={"default": 12}))]
+    assert got == [subs[0].job_id, subs[2].job_id]
+
+
+def test_a_group_budget_counts_only_its_group(store):
+    limits = Limits(groups={"openai": 3})
+    subs = store.submit([grouped("openai", 10, cost_units=2), grouped("openai", 10, cost_units=2),
+                         job(cost_units=50)], T0)
+    got = [j.id for j in store.claim_available(10, T0, limits=limits)]
+    assert got == [subs[0].job_id, subs[2].job_id]
+
+
+def test_a_patient_job_reserves_its_budget_from_younger_ones(store):
+    limits = Limits(pools={"default": 12}, patience=30)
+    store.submit([job(cost_units=6)], T0)
+    store.claim_available(1, T0, limits=limits)  # 6 of 12 run
+    heavy, light = store.submit([job(cost_units=10), job(cost_units=1)], T0)
+    # Not patient yet: the cheap one starts past it.
+    assert [j.id for j in store.claim_available(5, T0 + 10, limits=limits)] == [light.job_id]
+    store.submit([job(cost_units=1, run_at=T0 + 20)], T0 + 20)
+    # Waited 30 s: it holds the budget, the younger cheap one waits behind it.
+    assert store.claim_available(5, T0 + 31, limits=limits) == []
+
+
+def test_a_claim_with_budgets_reads_a_bounded_look_ahead(store):
+    limits = Limits(pools={"default": 5})
+    store.submit([job(cost_units=9) for _ in range(LOOK_AHEAD + 64)] + [job()], T0)
+    assert store.claim_available(1, T0, limits=limits) == []  # the cheap job is past the look-ahead
+
+
+def test_any_number_of_jobs_of_a_full_group_do_not_hold_back_a_job_behind_them(store):
+    store.submit([grouped("api", 1)], T0)
+    store.claim_available(1, T0)  # api is full
+    store.submit([grouped("api", 1) for _ in range(LOOK_AHEAD + 64)], T0)
+    (plain,) = store.submit([job()], T0)
+    # The SQL stores leave full groups out of what they read.
+    assert [j.id for j in store.claim_available(1, T0)] == [plain.job_id]
+
+
+def test_concurrent_postgres_claimers_never_exceed_a_group_limit(pg_url):
+    from queickd.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_url)
+    store.submit([grouped("api", 3) for _ in range(40)], T0)
+    others = [PostgresStore(store._dsn, migrate=False) for _ in range(4)]
+    start, lock, claimed = threading.Barrier(4), threading.Lock(), []
+
+    def claim(s):
+        start.wait()
+        for _ in range(10):
+            got = s.claim_available(3, T0)
+            with lock:
+                claimed.extend(got)
+
+    threads = [threading.Thread(target=claim, args=(s,)) for s in others]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    try:
+        assert len(claimed) == 3
+        assert sorted(j.id for j in claimed) == sorted({j.id for j in claimed})
+    finally:
+        for s in others:
+            s.close()
+        store.close()
