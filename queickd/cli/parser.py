@@ -95,7 +95,8 @@ def _memory_flags(p: argparse.ArgumentParser, reserve: float) -> None:
     opt(p, "--memory-reserve", "MB of memory kept free: a job whose functions' recent runs took more "
          "than the room left waits a little (unless nothing else runs)", reserve, type=float)
     opt(p, "--max-rss", "MB this process may grow to, its jobs included (default: no cap)", None, type=float)
-    p.add_argument("--memory-root", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # tests: a fake /proc
+    p.add_argument("--memory-root", default=argparse.SUPPRESS, metavar="DIR",
+                   help="the directory the memory check reads proc/ and sys/fs/cgroup/ under (default /; for tests)")
 
 
 def _with_config_file(p: argparse.ArgumentParser, args: list[str], a: argparse.Namespace) -> argparse.Namespace:
