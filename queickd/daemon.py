@@ -70,6 +70,7 @@ class Config:
     pause_after: int = 5
     keep_finished: float = 7 * 24 * 3600.0
     http: str | None = None  # HOST:PORT of the HTTP listener (webhooks, metrics, status page)
+    http_token_file: str | None = None  # bearer token of the HTTP read endpoints
     accept_queick_clients: bool = False
     hooks: dict = field(default_factory=dict)  # [hooks.NAME] tables of the config file
     pool: list[str] = field(default_factory=lambda: [DEFAULT_POOL])  # worker pools its workers serve
@@ -96,6 +97,11 @@ class Config:
             raise ValueError("give at least one non-empty pool; heartbeat must be positive")
         if self.idempotency_ttl < 0 or self.keep_finished < 0:
             raise ValueError("idempotency_ttl and keep_finished must not be negative")
+        if self.accept_queick_clients and self.token_file is not None:
+            # A Queick 1.2.1 client has no way to send a token: its requests would go past it.
+            raise ValueError("--accept-queick-clients cannot be combined with --token-file: Queick "
+                             "1.2.1 clients cannot present a token; run a separate daemon for them, "
+                             "on loopback, or move them to protocol v1")
         if self.http is not None:
             parse_address(self.http)
         parse_hooks(self.hooks)
@@ -105,16 +111,23 @@ class Config:
                 raise ValueError("ping_interval must be positive")
 
     def read_token(self) -> str | None:
-        if self.token_file is None:
-            return None
-        try:
-            with open(self.token_file, encoding="utf-8") as f:
-                token = f.read().strip()
-        except OSError as e:  # a missing token file does not appear by restarting: EX_CONFIG
-            raise ValueError(f"cannot read token file {self.token_file}: {e.strerror or e}") from None
-        if not token:
-            raise ValueError(f"token file {self.token_file} is empty")
-        return token
+        return _read_secret(self.token_file)
+
+    def read_http_token(self) -> str | None:
+        return _read_secret(self.http_token_file)
+
+
+def _read_secret(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as e:  # a missing token file does not appear by restarting: EX_CONFIG
+        raise ValueError(f"cannot read token file {path}: {e.strerror or e}") from None
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    return token
 
 
 class Daemon:
@@ -136,6 +149,7 @@ class Daemon:
     def start(self) -> None:
         c = self.config
         token = c.read_token()
+        http_token = c.read_http_token()
         loader = FunctionLoader(c.app_dir, c.allow)
         hooks = parse_hooks(c.hooks)
         for hook in hooks.values():
@@ -175,7 +189,7 @@ class Daemon:
         self.server = Server(self.service, c.bind, c.port, max_line=c.max_line,
                              accept_queick_clients=c.accept_queick_clients)
         if c.http is not None:
-            self.http = HttpServer(self.service, self.metrics, hooks, *parse_address(c.http))
+            self.http = HttpServer(self.service, self.metrics, hooks, *parse_address(c.http), token=http_token)
         elif hooks:
             log.warning("%d webhook(s) declared but no --http listener: they cannot be reached", len(hooks))
         # Bind before anything can run: a daemon that cannot serve its port must not have

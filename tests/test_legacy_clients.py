@@ -163,3 +163,12 @@ def test_queick_requests_are_not_served_unless_enabled(daemon):
 def test_json_clients_are_unaffected_when_enabled(legacy_daemon):
     with legacy_daemon.client() as q:
         assert q.wait(q.enqueue("testjobs:add", [1, 2]), 20)["result"] == 3
+
+
+def test_accepting_queick_clients_with_a_token_is_refused_at_start(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    r = subprocess.run([sys.executable, "-m", "queickd", "run", "--store", "memory://", "--port", "0",
+                        "--app-dir", str(tmp_path), "--token-file", str(token), "--accept-queick-clients"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 78 and "cannot present a token" in r.stderr

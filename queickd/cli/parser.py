@@ -64,6 +64,8 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
     opt(p, "--http", "serve webhooks, /metrics, /healthz and the status page on HOST:PORT "
          f"(off by default; --http alone means 127.0.0.1:{DEFAULT_HTTP_PORT})", None, nargs="?",
          const=f"127.0.0.1:{DEFAULT_HTTP_PORT}")
+    opt(p, "--http-token-file", "file holding a token that /, /metrics and /jobs/ID of the HTTP "
+         "listener want as 'Authorization: Bearer TOKEN' (/healthz and the hooks stay open)", None)
     opt(p, "--accept-queick-clients", "also accept unmodified Queick 1.2.1 clients (pickled "
          "requests, loaded as plain data only) on the TCP port", False, type=truthy, nargs="?", const=True)
     opt(p, "--pool", "worker pool this daemon's workers serve (repeatable; "
