@@ -24,7 +24,13 @@ from dataclasses import dataclass, field
 from . import __version__
 from .api.hooks import parse_hooks
 from .api.httpd import HttpServer, parse_address
-from .api.server import DEFAULT_HOST, Server
+from .api.server import (
+    DEFAULT_HELLO_TIMEOUT,
+    DEFAULT_HOST,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_PENDING,
+    Server,
+)
 from .api.service import QueueService
 from .core import protocol
 from .core.job import DEFAULT_POOL, NewJob, Outcome, State, Submitted
@@ -61,6 +67,9 @@ class Config:
     max_orphan_requeues: int = 3
     sweep: float = DEFAULT_SWEEP
     max_line: int = protocol.MAX_LINE
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # TCP connections at once (lowered to fit RLIMIT_NOFILE)
+    hello_timeout: float = DEFAULT_HELLO_TIMEOUT  # seconds to send a first line / authenticate
+    max_pending: int = DEFAULT_MAX_PENDING  # replies owed per connection before reading pauses
     ping_host: str | None = None
     ping_interval: float = DEFAULT_INTERVAL
     max_queued: int = 1_000_000
@@ -93,6 +102,8 @@ class Config:
         if min(self.max_queued, self.max_queued_per_key, self.event_max_attempts, self.pause_after) < 1:
             raise ValueError("max_queued, max_queued_per_key, event_max_attempts and pause_after "
                              "must be at least 1")
+        if min(self.max_connections, self.max_pending) < 1 or not self.hello_timeout > 0:
+            raise ValueError("max_connections and max_pending must be at least 1; hello_timeout must be positive")
         if not self.pool or not all(self.pool) or not self.heartbeat > 0:
             raise ValueError("give at least one non-empty pool; heartbeat must be positive")
         if self.idempotency_ttl < 0 or self.keep_finished < 0:
@@ -187,7 +198,8 @@ class Daemon:
                                     token=token, clock=self.clock, network=self.network,
                                     metrics=self.metrics)
         self.server = Server(self.service, c.bind, c.port, max_line=c.max_line,
-                             accept_queick_clients=c.accept_queick_clients)
+                             accept_queick_clients=c.accept_queick_clients, max_connections=c.max_connections,
+                             hello_timeout=c.hello_timeout, max_pending=c.max_pending)
         if c.http is not None:
             self.http = HttpServer(self.service, self.metrics, hooks, *parse_address(c.http), token=http_token)
         elif hooks:
