@@ -258,7 +258,7 @@ class MemoryStore(StoreBase):
                     changes["attempts"] = job.attempts - 1
                 self._put(dataclasses.replace(job, **changes))
                 changed += 1
-                if o.state == State.WAITING_NETWORK:
+                if o.state == State.WAITING_NETWORK or o.blameless:
                     continue
                 for target in (("key", job.key), ("func", job.func)):
                     if target[1] is None:

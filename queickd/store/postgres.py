@@ -371,7 +371,7 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
             if retries:  # the daemons' timers must know when to move them back to queued
                 notify(c, f"s:{min(retries)!r}")
             for o in outcomes:
-                if o.job_id not in names or o.state in (State.WAITING_NETWORK, State.SUCCEEDED):
+                if o.job_id not in names or o.blameless or o.state in (State.WAITING_NETWORK, State.SUCCEEDED):
                     continue  # a success's streaks were reset by the statement above
                 key, func = names.pop(o.job_id)
                 for kind, name in (("key", key), ("func", func)):

@@ -446,7 +446,7 @@ class SQLiteStore(SharedSql, StoreBase):
                 if row is None:
                     continue
                 changed += 1
-                if o.state == State.WAITING_NETWORK or (o.state == State.SUCCEEDED and not any_streak):
+                if o.state == State.WAITING_NETWORK or o.blameless or (o.state == State.SUCCEEDED and not any_streak):
                     continue
                 any_streak = True
                 for kind, name in (("key", row[0]), ("func", row[1])):

@@ -93,3 +93,21 @@ def span(path, token, hold=0.02):
     time.sleep(hold)
     with open(path, "a", encoding="utf-8") as f:
         f.write(f"{token} {os.getpid()} {start!r} {time.time()!r}\n")
+
+
+def raise_emfile():
+    """Fail as a job does when the process has no file descriptor left."""
+    import errno
+    import os
+
+    raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+
+def open_files(n):
+    """Open n files at once (a job that needs file descriptors), close them; returns n."""
+    import os
+
+    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(n)]
+    for fd in fds:
+        os.close(fd)
+    return n
