@@ -19,8 +19,11 @@ memory) until the replies have drained to half.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
 import resource
+import socket
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -45,6 +48,9 @@ FD_RESERVE = 128  # file descriptors kept for the store, the jobs, the HTTP list
 PREAUTH_MAX_LINE = 4096  # bytes per line before the token is given: a hello is small
 MAX_BAD_TOKENS = 3  # wrong tokens on one connection before it is closed
 BAD_TOKEN_DELAY = 0.5  # seconds before a wrong token is answered: guessing costs time
+_ACCEPT_BATCH = 32  # connections accepted per wake-up (asyncio's own loop takes 1024 at once)
+_ACCEPT_PAUSE = 1.0  # seconds accepting rests when the process is out of file descriptors
+_OUT_OF_FDS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _WAIT_MAX = 3600.0
 _INLINE_MAX = 8  # jobs in one read small enough to commit on the loop thread
 
@@ -129,13 +135,6 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         server = self.server
-        if len(server.connections) >= server.max_connections:
-            log.warning("refused a connection: %d connections open (--max-connections)", len(server.connections))
-            msg = f"too many connections ({server.max_connections}); try again later"
-            transport.write(protocol.encode(QueueError(Code.QUEUE_FULL, msg, 1.0).to_reply()))  # type: ignore[attr-defined]
-            transport.close()
-            self.transport = None
-            return
         server.connections.add(self)
         if server.hello_timeout:
             self._hello_timer = self.loop.call_later(server.hello_timeout, self._hello_expired)
@@ -159,8 +158,6 @@ class _Connection(asyncio.Protocol):
             self._hello_timer = None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.transport is None:
-            return  # refused at connection_made: never counted
         self.transport = None
         self._shown()
         self.server.connections.discard(self)
@@ -447,7 +444,9 @@ class Server:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.address: tuple[str, int] | None = None
         self.drained: asyncio.Event | None = None  # set when the last connection closes at shutdown
-        self._srv: asyncio.base_events.Server | None = None
+        self._listeners: list[socket.socket] = []
+        self._opening = 0  # accepted, transport not made yet: they count toward the cap
+        self._closed = False
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -465,24 +464,82 @@ class Server:
     def _main(self) -> None:
         self.loop = loop = asyncio.new_event_loop()
         try:
-            self._srv = loop.run_until_complete(
-                loop.create_server(lambda: _Connection(self), self.host, self.port, backlog=1024)
-            )
+            # asyncio resolves and binds (every address of the host); accepting is ours
+            # (_accept): asyncio's loop would take up to a backlog of sockets in one go,
+            # each holding a descriptor until its transport is made and refused.
+            srv = loop.run_until_complete(
+                loop.create_server(lambda: _Connection(self), self.host, self.port, start_serving=False))
+            self._listeners = [socket.socket(fileno=os.dup(s.fileno())) for s in srv.sockets]
+            srv.close()
+            for s in self._listeners:
+                s.listen(1024)
+                s.setblocking(False)
+                loop.add_reader(s.fileno(), self._accept, s)
         except BaseException as e:
+            for s in self._listeners:
+                s.close()
             self._error = e
             self._ready.set()
             loop.close()
             return
-        self.address = self._srv.sockets[0].getsockname()[:2]
+        self.address = self._listeners[0].getsockname()[:2]
         self._ready.set()
         try:
             loop.run_forever()
         finally:
             loop.close()
 
+    def _accept(self, lsock: socket.socket) -> None:
+        """Accept a batch of connections; one over the cap is told so and closed at once, so
+        a flood never holds more than a batch of descriptors beyond the cap."""
+        for _ in range(_ACCEPT_BATCH):
+            try:
+                conn, _ = lsock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                if e.errno in _OUT_OF_FDS:
+                    log.error("cannot accept connections: %s; trying again in %.0f s", e.strerror, _ACCEPT_PAUSE)
+                    self.loop.remove_reader(lsock.fileno())  # type: ignore[union-attr]
+                    self.loop.call_later(_ACCEPT_PAUSE, self._resume_accepting, lsock)  # type: ignore[union-attr]
+                else:  # the peer gave up before we accepted (ECONNABORTED): nothing to serve
+                    log.debug("accept failed: %s", e)
+                return
+            if len(self.connections) + self._opening >= self.max_connections:
+                self._refuse(conn)
+                continue
+            self._opening += 1
+            self.loop.create_task(self._open(conn))  # type: ignore[union-attr]
+
+    def _refuse(self, conn: socket.socket) -> None:
+        log.warning("refused a connection: %d connections open (--max-connections)", self.max_connections)
+        msg = f"too many connections ({self.max_connections}); try again later"
+        try:
+            conn.setblocking(False)
+            conn.send(protocol.encode(QueueError(Code.QUEUE_FULL, msg, 1.0).to_reply()))
+        except OSError:
+            pass
+        conn.close()
+
+    async def _open(self, conn: socket.socket) -> None:
+        try:
+            conn.setblocking(False)
+            await self.loop.connect_accepted_socket(lambda: _Connection(self), conn)  # type: ignore[union-attr]
+        except Exception as e:
+            log.debug("could not set up an accepted connection: %s", e)
+            conn.close()
+        finally:
+            self._opening -= 1
+
+    def _resume_accepting(self, lsock: socket.socket) -> None:
+        if not self._closed:
+            self.loop.add_reader(lsock.fileno(), self._accept, lsock)  # type: ignore[union-attr]
+
     async def _shutdown(self, grace: float) -> None:
-        assert self._srv is not None
-        self._srv.close()
+        self._closed = True
+        for s in self._listeners:
+            self.loop.remove_reader(s.fileno())  # type: ignore[union-attr]
+            s.close()
         self.drained = asyncio.Event()
         for c in list(self.connections):
             c.begin_close()
@@ -497,7 +554,7 @@ class Server:
 
     def stop(self, grace: float = 5.0) -> None:
         """Stop accepting, send the replies owed (up to `grace` s), close. Idempotent."""
-        if self._thread is None or self.loop is None or self._srv is None or self.loop.is_closed():
+        if self._thread is None or self.loop is None or not self._listeners or self.loop.is_closed():
             return
         try:
             asyncio.run_coroutine_threadsafe(self._shutdown(grace), self.loop).result(grace + 5)
