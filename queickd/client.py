@@ -8,9 +8,13 @@
 
 One persistent connection, opened on first use and shared by all threads (one request or
 pipelined batch at a time holds it). Errors from the daemon raise QueueError with its code;
-a daemon that cannot be reached raises ConnectionError. A request is never silently sent
-twice: after a connection breaks mid-request the error is raised, and the caller decides
-(an idempotency_key makes resending safe).
+a daemon that cannot be reached raises ConnectionError. A request is never sent twice
+unless resending is safe: `enqueue` and `enqueue_many` give each job an idempotency key
+(`auto:<uuid4 hex>`, unless the caller gave one), and resend the same request when its
+outcome is unknown (the connection broke after it was sent: RequestLostError; or the
+daemon answered `internal` with `maybe_committed`), so the daemon returns the job it
+stored the first time instead of storing it again. Other requests raise RequestLostError
+and the caller decides.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import select
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -28,9 +33,23 @@ from .core.cron import SchedulingTime
 from .core.protocol import QueueError
 from .core.retry import RETRY_TYPE
 
-__all__ = ["JobQueue", "QueueError", "func_name"]
+__all__ = ["JobQueue", "QueueError", "RequestLostError", "func_name"]
 
 _SLICE = 256  # requests per send when a long pipeline is streamed
+_RESENDS = 2  # times a request whose outcome is unknown is sent again (with its idempotency key)
+_RESEND_PAUSE = 0.5  # seconds before a resend, times the resends so far: a failing store may recover
+
+
+class RequestLostError(ConnectionError):
+    """The connection broke after the request was sent: it may or may not have been applied."""
+
+
+def _auto_key() -> str:
+    return f"auto:{uuid.uuid4().hex}"
+
+
+def _unknown_outcome(e: Exception) -> bool:
+    return isinstance(e, RequestLostError) or (isinstance(e, QueueError) and getattr(e, "maybe_committed", False))
 
 
 def func_name(func: Callable[..., Any] | str) -> str:
@@ -139,8 +158,8 @@ class JobQueue:
                 sender.join()
             self.close()
             if isinstance(e, ConnectionError):
-                raise
-            raise ConnectionError(f"connection to queickd failed mid-request: {e}") from e
+                raise RequestLostError(str(e)) from e
+            raise RequestLostError(f"connection to queickd failed mid-request: {e}") from e
 
     def _call_many(self, reqs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         with self._lock:
@@ -153,8 +172,22 @@ class JobQueue:
     def _call(self, req: dict[str, Any]) -> dict[str, Any]:
         reply = self._call_many([req])[0]
         if not reply.get("ok"):
-            raise QueueError.from_reply(reply)
+            err = QueueError.from_reply(reply)
+            err.maybe_committed = bool((reply.get("error") or {}).get("maybe_committed"))  # type: ignore[attr-defined]
+            raise err
         return reply
+
+    def _call_resending(self, req: dict[str, Any]) -> dict[str, Any]:
+        """_call for a request whose jobs all carry idempotency keys: resent when its outcome
+        is unknown, so a job stored the first time is returned rather than stored twice."""
+        for resend in range(_RESENDS + 1):
+            try:
+                return self._call(req)
+            except (RequestLostError, QueueError) as e:
+                if resend == _RESENDS or not _unknown_outcome(e):
+                    raise
+            time.sleep(_RESEND_PAUSE * (resend + 1))
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         if self._sock is not None:
@@ -230,10 +263,11 @@ class JobQueue:
         retry_after; with block=True this waits that long and tries again, up to
         block_timeout seconds, before raising the QueueError."""
         req = {"op": "enqueue", **self.job(func, args, **options)}
+        req.setdefault("idempotency_key", _auto_key())
         deadline = time.monotonic() + block_timeout
         while True:
             try:
-                return self._call(req)["job_id"]
+                return self._call_resending(req)["job_id"]
             except QueueError as e:
                 pause = e.retry_after or 1.0
                 if not block or e.code != protocol.Code.QUEUE_FULL or time.monotonic() + pause > deadline:
@@ -252,7 +286,8 @@ class JobQueue:
         if len(jobs) > protocol.MAX_BATCH:
             raise ValueError(f"at most {protocol.MAX_BATCH} jobs per enqueue_many (it is all or none); "
                              "split them, or use enqueue_pipelined")
-        return self._call({"op": "enqueue_many", "jobs": list(jobs)})["job_ids"]
+        keyed = [j if "idempotency_key" in j else {**j, "idempotency_key": _auto_key()} for j in jobs]
+        return self._call_resending({"op": "enqueue_many", "jobs": keyed})["job_ids"]
 
     def enqueue_pipelined(self, jobs: Sequence[dict[str, Any]]) -> list[int]:
         """Send one `enqueue` per job without waiting between them; replies come in order.

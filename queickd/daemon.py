@@ -24,7 +24,13 @@ from dataclasses import dataclass, field
 from . import __version__
 from .api.hooks import parse_hooks
 from .api.httpd import HttpServer, parse_address
-from .api.server import DEFAULT_HOST, Server
+from .api.server import (
+    DEFAULT_HELLO_TIMEOUT,
+    DEFAULT_HOST,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_PENDING,
+    Server,
+)
 from .api.service import QueueService
 from .core import protocol
 from .core.job import DEFAULT_POOL, NewJob, Outcome, State, Submitted
@@ -66,6 +72,9 @@ class Config:
     max_orphan_requeues: int = 3
     sweep: float = DEFAULT_SWEEP
     max_line: int = protocol.MAX_LINE
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # TCP connections at once (lowered to fit RLIMIT_NOFILE)
+    hello_timeout: float = DEFAULT_HELLO_TIMEOUT  # seconds to send a first line / authenticate
+    max_pending: int = DEFAULT_MAX_PENDING  # replies owed per connection before reading pauses
     ping_host: str | None = None
     ping_interval: float = DEFAULT_INTERVAL
     max_queued: int = 1_000_000
@@ -76,6 +85,7 @@ class Config:
     pause_cooldown: float = 300.0  # seconds from a pause to its probe (doubling on each trip)
     keep_finished: float = 7 * 24 * 3600.0
     http: str | None = None  # HOST:PORT of the HTTP listener (webhooks, metrics, status page)
+    http_token_file: str | None = None  # bearer token of the HTTP read endpoints
     accept_queick_clients: bool = False
     hooks: dict = field(default_factory=dict)  # [hooks.NAME] tables of the config file
     pool: list[str] = field(default_factory=lambda: [DEFAULT_POOL])  # worker pools its workers serve
@@ -115,12 +125,19 @@ class Config:
             raise ValueError("max_queued, max_queued_per_key and event_max_attempts must be at least 1")
         if self.pause_after < 0 or not self.pause_cooldown > 0:
             raise ValueError("pause_after must not be negative (0: off), pause_cooldown must be positive")
+        if min(self.max_connections, self.max_pending) < 1 or not self.hello_timeout > 0:
+            raise ValueError("max_connections and max_pending must be at least 1; hello_timeout must be positive")
         if not self.pool or not all(self.pool) or not self.heartbeat > 0:
             raise ValueError("give at least one non-empty pool; heartbeat must be positive")
         if self.memory_reserve < 0 or (self.max_rss is not None and not self.max_rss > 0):
             raise ValueError("memory_reserve must not be negative, max_rss must be positive")
         if self.idempotency_ttl < 0 or self.keep_finished < 0:
             raise ValueError("idempotency_ttl and keep_finished must not be negative")
+        if self.accept_queick_clients and self.token_file is not None:
+            # A Queick 1.2.1 client has no way to send a token: its requests would go past it.
+            raise ValueError("--accept-queick-clients cannot be combined with --token-file: Queick "
+                             "1.2.1 clients cannot present a token; run a separate daemon for them, "
+                             "on loopback, or move them to protocol v1")
         if self.http is not None:
             parse_address(self.http)
         parse_hooks(self.hooks)
@@ -132,16 +149,23 @@ class Config:
                 raise ValueError("ping_interval must be positive")
 
     def read_token(self) -> str | None:
-        if self.token_file is None:
-            return None
-        try:
-            with open(self.token_file, encoding="utf-8") as f:
-                token = f.read().strip()
-        except OSError as e:  # a missing token file does not appear by restarting: EX_CONFIG
-            raise ValueError(f"cannot read token file {self.token_file}: {e.strerror or e}") from None
-        if not token:
-            raise ValueError(f"token file {self.token_file} is empty")
-        return token
+        return _read_secret(self.token_file)
+
+    def read_http_token(self) -> str | None:
+        return _read_secret(self.http_token_file)
+
+
+def _read_secret(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as e:  # a missing token file does not appear by restarting: EX_CONFIG
+        raise ValueError(f"cannot read token file {path}: {e.strerror or e}") from None
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    return token
 
 
 class Daemon:
@@ -166,6 +190,7 @@ class Daemon:
     def start(self) -> None:
         c = self.config
         token = c.read_token()
+        http_token = c.read_http_token()
         self.loader = loader = FunctionLoader(c.app_dir, c.allow)
         self.on_reload.insert(0, loader.reload)
         hooks = parse_hooks(c.hooks)
@@ -209,9 +234,10 @@ class Daemon:
                                     token=token, clock=self.clock, network=self.network,
                                     metrics=self.metrics, resources=resources)
         self.server = Server(self.service, c.bind, c.port, max_line=c.max_line,
-                             accept_queick_clients=c.accept_queick_clients)
+                             accept_queick_clients=c.accept_queick_clients, max_connections=c.max_connections,
+                             hello_timeout=c.hello_timeout, max_pending=c.max_pending)
         if c.http is not None:
-            self.http = HttpServer(self.service, self.metrics, hooks, *parse_address(c.http))
+            self.http = HttpServer(self.service, self.metrics, hooks, *parse_address(c.http), token=http_token)
         elif hooks:
             log.warning("%d webhook(s) declared but no --http listener: they cannot be reached", len(hooks))
         # Bind before anything can run: a daemon that cannot serve its port must not have

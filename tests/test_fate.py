@@ -291,3 +291,27 @@ def test_an_error_raised_from_none_inside_a_network_handler_is_not_a_network_err
             raise ValueError("bad reply") from None
     except ValueError as e:
         assert is_network_error(e) is False
+
+
+# --- running out of file descriptors is the host's fault ----------------------------------------
+@pytest.mark.parametrize("code", [errno.EMFILE, errno.ENFILE])
+def test_a_run_failed_by_the_fd_limit_is_retried_blameless_even_without_a_policy(code):
+    job = make_job(retry=None, max_attempts=1, attempts=1)
+    o = after_failure(job, failed(raised(OSError(code, "Too many open files"))), NOW)
+    assert (o.state, o.blameless) == (State.SCHEDULED, True) and o.run_at > NOW
+
+
+def test_an_fd_limit_failure_wrapped_by_the_job_is_still_the_hosts():
+    exc = chained(RuntimeError("could not open the report"), OSError(errno.EMFILE, "Too many open files"))
+    assert after_failure(make_job(), failed(exc), NOW).blameless is True
+
+
+def test_an_fd_limit_failure_gives_up_blameless_after_its_runs():
+    job = make_job(retry=None, max_attempts=1, attempts=5)
+    o = after_failure(job, failed(raised(OSError(errno.EMFILE, "Too many open files"))), NOW)
+    assert (o.state, o.blameless) == (State.DEAD, True)
+
+
+def test_a_missing_file_is_still_the_jobs_fault():
+    o = after_failure(make_job(retry=None, max_attempts=1), failed(raised(FileNotFoundError(2, "gone"))), NOW)
+    assert (o.state, o.blameless) == (State.DEAD, False)

@@ -17,6 +17,13 @@ from pathlib import Path
 
 import pytest
 import webjobs
+from attackhelpers import (
+    BIG_ALLOCATION,
+    bystander_enqueue_seconds,
+    deep_nesting_bomb,
+    rss_mb,
+    shared_reference_bomb,
+)
 
 QUEICK_DIR = Path(__file__).resolve().parent.parent / ".test-cache" / "queick-1.2.1"
 
@@ -163,3 +170,30 @@ def test_queick_requests_are_not_served_unless_enabled(daemon):
 def test_json_clients_are_unaffected_when_enabled(legacy_daemon):
     with legacy_daemon.client() as q:
         assert q.wait(q.enqueue("testjobs:add", [1, 2]), 20)["result"] == 3
+
+
+def test_accepting_queick_clients_with_a_token_is_refused_at_start(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    r = subprocess.run([sys.executable, "-m", "queickd", "run", "--store", "memory://", "--port", "0",
+                        "--app-dir", str(tmp_path), "--token-file", str(token), "--accept-queick-clients"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 78 and "cannot present a token" in r.stderr
+
+
+@pytest.mark.parametrize("bomb", [BIG_ALLOCATION, shared_reference_bomb(), deep_nesting_bomb(),
+                                  b"\x80\x03B\xff\xff\xff\x7f"],
+                         ids=["memo-index", "shared-references", "deep-nesting", "huge-length"])
+def test_a_pickle_bomb_is_refused_while_memory_stays_bounded_and_others_are_served(legacy_daemon, bomb):
+    before = rss_mb(legacy_daemon)
+    with socket.create_connection(("127.0.0.1", legacy_daemon.port), timeout=20) as s:
+        s.sendall(bomb)
+        assert bystander_enqueue_seconds(legacy_daemon, timeout=20) < 2.0
+        reply = b""
+        while chunk := s.recv(4096):
+            reply += chunk
+    answer = pickle.loads(reply)
+    assert answer["success"] is False and "pickle refused" in answer["error"]
+    assert rss_mb(legacy_daemon, "VmHWM") - before < 60
+    with legacy_daemon.client() as q:
+        assert [j["func"] for j in q.jobs()] == ["testjobs:noop"]  # the bystander's, and nothing else

@@ -25,7 +25,10 @@ SIGNATURE_HEADER = "X-Hub-Signature-256"  # "sha256=<hex>" as GitHub and many ot
 # Delivery ids that make a repeated delivery return the first job, checked in this order
 # after the hook's own idempotency_header.
 DELIVERY_HEADERS = ("X-Delivery-Id", "X-GitHub-Delivery", "Idempotency-Key")
-DROPPED_HEADERS = frozenset({"authorization", "cookie"})  # never stored with a job
+# Credentials a sender (or a proxy) put on the request: never stored with a job, where
+# anyone who may read jobs would see them. The hook's own signature header goes too.
+DROPPED_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+_DROPPED_PATTERN = re.compile(r"^x-(?:.+-)?token$|^x-hub-signature.*$", re.IGNORECASE)
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 # Job fields a hook may give its deliveries' jobs, as a job gives them (checked the same way).
 JOB_FIELDS = ("concurrency_group", "concurrency_limit", "cost_units")
@@ -49,7 +52,7 @@ class Hook:
         with or without a 'sha256=' prefix)."""
         if self.secret is None:
             return True
-        if not given:
+        if not given or not given.isascii():  # a non-ASCII header cannot be our hex digest
             return False
         given = given.strip()
         if given.lower().startswith("sha256="):
@@ -67,10 +70,17 @@ class Hook:
                 return v.strip()
         return None
 
+    def credential_header(self, name: str) -> bool:
+        """True for a header that may carry a credential (DROPPED_HEADERS, X-*-Token,
+        X-Hub-Signature*, the hook's signature_header): it is never stored."""
+        lower = name.lower()
+        return (lower in DROPPED_HEADERS or lower == self.signature_header.lower()
+                or _DROPPED_PATTERN.match(lower) is not None)
+
     def payload(self, headers: dict[str, str], body: bytes, content_type: str) -> dict[str, Any]:
         """The job's one argument. JSON bodies are parsed (ValueError if they do not parse);
         others travel as base64 with their content type."""
-        kept = {k: v for k, v in headers.items() if k.lower() not in DROPPED_HEADERS}
+        kept = {k: v for k, v in headers.items() if not self.credential_header(k)}
         arg: dict[str, Any] = {"hook": self.name, "headers": kept}
         if _is_json(content_type):
             arg["json"] = _decode_json(body)

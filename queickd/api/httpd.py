@@ -8,10 +8,16 @@ dropped. Replies to POST /hooks/NAME:
   429 + Retry-After when the hook's key or the queue is full, 401 a bad or missing
   signature, 404 an unknown hook, 411 no Content-Length, 413 a body over the hook's limit
   (decided from Content-Length, before reading), 400 a body the hook cannot parse.
+Framing is strict, so no proxy in front can be made to see another request than this
+server does: a Transfer-Encoding is refused (400 with a Content-Length, else 501: chunked
+bodies are not implemented), as is a Content-Length that is not plain ASCII digits or
+given twice. With a read token (`--http-token-file`), `/`, `/metrics` and `/jobs/ID` want
+`Authorization: Bearer TOKEN` (401 without); `/healthz` and the hooks (signed) stay open.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import re
@@ -34,6 +40,8 @@ DEFAULT_HTTP_PORT = 9998
 _COMMIT_TIMEOUT = 60.0  # seconds a delivery waits for its commit before answering 503
 _JOB_PATH = re.compile(r"^/jobs/(\d{1,19})$")
 _HOOK_PATH = re.compile(r"^/hooks/([^/]+)$")
+_DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII only: int() would also take '0_7', '+5', ' 5', '٣'
+_OPEN_PATHS = ("/healthz",)  # never behind the read token: probes carry no credentials
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -54,8 +62,9 @@ def parse_address(text: str) -> tuple[str, int]:
 
 class HttpServer:
     def __init__(self, service: QueueService, metrics: Metrics, hooks: dict[str, hooks_mod.Hook],
-                 host: str = "127.0.0.1", port: int = DEFAULT_HTTP_PORT) -> None:
+                 host: str = "127.0.0.1", port: int = DEFAULT_HTTP_PORT, *, token: str | None = None) -> None:
         self.service = service
+        self.token = token  # the bearer token of the read endpoints, if any
         self.metrics = metrics
         self.hooks = hooks
         self.host = host
@@ -154,12 +163,45 @@ class _Handler(BaseHTTPRequestHandler):
         m = _HOOK_PATH.fullmatch(path.split("?", 1)[0])
         return self.server_owner.hooks.get(m.group(1)) if m else None
 
+    def parse_request(self) -> bool:
+        """The request line and headers, then the framing checks that keep one request from
+        being read as two (request smuggling). False (after the error reply) to refuse."""
+        if not super().parse_request():
+            return False
+        te = self.headers.get_all("Transfer-Encoding")
+        lengths = self.headers.get_all("Content-Length") or []
+        if te:
+            self.close_connection = True
+            if lengths:
+                self._json(400, _error(Code.BAD_REQUEST, "Transfer-Encoding and Content-Length together"))
+            else:
+                self._json(501, _error(Code.BAD_REQUEST, "Transfer-Encoding is not supported; send Content-Length"))
+            return False
+        if len(lengths) > 1 or (lengths and not _DIGITS.fullmatch(lengths[0])):
+            self.close_connection = True
+            self._json(400, _error(Code.BAD_REQUEST, "Content-Length is not a number"))
+            return False
+        if lengths and self.command != "POST" and int(lengths[0]) > 0:
+            self.close_connection = True  # a body we do not read must never be taken for a request
+        return True
+
+    def _authorized(self, path: str) -> bool:
+        token = self.server_owner.token
+        if token is None or path in _OPEN_PATHS:
+            return True
+        given = self.headers.get("Authorization", "")
+        scheme, _, value = given.partition(" ")
+        value = value.strip()
+        return (scheme.lower() == "bearer" and value.isascii()
+                and hmac.compare_digest(value.encode(), token.encode()))
+
     def handle_expect_100(self) -> bool:
         # "Expect: 100-continue" (curl sends it for bodies over 1 KiB): invite the body only
         # when it will be read; otherwise do_POST answers at once and the body never comes.
         hook = self._hook_for(self.path)
         length = self.headers.get("Content-Length", "")
-        if self.command == "POST" and hook is not None and length.isdigit() and int(length) <= hook.max_body:
+        if (self.command == "POST" and hook is not None and _DIGITS.fullmatch(length) and not self.headers.get("Transfer-Encoding")
+                and int(length) <= hook.max_body):
             return super().handle_expect_100()
         self.close_connection = True
         return True
@@ -184,6 +226,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         owner = self.server_owner
         path = self.path.split("?", 1)[0]
+        if not self._authorized(path):
+            return self._json(401, _error(Code.UNAUTHORIZED, "bad or missing bearer token"),
+                              {"WWW-Authenticate": 'Bearer realm="queickd"'})
         try:
             if path == "/metrics":
                 text = owner.metrics.render(owner.service.op_stats({"detail": True}))
@@ -220,13 +265,7 @@ class _Handler(BaseHTTPRequestHandler):
         if length_text is None:
             self.close_connection = True
             return self._json(411, _error(Code.BAD_REQUEST, "Content-Length is required"))
-        try:
-            length = int(length_text)
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            self.close_connection = True
-            return self._json(400, _error(Code.BAD_REQUEST, "Content-Length is not a number"))
+        length = int(length_text)  # parse_request let only ASCII digits through
         if length > hook.max_body:
             self.close_connection = True  # the body is never read
             return self._json(413, _error(Code.BAD_REQUEST, f"body of {length} bytes is over the hook's "
@@ -241,6 +280,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(401, _error(Code.UNAUTHORIZED, f"bad or missing {hook.signature_header}"))
         headers: dict[str, str] = {}
         for k, v in self.headers.items():
+            if hook.credential_header(k):
+                continue  # never stored with the job, nor handed to the hook's payload
             headers[k] = f"{headers[k]}, {v}" if k in headers else v
         try:
             status, reply, extra = owner.deliver(hook, headers, body,

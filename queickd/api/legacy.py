@@ -4,9 +4,14 @@ Queick's JobQueue opens a connection, sends one pickled dict and reads one pickl
 `{"success": bool, "error": str or None}`. Such a connection starts with the pickle
 protocol byte 0x80, which no JSON request can start with. The bytes are loaded by an
 unpickler whose find_class refuses every global, so only plain data (dicts, lists, tuples,
-strings, numbers) can load and nothing can be called; the request is size-limited. The
+strings, numbers) can load and nothing can be called; the request is size-limited, and
+its pickle and what it loads to are bounded (api/picklebounds.py: declared lengths, memo
+indices, expanded size, nesting) so a bomb cannot take the daemon's memory or time. The
 dict is translated into a protocol v1 request and validated and admitted like any other
-(allowlist, caps, group commit before the reply). Runs in the server's event loop.
+(allowlist, caps, group commit before the reply). Framing runs in the server's event loop;
+checking, unpickling and translating run on the server's one decoding thread, so a slow
+pickle never holds up other clients. A daemon with a token refuses to accept these
+clients at all (daemon.Config.validate): they have no way to present it.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import pickle
 from typing import TYPE_CHECKING, Any
 
 from ..core.policy.admission import Refusal
-from ..core.protocol import Code, QueueError
+from ..core.protocol import MAX_LINE, Code, QueueError
+from .picklebounds import PickleBoundsError, check_expanded, scan
 from .replies import refused
 
 if TYPE_CHECKING:
@@ -44,6 +50,29 @@ def loads_plain(data: bytes) -> Any:
     """Load a pickle that holds plain data only. RefusedGlobal if it names any global;
     EOFError or UnpicklingError('...truncated') if more bytes are needed."""
     return PlainDataUnpickler(io.BytesIO(data)).load()
+
+
+def decode(data: bytes, max_request: int, max_expanded: int = MAX_LINE) -> tuple[str, Any]:
+    """A Queick request's bytes → ("more", None) when incomplete, ("refused", (reply, log
+    line)) when refused, ("request", protocol v1 request). Never raises; for the decoding
+    thread. What a request expands to is bounded as a JSON line is (`max_expanded`)."""
+    try:
+        if not scan(data, max_request):
+            return "more", None
+        payload = loads_plain(data)
+        check_expanded(payload, max_expanded)
+        return "request", to_request(payload)
+    except PickleBoundsError as e:
+        return "refused", (f"{Code.BAD_REQUEST}: pickle refused: {e}", f"over a bound: {e}")
+    except RefusedGlobal as e:
+        return "refused", (f"{Code.BAD_REQUEST}: pickles naming globals ({e}) are refused",
+                           f"its pickle names the global {e}; only plain data is accepted")
+    except QueueError as e:
+        return "refused", (refused(e).legacy(), str(e))
+    except Exception as e:
+        if _truncated(e):
+            return "more", None
+        return "refused", (f"{Code.BAD_REQUEST}: not a readable pickle", f"not a readable pickle ({e})")
 
 
 def _truncated(e: Exception) -> bool:
@@ -94,14 +123,18 @@ class LegacyConnection:
     """One Queick client's connection, from the first byte on."""
 
     def __init__(self, service: QueueService, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
-                 io_pool: Any, max_request: int = MAX_REQUEST) -> None:
+                 io_pool: Any, max_request: int = MAX_REQUEST, decoder: Any = None,
+                 max_expanded: int = MAX_LINE) -> None:
         self.svc = service
         self.transport = transport
         self.loop = loop
         self.io = io_pool
+        self.decoder = decoder if decoder is not None else io_pool  # the thread that unpickles
         self.max_request = max_request
+        self.max_expanded = max_expanded
         self.buf = bytearray()
         self.done = False
+        self._decoding = 0  # bytes of buf handed to the decoding thread (0: none in flight)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
 
@@ -112,24 +145,34 @@ class LegacyConnection:
         if len(self.buf) > self.max_request:
             log.warning("refused a Queick request from %s: over %d bytes", self.peer, self.max_request)
             return self._finish(f"{Code.BAD_REQUEST}: request over {self.max_request} bytes")
+        if not self._decoding:
+            self._decode()
+
+    def _decode(self) -> None:
+        self._decoding = len(self.buf)
+        fut = self.loop.run_in_executor(self.decoder, decode, bytes(self.buf), self.max_request, self.max_expanded)
+        fut.add_done_callback(self._decoded)
+
+    def _decoded(self, fut: asyncio.Future) -> None:
+        seen, self._decoding = self._decoding, 0
+        if self.done or fut.cancelled():
+            return
+        kind, value = fut.result()
+        if kind == "more":
+            if len(self.buf) > seen:
+                self._decode()  # bytes came while this was decoding
+            return
+        if kind == "refused":
+            reply, why = value
+            log.warning("refused a Queick request from %s: %s", self.peer, why)
+            return self._finish(reply)
         try:
-            payload = loads_plain(bytes(self.buf))
-        except RefusedGlobal as e:
-            log.warning("refused a Queick request from %s: its pickle names the global %s; only plain "
-                        "data is accepted", self.peer, e)
-            return self._finish(f"{Code.BAD_REQUEST}: pickles naming globals ({e}) are refused")
-        except Exception as e:
-            if _truncated(e):
-                return  # wait for the rest
-            log.warning("refused a Queick request from %s: not a readable pickle (%s)", self.peer, e)
-            return self._finish(f"{Code.BAD_REQUEST}: not a readable pickle")
-        try:
-            req = to_request(payload)
-            if req["op"] == "cron":
-                fut = self.loop.run_in_executor(self.io, self.svc.call, req)
-                fut.add_done_callback(self._after_cron)
+            if value["op"] == "cron":
+                self.done = True
+                cron = self.loop.run_in_executor(self.io, self.svc.call, value)
+                cron.add_done_callback(self._after_cron)
             else:
-                jobs = self.svc.prepare_jobs(req)
+                jobs = self.svc.prepare_jobs(value)
                 self.done = True
                 self.svc.enqueue([jobs], self._after_commit)
         except QueueError as e:

@@ -2,10 +2,13 @@
 refused into a reply.
 
 `refused(why)` takes an admission `Refusal`, a `QueueError`, `NotCommittedError` (the commit
-failed or did not finish: nothing was accepted) or any other exception (a bug), and
+failed or did not finish) or any other exception (a bug), and
 renders it as the TCP protocol's JSON error object, an HTTP status with its JSON body
 and headers, or a Queick 1.2.1 client's error string. Pure; it never logs (the transport
 knows whether an error is worth a log line) and never decides whether to refuse.
+A failure whose commit may have happened all the same (the store raised during or after
+COMMIT: the committer marks such errors `maybe_committed`) says so in its error object,
+`"maybe_committed": true`, so a client resends only with the same idempotency key.
 """
 
 from __future__ import annotations
@@ -24,7 +27,14 @@ _NOT_COMMITTED_RETRY = "5"  # seconds an HTTP sender waits after a commit that f
 
 
 class NotCommittedError(Exception):
-    """The commit holding a request failed or did not finish in time; nothing was accepted."""
+    """The commit holding a request failed or did not finish in time (its cause says whether
+    it may have been committed all the same)."""
+
+
+def maybe_committed(why: BaseException | Refusal) -> bool:
+    """True when the failure may have come after the commit took effect."""
+    return bool(getattr(why, "maybe_committed", False) or getattr(why, "__cause__", None) is not None
+                and getattr(why.__cause__, "maybe_committed", False))  # type: ignore[union-attr]
 
 
 class Refused:
@@ -43,12 +53,17 @@ class Refused:
         if isinstance(why, QueueError):
             return why
         if isinstance(why, NotCommittedError):
+            if maybe_committed(why):
+                return QueueError(Code.INTERNAL, f"the store failed; it may have been stored: {why}")
             return QueueError(Code.INTERNAL, f"not accepted, try again: {why}")
         return QueueError(Code.INTERNAL, f"{type(why).__name__}: {why}")
 
     def json(self) -> dict[str, Any]:
         """The TCP protocol's reply: {"ok": false, "error": {...}, "retry_after"?}."""
-        return self.error().to_reply()
+        reply = self.error().to_reply()
+        if maybe_committed(self.why):
+            reply["error"]["maybe_committed"] = True
+        return reply
 
     def http(self) -> tuple[int, dict[str, Any], dict[str, str]]:
         """(status, JSON body, extra headers). A refusal says when to come back, in the body
@@ -61,7 +76,7 @@ class Refused:
         if isinstance(why, NotCommittedError):
             return 503, self.json(), {"Retry-After": _NOT_COMMITTED_RETRY}
         err = self.error()
-        return _HTTP_STATUS.get(err.code, 500), err.to_reply(), {}
+        return _HTTP_STATUS.get(err.code, 500), self.json(), {}
 
     def legacy(self) -> str:
         """The `error` string of a Queick client's reply: an admission refusal names its code."""

@@ -5,12 +5,25 @@ of replies-to-be: a reply that is ready is bytes; one that waits (a group commit
 read on the I/O threads, a `wait`) is a future. Replies leave strictly in request order,
 so a client may pipeline as many requests as it likes. All enqueues found in one read go
 to the committer as one submission. A connection that runs too far ahead is paused.
+
+Limits that hold before anyone has authenticated: at most `max_connections` at once (an
+extra one gets a one-line error and is closed; the cap is lowered to keep FD_RESERVE file
+descriptors for the store, the jobs and the logs), `hello_timeout` seconds to send a
+complete first line (with a token: to authenticate), PREAUTH_MAX_LINE bytes per line until
+the token is given, a wrong token answered only after BAD_TOKEN_DELAY and the connection
+closed at the MAX_BAD_TOKENS-th. At most `max_pending` replies are owed on one connection:
+beyond that the server stops reading it (its further lines wait in the socket, not in our
+memory) until the replies have drained to half.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
+import resource
+import socket
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -29,10 +42,24 @@ from .service import QueueService
 log = logging.getLogger("queickd.server")
 
 DEFAULT_HOST = "127.0.0.1"
-_PAUSE_AT = 20_000  # pending replies on one connection before reading pauses
-_RESUME_AT = 2_000
+DEFAULT_MAX_CONNECTIONS = 256  # a Pi's worth: each costs a file descriptor and buffers
+DEFAULT_HELLO_TIMEOUT = 10.0  # seconds to send a first line (to authenticate, with a token)
+DEFAULT_MAX_PENDING = 256  # replies owed on one connection before reading pauses
+FD_RESERVE = 128  # file descriptors kept for the store, the jobs, the HTTP listener, logs
+PREAUTH_MAX_LINE = 4096  # bytes per line before the token is given: a hello is small
+MAX_BAD_TOKENS = 3  # wrong tokens on one connection before it is closed
+BAD_TOKEN_DELAY = 0.5  # seconds before a wrong token is answered: guessing costs time
+_ACCEPT_BATCH = 32  # connections accepted per wake-up (asyncio's own loop takes 1024 at once)
+_ACCEPT_PAUSE = 1.0  # seconds accepting rests when the process is out of file descriptors
+_OUT_OF_FDS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _WAIT_MAX = 3600.0
 _INLINE_MAX = 8  # jobs in a lone read small enough to commit on the loop thread
+
+
+def connection_cap(max_connections: int, nofile: int) -> int:
+    """The connections served at once: `max_connections`, lowered so that FD_RESERVE file
+    descriptors (or half of a small limit) stay free under RLIMIT_NOFILE's soft `nofile`."""
+    return max(1, min(max_connections, nofile - min(FD_RESERVE, nofile // 2)))
 
 
 def _error_bytes(exc: BaseException) -> bytes:
@@ -100,14 +127,40 @@ class _Connection(asyncio.Protocol):
         self._writing_paused = False
         self.fresh = True  # nothing received yet: a Queick 1.2.1 client may show itself
         self.legacy: LegacyConnection | None = None
+        self.bad_tokens = 0
+        self._stalled = False  # complete lines wait in buf for replies to drain
+        self._eof = False
+        self._hello_timer: asyncio.TimerHandle | None = None
 
     # --- asyncio callbacks ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.server.connections.add(self)
+        server = self.server
+        server.connections.add(self)
+        if server.hello_timeout:
+            self._hello_timer = self.loop.call_later(server.hello_timeout, self._hello_expired)
+
+    def _hello_expired(self) -> None:
+        self._hello_timer = None
+        if self.transport is None or self.closing or (self.legacy is not None and self.legacy.done):
+            return
+        what = "authenticate (hello with the token)" if self.svc.token is not None else "send a request"
+        log.info("closed a connection that did not %s within %.0f s", what, self.server.hello_timeout)
+        if self.legacy is None:
+            msg = f"no {'hello' if self.svc.token is not None else 'request'} within {self.server.hello_timeout:g} s"
+            self.transport.write(protocol.encode(QueueError(Code.UNAUTHORIZED if self.svc.token is not None
+                                                            else Code.BAD_REQUEST, msg).to_reply()))
+        self.transport.close()
+
+    def _shown(self) -> None:
+        """The peer did what the hello timeout asks of it: it no longer applies."""
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+            self._hello_timer = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self._shown()
         self.server.connections.discard(self)
         if not self.server.connections and self.server.drained is not None:
             self.server.drained.set()
@@ -126,8 +179,9 @@ class _Connection(asyncio.Protocol):
         our sending side open until `_pump` has written the last reply owed."""
         if self.legacy is not None:
             return None  # a Queick request is one shot: its own reply path closes
-        self.closing = True
-        self.buf.clear()  # a last line without its newline is no request
+        self._eof = True
+        del self.buf[self.buf.rfind(b"\n") + 1:]  # a last line without its newline is no request
+        self._parse()
         self._pump()
         return True
 
@@ -136,7 +190,8 @@ class _Connection(asyncio.Protocol):
             self.fresh = False
             if data[:1] == bytes([FIRST_BYTE]):
                 if self.server.accept_queick_clients:
-                    self.legacy = LegacyConnection(self.svc, self.transport, self.loop, self.server.io)  # type: ignore[arg-type]
+                    self.legacy = LegacyConnection(self.svc, self.transport, self.loop, self.server.io,  # type: ignore[arg-type]
+                                                   decoder=self.server.decoder, max_expanded=self.server.max_line)
                 else:
                     log.warning("a Queick 1.2.1 client (pickle) connected; start with "
                                 "--accept-queick-clients to serve it")
@@ -146,32 +201,51 @@ class _Connection(asyncio.Protocol):
         if self.closing:
             return
         self.buf += data
-        max_line = self.server.max_line
+        self._parse()
+
+    def _parse(self) -> None:
+        """Handle the complete lines buffered, up to the pending-replies cap (the rest stay
+        buffered, and reading pauses, until replies drain)."""
+        if self.closing or self.transport is None:
+            return
+        max_pending = self.server.max_pending
         group: list[Any] | None = None  # [requests, future, open run] of this read's enqueues
         start = 0
-        while True:
+        while len(self.pending) < max_pending:
             nl = self.buf.find(b"\n", start)
             if nl < 0:
                 break
             line = bytes(self.buf[start:nl])
             start = nl + 1
-            if len(line) > max_line:
+            if len(line) > self._max_line():
                 self._refuse_oversized()
                 break
             if line.endswith(b"\r"):
                 line = line[:-1]
             if line.strip():
                 group = self._handle(line, group)
-        del self.buf[:start]
-        if not self.closing and len(self.buf) > max_line:
-            self._refuse_oversized()
+                if self.svc.token is None:
+                    self._shown()
+                if self.closing:
+                    break
+        if not self.closing:
+            del self.buf[:start]
+            more = self.buf.find(b"\n") >= 0
+            self._stalled = more
+            if self._eof and not more:
+                self.closing = True  # every request read is handled: close once answered
+            elif len(self.buf) > self._max_line() and not more:
+                self._refuse_oversized()
         if group is not None:
             self._submit(group)
         self._pump()
 
+    def _max_line(self) -> int:
+        return self.server.max_line if self.authed or self.svc.token is None else PREAUTH_MAX_LINE
+
     # --- requests ---------------------------------------------------------------------------
     def _refuse_oversized(self) -> None:
-        msg = f"request line longer than {self.server.max_line} bytes; closing the connection"
+        msg = f"request line longer than {self._max_line()} bytes; closing the connection"
         self.pending.append(protocol.encode(QueueError(Code.BAD_REQUEST, msg).to_reply()))
         self.closing = True
         self.buf.clear()
@@ -185,8 +259,13 @@ class _Connection(asyncio.Protocol):
             req = protocol.decode_line(text)
             op = req["op"]
             if op == "hello":
-                reply = self.svc.hello(req)
+                try:
+                    reply = self.svc.hello(req)
+                except QueueError as e:
+                    self._bad_token(e)
+                    return group
                 self.authed = True
+                self._shown()
                 self.pending.append(protocol.encode(reply))
                 return group
             if not self.authed:
@@ -214,6 +293,18 @@ class _Connection(asyncio.Protocol):
         except Exception as e:  # a QueueError, or a bug: it must cost one reply, not the connection
             self.pending.append(_error_bytes(e))
         return group
+
+    def _bad_token(self, e: QueueError) -> None:
+        """A wrong token: answered after BAD_TOKEN_DELAY (the next lines wait behind it), and
+        the MAX_BAD_TOKENS-th closes the connection."""
+        self.bad_tokens += 1
+        fut = self.loop.create_future()
+        self.loop.call_later(BAD_TOKEN_DELAY, lambda: fut.done() or fut.set_exception(e))
+        self.pending.append((fut, _render, None))
+        if self.bad_tokens >= MAX_BAD_TOKENS:
+            log.warning("closed a connection after %d wrong tokens", self.bad_tokens)
+            self.closing = True
+            self.buf.clear()
 
     def _submit(self, group: list[Any]) -> None:
         jobs, fut, _ = group
@@ -289,12 +380,16 @@ class _Connection(asyncio.Protocol):
         if self.transport is None or self.closing:
             return
         n = len(self.pending)
-        if not self._reading_paused and (n > _PAUSE_AT or self._writing_paused):
+        cap = self.server.max_pending
+        if not self._reading_paused and (n >= cap or self._writing_paused):
             self._reading_paused = True
             self.transport.pause_reading()
-        elif self._reading_paused and n < _RESUME_AT and not self._writing_paused:
+        elif self._reading_paused and n <= cap // 2 and not self._writing_paused:
             self._reading_paused = False
             self.transport.resume_reading()
+        if self._stalled and not self._reading_paused:
+            self._stalled = False
+            self.loop.call_soon(self._parse)  # lines that waited for the replies to drain
 
     def begin_close(self) -> None:
         """Finish the replies already owed, then close (used at shutdown)."""
@@ -323,19 +418,35 @@ class Server:
         max_line: int = protocol.MAX_LINE,
         io_threads: int = 4,
         accept_queick_clients: bool = False,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        hello_timeout: float = DEFAULT_HELLO_TIMEOUT,
+        max_pending: int = DEFAULT_MAX_PENDING,
     ) -> None:
         self.service = service
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.max_connections = connection_cap(max_connections, nofile if nofile != resource.RLIM_INFINITY
+                                              else max_connections + FD_RESERVE)
+        if self.max_connections < max_connections:
+            log.warning("serving at most %d connections, not %d: the file-descriptor limit is %d and %d "
+                        "are kept for the store and jobs (raise LimitNOFILE)", self.max_connections,
+                        max_connections, nofile, nofile - self.max_connections)
+        self.hello_timeout = hello_timeout
+        self.max_pending = max_pending
         self.accept_queick_clients = accept_queick_clients
         self.host = host
         self.port = port
         self.max_line = max_line
         self.io = ThreadPoolExecutor(io_threads, thread_name_prefix="queickd-io")
+        # Queick pickles are checked and loaded here, one at a time: never on the loop.
+        self.decoder = ThreadPoolExecutor(1, thread_name_prefix="queickd-unpickle")
         self.connections: set[_Connection] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.gather: Gather  # made with the loop, in _main
         self.address: tuple[str, int] | None = None
         self.drained: asyncio.Event | None = None  # set when the last connection closes at shutdown
-        self._srv: asyncio.base_events.Server | None = None
+        self._listeners: list[socket.socket] = []
+        self._opening = 0  # accepted, transport not made yet: they count toward the cap
+        self._closed = False
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -354,24 +465,82 @@ class Server:
         self.loop = loop = asyncio.new_event_loop()
         self.gather = Gather(self.service.enqueue_all, loop.call_soon, _INLINE_MAX)
         try:
-            self._srv = loop.run_until_complete(
-                loop.create_server(lambda: _Connection(self), self.host, self.port, backlog=1024)
-            )
+            # asyncio resolves and binds (every address of the host); accepting is ours
+            # (_accept): asyncio's loop would take up to a backlog of sockets in one go,
+            # each holding a descriptor until its transport is made and refused.
+            srv = loop.run_until_complete(
+                loop.create_server(lambda: _Connection(self), self.host, self.port, start_serving=False))
+            self._listeners = [socket.socket(fileno=os.dup(s.fileno())) for s in srv.sockets]
+            srv.close()
+            for s in self._listeners:
+                s.listen(1024)
+                s.setblocking(False)
+                loop.add_reader(s.fileno(), self._accept, s)
         except BaseException as e:
+            for s in self._listeners:
+                s.close()
             self._error = e
             self._ready.set()
             loop.close()
             return
-        self.address = self._srv.sockets[0].getsockname()[:2]
+        self.address = self._listeners[0].getsockname()[:2]
         self._ready.set()
         try:
             loop.run_forever()
         finally:
             loop.close()
 
+    def _accept(self, lsock: socket.socket) -> None:
+        """Accept a batch of connections; one over the cap is told so and closed at once, so
+        a flood never holds more than a batch of descriptors beyond the cap."""
+        for _ in range(_ACCEPT_BATCH):
+            try:
+                conn, _ = lsock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                if e.errno in _OUT_OF_FDS:
+                    log.error("cannot accept connections: %s; trying again in %.0f s", e.strerror, _ACCEPT_PAUSE)
+                    self.loop.remove_reader(lsock.fileno())  # type: ignore[union-attr]
+                    self.loop.call_later(_ACCEPT_PAUSE, self._resume_accepting, lsock)  # type: ignore[union-attr]
+                else:  # the peer gave up before we accepted (ECONNABORTED): nothing to serve
+                    log.debug("accept failed: %s", e)
+                return
+            if len(self.connections) + self._opening >= self.max_connections:
+                self._refuse(conn)
+                continue
+            self._opening += 1
+            self.loop.create_task(self._open(conn))  # type: ignore[union-attr]
+
+    def _refuse(self, conn: socket.socket) -> None:
+        log.warning("refused a connection: %d connections open (--max-connections)", self.max_connections)
+        msg = f"too many connections ({self.max_connections}); try again later"
+        try:
+            conn.setblocking(False)
+            conn.send(protocol.encode(QueueError(Code.QUEUE_FULL, msg, 1.0).to_reply()))
+        except OSError:
+            pass
+        conn.close()
+
+    async def _open(self, conn: socket.socket) -> None:
+        try:
+            conn.setblocking(False)
+            await self.loop.connect_accepted_socket(lambda: _Connection(self), conn)  # type: ignore[union-attr]
+        except Exception as e:
+            log.debug("could not set up an accepted connection: %s", e)
+            conn.close()
+        finally:
+            self._opening -= 1
+
+    def _resume_accepting(self, lsock: socket.socket) -> None:
+        if not self._closed:
+            self.loop.add_reader(lsock.fileno(), self._accept, lsock)  # type: ignore[union-attr]
+
     async def _shutdown(self, grace: float) -> None:
-        assert self._srv is not None
-        self._srv.close()
+        self._closed = True
+        for s in self._listeners:
+            self.loop.remove_reader(s.fileno())  # type: ignore[union-attr]
+            s.close()
         self.drained = asyncio.Event()
         for c in list(self.connections):
             c.begin_close()
@@ -386,7 +555,7 @@ class Server:
 
     def stop(self, grace: float = 5.0) -> None:
         """Stop accepting, send the replies owed (up to `grace` s), close. Idempotent."""
-        if self._thread is None or self.loop is None or self._srv is None or self.loop.is_closed():
+        if self._thread is None or self.loop is None or not self._listeners or self.loop.is_closed():
             return
         try:
             asyncio.run_coroutine_threadsafe(self._shutdown(grace), self.loop).result(grace + 5)
@@ -394,3 +563,4 @@ class Server:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(5.0)
             self.io.shutdown(wait=False, cancel_futures=True)
+            self.decoder.shutdown(wait=False, cancel_futures=True)

@@ -45,6 +45,12 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
     opt(p, "--allow", "also allow modules matching this pattern (fnmatch, repeatable), "
          "e.g. 'queickd.attendance.*'", None, action="append")
     opt(p, "--token-file", "file holding a token that clients must send in hello", None)
+    opt(p, "--max-connections", "TCP connections served at once; more are told so and closed (lowered "
+         "to keep file descriptors free under LimitNOFILE)", d.max_connections, type=int)
+    opt(p, "--hello-timeout", "seconds a connection has to send its first line (with --token-file: "
+         "to authenticate) before it is closed", d.hello_timeout, type=duration)
+    opt(p, "--max-pending", "replies owed on one connection before the daemon stops reading it",
+         d.max_pending, type=int)
     opt(p, "--stop-timeout", "seconds running jobs get to finish on SIGTERM", d.stop_timeout, type=float)
     opt(p, "--max-orphan-requeues", "times a job left running by a crash is re-queued before "
          "it is dead", d.max_orphan_requeues, type=int)
@@ -67,6 +73,8 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
     opt(p, "--http", "serve webhooks, /metrics, /healthz and the status page on HOST:PORT "
          f"(off by default; --http alone means 127.0.0.1:{DEFAULT_HTTP_PORT})", None, nargs="?",
          const=f"127.0.0.1:{DEFAULT_HTTP_PORT}")
+    opt(p, "--http-token-file", "file holding a token that /, /metrics and /jobs/ID of the HTTP "
+         "listener want as 'Authorization: Bearer TOKEN' (/healthz and the hooks stay open)", None)
     opt(p, "--accept-queick-clients", "also accept unmodified Queick 1.2.1 clients (pickled "
          "requests, loaded as plain data only) on the TCP port (off unless given)", False, type=truthy,
          action="switch")

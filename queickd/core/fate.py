@@ -9,6 +9,7 @@ worker threads and hands the resulting Outcome to the store; nothing here does I
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import http.client
 import json
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
 
 MAX_RESULT_BYTES = 64 * 1024
 MAX_TRACEBACK_CHARS = 8 * 1024
+RESOURCE_ATTEMPTS = 5  # runs in all a job failed only by the host's fd limit gets, whatever its policy
+RESOURCE_DELAY = 30.0  # seconds before such a run is tried again, times the attempts so far
+_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
 
 _NETWORK_ERRNOS = frozenset(
     getattr(errno, name)
@@ -56,6 +60,19 @@ def is_network_error(exc: BaseException) -> bool:
         if isinstance(e, OSError) and e.errno in _NETWORK_ERRNOS:
             return True
         # `raise X from None` says the earlier error does not explain this one.
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+        seen += 1
+    return False
+
+
+def is_resource_exhaustion(exc: BaseException) -> bool:
+    """True when the run failed because the process or the system ran out of file
+    descriptors (EMFILE, ENFILE), also when wrapped: the host's fault, not the job's."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 8:
+        if isinstance(e, OSError) and e.errno in _RESOURCE_ERRNOS:
+            return True
         e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
         seen += 1
     return False
@@ -134,14 +151,27 @@ def after_failure(
     credentials, a missing channel) makes the job dead at once, since retrying cannot
     help; `retry_after` (seconds, e.g. an HTTP 429's Retry-After) replaces the policy's
     delay for the next attempt.
+
+    A run failed by the host running out of file descriptors (`report.resource`) is not
+    the job's fault: it is tried again later (up to RESOURCE_ATTEMPTS runs even without a
+    retry policy) and its outcome is blameless, so it never grows a failure streak nor
+    pauses the job's key or function.
     """
     err = report.error()
+    if report.resource and not report.permanent:
+        return dataclasses.replace(_after_resource_failure(job, err, now), blameless=True)
     if report.permanent:
         return Outcome.dead(job.id, err)
     if job.retry_on_network and network_checker and report.network:
         return Outcome.waiting_network(job.id, err)
     if job.retry is not None and job.attempts < job.max_attempts:
         return Outcome.retry_at(job.id, now + _retry_delay(job, report.retry_after, rand), err)
+    return Outcome.dead(job.id, err)
+
+
+def _after_resource_failure(job: Job, err: dict[str, Any], now: float) -> Outcome:
+    if job.attempts < max(job.max_attempts, RESOURCE_ATTEMPTS):
+        return Outcome.retry_at(job.id, now + RESOURCE_DELAY * job.attempts, err)
     return Outcome.dead(job.id, err)
 
 

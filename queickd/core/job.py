@@ -108,6 +108,7 @@ class Outcome:
     run_at: float | None = None
     result: Any = None
     error: dict | None = None
+    blameless: bool = False  # the host failed the run (out of file descriptors): no failure streak grows
 
     @classmethod
     def succeeded(cls, job_id: int, result: Any) -> Outcome:

@@ -31,6 +31,7 @@ class RunReport:
     permanent: bool = False  # retrying cannot help: dead at once
     retry_after: float | None = None  # the job's own delay for its next attempt, as given
     network: bool = False  # a network-class failure (connection, timeout, DNS)
+    resource: bool = False  # the host ran out of file descriptors (EMFILE/ENFILE): not the job's fault
     runtime: float = 0.0  # seconds, wall clock, around the call
     peak_memory: int | None = None  # bytes; None where the runner cannot measure it
     peak_estimated: bool = False  # peak_memory is the process's RSS growth over a thread run

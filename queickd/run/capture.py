@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..core.fate import error_info, is_network_error, storable_result
+from ..core.fate import error_info, is_network_error, is_resource_exhaustion, storable_result
 from .base import RunReport
 
 
@@ -23,7 +23,7 @@ def failed(exc: BaseException, runtime: float) -> RunReport:
     return RunReport(False, None, err["type"], err["message"], err["traceback"],
                      permanent=getattr(exc, "permanent", False) is True,
                      retry_after=_retry_hint(getattr(exc, "retry_after", None)),
-                     network=is_network_error(exc), runtime=runtime)
+                     network=is_network_error(exc), resource=is_resource_exhaustion(exc), runtime=runtime)
 
 
 def refused(error_type: str, message: str, runtime: float = 0.0) -> RunReport:

@@ -196,7 +196,9 @@ class SubmitBatcher:
                     self._commit_each(reqs, done)
                 return
             log.exception("could not store a request; it was not acknowledged")
-            batch[0][1](QueueError(Code.INTERNAL, f"the store failed: {e}"))
+            err = QueueError(Code.INTERNAL, f"the store failed: {e}")
+            err.maybe_committed = True  # type: ignore[attr-defined] # it may have raised at or after COMMIT
+            batch[0][1](err)
             return
         self._finish(batch, requests, answers)
 

@@ -275,8 +275,9 @@ class MemoryStore(MemoryOperatorOps, MemoryResources, StoreBase):
                     changes["attempts"] = job.attempts - 1
                 self._put(dataclasses.replace(job, **changes))
                 changed += 1
-                # With no streak yet, successes have nothing to end: the steady state.
-                if finished or self._streaks or self._pauses or o.state != State.SUCCEEDED:
+                # With no streak yet, successes have nothing to end: the steady state. A
+                # blameless run (the host failed it) counts for nothing.
+                if not o.blameless and (finished or self._streaks or self._pauses or o.state != State.SUCCEEDED):
                     finished.append(pz.Finish(o.state, o.error, job.key, job.func, job.id))
             if not finished:
                 return Finished(changed, [])

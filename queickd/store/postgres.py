@@ -427,7 +427,7 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
                 notify(c, f"s:{min(retries)!r}")
             failed = []
             for o in outcomes:
-                if o.job_id not in names or o.state in (State.WAITING_NETWORK, State.SUCCEEDED):
+                if o.job_id not in names or o.blameless or o.state in (State.WAITING_NETWORK, State.SUCCEEDED):
                     continue  # a success's streaks were reset by the statement above
                 failed.append(pz.Finish(o.state, o.error, *names.pop(o.job_id), o.job_id))
             if failed:

@@ -212,7 +212,8 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
                 if row is None:
                     continue
                 changed += 1
-                finished.append(pz.Finish(o.state, o.error, row[0], row[1], o.job_id))
+                if not o.blameless:  # the host failed it: counts for nothing
+                    finished.append(pz.Finish(o.state, o.error, row[0], row[1], o.job_id))
             if not finished:
                 return Finished(0, [])
 

@@ -122,3 +122,21 @@ def hold_memory(mb):
         block[i] = 1
     _HELD.append(block)
     return len(_HELD)
+
+
+def raise_emfile():
+    """Fail as a job does when the process has no file descriptor left."""
+    import errno
+    import os
+
+    raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+
+def open_files(n):
+    """Open n files at once (a job that needs file descriptors), close them; returns n."""
+    import os
+
+    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(n)]
+    for fd in fds:
+        os.close(fd)
+    return n

@@ -1,0 +1,116 @@
+"""The HTTP listener against an attacker: strict framing (no request smuggling), a bad
+signature header answered 401, credentials never stored with a webhook's job, and the
+optional bearer token of the read endpoints. Real daemon, real sockets."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from httphelpers import start_web
+
+HOOK = '[hooks.gh]\nfunc = "webjobs:echo"\n'
+SIGNED = '[hooks.gh]\nfunc = "webjobs:echo"\nsecret_file = "{secret}"\n'
+
+
+@pytest.fixture
+def web(start_daemon, tmp_path):
+    return start_web(start_daemon, tmp_path, HOOK)
+
+
+def _raw(web, data: bytes) -> bytes:
+    """Send raw bytes, read until the server closes (or 10 s pass): every reply it sent."""
+    with socket.create_connection((web.host, web.port), timeout=10) as s:
+        s.sendall(data)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except TimeoutError:
+            pass
+        return out
+
+
+def _statuses(raw: bytes) -> list[int]:
+    return [int(line.split()[1]) for line in raw.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
+
+
+def test_transfer_encoding_with_content_length_is_400_and_the_rest_is_never_served(web):
+    smuggled = b"GET /jobs/1 HTTP/1.1\r\nHost: x\r\n\r\n"
+    body = b"0\r\n\r\n" + smuggled
+    req = (b"POST /hooks/gh HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Transfer-Encoding: chunked\r\nContent-Length: %d\r\n\r\n" % 5) + body
+    assert _statuses(_raw(web, req)) == [400]
+
+
+def test_a_transfer_encoding_alone_is_refused_as_not_implemented(web):
+    req = (b"POST /hooks/gh HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+    assert _statuses(_raw(web, req)) == [501]
+
+
+@pytest.mark.parametrize("length", [b"0_7", b"+5", b" 5x", b"\xd9\xa3", b"-1"])
+def test_a_content_length_that_is_not_plain_digits_is_400(web, length):
+    req = (b"POST /hooks/gh HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Content-Length: " + length + b"\r\n\r\n{}")
+    assert _statuses(_raw(web, req)) == [400]
+
+
+def test_a_get_with_a_body_is_answered_and_its_body_never_read_as_a_request(web):
+    smuggled = b"GET /jobs/1 HTTP/1.1\r\nHost: x\r\n\r\n"
+    req = b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(smuggled) + smuggled
+    assert _statuses(_raw(web, req)) == [200]
+
+
+def test_a_non_ascii_signature_header_is_answered_401(start_daemon, tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("k3y\n")
+    web = start_web(start_daemon, tmp_path, SIGNED.format(secret=secret))
+    req = (b"POST /hooks/gh HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"X-Hub-Signature-256: sha256=\xe9\xe9\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+    assert _statuses(_raw(web, req)) == [401]
+
+
+def test_credential_headers_are_never_stored_with_a_webhook_job(web):
+    secrets = {"Authorization": "Bearer a", "Proxy-Authorization": "Basic b", "Cookie": "c=d",
+               "X-Gitlab-Token": "e", "X-Token": "f", "X-Hub-Signature": "sha1=g",
+               "X-Hub-Signature-256": "sha256=h"}
+    r = web.post_json("/hooks/gh", {"a": 1}, {**secrets, "X-Event": "push"})
+    assert r.status == 202
+    with web.daemon.client() as q:
+        job = q.wait(r.json()["job_id"], 20)
+    stored = {k.lower() for k in job["result"]["headers"]}
+    assert "x-event" in stored and not stored & {k.lower() for k in secrets}
+    assert web.get(f"/jobs/{job['id']}").body.count(b"Bearer a") == 0
+
+
+def test_the_hooks_own_signature_header_is_not_stored(start_daemon, tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("k3y\n")
+    from queickd.api.hooks import sign
+    web = start_web(start_daemon, tmp_path, SIGNED.format(secret=secret) + 'signature_header = "X-Sig"\n')
+    body = b'{"a": 1}'
+    r = web.request("POST", "/hooks/gh", body, {"Content-Type": "application/json", "X-Sig": sign(b"k3y", body)})
+    assert r.status == 202
+    with web.daemon.client() as q:
+        job = q.wait(r.json()["job_id"], 20)
+    assert "x-sig" not in {k.lower() for k in job["result"]["headers"]}
+
+
+@pytest.fixture
+def guarded(start_daemon, tmp_path):
+    token = tmp_path / "http.token"
+    token.write_text("r3ad\n")
+    return start_web(start_daemon, tmp_path, HOOK, "--http-token-file", str(token))
+
+
+@pytest.mark.parametrize("path", ["/", "/metrics", "/jobs/1"])
+def test_with_an_http_token_the_read_endpoints_want_it(guarded, path):
+    assert guarded.get(path).status == 401
+    assert guarded.request("GET", path, headers={"Authorization": "Bearer wrong"}).status == 401
+    assert guarded.request("GET", path, headers={"Authorization": "Bearer r3ad"}).status in (200, 404)
+
+
+def test_with_an_http_token_healthz_and_the_hooks_stay_open(guarded):
+    assert guarded.get("/healthz").status == 200
+    assert guarded.post_json("/hooks/gh", {"a": 1}).status == 202

@@ -1,0 +1,115 @@
+"""What anyone who can reach the TCP port can cost the daemon before authenticating, and
+what one connection can make it hold: connection cap, hello timeout, the pre-auth line
+limit, wrong tokens, and back-pressure on pending replies. Real daemon, real sockets."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+from attackhelpers import bystander_enqueue_seconds, rss_mb
+
+
+def _lines_until_closed(s: socket.socket) -> list[dict]:
+    f = s.makefile("rb")
+    return [json.loads(line) for line in iter(f.readline, b"")]
+
+
+@pytest.fixture
+def token_file(tmp_path):
+    path = tmp_path / "token"
+    path.write_text("s3cret\n")
+    return str(path)
+
+
+def test_a_connection_over_max_connections_is_told_and_closed(start_daemon):
+    d = start_daemon(None, "--max-connections", "3")
+    held = [socket.create_connection(("127.0.0.1", d.port), timeout=10) for _ in range(3)]
+    try:
+        with socket.create_connection(("127.0.0.1", d.port), timeout=10) as extra:
+            [reply] = _lines_until_closed(extra)
+        assert reply["error"]["code"] == "queue_full" and "too many connections" in reply["error"]["message"]
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_a_connection_that_never_authenticates_is_closed_after_the_hello_timeout(start_daemon, token_file):
+    d = start_daemon(None, "--token-file", token_file, "--hello-timeout", "0.5")
+    with socket.create_connection(("127.0.0.1", d.port), timeout=10) as s:
+        s.sendall(b'{"op":"stats"}\n')  # a complete line is not a hello
+        replies = _lines_until_closed(s)
+    assert [r["error"]["code"] for r in replies] == ["unauthorized", "unauthorized"]
+    assert "no hello within 0.5 s" in replies[-1]["error"]["message"]
+
+
+def test_without_a_token_a_connection_that_never_completes_a_line_is_closed(start_daemon):
+    d = start_daemon(None, "--hello-timeout", "0.5")
+    with socket.create_connection(("127.0.0.1", d.port), timeout=10) as s:
+        s.sendall(b'{"op":"sta')
+        [reply] = _lines_until_closed(s)
+    assert "no request within 0.5 s" in reply["error"]["message"]
+
+
+def test_an_authenticated_connection_may_stay_idle_past_the_hello_timeout(start_daemon, token_file):
+    d = start_daemon(None, "--token-file", token_file, "--hello-timeout", "0.3")
+    with socket.create_connection(("127.0.0.1", d.port), timeout=10) as s:
+        f = s.makefile("rb")
+        s.sendall(b'{"op":"hello","token":"s3cret"}\n')
+        assert json.loads(f.readline())["ok"] is True
+        s.settimeout(1.0)  # three hello timeouts: the daemon must not close it (no EOF comes)
+        with pytest.raises(TimeoutError):
+            s.recv(1)
+        s.settimeout(10)
+        s.sendall(b'{"op":"stats"}\n')
+        assert json.loads(f.readline())["ok"] is True
+
+
+def test_before_the_token_a_line_over_4_kib_closes_the_connection(start_daemon, token_file):
+    d = start_daemon(None, "--token-file", token_file)
+    before = rss_mb(d)
+    with socket.create_connection(("127.0.0.1", d.port), timeout=10) as s:
+        try:
+            s.sendall(b"x" * 8192)
+        except OSError:
+            pass
+        [reply] = _lines_until_closed(s)
+    assert "longer than 4096 bytes" in reply["error"]["message"]
+    assert rss_mb(d) - before < 5
+
+
+def test_the_third_wrong_token_closes_the_connection_and_each_is_answered_late(start_daemon, token_file):
+    d = start_daemon(None, "--token-file", token_file)
+    with socket.create_connection(("127.0.0.1", d.port), timeout=10) as s:
+        t0 = time.monotonic()
+        s.sendall(b'{"op":"hello","token":"guess"}\n' * 1000)
+        replies = _lines_until_closed(s)
+        elapsed = time.monotonic() - t0
+    assert [r["error"]["code"] for r in replies] == ["unauthorized"] * 3
+    assert elapsed >= 0.5
+
+
+def test_a_wait_flood_waits_in_the_socket_and_every_wait_is_answered_in_order(start_daemon):
+    d = start_daemon(None, "--max-pending", "16")
+    with d.client() as q:
+        far = q.enqueue("testjobs:noop", delay=3600)
+        before = rss_mb(d)
+        flood = socket.create_connection(("127.0.0.1", d.port), timeout=30)
+        flood.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+        lines = json.dumps({"op": "wait", "job_id": far, "timeout": 60}).encode() + b"\n"
+        lines *= 20_000
+        sender = threading.Thread(target=flood.sendall, args=(lines,), daemon=True)
+        sender.start()
+        sender.join(2.0)
+        assert sender.is_alive()  # the daemon stopped reading: the waits queue in the socket
+        assert bystander_enqueue_seconds(d) < 1.0
+        assert rss_mb(d) - before < 20
+        q.cancel(far)  # every wait ends: the daemon reads the rest as the replies drain
+        f = flood.makefile("rb")
+        states = [json.loads(f.readline())["job"]["state"] for _ in range(20_000)]
+        sender.join(30)
+        flood.close()
+    assert states == ["cancelled"] * 20_000
