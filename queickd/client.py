@@ -191,6 +191,10 @@ class JobQueue:
         manual: bool = False,
         max_workers: int | None = None,  # accepted for Queick compatibility; the daemon decides
         pool: str | None = None,
+        isolation: str | None = None,  # "thread" or "process"
+        timeout: float | None = None,  # seconds of wall time (runs it in a process)
+        memory_mb: int | None = None,  # peak resident memory (runs it in a process)
+        output_kb: int | None = None,  # captured stdout+stderr and result (runs it in a process)
     ) -> dict[str, Any]:
         """The wire form of one job, for enqueue_many."""
         given = locals()

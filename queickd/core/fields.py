@@ -95,6 +95,11 @@ FIELDS: tuple[Field, ...] = (
     Field("error", "dict | None", None, new=False, sql="TEXT", codec="json"),
     Field("pool", "str", DEFAULT_POOL, enqueue=True, client=True, template=True, sql="TEXT",
           **_NEW),  # only workers serving this pool run it
+    # Where it runs and its limits (core/sandbox.py); None: the function's or daemon's setting.
+    Field("isolation", "str | None", None, enqueue=True, client=True, template=True, sql="TEXT", **_NEW),
+    Field("timeout", "float | None", None, enqueue=True, client=True, template=True, sql="REAL", **_NEW),
+    Field("memory_mb", "int | None", None, enqueue=True, client=True, template=True, sql="INTEGER", **_NEW),
+    Field("output_kb", "int | None", None, enqueue=True, client=True, template=True, sql="INTEGER", **_NEW),
 )
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}

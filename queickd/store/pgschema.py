@@ -17,7 +17,6 @@ Nothing here imports psycopg; pgregistry.py runs these statements.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
 MIGRATE_LOCK = 0x71756963_6B640001  # pg_advisory lock id: "quickd" + 1, held while migrating
 
 # Each entry brings the schema from version i to i + 1. Never edit one that has shipped:
@@ -146,7 +145,16 @@ MIGRATIONS: list[str] = [
         refused text                  -- why it refused to claim (version mismatch), if it did
     );
     """,
+    # 2: where a job runs and its limits (core/sandbox.py); NULL means the function's or
+    # the worker's setting. queickd_claim returns SETOF jobs, so it carries them as is.
+    """
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS isolation text,
+        ADD COLUMN IF NOT EXISTS timeout double precision,
+        ADD COLUMN IF NOT EXISTS memory_mb integer,
+        ADD COLUMN IF NOT EXISTS output_kb integer;
+    """,
 ]
+SCHEMA_VERSION = len(MIGRATIONS)
 
 
 class VersionMismatchError(RuntimeError):
