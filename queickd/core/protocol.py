@@ -13,9 +13,8 @@ import math
 import re
 from typing import Any
 
-from . import fields
+from . import fields, sandbox
 from . import retry as retry_mod
-from . import sandbox
 from .cron import finite_number, parse_schedule, schedule_to_dict
 from .job import DEFAULT_POOL, NewJob, State
 
