@@ -26,10 +26,11 @@ from .api.hooks import parse_hooks
 from .api.httpd import HttpServer, parse_address
 from .api.server import DEFAULT_HOST, Server
 from .api.service import QueueService
-from .core import protocol
+from .core import protocol, sandbox
 from .core.job import DEFAULT_POOL, NewJob, Outcome, State, Submitted
 from .core.policy.admission import Admission
 from .run.loader import FunctionLoader
+from .run.routing import make_runner
 from .services import sdnotify
 from .services.batcher import SubmitBatcher
 from .services.fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
@@ -43,6 +44,7 @@ from .store.base import EventState, FleetStore
 from .ui.metrics import Metrics
 
 log = logging.getLogger("queickd.daemon")
+
 
 
 @dataclass
@@ -74,6 +76,16 @@ class Config:
     hooks: dict = field(default_factory=dict)  # [hooks.NAME] tables of the config file
     pool: list[str] = field(default_factory=lambda: [DEFAULT_POOL])  # worker pools its workers serve
     heartbeat: float = DEFAULT_HEARTBEAT  # seconds between beats in a shared (PostgreSQL) store
+    isolation: str = sandbox.THREAD  # where jobs run unless they or their function say otherwise
+    timeout: float | None = None  # limits for every job (each one sends jobs to processes)
+    memory_mb: int | None = None
+    output_kb: int | None = None
+    sandbox_env: list[str] = field(default_factory=list)  # variables passed on to process jobs
+    functions: dict = field(default_factory=dict)  # [functions."module:func"] tables of the config file
+
+    @property
+    def sandbox_settings(self) -> sandbox.Defaults:
+        return sandbox.settings(self)
 
     @property
     def admission(self) -> Admission:
@@ -99,6 +111,7 @@ class Config:
         if self.http is not None:
             parse_address(self.http)
         parse_hooks(self.hooks)
+        sandbox.settings(self)
         if self.ping_host is not None:
             parse_target(self.ping_host)
             if not self.ping_interval > 0:
@@ -158,6 +171,8 @@ class Daemon:
         if c.ping_host is not None:
             self.network = NetworkMonitor(c.ping_host, c.ping_interval, lambda up: self.parking.on_change(up),
                                           clock=self.clock)
+        self.runner = make_runner(loader, c.sandbox_settings, c.sandbox_env)
+        self.metrics.sandbox = self.runner.stats
         self.parking = NetworkParking(store, self.network, lambda: self.pool.wake(), clock=self.clock)
         self.retention = Retention(store, c.keep_finished, clock=self.clock)
         self.pool = WorkerPool(store, loader, c.workers, clock=self.clock, sweep=c.sweep,
@@ -165,7 +180,8 @@ class Daemon:
                                network_up=self.parking.network_up,
                                on_finished=self._on_finished,
                                on_claimed=lambda jobs: self.service.waiters.notify([j.id for j in jobs]),
-                               pause_after=c.pause_after, on_ran=self.metrics.on_ran, pools=list(c.pool))
+                               pause_after=c.pause_after, on_ran=self.metrics.on_ran, pools=list(c.pool),
+                               runner=self.runner)
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep,
                                    on_sweep=self._on_sweep, timers={"events": self._deliver_events})
         self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock, admission=c.admission)
@@ -199,6 +215,7 @@ class Daemon:
                                      on_scheduled=lambda run_at: self.scheduler.wake_at(run_at),
                                      on_version_change=self._on_version_change, clock=self.clock)
             self.fleet.start()
+        self.runner.start()
         self.pool.start()
         self.scheduler.start()
         host, port = self.server.address  # type: ignore[misc]
@@ -278,6 +295,7 @@ class Daemon:
                 except Exception:
                     log.exception("error while stopping (%s); going on", step.__qualname__)
         finished = self.pool.stop(self.config.stop_timeout)
+        self.runner.stop()
         if self.fleet is not None:
             self.fleet.stop()
         if finished:
@@ -299,7 +317,7 @@ class Daemon:
         os.set_blocking(w, False)
         self._wakeup_w = w
         signal.set_wakeup_fd(w)
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: None)  # the byte in the pipe is what counts
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where is it stuck?
         self.start()
@@ -309,5 +327,7 @@ class Daemon:
             received = os.read(r, 64)
             if signal.SIGTERM in received or signal.SIGINT in received:
                 self._stop.set()
+            elif signal.SIGHUP in received:
+                self.runner.reload()  # process jobs re-import the app
         sdnotify.notify("STOPPING=1")
         return self.stop()

@@ -265,6 +265,7 @@ class QueueService:
                                for k, n, t in self.store.waiting_by_key(10)],
             "events": self.store.event_counts(),
             "network": self.network.snapshot() if self.network is not None else None,
+            "sandbox": self.metrics.sandbox_stats() if self.metrics is not None else None,
         }
         reply.update(self._fleet_stats(reply["counts"]))
         if req.get("detail"):  # running jobs, dead letters, oldest waits, the last hour

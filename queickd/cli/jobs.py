@@ -16,7 +16,8 @@ from .show import print_job, print_jobs, print_pauses
 def enqueue(a: argparse.Namespace, q: JobQueue) -> int:
     options: dict[str, Any] = {"kwargs": a.kwargs, "delay": a.delay, "run_at": a.run_at,
                                "key": a.key, "idempotency_key": a.idempotency_key,
-                               "manual": a.manual, "pool": a.pool}
+                               "manual": a.manual, "pool": a.pool, "isolation": a.isolation,
+                               "timeout": a.timeout, "memory_mb": a.memory_mb, "output_kb": a.output_kb}
     if a.retry:
         options.update(retry=True, retry_type=a.retry, max_attempts=a.max_attempts)
     job_id = q.enqueue(a.func, a.args, **options)

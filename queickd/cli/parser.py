@@ -12,6 +12,7 @@ from typing import Any
 from .. import __version__, log
 from .. import config as config_file
 from ..api.httpd import DEFAULT_HTTP_PORT
+from ..core import sandbox
 from ..core.job import State
 from ..core.retry import POLICIES
 from ..services.fleet import EX_VERSION
@@ -70,9 +71,21 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
          "default: default)", None, action="append")
     opt(p, "--heartbeat", "seconds between heartbeats in a shared PostgreSQL store (gone after 3 missed)",
          d.heartbeat, type=float)
+    _sandbox_flags(p)
     opt(p, "--log-level", "log level", "info", choices=log.LEVELS)
     opt(p, "--config", "TOML file holding any of these flags (env and command line win over it) "
          "and [hooks.NAME] webhook tables", None)
+
+
+def _sandbox_flags(p: argparse.ArgumentParser) -> None:
+    """Where jobs run and their limits, for every job (a job's own fields win)."""
+    opt(p, "--isolation", "where jobs run: thread, or process (a fresh child of the zygote)",
+        DEFAULTS.isolation, choices=sandbox.ISOLATIONS)
+    opt(p, "--timeout", "seconds of wall time a job may run (runs jobs in processes)", None, type=duration)
+    opt(p, "--memory-mb", "peak resident memory of a job (runs jobs in processes)", None, type=int)
+    opt(p, "--output-kb", "stdout+stderr (and result) a process job may write", None, type=int)
+    opt(p, "--sandbox-env", "a variable passed on to process jobs by name (repeatable)", None,
+        action="append")
 
 
 def _with_config_file(p: argparse.ArgumentParser, args: list[str], a: argparse.Namespace) -> argparse.Namespace:
@@ -82,7 +95,7 @@ def _with_config_file(p: argparse.ArgumentParser, args: list[str], a: argparse.N
     values = config_file.load(a.config, dests)
     defaults: dict[str, Any] = {}
     for name, v in values.items():
-        if name == "hooks":
+        if name in ("hooks", "functions"):
             defaults[name] = v
             continue
         act = dests[name]
@@ -142,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument("--pool", help="worker pool that runs it (default: default)")
     enq.add_argument("--manual", action="store_true",
                      help="an operator's run: refused (conflict) if its key already has a job; resumes a pause")
+    enq.add_argument("--isolation", choices=sandbox.ISOLATIONS, help="run it in a thread or a process")
+    enq.add_argument("--timeout", type=duration, help="seconds of wall time (runs it in a process)")
+    enq.add_argument("--memory-mb", type=int, help="peak resident memory (runs it in a process)")
+    enq.add_argument("--output-kb", type=int, help="stdout+stderr and result kept (runs it in a process)")
     enq.add_argument("--wait", type=float, metavar="SECONDS", help="wait for the job to finish and print it")
     _talks(enq, jobs_cmd.enqueue)
 
@@ -218,6 +235,7 @@ def _fleet_parsers(sub: Any) -> None:
          w.max_orphan_requeues, type=int)
     opt(wk, "--stop-timeout", "seconds running jobs get to finish on SIGTERM", w.stop_timeout, type=float)
     opt(wk, "--pause-after", "failed runs in a row that pause a key or function", w.pause_after, type=int)
+    _sandbox_flags(wk)
     opt(wk, "--log-level", "log level", "info", choices=log.LEVELS)
     wk.set_defaults(handler=run_cmd.run_worker)
 

@@ -127,3 +127,15 @@ def decide(job: Any, d: Defaults) -> Limits | None:
         isolation = PROCESS  # protocol.check refused this at enqueue; a limit is never dropped
     return Limits(pick("timeout"), pick("memory_mb"), pick("output_kb") or DEFAULT_OUTPUT_KB,
                   tuple(fn.get("credentials", ())))
+
+
+def settings(c: object) -> Defaults:
+    """The sandbox settings of a daemon's or worker's config, checked (ValueError: exit 78)."""
+    values = {k: check(k, getattr(c, k)) for k in ("isolation", *LIMITS)}
+    check_job(values["isolation"], values)
+    if values["isolation"] is None:
+        raise ValueError("isolation must be thread or process")
+    for name in getattr(c, "sandbox_env", []):
+        if not name or "=" in name or name.startswith("QUEICKD_"):
+            raise ValueError(f"--sandbox-env {name!r}: give a variable's name (never a QUEICKD_ one)")
+    return Defaults(**values, functions=check_functions(getattr(c, "functions", {}) or {}))

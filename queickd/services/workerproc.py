@@ -16,8 +16,9 @@ import threading
 from dataclasses import dataclass, field
 
 from .. import __version__
+from ..core import sandbox
 from ..run.loader import FunctionLoader
-from ..run.thread import ThreadRunner
+from ..run.routing import make_runner
 from .fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
 from .worker import DEFAULT_SWEEP, DEFAULT_WORKERS, WorkerPool
 
@@ -36,6 +37,11 @@ class WorkerConfig:
     max_orphan_requeues: int = 3
     stop_timeout: float = 30.0
     pause_after: int = 5
+    isolation: str = sandbox.THREAD  # as the daemon's flags: where jobs run, limits for all
+    timeout: float | None = None
+    memory_mb: int | None = None
+    output_kb: int | None = None
+    sandbox_env: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         if not self.store.startswith(("postgresql://", "postgres://")):
@@ -48,6 +54,7 @@ class WorkerConfig:
             raise ValueError("give at least one non-empty --pool")
         if not os.path.isdir(self.app_dir):
             raise ValueError(f"app directory {self.app_dir!r} does not exist")
+        sandbox.settings(self)
 
 
 def run(config: WorkerConfig) -> int:
@@ -74,11 +81,13 @@ def run(config: WorkerConfig) -> int:
             stop.set()
 
         loader = FunctionLoader(config.app_dir, config.allow)
+        runner = make_runner(loader, sandbox.settings(config), config.sandbox_env)
         pool = WorkerPool(store, loader, config.workers, sweep=config.sweep, pause_after=config.pause_after,
-                          pools=list(config.pool), runner=ThreadRunner(loader))
+                          pools=list(config.pool), runner=runner)
         member = FleetMember(store, pool, kind="worker", heartbeat=config.heartbeat, sweep=config.sweep,
                              max_orphan_requeues=config.max_orphan_requeues, on_version_change=version_changed)
         member.start()
+        runner.start()
         pool.start()
         pool.wake()
         log.info("queickd %s worker serving pool(s) %s with %d workers (heartbeat %.1f s, pid %d)",
@@ -87,6 +96,7 @@ def run(config: WorkerConfig) -> int:
         pool.stop_claiming()
         log.info("stopping: no new claims; waiting up to %.0f s for running jobs", config.stop_timeout)
         finished = pool.stop(config.stop_timeout)
+        runner.stop()
         member.stop()
         log.info("stopped" if finished else "stopped with jobs still running (re-queued by the fleet)")
         return status["code"]
