@@ -124,24 +124,29 @@ class ProcessRunner:
         req = {"op": "run", "func": job.func, "args": job.args, "kwargs": job.kwargs,
                "env": child_env(job_dir, self.passthrough_env, creds), "cwd": job_dir,
                "rlimits": rlimits, "cgroup": cg.path if cg is not None else None, "max_result": max_out}
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
-        try:
+        for _ in range(2):  # a zygote that died before it forked the child: once more, on a new one
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
             try:
-                p = self.supervisor.submit(job.func, req, (out_w, rep_w))
-            except ZygoteUnavailableError as e:
-                return RunReport(False, None, "crashed", f"the job could not start: {e}", None,
-                                 runtime=time.monotonic() - began)
+                try:
+                    p = self.supervisor.submit(job.func, req, (out_w, rep_w))
+                except ZygoteUnavailableError as e:
+                    return RunReport(False, None, "crashed", f"the job could not start: {e}", None,
+                                     runtime=time.monotonic() - began)
+                finally:
+                    os.close(out_w)
+                    os.close(rep_w)
+                watch = _Watch(self, p, out_r, rep_r, limits, max_out, cg, began)
+                try:
+                    report = watch.run()
+                finally:
+                    self.supervisor.done(p)
+                if watch.pid is not None or "zygote_died" not in (watch.exit or {}):
+                    return report
             finally:
-                os.close(out_w)
-                os.close(rep_w)
-            try:
-                return _Watch(self, p, out_r, rep_r, limits, max_out, cg, began).run()
-            finally:
-                self.supervisor.done(p)
-        finally:
-            os.close(out_r)
-            os.close(rep_r)
+                os.close(out_r)
+                os.close(rep_r)
+        return report
 
 
 class _Watch:
