@@ -4,6 +4,7 @@ by job field, function table and daemon flag; their limits; what stats, /metrics
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -172,3 +173,11 @@ def test_a_process_job_on_queick_worker_obeys_the_same_limits(pg_fresh_database,
         assert who["result"]["pid"] not in (w.pid, d.proc.pid) and "postgresql" not in repr(who["result"]["env"])
     finally:
         w.close()
+
+
+def test_queick_enqueue_takes_the_limits_as_flags(daemon):
+    out = subprocess.run([sys.executable, "-m", "queickd", "enqueue", "sandboxjobs:spin", "--timeout", "0.5",
+                          "--wait", "20", "--json", "--port", str(daemon.port)],
+                         capture_output=True, text=True, timeout=60)
+    job = json.loads(out.stdout)
+    assert out.returncode == 1 and job["error"]["type"] == "timeout" and job["timeout"] == 0.5
