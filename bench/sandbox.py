@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--huey-venv", default=os.environ.get("BENCH_HUEY_VENV"),
                    help="a virtualenv with huey==3.5.4 (python3 -m venv DIR && DIR/bin/pip install huey==3.5.4)")
     a = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # `timeout` must not leave daemons behind
     rows: dict[str, list[float]] = {"thread": [], "process": [], "huey": []}
     lat: dict[str, list[tuple[float, float]]] = {"thread": [], "process": []}
     with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as t:

@@ -18,7 +18,7 @@ It is the subreaper of its children's descendants: a process a job left behind (
 called setsid included) becomes its child when the job's process ends, and is killed and
 reaped before the job's exit is reported. It waits in select and wakes only for a request
 or a SIGCHLD: an idle zygote costs no wake-ups. It exits when its supervisor goes away
-(the socket closes, or the parent-death signal). It never runs job code in itself other
+(its socket closes, which the kernel does for a daemon killed with SIGKILL too). It never runs job code in itself other
 than the import of job modules, and never unpickles.
 """
 
@@ -234,9 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preload", action="append", default=[])
     p.add_argument("--fd", type=int, required=True, help="the supervisor's socket")
     a = p.parse_args(argv)
-    child.prctl(child.PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:
-        return 0  # the supervisor died before the signal was armed
+    # No parent-death signal here: it follows the daemon *thread* that started this process,
+    # and a restart may come from a short-lived one. The socket closing is the daemon's end.
     if not child.prctl(child.PR_SET_CHILD_SUBREAPER, 1):
         print("queickd zygote: cannot become a subreaper; a job's setsid children may outlive it",
               file=sys.stderr, flush=True)
