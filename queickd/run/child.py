@@ -34,10 +34,14 @@ _RLIMITS = {"as": resource.RLIMIT_AS, "cpu": resource.RLIMIT_CPU, "fsize": resou
 _strict = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
+_libc: list = []  # loaded once in the zygote; every forked child inherits it
+
+
 def prctl(option: int, value: int) -> bool:
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(option, value, 0, 0, 0) == 0
+        if not _libc:
+            _libc.append(ctypes.CDLL(None, use_errno=True))
+        return _libc[0].prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 
