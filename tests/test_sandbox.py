@@ -207,3 +207,20 @@ def test_per_job_cgroups_hold_the_memory_limit_where_a_cgroup_can_be_created(tmp
         assert not [p for p in os.listdir(found.base) if p.startswith("job-")]
     finally:
         sup.stop()
+
+
+def test_a_changed_app_module_is_imported_afresh_for_the_next_process_job(tmp_path):
+    app = tmp_path / "app"
+    app.mkdir()
+    mod = app / "changing.py"
+    mod.write_text("def version():\n    return 1\n")
+    sup = ZygoteSupervisor(str(app))
+    r = ProcessRunner(sup, use_cgroup=False)
+    try:
+        assert r.run(make_job(func="changing:version"), None).result == 1
+        mod.write_text("def version():\n    return 2\n")
+        os.utime(mod, (time.time() + 5, time.time() + 5))  # a new mtime even on a coarse clock
+        again = r.run(make_job(func="changing:version"), None)
+        assert (again.ok, again.result) == (True, 2)
+    finally:
+        sup.stop()

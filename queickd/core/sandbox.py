@@ -89,7 +89,8 @@ def check_functions(table: Any) -> dict[str, dict[str, Any]]:
         if not isinstance(creds, list) or not all(isinstance(c, str) and c and "/" not in c for c in creds):
             raise ValueError(f"functions.{func}: credentials must be a list of credential names")
         d["credentials"] = tuple(creds)
-        out[func.replace(".", ":", 1) if ":" not in func else func] = d
+        module, _, name = func.rpartition(":" if ":" in func else ".")  # "pkg.mod.fn" is "pkg.mod:fn"
+        out[f"{module}:{name}"] = d
     return out
 
 

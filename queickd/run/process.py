@@ -124,7 +124,7 @@ class ProcessRunner:
         req = {"op": "run", "func": job.func, "args": job.args, "kwargs": job.kwargs,
                "env": child_env(job_dir, self.passthrough_env, creds), "cwd": job_dir,
                "rlimits": rlimits, "cgroup": cg.path if cg is not None else None, "max_result": max_out}
-        for _ in range(2):  # a zygote that died before it forked the child: once more, on a new one
+        for _ in range(2):  # a zygote that died or was stale before it forked: once more, on a new one
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
             rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
             try:
@@ -141,8 +141,11 @@ class ProcessRunner:
                     report = watch.run()
                 finally:
                     self.supervisor.done(p)
-                if watch.pid is not None or "zygote_died" not in (watch.exit or {}):
+                left = watch.exit or {}
+                if watch.pid is not None or not ("zygote_died" in left or "stale" in left):
                     return report
+                if "stale" in left:
+                    self.supervisor.reload("an app module changed on disk")
             finally:
                 os.close(out_r)
                 os.close(rep_r)
