@@ -224,3 +224,22 @@ def test_a_changed_app_module_is_imported_afresh_for_the_next_process_job(tmp_pa
         assert (again.ok, again.result) == (True, 2)
     finally:
         sup.stop()
+
+
+def test_a_function_tables_credential_is_copied_into_the_jobs_own_directory_and_a_missing_one_refused(tmp_path, monkeypatch):
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "slack-token").write_text("xoxb")
+    (creds / "db-password").write_text("hunter2")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    sup = ZygoteSupervisor(JOBS)
+    r = ProcessRunner(sup, use_cgroup=False)
+    try:
+        out = r.run(make_job(func="sandboxjobs:whoami"), Limits(credentials=("slack-token",)))
+        own = out.result["env"]["CREDENTIALS_DIRECTORY"]
+        assert own.startswith(out.result["cwd"]) and own != str(creds)
+        assert not os.path.exists(own)  # removed with the job's directory
+        refused = r.run(make_job(func="sandboxjobs:whoami"), Limits(credentials=("nope",)))
+        assert refused.error_type == "sandbox_setup" and "nope" in refused.error_message
+    finally:
+        sup.stop()

@@ -47,6 +47,7 @@ class Pending:
     wake_w: int
     replies: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    zygote: Any = None  # the _Zygote it went to (a retired one finishes what it was given)
 
     def post(self, msg: dict[str, Any]) -> None:
         with self.lock:
@@ -132,6 +133,7 @@ class _Zygote:
             if self.dead:
                 raise ZygoteUnavailableError("the zygote has died")
             self.pending[p.id] = p
+        p.zygote = self
         try:
             socket.send_fds(self.sock, [json.dumps(msg).encode()], list(fds))
         except OSError as e:
@@ -220,9 +222,9 @@ class ZygoteSupervisor:
         return p
 
     def done(self, p: Pending) -> None:
-        z = self._zygote
-        for zz in {z} - {None}:
-            zz.forget(p)  # type: ignore[union-attr]
+        """The job's replies are all in: forget it and close its wake-up pipe."""
+        if p.zygote is not None:
+            p.zygote.forget(p)
         p.close()
 
     def _current(self) -> _Zygote:
