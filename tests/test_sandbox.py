@@ -243,3 +243,8 @@ def test_a_function_tables_credential_is_copied_into_the_jobs_own_directory_and_
         assert refused.error_type == "sandbox_setup" and "nope" in refused.error_message
     finally:
         sup.stop()
+
+
+def test_arguments_larger_than_a_socket_packet_reach_the_child(runner):
+    r = runner.run(make_job(func="sandboxjobs:size", args=["x" * 900_000], kwargs={"extra": {"a": 1}}), None)
+    assert (r.ok, r.result) == (True, 900_001)

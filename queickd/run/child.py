@@ -122,6 +122,10 @@ def run(req: dict[str, Any], out_fd: int, rep_fd: int, fn: Callable[..., Any]) -
             began = time.monotonic()
             value: Any = None
             try:
+                if req.get("args_file"):
+                    with open(req["args_file"], encoding="utf-8") as f:
+                        req["args"], req["kwargs"] = json.load(f)
+                    os.unlink(req["args_file"])
                 value = fn(*req["args"], **req["kwargs"])
             except BaseException as e:  # the job's SystemExit too: it is the report
                 report = capture.failed(e, time.monotonic() - began)

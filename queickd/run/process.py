@@ -42,6 +42,7 @@ MAX_STORED_OUTPUT = 64 * 1024  # bytes of captured output kept with the job
 MAX_REPORT = 1 << 20  # bytes of report beyond the result's own cap (traceback, message)
 FSIZE_LIMIT = 1 << 30  # bytes: the largest file a process job may write
 NOFILE_LIMIT = 1024
+INLINE_ARGS = 64 * 1024  # bytes of arguments sent in the request; more go through a file
 _PASSED_ENV = ("PATH", "LANG", "TZ")
 LIMIT_KINDS = ("timeout", "memory_limit", "output_limit")
 
@@ -124,6 +125,13 @@ class ProcessRunner:
         req = {"op": "run", "func": job.func, "args": job.args, "kwargs": job.kwargs,
                "env": child_env(job_dir, self.passthrough_env, creds), "cwd": job_dir,
                "rlimits": rlimits, "cgroup": cg.path if cg is not None else None, "max_result": max_out}
+        if len(job.args) + len(job.kwargs) and len(json.dumps([job.args, job.kwargs])) > INLINE_ARGS:
+            # A socket packet is bounded by the socket's buffer (~200 KB): large arguments go
+            # to the child in a file of its own directory, which it reads and removes.
+            req["args"], req["kwargs"] = [], {}
+            req["args_file"] = os.path.join(job_dir, ".queickd-args.json")
+            with open(req["args_file"], "w", encoding="utf-8") as f:
+                json.dump([job.args, job.kwargs], f, ensure_ascii=False)
         for _ in range(2):  # a zygote that died or was stale before it forked: once more, on a new one
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
             rep_r, rep_w = os.pipe2(os.O_CLOEXEC)

@@ -96,3 +96,7 @@ def raises_unbuildable() -> None:
 def sleep(seconds: float) -> float:
     time.sleep(seconds)
     return seconds
+
+
+def size(text: str, extra: dict | None = None) -> int:
+    return len(text) + len(extra or {})
