@@ -4,8 +4,7 @@ Rows, in one run, printed as a table with their ratios:
   * e2e: N `benchjobs.append_byte` jobs end to end with 4 workers, `isolation=process` vs
     `thread` on the same daemon (SQLite, durability full), rounds alternating; and huey
     3.5.4's process consumer (`huey_consumer -w 4 -k process`, SqliteHuey fsync=True) on
-    the same machine, when its virtualenv is there (--huey-venv, default
-    /work/tmp/venv-huey is not assumed: give it, or set BENCH_HUEY_VENV).
+    the same machine, when a virtualenv holding it is given (--huey-venv or $BENCH_HUEY_VENV).
     Done = the file holds N bytes (one per job), for both.
   * start latency: single jobs one after the other; enqueue -> start p50/p95 from the job
     record (created_at -> started_at, the daemon's clock), process vs thread.

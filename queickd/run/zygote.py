@@ -1,4 +1,4 @@
-"""The zygote: a long-lived, single-threaded helper process that has imported the job
+"""The zygote: a long-lived, single-threaded fork server that has imported the job
 modules and forks one fresh child per process job (`python -m queickd.run.zygote`).
 
 The daemon is multi-threaded and must never fork itself; this process has one thread, so
