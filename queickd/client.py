@@ -227,6 +227,10 @@ class JobQueue:
         concurrency_group: str | None = None,
         concurrency_limit: int | None = None,
         cost_units: float | None = None,
+        isolation: str | None = None,  # "thread" or "process"
+        timeout: float | None = None,  # seconds of wall time (runs it in a process)
+        memory_mb: int | None = None,  # peak resident memory (runs it in a process)
+        output_kb: int | None = None,  # captured stdout+stderr and result (runs it in a process)
     ) -> dict[str, Any]:
         """The wire form of one job, for enqueue_many. concurrency_group/concurrency_limit:
         at most that many jobs of the group run at once; cost_units: what it takes of its

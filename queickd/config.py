@@ -2,8 +2,9 @@
 
 A top-level key is a flag's name with dashes or underscores (`max-queued = 50` or
 `max_queued = 50`); `[hooks.NAME]` tables declare webhooks (see hooks.py),
-`[functions."module:func"]` tables a function's job defaults and `[budgets.pools]` /
-`[budgets.groups]` the cost budgets (core/policy/resources.py checks both). The file is a
+`[functions."module:func"]` tables a function's job defaults (core/policy/resources.py
+checks them) and its isolation, limits and credentials (core/sandbox.py checks those), and
+`[budgets.pools]` / `[budgets.groups]` the cost budgets. The file is a
 layer of defaults: an environment variable beats it, and a command-line flag beats both.
 Reads TOML with the standard library's tomllib; does no other I/O.
 """

@@ -32,13 +32,14 @@ from .api.server import (
     Server,
 )
 from .api.service import QueueService
-from .core import protocol
+from .core import protocol, sandbox
 from .core.job import DEFAULT_POOL, NewJob, Outcome, State, Submitted
 from .core.policy import outbox
 from .core.policy.admission import Admission
 from .core.policy.resources import Resources
 from .core.policy.resources import parse as parse_resources
 from .run.loader import FunctionLoader
+from .run.routing import make_runner
 from .services import sdnotify
 from .services.batcher import SubmitBatcher
 from .services.fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
@@ -54,6 +55,7 @@ from .store.base import EventState, FleetStore, Minute
 from .ui.metrics import Metrics
 
 log = logging.getLogger("queickd.daemon")
+
 
 
 @dataclass
@@ -90,7 +92,9 @@ class Config:
     hooks: dict = field(default_factory=dict)  # [hooks.NAME] tables of the config file
     pool: list[str] = field(default_factory=lambda: [DEFAULT_POOL])  # worker pools its workers serve
     heartbeat: float = DEFAULT_HEARTBEAT  # seconds between beats in a shared (PostgreSQL) store
-    functions: dict = field(default_factory=dict)  # [functions."module:func"]: job defaults
+    # [functions."module:func"]: a function's job defaults (core/policy/resources.py) and its
+    # isolation, limits and credentials (core/sandbox.py)
+    functions: dict = field(default_factory=dict)
     budgets: dict = field(default_factory=dict)  # [budgets.pools] and [budgets.groups]
     budget_patience: float = 30.0  # seconds before a job over its budget reserves it
     memory_reserve: float = DEFAULT_RESERVE_MB  # MB kept free by the memory-aware start
@@ -99,6 +103,15 @@ class Config:
     min_workers: int | None = None  # adaptive pool bounds (None: --workers, a fixed size)
     max_workers: int | None = None
     idle_grace: float = DEFAULT_IDLE_GRACE  # seconds the queue is quiet before the pool shrinks
+    isolation: str = sandbox.THREAD  # where jobs run unless they or their function say otherwise
+    timeout: float | None = None  # limits for every job (each one sends jobs to processes)
+    memory_mb: int | None = None
+    output_kb: int | None = None
+    sandbox_env: list[str] = field(default_factory=list)  # variables passed on to process jobs
+
+    @property
+    def sandbox_settings(self) -> sandbox.Defaults:
+        return sandbox.settings(self)
 
     @property
     def admission(self) -> Admission:
@@ -143,6 +156,7 @@ class Config:
         parse_hooks(self.hooks)
         self.resources  # noqa: B018 - raises ValueError naming a bad table or field
         self.pool_size()
+        sandbox.settings(self)
         if self.ping_host is not None:
             parse_target(self.ping_host)
             if not self.ping_interval > 0:
@@ -211,6 +225,10 @@ class Daemon:
         if c.ping_host is not None:
             self.network = NetworkMonitor(c.ping_host, c.ping_interval, lambda up: self.parking.on_change(up),
                                           clock=self.clock)
+        memory = MemoryGate(store, reserve_mb=c.memory_reserve, max_rss_mb=c.max_rss, root=c.memory_root)
+        self.runner = make_runner(loader, c.sandbox_settings, c.sandbox_env, measure=memory.keeps)
+        self.on_reload.append(self.runner.reload)  # process jobs re-import the app too
+        self.metrics.sandbox = self.runner.stats
         self.parking = NetworkParking(store, self.network, lambda: self.pool.wake(), clock=self.clock)
         self.retention = Retention(store, c.keep_finished, clock=self.clock)
         self.pool = WorkerPool(store, loader, c.workers, clock=self.clock, sweep=c.sweep,
@@ -222,10 +240,9 @@ class Daemon:
                                on_probe_at=lambda t: self.scheduler.wake_at(t, "probes"),
                                on_ran=self.metrics.on_ran, pools=list(c.pool),
                                limits=resources.limits,
-                               memory=MemoryGate(store, reserve_mb=c.memory_reserve, max_rss_mb=c.max_rss,
-                                                 root=c.memory_root),
+                               memory=memory,
                                on_deferred=lambda run_at: self.scheduler.wake_at(run_at),
-                               size=c.pool_size(self.clock))
+                               size=c.pool_size(self.clock), runner=self.runner)
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep,
                                    on_sweep=self._on_sweep, timers={"events": self._deliver_events,
                                                                     "probes": self._probes_due})
@@ -261,6 +278,7 @@ class Daemon:
                                      on_scheduled=lambda run_at: self.scheduler.wake_at(run_at),
                                      on_version_change=self._on_version_change, clock=self.clock)
             self.fleet.start()
+        self.runner.start()
         self.pool.start()
         self.scheduler.start()
         host, port = self.server.address  # type: ignore[misc]
@@ -381,6 +399,7 @@ class Daemon:
                 except Exception:
                     log.exception("error while stopping (%s); going on", step.__qualname__)
         finished = self.pool.stop(self.config.stop_timeout)
+        self.runner.stop()
         if self.fleet is not None:
             self.fleet.stop()
         if finished:

@@ -194,8 +194,8 @@ def test_parse_job_kwargs_must_be_a_dict(kwargs):
 
 
 def test_parse_job_rejects_an_unknown_field():
-    e = bad_request(parse_job, {"func": "m:f", "timeout": 3}, NOW)
-    assert "timeout" in e.message
+    e = bad_request(parse_job, {"func": "m:f", "deadline": 3}, NOW)
+    assert "deadline" in e.message
 
 
 def test_parse_job_ignores_the_op_field():

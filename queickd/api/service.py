@@ -336,6 +336,7 @@ class QueueService:
             "network": self.network.snapshot() if self.network is not None else None,
             "budgets": self.budgets(),
             "memory": self.pool.memory.snapshot() if self.pool.memory is not None else None,
+            "sandbox": self.metrics.sandbox_stats() if self.metrics is not None else None,
         }
         reply.update(self._fleet_stats(reply["counts"]))
         minutes = self.store.minutes(status.first_minute(now))  # whoever ran them: the fleet's

@@ -18,7 +18,9 @@ def enqueue(a: argparse.Namespace, q: JobQueue) -> int:
                                "key": a.key, "idempotency_key": a.idempotency_key,
                                "manual": a.manual, "pool": a.pool, "priority": a.priority,
                                "concurrency_group": a.concurrency_group,
-                               "concurrency_limit": a.concurrency_limit, "cost_units": a.cost_units}
+                               "concurrency_limit": a.concurrency_limit, "cost_units": a.cost_units,
+                               "isolation": a.isolation, "timeout": a.timeout, "memory_mb": a.memory_mb,
+                               "output_kb": a.output_kb}
     if a.retry:
         options.update(retry=True, retry_type=a.retry, max_attempts=a.max_attempts)
     job_id = q.enqueue(a.func, a.args, **options)

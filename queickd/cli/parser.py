@@ -12,6 +12,7 @@ from typing import Any
 from .. import __version__, log
 from .. import config as config_file
 from ..api.httpd import DEFAULT_HTTP_PORT
+from ..core import sandbox
 from ..core.job import State
 from ..core.retry import POLICIES
 from ..services.fleet import EX_VERSION
@@ -85,6 +86,7 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
     opt(p, "--budget-patience", "seconds a job over its budget waits before younger jobs of its "
          "pool or group stop starting until it has", d.budget_patience, type=duration)
     _memory_flags(p, d.memory_reserve)
+    _sandbox_flags(p)
     opt(p, "--log-level", "log level", "info", choices=log.LEVELS)
     opt(p, "--config", "TOML file holding any of these flags (env and command line win over it), "
          "[hooks.NAME] webhook tables, [functions.\"module:func\"] job defaults and "
@@ -105,6 +107,17 @@ def _memory_flags(p: argparse.ArgumentParser, reserve: float) -> None:
     opt(p, "--max-rss", "MB this process may grow to, its jobs included (default: no cap)", None, type=float)
     p.add_argument("--memory-root", default=argparse.SUPPRESS, metavar="DIR",
                    help="the directory the memory check reads proc/ and sys/fs/cgroup/ under (default /; for tests)")
+
+
+def _sandbox_flags(p: argparse.ArgumentParser) -> None:
+    """Where jobs run and their limits, for every job (a job's own fields win)."""
+    opt(p, "--isolation", "where jobs run: thread, or process (a fresh child of the zygote)",
+        DEFAULTS.isolation, choices=sandbox.ISOLATIONS)
+    opt(p, "--timeout", "seconds of wall time a job may run (runs jobs in processes)", None, type=duration)
+    opt(p, "--memory-mb", "peak resident memory of a job (runs jobs in processes)", None, type=int)
+    opt(p, "--output-kb", "stdout+stderr (and result) a process job may write", None, type=int)
+    opt(p, "--sandbox-env", "a variable passed on to process jobs by name (repeatable)", None,
+        action="append")
 
 
 def _with_config_file(p: argparse.ArgumentParser, args: list[str], a: argparse.Namespace) -> argparse.Namespace:
@@ -185,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default: 1)")
     enq.add_argument("--manual", action="store_true",
                      help="an operator's run: refused (conflict) if its key already has a job; resumes a pause")
+    enq.add_argument("--isolation", choices=sandbox.ISOLATIONS, help="run it in a thread or a process")
+    enq.add_argument("--timeout", type=duration, help="seconds of wall time (runs it in a process)")
+    enq.add_argument("--memory-mb", type=int, help="peak resident memory (runs it in a process)")
+    enq.add_argument("--output-kb", type=int, help="stdout+stderr and result kept (runs it in a process)")
     enq.add_argument("--wait", type=float, metavar="SECONDS", help="wait for the job to finish and print it")
     _talks(enq, jobs_cmd.enqueue)
 
@@ -311,6 +328,7 @@ def _fleet_parsers(sub: Any) -> None:
     _memory_flags(wk, w.memory_reserve)
     opt(wk, "--config", "the daemons' TOML file: its [budgets.pools], [budgets.groups] and "
          "budget-patience apply to this worker's claims too (its other settings are the daemon's)", None)
+    _sandbox_flags(wk)
     opt(wk, "--log-level", "log level", "info", choices=log.LEVELS)
     wk.set_defaults(handler=run_cmd.run_worker)
 

@@ -38,6 +38,9 @@ def print_job(job: dict[str, Any]) -> None:
             print(f"{'error':>16}: {v.get('type')}: {v.get('message')}")
             if v.get("traceback"):
                 print("\n".join("                  " + line for line in v["traceback"].splitlines()))
+            if v.get("output"):
+                print(f"{'output':>16}:")
+                print("\n".join("                  " + line for line in v["output"].splitlines()))
         elif k in ("run_at", "created_at", "started_at", "finished_at"):
             print(f"{k:>16}: {fmt_time(v)}")
         else:
@@ -79,6 +82,13 @@ def print_stats(s: dict[str, Any]) -> None:
         print(f"last hour: {runs} runs, {hour['failed']} failed, {hour['seconds']:.1f} s of work"
               + "".join(f"   {m['member']} {m['completed'] + m['failed']}/{m['failed']} failed/{m['seconds']:.1f} s"
                         for m in hour["members"]))
+    sb = s.get("sandbox")
+    if sb is not None:
+        z = sb["zygote"]
+        zygote = f"alive (pid {z['pid']})" if z["alive"] else "not running"
+        print(f"runs: thread {sb['runs']['thread']}  process {sb['runs']['process']}   limit kills: "
+              + "  ".join(f"{k} {n}" for k, n in sb["kills"].items()) + f"  crashed {sb['crashed']}"
+              f"   zygote {zygote}, {z['restarts']} restarts")
     print("jobs: " + "  ".join(f"{k} {v}" for k, v in s["counts"].items()))
     ev = s["events"]
     print(f"events: pending {ev['pending']}  dead {ev['dead']}   refused requests {s['refused']}"

@@ -103,6 +103,11 @@ FIELDS: tuple[Field, ...] = (
           **_NEW),
     Field("cost_units", "float | None", None, enqueue=True, client=True, template=True, sql="REAL",
           **_NEW),  # what it takes of its pool's and group's budgets
+    # Where it runs and its limits (core/sandbox.py); None: the function's or daemon's setting.
+    Field("isolation", "str | None", None, enqueue=True, client=True, template=True, sql="TEXT", **_NEW),
+    Field("timeout", "float | None", None, enqueue=True, client=True, template=True, sql="REAL", **_NEW),
+    Field("memory_mb", "int | None", None, enqueue=True, client=True, template=True, sql="INTEGER", **_NEW),
+    Field("output_kb", "int | None", None, enqueue=True, client=True, template=True, sql="INTEGER", **_NEW),
 )
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}

@@ -13,7 +13,7 @@ import math
 import re
 from typing import Any
 
-from . import fields
+from . import fields, sandbox
 from . import retry as retry_mod
 from .cron import finite_number, parse_schedule, schedule_to_dict
 from .job import DEFAULT_POOL, NewJob, State
@@ -303,6 +303,15 @@ def _cost_units(v: Any) -> float | None:
     return float(v)
 
 
+def _sandbox(name: str) -> Any:
+    def check(v: Any) -> Any:
+        try:
+            return sandbox.check(name, v)
+        except ValueError as e:
+            raise bad(str(e)) from None
+    return check
+
+
 _pool_text = _text("pool")
 # Each settable field's own check, by wire name: the value given -> the value stored, or
 # QueueError. Called only for the fields a request gives; the others keep their defaults.
@@ -320,6 +329,7 @@ _CHECKS: dict[str, Any] = {
     "concurrency_group": _group,
     "concurrency_limit": _concurrency_limit,
     "cost_units": _cost_units,
+    **{name: _sandbox(name) for name in ("isolation", *sandbox.LIMITS)},
 }
 if _CHECKS.keys() | {"func", "run_at"} != fields.ENQUEUE_WIRE:  # a new settable field needs its check
     raise ImportError(f"protocol checks differ from the job fields: {sorted(_CHECKS.keys() ^ fields.ENQUEUE_WIRE)}")
@@ -376,7 +386,13 @@ def parse_job(obj: dict[str, Any], now: float) -> NewJob:
         if delay < 0:
             raise bad("delay must not be negative")
         run_at = now + delay
-    return _build(obj, keys, func, now if run_at is None else run_at)
+    job = _build(obj, keys, func, now if run_at is None else run_at)
+    if job.isolation == sandbox.THREAD:
+        try:
+            sandbox.check_job(job.isolation, {k: getattr(job, k) for k in sandbox.LIMITS})
+        except ValueError as e:
+            raise bad(str(e)) from None
+    return job
 
 
 def parse_jobs(obj: dict[str, Any], now: float) -> list[NewJob]:

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .. import __version__
+from ..core import sandbox
 from ..core.policy.resources import parse as parse_resources
 from ..run.loader import FunctionLoader
-from ..run.thread import ThreadRunner
+from ..run.routing import make_runner
 from .fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
 from .memory_gate import DEFAULT_RESERVE_MB, MemoryGate
 from .pool_size import DEFAULT_IDLE_GRACE, adaptive_size
@@ -49,6 +50,11 @@ class WorkerConfig:
     idle_grace: float = DEFAULT_IDLE_GRACE
     budgets: dict = field(default_factory=dict)  # [budgets.pools] / [budgets.groups] of --config
     budget_patience: float = 30.0
+    isolation: str = sandbox.THREAD  # as the daemon's flags: where jobs run, limits for all
+    timeout: float | None = None
+    memory_mb: int | None = None
+    output_kb: int | None = None
+    sandbox_env: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         if not self.store.startswith(("postgresql://", "postgres://")):
@@ -65,6 +71,7 @@ class WorkerConfig:
             raise ValueError("give at least one non-empty --pool")
         if not os.path.isdir(self.app_dir):
             raise ValueError(f"app directory {self.app_dir!r} does not exist")
+        sandbox.settings(self)
 
 
 def run(config: WorkerConfig) -> int:
@@ -93,23 +100,25 @@ def run(config: WorkerConfig) -> int:
         loader = FunctionLoader(config.app_dir, config.allow)
         gate = MemoryGate(store, reserve_mb=config.memory_reserve, max_rss_mb=config.max_rss,
                           root=config.memory_root)
+        runner = make_runner(loader, sandbox.settings(config), config.sandbox_env, measure=gate.keeps)
         pool = WorkerPool(store, loader, config.workers, sweep=config.sweep, pause_after=config.pause_after,
-                          pause_cooldown=config.pause_cooldown, pools=list(config.pool),
-                          runner=ThreadRunner(loader, measure=gate.keeps), memory=gate,
-                          size=adaptive_size(config.workers, config.min_workers, config.max_workers,
-                                             config.idle_grace),
+                          pause_cooldown=config.pause_cooldown, pools=list(config.pool), runner=runner,
+                          memory=gate, size=adaptive_size(config.workers, config.min_workers,
+                                                          config.max_workers, config.idle_grace),
                           limits=parse_resources({}, config.budgets, config.budget_patience).limits)
         member = FleetMember(store, pool, kind="worker", heartbeat=config.heartbeat, sweep=config.sweep,
                              max_orphan_requeues=config.max_orphan_requeues, on_version_change=version_changed)
         member.start()
+        runner.start()
         pool.start()
         pool.wake()
         log.info("queickd %s worker serving pool(s) %s with %d workers (heartbeat %.1f s, pid %d)",
                  __version__, ",".join(config.pool), config.workers, config.heartbeat, os.getpid())
-        _wait_for_signal(stop, on_hup=loader.reload)
+        _wait_for_signal(stop, on_hup=lambda: (loader.reload(), runner.reload()))
         pool.stop_claiming()
         log.info("stopping: no new claims; waiting up to %.0f s for running jobs", config.stop_timeout)
         finished = pool.stop(config.stop_timeout)
+        runner.stop()
         member.stop()
         log.info("stopped" if finished else "stopped with jobs still running (re-queued by the fleet)")
         return status["code"]

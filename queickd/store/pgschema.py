@@ -361,6 +361,14 @@ MIGRATIONS: list[str] = [
     END
     $$;
     """,
+    # 5: where a job runs and its limits (core/sandbox.py); NULL means the function's or
+    # the worker's setting. queickd_claim returns SETOF jobs, so it carries them as is.
+    """
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS isolation text,
+        ADD COLUMN IF NOT EXISTS timeout double precision,
+        ADD COLUMN IF NOT EXISTS memory_mb integer,
+        ADD COLUMN IF NOT EXISTS output_kb integer;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -173,8 +173,16 @@ def _v6(c: sqlite3.Connection) -> None:
               " WITHOUT ROWID")
 
 
+def _v7(c: sqlite3.Connection) -> None:
+    """jobs.isolation, timeout, memory_mb, output_kb: where a job runs and its limits; NULL
+    (every older job) means the function's or the daemon's setting."""
+    for column, decl in (("isolation", "TEXT"), ("timeout", "REAL"), ("memory_mb", "INTEGER"),
+                         ("output_kb", "INTEGER")):
+        _add_column(c, "jobs", column, decl)
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -50,6 +50,12 @@ class Metrics:
         self.durations: dict[str, _Histogram] = {}
         # minute (unix time // 60) -> [enqueued, completed, failed, depth or None]
         self._minutes: deque[list[Any]] = deque(maxlen=HISTORY_MINUTES + 1)
+        # The runner's own counters (run/routing.py stats()): runs by isolation, limit kills,
+        # the zygote. Set by the daemon; read, never copied, so there is one count of each.
+        self.sandbox: Callable[[], dict[str, Any]] | None = None
+
+    def sandbox_stats(self) -> dict[str, Any] | None:
+        return self.sandbox() if self.sandbox is not None else None
 
     def _bucket(self, now: float) -> list[Any]:
         minute = int(now // 60)
@@ -196,6 +202,18 @@ class Metrics:
                [({}, 1 if net and net["checker_alive"] else 0)])
         family("queickd_network_up", "gauge", "1 network up, 0 down, NaN unknown or no checker.",
                [({}, {"up": 1, "down": 0}.get(net["state"], math.nan) if net else math.nan)])
+        sb = stats.get("sandbox")
+        if sb is not None:
+            family("queickd_runs_total", "counter", "Job runs by isolation (thread or process).",
+                   [({"isolation": k}, n) for k, n in sb["runs"].items()])
+            family("queickd_limit_kills_total", "counter", "Process jobs killed at a limit, by kind.",
+                   [({"kind": k}, n) for k, n in sb["kills"].items()])
+            family("queickd_process_crashes_total", "counter",
+                   "Process jobs that died by a signal or exited without a report.", [({}, sb["crashed"])])
+            family("queickd_zygote_up", "gauge", "1 while the zygote (the process jobs' fork server) runs.",
+                   [({}, 1 if sb["zygote"]["alive"] else 0)])
+            family("queickd_zygote_restarts_total", "counter", "Times the zygote died and was restarted.",
+                   [({}, sb["zygote"]["restarts"])])
         family("queickd_requests_refused_total", "counter", "Enqueue requests refused (queue full, conflict).",
                [({}, stats["refused"])])
         family("queickd_start_time_seconds", "gauge", "When the daemon started (unix time).",

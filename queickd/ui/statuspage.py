@@ -91,6 +91,15 @@ def _table(headers: list[str], rows: list[list[str]], empty: str) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _sandbox_card(sb: dict[str, Any] | None) -> str:
+    if sb is None:
+        return ""
+    z, kills = sb["zygote"], sum(sb["kills"].values())
+    text = (f"{sb['runs']['process']} runs, {kills} limit kills, zygote "
+            f"{'alive' if z['alive'] else 'not running'} ({z['restarts']} restarts)")
+    return _card("process jobs", text, "bad" if z["restarts"] else "", metric="sandbox")
+
+
 def render(s: dict[str, Any]) -> str:
     now = s.get("now") or time.time()
     w, counts, net, sch = s["workers"], s["counts"], s.get("network"), s["scheduler"]
@@ -121,6 +130,7 @@ def render(s: dict[str, Any]) -> str:
         _card("scheduler", "alive" if sch["alive"] else "STOPPED", "ok" if sch["alive"] else "bad",
               metric="scheduler"),
         _card("pools without workers", len(stuck), "bad" if stuck else "", metric="unserved-pools"),
+        _sandbox_card(s.get("sandbox")),
     ])
     pools = _table(["pool", "waiting", "live worker slots", "state"],
                    [[name, p["waiting"], p["workers"], "NO LIVE WORKER: its jobs wait" if unserved(p) else ""]

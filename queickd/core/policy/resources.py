@@ -3,7 +3,8 @@ that a job can ever start under them.
 
 - `[functions."module:func"]`: defaults for that function's jobs, by wire name (any field a
   job template keeps, e.g. concurrency_group, concurrency_limit, cost_units); a job's own
-  value wins. Each value goes through the protocol's check for its field.
+  value wins. Each value goes through the protocol's check for its field. Its isolation,
+  limits and credentials (sandbox.FUNCTION_KEYS) are the sandbox's, applied when it runs.
 - `[budgets.pools]` / `[budgets.groups]`: name -> cost units (claim.Limits).
 - `admit(job)`: a job whose cost exceeds its pool's or its group's whole budget, or whose
   concurrency_limit disagrees with its function's configured one, could never start or
@@ -17,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .. import fields, protocol
+from .. import fields, protocol, sandbox
 from ..job import NewJob
 from .claim import NO_LIMITS, Limits
 
@@ -84,11 +85,14 @@ def parse(functions: dict[str, Any], budgets: dict[str, Any], patience: float) -
             raise ValueError(f"{where}: a function is 'module:function'") from None
         if not isinstance(table, dict):
             raise ValueError(f"{where} must be a table")
-        unknown = table.keys() - DEFAULTABLE
+        unknown = table.keys() - DEFAULTABLE - sandbox.FUNCTION_KEYS
         if unknown:
-            raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+            raise ValueError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: "
+                             f"{', '.join(sorted(DEFAULTABLE | sandbox.FUNCTION_KEYS))})")
         checked = {}
         for k, v in table.items():
+            if k in sandbox.FUNCTION_KEYS:  # where it runs and its limits: decided at run time (sandbox.py)
+                continue
             try:
                 checked[fields.BY_WIRE[k].name] = protocol.check_field(k, v)
             except protocol.QueueError as e:

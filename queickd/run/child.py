@@ -1,0 +1,147 @@
+"""The job's own process, freshly forked from the zygote: it locks itself in, runs the one
+job and writes its run report as JSON on fd 3, then exits without running any clean-up of
+the zygote it was copied from.
+
+Before job code runs it leads its own process group, becomes the subreaper of whatever it
+starts (so a grandchild that calls setsid is still its own, and the zygote's once it is
+gone), dies with the zygote, moves into its cgroup when it has one, takes stdin from
+/dev/null, stdout and stderr to the output pipe, closes every other descriptor, sets its
+rlimits, its directory and its scrubbed environment. Its peak memory is its own VmHWM,
+read just before it exits. It never unpickles anything and never returns to its caller.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from ..core.fate import clean
+from . import capture
+from .base import RunReport
+
+REPORT_FD = 3
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+_RLIMITS = {"as": resource.RLIMIT_AS, "cpu": resource.RLIMIT_CPU, "fsize": resource.RLIMIT_FSIZE,
+            "nofile": resource.RLIMIT_NOFILE}
+_strict = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+_libc: list = []  # loaded once in the zygote; every forked child inherits it
+
+
+def prctl(option: int, value: int) -> bool:
+    try:
+        if not _libc:
+            _libc.append(ctypes.CDLL(None, use_errno=True))
+        return _libc[0].prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def peak_memory() -> int | None:
+    """This process's peak resident memory in bytes (VmHWM): its own, unlike wait4's
+    ru_maxrss, which for a forked child starts from the parent's size at fork."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def cpu_time() -> float:
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def _lock_in(req: dict[str, Any], out_fd: int, rep_fd: int) -> None:
+    os.setpgid(0, 0)
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    if req.get("cgroup"):
+        with open(os.path.join(req["cgroup"], "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    os.dup2(rep_fd, REPORT_FD)
+    os.closerange(REPORT_FD + 1, max(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 256))
+    for name, value in (req.get("rlimits") or {}).items():
+        if value is not None:
+            resource.setrlimit(_RLIMITS[name], (value, value))
+    os.chdir(req["cwd"])
+    os.environ.clear()
+    os.environ.update(req["env"])
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - fd 0 lives as long as the process
+    sys.stdout = open(1, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
+
+
+def _judge(report: RunReport, value: Any, max_result: int) -> RunReport:
+    """A process job's result must be JSON within its output cap: nothing else crosses."""
+    if not report.ok:
+        return report
+    try:
+        size = len(_strict.encode(value).encode("utf-8"))
+    except (TypeError, ValueError) as e:
+        return RunReport(False, None, "not_json", clean(
+            f"the job returned a {type(value).__name__}, which is not JSON ({e}); a process job "
+            "returns JSON data: None, bool, int, float, str, list, dict"), None, permanent=True,
+            runtime=report.runtime)
+    if size > max_result:
+        return RunReport(False, None, "output_limit", f"the result is {size} bytes, over the output "
+                         f"limit of {max_result} bytes", None, permanent=True, runtime=report.runtime)
+    report.result = value
+    return report
+
+
+def run(req: dict[str, Any], out_fd: int, rep_fd: int, fn: Callable[..., Any]) -> NoReturn:
+    """Run the job in this freshly forked process and exit; never returns."""
+    code = 0
+    try:
+        try:
+            _lock_in(req, out_fd, rep_fd)
+        except BaseException as e:
+            report = capture.failed(e, 0.0)
+            report.error_type, report.permanent = "sandbox_setup", True
+        else:
+            began = time.monotonic()
+            value: Any = None
+            try:
+                if req.get("args_file"):
+                    with open(req["args_file"], encoding="utf-8") as f:
+                        req["args"], req["kwargs"] = json.load(f)
+                    os.unlink(req["args_file"])
+                value = fn(*req["args"], **req["kwargs"])
+            except BaseException as e:  # the job's SystemExit too: it is the report
+                report = capture.failed(e, time.monotonic() - began)
+            else:
+                report = RunReport(True, None, runtime=time.monotonic() - began)
+            report = _judge(report, value, req["max_result"])
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # a closed or broken stream must not lose the report
+                pass
+        report.peak_memory, report.cpu_time = peak_memory(), cpu_time()
+        data = json.dumps(report.to_dict(), ensure_ascii=False).encode("utf-8", "backslashreplace")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(REPORT_FD, view):]
+    except BaseException:
+        code = 70  # no report could be written: the parent says crashed with this code
+    os._exit(code)

@@ -1,0 +1,359 @@
+"""The process runner: runs a job in a fresh child of the zygote, holds it to its limits and
+turns what happened into a `RunReport`.
+
+Per job, in the calling worker thread: a fresh directory (the child's cwd, HOME and
+TMPDIR, removed afterwards), the output and report pipes (handed to the zygote, which
+forks the child onto them), then one selector loop until the zygote says the child is
+reaped: output drained as it comes (a child never blocks on a full pipe) and kept up to
+the cap, the report read from its own pipe, the wall-time deadline, and the memory watch
+(the child's RSS, or its cgroup's usage) while a memory limit is set. At a limit the
+child's process group gets SIGTERM (time) or SIGKILL (memory, output), and SIGKILL after
+the grace; the zygote kills and reaps whatever the job left behind before it reports the
+exit. What the child may see of the daemon's environment is `child_env`'s alone.
+Never forks, never decides a fate, never unpickles: the report is JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..core.fate import clean
+from ..core.job import Job
+from ..core.sandbox import Limits
+from . import capture, cgroup
+from .base import RunReport
+from .supervisor import Pending, ZygoteSupervisor, ZygoteUnavailableError
+
+log = logging.getLogger("queickd.sandbox")
+
+KILL_GRACE = 1.0  # seconds between SIGTERM and SIGKILL at a timeout
+WATCH_INTERVAL = 0.02  # seconds between looks at a memory-limited child's RSS
+MAX_STORED_OUTPUT = 64 * 1024  # bytes of captured output kept with the job
+MAX_REPORT = 1 << 20  # bytes of report beyond the result's own cap (traceback, message)
+FSIZE_LIMIT = 1 << 30  # bytes: the largest file a process job may write
+NOFILE_LIMIT = 1024
+INLINE_ARGS = 64 * 1024  # bytes of arguments sent in the request; more go through a file
+_PASSED_ENV = ("PATH", "LANG", "TZ")
+LIMIT_KINDS = ("timeout", "memory_limit", "output_limit")
+
+
+def child_env(job_dir: str, passthrough: Sequence[str] = (), creds_dir: str | None = None) -> dict[str, str]:
+    """The whole environment of a process job: PATH, LANG/LC_*, TZ, HOME and TMPDIR (its
+    fresh directory), the names --sandbox-env passes on, and its own credentials directory
+    when its function names credentials. Nothing else of the daemon's reaches it."""
+    env = {k: v for k, v in os.environ.items() if k in _PASSED_ENV or k.startswith("LC_")}
+    env.setdefault("PATH", os.defpath)
+    for name in passthrough:
+        if name in os.environ and not name.startswith("QUEICKD_"):
+            env[name] = os.environ[name]
+    env["HOME"] = env["TMPDIR"] = job_dir
+    if creds_dir is not None:
+        env["CREDENTIALS_DIRECTORY"] = creds_dir
+    return env
+
+
+def _rss(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+class ProcessRunner:
+    """Runs jobs in zygote children. Safe from many worker threads at once."""
+
+    def __init__(self, supervisor: ZygoteSupervisor, passthrough_env: Sequence[str] = (),
+                 *, use_cgroup: bool = True, kill_grace: float = KILL_GRACE) -> None:
+        self.supervisor = supervisor
+        self.passthrough_env = tuple(passthrough_env)
+        self.kill_grace = kill_grace
+        self.cgroups = cgroup.JobCgroups.find() if use_cgroup else None
+        self.kills = dict.fromkeys(LIMIT_KINDS, 0)  # limit kills by kind
+        self.crashed = 0
+        self._count_lock = threading.Lock()
+        self._watches: dict[int, _Watch] = {}  # job id -> its running child (under _count_lock)
+
+    def cancel(self, job_id: int) -> None:
+        """An operator cancelled the running job: its process group is killed at once (the
+        store has already marked it cancelled, so what it reports is discarded)."""
+        with self._count_lock:
+            watch = self._watches.get(job_id)
+        if watch is not None:
+            watch._kill("cancelled", "cancelled by an operator while it ran", signal.SIGKILL)
+
+    def _count(self, error_type: str | None) -> None:
+        with self._count_lock:
+            if error_type in self.kills:
+                self.kills[error_type] += 1
+            elif error_type == "crashed":
+                self.crashed += 1
+
+    def run(self, job: Job, limits: Limits | None = None) -> RunReport:
+        limits = limits or Limits()
+        began = time.monotonic()
+        job_dir = tempfile.mkdtemp(prefix=f"queickd-job-{job.id}-")
+        cg = None
+        try:
+            creds = _copy_credentials(job_dir, limits.credentials)
+            if self.cgroups is not None:
+                cg = self.cgroups.create(job.id, limits.memory_mb)
+            report = self._run(job, limits, job_dir, creds, cg, began)
+        except Exception as e:  # the sandbox itself failed: the job did not run as asked
+            log.exception("cannot run job %d in a process", job.id)
+            report = capture.failed(e, time.monotonic() - began)
+            report.error_type = "sandbox_setup"
+        finally:
+            if cg is not None:
+                cg.remove()
+            shutil.rmtree(job_dir, ignore_errors=True)
+        self._count(report.error_type)
+        return report
+
+    def _run(self, job: Job, limits: Limits, job_dir: str, creds: str | None, cg: Any,
+             began: float) -> RunReport:
+        max_out = limits.output_kb * 1024
+        rlimits = {"fsize": FSIZE_LIMIT, "nofile": NOFILE_LIMIT}
+        if limits.memory_mb is not None and cg is None:  # the backstop of the RSS watch
+            rlimits["as"] = (2 * limits.memory_mb + 1024) << 20
+        if limits.timeout is not None:  # CPU time cannot pass wall time; a backstop too
+            rlimits["cpu"] = int(limits.timeout) + 2
+        req = {"op": "run", "func": job.func, "args": job.args, "kwargs": job.kwargs,
+               "env": child_env(job_dir, self.passthrough_env, creds), "cwd": job_dir,
+               "rlimits": rlimits, "cgroup": cg.path if cg is not None else None, "max_result": max_out}
+        if len(job.args) + len(job.kwargs) and len(json.dumps([job.args, job.kwargs])) > INLINE_ARGS:
+            # A socket packet is bounded by the socket's buffer (~200 KB): large arguments go
+            # to the child in a file of its own directory, which it reads and removes.
+            req["args"], req["kwargs"] = [], {}
+            req["args_file"] = os.path.join(job_dir, ".queickd-args.json")
+            with open(req["args_file"], "w", encoding="utf-8") as f:
+                json.dump([job.args, job.kwargs], f, ensure_ascii=False)
+        for _ in range(2):  # a zygote that died or was stale before it forked: once more, on a new one
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
+            try:
+                try:
+                    p = self.supervisor.submit(job.func, req, (out_w, rep_w))
+                except ZygoteUnavailableError as e:
+                    return RunReport(False, None, "crashed", f"the job could not start: {e}", None,
+                                     runtime=time.monotonic() - began)
+                finally:
+                    os.close(out_w)
+                    os.close(rep_w)
+                watch = _Watch(self, p, out_r, rep_r, limits, max_out, cg, began)
+                with self._count_lock:
+                    self._watches[job.id] = watch
+                try:
+                    report = watch.run()
+                finally:
+                    with self._count_lock:
+                        self._watches.pop(job.id, None)
+                    self.supervisor.done(p)
+                left = watch.exit or {}
+                if watch.pid is not None or not ("zygote_died" in left or "stale" in left):
+                    return report
+                if "stale" in left:
+                    self.supervisor.reload("an app module changed on disk")
+            finally:
+                os.close(out_r)
+                os.close(rep_r)
+        return report
+
+
+class _Watch:
+    """One running child, watched until the zygote reports it reaped."""
+
+    def __init__(self, runner: ProcessRunner, p: Pending, out_r: int, rep_r: int, limits: Limits,
+                 max_out: int, cg: Any, began: float) -> None:
+        self.runner, self.p, self.limits, self.max_out, self.cg = runner, p, limits, max_out, cg
+        self.began = began
+        self.out, self.out_len, self.report = bytearray(), 0, bytearray()
+        self.pid: int | None = None
+        self.killed: tuple[str, str] | None = None  # (error type, message)
+        self.kill_at: float | None = None  # SIGKILL after the grace
+        self.exit: dict[str, Any] | None = None
+        self.peak_seen = 0
+        self.sel = selectors.DefaultSelector()
+        os.set_blocking(out_r, False)
+        os.set_blocking(rep_r, False)
+        self.sel.register(out_r, selectors.EVENT_READ, "out")
+        self.sel.register(rep_r, selectors.EVENT_READ, "rep")
+        self.sel.register(p.wake_r, selectors.EVENT_READ, "wake")
+
+    def run(self) -> RunReport:
+        deadline = None if self.limits.timeout is None else self.began + self.limits.timeout
+        watch = self.limits.memory_mb is not None
+        try:
+            while self.exit is None:
+                now = time.monotonic()
+                waits = [t - now for t in (deadline, self.kill_at) if t is not None]
+                if watch and self.pid is not None:
+                    waits.append(WATCH_INTERVAL)
+                for key, _ in self.sel.select(max(0.0, min(waits)) if waits else None):
+                    if key.data == "wake":
+                        self._replies(key.fd)
+                    else:
+                        self._read(key.fd, key.data)
+                if self.exit is not None:
+                    break
+                now = time.monotonic()
+                if deadline is not None and now >= deadline and self.killed is None and self.pid:
+                    self._kill("timeout", f"the job ran past its timeout of {self.limits.timeout:g} s "
+                               f"(killed after {now - self.began:.1f} s)", signal.SIGTERM)
+                if self.kill_at is not None and now >= self.kill_at:
+                    self._signal(signal.SIGKILL)
+                    self.kill_at = None
+                if watch and self.pid is not None and self.killed is None:
+                    self._watch_memory()
+            for key in list(self.sel.get_map().values()):  # what is in the pipes: never wait for EOF
+                if key.data != "wake":
+                    self._read(key.fd, key.data)
+        finally:
+            self.sel.close()
+        return self._report()
+
+    # --- events ------------------------------------------------------------------------------
+    def _replies(self, fd: int) -> None:
+        try:
+            os.read(fd, 64)
+        except BlockingIOError:
+            pass
+        for msg in self.p.take():
+            if "pid" in msg:
+                self.pid = msg["pid"]
+            else:
+                self.exit = msg
+
+    def _read(self, fd: int, which: str) -> None:
+        """Everything the pipe holds now (it is non-blocking): never wait for its EOF, which
+        a grandchild holding the pipe could keep from coming."""
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            if not data:
+                self.sel.unregister(fd)
+                return
+            if which == "out":
+                self.out_len += len(data)
+                room = self.max_out - len(self.out)
+                if room > 0:
+                    self.out += data[:room]
+                if self.out_len > self.max_out and self.killed is None:
+                    self._kill("output_limit", f"the job wrote more than its output limit of "
+                               f"{self.limits.output_kb} KB to stdout/stderr", signal.SIGKILL)
+            elif len(self.report) <= self.max_out + MAX_REPORT:
+                self.report += data
+
+    def _watch_memory(self) -> None:
+        used = self.cg.memory_peak() if self.cg is not None else _rss(self.pid)  # type: ignore[arg-type]
+        if used is None:
+            return
+        self.peak_seen = max(self.peak_seen, used)
+        limit = self.limits.memory_mb << 20  # type: ignore[operator]
+        if self.cg is None and used > limit:
+            self._kill("memory_limit", f"the job used {used >> 20} MB, over its memory limit of "
+                       f"{self.limits.memory_mb} MB", signal.SIGKILL)
+
+    def _kill(self, kind: str, message: str, sig: int) -> None:
+        self.killed = (kind, message)
+        self._signal(sig)
+        if sig == signal.SIGTERM:
+            self.kill_at = time.monotonic() + self.runner.kill_grace
+
+    def _signal(self, sig: int) -> None:
+        if self.pid is None or self.exit is not None:
+            return
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+        if self.cg is not None and sig == signal.SIGKILL:
+            self.cg.kill()
+
+    # --- the report --------------------------------------------------------------------------
+    def _report(self) -> RunReport:
+        runtime = time.monotonic() - self.began
+        exit_msg = self.exit or {}
+        output = self._output()
+        if "report" in exit_msg:  # the zygote could not load the function: nothing was forked
+            r = RunReport.from_dict(exit_msg["report"])
+            r.runtime = runtime
+            return r
+        cpu = exit_msg.get("cpu")
+        if self.cg is not None and self.cg.oom_killed() and self.killed is None:
+            self.killed = ("memory_limit", f"the job went over its memory limit of {self.limits.memory_mb} "
+                           f"MB (peak {(self.cg.memory_peak() or 0) >> 20} MB in its cgroup)")
+        if self.killed is not None:
+            kind, message = self.killed
+            r = RunReport(False, None, kind, message, None, runtime=runtime, cpu_time=cpu,
+                          peak_memory=self.peak_seen or None)
+        elif "zygote_died" in exit_msg:
+            r = RunReport(False, None, "crashed", "the zygote died while the job ran "
+                          f"(exit status {exit_msg['zygote_died']})", None, runtime=runtime)
+        else:
+            r = self._parse(exit_msg, runtime, cpu)
+        if r.error_type == "MemoryError" and self.limits.memory_mb is not None:
+            r.error_type = "memory_limit"
+            r.error_message = (f"the job ran out of memory under its limit of {self.limits.memory_mb} MB "
+                               f"({r.error_message or 'MemoryError'})")
+        if not r.ok:
+            r.output = output
+        return r
+
+    def _parse(self, exit_msg: dict[str, Any], runtime: float, cpu: float | None) -> RunReport:
+        status = exit_msg.get("exit", 0)
+        code = os.waitstatus_to_exitcode(status) if isinstance(status, int) else -1
+        if self.report:
+            try:
+                r = RunReport.from_dict(json.loads(bytes(self.report)))
+            except (ValueError, TypeError) as e:
+                return RunReport(False, None, "crashed", f"the job's report is not readable ({e}); "
+                                 f"exit code {code}", None, runtime=runtime, cpu_time=cpu)
+            r.runtime = r.runtime or runtime
+            if r.cpu_time is None:
+                r.cpu_time = cpu
+            return r
+        how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        return RunReport(False, None, "crashed", f"the job's process {how} without a report", None,
+                         runtime=runtime, cpu_time=cpu)
+
+    def _output(self) -> str | None:
+        if not self.out_len:
+            return None
+        text = clean(bytes(self.out[:MAX_STORED_OUTPUT]).decode("utf-8", "backslashreplace"))
+        if self.out_len > len(text.encode()):
+            text += f"\n[… {self.out_len} bytes in all; the first {min(len(self.out), MAX_STORED_OUTPUT)} kept]"
+        return text
+
+
+def _copy_credentials(job_dir: str, names: Sequence[str]) -> str | None:
+    """The systemd credentials the function's table names, copied into the job's own
+    directory: the child never sees the daemon's credentials directory."""
+    if not names:
+        return None
+    source = os.environ.get("CREDENTIALS_DIRECTORY")
+    dest = os.path.join(job_dir, ".credentials")
+    os.mkdir(dest, 0o700)
+    for name in names:
+        if source is None or not os.path.isfile(os.path.join(source, name)):
+            raise FileNotFoundError(f"credential {name!r} is not among the daemon's systemd credentials")
+        shutil.copyfile(os.path.join(source, name), os.path.join(dest, name))
+    return dest

@@ -1,0 +1,89 @@
+"""The routing runner: runs each job in a thread or in a process, as core.sandbox.decide
+says from the job's fields, its function's config table and the daemon's flags; counts
+runs by isolation. Decides nothing else and never touches the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+from ..core import sandbox
+from ..core.job import Job
+from .base import Runner, RunReport
+from .loader import FunctionLoader
+from .process import ProcessRunner
+from .supervisor import ZygoteSupervisor
+from .thread import ThreadRunner
+
+log = logging.getLogger("queickd.sandbox")
+
+
+class RoutingRunner:
+    def __init__(self, thread: Runner, process: ProcessRunner | None, defaults: sandbox.Defaults) -> None:
+        self.thread = thread
+        self.process = process  # None: this host cannot run jobs in processes
+        self.defaults = defaults
+        self.runs = dict.fromkeys(sandbox.ISOLATIONS, 0)
+        self._lock = threading.Lock()
+
+    @property
+    def supervisor(self) -> ZygoteSupervisor | None:
+        return self.process.supervisor if self.process is not None else None
+
+    def start(self) -> None:
+        """Start the zygote at once when the settings send jobs to processes."""
+        d = self.defaults
+        tables = (d.functions or {}).values()
+        eager = d.isolation == sandbox.PROCESS or any(getattr(d, k) is not None for k in sandbox.LIMITS) or any(
+            t.get("isolation") == sandbox.PROCESS or any(t.get(k) is not None for k in sandbox.LIMITS)
+            for t in tables)
+        if eager and self.supervisor is not None:
+            try:
+                self.supervisor.start()
+            except Exception as e:  # the first process job tries again (and fails as crashed)
+                log.error("cannot start the zygote: %s", e)
+
+    def stop(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.stop()
+
+    def reload(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.reload()
+
+    def cancel(self, job_id: int) -> None:
+        """Runner.cancel: a process job is killed; a thread job runs on (see ThreadRunner)."""
+        self.thread.cancel(job_id)
+        if self.process is not None:
+            self.process.cancel(job_id)
+
+    def stats(self) -> dict:
+        """Runs by isolation, limit kills by kind, the zygote's liveness and restarts."""
+        sup, proc = self.supervisor, self.process
+        return {"runs": dict(self.runs), "kills": dict(proc.kills) if proc else {},
+                "crashed": proc.crashed if proc else 0,
+                "zygote": {"alive": sup.alive if sup else False, "pid": sup.pid if sup else None,
+                           "restarts": sup.restarts if sup else 0}}
+
+    def run(self, job: Job) -> RunReport:
+        limits = sandbox.decide(job, self.defaults)
+        isolation = sandbox.THREAD if limits is None else sandbox.PROCESS
+        with self._lock:
+            self.runs[isolation] += 1
+        if limits is None:
+            return self.thread.run(job)
+        if self.process is None:  # never a silent downgrade to a thread
+            return RunReport(False, None, "sandbox_unavailable", "this worker cannot run jobs in a "
+                             "process (isolation, timeout, memory_mb or output_kb)", None, permanent=True)
+        return self.process.run(job, limits)
+
+
+def make_runner(loader: FunctionLoader, defaults: sandbox.Defaults, passthrough_env: Sequence[str] = (),
+                measure: Callable[[str], bool] | None = None) -> RoutingRunner:
+    """The runner a daemon or `queick worker` uses: threads, and a zygote for process jobs.
+    The zygote starts now when the settings send jobs to processes, else with the first
+    process job (a Pi that never runs one pays nothing for it)."""
+    supervisor = ZygoteSupervisor(loader.app_dir, loader.allow, preload=list(defaults.functions or ()))
+    return RoutingRunner(ThreadRunner(loader, measure), ProcessRunner(supervisor, passthrough_env), defaults)

@@ -1,0 +1,278 @@
+"""The daemon's side of the zygote (run/zygote.py): starts it with `subprocess`, hands it
+jobs, routes its replies to the worker threads waiting for them, and restarts it when it
+dies (with backoff, logged) or when it must re-import (an app module changed on disk, or
+SIGHUP: `reload()`).
+
+One reader thread per zygote waits on its socket; it is blocked in recv while no job runs,
+so the supervisor adds no wake-ups to an idle daemon. A retired zygote (replaced after a
+reload) serves its running jobs to their end and then exits by itself. The zygote gets a
+minimal environment of its own (no store URL, no token, nothing QUEICKD_*): only what it
+needs to find Python and the job modules. Never forks the daemon (subprocess uses
+vfork/posix_spawn-style exec of a fresh interpreter) and never decides a job's fate.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("queickd.sandbox")
+
+START_TIMEOUT = 30.0  # seconds a new zygote gets to import the job modules
+MAX_BACKOFF = 30.0
+STABLE_AFTER = 60.0  # a zygote alive this long resets the backoff
+_ZYGOTE_ENV = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "HOME")
+
+
+class ZygoteUnavailableError(RuntimeError):
+    """No zygote could be started (its error is logged); the job fails as crashed."""
+
+
+@dataclass
+class Pending:
+    """One request to a zygote: the replies come to `replies`, and a byte to `wake_w` for
+    the worker thread's selector."""
+
+    id: int
+    wake_r: int
+    wake_w: int
+    replies: list[dict[str, Any]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    zygote: Any = None  # the _Zygote it went to (a retired one finishes what it was given)
+
+    def post(self, msg: dict[str, Any]) -> None:
+        with self.lock:
+            self.replies.append(msg)
+        try:
+            os.write(self.wake_w, b"\0")
+        except OSError:
+            pass
+
+    def take(self) -> list[dict[str, Any]]:
+        with self.lock:
+            out, self.replies = self.replies, []
+        return out
+
+    def close(self) -> None:
+        for fd in (self.wake_r, self.wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class _Zygote:
+    """One zygote process and its socket."""
+
+    def __init__(self, sup: ZygoteSupervisor) -> None:
+        self.sup = sup
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {k: v for k, v in os.environ.items() if k in _ZYGOTE_ENV}
+        # The job modules and queickd itself must import in the zygote as they do here.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path[1:]] if p)
+        cmd = [sys.executable, "-m", "queickd.run.zygote", "--app-dir", sup.app_dir]
+        cmd += [x for a in sup.allow for x in ("--allow", a)]
+        cmd += [x for f in sorted(sup.preload) for x in ("--preload", f)]
+        cmd += ["--fd", str(theirs.fileno())]
+        try:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env=env,
+                                         cwd=sup.app_dir, close_fds=True, start_new_session=True)
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.pending: dict[int, Pending] = {}
+        self.lock = threading.Lock()
+        self.ready = threading.Event()
+        self.dead = False
+        self.retired = False
+        self.started = time.monotonic()
+        self.thread = threading.Thread(target=self._read, name="queickd-zygote-reader", daemon=True)
+        self.thread.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(1 << 20)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            msg = json.loads(data)
+            if "ready" in msg:
+                self.ready.set()
+                continue
+            with self.lock:
+                p = self.pending.get(msg.get("id"))
+            if p is not None:
+                p.post(msg)
+        with self.lock:
+            self.dead = True
+            waiting = list(self.pending.values())
+        self.ready.set()
+        code = self.proc.wait()
+        for p in waiting:
+            p.post({"id": p.id, "zygote_died": code})
+        self.sock.close()
+        self.sup._ended(self, code)
+
+    def send(self, p: Pending, msg: dict[str, Any], fds: Sequence[int]) -> None:
+        with self.lock:
+            if self.dead:
+                raise ZygoteUnavailableError("the zygote has died")
+            self.pending[p.id] = p
+        p.zygote = self
+        try:
+            socket.send_fds(self.sock, [json.dumps(msg).encode()], list(fds))
+        except OSError as e:
+            self.forget(p)
+            raise ZygoteUnavailableError(f"cannot reach the zygote: {e}") from None
+
+    def forget(self, p: Pending) -> None:
+        with self.lock:
+            self.pending.pop(p.id, None)
+
+    def retire(self) -> None:
+        self.retired = True
+        try:
+            self.sock.send(b'{"op": "retire"}')
+        except OSError:
+            pass
+
+
+class ZygoteSupervisor:
+    """Starts, hands jobs to, restarts and reloads the zygote. Safe from any thread."""
+
+    def __init__(self, app_dir: str, allow: Sequence[str] = (), preload: Sequence[str] = ()) -> None:
+        self.app_dir = os.path.realpath(app_dir)
+        self.allow = tuple(allow)
+        self.preload: set[str] = set(preload)  # functions the next zygote imports before forking
+        self.restarts = 0
+        self._zygote: _Zygote | None = None
+        self._lock = threading.Lock()
+        self._ids = 0
+        self._failures = 0  # deaths in a row, for the backoff
+        self._not_before = 0.0  # monotonic: no new zygote before this (backoff)
+        self._stopping = False
+        self._stop = threading.Event()
+
+    # --- state ---------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        z = self._zygote
+        return z is not None and not z.dead
+
+    @property
+    def pid(self) -> int | None:
+        z = self._zygote
+        return z.pid if z is not None and not z.dead else None
+
+    def start(self) -> None:
+        """Start the zygote now (else it starts with the first process job)."""
+        self._current()
+
+    def stop(self) -> None:
+        """Stop the zygote; its running children die with it. Idempotent, safe before start."""
+        self._stopping = True
+        self._stop.set()
+        with self._lock:
+            z, self._zygote = self._zygote, None
+        if z is not None:
+            z.sock.close() if z.dead else z.sock.shutdown(socket.SHUT_RDWR)
+            try:
+                z.proc.wait(5.0)
+            except subprocess.TimeoutExpired:
+                z.proc.kill()
+
+    def reload(self, why: str = "SIGHUP") -> None:
+        """Start a fresh zygote for the next jobs (re-importing the app); the old one
+        finishes the jobs it runs and exits."""
+        with self._lock:
+            old, self._zygote = self._zygote, None
+        if old is not None:
+            log.info("re-importing the job modules (%s): a new zygote for the next process jobs", why)
+            old.retire()
+
+    # --- jobs ----------------------------------------------------------------------------
+    def submit(self, func: str, msg: dict[str, Any], fds: Sequence[int]) -> Pending:
+        """Hand one job to the zygote; replies come to the returned Pending. Raises
+        ZygoteUnavailableError when no zygote can be had."""
+        self.preload.add(func)
+        r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        with self._lock:
+            self._ids += 1
+            p = Pending(self._ids, r, w)
+        msg = {**msg, "id": p.id}
+        try:
+            self._current().send(p, msg, fds)
+        except ZygoteUnavailableError:
+            self._current().send(p, msg, fds)  # it died just now: once more, with a new one
+        return p
+
+    def done(self, p: Pending) -> None:
+        """The job's replies are all in: forget it and close its wake-up pipe."""
+        if p.zygote is not None:
+            p.zygote.forget(p)
+        p.close()
+
+    def _current(self) -> _Zygote:
+        with self._lock:
+            z = self._zygote
+            if z is not None and not z.dead:
+                return z
+            if self._stopping:
+                raise ZygoteUnavailableError("the daemon is stopping")
+            wait = self._not_before - time.monotonic()
+            if wait > 0 and self._stop.wait(wait):  # the backoff after a death (at most 30 s)
+                raise ZygoteUnavailableError("the daemon is stopping")
+            try:
+                z = _Zygote(self)
+            except OSError as e:
+                self._backoff()
+                log.error("cannot start the zygote: %s", e)
+                raise ZygoteUnavailableError(f"cannot start the zygote: {e}") from None
+            self._zygote = z
+        if not z.ready.wait(START_TIMEOUT) or z.dead:
+            log.error("the zygote (pid %d) did not start", z.pid)
+            raise ZygoteUnavailableError("the zygote did not start")
+        log.info("zygote started (pid %d, %d function(s) preloaded)", z.pid, len(self.preload))
+        return z
+
+    def _backoff(self) -> None:
+        self._failures += 1
+        self._not_before = time.monotonic() + min(MAX_BACKOFF, 0.1 * 2 ** (self._failures - 1))
+
+    def _ended(self, z: _Zygote, code: int) -> None:
+        with self._lock:
+            current = self._zygote is z
+            if current:
+                self._zygote = None
+            if z.retired or self._stopping:
+                return
+            if time.monotonic() - z.started > STABLE_AFTER:
+                self._failures = 0
+            self._backoff()
+            self.restarts += 1
+            delay = self._not_before - time.monotonic()
+        log.warning("the zygote (pid %d) died (exit status %s); restarting it in %.1f s", z.pid, code, delay)
+        timer = threading.Timer(max(delay, 0.0), self._restart)
+        timer.daemon = True
+        timer.start()
+
+    def _restart(self) -> None:
+        try:
+            self._current()
+        except ZygoteUnavailableError as e:
+            log.warning("zygote restart: %s; trying again with the next process job", e)

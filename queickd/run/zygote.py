@@ -1,0 +1,255 @@
+"""The zygote: a long-lived, single-threaded fork server that has imported the job
+modules and forks one fresh child per process job (`python -m queickd.run.zygote`).
+
+The daemon is multi-threaded and must never fork itself; this process has one thread, so
+a fork of it is safe. It talks to its supervisor (run/supervisor.py) over one AF_UNIX
+SOCK_SEQPACKET socket (`--fd`), one JSON message per packet, with a job's output and
+report pipes passed alongside (SCM_RIGHTS):
+
+  -> {"op": "run", "id", "func", "args", "kwargs", "env", "cwd", "rlimits", "cgroup",
+      "max_result"} + [output fd, report fd]
+  <- {"id", "pid"}                      forked; the child runs (run/child.py)
+  <- {"id", "report": {...}}            not forked: the function cannot be loaded
+  <- {"id", "stale": true}              an app module changed on disk: start a new zygote
+  <- {"id", "exit": status, "cpu": s}   the child is reaped and nothing it started is left
+  -> {"op": "retire"}                   exit once the running children are done
+
+It is the subreaper of its children's descendants: a process a job left behind (one that
+called setsid included) becomes its child when the job's process ends, and is killed and
+reaped before the job's exit is reported. It waits in select and wakes only for a request
+or a SIGCHLD: an idle zygote costs no wake-ups. It exits when its supervisor goes away
+(its socket closes, which the kernel does for a daemon killed with SIGKILL too). It never runs job code in itself other
+than the import of job modules, and never unpickles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+from typing import Any
+
+from . import capture, child
+from .loader import FunctionLoader
+
+MAX_PACKET = 1 << 22  # a request's JSON: arguments are bounded by the protocol's line limit
+
+
+class Zygote:
+    def __init__(self, sock: socket.socket, loader: FunctionLoader) -> None:
+        self.sock = sock
+        self.loader = loader
+        self.jobs: dict[int, int] = {}  # pid -> request id of the running children
+        self.mtimes: dict[str, float] = {}  # app module files imported, at their import mtime
+        self.retiring = False
+
+    # --- imports -----------------------------------------------------------------------------
+    def preload(self, funcs: list[str]) -> None:
+        for func in funcs:
+            try:
+                self.loader.resolve(func)
+            except Exception as e:  # a function that cannot load fails its own jobs, later
+                print(f"queickd zygote: cannot preload {func}: {e}", file=sys.stderr, flush=True)
+        self._note_modules()
+
+    def _note_modules(self) -> None:
+        for mod in list(sys.modules.values()):
+            path = getattr(mod, "__file__", None)
+            if path and path not in self.mtimes and path.startswith(self.loader.app_dir + os.sep):
+                try:
+                    self.mtimes[path] = os.stat(path).st_mtime
+                except OSError:
+                    pass
+
+    def stale(self) -> bool:
+        """Has an app module this process imported changed on disk since?"""
+        for path, mtime in self.mtimes.items():
+            try:
+                if os.stat(path).st_mtime != mtime:
+                    return True
+            except OSError:
+                return True
+        return False
+
+    # --- the loop ----------------------------------------------------------------------------
+    def send(self, msg: dict[str, Any]) -> None:
+        try:
+            self.sock.send(json.dumps(msg).encode())
+        except OSError:
+            pass  # the supervisor is gone: the loop sees the socket close
+
+    def serve(self) -> None:
+        r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        signal.set_wakeup_fd(w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # the byte in the pipe is what counts
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        sel = selectors.DefaultSelector()
+        sel.register(self.sock, selectors.EVENT_READ)
+        sel.register(r, selectors.EVENT_READ)
+        while True:
+            self.reap()
+            if self.retiring and not self.jobs:
+                return
+            for key, _ in sel.select():
+                if key.fileobj is self.sock:
+                    if not self.receive():
+                        self.kill_all()
+                        return
+                else:
+                    while True:
+                        try:
+                            if not os.read(r, 512):
+                                break
+                        except BlockingIOError:
+                            break
+
+    def receive(self) -> bool:
+        try:
+            data, fds, _, _ = socket.recv_fds(self.sock, MAX_PACKET, 4)
+        except InterruptedError:
+            return True
+        except OSError:
+            return False
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            return False
+        try:
+            msg = json.loads(data)
+            if msg.get("op") == "retire":
+                self.retiring = True
+            elif msg.get("op") == "run":
+                self.start(msg, fds)
+                fds = []
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return True
+
+    def start(self, req: dict[str, Any], fds: list[int]) -> None:
+        try:
+            if len(fds) != 2:
+                self.send({"id": req["id"], "report": capture.refused(
+                    "sandbox_setup", "the job's pipes did not arrive").to_dict()})
+                return
+            if self.stale():
+                self.send({"id": req["id"], "stale": True})
+                return
+            try:
+                fn = self.loader.resolve(req["func"])
+            except Exception as e:
+                report = capture.failed(e, 0.0)
+                if getattr(e, "code", None) == "not_allowed":
+                    report = capture.refused("not_allowed", str(getattr(e, "message", e)))
+                self.send({"id": req["id"], "report": report.to_dict()})
+                return
+            self._note_modules()
+            pid = os.fork()
+            if pid == 0:
+                self.sock.close()
+                child.run(req, fds[0], fds[1], fn)  # never returns
+            try:
+                os.setpgid(pid, pid)  # as the child does itself: whoever is first
+            except OSError:
+                pass
+            self.jobs[pid] = req["id"]
+            self.send({"id": req["id"], "pid": pid})
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def reap(self) -> None:
+        """Reap every child that has ended; for a job's, first kill what it left behind."""
+        while True:
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            rid = self.jobs.pop(pid, None)
+            if rid is None:
+                continue  # a leftover, reaped
+            self.kill_leftovers()
+            self.send({"id": rid, "exit": status, "cpu": usage.ru_utime + usage.ru_stime})
+
+    def kill_leftovers(self) -> None:
+        """Every child of ours that is not a running job's process was left behind by a job
+        that has ended (its descendants become ours as each parent dies): kill them all."""
+        for _ in range(1000):
+            left = [p for p in _children() if p not in self.jobs]
+            if not left:
+                return
+            for p in left:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            for p in left:
+                try:
+                    os.waitpid(p, 0)
+                except ChildProcessError:
+                    pass
+
+    def kill_all(self) -> None:
+        for pid in list(self.jobs):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.jobs.clear()
+        self.kill_leftovers()
+
+
+def _children() -> list[int]:
+    """This process's children, from /proc."""
+    me = os.getpid()
+    try:
+        with open(f"/proc/{me}/task/{me}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat.rsplit(b")", 1)[1].split()[1]) == me:
+                out.append(int(name))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m queickd.run.zygote")
+    p.add_argument("--app-dir", default=".")
+    p.add_argument("--allow", action="append", default=[])
+    p.add_argument("--preload", action="append", default=[])
+    p.add_argument("--fd", type=int, required=True, help="the supervisor's socket")
+    a = p.parse_args(argv)
+    # No parent-death signal here: it follows the daemon *thread* that started this process,
+    # and a restart may come from a short-lived one. The socket closing is the daemon's end.
+    if not child.prctl(child.PR_SET_CHILD_SUBREAPER, 1):
+        print("queickd zygote: cannot become a subreaper; a job's setsid children may outlive it",
+              file=sys.stderr, flush=True)
+    sock = socket.socket(fileno=a.fd)
+    z = Zygote(sock, FunctionLoader(a.app_dir, a.allow))
+    z.preload(a.preload)
+    z.send({"ready": os.getpid()})
+    try:
+        z.serve()
+    except OSError as e:
+        if e.errno != errno.EBADF:
+            raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

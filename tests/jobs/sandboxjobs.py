@@ -1,0 +1,102 @@
+"""Jobs for the sandbox tests: each misbehaves in one way a process job must survive."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import time
+
+
+def noop() -> None:
+    return None
+
+
+def whoami() -> dict:
+    """Where it ran: its pid, cwd and whole environment."""
+    return {"pid": os.getpid(), "cwd": os.getcwd(), "env": dict(os.environ)}
+
+
+def spin() -> None:
+    while True:
+        pass
+
+
+def hog() -> None:
+    """Touched memory, 10 MB at a time, up to 2 GB (a bytearray of zeros would not be resident)."""
+    chunks = []
+    for _ in range(200):
+        chunks.append(b"x" * (10 << 20))
+
+
+def allocate(mb: int) -> int:
+    block = b"x" * (mb << 20)
+    return len(block) >> 20
+
+
+def burn(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def spawn_and_hang(pidfile: str) -> None:
+    """A grandchild in its process group, one that calls setsid, then hang."""
+    a = subprocess.Popen(["sleep", "300"])
+    b = subprocess.Popen(["sleep", "301"], start_new_session=True)
+    with open(pidfile, "w") as f:
+        f.write(f"{a.pid} {b.pid}\n")
+    while True:
+        time.sleep(1)
+
+
+def spawn_and_return(pidfile: str) -> str:
+    b = subprocess.Popen(["sleep", "302"], start_new_session=True)
+    with open(pidfile, "w") as f:
+        f.write(f"{b.pid}\n")
+    return "left one behind"
+
+
+def flood(megabytes: int) -> None:
+    chunk = b"y" * 65536
+    for _ in range(megabytes * 16):
+        sys.stdout.buffer.write(chunk)
+
+
+def chatty() -> None:
+    print("to stdout")
+    print("to stderr", file=sys.stderr)
+    raise ValueError("failed after talking")
+
+
+def exit3() -> None:
+    os._exit(3)
+
+
+def segfault() -> None:
+    ctypes.string_at(0)
+
+
+def returns_a_set() -> set:
+    return {1, 2}
+
+
+class UnbuildableError(Exception):
+    """An exception whose class exists only in the child and needs arguments to rebuild."""
+
+    def __init__(self, a: int, b: int) -> None:
+        super().__init__(f"needs {a} and {b}")
+
+
+def raises_unbuildable() -> None:
+    raise UnbuildableError(1, 2)
+
+
+def sleep(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def size(text: str, extra: dict | None = None) -> int:
+    return len(text) + len(extra or {})

@@ -1,0 +1,250 @@
+"""The process runner on its own: real zygote, real children, real limits (no daemon).
+
+Each test runs jobs of tests/jobs/sandboxjobs.py through one ProcessRunner whose zygote is
+started once per module; the limits are the real ones (signals, RSS, pipes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from test_fate import make_job
+
+from queickd.core import sandbox
+from queickd.core.fate import after_failure
+from queickd.core.job import State
+from queickd.core.sandbox import Limits
+from queickd.run import cgroup
+from queickd.run.process import KILL_GRACE, ProcessRunner, child_env
+from queickd.run.supervisor import ZygoteSupervisor
+
+JOBS = str(Path(__file__).parent / "jobs")
+
+
+@pytest.fixture(scope="module")
+def runner():
+    sup = ZygoteSupervisor(JOBS)
+    r = ProcessRunner(sup, use_cgroup=False)
+    yield r
+    sup.stop()
+
+
+def run(runner: ProcessRunner, func: str, *args, limits: Limits | None = None):
+    return runner.run(make_job(func=f"sandboxjobs:{func}", args=list(args)), limits)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_process_job_returns_its_result_with_its_own_peak_memory_and_cpu_time(runner):
+    r = run(runner, "allocate", 64)
+    assert (r.ok, r.result) == (True, 64)
+    assert r.peak_memory is not None and r.peak_memory >= 64 << 20  # its VmHWM holds the 64 MB it touched
+    small = run(runner, "noop")
+    assert small.peak_memory < r.peak_memory  # its own, not the zygote's at fork or the last job's
+    burnt = run(runner, "burn", 0.2)
+    assert 0.15 <= burnt.cpu_time < 2
+
+
+def test_an_infinite_loop_is_killed_at_its_timeout_and_the_next_job_runs(runner):
+    began = time.monotonic()
+    r = run(runner, "spin", limits=Limits(timeout=1))
+    took = time.monotonic() - began
+    assert r.error_type == "timeout" and "1 s" in r.error_message
+    assert 1 <= took < 1 + KILL_GRACE + 0.5
+    assert run(runner, "noop").ok
+
+
+def test_a_timeout_leaves_no_grandchild_behind_even_one_that_called_setsid(runner, tmp_path):
+    pidfile = tmp_path / "pids"
+    r = run(runner, "spawn_and_hang", str(pidfile), limits=Limits(timeout=1))
+    assert r.error_type == "timeout"
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert len(pids) == 2 and all(_gone(p) for p in pids)  # killed and reaped before the report
+
+
+def test_a_job_that_returns_leaves_nothing_running_either(runner, tmp_path):
+    pidfile = tmp_path / "pids"
+    r = run(runner, "spawn_and_return", str(pidfile))
+    assert (r.ok, r.result) == (True, "left one behind")
+    assert _gone(int(pidfile.read_text()))
+
+
+def test_a_job_past_its_memory_limit_is_killed_with_what_was_measured(runner):
+    r = run(runner, "hog", limits=Limits(memory_mb=64))
+    assert r.error_type == "memory_limit" and "64 MB" in r.error_message
+    assert not r.ok and r.runtime < 10
+
+
+def test_a_job_flooding_stdout_is_cut_at_its_output_limit_and_killed(runner):
+    r = run(runner, "flood", 100, limits=Limits(output_kb=64))
+    assert r.error_type == "output_limit" and "64 KB" in r.error_message
+    assert r.output.startswith("y" * 1000) and "bytes in all" in r.output
+    assert len(r.output) < 66 * 1024
+
+
+def test_the_captured_output_of_a_failed_job_is_kept_in_its_error(runner):
+    r = run(runner, "chatty")
+    assert r.error_type == "ValueError"
+    assert "to stdout" in r.output and "to stderr" in r.output
+    err = after_failure(make_job(retry=None, max_attempts=1), r, 0.0).error
+    assert "to stderr" in err["output"]
+
+
+def test_the_child_sees_none_of_the_daemons_secrets_and_runs_in_a_fresh_directory_that_is_removed(
+        runner, monkeypatch):
+    for name, value in (("QUEICKD_TOKEN", "secret"), ("QUEICKD_STORE", "postgresql://u:pw@db/q"),
+                        ("DATABASE_URL", "postgresql://u:pw@db/q"), ("AWS_SECRET_ACCESS_KEY", "aws")):
+        monkeypatch.setenv(name, value)
+    r = run(runner, "whoami")
+    env, cwd = r.result["env"], r.result["cwd"]
+    assert not {"QUEICKD_TOKEN", "QUEICKD_STORE", "DATABASE_URL", "AWS_SECRET_ACCESS_KEY"} & env.keys()
+    assert "postgresql://" not in repr(env)
+    assert set(env) <= {"PATH", "LANG", "TZ", "HOME", "TMPDIR"} | {k for k in env if k.startswith("LC_")}
+    assert env["HOME"] == env["TMPDIR"] == cwd and r.result["pid"] != os.getpid()
+    assert not os.path.exists(cwd)
+
+
+def test_sandbox_env_passes_on_a_named_variable_but_never_a_queickd_one(monkeypatch, tmp_path):
+    monkeypatch.setenv("APP_MODE", "edge")
+    monkeypatch.setenv("QUEICKD_TOKEN", "secret")
+    env = child_env(str(tmp_path), ["APP_MODE", "QUEICKD_TOKEN"])
+    assert env["APP_MODE"] == "edge" and "QUEICKD_TOKEN" not in env
+
+
+def test_os_exit_is_crashed_with_its_code(runner):
+    r = run(runner, "exit3")
+    assert r.error_type == "crashed" and "code 3" in r.error_message
+
+
+def test_a_segfault_is_crashed_with_its_signal(runner):
+    r = run(runner, "segfault")
+    assert r.error_type == "crashed" and "SIGSEGV" in r.error_message
+
+
+def test_a_result_that_is_not_json_is_a_clear_permanent_error(runner):
+    r = run(runner, "returns_a_set")
+    assert (r.ok, r.error_type, r.permanent) == (False, "not_json", True)
+    assert "set" in r.error_message and "JSON" in r.error_message
+
+
+def test_an_exception_class_the_parent_cannot_rebuild_arrives_as_its_name_message_and_traceback(runner):
+    r = run(runner, "raises_unbuildable")
+    assert (r.error_type, r.error_message) == ("UnbuildableError", "needs 1 and 2")
+    assert "raises_unbuildable" in r.traceback
+
+
+def test_a_function_that_cannot_be_imported_fails_without_a_fork(runner):
+    r = runner.run(make_job(func="sandboxjobs:missing"), None)
+    assert r.error_type == "AttributeError"
+
+
+def test_a_zygote_killed_with_sigkill_is_restarted_and_the_next_job_runs(caplog):
+    sup = ZygoteSupervisor(JOBS)
+    r = ProcessRunner(sup, use_cgroup=False)
+    try:
+        assert run(r, "noop").ok
+        first = sup.pid
+        os.kill(first, signal.SIGKILL)
+        after = run(r, "whoami")  # waits out the backoff if the restart has not happened yet
+        assert after.ok and sup.pid not in (None, first)
+        assert sup.restarts == 1
+    finally:
+        sup.stop()
+
+
+def test_a_reload_starts_a_fresh_zygote_for_the_next_jobs(runner):
+    before = runner.supervisor.pid
+    runner.supervisor.reload("test")
+    assert run(runner, "noop").ok
+    assert runner.supervisor.pid != before
+
+
+def test_a_limit_on_the_job_wins_over_its_function_and_the_daemon():
+    d = sandbox.Defaults(timeout=60, functions={"m:f": {"timeout": 30, "memory_mb": 128}})
+    limits = sandbox.decide(make_job(func="m:f", timeout=5), d)
+    assert (limits.timeout, limits.memory_mb) == (5, 128)
+
+
+def test_a_job_that_asks_for_a_thread_stays_off_the_daemons_limits():
+    d = sandbox.Defaults(timeout=60)
+    assert sandbox.decide(make_job(isolation="thread"), d) is None
+    assert sandbox.decide(make_job(), d).timeout == 60
+
+
+def test_a_job_with_a_limit_runs_in_a_process_even_on_a_thread_daemon():
+    assert sandbox.decide(make_job(memory_mb=64), sandbox.Defaults()) is not None
+    assert sandbox.decide(make_job(), sandbox.Defaults()) is None
+
+
+def test_a_job_that_failed_at_its_memory_limit_gets_no_more_memory_on_its_next_try():
+    job = make_job(memory_mb=64)
+    assert job.memory_mb == 64 and sandbox.decide(job, sandbox.Defaults()).memory_mb == 64
+    from queickd.run.base import RunReport
+
+    out = after_failure(job, RunReport(False, None, "memory_limit", "over", None), 0.0)
+    assert out.state == State.SCHEDULED  # retried like any failure
+
+
+def test_per_job_cgroups_hold_the_memory_limit_where_a_cgroup_can_be_created(tmp_path):
+    found = cgroup.JobCgroups.find()
+    if found is None:
+        pytest.skip(f"no per-job cgroup here: {cgroup.JobCgroups.reason}")
+    sup = ZygoteSupervisor(JOBS)
+    r = ProcessRunner(sup)
+    try:
+        assert r.cgroups is not None
+        out = run(r, "hog", limits=Limits(memory_mb=64))
+        assert out.error_type == "memory_limit"
+        assert not [p for p in os.listdir(found.base) if p.startswith("job-")]
+    finally:
+        sup.stop()
+
+
+def test_a_changed_app_module_is_imported_afresh_for_the_next_process_job(tmp_path):
+    app = tmp_path / "app"
+    app.mkdir()
+    mod = app / "changing.py"
+    mod.write_text("def version():\n    return 1\n")
+    sup = ZygoteSupervisor(str(app))
+    r = ProcessRunner(sup, use_cgroup=False)
+    try:
+        assert r.run(make_job(func="changing:version"), None).result == 1
+        mod.write_text("def version():\n    return 2\n")
+        os.utime(mod, (time.time() + 5, time.time() + 5))  # a new mtime even on a coarse clock
+        again = r.run(make_job(func="changing:version"), None)
+        assert (again.ok, again.result) == (True, 2)
+    finally:
+        sup.stop()
+
+
+def test_a_function_tables_credential_is_copied_into_the_jobs_own_directory_and_a_missing_one_refused(tmp_path, monkeypatch):
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "slack-token").write_text("xoxb")
+    (creds / "db-password").write_text("hunter2")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    sup = ZygoteSupervisor(JOBS)
+    r = ProcessRunner(sup, use_cgroup=False)
+    try:
+        out = r.run(make_job(func="sandboxjobs:whoami"), Limits(credentials=("slack-token",)))
+        own = out.result["env"]["CREDENTIALS_DIRECTORY"]
+        assert own.startswith(out.result["cwd"]) and own != str(creds)
+        assert not os.path.exists(own)  # removed with the job's directory
+        refused = r.run(make_job(func="sandboxjobs:whoami"), Limits(credentials=("nope",)))
+        assert refused.error_type == "sandbox_setup" and "nope" in refused.error_message
+    finally:
+        sup.stop()
+
+
+def test_arguments_larger_than_a_socket_packet_reach_the_child(runner):
+    r = runner.run(make_job(func="sandboxjobs:size", args=["x" * 900_000], kwargs={"extra": {"a": 1}}), None)
+    assert (r.ok, r.result) == (True, 900_001)

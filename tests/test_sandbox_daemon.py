@@ -1,0 +1,183 @@
+"""Sandboxed runs through a real daemon (and `queick worker` on PostgreSQL): process jobs
+by job field, function table and daemon flag; their limits; what stats, /metrics and
+`queick show` say; the bad input refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from fleethelpers import WorkerProcess
+from helpers import JOBS_DIR
+from httphelpers import scrape, start_web
+
+from queickd.cli import EX_CONFIG
+from queickd.core.job import State
+from queickd.core.protocol import QueueError
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_a_job_with_a_timeout_is_killed_dead_and_the_next_job_runs(daemon, client):
+    job = client.wait(client.enqueue("sandboxjobs:spin", timeout=1), 20)
+    assert (job["state"], job["error"]["type"]) == (State.DEAD, "timeout")
+    nxt = client.wait(client.enqueue("sandboxjobs:whoami", isolation="process"), 20)
+    assert nxt["state"] == State.SUCCEEDED and nxt["result"]["pid"] != daemon.proc.pid
+
+
+def test_a_timeout_is_retried_like_any_failure(client):
+    job_id = client.enqueue("sandboxjobs:spin", timeout=0.5, retry=True, retry_type="constant",
+                            retry_interval=0.1, max_attempts=2)
+    job = client.wait(job_id, 20)
+    assert (job["state"], job["attempts"], job["error"]["type"]) == (State.DEAD, 2, "timeout")
+
+
+def test_a_memory_hog_is_killed_and_the_daemons_memory_does_not_grow(daemon, client):
+    client.wait(client.enqueue("sandboxjobs:noop", isolation="process"), 20)  # the zygote is up
+    before = _rss(daemon.proc.pid)
+    job = client.wait(client.enqueue("sandboxjobs:hog", memory_mb=64), 30)
+    assert (job["state"], job["error"]["type"]) == (State.DEAD, "memory_limit")
+    assert _rss(daemon.proc.pid) < before + (20 << 20)
+
+
+def test_100_mb_of_stdout_is_cut_at_the_cap_and_the_daemon_answers_meanwhile(client, daemon):
+    job_id = client.enqueue("sandboxjobs:flood", [100], output_kb=64 * 1024)
+    acks = []
+    with daemon.client() as other:
+        while client.get(job_id)["state"] in (State.QUEUED, State.RUNNING) and len(acks) < 50:
+            t = time.monotonic()
+            other.enqueue("testjobs:noop")
+            acks.append(time.monotonic() - t)
+    job = client.wait(job_id, 30)
+    assert (job["state"], job["error"]["type"]) == (State.DEAD, "output_limit")
+    assert acks and max(acks) < 0.5
+    assert job["error"]["output"].startswith("y" * 100) and len(job["error"]["output"]) < 70 * 1024
+
+
+def test_queick_show_prints_a_failed_process_jobs_output(client, daemon):
+    job_id = client.wait(client.enqueue("sandboxjobs:chatty", isolation="process"), 20)["id"]
+    out = subprocess.run([sys.executable, "-m", "queickd", "show", str(job_id), "--port", str(daemon.port)],
+                         capture_output=True, text=True, timeout=30)
+    assert "output:" in out.stdout and "to stderr" in out.stdout and "ValueError" in out.stdout
+
+
+def test_the_daemon_keeps_its_secrets_from_a_process_job(start_daemon, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    d = start_daemon(None, "--token-file", str(token), "--isolation", "process", "--sandbox-env", "APP_MODE",
+                     env={"AWS_SECRET_ACCESS_KEY": "aws", "QUEICKD_TOKEN": "s3cret", "APP_MODE": "edge"})
+    with d.client(token="s3cret") as q:
+        job = q.wait(q.enqueue("sandboxjobs:whoami"), 20)
+    env = job["result"]["env"]
+    assert env["APP_MODE"] == "edge"
+    assert not {"AWS_SECRET_ACCESS_KEY", "QUEICKD_TOKEN"} & env.keys()
+    assert "s3cret" not in repr(env) and str(tmp_path) not in repr(env) and "sqlite" not in repr(env)
+    assert not os.path.exists(job["result"]["cwd"])
+
+
+def test_a_function_table_in_the_config_file_sends_its_jobs_to_a_process(start_daemon, tmp_path):
+    path = tmp_path / "q.toml"
+    path.write_text('[functions."sandboxjobs:spin"]\ntimeout = 0.5\n'
+                    '[functions."sandboxjobs:whoami"]\nisolation = "process"\n')
+    d = start_daemon(None, "--config", str(path))
+    with d.client() as q:
+        assert q.wait(q.enqueue("sandboxjobs:spin"), 20)["error"]["type"] == "timeout"
+        assert q.wait(q.enqueue("sandboxjobs:whoami"), 20)["result"]["pid"] != d.proc.pid
+        assert q.wait(q.enqueue("sandboxjobs:whoami", isolation="thread"), 20)["result"]["pid"] == d.proc.pid
+
+
+def test_the_zygote_killed_with_sigkill_is_restarted_and_stats_count_it(daemon, client):
+    client.wait(client.enqueue("sandboxjobs:noop", isolation="process"), 20)
+    zygote = client.stats()["sandbox"]["zygote"]
+    assert zygote["alive"]
+    os.kill(zygote["pid"], signal.SIGKILL)
+    daemon.wait_for_line(r"zygote \(pid \d+\) died")
+    job = client.wait(client.enqueue("sandboxjobs:noop", isolation="process"), 20)
+    assert job["state"] == State.SUCCEEDED
+    sb = client.stats()["sandbox"]
+    assert sb["zygote"]["restarts"] == 1 and sb["zygote"]["alive"] and sb["zygote"]["pid"] != zygote["pid"]
+
+
+def test_sighup_makes_process_jobs_reimport_the_app(daemon, client):
+    client.wait(client.enqueue("sandboxjobs:noop", isolation="process"), 20)
+    first = client.stats()["sandbox"]["zygote"]["pid"]
+    daemon.proc.send_signal(signal.SIGHUP)
+    daemon.wait_for_line("re-importing the job modules")
+    assert client.wait(client.enqueue("sandboxjobs:noop", isolation="process"), 20)["state"] == State.SUCCEEDED
+    assert client.stats()["sandbox"]["zygote"]["pid"] != first
+
+
+def test_metrics_count_runs_by_isolation_and_limit_kills_by_kind(start_daemon, tmp_path):
+    web = start_web(start_daemon, tmp_path)
+    with web.daemon.client() as q:
+        q.wait(q.enqueue("testjobs:noop"), 20)
+        q.wait(q.enqueue("sandboxjobs:spin", timeout=0.3), 20)
+        q.wait(q.enqueue("sandboxjobs:exit3", isolation="process"), 20)
+    m = scrape(web)
+    assert m[("queickd_runs_total", (("isolation", "thread"),))] == 1
+    assert m[("queickd_runs_total", (("isolation", "process"),))] == 2
+    assert m[("queickd_limit_kills_total", (("kind", "timeout"),))] == 1
+    assert m[("queickd_limit_kills_total", (("kind", "memory_limit"),))] == 0
+    assert m[("queickd_process_crashes_total", ())] == 1
+    assert m[("queickd_zygote_up", ())] == 1 and m[("queickd_zygote_restarts_total", ())] == 0
+    assert 'data-metric="sandbox"' in web.get("/").body.decode()
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"isolation": "container"}, "isolation must be one of"),
+    ({"timeout": 0}, "timeout must be"),
+    ({"timeout": 90000}, "timeout must be"),
+    ({"memory_mb": 8}, "memory_mb must be"),
+    ({"output_kb": -1}, "output_kb must be"),
+    ({"isolation": "thread", "timeout": 5}, "runs in a process"),
+])
+def test_bad_sandbox_fields_are_a_bad_request(client, fields, message):
+    with pytest.raises(QueueError) as e:
+        client.enqueue("sandboxjobs:noop", **fields)
+    assert e.value.code == "bad_request" and message in e.value.message
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[functions."sandboxjobs:noop"]\nisolation = "vm"\n', "isolation must be one of"),
+    ('[functions."sandboxjobs:noop"]\nmemory_mb = 4\n', "memory_mb must be"),
+    ('[functions."sandboxjobs:noop"]\nisolation = "thread"\ntimeout = 3\n', "runs in a process"),
+    ('[functions."sandboxjobs:noop"]\nnice = 3\n', "unknown key"),
+    ('isolation = "thread"\ntimeout = 3\n', "runs in a process"),
+])
+def test_a_bad_sandbox_setting_in_the_config_file_exits_78(tmp_path, text, message):
+    path = tmp_path / "q.toml"
+    path.write_text(f'store = "memory://"\nport = 0\napp-dir = "{JOBS_DIR}"\n{text}')
+    r = subprocess.run([sys.executable, "-m", "queickd", "--config", str(path)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == EX_CONFIG and message in r.stderr
+
+
+def test_a_process_job_on_queick_worker_obeys_the_same_limits(pg_fresh_database, start_daemon):
+    url = pg_fresh_database
+    d = start_daemon(url, "--heartbeat", "0.5", workers=0)
+    w = WorkerProcess(url).start()
+    try:
+        with d.client() as q:
+            spun = q.wait(q.enqueue("sandboxjobs:spin", timeout=1), 30)
+            hog = q.wait(q.enqueue("sandboxjobs:hog", memory_mb=64), 30)
+            who = q.wait(q.enqueue("sandboxjobs:whoami", isolation="process"), 30)
+        assert spun["error"]["type"] == "timeout" and hog["error"]["type"] == "memory_limit"
+        assert who["result"]["pid"] not in (w.pid, d.proc.pid) and "postgresql" not in repr(who["result"]["env"])
+    finally:
+        w.close()
+
+
+def test_queick_enqueue_takes_the_limits_as_flags(daemon):
+    out = subprocess.run([sys.executable, "-m", "queickd", "enqueue", "sandboxjobs:spin", "--timeout", "0.5",
+                          "--wait", "20", "--json", "--port", str(daemon.port)],
+                         capture_output=True, text=True, timeout=60)
+    job = json.loads(out.stdout)
+    assert out.returncode == 1 and job["error"]["type"] == "timeout" and job["timeout"] == 0.5
