@@ -181,3 +181,28 @@ def test_queick_enqueue_takes_the_limits_as_flags(daemon):
                          capture_output=True, text=True, timeout=60)
     job = json.loads(out.stdout)
     assert out.returncode == 1 and job["error"]["type"] == "timeout" and job["timeout"] == 0.5
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1].startswith("Z")  # a zombie has ended
+    except FileNotFoundError:
+        return True
+
+
+def test_cancelling_a_running_process_job_kills_it_and_what_it_started(client, tmp_path):
+    pidfile = tmp_path / "pids"
+    job_id = client.enqueue("sandboxjobs:spawn_and_hang", [str(pidfile)], isolation="process")
+    deadline = time.monotonic() + 20
+    while not (pidfile.exists() and pidfile.read_text().endswith("\n")):
+        assert time.monotonic() < deadline, "the job never started its children"
+        time.sleep(0.05)
+    pids = [int(p) for p in pidfile.read_text().split()]
+    client.cancel(job_id)
+    assert client.get(job_id)["state"] == State.CANCELLED
+    while not all(_process_gone(p) for p in pids):
+        assert time.monotonic() < deadline, "the cancelled job's processes are still alive"
+        time.sleep(0.05)
+    after = client.wait(client.enqueue("sandboxjobs:noop", isolation="process"), 20)
+    assert after["state"] == State.SUCCEEDED and client.get(job_id)["state"] == State.CANCELLED
