@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -48,7 +48,6 @@ from .base import (
     CronFire,
     CronRecord,
     EventAccepted,
-    EventState,
     Finished,
     NewEvent,
     Pause,
@@ -636,18 +635,11 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
                 old = c.execute("SELECT state, job_id FROM events WHERE event_id = %s", (event.event_id,)).fetchone()
                 return EventAccepted(event.event_id, True, old[0], old[1])
             answer = self._deliver_in(c, event.event_id, template, now, admission)
-        if isinstance(answer, adm.Refusal):
-            return EventAccepted(event.event_id, False, EventState.PENDING, None)
-        return EventAccepted(event.event_id, False, EventState.DELIVERED, answer[0].job_id)
+        return self._accepted(event.event_id, answer)
 
-    def deliver_events(self, now: float, admission: adm.Admission, max_attempts: int,
-                       backoff: Callable[[int], float], limit: int = 500) -> list[EventAccepted]:
-        with self._write() as c:
-            due = c.execute(
-                "SELECT event_id, job, attempts FROM events WHERE state = 'pending' AND next_attempt_at <= %s"
-                " ORDER BY next_attempt_at LIMIT %s FOR UPDATE SKIP LOCKED", (now, limit)).fetchall()
-            return [self._deliver_due_in(c, event_id, template, attempts, now, admission, max_attempts, backoff)
-                   for event_id, template, attempts in due]
+    # The due events, oldest first; locked so two hosts never deliver the same one.
+    _DUE_EVENTS = ("SELECT event_id, job, attempts FROM events WHERE state = 'pending' AND next_attempt_at <= %s"
+                   " ORDER BY next_attempt_at LIMIT %s FOR UPDATE SKIP LOCKED")
 
     def next_event_at(self) -> float | None:
         return self._conn().execute("SELECT min(next_attempt_at) FROM events WHERE state = 'pending'").fetchone()[0]

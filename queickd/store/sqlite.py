@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from ..core.job import Job, NewJob, Outcome, State, Submitted
 from ..core.policy import admission as adm
@@ -22,7 +22,6 @@ from .base import (
     CronFire,
     CronRecord,
     EventAccepted,
-    EventState,
     Finished,
     NewEvent,
     Recovered,
@@ -365,19 +364,10 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
                 " VALUES (?, 'pending', ?, ?, ?, ?, ?)",
                 (event.event_id, template, event.job.func, event.job.key, now, now))
             answer = self._deliver_in(c, event.event_id, template, now, admission)
-        if isinstance(answer, adm.Refusal):
-            return EventAccepted(event.event_id, False, EventState.PENDING, None)
-        return EventAccepted(event.event_id, False, EventState.DELIVERED, answer[0].job_id)
+        return self._accepted(event.event_id, answer)
 
-    def deliver_events(self, now: float, admission: adm.Admission, max_attempts: int,
-                       backoff: Callable[[int], float], limit: int = 500) -> list[EventAccepted]:
-        with self._write() as c:
-            due = c.execute(
-                "SELECT event_id, job, attempts FROM events INDEXED BY events_pending"
-                " WHERE state = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?",
-                (now, limit)).fetchall()
-            return [self._deliver_due_in(c, event_id, template, attempts, now, admission, max_attempts, backoff)
-                   for event_id, template, attempts in due]
+    _DUE_EVENTS = ("SELECT event_id, job, attempts FROM events INDEXED BY events_pending"
+                   " WHERE state = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?")
 
     def next_event_at(self) -> float | None:
         return self._conn().execute(

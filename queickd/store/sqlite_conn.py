@@ -244,17 +244,8 @@ class SQLiteFile:
             if self._w_sync != sync:  # a statement without I/O, only when the level changes
                 c.execute(f"PRAGMA synchronous={sync}")
                 self._w_sync = sync
-            c.execute("BEGIN IMMEDIATE")
-            try:
+            with sqlite_schema.immediate(c):
                 yield c
-                c.execute("COMMIT")
-            except BaseException:
-                # SQLite may already have rolled back (disk full, I/O error); never leave the
-                # connection inside a transaction, and never hide the first error.
-                if c.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        c.execute("ROLLBACK")
-                raise
 
     def take_ownership(self) -> None:
         # An advisory lock beside the database, held for the daemon's life; the kernel

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 # Version 1, as the last release of schema 1 left it. Every statement is IF [NOT] EXISTS:
 # files of the first releases of schema 1 lack some of these tables, and step 2 runs it
@@ -181,6 +181,22 @@ def _v7(c: sqlite3.Connection) -> None:
         _add_column(c, "jobs", column, decl)
 
 
+@contextlib.contextmanager
+def immediate(c: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction (BEGIN IMMEDIATE ... COMMIT). On any error it is rolled back:
+    SQLite may already have rolled back (disk full, I/O error), so the connection is never
+    left inside a transaction, and the first error is never hidden."""
+    c.execute("BEGIN IMMEDIATE")
+    try:
+        yield c
+        c.execute("COMMIT")
+    except BaseException:
+        if c.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                c.execute("ROLLBACK")
+        raise
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -203,21 +219,13 @@ def migrate(c: sqlite3.Connection, path: str) -> int:
     mode (isolation_level None). Returns the version. Raises SchemaTooNewError for a file
     of a newer queickd, before changing anything."""
     while True:
-        c.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate(c):
             current = version(c)
             if current > SCHEMA_VERSION:
                 raise SchemaTooNewError(
                     f"{path} has schema version {current}, newer than this queickd knows ({SCHEMA_VERSION}):"
                     " it was written by a newer queickd; upgrade queickd to open it")
             if current == SCHEMA_VERSION:
-                c.execute("COMMIT")
                 return current
             MIGRATIONS[current](c)
             c.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(current + 1),))
-            c.execute("COMMIT")
-        except BaseException:
-            if c.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    c.execute("ROLLBACK")
-            raise

@@ -2,7 +2,8 @@
 
 A store mixes SharedSql in and provides MARK (its driver's parameter marker), _RELEASE (what
 else a job's row drops when it leaves `running`), _conn() (a connection for reads), _write()
-(a write transaction), _submit_in() and _resume_in(). Queries here are written with `?` and
+(a write transaction), _DUE_EVENTS (its query of the events due), _submit_in() and
+_resume_in(). Queries here are written with `?` and
 turned into the store's marker once per text. The decisions are the policies' (core/policy);
 what is here only writes them.
 """
@@ -43,6 +44,7 @@ def _marked(sql: str, mark: str) -> str:
 class SharedSql:
     MARK: str
     _RELEASE: str
+    _DUE_EVENTS: str
     _conn: Any
     _write: Any
     _submit_in: Any
@@ -193,6 +195,20 @@ class SharedSql:
                        [(i,) for i in p.requeue])
 
     # --- the outbox -------------------------------------------------------------------------
+    def deliver_events(self, now: float, admission: adm.Admission, max_attempts: int,
+                       backoff: Callable[[int], float], limit: int = 500) -> list[EventAccepted]:
+        with self._write() as c:
+            due = c.execute(self._DUE_EVENTS, (now, limit)).fetchall()
+            return [self._deliver_due_in(c, event_id, template, attempts, now, admission, max_attempts, backoff)
+                    for event_id, template, attempts in due]
+
+    @staticmethod
+    def _accepted(event_id: str, answer: Any) -> EventAccepted:
+        """What accept_event says of a new event: delivered as a job, or pending."""
+        if isinstance(answer, adm.Refusal):
+            return EventAccepted(event_id, False, EventState.PENDING, None)
+        return EventAccepted(event_id, False, EventState.DELIVERED, answer[0].job_id)
+
     def _deliver_in(self, c: Any, event_id: str, template: str, now: float,
                     admission: adm.Admission) -> list[Submitted] | adm.Refusal:
         job = outbox.job_for(event_id, dbrows.template_from_json(template), now)

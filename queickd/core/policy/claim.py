@@ -347,24 +347,10 @@ class Selection:
                 self.probes.append((t, c.id))  # type: ignore[arg-type]
 
     def offer(self, c: Candidate) -> bool:
-        if len(self.chosen) >= self.limit:
-            return False
-        rules = self.rules
-        if self.eligible(c):
-            for rule in rules:
-                if not rule.admits(c):
-                    break
-            else:
-                for rule in rules:
-                    rule.started(c)
-                self.chosen.append(c.id)
-                if self._open:
-                    self._take_probes(c)
-                return True
-        for rule in rules:
-            rule.passed(c)
-        return False
-
+        """Whether c may start (it is then chosen and counted by every rule)."""
+        n = len(self.chosen)
+        self.offer_all((c,))
+        return len(self.chosen) > n
 
     def offer_all(self, candidates: Iterable[Candidate]) -> None:
         """offer() each in turn until full: the same decisions, one call per page of rows
