@@ -30,11 +30,12 @@ from .base import (
     StoreBase,
 )
 from .undo import ABSENT, Journal, UndoDict
+from .wfmemory import MemoryWorkflows
 
 _WAITING = (State.SCHEDULED, State.QUEUED, State.WAITING_NETWORK)
 
 
-class MemoryStore(StoreBase):
+class MemoryStore(MemoryWorkflows, StoreBase):
     supports_notify = False
 
     def __init__(self, url: str = "memory://") -> None:
@@ -58,6 +59,7 @@ class MemoryStore(StoreBase):
         self._by_state: dict[str, int] = dict.fromkeys(State.ALL, 0)
         self._waiting_by_key: dict[str, int] = {}
         self._running_by_key: dict[str, int] = {}
+        self._init_workflows()
 
     def take_ownership(self) -> None:
         pass  # one process is the whole store
@@ -247,6 +249,8 @@ class MemoryStore(StoreBase):
                     changes["attempts"] = job.attempts - 1
                 self._put(dataclasses.replace(job, **changes))
                 changed += 1
+                if o.workflow_run is not None and o.state in (State.SUCCEEDED, State.DEAD):
+                    self._advance_locked(job, o.state == State.SUCCEEDED, o.result, o.error, now)
                 # With no streak yet, successes have nothing to end: the steady state.
                 if finished or self._streaks or o.state != State.SUCCEEDED:
                     finished.append(pz.Finish(o.state, o.error, job.key, job.func))
