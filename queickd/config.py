@@ -1,7 +1,8 @@
 """The config file (`--config queickd.toml`): every daemon flag, plus the webhook table.
 
 A top-level key is a flag's name with dashes or underscores (`max-queued = 50` or
-`max_queued = 50`); `[hooks.NAME]` tables declare webhooks (see hooks.py). The file is a
+`max_queued = 50`); `[hooks.NAME]` tables declare webhooks (see hooks.py), `[workflows.NAME]`
+tables workflow definitions (steps, budget) started by name. The file is a
 layer of defaults: an environment variable beats it, and a command-line flag beats both.
 Reads TOML with the standard library's tomllib; does no other I/O.
 """
@@ -32,9 +33,9 @@ def load(path: str, known: Iterable[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for raw, value in data.items():
         name = raw.replace("-", "_")
-        if name == "hooks":
+        if name in ("hooks", "workflows"):
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
-                raise ConfigFileError(f"{path}: hooks must be tables, [hooks.NAME]")
+                raise ConfigFileError(f"{path}: {name} must be tables, [{name}.NAME]")
         elif name not in known or name == "config":
             raise ConfigFileError(f"{path}: unknown setting {raw!r} (settings are the daemon's flags, "
                                   "e.g. port = 9999, max-queued = 1000, or [hooks.NAME] tables)")

@@ -73,6 +73,7 @@ class Config:
     http: str | None = None  # HOST:PORT of the HTTP listener (webhooks, metrics, status page)
     accept_queick_clients: bool = False
     hooks: dict = field(default_factory=dict)  # [hooks.NAME] tables of the config file
+    workflows: dict = field(default_factory=dict)  # [workflows.NAME] tables: definitions started by name
     pool: list[str] = field(default_factory=lambda: [DEFAULT_POOL])  # worker pools its workers serve
     heartbeat: float = DEFAULT_HEARTBEAT  # seconds between beats in a shared (PostgreSQL) store
 
@@ -141,7 +142,10 @@ class Daemon:
         hooks = parse_hooks(c.hooks)
         for hook in hooks.values():
             try:
-                loader.check(hook.func)  # a hook that could never run is a configuration error
+                if hook.workflow is None:
+                    loader.check(hook.func)  # a hook that could never run is a configuration error
+                elif hook.workflow not in c.workflows:
+                    raise ValueError(f"hooks.{hook.name}: no workflow named {hook.workflow!r} is declared")
             except protocol.QueueError as e:
                 raise ValueError(f"hooks.{hook.name}: {e.message}") from None
         self.store = store = open_store(c.store, c.durability)
@@ -172,7 +176,13 @@ class Daemon:
         self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock, admission=c.admission)
         self.service = QueueService(store, self.batcher, loader, self.scheduler, self.pool,
                                     token=token, clock=self.clock, network=self.network,
-                                    metrics=self.metrics)
+                                    metrics=self.metrics, workflows=c.workflows)
+        for name in c.workflows:  # a declared workflow that could never start is a configuration error
+            try:
+                self.service.resolve_definition(None, name)
+            except protocol.QueueError as e:
+                store.close()
+                raise ValueError(f"workflows.{name}: {e.message}") from None
         self.server = Server(self.service, c.bind, c.port, max_line=c.max_line,
                              accept_queick_clients=c.accept_queick_clients)
         if c.http is not None:
@@ -250,6 +260,8 @@ class Daemon:
         if retries:
             self.scheduler.wake_at(min(retries))
         self.service.waiters.notify([o.job_id for o in outcomes])
+        if any(o.workflow_run is not None for o in outcomes):
+            self.service.run_waiters.notify_all()
 
     def request_stop(self, *_: object) -> None:
         """Ask run_forever() to stop, from any thread."""

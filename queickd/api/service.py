@@ -32,6 +32,7 @@ from ..store.base import EventState, FleetStore, NewEvent
 from ..ui import status
 from ..ui.metrics import Metrics
 from .replies import NotCommittedError
+from .wfops import WorkflowOps
 
 log = logging.getLogger("queickd.service")
 
@@ -55,6 +56,13 @@ class Waiters:
                 if not cbs:
                     del self._by_job[job_id]
 
+    def notify_all(self) -> None:
+        with self._lock:
+            cbs = [cb for cbs in self._by_job.values() for cb in cbs]
+            self._by_job.clear()
+        for cb in cbs:
+            cb()
+
     def notify(self, job_ids: list[int]) -> None:
         with self._lock:
             if not self._by_job:
@@ -64,7 +72,7 @@ class Waiters:
             cb()
 
 
-class QueueService:
+class QueueService(WorkflowOps):
     def __init__(
         self,
         store: Store,
@@ -77,6 +85,7 @@ class QueueService:
         clock: Callable[[], float] = time.time,
         network: NetworkMonitor | None = None,
         metrics: Metrics | None = None,
+        workflows: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.store = store
         self.batcher = batcher
@@ -88,6 +97,8 @@ class QueueService:
         self.network = network
         self.metrics = metrics
         self.waiters = Waiters()
+        self.workflows = workflows or {}  # [workflows.NAME] of the config file: started by name
+        self.run_waiters = Waiters()  # by run id; woken by every finish of a step job
         self.started_at = clock()
 
     # --- in the event loop: cheap, no store access ------------------------------------------

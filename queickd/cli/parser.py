@@ -82,7 +82,7 @@ def _with_config_file(p: argparse.ArgumentParser, args: list[str], a: argparse.N
     values = config_file.load(a.config, dests)
     defaults: dict[str, Any] = {}
     for name, v in values.items():
-        if name == "hooks":
+        if name in ("hooks", "workflows"):
             defaults[name] = v
             continue
         act = dests[name]

@@ -64,3 +64,10 @@ def record_key(item, state):
 
 def mark(state):
     return {"marks": state.get("marks", 0) + 1}
+
+
+def gated(item, state):
+    """Holds until the test's Gate lets it go (see helpers.Gate)."""
+    from testjobs import gate
+
+    return gate(state["port"], str(item))
