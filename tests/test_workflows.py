@@ -122,9 +122,26 @@ def test_the_cli_starts_shows_lists_and_cancels_runs(daemon, tmp_path):
     assert gone.returncode != 0 and "succeeded" in gone.stderr
 
 
-def test_metrics_and_stats_show_runs_by_state_and_budget_stops_by_budget(client):
-    client.workflow_wait(client.workflow("w").for_each("xs", wfsteps.square).budget(max_for_each_items=1)
-                         .start(state={"xs": [1, 2]}), 30)
-    stats = client.stats()
-    assert stats["workflows"]["runs"]["budget_exceeded"] == 1
+def test_stats_metrics_and_the_status_page_show_runs_by_state_and_budget_stops_by_budget(start_daemon):
+    import socket
+    import urllib.request
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    d = start_daemon(None, "--http", f"127.0.0.1:{port}")
+    with d.client() as q:
+        q.workflow_wait(q.workflow("w").for_each("xs", wfsteps.square).budget(max_for_each_items=1)
+                        .start(state={"xs": [1, 2]}), 30)
+        q.workflow_wait(q.workflow("ok").then(wfsteps.noop).start(), 30)
+        stats = q.stats()
+    assert (stats["workflows"]["runs"]["budget_exceeded"], stats["workflows"]["runs"]["succeeded"]) == (1, 1)
     assert stats["workflows"]["budget_stops"] == {"max_for_each_items": 1}
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    assert 'queickd_workflow_runs{state="budget_exceeded"} 1' in metrics
+    assert 'queickd_workflow_budget_stops{budget="max_for_each_items"} 1' in metrics
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
+        page = r.read().decode()
+    assert "<h2>Workflows</h2>" in page and "<td>max_for_each_items</td><td>1</td>" in page

@@ -275,6 +275,7 @@ class QueueService(WorkflowOps):
             "waiting_by_key": [{"key": k, "waiting": n, "oldest_run_at": t}
                                for k, n, t in self.store.waiting_by_key(10)],
             "events": self.store.event_counts(),
+            "workflows": self.store.workflow_counts(),  # runs by state, budget stops by budget
             "network": self.network.snapshot() if self.network is not None else None,
         }
         reply.update(self._fleet_stats(reply["counts"]))

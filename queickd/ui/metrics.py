@@ -157,6 +157,11 @@ class Metrics:
                [({"kind": "job"}, counts.get(State.DEAD, 0)), ({"kind": "event"}, ev.get("dead", 0))])
         family("queickd_paused", "gauge", "Keys and functions paused after repeated failures.",
                [({"kind": p["kind"], "name": p["name"]}, 1) for p in stats["paused"]])
+        wf = stats.get("workflows") or {"runs": {}, "budget_stops": {}}
+        family("queickd_workflow_runs", "gauge", "Workflow runs by state.",
+               [({"state": k}, v) for k, v in wf["runs"].items()])
+        family("queickd_workflow_budget_stops", "gauge", "Workflow runs stopped by a budget, by budget.",
+               [({"budget": k}, v) for k, v in sorted(wf["budget_stops"].items())])
         sch = stats["scheduler"]
         family("queickd_scheduler_up", "gauge", "1 while the scheduler thread runs.",
                [({}, 1 if sch["alive"] else 0)])
