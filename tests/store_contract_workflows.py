@@ -175,3 +175,12 @@ class WorkflowContract:
         c = store.workflow_counts()
         assert (c["runs"]["budget_exceeded"], c["runs"]["running"], c["budget_stops"]) == (
             1, 1, {"max_for_each_items": 1})
+
+    def test_workflow_a_step_job_orphaned_too_often_fails_its_run_naming_the_step(self, store):
+        run, _ = store.workflow_start(definition({"name": "lost", "func": S + "mark"}), {}, T0)
+        for _ in range(2):
+            assert store.claim_available(10, T0)
+            store.recover_orphans(1, T0)
+        run = store.workflow_get(run.id)
+        assert (run.status, run.reason["step"], run.reason["error"]["type"]) == (
+            wf.RunState.FAILED, "lost", "orphaned")

@@ -275,6 +275,8 @@ class MemoryStore(MemoryWorkflows, StoreBase):
             for job_id in p.dead:
                 self._put(dataclasses.replace(self._jobs[job_id], state=State.DEAD, error=dict(orphans.ERROR),
                                               finished_at=now))
+                if self._jobs[job_id].workflow_run is not None:  # a step given up on ends its item
+                    self._advance_locked(self._jobs[job_id], False, None, dict(orphans.ERROR), now)
         return Recovered(p.requeue, p.dead)
 
     # --- pauses ---------------------------------------------------------------------------

@@ -100,6 +100,14 @@ class SqlWorkflows:
         for job_id, run, step, item, loop, ok, result, error in sorted(done, key=lambda d: (d[1], d[0])):
             wf.advance(tx, wf.step_done(job_id, run, step, item, loop, ok, result, error), now)
 
+    def _advance_dead_in(self, c: Any, job_ids: list[int], error: dict, now: float) -> None:
+        """Jobs made dead outside a finish (orphaned too often): their runs advance as for a failure."""
+        marks = ",".join("?" * len(job_ids))
+        rows = c.execute(self._q(f"SELECT id, workflow_run, workflow_step, workflow_item, workflow_loop FROM jobs"
+                                 f" WHERE id IN ({marks}) AND workflow_run IS NOT NULL"), job_ids).fetchall()
+        if rows:
+            self._advance_in(c, [(*r, False, None, error) for r in rows], now)
+
     def workflow_start(self, spec: Definition, state: dict[str, Any], now: float,
                        idempotency_key: str | None = None) -> tuple[RunRecord, bool]:
         with self._write() as c:

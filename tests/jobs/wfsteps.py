@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from queickd import workflow_key
 
@@ -56,9 +57,11 @@ def key_of_my_job(state):
 
 
 def record_key(item, state):
-    """Appends its key to a file (a side effect an at-least-once step must guard by its key)."""
+    """Appends its key and pid to a file (a side effect an at-least-once step would guard
+    by its key), working for state["hold"] seconds first."""
+    time.sleep(state.get("hold", 0))  # the work itself, so that kills land mid-run
     with open(os.path.join(state["dir"], "keys.log"), "a", encoding="utf-8") as f:
-        f.write(f"{workflow_key()}\n")
+        f.write(f"{workflow_key()} {os.getpid()}\n")
     return item * 2
 
 
