@@ -365,7 +365,7 @@ class JobQueue:
     # --- workflows ----------------------------------------------------------------------------
     def workflow(self, name: str) -> WorkflowBuilder:
         """A builder for a workflow run: .then(...).for_each(...).budget(...).start(state)."""
-        return WorkflowBuilder(self, name)
+        return WorkflowBuilder(self, name, func_name)
 
     def workflow_get(self, run_id: int) -> dict[str, Any]:
         """The run's status: state, data (the state object) and its size, step, jobs, budget."""

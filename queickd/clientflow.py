@@ -19,9 +19,10 @@ FuncLike = Callable[..., Any] | str
 
 
 class WorkflowBuilder:
-    def __init__(self, queue: Any, name: str) -> None:
+    def __init__(self, queue: Any, name: str, func_name: Callable[[FuncLike], str]) -> None:
         self._q = queue
         self.name = name
+        self._func_name = func_name  # the client's: a callable as "module:func"
         self.steps: list[dict[str, Any]] = []
         self._budget: dict[str, int] = {}
 
@@ -47,9 +48,7 @@ class WorkflowBuilder:
              on_failure: str | None = None, **job_fields: Any) -> WorkflowBuilder:
         """A task step: func(state) returns an object merged into the state (`_next` in it
         names the step to run next)."""
-        from .client import func_name
-
-        return self._add({"name": self._name(name, func, "task"), "kind": "task", "func": func_name(func),
+        return self._add({"name": self._name(name, func, "task"), "kind": "task", "func": self._func_name(func),
                           "next": next, "on_failure": on_failure}, job_fields)
 
     def for_each(self, items: str, func: FuncLike, result: str | None = None, *, name: str | None = None,
@@ -57,10 +56,8 @@ class WorkflowBuilder:
                  **job_fields: Any) -> WorkflowBuilder:
         """A fan-out: func(item, state) for each item of the state's list `items`; the results,
         in item order, go to the state key `result` (default: the step's name)."""
-        from .client import func_name
-
         name = self._name(name, func, "for_each")
-        return self._add({"name": name, "kind": "for_each", "items": items, "func": func_name(func),
+        return self._add({"name": name, "kind": "for_each", "items": items, "func": self._func_name(func),
                           "result": result, "mode": mode, "n": n, "on_failure": on_failure}, job_fields)
 
     def child(self, workflow: WorkflowBuilder | dict[str, Any] | str, result: str | None = None, *,

@@ -103,7 +103,10 @@ class WorkflowOps:
         return {"ok": True, "run": self.workflow_status(run_id)}
 
     def op_workflows(self, req: dict[str, Any]) -> dict[str, Any]:
-        runs = self.store.workflow_list(protocol.run_state_filter(req), protocol.limit(req))
+        state = req.get("state")
+        if state is not None and state not in wf.RunState.ALL:  # the run states are the workflow core's
+            raise protocol.bad(f"state must be one of {', '.join(wf.RunState.ALL)}")
+        runs = self.store.workflow_list(state, protocol.limit(req))
         return {"ok": True, "runs": [
             {"run_id": r.id, "name": r.name, "state": r.status, "step": r.to_dict()["step"], "root": r.root,
              "created_at": r.created_at, "finished_at": r.finished_at, "reason": r.reason} for r in runs]}

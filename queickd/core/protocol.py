@@ -441,11 +441,3 @@ def workflow_start(obj: dict[str, Any]) -> tuple[dict[str, Any] | None, str | No
         raise bad("state must be a JSON object")
     return definition, name, state, _text("idempotency_key")(obj.get("idempotency_key"))
 
-
-def run_state_filter(obj: dict[str, Any]) -> str | None:
-    from .workflow.engine import RunState  # the run states are the workflow core's
-
-    s = obj.get("state")
-    if s is not None and s not in RunState.ALL:
-        raise bad(f"state must be one of {', '.join(RunState.ALL)}")
-    return s
