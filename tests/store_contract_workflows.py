@@ -184,3 +184,11 @@ class WorkflowContract:
         run = store.workflow_get(run.id)
         assert (run.status, run.reason["step"], run.reason["error"]["type"]) == (
             wf.RunState.FAILED, "lost", "orphaned")
+
+    def test_workflow_an_operator_cancelling_a_step_job_fails_the_run_naming_the_step(self, store):
+        run, _ = store.workflow_start(definition({"name": "wait", "func": S + "mark"}), {}, T0)
+        (job,) = store.workflow_jobs(run.id)
+        assert store.cancel(job.id, T0).state == State.CANCELLED
+        run = store.workflow_get(run.id)
+        assert (run.status, run.reason["step"], run.reason["error"]["type"]) == (
+            wf.RunState.FAILED, "wait", "cancelled")

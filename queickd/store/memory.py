@@ -31,6 +31,7 @@ from .base import (
 )
 from .undo import ABSENT, Journal, UndoDict
 from .wfmemory import MemoryWorkflows
+from .workflows import CANCELLED
 
 _WAITING = (State.SCHEDULED, State.QUEUED, State.WAITING_NETWORK)
 
@@ -299,6 +300,8 @@ class MemoryStore(MemoryWorkflows, StoreBase):
             if job is not None and job.state in State.PENDING:
                 job = dataclasses.replace(job, state=State.CANCELLED, finished_at=now)
                 self._put(job)
+                if job.workflow_run is not None:  # a step's job: its item ends as failed
+                    self._advance_locked(job, False, None, dict(CANCELLED), now)
             return job
 
     def _retry_dead_locked(self, job: Job, now: float) -> Job:

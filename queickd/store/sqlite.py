@@ -243,11 +243,10 @@ class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
         return dbrows.row_to_job(row) if row else None
 
     def cancel(self, job_id: int, now: float) -> Job | None:
-        return self._update_one(
-            "UPDATE jobs SET state = 'cancelled', finished_at = ?"
-            " WHERE id = ? AND state IN ('scheduled', 'queued', 'waiting_network')",
-            (now, job_id), job_id,
-        )
+        with self._write() as c:
+            self._cancel_in(c, job_id, now)
+            row = c.execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return dbrows.row_to_job(row) if row else None
 
     def retry_dead(self, job_id: int, now: float) -> Job | None:
         return self._update_one(

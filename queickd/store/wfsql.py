@@ -100,6 +100,15 @@ class SqlWorkflows:
         for job_id, run, step, item, loop, ok, result, error in sorted(done, key=lambda d: (d[1], d[0])):
             wf.advance(tx, wf.step_done(job_id, run, step, item, loop, ok, result, error), now)
 
+    def _cancel_in(self, c: Any, job_id: int, now: float) -> None:
+        """Cancel a waiting job; a workflow step's job ends its item as failed, in the same transaction."""
+        row = c.execute(self._q(
+            "UPDATE jobs SET state = 'cancelled', finished_at = ? WHERE id = ?"
+            " AND state IN ('scheduled', 'queued', 'waiting_network')"
+            " RETURNING workflow_run, workflow_step, workflow_item, workflow_loop"), (now, job_id)).fetchone()
+        if row is not None and row[0] is not None:
+            self._advance_in(c, [(job_id, *row, False, None, dict(wf.CANCELLED))], now)
+
     def _advance_dead_in(self, c: Any, job_ids: list[int], error: dict, now: float) -> None:
         """Jobs made dead outside a finish (orphaned too often): their runs advance as for a failure."""
         marks = ",".join("?" * len(job_ids))

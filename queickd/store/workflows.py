@@ -19,6 +19,9 @@ from ..core.job import NewJob
 from ..core.workflow import Definition, Lookups, Output, Plan, RunRecord, RunState, StepDone
 from ..core.workflow import engine as tr
 
+# The error a step's item ends with when an operator cancels its waiting job.
+CANCELLED = {"type": "cancelled", "message": "the step's job was cancelled by an operator"}
+
 
 class WorkflowTx(Protocol):
     def run_get(self, run_id: int) -> RunRecord | None:
