@@ -101,3 +101,12 @@ def test_a_cost_budget_counts_every_job_a_step_would_start():
     plan = started({"name": "f", "kind": "for_each", "items": "xs", "func": "m:f"}, state={"xs": [1, 2, 3]},
                    budget={"max_cost_units": 2})
     assert plan.jobs == [] and (plan.run.reason["budget"], plan.run.reason["usage"]) == ("max_cost_units", 3)
+
+
+def test_a_quorum_that_can_no_longer_be_reached_fails_without_waiting_for_the_rest():
+    plan = started({"name": "q", "kind": "for_each", "items": "xs", "func": "m:f", "mode": "quorum", "n": 3},
+                   state={"xs": [1, 2, 3, 4]})
+    p = wf.transition(plan.run, wf.StepDone(7, 0, 0, 0, False, error={"type": "E"}), T0)
+    assert p.run.status == wf.RunState.RUNNING
+    p = wf.transition(p.run, wf.StepDone(7, 0, 1, 0, False, error={"type": "E"}), T0)
+    assert p.run.status == wf.RunState.FAILED and p.discard and "3 needed" in p.run.reason["message"]

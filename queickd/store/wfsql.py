@@ -58,9 +58,9 @@ class _Tx:
                        _run_values(run)).fetchone()[0]
 
     def run_update(self, run: RunRecord) -> None:
-        self._x("UPDATE workflow_runs SET name = ?, status = ?, step = ?, parent = ?, root = ?, idempotency_key = ?,"
-                " definition = ?, state = ?, meta = ?, created_at = ?, finished_at = ? WHERE id = ?",
-                (*_run_values(run), run.id))
+        # What a transition changes; the rest of the row is written once, by the insert.
+        self._x("UPDATE workflow_runs SET status = ?, step = ?, state = ?, meta = ?, finished_at = ? WHERE id = ?",
+                (run.status, run.step, dbrows.dumps(run.state), dbrows.dumps(run.meta()), run.finished_at, run.id))
 
     def output_add(self, run_id: int, out: Output, now: float) -> bool:
         return self._x("INSERT INTO workflow_outputs VALUES (?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING RETURNING 1",

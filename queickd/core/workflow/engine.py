@@ -309,6 +309,9 @@ def _item_done(run: RunRecord, step: Step, done: StepDone, now: float, lookups: 
         return _complete(run, step, done.step, value, now, lookups)
     if step.mode == "all" and failed and step.on_failure != "continue":
         return _failed(run, now, f"step {step.name}: item {done.item} failed", step, error=done.error)
+    if step.mode != "all" and total - failed < need and step.on_failure != "continue":
+        # too few items left to succeed: no need to wait for them
+        return _failed(run, now, f"step {step.name}: {ok} of {total} items succeeded, {need} needed", step)
     if ok >= need or ok + failed == total:
         if ok < need and step.mode != "all" and step.on_failure != "continue":
             return _failed(run, now, f"step {step.name}: {ok} of {total} items succeeded, {need} needed", step)
