@@ -25,7 +25,7 @@ DEFINITION = {"name": "durable", "steps": STEPS, "budget": {"max_transitions": 5
 
 
 def _state(i: int, where) -> dict:
-    return {"n": 3 + i % 6, "until": 3, "dir": str(where), "hold": 0.1}
+    return {"n": 3 + i % 6, "until": 3, "dir": str(where), "hold": 0.25}
 
 
 def _uninterrupted(states: list[dict], scratch) -> list[tuple[dict, list]]:

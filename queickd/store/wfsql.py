@@ -23,10 +23,35 @@ RUN_COLS = ("id, name, status, step, parent, root, idempotency_key, definition, 
             " created_at, finished_at")
 
 
+class _StateCache:
+    """The last state text read and its object. A fan-out's items finish one after the other
+    against the same state: decoding (and encoding) it once, not once per item, is most of
+    what an item's transition costs. The object is shared, so nothing may change it in
+    place (the transition never does: it builds new dicts). One tuple, swapped whole, so
+    threads may share it."""
+
+    last: tuple[str, dict[str, Any]] = ("", {})
+
+    @classmethod
+    def load(cls, text: str) -> dict[str, Any]:
+        last = cls.last
+        if last[0] == text:
+            return last[1]
+        obj = json.loads(text)
+        cls.last = (text, obj)
+        return obj
+
+    @classmethod
+    def text_of(cls, obj: dict[str, Any]) -> str | None:
+        """The text `obj` was read from, if it is the cached object (then it is unchanged)."""
+        last = cls.last
+        return last[0] if last[1] is obj else None
+
+
 def row_to_run(r: Sequence[Any]) -> RunRecord:
     meta = json.loads(r[9])
     return RunRecord(id=r[0], name=r[1], status=r[2], step=r[3], root=r[5], idempotency_key=r[6],
-                     definition=r[7], state=json.loads(r[8]), created_at=r[10], finished_at=r[11],
+                     definition=r[7], state=_StateCache.load(r[8]), created_at=r[10], finished_at=r[11],
                      loop=meta["loop"], visits=meta["visits"], usage=meta["usage"], progress=meta["progress"],
                      reason=meta["reason"], parent=meta["parent"])
 
@@ -59,6 +84,10 @@ class _Tx:
 
     def run_update(self, run: RunRecord) -> None:
         # What a transition changes; the rest of the row is written once, by the insert.
+        if _StateCache.text_of(run.state) is not None:  # the state as read: unchanged
+            self._x("UPDATE workflow_runs SET status = ?, step = ?, meta = ?, finished_at = ? WHERE id = ?",
+                    (run.status, run.step, dbrows.dumps(run.meta()), run.finished_at, run.id))
+            return
         self._x("UPDATE workflow_runs SET status = ?, step = ?, state = ?, meta = ?, finished_at = ? WHERE id = ?",
                 (run.status, run.step, dbrows.dumps(run.state), dbrows.dumps(run.meta()), run.finished_at, run.id))
 
