@@ -127,6 +127,7 @@ class WorkflowContract:
         assert run.state["c1"] == {"marks": 1, "gc": {"marks": 2}}
         kids = [r for r in store.workflow_list(None, 100) if r.root == run.id]
         assert sorted(r.status for r in kids) == ["cancelled", "succeeded", "succeeded"]
+        assert [c.name for c in store.workflow_children(run)] == ["c", "c"]
 
     def test_workflow_first_success_finishes_at_the_first_success_and_discards_the_rest(self, store):
         d = definition({"name": "any", "kind": "for_each", "items": "xs", "func": S + "odd_fails",

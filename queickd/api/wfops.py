@@ -86,7 +86,7 @@ class WorkflowOps:
                  "attempts": j.attempts})
         out["steps"] = [{"index": i, "name": n, "jobs": steps.get(i, [])} for i, n in enumerate(names)]
         out["children"] = [{"run_id": r.id, "name": r.name, "state": r.status}
-                           for r in self.store.workflow_list(None, 1000) if r.parent and r.parent["run"] == run_id]
+                           for r in self.store.workflow_children(run)]
         return out
 
     def op_workflow_get(self, req: dict[str, Any]) -> dict[str, Any]:

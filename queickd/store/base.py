@@ -271,6 +271,10 @@ class Store(Protocol):
         """Runs, newest first, optionally of one state (RunState)."""
         ...
 
+    def workflow_children(self, run: RunRecord) -> list[RunRecord]:
+        """The runs its steps started, in id order."""
+        ...
+
     def workflow_cancel(self, run_id: int, now: float) -> RunRecord | None:
         """Cancel a running run in one transaction: its waiting jobs cancelled, its running
         ones left to finish (stale), its running descendants cancelled, its parent advanced.

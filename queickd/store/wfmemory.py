@@ -103,6 +103,10 @@ class MemoryWorkflows:
             runs = [r for r in reversed(self._runs.values()) if state is None or r.status == state]
         return runs[:limit]
 
+    def workflow_children(self, run: RunRecord) -> list[RunRecord]:
+        with self._lock:  # type: ignore[attr-defined]
+            return [r for r in self._runs.values() if r.parent is not None and r.parent["run"] == run.id]
+
     def workflow_cancel(self, run_id: int, now: float) -> RunRecord | None:
         with self.batch():  # type: ignore[attr-defined]
             return wf.cancel(_Tx(self), run_id, now)

@@ -174,6 +174,11 @@ class SqlWorkflows:
                                     params).fetchall()
         return [row_to_run(r) for r in rows]
 
+    def workflow_children(self, run: RunRecord) -> list[RunRecord]:
+        rows = self._conn().execute(self._q(f"SELECT {RUN_COLS} FROM workflow_runs WHERE root = ? AND parent = ?"
+                                            " ORDER BY id"), (run.root or run.id, run.id)).fetchall()
+        return [row_to_run(r) for r in rows]
+
     def workflow_cancel(self, run_id: int, now: float) -> RunRecord | None:
         with self._write() as c:
             return wf.cancel(_Tx(self, c), run_id, now)
