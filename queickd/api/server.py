@@ -275,11 +275,15 @@ class _Connection(asyncio.Protocol):
 
             self.svc.run_waiters.add(run_id, wake)
             try:
-                reply = await self.loop.run_in_executor(self.server.io, self.svc.op_workflow_get, {"run_id": run_id})
+                # Only the run's state on each wake-up: its whole status (every job of the
+                # run) is read once, at the end.
+                state = await self.loop.run_in_executor(self.server.io, self.svc.workflow_state, run_id)
                 remaining = deadline - self.loop.time()
-                final = reply["run"]["state"] != "running"
+                final = state != "running"
                 if final or remaining <= 0:
-                    reply["timed_out"] = not final
+                    reply = await self.loop.run_in_executor(self.server.io, self.svc.op_workflow_get,
+                                                            {"run_id": run_id})
+                    reply["timed_out"] = reply["run"]["state"] == "running"
                     return reply
                 try:
                     await asyncio.wait_for(woken.wait(), min(remaining, 1.0))

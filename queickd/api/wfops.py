@@ -73,6 +73,13 @@ class WorkflowOps:
     def op_workflow_start(self, req: dict[str, Any]) -> dict[str, Any]:
         return self.start_workflow(*protocol.workflow_start(req))
 
+    def workflow_state(self, run_id: int) -> str:
+        """The run's state (running, succeeded, ...), or not_found: a cheap read."""
+        run = self.store.workflow_get(run_id)
+        if run is None:
+            raise QueueError(Code.NOT_FOUND, f"no workflow run {run_id}")
+        return run.status
+
     def workflow_status(self, run_id: int) -> dict[str, Any]:
         run = self.store.workflow_get(run_id)
         if run is None:
