@@ -145,3 +145,25 @@ def test_stats_metrics_and_the_status_page_show_runs_by_state_and_budget_stops_b
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
         page = r.read().decode()
     assert "<h2>Workflows</h2>" in page and "<td>max_for_each_items</td><td>1</td>" in page
+
+
+def test_the_builder_names_steps_after_their_functions_and_copies_job_fields():
+    from queickd import JobQueue
+
+    b = JobQueue("127.0.0.1", 1).workflow("w").then(wfsteps.mark).then("wfsteps:mark", priority=2, key="k") \
+        .for_each("xs", wfsteps.square, "ys", mode="quorum", n=2).budget(max_transitions=3)
+    d = b.definition()
+    assert [s["name"] for s in d["steps"]] == ["mark", "mark_2", "square"]
+    assert (d["steps"][1]["priority"], d["steps"][1]["key"], d["steps"][2]["n"]) == (2, "k", 2)
+    assert d["budget"] == {"max_transitions": 3}
+
+
+def test_a_declared_workflow_that_could_not_start_stops_the_daemon_at_start_up(tmp_path):
+    from helpers import JOBS_DIR
+
+    cfg = tmp_path / "q.toml"
+    cfg.write_text('[workflows.broken]\nsteps = [{name = "a", kind = "sometimes", func = "wfsteps:noop"}]\n')
+    out = subprocess.run([sys.executable, "-m", "queickd", "run", "--config", str(cfg), "--port", "0",
+                          "--store", f"sqlite:///{tmp_path / 'q.db'}", "--app-dir", str(JOBS_DIR)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 78 and "workflows.broken: step a: unknown kind 'sometimes'" in out.stderr
