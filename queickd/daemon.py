@@ -206,7 +206,7 @@ class Daemon:
         if isinstance(store, FleetStore):  # shared with other workers: registry, heartbeats, LISTEN
             self.fleet = FleetMember(store, self.pool, kind="daemon", heartbeat=c.heartbeat, sweep=c.sweep,
                                      max_orphan_requeues=c.max_orphan_requeues,
-                                     on_finished_ids=lambda ids: self.service.waiters.notify(ids),
+                                     on_finished_ids=self._on_finished_elsewhere,
                                      on_scheduled=lambda run_at: self.scheduler.wake_at(run_at),
                                      on_version_change=self._on_version_change, clock=self.clock)
             self.fleet.start()
@@ -262,6 +262,12 @@ class Daemon:
         self.service.waiters.notify([o.job_id for o in outcomes])
         if any(o.workflow_run is not None for o in outcomes):
             self.service.run_waiters.notify_all()
+
+    def _on_finished_elsewhere(self, job_ids: list[int]) -> None:
+        """Jobs another host finished (PostgreSQL NOTIFY): their waiters, and the run
+        waiters, since any of them may be a workflow step (each re-reads its run)."""
+        self.service.waiters.notify(job_ids)
+        self.service.run_waiters.notify_all()
 
     def request_stop(self, *_: object) -> None:
         """Ask run_forever() to stop, from any thread."""
