@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from .clientflow import WorkflowBuilder
 from .core import fields, protocol
 from .core.cron import SchedulingTime
 from .core.protocol import QueueError
@@ -438,3 +439,34 @@ class JobQueue:
 
     def cron_delete(self, name: str) -> None:
         self._call({"op": "cron_delete", "name": name})
+
+    # --- workflows ----------------------------------------------------------------------------
+    def workflow(self, name: str) -> WorkflowBuilder:
+        """A builder for a workflow run: .then(...).for_each(...).budget(...).start(state)."""
+        return WorkflowBuilder(self, name, func_name)
+
+    def workflow_get(self, run_id: int) -> dict[str, Any]:
+        """The run's status: state, data (the state object) and its size, step, jobs, budget."""
+        return self._call({"op": "workflow_get", "run_id": run_id})["run"]
+
+    def workflow_wait(self, run_id: int, timeout: float = 30.0) -> dict[str, Any]:
+        """Block until the run ends (any state but running) or timeout seconds pass.
+        Returns its status; raises TimeoutError if it is still running."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = max(0.0, deadline - time.monotonic())
+            hold = min(remaining, max(1.0, self.timeout - 5.0), 3600.0)
+            reply = self._call({"op": "workflow_wait", "run_id": run_id, "timeout": hold})
+            if not reply.get("timed_out"):
+                return reply["run"]
+            if remaining <= 0:
+                raise TimeoutError(f"workflow run {run_id} is still running after {timeout} s")
+
+    def workflow_cancel(self, run_id: int) -> dict[str, Any]:
+        return self._call({"op": "workflow_cancel", "run_id": run_id})["run"]
+
+    def workflows(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        req: dict[str, Any] = {"op": "workflows", "limit": limit}
+        if state is not None:
+            req["state"] = state
+        return self._call(req)["runs"]

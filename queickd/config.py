@@ -3,8 +3,9 @@
 A top-level key is a flag's name with dashes or underscores (`max-queued = 50` or
 `max_queued = 50`); `[hooks.NAME]` tables declare webhooks (see hooks.py),
 `[functions."module:func"]` tables a function's job defaults (core/policy/resources.py
-checks them) and its isolation, limits and credentials (core/sandbox.py checks those), and
-`[budgets.pools]` / `[budgets.groups]` the cost budgets. The file is a
+checks them) and its isolation, limits and credentials (core/sandbox.py checks those),
+`[budgets.pools]` / `[budgets.groups]` the cost budgets, and `[workflows.NAME]` workflow
+definitions (steps, budget) started by name. The file is a
 layer of defaults: an environment variable beats it, and a command-line flag beats both.
 Reads TOML with the standard library's tomllib; does no other I/O.
 """
@@ -15,7 +16,7 @@ import tomllib
 from collections.abc import Iterable
 from typing import Any
 
-TABLES = ("hooks", "functions", "budgets")  # tables of tables, passed on as they are read
+TABLES = ("hooks", "functions", "budgets", "workflows")  # tables of tables, passed on as they are read
 
 
 class ConfigFileError(ValueError):

@@ -90,6 +90,7 @@ class Config:
     http_token_file: str | None = None  # bearer token of the HTTP read endpoints
     accept_queick_clients: bool = False
     hooks: dict = field(default_factory=dict)  # [hooks.NAME] tables of the config file
+    workflows: dict = field(default_factory=dict)  # [workflows.NAME] tables: definitions started by name
     pool: list[str] = field(default_factory=lambda: [DEFAULT_POOL])  # worker pools its workers serve
     heartbeat: float = DEFAULT_HEARTBEAT  # seconds between beats in a shared (PostgreSQL) store
     # [functions."module:func"]: a function's job defaults (core/policy/resources.py) and its
@@ -211,7 +212,10 @@ class Daemon:
         resources = c.resources
         for hook in hooks.values():
             try:
-                loader.check(hook.func)  # a hook that could never run is a configuration error
+                if hook.workflow is None:
+                    loader.check(hook.func)  # a hook that could never run is a configuration error
+                elif hook.workflow not in c.workflows:
+                    raise ValueError(f"hooks.{hook.name}: no workflow named {hook.workflow!r} is declared")
             except protocol.QueueError as e:
                 raise ValueError(f"hooks.{hook.name}: {e.message}") from None
         self.store = store = open_store(c.store, c.durability)
@@ -249,7 +253,14 @@ class Daemon:
         self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock, admission=c.admission)
         self.service = QueueService(store, self.batcher, loader, self.scheduler, self.pool,
                                     token=token, clock=self.clock, network=self.network,
-                                    metrics=self.metrics, resources=resources)
+                                    metrics=self.metrics, resources=resources,
+                                    workflows=c.workflows)
+        for name in c.workflows:  # a declared workflow that could never start is a configuration error
+            try:
+                self.service.resolve_definition(None, name)
+            except protocol.QueueError as e:
+                store.close()
+                raise ValueError(f"workflows.{name}: {e.message}") from None
         self.server = Server(self.service, c.bind, c.port, max_line=c.max_line,
                              accept_queick_clients=c.accept_queick_clients, max_connections=c.max_connections,
                              hello_timeout=c.hello_timeout, max_pending=c.max_pending)
@@ -274,7 +285,7 @@ class Daemon:
         if isinstance(store, FleetStore):  # shared with other workers: registry, heartbeats, LISTEN
             self.fleet = FleetMember(store, self.pool, kind="daemon", heartbeat=c.heartbeat, sweep=c.sweep,
                                      max_orphan_requeues=c.max_orphan_requeues,
-                                     on_finished_ids=lambda ids: self.service.waiters.notify(ids),
+                                     on_finished_ids=self._on_finished_elsewhere,
                                      on_scheduled=lambda run_at: self.scheduler.wake_at(run_at),
                                      on_version_change=self._on_version_change, clock=self.clock)
             self.fleet.start()
@@ -361,6 +372,14 @@ class Daemon:
         if retries:
             self.scheduler.wake_at(min(retries))
         self.service.waiters.notify([o.job_id for o in outcomes])
+        if any(o.workflow_run is not None for o in outcomes):
+            self.service.run_waiters.notify_all()
+
+    def _on_finished_elsewhere(self, job_ids: list[int]) -> None:
+        """Jobs another host finished (PostgreSQL NOTIFY): their waiters, and the run
+        waiters, since any of them may be a workflow step (each re-reads its run)."""
+        self.service.waiters.notify(job_ids)
+        self.service.run_waiters.notify_all()
 
     def reload(self) -> None:
         """SIGHUP (`systemctl reload queickd`): run the on_reload callbacks; one that fails is

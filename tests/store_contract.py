@@ -7,6 +7,7 @@ import random
 import threading
 
 import pytest
+from store_contract_workflows import WorkflowContract
 
 from queickd.core.job import NewJob, Outcome, State
 from queickd.core.policy import claim
@@ -23,7 +24,7 @@ def job(func: str = "m:f", **kw) -> NewJob:
     return NewJob(func=func, **kw)
 
 
-class StoreContract:
+class StoreContract(WorkflowContract):
     @pytest.fixture
     def store(self):  # pragma: no cover - each backend overrides
         raise NotImplementedError

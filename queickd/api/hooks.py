@@ -1,6 +1,8 @@
 """Webhook declarations (`[hooks.NAME]` in the config file) and how a delivery becomes a job.
 
-A hook names the function its deliveries run (`func`), and optionally a serial `key`, a
+A hook names the function its deliveries run (`func`), or a workflow declared in the
+config file that each delivery starts (`workflow`, its state `{"hook": <the argument>}`),
+and optionally a serial `key`, a
 `secret_file` whose secret signs each body (HMAC-SHA256), an `idempotency_header` to
 read a delivery id from, and `max_body` in bytes. This module validates declarations,
 checks signatures and builds the job's single argument; it does no I/O besides reading
@@ -32,8 +34,8 @@ _DROPPED_PATTERN = re.compile(r"^x-(?:.+-)?token$|^x-hub-signature.*$", re.IGNOR
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 # Job fields a hook may give its deliveries' jobs, as a job gives them (checked the same way).
 JOB_FIELDS = ("concurrency_group", "concurrency_limit", "cost_units")
-_FIELDS = frozenset({"func", "key", "secret_file", "idempotency_header", "max_body", "signature_header",
-                     *JOB_FIELDS})
+_FIELDS = frozenset({"func", "workflow", "key", "secret_file", "idempotency_header", "max_body",
+                     "signature_header", *JOB_FIELDS})
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class Hook:
     signature_header: str = SIGNATURE_HEADER
     max_body: int = DEFAULT_MAX_BODY
     job: tuple[tuple[str, Any], ...] = ()  # JOB_FIELDS given, as (wire name, value)
+    workflow: str | None = None  # a declared workflow each delivery starts, instead of a job
 
     def signature_ok(self, body: bytes, given: str | None) -> bool:
         """True when the hook has no secret, or `given` is the body's HMAC-SHA256 (hex,
@@ -128,10 +131,16 @@ def parse_hooks(table: dict[str, Any]) -> dict[str, Hook]:
         extra = spec.keys() - _FIELDS
         if extra:
             raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
-        try:
-            func = protocol.normalize_func(spec.get("func"))
-        except QueueError:
-            raise ValueError(f"{where}: func must be 'module:function'") from None
+        workflow = spec.get("workflow")
+        if workflow is not None:
+            if not isinstance(workflow, str) or not workflow or "func" in spec:
+                raise ValueError(f"{where}: workflow must be the name of a declared workflow, and no func")
+            func = ""
+        else:
+            try:
+                func = protocol.normalize_func(spec.get("func"))
+            except QueueError:
+                raise ValueError(f"{where}: func must be 'module:function'") from None
         for field in ("key", "secret_file", "idempotency_header", "signature_header"):
             v = spec.get(field)
             if v is not None and (not isinstance(v, str) or not v):
@@ -156,7 +165,7 @@ def parse_hooks(table: dict[str, Any]) -> dict[str, Hook]:
                 except QueueError as e:
                     raise ValueError(f"{where}: {e.message}") from None
         hooks[name] = Hook(name, func, spec.get("key"), secret, spec.get("idempotency_header"),
-                           spec.get("signature_header") or SIGNATURE_HEADER, max_body, tuple(job))
+                           spec.get("signature_header") or SIGNATURE_HEADER, max_body, tuple(job), workflow)
     return hooks
 
 

@@ -126,6 +126,8 @@ class HttpServer:
         delivery = hook.delivery_id(headers)
         if delivery:
             spec["idempotency_key"] = hooks_mod.idempotency_key(hook, delivery)
+        if hook.workflow is not None:
+            return self._start_workflow(hook, arg, spec.get("idempotency_key"))
         try:
             job = svc.prepare_job(spec)
             answer = svc.enqueue_wait([[job]], _COMMIT_TIMEOUT)[0]
@@ -140,6 +142,18 @@ class HttpServer:
         reply: dict[str, Any] = {"ok": True, "job_id": sub.job_id, "state": sub.state}
         if sub.duplicate:
             reply["duplicate"] = True
+            return 200, reply, {}
+        self.metrics.on_hook(hook.name)
+        return 202, reply, {}
+
+
+    def _start_workflow(self, hook: hooks_mod.Hook, arg: dict[str, Any],
+                        key: str | None) -> tuple[int, dict[str, Any], dict[str, str]]:
+        try:
+            reply = self.service.start_workflow(None, hook.workflow, {"hook": arg}, key)
+        except QueueError as e:
+            return refused(e).http()
+        if reply.get("duplicate"):
             return 200, reply, {}
         self.metrics.on_hook(hook.name)
         return 202, reply, {}

@@ -287,6 +287,8 @@ class _Connection(asyncio.Protocol):
                 return group
             if op == "wait":
                 fut: asyncio.Future = asyncio.ensure_future(self._wait(req))
+            elif op == "workflow_wait":
+                fut = asyncio.ensure_future(self._workflow_wait(req))
             else:
                 fut = self.loop.run_in_executor(self.server.io, self.svc.call, req)
             self.pending.append((fut, _render, None))
@@ -347,6 +349,38 @@ class _Connection(asyncio.Protocol):
                     pass
             finally:
                 self.svc.waiters.discard(job_id, wake)
+
+    async def _workflow_wait(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Until the run is final or the timeout passes. Woken by finishes of step jobs in
+        this process; a finish on another host (PostgreSQL) is seen within a second."""
+        run_id = protocol.run_id(req)
+        timeout = protocol.number(req, "timeout")
+        timeout = 30.0 if timeout is None else max(0.0, min(timeout, _WAIT_MAX))
+        deadline = self.loop.time() + timeout
+        while True:
+            woken = asyncio.Event()
+
+            def wake(ev: asyncio.Event = woken) -> None:  # any thread
+                self.loop.call_soon_threadsafe(ev.set)
+
+            self.svc.run_waiters.add(run_id, wake)
+            try:
+                # Only the run's state on each wake-up: its whole status (every job of the
+                # run) is read once, at the end.
+                state = await self.loop.run_in_executor(self.server.io, self.svc.workflow_state, run_id)
+                remaining = deadline - self.loop.time()
+                final = state != "running"
+                if final or remaining <= 0:
+                    reply = await self.loop.run_in_executor(self.server.io, self.svc.op_workflow_get,
+                                                            {"run_id": run_id})
+                    reply["timed_out"] = reply["run"]["state"] == "running"
+                    return reply
+                try:
+                    await asyncio.wait_for(woken.wait(), min(remaining, 1.0))
+                except TimeoutError:
+                    pass
+            finally:
+                self.svc.run_waiters.discard(run_id, wake)
 
     # --- replies ----------------------------------------------------------------------------
     def _pump(self, _fut: asyncio.Future | None = None) -> None:

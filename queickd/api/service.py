@@ -33,6 +33,7 @@ from ..store.base import EventState, FleetStore, NewEvent
 from ..ui import status
 from ..ui.metrics import Metrics
 from .replies import NotCommittedError
+from .wfops import WorkflowOps
 
 log = logging.getLogger("queickd.service")
 
@@ -56,6 +57,13 @@ class Waiters:
                 if not cbs:
                     del self._by_job[job_id]
 
+    def notify_all(self) -> None:
+        with self._lock:
+            cbs = [cb for cbs in self._by_job.values() for cb in cbs]
+            self._by_job.clear()
+        for cb in cbs:
+            cb()
+
     def notify(self, job_ids: list[int]) -> None:
         with self._lock:
             if not self._by_job:
@@ -65,7 +73,7 @@ class Waiters:
             cb()
 
 
-class QueueService:
+class QueueService(WorkflowOps):
     def __init__(
         self,
         store: Store,
@@ -79,6 +87,7 @@ class QueueService:
         network: NetworkMonitor | None = None,
         metrics: Metrics | None = None,
         resources: Resources = NO_RESOURCES,
+        workflows: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.store = store
         self.batcher = batcher
@@ -91,6 +100,8 @@ class QueueService:
         self.metrics = metrics
         self.resources = resources  # per-function job defaults and budgets, applied to every job
         self.waiters = Waiters()
+        self.workflows = workflows or {}  # [workflows.NAME] of the config file: started by name
+        self.run_waiters = Waiters()  # by run id; woken by every finish of a step job
         self.started_at = clock()
 
     # --- in the event loop: cheap, no store access ------------------------------------------
@@ -333,6 +344,7 @@ class QueueService:
             "waiting_by_key": [{"key": k, "waiting": n, "oldest_run_at": t}
                                for k, n, t in self.store.waiting_by_key(10)],
             "events": self.store.event_counts(),
+            "workflows": self.store.workflow_counts(),  # runs by state, budget stops by budget
             "network": self.network.snapshot() if self.network is not None else None,
             "budgets": self.budgets(),
             "memory": self.pool.memory.snapshot() if self.pool.memory is not None else None,

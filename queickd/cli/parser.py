@@ -23,7 +23,8 @@ from .options import DEFAULTS, BadEnvironmentError, Repeatable, duration, env, j
 from .remote import ClientCommand, run_client
 
 SUBCOMMANDS = ("run", "enqueue", "jobs", "show", "cancel", "retry", "stats", "crons", "cron", "dead", "purge",
-               "resume", "pause", "drain", "status", "top", "worker", "db", "pool", "budgets")
+               "resume", "pause", "drain", "status", "top", "worker", "db", "pool", "budgets", "workflows",
+               "workflow")
 STARTS_A_PROCESS = ("run", "worker")  # their bad QUEICKD_* values exit 78, not 2
 
 
@@ -296,9 +297,37 @@ def build_parser() -> argparse.ArgumentParser:
     _client_flags(top)
     top.set_defaults(handler=ops.top)  # it checks for a terminal before it connects
     _fleet_parsers(sub)
+    _workflow_parsers(sub)
     # Parsed by queickd.attendance.cli (main() hands it over); listed here for --help.
     sub.add_parser("attendance", help="the NFC attendance terminal ('queick attendance --help')", add_help=False)
     return p
+
+
+def _workflow_parsers(sub: Any) -> None:
+    """`queick workflows`, `queick workflow show|cancel|start`."""
+    from ..core.workflow import RunState
+    from . import workflows as wf_cmd
+
+    runs = sub.add_parser("workflows", help="list workflow runs, newest first",
+                          description="List workflow runs, newest first.")
+    runs.add_argument("--state", choices=RunState.ALL, help="only runs in this state")
+    runs.add_argument("--limit", type=int, default=50, help="at most this many (default: 50)")
+    _talks(runs, wf_cmd.workflows)
+    wf = sub.add_parser("workflow", help="show, cancel or start a workflow run",
+                        description="Show, cancel or start one workflow run.")
+    wfsub = wf.add_subparsers(dest="workflow_command", metavar="ACTION", required=True)
+    for name, text, command in (("show", "a run's steps, jobs, state size and budget used/limit", wf_cmd.show),
+                                ("cancel", "cancel a running run (its waiting jobs too)", wf_cmd.cancel)):
+        sp = wfsub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        sp.add_argument("run_id", type=int, help="run id")
+        _talks(sp, command)
+    st = wfsub.add_parser("start", help="start a workflow declared in the daemon's config file",
+                          description="Start a run of the workflow NAME ([workflows.NAME] in the daemon's config).")
+    st.add_argument("name", help="the declared workflow")
+    st.add_argument("--state", type=json_arg(dict), default={}, help="its initial state, a JSON object")
+    st.add_argument("--idempotency-key", help="a second start with this key returns the first run")
+    st.add_argument("--wait", type=float, metavar="SECONDS", help="wait for the run to end and show it")
+    _talks(st, wf_cmd.start)
 
 
 def _fleet_parsers(sub: Any) -> None:

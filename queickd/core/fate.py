@@ -130,7 +130,7 @@ def storable_result(value: Any, limit: int = MAX_RESULT_BYTES) -> Any:
 
 
 def after_success(job: Job, report: RunReport) -> Outcome:
-    return Outcome.succeeded(job.id, report.result)
+    return Outcome.succeeded(job.id, report.result, job.workflow_run)
 
 
 def after_failure(
@@ -161,12 +161,12 @@ def after_failure(
     if report.resource and not report.permanent:
         return dataclasses.replace(_after_resource_failure(job, err, now), blameless=True)
     if report.permanent:
-        return Outcome.dead(job.id, err)
+        return Outcome.dead(job.id, err, job.workflow_run)
     if job.retry_on_network and network_checker and report.network:
         return Outcome.waiting_network(job.id, err)
     if job.retry is not None and job.attempts < job.max_attempts:
         return Outcome.retry_at(job.id, now + _retry_delay(job, report.retry_after, rand), err)
-    return Outcome.dead(job.id, err)
+    return Outcome.dead(job.id, err, job.workflow_run)
 
 
 def _after_resource_failure(job: Job, err: dict[str, Any], now: float) -> Outcome:

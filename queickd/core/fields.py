@@ -108,6 +108,12 @@ FIELDS: tuple[Field, ...] = (
     Field("timeout", "float | None", None, enqueue=True, client=True, template=True, sql="REAL", **_NEW),
     Field("memory_mb", "int | None", None, enqueue=True, client=True, template=True, sql="INTEGER", **_NEW),
     Field("output_kb", "int | None", None, enqueue=True, client=True, template=True, sql="INTEGER", **_NEW),
+    # A workflow run's step job: its run, step index, item and loop (the times the step was
+    # entered before). Set by the run's transition, never by a client; None for other jobs.
+    Field("workflow_run", "int | None", None, sql="BIGINT", **_NEW),
+    Field("workflow_step", "int | None", None, sql="INTEGER", **_NEW),
+    Field("workflow_item", "int | None", None, sql="INTEGER", **_NEW),
+    Field("workflow_loop", "int | None", None, sql="INTEGER", **_NEW),
 )
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}

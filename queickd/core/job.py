@@ -109,18 +109,21 @@ class Outcome:
     result: Any = None
     error: dict | None = None
     blameless: bool = False  # the host failed the run (out of file descriptors): no failure streak grows
+    # The job's workflow run, if it is a step's job: its finish advances the run in the same
+    # transaction. None for every other job (the stores' fast path).
+    workflow_run: int | None = None
 
     @classmethod
-    def succeeded(cls, job_id: int, result: Any) -> Outcome:
-        return cls(job_id, State.SUCCEEDED, result=result)
+    def succeeded(cls, job_id: int, result: Any, workflow_run: int | None = None) -> Outcome:
+        return cls(job_id, State.SUCCEEDED, result=result, workflow_run=workflow_run)
 
     @classmethod
     def retry_at(cls, job_id: int, run_at: float, error: dict) -> Outcome:
         return cls(job_id, State.SCHEDULED, run_at=run_at, error=error)
 
     @classmethod
-    def dead(cls, job_id: int, error: dict) -> Outcome:
-        return cls(job_id, State.DEAD, error=error)
+    def dead(cls, job_id: int, error: dict, workflow_run: int | None = None) -> Outcome:
+        return cls(job_id, State.DEAD, error=error, workflow_run=workflow_run)
 
     @classmethod
     def waiting_network(cls, job_id: int, error: dict) -> Outcome:

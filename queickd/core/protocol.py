@@ -102,6 +102,11 @@ OPS: dict[str, frozenset] = {
     "crons": frozenset(),
     "cron_delete": frozenset({"name"}),
     "set_pool": frozenset({"job_id", "key", "cron", "pool"}),
+    "workflow_start": frozenset({"definition", "name", "state", "idempotency_key"}),
+    "workflow_get": frozenset({"run_id"}),
+    "workflow_wait": frozenset({"run_id", "timeout"}),
+    "workflow_cancel": frozenset({"run_id"}),
+    "workflows": frozenset({"state", "limit"}),
 }
 
 _OPS_WITH_OP = {op: fields | {"op"} for op, fields in OPS.items()}
@@ -496,3 +501,27 @@ def pool_target(obj: dict[str, Any]) -> tuple[str, str, str]:
     if given[0] == "job_id":
         return "job", str(job_id(obj)), pool
     return given[0], _opt_str(obj, given[0]), pool  # type: ignore[return-value]
+
+
+def run_id(obj: dict[str, Any]) -> int:
+    v = obj.get("run_id")
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_ID:
+        raise bad("run_id must be a positive integer")
+    return v
+
+
+def workflow_start(obj: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None, dict[str, Any], str | None]:
+    """A `workflow_start` -> (definition or None, name or None, state, idempotency_key):
+    a definition (validated later, by core.workflow) or the name of a declared one."""
+    definition, name = obj.get("definition"), obj.get("name")
+    if definition is None and name is None:
+        raise bad("give a definition, or the name of a workflow declared in the config")
+    if definition is not None and not isinstance(definition, dict):
+        raise bad("definition must be an object")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise bad("name must be a non-empty string")
+    state = obj.get("state", {})
+    if not isinstance(state, dict):
+        raise bad("state must be a JSON object")
+    return definition, name, state, _text("idempotency_key")(obj.get("idempotency_key"))
+

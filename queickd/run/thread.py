@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from ..core.job import Job
 from ..core.protocol import QueueError
-from . import capture
+from . import capture, context
 from .base import RunReport
 from .loader import FunctionLoader
 
@@ -54,7 +54,14 @@ class ThreadRunner:
                 fn = self.loader.resolve(job.func)
             except QueueError as e:  # no longer allowed: retrying cannot help
                 return capture.refused("not_allowed", e.message, time.monotonic() - began)
-            value = fn(*job.args, **job.kwargs)
+            if job.workflow_run is None:
+                value = fn(*job.args, **job.kwargs)
+            else:  # a workflow step: its key is readable through queickd.workflow_key()
+                token = context.set_key(job.idempotency_key)
+                try:
+                    value = fn(*job.args, **job.kwargs)
+                finally:
+                    context.reset(token)
         except BaseException as e:  # a job's SystemExit must not end the worker
             return capture.failed(e, time.monotonic() - began)
         return capture.succeeded(value, time.monotonic() - began)

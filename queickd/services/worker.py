@@ -393,7 +393,8 @@ class WorkerPool:
         left: list[Outcome] = []
         for i, o in enumerate(outcomes):
             for attempt in (o, Outcome.dead(o.job_id, {"type": "unstorable_outcome",
-                                                       "message": "the job's outcome could not be stored"})):
+                                                       "message": "the job's outcome could not be stored"},
+                                            o.workflow_run)):
                 try:
                     report = self.store.finish_if_running([attempt], self._clock(), self._pause_after,
                                                           self._pause_cooldown)
@@ -440,7 +441,8 @@ class WorkerPool:
         except BaseException as e:  # deciding itself failed: the job must still leave `running`
             runtime = 0.0
             outcome = Outcome.dead(job.id, {"type": type(e).__name__,
-                                            "message": "queickd could not record this job's outcome"})
+                                            "message": "queickd could not record this job's outcome"},
+                                   job.workflow_run)
         if outcome.state != State.SUCCEEDED:
             log.info(
                 "job %d %s failed (attempt %d/%d): %s: %s -> %s", job.id, job.func, job.attempts,

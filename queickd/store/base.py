@@ -25,6 +25,7 @@ from ..core.job import Job, NewJob, Outcome, State, Submitted
 from ..core.policy import claim
 from ..core.policy.admission import NO_LIMITS, Admission, Refusal
 from ..core.policy.memory import Footprint
+from ..core.workflow import Definition, RunRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +273,49 @@ class Store(Protocol):
         succeeded/dead set finished_at; scheduled sets run_at; waiting_network gives back
         the attempt (a run that found no network does not count against max_attempts);
         result and error are stored as given. One transaction for the batch.
+
+        An outcome to succeeded or dead of a workflow step's job (outcome.workflow_run set)
+        advances its run in the same transaction (store/workflows.py): the output recorded
+        once per (run, step, item, loop), the next step's jobs inserted, the budget charged;
+        a finish its run no longer waits for changes only the job. Jobs without a run cost
+        one test of that field, nothing more.
         """
+        ...
+
+    # --- workflows --------------------------------------------------------------------
+    def workflow_start(self, spec: Definition, state: dict[str, Any], now: float,
+                       idempotency_key: str | None = None) -> tuple[RunRecord, bool]:
+        """Store a new run and begin it, in one transaction: its first step's jobs (or child
+        run) inserted, or its final state at once (a budget passed, items not a list).
+        With a known idempotency key: the existing run and True, nothing written."""
+        ...
+
+    def workflow_get(self, run_id: int) -> RunRecord | None: ...
+
+    def workflow_jobs(self, run_id: int) -> list[Job]:
+        """The run's step jobs, in id order (its children's are theirs)."""
+        ...
+
+    def workflow_outputs(self, run_id: int) -> list[dict[str, Any]]:
+        """The run's recorded step outputs (step, item, loop, ok, value, job_id), in that order."""
+        ...
+
+    def workflow_list(self, state: str | None, limit: int) -> list[RunRecord]:
+        """Runs, newest first, optionally of one state (RunState)."""
+        ...
+
+    def workflow_children(self, run: RunRecord) -> list[RunRecord]:
+        """The runs its steps started, in id order."""
+        ...
+
+    def workflow_cancel(self, run_id: int, now: float) -> RunRecord | None:
+        """Cancel a running run in one transaction: its waiting jobs cancelled, its running
+        ones left to finish (stale), its running descendants cancelled, its parent advanced.
+        Returns the run as it is after the call (unchanged if it had ended), None if unknown."""
+        ...
+
+    def workflow_counts(self) -> dict[str, Any]:
+        """{"runs": runs by state (every state present), "budget_stops": {budget: runs}}."""
         ...
 
     # --- pools ------------------------------------------------------------------------

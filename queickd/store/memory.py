@@ -34,11 +34,13 @@ from .base import (
 from .memory_ops import MemoryOperatorOps, matches
 from .memres import MemoryResources
 from .undo import ABSENT, Journal, UndoDict
+from .wfmemory import MemoryWorkflows
+from .workflows import CANCELLED
 
 _WAITING = (State.SCHEDULED, State.QUEUED, State.WAITING_NETWORK)
 
 
-class MemoryStore(MemoryOperatorOps, MemoryResources, StoreBase):
+class MemoryStore(MemoryOperatorOps, MemoryResources, MemoryWorkflows, StoreBase):
     supports_notify = False
 
     def __init__(self, url: str = "memory://") -> None:
@@ -65,6 +67,7 @@ class MemoryStore(MemoryOperatorOps, MemoryResources, StoreBase):
         self._running_by_key: dict[str, int] = {}
         self._running: dict[int, Job] = {}  # kept by _count: what the claim's limits read
         self._footprints: dict[str, mem.Footprint] = {}  # func -> expected peak and runtime (memres.py)
+        self._init_workflows()
 
     def take_ownership(self) -> None:
         pass  # one process is the whole store
@@ -275,6 +278,8 @@ class MemoryStore(MemoryOperatorOps, MemoryResources, StoreBase):
                     changes["attempts"] = job.attempts - 1
                 self._put(dataclasses.replace(job, **changes))
                 changed += 1
+                if o.workflow_run is not None and o.state in (State.SUCCEEDED, State.DEAD):
+                    self._advance_locked(job, o.state == State.SUCCEEDED, o.result, o.error, now)
                 # With no streak yet, successes have nothing to end: the steady state. A
                 # blameless run (the host failed it) counts for nothing.
                 if not o.blameless and (finished or self._streaks or self._pauses or o.state != State.SUCCEEDED):
@@ -308,6 +313,8 @@ class MemoryStore(MemoryOperatorOps, MemoryResources, StoreBase):
             for job_id in p.dead:
                 self._put(dataclasses.replace(self._jobs[job_id], state=State.DEAD, error=dict(orphans.ERROR),
                                               finished_at=now))
+                if self._jobs[job_id].workflow_run is not None:  # a step given up on ends its item
+                    self._advance_locked(self._jobs[job_id], False, None, dict(orphans.ERROR), now)
         return Recovered(p.requeue, p.dead)
 
     # --- pauses ---------------------------------------------------------------------------
@@ -330,6 +337,8 @@ class MemoryStore(MemoryOperatorOps, MemoryResources, StoreBase):
             if job is not None and job.state in State.PENDING:
                 job = dataclasses.replace(job, state=State.CANCELLED, finished_at=now)
                 self._put(job)
+                if job.workflow_run is not None:  # a step's job: its item ends as failed
+                    self._advance_locked(job, False, None, dict(CANCELLED), now)
             return job
 
     def _retry_dead_locked(self, job: Job, now: float) -> Job:

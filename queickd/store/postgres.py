@@ -57,6 +57,7 @@ from .base import (
 from .pgregistry import ALIVE, CHANNEL, FleetRecords, notify
 from .pools import set_pool_sql
 from .sqlshared import SharedSql, filters
+from .wfsql import SqlWorkflows
 
 _SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
 _COUNT_TTL = 1.0  # seconds an exact count of waiting jobs stands in, far below the cap
@@ -90,9 +91,17 @@ def _redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-class PostgresStore(FleetRecords, SharedSql, StoreBase):
+class PostgresStore(FleetRecords, SharedSql, SqlWorkflows, StoreBase):
     MARK = "%s"  # the parameter marker of psycopg (SharedSql)
     _RELEASE = ", worker_id = NULL"  # a job that leaves running is no worker's any more
+    # Two hosts finishing items of one run at once take turns on its row: each sees the
+    # other's counts, so the run is advanced exactly once per item.
+    _WF_LOCK = " FOR UPDATE"
+    _WF_BUDGET = "(meta::json)->'reason'->>'budget'"
+
+    def _wf_submit(self, c: psycopg.Connection, jobs: list[NewJob], now: float) -> None:
+        c.execute("SELECT pg_advisory_xact_lock(%s)", (_SUBMIT_LOCK,))  # every submit takes it
+        self._submit_in(c, [jobs], now, adm.NO_LIMITS)
     supports_notify = True
     # A killed or dropped connection (OperationalError: AdminShutdown, a reset socket...;
     # InterfaceError: a connection psycopg already knows is gone); the next call reconnects.
@@ -392,6 +401,9 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
         # "fk": a key was freed, so workers look for that key's next job; "f" only tells
         # waiting clients (every worker waking on every finish would be a claim query per
         # worker per finish for nothing).
+        # Finished jobs of workflow steps: their runs advance (locked, one after the other).
+        steps = {o.job_id: o for o in outcomes
+                 if o.workflow_run is not None and o.state in (State.SUCCEEDED, State.DEAD)}
         inline = len(outcomes) <= _NOTIFY_IDS
         told = (", told AS (SELECT pg_notify('queickd', CASE WHEN bool_or(key IS NOT NULL) THEN 'fk:'"
                 " ELSE 'f:' END || string_agg(id::text, ',')) FROM done)") if inline else ""
@@ -407,7 +419,8 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
                 " FROM unnest(%s::bigint[], %s::text[], %s::float8[], %s::text[], %s::text[], %s::float8[])"
                 " AS o(id, state, run_at, result, error, finished_at)"
                 " WHERE j.id = o.id AND j.state = 'running'"
-                " AND (%s::bigint IS NULL OR j.worker_id = %s::bigint) RETURNING j.id, j.key, j.func, o.state)"
+                " AND (%s::bigint IS NULL OR j.worker_id = %s::bigint) RETURNING j.id, j.key, j.func, o.state,"
+                " j.workflow_run, j.workflow_step, j.workflow_item, j.workflow_loop)"
                 ", reset AS (DELETE FROM streaks s USING done d WHERE d.state = 'succeeded'"
                 " AND ((s.kind = 'key' AND s.name = d.key) OR (s.kind = 'func' AND s.name = d.func)))"
                 # A probe that succeeded lifts its pause (the breaker closes).
@@ -415,10 +428,14 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
                 " RETURNING 1), woke AS (SELECT pg_notify('queickd', 'r') FROM (SELECT 1 FROM lifted LIMIT 1) x)"
                 + told +
                 " SELECT id, key, func, (SELECT count(*) FROM woke)"
-                + (", (SELECT count(*) FROM told)" if inline else "") + " FROM done",
+                + (", (SELECT count(*) FROM told)" if inline else "")
+                + (", workflow_run, workflow_step, workflow_item, workflow_loop" if steps else "") + " FROM done",
                 (*cols, self.worker_id, self.worker_id)).fetchall()
             if not rows:
                 return Finished(0, [])
+            if steps:  # in the same transaction as the finish: one commits with the other
+                self._advance_in(c, [(r[0], *r[-4:], steps[r[0]].state == State.SUCCEEDED, steps[r[0]].result,
+                                      steps[r[0]].error) for r in rows if r[0] in steps], now)
             names = {r[0]: (r[1], r[2]) for r in rows}
             retries = [o.run_at for o in outcomes if o.state == State.SCHEDULED and o.job_id in names
                        and o.run_at is not None]
@@ -519,9 +536,10 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
         return dbrows.row_to_job(row) if row else None
 
     def cancel(self, job_id: int, now: float) -> Job | None:
-        return self._update_one(
-            "UPDATE jobs SET state = 'cancelled', finished_at = %s"
-            " WHERE id = %s AND state IN ('scheduled', 'queued', 'waiting_network')", (now, job_id), job_id)
+        with self._write() as c:
+            self._cancel_in(c, job_id, now)
+            row = c.execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
+        return dbrows.row_to_job(row) if row else None
 
     def retry_dead(self, job_id: int, now: float) -> Job | None:
         return self._update_one(

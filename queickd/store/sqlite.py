@@ -31,6 +31,7 @@ from .pools import set_pool_sql
 from .sqlite_conn import SQLiteFile, insert_rows
 from .sqlite_schema import SCHEMA_VERSION, SchemaTooNewError
 from .sqlshared import STREAK, SharedSql, filters
+from .wfsql import SqlWorkflows
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore", "SchemaTooNewError"]
 
@@ -44,10 +45,15 @@ _split = dbrows.insert_splitter(_PLAIN_COLS)
 _RARE = frozenset({State.RUNNING, State.DEAD, State.WAITING_NETWORK, State.CANCELLED})  # own indexes
 
 
-class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
+class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
     MARK = "?"  # the parameter marker of sqlite3 (SharedSql)
     _RELEASE = ""  # a running job's row holds nothing else
+    _WF_LOCK = ""  # the one writing connection holds the file: no row lock to take
+    _WF_BUDGET = "json_extract(meta, '$.reason.budget')"
     supports_notify = False
+
+    def _wf_submit(self, c: sqlite3.Connection, jobs: list[NewJob], now: float) -> None:
+        self._submit_in(c, [jobs], now, adm.NO_LIMITS)
 
     # --- submit ---------------------------------------------------------------------------
     def submit_requests(
@@ -187,12 +193,14 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
                           pause_cooldown: float | None = None) -> Finished:
         changed = 0
         finished: list[pz.Finish] = []
+        steps: list[tuple] = []  # finished jobs of workflow steps: their runs advance
         with self._write(bookkeeping=True) as c:
             # Usually nothing is failing: then a success has no streak to reset.
             any_streak = c.execute("SELECT EXISTS (SELECT 1 FROM streaks)").fetchone()[0]
             # ... nor a probe whose success would lift its pause.
             probing = c.execute("SELECT EXISTS (SELECT 1 FROM pauses WHERE probe_job IS NOT NULL)").fetchone()[0]
-            if not any_streak and not probing and all(o.state == State.SUCCEEDED for o in outcomes):
+            if not any_streak and not probing and all(o.state == State.SUCCEEDED and o.workflow_run is None
+                                                      for o in outcomes):
                 # The steady state: successes with no streak to reset need no RETURNING.
                 cur = c.executemany(
                     "UPDATE jobs SET state = 'succeeded', result = ?, error = NULL, finished_at = ?"
@@ -203,7 +211,8 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
                 row = c.execute(
                     "UPDATE jobs SET state = ?1, run_at = coalesce(?2, run_at), result = ?3, error = ?4,"
                     " finished_at = ?5, attempts = attempts - (?1 = 'waiting_network')"
-                    " WHERE id = ?6 AND state = 'running' RETURNING key, func",
+                    " WHERE id = ?6 AND state = 'running' RETURNING key, func, workflow_step, workflow_item,"
+                    " workflow_loop",
                     (o.state, o.run_at, None if o.result is None else dbrows.dumps(o.result),
                      dbrows.dumps(o.error) if o.error else None, now if o.state in State.FINAL else None,
                      o.job_id),
@@ -213,8 +222,13 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
                 changed += 1
                 if not o.blameless:  # the host failed it: counts for nothing
                     finished.append(pz.Finish(o.state, o.error, row[0], row[1], o.job_id))
+                if o.workflow_run is not None and o.state in (State.SUCCEEDED, State.DEAD):
+                    steps.append((o.job_id, o.workflow_run, *row[2:], o.state == State.SUCCEEDED, o.result,
+                                  o.error))
+            if steps:  # in the same transaction as the finish: one commits with the other
+                self._advance_in(c, steps, now)
             if not finished:
-                return Finished(0, [])
+                return Finished(changed, [])
 
             def streak(t: pz.Target) -> tuple[int, bool]:
                 if not any_streak:  # no streak anywhere before this finish: only the pause to read
@@ -245,11 +259,10 @@ class SQLiteStore(SQLiteFile, SharedSql, StoreBase):
         return dbrows.row_to_job(row) if row else None
 
     def cancel(self, job_id: int, now: float) -> Job | None:
-        return self._update_one(
-            "UPDATE jobs SET state = 'cancelled', finished_at = ?"
-            " WHERE id = ? AND state IN ('scheduled', 'queued', 'waiting_network')",
-            (now, job_id), job_id,
-        )
+        with self._write() as c:
+            self._cancel_in(c, job_id, now)
+            row = c.execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return dbrows.row_to_job(row) if row else None
 
     def retry_dead(self, job_id: int, now: float) -> Job | None:
         return self._update_one(

@@ -197,8 +197,52 @@ def immediate(c: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         raise
 
 
+_WORKFLOWS = """
+    CREATE TABLE IF NOT EXISTS workflow_runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        name TEXT NOT NULL,
+        status TEXT NOT NULL,
+        step INTEGER NOT NULL,
+        parent INTEGER,                        -- the run whose step started this one
+        root INTEGER,                          -- the topmost run; NULL for a topmost run
+        idempotency_key TEXT,
+        definition TEXT NOT NULL,              -- JSON, children inline
+        state TEXT NOT NULL,                   -- JSON object
+        meta TEXT NOT NULL,                    -- JSON: loop, visits, usage, progress, reason, parent
+        created_at REAL NOT NULL,
+        finished_at REAL
+    );
+    CREATE UNIQUE INDEX IF NOT EXISTS workflow_runs_idempotency ON workflow_runs (idempotency_key)
+        WHERE idempotency_key IS NOT NULL;
+    CREATE INDEX IF NOT EXISTS workflow_runs_status ON workflow_runs (status, id);
+    CREATE INDEX IF NOT EXISTS workflow_runs_root ON workflow_runs (root, status) WHERE root IS NOT NULL;
+    -- One output per (run, step, item, loop): a step's job finishing twice (re-run after a
+    -- crash) cannot be applied twice.
+    CREATE TABLE IF NOT EXISTS workflow_outputs (
+        run INTEGER NOT NULL,
+        step INTEGER NOT NULL,
+        item INTEGER NOT NULL,
+        loop_no INTEGER NOT NULL,
+        ok INTEGER NOT NULL,
+        value TEXT,
+        job_id INTEGER,
+        recorded_at REAL NOT NULL,
+        PRIMARY KEY (run, step, item, loop_no)
+    ) WITHOUT ROWID;
+    -- Only step jobs are in it, so other jobs' inserts do not touch it.
+    CREATE INDEX IF NOT EXISTS jobs_workflow ON jobs (workflow_run, state) WHERE workflow_run IS NOT NULL;
+"""
+
+
+def _v8(c: sqlite3.Connection) -> None:
+    """Workflow runs and their step outputs; a step job's run, step, item and loop."""
+    for column in ("workflow_run", "workflow_step", "workflow_item", "workflow_loop"):
+        _add_column(c, "jobs", column, "INTEGER")
+    _run(c, _WORKFLOWS)
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -49,6 +49,7 @@ class SharedSql:
     _write: Any
     _submit_in: Any
     _resume_in: Any
+    _advance_dead_in: Any  # wfsql.SqlWorkflows
 
     def _q(self, sql: str) -> str:
         return _marked(sql, self.MARK)
@@ -190,6 +191,7 @@ class SharedSql:
         if p.dead:
             self._many(c, f"UPDATE jobs SET state = 'dead', error = ?, finished_at = ?{self._RELEASE} WHERE id = ?",
                        [(dbrows.dumps(orphans.ERROR), now, i) for i in p.dead])
+            self._advance_dead_in(c, p.dead, orphans.ERROR, now)  # a step given up on ends its item
         if p.requeue:
             self._many(c, f"UPDATE jobs SET state = 'queued', orphaned = orphaned + 1{self._RELEASE} WHERE id = ?",
                        [(i,) for i in p.requeue])

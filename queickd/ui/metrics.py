@@ -190,6 +190,11 @@ class Metrics:
                "absent for a pause by hand, which lasts until resumed).",
                [({"kind": p["kind"], "name": p["name"]}, p["probe_at"]) for p in stats["paused"]
                 if p.get("probe_at") is not None])
+        wf = stats.get("workflows") or {"runs": {}, "budget_stops": {}}
+        family("queickd_workflow_runs", "gauge", "Workflow runs by state.",
+               [({"state": k}, v) for k, v in wf["runs"].items()])
+        family("queickd_workflow_budget_stops", "gauge", "Workflow runs stopped by a budget, by budget.",
+               [({"budget": k}, v) for k, v in sorted(wf["budget_stops"].items())])
         sch = stats["scheduler"]
         family("queickd_scheduler_up", "gauge", "1 while the scheduler thread runs.",
                [({}, 1 if sch["alive"] else 0)])

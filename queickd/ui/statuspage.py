@@ -163,6 +163,10 @@ def render(s: dict[str, Any]) -> str:
                     f"{j['error']['type']}: {j['error']['message']}"] for j in s.get("dead_jobs", [])]
                   + [[f"event {e['event_id']}", e["func"], _when(e["created_at"]), e["last_error"] or ""]
                      for e in s.get("dead_events", [])], "no dead letters")
+    wf = s.get("workflows") or {"runs": {}, "budget_stops": {}}
+    runs = _table(["workflow runs", *wf["runs"]], [[""] + [str(v) for v in wf["runs"].values()]], "")
+    stops = _table(["budget", "runs stopped"], [[k, v] for k, v in sorted(wf["budget_stops"].items())],
+                   "no run stopped by a budget")
     state_line = " · ".join(f"{k} {v}" for k, v in counts.items())
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -184,5 +188,6 @@ def render(s: dict[str, Any]) -> str:
 <h2>Paused</h2>{paused}
 <h2>Running</h2>{running}
 <h2>Dead letters</h2>{dead}
+<h2>Workflows</h2>{runs}{stops}
 </body></html>
 """

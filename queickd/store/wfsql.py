@@ -1,0 +1,192 @@
+"""The SQL stores' workflow tables (workflow_runs, workflow_outputs) and their WorkflowTx,
+written once for SQLite and PostgreSQL (queries with `?`, turned into the store's marker).
+
+A store mixes SqlWorkflows in and provides, besides what SharedSql needs, _WF_LOCK (how a
+run's row is locked for the rest of the transaction: PostgreSQL's FOR UPDATE, nothing on
+SQLite, whose one writer holds the whole file), _WF_BUDGET (the SQL that reads a stopped
+run's budget from its meta JSON) and _wf_submit(c, jobs, now). It decides nothing: plans
+come from core/workflow, sequenced by store/workflows.py, inside the store's transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ..core.job import Job, NewJob
+from ..core.workflow import Definition, Output, RunRecord, RunState
+from . import rows as dbrows
+from . import workflows as wf
+
+RUN_COLS = ("id, name, status, step, parent, root, idempotency_key, definition, state, meta,"
+            " created_at, finished_at")
+
+
+class _StateCache:
+    """The last state text read and its object. A fan-out's items finish one after the other
+    against the same state: decoding (and encoding) it once, not once per item, is most of
+    what an item's transition costs. The object is shared, so nothing may change it in
+    place (the transition never does: it builds new dicts). One tuple, swapped whole, so
+    threads may share it."""
+
+    last: tuple[str, dict[str, Any]] = ("", {})
+
+    @classmethod
+    def load(cls, text: str) -> dict[str, Any]:
+        last = cls.last
+        if last[0] == text:
+            return last[1]
+        obj = json.loads(text)
+        cls.last = (text, obj)
+        return obj
+
+    @classmethod
+    def text_of(cls, obj: dict[str, Any]) -> str | None:
+        """The text `obj` was read from, if it is the cached object (then it is unchanged)."""
+        last = cls.last
+        return last[0] if last[1] is obj else None
+
+
+def row_to_run(r: Sequence[Any]) -> RunRecord:
+    meta = json.loads(r[9])
+    return RunRecord(id=r[0], name=r[1], status=r[2], step=r[3], root=r[5], idempotency_key=r[6],
+                     definition=r[7], state=_StateCache.load(r[8]), created_at=r[10], finished_at=r[11],
+                     loop=meta["loop"], visits=meta["visits"], usage=meta["usage"], progress=meta["progress"],
+                     reason=meta["reason"], parent=meta["parent"])
+
+
+def _run_values(run: RunRecord) -> tuple:
+    return (run.name, run.status, run.step, run.parent["run"] if run.parent else None, run.root,
+            run.idempotency_key, run.definition, dbrows.dumps(run.state), dbrows.dumps(run.meta()),
+            run.created_at, run.finished_at)
+
+
+class _Tx:
+    def __init__(self, store: SqlWorkflows, c: Any) -> None:
+        self.s, self.c = store, c
+
+    def _x(self, sql: str, params: tuple = ()) -> Any:
+        return self.c.execute(self.s._q(sql), params)
+
+    def run_get(self, run_id: int) -> RunRecord | None:
+        row = self._x(f"SELECT {RUN_COLS} FROM workflow_runs WHERE id = ?{self.s._WF_LOCK}", (run_id,)).fetchone()
+        return row_to_run(row) if row else None
+
+    def run_by_key(self, key: str) -> RunRecord | None:
+        row = self._x(f"SELECT {RUN_COLS} FROM workflow_runs WHERE idempotency_key = ?", (key,)).fetchone()
+        return row_to_run(row) if row else None
+
+    def run_insert(self, run: RunRecord) -> int:
+        return self._x("INSERT INTO workflow_runs (name, status, step, parent, root, idempotency_key, definition,"
+                       " state, meta, created_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
+                       _run_values(run)).fetchone()[0]
+
+    def run_update(self, run: RunRecord) -> None:
+        # What a transition changes; the rest of the row is written once, by the insert.
+        if _StateCache.text_of(run.state) is not None:  # the state as read: unchanged
+            self._x("UPDATE workflow_runs SET status = ?, step = ?, meta = ?, finished_at = ? WHERE id = ?",
+                    (run.status, run.step, dbrows.dumps(run.meta()), run.finished_at, run.id))
+            return
+        self._x("UPDATE workflow_runs SET status = ?, step = ?, state = ?, meta = ?, finished_at = ? WHERE id = ?",
+                (run.status, run.step, dbrows.dumps(run.state), dbrows.dumps(run.meta()), run.finished_at, run.id))
+
+    def output_add(self, run_id: int, out: Output, now: float) -> bool:
+        return self._x("INSERT INTO workflow_outputs VALUES (?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING RETURNING 1",
+                       (run_id, out.step, out.item, out.loop, out.ok,
+                        None if out.value is None else dbrows.dumps(out.value), out.job_id, now)
+                       ).fetchone() is not None
+
+    def outputs(self, run_id: int, step: int, loop: int) -> list[tuple[int, bool, Any]]:
+        rows = self._x("SELECT item, ok, value FROM workflow_outputs WHERE run = ? AND step = ? AND loop_no = ?",
+                       (run_id, step, loop)).fetchall()
+        return [(i, bool(ok), None if v is None else json.loads(v)) for i, ok, v in rows]
+
+    def submit(self, jobs: Sequence[NewJob], now: float) -> None:
+        self.s._wf_submit(self.c, list(jobs), now)
+
+    def discard_jobs(self, run_id: int, now: float) -> int:
+        return self._x("UPDATE jobs SET state = 'cancelled', finished_at = ? WHERE workflow_run = ?"
+                       " AND state IN ('scheduled', 'queued', 'waiting_network')", (now, run_id)).rowcount
+
+    def running_in_tree(self, root: int) -> list[RunRecord]:
+        rows = self._x(f"SELECT {RUN_COLS} FROM workflow_runs WHERE root = ? AND status = 'running'", (root,))
+        return [row_to_run(r) for r in rows.fetchall()]
+
+
+class SqlWorkflows:
+    _WF_LOCK: str
+    _WF_BUDGET: str
+    _q: Any
+    _conn: Any
+    _write: Any
+    _wf_submit: Any
+
+    def _advance_in(self, c: Any, done: list[tuple], now: float) -> None:
+        """Advance the runs of finished step jobs: (job id, run, step, item, loop, ok, result,
+        error) each, in run order (PostgreSQL locks runs in one order: no deadlock)."""
+        tx = _Tx(self, c)
+        for job_id, run, step, item, loop, ok, result, error in sorted(done, key=lambda d: (d[1], d[0])):
+            wf.advance(tx, wf.step_done(job_id, run, step, item, loop, ok, result, error), now)
+
+    def _cancel_in(self, c: Any, job_id: int, now: float) -> None:
+        """Cancel a waiting job; a workflow step's job ends its item as failed, in the same transaction."""
+        row = c.execute(self._q(
+            "UPDATE jobs SET state = 'cancelled', finished_at = ? WHERE id = ?"
+            " AND state IN ('scheduled', 'queued', 'waiting_network')"
+            " RETURNING workflow_run, workflow_step, workflow_item, workflow_loop"), (now, job_id)).fetchone()
+        if row is not None and row[0] is not None:
+            self._advance_in(c, [(job_id, *row, False, None, dict(wf.CANCELLED))], now)
+
+    def _advance_dead_in(self, c: Any, job_ids: list[int], error: dict, now: float) -> None:
+        """Jobs made dead outside a finish (orphaned too often): their runs advance as for a failure."""
+        marks = ",".join("?" * len(job_ids))
+        rows = c.execute(self._q(f"SELECT id, workflow_run, workflow_step, workflow_item, workflow_loop FROM jobs"
+                                 f" WHERE id IN ({marks}) AND workflow_run IS NOT NULL"), job_ids).fetchall()
+        if rows:
+            self._advance_in(c, [(*r, False, None, error) for r in rows], now)
+
+    def workflow_start(self, spec: Definition, state: dict[str, Any], now: float,
+                       idempotency_key: str | None = None) -> tuple[RunRecord, bool]:
+        with self._write() as c:
+            return wf.start(_Tx(self, c), spec, state, now, idempotency_key)
+
+    def workflow_get(self, run_id: int) -> RunRecord | None:
+        row = self._conn().execute(self._q(f"SELECT {RUN_COLS} FROM workflow_runs WHERE id = ?"),
+                                   (run_id,)).fetchone()
+        return row_to_run(row) if row else None
+
+    def workflow_jobs(self, run_id: int) -> list[Job]:
+        rows = self._conn().execute(self._q(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE workflow_run = ?"
+                                            " ORDER BY id"), (run_id,)).fetchall()
+        return [dbrows.row_to_job(r) for r in rows]
+
+    def workflow_outputs(self, run_id: int) -> list[dict[str, Any]]:
+        rows = self._conn().execute(self._q(
+            "SELECT step, item, loop_no, ok, value, job_id FROM workflow_outputs WHERE run = ?"
+            " ORDER BY step, item, loop_no"), (run_id,)).fetchall()
+        return [{"step": s, "item": i, "loop": lp, "ok": bool(ok), "value": None if v is None else json.loads(v),
+                 "job_id": j} for s, i, lp, ok, v, j in rows]
+
+    def workflow_list(self, state: str | None, limit: int) -> list[RunRecord]:
+        where, params = ("", (limit,)) if state is None else (" WHERE status = ?", (state, limit))
+        rows = self._conn().execute(self._q(f"SELECT {RUN_COLS} FROM workflow_runs{where} ORDER BY id DESC LIMIT ?"),
+                                    params).fetchall()
+        return [row_to_run(r) for r in rows]
+
+    def workflow_children(self, run: RunRecord) -> list[RunRecord]:
+        rows = self._conn().execute(self._q(f"SELECT {RUN_COLS} FROM workflow_runs WHERE root = ? AND parent = ?"
+                                            " ORDER BY id"), (run.root or run.id, run.id)).fetchall()
+        return [row_to_run(r) for r in rows]
+
+    def workflow_cancel(self, run_id: int, now: float) -> RunRecord | None:
+        with self._write() as c:
+            return wf.cancel(_Tx(self, c), run_id, now)
+
+    def workflow_counts(self) -> dict[str, Any]:
+        c = self._conn()
+        by_state = dict.fromkeys(RunState.ALL, 0)
+        by_state.update(c.execute("SELECT status, count(*) FROM workflow_runs GROUP BY status").fetchall())
+        stops = dict(c.execute(f"SELECT {self._WF_BUDGET}, count(*) FROM workflow_runs"
+                               " WHERE status = 'budget_exceeded' GROUP BY 1").fetchall())
+        return {"runs": by_state, "budget_stops": {k: v for k, v in stops.items() if k is not None}}

@@ -1,0 +1,76 @@
+"""Step functions for the workflow tests: top-level, importable, deterministic."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from queickd import workflow_key
+
+
+def plan(state):
+    n = state.get("n", 10)
+    return {"tasks": list(range(n)), "planned": True}
+
+
+def square(item, state):
+    return item * item
+
+
+def total(state):
+    return {"total": sum(state["results"])}
+
+
+def count_up(state):
+    c = state.get("count", 0) + 1
+    return {"count": c, "_next": "count"} if c < state.get("until", 1000) else {"count": c}
+
+
+def grow(state):
+    return {"blob": state.get("blob", "") + "x" * 1000}
+
+
+def noop(state):
+    return None
+
+
+def noop_item(item, state):
+    return None
+
+
+def fail(state):
+    raise ValueError("this step fails")
+
+
+def odd_fails(item, state):
+    if item % 2:
+        raise ValueError(f"item {item} fails")
+    return item
+
+
+def not_an_object(state):
+    return [1, 2]
+
+
+def key_of_my_job(state):
+    return {"key": workflow_key()}
+
+
+def record_key(item, state):
+    """Appends its key and pid to a file (a side effect an at-least-once step would guard
+    by its key), working for state["hold"] seconds first."""
+    time.sleep(state.get("hold", 0))  # the work itself, so that kills land mid-run
+    with open(os.path.join(state["dir"], "keys.log"), "a", encoding="utf-8") as f:
+        f.write(f"{workflow_key()} {os.getpid()}\n")
+    return item * 2
+
+
+def mark(state):
+    return {"marks": state.get("marks", 0) + 1}
+
+
+def gated(item, state):
+    """Holds until the test's Gate lets it go (see helpers.Gate)."""
+    from testjobs import gate
+
+    return gate(state["port"], str(item))

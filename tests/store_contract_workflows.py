@@ -1,0 +1,195 @@
+"""The store contract for workflow runs (part of StoreContract: every store runs it).
+
+Runs are driven here by a small loop that claims jobs, calls their functions in this
+thread and finishes them through the store: the store's own finish advances each run."""
+
+from __future__ import annotations
+
+import importlib
+
+from queickd.core import workflow as wf
+from queickd.core.job import Outcome, State
+from queickd.run import context
+
+T0 = 1_700_000_000.0
+S = "wfsteps:"
+
+
+def definition(*steps, budget=None, name="wf"):
+    return wf.parse({"name": name, "steps": list(steps), "budget": budget or {}})
+
+
+def drive(store, now=T0, rounds=10_000, only=None):
+    """Run every claimable job until none is left; `only(job)` False leaves a job running."""
+    held = []
+    for _ in range(rounds):
+        jobs = store.claim_available(50, now)
+        if not jobs:
+            break
+        outcomes = []
+        for j in jobs:
+            if only is not None and not only(j):
+                held.append(j)
+                continue
+            mod, fn = j.func.split(":")
+            token = context.set_key(j.idempotency_key)
+            try:
+                outcomes.append(Outcome.succeeded(j.id, getattr(importlib.import_module(mod), fn)(*j.args),
+                                                  j.workflow_run))
+            except Exception as e:
+                outcomes.append(Outcome.dead(j.id, {"type": type(e).__name__, "message": str(e)}, j.workflow_run))
+            finally:
+                context.reset(token)
+        with store.batch(bookkeeping=True):
+            store.finish_if_running(outcomes, now)
+    return held
+
+
+THREE_STEPS = ({"name": "plan", "func": S + "plan"},
+               {"name": "fan", "kind": "for_each", "items": "tasks", "func": S + "square", "result": "results"},
+               {"name": "merge", "func": S + "total"})
+
+
+class WorkflowContract:
+    def test_workflow_a_three_step_run_with_a_fan_out_of_ten_ends_with_the_expected_state(self, store):
+        run, dup = store.workflow_start(definition(*THREE_STEPS), {"n": 10}, T0)
+        assert (run.status, dup) == (wf.RunState.RUNNING, False)
+        drive(store)
+        run = store.workflow_get(run.id)
+        assert run.status == wf.RunState.SUCCEEDED
+        assert run.state == {"n": 10, "tasks": list(range(10)), "planned": True,
+                             "results": [i * i for i in range(10)], "total": 285}
+        assert run.usage["transitions"] == 3 and run.usage["cost_units"] == 12
+
+    def test_workflow_each_step_output_is_recorded_once_per_step_item_and_loop(self, store):
+        run, _ = store.workflow_start(definition(*THREE_STEPS), {"n": 4}, T0)
+        drive(store)
+        keys = [(o["step"], o["item"], o["loop"]) for o in store.workflow_outputs(run.id)]
+        assert keys == [(0, 0, 0), (1, 0, 0), (1, 1, 0), (1, 2, 0), (1, 3, 0), (2, 0, 0)]
+
+    def test_workflow_a_stale_finish_changes_nothing(self, store):
+        run, _ = store.workflow_start(definition({"name": "a", "func": S + "mark"}), {}, T0)
+        held = drive(store, only=lambda j: False)
+        assert len(held) == 1
+        store.workflow_cancel(run.id, T0)
+        store.finish_if_running([Outcome.succeeded(held[0].id, {"marks": 5}, run.id)], T0)
+        after = store.workflow_get(run.id)
+        assert (after.status, after.state, store.workflow_outputs(run.id)) == (wf.RunState.CANCELLED, {}, [])
+
+    def test_workflow_a_loop_with_next_stops_at_max_transitions_naming_it(self, store):
+        d = definition({"name": "count", "func": S + "count_up"}, budget={"max_transitions": 5})
+        run, _ = store.workflow_start(d, {}, T0)
+        drive(store)
+        run = store.workflow_get(run.id)
+        assert run.status == wf.RunState.BUDGET_EXCEEDED
+        assert (run.reason["budget"], run.reason["limit"], run.reason["usage"]) == ("max_transitions", 5, 6)
+        assert run.state["count"] == 5
+        assert [o["loop"] for o in store.workflow_outputs(run.id)] == [0, 1, 2, 3, 4]
+
+    def test_workflow_a_fan_out_over_thirteen_items_with_a_limit_of_twelve_starts_no_item(self, store):
+        d = definition({"name": "fan", "kind": "for_each", "items": "xs", "func": S + "square"},
+                       budget={"max_for_each_items": 12})
+        run, _ = store.workflow_start(d, {"xs": list(range(13))}, T0)
+        assert run.status == wf.RunState.BUDGET_EXCEEDED
+        assert (run.reason["budget"], run.reason["usage"]) == ("max_for_each_items", 13)
+        assert store.workflow_jobs(run.id) == []
+
+    def test_workflow_a_merged_state_over_max_state_bytes_stops_the_run(self, store):
+        d = definition({"name": "g1", "func": S + "grow"}, {"name": "g2", "func": S + "grow"},
+                       {"name": "g3", "func": S + "grow"}, budget={"max_state_bytes": 2500})
+        run, _ = store.workflow_start(d, {}, T0)
+        drive(store)
+        run = store.workflow_get(run.id)
+        assert (run.status, run.reason["budget"], run.step) == (wf.RunState.BUDGET_EXCEEDED, "max_state_bytes", 2)
+
+    def test_workflow_cost_units_summed_over_steps_and_items_stop_the_run(self, store):
+        d = definition({"name": "a", "func": S + "noop"},
+                       {"name": "fan", "kind": "for_each", "items": "xs", "func": S + "noop_item"},
+                       {"name": "b", "func": S + "noop"}, budget={"max_cost_units": 4})
+        run, _ = store.workflow_start(d, {"xs": [1, 2, 3]}, T0)
+        drive(store)
+        run = store.workflow_get(run.id)
+        assert (run.status, run.reason["budget"], run.reason["usage"]) == (
+            wf.RunState.BUDGET_EXCEEDED, "max_cost_units", 5)
+        assert len(store.workflow_jobs(run.id)) == 4
+
+    def test_workflow_child_runs_count_grandchildren_against_max_started_workflows(self, store):
+        grandchild = {"name": "gc", "steps": [{"name": "m", "func": S + "mark"}]}
+        child = {"name": "c", "steps": [{"name": "m", "func": S + "mark"}, {"name": "gc", "workflow": grandchild}]}
+        d = definition({"name": "c1", "workflow": child}, {"name": "c2", "workflow": child},
+                       budget={"max_started_workflows": 3})
+        run, _ = store.workflow_start(d, {}, T0)
+        drive(store)
+        run = store.workflow_get(run.id)
+        # c1 and its grandchild are 2; c2 is 3; c2's grandchild would be 4
+        assert (run.status, run.reason["budget"], run.reason["usage"]) == (
+            wf.RunState.BUDGET_EXCEEDED, "max_started_workflows", 4)
+        assert run.state["c1"] == {"marks": 1, "gc": {"marks": 2}}
+        kids = [r for r in store.workflow_list(None, 100) if r.root == run.id]
+        assert sorted(r.status for r in kids) == ["cancelled", "succeeded", "succeeded"]
+        assert [c.name for c in store.workflow_children(run)] == ["c", "c"]
+
+    def test_workflow_first_success_finishes_at_the_first_success_and_discards_the_rest(self, store):
+        d = definition({"name": "any", "kind": "for_each", "items": "xs", "func": S + "odd_fails",
+                        "mode": "first_success", "result": "found"})
+        run, _ = store.workflow_start(d, {"xs": [1, 3, 4, 6, 8]}, T0)
+        drive(store, only=lambda j: j.args[0] != 6)  # 6 still running when 4 succeeds
+        run = store.workflow_get(run.id)
+        assert (run.status, run.state["found"]) == (wf.RunState.SUCCEEDED, 4)
+        states = {j.args[0]: j.state for j in store.workflow_jobs(run.id)}
+        assert states[8] in (State.CANCELLED, State.SUCCEEDED) and states[6] == State.RUNNING
+
+    def test_workflow_quorum_finishes_when_n_items_succeed(self, store):
+        d = definition({"name": "q", "kind": "for_each", "items": "xs", "func": S + "odd_fails",
+                        "mode": "quorum", "n": 2, "result": "got"})
+        run, _ = store.workflow_start(d, {"xs": [0, 1, 2, 4, 6]}, T0)
+        drive(store)
+        run = store.workflow_get(run.id)
+        assert run.status == wf.RunState.SUCCEEDED and len(run.state["got"]) == 2
+
+    def test_workflow_a_failed_step_fails_the_run_naming_the_step(self, store):
+        run, _ = store.workflow_start(definition({"name": "boom", "func": S + "fail"}), {}, T0)
+        drive(store)
+        run = store.workflow_get(run.id)
+        assert (run.status, run.reason["step"]) == (wf.RunState.FAILED, "boom")
+
+    def test_workflow_items_that_are_not_a_list_fail_the_run_with_the_reason(self, store):
+        d = definition({"name": "fan", "kind": "for_each", "items": "xs", "func": S + "square"})
+        run, _ = store.workflow_start(d, {"xs": "nope"}, T0)
+        assert run.status == wf.RunState.FAILED and "not a list" in run.reason["message"]
+
+    def test_workflow_start_with_a_known_idempotency_key_answers_the_same_run(self, store):
+        a, _ = store.workflow_start(definition(*THREE_STEPS), {}, T0, idempotency_key="k1")
+        b, dup = store.workflow_start(definition(*THREE_STEPS), {}, T0, idempotency_key="k1")
+        assert (b.id, dup) == (a.id, True)
+
+    def test_workflow_step_jobs_carry_the_key_wf_run_step_item_loop(self, store):
+        d = definition({"name": "k", "func": S + "key_of_my_job"})
+        run, _ = store.workflow_start(d, {}, T0)
+        drive(store)
+        assert store.workflow_get(run.id).state["key"] == f"wf:{run.id}:0:0"
+
+    def test_workflow_counts_show_runs_by_state_and_budget_stops_by_budget(self, store):
+        store.workflow_start(definition({"name": "fan", "kind": "for_each", "items": "xs", "func": S + "square"},
+                                        budget={"max_for_each_items": 1}), {"xs": [1, 2]}, T0)
+        store.workflow_start(definition(*THREE_STEPS), {}, T0)
+        c = store.workflow_counts()
+        assert (c["runs"]["budget_exceeded"], c["runs"]["running"], c["budget_stops"]) == (
+            1, 1, {"max_for_each_items": 1})
+
+    def test_workflow_a_step_job_orphaned_too_often_fails_its_run_naming_the_step(self, store):
+        run, _ = store.workflow_start(definition({"name": "lost", "func": S + "mark"}), {}, T0)
+        for _ in range(2):
+            assert store.claim_available(10, T0)
+            store.recover_orphans(1, T0)
+        run = store.workflow_get(run.id)
+        assert (run.status, run.reason["step"], run.reason["error"]["type"]) == (
+            wf.RunState.FAILED, "lost", "orphaned")
+
+    def test_workflow_an_operator_cancelling_a_step_job_fails_the_run_naming_the_step(self, store):
+        run, _ = store.workflow_start(definition({"name": "wait", "func": S + "mark"}), {}, T0)
+        (job,) = store.workflow_jobs(run.id)
+        assert store.cancel(job.id, T0).state == State.CANCELLED
+        run = store.workflow_get(run.id)
+        assert (run.status, run.reason["step"], run.reason["error"]["type"]) == (
+            wf.RunState.FAILED, "wait", "cancelled")
