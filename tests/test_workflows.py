@@ -167,3 +167,9 @@ def test_a_declared_workflow_that_could_not_start_stops_the_daemon_at_start_up(t
                           "--store", f"sqlite:///{tmp_path / 'q.db'}", "--app-dir", str(JOBS_DIR)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 78 and "workflows.broken: step a: unknown kind 'sometimes'" in out.stderr
+
+
+def test_a_step_run_in_a_process_reads_its_idempotency_key(client):
+    run_id = client.workflow("keyed").then(wfsteps.key_of_my_job, isolation="process").start()
+    run = client.workflow_wait(run_id, 30)
+    assert run["state"] == "succeeded" and run["data"]["key"] == f"wf:{run_id}:0:0"

@@ -133,7 +133,8 @@ class ProcessRunner:
             rlimits["cpu"] = int(limits.timeout) + 2
         req = {"op": "run", "func": job.func, "args": job.args, "kwargs": job.kwargs,
                "env": child_env(job_dir, self.passthrough_env, creds), "cwd": job_dir,
-               "rlimits": rlimits, "cgroup": cg.path if cg is not None else None, "max_result": max_out}
+               "rlimits": rlimits, "cgroup": cg.path if cg is not None else None, "max_result": max_out,
+               "workflow_key": job.idempotency_key if job.workflow_run is not None else None}
         if len(job.args) + len(job.kwargs) and len(json.dumps([job.args, job.kwargs])) > INLINE_ARGS:
             # A socket packet is bounded by the socket's buffer (~200 KB): large arguments go
             # to the child in a file of its own directory, which it reads and removes.
