@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import signal
+import time
 
 import pytest
 from fleethelpers import WorkerProcess
@@ -70,6 +71,14 @@ def _wait_for_a_step_job(q, rng: random.Random, run_ids: list[int]) -> bool:
     return True
 
 
+def _wait_until_it_ran_a_step(log, pid: int, timeout: float = 30.0) -> None:
+    """Wait until the worker `pid` has run a fan-out item (its line in the steps' log)."""
+    deadline = time.monotonic() + timeout
+    while not (log.exists() and any(line.split()[1:2] == [str(pid)] for line in log.read_text().splitlines())):
+        assert time.monotonic() < deadline, f"worker {pid} ran no step"
+        time.sleep(0.02)
+
+
 def test_kill_9_of_the_daemon_at_random_points_loses_and_doubles_no_step(start_daemon, tmp_path):
     rng = random.Random(19)
     states = [_state(i, tmp_path) for i in range(20)]
@@ -111,6 +120,7 @@ def test_a_run_on_postgres_advances_once_per_step_across_two_workers_one_killed_
             run_ids = [q._call({"op": "workflow_start", "definition": DEFINITION, "state": s})["run_id"]
                        for s in states]
             assert _wait_for_a_step_job(q, random.Random(5), run_ids)
+            _wait_until_it_ran_a_step(tmp_path / "keys.log", doomed.pid)  # killed mid-run, not idle
             doomed.proc.send_signal(signal.SIGKILL)
             doomed.proc.wait(10)
             for r in run_ids:
