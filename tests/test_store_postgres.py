@@ -252,3 +252,18 @@ def test_a_count_made_later_than_now_is_made_again(pg_url, pg_store):
     _fill_the_fleet_to(pg_url, 9)
     (answer,) = pg_store.submit_requests([[job()]], T0 - 5, cap)  # the wall clock went back
     assert isinstance(answer, Refusal) and answer.code == "queue_full"
+
+
+def test_the_ids_a_submit_returns_follow_the_order_of_its_jobs(pg_store):
+    subs = pg_store.submit([job(args=[i]) for i in range(50)], T0)
+    assert [pg_store.get(s.job_id).args for s in subs] == [[i] for i in range(50)]
+    assert sorted(s.job_id for s in subs) == [s.job_id for s in subs]
+
+
+def test_a_submit_the_database_refuses_leaves_the_store_usable(pg_store):
+    import psycopg
+
+    with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+        pg_store.submit([job(priority=2**40)], T0)  # the column is an integer
+    (s,) = pg_store.submit([job()], T0)
+    assert pg_store.get(s.job_id).state == State.QUEUED

@@ -70,15 +70,15 @@ _WAITING_SQL = "('scheduled', 'queued', 'waiting_network')"
 # Python would cost a round trip more and hold row locks on every row read); the store
 # contract test test_claim_starts_what_the_selection_policy_picks holds the two together.
 _CLAIM = f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(now)s, %(worker)s, %(pools)s, %(net)s, %(limit)s)"
-_INSERT = (f"WITH ins AS (INSERT INTO jobs ({', '.join(dbrows.INSERT_COLS)})"
-           f" SELECT * FROM unnest({', '.join(f'%s::{t}' for t in dbrows.PG_INSERT_TYPES)}))"
-           " SELECT pg_notify(%s, 'q:' || p) FROM unnest(%s::text[]) AS p")
-
-
-
-
-
-
+# The rows of a submit arrive as one array per column (the id's is a placeholder: the
+# serial draws the ids, RETURNING gives them back) and the pools' wake-ups ride along.
+_NOT_ID = [c for c in dbrows.INSERT_COLS if c != "id"]
+_INSERT_RETURNING = (
+    f"WITH ins AS (INSERT INTO jobs ({', '.join(_NOT_ID)}) SELECT {', '.join(_NOT_ID)}"
+    f" FROM unnest({', '.join(f'%s::{t}' for t in dbrows.PG_INSERT_TYPES)})"
+    f" AS u({', '.join(dbrows.INSERT_COLS)}) RETURNING id)"
+    " SELECT array_agg(id), (SELECT count(*) FROM (SELECT pg_notify(%s, 'q:' || p)"
+    " FROM unnest(%s::text[]) AS p) AS n) FROM ins")
 
 
 def _redact(url: str) -> str:
@@ -190,22 +190,62 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
             c = self._conn()
             c.execute("SELECT pg_advisory_xact_lock(%s)", (_SUBMIT_LOCK,))
             return self._submit_in(c, requests, now, admission)
-        # BEGIN and the lock that orders every host's submits share one round trip.
         c = self._conn()
-        c.execute(f"BEGIN; SELECT pg_advisory_xact_lock({_SUBMIT_LOCK})")
+        begun = False
+
+        def reading() -> psycopg.Connection:
+            # Admission reads what every host has committed, so the lock comes before the
+            # first read; BEGIN and the lock share one round trip.
+            nonlocal begun
+            if not begun:
+                c.execute(f"BEGIN; SELECT pg_advisory_xact_lock({_SUBMIT_LOCK})")
+                begun = True
+            return c
+
         try:
-            answers = self._submit_in(c, requests, now, admission)
+            p = adm.plan(requests, now, admission, self._lookups(reading, now, admission.max_queued))
+            if begun or p.expired_keys or any(j.manual for _, _, j in p.inserts):
+                answers = self._submit_in(reading(), requests, now, admission, reading, p)
+                c.execute("COMMIT")
+            else:
+                # Nothing was read: the whole submit (its lock, the rows, their ids, the
+                # wake-up, the commit) is one pipelined round trip.
+                answers = self._submit_pipelined(c, requests, now, p)
         except BaseException:
-            if not c.closed and not c.broken:
+            if not c.closed and not c.broken and c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 with contextlib.suppress(psycopg.Error):
                     c.execute("ROLLBACK")
             raise
-        c.execute("COMMIT")
         self._inserted_since_count += sum(1 for a in answers if not isinstance(a, adm.Refusal)
                                           for s in a if not s.duplicate)
         return answers
 
-    def _waiting_total(self, c: psycopg.Connection, cap: int | None, now: float) -> int:
+    def _submit_pipelined(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
+                          p: adm.Plan) -> list[list[Submitted] | adm.Refusal]:
+        if not p.inserts:
+            return adm.finish(p, requests, [], now)
+        values, pools = self._insert_rows(p, [0] * len(p.inserts), now)
+        with c.pipeline():
+            c.execute("BEGIN")
+            c.execute("SELECT pg_advisory_xact_lock(%s)", (_SUBMIT_LOCK,))
+            cur = c.execute(_INSERT_RETURNING, (*values, CHANNEL, pools))
+            c.execute("COMMIT")
+        row = cur.fetchone()
+        # One backend draws the ids in the order of the rows: ascending is that order.
+        return adm.finish(p, requests, sorted(row[0]) if row else [], now)
+
+    @staticmethod
+    def _insert_rows(p: adm.Plan, ids: list[int], now: float) -> tuple[list[list], list[str]]:
+        """The rows of the planned inserts as one array per column, and the pools woken."""
+        values, pools = [], set()
+        for job_id, (_, _, j) in zip(ids, p.inserts, strict=True):
+            state = State.QUEUED if j.run_at <= now else State.SCHEDULED
+            if state == State.QUEUED:
+                pools.add(j.pool)
+            values.append(dbrows.insert_values(job_id, state, now, j))
+        return [list(col) for col in zip(*values, strict=True)], sorted(pools)
+
+    def _waiting_total(self, reading: Callable[[], psycopg.Connection], cap: int | None, now: float) -> int:
         """Jobs waiting in the whole fleet. An exact count reads every waiting job, so far
         below the cap a count made less than _COUNT_TTL s before `now`, plus what this
         store has added since, stands in for it; within 10 % of the cap, and after the
@@ -216,51 +256,46 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
             estimate = n + self._inserted_since_count
             if 0 <= now - at < _COUNT_TTL and estimate < 0.9 * cap:
                 return estimate
-        n = c.execute(f"SELECT count(*) FROM jobs WHERE state IN {_WAITING_SQL}").fetchone()[0]
+        n = reading().execute(f"SELECT count(*) FROM jobs WHERE state IN {_WAITING_SQL}").fetchone()[0]
         self._waiting_seen = (n, now)
         self._inserted_since_count = 0
         return n
 
-    def _lookups(self, c: psycopg.Connection, now: float, cap: int | None = None) -> adm.Lookups:
+    def _lookups(self, reading: Callable[[], psycopg.Connection], now: float, cap: int | None = None) -> adm.Lookups:
         def by_key(k: str) -> adm.Existing | None:
-            row = c.execute("SELECT id, state, created_at FROM jobs WHERE idempotency_key = %s", (k,)).fetchone()
+            row = reading().execute("SELECT id, state, created_at FROM jobs WHERE idempotency_key = %s",
+                                    (k,)).fetchone()
             return adm.Existing(*row) if row else None
 
         def active(key: str) -> int | None:
-            row = c.execute(
+            row = reading().execute(
                 "SELECT id FROM jobs WHERE key = %s AND state IN"
                 " ('scheduled', 'queued', 'waiting_network', 'running') ORDER BY id LIMIT 1", (key,)).fetchone()
             return row[0] if row else None
 
         return adm.Lookups(
             by_idempotency_key=by_key,
-            waiting_for_key=lambda key: c.execute(
+            waiting_for_key=lambda key: reading().execute(
                 f"SELECT count(*) FROM jobs WHERE key = %s AND state IN {_WAITING_SQL}", (key,)).fetchone()[0],
-            waiting_total=lambda: self._waiting_total(c, cap, now),
+            waiting_total=lambda: self._waiting_total(reading, cap, now),
             active_for_key=active,
         )
 
     def _submit_in(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
-                   admission: adm.Admission) -> list[list[Submitted] | adm.Refusal]:
-        p = adm.plan(requests, now, admission, self._lookups(c, now, admission.max_queued))
+                   admission: adm.Admission, reading: Callable[[], psycopg.Connection] | None = None,
+                   p: adm.Plan | None = None) -> list[list[Submitted] | adm.Refusal]:
+        if p is None:
+            p = adm.plan(requests, now, admission, self._lookups(reading or (lambda: c), now, admission.max_queued))
         if p.expired_keys:
             c.execute("UPDATE jobs SET idempotency_key = NULL WHERE idempotency_key = ANY(%s)",
                       (p.expired_keys,))
         ids: list[int] = []
         if p.inserts:
-            ids = [r[0] for r in c.execute(
-                "SELECT nextval(pg_get_serial_sequence('jobs', 'id')) AS id"
-                " FROM generate_series(1, %s) ORDER BY id", (len(p.inserts),))]
-            values, pools = [], set()
-            for job_id, (_, _, j) in zip(ids, p.inserts, strict=True):
-                state = State.QUEUED if j.run_at <= now else State.SCHEDULED
-                if state == State.QUEUED:
-                    pools.add(j.pool)
-                values.append(dbrows.insert_values(job_id, state, now, j))
-            cols = [list(col) for col in zip(*values, strict=True)]  # rows to one array per column
             # One statement for the whole batch: a row per job would be a round trip each.
             # The wake-up for each pool rides in the same statement.
-            c.execute(_INSERT, (*cols, CHANNEL, sorted(pools)))
+            values, pools = self._insert_rows(p, [0] * len(p.inserts), now)
+            row = c.execute(_INSERT_RETURNING, (*values, CHANNEL, pools)).fetchone()
+            ids = sorted(row[0]) if row else []
         manual = {(k, n) for _, _, j in p.inserts if j.manual for k, n in (("key", j.key), ("func", j.func))
                   if n is not None}
         for kind, name in manual:  # an operator's run lifts a pause
