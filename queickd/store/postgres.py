@@ -11,9 +11,10 @@ What the database guarantees, not luck:
   is undone and tried again (the other claim has committed by then, so the next one
   passes the key by);
 - idempotency keys, event ids and (cron, tick) rows are unique indexes;
-- submits take one advisory lock per transaction, so admission (caps, duplicates,
-  conflicts) decides on what every other daemon has committed. The group commit keeps
-  that to one lock per batch, not per job.
+- a submit whose admission reads (caps, duplicates, conflicts) takes one advisory lock
+  before its first read, so it decides on what every other daemon has committed; one that
+  reads nothing is a single statement (its rows, their ids, the wake-up), one round trip.
+  The group commit makes that one submit per batch, not per job.
 Wake-ups go out as NOTIFY on channel `queickd` when jobs become claimable (`q:POOL`), when
 jobs finish (`f:ID,ID,...` for clients waiting on them; `fk:` when one of them held a key,
 which is free now), when a failed job is scheduled for a retry (`s:RUN_AT`, for the
@@ -28,6 +29,7 @@ beats (database clock), so a long job is never rescued while its worker lives.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -70,15 +72,25 @@ _WAITING_SQL = "('scheduled', 'queued', 'waiting_network')"
 # Python would cost a round trip more and hold row locks on every row read); the store
 # contract test test_claim_starts_what_the_selection_policy_picks holds the two together.
 _CLAIM = f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(now)s, %(worker)s, %(pools)s, %(net)s, %(limit)s)"
-# The rows of a submit arrive as one array per column (the id's is a placeholder: the
-# serial draws the ids, RETURNING gives them back) and the pools' wake-ups ride along.
+# The rows of a submit are one multi-row VALUES of scalars (psycopg dumps scalars in C;
+# arrays of them cost it ~14 µs a job in Python); the serial draws the ids, RETURNING gives
+# them back, and the pools' wake-ups ride in the same statement.
 _NOT_ID = [c for c in dbrows.INSERT_COLS if c != "id"]
-_INSERT_RETURNING = (
-    f"WITH ins AS (INSERT INTO jobs ({', '.join(_NOT_ID)}) SELECT {', '.join(_NOT_ID)}"
-    f" FROM unnest({', '.join(f'%s::{t}' for t in dbrows.PG_INSERT_TYPES)})"
-    f" AS u({', '.join(dbrows.INSERT_COLS)}) RETURNING id)"
-    " SELECT array_agg(id), (SELECT count(*) FROM (SELECT pg_notify(%s, 'q:' || p)"
-    " FROM unnest(%s::text[]) AS p) AS n) FROM ins")
+_ID_AT = dbrows.INSERT_COLS.index("id")
+_ROWS_PER_INSERT = 65535 // len(_NOT_ID)  # the protocol's limit of parameters per statement
+_NOTIFY_POOLS = "(SELECT count(*) FROM (SELECT pg_notify($1, 'q:' || p) FROM unnest($2::text[]) AS p) AS n)"
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_sql(rows: int, wake: bool) -> str:
+    """The insert of `rows` rows, returning their ids (and waking the pools, if `wake`: their
+    channel and names are $1 and $2). In PostgreSQL's own $n markers, for a RawCursor:
+    psycopg would re-parse a statement this long on every call."""
+    width, first = len(_NOT_ID), 3 if wake else 1
+    values = ", ".join("(" + ", ".join(f"${first + r * width + k}" for k in range(width)) + ")"
+                       for r in range(rows))
+    return (f"WITH ins AS (INSERT INTO jobs ({', '.join(_NOT_ID)}) VALUES {values} RETURNING id)"
+            f" SELECT array_agg(id), {_NOTIFY_POOLS if wake else 'NULL'} FROM ins")
 
 
 def _redact(url: str) -> str:
@@ -204,12 +216,11 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
 
         try:
             p = adm.plan(requests, now, admission, self._lookups(reading, now, admission.max_queued))
-            if begun or p.expired_keys or any(j.manual for _, _, j in p.inserts):
+            if begun or p.expired_keys or any(j.manual for _, _, j in p.inserts):  # it reads or resumes
                 answers = self._submit_in(reading(), requests, now, admission, reading, p)
                 c.execute("COMMIT")
             else:
-                # Nothing was read: the whole submit (its lock, the rows, their ids, the
-                # wake-up, the commit) is one pipelined round trip.
+                # Nothing was read: the rows, their ids and the wake-up are one round trip.
                 answers = self._submit_pipelined(c, requests, now, p)
         except BaseException:
             if not c.closed and not c.broken and c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
@@ -224,26 +235,49 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
                           p: adm.Plan) -> list[list[Submitted] | adm.Refusal]:
         if not p.inserts:
             return adm.finish(p, requests, [], now)
-        values, pools = self._insert_rows(p, [0] * len(p.inserts), now)
-        with c.pipeline():
-            c.execute("BEGIN")
-            c.execute("SELECT pg_advisory_xact_lock(%s)", (_SUBMIT_LOCK,))
-            cur = c.execute(_INSERT_RETURNING, (*values, CHANNEL, pools))
-            c.execute("COMMIT")
-        row = cur.fetchone()
-        # One backend draws the ids in the order of the rows: ascending is that order.
-        return adm.finish(p, requests, sorted(row[0]) if row else [], now)
+        # A submit that read nothing needs no lock: whatever another host's admission read
+        # under it, this submit is as if it came after that one. One statement is one
+        # transaction (autocommit); a batch over the statement's limit is several, in one
+        # pipelined transaction.
+        if len(p.inserts) <= _ROWS_PER_INSERT:
+            cursors = self._insert(c, p, now)
+        else:
+            with c.pipeline():
+                c.execute("BEGIN")
+                cursors = self._insert(c, p, now)
+                c.execute("COMMIT")
+        return adm.finish(p, requests, self._ids(cursors), now)
 
     @staticmethod
-    def _insert_rows(p: adm.Plan, ids: list[int], now: float) -> tuple[list[list], list[str]]:
-        """The rows of the planned inserts as one array per column, and the pools woken."""
-        values, pools = [], set()
-        for job_id, (_, _, j) in zip(ids, p.inserts, strict=True):
+    def _insert(c: psycopg.Connection, p: adm.Plan, now: float) -> list[psycopg.RawCursor]:
+        """The planned inserts, in statements of at most _ROWS_PER_INSERT rows; the pools of
+        the queued ones are woken by the first. Returns the statements' cursors."""
+        flat: list[Any] = []
+        pools = set()
+        for _, _, j in p.inserts:
             state = State.QUEUED if j.run_at <= now else State.SCHEDULED
             if state == State.QUEUED:
                 pools.add(j.pool)
-            values.append(dbrows.insert_values(job_id, state, now, j))
-        return [list(col) for col in zip(*values, strict=True)], sorted(pools)
+            row = dbrows.insert_values(0, state, now, j)
+            flat += row[:_ID_AT]
+            flat += row[_ID_AT + 1:]
+        width, n, cursors = len(_NOT_ID), len(p.inserts), []
+        for at in range(0, n, _ROWS_PER_INSERT):
+            rows = min(_ROWS_PER_INSERT, n - at)
+            params = flat[at * width:(at + rows) * width]
+            wake = not cursors and bool(pools)
+            cur = psycopg.RawCursor(c)
+            cursors.append(cur.execute(_insert_sql(rows, wake), (CHANNEL, sorted(pools), *params) if wake else params))
+        return cursors
+
+    @staticmethod
+    def _ids(cursors: list[psycopg.RawCursor]) -> list[int]:
+        # One backend draws the ids in the order of the rows: ascending is that order.
+        ids: list[int] = []
+        for cur in cursors:
+            row = cur.fetchone()
+            ids += sorted(row[0]) if row and row[0] else []
+        return ids
 
     def _waiting_total(self, reading: Callable[[], psycopg.Connection], cap: int | None, now: float) -> int:
         """Jobs waiting in the whole fleet. An exact count reads every waiting job, so far
@@ -293,9 +327,7 @@ class PostgresStore(FleetRecords, SharedSql, StoreBase):
         if p.inserts:
             # One statement for the whole batch: a row per job would be a round trip each.
             # The wake-up for each pool rides in the same statement.
-            values, pools = self._insert_rows(p, [0] * len(p.inserts), now)
-            row = c.execute(_INSERT_RETURNING, (*values, CHANNEL, pools)).fetchone()
-            ids = sorted(row[0]) if row else []
+            ids = self._ids(self._insert(c, p, now))
         manual = {(k, n) for _, _, j in p.inserts if j.manual for k, n in (("key", j.key), ("func", j.func))
                   if n is not None}
         for kind, name in manual:  # an operator's run lifts a pause
