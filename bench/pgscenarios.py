@@ -37,11 +37,14 @@ def run_enqueue(s: Settings, res: Results, scenario: str, target: str) -> None:
     mode = scenario.removeprefix("enqueue-")
     n = s.enqueue_jobs
     with fresh(s, "enqueue") as (db, d), serve(s, target, db, d, with_workers=False) as srv:
-        cpu0 = sum(srv.cpu().values())
+        cpu0, be0 = sum(srv.cpu().values()), _cpu_of(db.backends())
         probe = srv.probe("enqueue", "--mode", mode, "--n", str(n), "--chunk", str(s.chunk),
                           timeout=60.0 + n / 50)
-        server_cpu = sum(srv.cpu().values()) - cpu0
+        server_cpu, be1 = sum(srv.cpu().values()) - cpu0, _cpu_of(db.backends())
         srv.check_alive()
+    if srv.system == "queickd":  # the peers' clients connect after be0 and leave before be1: not seen
+        res.add(scenario, "CPU per job, its server backends", target, "µs",
+                sum(be1[p] - be0[p] for p in set(be0) & set(be1)) / n * 1e6, higher_is_better=False)
     res.add(scenario, "enqueue rate", target, "jobs/s", probe["rate"], higher_is_better=True,
             raw={**probe, "server_cpu_s": server_cpu})
     res.add(scenario, "client+daemon CPU per job", target, "µs", (probe["client_cpu_s"] + server_cpu) / n * 1e6,
