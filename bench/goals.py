@@ -1,6 +1,6 @@
-"""The performance goals the bench checks: each a ratio of two medians of the same run (or
-one value against a bound), printed with whether it holds. Pure: it reads the results and
-starts nothing.
+"""The performance goals the benches check (bench.run's on SQLite and memory, bench.pg's on
+PostgreSQL): each a ratio of two medians of the same run (or one value against a bound),
+printed with whether it holds. Pure: it reads the results and starts nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from bench.manyclients import RATE
 from bench.peers import HUEY, QUEICK, QUEICKD_MEMORY, QUEICKD_SQLITE
+from bench.pgsetup import PGQUEUER, QUEICKD_ENQUEUE, queickd_target
 from bench.running import E2E_MANY, E2E_SINGLE
 from bench.scenarios import RAW_LONE, RAW_LONE_TCP
 
@@ -31,13 +32,16 @@ def serial_floor(res: Results) -> float | None:
 @dataclass(frozen=True)
 class Goal:
     text: str
-    value: Key
+    value: Key | Callable[[Results], float | None]
     base: Key | Callable[[Results], float | None] | None  # None: `value` itself against the bound
     bound: float
     at_least: bool = True
 
+    def measured(self, res: Results) -> float | None:
+        return self.value(res) if callable(self.value) else res.median(self.value)
+
     def check(self, res: Results) -> str:
-        v = res.median(self.value)
+        v = self.measured(res)
         if self.base is None:
             b: float | None = 1.0
         elif callable(self.base):
@@ -93,4 +97,39 @@ GOALS = [
 
 def goal_lines(res: Results) -> list[str]:
     """One line per goal whose value was measured in this run."""
-    return [g.check(res) for g in GOALS if res.median(g.value) is not None]
+    return [g.check(res) for g in GOALS if g.measured(res) is not None]
+
+
+# --- PostgreSQL (bench.pg) ------------------------------------------------------------------
+def _per_process(scenario: str, label: str, k: int) -> Callable[[Results], float | None]:
+    """A queickd fleet's value divided among its processes: the daemon and k workers."""
+    def value(res: Results) -> float | None:
+        v = res.median((scenario, queickd_target(k), label))
+        return None if v is None else v / (k + 1)
+    return value
+
+
+PG_ENQ, PG_IDLE_TX, PG_E2E, PG_BACKEND_CPU = ("enqueue rate", "transactions", "jobs/s",
+                                               "CPU per job, its server backends")
+PG_GOALS = [
+    Goal("one enqueue at a time: queickd pg >= 1.5x pgqueuer", ("enqueue-single", QUEICKD_ENQUEUE, PG_ENQ),
+         ("enqueue-single", PGQUEUER, PG_ENQ), 1.5),
+    Goal("1,000 per request: queickd pg >= 2x pgqueuer", ("enqueue-batch", QUEICKD_ENQUEUE, PG_ENQ),
+         ("enqueue-batch", PGQUEUER, PG_ENQ), 2.0),
+    Goal("idle, daemon + 1 worker: transactions/min per process <= pgqueuer's", _per_process("idle", PG_IDLE_TX, 1),
+         ("idle", PGQUEUER, PG_IDLE_TX), 1.0, at_least=False),
+    Goal("idle, daemon + 4 workers: transactions/min per process <= pgqueuer's",
+         _per_process("idle", PG_IDLE_TX, 4), ("idle", PGQUEUER, PG_IDLE_TX), 1.0, at_least=False),
+    Goal("idle, daemon + 4 workers: connections per process <= 3", _per_process("idle", "connections", 4), None,
+         3.0, at_least=False),
+    Goal("end to end: 4 worker processes >= 1", ("e2e", queickd_target(4), PG_E2E), ("e2e", queickd_target(1), PG_E2E),
+         1.0),
+    Goal("end to end: database CPU per job, 4 worker processes <= 1.2x 1",
+         ("e2e", queickd_target(4), PG_BACKEND_CPU), ("e2e", queickd_target(1), PG_BACKEND_CPU), 1.2,
+         at_least=False),
+]
+
+
+def pg_goal_lines(res: Results) -> list[str]:
+    """One line per PostgreSQL goal whose value was measured in this run."""
+    return [g.check(res) for g in PG_GOALS if g.measured(res) is not None]

@@ -280,3 +280,18 @@ def test_hosts_claiming_at_once_let_one_probe_through(pg_url, pg_store):
     for t in threads:
         t.join(60)
     assert len(got) == 1 and pg_store.pauses()[0].probe_job == got[0].id
+
+
+def test_the_ids_a_submit_returns_follow_the_order_of_its_jobs(pg_store):
+    subs = pg_store.submit([job(args=[i]) for i in range(50)], T0)
+    assert [pg_store.get(s.job_id).args for s in subs] == [[i] for i in range(50)]
+    assert sorted(s.job_id for s in subs) == [s.job_id for s in subs]
+
+
+def test_a_submit_the_database_refuses_leaves_the_store_usable(pg_store):
+    import psycopg
+
+    with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+        pg_store.submit([job(priority=2**40)], T0)  # the column is an integer
+    (s,) = pg_store.submit([job()], T0)
+    assert pg_store.get(s.job_id).state == State.QUEUED

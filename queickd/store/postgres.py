@@ -11,9 +11,10 @@ What the database guarantees, not luck:
   is undone and tried again (the other claim has committed by then, so the next one
   passes the key by);
 - idempotency keys, event ids and (cron, tick) rows are unique indexes;
-- submits take one advisory lock per transaction, so admission (caps, duplicates,
-  conflicts) decides on what every other daemon has committed. The group commit keeps
-  that to one lock per batch, not per job.
+- a submit whose admission reads (caps, duplicates, conflicts) takes one advisory lock
+  before its first read, so it decides on what every other daemon has committed; one that
+  reads nothing is a single statement (its rows, their ids, the wake-up), one round trip.
+  The group commit makes that one submit per batch, not per job.
 Wake-ups go out as NOTIFY on channel `queickd` when jobs become claimable (`q:POOL`), when
 jobs finish (`f:ID,ID,...` for clients waiting on them; `fk:` when one of them held a key,
 which is free now), when a failed job is scheduled for a retry (`s:RUN_AT`, for the
@@ -28,8 +29,9 @@ beats (database clock), so a long job is never rescued while its worker lives.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -71,15 +73,25 @@ _WAITING_SQL = "('scheduled', 'queued', 'waiting_network')"
 # Python would cost a round trip more and hold row locks on every row read); the store
 # contract test test_claim_starts_what_the_selection_policy_picks holds the two together.
 _CLAIM = f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(now)s, %(worker)s, %(pools)s, %(net)s, %(limit)s)"
-_INSERT = (f"WITH ins AS (INSERT INTO jobs ({', '.join(dbrows.INSERT_COLS)})"
-           f" SELECT * FROM unnest({', '.join(f'%s::{t}' for t in dbrows.PG_INSERT_TYPES)}))"
-           " SELECT pg_notify(%s, 'q:' || p) FROM unnest(%s::text[]) AS p")
+# The rows of a submit are one multi-row VALUES of scalars (psycopg dumps scalars in C;
+# arrays of them cost it ~14 µs a job in Python); the serial draws the ids, RETURNING gives
+# them back, and the pools' wake-ups ride in the same statement.
+_NOT_ID = [c for c in dbrows.INSERT_COLS if c != "id"]
+_ID_AT = dbrows.INSERT_COLS.index("id")
+_ROWS_PER_INSERT = 65535 // len(_NOT_ID)  # the protocol's limit of parameters per statement
+_NOTIFY_POOLS = "(SELECT count(*) FROM (SELECT pg_notify($1, 'q:' || p) FROM unnest($2::text[]) AS p) AS n)"
 
 
-
-
-
-
+@functools.lru_cache(maxsize=64)
+def _insert_sql(rows: int, wake: bool) -> str:
+    """The insert of `rows` rows, returning their ids (and waking the pools, if `wake`: their
+    channel and names are $1 and $2). In PostgreSQL's own $n markers, for a RawCursor:
+    psycopg would re-parse a statement this long on every call."""
+    width, first = len(_NOT_ID), 3 if wake else 1
+    values = ", ".join("(" + ", ".join(f"${first + r * width + k}" for k in range(width)) + ")"
+                       for r in range(rows))
+    return (f"WITH ins AS (INSERT INTO jobs ({', '.join(_NOT_ID)}) VALUES {values} RETURNING id)"
+            f" SELECT array_agg(id), {_NOTIFY_POOLS if wake else 'NULL'} FROM ins")
 
 
 def _redact(url: str) -> str:
@@ -202,22 +214,84 @@ class PostgresStore(FleetRecords, SharedSql, SqlWorkflows, StoreBase):
             c = self._conn()
             c.execute("SELECT pg_advisory_xact_lock(%s)", (_SUBMIT_LOCK,))
             return self._submit_in(c, requests, now, admission)
-        # BEGIN and the lock that orders every host's submits share one round trip.
         c = self._conn()
-        c.execute(f"BEGIN; SELECT pg_advisory_xact_lock({_SUBMIT_LOCK})")
+        begun = False
+
+        def reading() -> psycopg.Connection:
+            # Admission reads what every host has committed, so the lock comes before the
+            # first read; BEGIN and the lock share one round trip.
+            nonlocal begun
+            if not begun:
+                c.execute(f"BEGIN; SELECT pg_advisory_xact_lock({_SUBMIT_LOCK})")
+                begun = True
+            return c
+
         try:
-            answers = self._submit_in(c, requests, now, admission)
+            p = adm.plan(requests, now, admission, self._lookups(reading, now, admission.max_queued))
+            if begun or p.expired_keys or any(j.manual for _, _, j in p.inserts):  # it reads or resumes
+                answers = self._submit_in(reading(), requests, now, admission, reading, p)
+                c.execute("COMMIT")
+            else:
+                # Nothing was read: the rows, their ids and the wake-up are one round trip.
+                answers = self._submit_pipelined(c, requests, now, p)
         except BaseException:
-            if not c.closed and not c.broken:
+            if not c.closed and not c.broken and c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 with contextlib.suppress(psycopg.Error):
                     c.execute("ROLLBACK")
             raise
-        c.execute("COMMIT")
         self._inserted_since_count += sum(1 for a in answers if not isinstance(a, adm.Refusal)
                                           for s in a if not s.duplicate)
         return answers
 
-    def _waiting_total(self, c: psycopg.Connection, cap: int | None, now: float) -> int:
+    def _submit_pipelined(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
+                          p: adm.Plan) -> list[list[Submitted] | adm.Refusal]:
+        if not p.inserts:
+            return adm.finish(p, requests, [], now)
+        # A submit that read nothing needs no lock: whatever another host's admission read
+        # under it, this submit is as if it came after that one. One statement is one
+        # transaction (autocommit); a batch over the statement's limit is several, in one
+        # pipelined transaction.
+        if len(p.inserts) <= _ROWS_PER_INSERT:
+            cursors = self._insert(c, p, now)
+        else:
+            with c.pipeline():
+                c.execute("BEGIN")
+                cursors = self._insert(c, p, now)
+                c.execute("COMMIT")
+        return adm.finish(p, requests, self._ids(cursors), now)
+
+    @staticmethod
+    def _insert(c: psycopg.Connection, p: adm.Plan, now: float) -> list[psycopg.RawCursor]:
+        """The planned inserts, in statements of at most _ROWS_PER_INSERT rows; the pools of
+        the queued ones are woken by the first. Returns the statements' cursors."""
+        flat: list[Any] = []
+        pools = set()
+        for _, _, j in p.inserts:
+            state = State.QUEUED if j.run_at <= now else State.SCHEDULED
+            if state == State.QUEUED:
+                pools.add(j.pool)
+            row = dbrows.insert_values(0, state, now, j)
+            flat += row[:_ID_AT]
+            flat += row[_ID_AT + 1:]
+        width, n, cursors = len(_NOT_ID), len(p.inserts), []
+        for at in range(0, n, _ROWS_PER_INSERT):
+            rows = min(_ROWS_PER_INSERT, n - at)
+            params = flat[at * width:(at + rows) * width]
+            wake = not cursors and bool(pools)
+            cur = psycopg.RawCursor(c)
+            cursors.append(cur.execute(_insert_sql(rows, wake), (CHANNEL, sorted(pools), *params) if wake else params))
+        return cursors
+
+    @staticmethod
+    def _ids(cursors: list[psycopg.RawCursor]) -> list[int]:
+        # One backend draws the ids in the order of the rows: ascending is that order.
+        ids: list[int] = []
+        for cur in cursors:
+            row = cur.fetchone()
+            ids += sorted(row[0]) if row and row[0] else []
+        return ids
+
+    def _waiting_total(self, reading: Callable[[], psycopg.Connection], cap: int | None, now: float) -> int:
         """Jobs waiting in the whole fleet. An exact count reads every waiting job, so far
         below the cap a count made less than _COUNT_TTL s before `now`, plus what this
         store has added since, stands in for it; within 10 % of the cap, and after the
@@ -228,51 +302,44 @@ class PostgresStore(FleetRecords, SharedSql, SqlWorkflows, StoreBase):
             estimate = n + self._inserted_since_count
             if 0 <= now - at < _COUNT_TTL and estimate < 0.9 * cap:
                 return estimate
-        n = c.execute(f"SELECT count(*) FROM jobs WHERE state IN {_WAITING_SQL}").fetchone()[0]
+        n = reading().execute(f"SELECT count(*) FROM jobs WHERE state IN {_WAITING_SQL}").fetchone()[0]
         self._waiting_seen = (n, now)
         self._inserted_since_count = 0
         return n
 
-    def _lookups(self, c: psycopg.Connection, now: float, cap: int | None = None) -> adm.Lookups:
+    def _lookups(self, reading: Callable[[], psycopg.Connection], now: float, cap: int | None = None) -> adm.Lookups:
         def by_key(k: str) -> adm.Existing | None:
-            row = c.execute("SELECT id, state, created_at FROM jobs WHERE idempotency_key = %s", (k,)).fetchone()
+            row = reading().execute("SELECT id, state, created_at FROM jobs WHERE idempotency_key = %s",
+                                    (k,)).fetchone()
             return adm.Existing(*row) if row else None
 
         def active(key: str) -> int | None:
-            row = c.execute(
+            row = reading().execute(
                 "SELECT id FROM jobs WHERE key = %s AND state IN"
                 " ('scheduled', 'queued', 'waiting_network', 'running') ORDER BY id LIMIT 1", (key,)).fetchone()
             return row[0] if row else None
 
         return adm.Lookups(
             by_idempotency_key=by_key,
-            waiting_for_key=lambda key: c.execute(
+            waiting_for_key=lambda key: reading().execute(
                 f"SELECT count(*) FROM jobs WHERE key = %s AND state IN {_WAITING_SQL}", (key,)).fetchone()[0],
-            waiting_total=lambda: self._waiting_total(c, cap, now),
+            waiting_total=lambda: self._waiting_total(reading, cap, now),
             active_for_key=active,
         )
 
     def _submit_in(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
-                   admission: adm.Admission) -> list[list[Submitted] | adm.Refusal]:
-        p = adm.plan(requests, now, admission, self._lookups(c, now, admission.max_queued))
+                   admission: adm.Admission, reading: Callable[[], psycopg.Connection] | None = None,
+                   p: adm.Plan | None = None) -> list[list[Submitted] | adm.Refusal]:
+        if p is None:
+            p = adm.plan(requests, now, admission, self._lookups(reading or (lambda: c), now, admission.max_queued))
         if p.expired_keys:
             c.execute("UPDATE jobs SET idempotency_key = NULL WHERE idempotency_key = ANY(%s)",
                       (p.expired_keys,))
         ids: list[int] = []
         if p.inserts:
-            ids = [r[0] for r in c.execute(
-                "SELECT nextval(pg_get_serial_sequence('jobs', 'id')) AS id"
-                " FROM generate_series(1, %s) ORDER BY id", (len(p.inserts),))]
-            values, pools = [], set()
-            for job_id, (_, _, j) in zip(ids, p.inserts, strict=True):
-                state = State.QUEUED if j.run_at <= now else State.SCHEDULED
-                if state == State.QUEUED:
-                    pools.add(j.pool)
-                values.append(dbrows.insert_values(job_id, state, now, j))
-            cols = [list(col) for col in zip(*values, strict=True)]  # rows to one array per column
             # One statement for the whole batch: a row per job would be a round trip each.
             # The wake-up for each pool rides in the same statement.
-            c.execute(_INSERT, (*cols, CHANNEL, sorted(pools)))
+            ids = self._ids(self._insert(c, p, now))
         manual = {(k, n) for _, _, j in p.inserts if j.manual for k, n in (("key", j.key), ("func", j.func))
                   if n is not None}
         for kind, name in manual:  # an operator's run lifts a pause
