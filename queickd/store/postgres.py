@@ -29,21 +29,19 @@ beats (database clock), so a long job is never rescued while its worker lives.
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 try:
     import psycopg
-    from psycopg import errors as pgerrors
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
 
-from ..core.job import Job, NewJob, Outcome, State, Submitted
+from ..core.job import Job, NewJob, Outcome, State
 from ..core.policy import admission as adm
-from ..core.policy import claim, orphans
+from ..core.policy import orphans
 from ..core.policy import pauses as pz
 from . import rows as dbrows
 from .base import (
@@ -56,44 +54,14 @@ from .base import (
     Recovered,
     StoreBase,
 )
-from .pgregistry import ALIVE, CHANNEL, FleetRecords, notify
+from .pgclaim import PgClaims
+from .pgregistry import ALIVE, FleetRecords, notify
+from .pgsubmit import SUBMIT_LOCK, WAITING_SQL, PgSubmit
 from .pools import set_pool_sql
 from .sqlshared import SharedSql, filters
 from .wfsql import SqlWorkflows
 
-_SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
-_COUNT_TTL = 1.0  # seconds an exact count of waiting jobs stands in, far below the cap
 _NOTIFY_IDS = 300  # job ids per finish notification (payloads are limited to 8000 bytes)
-_CLAIM_RETRIES = 8
-_CLAIM_LOCK = 0x71756963_6B640003  # advisory lock id held by each claim with groups or budgets
-_WAITING_SQL = "('scheduled', 'queued', 'waiting_network')"
-# The claim itself is the function queickd_claim (pgschema.py): an UPDATE ... WHERE id IN
-# (SELECT ... ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING, one
-# round trip. Its conditions are core/policy/claim.py's rules written in SQL (choosing in
-# Python would cost a round trip more and hold row locks on every row read); the store
-# contract test test_claim_starts_what_the_selection_policy_picks holds the two together.
-_CLAIM = f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(now)s, %(worker)s, %(pools)s, %(net)s, %(limit)s)"
-# The rows of a submit are one multi-row VALUES of scalars (psycopg dumps scalars in C;
-# arrays of them cost it ~14 µs a job in Python); the serial draws the ids, RETURNING gives
-# them back, and the pools' wake-ups ride in the same statement.
-_NOT_ID = [c for c in dbrows.INSERT_COLS if c != "id"]
-_ID_AT = dbrows.INSERT_COLS.index("id")
-_ROWS_PER_INSERT = 65535 // len(_NOT_ID)  # the protocol's limit of parameters per statement
-_NOTIFY_POOLS = "(SELECT count(*) FROM (SELECT pg_notify($1, 'q:' || p) FROM unnest($2::text[]) AS p) AS n)"
-
-
-@functools.lru_cache(maxsize=64)
-def _insert_sql(rows: int, wake: bool) -> str:
-    """The insert of `rows` rows, returning their ids (and waking the pools, if `wake`: their
-    channel and names are $1 and $2). In PostgreSQL's own $n markers, for a RawCursor:
-    psycopg would re-parse a statement this long on every call."""
-    width, first = len(_NOT_ID), 3 if wake else 1
-    values = ", ".join("(" + ", ".join(f"${first + r * width + k}" for k in range(width)) + ")"
-                       for r in range(rows))
-    return (f"WITH ins AS (INSERT INTO jobs ({', '.join(_NOT_ID)}) VALUES {values} RETURNING id)"
-            f" SELECT array_agg(id), {_NOTIFY_POOLS if wake else 'NULL'} FROM ins")
-
-
 def _redact(url: str) -> str:
     """The URL with any password replaced by ***."""
     parts = urlsplit(url)
@@ -103,7 +71,7 @@ def _redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-class PostgresStore(FleetRecords, SharedSql, SqlWorkflows, StoreBase):
+class PostgresStore(PgSubmit, PgClaims, FleetRecords, SharedSql, SqlWorkflows, StoreBase):
     MARK = "%s"  # the parameter marker of psycopg (SharedSql)
     _RELEASE = ", worker_id = NULL"  # a job that leaves running is no worker's any more
     # Two hosts finishing items of one run at once take turns on its row: each sees the
@@ -112,8 +80,9 @@ class PostgresStore(FleetRecords, SharedSql, SqlWorkflows, StoreBase):
     _WF_BUDGET = "(meta::json)->'reason'->>'budget'"
 
     def _wf_submit(self, c: psycopg.Connection, jobs: list[NewJob], now: float) -> None:
-        c.execute("SELECT pg_advisory_xact_lock(%s)", (_SUBMIT_LOCK,))  # every submit takes it
+        c.execute("SELECT pg_advisory_xact_lock(%s)", (SUBMIT_LOCK,))  # every submit takes it
         self._submit_in(c, [jobs], now, adm.NO_LIMITS)
+
     supports_notify = True
     # A killed or dropped connection (OperationalError: AdminShutdown, a reset socket...;
     # InterfaceError: a connection psycopg already knows is gone); the next call reconnects.
@@ -207,146 +176,6 @@ class PostgresStore(FleetRecords, SharedSql, SqlWorkflows, StoreBase):
                 self._local.in_batch = False
 
     # --- submit ---------------------------------------------------------------------------
-    def submit_requests(
-        self, requests: Sequence[Sequence[NewJob]], now: float, admission: adm.Admission = adm.NO_LIMITS
-    ) -> list[list[Submitted] | adm.Refusal]:
-        if getattr(self._local, "in_batch", False):
-            c = self._conn()
-            c.execute("SELECT pg_advisory_xact_lock(%s)", (_SUBMIT_LOCK,))
-            return self._submit_in(c, requests, now, admission)
-        c = self._conn()
-        begun = False
-
-        def reading() -> psycopg.Connection:
-            # Admission reads what every host has committed, so the lock comes before the
-            # first read; BEGIN and the lock share one round trip.
-            nonlocal begun
-            if not begun:
-                c.execute(f"BEGIN; SELECT pg_advisory_xact_lock({_SUBMIT_LOCK})")
-                begun = True
-            return c
-
-        try:
-            p = adm.plan(requests, now, admission, self._lookups(reading, now, admission.max_queued))
-            if begun or p.expired_keys or any(j.manual for _, _, j in p.inserts):  # it reads or resumes
-                answers = self._submit_in(reading(), requests, now, admission, reading, p)
-                c.execute("COMMIT")
-            else:
-                # Nothing was read: the rows, their ids and the wake-up are one round trip.
-                answers = self._submit_pipelined(c, requests, now, p)
-        except BaseException:
-            if not c.closed and not c.broken and c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                with contextlib.suppress(psycopg.Error):
-                    c.execute("ROLLBACK")
-            raise
-        self._inserted_since_count += sum(1 for a in answers if not isinstance(a, adm.Refusal)
-                                          for s in a if not s.duplicate)
-        return answers
-
-    def _submit_pipelined(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
-                          p: adm.Plan) -> list[list[Submitted] | adm.Refusal]:
-        if not p.inserts:
-            return adm.finish(p, requests, [], now)
-        # A submit that read nothing needs no lock: whatever another host's admission read
-        # under it, this submit is as if it came after that one. One statement is one
-        # transaction (autocommit); a batch over the statement's limit is several, in one
-        # pipelined transaction.
-        if len(p.inserts) <= _ROWS_PER_INSERT:
-            cursors = self._insert(c, p, now)
-        else:
-            with c.pipeline():
-                c.execute("BEGIN")
-                cursors = self._insert(c, p, now)
-                c.execute("COMMIT")
-        return adm.finish(p, requests, self._ids(cursors), now)
-
-    @staticmethod
-    def _insert(c: psycopg.Connection, p: adm.Plan, now: float) -> list[psycopg.RawCursor]:
-        """The planned inserts, in statements of at most _ROWS_PER_INSERT rows; the pools of
-        the queued ones are woken by the first. Returns the statements' cursors."""
-        flat: list[Any] = []
-        pools = set()
-        for _, _, j in p.inserts:
-            state = State.QUEUED if j.run_at <= now else State.SCHEDULED
-            if state == State.QUEUED:
-                pools.add(j.pool)
-            row = dbrows.insert_values(0, state, now, j)
-            flat += row[:_ID_AT]
-            flat += row[_ID_AT + 1:]
-        width, n, cursors = len(_NOT_ID), len(p.inserts), []
-        for at in range(0, n, _ROWS_PER_INSERT):
-            rows = min(_ROWS_PER_INSERT, n - at)
-            params = flat[at * width:(at + rows) * width]
-            wake = not cursors and bool(pools)
-            cur = psycopg.RawCursor(c)
-            cursors.append(cur.execute(_insert_sql(rows, wake), (CHANNEL, sorted(pools), *params) if wake else params))
-        return cursors
-
-    @staticmethod
-    def _ids(cursors: list[psycopg.RawCursor]) -> list[int]:
-        # One backend draws the ids in the order of the rows: ascending is that order.
-        ids: list[int] = []
-        for cur in cursors:
-            row = cur.fetchone()
-            ids += sorted(row[0]) if row and row[0] else []
-        return ids
-
-    def _waiting_total(self, reading: Callable[[], psycopg.Connection], cap: int | None, now: float) -> int:
-        """Jobs waiting in the whole fleet. An exact count reads every waiting job, so far
-        below the cap a count made less than _COUNT_TTL s before `now`, plus what this
-        store has added since, stands in for it; within 10 % of the cap, and after the
-        clock went back, every submit counts exactly."""
-        seen = self._waiting_seen
-        if seen is not None and cap is not None:
-            n, at = seen
-            estimate = n + self._inserted_since_count
-            if 0 <= now - at < _COUNT_TTL and estimate < 0.9 * cap:
-                return estimate
-        n = reading().execute(f"SELECT count(*) FROM jobs WHERE state IN {_WAITING_SQL}").fetchone()[0]
-        self._waiting_seen = (n, now)
-        self._inserted_since_count = 0
-        return n
-
-    def _lookups(self, reading: Callable[[], psycopg.Connection], now: float, cap: int | None = None) -> adm.Lookups:
-        def by_key(k: str) -> adm.Existing | None:
-            row = reading().execute("SELECT id, state, created_at FROM jobs WHERE idempotency_key = %s",
-                                    (k,)).fetchone()
-            return adm.Existing(*row) if row else None
-
-        def active(key: str) -> int | None:
-            row = reading().execute(
-                "SELECT id FROM jobs WHERE key = %s AND state IN"
-                " ('scheduled', 'queued', 'waiting_network', 'running') ORDER BY id LIMIT 1", (key,)).fetchone()
-            return row[0] if row else None
-
-        return adm.Lookups(
-            by_idempotency_key=by_key,
-            waiting_for_key=lambda key: reading().execute(
-                f"SELECT count(*) FROM jobs WHERE key = %s AND state IN {_WAITING_SQL}", (key,)).fetchone()[0],
-            waiting_total=lambda: self._waiting_total(reading, cap, now),
-            active_for_key=active,
-        )
-
-    def _submit_in(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
-                   admission: adm.Admission, reading: Callable[[], psycopg.Connection] | None = None,
-                   p: adm.Plan | None = None) -> list[list[Submitted] | adm.Refusal]:
-        if p is None:
-            p = adm.plan(requests, now, admission, self._lookups(reading or (lambda: c), now, admission.max_queued))
-        if p.expired_keys:
-            c.execute("UPDATE jobs SET idempotency_key = NULL WHERE idempotency_key = ANY(%s)",
-                      (p.expired_keys,))
-        ids: list[int] = []
-        if p.inserts:
-            # One statement for the whole batch: a row per job would be a round trip each.
-            # The wake-up for each pool rides in the same statement.
-            ids = self._ids(self._insert(c, p, now))
-        manual = {(k, n) for _, _, j in p.inserts if j.manual for k, n in (("key", j.key), ("func", j.func))
-                  if n is not None}
-        for kind, name in manual:  # an operator's run lifts a pause
-            self._resume_in(c, kind, name)
-        return adm.finish(p, requests, ids, now)
-
-    # --- schedule -------------------------------------------------------------------------
     def promote_due(self, now: float) -> int:
         with self._write() as c:
             pools = [r[0] for r in c.execute(
@@ -360,83 +189,9 @@ class PostgresStore(FleetRecords, SharedSql, SqlWorkflows, StoreBase):
         return self._conn().execute("SELECT min(run_at) FROM jobs WHERE state = 'scheduled'").fetchone()[0]
 
     # --- claim ----------------------------------------------------------------------------
-    def claim_available(self, limit: int, now: float, network_up: bool = True,
-                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS) -> list[Job]:
-        if limit <= 0:
-            return []
-        params = {"now": now, "worker": self.worker_id, "pools": list(pools) if pools is not None else None,
-                  "net": network_up, "limit": limit}
-        if getattr(self._local, "in_batch", False):
-            # No savepoint here (two more round trips on every pass of the pool): a lost key
-            # or slot race, which the claim's own conditions and its lock all but rule out,
-            # fails the batch, and the pool applies its outcomes alone and claims again.
-            c = self._conn()
-            rows = (self._claim_selected(c, params, limits) if limits.any or self._grouped_waiting(c)
-                    else c.execute(_CLAIM, params).fetchall())
-        for attempt in range(_CLAIM_RETRIES if not getattr(self._local, "in_batch", False) else 0):
-            try:
-                with self._write() as c:
-                    rows = (self._claim_selected(c, params, limits) if limits.any or self._grouped_waiting(c)
-                            else c.execute(_CLAIM, params).fetchall())
-                break
-            except pgerrors.UniqueViolation:
-                # Another worker claimed a job of the same key, or the same slot of a group,
-                # meanwhile and committed; the next try sees it running.
-                if attempt == _CLAIM_RETRIES - 1:
-                    raise
-        jobs = [dbrows.row_to_job(r) for r in rows]
-        jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
-        return jobs
-
     def _scheduled_at(self, c: psycopg.Connection, run_at: float) -> None:
         notify(c, f"s:{run_at!r}")  # the daemons' timers must know when to move them back to queued
 
-    @staticmethod
-    def _grouped_waiting(c: psycopg.Connection) -> bool:
-        """Is any grouped job queued? (jobs_queued_grouped: one index probe.)"""
-        return c.execute("SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'queued'"
-                         " AND concurrency_group IS NOT NULL)").fetchone()[0]
-
-    def _claim_selected(self, c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits) -> list[tuple]:
-        """The claim with groups or budgets: core/policy/claim.py's selection over the queued
-        jobs read page by page in queue order (bounded look-ahead), in the caller's
-        transaction, under one transaction lock taken before what runs is read (so what
-        runs against a budget is read after every earlier such claim has committed). Group
-        limits: the slot each job takes, under jobs_group_slot (a race is a unique violation)."""
-        # What runs, the pauses and the first page of candidates, read after the lock these
-        # claims share (queickd_claim_view): budgets are exact and slot races all but gone
-        # (the unique index still guarantees the limits). One round trip, plans cached.
-        page = max(16, params["limit"] * 2)
-        view = c.execute("SELECT * FROM queickd_claim_view(%s, %s, %s)", (_CLAIM_LOCK, params["pools"], page)).fetchall()
-        running = [(r[2], r[7], r[10], r[8], r[4], r[9]) for r in view if r[0] == "running"]  # RUNNING_COLS
-        pauses = [(r[0], r[2]) for r in view if r[0] in ("key", "func")]
-        first = [r[1:10] for r in view if r[0] == "queued"]
-        served = None if params["pools"] is None else frozenset(params["pools"])
-        pick = claim.Selection(claim.Request(params["limit"], params["net"], served, limits, params["now"]),
-                               claim.Running.of_jobs(running, pauses))
-        # The first page came unfiltered, with what runs; the next ones leave out the jobs of
-        # groups full before this claim (they hold nothing), from the first such row not read.
-        full = pick.full_groups()
-        skip = set(full)
-        pick.offer_all(map(claim.Row._make, first))
-        offset = sum(1 for r in first if r[6] is None or r[6] not in skip)  # r[6]: concurrency_group
-        more = len(first) == page
-        while more and not pick.full and offset < pick.look_ahead:
-            rows = c.execute("SELECT * FROM queickd_candidates(%s, %s::text[], %s, %s)",
-                             (params["pools"], full, page, offset)).fetchall()
-            pick.offer_all(map(claim.Row._make, rows))
-            more = len(rows) == page
-            offset += page
-        if not pick.chosen:
-            return []
-        # A row another claim took meanwhile is no longer queued: it is left out here.
-        return c.execute(
-            "UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = %s, worker_id = %s,"
-            " slot = u.s FROM unnest(%s::bigint[], %s::int[]) AS u(i, s) WHERE jobs.id = u.i"
-            f" AND jobs.state = 'queued' RETURNING {', '.join('jobs.' + n for n in dbrows.JOB_COLS.split(', '))}",
-            (params["now"], params["worker"], pick.chosen, [pick.slot(i) for i in pick.chosen])).fetchall()
-
-    # --- network --------------------------------------------------------------------------
     def park_for_network(self, now: float) -> int:
         with self._write() as c:
             return c.execute("UPDATE jobs SET state = 'waiting_network'"
@@ -570,7 +325,7 @@ class PostgresStore(FleetRecords, SharedSql, SqlWorkflows, StoreBase):
         return Recovered(p.requeue, p.dead)
 
     def waiting_by_pool(self) -> dict[str, int]:
-        rows = self._conn().execute(f"SELECT pool, count(*) FROM jobs WHERE state IN {_WAITING_SQL}"
+        rows = self._conn().execute(f"SELECT pool, count(*) FROM jobs WHERE state IN {WAITING_SQL}"
                                     " GROUP BY pool").fetchall()
         return dict(rows)
 
@@ -661,7 +416,7 @@ class PostgresStore(FleetRecords, SharedSql, SqlWorkflows, StoreBase):
 
     def waiting_by_key(self, limit: int) -> list[tuple[str, int, float]]:
         rows = self._conn().execute(
-            f"SELECT key, count(*), min(run_at) FROM jobs WHERE key IS NOT NULL AND state IN {_WAITING_SQL}"
+            f"SELECT key, count(*), min(run_at) FROM jobs WHERE key IS NOT NULL AND state IN {WAITING_SQL}"
             " GROUP BY key ORDER BY count(*) DESC, key LIMIT %s", (limit,))
         return [tuple(r) for r in rows]  # type: ignore[misc]
 
@@ -705,7 +460,7 @@ class PostgresStore(FleetRecords, SharedSql, SqlWorkflows, StoreBase):
                 c.execute("UPDATE crons SET next_run_at = %s WHERE name = %s", (next_tick, name))
                 return None
             waiting = c.execute(
-                f"SELECT 1 FROM jobs WHERE cron = %s AND state IN {_WAITING_SQL} LIMIT 1", (name,)).fetchone()
+                f"SELECT 1 FROM jobs WHERE cron = %s AND state IN {WAITING_SQL} LIMIT 1", (name,)).fetchone()
             return self._fire_in(c, name, row[0], tick, next_tick, now, waiting is not None)
 
     # --- events ---------------------------------------------------------------------------

@@ -1,0 +1,189 @@
+"""The PostgreSQL store's submit path: admission read under the submit lock only when it
+must read, and the rows inserted, their ids returned and the pools woken in one statement.
+A mixin of PostgresStore (postgres.py), which provides the connections."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+try:
+    import psycopg
+except ImportError as e:  # pragma: no cover - depends on the installed extras
+    raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
+
+from ..core.job import NewJob, State, Submitted
+from ..core.policy import admission as adm
+from . import rows as dbrows
+from .pgregistry import CHANNEL
+
+SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
+WAITING_SQL = "('scheduled', 'queued', 'waiting_network')"
+_COUNT_TTL = 1.0  # seconds an exact count of waiting jobs stands in, far below the cap
+# The rows of a submit are one multi-row VALUES of scalars (psycopg dumps scalars in C;
+# arrays of them cost it ~14 µs a job in Python); the serial draws the ids, RETURNING gives
+# them back, and the pools' wake-ups ride in the same statement.
+_NOT_ID = [c for c in dbrows.INSERT_COLS if c != "id"]
+_ID_AT = dbrows.INSERT_COLS.index("id")
+_ROWS_PER_INSERT = 65535 // len(_NOT_ID)  # the protocol's limit of parameters per statement
+_NOTIFY_POOLS = "(SELECT count(*) FROM (SELECT pg_notify($1, 'q:' || p) FROM unnest($2::text[]) AS p) AS n)"
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_sql(rows: int, wake: bool) -> str:
+    """The insert of `rows` rows, returning their ids (and waking the pools, if `wake`: their
+    channel and names are $1 and $2). In PostgreSQL's own $n markers, for a RawCursor:
+    psycopg would re-parse a statement this long on every call."""
+    width, first = len(_NOT_ID), 3 if wake else 1
+    values = ", ".join("(" + ", ".join(f"${first + r * width + k}" for k in range(width)) + ")"
+                       for r in range(rows))
+    return (f"WITH ins AS (INSERT INTO jobs ({', '.join(_NOT_ID)}) VALUES {values} RETURNING id)"
+            f" SELECT array_agg(id), {_NOTIFY_POOLS if wake else 'NULL'} FROM ins")
+
+
+
+class PgSubmit:
+    """Submitting jobs (Store.submit_requests) on PostgreSQL."""
+
+    def submit_requests(
+        self, requests: Sequence[Sequence[NewJob]], now: float, admission: adm.Admission = adm.NO_LIMITS
+    ) -> list[list[Submitted] | adm.Refusal]:
+        if getattr(self._local, "in_batch", False):
+            c = self._conn()
+            c.execute("SELECT pg_advisory_xact_lock(%s)", (SUBMIT_LOCK,))
+            return self._submit_in(c, requests, now, admission)
+        c = self._conn()
+        begun = False
+
+        def reading() -> psycopg.Connection:
+            # Admission reads what every host has committed, so the lock comes before the
+            # first read; BEGIN and the lock share one round trip.
+            nonlocal begun
+            if not begun:
+                c.execute(f"BEGIN; SELECT pg_advisory_xact_lock({SUBMIT_LOCK})")
+                begun = True
+            return c
+
+        try:
+            p = adm.plan(requests, now, admission, self._lookups(reading, now, admission.max_queued))
+            if begun or p.expired_keys or any(j.manual for _, _, j in p.inserts):  # it reads or resumes
+                answers = self._submit_in(reading(), requests, now, admission, reading, p)
+                c.execute("COMMIT")
+            else:
+                # Nothing was read: the rows, their ids and the wake-up are one round trip.
+                answers = self._submit_pipelined(c, requests, now, p)
+        except BaseException:
+            if not c.closed and not c.broken and c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                with contextlib.suppress(psycopg.Error):
+                    c.execute("ROLLBACK")
+            raise
+        self._inserted_since_count += sum(1 for a in answers if not isinstance(a, adm.Refusal)
+                                          for s in a if not s.duplicate)
+        return answers
+
+    def _submit_pipelined(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
+                          p: adm.Plan) -> list[list[Submitted] | adm.Refusal]:
+        if not p.inserts:
+            return adm.finish(p, requests, [], now)
+        # A submit that read nothing needs no lock: whatever another host's admission read
+        # under it, this submit is as if it came after that one. One statement is one
+        # transaction (autocommit); a batch over the statement's limit is several, in one
+        # pipelined transaction.
+        if len(p.inserts) <= _ROWS_PER_INSERT:
+            cursors = self._insert(c, p, now)
+        else:
+            with c.pipeline():
+                c.execute("BEGIN")
+                cursors = self._insert(c, p, now)
+                c.execute("COMMIT")
+        return adm.finish(p, requests, self._ids(cursors), now)
+
+    @staticmethod
+    def _insert(c: psycopg.Connection, p: adm.Plan, now: float) -> list[psycopg.RawCursor]:
+        """The planned inserts, in statements of at most _ROWS_PER_INSERT rows; the pools of
+        the queued ones are woken by the first. Returns the statements' cursors."""
+        flat: list[Any] = []
+        pools = set()
+        for _, _, j in p.inserts:
+            state = State.QUEUED if j.run_at <= now else State.SCHEDULED
+            if state == State.QUEUED:
+                pools.add(j.pool)
+            row = dbrows.insert_values(0, state, now, j)
+            flat += row[:_ID_AT]
+            flat += row[_ID_AT + 1:]
+        width, n, cursors = len(_NOT_ID), len(p.inserts), []
+        for at in range(0, n, _ROWS_PER_INSERT):
+            rows = min(_ROWS_PER_INSERT, n - at)
+            params = flat[at * width:(at + rows) * width]
+            wake = not cursors and bool(pools)
+            cur = psycopg.RawCursor(c)
+            cursors.append(cur.execute(_insert_sql(rows, wake), (CHANNEL, sorted(pools), *params) if wake else params))
+        return cursors
+
+    @staticmethod
+    def _ids(cursors: list[psycopg.RawCursor]) -> list[int]:
+        # One backend draws the ids in the order of the rows: ascending is that order.
+        ids: list[int] = []
+        for cur in cursors:
+            row = cur.fetchone()
+            ids += sorted(row[0]) if row and row[0] else []
+        return ids
+
+    def _waiting_total(self, reading: Callable[[], psycopg.Connection], cap: int | None, now: float) -> int:
+        """Jobs waiting in the whole fleet. An exact count reads every waiting job, so far
+        below the cap a count made less than _COUNT_TTL s before `now`, plus what this
+        store has added since, stands in for it; within 10 % of the cap, and after the
+        clock went back, every submit counts exactly."""
+        seen = self._waiting_seen
+        if seen is not None and cap is not None:
+            n, at = seen
+            estimate = n + self._inserted_since_count
+            if 0 <= now - at < _COUNT_TTL and estimate < 0.9 * cap:
+                return estimate
+        n = reading().execute(f"SELECT count(*) FROM jobs WHERE state IN {WAITING_SQL}").fetchone()[0]
+        self._waiting_seen = (n, now)
+        self._inserted_since_count = 0
+        return n
+
+    def _lookups(self, reading: Callable[[], psycopg.Connection], now: float, cap: int | None = None) -> adm.Lookups:
+        def by_key(k: str) -> adm.Existing | None:
+            row = reading().execute("SELECT id, state, created_at FROM jobs WHERE idempotency_key = %s",
+                                    (k,)).fetchone()
+            return adm.Existing(*row) if row else None
+
+        def active(key: str) -> int | None:
+            row = reading().execute(
+                "SELECT id FROM jobs WHERE key = %s AND state IN"
+                " ('scheduled', 'queued', 'waiting_network', 'running') ORDER BY id LIMIT 1", (key,)).fetchone()
+            return row[0] if row else None
+
+        return adm.Lookups(
+            by_idempotency_key=by_key,
+            waiting_for_key=lambda key: reading().execute(
+                f"SELECT count(*) FROM jobs WHERE key = %s AND state IN {WAITING_SQL}", (key,)).fetchone()[0],
+            waiting_total=lambda: self._waiting_total(reading, cap, now),
+            active_for_key=active,
+        )
+
+    def _submit_in(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
+                   admission: adm.Admission, reading: Callable[[], psycopg.Connection] | None = None,
+                   p: adm.Plan | None = None) -> list[list[Submitted] | adm.Refusal]:
+        if p is None:
+            p = adm.plan(requests, now, admission, self._lookups(reading or (lambda: c), now, admission.max_queued))
+        if p.expired_keys:
+            c.execute("UPDATE jobs SET idempotency_key = NULL WHERE idempotency_key = ANY(%s)",
+                      (p.expired_keys,))
+        ids: list[int] = []
+        if p.inserts:
+            # One statement for the whole batch: a row per job would be a round trip each.
+            # The wake-up for each pool rides in the same statement.
+            ids = self._ids(self._insert(c, p, now))
+        manual = {(k, n) for _, _, j in p.inserts if j.manual for k, n in (("key", j.key), ("func", j.func))
+                  if n is not None}
+        for kind, name in manual:  # an operator's run lifts a pause
+            self._resume_in(c, kind, name)
+        return adm.finish(p, requests, ids, now)
+
+    # --- schedule -------------------------------------------------------------------------
