@@ -103,3 +103,10 @@ def test_a_store_failing_at_commit_answers_internal_with_maybe_committed(start_d
         s.sendall(b'{"op":"enqueue","func":"testjobs:noop"}\n')
         reply = json.loads(s.makefile("rb").readline())
     assert reply["error"]["code"] == "internal" and reply["error"]["maybe_committed"] is True
+
+
+def test_enqueue_many_gives_no_automatic_keys_so_a_batch_costs_no_lookup_per_job(client):
+    ids = client.enqueue_many([client.job("testjobs:noop") for _ in range(3)])
+    assert [client.get(i)["idempotency_key"] for i in ids] == [None, None, None]
+    single = client.enqueue("testjobs:noop")
+    assert client.get(single)["idempotency_key"].startswith("auto:")
