@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -40,16 +41,36 @@ def _nobody_outside_ping_group_range() -> bool:
     return not low <= 65534 <= high
 
 
-def _first_report(cmd: list[str]) -> tuple[str, int]:
+def _first_report(cmd: list[str], root: Path = ROOT) -> tuple[str, int]:
     """The checker's first stdout line and how it ended (killed after that line if it runs on)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd="/",
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(root)})
     try:
         line = proc.stdout.readline().strip()  # type: ignore[union-attr]
     finally:
         proc.kill()
         code = proc.wait(10)
     return line, code
+
+
+@pytest.fixture(scope="module")
+def nobody_root():
+    """Where the user nobody can import queickd from: the checkout, or (a checkout in a
+    private directory, as a fresh clone under mktemp is) a world-readable copy of the package."""
+    python = _python_for_nobody()
+    if python is None:
+        pytest.skip("needs setpriv and a Python 3.11+ the user nobody may run")
+    if subprocess.run([*NOBODY, "test", "-r", str(ROOT / "queickd" / "__init__.py")]).returncode == 0:
+        yield ROOT
+        return
+    copy = Path(tempfile.mkdtemp(prefix="queickd-for-nobody-"))
+    try:
+        shutil.copytree(ROOT / "queickd", copy / "queickd", ignore=shutil.ignore_patterns("__pycache__"))
+        for d in [copy, *copy.rglob("*")]:
+            d.chmod(0o755 if d.is_dir() else 0o644)
+        yield copy
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
 
 
 @pytest.fixture
@@ -60,21 +81,21 @@ def nobody_python():
     return python
 
 
-def test_an_icmp_probe_without_socket_permission_reports_it_cannot_run(nobody_python):
+def test_an_icmp_probe_without_socket_permission_reports_it_cannot_run(nobody_python, nobody_root):
     if not _nobody_outside_ping_group_range():
         pytest.skip("net.ipv4.ping_group_range admits nobody here: the probe can run")
-    line, _ = _first_report([*NOBODY, nobody_python, *CHECKER])
+    line, _ = _first_report([*NOBODY, nobody_python, *CHECKER], nobody_root)
     assert line.startswith("error probe cannot run: ") and "ping_group_range" in line and "CAP_NET_RAW" in line
 
 
-def test_an_icmp_probe_runs_unprivileged_where_ping_group_range_admits_the_group(nobody_python):
+def test_an_icmp_probe_runs_unprivileged_where_ping_group_range_admits_the_group(nobody_python, nobody_root):
     # A network namespace of its own: its ping_group_range can be opened without touching the host's.
     setup = "ip link set lo up && echo '0 2147483647' > /proc/sys/net/ipv4/ping_group_range"
     probe = subprocess.run(["unshare", "--net", "sh", "-c", setup], capture_output=True)
     if probe.returncode != 0 or shutil.which("ip") is None:
         pytest.skip(f"cannot make a network namespace here: {probe.stderr.decode().strip()}")
     cmd = ["unshare", "--net", "sh", "-c", f'{setup} && exec "$@"', "sh", *NOBODY, nobody_python, *CHECKER]
-    assert _first_report(cmd)[0] == "up"
+    assert _first_report(cmd, nobody_root)[0] == "up"
 
 
 def test_a_daemon_whose_icmp_probe_cannot_run_says_so_in_stats_and_its_log(tmp_path):

@@ -98,7 +98,11 @@ def test_the_install_script_checks_python_before_anything_else(version, venv, me
             if os.geteuid() == 0 and shutil.which("setpriv") else []
         if os.geteuid() == 0 and not who:
             pytest.skip("running as root without setpriv: the script would install for real")
-        r = subprocess.run([*who, "bash", str(ROOT / "scripts" / "install-pi.sh")], capture_output=True,
+        # A copy the unprivileged user can read (a checkout may sit in a private directory).
+        script = bindir / "install-pi.sh"
+        shutil.copy(ROOT / "scripts" / "install-pi.sh", script)
+        script.chmod(0o755)
+        r = subprocess.run([*who, "bash", str(script)], capture_output=True,
                            text=True, env={**os.environ, "PATH": f"{bindir}:/usr/bin:/bin"}, cwd="/")
     finally:
         shutil.rmtree(bindir)
