@@ -6,6 +6,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent / "jobs"))
 
+from fleethelpers import WorkerProcess  # noqa: E402
 from helpers import STARTED, DaemonProcess, Gate  # noqa: E402
 
 pytest_plugins = ["pgfixtures"]  # PostgreSQL databases and schemas for the tests that need them
@@ -55,3 +56,18 @@ def gate():
     g = Gate()
     yield g
     g.close()
+
+
+@pytest.fixture
+def start_worker():
+    """start_worker(url, *pools, **kw): a `queick worker` process, closed after the test."""
+    started: list[WorkerProcess] = []
+
+    def start(url: str, *pools: str, **kw) -> WorkerProcess:
+        w = WorkerProcess(url, *pools, **kw).start()
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.close()

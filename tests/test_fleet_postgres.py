@@ -30,18 +30,6 @@ def pg(pg_fresh_database):
         yield pg_fresh_database, c
 
 
-@pytest.fixture
-def start_worker():
-    started: list[WorkerProcess] = []
-
-    def start(url: str, *pools: str, **kw) -> WorkerProcess:
-        w = WorkerProcess(url, *pools, **kw).start()
-        started.append(w)
-        return w
-
-    yield start
-    for w in started:
-        w.close()
 
 
 def _daemon(start_daemon, url: str, *extra: str, workers: int = 0):

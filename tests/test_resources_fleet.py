@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import signal
 
-import pytest
-from fleethelpers import WorkerProcess
 from test_resources_daemon import peak, runs
 
 from queickd.core.job import State
@@ -14,18 +12,6 @@ from queickd.core.job import State
 HEARTBEAT = 0.5
 
 
-@pytest.fixture
-def start_worker():
-    started: list[WorkerProcess] = []
-
-    def start(url: str, *pools: str, **kw) -> WorkerProcess:
-        w = WorkerProcess(url, *pools, **kw).start()
-        started.append(w)
-        return w
-
-    yield start
-    for w in started:
-        w.close()
 
 
 def test_three_workers_never_run_more_than_a_groups_limit_and_every_job_once(
