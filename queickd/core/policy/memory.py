@@ -8,6 +8,9 @@ job may start in the room left.
   the machine's free memory, less the reserve, less what jobs started in the same pass
   are expected to take); else defer, unless nothing else runs on that worker (progress:
   one big job is never deferred forever).
+- `matters`: an expected peak below `NEGLIGIBLE` is the noise of a thread run's RSS
+  estimate (pages touched by other threads), far below any reserve: such a job starts
+  without a look at free memory.
 - `backoff`: a deferred job's short wait, doubling per deferral, with jitter.
 Pure: reads no file (services/memory_gate.py does), no clock, no store.
 """
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 RECENT = 0.5  # the weight of the newest run in the average
 KILLED_MARGIN = 1.25
 MB = 1024 * 1024
+NEGLIGIBLE = 1 * MB
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,11 @@ def update(old: Footprint | None, peak: float | None, runtime: float, killed: bo
         return Footprint(float(peak), runtime, 1, estimated)
     return Footprint(old.peak + RECENT * (peak - old.peak), old.runtime + RECENT * (runtime - old.runtime),
                      old.runs + 1, estimated and old.estimated)
+
+
+def matters(need: float) -> bool:
+    """Is a job expected to take `need` bytes worth a look at the room left?"""
+    return need >= NEGLIGIBLE
 
 
 @dataclass(frozen=True, slots=True)
