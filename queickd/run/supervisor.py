@@ -93,6 +93,7 @@ class _Zygote:
         self.lock = threading.Lock()
         self.ready = threading.Event()
         self.dead = False
+        self.gone = threading.Event()  # set once its death is handled (the restart planned)
         self.retired = False
         self.started = time.monotonic()
         self.thread = threading.Thread(target=self._read, name="queickd-zygote-reader", daemon=True)
@@ -126,7 +127,10 @@ class _Zygote:
         for p in waiting:
             p.post({"id": p.id, "zygote_died": code})
         self.sock.close()
-        self.sup._ended(self, code)
+        try:
+            self.sup._ended(self, code)
+        finally:
+            self.gone.set()
 
     def send(self, p: Pending, msg: dict[str, Any], fds: Sequence[int]) -> None:
         with self.lock:
@@ -215,10 +219,16 @@ class ZygoteSupervisor:
             self._ids += 1
             p = Pending(self._ids, r, w)
         msg = {**msg, "id": p.id}
+        z = self._current()
         try:
-            self._current().send(p, msg, fds)
+            z.send(p, msg, fds)
         except ZygoteUnavailableError:
-            self._current().send(p, msg, fds)  # it died just now: once more, with a new one
+            # It died just now, and its reader may not have seen it yet: once that is handled
+            # (the restart planned), once more with a new one. Not the job's fault: it has
+            # not started, so it must not fail for it.
+            if not z.gone.wait(START_TIMEOUT):
+                raise
+            self._current().send(p, msg, fds)
         return p
 
     def done(self, p: Pending) -> None:
