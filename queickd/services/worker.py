@@ -42,6 +42,7 @@ log = logging.getLogger("queickd.worker")
 DEFAULT_WORKERS = 4
 DEFAULT_SWEEP = 60.0  # seconds between safety sweeps when nothing wakes the pool
 _STORE_RETRY = 1.0  # seconds to wait after a store error before trying again
+_MAX_PASSES_HERE = 3  # passes one caller of _pass_here makes in a row before the dispatcher takes over
 _COUNTS_EVERY = 1.0  # seconds between writes of the per-minute counts (and when the minute turns)
 
 
@@ -103,6 +104,7 @@ class WorkerPool:
         self._done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._busy = 0  # claimed and not yet finished; written under _dispatch_lock only
         self._dispatch_lock = threading.Lock()  # one pass at a time, whichever thread runs it
+        self._again = False  # a pass was asked for while one ran: see _pass_here
         self._unapplied: list[Outcome] = []  # outcomes taken but not yet stored
         self._stopping = False
         self._draining = False  # an operator's drain: claim nothing, let running jobs end
@@ -168,7 +170,9 @@ class WorkerPool:
                 self._runq.put(None)  # the next idle thread exits
                 self.size.resized(self.workers + 1, self.workers, "idle for the grace", now)
                 log.info("worker pool shrinks to %d (quiet for %.0f s)", self.workers, self.size.grace)
-            return self.workers
+        if self._again:  # a pass asked for while this held the lock (see _pass_here)
+            self._wake.set()
+        return self.workers
 
     def stop_claiming(self) -> None:
         """Claim nothing more from now on; running jobs go on. Idempotent."""
@@ -225,25 +229,37 @@ class WorkerPool:
         self._pass_here("after a commit")
 
     def _pass_here(self, after: str) -> None:
-        """Do the dispatcher's pass in this thread if no pass is running; else make sure the
-        running one is followed by another. A pass that fails here is left to the dispatcher."""
-        if not self._dispatch_lock.acquire(blocking=False):
-            self._wake.set()  # a pass is running: the dispatcher will look again after it
-            return
-        try:
-            self._wake.clear()
-            self._pass()
-        except Exception:
-            log.warning("dispatch %s failed; the dispatcher retries", after, exc_info=True)
-            self._wake.set()
-        finally:
-            self._dispatch_lock.release()
+        """Do the dispatcher's pass in this thread if no pass is running; else leave it to
+        the thread whose pass is running, which passes once more when it ends (_again).
+        Handing a pass over by waking the dispatcher instead costs two thread switches, and
+        under a steady stream the dispatcher is then always mid-pass when the next job comes:
+        every pass of the stream goes through it. A pass that fails here is left to the
+        dispatcher, and so are requests still coming after _MAX_PASSES_HERE passes (this
+        thread may be the event loop's)."""
+        self._again = True
+        for _ in range(_MAX_PASSES_HERE):
+            if not self._dispatch_lock.acquire(blocking=False):
+                return  # the running pass sees _again once it has released the lock
+            try:
+                self._again = False
+                self._wake.clear()
+                self._pass()
+            except Exception:
+                log.warning("dispatch %s failed; the dispatcher retries", after, exc_info=True)
+                self._wake.set()
+                return
+            finally:
+                self._dispatch_lock.release()
+            if not self._again:  # read after the release: a request made meanwhile is seen
+                return
+        self._wake.set()
 
     def _loop(self) -> None:
         while True:
             self._wake.wait()  # the scheduler's safety sweep wakes us too: no timer of our own
             with self._dispatch_lock:
                 self._wake.clear()
+                self._again = False
                 try:
                     if self._pass():
                         return
@@ -255,6 +271,8 @@ class WorkerPool:
                     failed = False
             if failed:
                 time.sleep(_STORE_RETRY)
+                self._wake.set()
+            elif self._again:  # asked for while this pass ran (see _pass_here)
                 self._wake.set()
 
     def _pass(self) -> bool:
