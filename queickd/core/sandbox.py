@@ -108,6 +108,10 @@ def decide(job: Any, d: Defaults) -> Limits | None:
     win over its function's table, which wins over the daemon's flags; any limit from any
     of them means a process."""
     fn = (d.functions or {}).get(job.func) or {}
+    if (not fn and d.isolation == THREAD and d.timeout is None and d.memory_mb is None and d.output_kb is None
+            and getattr(job, "isolation", None) is None
+            and all(getattr(job, k, None) is None for k in LIMITS)):
+        return None  # the common case, on every job: nothing asks for a process
 
     def pick(name: str) -> Any:
         v = getattr(job, name, None)
