@@ -22,15 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import __version__
+from .api.connection import DEFAULT_HELLO_TIMEOUT, DEFAULT_MAX_PENDING
 from .api.hooks import parse_hooks
 from .api.httpd import HttpServer, parse_address
-from .api.server import (
-    DEFAULT_HELLO_TIMEOUT,
-    DEFAULT_HOST,
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_PENDING,
-    Server,
-)
+from .api.server import DEFAULT_HOST, DEFAULT_MAX_CONNECTIONS, Server
 from .api.service import QueueService
 from .core import protocol, sandbox
 from .core.job import DEFAULT_POOL, NewJob, Outcome, State, Submitted

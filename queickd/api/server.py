@@ -1,19 +1,10 @@
-"""The TCP enqueue server (protocol v1, port 9999): framing, ordering and back-pressure.
+"""The TCP enqueue server (protocol v1, port 9999): the listener and its limits.
 
-An asyncio loop in its own thread serves every connection. Each connection keeps a FIFO
-of replies-to-be: a reply that is ready is bytes; one that waits (a group commit, a store
-read on the I/O threads, a `wait`) is a future. Replies leave strictly in request order,
-so a client may pipeline as many requests as it likes. All enqueues found in one read go
-to the committer as one submission. A connection that runs too far ahead is paused.
-
-Limits that hold before anyone has authenticated: at most `max_connections` at once (an
-extra one gets a one-line error and is closed; the cap is lowered to keep FD_RESERVE file
-descriptors for the store, the jobs and the logs), `hello_timeout` seconds to send a
-complete first line (with a token: to authenticate), PREAUTH_MAX_LINE bytes per line until
-the token is given, a wrong token answered only after BAD_TOKEN_DELAY and the connection
-closed at the MAX_BAD_TOKENS-th. At most `max_pending` replies are owed on one connection:
-beyond that the server stops reading it (its further lines wait in the socket, not in our
-memory) until the replies have drained to half.
+An asyncio loop in its own thread serves every connection (api/connection.py: framing,
+ordering, back-pressure). Limits that hold before anyone has authenticated: at most
+`max_connections` at once (an extra one gets a one-line error and is closed; the cap is
+lowered to keep FD_RESERVE file descriptors for the store, the jobs and the logs), and
+`hello_timeout` seconds to send a complete first line (with a token: to authenticate).
 """
 
 from __future__ import annotations
@@ -25,422 +16,31 @@ import os
 import resource
 import socket
 import threading
-from collections import deque
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from ..core import protocol
-from ..core.job import Submitted
-from ..core.policy.admission import Refusal
 from ..core.protocol import Code, QueueError
 from ..services.batcher import Gather
-from .legacy import FIRST_BYTE, LegacyConnection
-from .replies import refused
+from .connection import DEFAULT_HELLO_TIMEOUT, DEFAULT_MAX_PENDING, Connection
 from .service import QueueService
 
 log = logging.getLogger("queickd.server")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_MAX_CONNECTIONS = 256  # a Pi's worth: each costs a file descriptor and buffers
-DEFAULT_HELLO_TIMEOUT = 10.0  # seconds to send a first line (to authenticate, with a token)
-DEFAULT_MAX_PENDING = 256  # replies owed on one connection before reading pauses
 FD_RESERVE = 128  # file descriptors kept for the store, the jobs, the HTTP listener, logs
-PREAUTH_MAX_LINE = 4096  # bytes per line before the token is given: a hello is small
-MAX_BAD_TOKENS = 3  # wrong tokens on one connection before it is closed
-BAD_TOKEN_DELAY = 0.5  # seconds before a wrong token is answered: guessing costs time
 _ACCEPT_BATCH = 32  # connections accepted per wake-up (asyncio's own loop takes 1024 at once)
 _ACCEPT_PAUSE = 1.0  # seconds accepting rests when the process is out of file descriptors
 _OUT_OF_FDS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-_WAIT_MAX = 3600.0
 _INLINE_MAX = 8  # jobs in a lone read small enough to commit on the loop thread
+
+
 
 
 def connection_cap(max_connections: int, nofile: int) -> int:
     """The connections served at once: `max_connections`, lowered so that FD_RESERVE file
     descriptors (or half of a small limit) stay free under RLIMIT_NOFILE's soft `nofile`."""
     return max(1, min(max_connections, nofile - min(FD_RESERVE, nofile // 2)))
-
-
-def _error_bytes(exc: BaseException) -> bytes:
-    if not isinstance(exc, QueueError):
-        log.error("internal error serving a request", exc_info=exc)
-    return protocol.encode(refused(exc).json())
-
-
-def _render(fut: asyncio.Future, _: Any = None) -> bytes:
-    exc = fut.exception()
-    return _error_bytes(exc) if exc is not None else protocol.encode(fut.result())
-
-
-def _render_enqueues(fut: asyncio.Future, run: list[int]) -> bytes:
-    """The replies of a run of consecutive `enqueue` requests of one read, [start, stop)
-    of its submission: one pending entry and one render for the run, not one per request."""
-    start, stop = run
-    exc = fut.exception()
-    if exc is not None:
-        return _error_bytes(exc) * (stop - start)
-    out = []
-    for answer in fut.result()[start:stop]:
-        if type(answer) is list and len(answer) == 1 and not answer[0].duplicate:
-            # The hottest reply, formatted directly: an int and one of the fixed state names.
-            out.append(b'{"ok":true,"job_id":%d,"state":"%s"}\n' % (answer[0].job_id, answer[0].state.encode()))
-        else:
-            out.append(_render_answer(answer, False))
-    return b"".join(out)
-
-
-def _render_enqueue_many(fut: asyncio.Future, index: int) -> bytes:
-    exc = fut.exception()
-    return _error_bytes(exc) if exc is not None else _render_answer(fut.result()[index], True)
-
-
-def _render_answer(answer: list[Submitted] | Refusal, many: bool) -> bytes:
-    if isinstance(answer, Refusal):
-        return protocol.encode(refused(answer).json())
-    if many:
-        reply: dict[str, Any] = {"ok": True, "job_ids": [s.job_id for s in answer]}
-        dups = [s.job_id for s in answer if s.duplicate]
-        if dups:
-            reply["duplicates"] = dups
-        return protocol.encode(reply)
-    s = answer[0]
-    if s.duplicate:
-        return protocol.encode({"ok": True, "job_id": s.job_id, "state": s.state, "duplicate": True})
-    return protocol.encode({"ok": True, "job_id": s.job_id, "state": s.state})
-
-
-class _Connection(asyncio.Protocol):
-    def __init__(self, server: Server) -> None:
-        self.server = server
-        self.svc = server.service
-        self.loop = server.loop
-        self.buf = bytearray()
-        # Replies owed, in request order: bytes when ready, else (future, render, arg) with
-        # render(future, arg) -> bytes once the future is done.
-        self.pending: deque[bytes | tuple[asyncio.Future, Callable[[asyncio.Future, Any], bytes], Any]] = deque()
-        self.authed = server.service.token is None
-        self.transport: asyncio.Transport | None = None
-        self.closing = False
-        self._hooked: asyncio.Future | None = None
-        self._reading_paused = False
-        self._writing_paused = False
-        self.fresh = True  # nothing received yet: a Queick 1.2.1 client may show itself
-        self.legacy: LegacyConnection | None = None
-        self.bad_tokens = 0
-        self._stalled = False  # complete lines wait in buf for replies to drain
-        self._eof = False
-        self._hello_timer: asyncio.TimerHandle | None = None
-
-    # --- asyncio callbacks ------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        server = self.server
-        server.connections.add(self)
-        if server.hello_timeout:
-            self._hello_timer = self.loop.call_later(server.hello_timeout, self._hello_expired)
-
-    def _hello_expired(self) -> None:
-        self._hello_timer = None
-        if self.transport is None or self.closing or (self.legacy is not None and self.legacy.done):
-            return
-        what = "authenticate (hello with the token)" if self.svc.token is not None else "send a request"
-        log.info("closed a connection that did not %s within %.0f s", what, self.server.hello_timeout)
-        if self.legacy is None:
-            msg = f"no {'hello' if self.svc.token is not None else 'request'} within {self.server.hello_timeout:g} s"
-            self.transport.write(protocol.encode(QueueError(Code.UNAUTHORIZED if self.svc.token is not None
-                                                            else Code.BAD_REQUEST, msg).to_reply()))
-        self.transport.close()
-
-    def _shown(self) -> None:
-        """The peer did what the hello timeout asks of it: it no longer applies."""
-        if self._hello_timer is not None:
-            self._hello_timer.cancel()
-            self._hello_timer = None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
-        self._shown()
-        self.server.connections.discard(self)
-        if not self.server.connections and self.server.drained is not None:
-            self.server.drained.set()
-
-    def pause_writing(self) -> None:
-        self._writing_paused = True
-        self._set_reading()
-
-    def resume_writing(self) -> None:
-        self._writing_paused = False
-        self._set_reading()
-
-    def eof_received(self) -> bool | None:
-        """The peer shut its sending side (`nc -q1`, `printf ... | nc`): it still reads. Answer
-        every request read so far (enqueues once committed), then close; returning True keeps
-        our sending side open until `_pump` has written the last reply owed."""
-        if self.legacy is not None:
-            return None  # a Queick request is one shot: its own reply path closes
-        self._eof = True
-        del self.buf[self.buf.rfind(b"\n") + 1:]  # a last line without its newline is no request
-        self._parse()
-        self._pump()
-        return True
-
-    def data_received(self, data: bytes) -> None:
-        if self.fresh:
-            self.fresh = False
-            if data[:1] == bytes([FIRST_BYTE]):
-                if self.server.accept_queick_clients:
-                    self.legacy = LegacyConnection(self.svc, self.transport, self.loop, self.server.io,  # type: ignore[arg-type]
-                                                   decoder=self.server.decoder, max_expanded=self.server.max_line)
-                else:
-                    log.warning("a Queick 1.2.1 client (pickle) connected; start with "
-                                "--accept-queick-clients to serve it")
-        if self.legacy is not None:
-            self.legacy.data_received(data)
-            return
-        if self.closing:
-            return
-        self.buf += data
-        self._parse()
-
-    def _parse(self) -> None:
-        """Handle the complete lines buffered, up to the pending-replies cap (the rest stay
-        buffered, and reading pauses, until replies drain)."""
-        if self.closing or self.transport is None:
-            return
-        max_pending = self.server.max_pending
-        group: list[Any] | None = None  # [requests, future, open run] of this read's enqueues
-        start = 0
-        while len(self.pending) < max_pending:
-            nl = self.buf.find(b"\n", start)
-            if nl < 0:
-                break
-            line = bytes(self.buf[start:nl])
-            start = nl + 1
-            if len(line) > self._max_line():
-                self._refuse_oversized()
-                break
-            if line.endswith(b"\r"):
-                line = line[:-1]
-            if line.strip():
-                group = self._handle(line, group)
-                if self.svc.token is None:
-                    self._shown()
-                if self.closing:
-                    break
-        if not self.closing:
-            del self.buf[:start]
-            more = self.buf.find(b"\n") >= 0
-            self._stalled = more
-            if self._eof and not more:
-                self.closing = True  # every request read is handled: close once answered
-            elif len(self.buf) > self._max_line() and not more:
-                self._refuse_oversized()
-        if group is not None:
-            self._submit(group)
-        self._pump()
-
-    def _max_line(self) -> int:
-        return self.server.max_line if self.authed or self.svc.token is None else PREAUTH_MAX_LINE
-
-    # --- requests ---------------------------------------------------------------------------
-    def _refuse_oversized(self) -> None:
-        msg = f"request line longer than {self._max_line()} bytes; closing the connection"
-        self.pending.append(protocol.encode(QueueError(Code.BAD_REQUEST, msg).to_reply()))
-        self.closing = True
-        self.buf.clear()
-
-    def _handle(self, line: bytes, group: list[Any] | None) -> list[Any] | None:
-        try:
-            try:
-                text = line.decode("utf-8")
-            except UnicodeDecodeError:
-                raise QueueError(Code.BAD_REQUEST, "request is not UTF-8") from None
-            req = protocol.decode_line(text)
-            op = req["op"]
-            if op == "hello":
-                try:
-                    reply = self.svc.hello(req)
-                except QueueError as e:
-                    self._bad_token(e)
-                    return group
-                self.authed = True
-                self._shown()
-                self.pending.append(protocol.encode(reply))
-                return group
-            if not self.authed:
-                raise QueueError(Code.UNAUTHORIZED, "send hello with the token first")
-            if op in ("enqueue", "enqueue_many"):
-                jobs = self.svc.prepare_jobs(req)
-                if group is None:
-                    group = [[], self.loop.create_future(), None]  # requests, future, open run
-                index = len(group[0])
-                group[0].append(jobs)
-                run = group[2]
-                if op == "enqueue_many":
-                    self.pending.append((group[1], _render_enqueue_many, index))
-                elif run is not None and self.pending[-1] is run:  # extends the run just before
-                    run[2][1] = index + 1
-                else:
-                    group[2] = run = (group[1], _render_enqueues, [index, index + 1])
-                    self.pending.append(run)
-                return group
-            if op == "wait":
-                fut: asyncio.Future = asyncio.ensure_future(self._wait(req))
-            elif op == "workflow_wait":
-                fut = asyncio.ensure_future(self._workflow_wait(req))
-            else:
-                fut = self.loop.run_in_executor(self.server.io, self.svc.call, req)
-            self.pending.append((fut, _render, None))
-        except Exception as e:  # a QueueError, or a bug: it must cost one reply, not the connection
-            self.pending.append(_error_bytes(e))
-        return group
-
-    def _bad_token(self, e: QueueError) -> None:
-        """A wrong token: answered after BAD_TOKEN_DELAY (the next lines wait behind it), and
-        the MAX_BAD_TOKENS-th closes the connection."""
-        self.bad_tokens += 1
-        fut = self.loop.create_future()
-        self.loop.call_later(BAD_TOKEN_DELAY, lambda: fut.done() or fut.set_exception(e))
-        self.pending.append((fut, _render, None))
-        if self.bad_tokens >= MAX_BAD_TOKENS:
-            log.warning("closed a connection after %d wrong tokens", self.bad_tokens)
-            self.closing = True
-            self.buf.clear()
-
-    def _submit(self, group: list[Any]) -> None:
-        jobs, fut, _ = group
-        loop = self.loop
-        here = threading.get_ident()
-
-        def done(result: Any) -> None:  # this thread (inline commit) or the committer's
-            if threading.get_ident() == here:
-                _resolve(fut, result)
-                self._pump()  # the ack leaves now, before the post-commit work (the claim)
-            else:
-                loop.call_soon_threadsafe(_resolve, fut, result)
-
-        # Every connection's enqueues of this loop pass go to the committer together; a pass
-        # with one small read (a lone client) commits right here, at no thread hand-off.
-        self.server.gather.submit(jobs, done)
-
-    async def _wait(self, req: dict[str, Any]) -> dict[str, Any]:
-        job_id = protocol.job_id(req)
-        until = protocol.states(req)
-        timeout = protocol.number(req, "timeout")
-        timeout = 30.0 if timeout is None else max(0.0, min(timeout, _WAIT_MAX))
-        deadline = self.loop.time() + timeout
-        while True:
-            finished = asyncio.Event()
-
-            def wake(ev: asyncio.Event = finished) -> None:  # any thread
-                self.loop.call_soon_threadsafe(ev.set)
-
-            self.svc.waiters.add(job_id, wake)
-            try:
-                reply = await self.loop.run_in_executor(self.server.io, self.svc.op_get, {"job_id": job_id})
-                remaining = deadline - self.loop.time()
-                if reply["job"]["state"] in until or remaining <= 0:
-                    reply["timed_out"] = reply["job"]["state"] not in until
-                    return reply
-                try:
-                    await asyncio.wait_for(finished.wait(), remaining)
-                except TimeoutError:
-                    pass
-            finally:
-                self.svc.waiters.discard(job_id, wake)
-
-    async def _workflow_wait(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Until the run is final or the timeout passes. Woken by finishes of step jobs in
-        this process; a finish on another host (PostgreSQL) is seen within a second."""
-        run_id = protocol.run_id(req)
-        timeout = protocol.number(req, "timeout")
-        timeout = 30.0 if timeout is None else max(0.0, min(timeout, _WAIT_MAX))
-        deadline = self.loop.time() + timeout
-        while True:
-            woken = asyncio.Event()
-
-            def wake(ev: asyncio.Event = woken) -> None:  # any thread
-                self.loop.call_soon_threadsafe(ev.set)
-
-            self.svc.run_waiters.add(run_id, wake)
-            try:
-                # Only the run's state on each wake-up: its whole status (every job of the
-                # run) is read once, at the end.
-                state = await self.loop.run_in_executor(self.server.io, self.svc.workflow_state, run_id)
-                remaining = deadline - self.loop.time()
-                final = state != "running"
-                if final or remaining <= 0:
-                    reply = await self.loop.run_in_executor(self.server.io, self.svc.op_workflow_get,
-                                                            {"run_id": run_id})
-                    reply["timed_out"] = reply["run"]["state"] == "running"
-                    return reply
-                try:
-                    await asyncio.wait_for(woken.wait(), min(remaining, 1.0))
-                except TimeoutError:
-                    pass
-            finally:
-                self.svc.run_waiters.discard(run_id, wake)
-
-    # --- replies ----------------------------------------------------------------------------
-    def _pump(self, _fut: asyncio.Future | None = None) -> None:
-        if _fut is not None and _fut is self._hooked:
-            self._hooked = None
-        out = []
-        pending = self.pending
-        while pending:
-            head = pending[0]
-            if type(head) is bytes:
-                out.append(head)
-            else:
-                fut, render, arg = head
-                if not fut.done():
-                    if self._hooked is not fut:
-                        self._hooked = fut
-                        fut.add_done_callback(self._pump)
-                    break
-                out.append(render(fut, arg))
-            pending.popleft()
-        if self.transport is None:
-            return
-        if out:
-            self.transport.write(b"".join(out))
-        if self.closing and not pending:
-            self.transport.close()
-            return
-        self._set_reading()
-
-    def _set_reading(self) -> None:
-        if self.transport is None or self.closing:
-            return
-        n = len(self.pending)
-        cap = self.server.max_pending
-        if not self._reading_paused and (n >= cap or self._writing_paused):
-            self._reading_paused = True
-            self.transport.pause_reading()
-        elif self._reading_paused and n <= cap // 2 and not self._writing_paused:
-            self._reading_paused = False
-            self.transport.resume_reading()
-        if self._stalled and not self._reading_paused:
-            self._stalled = False
-            self.loop.call_soon(self._parse)  # lines that waited for the replies to drain
-
-    def begin_close(self) -> None:
-        """Finish the replies already owed, then close (used at shutdown)."""
-        self.closing = True
-        if self.legacy is not None and self.legacy.done:
-            return  # a Queick request being committed: it closes itself after its one reply
-        self._pump()
-
-
-def _resolve(fut: asyncio.Future, result: Any) -> None:
-    if fut.done():
-        return
-    if isinstance(result, BaseException):
-        fut.set_exception(result)
-    else:
-        fut.set_result(result)
-
 
 class Server:
     def __init__(
@@ -473,7 +73,7 @@ class Server:
         self.io = ThreadPoolExecutor(io_threads, thread_name_prefix="queickd-io")
         # Queick pickles are checked and loaded here, one at a time: never on the loop.
         self.decoder = ThreadPoolExecutor(1, thread_name_prefix="queickd-unpickle")
-        self.connections: set[_Connection] = set()
+        self.connections: set[Connection] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.gather: Gather  # made with the loop, in _main
         self.address: tuple[str, int] | None = None
@@ -503,7 +103,7 @@ class Server:
             # (_accept): asyncio's loop would take up to a backlog of sockets in one go,
             # each holding a descriptor until its transport is made and refused.
             srv = loop.run_until_complete(
-                loop.create_server(lambda: _Connection(self), self.host, self.port, start_serving=False))
+                loop.create_server(lambda: Connection(self), self.host, self.port, start_serving=False))
             self._listeners = [socket.socket(fileno=os.dup(s.fileno())) for s in srv.sockets]
             srv.close()
             for s in self._listeners:
@@ -559,7 +159,7 @@ class Server:
     async def _open(self, conn: socket.socket) -> None:
         try:
             conn.setblocking(False)
-            await self.loop.connect_accepted_socket(lambda: _Connection(self), conn)  # type: ignore[union-attr]
+            await self.loop.connect_accepted_socket(lambda: Connection(self), conn)  # type: ignore[union-attr]
         except Exception as e:
             log.debug("could not set up an accepted connection: %s", e)
             conn.close()
