@@ -268,14 +268,16 @@ def _latency(a: argparse.Namespace, send: Any) -> dict[str, Any]:
         if len(lines) >= a.n:
             break
         time.sleep(0.01)
-    if len(lines) < a.n:
-        raise SystemExit(f"only {len(lines)} of {a.n} latency jobs ran within 30 s of the last enqueue")
+    # A target that loses a job (Queick keeps jobs in RAM and drops one now and then) still
+    # has the latency of those that ran; the jobs that never ran are a row of their own.
+    if not lines:
+        raise SystemExit(f"none of {a.n} latency jobs ran within 30 s of the last enqueue")
     ms = sorted(float(x) * 1000.0 for x in lines)
 
     def pct(p: float) -> float:  # nearest rank
         return ms[min(len(ms), max(1, math.ceil(p / 100.0 * len(ms)))) - 1]
 
-    return {"n": len(ms), "p50_ms": pct(50), "p90_ms": pct(90), "p99_ms": pct(99), "max_ms": ms[-1],
+    return {"n": len(ms), "never_ran": a.n - len(ms), "p50_ms": pct(50), "p90_ms": pct(90), "p99_ms": pct(99), "max_ms": ms[-1],
             "min_ms": ms[0], "samples_ms": ms}
 
 

@@ -121,6 +121,8 @@ def run_latency(s: Settings, res: Results, scenario: str, target: str) -> None:
         label = f"enqueue→start {key}"
         res.add(scenario, label, target, "ms", probe[f"{key}_ms"], higher_is_better=False,
                 peer=_peer(scenario, target, label), raw=probe if key == "p50" else None)
+    res.add(scenario, "sent, never ran within 30 s", target, "jobs", probe.get("never_ran", 0), higher_is_better=False,
+            peer=_peer(scenario, target, "sent, never ran within 30 s"))
 
 
 def run_idle(s: Settings, res: Results, scenario: str, target: str) -> None:
