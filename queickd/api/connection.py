@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, Protocol
 
-from ..core import protocol
+from ..core import arguments, protocol
 from ..core.job import Submitted
 from ..core.policy.admission import Refusal
 from ..core.protocol import Code, QueueError
@@ -319,8 +319,8 @@ class Connection(asyncio.Protocol):
         self.server.gather.submit(jobs, done)
 
     async def _wait(self, req: dict[str, Any]) -> dict[str, Any]:
-        job_id = protocol.job_id(req)
-        until = protocol.states(req)
+        job_id = arguments.job_id(req)
+        until = arguments.states(req)
         timeout = protocol.number(req, "timeout")
         timeout = 30.0 if timeout is None else max(0.0, min(timeout, WAIT_MAX))
         deadline = self.loop.time() + timeout
@@ -347,7 +347,7 @@ class Connection(asyncio.Protocol):
     async def _workflow_wait(self, req: dict[str, Any]) -> dict[str, Any]:
         """Until the run is final or the timeout passes. Woken by finishes of step jobs in
         this process; a finish on another host (PostgreSQL) is seen within a second."""
-        run_id = protocol.run_id(req)
+        run_id = arguments.run_id(req)
         timeout = protocol.number(req, "timeout")
         timeout = 30.0 if timeout is None else max(0.0, min(timeout, WAIT_MAX))
         deadline = self.loop.time() + timeout

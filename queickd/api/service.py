@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import __version__
-from ..core import protocol
+from ..core import arguments, protocol
 from ..core.cron import parse_schedule
 from ..core.job import Job, NewJob, State
 from ..core.policy.resources import NO_RESOURCES, Resources, budget_view
@@ -191,12 +191,12 @@ class QueueService(WorkflowOps):
         return True, "ok"
 
     def op_get(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": True, "job": self.job(protocol.job_id(req)).to_dict()}
+        return {"ok": True, "job": self.job(arguments.job_id(req)).to_dict()}
 
     def op_cancel(self, req: dict[str, Any]) -> dict[str, Any]:
         if req.get("job_id") is None and req.get("state") is not None:
             return self._cancel_bulk(req)
-        job_id = protocol.job_id(req)
+        job_id = arguments.job_id(req)
         job = self.store.cancel(job_id, self.clock())
         if job is not None and job.state == State.RUNNING:
             # Cancelled in the store at once; its run's outcome is discarded when it ends.
@@ -214,10 +214,10 @@ class QueueService(WorkflowOps):
 
     def _cancel_bulk(self, req: dict[str, Any]) -> dict[str, Any]:
         """Every waiting job of one state matching the filters; with dry_run, only their count."""
-        state = protocol.state_filter(req)
+        state = arguments.state_filter(req)
         if state not in State.PENDING:
             raise QueueError(Code.BAD_REQUEST, f"bulk cancel takes a waiting state: {', '.join(State.PENDING)}")
-        filters = protocol.job_filters(req)
+        filters = arguments.job_filters(req)
         if req.get("dry_run") is True:
             n = len(self.store.list_jobs(state, protocol.MAX_BATCH, **filters))
             return {"ok": True, "cancelled": 0, "matching": n}
@@ -244,7 +244,7 @@ class QueueService(WorkflowOps):
         return reply
 
     def op_dead(self, req: dict[str, Any]) -> dict[str, Any]:
-        n = protocol.limit(req)
+        n = arguments.limit(req)
         return {"ok": True, "jobs": [j.to_dict() for j in self.store.list_jobs(State.DEAD, n)],
                 "events": [e.to_dict() for e in self.store.list_events(EventState.DEAD, n)]}
 
@@ -262,7 +262,7 @@ class QueueService(WorkflowOps):
 
     def op_pause(self, req: dict[str, Any]) -> dict[str, Any]:
         """An operator's pause: no probe, until resume."""
-        kind, name = protocol.pause_target(req)
+        kind, name = arguments.pause_target(req)
         new = self.store.pause(kind, name, self.clock())
         log.warning("operator paused %s %r; its jobs wait until 'queick resume'", kind, name)
         return {"ok": True, "paused": new}
@@ -286,7 +286,7 @@ class QueueService(WorkflowOps):
     def op_resume(self, req: dict[str, Any]) -> dict[str, Any]:
         if not any(req.get(k) is not None for k in ("key", "func", "pool")):
             raise QueueError(Code.BAD_REQUEST, "give the key or the func to resume")
-        kind, name = protocol.pause_target(req)
+        kind, name = arguments.pause_target(req)
         if not self.store.resume(kind, name):
             raise QueueError(Code.NOT_FOUND, f"{kind} {name!r} is not paused")
         self.pool.wake()
@@ -308,7 +308,7 @@ class QueueService(WorkflowOps):
                 raise QueueError(Code.CONFLICT, f"event {event_id!r} is {ev.state}; only dead events are retried")
             self.scheduler.wake_at(now, "events")
             return {"ok": True, "event": ev.to_dict()}
-        job_id = protocol.job_id(req)
+        job_id = arguments.job_id(req)
         before = self.job(job_id)
         if before.state != State.DEAD:
             raise QueueError(Code.CONFLICT, f"job {job_id} is {before.state}; only dead jobs are retried")
@@ -318,7 +318,7 @@ class QueueService(WorkflowOps):
         return {"ok": True, "job": job.to_dict()}
 
     def op_jobs(self, req: dict[str, Any]) -> dict[str, Any]:
-        jobs = self.store.list_jobs(protocol.state_filter(req), protocol.limit(req), **protocol.job_filters(req))
+        jobs = self.store.list_jobs(arguments.state_filter(req), arguments.limit(req), **arguments.job_filters(req))
         return {"ok": True, "jobs": [j.to_dict() for j in jobs]}
 
     def op_stats(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -382,7 +382,7 @@ class QueueService(WorkflowOps):
                 "fleet": registry, "running_without_worker": without}
 
     def op_set_pool(self, req: dict[str, Any]) -> dict[str, Any]:
-        kind, name, pool = protocol.pool_target(req)
+        kind, name, pool = arguments.pool_target(req)
         moved = self.store.set_pool(kind, name, pool)
         # An operator's reallocation of resources: always on the record.
         log.warning("operator moved %s %r to pool %r (%d job(s)/cron(s) moved)", kind, name, pool, moved)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ..core import protocol
+from ..core import arguments, protocol
 from ..core import workflow as wf
 from ..core.protocol import Code, QueueError
 
@@ -71,7 +71,7 @@ class WorkflowOps:
         return reply
 
     def op_workflow_start(self, req: dict[str, Any]) -> dict[str, Any]:
-        return self.start_workflow(*protocol.workflow_start(req))
+        return self.start_workflow(*arguments.workflow_start(req))
 
     def workflow_state(self, run_id: int) -> str:
         """The run's state (running, succeeded, ...), or not_found: a cheap read."""
@@ -97,10 +97,10 @@ class WorkflowOps:
         return out
 
     def op_workflow_get(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": True, "run": self.workflow_status(protocol.run_id(req))}
+        return {"ok": True, "run": self.workflow_status(arguments.run_id(req))}
 
     def op_workflow_cancel(self, req: dict[str, Any]) -> dict[str, Any]:
-        run_id = protocol.run_id(req)
+        run_id = arguments.run_id(req)
         run = self.store.workflow_cancel(run_id, self.clock())
         if run is None:
             raise QueueError(Code.NOT_FOUND, f"no workflow run {run_id}")
@@ -113,7 +113,7 @@ class WorkflowOps:
         state = req.get("state")
         if state is not None and state not in wf.RunState.ALL:  # the run states are the workflow core's
             raise protocol.bad(f"state must be one of {', '.join(wf.RunState.ALL)}")
-        runs = self.store.workflow_list(state, protocol.limit(req))
+        runs = self.store.workflow_list(state, arguments.limit(req))
         return {"ok": True, "runs": [
             {"run_id": r.id, "name": r.name, "state": r.status, "step": r.to_dict()["step"], "root": r.root,
              "created_at": r.created_at, "finished_at": r.finished_at, "reason": r.reason} for r in runs]}

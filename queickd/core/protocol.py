@@ -16,7 +16,7 @@ from typing import Any
 from . import fields, sandbox
 from . import retry as retry_mod
 from .cron import finite_number, parse_schedule, schedule_to_dict
-from .job import DEFAULT_POOL, NewJob, State
+from .job import DEFAULT_POOL, NewJob
 
 VERSION = 1
 DEFAULT_PORT = 9999
@@ -219,7 +219,7 @@ def number(obj: dict, name: str) -> float | None:
     return f
 
 
-def _opt_str(obj: dict, name: str) -> str | None:
+def opt_str(obj: dict, name: str) -> str | None:
     v = obj.get(name)
     if v is None:
         return None
@@ -280,7 +280,7 @@ def _flag(name: str) -> Any:
     return check
 
 
-def _text(name: str) -> Any:
+def text_field(name: str) -> Any:
     def check(v: Any) -> str | None:
         if v is not None and (not isinstance(v, str) or not v or len(v) > MAX_KEY_LEN):
             raise bad(f"{name} must be a non-empty string of at most {MAX_KEY_LEN} characters")
@@ -317,7 +317,7 @@ def _sandbox(name: str) -> Any:
     return check
 
 
-_pool_text = _text("pool")
+_pool_text = text_field("pool")
 # Each settable field's own check, by wire name: the value given -> the value stored, or
 # QueueError. Called only for the fields a request gives; the others keep their defaults.
 # func and run_at (with delay) are checked in parse_job itself.
@@ -327,8 +327,8 @@ _CHECKS: dict[str, Any] = {
     "priority": _priority,
     "retry": lambda v: parse_retry(v),
     "retry_on_network": _flag("retry_on_network"),
-    "key": _text("key"),
-    "idempotency_key": _text("idempotency_key"),
+    "key": text_field("key"),
+    "idempotency_key": text_field("idempotency_key"),
     "manual": _flag("manual"),
     "pool": lambda v: _pool_text(v) or DEFAULT_POOL,
     "concurrency_group": _group,
@@ -425,7 +425,7 @@ def parse_cron(obj: dict[str, Any], now: float) -> tuple[str, dict, NewJob]:
     except ValueError as e:
         raise bad(str(e)) from None
     template = parse_job({k: v for k, v in obj.items() if k in _JOB_FIELDS}, now)
-    name = _opt_str(obj, "name") or _default_cron_name(template, sched_fields)
+    name = opt_str(obj, "name") or _default_cron_name(template, sched_fields)
     return name, schedule_to_dict(schedule), template
 
 
@@ -437,91 +437,7 @@ def _default_cron_name(job: NewJob, sched: dict) -> str:
 
 def parse_event(obj: dict[str, Any], now: float) -> tuple[str, NewJob]:
     """Validate an `event` request → (event_id, job template)."""
-    event_id = _opt_str(obj, "event_id")
+    event_id = opt_str(obj, "event_id")
     if event_id is None:
         raise bad("an event needs an event_id")
     return event_id, parse_job({k: v for k, v in obj.items() if k in _EVENT_FIELDS - {"event_id"}}, now)
-
-
-def job_id(obj: dict[str, Any]) -> int:
-    v = obj.get("job_id")
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_ID:
-        raise bad("job_id must be a positive integer")
-    return v
-
-
-def state_filter(obj: dict[str, Any]) -> str | None:
-    s = obj.get("state")
-    if s is not None and s not in State.ALL:
-        raise bad(f"state must be one of {', '.join(State.ALL)}")
-    return s
-
-
-def job_filters(obj: dict[str, Any]) -> dict[str, str | None]:
-    """The func, key and pool filters of `jobs` and of a bulk `cancel` (absent: any)."""
-    func = obj.get("func")
-    return {"func": None if func is None else normalize_func(func), "key": _opt_str(obj, "key"),
-            "pool": _opt_str(obj, "pool")}
-
-
-def pause_target(obj: dict[str, Any]) -> tuple[str, str]:
-    """A `pause` or `resume` request -> (kind, name): exactly one of key, func or pool."""
-    given = [k for k in ("key", "func", "pool") if obj.get(k) is not None]
-    if len(given) != 1:
-        raise bad("give exactly one of key, func or pool")
-    kind = given[0]
-    return kind, normalize_func(obj[kind]) if kind == "func" else _opt_str(obj, kind)  # type: ignore[return-value]
-
-
-def states(obj: dict[str, Any]) -> frozenset[str]:
-    """The `states` a `wait` waits for; the final states when absent."""
-    v = obj.get("states")
-    if v is None:
-        return frozenset(State.FINAL)
-    if not isinstance(v, list) or not v or any(s not in State.ALL for s in v):
-        raise bad(f"states must be a non-empty list of {', '.join(State.ALL)}")
-    return frozenset(v)
-
-
-def limit(obj: dict[str, Any], default: int = 100, maximum: int = 10_000) -> int:
-    v = obj.get("limit", default)
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= maximum:
-        raise bad(f"limit must be an integer from 1 to {maximum}")
-    return v
-
-
-def pool_target(obj: dict[str, Any]) -> tuple[str, str, str]:
-    """A `set_pool` request -> (kind, name, pool): exactly one of job_id, key or cron."""
-    given = [k for k in ("job_id", "key", "cron") if obj.get(k) is not None]
-    if len(given) != 1:
-        raise bad("give exactly one of job_id, key or cron")
-    pool = _opt_str(obj, "pool")
-    if pool is None:
-        raise bad("pool is required")
-    if given[0] == "job_id":
-        return "job", str(job_id(obj)), pool
-    return given[0], _opt_str(obj, given[0]), pool  # type: ignore[return-value]
-
-
-def run_id(obj: dict[str, Any]) -> int:
-    v = obj.get("run_id")
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_ID:
-        raise bad("run_id must be a positive integer")
-    return v
-
-
-def workflow_start(obj: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None, dict[str, Any], str | None]:
-    """A `workflow_start` -> (definition or None, name or None, state, idempotency_key):
-    a definition (validated later, by core.workflow) or the name of a declared one."""
-    definition, name = obj.get("definition"), obj.get("name")
-    if definition is None and name is None:
-        raise bad("give a definition, or the name of a workflow declared in the config")
-    if definition is not None and not isinstance(definition, dict):
-        raise bad("definition must be an object")
-    if name is not None and (not isinstance(name, str) or not name):
-        raise bad("name must be a non-empty string")
-    state = obj.get("state", {})
-    if not isinstance(state, dict):
-        raise bad("state must be a JSON object")
-    return definition, name, state, _text("idempotency_key")(obj.get("idempotency_key"))
-
