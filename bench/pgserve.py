@@ -175,7 +175,10 @@ def serve(s: Settings, target: str, db: Database, d: Path, with_workers: bool) -
         schema = [py, "-m", "procrastinate", *app, "schema", "--apply"]
     else:
         raise ValueError(target)
-    shutil.copy(JOBS_FILE, d / JOBS_FILE.name)
+    if srv.system != "queickd":
+        # The peers import the jobs from their working directory; queickd from --app-dir
+        # (a copy in its working directory would shadow that, which it refuses).
+        shutil.copy(JOBS_FILE, d / JOBS_FILE.name)
     try:
         if srv.system == "queickd":
             srv.daemon = Proc.start(daemon_cmd, d, srv.env)
