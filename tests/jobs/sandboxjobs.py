@@ -70,6 +70,18 @@ def chatty() -> None:
     raise ValueError("failed after talking")
 
 
+def talk(extra_kb: int = 0) -> str:
+    """Writes to both streams (and `extra_kb` KB more to stdout), then succeeds."""
+    print("to stdout", flush=True)
+    print("to stderr", file=sys.stderr, flush=True)
+    sys.stdout.write("z" * (extra_kb * 1024))
+    return "talked"
+
+
+def write_nul() -> None:
+    sys.stdout.buffer.write(b"a\x00b")
+
+
 def exit3() -> None:
     os._exit(3)
 
