@@ -78,6 +78,16 @@ def talk(extra_kb: int = 0) -> str:
     return "talked"
 
 
+def fail_once(marker: str) -> str:
+    """Fails, saying so, the first time (no `marker` file yet); prints and succeeds after."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        print("first run")
+        raise ValueError("first run fails")
+    print("second run")
+    return "second"
+
+
 def write_nul() -> None:
     sys.stdout.buffer.write(b"a\x00b")
 
