@@ -7,6 +7,7 @@ import random
 import threading
 
 import pytest
+from store_contract_output import OutputContract
 from store_contract_workflows import WorkflowContract
 
 from queickd.core.job import NewJob, Outcome, State
@@ -24,7 +25,7 @@ def job(func: str = "m:f", **kw) -> NewJob:
     return NewJob(func=func, **kw)
 
 
-class StoreContract(WorkflowContract):
+class StoreContract(WorkflowContract, OutputContract):
     @pytest.fixture
     def store(self):  # pragma: no cover - each backend overrides
         raise NotImplementedError

@@ -14,11 +14,11 @@ import pytest
 from test_fate import make_job
 
 from queickd.core import sandbox
-from queickd.core.fate import after_failure
+from queickd.core.fate import after_failure, after_success
 from queickd.core.job import State
 from queickd.core.sandbox import Limits
 from queickd.run import cgroup
-from queickd.run.process import KILL_GRACE, ProcessRunner, child_env
+from queickd.run.process import KILL_GRACE, MAX_STORED_OUTPUT, ProcessRunner, child_env
 from queickd.run.supervisor import ZygoteSupervisor
 
 JOBS = str(Path(__file__).parent / "jobs")
@@ -91,12 +91,34 @@ def test_a_job_flooding_stdout_is_cut_at_its_output_limit_and_killed(runner):
     assert len(r.output) < 66 * 1024
 
 
-def test_the_captured_output_of_a_failed_job_is_kept_in_its_error(runner):
+def test_the_captured_output_of_a_failed_job_goes_with_its_outcome(runner):
     r = run(runner, "chatty")
     assert r.error_type == "ValueError"
     assert "to stdout" in r.output and "to stderr" in r.output
-    err = after_failure(make_job(retry=None, max_attempts=1), r, 0.0).error
-    assert "to stderr" in err["output"]
+    outcome = after_failure(make_job(retry=None, max_attempts=1), r, 0.0)
+    assert "to stderr" in outcome.output and "output" not in outcome.error
+
+
+def test_the_captured_output_of_a_job_that_succeeds_goes_with_its_outcome(runner):
+    r = run(runner, "talk")
+    assert (r.ok, r.result) == (True, "talked")
+    assert after_success(make_job(), r).output == "to stdout\nto stderr\n"
+
+
+def test_a_job_that_writes_nothing_has_no_output(runner):
+    assert run(runner, "noop").output is None
+
+
+def test_output_past_the_stored_maximum_is_cut_with_a_marker_and_the_job_still_succeeds(runner):
+    r = run(runner, "talk", 100)
+    assert r.ok
+    kept, marker = r.output.rsplit("\n", 1)
+    assert kept.startswith("to stdout\nto stderr\nzzz") and len(kept.encode()) == MAX_STORED_OUTPUT
+    assert marker == f"[… {100 * 1024 + 20} bytes in all; the first {MAX_STORED_OUTPUT} kept]"
+
+
+def test_a_nul_in_the_output_is_stored_escaped(runner):
+    assert run(runner, "write_nul").output == "a\\x00b"
 
 
 def test_the_child_sees_none_of_the_daemons_secrets_and_runs_in_a_fresh_directory_that_is_removed(

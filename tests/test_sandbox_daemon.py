@@ -59,7 +59,7 @@ def test_100_mb_of_stdout_is_cut_at_the_cap_and_the_daemon_answers_meanwhile(cli
     job = client.wait(job_id, 30)
     assert (job["state"], job["error"]["type"]) == (State.DEAD, "output_limit")
     assert acks and max(acks) < 0.5
-    assert job["error"]["output"].startswith("y" * 100) and len(job["error"]["output"]) < 70 * 1024
+    assert job["output"].startswith("y" * 100) and len(job["output"]) < 70 * 1024
 
 
 def test_queick_show_prints_a_failed_process_jobs_output(client, daemon):

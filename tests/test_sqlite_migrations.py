@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from queickd.core.job import NewJob, RetrySpec, new_record
+from queickd.core.job import NewJob, Outcome, RetrySpec, new_record
 from queickd.core.policy import admission as adm
 from queickd.store import sqlite_schema
 from queickd.store.sqlite import SCHEMA_VERSION, SchemaTooNewError, SQLiteStore
@@ -70,6 +70,15 @@ def test_a_file_of_an_earlier_release_is_at_todays_schema_version_and_takes_new_
     delivered = old_store.deliver_events(T0 + 10, adm.NO_LIMITS, 5, lambda n: 1.0)
     assert [(e.event_id, e.state) for e in delivered] == [("order-42", "delivered")]
     assert old_store.counts()["queued"] == 3
+
+
+def test_a_file_of_an_earlier_release_gets_the_output_column_null_for_every_job(old):
+    old_store, _ = old
+    assert "output" in {r[1] for r in old_store._conn().execute("PRAGMA table_info(jobs)")}
+    assert [j.output for j in old_store.list_jobs(None, 100)] == [None] * 7
+    # its running job finishes there with its output
+    assert old_store.finish_if_running([Outcome.succeeded(3, None, output="done\n")], T0 + 5).changed == 1
+    assert old_store.get(3).output == "done\n"
 
 
 def test_a_file_from_a_newer_queickd_is_refused_and_left_as_it_was(tmp_path):

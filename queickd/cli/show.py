@@ -32,15 +32,22 @@ def print_pauses(pauses: list[dict[str, Any]]) -> None:
               f"failures: {err.get('type')}: {err.get('message')}  ({probe}; 'queick resume')")
 
 
+def _block(text: str) -> None:
+    print("\n".join("                  " + line for line in text.splitlines()))
+
+
 def print_job(job: dict[str, Any]) -> None:
     for k, v in job.items():
         if k == "error" and v:
             print(f"{'error':>16}: {v.get('type')}: {v.get('message')}")
             if v.get("traceback"):
-                print("\n".join("                  " + line for line in v["traceback"].splitlines()))
-            if v.get("output"):
+                _block(v["traceback"])
+            if v.get("output"):  # a job finished before output was a field of its own
                 print(f"{'output':>16}:")
-                print("\n".join("                  " + line for line in v["output"].splitlines()))
+                _block(v["output"])
+        elif k == "output" and v:
+            print(f"{'output':>16}:")
+            _block(v)
         elif k in ("run_at", "created_at", "started_at", "finished_at"):
             print(f"{k:>16}: {fmt_time(v)}")
         else:

@@ -130,7 +130,7 @@ def storable_result(value: Any, limit: int = MAX_RESULT_BYTES) -> Any:
 
 
 def after_success(job: Job, report: RunReport) -> Outcome:
-    return Outcome.succeeded(job.id, report.result, job.workflow_run)
+    return Outcome.succeeded(job.id, report.result, job.workflow_run, report.output)
 
 
 def after_failure(
@@ -156,23 +156,25 @@ def after_failure(
     the job's fault: it is tried again later (up to RESOURCE_ATTEMPTS runs even without a
     retry policy) and its outcome is blameless, so it never grows a failure streak nor
     pauses the job's key or function.
+
+    Whatever the fate, the run's captured output (report.output) goes with it.
     """
-    err = report.error()
+    err, out = report.error(), report.output
     if report.resource and not report.permanent:
-        return dataclasses.replace(_after_resource_failure(job, err, now), blameless=True)
+        return dataclasses.replace(_after_resource_failure(job, err, now, out), blameless=True)
     if report.permanent:
-        return Outcome.dead(job.id, err, job.workflow_run)
+        return Outcome.dead(job.id, err, job.workflow_run, out)
     if job.retry_on_network and network_checker and report.network:
-        return Outcome.waiting_network(job.id, err)
+        return Outcome.waiting_network(job.id, err, out)
     if job.retry is not None and job.attempts < job.max_attempts:
-        return Outcome.retry_at(job.id, now + _retry_delay(job, report.retry_after, rand), err)
-    return Outcome.dead(job.id, err, job.workflow_run)
+        return Outcome.retry_at(job.id, now + _retry_delay(job, report.retry_after, rand), err, out)
+    return Outcome.dead(job.id, err, job.workflow_run, out)
 
 
-def _after_resource_failure(job: Job, err: dict[str, Any], now: float) -> Outcome:
+def _after_resource_failure(job: Job, err: dict[str, Any], now: float, out: str | None) -> Outcome:
     if job.attempts < max(job.max_attempts, RESOURCE_ATTEMPTS):
-        return Outcome.retry_at(job.id, now + RESOURCE_DELAY * job.attempts, err)
-    return Outcome.dead(job.id, err)
+        return Outcome.retry_at(job.id, now + RESOURCE_DELAY * job.attempts, err, out)
+    return Outcome.dead(job.id, err, output=out)
 
 
 def _retry_delay(job: Job, asked: float | None, rand: random.Random | None) -> float:

@@ -93,6 +93,9 @@ FIELDS: tuple[Field, ...] = (
     Field("finished_at", "float | None", None, new=False, sql="REAL"),
     Field("result", "Any", None, new=False, sql="TEXT", codec="json"),
     Field("error", "dict | None", None, new=False, sql="TEXT", codec="json"),
+    # A process run's captured stdout+stderr (run/process.py: capped, a marker when cut),
+    # success or failure, of its last run; None for a thread run or a run that wrote nothing.
+    Field("output", "str | None", None, new=False, sql="TEXT"),
     Field("pool", "str", DEFAULT_POOL, enqueue=True, client=True, template=True, sql="TEXT",
           **_NEW),  # only workers serving this pool run it
     # Resource control (core/policy/claim.py). None: the function's configured default, if

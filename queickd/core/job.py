@@ -112,19 +112,24 @@ class Outcome:
     # The job's workflow run, if it is a step's job: its finish advances the run in the same
     # transaction. None for every other job (the stores' fast path).
     workflow_run: int | None = None
+    # The run's captured output (a process run's; None for a thread run or none written):
+    # stored as the job's `output`, replacing the previous run's.
+    output: str | None = None
 
     @classmethod
-    def succeeded(cls, job_id: int, result: Any, workflow_run: int | None = None) -> Outcome:
-        return cls(job_id, State.SUCCEEDED, result=result, workflow_run=workflow_run)
+    def succeeded(cls, job_id: int, result: Any, workflow_run: int | None = None,
+                  output: str | None = None) -> Outcome:
+        return cls(job_id, State.SUCCEEDED, result=result, workflow_run=workflow_run, output=output)
 
     @classmethod
-    def retry_at(cls, job_id: int, run_at: float, error: dict) -> Outcome:
-        return cls(job_id, State.SCHEDULED, run_at=run_at, error=error)
+    def retry_at(cls, job_id: int, run_at: float, error: dict, output: str | None = None) -> Outcome:
+        return cls(job_id, State.SCHEDULED, run_at=run_at, error=error, output=output)
 
     @classmethod
-    def dead(cls, job_id: int, error: dict, workflow_run: int | None = None) -> Outcome:
-        return cls(job_id, State.DEAD, error=error, workflow_run=workflow_run)
+    def dead(cls, job_id: int, error: dict, workflow_run: int | None = None,
+             output: str | None = None) -> Outcome:
+        return cls(job_id, State.DEAD, error=error, workflow_run=workflow_run, output=output)
 
     @classmethod
-    def waiting_network(cls, job_id: int, error: dict) -> Outcome:
-        return cls(job_id, State.WAITING_NETWORK, error=error)
+    def waiting_network(cls, job_id: int, error: dict, output: str | None = None) -> Outcome:
+        return cls(job_id, State.WAITING_NETWORK, error=error, output=output)

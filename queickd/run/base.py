@@ -36,15 +36,15 @@ class RunReport:
     peak_memory: int | None = None  # bytes; None where the runner cannot measure it
     peak_estimated: bool = False  # peak_memory is the process's RSS growth over a thread run
     cpu_time: float | None = None  # seconds; None where the runner cannot measure it (threads)
-    output: str | None = None  # a failed process run's captured stdout+stderr (capped); kept in its error
+    # A process run's captured stdout+stderr, success or failure (capped, a marker when cut);
+    # None for a thread run or a run that wrote nothing. Stored as the job's `output`.
+    output: str | None = None
 
     def error(self) -> dict[str, Any]:
         """The error as a job records it: type, message and, when there is one, traceback."""
         err: dict[str, Any] = {"type": self.error_type, "message": self.error_message}
         if self.traceback is not None:
             err["traceback"] = self.traceback
-        if self.output is not None:
-            err["output"] = self.output
         return err
 
     def to_dict(self) -> dict[str, Any]:

@@ -315,8 +315,7 @@ class _Watch:
             r.error_type = "memory_limit"
             r.error_message = (f"the job ran out of memory under its limit of {self.limits.memory_mb} MB "
                                f"({r.error_message or 'MemoryError'})")
-        if not r.ok:
-            r.output = output
+        r.output = output  # kept with the job whatever its fate
         return r
 
     def _parse(self, exit_msg: dict[str, Any], runtime: float, cpu: float | None) -> RunReport:
@@ -337,11 +336,15 @@ class _Watch:
                          runtime=runtime, cpu_time=cpu)
 
     def _output(self) -> str | None:
+        """What the job wrote, as it is stored: its first MAX_STORED_OUTPUT bytes as text (a
+        NUL escaped, as PostgreSQL text holds none), with a marker when more was written;
+        None when it wrote nothing."""
         if not self.out_len:
             return None
-        text = clean(bytes(self.out[:MAX_STORED_OUTPUT]).decode("utf-8", "backslashreplace"))
-        if self.out_len > len(text.encode()):
-            text += f"\n[… {self.out_len} bytes in all; the first {min(len(self.out), MAX_STORED_OUTPUT)} kept]"
+        kept = bytes(self.out[:MAX_STORED_OUTPUT])
+        text = clean(kept.decode("utf-8", "backslashreplace")).replace("\x00", "\\x00")
+        if self.out_len > len(kept):
+            text += f"\n[… {self.out_len} bytes in all; the first {len(kept)} kept]"
         return text
 
 

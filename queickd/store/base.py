@@ -272,7 +272,8 @@ class Store(Protocol):
 
         succeeded/dead set finished_at; scheduled sets run_at; waiting_network gives back
         the attempt (a run that found no network does not count against max_attempts);
-        result and error are stored as given. One transaction for the batch.
+        result, error and output (the run's captured output, None for none) are stored as
+        given, replacing the last run's. One transaction for the batch.
 
         An outcome to succeeded or dead of a workflow step's job (outcome.workflow_run set)
         advances its run in the same transaction (store/workflows.py): the output recorded

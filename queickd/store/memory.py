@@ -269,7 +269,7 @@ class MemoryStore(MemoryOperatorOps, MemoryResources, MemoryWorkflows, StoreBase
                 job = self._jobs.get(o.job_id)
                 if job is None or job.state != State.RUNNING:
                     continue
-                changes: dict = {"state": o.state, "result": o.result, "error": o.error}
+                changes: dict = {"state": o.state, "result": o.result, "error": o.error, "output": o.output}
                 if o.state == State.SCHEDULED:
                     changes["run_at"] = o.run_at
                 if o.state in State.FINAL:

@@ -407,6 +407,11 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (run, step, item, loop_no)
     );
     """,
+    # 7: a process run's captured stdout+stderr; NULL for every older job (a failed one's
+    # is in its error, as it was kept then). queickd_claim returns SETOF jobs: it carries it.
+    """
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS output text;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -212,12 +212,12 @@ class PostgresStore(PgSubmit, PgClaims, FleetRecords, SharedSql, SqlWorkflows, S
             return Finished(0, [])
         paused: list[Pause] = []
         next_probe = None
-        cols: tuple[list, ...] = ([], [], [], [], [], [])
+        cols: tuple[list, ...] = ([], [], [], [], [], [], [])
         for o in outcomes:
             for col, v in zip(cols, (o.job_id, o.state, o.run_at,
                                      None if o.result is None else dbrows.dumps(o.result),
                                      dbrows.dumps(o.error) if o.error else None,
-                                     now if o.state in State.FINAL else None), strict=True):
+                                     now if o.state in State.FINAL else None, o.output), strict=True):
                 col.append(v)
         # The finish notification rides in the same statement when its ids fit one payload.
         # "fk": a key was freed, so workers look for that key's next job; "f" only tells
@@ -237,9 +237,9 @@ class PostgresStore(PgSubmit, PgClaims, FleetRecords, SharedSql, SqlWorkflows, S
             rows = c.execute(
                 "WITH done AS (UPDATE jobs j SET state = o.state, run_at = coalesce(o.run_at, j.run_at),"
                 " result = o.result, error = o.error, finished_at = o.finished_at, worker_id = NULL,"
-                " attempts = j.attempts - (o.state = 'waiting_network')::int"
-                " FROM unnest(%s::bigint[], %s::text[], %s::float8[], %s::text[], %s::text[], %s::float8[])"
-                " AS o(id, state, run_at, result, error, finished_at)"
+                " attempts = j.attempts - (o.state = 'waiting_network')::int, output = o.output"
+                " FROM unnest(%s::bigint[], %s::text[], %s::float8[], %s::text[], %s::text[], %s::float8[],"
+                " %s::text[]) AS o(id, state, run_at, result, error, finished_at, output)"
                 " WHERE j.id = o.id AND j.state = 'running'"
                 " AND (%s::bigint IS NULL OR j.worker_id = %s::bigint) RETURNING j.id, j.key, j.func, o.state,"
                 " j.workflow_run, j.workflow_step, j.workflow_item, j.workflow_loop)"

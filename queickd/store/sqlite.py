@@ -203,19 +203,20 @@ class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
                                                       for o in outcomes):
                 # The steady state: successes with no streak to reset need no RETURNING.
                 cur = c.executemany(
-                    "UPDATE jobs SET state = 'succeeded', result = ?, error = NULL, finished_at = ?"
+                    "UPDATE jobs SET state = 'succeeded', result = ?, error = NULL, output = ?, finished_at = ?"
                     " WHERE id = ? AND state = 'running'",
-                    [(None if o.result is None else dbrows.dumps(o.result), now, o.job_id) for o in outcomes])
+                    [(None if o.result is None else dbrows.dumps(o.result), o.output, now, o.job_id)
+                     for o in outcomes])
                 return Finished(cur.rowcount, [])
             for o in outcomes:
                 row = c.execute(
                     "UPDATE jobs SET state = ?1, run_at = coalesce(?2, run_at), result = ?3, error = ?4,"
-                    " finished_at = ?5, attempts = attempts - (?1 = 'waiting_network')"
+                    " finished_at = ?5, attempts = attempts - (?1 = 'waiting_network'), output = ?7"
                     " WHERE id = ?6 AND state = 'running' RETURNING key, func, workflow_step, workflow_item,"
                     " workflow_loop",
                     (o.state, o.run_at, None if o.result is None else dbrows.dumps(o.result),
                      dbrows.dumps(o.error) if o.error else None, now if o.state in State.FINAL else None,
-                     o.job_id),
+                     o.job_id, o.output),
                 ).fetchone()
                 if row is None:
                     continue

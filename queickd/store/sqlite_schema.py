@@ -241,8 +241,14 @@ def _v8(c: sqlite3.Connection) -> None:
     _run(c, _WORKFLOWS)
 
 
+def _v9(c: sqlite3.Connection) -> None:
+    """jobs.output: a process run's captured stdout+stderr; NULL for every older job (a
+    failed one's is in its error, as it was kept then)."""
+    _add_column(c, "jobs", "output", "TEXT")
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -70,6 +70,28 @@ def chatty() -> None:
     raise ValueError("failed after talking")
 
 
+def talk(extra_kb: int = 0) -> str:
+    """Writes to both streams (and `extra_kb` KB more to stdout), then succeeds."""
+    print("to stdout", flush=True)
+    print("to stderr", file=sys.stderr, flush=True)
+    sys.stdout.write("z" * (extra_kb * 1024))
+    return "talked"
+
+
+def fail_once(marker: str) -> str:
+    """Fails, saying so, the first time (no `marker` file yet); prints and succeeds after."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        print("first run")
+        raise ValueError("first run fails")
+    print("second run")
+    return "second"
+
+
+def write_nul() -> None:
+    sys.stdout.buffer.write(b"a\x00b")
+
+
 def exit3() -> None:
     os._exit(3)
 

@@ -1,0 +1,68 @@
+"""A process run's captured output through a real daemon: the job's own `output`, whatever
+its fate, in `get` and `queick show`; cut at the stored maximum with a marker; none for a
+thread run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from queickd.core.job import State
+from queickd.run.process import MAX_STORED_OUTPUT
+
+INDENT = " " * 18  # where `queick show` starts each line of a block
+
+
+def _show(daemon, job_id: int) -> str:
+    out = subprocess.run([sys.executable, "-m", "queickd", "show", str(job_id), "--port", str(daemon.port)],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_a_process_job_that_prints_and_succeeds_has_its_output_in_get(client):
+    job = client.wait(client.enqueue("sandboxjobs:talk", isolation="process"), 20)
+    assert (job["state"], job["result"], job["output"]) == (State.SUCCEEDED, "talked", "to stdout\nto stderr\n")
+    assert job["error"] is None
+
+
+def test_queick_show_prints_a_succeeded_process_jobs_output(client, daemon):
+    job_id = client.wait(client.enqueue("sandboxjobs:talk", isolation="process"), 20)["id"]
+    assert f"output:\n{INDENT}to stdout\n{INDENT}to stderr\n" in _show(daemon, job_id)
+
+
+def test_output_over_the_stored_maximum_is_cut_with_a_marker(client):
+    job = client.wait(client.enqueue("sandboxjobs:talk", [200], isolation="process"), 20)
+    assert job["state"] == State.SUCCEEDED  # under its output limit (1024 KB): only the stored copy is cut
+    kept, marker = job["output"].rsplit("\n", 1)
+    assert kept.startswith("to stdout\nto stderr\nzzz") and len(kept) == MAX_STORED_OUTPUT
+    assert marker == f"[… {200 * 1024 + 20} bytes in all; the first {MAX_STORED_OUTPUT} kept]"
+
+
+def test_a_thread_job_that_prints_has_no_output(client):
+    job = client.wait(client.enqueue("sandboxjobs:talk", isolation="thread"), 20)
+    assert (job["state"], job["output"]) == (State.SUCCEEDED, None)
+
+
+def test_a_process_job_that_prints_nothing_has_no_output(client):
+    job = client.wait(client.enqueue("sandboxjobs:noop", isolation="process"), 20)
+    assert (job["state"], job["output"]) == (State.SUCCEEDED, None)
+
+
+def test_a_failed_process_job_keeps_its_output_in_the_job(client):
+    job = client.wait(client.enqueue("sandboxjobs:chatty", isolation="process"), 20)
+    assert (job["state"], job["error"]["type"]) == (State.DEAD, "ValueError")
+    assert job["output"] == "to stdout\nto stderr\n" and "output" not in job["error"]
+
+
+def test_a_retried_job_shows_the_output_of_its_last_run(client, tmp_path):
+    job = client.wait(client.enqueue("sandboxjobs:fail_once", [str(tmp_path / "ran")], isolation="process",
+                                     retry=True, retry_type="constant", retry_interval=0.1, max_attempts=2), 20)
+    assert (job["state"], job["attempts"], job["output"]) == (State.SUCCEEDED, 2, "second run\n")
+
+
+def test_a_process_job_on_postgresql_keeps_its_output(pg_fresh_database, start_daemon):
+    d = start_daemon(pg_fresh_database)
+    with d.client() as q:
+        job = q.wait(q.enqueue("sandboxjobs:talk", isolation="process"), 30)
+    assert (job["state"], job["output"]) == (State.SUCCEEDED, "to stdout\nto stderr\n")
