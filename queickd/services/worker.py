@@ -288,15 +288,12 @@ class WorkerPool:
         report = None
         claimed: list[Job] = []
         deferred_at = None
-        # Every count is written once the pool goes idle; while busy, once a second at most.
-        counted = self._take_counts(force=self._busy == len(unapplied)) if unapplied else []
+        counted: list[Minute] = []
         try:
             with self.store.batch(bookkeeping=True):
                 if unapplied:
                     report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after,
                                                           self._pause_cooldown)
-                    for m in counted:
-                        self.store.add_minute(m)
                 free = self.workers - self._busy + len(unapplied)
                 # One job more than the free workers when the pool may grow: getting it is the
                 # sign that work waits with every worker busy (no polling for it).
@@ -304,6 +301,14 @@ class WorkerPool:
                 if ask > 0 and not self._stopping and not self._draining:
                     claimed = self.store.claim_available(ask, self._clock(), self._network_up(),
                                                          pools=self.pools, limits=self.limits)
+                # Every count is written once the pool goes idle (nothing runs, nothing was
+                # claimed); while busy, once a second at most. Idle is decided after the claim:
+                # a worker of one slot is "idle" between every two jobs of a backlog, and a
+                # write each time was a statement more in every pass.
+                if unapplied:
+                    counted = self._take_counts(force=self._busy == len(unapplied) and not claimed)
+                    for m in counted:
+                        self.store.add_minute(m)
                 if self.memory is not None:
                     self.memory.flush(self._clock())
                     if claimed:
