@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..core.job import Job, NewJob, State
@@ -30,6 +30,9 @@ class _Tx:
 
     def savepoint(self) -> contextlib.AbstractContextManager[None]:
         return self.s._savepoint()
+
+    def lock_roots(self, run_ids: Iterable[int]) -> None:
+        pass  # the store's lock is held throughout
 
     def run_get(self, run_id: int) -> RunRecord | None:
         return self.s._runs.get(run_id)

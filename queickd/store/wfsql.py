@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..core.job import Job, NewJob
@@ -85,6 +85,14 @@ class _Tx:
             raise
         self.c.execute("RELEASE SAVEPOINT wf_run")
 
+    def lock_roots(self, run_ids: Iterable[int]) -> None:
+        ids = sorted(run_ids)
+        if not self.s._WF_LOCK or not ids:
+            return
+        marks = ",".join("?" * len(ids))
+        self._x(f"SELECT id FROM workflow_runs WHERE id IN (SELECT coalesce(root, id) FROM workflow_runs"
+                f" WHERE id IN ({marks})) ORDER BY id{self.s._WF_LOCK}", ids).fetchall()
+
     def run_get(self, run_id: int) -> RunRecord | None:
         row = self._x(f"SELECT {RUN_COLS} FROM workflow_runs WHERE id = ?{self.s._WF_LOCK}", (run_id,)).fetchone()
         return row_to_run(row) if row else None
@@ -141,11 +149,15 @@ class SqlWorkflows:
 
     def _advance_in(self, c: Any, done: list[tuple], now: float) -> None:
         """Advance the runs of finished step jobs: (job id, run, step, item, loop, ok, result,
-        error) each (store/workflows.py: one run's failure is its own)."""
+        error) each (store/workflows.py: their roots locked first, one run's failure its own)."""
         wf.advance(_Tx(self, c), [wf.step_done(*d) for d in done], now)
 
     def _cancel_in(self, c: Any, job_id: int, now: float) -> None:
         """Cancel a waiting job; a workflow step's job ends its item as failed, in the same transaction."""
+        if self._WF_LOCK:  # a step's job: its tree's root before the job's row, as a finish takes them
+            c.execute(self._q(
+                "SELECT id FROM workflow_runs WHERE id = (SELECT coalesce(r.root, r.id) FROM jobs j"
+                f" JOIN workflow_runs r ON r.id = j.workflow_run WHERE j.id = ?){self._WF_LOCK}"), (job_id,)).fetchall()
         row = c.execute(self._q(
             "UPDATE jobs SET state = 'cancelled', finished_at = ? WHERE id = ?"
             " AND state IN ('scheduled', 'queued', 'waiting_network')"

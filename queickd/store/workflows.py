@@ -13,13 +13,19 @@ must not undo the finishes it shares a transaction with: each is applied inside 
 savepoint, and one that raises is undone and its run ends failed, naming the step. Only
 the store's own errors (WorkflowTx.unavailable: a lost connection, a failing disk) go on,
 failing the whole transaction as any statement would.
+
+Lock order (PostgreSQL; the others have one writer): whatever locks more than one run of
+a tree (a child's end advances its parent, a cancel stops the children, a child's start
+charges its ancestors) first locks the tree's root row, every root of a batch at once in
+id order, so two transactions on one tree queue at its root and never hold one run each
+while waiting for the other's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -41,6 +47,11 @@ class WorkflowTx(Protocol):
     def savepoint(self) -> AbstractContextManager[None]:
         """A nested transaction: if the block raises, what it wrote is undone (the rest of
         the transaction stays) and the error goes on."""
+        ...
+
+    def lock_roots(self, run_ids: Iterable[int]) -> None:
+        """Lock the rows of the runs' roots (a root is its own) until the transaction
+        ends, in id order; nothing where one writer holds the whole store."""
         ...
 
     def run_get(self, run_id: int) -> RunRecord | None:
@@ -105,15 +116,17 @@ def start(tx: WorkflowTx, spec: Definition, state: dict[str, Any], now: float,
 
 
 def advance(tx: WorkflowTx, dones: Sequence[StepDone], now: float) -> None:
-    """Apply finished items to their runs, in run order (PostgreSQL locks runs in one
-    order: no deadlock). One whose transition raises ends its run failed; the others are
-    applied as if it had not been."""
+    """Apply finished items to their runs, in run order, their roots locked first. One whose
+    transition raises ends its run failed; the others are applied as if it had not been."""
+    if not dones:
+        return
+    tx.lock_roots({d.run for d in dones})
     for d in sorted(dones, key=lambda d: (d.run, d.job_id or 0)):
         _advance(tx, d, now)
 
 
 def _advance(tx: WorkflowTx, done: StepDone, now: float) -> bool:
-    """One finished item applied to its run. False when stale or already recorded."""
+    """One finished item applied to its run (roots locked). False when stale or already recorded."""
     try:
         with tx.savepoint():
             return _transition(tx, done, now)
@@ -143,6 +156,7 @@ def _transition(tx: WorkflowTx, done: StepDone, now: float) -> bool:
 
 def cancel(tx: WorkflowTx, run_id: int, now: float) -> RunRecord | None:
     """Cancel a running run (and what runs under it); the run as it is after, None if unknown."""
+    tx.lock_roots([run_id])
     run = tx.run_get(run_id)
     if run is None:
         return None
@@ -176,7 +190,7 @@ def _apply(tx: WorkflowTx, plan: Plan, now: float) -> bool:
         _apply(tx, tr.begin(child, now, _lookups(tx, child)), now)
     if plan.ended:
         done = tr.child_done(run)
-        if done is not None:
+        if done is not None:  # the parent, in the same tree: its root is locked already
             _advance(tx, done, now)
     return True
 
