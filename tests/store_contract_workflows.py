@@ -229,3 +229,14 @@ class WorkflowContract:
         assert (child.status, child.reason["step"]) == (wf.RunState.FAILED, "plan")
         assert (parent.status, parent.reason["step"], parent.reason["error"]["state"]) == (
             wf.RunState.FAILED, "kid", wf.RunState.FAILED)
+
+    def test_workflow_what_a_transition_wrote_before_it_raised_is_undone_and_its_run_fails(self, store):
+        # plan's finish records its output, moves the run on and inserts the child, whose
+        # begin then raises: none of it may stay.
+        kid = {"name": "kid", "workflow": {"name": "c", "steps": [ENDLESS[1]]}}
+        run, _ = store.workflow_start(definition(ENDLESS[0], kid), {"n": 0}, T0)
+        drive(store)
+        run = store.workflow_get(run.id)
+        assert (run.status, run.step, run.reason["step"]) == (wf.RunState.FAILED, 0, "plan")
+        assert (store.workflow_children(run), store.workflow_outputs(run.id)) == ([], [])
+        assert [r.id for r in store.workflow_list(None, 10)] == [run.id]
