@@ -19,6 +19,18 @@ def definition(*steps, budget=None, name="wf"):
     return wf.parse({"name": name, "steps": list(steps), "budget": budget or {}})
 
 
+def run(j):
+    """A claimed step job's function called here: its outcome."""
+    mod, fn = j.func.split(":")
+    token = context.set_key(j.idempotency_key)
+    try:
+        return Outcome.succeeded(j.id, getattr(importlib.import_module(mod), fn)(*j.args), j.workflow_run)
+    except Exception as e:
+        return Outcome.dead(j.id, {"type": type(e).__name__, "message": str(e)}, j.workflow_run)
+    finally:
+        context.reset(token)
+
+
 def drive(store, now=T0, rounds=10_000, only=None):
     """Run every claimable job until none is left; `only(job)` False leaves a job running."""
     held = []
@@ -31,15 +43,7 @@ def drive(store, now=T0, rounds=10_000, only=None):
             if only is not None and not only(j):
                 held.append(j)
                 continue
-            mod, fn = j.func.split(":")
-            token = context.set_key(j.idempotency_key)
-            try:
-                outcomes.append(Outcome.succeeded(j.id, getattr(importlib.import_module(mod), fn)(*j.args),
-                                                  j.workflow_run))
-            except Exception as e:
-                outcomes.append(Outcome.dead(j.id, {"type": type(e).__name__, "message": str(e)}, j.workflow_run))
-            finally:
-                context.reset(token)
+            outcomes.append(run(j))
         with store.batch(bookkeeping=True):
             store.finish_if_running(outcomes, now)
     return held
@@ -48,6 +52,12 @@ def drive(store, now=T0, rounds=10_000, only=None):
 THREE_STEPS = ({"name": "plan", "func": S + "plan"},
                {"name": "fan", "kind": "for_each", "items": "tasks", "func": S + "square", "result": "results"},
                {"name": "merge", "func": S + "total"})
+
+# A fan-out over an empty list that names itself as next enters itself again and again
+# within one transition, with no job in between: the transition raises RecursionError (a
+# real engine failure, reached only at run time, once "plan" has emptied the list).
+ENDLESS = ({"name": "plan", "func": S + "plan"},
+           {"name": "fan", "kind": "for_each", "items": "tasks", "func": S + "square", "next": "fan"})
 
 
 class WorkflowContract:
@@ -193,3 +203,40 @@ class WorkflowContract:
         run = store.workflow_get(run.id)
         assert (run.status, run.reason["step"], run.reason["error"]["type"]) == (
             wf.RunState.FAILED, "wait", "cancelled")
+
+    def test_workflow_a_finish_whose_transition_raises_fails_its_run_and_not_the_rest_of_the_batch(self, store):
+        good = [store.workflow_start(definition(*THREE_STEPS), {"n": 3}, T0)[0] for _ in range(2)]
+        bad, _ = store.workflow_start(definition(*ENDLESS), {"n": 0}, T0)
+        jobs = store.claim_available(10, T0)
+        assert len(jobs) == 3
+        with store.batch(bookkeeping=True):
+            assert store.finish_if_running([run(j) for j in jobs], T0).changed == 3
+        failed = store.workflow_get(bad.id)
+        assert (failed.status, failed.reason["step"], failed.reason["error"]["type"]) == (
+            wf.RunState.FAILED, "plan", "RecursionError")
+        assert [j.state for j in store.workflow_jobs(bad.id)] == [State.SUCCEEDED]
+        assert [store.workflow_get(r.id).step for r in good] == [1, 1]
+        drive(store)
+        assert [(store.workflow_get(r.id).status, store.workflow_get(r.id).state["total"]) for r in good] == [
+            (wf.RunState.SUCCEEDED, 5)] * 2
+
+    def test_workflow_a_child_whose_transition_raises_fails_and_its_parent_step_fails_with_it(self, store):
+        parent, _ = store.workflow_start(definition({"name": "kid", "workflow": {"name": "c", "steps": list(ENDLESS)}}),
+                                         {"n": 0}, T0)
+        drive(store)
+        parent = store.workflow_get(parent.id)
+        (child,) = store.workflow_children(parent)
+        assert (child.status, child.reason["step"]) == (wf.RunState.FAILED, "plan")
+        assert (parent.status, parent.reason["step"], parent.reason["error"]["state"]) == (
+            wf.RunState.FAILED, "kid", wf.RunState.FAILED)
+
+    def test_workflow_what_a_transition_wrote_before_it_raised_is_undone_and_its_run_fails(self, store):
+        # plan's finish records its output, moves the run on and inserts the child, whose
+        # begin then raises: none of it may stay.
+        kid = {"name": "kid", "workflow": {"name": "c", "steps": [ENDLESS[1]]}}
+        run, _ = store.workflow_start(definition(ENDLESS[0], kid), {"n": 0}, T0)
+        drive(store)
+        run = store.workflow_get(run.id)
+        assert (run.status, run.step, run.reason["step"]) == (wf.RunState.FAILED, 0, "plan")
+        assert (store.workflow_children(run), store.workflow_outputs(run.id)) == ([], [])
+        assert [r.id for r in store.workflow_list(None, 10)] == [run.id]

@@ -1,6 +1,7 @@
 """The store contract on PostgreSQL, and what only PostgreSQL does (skips without a server)."""
 
 import threading
+from functools import partial
 
 import pytest
 from store_contract import T0, StoreContract, job
@@ -295,3 +296,81 @@ def test_a_submit_the_database_refuses_leaves_the_store_usable(pg_store):
         pg_store.submit([job(priority=2**40)], T0)  # the column is an integer
     (s,) = pg_store.submit([job()], T0)
     assert pg_store.get(s.job_id).state == State.QUEUED
+
+
+def _race(first, second):
+    """Call both at once, on two threads; the errors they raised."""
+    barrier, errors = threading.Barrier(2), []
+
+    def at_once(call):
+        try:
+            barrier.wait(10)
+            call()
+        except BaseException as e:  # reported by the caller, with the round it failed in
+            errors.append(e)
+
+    threads = [threading.Thread(target=at_once, args=(c,)) for c in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return errors
+
+
+def _finish(store, job):
+    from store_contract_workflows import run
+
+    with store.batch(bookkeeping=True):
+        store.finish_if_running([run(job)], T0)
+
+
+def test_child_runs_finishing_while_their_parents_are_cancelled_never_deadlock(pg_url, pg_store):
+    # A child's end locks the child, then its parent; a cancel of the parent locks the
+    # parent, then its children. Raced on two connections, each must take the tree's
+    # root first: neither may fail with a deadlock, and each tree ends one way or the other.
+    from store_contract_workflows import S, definition
+
+    from queickd.core import workflow as wf
+    from queickd.store.postgres import PostgresStore
+
+    d = definition({"name": "kid", "workflow": {"name": "c", "steps": [{"name": "m", "func": S + "mark"}]}},
+                   {"name": "after", "func": S + "mark"})
+    other = PostgresStore(pg_url, migrate=False)
+    try:
+        for _ in range(40):
+            parent, _ = pg_store.workflow_start(d, {}, T0)
+            (job,) = pg_store.claim_available(1, T0)
+            assert _race(partial(_finish, pg_store, job), partial(other.workflow_cancel, parent.id, T0)) == []
+            parent = pg_store.workflow_get(parent.id)
+            (child,) = pg_store.workflow_children(parent)
+            assert parent.status == wf.RunState.CANCELLED
+            assert pg_store.get(job.id).state == State.SUCCEEDED
+            # The child ended first (the parent moved on, its next job then cancelled), or
+            # the cancel came first (the child cancelled, its finish stale).
+            after = [j.state for j in pg_store.workflow_jobs(parent.id)]
+            assert (child.status, after) in ((wf.RunState.SUCCEEDED, [State.CANCELLED]), (wf.RunState.CANCELLED, []))
+    finally:
+        other.close()
+
+
+def test_a_step_job_cancelled_while_a_failure_ends_its_run_never_deadlocks(pg_url, pg_store):
+    # The failed item's finish locks its job, then the run's root, then cancels the run's
+    # waiting jobs; the operator's cancel of one of those must lock the root before the job.
+    from store_contract_workflows import S, definition
+
+    from queickd.core import workflow as wf
+    from queickd.store.postgres import PostgresStore
+
+    d = definition({"name": "fan", "kind": "for_each", "items": "xs", "func": S + "odd_fails"})
+    other = PostgresStore(pg_url, migrate=False)
+    try:
+        for _ in range(40):
+            run, _ = pg_store.workflow_start(d, {"xs": [1, 2]}, T0)
+            (failing,) = pg_store.claim_available(1, T0)  # item 0, whose 1 is odd: it fails
+            waiting = next(j for j in pg_store.workflow_jobs(run.id) if j.id != failing.id)
+            assert _race(partial(_finish, pg_store, failing), partial(other.cancel, waiting.id, T0)) == []
+            run = pg_store.workflow_get(run.id)
+            assert (run.status, run.reason["step"]) == (wf.RunState.FAILED, "fan")
+            assert [j.state for j in pg_store.workflow_jobs(run.id)] == [State.DEAD, State.CANCELLED]
+    finally:
+        other.close()

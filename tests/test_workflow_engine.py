@@ -54,6 +54,20 @@ def test_a_result_merges_into_the_state_and_the_next_step_starts():
     assert nxt.jobs[0].func == "m:g" and nxt.output.value == {"y": 3, "z": 4}
 
 
+def test_a_finish_that_could_not_be_applied_fails_the_run_naming_the_step_and_the_error():
+    plan = started({"name": "a", "func": "m:f"}, {"name": "b", "func": "m:g"})
+    error = {"type": "RecursionError", "message": "too deep"}
+    nxt = wf.broken(plan.run, wf.StepDone(7, 0, 0, 0, True, {}), T0, error)
+    assert (nxt.run.status, nxt.run.reason["step"], nxt.run.reason["error"]) == (wf.RunState.FAILED, "a", error)
+    assert "RecursionError: too deep" in nxt.run.reason["message"]
+    assert (nxt.discard, nxt.ended, nxt.output, nxt.jobs) == (True, True, None, [])
+
+
+def test_a_stale_finish_that_could_not_be_applied_changes_nothing():
+    plan = started({"name": "a", "func": "m:f"})
+    assert wf.broken(plan.run, wf.StepDone(7, 0, 0, 1, True, {}), T0, {"type": "E", "message": "m"}) is None
+
+
 def test_next_naming_no_step_at_run_time_fails_the_run_with_the_reason():
     plan = started({"name": "a", "func": "m:f"})
     nxt = wf.transition(plan.run, wf.StepDone(7, 0, 0, 0, True, {"_next": "zz"}), T0)

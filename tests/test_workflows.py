@@ -73,6 +73,37 @@ def test_cancel_ends_a_running_run_and_its_waiting_jobs_and_discards_what_still_
     assert [r["run_id"] for r in client.workflows(state="cancelled")] == [run_id]
 
 
+@pytest.mark.parametrize("store", ["sqlite", "memory", "postgres"])
+def test_a_run_whose_transition_raises_ends_failed_naming_the_step_and_runs_finished_with_it_succeed(
+        start_daemon, gate, request, store):
+    url = {"sqlite": None, "memory": "memory://"}.get(store) or request.getfixturevalue("pg_fresh_database")
+    daemon = start_daemon(url)
+    client = daemon.client()
+    request.addfinalizer(client.close)
+    held = {"name": "plan", "func": "wfsteps:held_plan"}
+    rest = [{"name": "fan", "kind": "for_each", "items": "tasks", "func": "wfsteps:square", "result": "results"},
+            {"name": "merge", "func": "wfsteps:total"}]
+    # A fan-out over the empty list plan returns, naming itself as next: entering it
+    # recurses within the transition until RecursionError.
+    endless = [{"name": "fan", "kind": "for_each", "items": "tasks", "func": "wfsteps:square", "next": "fan"}]
+
+    def start(steps, n, token):
+        return client._call({"op": "workflow_start", "definition": {"name": "w", "steps": [held, *steps]},
+                             "state": {"n": n, "port": gate.port, "token": token}})["run_id"]
+
+    good = [start(rest, 3, f"good{i}") for i in range(3)]
+    bad = start(endless, 0, "bad")
+    for _ in range(4):  # the four first steps run at once, so that they finish together
+        gate.arrival()
+    gate.release_all()
+    run = client.workflow_wait(bad, 30)
+    assert (run["state"], run["reason"]["step"], run["reason"]["error"]["type"]) == ("failed", "plan", "RecursionError")
+    assert [j["state"] for s in run["steps"] for j in s["jobs"]] == ["succeeded"]
+    assert [client.workflow_wait(r, 30)["data"]["total"] for r in good] == [5, 5, 5]
+    daemon.wait_for_line("the run ends failed")
+    assert not [line for line in daemon.lines if "store error" in line]
+
+
 def test_a_workflow_declared_in_the_config_file_starts_by_name_and_from_a_webhook(start_daemon, tmp_path):
     import socket
     import urllib.request

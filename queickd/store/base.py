@@ -279,7 +279,9 @@ class Store(Protocol):
         advances its run in the same transaction (store/workflows.py): the output recorded
         once per (run, step, item, loop), the next step's jobs inserted, the budget charged;
         a finish its run no longer waits for changes only the job. Jobs without a run cost
-        one test of that field, nothing more.
+        one test of that field, nothing more. A run whose advance raises (a bug, or data
+        whose problem shows only now) has what it wrote undone and ends `failed`, its reason
+        naming the step and the error; the job's finish and the rest of the batch stand.
         """
         ...
 

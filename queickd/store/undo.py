@@ -32,11 +32,27 @@ class Journal:
     def rollback(self) -> None:
         """Put every value back as it was at begin(), newest change first."""
         entries, self.entries = self.entries or [], None
-        for d, key, old in reversed(entries):
-            if old is ABSENT:
-                dict.pop(d, key, None)
-            else:
-                dict.__setitem__(d, key, old)
+        _undo(entries)
+
+    def mark(self) -> int:
+        """Where the open journal is now: rollback_to(mark) undoes what follows (a savepoint)."""
+        assert self.entries is not None, "mark() needs an open journal"
+        return len(self.entries)
+
+    def rollback_to(self, mark: int) -> None:
+        """Undo the changes made since mark(); the journal stays open with those before it."""
+        assert self.entries is not None, "rollback_to() needs an open journal"
+        later = self.entries[mark:]
+        del self.entries[mark:]
+        _undo(later)
+
+
+def _undo(entries: list[tuple[dict, Any, Any]]) -> None:
+    for d, key, old in reversed(entries):
+        if old is ABSENT:
+            dict.pop(d, key, None)
+        else:
+            dict.__setitem__(d, key, old)
 
 
 class UndoDict(dict):

@@ -7,9 +7,10 @@ come from core/workflow, sequenced by store/workflows.py.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..core.job import Job, NewJob, State
@@ -22,8 +23,16 @@ _WAITING = (State.SCHEDULED, State.QUEUED, State.WAITING_NETWORK)
 
 
 class _Tx:
+    unavailable: tuple[type[BaseException], ...] = ()  # nothing here fails on its own
+
     def __init__(self, store: MemoryWorkflows) -> None:
         self.s = store
+
+    def savepoint(self) -> contextlib.AbstractContextManager[None]:
+        return self.s._savepoint()
+
+    def lock_roots(self, run_ids: Iterable[int]) -> None:
+        pass  # the store's lock is held throughout
 
     def run_get(self, run_id: int) -> RunRecord | None:
         return self.s._runs.get(run_id)
@@ -77,8 +86,25 @@ class MemoryWorkflows:
         self._run_ids = itertools.count(1)
 
     def _advance_locked(self, job: Job, ok: bool, result: Any, error: Any, now: float) -> None:
-        wf.advance(_Tx(self), wf.step_done(job.id, job.workflow_run, job.workflow_step, job.workflow_item,
-                                           job.workflow_loop, ok, result, error), now)
+        wf.advance(_Tx(self), [wf.step_done(job.id, job.workflow_run, job.workflow_step, job.workflow_item,
+                                            job.workflow_loop, ok, result, error)], now)
+
+    @contextlib.contextmanager
+    def _savepoint(self) -> Iterator[None]:
+        """Undo what the block wrote if it raises (lock held): back to where it began inside
+        a batch; outside one (an operator's cancel), the block is a batch of its own."""
+        journal = self._journal  # type: ignore[attr-defined]
+        if journal.entries is None:
+            with self.batch():  # type: ignore[attr-defined]
+                yield
+            return
+        mark = journal.mark()
+        try:
+            yield
+        except BaseException:
+            journal.rollback_to(mark)
+            self._rebuild_derived()  # type: ignore[attr-defined]
+            raise
 
     def workflow_start(self, spec: Definition, state: dict[str, Any], now: float,
                        idempotency_key: str | None = None) -> tuple[RunRecord, bool]:

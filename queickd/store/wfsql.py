@@ -10,8 +10,9 @@ come from core/workflow, sequenced by store/workflows.py, inside the store's tra
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..core.job import Job, NewJob
@@ -65,9 +66,32 @@ def _run_values(run: RunRecord) -> tuple:
 class _Tx:
     def __init__(self, store: SqlWorkflows, c: Any) -> None:
         self.s, self.c = store, c
+        self.unavailable = store.UNAVAILABLE
 
-    def _x(self, sql: str, params: tuple = ()) -> Any:
+    def _x(self, sql: str, params: tuple | list = ()) -> Any:
         return self.c.execute(self.s._q(sql), params)
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        # Nested ones share the name: RELEASE and ROLLBACK TO take the latest of that name.
+        self.c.execute("SAVEPOINT wf_run")
+        try:
+            yield
+        except self.unavailable:
+            raise  # the connection (or the file) is in trouble: the whole transaction goes
+        except BaseException:
+            self.c.execute("ROLLBACK TO SAVEPOINT wf_run")
+            self.c.execute("RELEASE SAVEPOINT wf_run")
+            raise
+        self.c.execute("RELEASE SAVEPOINT wf_run")
+
+    def lock_roots(self, run_ids: Iterable[int]) -> None:
+        ids = sorted(run_ids)
+        if not self.s._WF_LOCK or not ids:
+            return
+        marks = ",".join("?" * len(ids))
+        self._x(f"SELECT id FROM workflow_runs WHERE id IN (SELECT coalesce(root, id) FROM workflow_runs"
+                f" WHERE id IN ({marks})) ORDER BY id{self.s._WF_LOCK}", ids).fetchall()
 
     def run_get(self, run_id: int) -> RunRecord | None:
         row = self._x(f"SELECT {RUN_COLS} FROM workflow_runs WHERE id = ?{self.s._WF_LOCK}", (run_id,)).fetchone()
@@ -115,6 +139,7 @@ class _Tx:
 
 
 class SqlWorkflows:
+    UNAVAILABLE: tuple[type[BaseException], ...]
     _WF_LOCK: str
     _WF_BUDGET: str
     _q: Any
@@ -124,13 +149,15 @@ class SqlWorkflows:
 
     def _advance_in(self, c: Any, done: list[tuple], now: float) -> None:
         """Advance the runs of finished step jobs: (job id, run, step, item, loop, ok, result,
-        error) each, in run order (PostgreSQL locks runs in one order: no deadlock)."""
-        tx = _Tx(self, c)
-        for job_id, run, step, item, loop, ok, result, error in sorted(done, key=lambda d: (d[1], d[0])):
-            wf.advance(tx, wf.step_done(job_id, run, step, item, loop, ok, result, error), now)
+        error) each (store/workflows.py: their roots locked first, one run's failure its own)."""
+        wf.advance(_Tx(self, c), [wf.step_done(*d) for d in done], now)
 
     def _cancel_in(self, c: Any, job_id: int, now: float) -> None:
         """Cancel a waiting job; a workflow step's job ends its item as failed, in the same transaction."""
+        if self._WF_LOCK:  # a step's job: its tree's root before the job's row, as a finish takes them
+            c.execute(self._q(
+                "SELECT id FROM workflow_runs WHERE id = (SELECT coalesce(r.root, r.id) FROM jobs j"
+                f" JOIN workflow_runs r ON r.id = j.workflow_run WHERE j.id = ?){self._WF_LOCK}"), (job_id,)).fetchall()
         row = c.execute(self._q(
             "UPDATE jobs SET state = 'cancelled', finished_at = ? WHERE id = ?"
             " AND state IN ('scheduled', 'queued', 'waiting_network')"

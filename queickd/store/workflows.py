@@ -7,23 +7,53 @@ of the finish, the run's row locked). It must be called inside that transaction 
 opens one, reads a clock or decides anything itself. Order matters for exactly-once: the
 step's output is inserted first, under its UNIQUE (run, step, item, loop) guard, and a
 conflict (the output is already recorded) leaves the whole plan unapplied.
+
+One run's transition that raises (a bug, or data whose problem shows only at run time)
+must not undo the finishes it shares a transaction with: each is applied inside a
+savepoint, and one that raises is undone and its run ends failed, naming the step. Only
+the store's own errors (WorkflowTx.unavailable: a lost connection, a failing disk) go on,
+failing the whole transaction as any statement would.
+
+Lock order (PostgreSQL; the others have one writer): whatever locks more than one run of
+a tree (a child's end advances its parent, a cancel stops the children, a child's start
+charges its ancestors) first locks the tree's root row, every root of a batch at once in
+id order, so two transactions on one tree queue at its root and never hold one run each
+while waiting for the other's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from ..core.fate import error_info
 from ..core.job import NewJob
 from ..core.workflow import Definition, Lookups, Output, Plan, RunRecord, RunState, StepDone
 from ..core.workflow import engine as tr
 
 # The error a step's item ends with when an operator cancels its waiting job.
 CANCELLED = {"type": "cancelled", "message": "the step's job was cancelled by an operator"}
+_MAX_MESSAGE = 1000  # characters of a raised error's message kept in the run's reason
+
+log = logging.getLogger("queickd.store")
 
 
 class WorkflowTx(Protocol):
+    unavailable: tuple[type[BaseException], ...]  # the store's own errors (store.UNAVAILABLE)
+
+    def savepoint(self) -> AbstractContextManager[None]:
+        """A nested transaction: if the block raises, what it wrote is undone (the rest of
+        the transaction stays) and the error goes on."""
+        ...
+
+    def lock_roots(self, run_ids: Iterable[int]) -> None:
+        """Lock the rows of the runs' roots (a root is its own) until the transaction
+        ends, in id order; nothing where one writer holds the whole store."""
+        ...
+
     def run_get(self, run_id: int) -> RunRecord | None:
         """The run, its record locked until the transaction ends where the store can."""
         ...
@@ -85,8 +115,36 @@ def start(tx: WorkflowTx, spec: Definition, state: dict[str, Any], now: float,
     return got, False
 
 
-def advance(tx: WorkflowTx, done: StepDone, now: float) -> bool:
-    """Apply one finished item to its run. False when stale or already recorded."""
+def advance(tx: WorkflowTx, dones: Sequence[StepDone], now: float) -> None:
+    """Apply finished items to their runs, in run order, their roots locked first. One whose
+    transition raises ends its run failed; the others are applied as if it had not been."""
+    if not dones:
+        return
+    tx.lock_roots({d.run for d in dones})
+    for d in sorted(dones, key=lambda d: (d.run, d.job_id or 0)):
+        _advance(tx, d, now)
+
+
+def _advance(tx: WorkflowTx, done: StepDone, now: float) -> bool:
+    """One finished item applied to its run (roots locked). False when stale or already recorded."""
+    try:
+        with tx.savepoint():
+            return _transition(tx, done, now)
+    except tx.unavailable:
+        raise
+    except Exception as e:
+        log.warning("workflow run %d: the finish of step %d item %d raised; the run ends failed",
+                    done.run, done.step, done.item, exc_info=True)
+        info = error_info(e)  # its traceback goes to the log above, not into the run
+        error = {"type": info["type"], "message": info["message"][:_MAX_MESSAGE]}
+    run = tx.run_get(done.run)
+    plan = None if run is None else tr.broken(run, done, now, error)
+    if plan is None:
+        return False
+    return _apply(tx, plan, now)
+
+
+def _transition(tx: WorkflowTx, done: StepDone, now: float) -> bool:
     run = tx.run_get(done.run)
     if run is None:
         return False
@@ -98,6 +156,7 @@ def advance(tx: WorkflowTx, done: StepDone, now: float) -> bool:
 
 def cancel(tx: WorkflowTx, run_id: int, now: float) -> RunRecord | None:
     """Cancel a running run (and what runs under it); the run as it is after, None if unknown."""
+    tx.lock_roots([run_id])
     run = tx.run_get(run_id)
     if run is None:
         return None
@@ -131,8 +190,8 @@ def _apply(tx: WorkflowTx, plan: Plan, now: float) -> bool:
         _apply(tx, tr.begin(child, now, _lookups(tx, child)), now)
     if plan.ended:
         done = tr.child_done(run)
-        if done is not None:
-            advance(tx, done, now)
+        if done is not None:  # the parent, in the same tree: its root is locked already
+            _advance(tx, done, now)
     return True
 
 

@@ -17,6 +17,14 @@ def square(item, state):
     return item * item
 
 
+def held_plan(state):
+    """plan(), once the test's Gate lets it go (see helpers.Gate)."""
+    from testjobs import gate
+
+    gate(state["port"], state["token"])
+    return plan(state)
+
+
 def total(state):
     return {"total": sum(state["results"])}
 

@@ -1,5 +1,5 @@
 """Durable workflows, the pure part: definitions (model.py) and run transitions
-(transition.py). No I/O; the stores apply the plans (store/workflows.py)."""
+(engine.py). No I/O; the stores apply the plans (store/workflows.py)."""
 
 from .engine import (
     Lookups,
@@ -9,8 +9,10 @@ from .engine import (
     RunState,
     StepDone,
     begin,
+    broken,
     cancel,
     child_done,
+    current,
     new_run,
     step_key,
     transition,
@@ -18,4 +20,4 @@ from .engine import (
 from .model import Definition, Step, parse, state_size
 
 __all__ = ["Definition", "Lookups", "Output", "Plan", "RunRecord", "RunState", "Step", "StepDone", "begin",
-           "cancel", "child_done", "new_run", "parse", "state_size", "step_key", "transition"]
+           "broken", "cancel", "child_done", "current", "new_run", "parse", "state_size", "step_key", "transition"]

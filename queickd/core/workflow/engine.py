@@ -248,10 +248,15 @@ def _start_child(run: RunRecord, step: Step, index: int, loop: int, now: float, 
 
 
 # --- a step's item finished ------------------------------------------------------------------
+def current(run: RunRecord, done: StepDone) -> bool:
+    """Whether `done` is for the step and loop the run is at (else the finish is stale)."""
+    return run.status == RunState.RUNNING and run.step == done.step and run.loop == done.loop
+
+
 def transition(run: RunRecord, done: StepDone, now: float, lookups: Lookups = NO_LOOKUPS) -> Plan | None:
     """The plan for one finished item of the run's current step; None when the finish is
     stale (the run is not running, or is at another step or another loop of it)."""
-    if run.status != RunState.RUNNING or run.step != done.step or run.loop != done.loop:
+    if not current(run, done):
         return None
     step = run.spec.steps[done.step]
     out = Output(done.step, done.item, done.loop, done.ok, done.value if done.ok else done.error, done.job_id)
@@ -330,6 +335,23 @@ def _item_done(run: RunRecord, step: Step, done: StepDone, now: float, lookups: 
 
 def _complete(run: RunRecord, step: Step, index: int, result: Any, now: float, lookups: Lookups) -> Plan:
     return _merge_and_go(run, step, index, {**run.state, step.result: result}, None, now, lookups)
+
+
+def broken(run: RunRecord, done: StepDone, now: float, error: dict[str, Any]) -> Plan | None:
+    """The plan when working out or applying `done` raised `error` ({type, message}): a bug,
+    or data whose problem shows only now (a state that cannot be encoded, a definition this
+    version cannot read). The run fails, naming the step whose item finished, and what runs
+    under it stops. The item's output is not recorded: it may be what failed. None when
+    the finish is stale."""
+    if not current(run, done):
+        return None
+    try:
+        name = run.spec.steps[done.step].name
+    except Exception:  # the definition itself may be what failed
+        name = f"#{done.step}"
+    reason = {"message": f"step {name}: its finish could not be applied: {error['type']}: {error['message']}",
+              "step": name, "error": error}
+    return Plan(_end(run, RunState.FAILED, now, reason), discard=True, ended=True)
 
 
 # --- a new run, a cancel ------------------------------------------------------------------
