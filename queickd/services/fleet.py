@@ -220,8 +220,8 @@ class FleetMember:
     def _refresh_budgets(self) -> None:
         try:
             self._on_budgets()
-        except Exception:  # the listener lives on; the next notification or reconnection reads them
-            log.exception("could not read the budgets in force")
+        except Exception as e:  # the listener lives on; the next notification or reconnection reads them
+            log.warning("could not read the budgets in force (%s); the claims read them anyway", e)
 
     def _notified(self, payload: str) -> None:
         kind, _, rest = payload.partition(":")

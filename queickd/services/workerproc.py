@@ -5,8 +5,9 @@ Start-up refuses, with exit status EX_VERSION, when the database was migrated by
 queickd version (a worker never migrates); the refusal is recorded in the worker registry
 so `queick stats` shows it. A database with no queickd schema at all is a configuration
 error (EX_CONFIG): one line says so, and how to set it up. The budgets it claims under are
-the database's (services/budgets.py): with --config naming [budgets], its own replace them. SIGTERM stops claiming, lets running jobs finish (bounded by
---stop-timeout), then deregisters.
+the database's (services/budgets.py): with --config naming [budgets], its own replace
+them. SIGTERM stops claiming, lets running jobs finish (bounded by --stop-timeout), then
+deregisters.
 """
 
 from __future__ import annotations

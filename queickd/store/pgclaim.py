@@ -25,7 +25,7 @@ _CLAIM_RETRIES = 8
 _CLAIM_LOCK = 0x71756963_6B640003  # advisory lock id held by each claim with groups or budgets
 # Held shared by every claim (from its first call to its commit), exclusively by a write of
 # the budgets: a budget comes into force after the claims that did not see it (pgschema.py, 7).
-BUDGET_LOCK = 0x71756963_6B640004
+_BUDGET_LOCK = 0x71756963_6B640004
 _PAUSE_KINDS = frozenset({"key", "func", "pool"})  # the view's rows of pauses (pgschema.py, 7)
 # The claim itself is the function queickd_claim (pgschema.py): an UPDATE ... WHERE id IN
 # (SELECT ... ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING, one
@@ -81,7 +81,7 @@ class PgClaims:
         job waits, no pool served has a budget); else the selection, with what it reads
         first. So the fast path costs the two round trips it did before budgets lived here."""
         page = max(16, params["limit"] * 2)
-        view = c.execute(_VIEW, (_CLAIM_LOCK, BUDGET_LOCK, params["pools"], page, params["now"])).fetchall()
+        view = c.execute(_VIEW, (_CLAIM_LOCK, _BUDGET_LOCK, params["pools"], page, params["now"])).fetchall()
         if not view:
             return c.execute(_CLAIM, params).fetchall()
         return self._claim_selected(c, params, limits, view, page)
@@ -133,7 +133,7 @@ class PgClaims:
         """The table made to hold exactly `limits`' budgets, under the budget lock (after
         the claims in flight, before the next), and the others told (NOTIFY 'b')."""
         with self._write() as c:
-            c.execute("SELECT pg_advisory_xact_lock(%s)", (BUDGET_LOCK,))
+            c.execute("SELECT pg_advisory_xact_lock(%s)", (_BUDGET_LOCK,))
             changes = budget_changes(self._budgets_in(c, limits), limits)
             if changes:
                 c.execute("DELETE FROM budgets")
