@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import __version__
 from .api.connection import DEFAULT_HELLO_TIMEOUT, DEFAULT_MAX_PENDING
@@ -31,12 +31,14 @@ from .core import protocol, sandbox
 from .core.job import DEFAULT_POOL, NewJob, Outcome, State, Submitted
 from .core.policy import outbox
 from .core.policy.admission import Admission
+from .core.policy.claim import Limits
 from .core.policy.resources import Resources
 from .core.policy.resources import parse as parse_resources
 from .run.loader import FunctionLoader
 from .run.routing import make_runner
 from .services import sdnotify
 from .services.batcher import SubmitBatcher
+from .services.budgets import BudgetsInForce
 from .services.fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
 from .services.memory_gate import DEFAULT_RESERVE_MB, MemoryGate
 from .services.netcheck import DEFAULT_INTERVAL, NetworkMonitor, parse_target
@@ -219,6 +221,14 @@ class Daemon:
         except BaseException:
             store.close()
             raise
+        # The budgets in force: this config's on SQLite; on PostgreSQL the store's, which this
+        # config replaces if it names any.
+        self.budgets = BudgetsInForce(store, resources.limits, on_change=self._budgets_changed)
+        try:
+            resources = replace(resources, limits=self.budgets.adopt())
+        except store.UNAVAILABLE as e:
+            store.close()
+            raise OSError(f"cannot read the budgets in force in {store.url}: {e}") from e
         self._orphans_recovered = False
         self._recover_orphans()
         if c.ping_host is not None:
@@ -282,7 +292,8 @@ class Daemon:
                                      max_orphan_requeues=c.max_orphan_requeues,
                                      on_finished_ids=self._on_finished_elsewhere,
                                      on_scheduled=lambda run_at: self.scheduler.wake_at(run_at),
-                                     on_version_change=self._on_version_change, clock=self.clock)
+                                     on_version_change=self._on_version_change,
+                                     on_budgets=self.budgets.refresh, clock=self.clock)
             self.fleet.start()
         self.runner.start()
         self.pool.start()
@@ -369,6 +380,13 @@ class Daemon:
         self.service.waiters.notify([o.job_id for o in outcomes])
         if any(o.workflow_run is not None for o in outcomes):
             self.service.run_waiters.notify_all()
+
+    def _budgets_changed(self, limits: Limits) -> None:
+        """Another process wrote the budgets in force (listener thread): enqueue checks and
+        claims take the new ones (on PostgreSQL claims read them themselves anyway)."""
+        self.service.resources = replace(self.service.resources, limits=limits)
+        self.pool.limits = limits
+        self.pool.wake()
 
     def _on_finished_elsewhere(self, job_ids: list[int]) -> None:
         """Jobs another host finished (PostgreSQL NOTIFY): their waiters, and the run

@@ -507,13 +507,14 @@ class StoreContract(WorkflowContract, OutputContract):
         assert [(p.kind, p.name, p.failures) for p in store.pauses()] == [("func", "m:f", 2)]
 
     # --- the breaker: a pause lets one probe through after its cooldown ---------------------
-    def _trip(self, store, cooldown=60.0):
-        """m:bad paused at T0 by 3 dead jobs, with its probe at T0 + cooldown; 3 more wait."""
+    def _trip(self, store, cooldown=60.0, **waiting):
+        """m:bad paused at T0 by 3 dead jobs, with its probe at T0 + cooldown; 3 more wait
+        (with the fields `waiting`)."""
         store.submit([job(func="m:bad") for _ in range(3)], T0)
         ran = store.claim_available(3, T0)
         fin = store.finish_if_running([Outcome.dead(j.id, {"type": "E", "message": "no"}) for j in ran], T0,
                                       pause_after=3, pause_cooldown=cooldown)
-        return fin, [s.job_id for s in store.submit([job(func="m:bad") for _ in range(3)], T0)]
+        return fin, [s.job_id for s in store.submit([job(func="m:bad", **waiting) for _ in range(3)], T0)]
 
     def test_a_pause_with_a_cooldown_shows_its_probe_time(self, store):
         fin, _ = self._trip(store)
@@ -529,6 +530,13 @@ class StoreContract(WorkflowContract, OutputContract):
         _, waiting = self._trip(store)
         assert [j.id for j in store.claim_available(5, T0 + 60)] == waiting[:1]
         assert store.claim_available(5, T0 + 61) == []  # the probe runs: no second one
+        assert store.pauses()[0].probe_job == waiting[0]
+
+    def test_a_pause_lets_exactly_one_probe_of_grouped_jobs_through(self, store):
+        # Grouped jobs go through the selection (PostgreSQL's SQL claim leaves them out).
+        _, waiting = self._trip(store, concurrency_group="g", concurrency_limit=5)
+        assert [j.id for j in store.claim_available(5, T0 + 60)] == waiting[:1]
+        assert store.claim_available(5, T0 + 61) == []
         assert store.pauses()[0].probe_job == waiting[0]
 
     def test_the_probes_success_resumes_the_pause(self, store):
@@ -580,6 +588,12 @@ class StoreContract(WorkflowContract, OutputContract):
     def test_a_paused_pool_starts_none_of_its_jobs(self, store):
         store.pause("pool", "gpu", T0)
         (other,) = store.submit([job(pool="gpu"), job()], T0)[1:]
+        assert [j.id for j in store.claim_available(5, T0)] == [other.job_id]
+
+    def test_a_paused_pool_starts_none_of_its_grouped_jobs(self, store):
+        store.pause("pool", "gpu", T0)
+        (other,) = store.submit([job(pool="gpu", concurrency_group="g", concurrency_limit=2),
+                                 job(concurrency_group="g", concurrency_limit=2)], T0)[1:]
         assert [j.id for j in store.claim_available(5, T0)] == [other.job_id]
 
     def test_claim_starts_what_the_selection_policy_picks(self, store):

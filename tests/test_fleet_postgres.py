@@ -8,6 +8,8 @@ These tests skip, saying why, when no PostgreSQL server is reachable.
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 from fleethelpers import WorkerProcess
 
+from queickd.cli import EX_CONFIG
 from queickd.core.job import NewJob, State
 from queickd.services.fleet import EX_VERSION
 
@@ -204,6 +207,37 @@ def test_a_worker_of_another_version_refuses_claims_and_exits_with_its_own_statu
     (record,) = [r for r in store.workers() if r["pid"] == w.pid]  # what `queick stats` lists
     assert "0.0.1" in record["refused"] and not record["alive"]
     store.close()
+
+
+def _worker_run(url: str) -> subprocess.CompletedProcess:
+    """`queick worker` to its end (one that refuses to start), at the default log level."""
+    from helpers import JOBS_DIR
+
+    return subprocess.run([sys.executable, "-m", "queickd", "worker", "--store", url, "--app-dir", str(JOBS_DIR)],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def test_a_worker_on_a_database_with_no_schema_says_so_in_one_line_and_exits_with_the_config_status(pg):
+    url, _ = pg  # a fresh database: nobody migrated it
+    r = _worker_run(url)
+    assert r.returncode == EX_CONFIG
+    (line,) = r.stderr.splitlines()
+    assert "has no queickd schema" in line and "queick db migrate" in line
+
+
+def test_a_worker_on_a_database_of_a_newer_schema_refuses_in_one_line_without_a_traceback(pg):
+    from queickd.store.pgschema import SCHEMA_VERSION
+    from queickd.store.postgres import PostgresStore
+
+    url, admin = pg
+    PostgresStore(url).close()  # migrated, as a daemon would
+    admin.execute("UPDATE queickd_meta SET value = %s WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    admin.execute("UPDATE queickd_meta SET value = '99.0' WHERE key = 'queickd_version'")
+    admin.execute("ALTER TABLE workers DROP COLUMN refused")  # what a newer schema may have changed
+    r = _worker_run(url)
+    assert r.returncode == EX_VERSION
+    (line,) = r.stderr.splitlines()
+    assert "refusing to claim" in line and "install queickd 99.0" in line
 
 
 def test_a_daemon_stops_with_the_version_status_when_the_database_moves_to_another_version(pg, start_daemon):

@@ -7,7 +7,7 @@ import pytest
 
 from queickd.core.job import NewJob
 from queickd.core.policy.claim import Limits, Request, Row, Running, select
-from queickd.core.policy.resources import budget_view, parse
+from queickd.core.policy.resources import budget_changes, budget_view, describe_budgets, parse
 from queickd.core.protocol import QueueError
 
 
@@ -67,3 +67,12 @@ def test_the_budget_view_lists_every_budget_with_its_use():
                      "waiting_jobs": 1},
                     {"kind": "group", "name": "g", "limit": 2, "running": 0.0, "running_jobs": 0, "waiting": 0.0,
                      "waiting_jobs": 0}]
+
+
+def test_budget_changes_name_each_budget_added_changed_and_removed():
+    old = Limits(pools={"default": 3, "gpu": 2}, groups={"api": 2})
+    new = Limits(pools={"default": 5}, groups={"api": 2, "db": 1}, patience=5)  # patience: not a budget
+    assert [str(c) for c in budget_changes(old, new)] == [
+        "pool 'default' 3 -> 5", "pool 'gpu' 2 -> none", "group 'db' none -> 1"]
+    assert budget_changes(new, Limits(new.pools, new.groups)) == []
+    assert describe_budgets(new) == "pool 'default' 5, group 'api' 2, group 'db' 1"

@@ -1,17 +1,27 @@
-"""Concurrency groups across `queick worker` processes on one PostgreSQL database: exact
-limits with several claimers, and slots that come back after a worker is killed."""
+"""Concurrency groups and budgets across `queick worker` processes on one PostgreSQL
+database: exact limits with several claimers, slots that come back after a worker is
+killed, and the budgets in force kept in the database, whatever each claimer was started with."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
+import urllib.request
 
-from test_resources_daemon import peak, runs
+import pytest
+from test_resources_daemon import config, peak, runs
 
 from queickd.core.job import State
+from queickd.core.protocol import QueueError
 
 HEARTBEAT = 0.5
 
 
+def pids(path) -> set[int]:
+    """The processes that ran the spans of `path`."""
+    return {int(line.split()[1]) for line in path.read_text().splitlines()} if path.exists() else set()
 
 
 def test_three_workers_never_run_more_than_a_groups_limit_and_every_job_once(
@@ -78,3 +88,87 @@ def test_queick_workers_apply_the_budgets_of_their_config_file(pg_fresh_database
     spans = runs(out)
     assert len(spans) == 12
     assert peak([(s, e, (1, 2)[int(t[1:]) % 2]) for t, s, e in spans]) <= 3
+
+
+def test_a_daemon_with_budgets_and_a_worker_without_never_together_exceed_them(pg_fresh_database, start_daemon,
+                                                                                start_worker, tmp_path):
+    url = pg_fresh_database
+    cfg = config(tmp_path, "[budgets.pools]\ndefault = 3\n")
+    d = start_daemon(url, "--heartbeat", str(HEARTBEAT), "--config", cfg, workers=3)
+    w = start_worker(url, workers=3, heartbeat=HEARTBEAT)  # no --config: no budgets of its own
+    w.wait_for_line("budgets: in force on .* \\(not set here\\): pool 'default' 3")
+    out = tmp_path / "runs.txt"
+    with d.client() as q:
+        ids = [q.enqueue("testjobs:span", [str(out), f"j{i}", 0.05], cost_units=(1, 2)[i % 2]) for i in range(30)]
+        for i in ids:
+            assert q.wait(i, 60)["state"] == State.SUCCEEDED
+    spans = runs(out)
+    assert len(spans) == 30
+    assert peak([(s, e, (1, 2)[int(t[1:]) % 2]) for t, s, e in spans]) <= 3
+    assert w.pid in pids(out)  # the worker claimed budgeted jobs too, under the daemon's budgets
+
+
+def test_a_worker_started_with_other_budgets_replaces_them_and_says_so(pg_fresh_database, start_daemon,
+                                                                       start_worker, tmp_path):
+    url = pg_fresh_database
+    d = start_daemon(url, "--heartbeat", str(HEARTBEAT), "--config",
+                     config(tmp_path, "[budgets.pools]\ndefault = 3\n"), workers=0)
+    other = tmp_path / "worker.toml"
+    other.write_text("[budgets.pools]\ndefault = 5\n[budgets.groups]\napi = 2\n")
+    w = start_worker(url, workers=2, heartbeat=HEARTBEAT, extra=("--config", str(other)))
+    line = next(ln for ln in w.lines if "replaces the budgets in force" in ln)
+    assert "WARNING" in line and "group 'api' none -> 2" in line and "pool 'default' 3 -> 5" in line
+    d.wait_for_line("another process changed the budgets in force")  # the daemon follows
+    with d.client() as q:
+        shown = {(b["kind"], b["name"]): b["limit"] for b in q.stats()["budgets"]}
+        q.enqueue("testjobs:noop", cost_units=4)  # over the old budget, within the new one
+    assert shown == {("pool", "default"): 5, ("group", "api"): 2}
+
+
+def test_a_daemon_started_without_budgets_shows_and_applies_those_in_force(pg_fresh_database, start_daemon,
+                                                                          start_worker, tmp_path):
+    url = pg_fresh_database
+    d = start_daemon(url, "--heartbeat", str(HEARTBEAT), "--http", "127.0.0.1:0", workers=0)
+    port = int(d.wait_for_line(r"HTTP endpoint http://\S+:(\d+)/").group(1))
+    start_worker(url, workers=1, heartbeat=HEARTBEAT,
+                 extra=("--config", config(tmp_path, "[budgets.pools]\ndefault = 3\n")))
+    d.wait_for_line("another process changed the budgets in force: pool 'default' none -> 3")
+    with d.client() as q:
+        (budget,) = q.stats()["budgets"]
+        with pytest.raises(QueueError, match="exceeds the whole budget of pool 'default'"):
+            q.enqueue("testjobs:noop", cost_units=4)
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    shown = subprocess.run([sys.executable, "-m", "queickd", "budgets", "--port", str(d.port)],
+                           capture_output=True, text=True, timeout=60, env=dict(os.environ)).stdout
+    assert (budget["kind"], budget["name"], budget["limit"]) == ("pool", "default", 3)
+    assert 'queickd_budget_limit_units{kind="pool",name="default"} 3' in metrics
+    assert "budget pool default: 0/3 units running" in shown
+
+
+def test_a_paused_functions_grouped_jobs_let_one_probe_through_after_the_cooldown(pg_fresh_database, start_daemon,
+                                                                                  start_worker, gate):
+    # Grouped jobs are claimed through the store's selection, on the daemon and the worker alike.
+    import socket
+
+    url = pg_fresh_database
+    breaker = ("--pause-after", "2", "--pause-cooldown", "1")
+    d = start_daemon(url, "--heartbeat", str(HEARTBEAT), *breaker, workers=2)
+    start_worker(url, workers=2, heartbeat=HEARTBEAT, extra=(*breaker, "--sweep", "0.5"))
+    grouped = {"concurrency_group": "api", "concurrency_limit": 5}
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        nobody = closed.getsockname()[1]  # a port nothing listens on once closed: those runs fail
+    with d.client() as q:
+        for i in range(2):
+            assert q.wait(q.enqueue("testjobs:gate", [nobody, f"x{i}"], **grouped), 20)["state"] == State.DEAD
+        held = [q.enqueue("testjobs:gate", [gate.port, f"g{i}"], **grouped) for i in range(3)]
+        assert gate.arrival(20) == "g0"  # the probe, once the cooldown is over
+        (pause,) = q.stats()["paused"]
+        states = [q.get(i)["state"] for i in held]
+        gate.release_all()  # the probe succeeds: the function resumes and the others run
+        for _ in range(2):
+            gate.arrival(20)
+        gate.release_all()
+        finished = [q.wait(i, 20)["state"] for i in held]
+    assert pause["probe_job"] == held[0]
+    assert states == [State.RUNNING, State.QUEUED, State.QUEUED]  # one probe, and only one
+    assert finished == [State.SUCCEEDED] * 3

@@ -34,6 +34,13 @@ def grouped(group, limit, **kw):
     return job(concurrency_group=group, concurrency_limit=limit, **kw)
 
 
+def in_force(store, limits):
+    """The budgets of `limits` in force: what a daemon started with them does (PostgreSQL
+    keeps them in the store; the others take each claim's)."""
+    store.adopt_budgets(limits)
+    return limits
+
+
 def test_a_group_runs_at_most_its_limit_at_once(store):
     store.submit([grouped("api", 2) for _ in range(5)], T0)
     assert len(store.claim_available(10, T0)) == 2
@@ -64,19 +71,19 @@ def test_an_orphan_recovered_frees_its_group_slot(store):
 
 def test_a_pool_budget_holds_the_running_cost(store):
     store.submit([job(cost_units=5), job(cost_units=5), job(cost_units=5)], T0)
-    limits = Limits(pools={"default": 12})
+    limits = in_force(store, Limits(pools={"default": 12}))
     assert len(store.claim_available(10, T0, limits=limits)) == 2
     assert store.claim_available(10, T0, limits=limits) == []
 
 
 def test_a_job_over_the_budget_is_passed_over_for_a_cheaper_one(store):
     subs = store.submit([job(cost_units=8), job(cost_units=8), job(cost_units=2)], T0)
-    got = [j.id for j in store.claim_available(10, T0, limits=Limits(pools={"default": 12}))]
+    got = [j.id for j in store.claim_available(10, T0, limits=in_force(store, Limits(pools={"default": 12})))]
     assert got == [subs[0].job_id, subs[2].job_id]
 
 
 def test_a_group_budget_counts_only_its_group(store):
-    limits = Limits(groups={"openai": 3})
+    limits = in_force(store, Limits(groups={"openai": 3}))
     subs = store.submit([grouped("openai", 10, cost_units=2), grouped("openai", 10, cost_units=2),
                          job(cost_units=50)], T0)
     got = [j.id for j in store.claim_available(10, T0, limits=limits)]
@@ -84,7 +91,7 @@ def test_a_group_budget_counts_only_its_group(store):
 
 
 def test_a_patient_job_reserves_its_budget_from_younger_ones(store):
-    limits = Limits(pools={"default": 12}, patience=30)
+    limits = in_force(store, Limits(pools={"default": 12}, patience=30))
     store.submit([job(cost_units=6)], T0)
     store.claim_available(1, T0, limits=limits)  # 6 of 12 run
     heavy, light = store.submit([job(cost_units=10), job(cost_units=1)], T0)
@@ -96,7 +103,7 @@ def test_a_patient_job_reserves_its_budget_from_younger_ones(store):
 
 
 def test_a_claim_with_budgets_reads_a_bounded_look_ahead(store):
-    limits = Limits(pools={"default": 5})
+    limits = in_force(store, Limits(pools={"default": 5}))
     store.submit([job(cost_units=9) for _ in range(LOOK_AHEAD + 64)] + [job()], T0)
     assert store.claim_available(1, T0, limits=limits) == []  # the cheap job is past the look-ahead
 

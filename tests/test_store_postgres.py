@@ -255,14 +255,22 @@ def test_a_count_made_later_than_now_is_made_again(pg_url, pg_store):
     assert isinstance(answer, Refusal) and answer.code == "queue_full"
 
 
-def test_hosts_claiming_at_once_let_one_probe_through(pg_url, pg_store):
+def _trip_bad(store):
+    """m:bad paused at T0 by 3 dead jobs, its probe due at T0 + 60."""
+    store.submit([job(func="m:bad") for _ in range(3)], T0)
+    ran = store.claim_available(3, T0)
+    store.finish_if_running([Outcome.dead(j.id, {"type": "E", "message": "no"}) for j in ran], T0,
+                            pause_after=3, pause_cooldown=60.0)
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["fast_path", "selection"])
+def test_hosts_claiming_at_once_let_one_probe_through(pg_url, pg_store, grouped):
+    # Ungrouped jobs are claimed by queickd_claim, grouped ones by the store's selection.
     from queickd.store.postgres import PostgresStore
 
-    pg_store.submit([job(func="m:bad") for _ in range(3)], T0)
-    ran = pg_store.claim_available(3, T0)
-    pg_store.finish_if_running([Outcome.dead(j.id, {"type": "E", "message": "no"}) for j in ran], T0,
-                               pause_after=3, pause_cooldown=60.0)
-    pg_store.submit([job(func="m:bad") for _ in range(20)], T0)
+    _trip_bad(pg_store)
+    kw = {"concurrency_group": "g", "concurrency_limit": 10} if grouped else {}
+    pg_store.submit([job(func="m:bad", **kw) for _ in range(20)], T0)
     start = threading.Barrier(4)
     got = []
 
@@ -281,6 +289,31 @@ def test_hosts_claiming_at_once_let_one_probe_through(pg_url, pg_store):
     for t in threads:
         t.join(60)
     assert len(got) == 1 and pg_store.pauses()[0].probe_job == got[0].id
+
+
+@pytest.mark.parametrize("first", ["default", "b"], ids=["fast_path_first", "selection_first"])
+def test_a_probe_taken_by_a_claim_not_yet_committed_is_not_taken_again_by_the_other_path(pg_url, pg_store, first):
+    # Pool b has a budget: its claims are the selection, pool default's the fast path. The
+    # paused function has jobs in both; one claim takes the probe and has not committed.
+    from queickd.core.policy.claim import Limits
+    from queickd.store.postgres import PostgresStore
+
+    _trip_bad(pg_store)
+    pg_store.adopt_budgets(Limits(pools={"b": 100}))
+    pg_store.submit([job(func="m:bad", pool=p) for p in ("default", "b") * 3], T0)
+    other, second = PostgresStore(pg_url, migrate=False), "b" if first == "default" else "default"
+    got = []
+    try:
+        with pg_store.batch():
+            (probe,) = pg_store.claim_available(5, T0 + 60, pools=[first])
+            t = threading.Thread(target=lambda: got.extend(other.claim_available(5, T0 + 60, pools=[second])))
+            t.start()
+            t.join(10)  # the other claim must not wait for this one to decide
+            assert not t.is_alive()
+        t.join(10)
+    finally:
+        other.close()
+    assert got == [] and pg_store.pauses()[0].probe_job == probe.id
 
 
 def test_the_ids_a_submit_returns_follow_the_order_of_its_jobs(pg_store):

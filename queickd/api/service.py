@@ -98,7 +98,9 @@ class QueueService(WorkflowOps):
         self.clock = clock
         self.network = network
         self.metrics = metrics
-        self.resources = resources  # per-function job defaults and budgets, applied to every job
+        # Per-function job defaults and the budgets in force, applied to every job; replaced
+        # whole (never changed in place) when another process writes the budgets.
+        self.resources = resources
         self.waiters = Waiters()
         self.workflows = workflows or {}  # [workflows.NAME] of the config file: started by name
         self.run_waiters = Waiters()  # by run id; woken by every finish of a step job
@@ -358,8 +360,10 @@ class QueueService(WorkflowOps):
         return reply
 
     def budgets(self) -> list[dict[str, Any]]:
-        """Each configured budget: its limit, the cost running against it, the cost waiting."""
-        limits = self.resources.limits
+        """Each budget in force: its limit, the cost running against it, the cost waiting.
+        Read from the store where it keeps them (PostgreSQL: whichever process wrote them),
+        not from the copy enqueue checks use, which follows them a notification later."""
+        limits = self.store.budgets_in_force(self.resources.limits)
         if not limits.any:
             return []
         usage = self.store.budget_usage(sorted(limits.pools), sorted(limits.groups))

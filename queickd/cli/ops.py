@@ -27,7 +27,7 @@ def budgets(a: argparse.Namespace, q: JobQueue) -> int:
     if a.json:
         print(json.dumps(out))
     elif not out:
-        print("no budgets configured ([budgets.pools] and [budgets.groups] in the config file)")
+        print("no budgets in force ([budgets.pools] and [budgets.groups] in the config file)")
     else:
         print_budgets(out)
     return 0

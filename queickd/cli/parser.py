@@ -275,8 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Show the daemon's counts by state, workers and scheduler.")
     _talks(stats, ops.stats)
     budgets = sub.add_parser("budgets", help="cost budgets: limit, running, waiting",
-                             description="Each cost budget ([budgets.pools], [budgets.groups]): its limit, "
-                             "the cost units running against it and those waiting for it.")
+                             description="Each cost budget in force ([budgets.pools], [budgets.groups]; on "
+                             "PostgreSQL the database's, whoever set them): its limit, the cost units running "
+                             "against it and those waiting for it.")
     _talks(budgets, ops.budgets)
     crons = sub.add_parser("crons", help="list recurring jobs", description="List recurring jobs.")
     _talks(crons, ops.crons)
@@ -355,8 +356,9 @@ def _fleet_parsers(sub: Any) -> None:
     opt(wk, "--pause-cooldown", "wait before a pause lets one probe job through (doubles on each trip, "
          "up to 1h)", w.pause_cooldown, type=duration)
     _memory_flags(wk, w.memory_reserve)
-    opt(wk, "--config", "the daemons' TOML file: its [budgets.pools], [budgets.groups] and "
-         "budget-patience apply to this worker's claims too (its other settings are the daemon's)", None)
+    opt(wk, "--config", "the daemons' TOML file: its [budgets.pools] and [budgets.groups], if any, "
+         "become the budgets in force on the database for every claimer (replacing others, logged); "
+         "its budget-patience applies to this worker's claims (its other settings are the daemon's)", None)
     _sandbox_flags(wk)
     opt(wk, "--log-level", "log level", "info", choices=log.LEVELS)
     wk.set_defaults(handler=run_cmd.run_worker)

@@ -65,7 +65,7 @@ def run_worker(a: argparse.Namespace) -> int:
     try:
         log.setup(a.log_level)
         config = given(WorkerConfig, a)
-        if a.config:  # the daemons' file: its [budgets] and budget-patience apply to this worker's claims
+        if a.config:  # the daemons' file: its [budgets] (made the database's) and budget-patience
             values = config_file.load(a.config, {f.name for f in dataclasses.fields(Config)})
             config.budgets = values.get("budgets", {})
             config.budget_patience = duration(str(values.get("budget_patience", config.budget_patience)))

@@ -4,9 +4,10 @@ A process that runs jobs from a shared store (a daemon, or an external `queick w
 registers in the store's worker registry, then keeps two threads of its own, apart from
 the threads that run jobs, so a long or CPU-bound job never silences them:
 - the listener holds a connection that LISTENs; a notification wakes the worker pool (or,
-  for finished jobs, the clients waiting on them). The connection is watched: when it
-  drops, the listener reconnects and at once wakes the pool for a sweep, so a lost NOTIFY
-  costs at most one sweep interval, never a stuck job.
+  for finished jobs, the clients waiting on them; for budgets written by another process,
+  their reader). The connection is watched: when it drops, the listener reconnects and at
+  once wakes the pool for a sweep (and reads the budgets again), so a lost NOTIFY costs at
+  most one sweep interval, never a stuck job.
 - the heartbeat beats every `heartbeat` seconds, re-queues the running jobs of workers
   that missed three beats (safe to run in every process at once), wakes the pool once per
   `sweep` as a safety net, and notices a database migrated to another version.
@@ -172,6 +173,7 @@ class FleetMember:
                  on_finished_ids: Callable[[list[int]], None] = lambda ids: None,
                  on_scheduled: Callable[[float], None] = lambda run_at: None,
                  on_version_change: Callable[[str], None] = lambda reason: None,
+                 on_budgets: Callable[[], None] = lambda: None,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.pool = pool
@@ -179,7 +181,8 @@ class FleetMember:
         self.heartbeat_interval = heartbeat
         self._on_finished_ids = on_finished_ids
         self._on_scheduled = on_scheduled
-        self.listener = Listener(store, self._notified, pool.wake)
+        self._on_budgets = on_budgets  # the budgets in force may have changed: read them again
+        self.listener = Listener(store, self._notified, self._reconnected)
         self.heartbeat = Heartbeat(store, interval=heartbeat, sweep=sweep,
                                    max_orphan_requeues=max_orphan_requeues, wake=pool.wake,
                                    reregister=self._register, on_version_change=on_version_change,
@@ -209,6 +212,17 @@ class FleetMember:
             log.warning("deregistered with %d job(s) still running; they are orphans now and will be "
                         "re-queued by the next sweep of any worker", held)
 
+    def _reconnected(self) -> None:
+        """Listening (again): what a lost notification announced is looked at now."""
+        self.pool.wake()
+        self._refresh_budgets()
+
+    def _refresh_budgets(self) -> None:
+        try:
+            self._on_budgets()
+        except Exception as e:  # the listener lives on; the next notification or reconnection reads them
+            log.warning("could not read the budgets in force (%s); the claims read them anyway", e)
+
     def _notified(self, payload: str) -> None:
         kind, _, rest = payload.partition(":")
         if kind == "q":
@@ -226,6 +240,9 @@ class FleetMember:
                 self._on_scheduled(float(rest))
             except ValueError:
                 log.warning("listener: unreadable notification %r", payload[:80])
+        elif kind == "b":  # another process wrote the budgets in force
+            self._refresh_budgets()
+            self.pool.wake()
         else:
             self.pool.wake()
 

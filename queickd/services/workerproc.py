@@ -3,8 +3,11 @@
 It opens no port: it needs only to reach the database (and to import the job modules).
 Start-up refuses, with exit status EX_VERSION, when the database was migrated by another
 queickd version (a worker never migrates); the refusal is recorded in the worker registry
-so `queick stats` shows it. SIGTERM stops claiming, lets running jobs finish (bounded by
---stop-timeout), then deregisters.
+so `queick stats` shows it. A database with no queickd schema at all is a configuration
+error (EX_CONFIG): one line says so, and how to set it up. The budgets it claims under are
+the database's (services/budgets.py): with --config naming [budgets], its own replace
+them. SIGTERM stops claiming, lets running jobs finish (bounded by --stop-timeout), then
+deregisters.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from ..core import sandbox
 from ..core.policy.resources import parse as parse_resources
 from ..run.loader import FunctionLoader
 from ..run.routing import make_runner
+from ..store.base import FleetStore
+from .budgets import BudgetsInForce
 from .fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
 from .memory_gate import DEFAULT_RESERVE_MB, MemoryGate
 from .pool_size import DEFAULT_IDLE_GRACE, adaptive_size
@@ -76,19 +81,22 @@ class WorkerConfig:
 
 def run(config: WorkerConfig) -> int:
     """Run until SIGTERM/SIGINT (0) or a version change of the database (EX_VERSION)."""
-    from ..store.pgschema import VersionMismatchError
     from ..store.postgres import PostgresStore
 
     config.validate()
     store = PostgresStore(config.store, migrate=False)
     try:
+        refused = _refusal(store, config)
+        if refused is not None:
+            return refused
+        # The database's budgets, which this worker's own (--config) replace if it has any.
+        # (on_change runs on the listener thread, once the pool below exists.)
+        budgets = BudgetsInForce(store, parse_resources({}, config.budgets, config.budget_patience).limits,
+                                 on_change=lambda new: setattr(pool, "limits", new))
         try:
-            store.check_version()
-        except VersionMismatchError as e:
-            log.error("refusing to claim jobs: %s. Run 'queick db migrate' with the new version, or "
-                      "install queickd %s here; exiting with status %d", e, store.versions()[0], EX_VERSION)
-            store.register_worker("worker", config.pool, config.workers, config.heartbeat, refused=str(e))
-            return EX_VERSION
+            limits = budgets.adopt()
+        except store.UNAVAILABLE as e:
+            raise OSError(f"cannot read the budgets in force in {store.url}: {e}") from e
         stop = threading.Event()
         status = {"code": 0}
 
@@ -105,9 +113,10 @@ def run(config: WorkerConfig) -> int:
                           pause_cooldown=config.pause_cooldown, pools=list(config.pool), runner=runner,
                           memory=gate, size=adaptive_size(config.workers, config.min_workers,
                                                           config.max_workers, config.idle_grace),
-                          limits=parse_resources({}, config.budgets, config.budget_patience).limits)
+                          limits=limits)
         member = FleetMember(store, pool, kind="worker", heartbeat=config.heartbeat, sweep=config.sweep,
-                             max_orphan_requeues=config.max_orphan_requeues, on_version_change=version_changed)
+                             max_orphan_requeues=config.max_orphan_requeues, on_version_change=version_changed,
+                             on_budgets=budgets.refresh)
         member.start()
         runner.start()
         pool.start()
@@ -124,6 +133,32 @@ def run(config: WorkerConfig) -> int:
         return status["code"]
     finally:
         store.close()
+
+
+def _refusal(store: FleetStore, config: WorkerConfig) -> int | None:
+    """None if this worker may claim from the store; else EX_VERSION, with one line in the
+    log saying what is wrong and what to do (a worker never migrates). ValueError (a
+    configuration error) for a database no queickd has set up."""
+    from ..store.pgschema import SCHEMA_VERSION, VersionMismatchError, parse_version
+
+    version, schema = store.versions()
+    if version is None:  # the wrong URL, or nobody migrated it yet: restarting cannot help
+        raise ValueError(f"{store.url} has no queickd schema: run 'queick db migrate --store {store.url}' "
+                         "(or start a queickd daemon on it) first, or check --store")
+    try:
+        store.check_version()
+        return None
+    except VersionMismatchError as e:
+        reason = str(e)
+    newer = schema > SCHEMA_VERSION or parse_version(version) > parse_version(__version__)
+    fix = (f"install queickd {version} on this host" if newer else
+           f"run 'queick db migrate' with queickd {__version__}, or install queickd {version} here")
+    log.error("refusing to claim jobs: %s: %s; exiting with status %d", reason, fix, EX_VERSION)
+    try:  # so `queick stats` shows the refusal; a schema of another version may not take the record
+        store.register_worker("worker", config.pool, config.workers, config.heartbeat, refused=reason)
+    except Exception as e:
+        log.debug("could not record the refusal in the worker registry: %s", e)
+    return EX_VERSION
 
 
 def _wait_for_signal(stop: threading.Event, on_hup: Callable[[], object] = lambda: None) -> None:

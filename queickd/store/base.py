@@ -25,6 +25,7 @@ from ..core.job import Job, NewJob, Outcome, State, Submitted
 from ..core.policy import claim
 from ..core.policy.admission import NO_LIMITS, Admission, Refusal
 from ..core.policy.memory import Footprint
+from ..core.policy.resources import BudgetChange
 from ..core.workflow import Definition, RunRecord
 
 
@@ -235,9 +236,11 @@ class Store(Protocol):
         """Atomically move up to `limit` `queued` jobs to `running`, in queue order.
 
         Resource control (core/policy/claim.py): a grouped job whose group runs its
-        concurrency_limit already, and a job over a budget of `limits`, are passed over and
-        hold nothing (a patient one reserves its budgets); exact across hosts on PostgreSQL.
-        At most claim.LOOK_AHEAD candidates past the jobs taken are read.
+        concurrency_limit already, and a job over a budget in force, are passed over and
+        hold nothing (a patient one, by `limits.patience`, reserves its budgets); exact
+        across hosts on PostgreSQL. The budgets in force are `limits`' own, except in a
+        store that keeps them (PostgreSQL: see adopt_budgets), which reads its own in the
+        claim's transaction. At most claim.LOOK_AHEAD candidates past the jobs taken are read.
 
         Passed over (they keep waiting): a job whose key already has a running job (and
         every job of a key after the first one taken in this claim), a job whose key or
@@ -351,6 +354,18 @@ class Store(Protocol):
     def budget_usage(self, pools: list[str], groups: list[str]) -> dict[tuple[str, str], tuple[float, int, float, int]]:
         """("pool" | "group", name) -> (running cost, running jobs, waiting cost, waiting
         jobs), for the named pools and groups that have any. For stats: may scan."""
+        ...
+
+    def adopt_budgets(self, limits: claim.Limits) -> list[BudgetChange]:
+        """A process started with budgets makes them the ones in force: a store shared by
+        several claimers (PostgreSQL) replaces the budgets it holds with exactly those of
+        `limits` and tells the others; returns what changed ([]: it held them already). A
+        store of one daemon keeps none (its config is the truth): [], nothing written."""
+        ...
+
+    def budgets_in_force(self, limits: claim.Limits) -> claim.Limits:
+        """`limits` with the budgets every claim applies in place of its own (its patience
+        kept): the store's on PostgreSQL, `limits` itself elsewhere. One small read."""
         ...
 
     # --- pauses -----------------------------------------------------------------------
@@ -569,3 +584,9 @@ class StoreBase:
 
     def prune_finished(self, finished_before: float, limit: int) -> int:
         return self.purge((State.SUCCEEDED, State.CANCELLED), finished_before, limit)  # type: ignore[attr-defined]
+
+    def adopt_budgets(self, limits: claim.Limits) -> list[BudgetChange]:
+        return []  # one daemon's store: its config is the truth, nothing to keep
+
+    def budgets_in_force(self, limits: claim.Limits) -> claim.Limits:
+        return limits

@@ -1,9 +1,11 @@
 """The PostgreSQL store's claim: the fast path (queickd_claim, one round trip) and the
 selection by core/policy/claim.py for grouped or budgeted jobs, with group slots under a
-unique index (a lost race is undone and tried again). A mixin of PostgresStore."""
+unique index (a lost race is undone and tried again); and the budgets in force, which
+live in the table `budgets` for every claimer alike. A mixin of PostgresStore."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,16 +17,34 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
 
 from ..core.job import Job
 from ..core.policy import claim
+from ..core.policy.resources import BudgetChange, budget_changes
 from . import rows as dbrows
+from .pgregistry import notify
 
 _CLAIM_RETRIES = 8
 _CLAIM_LOCK = 0x71756963_6B640003  # advisory lock id held by each claim with groups or budgets
+# Held shared by every claim (from its first call to its commit), exclusively by a write of
+# the budgets: a budget comes into force after the claims that did not see it (pgschema.py, 7).
+_BUDGET_LOCK = 0x71756963_6B640004
+_PAUSE_KINDS = frozenset({"key", "func", "pool"})  # the view's rows of pauses (pgschema.py, 7)
 # The claim itself is the function queickd_claim (pgschema.py): an UPDATE ... WHERE id IN
 # (SELECT ... ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING, one
 # round trip. Its conditions are core/policy/claim.py's rules written in SQL (choosing in
 # Python would cost a round trip more and hold row locks on every row read); the store
 # contract test test_claim_starts_what_the_selection_policy_picks holds the two together.
+# It takes no grouped job, and the view (the claim's first call) sends the claims that may
+# take a budgeted pool's jobs to the selection, so the fast path never meets a budget.
 _CLAIM = f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(now)s, %(worker)s, %(pools)s, %(net)s, %(limit)s)"
+_VIEW = "SELECT * FROM queickd_claim_view(%s, %s, %s, %s, %s)"
+# The selection's jobs marked running and, for those it let through as probes (and only if
+# they are claimed here), their pauses stamped: one statement.
+_START = (
+    "WITH started AS (UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = %s, worker_id = %s,"
+    " slot = u.s FROM unnest(%s::bigint[], %s::int[]) AS u(i, s) WHERE jobs.id = u.i AND jobs.state = 'queued'"
+    f" RETURNING {', '.join('jobs.' + n for n in dbrows.JOB_COLS.split(', '))}),"
+    " stamped AS (UPDATE pauses p SET probe_job = t.j FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS t(k, n, j)"
+    " WHERE p.kind = t.k AND p.name = t.n AND t.j IN (SELECT id FROM started))"
+    f" SELECT {dbrows.JOB_COLS} FROM started")
 
 
 class PgClaims:
@@ -40,14 +60,11 @@ class PgClaims:
             # No savepoint here (two more round trips on every pass of the pool): a lost key
             # or slot race, which the claim's own conditions and its lock all but rule out,
             # fails the batch, and the pool applies its outcomes alone and claims again.
-            c = self._conn()
-            rows = (self._claim_selected(c, params, limits) if limits.any or self._grouped_waiting(c)
-                    else c.execute(_CLAIM, params).fetchall())
+            rows = self._claim_in(self._conn(), params, limits)
         for attempt in range(_CLAIM_RETRIES if not getattr(self._local, "in_batch", False) else 0):
             try:
                 with self._write() as c:
-                    rows = (self._claim_selected(c, params, limits) if limits.any or self._grouped_waiting(c)
-                            else c.execute(_CLAIM, params).fetchall())
+                    rows = self._claim_in(c, params, limits)
                 break
             except pgerrors.UniqueViolation:
                 # Another worker claimed a job of the same key, or the same slot of a group,
@@ -58,29 +75,38 @@ class PgClaims:
         jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
         return jobs
 
-    @staticmethod
-    def _grouped_waiting(c: psycopg.Connection) -> bool:
-        """Is any grouped job queued? (jobs_queued_grouped: one index probe.)"""
-        return c.execute("SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'queued'"
-                         " AND concurrency_group IS NOT NULL)").fetchone()[0]
+    def _claim_in(self, c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits) -> list[tuple]:
+        """One claim in the caller's transaction. Its first call (queickd_claim_view) takes
+        the budget lock shared and answers which path: no rows, the fast path (no grouped
+        job waits, no pool served has a budget); else the selection, with what it reads
+        first. So the fast path costs the two round trips it did before budgets lived here."""
+        page = max(16, params["limit"] * 2)
+        view = c.execute(_VIEW, (_CLAIM_LOCK, _BUDGET_LOCK, params["pools"], page, params["now"])).fetchall()
+        if not view:
+            return c.execute(_CLAIM, params).fetchall()
+        return self._claim_selected(c, params, limits, view, page)
 
-    def _claim_selected(self, c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits) -> list[tuple]:
+    def _claim_selected(self, c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits,
+                        view: list[tuple], page: int) -> list[tuple]:
         """The claim with groups or budgets: core/policy/claim.py's selection over the queued
         jobs read page by page in queue order (bounded look-ahead), in the caller's
         transaction, under one transaction lock taken before what runs is read (so what
         runs against a budget is read after every earlier such claim has committed). Group
-        limits: the slot each job takes, under jobs_group_slot (a race is a unique violation)."""
-        # What runs, the pauses and the first page of candidates, read after the lock these
-        # claims share (queickd_claim_view): budgets are exact and slot races all but gone
-        # (the unique index still guarantees the limits). One round trip, plans cached.
-        page = max(16, params["limit"] * 2)
-        view = c.execute("SELECT * FROM queickd_claim_view(%s, %s, %s)", (_CLAIM_LOCK, params["pools"], page)).fetchall()
+        limits: the slot each job takes, under jobs_group_slot (a race is a unique violation).
+        The budgets are the table's, read in the view (only `limits.patience` is the caller's)."""
+        # The view, read after the lock these claims share: what runs, the pauses (with
+        # whether this claim holds a due probe's lock), the budgets in force and the first
+        # page of candidates. One round trip, plans cached.
         running = [(r[2], r[7], r[10], r[8], r[4], r[9]) for r in view if r[0] == "running"]  # RUNNING_COLS
-        pauses = [(r[0], r[2]) for r in view if r[0] in ("key", "func")]
+        pauses = [(r[0], r[2]) for r in view if r[0] in _PAUSE_KINDS]
+        probes = [(r[0], r[2]) for r in view if r[0] in _PAUSE_KINDS and r[11]]
+        budgets = [(r[4], r[2], r[9]) for r in view if r[0] == "budget"]  # (kind, name, units)
+        limits = dataclasses.replace(limits, pools={n: u for k, n, u in budgets if k == "pool"},
+                                     groups={n: u for k, n, u in budgets if k == "group"})
         first = [r[1:10] for r in view if r[0] == "queued"]
         served = None if params["pools"] is None else frozenset(params["pools"])
         pick = claim.Selection(claim.Request(params["limit"], params["net"], served, limits, params["now"]),
-                               claim.Running.of_jobs(running, pauses))
+                               claim.Running.of_jobs(running, pauses, probes))
         # The first page came unfiltered, with what runs; the next ones leave out the jobs of
         # groups full before this claim (they hold nothing), from the first such row not read.
         full = pick.full_groups()
@@ -97,10 +123,37 @@ class PgClaims:
         if not pick.chosen:
             return []
         # A row another claim took meanwhile is no longer queued: it is left out here.
-        return c.execute(
-            "UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = %s, worker_id = %s,"
-            " slot = u.s FROM unnest(%s::bigint[], %s::int[]) AS u(i, s) WHERE jobs.id = u.i"
-            f" AND jobs.state = 'queued' RETURNING {', '.join('jobs.' + n for n in dbrows.JOB_COLS.split(', '))}",
-            (params["now"], params["worker"], pick.chosen, [pick.slot(i) for i in pick.chosen])).fetchall()
+        stamps = pick.probes
+        return c.execute(_START, (params["now"], params["worker"], pick.chosen, [pick.slot(i) for i in pick.chosen],
+                                  [t[0] for t, _ in stamps], [t[1] for t, _ in stamps],
+                                  [j for _, j in stamps])).fetchall()
+
+    # --- the budgets in force ---------------------------------------------------------
+    def adopt_budgets(self, limits: claim.Limits) -> list[BudgetChange]:
+        """The table made to hold exactly `limits`' budgets, under the budget lock (after
+        the claims in flight, before the next), and the others told (NOTIFY 'b')."""
+        with self._write() as c:
+            c.execute("SELECT pg_advisory_xact_lock(%s)", (_BUDGET_LOCK,))
+            changes = budget_changes(self._budgets_in(c, limits), limits)
+            if changes:
+                c.execute("DELETE FROM budgets")
+                rows = [("pool", n, u) for n, u in limits.pools.items()] + [
+                    ("group", n, u) for n, u in limits.groups.items()]
+                if rows:
+                    c.execute("INSERT INTO budgets SELECT * FROM unnest(%s::text[], %s::text[], %s::float8[])",
+                              [list(col) for col in zip(*rows, strict=True)])
+                notify(c, "b")
+        return changes
+
+    def budgets_in_force(self, limits: claim.Limits) -> claim.Limits:
+        return self._budgets_in(self._conn(), limits)
+
+    @staticmethod
+    def _budgets_in(c: psycopg.Connection, limits: claim.Limits) -> claim.Limits:
+        pools: dict[str, float] = {}
+        groups: dict[str, float] = {}
+        for kind, name, units in c.execute("SELECT kind, name, units FROM budgets"):
+            (pools if kind == "pool" else groups)[name] = units
+        return dataclasses.replace(limits, pools=pools, groups=groups)
 
     # --- network --------------------------------------------------------------------------

@@ -412,6 +412,66 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE jobs ADD COLUMN IF NOT EXISTS output text;
     """,
+    # 8: the budgets in force, one set for every claimer whatever its own config: written at
+    # start by a daemon or worker started with [budgets] (pgclaim.py adopt_budgets, under
+    # the budget lock taken exclusively), read by every claim. The claim's first call is the
+    # view below, which takes that lock shared and says whether this claim is the selection
+    # (a grouped job waits, or a pool it serves has a budget: it then returns the view, at
+    # least the row 'selection') or queickd_claim, which takes neither kind of job (no rows).
+    # Holding the lock shared to the end of the claim's transaction means a budget comes
+    # into force only once the claims that read none have committed: the claims after it
+    # see their jobs running. The view also returns the budgets and, for each pause, whether
+    # this claim may take its probe: the due pauses are locked as queickd_claim locks them
+    # (SKIP LOCKED: another claim is taking that probe), so one probe starts per pause
+    # whichever path takes it, and the selection stamps the pause with it.
+    """
+    CREATE TABLE IF NOT EXISTS budgets (
+        kind text NOT NULL CHECK (kind IN ('pool', 'group')),
+        name text NOT NULL,
+        units double precision NOT NULL CHECK (units > 0),  -- its limit, in cost units
+        PRIMARY KEY (kind, name)
+    );
+    DROP FUNCTION IF EXISTS queickd_claim_view(bigint, text[], integer);
+    CREATE OR REPLACE FUNCTION queickd_claim_view(p_lock bigint, p_budget_lock bigint, p_pools text[],
+                                                  p_page integer, p_now double precision)
+    RETURNS TABLE (kind text, id bigint, key text, func text, pool text, retry_on_network boolean,
+                   run_at double precision, concurrency_group text, concurrency_limit integer,
+                   cost_units double precision, slot integer, probe boolean)
+    LANGUAGE plpgsql VOLATILE SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off AS $$
+    DECLARE
+        selection boolean;
+        locked text[];
+    BEGIN
+    PERFORM pg_advisory_xact_lock_shared(p_budget_lock);
+    SELECT EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL)
+        OR EXISTS (SELECT 1 FROM budgets b WHERE b.kind = 'pool' AND (p_pools IS NULL OR b.name = ANY(p_pools)))
+        INTO selection;
+    IF NOT selection THEN
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock(p_lock);
+    RETURN QUERY SELECT 'selection'::text, NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::boolean,
+                        NULL::double precision, NULL::text, NULL::integer, NULL::double precision,
+                        NULL::integer, NULL::boolean;
+    SELECT array_agg(x.kind || ':' || x.name) INTO locked FROM (
+        SELECT p.kind, p.name FROM pauses p WHERE p.probe_at <= p_now ORDER BY p.kind, p.name
+        FOR UPDATE SKIP LOCKED) x;
+    RETURN QUERY SELECT 'running'::text, r.id, r.key, r.func, r.pool, r.retry_on_network, r.run_at,
+                        r.concurrency_group, r.concurrency_limit, r.cost_units, r.slot, NULL::boolean
+    FROM jobs r WHERE r.state = 'running';
+    RETURN QUERY SELECT p.kind, NULL::bigint, p.name, NULL::text, NULL::text, NULL::boolean,
+                        NULL::double precision, NULL::text, NULL::integer, NULL::double precision, NULL::integer,
+                        coalesce(p.kind || ':' || p.name = ANY(locked), false)
+                        AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.id = p.probe_job AND r.state = 'running')
+    FROM pauses p;
+    RETURN QUERY SELECT 'budget'::text, NULL::bigint, b.name, NULL::text, b.kind, NULL::boolean,
+                        NULL::double precision, NULL::text, NULL::integer, b.units, NULL::integer, NULL::boolean
+    FROM budgets b;
+    RETURN QUERY SELECT 'queued'::text, c.*, NULL::integer, NULL::boolean
+    FROM queickd_candidates(p_pools, '{}', p_page, 0) c;
+    END
+    $$;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -95,8 +95,9 @@ def cost(c: Candidate) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The budgets of the config file (`[budgets.pools]`, `[budgets.groups]`: name -> cost
-    units) and how long a job over a budget waits before it reserves it."""
+    """The budgets in force (`[budgets.pools]`, `[budgets.groups]`: name -> cost units; the
+    config file's, or on PostgreSQL the store's, the same for every claimer) and how long a
+    job over a budget waits before it reserves it (each process's own)."""
 
     pools: dict[str, float] = dataclasses.field(default_factory=dict)
     groups: dict[str, float] = dataclasses.field(default_factory=dict)

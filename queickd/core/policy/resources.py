@@ -5,7 +5,9 @@ that a job can ever start under them.
   job template keeps, e.g. concurrency_group, concurrency_limit, cost_units); a job's own
   value wins. Each value goes through the protocol's check for its field. Its isolation,
   limits and credentials (sandbox.FUNCTION_KEYS) are the sandbox's, applied when it runs.
-- `[budgets.pools]` / `[budgets.groups]`: name -> cost units (claim.Limits).
+- `[budgets.pools]` / `[budgets.groups]`: name -> cost units (claim.Limits). On SQLite (and
+  in memory) the daemon's config is the truth; on PostgreSQL the store holds the budgets in
+  force for every claimer, and `budget_changes` says what a config with budgets changes there.
 - `admit(job)`: a job whose cost exceeds its pool's or its group's whole budget, or whose
   concurrency_limit disagrees with its function's configured one, could never start or
   would break its group's limit: refused (bad_request, naming the budget).
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import fields, protocol, sandbox
 from ..job import NewJob
@@ -60,6 +62,38 @@ class Resources:
             if budget is not None and units > budget:
                 raise protocol.bad(f"cost_units {units:g} exceeds the whole budget of {kind[:-1]} {name!r}"
                                    f" ({budget:g}, budgets.{kind}): it could never start")
+
+
+class BudgetChange(NamedTuple):
+    """One budget that replacing a set of budgets by another changes."""
+
+    kind: str  # "pool" | "group"
+    name: str
+    old: float | None  # None: it had no budget
+    new: float | None  # None: it has none any more
+
+    def __str__(self) -> str:
+        def units(v: float | None) -> str:
+            return "none" if v is None else f"{v:g}"
+        return f"{self.kind} {self.name!r} {units(self.old)} -> {units(self.new)}"
+
+
+def budget_changes(old: Limits, new: Limits) -> list[BudgetChange]:
+    """What replacing the budgets of `old` by those of `new` changes, by kind then name
+    (patience is each process's own: not compared)."""
+    out = []
+    for kind, before, after in (("pool", old.pools, new.pools), ("group", old.groups, new.groups)):
+        for name in sorted(before.keys() | after.keys()):
+            if before.get(name) != after.get(name):
+                out.append(BudgetChange(kind, name, before.get(name), after.get(name)))
+    return out
+
+
+def describe_budgets(limits: Limits) -> str:
+    """The budgets in one line, for logs: "pool 'default' 3, group 'api' 2" (or "none")."""
+    parts = [f"{kind} {name!r} {units:g}" for kind, table in (("pool", limits.pools), ("group", limits.groups))
+             for name, units in sorted(table.items())]
+    return ", ".join(parts) or "none"
 
 
 def budget_view(limits: Limits, usage: dict[tuple[str, str], tuple[float, int, float, int]]
