@@ -24,9 +24,9 @@ from .pgregistry import notify
 _CLAIM_RETRIES = 8
 _CLAIM_LOCK = 0x71756963_6B640003  # advisory lock id held by each claim with groups or budgets
 # Held shared by every claim (from its first call to its commit), exclusively by a write of
-# the budgets: a budget comes into force after the claims that did not see it (pgschema.py, 7).
+# the budgets: a budget comes into force after the claims that did not see it (pgschema.py, 8).
 _BUDGET_LOCK = 0x71756963_6B640004
-_PAUSE_KINDS = frozenset({"key", "func", "pool"})  # the view's rows of pauses (pgschema.py, 7)
+_PAUSE_KINDS = frozenset({"key", "func", "pool"})  # the view's rows of pauses (pgschema.py, 8)
 # The claim itself is the function queickd_claim (pgschema.py): an UPDATE ... WHERE id IN
 # (SELECT ... ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING, one
 # round trip. Its conditions are core/policy/claim.py's rules written in SQL (choosing in
