@@ -3,8 +3,10 @@
 It opens no port: it needs only to reach the database (and to import the job modules).
 Start-up refuses, with exit status EX_VERSION, when the database was migrated by another
 queickd version (a worker never migrates); the refusal is recorded in the worker registry
-so `queick stats` shows it. A database with no queickd schema at all is a configuration
-error (EX_CONFIG): one line says so, and how to set it up. The budgets it claims under are
+so `queick stats` shows it. A database with no queickd schema yet is, like one that
+cannot be reached, a state another host's start ends (a daemon or `queick db migrate`
+creates the schema): one line says so and how to set it up, and the exit status (1) lets
+systemd try again. The budgets it claims under are
 the database's (services/budgets.py): with --config naming [budgets], its own replace
 them. SIGTERM stops claiming, lets running jobs finish (bounded by --stop-timeout), then
 deregisters.
@@ -135,15 +137,21 @@ def run(config: WorkerConfig) -> int:
         store.close()
 
 
+class SchemaMissingError(OSError):
+    """The database has no queickd schema yet. An OSError, as an unreachable database is:
+    a worker host may boot before the host that sets the database up, and systemd's
+    restart (exit status 1) then gets it going once the schema is there."""
+
+
 def _refusal(store: FleetStore, config: WorkerConfig) -> int | None:
     """None if this worker may claim from the store; else EX_VERSION, with one line in the
-    log saying what is wrong and what to do (a worker never migrates). ValueError (a
-    configuration error) for a database no queickd has set up."""
+    log saying what is wrong and what to do (a worker never migrates). SchemaMissingError
+    for a database no queickd has set up yet."""
     from ..store.pgschema import SCHEMA_VERSION, VersionMismatchError, parse_version
 
     version, schema = store.versions()
-    if version is None:  # the wrong URL, or nobody migrated it yet: restarting cannot help
-        raise ValueError(f"{store.url} has no queickd schema: run 'queick db migrate --store {store.url}' "
+    if version is None:  # nobody migrated it yet (or the wrong URL: the line says to check)
+        raise SchemaMissingError(f"{store.url} has no queickd schema: run 'queick db migrate --store {store.url}' "
                          "(or start a queickd daemon on it) first, or check --store")
     try:
         store.check_version()
