@@ -48,7 +48,8 @@ from .services.retention import Retention
 from .services.scheduler import Scheduler
 from .services.worker import DEFAULT_SWEEP, DEFAULT_WORKERS, WorkerPool
 from .store import DEFAULT_URL, Store, open_store
-from .store.base import EventState, FleetStore, Minute
+from .store.base import FleetStore
+from .store.records import EventState, Minute
 from .ui.metrics import Metrics
 
 log = logging.getLogger("queickd.daemon")

@@ -15,7 +15,7 @@ from queickd.core.policy import claim
 from queickd.core.policy.admission import Admission, Refusal
 from queickd.core.retry import make_spec
 from queickd.store import CronRecord
-from queickd.store.base import EventState, NewEvent, RefusedError
+from queickd.store.records import EventState, NewEvent, RefusedError
 
 T0 = 1_700_000_000.0
 
@@ -235,7 +235,7 @@ class StoreContract(WorkflowContract, OutputContract):
 
     # --- per-minute counters ----------------------------------------------------------------
     def test_add_minute_adds_counts_per_minute_and_member(self, store):
-        from queickd.store.base import Minute
+        from queickd.store.records import Minute
 
         store.add_minute(Minute(100, "a:1", 2, 1, 0.5))
         store.add_minute(Minute(100, "a:1", 1, 0, 0.25, depth=7))
@@ -246,14 +246,14 @@ class StoreContract(WorkflowContract, OutputContract):
         assert store.minutes(101) == [Minute(101, "a:1", 0, 0, 0.0, 4)]
 
     def test_a_minute_without_a_depth_keeps_the_depth_sampled(self, store):
-        from queickd.store.base import Minute
+        from queickd.store.records import Minute
 
         store.add_minute(Minute(100, "a:1", 0, 0, 0.0, depth=7))
         store.add_minute(Minute(100, "a:1", 1, 0, 0.5))
         assert store.minutes(0)[0].depth == 7
 
     def test_prune_minutes_deletes_the_older_rows(self, store):
-        from queickd.store.base import Minute
+        from queickd.store.records import Minute
 
         for minute in (98, 99, 100):
             store.add_minute(Minute(minute, "a:1", 1, 0, 0.1))

@@ -29,7 +29,8 @@ from ..services.netcheck import NetworkMonitor
 from ..services.scheduler import Scheduler
 from ..services.worker import WorkerPool
 from ..store import CronRecord, Store
-from ..store.base import EventState, FleetStore, NewEvent
+from ..store.base import FleetStore
+from ..store.records import EventState, NewEvent
 from ..ui import status
 from ..ui.metrics import Metrics
 from .replies import NotCommittedError

@@ -33,7 +33,7 @@ from ..run.base import Runner
 from ..run.loader import FunctionLoader
 from ..run.thread import ThreadRunner
 from ..store import Store
-from ..store.base import Finished, Minute
+from ..store.records import Finished, Minute
 from .memory_gate import MemoryGate
 from .pool_size import PoolSize
 

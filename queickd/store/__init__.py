@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .base import CronRecord, Recovered, Store
+from .base import Store
+from .records import CronRecord, Recovered
 
 DEFAULT_URL = "sqlite:///queickd.db"
 

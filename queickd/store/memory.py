@@ -18,7 +18,10 @@ from ..core.policy import admission as adm
 from ..core.policy import claim, crons, orphans, outbox
 from ..core.policy import memory as mem
 from ..core.policy import pauses as pz
-from .base import (
+from .base import StoreBase
+from .memory_ops import MemoryOperatorOps, matches
+from .memres import MemoryResources
+from .records import (
     CronFire,
     CronRecord,
     Event,
@@ -29,10 +32,7 @@ from .base import (
     NewEvent,
     Pause,
     Recovered,
-    StoreBase,
 )
-from .memory_ops import MemoryOperatorOps, matches
-from .memres import MemoryResources
 from .undo import ABSENT, Journal, UndoDict
 from .wfmemory import MemoryWorkflows
 from .workflows import CANCELLED

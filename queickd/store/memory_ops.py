@@ -10,7 +10,7 @@ import threading
 from typing import Any
 
 from ..core.job import Job, State
-from .base import Minute, Pause
+from .records import Minute, Pause
 
 _WAITING = (State.SCHEDULED, State.QUEUED, State.WAITING_NETWORK)
 

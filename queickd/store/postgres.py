@@ -44,20 +44,12 @@ from ..core.policy import admission as adm
 from ..core.policy import orphans
 from ..core.policy import pauses as pz
 from . import rows as dbrows
-from .base import (
-    CronFire,
-    CronRecord,
-    EventAccepted,
-    Finished,
-    NewEvent,
-    Pause,
-    Recovered,
-    StoreBase,
-)
+from .base import StoreBase
 from .pgclaim import PgClaims
 from .pgregistry import ALIVE, FleetRecords, notify
 from .pgsubmit import SUBMIT_LOCK, WAITING_SQL, PgSubmit
 from .pools import set_pool_sql
+from .records import CronFire, CronRecord, EventAccepted, Finished, NewEvent, Pause, Recovered
 from .sqlshared import SharedSql, filters
 from .wfsql import SqlWorkflows
 

@@ -13,7 +13,7 @@ from typing import Any
 from ..core import fields
 from ..core import retry as retry_mod
 from ..core.job import Job, NewJob, State
-from .base import CronRecord, Pause
+from .records import CronRecord, Pause
 
 EVENT_COLS = "event_id, state, func, key, created_at, attempts, next_attempt_at, job_id, last_error"
 

@@ -18,16 +18,9 @@ from ..core.policy import admission as adm
 from ..core.policy import claim, orphans
 from ..core.policy import pauses as pz
 from . import rows as dbrows
-from .base import (
-    CronFire,
-    CronRecord,
-    EventAccepted,
-    Finished,
-    NewEvent,
-    Recovered,
-    StoreBase,
-)
+from .base import StoreBase
 from .pools import set_pool_sql
+from .records import CronFire, CronRecord, EventAccepted, Finished, NewEvent, Recovered
 from .sqlite_conn import SQLiteFile, insert_rows
 from .sqlite_schema import SCHEMA_VERSION, SchemaTooNewError
 from .sqlshared import STREAK, SharedSql, filters

@@ -32,7 +32,7 @@ import urllib.parse
 from collections.abc import Iterator
 
 from . import sqlite_check, sqlite_schema
-from .base import StoreInUseError
+from .records import StoreInUseError
 
 log = logging.getLogger("queickd.store")
 

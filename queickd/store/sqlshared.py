@@ -20,7 +20,7 @@ from ..core.policy import crons, orphans, outbox
 from ..core.policy import memory as mem
 from ..core.policy import pauses as pz
 from . import rows as dbrows
-from .base import CronFire, CronRecord, Event, EventAccepted, EventState, Minute, Pause
+from .records import CronFire, CronRecord, Event, EventAccepted, EventState, Minute, Pause
 
 # A target's streak and whether it is paused (pauses.Lookups), in one statement.
 STREAK = ("SELECT coalesce((SELECT failures FROM streaks WHERE kind = ? AND name = ?), 0),"

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.job import State
-from ..store.base import EventState, Minute, Pause, Store
+from ..store.base import Store
+from ..store.records import EventState, Minute, Pause
 from .metrics import HISTORY_MINUTES, Metrics
 
 DEAD_SHOWN = 10

@@ -9,7 +9,7 @@ from queickd.retry import make_spec
 from queickd.store.admission import Admission
 
 from queickd import protocol
-from queickd.store.base import CronRecord, NewEvent
+from queickd.store.records import CronRecord, NewEvent
 from queickd.store.sqlite import SQLiteStore
 
 T0 = 1_700_000_000.0

@@ -1,0 +1,156 @@
+"""The records the store contract (store/base.py) speaks in besides jobs: crons, pauses,
+per-minute counts, what a finish did, events and their outbox states, what orphan
+recovery did, and the errors a store raises for a caller's reasons."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.job import NewJob, Submitted
+from ..core.policy.admission import Refusal
+
+
+@dataclass(frozen=True, slots=True)
+class CronRecord:
+    """A durable recurring job: a schedule (wire form, see cron.py) and a job template."""
+
+    name: str
+    schedule: dict[str, Any]
+    template: NewJob
+    next_run_at: float
+    last_fired_at: float | None
+    created_at: float
+    folded: int = 0  # ticks that found a run of this cron still waiting and joined it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "schedule": self.schedule,
+            "func": self.template.func,
+            "args": self.template.args,
+            "kwargs": self.template.kwargs,
+            "pool": self.template.pool,
+            "next_run_at": self.next_run_at,
+            "last_fired_at": self.last_fired_at,
+            "created_at": self.created_at,
+            "folded": self.folded,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """A key or function that stopped being started after repeated failures (or by hand)."""
+
+    kind: str  # "key" or "func"
+    name: str
+    paused_at: float
+    failures: int
+    last_error: dict | None
+    probe_at: float | None = None  # when one job is let through to test it; None: until resumed
+    trips: int = 0  # times the breaker paused it (0: paused by hand)
+    probe_job: int | None = None  # the job last let through as its probe
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "paused_at": self.paused_at,
+                "failures": self.failures, "last_error": self.last_error, "probe_at": self.probe_at,
+                "trips": self.trips, "probe_job": self.probe_job}
+
+
+@dataclass(frozen=True, slots=True)
+class Minute:
+    """One member's (a daemon's or worker's, "host:pid") runs in one minute (unix time // 60):
+    runs that succeeded, runs that did not, their seconds in all, and the waiting jobs it
+    last sampled then (None: it sampled none)."""
+
+    minute: int
+    member: str
+    completed: int
+    failed: int
+    seconds: float
+    depth: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """What finish_if_running did: jobs changed, and pauses it started."""
+
+    changed: int
+    paused: list[Pause]
+    next_probe: float | None = None  # the earliest probe time this finish wrote, if any
+
+
+@dataclass(frozen=True, slots=True)
+class CronFire:
+    """What cron_fire_if_due did: 'fired' (submitted a job) or 'folded' (a run was already
+    waiting, so this tick joined it)."""
+
+    outcome: str
+    submitted: Submitted | None
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event for the outbox: becomes a job when the queue has room."""
+
+    event_id: str
+    job: NewJob
+
+
+class EventState:
+    """States of an event in the outbox."""
+
+    PENDING = "pending"  # waiting for room in the queue
+    DELIVERED = "delivered"  # became a job
+    DEAD = "dead"  # out of delivery attempts: a dead letter
+    ALL = (PENDING, DELIVERED, DEAD)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """An event as stored in the outbox; state is one of EventState."""
+
+    event_id: str
+    state: str
+    func: str
+    key: str | None
+    created_at: float
+    attempts: int
+    next_attempt_at: float | None
+    job_id: int | None
+    last_error: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"event_id": self.event_id, "state": self.state, "func": self.func, "key": self.key,
+                "created_at": self.created_at, "attempts": self.attempts,
+                "next_attempt_at": self.next_attempt_at, "job_id": self.job_id,
+                "last_error": self.last_error}
+
+
+@dataclass(frozen=True, slots=True)
+class EventAccepted:
+    event_id: str
+    duplicate: bool
+    state: str  # the event's state after the call
+    job_id: int | None  # the job it became, if delivered
+
+
+class StoreInUseError(ValueError):
+    """Another daemon already serves this store (a configuration error: two daemons on one
+    SQLite file would each think the other's running jobs were orphans)."""
+
+
+class RefusedError(Exception):
+    """Raised by Store.submit (the one-request form) when admission refused the request."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """What recover_orphans did: ids re-queued and ids given up on (now dead)."""
+
+    requeued: list[int]
+    dead: list[int]
