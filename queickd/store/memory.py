@@ -11,25 +11,23 @@ import dataclasses
 import heapq
 import itertools
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from ..core.job import Job, NewJob, Outcome, State, Submitted, new_record
 from ..core.policy import admission as adm
-from ..core.policy import claim, crons, orphans, outbox
+from ..core.policy import claim, orphans
 from ..core.policy import memory as mem
 from ..core.policy import pauses as pz
 from .base import StoreBase
+from .memory_events import MemoryCronsEvents
 from .memory_ops import MemoryOperatorOps, matches
 from .memres import MemoryResources
 from .records import (
-    CronFire,
     CronRecord,
     Event,
-    EventAccepted,
     EventState,
     Finished,
     Minute,
-    NewEvent,
     Pause,
     Recovered,
 )
@@ -37,10 +35,8 @@ from .undo import ABSENT, Journal, UndoDict
 from .wfmemory import MemoryWorkflows
 from .workflows import CANCELLED
 
-_WAITING = (State.SCHEDULED, State.QUEUED, State.WAITING_NETWORK)
 
-
-class MemoryStore(MemoryOperatorOps, MemoryResources, MemoryWorkflows, StoreBase):
+class MemoryStore(MemoryOperatorOps, MemoryCronsEvents, MemoryResources, MemoryWorkflows, StoreBase):
     supports_notify = False
 
     def __init__(self, url: str = "memory://") -> None:
@@ -114,7 +110,7 @@ class MemoryStore(MemoryOperatorOps, MemoryResources, MemoryWorkflows, StoreBase
                 self._running.pop(job.id, None)
         if job.key is None:
             return
-        per_key = (self._waiting_by_key if job.state in _WAITING
+        per_key = (self._waiting_by_key if job.state in State.PENDING
                    else self._running_by_key if job.state == State.RUNNING else None)
         if per_key is not None:
             n = per_key.get(job.key, 0) + delta
@@ -149,12 +145,12 @@ class MemoryStore(MemoryOperatorOps, MemoryResources, MemoryWorkflows, StoreBase
 
         def active(key: str) -> int | None:
             return next((j.id for j in self._jobs.values()
-                         if j.key == key and (j.state in _WAITING or j.state == State.RUNNING)), None)
+                         if j.key == key and (j.state in State.PENDING or j.state == State.RUNNING)), None)
 
         return adm.Lookups(
             by_idempotency_key=by_key,
             waiting_for_key=lambda key: self._waiting_by_key.get(key, 0),
-            waiting_total=lambda: sum(self._by_state[s] for s in _WAITING),
+            waiting_total=lambda: sum(self._by_state[s] for s in State.PENDING),
             active_for_key=active,
         )
 
@@ -401,7 +397,7 @@ class MemoryStore(MemoryOperatorOps, MemoryResources, MemoryWorkflows, StoreBase
         per: dict[str, list[float]] = {}
         with self._lock:
             for j in self._jobs.values():
-                if j.key is not None and j.state in _WAITING:
+                if j.key is not None and j.state in State.PENDING:
                     per.setdefault(j.key, []).append(j.run_at)
         rows = sorted(((k, len(v), min(v)) for k, v in per.items()), key=lambda r: (-r[1], r[0]))
         return rows[:limit]
@@ -409,9 +405,9 @@ class MemoryStore(MemoryOperatorOps, MemoryResources, MemoryWorkflows, StoreBase
     def set_pool(self, kind: str, name: str, pool: str) -> int:
         with self._lock:
             if kind == "job":
-                moving = [j for j in (self._jobs.get(int(name)),) if j is not None and j.state in _WAITING]
+                moving = [j for j in (self._jobs.get(int(name)),) if j is not None and j.state in State.PENDING]
             elif kind in ("key", "cron"):
-                moving = [j for j in self._jobs.values() if getattr(j, kind) == name and j.state in _WAITING]
+                moving = [j for j in self._jobs.values() if getattr(j, kind) == name and j.state in State.PENDING]
             else:
                 raise ValueError(f"kind must be job, key or cron, not {kind!r}")
             for j in moving:
@@ -427,127 +423,14 @@ class MemoryStore(MemoryOperatorOps, MemoryResources, MemoryWorkflows, StoreBase
         out: dict[str, int] = {}
         with self._lock:
             for j in self._jobs.values():
-                if j.state in _WAITING:
+                if j.state in State.PENDING:
                     out[j.pool] = out.get(j.pool, 0) + 1
         return out
-
-    # --- cron -----------------------------------------------------------------------------
-    def cron_save(self, cron: CronRecord) -> CronRecord:
-        with self._lock:
-            self._crons[cron.name] = cron
-            return cron
-
-    def cron_list(self) -> list[CronRecord]:
-        with self._lock:
-            return sorted(self._crons.values(), key=lambda c: c.name)
-
-    def cron_delete(self, name: str) -> bool:
-        with self._lock:
-            return self._crons.pop(name, None) is not None
-
-    def crons_due(self, now: float) -> list[CronRecord]:
-        with self._lock:
-            return [c for c in self._crons.values() if c.next_run_at <= now]
-
-    def next_cron_at(self) -> float | None:
-        with self._lock:
-            return min((c.next_run_at for c in self._crons.values()), default=None)
-
-    def cron_fire_if_due(self, name: str, tick: float, next_tick: float, now: float) -> CronFire | None:
-        with self._lock:
-            cron = self._crons.get(name)
-            if cron is None or cron.next_run_at != tick:
-                return None
-            waiting = any(j.cron == name and j.state in _WAITING for j in self._jobs.values())
-            fire = crons.fire(name, cron.template, tick, now, waiting)
-            self._crons[name] = dataclasses.replace(
-                cron, next_run_at=next_tick, last_fired_at=tick, folded=cron.folded + int(fire.folded))
-            if fire.job is None:
-                return CronFire("folded", None)
-            answer = self._submit_locked([[fire.job]], now, adm.NO_LIMITS)[0]
-            return CronFire("fired", answer[0])  # type: ignore[index]
-
-    # --- events ---------------------------------------------------------------------------
-    def _deliver_locked(self, event: Event, job: NewJob, now: float,
-                        admission: adm.Admission) -> list[Submitted] | adm.Refusal:
-        answer = self._submit_locked([[outbox.job_for(event.event_id, job, now)]], now, admission)[0]
-        if not isinstance(answer, adm.Refusal):
-            self._events[event.event_id] = (dataclasses.replace(
-                event, state=EventState.DELIVERED, job_id=answer[0].job_id, next_attempt_at=None,
-                attempts=event.attempts + 1), job)
-        return answer
-
-    def accept_event(self, event: NewEvent, now: float, admission: adm.Admission) -> EventAccepted:
-        with self._lock:
-            old = self._events.get(event.event_id)
-            if old is not None:
-                return EventAccepted(event.event_id, True, old[0].state, old[0].job_id)
-            ev = Event(event.event_id, EventState.PENDING, event.job.func, event.job.key, now, 0, now, None, None)
-            self._events[event.event_id] = (ev, event.job)
-            answer = self._deliver_locked(ev, event.job, now, admission)
-        if isinstance(answer, adm.Refusal):
-            return EventAccepted(event.event_id, False, EventState.PENDING, None)
-        return EventAccepted(event.event_id, False, EventState.DELIVERED, answer[0].job_id)
-
-    def deliver_events(self, now: float, admission: adm.Admission, max_attempts: int,
-                       backoff: Callable[[int], float], limit: int = 500) -> list[EventAccepted]:
-        out = []
-        with self._lock:
-            due = sorted((e for e, _ in self._events.values()
-                          if e.state == EventState.PENDING and e.next_attempt_at is not None and e.next_attempt_at <= now),
-                         key=lambda e: e.next_attempt_at)[:limit]  # type: ignore[arg-type, return-value]
-            for ev in due:
-                job = self._events[ev.event_id][1]
-                answer = self._deliver_locked(ev, job, now, admission)
-                if not isinstance(answer, adm.Refusal):
-                    out.append(EventAccepted(ev.event_id, False, EventState.DELIVERED, answer[0].job_id))
-                    continue
-                r = outbox.after_refusal(ev.attempts, answer, now, max_attempts, backoff)
-                state = EventState.DEAD if r.dead else EventState.PENDING
-                self._events[ev.event_id] = (dataclasses.replace(
-                    ev, attempts=r.attempts, state=state, next_attempt_at=r.next_attempt_at,
-                    last_error=r.last_error), job)
-                out.append(EventAccepted(ev.event_id, False, state, None))
-        return out
-
-    def next_event_at(self) -> float | None:
-        with self._lock:
-            return min((e.next_attempt_at for e, _ in self._events.values()
-                        if e.state == EventState.PENDING and e.next_attempt_at is not None), default=None)
 
     def oldest_queued_at(self) -> float | None:
         """For monitoring: the earliest run_at among `queued` jobs."""
         with self._lock:
             return min((j.run_at for j in self._jobs.values() if j.state == State.QUEUED), default=None)
-
-    def oldest_pending_event_at(self) -> float | None:
-        """For monitoring: when the oldest pending outbox event was created."""
-        with self._lock:
-            return min((e.created_at for e, _ in self._events.values() if e.state == EventState.PENDING),
-                       default=None)
-
-    def event_counts(self) -> dict[str, int]:
-        out = dict.fromkeys(EventState.ALL, 0)
-        with self._lock:
-            for e, _ in self._events.values():
-                out[e.state] += 1
-        return out
-
-    def list_events(self, state: str | None, limit: int) -> list[Event]:
-        with self._lock:
-            events = [e for e, _ in self._events.values() if state is None or e.state == state]
-        return sorted(events, key=lambda e: e.created_at, reverse=True)[:limit]
-
-    def retry_event(self, event_id: str, now: float) -> Event | None:
-        with self._lock:
-            item = self._events.get(event_id)
-            if item is None:
-                return None
-            ev, job = item
-            if ev.state == EventState.DEAD:
-                ev = dataclasses.replace(ev, state=EventState.PENDING, attempts=0, next_attempt_at=now)
-                self._events[event_id] = (ev, job)
-            return ev
 
     def close(self) -> None:
         pass

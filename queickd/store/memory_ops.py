@@ -12,8 +12,6 @@ from typing import Any
 from ..core.job import Job, State
 from .records import Minute, Pause
 
-_WAITING = (State.SCHEDULED, State.QUEUED, State.WAITING_NETWORK)
-
 
 class MemoryOperatorOps:
     _lock: threading.RLock
@@ -32,7 +30,7 @@ class MemoryOperatorOps:
 
     def cancel_waiting(self, state: str, now: float, *, func: str | None = None, key: str | None = None,
                        pool: str | None = None) -> list[int]:
-        if state not in _WAITING:
+        if state not in State.PENDING:
             raise ValueError(f"only waiting jobs are cancelled this way, not {state!r}")
         with self._lock:
             hit = [j for j in self._jobs.values() if matches(j, state, func, key, pool)]

@@ -12,8 +12,6 @@ from typing import Any
 from ..core.job import Job, State
 from ..core.policy import memory as mem
 
-_WAITING = frozenset({State.SCHEDULED, State.QUEUED, State.WAITING_NETWORK})
-
 
 class MemoryResources:
     _lock: threading.RLock
@@ -49,7 +47,7 @@ class MemoryResources:
         wanted = {("pool", p) for p in pools} | {("group", g) for g in groups}
         with self._lock:
             for j in self._jobs.values():
-                if j.state != State.RUNNING and j.state not in _WAITING:
+                if j.state != State.RUNNING and j.state not in State.PENDING:
                     continue
                 units = 1.0 if j.cost_units is None else j.cost_units
                 for t in (("pool", j.pool), ("group", j.concurrency_group)):

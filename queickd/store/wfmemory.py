@@ -19,8 +19,6 @@ from ..core.workflow import Definition, Output, RunRecord, RunState
 from . import workflows as wf
 from .undo import UndoDict
 
-_WAITING = (State.SCHEDULED, State.QUEUED, State.WAITING_NETWORK)
-
 
 class _Tx:
     unavailable: tuple[type[BaseException], ...] = ()  # nothing here fails on its own
@@ -66,7 +64,7 @@ class _Tx:
 
     def discard_jobs(self, run_id: int, now: float) -> int:
         gone = [j for j in self.s._jobs.values()  # type: ignore[attr-defined]
-                if j.workflow_run == run_id and j.state in _WAITING]
+                if j.workflow_run == run_id and j.state in State.PENDING]
         for j in gone:
             self.s._put(dataclasses.replace(j, state=State.CANCELLED, finished_at=now))  # type: ignore[attr-defined]
         return len(gone)
