@@ -381,8 +381,8 @@ class QueueService(WorkflowOps):
         if isinstance(store, FleetStore):  # shared store: by the worker registry
             registry = store.workers()
             without = store.running_without_worker()
-        else:  # this daemon is the only worker: what it does not hold (approximate)
-            without = max(0, counts.get(State.RUNNING, 0) - self.pool.busy)
+        else:  # this daemon is the only worker: the running jobs it does not hold
+            without = self.pool.running_elsewhere(lambda: store.counts().get(State.RUNNING, 0))
         return {"pools": pools_view(self.store, self.pool.pools, self.pool.workers, registry),
                 "fleet": registry, "running_without_worker": without}
 

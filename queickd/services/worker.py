@@ -143,6 +143,14 @@ class WorkerPool:
         if self._busy < self.workers or self._stopping or self._can_grow(memory=False):
             self._wake.set()
 
+    def running_elsewhere(self, count_running: Callable[[], int]) -> int:
+        """Jobs the store has running beyond those this pool holds, for a store this pool
+        alone claims from. Counted between two passes: a pass claims and finishes in the
+        store first and counts in memory after, so a count taken during one is off by what
+        it moves."""
+        with self._dispatch_lock:
+            return max(0, count_running() - self._busy)
+
     def size_info(self) -> dict[str, Any]:
         """The pool's size, its bounds and its last resize (a fixed pool: min = max = size)."""
         if self.size is None:

@@ -145,7 +145,7 @@ class Metrics:
         family("queickd_running_without_worker", "gauge",
                "Jobs recorded as running whose worker is gone. Shared PostgreSQL store: running jobs "
                "whose worker record is missing or missed 3 heartbeats (the orphan sweep re-queues them). "
-               "SQLite and memory: running jobs beyond this daemon's busy workers (approximate).",
+               "SQLite and memory: running jobs this daemon's workers do not hold.",
                [({}, stats["running_without_worker"])])
         pools = stats.get("pools") or {}
         family("queickd_pool_workers", "gauge",
