@@ -94,7 +94,9 @@ def test_a_daemon_with_budgets_and_a_worker_without_never_together_exceed_them(p
                                                                                 start_worker, tmp_path):
     url = pg_fresh_database
     cfg = config(tmp_path, "[budgets.pools]\ndefault = 3\n")
-    d = start_daemon(url, "--heartbeat", str(HEARTBEAT), "--config", cfg, workers=3)
+    # One slot on the daemon, three on the worker: together more than the budget, and the
+    # worker is sure to claim (with three each, the daemon could take every job first).
+    d = start_daemon(url, "--heartbeat", str(HEARTBEAT), "--config", cfg, workers=1)
     w = start_worker(url, workers=3, heartbeat=HEARTBEAT)  # no --config: no budgets of its own
     w.wait_for_line("budgets: in force on .* \\(not set here\\): pool 'default' 3")
     out = tmp_path / "runs.txt"
