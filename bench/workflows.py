@@ -180,7 +180,7 @@ def transactions_sqlite(runs: int, items: int, jobs: int) -> list[dict[str, Any]
 
 
 def transactions_postgres(admin_url: str, runs: int, items: int, jobs: int) -> list[dict[str, Any]]:
-    from bench.pg import Database
+    from bench.pgsetup import Database
     from queickd.store import open_store
 
     out = []
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         log("sqlite: transactions")
         results["transactions"]["sqlite"] = transactions_sqlite(a.runs, a.items, a.jobs)
     if "postgres" in stores:
-        from bench.pg import Database
+        from bench.pgsetup import Database
 
         with Database(a.pg) as db:
             log("postgres: end to end")
