@@ -3,7 +3,7 @@ worker registry (who serves which pools, and who still beats).
 
 A mixin of PostgresStore, kept apart because none of it is the Store contract: it is what
 daemons and external workers on one database need to know about each other. It uses the
-store's `_write()`, `_conn()`, `url` and `worker_id`. Times of beats are the database's
+store's `_write()`, `_conn()`, `batch()`, `url` and `worker_id`. Times of beats are the database's
 clock, so hosts whose clocks disagree still agree on who is alive.
 """
 
@@ -104,7 +104,9 @@ class FleetRecords:
         """Heartbeat: (our record was still there, database's queickd version, schema
         version). A record that is gone (swept as dead after a long stall) is recreated by
         the caller; the jobs it held were re-queued and are no longer ours."""
-        with self._write() as c:
+        # On the bookkeeping connection, whose transactions are the pool's short passes: a
+        # long statement on the shared one (a huge submit) must not silence the beats.
+        with self.batch(bookkeeping=True), self._write() as c:
             found = c.execute(f"UPDATE workers SET beat_at = {DB_NOW} WHERE id = %s RETURNING id",
                               (self.worker_id,)).fetchone() is not None
             rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())

@@ -54,7 +54,11 @@ class PgSubmit:
             c = self._conn()
             c.execute("SELECT pg_advisory_xact_lock(%s)", (SUBMIT_LOCK,))
             return self._submit_in(c, requests, now, admission)
-        c = self._conn()
+        with self._lease() as c:  # the process's shared connection, this thread's until the commit
+            return self._submit_alone(c, requests, now, admission)
+
+    def _submit_alone(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
+                      admission: adm.Admission) -> list[list[Submitted] | adm.Refusal]:
         begun = False
 
         def reading() -> psycopg.Connection:
