@@ -1,6 +1,7 @@
 """The peers: Queick 1.2.1's server and huey 3.5.4's consumer (started in their own
 process groups), huey's job module, and the virtualenvs each peer lives in (created on
-first use, reused while they hold the pinned version). The target names live here too.
+first use, reused while they hold the pinned version), Celery's too (bench/workflows.py
+runs its worker). The target names live here too.
 It owns no scenario and no report.
 """
 
@@ -44,6 +45,10 @@ QUEICK = f"Queick {QUEICK_VERSION}"
 HUEY_VERSION = "3.5.4"
 HUEY = f"huey {HUEY_VERSION} SqliteHuey"
 HUEY_STARTED = re.compile(r"Huey consumer started")
+# Celery with the Redis client (its result backend in bench/workflows.py); the AMQP client
+# for RabbitMQ, its default broker, comes with Celery itself (kombu, amqp).
+CELERY_VERSION = "5.7.0"
+CELERY_EXTRAS = "[redis]"
 
 
 def _queick_job(func: str) -> bytes:
@@ -227,25 +232,27 @@ class HueyConsumer(_ProcessGroup):
 
 
 # --- the peer's virtualenv -------------------------------------------------------------------
-def _ensure_venv(venv: Path, package: str, version: str, script: str) -> Path:
-    """Create (or reuse) a virtualenv holding package==version (with its console script
-    `script`); returns its python."""
+def _ensure_venv(venv: Path, package: str, version: str, script: str, extras: str = "",
+                 imports: tuple[str, ...] = ()) -> Path:
+    """Create (or reuse) a virtualenv holding package[extras]==version (with its console
+    script `script`, and the modules `imports` its extras bring); returns its python."""
     py = venv / "bin" / "python"
-    check = [str(py), "-c", f"import importlib.metadata as m; print(m.version({package!r}))"]
+    check = [str(py), "-c", f"import importlib.metadata as m; [__import__(x) for x in {imports!r}]; "
+             f"print(m.version({package!r}))"]
     if py.exists() and (venv / "bin" / script).exists():
         r = subprocess.run(check, capture_output=True, text=True, timeout=60, env=_clean_env())
         if r.returncode == 0 and r.stdout.strip() == version:
             return py
-        log(f"{venv} does not hold {package} {version}; recreating it")
+        log(f"{venv} does not hold {package}{extras} {version}; recreating it")
         shutil.rmtree(venv)
-    log(f"creating the venv {venv} ({package}=={version})")
+    log(f"creating the venv {venv} ({package}{extras}=={version})")
     venv.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    f"{package}=={version}"], check=True, timeout=600, env=_clean_env())
+                    f"{package}{extras}=={version}"], check=True, timeout=600, env=_clean_env())
     r = subprocess.run(check, capture_output=True, text=True, timeout=60, env=_clean_env())
     if r.returncode != 0 or r.stdout.strip() != version:
-        raise RuntimeError(f"{package} {version} did not install into {venv}: {r.stderr}")
+        raise RuntimeError(f"{package}{extras} {version} did not install into {venv}: {r.stderr}")
     return py
 
 
@@ -259,3 +266,6 @@ def ensure_huey_venv(venv: Path) -> Path:
     return _ensure_venv(venv, "huey", HUEY_VERSION, "huey_consumer")
 
 
+def ensure_celery_venv(venv: Path) -> Path:
+    """Create (or reuse) a virtualenv holding celery[redis] 5.7.0 (CELERY_VERSION); returns its python."""
+    return _ensure_venv(venv, "celery", CELERY_VERSION, "celery", extras=CELERY_EXTRAS, imports=("redis",))

@@ -1,10 +1,10 @@
 """Workflow transition cost: steps per second and store transactions per step, against the
-plain job end-to-end rate measured in the same run, on SQLite and PostgreSQL; and huey
-3.5.4's pipelines where its virtualenv exists.
+plain job end-to-end rate measured in the same run, on SQLite and PostgreSQL; and, as peers,
+huey 3.5.4's pipelines and Celery 5.7.0's canvas.
 
-    python -m bench.workflows                     # SQLite and PostgreSQL, and huey if found
+    python -m bench.workflows                     # SQLite and PostgreSQL, huey and Celery
     python -m bench.workflows --stores sqlite --runs 20 --items 1000 --jobs 2000
-    python -m bench.workflows --huey-venv VENV --json results.json
+    python -m bench.workflows --huey-venv VENV --celery-venv VENV --json results.json
 
 Two parts:
 - end to end, through a daemon (`python -m queickd run`, 4 workers, a fresh store): N plain
@@ -15,9 +15,25 @@ Two parts:
   what ran and claims the next jobs in one transaction): SQLite's COMMITs counted on its
   writing connection, PostgreSQL's from pg_stat_database of a fresh database (read once
   every connection has closed, so every backend's counts are flushed).
-Celery's canvas needs a broker (RabbitMQ or Redis), which this machine does not run; the
-peer is huey's pipelines (`task.s().then(...)`, SqliteHuey, 4 thread workers) and, for the
-fan-out, huey's `task.map(items)`.
+
+The peers run the same three measurements end to end, each with 4 thread workers and in a
+virtualenv of its own, created on first use (bench.peers; --huey-venv, else
+$BENCH_HUEY_VENV, else bench/.bench-cache/huey-venv; --celery-venv, else
+$BENCH_CELERY_VENV, else bench/.bench-cache/celery-venv):
+- huey: pipelines (`task.s().then(...)`), SqliteHuey with fsync=True, `huey_consumer -w 4
+  -k thread`; the fan-out is huey's `task.map(items)`.
+- Celery: the canvas, `chain(step.s(), ... 10 steps)` and, for the fan-out,
+  `group(step.s(i) for i in items)` (a chord would add a callback step), each waited for
+  with `.get()`; plain jobs are `step.delay()`. The worker is `celery -A celeryjobs worker
+  --pool threads --concurrency 4` (Celery's default log level). The broker is RabbitMQ
+  (--celery-broker, default amqp://guest:guest@127.0.0.1:5672//), Celery's default broker,
+  with Celery's defaults there: a durable queue, persistent messages, a message acked just
+  before its task runs. Chains and groups are waited on through results, so there is a
+  result backend: Redis (--celery-results, default redis://127.0.0.1:6379/7, a database of
+  its own, flushed before the run; the queue is purged). The Redis server here keeps
+  nothing on disk (no RDB snapshots, no AOF), so Celery's result store is not durable,
+  whereas queickd's rates are with fsync'd commits (--durability full). When the broker or
+  the result store cannot be reached, the Celery row is skipped with the reason logged.
 """
 
 from __future__ import annotations
@@ -29,6 +45,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +54,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from bench.peers import CELERY_VERSION, HUEY_VERSION, ensure_celery_venv, ensure_huey_venv
+from bench.processes import _clean_env
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
@@ -111,9 +131,7 @@ def end_to_end(store_url: str, jobs: int, runs: int, items: int) -> dict[str, fl
         r = q._call({"op": "workflow_start", "definition": fan_out(), "state": {"xs": list(range(items))}})
         assert q.workflow_wait(r["run_id"], 600)["state"] == "succeeded"
         out["fan_out_items_per_s"] = items / (time.perf_counter() - t0)
-    out["chain_vs_plain"] = out["chain_steps_per_s"] / out["plain_jobs_per_s"]
-    out["fan_out_vs_plain"] = out["fan_out_items_per_s"] / out["plain_jobs_per_s"]
-    return out
+    return with_ratios(out)
 
 
 # --- transactions per step, in this process ---------------------------------------------------
@@ -245,9 +263,6 @@ print(json.dumps({{"chain_steps_per_s": chain, "fan_out_items_per_s": fan,
 
 def huey(venv: Path, runs: int, items: int, jobs: int) -> dict[str, float] | None:
     consumer = venv / "bin" / "huey_consumer"
-    if not consumer.exists():
-        log(f"huey: no consumer at {consumer}; skipped (give --huey-venv)")
-        return None
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "hueyjobs.py").write_text(HUEY_APP.format(db=f"{d}/huey.db"))
         proc = subprocess.Popen([str(consumer), "hueyjobs.huey", "-w", "4", "-k", "thread"], cwd=d,
@@ -269,6 +284,141 @@ def huey(venv: Path, runs: int, items: int, jobs: int) -> dict[str, float] | Non
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(30)
+    return with_ratios(out)
+
+
+# --- Celery's canvas ------------------------------------------------------------------------
+CELERY_BROKER = "amqp://guest:guest@127.0.0.1:5672//"
+CELERY_RESULTS = "redis://127.0.0.1:6379/7"  # a database of the bench's own, flushed before each run
+CELERY_QUEUE = "queickd-bench-workflows"  # purged before each run
+CELERY_TARGET = f"Celery {CELERY_VERSION} canvas (RabbitMQ broker, Redis results)"
+CELERY_READY = re.compile(r"\bready\.")
+
+CELERY_APP = '''
+import logging
+from celery import Celery, signals
+# Celery's defaults otherwise: on RabbitMQ a durable queue and persistent messages
+# (delivery_mode 2), a message acked just before its task runs (acks_late off), prefetch 4
+# per worker.
+app = Celery("celeryjobs", broker={broker!r}, backend={results!r})
+app.conf.task_default_queue = {queue!r}
+app.conf.broker_connection_retry_on_startup = True
+
+@signals.worker_ready.connect
+def ready(**_):  # the worker runs at Celery's default log level, WARNING, which hides its own "ready."
+    logging.getLogger("celeryjobs").warning("worker ready.")
+
+@app.task
+def step(*a):
+    return 1  # a chain passes each step's result on to the next step
+'''
+
+CELERY_PREPARE = '''
+import sys
+sys.path.insert(0, {d!r})
+from celeryjobs import app
+app.backend.client.flushdb()
+with app.connection_for_write() as conn:
+    conn.ensure_connection(max_retries=1)
+    with conn.channel() as ch:
+        app.amqp.queues[{queue!r}](ch).declare()
+        print(app.amqp.queues[{queue!r}](ch).purge() or 0)
+'''
+
+CELERY_CLIENT = '''
+import json, sys, time
+sys.path.insert(0, {d!r})
+from celery import chain, group
+from celeryjobs import step
+runs, items = {runs}, {items}
+t0 = time.perf_counter()
+results = [chain(*[step.s() for _ in range(10)]).apply_async() for _ in range(runs)]
+for r in results:
+    assert r.get(timeout=600) == 1  # a chain's result: its last step's, once that ran
+chain_rate = runs * 10 / (time.perf_counter() - t0)
+t0 = time.perf_counter()
+g = group(step.s(i) for i in range(items)).apply_async()
+assert g.get(timeout=600) == [1] * items
+fan = items / (time.perf_counter() - t0)
+t0 = time.perf_counter()
+plain = [step.delay() for _ in range({jobs})]
+for r in plain:
+    assert r.get(timeout=600) == 1
+print(json.dumps({{"chain_steps_per_s": chain_rate, "fan_out_items_per_s": fan,
+                  "plain_jobs_per_s": {jobs} / (time.perf_counter() - t0)}}))
+'''
+
+
+def _reachable(url: str, default_port: int) -> str | None:
+    """None if url's host:port accepts a TCP connection, else why not."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    host, port = u.hostname or "127.0.0.1", u.port or default_port
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+    except OSError as e:
+        return f"{host}:{port} unreachable ({e})"
+    return None
+
+
+def celery(venv: Path, runs: int, items: int, jobs: int, broker: str = CELERY_BROKER,
+           results: str = CELERY_RESULTS) -> dict[str, float] | None:
+    """Celery's canvas: a worker `celery -A celeryjobs worker --pool threads --concurrency 4`
+    in a temp dir (its own session), the client under the venv's python. None, with the
+    reason logged, when the broker or the result store cannot be reached."""
+    for url, port in ((broker, 5672), (results, 6379)):
+        why = _reachable(url, port)
+        if why is not None:
+            log(f"celery: {why}; skipped")
+            return None
+    py = venv / "bin" / "python"
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "celeryjobs.py").write_text(CELERY_APP.format(broker=broker, results=results, queue=CELERY_QUEUE))
+        env = _clean_env()
+        res = subprocess.run([str(py), "-c", CELERY_PREPARE.format(d=d, queue=CELERY_QUEUE)], cwd=d, env=env,
+                             capture_output=True, text=True, timeout=120)
+        if res.returncode:
+            why = (res.stderr.strip().splitlines() or ["no output"])[-1]
+            log(f"celery: cannot prepare the broker and result store ({why}); skipped")
+            return None
+        log(f"celery: {results} flushed, queue {CELERY_QUEUE} purged ({res.stdout.strip()} messages)")
+        worker_log = Path(d) / "worker.log"
+        cmd = [str(venv / "bin" / "celery"), "-A", "celeryjobs", "worker", "--pool", "threads",
+               "--concurrency", "4", "--hostname", f"bench-workflows-{os.getpid()}@%h"]
+        with open(worker_log, "wb") as logf:
+            proc = subprocess.Popen(cmd, cwd=d, env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not CELERY_READY.search(worker_log.read_text(errors="replace")):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log(f"celery: the worker did not get ready; skipped:\n{worker_log.read_text(errors='replace')[-2000:]}")
+                    return None
+                time.sleep(0.05)
+            script = CELERY_CLIENT.format(d=d, runs=runs, items=items, jobs=jobs)
+            res = subprocess.run([str(py), "-c", script], cwd=d, env=env, capture_output=True, text=True,
+                                 timeout=1800)
+            if res.returncode:
+                log(f"celery: client failed: {res.stderr[-2000:]}")
+                return None
+            out = json.loads(res.stdout.strip().splitlines()[-1])
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        text = worker_log.read_text(errors="replace")
+        errors = [ln for ln in text.splitlines() if "ERROR" in ln or "Traceback" in ln or "CRITICAL" in ln]
+        log(f"celery: worker log {len(text.splitlines())} lines, {len(errors)} with errors"
+            + "".join(f"\n  {ln}" for ln in errors[:20]))
+    return with_ratios(out)
+
+
+def with_ratios(out: dict[str, float]) -> dict[str, float]:
     out["chain_vs_plain"] = out["chain_steps_per_s"] / out["plain_jobs_per_s"]
     out["fan_out_vs_plain"] = out["fan_out_items_per_s"] / out["plain_jobs_per_s"]
     return out
@@ -299,9 +449,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--items", type=int, default=1000, help="items of the fan-out (default: 1000)")
     p.add_argument("--jobs", type=int, default=2000, help="plain no-op jobs (default: 2000)")
     p.add_argument("--huey-venv", type=Path, default=Path(os.environ.get(
-        "BENCH_HUEY_VENV", BENCH_DIR / ".bench-cache" / "huey-venv")), help="a virtualenv with huey 3.5.4")
+        "BENCH_HUEY_VENV", BENCH_DIR / ".bench-cache" / "huey-venv")),
+        help=f"virtualenv holding huey {HUEY_VERSION}, created if missing [env BENCH_HUEY_VENV] "
+        "(default: bench/.bench-cache/huey-venv)")
+    p.add_argument("--celery-venv", type=Path, default=Path(os.environ.get(
+        "BENCH_CELERY_VENV", BENCH_DIR / ".bench-cache" / "celery-venv")),
+        help=f"virtualenv holding celery[redis] {CELERY_VERSION}, created if missing [env BENCH_CELERY_VENV] "
+        "(default: bench/.bench-cache/celery-venv)")
+    p.add_argument("--celery-broker", default=os.environ.get("BENCH_CELERY_BROKER", CELERY_BROKER),
+                   help="Celery's broker [env BENCH_CELERY_BROKER] (default: %(default)s)")
+    p.add_argument("--celery-results", default=os.environ.get("BENCH_CELERY_RESULTS", CELERY_RESULTS),
+                   help="Celery's result backend, a Redis database the bench flushes [env BENCH_CELERY_RESULTS] "
+                   "(default: %(default)s)")
     p.add_argument("--json", type=Path, help="also write the results here")
     a = p.parse_args(argv)
+    a.huey_venv, a.celery_venv = a.huey_venv.resolve(), a.celery_venv.resolve()  # run from temp dirs
     stores = a.stores.split(",")
     results: dict[str, Any] = {"e2e": {}, "transactions": {}}
     if "sqlite" in stores:
@@ -318,9 +480,28 @@ def main(argv: list[str] | None = None) -> int:
             results["e2e"]["queickd postgres"] = end_to_end(db.dsn, a.jobs, a.runs, a.items)
         log("postgres: transactions")
         results["transactions"]["postgres"] = transactions_postgres(a.pg, a.runs, a.items, a.jobs)
-    h = huey(a.huey_venv, a.runs, a.items, a.jobs)
+    h = c = None  # a peer whose venv cannot be made is skipped, with the reason
+    try:
+        ensure_huey_venv(a.huey_venv)
+    except Exception as e:
+        log(f"huey: cannot prepare the venv {a.huey_venv} ({type(e).__name__}: {e}); skipped")
+    else:
+        log("huey: end to end")
+        h = huey(a.huey_venv, a.runs, a.items, a.jobs)
     if h is not None:
-        results["e2e"]["huey 3.5.4 (SqliteHuey)"] = h
+        results["e2e"][f"huey {HUEY_VERSION} (SqliteHuey)"] = h
+    try:
+        ensure_celery_venv(a.celery_venv)
+    except Exception as e:
+        log(f"celery: cannot prepare the venv {a.celery_venv} ({type(e).__name__}: {e}); skipped")
+    else:
+        log("celery: end to end")
+        try:  # a broker that accepts connections but never answers, say: the row is skipped, not the bench
+            c = celery(a.celery_venv, a.runs, a.items, a.jobs, a.celery_broker, a.celery_results)
+        except Exception as e:
+            log(f"celery: {type(e).__name__}: {e}; skipped")
+    if c is not None:
+        results["e2e"][CELERY_TARGET] = c
     print(render(results))
     if a.json:
         a.json.write_text(json.dumps(results, indent=2))
