@@ -174,3 +174,20 @@ def test_a_paused_functions_grouped_jobs_let_one_probe_through_after_the_cooldow
     assert pause["probe_job"] == held[0]
     assert states == [State.RUNNING, State.QUEUED, State.QUEUED]  # one probe, and only one
     assert finished == [State.SUCCEEDED] * 3
+
+
+def test_a_job_held_back_by_its_group_on_one_worker_starts_when_another_worker_frees_the_slot(
+        pg_fresh_database, start_daemon, start_worker, gate):
+    url = pg_fresh_database
+    # Sweeps far apart: only a wake-up from the finish can start the job in time.
+    d = start_daemon(url, "--heartbeat", str(HEARTBEAT), "--sweep", "600", workers=0)
+    start_worker(url, "a", workers=1, heartbeat=HEARTBEAT, extra=("--sweep", "600"))
+    start_worker(url, "b", workers=1, heartbeat=HEARTBEAT, extra=("--sweep", "600"))
+    with d.client() as q:
+        held = q.enqueue("testjobs:gate", [gate.port, "x"], pool="a", concurrency_group="api", concurrency_limit=1)
+        assert gate.arrival() == "x"
+        behind = q.enqueue("testjobs:noop", pool="b", concurrency_group="api", concurrency_limit=1)
+        assert q.get(behind)["state"] == State.QUEUED  # the group's one slot is held
+        gate.release_all()
+        assert q.wait(held, 20)["state"] == State.SUCCEEDED
+        assert q.wait(behind, 20)["state"] == State.SUCCEEDED

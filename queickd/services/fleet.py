@@ -230,7 +230,7 @@ class FleetMember:
                 self.pool.wake()
         elif kind in ("f", "fk"):
             if kind == "fk":
-                self.pool.wake()  # a finished job freed its key: the key's next job may run
+                self.pool.wake()  # a finished job freed a key, a group slot or budget: what waited may run
             try:
                 self._on_finished_ids([int(i) for i in rest.split(",") if i])
             except ValueError:

@@ -246,14 +246,14 @@ class PostgresStore(PgSubmit, PgClaims, FleetRecords, SharedSql, SqlWorkflows, S
                                      now if o.state in State.FINAL else None, o.output), strict=True):
                 col.append(v)
         # The finish notification rides in the same statement when its ids fit one payload.
-        # "fk": a key was freed, so workers look for that key's next job; "f" only tells
-        # waiting clients (every worker waking on every finish would be a claim query per
-        # worker per finish for nothing).
+        # "fk": a key, a group's slot or a budgeted pool's units were freed, so workers look
+        # for the next job held back by it; "f" only tells waiting clients (every worker
+        # waking on every finish would be a claim query per worker per finish for nothing).
         # Finished jobs of workflow steps: their runs advance (locked, one after the other).
         steps = {o.job_id: o for o in outcomes
                  if o.workflow_run is not None and o.state in (State.SUCCEEDED, State.DEAD)}
         inline = len(outcomes) <= _NOTIFY_IDS
-        told = (", told AS (SELECT pg_notify('queickd', CASE WHEN bool_or(key IS NOT NULL) THEN 'fk:'"
+        told = (", told AS (SELECT pg_notify('queickd', CASE WHEN bool_or(frees) THEN 'fk:'"
                 " ELSE 'f:' END || string_agg(id::text, ',')) FROM done)") if inline else ""
         # Successes are the steady state: their finish, notification and streak resets are
         # one statement. A failure's streak counting follows it in the same transaction.
@@ -268,6 +268,9 @@ class PostgresStore(PgSubmit, PgClaims, FleetRecords, SharedSql, SqlWorkflows, S
                 " %s::text[]) AS o(id, state, run_at, result, error, finished_at, output)"
                 " WHERE j.id = o.id AND j.state = 'running'"
                 " AND (%s::bigint IS NULL OR j.worker_id = %s::bigint) RETURNING j.id, j.key, j.func, o.state,"
+                # What its end frees for other claimers: a serial key, a group slot, a pool's budget.
+                " (j.key IS NOT NULL OR j.concurrency_group IS NOT NULL OR EXISTS (SELECT 1 FROM budgets b"
+                " WHERE b.kind = 'pool' AND b.name = j.pool)) AS frees,"
                 " j.workflow_run, j.workflow_step, j.workflow_item, j.workflow_loop)"
                 ", reset AS (DELETE FROM streaks s USING done d WHERE d.state = 'succeeded'"
                 " AND ((s.kind = 'key' AND s.name = d.key) OR (s.kind = 'func' AND s.name = d.func)))"
@@ -275,7 +278,7 @@ class PostgresStore(PgSubmit, PgClaims, FleetRecords, SharedSql, SqlWorkflows, S
                 ", lifted AS (DELETE FROM pauses p USING done d WHERE d.state = 'succeeded' AND p.probe_job = d.id"
                 " RETURNING 1), woke AS (SELECT pg_notify('queickd', 'r') FROM (SELECT 1 FROM lifted LIMIT 1) x)"
                 + told +
-                " SELECT id, key, func, (SELECT count(*) FROM woke)"
+                " SELECT id, key, func, frees, (SELECT count(*) FROM woke)"
                 + (", (SELECT count(*) FROM told)" if inline else "")
                 + (", workflow_run, workflow_step, workflow_item, workflow_loop" if steps else "") + " FROM done",
                 (*cols, self.worker_id, self.worker_id)).fetchall()
@@ -300,7 +303,7 @@ class PostgresStore(PgSubmit, PgClaims, FleetRecords, SharedSql, SqlWorkflows, S
                             pause_cooldown)
                 paused, next_probe = self._write_pauses(c, p), p.next_probe
             if not inline:
-                kind = "fk:" if any(r[1] is not None for r in rows) else "f:"
+                kind = "fk:" if any(r[3] for r in rows) else "f:"
                 ids = [r[0] for r in rows]
                 for i in range(0, len(ids), _NOTIFY_IDS):
                     notify(c, kind + ",".join(map(str, ids[i:i + _NOTIFY_IDS])))
