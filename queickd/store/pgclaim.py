@@ -37,14 +37,9 @@ _PAUSE_KINDS = frozenset({"key", "func", "pool"})  # the view's rows of pauses (
 _CLAIM = f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(now)s, %(worker)s, %(pools)s, %(net)s, %(limit)s)"
 _VIEW = "SELECT * FROM queickd_claim_view(%s, %s, %s, %s, %s)"
 # The selection's jobs marked running and, for those it let through as probes (and only if
-# they are claimed here), their pauses stamped: one statement.
-_START = (
-    "WITH started AS (UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = %s, worker_id = %s,"
-    " slot = u.s FROM unnest(%s::bigint[], %s::int[]) AS u(i, s) WHERE jobs.id = u.i AND jobs.state = 'queued'"
-    f" RETURNING {', '.join('jobs.' + n for n in dbrows.JOB_COLS.split(', '))}),"
-    " stamped AS (UPDATE pauses p SET probe_job = t.j FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS t(k, n, j)"
-    " WHERE p.kind = t.k AND p.name = t.n AND t.j IN (SELECT id FROM started))"
-    f" SELECT {dbrows.JOB_COLS} FROM started")
+# they are claimed here), their pauses stamped: one call (pgclaimsql.py, 10).
+_START = (f"SELECT {dbrows.JOB_COLS} FROM queickd_start(%s, %s, %s::bigint[], %s::int[], %s::text[], %s::text[],"
+          " %s::bigint[])")
 
 
 class PgClaims:
