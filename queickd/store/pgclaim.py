@@ -36,15 +36,14 @@ _PAUSE_KINDS = frozenset({"key", "func", "pool"})  # the view's rows of pauses (
 # take a budgeted pool's jobs to the selection, so the fast path never meets a budget.
 _CLAIM = f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(now)s, %(worker)s, %(pools)s, %(net)s, %(limit)s)"
 _VIEW = "SELECT * FROM queickd_claim_view(%s, %s, %s, %s, %s)"
+# The selection's pages after its first: queued jobs in queue order after a position,
+# leaving out full groups (pgclaimsql.py, 11); _HEAD is before every job.
+_AFTER = "SELECT * FROM queickd_candidates_after(%s, %s::text[], %s, %s, %s, %s)"
+_HEAD = (-(1 << 31), float("-inf"), 0)
 # The selection's jobs marked running and, for those it let through as probes (and only if
-# they are claimed here), their pauses stamped: one statement.
-_START = (
-    "WITH started AS (UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = %s, worker_id = %s,"
-    " slot = u.s FROM unnest(%s::bigint[], %s::int[]) AS u(i, s) WHERE jobs.id = u.i AND jobs.state = 'queued'"
-    f" RETURNING {', '.join('jobs.' + n for n in dbrows.JOB_COLS.split(', '))}),"
-    " stamped AS (UPDATE pauses p SET probe_job = t.j FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS t(k, n, j)"
-    " WHERE p.kind = t.k AND p.name = t.n AND t.j IN (SELECT id FROM started))"
-    f" SELECT {dbrows.JOB_COLS} FROM started")
+# they are claimed here), their pauses stamped: one call (pgclaimsql.py, 10).
+_START = (f"SELECT {dbrows.JOB_COLS} FROM queickd_start(%s, %s, %s::bigint[], %s::int[], %s::text[], %s::text[],"
+          " %s::bigint[])")
 
 
 class PgClaims:
@@ -108,18 +107,28 @@ class PgClaims:
         pick = claim.Selection(claim.Request(params["limit"], params["net"], served, limits, params["now"]),
                                claim.Running.of_jobs(running, pauses, probes))
         # The first page came unfiltered, with what runs; the next ones leave out the jobs of
-        # groups full before this claim (they hold nothing), from the first such row not read.
+        # groups full before this claim (they hold nothing), read by group (pgclaimsql.py,
+        # 11) so that a full group's backlog is not walked. They start again from the head
+        # of the queue, and the rows the first page offered are dropped (the first page is
+        # the head of the queue: those are the first of the filtered rows).
         full = pick.full_groups()
-        skip = set(full)
         pick.offer_all(map(claim.Row._make, first))
-        offset = sum(1 for r in first if r[6] is None or r[6] not in skip)  # r[6]: concurrency_group
+        skip = set(full)
+        offered = {r[0] for r in first if r[6] is None or r[6] not in skip}  # r[6]: concurrency_group
+        read = len(offered)
+        after = _HEAD
         more = len(first) == page
-        while more and not pick.full and offset < pick.look_ahead:
-            rows = c.execute("SELECT * FROM queickd_candidates(%s, %s::text[], %s, %s)",
-                             (params["pools"], full, page, offset)).fetchall()
-            pick.offer_all(map(claim.Row._make, rows))
-            more = len(rows) == page
-            offset += page
+        while more and not pick.full and read < pick.look_ahead:
+            ask = page + len(offered)
+            rows = c.execute(_AFTER, (params["pools"], full, ask, *after)).fetchall()
+            more = len(rows) == ask
+            if rows:
+                after = (rows[-1][0], rows[-1][6], rows[-1][1])  # (priority, run_at, id)
+            if offered:
+                rows = [r for r in rows if r[1] not in offered]
+                offered = set()
+            pick.offer_all(claim.Row._make(r[1:]) for r in rows)
+            read += len(rows)
         if not pick.chosen:
             return []
         # A row another claim took meanwhile is no longer queued: it is left out here.

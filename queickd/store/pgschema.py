@@ -17,6 +17,8 @@ Nothing here imports psycopg; pgregistry.py runs these statements.
 
 from __future__ import annotations
 
+from . import pgclaimsql
+
 MIGRATE_LOCK = 0x71756963_6B640001  # pg_advisory lock id: "quickd" + 1, held while migrating
 
 # Each entry brings the schema from version i to i + 1. Never edit one that has shipped:
@@ -481,6 +483,8 @@ MIGRATIONS: list[str] = [
     ALTER FUNCTION queickd_candidates(text[], text[], integer, integer) SET jit = off;
     ALTER FUNCTION queickd_claim_view(bigint, bigint, text[], integer, double precision) SET jit = off;
     """,
+    # 10 on: the claim's functions, in pgclaimsql.py.
+    *pgclaimsql.MIGRATIONS,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
