@@ -49,7 +49,7 @@ from . import rows as dbrows
 from .base import StoreBase
 from .pgclaim import PgClaims
 from .pgregistry import ALIVE, FleetRecords, notify
-from .pgsubmit import SUBMIT_LOCK, WAITING_SQL, PgSubmit
+from .pgsubmit import WAITING_SQL, PgSubmit
 from .pools import set_pool_sql
 from .records import CronFire, CronRecord, EventAccepted, Finished, NewEvent, Pause, Recovered
 from .sqlshared import SharedSql, filters
@@ -74,8 +74,7 @@ class PostgresStore(PgSubmit, PgClaims, FleetRecords, SharedSql, SqlWorkflows, S
     _WF_BUDGET = "(meta::json)->'reason'->>'budget'"
 
     def _wf_submit(self, c: psycopg.Connection, jobs: list[NewJob], now: float) -> None:
-        c.execute("SELECT pg_advisory_xact_lock(%s)", (SUBMIT_LOCK,))  # every submit takes it
-        self._submit_in(c, [jobs], now, adm.NO_LIMITS)
+        self._submit_unadmitted(c, jobs, now)  # no admission: pgsubmit.py says why
 
     supports_notify = True
     # A killed or dropped connection (OperationalError: AdminShutdown, a reset socket...;
