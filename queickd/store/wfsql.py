@@ -67,6 +67,10 @@ class _Tx:
     def __init__(self, store: SqlWorkflows, c: Any) -> None:
         self.s, self.c = store, c
         self.unavailable = store.UNAVAILABLE
+        # Runs as lock_roots read them, each until this transaction writes it (then it is
+        # read again: what was written may differ in type from what a read gives back,
+        # a tuple for a list). Saves a chain's step its read of the run.
+        self._locked: dict[int, RunRecord] = {}
 
     def _x(self, sql: str, params: tuple | list = ()) -> Any:
         return self.c.execute(self.s._q(sql), params)
@@ -80,6 +84,7 @@ class _Tx:
         except self.unavailable:
             raise  # the connection (or the file) is in trouble: the whole transaction goes
         except BaseException:
+            self._locked.clear()  # what the block wrote is undone: read it all again
             self.c.execute("ROLLBACK TO SAVEPOINT wf_run")
             self.c.execute("RELEASE SAVEPOINT wf_run")
             raise
@@ -90,10 +95,14 @@ class _Tx:
         if not self.s._WF_LOCK or not ids:
             return
         marks = ",".join("?" * len(ids))
-        self._x(f"SELECT id FROM workflow_runs WHERE id IN (SELECT coalesce(root, id) FROM workflow_runs"
-                f" WHERE id IN ({marks})) ORDER BY id{self.s._WF_LOCK}", ids).fetchall()
+        rows = self._x(f"SELECT {RUN_COLS} FROM workflow_runs WHERE id IN (SELECT coalesce(root, id) FROM workflow_runs"
+                       f" WHERE id IN ({marks})) ORDER BY id{self.s._WF_LOCK}", ids).fetchall()
+        self._locked.update((r[0], row_to_run(r)) for r in rows)
 
     def run_get(self, run_id: int) -> RunRecord | None:
+        run = self._locked.get(run_id)
+        if run is not None:
+            return run
         row = self._x(f"SELECT {RUN_COLS} FROM workflow_runs WHERE id = ?{self.s._WF_LOCK}", (run_id,)).fetchone()
         return row_to_run(row) if row else None
 
@@ -108,6 +117,7 @@ class _Tx:
 
     def run_update(self, run: RunRecord) -> None:
         # What a transition changes; the rest of the row is written once, by the insert.
+        self._locked.pop(run.id, None)
         if _StateCache.text_of(run.state) is not None:  # the state as read: unchanged
             self._x("UPDATE workflow_runs SET status = ?, step = ?, meta = ?, finished_at = ? WHERE id = ?",
                     (run.status, run.step, dbrows.dumps(run.meta()), run.finished_at, run.id))
