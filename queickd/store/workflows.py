@@ -121,7 +121,21 @@ def advance(tx: WorkflowTx, dones: Sequence[StepDone], now: float) -> None:
     if not dones:
         return
     tx.lock_roots({d.run for d in dones})
-    for d in sorted(dones, key=lambda d: (d.run, d.job_id or 0)):
+    ordered = sorted(dones, key=lambda d: (d.run, d.job_id or 0))
+    if len(ordered) > 1:
+        # One savepoint for them all (a savepoint each is two statements per item); if any
+        # raises, all are undone and applied again one savepoint each, so that only the
+        # run that raised fails. The transitions are pure: the second time decides the same.
+        try:
+            with tx.savepoint():
+                for d in ordered:
+                    _transition(tx, d, now)
+            return
+        except tx.unavailable:
+            raise
+        except Exception:
+            pass
+    for d in ordered:
         _advance(tx, d, now)
 
 
