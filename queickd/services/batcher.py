@@ -122,7 +122,8 @@ class SubmitBatcher:
         finally:
             with self._cond:
                 self._committing = False
-                self._cond.notify()
+                if self._pending:  # they waited for this commit; with none, a wake-up would be for nothing
+                    self._cond.notify()
 
     def stop(self) -> None:
         """Commit what is already queued, then stop. Idempotent; safe before start()."""
