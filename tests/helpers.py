@@ -172,3 +172,27 @@ class Listener:
                 pass
             self.sock.close()
             self.sock = None
+
+
+def run_together(*calls, timeout: float = 60.0) -> None:
+    """Run each call in a thread of its own, all at once, and wait for them all. A call
+    that raises fails the test with its error (a thread's exception is otherwise only
+    printed), and one still running after `timeout` seconds fails it too: a stuck thread
+    must not pass unseen."""
+    errors: list[BaseException] = []
+
+    def guarded(call) -> None:
+        try:
+            call()
+        except BaseException as e:  # re-raised below, on the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(c,), daemon=True) for c in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    stuck = sum(t.is_alive() for t in threads)
+    if errors:
+        raise errors[0]
+    assert not stuck, f"{stuck} of {len(threads)} threads still running after {timeout} s"

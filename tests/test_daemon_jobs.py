@@ -1,9 +1,10 @@
 """Jobs through a real daemon: run, results, failures, retries, scheduling, operator actions."""
 
+import functools
 import time
 
 import pytest
-from helpers import read_lines
+from helpers import read_lines, run_together
 
 from queickd import SchedulingTime
 from queickd.core.job import State
@@ -225,10 +226,6 @@ def test_one_client_is_safe_to_share_between_threads(client):
             with lock:
                 ids.append(job_id)
 
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(*(functools.partial(work, n) for n in range(8)))
     assert len(set(ids)) == 200
     assert {client.wait(i, 30)["state"] for i in ids} == {State.SUCCEEDED}

@@ -1,11 +1,12 @@
 """No job is lost: concurrency, kill -9, graceful stop, orphans, cron catch-up."""
 
+import functools
 import threading
 import time
 from collections import Counter
 
 import pytest
-from helpers import DaemonProcess, read_lines
+from helpers import DaemonProcess, read_lines, run_together
 
 from queickd.core.job import NewJob, State
 from queickd.store import CronRecord
@@ -22,11 +23,7 @@ def test_pipelined_enqueues_from_many_connections_each_run_once(daemon, tmp_path
             jobs = [q.job("testjobs:append", (str(out), f"{n}-{i}")) for i in range(per_conn)]
             acked[n] = q.enqueue_pipelined(jobs)
 
-    threads = [threading.Thread(target=send, args=(n,)) for n in range(conns)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(*(functools.partial(send, n) for n in range(conns)))
     ids = [i for a in acked for i in a]
     assert len(set(ids)) == per_conn * conns
     with daemon.client() as q:

@@ -8,7 +8,7 @@ import sys
 import threading
 
 import pytest
-from helpers import read_lines
+from helpers import read_lines, run_together
 
 from queickd.core.job import State
 from queickd.core.protocol import QueueError
@@ -168,11 +168,7 @@ def test_concurrent_duplicate_enqueues_return_one_id(daemon):
                 with lock:
                     ids.append(job_id)
 
-    threads = [threading.Thread(target=send) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(*[send] * 4)
     assert len(ids) == 80 and len(set(ids)) == 1
 
 

@@ -4,6 +4,7 @@ import threading
 from functools import partial
 
 import pytest
+from helpers import run_together
 from store_contract import T0, StoreContract, job
 
 from queickd.core.job import Outcome, State
@@ -82,11 +83,7 @@ def test_concurrent_claimers_run_each_job_once_and_one_job_per_key_at_a_time(pg_
         finally:
             s.close()
 
-    threads = [threading.Thread(target=claimer) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_together(*[claimer] * 4)
     assert sorted(claimed) == sorted(set(claimed)) and len(claimed) == 100
     assert overlap == []
     assert pg_store.counts()[State.SUCCEEDED] == 100
@@ -110,11 +107,7 @@ def test_failures_finished_at_once_on_several_connections_are_all_counted(pg_url
         finally:
             s.close()
 
-    threads = [threading.Thread(target=finisher, args=(jobs[i::3],)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_together(*(partial(finisher, jobs[i::3]) for i in range(3)))
     assert pg_store.connect().execute("SELECT failures FROM streaks WHERE kind = 'func'").fetchone()[0] == 60
     assert [(p.name, p.failures) for p in paused] == [("m:f", 45)]
     assert [(p.name, p.failures) for p in pg_store.pauses()] == [("m:f", 60)]
@@ -283,11 +276,7 @@ def test_hosts_claiming_at_once_let_one_probe_through(pg_url, pg_store, grouped)
         finally:
             s.close()
 
-    threads = [threading.Thread(target=claimer) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_together(*[claimer] * 4)
     assert len(got) == 1 and pg_store.pauses()[0].probe_job == got[0].id
 
 
@@ -342,11 +331,7 @@ def _race(first, second):
         except BaseException as e:  # reported by the caller, with the round it failed in
             errors.append(e)
 
-    threads = [threading.Thread(target=at_once, args=(c,)) for c in (first, second)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    run_together(partial(at_once, first), partial(at_once, second), timeout=30)
     return errors
 
 
