@@ -191,3 +191,30 @@ def test_a_job_held_back_by_its_group_on_one_worker_starts_when_another_worker_f
         gate.release_all()
         assert q.wait(held, 20)["state"] == State.SUCCEEDED
         assert q.wait(behind, 20)["state"] == State.SUCCEEDED
+
+
+def test_clear_budgets_removes_the_budgets_in_force_and_every_claimer_follows(pg_fresh_database, start_daemon,
+                                                                             tmp_path):
+    url = pg_fresh_database
+    d = start_daemon(url, "--heartbeat", str(HEARTBEAT), "--config",
+                     config(tmp_path, "[budgets.pools]\ndefault = 3\n"), workers=0)
+    with d.client() as q:
+        with pytest.raises(QueueError, match="exceeds the whole budget of pool 'default'"):
+            q.enqueue("testjobs:noop", cost_units=4)
+    out = subprocess.run([sys.executable, "-m", "queickd", "db", "clear-budgets", "--store", url],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "removed the budget of pool 'default' (3 units)" in out.stdout
+    d.wait_for_line("another process changed the budgets in force: pool 'default' 3 -> none")
+    with d.client() as q:
+        assert q.stats()["budgets"] == []
+        q.enqueue("testjobs:noop", cost_units=4)  # no budget holds it back any more
+
+
+def test_clear_budgets_on_sqlite_says_the_config_file_holds_them(tmp_path):
+    url = f"sqlite:///{tmp_path}/queue.db"
+    out = subprocess.run([sys.executable, "-m", "queickd", "db", "clear-budgets", "--store", url],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 78
+    assert "config file" in out.stderr
+    assert not (tmp_path / "queue.db").exists()  # nothing was created

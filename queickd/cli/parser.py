@@ -377,6 +377,13 @@ def _fleet_parsers(sub: Any) -> None:
     bak.add_argument("path", help="the new file to write (it must not exist)")
     opt(bak, "--store", "store URL", DEFAULTS.store)
     bak.set_defaults(handler=run_cmd.db_backup)
+    clr = dbsub.add_parser("clear-budgets", help="remove the cost budgets in force from a PostgreSQL store",
+                           description="Remove every cost budget in force from the PostgreSQL database: "
+                           "every daemon and worker on it follows at once. One whose --config names "
+                           "[budgets] writes its own again when it next starts, so remove them there too. "
+                           "On SQLite the daemon's config file holds the budgets: edit it and restart.")
+    opt(clr, "--store", "store URL", DEFAULTS.store)
+    clr.set_defaults(handler=run_cmd.db_clear_budgets)
     chk = dbsub.add_parser("check", help="check the SQLite store as the daemon does at start",
                            description="Check the SQLite store without writing to it: the file against "
                            "its marker (PATH.id), its header, PRAGMA quick_check and its schema. Exits 0 "

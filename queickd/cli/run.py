@@ -103,6 +103,36 @@ def db_migrate(a: argparse.Namespace) -> int:
     return 0
 
 
+def db_clear_budgets(a: argparse.Namespace) -> int:
+    """`queick db clear-budgets`: the budgets in force on a shared store removed (each
+    claimer reads them in its next claim; the others are told at once)."""
+    from ..core.policy.claim import Limits
+    from ..store import open_store
+    from ..store.base import FleetStore
+
+    try:
+        store = open_store(a.store) if a.store.startswith(("postgres://", "postgresql://")) else None
+    except (ValueError, OSError, VersionMismatchError) as e:
+        print(f"queick: cannot open {a.store}: {e}", file=sys.stderr)
+        return 1
+    if not isinstance(store, FleetStore):
+        print(f"queick: {a.store} is not a PostgreSQL store: its budgets are the daemon's config file's "
+              "([budgets.pools], [budgets.groups]); edit it and restart the daemon", file=sys.stderr)
+        return EX_CONFIG
+    try:
+        changes = store.adopt_budgets(Limits())
+    except store.UNAVAILABLE as e:
+        print(f"queick: cannot clear the budgets: {e}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    if not changes:
+        print(f"{store.url}: no budgets were in force")
+    for c in changes:
+        print(f"{store.url}: removed the budget of {c.kind} {c.name!r} ({c.old:g} units)")
+    return 0
+
+
 def db_backup(a: argparse.Namespace) -> int:
     """`queick db backup PATH`: an online copy of the SQLite store, with progress on stderr."""
     from ..store import sqlitebackup
