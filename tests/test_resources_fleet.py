@@ -218,3 +218,23 @@ def test_clear_budgets_on_sqlite_says_the_config_file_holds_them(tmp_path):
     assert out.returncode == 78
     assert "config file" in out.stderr
     assert not (tmp_path / "queue.db").exists()  # nothing was created
+
+
+def test_a_worker_probes_a_pause_it_began_when_the_cooldown_ends_not_at_its_sweep(pg_fresh_database, start_daemon,
+                                                                                 start_worker, gate):
+    import socket
+
+    url = pg_fresh_database
+    breaker = ("--pause-after", "2", "--pause-cooldown", "1")
+    d = start_daemon(url, "--heartbeat", str(HEARTBEAT), "--sweep", "600", *breaker, workers=0)
+    start_worker(url, workers=1, heartbeat=HEARTBEAT, extra=(*breaker, "--sweep", "600"))
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        nobody = closed.getsockname()[1]  # a port nothing listens on once closed: those runs fail
+    with d.client() as q:
+        for i in range(2):
+            assert q.wait(q.enqueue("testjobs:gate", [nobody, f"x{i}"]), 20)["state"] == State.DEAD
+        probe = q.enqueue("testjobs:gate", [gate.port, "probe"])
+        assert gate.arrival(20) == "probe"  # a second after the pause began, not 600
+        gate.release_all()
+        assert q.wait(probe, 20)["state"] == State.SUCCEEDED
+        assert q.stats()["paused"] == []  # the probe's success lifted the pause

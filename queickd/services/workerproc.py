@@ -27,6 +27,7 @@ from ..core.policy.resources import parse as parse_resources
 from ..run.loader import FunctionLoader
 from ..run.routing import make_runner
 from ..store.base import FleetStore
+from .alarm import Alarm
 from .budgets import BudgetsInForce
 from .fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
 from .memory_gate import DEFAULT_RESERVE_MB, MemoryGate
@@ -111,8 +112,12 @@ def run(config: WorkerConfig) -> int:
         gate = MemoryGate(store, reserve_mb=config.memory_reserve, max_rss_mb=config.max_rss,
                           root=config.memory_root)
         runner = make_runner(loader, sandbox.settings(config), config.sandbox_env, measure=gate.keeps)
+        # A pause begun here is probed after its cooldown: the pool wakes then, not at its
+        # next sweep (the daemon's scheduler does this for a daemon's pool).
+        probes = Alarm(lambda: pool.wake(), name="queickd-probes")
         pool = WorkerPool(store, loader, config.workers, sweep=config.sweep, pause_after=config.pause_after,
-                          pause_cooldown=config.pause_cooldown, pools=list(config.pool), runner=runner,
+                          pause_cooldown=config.pause_cooldown, on_probe_at=probes.at,
+                          pools=list(config.pool), runner=runner,
                           memory=gate, size=adaptive_size(config.workers, config.min_workers,
                                                           config.max_workers, config.idle_grace),
                           limits=limits)
@@ -129,6 +134,7 @@ def run(config: WorkerConfig) -> int:
         pool.stop_claiming()
         log.info("stopping: no new claims; waiting up to %.0f s for running jobs", config.stop_timeout)
         finished = pool.stop(config.stop_timeout)
+        probes.stop()
         runner.stop()
         member.stop()
         log.info("stopped" if finished else "stopped with jobs still running (re-queued by the fleet)")
