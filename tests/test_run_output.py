@@ -66,3 +66,21 @@ def test_a_process_job_on_postgresql_keeps_its_output(pg_fresh_database, start_d
     with d.client() as q:
         job = q.wait(q.enqueue("sandboxjobs:talk", isolation="process"), 30)
     assert (job["state"], job["output"]) == (State.SUCCEEDED, "to stdout\nto stderr\n")
+
+
+def test_a_listing_carries_the_end_of_each_jobs_output_and_get_all_of_it(client):
+    from queickd.core.job import OUTPUT_PREVIEW
+
+    job_id = client.wait(client.enqueue("sandboxjobs:talk", [40], isolation="process"), 20)["id"]
+    whole = client.get(job_id)["output"]
+    (listed,) = [j for j in client.jobs(state=State.SUCCEEDED) if j["id"] == job_id]
+    assert len(whole) == 40 * 1024 + 20
+    assert listed["output"] == whole[-OUTPUT_PREVIEW:] and listed["output_chars"] == len(whole)
+
+
+def test_a_listing_of_many_jobs_with_the_most_output_stays_readable(client):
+    ids = client.enqueue_many([client.job("sandboxjobs:talk", [200], isolation="process") for _ in range(70)])
+    for i in ids:
+        client.wait(i, 60)
+    listed = client.jobs(state=State.SUCCEEDED, limit=100)  # 70 x 64 KiB whole would pass a reply's 4 MiB
+    assert len([j for j in listed if j["id"] in set(ids)]) == 70

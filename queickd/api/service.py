@@ -248,7 +248,7 @@ class QueueService(WorkflowOps):
 
     def op_dead(self, req: dict[str, Any]) -> dict[str, Any]:
         n = arguments.limit(req)
-        return {"ok": True, "jobs": [j.to_dict() for j in self.store.list_jobs(State.DEAD, n)],
+        return {"ok": True, "jobs": [j.to_listing() for j in self.store.list_jobs(State.DEAD, n)],
                 "events": [e.to_dict() for e in self.store.list_events(EventState.DEAD, n)]}
 
     def op_purge(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -322,7 +322,7 @@ class QueueService(WorkflowOps):
 
     def op_jobs(self, req: dict[str, Any]) -> dict[str, Any]:
         jobs = self.store.list_jobs(arguments.state_filter(req), arguments.limit(req), **arguments.job_filters(req))
-        return {"ok": True, "jobs": [j.to_dict() for j in jobs]}
+        return {"ok": True, "jobs": [j.to_listing() for j in jobs]}
 
     def op_stats(self, req: dict[str, Any]) -> dict[str, Any]:
         now = self.clock()

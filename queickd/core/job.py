@@ -75,13 +75,28 @@ class Submitted:
     duplicate: bool = False  # an idempotency key matched an existing job
 
 
+# Characters of a job's captured output that a listing (`jobs`, `dead`) carries: its end,
+# where a failure shows. A job keeps up to 64 KiB of it; a listing of a hundred such jobs
+# (of up to 10,000) would pass the 4 MiB a client reads of one reply. `get` carries it whole.
+OUTPUT_PREVIEW = 2000
+
+
 class _JobMethods:
     __slots__ = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """The wire form of a job (protocol `get`, `jobs`)."""
+        """The wire form of a job (protocol `get`)."""
         d = dataclasses.asdict(self)  # type: ignore[call-overload]
         d["retry"] = self.retry.to_dict() if self.retry else None  # type: ignore[attr-defined]
+        return d
+
+    def to_listing(self) -> dict[str, Any]:
+        """The wire form of a job in a listing: its output cut to its last OUTPUT_PREVIEW
+        characters, with `output_chars` saying how long it is whole."""
+        d = self.to_dict()
+        out = d.get("output")
+        if out is not None and len(out) > OUTPUT_PREVIEW:
+            d["output"], d["output_chars"] = out[-OUTPUT_PREVIEW:], len(out)
         return d
 
 
