@@ -68,6 +68,18 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def stop_group(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM to the process group `proc` leads, SIGKILL after `grace` seconds; reaped."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
 def chain(steps: int = 10) -> dict[str, Any]:
     return {"name": "chain", "steps": [{"name": f"s{i}", "func": STEP} for i in range(steps)]}
 
@@ -100,13 +112,7 @@ def daemon(store_url: str, workers: int = 4) -> Iterator[int]:
             raise RuntimeError("the daemon did not start")
         yield port[0]
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        stop_group(proc, 30)
 
 
 def end_to_end(store_url: str, jobs: int, runs: int, items: int) -> dict[str, float]:
@@ -281,9 +287,7 @@ def huey(venv: Path, runs: int, items: int, jobs: int) -> dict[str, float] | Non
                 return None
             out = json.loads(res.stdout.strip().splitlines()[-1])
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(30)
+            stop_group(proc, 30)
     return with_ratios(out)
 
 
@@ -404,13 +408,7 @@ def celery(venv: Path, runs: int, items: int, jobs: int, broker: str = CELERY_BR
                 return None
             out = json.loads(res.stdout.strip().splitlines()[-1])
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+            stop_group(proc, 60)
         text = worker_log.read_text(errors="replace")
         errors = [ln for ln in text.splitlines() if "ERROR" in ln or "Traceback" in ln or "CRITICAL" in ln]
         log(f"celery: worker log {len(text.splitlines())} lines, {len(errors)} with errors"

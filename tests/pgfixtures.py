@@ -71,3 +71,13 @@ def pg_fresh_database(pg_database):
     per database, so a database of its own keeps other tests' traffic out)."""
     with _new_database("queickd_t") as url:
         yield url
+
+
+@pytest.fixture
+def pg(pg_fresh_database):
+    """(URL, an autocommit connection to it): a database of its own, and a way in to look
+    at it (pg_stat_activity, tables) beside what the test runs on it."""
+    import psycopg
+
+    with psycopg.connect(pg_fresh_database, autocommit=True) as c:
+        yield pg_fresh_database, c

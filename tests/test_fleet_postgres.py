@@ -24,14 +24,6 @@ HEARTBEAT = 0.5
 WINDOW = 3 * HEARTBEAT  # silent this long: gone
 
 
-@pytest.fixture
-def pg(pg_fresh_database):
-    import psycopg
-
-    with psycopg.connect(pg_fresh_database, autocommit=True) as c:
-        yield pg_fresh_database, c
-
-
 
 
 def _daemon(start_daemon, url: str, *extra: str, workers: int = 0):

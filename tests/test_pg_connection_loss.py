@@ -6,17 +6,7 @@ from __future__ import annotations
 
 import threading
 
-import pytest
-
 from queickd.core.protocol import QueueError
-
-
-@pytest.fixture
-def pg(pg_fresh_database):
-    import psycopg
-
-    with psycopg.connect(pg_fresh_database, autocommit=True) as c:
-        yield pg_fresh_database, c
 
 
 def test_no_succeeded_job_is_recorded_dead_when_the_daemons_connections_are_killed(pg, start_daemon, tmp_path):

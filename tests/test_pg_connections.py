@@ -26,14 +26,6 @@ def _connections_by_process(admin, url: str) -> dict[int, int]:
     return out
 
 
-@pytest.fixture
-def pg(pg_fresh_database):
-    import psycopg
-
-    with psycopg.connect(pg_fresh_database, autocommit=True) as c:
-        yield pg_fresh_database, c
-
-
 def test_a_busy_daemon_and_a_worker_hold_three_connections_each(pg, start_daemon, start_worker):
     url, admin = pg
     d = start_daemon(url, workers=4)
