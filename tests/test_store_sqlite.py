@@ -71,6 +71,37 @@ def test_claim_walks_the_queue_index_without_sorting(tmp_path):
     s.close()
 
 
+def _claim_steps(s, *args, **kw):
+    """(jobs claimed, SQLite VM instructions the claim ran): the work it did, not its time."""
+    c = s._writer()
+    steps = [0]
+
+    def count():
+        steps[0] += 1
+        return 0
+
+    c.set_progress_handler(count, 1)
+    try:
+        return s.claim_available(*args, **kw), steps[0]
+    finally:
+        c.set_progress_handler(None, 1)
+
+
+def test_a_claim_with_every_group_full_reaches_the_jobs_behind_them_by_reading_no_full_groups_jobs(tmp_path):
+    steps = {}
+    for waiting in (10, 2000):
+        s = SQLiteStore(str(tmp_path / f"q{waiting}.db"))
+        s.submit([job(concurrency_group=f"g{i}", concurrency_limit=1) for i in range(5)], T0)
+        assert len(s.claim_available(5, T0)) == 5  # every group is full
+        s.submit([job(concurrency_group=f"g{i % 5}", concurrency_limit=1) for i in range(waiting)], T0)
+        plain = s.submit([job() for _ in range(2)], T0)
+        got, steps[waiting] = _claim_steps(s, 2, T0)
+        assert [j.id for j in got] == [p.job_id for p in plain]
+        s.close()
+    # The same work with 200 times the full groups' backlog: none of it was read.
+    assert steps[2000] <= steps[10] * 1.05
+
+
 def test_sqlite_urls_name_relative_and_absolute_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     rel = open_store("sqlite:///rel.db")

@@ -10,8 +10,11 @@ and the queue cap cost one row read, not a scan of a million jobs.
 from __future__ import annotations
 
 import collections
+import heapq
+import itertools
+import operator
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from ..core.job import Job, NewJob, Outcome, State, Submitted
 from ..core.policy import admission as adm
@@ -36,6 +39,54 @@ _PLAIN_COLS = ("id", "state", "func", "run_at", "created_at")
 _INSERT_PLAIN = (f"INSERT INTO jobs ({', '.join(_PLAIN_COLS)}) VALUES ", len(_PLAIN_COLS))
 _split = dbrows.insert_splitter(_PLAIN_COLS)
 _RARE = frozenset({State.RUNNING, State.DEAD, State.WAITING_NETWORK, State.CANCELLED})  # own indexes
+
+
+# A claim with full groups reads, in place of jobs_queued, the queued jobs without a group
+# and those of each other group with a job waiting (found by a skip scan of
+# jobs_queued_group, one seek per group), merged in queue order: what it reads is bounded
+# by the groups, not by the full groups' backlog (sqlite_schema.py, 10). Each stream is an
+# index walk a page at a time, from the head and then after its last row: (priority,
+# run_at) equal and a greater id, then a greater (priority, run_at) (SQLite ranges over
+# the id of such an index only under equal leading columns; a range on all three walks
+# every job of the same run_at).
+_WAITING_GROUPS = (
+    "WITH RECURSIVE w (name) AS (SELECT (SELECT concurrency_group FROM jobs INDEXED BY jobs_queued_group"
+    " WHERE state = 'queued' AND concurrency_group IS NOT NULL ORDER BY concurrency_group LIMIT 1)"
+    " UNION ALL SELECT (SELECT concurrency_group FROM jobs INDEXED BY jobs_queued_group WHERE state = 'queued'"
+    " AND concurrency_group IS NOT NULL AND concurrency_group > w.name ORDER BY concurrency_group LIMIT 1)"
+    " FROM w WHERE w.name IS NOT NULL) SELECT name FROM w WHERE name IS NOT NULL")
+_STREAMS = (f"SELECT priority, {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued_plain WHERE state = 'queued'"
+            " AND concurrency_group IS NULL{mine}{after} ORDER BY priority, run_at, id LIMIT ?",
+            f"SELECT priority, {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued_group WHERE state = 'queued'"
+            " AND concurrency_group IS NOT NULL AND concurrency_group = ?{mine}{after}"
+            " ORDER BY priority, run_at, id LIMIT ?")
+_SAME_AT, _PAST_AT = " AND priority = ? AND run_at = ? AND id > ?", " AND (priority, run_at) > (?, ?)"
+_POSITION = operator.itemgetter(0, 6, 1)  # (priority, run_at, id) of a stream's row
+
+
+def _stream(c: sqlite3.Connection, sql: str, head: tuple, page: int) -> Iterator[tuple]:
+    """One stream's rows in queue order (priority, then claim.ROW_COLS), a page at a time."""
+    first, same, past = (sql.replace("{after}", a) for a in ("", _SAME_AT, _PAST_AT))
+    rows = c.execute(first, (*head, page)).fetchall()
+    while True:
+        yield from rows
+        if len(rows) < page:
+            return
+        priority, run_at, job_id = _POSITION(rows[-1])
+        rows = c.execute(same, (*head, priority, run_at, job_id, page)).fetchall()
+        if len(rows) < page:
+            rows += c.execute(past, (*head, priority, run_at, page - len(rows))).fetchall()
+
+
+def _past_full(c: sqlite3.Connection, mine: str, served: tuple, full: frozenset[str],
+               page: int) -> Iterator[tuple]:
+    """The candidates in queue order, as claim.ROW_COLS, leaving out the jobs of `full` groups."""
+    plain, grouped = (sql.replace("{mine}", mine) for sql in _STREAMS)
+    streams = [_stream(c, plain, served, page)]
+    streams += [_stream(c, grouped, (g, *served), page)
+                for (g,) in c.execute(_WAITING_GROUPS).fetchall() if g not in full]
+    rows = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=_POSITION)
+    return (r[1:] for r in rows)
 
 
 class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
@@ -141,13 +192,14 @@ class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
             mine = "" if served is None else (
                 f" AND (pool IN ({','.join('?' * len(served))}) OR key IS NOT NULL)")
             full = pick.full_groups()
-            if full:
-                mine += f" AND (concurrency_group IS NULL OR concurrency_group NOT IN ({','.join('?' * len(full))}))"
-            while not pick.full and offset < pick.look_ahead:
+            if full:  # read by group, past the full ones
+                rows = _past_full(c, mine, tuple(served or ()), frozenset(full), page)
+                pick.offer_all(map(claim.Row._make, itertools.islice(rows, pick.look_ahead)))
+            while not full and not pick.full and offset < pick.look_ahead:
                 rows = c.execute(
                     f"SELECT {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued"
                     f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
-                    (*(served or ()), *full, page, offset),
+                    (*(served or ()), page, offset),
                 ).fetchall()
                 pick.offer_all(map(claim.Row._make, rows))
                 if len(rows) < page:
