@@ -4,7 +4,7 @@ import pytest
 from store_contract import T0, StoreContract, job
 
 from queickd.core.job import State
-from queickd.store import open_store
+from queickd.store import open_store, rows
 from queickd.store.sqlite import SCHEMA_VERSION, SQLiteStore
 
 
@@ -100,6 +100,21 @@ def test_a_claim_with_every_group_full_reaches_the_jobs_behind_them_by_reading_n
         s.close()
     # The same work with 200 times the full groups' backlog: none of it was read.
     assert steps[2000] <= steps[10] * 1.05
+
+
+def test_a_grouped_job_with_its_other_fields_at_their_defaults_is_inserted_with_eight_columns(tmp_path):
+    s = SQLiteStore(str(tmp_path / "q.db"))
+    sql = []
+    s._writer().set_trace_callback(sql.append)
+    short, other = s.submit([job(concurrency_group="api", concurrency_limit=3, cost_units=2.5),
+                             job(concurrency_group="api", priority=4)], T0)
+    s._writer().set_trace_callback(None)
+    inserts = [q for q in sql if q.startswith("INSERT INTO jobs")]
+    assert [q.split(")")[0].count(",") + 1 for q in inserts] == [8, len(rows.INSERT_COLS)]
+    a, b = s.get(short.job_id), s.get(other.job_id)
+    assert (a.concurrency_group, a.concurrency_limit, a.cost_units, a.priority, a.state) == ("api", 3, 2.5, 0, "queued")
+    assert (b.concurrency_group, b.concurrency_limit, b.cost_units, b.priority) == ("api", None, None, 4)
+    s.close()
 
 
 def test_sqlite_urls_name_relative_and_absolute_paths(tmp_path, monkeypatch):
