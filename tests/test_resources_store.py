@@ -3,12 +3,14 @@ and the claim's bounded look-ahead (core/policy/claim.py applied by memory, SQLi
 
 from __future__ import annotations
 
+import random
 import threading
 
 import pytest
 from store_contract import T0, job
 
 from queickd.core.job import Outcome, State
+from queickd.core.policy import claim
 from queickd.core.policy.claim import LOOK_AHEAD, Limits
 
 
@@ -31,7 +33,11 @@ def store(request, tmp_path):
 
 
 def grouped(group, limit, **kw):
-    return job(concurrency_group=group, concurrency_limit=limit, **kw)
+    return job(**grouped_kw(group, limit), **kw)
+
+
+def grouped_kw(group, limit):
+    return {"concurrency_group": group, "concurrency_limit": limit}
 
 
 def in_force(store, limits):
@@ -115,6 +121,29 @@ def test_any_number_of_jobs_of_a_full_group_do_not_hold_back_a_job_behind_them(s
     (plain,) = store.submit([job()], T0)
     # The SQL stores leave full groups out of what they read.
     assert [j.id for j in store.claim_available(1, T0)] == [plain.job_id]
+
+
+def test_a_claim_past_full_groups_starts_what_the_selection_policy_picks(store):
+    # Read by group past the full ones (SQLite, PostgreSQL), the candidates are still
+    # offered in queue order: other groups', ungrouped ones, keys, pools, priorities.
+    rnd = random.Random(7)
+    groups = [f"g{i}" for i in range(6)]
+    limits = [(g, 1 + i % 2) for i, g in enumerate(groups)]  # every job of a group says the same limit
+    store.submit([grouped(g, n) for g, n in limits[:4] for _ in range(n)], T0)
+    store.claim_available(100, T0)  # g0..g3 full
+    store.submit([job(priority=rnd.choice([0, 0, 1]), run_at=T0 - rnd.choice([0, 0, 1, 2]),
+                      pool=rnd.choice(["default", "default", "other"]),
+                      **(grouped_kw(*rnd.choice(limits)) if rnd.random() < 0.7
+                         else {"key": rnd.choice([None, None, "a", "b"])}))
+                  for _ in range(150)], T0)
+    for limit, pools in [(3, None), (1, ["default"]), (4, ["other"]), (40, None)] * 2:
+        queued = sorted(store.list_jobs(State.QUEUED, 1000), key=lambda j: (j.priority, j.run_at, j.id))
+        running = claim.Running.of_jobs([(j.key, j.concurrency_group, None, j.concurrency_limit, j.pool, j.cost_units)
+                                         for j in store.list_jobs(State.RUNNING, 1000)])
+        want = claim.select(queued, claim.Request.of(limit, True, pools), running)
+        assert [j.id for j in store.claim_available(limit, T0, pools=pools)] == want
+        done = [j for j in store.list_jobs(State.RUNNING, 1000) if j.concurrency_group not in groups[:4]]
+        store.finish_if_running([Outcome(j.id, State.SUCCEEDED) for j in done[::2]], T0)
 
 
 def test_concurrent_postgres_claimers_never_exceed_a_group_limit(pg_url):

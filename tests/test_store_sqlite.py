@@ -4,7 +4,7 @@ import pytest
 from store_contract import T0, StoreContract, job
 
 from queickd.core.job import State
-from queickd.store import open_store
+from queickd.store import open_store, rows
 from queickd.store.sqlite import SCHEMA_VERSION, SQLiteStore
 
 
@@ -68,6 +68,52 @@ def test_claim_walks_the_queue_index_without_sorting(tmp_path):
     claim = next(q for q in sql if "state = 'queued'" in q and q.startswith("SELECT"))
     plan = " ".join(str(r) for r in c.execute("EXPLAIN QUERY PLAN " + claim))
     assert "jobs_queued" in plan and "TEMP B-TREE" not in plan
+    s.close()
+
+
+def _claim_steps(s, *args, **kw):
+    """(jobs claimed, SQLite VM instructions the claim ran): the work it did, not its time."""
+    c = s._writer()
+    steps = [0]
+
+    def count():
+        steps[0] += 1
+        return 0
+
+    c.set_progress_handler(count, 1)
+    try:
+        return s.claim_available(*args, **kw), steps[0]
+    finally:
+        c.set_progress_handler(None, 1)
+
+
+def test_a_claim_with_every_group_full_reaches_the_jobs_behind_them_by_reading_no_full_groups_jobs(tmp_path):
+    steps = {}
+    for waiting in (10, 2000):
+        s = SQLiteStore(str(tmp_path / f"q{waiting}.db"))
+        s.submit([job(concurrency_group=f"g{i}", concurrency_limit=1) for i in range(5)], T0)
+        assert len(s.claim_available(5, T0)) == 5  # every group is full
+        s.submit([job(concurrency_group=f"g{i % 5}", concurrency_limit=1) for i in range(waiting)], T0)
+        plain = s.submit([job() for _ in range(2)], T0)
+        got, steps[waiting] = _claim_steps(s, 2, T0)
+        assert [j.id for j in got] == [p.job_id for p in plain]
+        s.close()
+    # The same work with 200 times the full groups' backlog: none of it was read.
+    assert steps[2000] <= steps[10] * 1.05
+
+
+def test_a_grouped_job_with_its_other_fields_at_their_defaults_is_inserted_with_eight_columns(tmp_path):
+    s = SQLiteStore(str(tmp_path / "q.db"))
+    sql = []
+    s._writer().set_trace_callback(sql.append)
+    short, other = s.submit([job(concurrency_group="api", concurrency_limit=3, cost_units=2.5),
+                             job(concurrency_group="api", priority=4)], T0)
+    s._writer().set_trace_callback(None)
+    inserts = [q for q in sql if q.startswith("INSERT INTO jobs")]
+    assert [q.split(")")[0].count(",") + 1 for q in inserts] == [8, len(rows.INSERT_COLS)]
+    a, b = s.get(short.job_id), s.get(other.job_id)
+    assert (a.concurrency_group, a.concurrency_limit, a.cost_units, a.priority, a.state) == ("api", 3, 2.5, 0, "queued")
+    assert (b.concurrency_group, b.concurrency_limit, b.cost_units, b.priority) == ("api", None, None, 4)
     s.close()
 
 

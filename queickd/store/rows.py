@@ -77,31 +77,35 @@ insert_values = _insert_encoder()
 insert_values.__doc__ = "The values of INSERT_COLS for a new job, encoded for either SQL store."
 
 
-def insert_splitter(plain_cols: tuple[str, ...]) -> Any:
-    """split(ids, inserts, now) -> (plain rows, full rows), for (_, _, NewJob) `inserts` as
-    admission plans them. A job whose stored fields outside `plain_cols` are all at their
-    declared defaults (max_attempts follows retry) is a plain row of `plain_cols`, which
-    leaves the other columns to their defaults; the others are rows of INSERT_COLS. One
-    generated loop: a call or two per job would cost a few percent of the insert."""
+def insert_splitter(*shapes: tuple[str, ...]) -> Any:
+    """split(ids, inserts, now) -> (rows of each shape..., full rows), for (_, _, NewJob)
+    `inserts` as admission plans them. A job whose stored fields outside a shape's columns
+    are all at their declared defaults (max_attempts follows retry) is a row of the first
+    such shape, which leaves the other columns to their defaults; the others are rows of
+    INSERT_COLS. One generated loop: a call or two per job would cost a few percent of the
+    insert."""
     by_name = {f.name: f for f in fields.INSERTED}
-    tests, ns = [], {**_NS, "QUEUED": State.QUEUED, "SCHEDULED": State.SCHEDULED}
-    for f in fields.NEW_FIELDS:
-        if f.job and f.name not in plain_cols:
-            falsy = f.default in (list, dict) or (not callable(f.default) and f.default in (None, 0, False, ""))
-            tests.append(f"not j.{f.name}" if falsy else f"j.{f.name} == d_{f.name}")
-            ns[f"d_{f.name}"] = f.default
-    plain = ", ".join(_value(by_name[n]) for n in plain_cols)
+    ns = {**_NS, "QUEUED": State.QUEUED, "SCHEDULED": State.SCHEDULED}
+    lists = [f"s{k}" for k in range(len(shapes))]
+    branches = []
+    for k, cols in enumerate(shapes):
+        tests = []
+        for f in fields.NEW_FIELDS:
+            if f.job and f.name not in cols:
+                falsy = f.default in (list, dict) or (not callable(f.default) and f.default in (None, 0, False, ""))
+                tests.append(f"not j.{f.name}" if falsy else f"j.{f.name} == d_{f.name}")
+                ns[f"d_{f.name}"] = f.default
+        row = ", ".join(_value(by_name[n]) for n in cols)
+        branches.append(f"        {'if' if k == 0 else 'elif'} {' and '.join(tests) or 'True'}:\n"
+                        f"            {lists[k]}.append(({row},))\n")
     full = ", ".join(_value(f) for f in fields.INSERTED)
-    src = f"""def split(ids, inserts, now):
-    plain, full = [], []
-    for job_id, (_, _, j) in zip(ids, inserts, strict=True):
-        state = QUEUED if j.run_at <= now else SCHEDULED
-        if {" and ".join(tests)}:
-            plain.append(({plain},))
-        else:
-            full.append(({full},))
-    return plain, full
-"""
+    src = ("def split(ids, inserts, now):\n"
+           + "".join(f"    {name} = []\n" for name in lists) + "    full = []\n"
+           "    for job_id, (_, _, j) in zip(ids, inserts, strict=True):\n"
+           "        state = QUEUED if j.run_at <= now else SCHEDULED\n"
+           + "".join(branches)
+           + f"        else:\n            full.append(({full},))\n"
+           f"    return {', '.join(lists)}, full\n")
     return fields.build_function("split", src, ns)
 
 

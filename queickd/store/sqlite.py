@@ -10,8 +10,11 @@ and the queue cap cost one row read, not a scan of a million jobs.
 from __future__ import annotations
 
 import collections
+import heapq
+import itertools
+import operator
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from ..core.job import Job, NewJob, Outcome, State, Submitted
 from ..core.policy import admission as adm
@@ -34,8 +37,59 @@ _STATE_AT = dbrows.INSERT_COLS.index("state")  # in a row of _INSERT
 # other fields at their defaults is inserted with these columns alone.
 _PLAIN_COLS = ("id", "state", "func", "run_at", "created_at")
 _INSERT_PLAIN = (f"INSERT INTO jobs ({', '.join(_PLAIN_COLS)}) VALUES ", len(_PLAIN_COLS))
-_split = dbrows.insert_splitter(_PLAIN_COLS)
+# ... and a job in a concurrency group with these and its group's three (8 rather than 15).
+_GROUPED_COLS = (*_PLAIN_COLS, "concurrency_group", "concurrency_limit", "cost_units")
+_INSERT_GROUPED = (f"INSERT INTO jobs ({', '.join(_GROUPED_COLS)}) VALUES ", len(_GROUPED_COLS))
+_split = dbrows.insert_splitter(_PLAIN_COLS, _GROUPED_COLS)
 _RARE = frozenset({State.RUNNING, State.DEAD, State.WAITING_NETWORK, State.CANCELLED})  # own indexes
+
+
+# A claim with full groups reads, in place of jobs_queued, the queued jobs without a group
+# and those of each other group with a job waiting (found by a skip scan of
+# jobs_queued_group, one seek per group), merged in queue order: what it reads is bounded
+# by the groups, not by the full groups' backlog (sqlite_schema.py, 10). Each stream is an
+# index walk a page at a time, from the head and then after its last row: (priority,
+# run_at) equal and a greater id, then a greater (priority, run_at) (SQLite ranges over
+# the id of such an index only under equal leading columns; a range on all three walks
+# every job of the same run_at).
+_WAITING_GROUPS = (
+    "WITH RECURSIVE w (name) AS (SELECT (SELECT concurrency_group FROM jobs INDEXED BY jobs_queued_group"
+    " WHERE state = 'queued' AND concurrency_group IS NOT NULL ORDER BY concurrency_group LIMIT 1)"
+    " UNION ALL SELECT (SELECT concurrency_group FROM jobs INDEXED BY jobs_queued_group WHERE state = 'queued'"
+    " AND concurrency_group IS NOT NULL AND concurrency_group > w.name ORDER BY concurrency_group LIMIT 1)"
+    " FROM w WHERE w.name IS NOT NULL) SELECT name FROM w WHERE name IS NOT NULL")
+_STREAMS = (f"SELECT priority, {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued_plain WHERE state = 'queued'"
+            " AND concurrency_group IS NULL{mine}{after} ORDER BY priority, run_at, id LIMIT ?",
+            f"SELECT priority, {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued_group WHERE state = 'queued'"
+            " AND concurrency_group IS NOT NULL AND concurrency_group = ?{mine}{after}"
+            " ORDER BY priority, run_at, id LIMIT ?")
+_SAME_AT, _PAST_AT = " AND priority = ? AND run_at = ? AND id > ?", " AND (priority, run_at) > (?, ?)"
+_POSITION = operator.itemgetter(0, 6, 1)  # (priority, run_at, id) of a stream's row
+
+
+def _stream(c: sqlite3.Connection, sql: str, head: tuple, page: int) -> Iterator[tuple]:
+    """One stream's rows in queue order (priority, then claim.ROW_COLS), a page at a time."""
+    first, same, past = (sql.replace("{after}", a) for a in ("", _SAME_AT, _PAST_AT))
+    rows = c.execute(first, (*head, page)).fetchall()
+    while True:
+        yield from rows
+        if len(rows) < page:
+            return
+        priority, run_at, job_id = _POSITION(rows[-1])
+        rows = c.execute(same, (*head, priority, run_at, job_id, page)).fetchall()
+        if len(rows) < page:
+            rows += c.execute(past, (*head, priority, run_at, page - len(rows))).fetchall()
+
+
+def _past_full(c: sqlite3.Connection, mine: str, served: tuple, full: frozenset[str],
+               page: int) -> Iterator[tuple]:
+    """The candidates in queue order, as claim.ROW_COLS, leaving out the jobs of `full` groups."""
+    plain, grouped = (sql.replace("{mine}", mine) for sql in _STREAMS)
+    streams = [_stream(c, plain, served, page)]
+    streams += [_stream(c, grouped, (g, *served), page)
+                for (g,) in c.execute(_WAITING_GROUPS).fetchall() if g not in full]
+    rows = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=_POSITION)
+    return (r[1:] for r in rows)
 
 
 class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
@@ -87,10 +141,12 @@ class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
         row = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
         first = (row[0] if row else 0) + 1
         ids = list(range(first, first + len(p.inserts)))
-        plain, full = _split(ids, p.inserts, now)
+        plain, grouped, full = _split(ids, p.inserts, now)
         insert_rows(c, _INSERT_PLAIN, plain)
+        insert_rows(c, _INSERT_GROUPED, grouped)
         insert_rows(c, _INSERT, full)
-        counts = collections.Counter(row[1] for row in plain)  # state is _PLAIN_COLS[1]
+        counts = collections.Counter(row[1] for row in plain)  # state is _PLAIN_COLS[1] (and _GROUPED_COLS[1])
+        counts.update(row[1] for row in grouped)
         counts.update(row[_STATE_AT] for row in full)
         for state, n in counts.items():
             c.execute("INSERT INTO state_counts VALUES (?, ?) ON CONFLICT (state) DO UPDATE SET n = n + excluded.n",
@@ -141,13 +197,14 @@ class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
             mine = "" if served is None else (
                 f" AND (pool IN ({','.join('?' * len(served))}) OR key IS NOT NULL)")
             full = pick.full_groups()
-            if full:
-                mine += f" AND (concurrency_group IS NULL OR concurrency_group NOT IN ({','.join('?' * len(full))}))"
-            while not pick.full and offset < pick.look_ahead:
+            if full:  # read by group, past the full ones
+                rows = _past_full(c, mine, tuple(served or ()), frozenset(full), page)
+                pick.offer_all(map(claim.Row._make, itertools.islice(rows, pick.look_ahead)))
+            while not full and not pick.full and offset < pick.look_ahead:
                 rows = c.execute(
                     f"SELECT {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued"
                     f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
-                    (*(served or ()), *full, page, offset),
+                    (*(served or ()), page, offset),
                 ).fetchall()
                 pick.offer_all(map(claim.Row._make, rows))
                 if len(rows) < page:
