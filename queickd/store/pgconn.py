@@ -1,0 +1,151 @@
+"""The PostgreSQL store's connections and transactions: three per process, however many
+threads it has. A mixin of PostgresStore, which sets `_dsn` and calls _init_connections().
+
+- the fleet listener's (services/fleet.py: LISTEN, a connection of its own from connect());
+- the bookkeeping one: the pool's passes (claims and finishes, one transaction each) and
+  the heartbeat, under _bk_lock, with synchronous_commit off;
+- one shared by every other thread: a thread leases it for a transaction (or a submit),
+  and a thread that holds no lease reads through _Reads, one statement at a time, which
+  waits for a lease in flight, so no statement ever lands inside another thread's
+  transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+try:
+    import psycopg
+except ImportError as e:  # pragma: no cover - depends on the installed extras
+    raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
+
+
+class PgConnections:
+    _dsn: str
+
+    def _init_connections(self) -> None:
+        self._local = threading.local()
+        self._all: list[psycopg.Connection] = []
+        self._all_lock = threading.Lock()
+        self._bk: psycopg.Connection | None = None  # bookkeeping (claims, finishes), under _bk_lock
+        self._bk_lock = threading.Lock()
+        self._shared: psycopg.Connection | None = None  # every other thread's, under _shared_lock
+        self._shared_lock = threading.Lock()
+        self._reads = _Reads(self)
+
+    def connect(self, **options: Any) -> psycopg.Connection:
+        """A new autocommit connection to this store's database (the caller closes it);
+        options are libpq's (keepalives=1, ...)."""
+        # pg_stat_activity then says which process holds each connection, and for what.
+        options.setdefault("application_name", f"queickd-{os.getpid()}")
+        return psycopg.connect(self._dsn, autocommit=True, connect_timeout=10, **options)
+
+    def _conn(self) -> psycopg.Connection | _Reads:
+        """What this thread's statements go to: the bookkeeping connection inside a
+        bookkeeping batch, the shared connection while this thread leases it, else the
+        shared connection one statement at a time (_Reads: execute() only)."""
+        if getattr(self._local, "bookkeeping", False):
+            return self._bookkeeping_conn()
+        if getattr(self._local, "leased", False):
+            return self._shared_conn()
+        return self._reads
+
+    def _open(self, application: str) -> psycopg.Connection:
+        c = self.connect(application_name=f"queickd-{os.getpid()}-{application}")
+        with self._all_lock:
+            self._all = [x for x in self._all if not x.closed]
+            self._all.append(c)
+        return c
+
+    def _shared_conn(self) -> psycopg.Connection:
+        """The shared connection (reopened if it dropped); only under a lease."""
+        c = self._shared
+        if c is None or c.closed or c.broken:
+            c = self._shared = self._open("shared")
+        return c
+
+    def _bookkeeping_conn(self) -> psycopg.Connection:
+        c = self._bk
+        if c is None or c.closed or c.broken:
+            c = self._open("bookkeeping")
+            c.execute("SET synchronous_commit = off")
+            self._bk = c
+        return c
+
+    @contextlib.contextmanager
+    def _lease(self) -> Iterator[psycopg.Connection]:
+        """The shared connection for this thread alone until the block ends (reentrant)."""
+        if getattr(self._local, "leased", False):
+            yield self._shared_conn()
+            return
+        with self._shared_lock:
+            self._local.leased = True
+            try:
+                yield self._shared_conn()
+            finally:
+                self._local.leased = False
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[psycopg.Connection]:
+        if getattr(self._local, "in_batch", False):
+            yield self._conn()  # type: ignore[misc]  # a batch holds its connection
+            return
+        with self._lease() as c, c.transaction():
+            yield c
+
+    @contextlib.contextmanager
+    def batch(self, bookkeeping: bool = False) -> Iterator[None]:
+        if getattr(self._local, "in_batch", False):
+            yield
+            return
+        if not bookkeeping:
+            with self._write():
+                self._local.in_batch = True
+                try:
+                    yield
+                finally:
+                    self._local.in_batch = False
+            return
+        # The pool's claims and outcomes run on a connection of their own, in one
+        # transaction per pass, as the contract says (the finish and the claim of a pass
+        # stand or fall together). Its session has synchronous_commit off: a server crash
+        # may undo the last of these commits, and the only effect is that a job runs again
+        # (at-least-once); acked submits, on the other connections, always wait for the
+        # WAL flush.
+        with self._bk_lock, self._bookkeeping_conn().transaction():
+            self._local.bookkeeping = True
+            self._local.in_batch = True
+            try:
+                yield
+            finally:
+                self._local.bookkeeping = False
+                self._local.in_batch = False
+
+    def close(self) -> None:
+        with self._all_lock:
+            for c in self._all:
+                with contextlib.suppress(Exception):
+                    c.close()
+            self._all.clear()
+        self._local = threading.local()
+
+
+
+
+class _Reads:
+    """The shared connection for a thread that holds no lease: each statement waits for
+    the lease in flight and runs alone. Results are read in full by execute() (client-side
+    cursors), so the cursor it returns is read after the lease is let go."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: PgConnections) -> None:
+        self._store = store
+
+    def execute(self, query: Any, params: Any = None) -> psycopg.Cursor:
+        with self._store._lease() as c:
+            return c.execute(query, params)
