@@ -123,6 +123,16 @@ def test_any_number_of_jobs_of_a_full_group_do_not_hold_back_a_job_behind_them(s
     assert [j.id for j in store.claim_available(1, T0)] == [plain.job_id]
 
 
+def test_a_keys_head_waiting_in_a_full_group_holds_its_key_for_the_jobs_behind_it(store):
+    store.submit([grouped("api", 1)], T0)
+    assert len(store.claim_available(1, T0)) == 1  # the group's one slot is taken
+    # Behind a backlog of the full group longer than any first page a store reads.
+    store.submit([grouped("api", 1) for _ in range(40)] + [grouped("api", 1, key="k"), job(key="k"), job()], T0)
+    got = store.claim_available(10, T0 + 2)
+    # The key's second job must not overtake its head: only the plain job starts.
+    assert [(j.key, j.concurrency_group) for j in got] == [(None, None)]
+
+
 def test_a_claim_past_full_groups_starts_what_the_selection_policy_picks(store):
     # Read by group past the full ones (SQLite, PostgreSQL), the candidates are still
     # offered in queue order: other groups', ungrouped ones, keys, pools, priorities.

@@ -81,6 +81,13 @@ def _stream(c: sqlite3.Connection, sql: str, head: tuple, page: int) -> Iterator
             rows += c.execute(past, (*head, priority, run_at, page - len(rows))).fetchall()
 
 
+# The full groups' jobs were not read, so a key's head among them was not seen holding its
+# key (claim.SerialKeys): a keyed job chosen behind it must not start before it. Each keyed
+# job chosen is one look along jobs_key.
+_HEADS_ONLY = (" AND (key IS NULL OR NOT EXISTS (SELECT 1 FROM jobs e INDEXED BY jobs_key WHERE e.key = jobs.key"
+               " AND e.state = 'queued' AND (e.priority, e.run_at, e.id) < (jobs.priority, jobs.run_at, jobs.id)))")
+
+
 def _past_full(c: sqlite3.Connection, mine: str, served: tuple, full: frozenset[str],
                page: int) -> Iterator[tuple]:
     """The candidates in queue order, as claim.ROW_COLS, leaving out the jobs of `full` groups."""
@@ -217,7 +224,8 @@ class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
             marks = ",".join("?" * len(pick.chosen))
             rows = c.execute(
                 "UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = ?"
-                f" WHERE id IN ({marks}) RETURNING {dbrows.JOB_COLS}", (now, *pick.chosen),
+                f" WHERE id IN ({marks}){_HEADS_ONLY if full else ''} RETURNING {dbrows.JOB_COLS}",
+                (now, *pick.chosen),
             ).fetchall()
         jobs = [dbrows.row_to_job(r) for r in rows]
         jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified

@@ -326,8 +326,9 @@ class Selection:
 
     def full_groups(self) -> list[str]:
         """Groups with every slot taken: a store may leave their jobs out of what it reads
-        (they would be passed over, holding nothing) so a claim does not walk them. Groups
-        whose jobs disagree on the limit are left in."""
+        (they would be passed over) so a claim does not walk them. What such a job holds is
+        its key, if it is the key's head: a store that leaves them out must start no keyed
+        job that is not its key's head. Groups whose jobs disagree on the limit are left in."""
         lim = self.groups.limit_of
         return [g for g, t in self.groups.taken.items() if len(t) >= lim.get(g, 1 << 30)]
 
