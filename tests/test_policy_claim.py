@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from queickd.core.policy.claim import Request, Row, Running, Selection, select
+from queickd.core.policy.claim import Request, Row, Running, Selection, plain, select
 
 
 def row(job_id: int, key: str | None = None, func: str = "m:f", pool: str = "default",
@@ -107,3 +107,36 @@ def test_a_job_under_a_pause_with_no_probe_due_waits_though_its_other_pause_prob
 
 def test_jobs_of_a_paused_pool_are_passed_over():
     assert select([row(1), row(2, pool="gpu")], Request(5), Running.of([], [("pool", "default")])) == [2]
+
+
+def test_plain_takes_the_heads_when_no_rule_applies_to_them():
+    assert plain([row(1), row(2)], Request(2), paused=False) == [1, 2]
+
+
+def test_plain_defers_to_the_selection_when_a_rule_may_apply():
+    from queickd.core.policy.claim import Limits
+
+    assert plain([row(1), row(2, "k")], Request(2), paused=False) is None  # a key
+    assert plain([row(1)], Request(1), paused=True) is None  # a pause somewhere
+    assert plain([row(1, net=True)], Request(1, network_up=False), paused=False) is None
+    assert plain([row(1, pool="other")], Request(1, pools=frozenset({"default"})), paused=False) is None
+    assert plain([row(1)], Request(1, limits=Limits(pools={"default": 3})), paused=False) is None
+    grouped = Row(1, None, "m:f", "default", False, 0.0, "api", 2, 1.0)
+    assert plain([grouped], Request(1), paused=False) is None
+
+
+def test_plain_decides_as_the_selection_whenever_it_answers():
+    import random
+
+    rnd = random.Random(7)
+    answered = 0
+    for _ in range(2000):
+        rows = [row(i, key=rnd.choice([None, None, None, "k", "j"]), pool=rnd.choice(["default", "default", "b"]),
+                    net=rnd.random() < 0.2) for i in range(1, rnd.randint(1, 8))]
+        req = Request(rnd.randint(1, 5), network_up=rnd.random() < 0.7,
+                      pools=rnd.choice([None, frozenset({"default"})]))
+        got = plain(rows[:req.limit], req, paused=False)
+        if got is not None:
+            answered += 1
+            assert got == select(rows, req, Running())
+    assert answered > 200  # the common case is common here too

@@ -185,6 +185,21 @@ class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
             return []
         # Inside the write transaction: SQLite serializes writers, so the selection is exact.
         with self._write(bookkeeping=True) as c:
+            mine = "" if served is None else (
+                f" AND (pool IN ({','.join('?' * len(served))}) OR key IS NOT NULL)")
+            if not limits.any:
+                # The common claim (claim.plain): the queue's first jobs and whether anything
+                # is paused, in one statement; when no rule applies to them, they start.
+                heads = c.execute(
+                    f"SELECT {claim.ROW_COLS}, EXISTS (SELECT 1 FROM pauses) FROM jobs INDEXED BY jobs_queued"
+                    f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ?",
+                    (*(served or ()), limit)).fetchall()
+                if not heads:
+                    return []
+                ids = claim.plain([claim.Row._make(r[:-1]) for r in heads],
+                                  claim.Request(limit, network_up, served, limits, now), bool(heads[0][-1]))
+                if ids is not None:
+                    return self._start(c, ids, now, "")
             # What runs (keys, groups, pools, costs: a handful of rows) and pauses, in one
             # statement; a pause's third column: its probe is due (its time has come and no
             # probe of it is running).
@@ -198,11 +213,9 @@ class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
                                                          [(r[0], r[1]) for r in held if r[0] != "running"],
                                                          [(r[0], r[1]) for r in held if r[0] != "running" and r[2]]))
             offset, page = 0, max(16, limit * 2)
-            # Other pools' jobs are passed over inside SQLite, not page by page here; those
-            # with a key still come back, as they may hold their key. So are the jobs of
-            # groups with every slot taken (they hold nothing).
-            mine = "" if served is None else (
-                f" AND (pool IN ({','.join('?' * len(served))}) OR key IS NOT NULL)")
+            # Other pools' jobs are passed over inside SQLite, not page by page here (`mine`);
+            # those with a key still come back, as they may hold their key. So are the jobs
+            # of groups with every slot taken (they hold nothing but a key).
             full = pick.full_groups()
             if full:  # read by group, past the full ones
                 rows = _past_full(c, mine, tuple(served or ()), frozenset(full), page)
@@ -221,12 +234,16 @@ class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
                 return []
             if pick.probes:
                 self._stamp_probes(c, pick.probes)
-            marks = ",".join("?" * len(pick.chosen))
-            rows = c.execute(
-                "UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = ?"
-                f" WHERE id IN ({marks}){_HEADS_ONLY if full else ''} RETURNING {dbrows.JOB_COLS}",
-                (now, *pick.chosen),
-            ).fetchall()
+            return self._start(c, pick.chosen, now, _HEADS_ONLY if full else "")
+
+    @staticmethod
+    def _start(c: sqlite3.Connection, ids: list[int], now: float, only: str) -> list[Job]:
+        """The chosen jobs marked running (`only`: a further condition on each), in queue order."""
+        marks = ",".join("?" * len(ids))
+        rows = c.execute(
+            "UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = ?"
+            f" WHERE id IN ({marks}){only} RETURNING {dbrows.JOB_COLS}", (now, *ids),
+        ).fetchall()
         jobs = [dbrows.row_to_job(r) for r in rows]
         jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
         return jobs

@@ -376,6 +376,22 @@ class Selection:
                 rule.passed(c)
 
 
+def plain(heads: Sequence[Candidate], request: Request, paused: bool) -> list[int] | None:
+    """The selection's choice without the selection, for the common claim. `heads`: the
+    first request.limit queued jobs in queue order of the pools served (fewer if no more
+    wait), `paused`: whether any pause exists. With nothing paused, no budget in force and
+    no key, group or unmet need of the network among the heads, every rule admits each of
+    them and nothing else is read before them: the selection takes exactly these. None when
+    a rule may apply: then select()."""
+    if paused or request.limits.any:
+        return None
+    for c in heads:
+        if (c.key is not None or c.concurrency_group is not None or (c.retry_on_network and not request.network_up)
+                or (request.pools is not None and c.pool not in request.pools)):
+            return None
+    return [c.id for c in heads]
+
+
 # Candidates a claim with budgets reads, at most, beyond the jobs it starts: its look-ahead.
 # Past it, a claim stops even if it started fewer than it could (the rest wait for the next
 # claim), so a queue held up by its budgets costs a page or two, not a walk of every job.
