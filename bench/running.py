@@ -111,6 +111,8 @@ def run_e2e(s: Settings, res: Results, scenario: str, target: str, batched: bool
             raw={**probe, "server_cpu_s": server_cpu})
     res.add(scenario, "CPU per job (server+client)", target, "µs", total_cpu / n * 1e6, higher_is_better=False,
             peer=_peer(scenario, target, "CPU per job (server+client)"))
+    if "retried" in probe:  # huey's client: calls that failed with "database is locked", retried
+        res.add(scenario, "calls failed and retried", target, "calls", probe["retried"], higher_is_better=False)
 
 
 def run_latency(s: Settings, res: Results, scenario: str, target: str) -> None:
