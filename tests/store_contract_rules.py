@@ -1,0 +1,245 @@
+"""The store contract for the run-queue rules (part of StoreContract: every store runs it):
+serial keys, admission (caps, conflicts, idempotency), pauses and their probes, pauses by
+hand."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from contract_jobs import T0, job
+
+from queickd.core.job import Outcome, State
+from queickd.core.policy.admission import Admission, Refusal
+from queickd.store.records import RefusedError
+
+
+class RulesContract:
+    # --- serial keys ----------------------------------------------------------------------
+    def test_claim_takes_one_job_per_key_in_enqueue_order(self, store):
+        a1, b1, a2, free = store.submit([job(key="a"), job(key="b"), job(key="a"), job()], T0)
+        claimed = store.claim_available(10, T0)
+        assert [j.id for j in claimed] == [a1.job_id, b1.job_id, free.job_id]
+        assert store.get(a2.job_id).state == State.QUEUED
+
+    def test_a_key_with_a_running_job_waits_until_it_finishes(self, store):
+        first, second = store.submit([job(key="k"), job(key="k")], T0)
+        store.claim_available(1, T0)
+        assert store.claim_available(5, T0) == []
+        store.finish_if_running([Outcome.succeeded(first.job_id, None)], T0)
+        assert [j.id for j in store.claim_available(5, T0)] == [second.job_id]
+
+    # --- admission ------------------------------------------------------------------------
+    def test_a_key_past_its_waiting_cap_is_refused_queue_full(self, store):
+        limits = Admission(max_queued_per_key=2)
+        answers = store.submit_requests([[job(key="k")], [job(key="k")], [job(key="k")], [job(key="x")]],
+                                        T0, limits)
+        assert [isinstance(a, Refusal) for a in answers] == [False, False, True, False]
+        assert answers[2].code == "queue_full" and answers[2].retry_after > 0
+        assert store.counts()[State.QUEUED] == 3
+
+    def test_the_overall_cap_counts_every_waiting_job(self, store):
+        store.submit([job(), job(run_at=T0 + 60)], T0)
+        (refused,) = store.submit_requests([[job()]], T0, Admission(max_queued=2))
+        assert isinstance(refused, Refusal) and refused.code == "queue_full"
+        store.claim_available(1, T0)  # a running job is no longer waiting
+        (ok,) = store.submit_requests([[job()]], T0, Admission(max_queued=2))
+        assert not isinstance(ok, Refusal)
+
+    def test_a_request_over_the_cap_is_refused_whole(self, store):
+        (answer,) = store.submit_requests([[job(key="k"), job(key="k"), job(key="k")]], T0,
+                                          Admission(max_queued_per_key=2))
+        assert isinstance(answer, Refusal)
+        assert store.counts()[State.QUEUED] == 0
+
+    def test_a_manual_job_for_a_busy_key_is_a_conflict_naming_that_job(self, store):
+        (waiting,) = store.submit([job(key="k")], T0)
+        (answer,) = store.submit_requests([[job(key="k", manual=True)]], T0)
+        assert answer.code == "conflict" and answer.job_id == waiting.job_id
+        with pytest.raises(RefusedError):
+            store.submit([job(key="k", manual=True)], T0)
+        (ok,) = store.submit_requests([[job(key="other", manual=True)]], T0)
+        assert not isinstance(ok, Refusal)
+
+    def test_an_idempotency_key_past_its_ttl_names_a_new_job(self, store):
+        (first,) = store.submit([job(idempotency_key="k")], T0)
+        (dup,) = store.submit_requests([[job(idempotency_key="k")]], T0 + 10, Admission(idempotency_ttl=60))
+        assert dup[0].job_id == first.job_id and dup[0].duplicate
+        (fresh,) = store.submit_requests([[job(idempotency_key="k")]], T0 + 61, Admission(idempotency_ttl=60))
+        assert fresh[0].job_id != first.job_id and not fresh[0].duplicate
+        assert store.get(first.job_id).idempotency_key is None
+
+    def test_concurrent_duplicate_enqueues_get_one_id(self, store):
+        ids, lock = [], threading.Lock()
+
+        def send():
+            for _ in range(25):
+                (sub,) = store.submit([job(idempotency_key="same")], T0)
+                with lock:
+                    ids.append(sub.job_id)
+
+        threads = [threading.Thread(target=send) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(set(ids)) == 1 and store.counts()[State.QUEUED] == 1
+
+    # --- pauses ---------------------------------------------------------------------------
+    def _fail(self, store, n, **kw):
+        for _ in range(n):
+            (s,) = store.submit([job(**kw)], T0)
+            (j,) = store.claim_available(1, T0)
+            fin = store.finish_if_running([Outcome.dead(j.id, {"type": "E", "message": "no"})], T0, pause_after=3)
+        return fin
+
+    def test_consecutive_failures_pause_the_function_and_the_key(self, store):
+        fin = self._fail(store, 3, key="k")
+        assert {(p.kind, p.name) for p in fin.paused} == {("key", "k"), ("func", "m:f")}
+        assert {(p.kind, p.name, p.failures) for p in store.pauses()} == {("key", "k", 3), ("func", "m:f", 3)}
+        assert store.pauses()[0].last_error == {"type": "E", "message": "no"}
+
+    def test_paused_jobs_keep_waiting_until_resumed(self, store):
+        self._fail(store, 3, func="m:bad")
+        (waiting,) = store.submit([job(func="m:bad")], T0)
+        (other,) = store.submit([job(func="m:good")], T0)
+        assert [j.id for j in store.claim_available(5, T0)] == [other.job_id]
+        assert store.resume("func", "m:bad") and not store.resume("func", "m:bad")
+        assert [j.id for j in store.claim_available(5, T0)] == [waiting.job_id]
+
+    def test_a_success_resets_the_failure_streak(self, store):
+        self._fail(store, 2)
+        (s,) = store.submit([job()], T0)
+        (j,) = store.claim_available(1, T0)
+        store.finish_if_running([Outcome.succeeded(j.id, None)], T0, pause_after=3)
+        assert self._fail(store, 2).paused == [] and store.pauses() == []
+
+    def test_a_manual_run_resumes_its_key(self, store):
+        self._fail(store, 3, key="k")
+        store.submit([job(key="k", manual=True)], T0)
+        assert ("key", "k") not in {(p.kind, p.name) for p in store.pauses()}
+
+    def _four_running(self, store, **kw):
+        store.submit([job(**kw) for _ in range(4)], T0)
+        jobs = store.claim_available(4, T0)
+        err = {"type": "E", "message": "no"}
+        store.finish_if_running([Outcome.dead(j.id, err) for j in jobs[:3]], T0, pause_after=3)
+        return jobs[3]
+
+    def test_further_failures_of_a_paused_target_keep_its_first_pause_time(self, store):
+        last = self._four_running(store)
+        fin = store.finish_if_running([Outcome.dead(last.id, {"type": "F", "message": "4th"})], T0 + 5,
+                                      pause_after=3)
+        assert fin.paused == []  # paused already: not a new pause
+        (p,) = store.pauses()
+        assert (p.paused_at, p.failures, p.last_error) == (T0, 4, {"type": "F", "message": "4th"})
+
+    def test_a_success_ends_the_streak_but_not_the_pause(self, store):
+        last = self._four_running(store)
+        store.finish_if_running([Outcome.succeeded(last.id, None)], T0 + 5, pause_after=3)
+        assert [(p.kind, p.name, p.failures) for p in store.pauses()] == [("func", "m:f", 3)]
+
+    def test_a_run_parked_for_the_network_does_not_extend_a_streak(self, store):
+        self._fail(store, 2)
+        store.submit([job()], T0)
+        (j,) = store.claim_available(1, T0)
+        store.finish_if_running([Outcome.waiting_network(j.id, {"type": "N", "message": ""})], T0, pause_after=3)
+        assert store.pauses() == []
+
+    def test_failures_finished_together_count_one_by_one(self, store):
+        store.submit([job(key="k"), job()], T0)
+        a, b = store.claim_available(2, T0)
+        err = {"type": "E", "message": "no"}
+        fin = store.finish_if_running([Outcome.dead(a.id, err), Outcome.dead(b.id, err)], T0, pause_after=2)
+        assert [(p.kind, p.name, p.failures) for p in fin.paused] == [("func", "m:f", 2)]
+        assert [(p.kind, p.name, p.failures) for p in store.pauses()] == [("func", "m:f", 2)]
+
+    # --- the breaker: a pause lets one probe through after its cooldown ---------------------
+    def _trip(self, store, cooldown=60.0, **waiting):
+        """m:bad paused at T0 by 3 dead jobs, with its probe at T0 + cooldown; 3 more wait
+        (with the fields `waiting`)."""
+        store.submit([job(func="m:bad") for _ in range(3)], T0)
+        ran = store.claim_available(3, T0)
+        fin = store.finish_if_running([Outcome.dead(j.id, {"type": "E", "message": "no"}) for j in ran], T0,
+                                      pause_after=3, pause_cooldown=cooldown)
+        return fin, [s.job_id for s in store.submit([job(func="m:bad", **waiting) for _ in range(3)], T0)]
+
+    def test_a_pause_with_a_cooldown_shows_its_probe_time(self, store):
+        fin, _ = self._trip(store)
+        assert [(p.name, p.probe_at, p.trips) for p in fin.paused] == [("m:bad", T0 + 60, 1)]
+        assert fin.next_probe == T0 + 60
+        assert [(p.probe_at, p.trips, p.probe_job) for p in store.pauses()] == [(T0 + 60, 1, None)]
+
+    def test_a_pause_lets_no_job_through_before_its_probe_time(self, store):
+        self._trip(store)
+        assert store.claim_available(5, T0 + 59) == []
+
+    def test_a_pause_lets_exactly_one_probe_through_at_its_probe_time(self, store):
+        _, waiting = self._trip(store)
+        assert [j.id for j in store.claim_available(5, T0 + 60)] == waiting[:1]
+        assert store.claim_available(5, T0 + 61) == []  # the probe runs: no second one
+        assert store.pauses()[0].probe_job == waiting[0]
+
+    def test_a_pause_lets_exactly_one_probe_of_grouped_jobs_through(self, store):
+        # Grouped jobs go through the selection (PostgreSQL's SQL claim leaves them out).
+        _, waiting = self._trip(store, concurrency_group="g", concurrency_limit=5)
+        assert [j.id for j in store.claim_available(5, T0 + 60)] == waiting[:1]
+        assert store.claim_available(5, T0 + 61) == []
+        assert store.pauses()[0].probe_job == waiting[0]
+
+    def test_the_probes_success_resumes_the_pause(self, store):
+        _, waiting = self._trip(store)
+        (probe,) = store.claim_available(5, T0 + 60)
+        store.finish_if_running([Outcome.succeeded(probe.id, None)], T0 + 61, pause_after=3, pause_cooldown=60.0)
+        assert store.pauses() == []
+        assert [j.id for j in store.claim_available(5, T0 + 62)] == waiting[1:]
+
+    def test_the_probes_failure_pauses_again_with_a_longer_cooldown(self, store):
+        self._trip(store)
+        (probe,) = store.claim_available(5, T0 + 60)
+        fin = store.finish_if_running([Outcome.dead(probe.id, {"type": "E", "message": "again"})], T0 + 61,
+                                      pause_after=3, pause_cooldown=60.0)
+        assert fin.paused == [] and fin.next_probe == T0 + 61 + 120
+        (p,) = store.pauses()
+        assert (p.paused_at, p.probe_at, p.trips, p.probe_job, p.failures) == (T0, T0 + 181, 2, None, 4)
+        assert store.claim_available(5, T0 + 180) == [] and len(store.claim_available(5, T0 + 181)) == 1
+
+    def test_a_probe_that_stopped_running_lets_another_through(self, store):
+        _, waiting = self._trip(store)
+        (probe,) = store.claim_available(5, T0 + 60)
+        store.finish_if_running([Outcome.waiting_network(probe.id, {"type": "N", "message": ""})], T0 + 61,
+                                pause_after=3, pause_cooldown=60.0)  # parked: not a probe's answer
+        assert [j.id for j in store.claim_available(5, T0 + 62)] == waiting[1:2]
+
+    def test_a_scheduled_retry_does_not_count_toward_a_pause(self, store):
+        store.submit([job() for _ in range(3)], T0)
+        ran = store.claim_available(3, T0)
+        fin = store.finish_if_running([Outcome.retry_at(j.id, T0 + 9, {"type": "E", "message": "no"}) for j in ran],
+                                      T0, pause_after=1, pause_cooldown=60.0)
+        assert fin.paused == [] and store.pauses() == []
+
+    # --- pauses by hand -----------------------------------------------------------------
+    def test_a_pause_by_hand_holds_a_function_with_no_probe_until_resumed(self, store):
+        assert store.pause("func", "m:f", T0) and not store.pause("func", "m:f", T0 + 1)
+        (waiting,) = store.submit([job()], T0)
+        assert store.claim_available(5, T0 + 10 ** 6) == []
+        assert [(p.kind, p.name, p.paused_at, p.probe_at, p.trips) for p in store.pauses()] == [
+            ("func", "m:f", T0, None, 0)]
+        assert store.resume("func", "m:f")
+        assert [j.id for j in store.claim_available(5, T0)] == [waiting.job_id]
+
+    def test_a_pause_by_hand_takes_the_probe_away_from_a_breakers_pause(self, store):
+        self._trip(store)
+        store.pause("func", "m:bad", T0 + 1)
+        assert store.claim_available(5, T0 + 60) == [] and store.pauses()[0].probe_at is None
+
+    def test_a_paused_pool_starts_none_of_its_jobs(self, store):
+        store.pause("pool", "gpu", T0)
+        (other,) = store.submit([job(pool="gpu"), job()], T0)[1:]
+        assert [j.id for j in store.claim_available(5, T0)] == [other.job_id]
+
+    def test_a_paused_pool_starts_none_of_its_grouped_jobs(self, store):
+        store.pause("pool", "gpu", T0)
+        (other,) = store.submit([job(pool="gpu", concurrency_group="g", concurrency_limit=2),
+                                 job(concurrency_group="g", concurrency_limit=2)], T0)[1:]
+        assert [j.id for j in store.claim_available(5, T0)] == [other.job_id]
