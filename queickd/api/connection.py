@@ -57,6 +57,12 @@ BAD_TOKEN_DELAY = 0.5  # seconds before a wrong token is answered: guessing cost
 WAIT_MAX = 3600.0
 
 
+def _wait_timeout(req: dict[str, Any]) -> float:
+    """A wait's `timeout`: 30 s if not given, at most WAIT_MAX."""
+    timeout = protocol.number(req, "timeout")
+    return 30.0 if timeout is None else max(0.0, min(timeout, WAIT_MAX))
+
+
 def _error_bytes(exc: BaseException) -> bytes:
     if not isinstance(exc, QueueError):
         log.error("internal error serving a request", exc_info=exc)
@@ -321,35 +327,33 @@ class Connection(asyncio.Protocol):
     async def _wait(self, req: dict[str, Any]) -> dict[str, Any]:
         job_id = arguments.job_id(req)
         until = arguments.states(req)
-        timeout = protocol.number(req, "timeout")
-        timeout = 30.0 if timeout is None else max(0.0, min(timeout, WAIT_MAX))
-        deadline = self.loop.time() + timeout
-        while True:
-            finished = asyncio.Event()
+        got: dict[str, Any] = {}
 
-            def wake(ev: asyncio.Event = finished) -> None:  # any thread
-                self.loop.call_soon_threadsafe(ev.set)
+        def ready() -> bool:
+            got.update(self.svc.op_get({"job_id": job_id}))
+            return got["job"]["state"] in until
 
-            self.svc.waiters.add(job_id, wake)
-            try:
-                reply = await self.loop.run_in_executor(self.server.io, self.svc.op_get, {"job_id": job_id})
-                remaining = deadline - self.loop.time()
-                if reply["job"]["state"] in until or remaining <= 0:
-                    reply["timed_out"] = reply["job"]["state"] not in until
-                    return reply
-                try:
-                    await asyncio.wait_for(finished.wait(), remaining)
-                except TimeoutError:
-                    pass
-            finally:
-                self.svc.waiters.discard(job_id, wake)
+        got["timed_out"] = not await self._until(self.svc.waiters, job_id, ready, _wait_timeout(req))
+        return got
 
     async def _workflow_wait(self, req: dict[str, Any]) -> dict[str, Any]:
         """Until the run is final or the timeout passes. Woken by finishes of step jobs in
-        this process; a finish on another host (PostgreSQL) is seen within a second."""
+        this process; a finish on another host (PostgreSQL) is seen within a second. Only
+        the run's state on each wake-up: its whole status (every job of the run) is read
+        once, at the end."""
         run_id = arguments.run_id(req)
-        timeout = protocol.number(req, "timeout")
-        timeout = 30.0 if timeout is None else max(0.0, min(timeout, WAIT_MAX))
+        await self._until(self.svc.run_waiters, run_id, lambda: self.svc.workflow_state(run_id) != "running",
+                          _wait_timeout(req), poll=1.0)
+        reply = await self.loop.run_in_executor(self.server.io, self.svc.op_workflow_get, {"run_id": run_id})
+        reply["timed_out"] = reply["run"]["state"] == "running"
+        return reply
+
+    async def _until(self, waiters: Any, key: int, ready: Callable[[], bool], timeout: float,
+                     poll: float | None = None) -> bool:
+        """Wait until ready() (a store read, run in the io executor) is true, looking again
+        each time `waiters` wakes `key` (and at least every `poll` s), or until `timeout`
+        passes. True if it became ready. The wake-up is registered before each look, so one
+        that comes in between is not lost."""
         deadline = self.loop.time() + timeout
         while True:
             woken = asyncio.Event()
@@ -357,24 +361,19 @@ class Connection(asyncio.Protocol):
             def wake(ev: asyncio.Event = woken) -> None:  # any thread
                 self.loop.call_soon_threadsafe(ev.set)
 
-            self.svc.run_waiters.add(run_id, wake)
+            waiters.add(key, wake)
             try:
-                # Only the run's state on each wake-up: its whole status (every job of the
-                # run) is read once, at the end.
-                state = await self.loop.run_in_executor(self.server.io, self.svc.workflow_state, run_id)
+                if await self.loop.run_in_executor(self.server.io, ready):
+                    return True
                 remaining = deadline - self.loop.time()
-                final = state != "running"
-                if final or remaining <= 0:
-                    reply = await self.loop.run_in_executor(self.server.io, self.svc.op_workflow_get,
-                                                            {"run_id": run_id})
-                    reply["timed_out"] = reply["run"]["state"] == "running"
-                    return reply
+                if remaining <= 0:
+                    return False
                 try:
-                    await asyncio.wait_for(woken.wait(), min(remaining, 1.0))
+                    await asyncio.wait_for(woken.wait(), remaining if poll is None else min(remaining, poll))
                 except TimeoutError:
                     pass
             finally:
-                self.svc.run_waiters.discard(run_id, wake)
+                waiters.discard(key, wake)
 
     # --- replies ----------------------------------------------------------------------------
     def _pump(self, _fut: asyncio.Future | None = None) -> None:
