@@ -278,14 +278,14 @@ def huey(venv: Path, runs: int, items: int, jobs: int) -> dict[str, float] | Non
             for line in proc.stderr:  # type: ignore[union-attr]
                 if "Huey consumer started" in line:
                     break
-            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # type: ignore[union-attr]
-            script = HUEY_CLIENT.format(d=d, runs=runs, items=items, jobs=jobs)
-            res = subprocess.run([str(venv / "bin" / "python"), "-c", script], cwd=d, capture_output=True,
-                                 text=True, timeout=1800)
-            if res.returncode:
-                log(f"huey: client failed: {res.stderr[-2000:]}")
+            else:  # its stderr closed: the consumer ended before it started
+                log("huey: the consumer did not start; skipped")
                 return None
-            out = json.loads(res.stdout.strip().splitlines()[-1])
+            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # type: ignore[union-attr]
+            out = run_client("huey", venv / "bin" / "python", HUEY_CLIENT.format(d=d, runs=runs, items=items, jobs=jobs),
+                             d)
+            if out is None:
+                return None
         finally:
             stop_group(proc, 30)
     return with_ratios(out)
@@ -400,13 +400,9 @@ def celery(venv: Path, runs: int, items: int, jobs: int, broker: str = CELERY_BR
                     log(f"celery: the worker did not get ready; skipped:\n{worker_log.read_text(errors='replace')[-2000:]}")
                     return None
                 time.sleep(0.05)
-            script = CELERY_CLIENT.format(d=d, runs=runs, items=items, jobs=jobs)
-            res = subprocess.run([str(py), "-c", script], cwd=d, env=env, capture_output=True, text=True,
-                                 timeout=1800)
-            if res.returncode:
-                log(f"celery: client failed: {res.stderr[-2000:]}")
+            out = run_client("celery", py, CELERY_CLIENT.format(d=d, runs=runs, items=items, jobs=jobs), d, env)
+            if out is None:
                 return None
-            out = json.loads(res.stdout.strip().splitlines()[-1])
         finally:
             stop_group(proc, 60)
         text = worker_log.read_text(errors="replace")
@@ -414,6 +410,18 @@ def celery(venv: Path, runs: int, items: int, jobs: int, broker: str = CELERY_BR
         log(f"celery: worker log {len(text.splitlines())} lines, {len(errors)} with errors"
             + "".join(f"\n  {ln}" for ln in errors[:20]))
     return with_ratios(out)
+
+
+def run_client(name: str, python: Path, script: str, cwd: str, env: dict[str, str] | None = None
+               ) -> dict[str, float] | None:
+    """A peer's client script run with its venv's python: the JSON of its last line, or None
+    (logged) if it failed."""
+    res = subprocess.run([str(python), "-c", script], cwd=cwd, env=env, capture_output=True, text=True,
+                         timeout=1800)
+    if res.returncode:
+        log(f"{name}: client failed: {res.stderr[-2000:]}")
+        return None
+    return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 def with_ratios(out: dict[str, float]) -> dict[str, float]:
