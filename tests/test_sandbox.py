@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from queickd.core import sandbox
 from queickd.core.fate import after_failure, after_success
 from queickd.core.job import State
 from queickd.core.sandbox import Limits
-from queickd.run import cgroup
+from queickd.run import cgroup, cgroup_v1
 from queickd.run.process import KILL_GRACE, MAX_STORED_OUTPUT, ProcessRunner, child_env
 from queickd.run.supervisor import ZygoteSupervisor
 
@@ -216,19 +218,131 @@ def test_a_job_that_failed_at_its_memory_limit_gets_no_more_memory_on_its_next_t
     assert out.state == State.SCHEDULED  # retried like any failure
 
 
-def test_per_job_cgroups_hold_the_memory_limit_where_a_cgroup_can_be_created(tmp_path):
+# --- per-job cgroups (v2, or v1 on a hybrid host): real groups, skipped where none can be made ---
+
+@pytest.fixture(scope="module")
+def cgroups():
     found = cgroup.JobCgroups.find()
     if found is None:
         pytest.skip(f"no per-job cgroup here: {cgroup.JobCgroups.reason}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def cg_runner(cgroups):
     sup = ZygoteSupervisor(JOBS)
     r = ProcessRunner(sup)
+    assert r.cgroups is not None
+    yield r
+    sup.stop()
+    assert not _groups_left(r.cgroups)
+
+
+def _groups_left(found) -> list[str]:
+    """This process's jobs' groups still there, in every hierarchy (others share the roots)."""
+    bases = found.bases.values() if isinstance(found, cgroup_v1.JobCgroupsV1) else [found.base]
+    mine = f"-{os.getpid()}-"
+    return [os.path.join(b, n) for b in bases for n in os.listdir(b) if n.startswith("job-") and mine in n]
+
+
+def _procs(g) -> set[int]:
+    out: set[int] = set()
+    for path in g.paths:
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            out.update(int(p) for p in f.read().split())
+    return out
+
+
+def _until(cond, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_per_job_cgroups_hold_the_memory_limit_where_a_cgroup_can_be_created(cg_runner):
+    out = run(cg_runner, "hog", limits=Limits(memory_mb=64))
+    assert out.error_type == "memory_limit"
+    assert not _groups_left(cg_runner.cgroups)
+
+
+def test_the_child_runs_in_a_group_of_its_own_in_each_hierarchy(cg_runner):
+    lines = run(cg_runner, "own_cgroups").result.splitlines()
+    groups = {names: path for _, names, path in (line.split(":", 2) for line in lines)}
+    found = cg_runner.cgroups
+    wanted = found.bases if isinstance(found, cgroup_v1.JobCgroupsV1) else {"": found.base}
+    for name in wanted:
+        path = next(p for names, p in groups.items() if name in names.split(","))
+        assert os.path.basename(path).startswith("job-"), (name, path)
+
+
+def test_a_job_past_its_memory_limit_is_killed_in_its_cgroup_which_reports_the_peak(cg_runner):
+    r = run(cg_runner, "hog", limits=Limits(memory_mb=64))
+    assert r.error_type == "memory_limit" and "in its cgroup" in r.error_message
+    # The group's high-water mark: at most the limit it held (a look at the RSS would see
+    # it past the limit, the watch's trigger), and not far under it.
+    assert 56 << 20 <= r.peak_memory <= 64 << 20
+    assert not _groups_left(cg_runner.cgroups)
+
+
+def test_a_setsid_grandchild_of_a_job_that_times_out_in_a_cgroup_is_gone_with_its_groups(
+        cg_runner, tmp_path):
+    pidfile = tmp_path / "pids"
+    r = run(cg_runner, "spawn_and_hang", str(pidfile), limits=Limits(timeout=1))
+    assert r.error_type == "timeout"
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert len(pids) == 2 and all(_gone(p) for p in pids)
+    assert not _groups_left(cg_runner.cgroups)
+
+
+def test_a_job_that_forks_without_end_is_held_by_pids_max(cg_runner):
+    r = run(cg_runner, "spawn_until_refused", 2 * cgroup.PIDS_MAX)
+    assert r.ok and cgroup.PIDS_MAX - 8 <= r.result < cgroup.PIDS_MAX  # the job itself is one of them
+    assert not _groups_left(cg_runner.cgroups)
+
+
+def _bomb(g) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, os.path.join(JOBS, "forkbomb.py"), *g.paths],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert p.stdout.readline() == b"in\n"
+    assert _until(lambda: len(_procs(g)) >= cgroup.PIDS_MAX // 2)  # forking at full speed
+    return p
+
+
+def test_kill_empties_the_groups_of_a_fork_bomb_racing_it(cgroups):
+    g = cgroups.create(0, None)
+    reaper = None
     try:
-        assert r.cgroups is not None
-        out = run(r, "hog", limits=Limits(memory_mb=64))
-        assert out.error_type == "memory_limit"
-        assert not [p for p in os.listdir(found.base) if p.startswith("job-")]
+        reaper = _bomb(g)
+        g.kill()  # v2: cgroup.kill; v1: frozen, killed, thawed
+        assert _until(lambda: not _procs(g))
+        assert reaper.wait(10) == 0
     finally:
-        sup.stop()
+        g.remove()
+        if reaper is not None:
+            reaper.kill()
+            reaper.wait()
+    assert not any(os.path.exists(p) for p in g.paths)
+
+
+def test_without_a_freezer_remove_still_kills_a_fork_bomb_and_removes_its_groups(cgroups):
+    if not isinstance(cgroups, cgroup_v1.JobCgroupsV1):
+        pytest.skip("the freezer is cgroup v1's; v2 kills with cgroup.kill")
+    bases = {k: v for k, v in cgroups.bases.items() if k != "freezer"}
+    g = cgroup_v1.JobCgroupsV1(bases, cgroup.PIDS_MAX).create(0, None)
+    reaper = None
+    try:
+        reaper = _bomb(g)
+        g.remove()  # kills until no new process appears, again until each group can go
+        assert not any(os.path.exists(p) for p in g.paths)
+        assert reaper.wait(10) == 0
+    finally:
+        g.remove()
+        if reaper is not None:
+            reaper.kill()
+            reaper.wait()
 
 
 def test_a_changed_app_module_is_imported_afresh_for_the_next_process_job(tmp_path):

@@ -1,13 +1,15 @@
-"""Per-job cgroups (v2), where the daemon may create them: `memory.max` with no swap and
+"""Per-job cgroups, where the daemon may create them: a memory limit with no swap and
 `pids.max` per job, every process of the job (setsid ones included) inside it, all of
-them killed at once (`cgroup.kill`) and the group removed after the job.
+them killed at once and the group removed after the job. cgroup v2 here; a v1 host's
+groups (a hybrid one's) are cgroup_v1.py's, behind the same interface.
 
-The daemon may create them when its own cgroup is on a writable cgroup v2 hierarchy with
-the memory and pids controllers, i.e. systemd's `Delegate=yes` (or root on a host with a
-v2 hierarchy). cgroup v2 lets a group hand controllers to its children only while it holds
-no process itself, so the daemon first moves itself into a leaf (`<own>/daemon`) and the
-jobs' groups are its siblings. `find()` says why not when it cannot; the runner then
-watches RSS instead. Owns nothing of a job but its group's files.
+v2 is used when the daemon's own cgroup is on a writable v2 hierarchy with the memory and
+pids controllers, i.e. systemd's `Delegate=yes` (or root on a host with a v2 hierarchy).
+cgroup v2 lets a group hand controllers to its children only while it holds no process
+itself, so the daemon first moves itself into a leaf (`<own>/daemon`) and the jobs'
+groups are its siblings. Otherwise v1, when its memory and pids hierarchies are mounted
+and writable. `find()` says why neither when it cannot; the runner then watches RSS
+instead. Owns nothing of a job but its groups' files.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+
+from . import cgroup_v1
 
 PIDS_MAX = 512  # processes one job may have at once
 
@@ -45,6 +49,7 @@ def _write(path: str, text: str) -> None:
 class JobCgroup:
     def __init__(self, path: str) -> None:
         self.path = path
+        self.paths = (path,)  # the groups the child joins: one on v2
 
     def _read(self, name: str) -> str | None:
         try:
@@ -91,7 +96,19 @@ class JobCgroups:
         self._n = 0
 
     @classmethod
-    def find(cls) -> JobCgroups | None:
+    def find(cls) -> JobCgroups | cgroup_v1.JobCgroupsV1 | None:
+        """v2 groups when they can be made, else v1 groups, else None (and `reason`)."""
+        cls.reason = ""
+        found = cls._find_v2()
+        if found is not None:
+            return found
+        v1, why = cgroup_v1.find(PIDS_MAX)
+        if v1 is None:
+            cls.reason = f"{cls.reason}; {why}"
+        return v1
+
+    @classmethod
+    def _find_v2(cls) -> JobCgroups | None:
         try:
             base = _own_cgroup()
             if base is None:
@@ -100,7 +117,7 @@ class JobCgroups:
             with open(os.path.join(base, "cgroup.controllers")) as f:
                 have = set(f.read().split())
             if not {"memory", "pids"} <= have:
-                cls.reason = f"the cgroup {base} lacks the memory or pids controller"
+                cls.reason = f"the cgroup v2 group {base} lacks the memory or pids controller"
                 return None
             if os.path.basename(base) == "daemon" and os.path.exists(os.path.join(base, "..", "cgroup.kill")):
                 base = os.path.dirname(base)  # moved there by an earlier start of this process
@@ -110,7 +127,7 @@ class JobCgroups:
                 _write(os.path.join(leaf, "cgroup.procs"), str(os.getpid()))
             _write(os.path.join(base, "cgroup.subtree_control"), "+memory +pids")
         except OSError as e:
-            cls.reason = f"cannot delegate a cgroup for jobs: {e}"
+            cls.reason = f"cannot delegate a cgroup v2 group for jobs: {e}"
             return None
         return cls(base)
 

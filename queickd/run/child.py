@@ -4,7 +4,7 @@ the zygote it was copied from.
 
 Before job code runs it leads its own process group, becomes the subreaper of whatever it
 starts (so a grandchild that calls setsid is still its own, and the zygote's once it is
-gone), dies with the zygote, moves into its cgroup when it has one, takes stdin from
+gone), dies with the zygote, moves into its cgroups when it has them, takes stdin from
 /dev/null, stdout and stderr to the output pipe, closes every other descriptor, sets its
 rlimits, its directory and its scrubbed environment. Its peak memory is its own VmHWM,
 read just before it exits. It never unpickles anything and never returns to its caller.
@@ -71,8 +71,8 @@ def _lock_in(req: dict[str, Any], out_fd: int, rep_fd: int) -> None:
         signal.signal(sig, signal.SIG_DFL)
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     prctl(PR_SET_CHILD_SUBREAPER, 1)
-    if req.get("cgroup"):
-        with open(os.path.join(req["cgroup"], "cgroup.procs"), "w") as f:
+    for group in req.get("cgroups") or ():  # one on v2; one per hierarchy on v1
+        with open(os.path.join(group, "cgroup.procs"), "w") as f:
             f.write(str(os.getpid()))
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)

@@ -133,7 +133,7 @@ class ProcessRunner:
             rlimits["cpu"] = int(limits.timeout) + 2
         req = {"op": "run", "func": job.func, "args": job.args, "kwargs": job.kwargs,
                "env": child_env(job_dir, self.passthrough_env, creds), "cwd": job_dir,
-               "rlimits": rlimits, "cgroup": cg.path if cg is not None else None, "max_result": max_out,
+               "rlimits": rlimits, "cgroups": list(cg.paths) if cg is not None else [], "max_result": max_out,
                "workflow_key": job.idempotency_key if job.workflow_run is not None else None}
         if len(job.args) + len(job.kwargs) and len(json.dumps([job.args, job.kwargs])) > INLINE_ARGS:
             # A socket packet is bounded by the socket's buffer (~200 KB): large arguments go
@@ -299,6 +299,9 @@ class _Watch:
             r.runtime = runtime
             return r
         cpu = exit_msg.get("cpu")
+        if self.cg is not None and self.limits.memory_mb is not None:
+            # The group's own high-water mark: the look every 20 ms may have missed the last rise.
+            self.peak_seen = max(self.peak_seen, self.cg.memory_peak() or 0)
         if self.cg is not None and self.cg.oom_killed() and self.killed is None:
             self.killed = ("memory_limit", f"the job went over its memory limit of {self.limits.memory_mb} "
                            f"MB (peak {(self.cg.memory_peak() or 0) >> 20} MB in its cgroup)")

@@ -6,7 +6,7 @@ a fork of it is safe. It talks to its supervisor (run/supervisor.py) over one AF
 SOCK_SEQPACKET socket (`--fd`), one JSON message per packet, with a job's output and
 report pipes passed alongside (SCM_RIGHTS):
 
-  -> {"op": "run", "id", "func", "args", "kwargs", "env", "cwd", "rlimits", "cgroup",
+  -> {"op": "run", "id", "func", "args", "kwargs", "env", "cwd", "rlimits", "cgroups",
       "max_result"} + [output fd, report fd]
   <- {"id", "pid"}                      forked; the child runs (run/child.py)
   <- {"id", "report": {...}}            not forked: the function cannot be loaded

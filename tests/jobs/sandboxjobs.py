@@ -122,3 +122,20 @@ def sleep(seconds: float) -> float:
 
 def size(text: str, extra: dict | None = None) -> int:
     return len(text) + len(extra or {})
+
+
+def own_cgroups() -> str:
+    """The groups it runs in, one line per hierarchy."""
+    with open("/proc/self/cgroup") as f:
+        return f.read()
+
+
+def spawn_until_refused(most: int) -> int:
+    """Starts `sleep`s until a fork is refused or `most` run: how many it started."""
+    started = []
+    try:
+        while len(started) < most:
+            started.append(subprocess.Popen(["sleep", "300"]))
+    except OSError:  # EAGAIN: the group's pids.max
+        pass
+    return len(started)

@@ -1,0 +1,197 @@
+"""Per-job cgroups on a cgroup v1 host (a hybrid one included: Debian and Raspberry Pi OS
+Buster, a container given writable v1 mounts), used when no v2 hierarchy has the memory
+and pids controllers. The interface of cgroup.py's v2 groups, over one group per job in
+each of the memory, pids and (when writable) freezer hierarchies; the child joins each.
+
+v1 lets a group hold processes and child groups at once, so the daemon stays where it is
+and a job's groups go under the daemon's own group in each hierarchy. v1 has no
+`cgroup.kill`: `kill()` freezes the job's group, SIGKILLs every process in it and thaws
+it, so nothing can fork in between; without the freezer it kills until a pass finds no
+new process, and `remove()` kills again until the groups can go (pids.max bounds them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+
+REQUIRED = ("memory", "pids")
+OPTIONAL = ("freezer",)  # a race-free kill when mounted
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _own_groups() -> dict[str, str]:
+    """Controller -> the directory of this process's group in that controller's v1
+    hierarchy: its path in /proc/self/cgroup under the hierarchy's mount in mountinfo."""
+    own: dict[str, str] = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, names, path = line.rstrip("\n").split(":", 2)
+            for name in names.split(","):
+                own[name] = path
+    found: dict[str, str] = {}
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, fs = left.split(), right.split()
+            if fs[:1] != ["cgroup"] or len(fs) < 3:
+                continue
+            root, mount = fields[3], fields[4]
+            for name in fs[2].split(","):  # the super options name the controllers
+                if name in own and name not in found:
+                    rel = os.path.relpath(own[name], root)
+                    if not rel.startswith(".."):  # a mount that shows our group (not a sub-tree)
+                        found[name] = os.path.normpath(os.path.join(mount, rel))
+    return found
+
+
+def find(pids_max: int) -> tuple[JobCgroupsV1 | None, str]:
+    """The v1 groups the daemon may create jobs' groups under, or None and why not."""
+    try:
+        own = _own_groups()
+    except (OSError, ValueError) as e:
+        return None, f"cannot read this process's cgroups: {e}"
+    bases = {}
+    for name in REQUIRED + OPTIONAL:
+        base = own.get(name)
+        if base is None:
+            if name in REQUIRED:
+                return None, f"no cgroup v1 {name} hierarchy is mounted"
+            continue
+        probe = os.path.join(base, f"queickd-probe-{os.getpid()}")
+        try:  # being root is not enough: the hierarchy may be mounted read-only
+            os.mkdir(probe)
+            os.rmdir(probe)
+        except OSError as e:
+            if name in REQUIRED:
+                return None, f"cannot create a cgroup v1 group under {base}: {e.strerror}"
+            continue
+        bases[name] = base
+    return JobCgroupsV1(bases, pids_max), ""
+
+
+class JobCgroupV1:
+    """One job's groups, one per hierarchy; `path` is its memory group."""
+
+    def __init__(self, groups: dict[str, str]) -> None:
+        self.groups = groups
+        self.path = groups["memory"]
+        self.paths = tuple(groups.values())  # the child joins each
+
+    def memory_peak(self) -> int | None:
+        v = _read(os.path.join(self.path, "memory.max_usage_in_bytes"))
+        return int(v) if v and v.strip().isdigit() else None
+
+    def oom_killed(self) -> bool:
+        """From oom_control's `oom_kill` count (Linux 4.13 and later). memory.failcnt is no
+        substitute: it counts limit hits that reclaim resolved (page cache), and some
+        kernels leave it at 0 through an OOM kill. An older kernel's OOM kill is a crash
+        by SIGKILL."""
+        for line in (_read(os.path.join(self.path, "memory.oom_control")) or "").splitlines():
+            name, _, n = line.partition(" ")
+            if name == "oom_kill" and n.strip() != "0":
+                return True
+        return False
+
+    def _procs(self) -> set[int]:
+        out: set[int] = set()
+        for path in self.paths:
+            out.update(int(p) for p in (_read(os.path.join(path, "cgroup.procs")) or "").split())
+        return out
+
+    def _freeze(self, state: str) -> bool:
+        freezer = self.groups.get("freezer")
+        if freezer is None:
+            return False
+        path = os.path.join(freezer, "freezer.state")
+        try:
+            _write(path, state)
+        except OSError:
+            return False
+        for _ in range(200):  # FREEZING until every task has stopped: milliseconds
+            if (_read(path) or "").strip() == state:
+                return True
+            time.sleep(0.002)
+        return False  # a task that will not stop (in D state): the loop below goes on
+
+    def kill(self) -> None:
+        """SIGKILL every process of the job (setsid ones included: they are still in it)."""
+        frozen = self._freeze("FROZEN")
+        killed: set[int] = set()
+        try:
+            for _ in range(1000):  # each pass kills what has forked since the last one
+                new = self._procs() - killed
+                if not new:
+                    return
+                for pid in new:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                killed |= new
+                if frozen:
+                    return  # nothing could fork while frozen: all of it is killed
+        finally:
+            if "freezer" in self.groups:
+                self._freeze("THAWED")  # a frozen task dies of its SIGKILL only once thawed
+
+    def remove(self) -> None:
+        """Kill what is left in its groups and remove them (one with processes cannot be)."""
+        left = list(self.paths)
+        for _ in range(200):  # killed processes leave their groups within milliseconds
+            self.kill()
+            for path in list(left):
+                try:
+                    os.rmdir(path)
+                    left.remove(path)
+                except FileNotFoundError:
+                    left.remove(path)
+                except OSError:
+                    pass
+            if not left:
+                return
+            time.sleep(0.005)
+
+
+class JobCgroupsV1:
+    """Creates the jobs' groups under the daemon's own group in each hierarchy."""
+
+    def __init__(self, bases: dict[str, str], pids_max: int) -> None:
+        self.bases = bases
+        self.pids_max = pids_max
+        self._n = 0
+
+    def create(self, job_id: int, memory_mb: int | None) -> JobCgroupV1:
+        self._n += 1
+        name = f"job-{job_id}-{os.getpid()}-{self._n}"
+        g = JobCgroupV1({c: os.path.join(base, name) for c, base in self.bases.items()})
+        try:
+            for path in g.paths:
+                os.mkdir(path)
+            if memory_mb is not None:
+                limit = str(memory_mb << 20)
+                _write(os.path.join(g.path, "memory.limit_in_bytes"), limit)
+                # memory+swap at the memory limit: no swap. It may never be below
+                # limit_in_bytes, so it is written after it.
+                try:
+                    _write(os.path.join(g.path, "memory.memsw.limit_in_bytes"), limit)
+                except OSError:  # no swap accounting (swapaccount=0): reclaim at the limit then never swaps
+                    with contextlib.suppress(OSError):
+                        _write(os.path.join(g.path, "memory.swappiness"), "0")
+            _write(os.path.join(g.groups["pids"], "pids.max"), str(self.pids_max))
+        except OSError:
+            g.remove()
+            raise
+        return g
