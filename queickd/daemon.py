@@ -256,7 +256,8 @@ class Daemon:
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep,
                                    on_sweep=self._on_sweep, timers={"events": self._deliver_events,
                                                                     "probes": self._probes_due})
-        self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock, admission=c.admission)
+        self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock, admission=c.admission,
+                                     dispatch=self.pool)
         self.service = QueueService(store, self.batcher, loader, self.scheduler, self.pool,
                                     token=token, clock=self.clock, network=self.network,
                                     metrics=self.metrics, resources=resources,
@@ -371,8 +372,6 @@ class Daemon:
         later = [j.run_at for j, s in zip(jobs, submitted, strict=True) if s.state == State.SCHEDULED and not s.duplicate]
         if later:
             self.scheduler.wake_at(min(later))
-        if any(s.state == State.QUEUED and not s.duplicate for s in submitted):
-            self.pool.dispatch_now()  # the committing thread claims: one hand-off fewer
 
     def _on_finished(self, outcomes: list[Outcome]) -> None:
         retries = [o.run_at for o in outcomes if o.state == State.SCHEDULED and o.run_at is not None]

@@ -89,3 +89,73 @@ def test_dispatch_now_with_every_worker_busy_leaves_the_claim_to_the_worker_that
         assert store.claimers[-1] == (pool._threads[0].ident, second)
     finally:
         pool.stop(10)
+
+
+# --- the claim made inside the submit's own transaction ------------------------------------
+def _sqlite_pool(tmp_path, workers=2):
+    from queickd.services.batcher import SubmitBatcher
+    from queickd.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(str(tmp_path / "q.db"))
+    pool, finished = _pool(store, workers)
+    commits: list[str] = []
+    store._writer().set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+    return store, pool, finished, SubmitBatcher(store, dispatch=pool), commits
+
+
+def _submit_through(batcher, **kw):
+    got: list = []
+    batcher.submit([[job(func="testjobs:noop", **kw)]], got.append, inline=True)
+    return got[0][0][0].job_id
+
+
+def test_a_lone_submit_and_the_claim_of_its_job_share_one_commit(tmp_path):
+    store, pool, finished, batcher, commits = _sqlite_pool(tmp_path)
+    try:
+        job_id = _submit_through(batcher)
+        assert len(commits) == 1  # stored and started: one transaction
+        assert store.get(job_id).state in (State.RUNNING, State.SUCCEEDED)
+        assert finished.wait(10)
+        assert store.get(job_id).state == State.SUCCEEDED
+    finally:
+        pool.stop(10)
+        store.close()
+
+
+def test_a_claim_that_fails_inside_a_submit_leaves_the_submit_stored_and_the_job_to_the_dispatcher(tmp_path):
+    store, pool, finished, batcher, commits = _sqlite_pool(tmp_path)
+    real = store.claim_available
+    calls = []
+
+    def fails_once(*a, **kw):
+        calls.append(threading.get_ident())
+        if len(calls) == 1:
+            store._writer().execute("UPDATE jobs SET attempts = attempts + 100")  # a write to undo
+            raise RuntimeError("a claim that breaks")
+        return real(*a, **kw)
+
+    store.claim_available = fails_once
+    try:
+        job_id = _submit_through(batcher)
+        assert finished.wait(10)  # claimed by a later pass
+        job_now = store.get(job_id)
+        assert job_now.state == State.SUCCEEDED and job_now.attempts == 1  # the failed claim's write undone
+        assert sum(store.counts().values()) == 1  # stored once, not once per try
+        assert calls[0] == threading.get_ident()  # the first try was the submitter's, inside its submit
+    finally:
+        pool.stop(10)
+        store.close()
+
+
+def test_a_submit_that_finds_a_pass_running_leaves_its_claim_to_that_pass(tmp_path):
+    store, pool, finished, batcher, commits = _sqlite_pool(tmp_path)
+    try:
+        with pool._dispatch_lock:  # another thread's pass is running
+            job_id = _submit_through(batcher)
+            assert store.get(job_id).state == State.QUEUED
+        pool.dispatch_now()  # what that pass does on its way out, seeing it was asked again
+        assert finished.wait(10)
+        assert store.get(job_id).state == State.SUCCEEDED
+    finally:
+        pool.stop(10)
+        store.close()

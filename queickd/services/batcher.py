@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from ..core.job import NewJob, Submitted
+from ..core.job import NewJob, State, Submitted
 from ..core.policy.admission import NO_LIMITS, Admission, Refusal
 from ..core.protocol import Code, QueueError
 from ..store import Store
@@ -49,6 +49,14 @@ Done = Callable[[list[Answer] | BaseException], None]
 Requests = Sequence[Sequence[NewJob]]
 
 
+
+
+class Dispatch(Protocol):
+    """The worker pool, as the committer sees it: jobs it has just stored may start."""
+
+    def dispatch_now(self) -> None: ...
+
+    def pass_inside(self) -> Callable[[bool], None] | None: ...
 
 
 class SubmitAll(Protocol):
@@ -72,8 +80,12 @@ class SubmitBatcher:
         max_batch: int = DEFAULT_MAX_BATCH,
         admission: Admission = NO_LIMITS,
         max_linger: float = DEFAULT_MAX_LINGER,
+        dispatch: Dispatch | None = None,
     ) -> None:
         self.store = store
+        self._dispatch = dispatch  # told of stored jobs that may start; None: nobody runs them here
+        # Claim in the submit's own transaction where one writer serves both (a commit less per job).
+        self._claim_inside = dispatch is not None and store.claims_in_submit
         self.admission = admission
         self._on_committed = on_committed
         self._clock = clock
@@ -188,7 +200,7 @@ class SubmitBatcher:
     def _commit_batch(self, batch: list[tuple[Requests, Done]]) -> None:
         requests = [r for reqs, _ in batch for r in reqs]
         try:
-            answers = self.store.submit_requests(requests, self._clock(), self.admission)
+            answers, ended = self._store(requests)
         except Exception as e:
             if len(batch) > 1 or len(requests) > 1:
                 # One bad request must not fail the others that shared its transaction.
@@ -201,11 +213,39 @@ class SubmitBatcher:
             err.maybe_committed = True  # type: ignore[attr-defined] # it may have raised at or after COMMIT
             batch[0][1](err)
             return
-        self._finish(batch, requests, answers)
+        self._finish(batch, requests, answers, ended)
+
+    def _store(self, requests: list[Sequence[NewJob]]) -> tuple[list[Answer], Callable[[bool], None] | None]:
+        """Submit the requests in one transaction; where the store allows it, the pool's pass
+        (the claim of what has just been stored) is made in that same transaction. Returns
+        the answers and what ends that pass (None: no pass was made in it). A pass that
+        fails costs nothing but itself: the requests are submitted again without it."""
+        if not self._claim_inside:
+            return self.store.submit_requests(requests, self._clock(), self.admission), None
+        assert self._dispatch is not None
+        ended: Callable[[bool], None] | None = None
+        in_pass = False
+        try:
+            with self.store.batch():
+                answers = self.store.submit_requests(requests, self._clock(), self.admission)
+                if _any_queued(answers):
+                    in_pass = True
+                    # None: the pool asked for its pass elsewhere; nothing is left to do here.
+                    ended = self._dispatch.pass_inside() or _asked_elsewhere
+                    in_pass = False
+        except Exception:
+            if ended is not None:
+                ended(False)
+            if not in_pass:
+                raise
+            log.warning("the claim made with a submit failed; submitting without it", exc_info=True)
+            return self.store.submit_requests(requests, self._clock(), self.admission), None
+        return answers, ended
 
     def _finish(self, batch: list[tuple[Requests, Done]], requests: list[Sequence[NewJob]],
-                answers: list[Answer]) -> None:
-        """Answer each submitter, then tell the daemon what was stored."""
+                answers: list[Answer], ended: Callable[[bool], None] | None = None) -> None:
+        """Answer each submitter, tell the daemon what was stored, then let the stored jobs
+        start: end the pass made inside the transaction, or ask the pool for one."""
         self.commits += 1
         i = 0
         for reqs, done in batch:
@@ -224,6 +264,13 @@ class SubmitBatcher:
             self._on_committed(jobs, submitted)
         except Exception:
             log.exception("error in the post-commit hook; the jobs are stored and acknowledged")
+        try:
+            if ended is not None:
+                ended(True)
+            elif self._dispatch is not None and _any_queued([submitted]):
+                self._dispatch.dispatch_now()  # the committing thread claims: one hand-off fewer
+        except Exception:
+            log.exception("error starting the jobs just stored; the pool's sweep starts them")
 
     def _commit_each(self, reqs: Requests, done: Done) -> None:
         answers: list[Answer] = []
@@ -234,6 +281,16 @@ class SubmitBatcher:
                 log.warning("request refused by the store: %s", e)
                 answers.append(Refusal(Code.BAD_REQUEST, f"the store could not take this request: {e}"))
         self._finish([(reqs, done)], list(reqs), answers)
+
+
+def _asked_elsewhere(committed: bool) -> None:
+    """The end of a pass the pool made elsewhere (see SubmitBatcher._store)."""
+
+
+def _any_queued(answers: Sequence[Answer]) -> bool:
+    """Whether a commit stored a new job that may start now."""
+    return any(s.state == State.QUEUED and not s.duplicate
+               for a in answers if not isinstance(a, Refusal) for s in a)
 
 
 class Gather:

@@ -10,10 +10,8 @@ takes its next job without waking anyone. A fixed set of worker threads, fed thr
 queue, run the jobs through a runner (run.base.Runner; the in-thread one by default) and
 leave the outcome to core.fate.
 
-Each run is also counted per minute (runs, failures, seconds) and the counts are written to
-the store (`add_minute`, as this member "host:pid") in a pass's finishing batch, at most
-once a second or when the minute turns, and on stop: the fleet's counts and the status
-page's history are read from there, whoever ran the jobs."""
+Each run is also counted per minute (run_counts.py); a pass writes the counts due in its
+own transaction, and the pool writes the rest on stop."""
 
 from __future__ import annotations
 
@@ -24,9 +22,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import fate
 from ..core.job import Job, Outcome, State
 from ..core.policy.claim import NO_LIMITS, Limits
 from ..run.base import Runner
@@ -34,8 +32,10 @@ from ..run.loader import FunctionLoader
 from ..run.thread import ThreadRunner
 from ..store import Store
 from ..store.records import Finished, Minute
+from .job_run import run_job
 from .memory_gate import MemoryGate
 from .pool_size import PoolSize
+from .run_counts import RunCounts
 
 log = logging.getLogger("queickd.worker")
 
@@ -43,7 +43,18 @@ DEFAULT_WORKERS = 4
 DEFAULT_SWEEP = 60.0  # seconds between safety sweeps when nothing wakes the pool
 _STORE_RETRY = 1.0  # seconds to wait after a store error before trying again
 _MAX_PASSES_HERE = 3  # passes one caller of _pass_here makes in a row before the dispatcher takes over
-_COUNTS_EVERY = 1.0  # seconds between writes of the per-minute counts (and when the minute turns)
+
+
+@dataclass
+class _Pass:
+    """What one pass did in the store, applied in memory once its transaction commits."""
+
+    unapplied: list[Outcome] = field(default_factory=list)  # outcomes it stored
+    report: Finished | None = None
+    free: int = 0  # workers free for it
+    claimed: list[Job] = field(default_factory=list)  # jobs it started, to run here
+    counted: list[Minute] = field(default_factory=list)  # per-minute counts it wrote
+    deferred_at: float | None = None  # when the first job sent back for want of memory returns
 
 
 def member_name() -> str:
@@ -118,9 +129,7 @@ class WorkerPool:
         self.completed = 0  # counters written by the dispatcher only
         self.failed = 0
         self.member = member or member_name()
-        self._counts: dict[int, list] = {}  # minute -> [completed, failed, seconds] not yet stored
-        self._counts_lock = threading.Lock()  # worker threads add, the pass takes
-        self._counts_at = 0.0  # monotonic time of the last write
+        self.counts = RunCounts(self.member, clock)  # runs per minute, written by the passes
 
     @property
     def busy(self) -> int:
@@ -287,51 +296,100 @@ class WorkerPool:
         """Apply finished outcomes and claim for the free workers, in one transaction; what
         it changed in memory (busy count, submitted jobs) happens only once it has committed.
         Holds _dispatch_lock. True once stopping and nothing runs any more."""
+        p = _Pass()
+        try:
+            with self.store.batch(bookkeeping=True):
+                self._pass_store(p)
+        except BaseException:
+            self.counts.put_back(p.counted)
+            raise
+        return self._pass_applied(p)
+
+    def pass_inside(self) -> Callable[[bool], None] | None:
+        """A pass made inside the caller's open transaction (a submit's, which has just
+        stored jobs): one commit for both, not a submit's and then a claim's. Returns what
+        to call once that transaction has ended (True: committed), which applies the pass
+        in memory and lets the next one run; or None when no pass was made here, for the
+        reasons dispatch_now would not make one (it has then asked for one elsewhere).
+        A pass that raises is undone here; the caller must roll its transaction back."""
+        if self._busy >= self.workers or self._stopping or self._thread is None:
+            self.wake()
+            return None
+        self._again = True
+        if not self._dispatch_lock.acquire(blocking=False):
+            return None  # the running pass sees _again once it has released the lock
+        self._again = False
+        self._wake.clear()
+        p = _Pass()
+        try:
+            self._pass_store(p)
+        except BaseException:
+            self._pass_undone(p)
+            raise
+
+        def ended(committed: bool) -> None:
+            if not committed:
+                self._pass_undone(p)
+                return
+            try:
+                self._pass_applied(p)
+            finally:
+                self._dispatch_lock.release()
+            if self._again:
+                self._pass_here("after a commit")
+
+        return ended
+
+    def _pass_undone(self, p: _Pass) -> None:
+        """A pass whose transaction did not commit: nothing of it happened. Its outcomes are
+        still in _unapplied for the next pass, which the dispatcher is woken to make."""
+        self.counts.put_back(p.counted)
+        self._dispatch_lock.release()
+        self._wake.set()
+
+    def _pass_store(self, p: _Pass) -> None:
+        """A pass's store calls, inside the caller's transaction; records them in `p`."""
         unapplied = self._unapplied
         while True:
             try:
                 unapplied.append(self._done.get_nowait())
             except queue.Empty:
                 break
-        report = None
-        claimed: list[Job] = []
-        deferred_at = None
-        counted: list[Minute] = []
-        try:
-            with self.store.batch(bookkeeping=True):
-                if unapplied:
-                    report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after,
-                                                          self._pause_cooldown)
-                free = self.workers - self._busy + len(unapplied)
-                # One job more than the free workers when the pool may grow: getting it is the
-                # sign that work waits with every worker busy (no polling for it).
-                ask = free + 1 if self._can_grow() else free
-                if ask > 0 and not self._stopping and not self._draining:
-                    claimed = self.store.claim_available(ask, self._clock(), self._network_up(),
-                                                         pools=self.pools, limits=self.limits)
-                # Every count is written once the pool goes idle (nothing runs, nothing was
-                # claimed); while busy, once a second at most. Idle is decided after the claim:
-                # a worker of one slot is "idle" between every two jobs of a backlog, and a
-                # write each time was a statement more in every pass.
-                if unapplied:
-                    counted = self._take_counts(force=self._busy == len(unapplied) and not claimed)
-                    for m in counted:
-                        self.store.add_minute(m)
-                if self.memory is not None:
-                    self.memory.flush(self._clock())
-                    if claimed:
-                        claimed, deferred_at = self._fit(claimed, self._busy - len(unapplied))
-        except BaseException:
-            self._put_back(counted)
-            raise
+        p.unapplied = unapplied
         if unapplied:
-            self._busy -= len(unapplied)
-            finished, self._unapplied = unapplied, []
-            self._after_finish(finished, report)
+            p.report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after,
+                                                    self._pause_cooldown)
+        p.free = self.workers - self._busy + len(unapplied)
+        # One job more than the free workers when the pool may grow: getting it is the
+        # sign that work waits with every worker busy (no polling for it).
+        ask = p.free + 1 if self._can_grow() else p.free
+        if ask > 0 and not self._stopping and not self._draining:
+            p.claimed = self.store.claim_available(ask, self._clock(), self._network_up(),
+                                                   pools=self.pools, limits=self.limits)
+        # Every count is written once the pool goes idle (nothing runs, nothing was
+        # claimed); while busy, once a second at most. Idle is decided after the claim:
+        # a worker of one slot is "idle" between every two jobs of a backlog, and a
+        # write each time was a statement more in every pass.
+        if unapplied:
+            p.counted = self.counts.take(force=self._busy == len(unapplied) and not p.claimed)
+            for m in p.counted:
+                self.store.add_minute(m)
+        if self.memory is not None:
+            self.memory.flush(self._clock())
+            if p.claimed:
+                p.claimed, p.deferred_at = self._fit(p.claimed, self._busy - len(unapplied))
+
+    def _pass_applied(self, p: _Pass) -> bool:
+        """A pass has committed: what it changed, in memory. True once stopping and idle."""
+        claimed = p.claimed
+        if p.unapplied:
+            self._busy -= len(p.unapplied)
+            finished, self._unapplied = p.unapplied, []
+            self._after_finish(finished, p.report)
         if claimed and self.size is not None:
             now = self._clock()
             self.size.claimed(now)
-            if len(claimed) > max(0, free):
+            if len(claimed) > max(0, p.free):
                 self._grow(now)
         for job in claimed:
             self._busy += 1
@@ -340,50 +398,17 @@ class WorkerPool:
             self._on_claimed(claimed)
         if self._draining and self._busy == 0:
             self._drained.set()
-        if deferred_at is not None:
-            self._on_deferred(deferred_at)
+        if p.deferred_at is not None:
+            self._on_deferred(p.deferred_at)
         if self._stopping and self._busy == 0:
             self._idle.set()
             return True
         return False
 
     # --- per-minute counts ------------------------------------------------------------------
-    def _count(self, ok: bool, seconds: float) -> None:
-        """Worker thread: one run ended."""
-        minute = int(self._clock() // 60)
-        with self._counts_lock:
-            c = self._counts.get(minute)
-            if c is None:
-                c = self._counts[minute] = [0, 0, 0.0]
-            c[0 if ok else 1] += 1
-            c[2] += seconds
-
-    def _take_counts(self, force: bool) -> list[Minute]:
-        """The counts due to be written: all of them when forced, a second after the last
-        write, or once a minute other than the current one holds some."""
-        now = time.monotonic()
-        with self._counts_lock:
-            if not self._counts:
-                return []
-            current = int(self._clock() // 60)
-            if not force and now - self._counts_at < _COUNTS_EVERY and set(self._counts) == {current}:
-                return []
-            taken, self._counts = self._counts, {}
-        self._counts_at = now
-        return [Minute(m, self.member, c[0], c[1], c[2]) for m, c in sorted(taken.items())]
-
-    def _put_back(self, counted: list[Minute]) -> None:
-        """A batch that failed: its counts are written with a later one."""
-        with self._counts_lock:
-            for m in counted:
-                c = self._counts.setdefault(m.minute, [0, 0, 0.0])
-                c[0] += m.completed
-                c[1] += m.failed
-                c[2] += m.seconds
-
     def flush_counts(self) -> None:
         """Write the counts not yet stored (on stop). A store error is logged, not raised."""
-        counted = self._take_counts(force=True)
+        counted = self.counts.take(force=True)
         try:
             for m in counted:
                 self.store.add_minute(m)
@@ -460,27 +485,9 @@ class WorkerPool:
             self._run(job)
 
     def _run(self, job: Job) -> None:
-        report_ok = False  # a report to learn from (deciding the outcome may still fail)
-        try:
-            report = self.runner.run(job)
-            report_ok = True
-            runtime = report.runtime
-            if report.ok:  # the clock and the checker are read on failure only
-                outcome = fate.after_success(job, report)
-            else:
-                outcome = fate.after_failure(job, report, self._clock(), self._network_checker())
-        except BaseException as e:  # deciding itself failed: the job must still leave `running`
-            runtime = 0.0
-            outcome = Outcome.dead(job.id, {"type": type(e).__name__,
-                                            "message": "queickd could not record this job's outcome"},
-                                   job.workflow_run)
-        if outcome.state != State.SUCCEEDED:
-            log.info(
-                "job %d %s failed (attempt %d/%d): %s: %s -> %s", job.id, job.func, job.attempts,
-                job.max_attempts, outcome.error["type"], outcome.error["message"], outcome.state,
-            )
-        self._count(outcome.state == State.SUCCEEDED, runtime)
-        if self.memory is not None and report_ok:
+        outcome, runtime, report = run_job(self.runner, job, self._clock, self._network_checker)
+        self.counts.add(outcome.state == State.SUCCEEDED, runtime)
+        if self.memory is not None and report is not None:
             self.memory.after_run(job, report.peak_memory, runtime, report.error_type == "memory_limit",
                                   report.peak_estimated)
         if self._on_ran is not None:

@@ -45,6 +45,8 @@ class Store(Protocol):
     # Capabilities. A store that cannot push wake-ups to other processes leaves this False
     # and the core relies on its own in-process signals plus one slow safety sweep.
     supports_notify: bool
+    # A submit and the worker pool's pass may share one transaction (one writer serves both).
+    claims_in_submit: bool
     # The exceptions by which the store says it is itself in trouble (a lost connection, a
     # full or failing disk), never the data a call carried; the next call may succeed.
     UNAVAILABLE: tuple[type[BaseException], ...]

@@ -38,6 +38,7 @@ from .workflows import CANCELLED
 
 class MemoryStore(MemoryOperatorOps, MemoryCronsEvents, MemoryResources, MemoryWorkflows, StoreBase):
     supports_notify = False
+    claims_in_submit = True
 
     def __init__(self, url: str = "memory://") -> None:
         self.url = url

@@ -74,6 +74,7 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
         self._submit_unadmitted(c, jobs, now)  # no admission: pgsubmit.py says why
 
     supports_notify = True
+    claims_in_submit = False
     # A killed or dropped connection (OperationalError: AdminShutdown, a reset socket...;
     # InterfaceError: a connection psycopg already knows is gone); the next call reconnects.
     UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)

@@ -105,6 +105,7 @@ class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
     _WF_LOCK = ""  # the one writing connection holds the file: no row lock to take
     _WF_BUDGET = "json_extract(meta, '$.reason.budget')"
     supports_notify = False
+    claims_in_submit = True
 
     def _wf_submit(self, c: sqlite3.Connection, jobs: list[NewJob], now: float) -> None:
         self._submit_in(c, [jobs], now, adm.NO_LIMITS)

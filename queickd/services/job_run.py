@@ -1,0 +1,40 @@
+"""One run of a claimed job on a worker thread, and the outcome core.fate decides for it.
+
+Whatever the runner or the decision does, the job leaves `running`: a decision that itself
+fails makes the job dead with a plain error, never a job stuck in `running`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ..core import fate
+from ..core.job import Job, Outcome, State
+from ..run.base import Runner, RunReport
+
+log = logging.getLogger("queickd.worker")
+
+
+def run_job(runner: Runner, job: Job, clock: Callable[[], float],
+            network_checker: Callable[[], bool]) -> tuple[Outcome, float, RunReport | None]:
+    """Run `job` -> (its outcome, its runtime, the runner's report; None if running or
+    deciding failed). The clock and the network checker are read on failure only."""
+    report: RunReport | None = None
+    try:
+        report = runner.run(job)
+        if report.ok:
+            outcome = fate.after_success(job, report)
+        else:
+            outcome = fate.after_failure(job, report, clock(), network_checker())
+        runtime = report.runtime
+    except BaseException as e:  # deciding itself failed: the job must still leave `running`
+        runtime = report.runtime if report is not None else 0.0
+        outcome = Outcome.dead(job.id, {"type": type(e).__name__,
+                                        "message": "queickd could not record this job's outcome"},
+                               job.workflow_run)
+    if outcome.state != State.SUCCEEDED:
+        log.info(
+            "job %d %s failed (attempt %d/%d): %s: %s -> %s", job.id, job.func, job.attempts,
+            job.max_attempts, outcome.error["type"], outcome.error["message"], outcome.state,
+        )
+    return outcome, runtime, report
