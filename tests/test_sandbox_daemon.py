@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -206,3 +207,42 @@ def test_cancelling_a_running_process_job_kills_it_and_what_it_started(client, t
         time.sleep(0.05)
     after = client.wait(client.enqueue("sandboxjobs:noop", isolation="process"), 20)
     assert after["state"] == State.SUCCEEDED and client.get(job_id)["state"] == State.CANCELLED
+
+
+# --- how memory limits hold here: one description in stats, /metrics, the page and the log ---
+
+_READ_ONLY_CGROUPS = ["unshare", "--mount", "sh", "-c",
+                      'for m in $(findmnt -rn -t cgroup,cgroup2 -o TARGET); do mount -o remount,bind,ro "$m" '
+                      '|| exit 1; done; exec "$@"', "sh"]
+
+
+def test_stats_metrics_the_page_and_the_start_log_say_how_memory_limits_hold(start_daemon, tmp_path):
+    from queickd.run import cgroup
+    expected = cgroup.means(cgroup.JobCgroups.find(), cgroup.JobCgroups.reason)["memory"]
+    web = start_web(start_daemon, tmp_path)
+    with web.daemon.client() as q:
+        lim = q.stats()["sandbox"]["limits"]
+    assert lim["memory"] == expected
+    if expected == "RSS watch":
+        assert lim["reason"] and lim["pids_max"] is None and not lim["groups"]
+    else:
+        assert lim["reason"] is None and lim["pids_max"] == cgroup.PIDS_MAX
+        assert lim["groups"] and all(os.path.isdir(g) for g in lim["groups"])
+    logged = [line for line in web.daemon.lines if "process jobs: memory limits by" in line]
+    assert len(logged) == 1 and f"memory limits by {expected}" in logged[0]
+    assert scrape(web)[("queickd_memory_limits_info", (("by", expected),))] == 1
+    assert f"memory limits by {expected}" in web.get("/").body.decode()
+
+
+def test_where_no_cgroup_can_be_made_stats_say_rss_watch_and_why_and_it_still_holds(start_daemon):
+    if os.geteuid() != 0 or not all(shutil.which(c) for c in ("unshare", "findmnt")):
+        pytest.skip("needs root, unshare and findmnt, to start a daemon whose cgroup mounts are read-only")
+    if subprocess.run([*_READ_ONLY_CGROUPS, "true"], capture_output=True).returncode != 0:
+        pytest.skip("cannot make a mount namespace with read-only cgroup mounts here")
+    d = start_daemon(None, prefix=_READ_ONLY_CGROUPS)
+    with d.client() as q:
+        lim = q.stats()["sandbox"]["limits"]
+        assert lim["memory"] == "RSS watch" and "Read-only file system" in lim["reason"], lim
+        job = q.wait(q.enqueue("sandboxjobs:hog", memory_mb=64), 30)
+    assert (job["state"], job["error"]["type"]) == (State.DEAD, "memory_limit")
+    assert any("memory limits by RSS watch (no per-job cgroup:" in line for line in d.lines)

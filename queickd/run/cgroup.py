@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from typing import Any
 
 from . import cgroup_v1
 
@@ -84,6 +85,18 @@ class JobCgroup:
                 return
             except OSError:
                 time.sleep(0.005)
+
+
+def means(found: JobCgroups | cgroup_v1.JobCgroupsV1 | None, reason: str) -> dict[str, Any]:
+    """How a process job's memory limit (and process count) is enforced here: the one
+    description the start log, `stats`, `/metrics` and the status page show. `memory` is
+    "cgroup v2", "cgroup v1" or "RSS watch"; `reason` says why no cgroup (else None)."""
+    if isinstance(found, JobCgroups):
+        return {"memory": "cgroup v2", "pids_max": PIDS_MAX, "groups": [found.base], "reason": None}
+    if found is not None:
+        return {"memory": "cgroup v1", "pids_max": PIDS_MAX, "groups": sorted(set(found.bases.values())),
+                "reason": None}
+    return {"memory": "RSS watch", "pids_max": None, "groups": [], "reason": reason or "cgroups are not used"}
 
 
 class JobCgroups:

@@ -82,6 +82,10 @@ class ProcessRunner:
         self.passthrough_env = tuple(passthrough_env)
         self.kill_grace = kill_grace
         self.cgroups = cgroup.JobCgroups.find() if use_cgroup else None
+        # How memory limits hold here (cgroup v2, cgroup v1 or the RSS watch, and why):
+        # what stats, /metrics, the status page and the start log say.
+        self.means = cgroup.means(self.cgroups, cgroup.JobCgroups.reason if use_cgroup
+                                  else "cgroups are off for this runner")
         self.kills = dict.fromkeys(LIMIT_KINDS, 0)  # limit kills by kind
         self.crashed = 0
         self._count_lock = threading.Lock()

@@ -33,7 +33,15 @@ class RoutingRunner:
         return self.process.supervisor if self.process is not None else None
 
     def start(self) -> None:
-        """Start the zygote at once when the settings send jobs to processes."""
+        """Say how process jobs' limits hold here (once), and start the zygote at once when
+        the settings send jobs to processes."""
+        if self.process is not None:
+            m = self.process.means
+            if m["reason"] is None:
+                log.info("process jobs: memory limits by %s (a group per job under %s, pids.max %d)",
+                         m["memory"], ", ".join(m["groups"]), m["pids_max"])
+            else:
+                log.info("process jobs: memory limits by %s (no per-job cgroup: %s)", m["memory"], m["reason"])
         d = self.defaults
         tables = (d.functions or {}).values()
         eager = d.isolation == sandbox.PROCESS or any(getattr(d, k) is not None for k in sandbox.LIMITS) or any(
@@ -60,9 +68,11 @@ class RoutingRunner:
             self.process.cancel(job_id)
 
     def stats(self) -> dict:
-        """Runs by isolation, limit kills by kind, the zygote's liveness and restarts."""
+        """Runs by isolation, limit kills by kind, the zygote's liveness and restarts, and how
+        memory limits hold (`limits`: ProcessRunner.means)."""
         sup, proc = self.supervisor, self.process
         return {"runs": dict(self.runs), "kills": dict(proc.kills) if proc else {},
+                "limits": dict(proc.means) if proc else None,
                 "crashed": proc.crashed if proc else 0,
                 "zygote": {"alive": sup.alive if sup else False, "pid": sup.pid if sup else None,
                            "restarts": sup.restarts if sup else 0}}
