@@ -246,3 +246,76 @@ def test_where_no_cgroup_can_be_made_stats_say_rss_watch_and_why_and_it_still_ho
         job = q.wait(q.enqueue("sandboxjobs:hog", memory_mb=64), 30)
     assert (job["state"], job["error"]["type"]) == (State.DEAD, "memory_limit")
     assert any("memory limits by RSS watch (no per-job cgroup:" in line for line in d.lines)
+
+
+# --- the per-job groups of a daemon killed with SIGKILL: killed and removed at the next start ---
+
+def _job_cgroup_bases() -> list[str]:
+    from queickd.run import cgroup
+    found = cgroup.JobCgroups.find()
+    if found is None:
+        pytest.skip(f"no per-job cgroup here: {cgroup.JobCgroups.reason}")
+    return sorted(set(found.bases.values())) if hasattr(found, "bases") else [found.base]
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_the_groups_of_a_daemon_killed_with_sigkill_are_emptied_and_removed_at_start(start_daemon):
+    bases = _job_cgroup_bases()
+    stale, live = f"job-7-{_dead_pid()}-1", f"job-8-{os.getpid()}-1"
+    sleeper = None
+    try:
+        for base in bases:
+            os.mkdir(os.path.join(base, stale))
+            os.mkdir(os.path.join(base, live))
+        # What a job of the dead daemon left: a process of its own session, in its groups.
+        sleeper = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        for base in bases:
+            with open(os.path.join(base, stale, "cgroup.procs"), "w") as f:
+                f.write(str(sleeper.pid))
+        d = start_daemon()
+        d.wait_for_line(rf"removed the cgroup {stale} left behind by a daemon that is gone, killing 1 process")
+        assert sleeper.wait(10) == -signal.SIGKILL
+        assert not any(os.path.exists(os.path.join(b, stale)) for b in bases)
+        assert all(os.path.isdir(os.path.join(b, live)) for b in bases)  # its pid lives: not touched
+        assert not [line for line in d.lines if live in line]
+        with d.client() as q:  # and process jobs run as before
+            assert q.wait(q.enqueue("sandboxjobs:noop", isolation="process"), 20)["state"] == State.SUCCEEDED
+    finally:
+        if sleeper is not None and sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
+        for base in bases:
+            for name in (stale, live):
+                path = os.path.join(base, name)
+                if os.path.isdir(path):
+                    os.rmdir(path)
+
+
+def test_a_daemon_killed_with_sigkill_mid_job_has_its_jobs_groups_removed_by_the_next(start_daemon, tmp_path):
+    bases = _job_cgroup_bases()
+    pidfile = tmp_path / "pids"
+    first = start_daemon()
+    with first.client() as q:
+        job_id = q.enqueue("sandboxjobs:spawn_and_hang", [str(pidfile)], isolation="process")
+    deadline = time.monotonic() + 20
+    while not (pidfile.exists() and pidfile.read_text().endswith("\n")):
+        assert time.monotonic() < deadline, "the job never started its children"
+        time.sleep(0.05)
+    name = f"job-{job_id}-{first.proc.pid}-1"
+    assert all(os.path.isdir(os.path.join(b, name)) for b in bases)
+    first.kill()
+    second = start_daemon()
+    second.wait_for_line(rf"removed the cgroup {name} left behind by a daemon that is gone")
+    assert not any(os.path.exists(os.path.join(b, name)) for b in bases)
+    pids = [int(p) for p in pidfile.read_text().split()]
+    while not all(_process_gone(p) for p in pids):
+        assert time.monotonic() < deadline, "the killed daemon's job processes are still alive"
+        time.sleep(0.05)
+    with second.client() as q:  # re-queued as an orphan: it must not hang on in a group of its own
+        q.cancel(job_id)
+    assert second.terminate() == 0

@@ -144,6 +144,17 @@ class JobCgroups:
             return None
         return cls(base)
 
+    def sweep(self) -> list[tuple[str, int, bool]]:
+        """Kill and remove the groups a daemon killed with SIGKILL left behind
+        (cgroup_v1.left_behind): (name, processes killed in them, removed) for each."""
+        done = []
+        for name, paths in sorted(cgroup_v1.left_behind([self.base]).items()):
+            g = JobCgroup(paths[self.base])
+            killed = len((g._read("cgroup.procs") or "").split())
+            g.remove()
+            done.append((name, killed, not os.path.exists(g.path)))
+        return done
+
     def create(self, job_id: int, memory_mb: int | None) -> JobCgroup:
         self._n += 1
         path = os.path.join(self.base, f"job-{job_id}-{os.getpid()}-{self._n}")

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 
 REQUIRED = ("memory", "pids")
+_JOB_GROUP = re.compile(r"job-\d+-(\d+)-\d+")  # job-<job id>-<daemon pid>-<n>, v1's and v2's
 OPTIONAL = ("freezer",)  # a race-free kill when mounted
 
 
@@ -32,6 +34,35 @@ def _read(path: str) -> str | None:
             return f.read()
     except OSError:
         return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def left_behind(bases: list[str]) -> dict[str, dict[str, str]]:
+    """The jobs' groups (v2 and v1 alike) under `bases` whose daemon is gone: the pid in
+    the name is no live process here. Name -> {base: its path}. A group of a live pid is
+    never one of them (its daemon may be using it); nor is a group whose name is not ours."""
+    out: dict[str, dict[str, str]] = {}
+    for base in bases:
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        for name in names:
+            m = _JOB_GROUP.fullmatch(name)
+            if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+                path = os.path.join(base, name)
+                if os.path.isdir(path):
+                    out.setdefault(name, {})[base] = path
+    return out
 
 
 def _own_groups() -> dict[str, str]:
@@ -89,7 +120,7 @@ class JobCgroupV1:
 
     def __init__(self, groups: dict[str, str]) -> None:
         self.groups = groups
-        self.path = groups["memory"]
+        self.path = groups.get("memory") or next(iter(groups.values()))
         self.paths = tuple(groups.values())  # the child joins each
 
     def memory_peak(self) -> int | None:
@@ -172,6 +203,18 @@ class JobCgroupsV1:
         self.bases = bases
         self.pids_max = pids_max
         self._n = 0
+
+    def sweep(self) -> list[tuple[str, int, bool]]:
+        """Kill and remove the groups a daemon killed with SIGKILL left behind (`left_behind`):
+        (name, processes killed in them, removed) for each."""
+        done = []
+        by_base = {base: c for c, base in self.bases.items()}
+        for name, paths in sorted(left_behind(list(by_base)).items()):
+            g = JobCgroupV1({by_base[base]: path for base, path in paths.items()})
+            killed = len(g._procs())
+            g.remove()
+            done.append((name, killed, not any(os.path.exists(p) for p in g.paths)))
+        return done
 
     def create(self, job_id: int, memory_mb: int | None) -> JobCgroupV1:
         self._n += 1

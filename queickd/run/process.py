@@ -91,6 +91,25 @@ class ProcessRunner:
         self._count_lock = threading.Lock()
         self._watches: dict[int, _Watch] = {}  # job id -> its running child (under _count_lock)
 
+    def sweep(self) -> None:
+        """At start: the per-job groups of a daemon that was killed with SIGKILL while its
+        process jobs ran (its pid is in their names, and it is gone) are killed (whatever
+        its jobs left in them) and removed, and what was done is logged."""
+        if self.cgroups is None:
+            return
+        try:
+            done = self.cgroups.sweep()
+        except OSError as e:
+            log.warning("cannot look for cgroups left behind by a daemon that is gone: %s", e)
+            return
+        for name, killed, removed in done:
+            if removed:
+                log.warning("removed the cgroup %s left behind by a daemon that is gone, killing %d "
+                            "process(es) left in it", name, killed)
+            else:
+                log.warning("cannot remove the cgroup %s left behind by a daemon that is gone (%d "
+                            "process(es) were in it)", name, killed)
+
     def cancel(self, job_id: int) -> None:
         """An operator cancelled the running job: its process group is killed at once (the
         store has already marked it cancelled, so what it reports is discarded)."""

@@ -33,9 +33,11 @@ class RoutingRunner:
         return self.process.supervisor if self.process is not None else None
 
     def start(self) -> None:
-        """Say how process jobs' limits hold here (once), and start the zygote at once when
-        the settings send jobs to processes."""
+        """Remove the per-job cgroups a daemon killed with SIGKILL left behind, say how
+        process jobs' limits hold here (once), and start the zygote at once when the
+        settings send jobs to processes."""
         if self.process is not None:
+            self.process.sweep()  # the groups of a daemon killed with SIGKILL, before any job runs
             m = self.process.means
             if m["reason"] is None:
                 log.info("process jobs: memory limits by %s (a group per job under %s, pids.max %d)",
