@@ -65,35 +65,56 @@ def left_behind(bases: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
-def _own_groups() -> dict[str, str]:
+def mounts(root: str = "/") -> list[tuple[str, str, set[str]]]:
+    """The cgroup v1 hierarchies mounted, from `proc/self/mountinfo` under root: (the
+    mount's root within its hierarchy, where it is mounted, under root; its controllers,
+    from the super options). OSError when mountinfo cannot be read. Also the memory
+    gate's (services/memory_gate.py), which reads the daemon's own v1 memory group."""
+    out = []
+    with open(os.path.join(root, "proc/self/mountinfo")) as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, fs = left.split(), right.split()
+            if fs[:1] != ["cgroup"] or len(fs) < 3 or len(fields) < 5:
+                continue
+            out.append((fields[3], os.path.join(root, fields[4].lstrip("/")), set(fs[2].split(","))))
+    return out
+
+
+def locate(found: list[tuple[str, str, set[str]]], controller: str, path: str) -> str | None:
+    """The directory of the group at `path` (as /proc/self/cgroup names it) in the
+    controller's hierarchy: under the first of its mounts that shows it (not a sub-tree
+    of the hierarchy that leaves it out); None when none does."""
+    for root, mount, names in found:
+        if controller in names:
+            rel = os.path.relpath(path, root)
+            if not rel.startswith(".."):
+                return os.path.normpath(os.path.join(mount, rel))
+    return None
+
+
+def own_groups(root: str = "/") -> dict[str, str]:
     """Controller -> the directory of this process's group in that controller's v1
     hierarchy: its path in /proc/self/cgroup under the hierarchy's mount in mountinfo."""
     own: dict[str, str] = {}
-    with open("/proc/self/cgroup") as f:
+    with open(os.path.join(root, "proc/self/cgroup")) as f:
         for line in f:
             _, names, path = line.rstrip("\n").split(":", 2)
             for name in names.split(","):
                 own[name] = path
-    found: dict[str, str] = {}
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields, fs = left.split(), right.split()
-            if fs[:1] != ["cgroup"] or len(fs) < 3:
-                continue
-            root, mount = fields[3], fields[4]
-            for name in fs[2].split(","):  # the super options name the controllers
-                if name in own and name not in found:
-                    rel = os.path.relpath(own[name], root)
-                    if not rel.startswith(".."):  # a mount that shows our group (not a sub-tree)
-                        found[name] = os.path.normpath(os.path.join(mount, rel))
-    return found
+    found = mounts(root)
+    out: dict[str, str] = {}
+    for name, path in own.items():
+        d = locate(found, name, path)
+        if d is not None:
+            out[name] = d
+    return out
 
 
 def find(pids_max: int) -> tuple[JobCgroupsV1 | None, str]:
     """The v1 groups the daemon may create jobs' groups under, or None and why not."""
     try:
-        own = _own_groups()
+        own = own_groups()
     except (OSError, ValueError) as e:
         return None, f"cannot read this process's cgroups: {e}"
     bases = {}
