@@ -301,21 +301,26 @@ def test_a_daemon_killed_with_sigkill_mid_job_has_its_jobs_groups_removed_by_the
     pidfile = tmp_path / "pids"
     first = start_daemon()
     with first.client() as q:
-        job_id = q.enqueue("sandboxjobs:spawn_and_hang", [str(pidfile)], isolation="process")
+        job_id = q.enqueue("sandboxjobs:spawn_and_hang", [str(pidfile)], memory_mb=256)  # a group in each
     deadline = time.monotonic() + 20
     while not (pidfile.exists() and pidfile.read_text().endswith("\n")):
         assert time.monotonic() < deadline, "the job never started its children"
         time.sleep(0.05)
     name = f"job-{job_id}-{first.proc.pid}-1"
     assert all(os.path.isdir(os.path.join(b, name)) for b in bases)
+    pids = [int(p) for p in pidfile.read_text().split()]
+    pidfile.unlink()
     first.kill()
     second = start_daemon()
     second.wait_for_line(rf"removed the cgroup {name} left behind by a daemon that is gone")
     assert not any(os.path.exists(os.path.join(b, name)) for b in bases)
-    pids = [int(p) for p in pidfile.read_text().split()]
     while not all(_process_gone(p) for p in pids):
         assert time.monotonic() < deadline, "the killed daemon's job processes are still alive"
         time.sleep(0.05)
-    with second.client() as q:  # re-queued as an orphan: it must not hang on in a group of its own
+    # Re-queued as an orphan, it runs again: cancelled once it runs, it leaves nothing behind.
+    while not (pidfile.exists() and pidfile.read_text().endswith("\n")):
+        assert time.monotonic() < deadline + 20, "the re-queued job never started"
+        time.sleep(0.05)
+    with second.client() as q:
         q.cancel(job_id)
     assert second.terminate() == 0

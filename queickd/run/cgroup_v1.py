@@ -1,7 +1,8 @@
 """Per-job cgroups on a cgroup v1 host (a hybrid one included: Debian and Raspberry Pi OS
 Buster, a container given writable v1 mounts), used when no v2 hierarchy has the memory
 and pids controllers. The interface of cgroup.py's v2 groups, over one group per job in
-each of the memory, pids and (when writable) freezer hierarchies; the child joins each.
+each of the pids, (when writable) freezer and (for a memory limit) memory hierarchies;
+the child joins each.
 
 v1 lets a group hold processes and child groups at once, so the daemon stays where it is
 and a job's groups go under the daemon's own group in each hierarchy. v1 has no
@@ -26,6 +27,17 @@ OPTIONAL = ("freezer",)  # a race-free kill when mounted
 def _write(path: str, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)
+
+
+def _rmdir(path: str) -> bool:
+    """Removed (or gone already); False while it holds a process."""
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True
 
 
 def _read(path: str) -> str | None:
@@ -137,7 +149,8 @@ def find(pids_max: int) -> tuple[JobCgroupsV1 | None, str]:
 
 
 class JobCgroupV1:
-    """One job's groups, one per hierarchy; `path` is its memory group."""
+    """One job's groups, one per hierarchy; `path` is its memory group (a job without a
+    memory limit has none)."""
 
     def __init__(self, groups: dict[str, str]) -> None:
         self.groups = groups
@@ -145,6 +158,8 @@ class JobCgroupV1:
         self.paths = tuple(groups.values())  # the child joins each
 
     def memory_peak(self) -> int | None:
+        if "memory" not in self.groups:
+            return None
         v = _read(os.path.join(self.path, "memory.max_usage_in_bytes"))
         return int(v) if v and v.strip().isdigit() else None
 
@@ -153,6 +168,8 @@ class JobCgroupV1:
         substitute: it counts limit hits that reclaim resolved (page cache), and some
         kernels leave it at 0 through an OOM kill. An older kernel's OOM kill is a crash
         by SIGKILL."""
+        if "memory" not in self.groups:
+            return False
         for line in (_read(os.path.join(self.path, "memory.oom_control")) or "").splitlines():
             name, _, n = line.partition(" ")
             if name == "oom_kill" and n.strip() != "0":
@@ -200,9 +217,11 @@ class JobCgroupV1:
                 self._freeze("THAWED")  # a frozen task dies of its SIGKILL only once thawed
 
     def remove(self) -> None:
-        """Kill what is left in its groups and remove them (one with processes cannot be)."""
-        left = list(self.paths)
-        for _ in range(200):  # killed processes leave their groups within milliseconds
+        """Kill what is left in its groups and remove them (one with processes cannot be).
+        Empty groups (the usual end: the zygote has killed and reaped what the job left) go
+        at once, with no freeze and no kill; only if one cannot, the kills below."""
+        left = [p for p in self.paths if not _rmdir(p)]
+        for _ in range(200 if left else 0):  # killed processes leave their groups within milliseconds
             self.kill()
             for path in list(left):
                 try:
@@ -240,7 +259,11 @@ class JobCgroupsV1:
     def create(self, job_id: int, memory_mb: int | None) -> JobCgroupV1:
         self._n += 1
         name = f"job-{job_id}-{os.getpid()}-{self._n}"
-        g = JobCgroupV1({c: os.path.join(base, name) for c, base in self.bases.items()})
+        # A memory group only for a memory limit: with none there is nothing for one to hold
+        # (the peak is the child's own VmHWM), and a v1 memory group costs the most to make,
+        # to join and to remove. pids (pids.max) and the freezer (the kill) are every job's.
+        g = JobCgroupV1({c: os.path.join(base, name) for c, base in self.bases.items()
+                         if c != "memory" or memory_mb is not None})
         try:
             for path in g.paths:
                 os.mkdir(path)

@@ -142,7 +142,10 @@ class ProcessRunner:
         finally:
             if cg is not None:
                 cg.remove()
-            shutil.rmtree(job_dir, ignore_errors=True)
+            try:
+                os.rmdir(job_dir)  # what most jobs leave: an empty directory
+            except OSError:
+                shutil.rmtree(job_dir, ignore_errors=True)
         self._count(report.error_type)
         return report
 
@@ -325,7 +328,8 @@ class _Watch:
         if self.cg is not None and self.limits.memory_mb is not None:
             # The group's own high-water mark: the look every 20 ms may have missed the last rise.
             self.peak_seen = max(self.peak_seen, self.cg.memory_peak() or 0)
-        if self.cg is not None and self.cg.oom_killed() and self.killed is None:
+        if (self.cg is not None and self.limits.memory_mb is not None and self.killed is None
+                and self.cg.oom_killed()):
             self.killed = ("memory_limit", f"the job went over its memory limit of {self.limits.memory_mb} "
                            f"MB (peak {(self.cg.memory_peak() or 0) >> 20} MB in its cgroup)")
         if self.killed is not None:
