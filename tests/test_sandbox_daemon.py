@@ -250,12 +250,42 @@ def test_where_no_cgroup_can_be_made_stats_say_rss_watch_and_why_and_it_still_ho
 
 # --- the per-job groups of a daemon killed with SIGKILL: killed and removed at the next start ---
 
-def _job_cgroup_bases() -> list[str]:
+_JOIN = ["sh", "-c", 'for g in $JOIN_GROUPS; do echo $$ > "$g/cgroup.procs" || exit 1; done; exec "$@"', "sh"]
+
+
+@pytest.fixture
+def private_groups(start_daemon):
+    """start(): a daemon in groups of its own, one under each base of this host's per-job
+    groups, and those groups' paths: what it sweeps is there, out of reach of the daemons
+    other tests start meanwhile (each sweeps the groups of dead pids it can see)."""
     from queickd.run import cgroup
     found = cgroup.JobCgroups.find()
     if found is None:
         pytest.skip(f"no per-job cgroup here: {cgroup.JobCgroups.reason}")
-    return sorted(set(found.bases.values())) if hasattr(found, "bases") else [found.base]
+    bases = sorted(set(found.bases.values())) if hasattr(found, "bases") else [found.base]
+    mine = [os.path.join(b, f"test-{os.getpid()}-{time.monotonic_ns()}") for b in bases]
+    for path in mine:
+        os.mkdir(path)
+    started = []
+
+    def start():
+        d = start_daemon(None, prefix=_JOIN, env={"JOIN_GROUPS": " ".join(mine)})
+        started.append(d)
+        return d
+
+    yield start, mine
+    for d in started:
+        d.close()
+    for path in mine:  # v2: the daemon's own leaf inside too
+        for _ in range(200):
+            try:
+                for name in os.listdir(path):
+                    if os.path.isdir(os.path.join(path, name)):
+                        os.rmdir(os.path.join(path, name))
+                os.rmdir(path)
+                break
+            except OSError:
+                time.sleep(0.01)
 
 
 def _dead_pid() -> int:
@@ -264,8 +294,8 @@ def _dead_pid() -> int:
     return p.pid
 
 
-def test_the_groups_of_a_daemon_killed_with_sigkill_are_emptied_and_removed_at_start(start_daemon):
-    bases = _job_cgroup_bases()
+def test_the_groups_of_a_daemon_killed_with_sigkill_are_emptied_and_removed_at_start(private_groups):
+    start_daemon, bases = private_groups
     stale, live = f"job-7-{_dead_pid()}-1", f"job-8-{os.getpid()}-1"
     sleeper = None
     try:
@@ -296,8 +326,8 @@ def test_the_groups_of_a_daemon_killed_with_sigkill_are_emptied_and_removed_at_s
                     os.rmdir(path)
 
 
-def test_a_daemon_killed_with_sigkill_mid_job_has_its_jobs_groups_removed_by_the_next(start_daemon, tmp_path):
-    bases = _job_cgroup_bases()
+def test_a_daemon_killed_with_sigkill_mid_job_has_its_jobs_groups_removed_by_the_next(private_groups, tmp_path):
+    start_daemon, bases = private_groups
     pidfile = tmp_path / "pids"
     first = start_daemon()
     with first.client() as q:

@@ -32,18 +32,22 @@ class RoutingRunner:
     def supervisor(self) -> ZygoteSupervisor | None:
         return self.process.supervisor if self.process is not None else None
 
+    def announce(self) -> None:
+        """Once at start, after the daemon's (or worker's) own start line: remove the per-job
+        cgroups a daemon killed with SIGKILL left behind (never a live daemon's: their
+        names hold its pid), and say how process jobs' memory limits hold here."""
+        if self.process is None:
+            return
+        self.process.sweep()
+        m = self.process.means
+        if m["reason"] is None:
+            log.info("process jobs: memory limits by %s (a group per job under %s, pids.max %d)",
+                     m["memory"], ", ".join(m["groups"]), m["pids_max"])
+        else:
+            log.info("process jobs: memory limits by %s (no per-job cgroup: %s)", m["memory"], m["reason"])
+
     def start(self) -> None:
-        """Remove the per-job cgroups a daemon killed with SIGKILL left behind, say how
-        process jobs' limits hold here (once), and start the zygote at once when the
-        settings send jobs to processes."""
-        if self.process is not None:
-            self.process.sweep()  # the groups of a daemon killed with SIGKILL, before any job runs
-            m = self.process.means
-            if m["reason"] is None:
-                log.info("process jobs: memory limits by %s (a group per job under %s, pids.max %d)",
-                         m["memory"], ", ".join(m["groups"]), m["pids_max"])
-            else:
-                log.info("process jobs: memory limits by %s (no per-job cgroup: %s)", m["memory"], m["reason"])
+        """Start the zygote at once when the settings send jobs to processes."""
         d = self.defaults
         tables = (d.functions or {}).values()
         eager = d.isolation == sandbox.PROCESS or any(getattr(d, k) is not None for k in sandbox.LIMITS) or any(
