@@ -308,6 +308,7 @@ class Daemon:
             "queickd %s listening on %s:%d (store %s, durability %s, %d workers)",
             __version__, host, port, store.url, c.durability, c.workers,
         )
+        self.runner.announce()
 
     def _recover_orphans(self) -> None:
         """At start; while the store cannot be written (a full disk), again at each sweep."""

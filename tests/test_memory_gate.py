@@ -49,6 +49,28 @@ def test_cgroup_v1_room_is_limit_less_usage_less_inactive_file(tmp_path):
     assert gate_mod.room(str(tmp_path)) == (150 * MB, "cgroup")
 
 
+def test_cgroup_v1_room_is_read_where_mountinfo_says_the_memory_hierarchy_is(tmp_path):
+    fake_tree(tmp_path, v1=(1000 * MB, 900 * MB, 50 * MB))  # a decoy at the usual place
+    (tmp_path / "proc/self/cgroup").write_text("4:memory:/pod7/q\n3:pids:/pod7\n")
+    (tmp_path / "proc/self/mountinfo").write_text(
+        "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+        "39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids\n"
+        # a sub-tree of the hierarchy that leaves the group out: not this one
+        "44 31 0:32 /other /srv/other-mem rw,relatime - cgroup cgroup rw,memory\n"
+        # the memory hierarchy at a place of its own, from the container's group down
+        "45 31 0:32 /pod7 /opt/cg/mem rw,relatime - cgroup cgroup rw,memory\n")
+    d = tmp_path / "opt/cg/mem/q"
+    d.mkdir(parents=True)
+    (d / "memory.limit_in_bytes").write_text(f"{2000 * MB}\n")
+    (d / "memory.usage_in_bytes").write_text(f"{1500 * MB}\n")
+    (d / "memory.stat").write_text(f"total_inactive_file {100 * MB}\n")
+    assert gate_mod.room(str(tmp_path)) == (600 * MB, "cgroup")
+    bare = tmp_path / "bare"
+    fake_tree(bare, v1=(1000 * MB, 900 * MB, 50 * MB))
+    (bare / "proc/self/mountinfo").write_text("31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n")
+    assert gate_mod.cgroup_room(str(bare)) is None  # no memory hierarchy mounted: no cgroup room
+
+
 def test_without_a_memory_cgroup_meminfo_is_the_source(tmp_path):
     fake_tree(tmp_path, available_kb=512 * 1024)
     assert gate_mod.room(str(tmp_path)) == (512 * MB, "meminfo")

@@ -268,13 +268,26 @@ def test_per_job_cgroups_hold_the_memory_limit_where_a_cgroup_can_be_created(cg_
     assert not _groups_left(cg_runner.cgroups)
 
 
-def test_the_child_runs_in_a_group_of_its_own_in_each_hierarchy(cg_runner):
-    lines = run(cg_runner, "own_cgroups").result.splitlines()
+def _job_groups(runner, limits=None) -> dict[str, str]:
+    """Controller ("" on v2) -> the path of the group the child ran in."""
+    lines = run(runner, "own_cgroups", limits=limits).result.splitlines()
     groups = {names: path for _, names, path in (line.split(":", 2) for line in lines)}
-    found = cg_runner.cgroups
+    found = runner.cgroups
     wanted = found.bases if isinstance(found, cgroup_v1.JobCgroupsV1) else {"": found.base}
-    for name in wanted:
-        path = next(p for names, p in groups.items() if name in names.split(","))
+    return {name: next(p for names, p in groups.items() if name in names.split(",")) for name in wanted}
+
+
+def test_the_child_runs_in_a_group_of_its_own_in_each_hierarchy(cg_runner):
+    for name, path in _job_groups(cg_runner, Limits(memory_mb=256)).items():
+        assert os.path.basename(path).startswith("job-"), (name, path)
+
+
+def test_on_v1_a_job_without_a_memory_limit_gets_no_memory_group_but_the_others(cg_runner):
+    if not isinstance(cg_runner.cgroups, cgroup_v1.JobCgroupsV1):
+        pytest.skip("v2 has one group for every controller")
+    groups = _job_groups(cg_runner)
+    assert not os.path.basename(groups.pop("memory")).startswith("job-")  # the zygote's own
+    for name, path in groups.items():  # pids.max and the freezer hold every job
         assert os.path.basename(path).startswith("job-"), (name, path)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -206,3 +207,150 @@ def test_cancelling_a_running_process_job_kills_it_and_what_it_started(client, t
         time.sleep(0.05)
     after = client.wait(client.enqueue("sandboxjobs:noop", isolation="process"), 20)
     assert after["state"] == State.SUCCEEDED and client.get(job_id)["state"] == State.CANCELLED
+
+
+# --- how memory limits hold here: one description in stats, /metrics, the page and the log ---
+
+_READ_ONLY_CGROUPS = ["unshare", "--mount", "sh", "-c",
+                      'for m in $(findmnt -rn -t cgroup,cgroup2 -o TARGET); do mount -o remount,bind,ro "$m" '
+                      '|| exit 1; done; exec "$@"', "sh"]
+
+
+def test_stats_metrics_the_page_and_the_start_log_say_how_memory_limits_hold(start_daemon, tmp_path):
+    from queickd.run import cgroup
+    expected = cgroup.means(cgroup.JobCgroups.find(), cgroup.JobCgroups.reason)["memory"]
+    web = start_web(start_daemon, tmp_path)
+    with web.daemon.client() as q:
+        lim = q.stats()["sandbox"]["limits"]
+    assert lim["memory"] == expected
+    if expected == "RSS watch":
+        assert lim["reason"] and lim["pids_max"] is None and not lim["groups"]
+    else:
+        assert lim["reason"] is None and lim["pids_max"] == cgroup.PIDS_MAX
+        assert lim["groups"] and all(os.path.isdir(g) for g in lim["groups"])
+    logged = [line for line in web.daemon.lines if "process jobs: memory limits by" in line]
+    assert len(logged) == 1 and f"memory limits by {expected}" in logged[0]
+    assert scrape(web)[("queickd_memory_limits_info", (("by", expected),))] == 1
+    assert f"memory limits by {expected}" in web.get("/").body.decode()
+
+
+def test_where_no_cgroup_can_be_made_stats_say_rss_watch_and_why_and_it_still_holds(start_daemon):
+    if os.geteuid() != 0 or not all(shutil.which(c) for c in ("unshare", "findmnt")):
+        pytest.skip("needs root, unshare and findmnt, to start a daemon whose cgroup mounts are read-only")
+    if subprocess.run([*_READ_ONLY_CGROUPS, "true"], capture_output=True).returncode != 0:
+        pytest.skip("cannot make a mount namespace with read-only cgroup mounts here")
+    d = start_daemon(None, prefix=_READ_ONLY_CGROUPS)
+    with d.client() as q:
+        lim = q.stats()["sandbox"]["limits"]
+        assert lim["memory"] == "RSS watch" and "Read-only file system" in lim["reason"], lim
+        job = q.wait(q.enqueue("sandboxjobs:hog", memory_mb=64), 30)
+    assert (job["state"], job["error"]["type"]) == (State.DEAD, "memory_limit")
+    assert any("memory limits by RSS watch (no per-job cgroup:" in line for line in d.lines)
+
+
+# --- the per-job groups of a daemon killed with SIGKILL: killed and removed at the next start ---
+
+_JOIN = ["sh", "-c", 'for g in $JOIN_GROUPS; do echo $$ > "$g/cgroup.procs" || exit 1; done; exec "$@"', "sh"]
+
+
+@pytest.fixture
+def private_groups(start_daemon):
+    """start(): a daemon in groups of its own, one under each base of this host's per-job
+    groups, and those groups' paths: what it sweeps is there, out of reach of the daemons
+    other tests start meanwhile (each sweeps the groups of dead pids it can see)."""
+    from queickd.run import cgroup
+    found = cgroup.JobCgroups.find()
+    if found is None:
+        pytest.skip(f"no per-job cgroup here: {cgroup.JobCgroups.reason}")
+    bases = sorted(set(found.bases.values())) if hasattr(found, "bases") else [found.base]
+    mine = [os.path.join(b, f"test-{os.getpid()}-{time.monotonic_ns()}") for b in bases]
+    for path in mine:
+        os.mkdir(path)
+    started = []
+
+    def start():
+        d = start_daemon(None, prefix=_JOIN, env={"JOIN_GROUPS": " ".join(mine)})
+        started.append(d)
+        return d
+
+    yield start, mine
+    for d in started:
+        d.close()
+    for path in mine:  # v2: the daemon's own leaf inside too
+        for _ in range(200):
+            try:
+                for name in os.listdir(path):
+                    if os.path.isdir(os.path.join(path, name)):
+                        os.rmdir(os.path.join(path, name))
+                os.rmdir(path)
+                break
+            except OSError:
+                time.sleep(0.01)
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_the_groups_of_a_daemon_killed_with_sigkill_are_emptied_and_removed_at_start(private_groups):
+    start_daemon, bases = private_groups
+    stale, live = f"job-7-{_dead_pid()}-1", f"job-8-{os.getpid()}-1"
+    sleeper = None
+    try:
+        for base in bases:
+            os.mkdir(os.path.join(base, stale))
+            os.mkdir(os.path.join(base, live))
+        # What a job of the dead daemon left: a process of its own session, in its groups.
+        sleeper = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        for base in bases:
+            with open(os.path.join(base, stale, "cgroup.procs"), "w") as f:
+                f.write(str(sleeper.pid))
+        d = start_daemon()
+        d.wait_for_line(rf"removed the cgroup {stale} left behind by a daemon that is gone, killing 1 process")
+        assert sleeper.wait(10) == -signal.SIGKILL
+        assert not any(os.path.exists(os.path.join(b, stale)) for b in bases)
+        assert all(os.path.isdir(os.path.join(b, live)) for b in bases)  # its pid lives: not touched
+        assert not [line for line in d.lines if live in line]
+        with d.client() as q:  # and process jobs run as before
+            assert q.wait(q.enqueue("sandboxjobs:noop", isolation="process"), 20)["state"] == State.SUCCEEDED
+    finally:
+        if sleeper is not None and sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
+        for base in bases:
+            for name in (stale, live):
+                path = os.path.join(base, name)
+                if os.path.isdir(path):
+                    os.rmdir(path)
+
+
+def test_a_daemon_killed_with_sigkill_mid_job_has_its_jobs_groups_removed_by_the_next(private_groups, tmp_path):
+    start_daemon, bases = private_groups
+    pidfile = tmp_path / "pids"
+    first = start_daemon()
+    with first.client() as q:
+        job_id = q.enqueue("sandboxjobs:spawn_and_hang", [str(pidfile)], memory_mb=256)  # a group in each
+    deadline = time.monotonic() + 20
+    while not (pidfile.exists() and pidfile.read_text().endswith("\n")):
+        assert time.monotonic() < deadline, "the job never started its children"
+        time.sleep(0.05)
+    name = f"job-{job_id}-{first.proc.pid}-1"
+    assert all(os.path.isdir(os.path.join(b, name)) for b in bases)
+    pids = [int(p) for p in pidfile.read_text().split()]
+    pidfile.unlink()
+    first.kill()
+    second = start_daemon()
+    second.wait_for_line(rf"removed the cgroup {name} left behind by a daemon that is gone")
+    assert not any(os.path.exists(os.path.join(b, name)) for b in bases)
+    while not all(_process_gone(p) for p in pids):
+        assert time.monotonic() < deadline, "the killed daemon's job processes are still alive"
+        time.sleep(0.05)
+    # Re-queued as an orphan, it runs again: cancelled once it runs, it leaves nothing behind.
+    while not (pidfile.exists() and pidfile.read_text().endswith("\n")):
+        assert time.monotonic() < deadline + 20, "the re-queued job never started"
+        time.sleep(0.05)
+    with second.client() as q:
+        q.cancel(job_id)
+    assert second.terminate() == 0

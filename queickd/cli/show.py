@@ -96,6 +96,10 @@ def print_stats(s: dict[str, Any]) -> None:
         print(f"runs: thread {sb['runs']['thread']}  process {sb['runs']['process']}   limit kills: "
               + "  ".join(f"{k} {n}" for k, n in sb["kills"].items()) + f"  crashed {sb['crashed']}"
               f"   zygote {zygote}, {z['restarts']} restarts")
+        lim = sb.get("limits")
+        if lim:
+            print(f"process jobs' memory limits: by {lim['memory']}"
+                  + (f" ({lim['reason']})" if lim["reason"] else f", a group per job under {', '.join(lim['groups'])}"))
     print("jobs: " + "  ".join(f"{k} {v}" for k, v in s["counts"].items()))
     ev = s["events"]
     print(f"events: pending {ev['pending']}  dead {ev['dead']}   refused requests {s['refused']}"

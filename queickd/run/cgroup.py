@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from typing import Any
 
 from . import cgroup_v1
 
@@ -74,7 +75,12 @@ class JobCgroup:
             _write(os.path.join(self.path, "cgroup.kill"), "1")
 
     def remove(self) -> None:
-        """Kill what is left in it and remove it (a group with processes cannot be removed)."""
+        """Kill what is left in it and remove it (a group with processes cannot be removed).
+        An empty group (the usual end: the zygote has killed and reaped what the job left)
+        goes at once, with no kill."""
+        with contextlib.suppress(OSError):
+            os.rmdir(self.path)
+            return
         self.kill()
         for _ in range(200):  # the kernel empties it within milliseconds of cgroup.kill
             try:
@@ -84,6 +90,18 @@ class JobCgroup:
                 return
             except OSError:
                 time.sleep(0.005)
+
+
+def means(found: JobCgroups | cgroup_v1.JobCgroupsV1 | None, reason: str) -> dict[str, Any]:
+    """How a process job's memory limit (and process count) is enforced here: the one
+    description the start log, `stats`, `/metrics` and the status page show. `memory` is
+    "cgroup v2", "cgroup v1" or "RSS watch"; `reason` says why no cgroup (else None)."""
+    if isinstance(found, JobCgroups):
+        return {"memory": "cgroup v2", "pids_max": PIDS_MAX, "groups": [found.base], "reason": None}
+    if found is not None:
+        return {"memory": "cgroup v1", "pids_max": PIDS_MAX, "groups": sorted(set(found.bases.values())),
+                "reason": None}
+    return {"memory": "RSS watch", "pids_max": None, "groups": [], "reason": reason or "cgroups are not used"}
 
 
 class JobCgroups:
@@ -130,6 +148,17 @@ class JobCgroups:
             cls.reason = f"cannot delegate a cgroup v2 group for jobs: {e}"
             return None
         return cls(base)
+
+    def sweep(self) -> list[tuple[str, int, bool]]:
+        """Kill and remove the groups a daemon killed with SIGKILL left behind
+        (cgroup_v1.left_behind): (name, processes killed in them, removed) for each."""
+        done = []
+        for name, paths in sorted(cgroup_v1.left_behind([self.base]).items()):
+            g = JobCgroup(paths[self.base])
+            killed = len((g._read("cgroup.procs") or "").split())
+            g.remove()
+            done.append((name, killed, not os.path.exists(g.path)))
+        return done
 
     def create(self, job_id: int, memory_mb: int | None) -> JobCgroup:
         self._n += 1

@@ -1,7 +1,8 @@
 """Per-job cgroups on a cgroup v1 host (a hybrid one included: Debian and Raspberry Pi OS
 Buster, a container given writable v1 mounts), used when no v2 hierarchy has the memory
 and pids controllers. The interface of cgroup.py's v2 groups, over one group per job in
-each of the memory, pids and (when writable) freezer hierarchies; the child joins each.
+each of the pids, (when writable) freezer and (for a memory limit) memory hierarchies;
+the child joins each.
 
 v1 lets a group hold processes and child groups at once, so the daemon stays where it is
 and a job's groups go under the daemon's own group in each hierarchy. v1 has no
@@ -14,16 +15,29 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 
 REQUIRED = ("memory", "pids")
+_JOB_GROUP = re.compile(r"job-\d+-(\d+)-\d+")  # job-<job id>-<daemon pid>-<n>, v1's and v2's
 OPTIONAL = ("freezer",)  # a race-free kill when mounted
 
 
 def _write(path: str, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)
+
+
+def _rmdir(path: str) -> bool:
+    """Removed (or gone already); False while it holds a process."""
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True
 
 
 def _read(path: str) -> str | None:
@@ -34,35 +48,85 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _own_groups() -> dict[str, str]:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def left_behind(bases: list[str]) -> dict[str, dict[str, str]]:
+    """The jobs' groups (v2 and v1 alike) under `bases` whose daemon is gone: the pid in
+    the name is no live process here. Name -> {base: its path}. A group of a live pid is
+    never one of them (its daemon may be using it); nor is a group whose name is not ours."""
+    out: dict[str, dict[str, str]] = {}
+    for base in bases:
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        for name in names:
+            m = _JOB_GROUP.fullmatch(name)
+            if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+                path = os.path.join(base, name)
+                if os.path.isdir(path):
+                    out.setdefault(name, {})[base] = path
+    return out
+
+
+def mounts(root: str = "/") -> list[tuple[str, str, set[str]]]:
+    """The cgroup v1 hierarchies mounted, from `proc/self/mountinfo` under root: (the
+    mount's root within its hierarchy, where it is mounted, under root; its controllers,
+    from the super options). OSError when mountinfo cannot be read. Also the memory
+    gate's (services/memory_gate.py), which reads the daemon's own v1 memory group."""
+    out = []
+    with open(os.path.join(root, "proc/self/mountinfo")) as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, fs = left.split(), right.split()
+            if fs[:1] != ["cgroup"] or len(fs) < 3 or len(fields) < 5:
+                continue
+            out.append((fields[3], os.path.join(root, fields[4].lstrip("/")), set(fs[2].split(","))))
+    return out
+
+
+def locate(found: list[tuple[str, str, set[str]]], controller: str, path: str) -> str | None:
+    """The directory of the group at `path` (as /proc/self/cgroup names it) in the
+    controller's hierarchy: under the first of its mounts that shows it (not a sub-tree
+    of the hierarchy that leaves it out); None when none does."""
+    for root, mount, names in found:
+        if controller in names:
+            rel = os.path.relpath(path, root)
+            if not rel.startswith(".."):
+                return os.path.normpath(os.path.join(mount, rel))
+    return None
+
+
+def own_groups(root: str = "/") -> dict[str, str]:
     """Controller -> the directory of this process's group in that controller's v1
     hierarchy: its path in /proc/self/cgroup under the hierarchy's mount in mountinfo."""
     own: dict[str, str] = {}
-    with open("/proc/self/cgroup") as f:
+    with open(os.path.join(root, "proc/self/cgroup")) as f:
         for line in f:
             _, names, path = line.rstrip("\n").split(":", 2)
             for name in names.split(","):
                 own[name] = path
-    found: dict[str, str] = {}
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields, fs = left.split(), right.split()
-            if fs[:1] != ["cgroup"] or len(fs) < 3:
-                continue
-            root, mount = fields[3], fields[4]
-            for name in fs[2].split(","):  # the super options name the controllers
-                if name in own and name not in found:
-                    rel = os.path.relpath(own[name], root)
-                    if not rel.startswith(".."):  # a mount that shows our group (not a sub-tree)
-                        found[name] = os.path.normpath(os.path.join(mount, rel))
-    return found
+    found = mounts(root)
+    out: dict[str, str] = {}
+    for name, path in own.items():
+        d = locate(found, name, path)
+        if d is not None:
+            out[name] = d
+    return out
 
 
 def find(pids_max: int) -> tuple[JobCgroupsV1 | None, str]:
     """The v1 groups the daemon may create jobs' groups under, or None and why not."""
     try:
-        own = _own_groups()
+        own = own_groups()
     except (OSError, ValueError) as e:
         return None, f"cannot read this process's cgroups: {e}"
     bases = {}
@@ -85,14 +149,17 @@ def find(pids_max: int) -> tuple[JobCgroupsV1 | None, str]:
 
 
 class JobCgroupV1:
-    """One job's groups, one per hierarchy; `path` is its memory group."""
+    """One job's groups, one per hierarchy; `path` is its memory group (a job without a
+    memory limit has none)."""
 
     def __init__(self, groups: dict[str, str]) -> None:
         self.groups = groups
-        self.path = groups["memory"]
+        self.path = groups.get("memory") or next(iter(groups.values()))
         self.paths = tuple(groups.values())  # the child joins each
 
     def memory_peak(self) -> int | None:
+        if "memory" not in self.groups:
+            return None
         v = _read(os.path.join(self.path, "memory.max_usage_in_bytes"))
         return int(v) if v and v.strip().isdigit() else None
 
@@ -101,6 +168,8 @@ class JobCgroupV1:
         substitute: it counts limit hits that reclaim resolved (page cache), and some
         kernels leave it at 0 through an OOM kill. An older kernel's OOM kill is a crash
         by SIGKILL."""
+        if "memory" not in self.groups:
+            return False
         for line in (_read(os.path.join(self.path, "memory.oom_control")) or "").splitlines():
             name, _, n = line.partition(" ")
             if name == "oom_kill" and n.strip() != "0":
@@ -148,9 +217,11 @@ class JobCgroupV1:
                 self._freeze("THAWED")  # a frozen task dies of its SIGKILL only once thawed
 
     def remove(self) -> None:
-        """Kill what is left in its groups and remove them (one with processes cannot be)."""
-        left = list(self.paths)
-        for _ in range(200):  # killed processes leave their groups within milliseconds
+        """Kill what is left in its groups and remove them (one with processes cannot be).
+        Empty groups (the usual end: the zygote has killed and reaped what the job left) go
+        at once, with no freeze and no kill; only if one cannot, the kills below."""
+        left = [p for p in self.paths if not _rmdir(p)]
+        for _ in range(200 if left else 0):  # killed processes leave their groups within milliseconds
             self.kill()
             for path in list(left):
                 try:
@@ -173,10 +244,26 @@ class JobCgroupsV1:
         self.pids_max = pids_max
         self._n = 0
 
+    def sweep(self) -> list[tuple[str, int, bool]]:
+        """Kill and remove the groups a daemon killed with SIGKILL left behind (`left_behind`):
+        (name, processes killed in them, removed) for each."""
+        done = []
+        by_base = {base: c for c, base in self.bases.items()}
+        for name, paths in sorted(left_behind(list(by_base)).items()):
+            g = JobCgroupV1({by_base[base]: path for base, path in paths.items()})
+            killed = len(g._procs())
+            g.remove()
+            done.append((name, killed, not any(os.path.exists(p) for p in g.paths)))
+        return done
+
     def create(self, job_id: int, memory_mb: int | None) -> JobCgroupV1:
         self._n += 1
         name = f"job-{job_id}-{os.getpid()}-{self._n}"
-        g = JobCgroupV1({c: os.path.join(base, name) for c, base in self.bases.items()})
+        # A memory group only for a memory limit: with none there is nothing for one to hold
+        # (the peak is the child's own VmHWM), and a v1 memory group costs the most to make,
+        # to join and to remove. pids (pids.max) and the freezer (the kill) are every job's.
+        g = JobCgroupV1({c: os.path.join(base, name) for c, base in self.bases.items()
+                         if c != "memory" or memory_mb is not None})
         try:
             for path in g.paths:
                 os.mkdir(path)

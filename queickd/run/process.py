@@ -82,10 +82,33 @@ class ProcessRunner:
         self.passthrough_env = tuple(passthrough_env)
         self.kill_grace = kill_grace
         self.cgroups = cgroup.JobCgroups.find() if use_cgroup else None
+        # How memory limits hold here (cgroup v2, cgroup v1 or the RSS watch, and why):
+        # what stats, /metrics, the status page and the start log say.
+        self.means = cgroup.means(self.cgroups, cgroup.JobCgroups.reason if use_cgroup
+                                  else "cgroups are off for this runner")
         self.kills = dict.fromkeys(LIMIT_KINDS, 0)  # limit kills by kind
         self.crashed = 0
         self._count_lock = threading.Lock()
         self._watches: dict[int, _Watch] = {}  # job id -> its running child (under _count_lock)
+
+    def sweep(self) -> None:
+        """At start: the per-job groups of a daemon that was killed with SIGKILL while its
+        process jobs ran (its pid is in their names, and it is gone) are killed (whatever
+        its jobs left in them) and removed, and what was done is logged."""
+        if self.cgroups is None:
+            return
+        try:
+            done = self.cgroups.sweep()
+        except OSError as e:
+            log.warning("cannot look for cgroups left behind by a daemon that is gone: %s", e)
+            return
+        for name, killed, removed in done:
+            if removed:
+                log.warning("removed the cgroup %s left behind by a daemon that is gone, killing %d "
+                            "process(es) left in it", name, killed)
+            else:
+                log.warning("cannot remove the cgroup %s left behind by a daemon that is gone (%d "
+                            "process(es) were in it)", name, killed)
 
     def cancel(self, job_id: int) -> None:
         """An operator cancelled the running job: its process group is killed at once (the
@@ -119,7 +142,10 @@ class ProcessRunner:
         finally:
             if cg is not None:
                 cg.remove()
-            shutil.rmtree(job_dir, ignore_errors=True)
+            try:
+                os.rmdir(job_dir)  # what most jobs leave: an empty directory
+            except OSError:
+                shutil.rmtree(job_dir, ignore_errors=True)
         self._count(report.error_type)
         return report
 
@@ -302,7 +328,8 @@ class _Watch:
         if self.cg is not None and self.limits.memory_mb is not None:
             # The group's own high-water mark: the look every 20 ms may have missed the last rise.
             self.peak_seen = max(self.peak_seen, self.cg.memory_peak() or 0)
-        if self.cg is not None and self.cg.oom_killed() and self.killed is None:
+        if (self.cg is not None and self.limits.memory_mb is not None and self.killed is None
+                and self.cg.oom_killed()):
             self.killed = ("memory_limit", f"the job went over its memory limit of {self.limits.memory_mb} "
                            f"MB (peak {(self.cg.memory_peak() or 0) >> 20} MB in its cgroup)")
         if self.killed is not None:

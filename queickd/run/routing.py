@@ -32,6 +32,20 @@ class RoutingRunner:
     def supervisor(self) -> ZygoteSupervisor | None:
         return self.process.supervisor if self.process is not None else None
 
+    def announce(self) -> None:
+        """Once at start, after the daemon's (or worker's) own start line: remove the per-job
+        cgroups a daemon killed with SIGKILL left behind (never a live daemon's: their
+        names hold its pid), and say how process jobs' memory limits hold here."""
+        if self.process is None:
+            return
+        self.process.sweep()
+        m = self.process.means
+        if m["reason"] is None:
+            log.info("process jobs: memory limits by %s (a group per job under %s, pids.max %d)",
+                     m["memory"], ", ".join(m["groups"]), m["pids_max"])
+        else:
+            log.info("process jobs: memory limits by %s (no per-job cgroup: %s)", m["memory"], m["reason"])
+
     def start(self) -> None:
         """Start the zygote at once when the settings send jobs to processes."""
         d = self.defaults
@@ -60,9 +74,11 @@ class RoutingRunner:
             self.process.cancel(job_id)
 
     def stats(self) -> dict:
-        """Runs by isolation, limit kills by kind, the zygote's liveness and restarts."""
+        """Runs by isolation, limit kills by kind, the zygote's liveness and restarts, and how
+        memory limits hold (`limits`: ProcessRunner.means)."""
         sup, proc = self.supervisor, self.process
         return {"runs": dict(self.runs), "kills": dict(proc.kills) if proc else {},
+                "limits": dict(proc.means) if proc else None,
                 "crashed": proc.crashed if proc else 0,
                 "zygote": {"alive": sup.alive if sup else False, "pid": sup.pid if sup else None,
                            "restarts": sup.restarts if sup else 0}}

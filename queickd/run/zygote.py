@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import json
 import os
 import selectors
@@ -47,6 +48,7 @@ class Zygote:
         self.jobs: dict[int, int] = {}  # pid -> request id of the running children
         self.mtimes: dict[str, float] = {}  # app module files imported, at their import mtime
         self.retiring = False
+        self._modules_seen = 0  # len(sys.modules) at the last _note_modules
 
     # --- imports -----------------------------------------------------------------------------
     def preload(self, funcs: list[str]) -> None:
@@ -58,6 +60,14 @@ class Zygote:
         self._note_modules()
 
     def _note_modules(self) -> None:
+        """Note the app modules imported since the last call, and freeze what this process
+        holds now out of the garbage collector's reach: a collection in the zygote or in a
+        child would write to every object (their GC headers), copying each page a child
+        shares with the zygote (the cost of a fork is the pages copied)."""
+        if len(sys.modules) == self._modules_seen:
+            return  # nothing imported since: the usual job
+        self._modules_seen = len(sys.modules)
+        gc.freeze()
         for mod in list(sys.modules.values()):
             path = getattr(mod, "__file__", None)
             if path and path not in self.mtimes and path.startswith(self.loader.app_dir + os.sep):

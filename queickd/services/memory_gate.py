@@ -3,8 +3,9 @@
 Owns the readers of free memory, each taking the root directory it reads under (tests
 point them at a tree they write):
 - the process's own cgroup, named in `proc/self/cgroup`: v2 `memory.max` less
-  (`memory.current` less `inactive_file` of `memory.stat`); v1 (`memory` controller)
-  `memory.limit_in_bytes` less (`memory.usage_in_bytes` less `total_inactive_file`);
+  (`memory.current` less `inactive_file` of `memory.stat`); v1 (`memory` controller,
+  wherever `proc/self/mountinfo` says it is mounted) `memory.limit_in_bytes` less
+  (`memory.usage_in_bytes` less `total_inactive_file`);
 - `proc/meminfo`'s MemAvailable (a Pi has no memory cgroup by default: then this alone).
 The room is the lower of the two, less the reserve; `--max-rss` caps the process itself
 (its RSS from `proc/self/statm`). It keeps the functions' footprints (read from the store
@@ -14,6 +15,7 @@ deferrals by reason. The decision is core/policy/memory.py's; it never touches a
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -22,6 +24,7 @@ from typing import Any
 
 from ..core.job import Job
 from ..core.policy import memory as mem
+from ..run import cgroup_v1
 
 log = logging.getLogger("queickd.worker")
 
@@ -51,6 +54,19 @@ def _stat(text: str | None, name: str) -> int:
     return 0
 
 
+@functools.lru_cache(maxsize=16)
+def _v1_memory_group(root: str, path: str) -> str | None:
+    """The directory of the process's v1 memory group: where mountinfo says the memory
+    hierarchy is mounted (as the per-job groups find it: run/cgroup_v1.py). A tree with no
+    mountinfo (an old test tree) gets the usual place, sys/fs/cgroup/memory. Kept per group
+    path: the kernel takes ~50 us to write mountinfo, and cgroup mounts do not move."""
+    try:
+        found = cgroup_v1.mounts(root)
+    except OSError:
+        return os.path.join(root, "sys/fs/cgroup/memory", path.lstrip("/"))
+    return cgroup_v1.locate(found, "memory", path)
+
+
 def cgroup_room(root: str = "/") -> int | None:
     """Bytes the process's cgroup may still take, or None with no memory limit there."""
     j = os.path.join
@@ -67,7 +83,9 @@ def cgroup_room(root: str = "/") -> int | None:
             used = int(current) - _stat(_read(j(d, "memory.stat")), "inactive_file")
             return max(0, int(limit) - used)
         if "memory" in controllers.split(","):  # v1
-            d = j(root, "sys/fs/cgroup/memory", rel)
+            d = _v1_memory_group(root, path.strip())
+            if d is None:
+                continue
             limit = (_read(j(d, "memory.limit_in_bytes")) or "").strip()
             usage = (_read(j(d, "memory.usage_in_bytes")) or "").strip()
             if not limit or not usage or int(limit) >= 1 << 62:  # v1's "no limit" is a huge number

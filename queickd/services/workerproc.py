@@ -130,6 +130,7 @@ def run(config: WorkerConfig) -> int:
         pool.wake()
         log.info("queickd %s worker serving pool(s) %s with %d workers (heartbeat %.1f s, pid %d)",
                  __version__, ",".join(config.pool), config.workers, config.heartbeat, os.getpid())
+        runner.announce()
         _wait_for_signal(stop, on_hup=lambda: (loader.reload(), runner.reload()))
         pool.stop_claiming()
         log.info("stopping: no new claims; waiting up to %.0f s for running jobs", config.stop_timeout)

@@ -219,6 +219,10 @@ class Metrics:
                    [({}, 1 if sb["zygote"]["alive"] else 0)])
             family("queickd_zygote_restarts_total", "counter", "Times the zygote died and was restarted.",
                    [({}, sb["zygote"]["restarts"])])
+            if sb.get("limits"):
+                family("queickd_memory_limits_info", "gauge", "How process jobs' memory limits are enforced "
+                       "here: by cgroup v2, cgroup v1 or RSS watch (always 1).",
+                       [({"by": sb["limits"]["memory"]}, 1)])
         family("queickd_requests_refused_total", "counter", "Enqueue requests refused (queue full, conflict).",
                [({}, stats["refused"])])
         family("queickd_start_time_seconds", "gauge", "When the daemon started (unix time).",

@@ -97,6 +97,9 @@ def _sandbox_card(sb: dict[str, Any] | None) -> str:
     z, kills = sb["zygote"], sum(sb["kills"].values())
     text = (f"{sb['runs']['process']} runs, {kills} limit kills, zygote "
             f"{'alive' if z['alive'] else 'not running'} ({z['restarts']} restarts)")
+    lim = sb.get("limits")
+    if lim:
+        text += f", memory limits by {lim['memory']}" + (f" ({lim['reason']})" if lim["reason"] else "")
     return _card("process jobs", text, "bad" if z["restarts"] else "", metric="sandbox")
 
 
