@@ -397,3 +397,27 @@ def test_a_function_tables_credential_is_copied_into_the_jobs_own_directory_and_
 def test_arguments_larger_than_a_socket_packet_reach_the_child(runner):
     r = runner.run(make_job(func="sandboxjobs:size", args=["x" * 900_000], kwargs={"extra": {"a": 1}}), None)
     assert (r.ok, r.result) == (True, 900_001)
+
+
+def test_a_job_cancelled_before_it_starts_is_never_forked(runner):
+    job = make_job(id=9001, func="sandboxjobs:spin")
+    runner.cancel(job.id)  # claimed, then cancelled while it waited for its worker thread
+    began = time.monotonic()
+    r = runner.run(job, Limits(timeout=30))
+    assert (r.ok, r.error_type) == (False, "cancelled") and time.monotonic() - began < 5
+    assert run(runner, "sleep", 0).ok  # the cancel was used up by its own job
+
+
+def test_a_job_cancelled_as_its_child_starts_is_killed_once_its_pid_is_known(runner, monkeypatch):
+    job = make_job(id=9002, func="sandboxjobs:spin")
+    submit = runner.supervisor.submit
+
+    def submit_then_cancel(*a, **kw):  # the cancel comes while the zygote forks: no pid known yet
+        pending = submit(*a, **kw)
+        runner.cancel(job.id)
+        return pending
+
+    monkeypatch.setattr(runner.supervisor, "submit", submit_then_cancel)
+    began = time.monotonic()
+    r = runner.run(job, Limits(timeout=30))  # the timeout only stops a failing test
+    assert (r.ok, r.error_type) == (False, "cancelled") and time.monotonic() - began < 5

@@ -38,6 +38,7 @@ log = logging.getLogger("queickd.sandbox")
 
 KILL_GRACE = 1.0  # seconds between SIGTERM and SIGKILL at a timeout
 WATCH_INTERVAL = 0.02  # seconds between looks at a memory-limited child's RSS
+CANCEL_KEPT = 10.0  # seconds a cancel of a job not yet watched waits for it (claim to start: milliseconds)
 MAX_STORED_OUTPUT = 64 * 1024  # bytes of captured output kept with the job
 MAX_REPORT = 1 << 20  # bytes of report beyond the result's own cap (traceback, message)
 FSIZE_LIMIT = 1 << 30  # bytes: the largest file a process job may write
@@ -90,6 +91,9 @@ class ProcessRunner:
         self.crashed = 0
         self._count_lock = threading.Lock()
         self._watches: dict[int, _Watch] = {}  # job id -> its running child (under _count_lock)
+        # Cancels of jobs not (yet) watched here: a job cancelled while it waited for a worker
+        # thread or its child. Job id -> when; kept CANCEL_KEPT seconds at most.
+        self._cancelled: dict[int, float] = {}
 
     def sweep(self) -> None:
         """At start: the per-job groups of a daemon that was killed with SIGKILL while its
@@ -112,11 +116,20 @@ class ProcessRunner:
 
     def cancel(self, job_id: int) -> None:
         """An operator cancelled the running job: its process group is killed at once (the
-        store has already marked it cancelled, so what it reports is discarded)."""
+        store has already marked it cancelled, so what it reports is discarded). A job not
+        watched yet (claimed, still starting) is killed as soon as it is, or not started."""
+        now = time.monotonic()
         with self._count_lock:
             watch = self._watches.get(job_id)
+            if watch is None:
+                self._cancelled = {j: t for j, t in self._cancelled.items() if now - t < CANCEL_KEPT}
+                self._cancelled[job_id] = now
         if watch is not None:
             watch._kill("cancelled", "cancelled by an operator while it ran", signal.SIGKILL)
+
+    def _was_cancelled(self, job_id: int) -> bool:
+        with self._count_lock:
+            return self._cancelled.pop(job_id, None) is not None
 
     def _count(self, error_type: str | None) -> None:
         with self._count_lock:
@@ -128,6 +141,8 @@ class ProcessRunner:
     def run(self, job: Job, limits: Limits | None = None) -> RunReport:
         limits = limits or Limits()
         began = time.monotonic()
+        if self._was_cancelled(job.id):
+            return RunReport(False, None, "cancelled", "cancelled by an operator before it started", None)
         job_dir = tempfile.mkdtemp(prefix=f"queickd-job-{job.id}-")
         cg = None
         try:
@@ -183,6 +198,9 @@ class ProcessRunner:
                 watch = _Watch(self, p, out_r, rep_r, limits, max_out, cg, began)
                 with self._count_lock:
                     self._watches[job.id] = watch
+                    cancelled = self._cancelled.pop(job.id, None) is not None
+                if cancelled:  # between the start of run() and now
+                    watch._kill("cancelled", "cancelled by an operator as it started", signal.SIGKILL)
                 try:
                     report = watch.run()
                 finally:
@@ -261,6 +279,8 @@ class _Watch:
         for msg in self.p.take():
             if "pid" in msg:
                 self.pid = msg["pid"]
+                if self.killed is not None:  # killed (cancelled) before its pid was known
+                    self._signal(signal.SIGKILL)
             else:
                 self.exit = msg
 
