@@ -64,7 +64,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_import_walk_sees_a_known_import():
-    assert "queickd.core.fate" in import_graph()["queickd.services.worker"]
+    assert "queickd.core.fate" in import_graph()["queickd.services.job_run"]
 
 
 def test_find_cycle_finds_a_cycle_of_three():

@@ -103,9 +103,9 @@ def _sqlite_pool(tmp_path, workers=2):
     return store, pool, finished, SubmitBatcher(store, dispatch=pool), commits
 
 
-def _submit_through(batcher, **kw):
+def _submit_through(batcher, func="testjobs:noop", **kw):
     got: list = []
-    batcher.submit([[job(func="testjobs:noop", **kw)]], got.append, inline=True)
+    batcher.submit([[job(func=func, **kw)]], got.append, inline=True)
     return got[0][0][0].job_id
 
 
@@ -156,6 +156,31 @@ def test_a_submit_that_finds_a_pass_running_leaves_its_claim_to_that_pass(tmp_pa
         pool.dispatch_now()  # what that pass does on its way out, seeing it was asked again
         assert finished.wait(10)
         assert store.get(job_id).state == State.SUCCEEDED
+    finally:
+        pool.stop(10)
+        store.close()
+
+
+def test_the_claim_inside_a_submit_leaves_waiting_outcomes_to_a_pass_after_its_commit(tmp_path):
+    store, pool, finished, batcher, commits = _sqlite_pool(tmp_path, workers=2)
+    real = store.finish_if_running
+    finishes: list[tuple[int, int]] = []  # (thread, commits made) when each finish began
+    store.finish_if_running = lambda *a, **kw: finishes.append((threading.get_ident(), len(commits))) or real(
+        *a, **kw)
+    try:
+        first = _submit_through(batcher, args=[str(tmp_path / "out"), "a", 0.3], func="testjobs:span")
+        with pool._dispatch_lock:  # its worker cannot store its outcome: it leaves it waiting
+            deadline = time.monotonic() + 10
+            while pool._done.empty():
+                assert time.monotonic() < deadline, "the first job never ended"
+                time.sleep(0.01)
+        before = len(commits)
+        second = _submit_through(batcher)
+        assert (threading.get_ident(), before) not in finishes  # not inside the submit's transaction
+        deadline = time.monotonic() + 10
+        while {store.get(first).state, store.get(second).state} != {State.SUCCEEDED}:
+            assert time.monotonic() < deadline, "an outcome was left behind"
+            time.sleep(0.01)
     finally:
         pool.stop(10)
         store.close()

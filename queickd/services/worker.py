@@ -306,12 +306,11 @@ class WorkerPool:
         return self._pass_applied(p)
 
     def pass_inside(self) -> Callable[[bool], None] | None:
-        """A pass made inside the caller's open transaction (a submit's, which has just
-        stored jobs): one commit for both, not a submit's and then a claim's. Returns what
-        to call once that transaction has ended (True: committed), which applies the pass
-        in memory and lets the next one run; or None when no pass was made here, for the
-        reasons dispatch_now would not make one (it has then asked for one elsewhere).
-        A pass that raises is undone here; the caller must roll its transaction back."""
+        """A claim made inside the caller's open transaction (a submit's): one commit for
+        both. Returns what to call once that transaction has ended (True: committed), or
+        None when dispatch_now would not pass here either (it has asked elsewhere). It
+        stores no outcome: the submit's acks wait for its commit, outcomes for the next
+        pass. A pass that raises is undone here; the caller rolls its transaction back."""
         if self._busy >= self.workers or self._stopping or self._thread is None:
             self.wake()
             return None
@@ -322,7 +321,7 @@ class WorkerPool:
         self._wake.clear()
         p = _Pass()
         try:
-            self._pass_store(p)
+            self._pass_store(p, finish=False)  # outcomes wait for the next pass: the ack does not
         except BaseException:
             self._pass_undone(p)
             raise
@@ -335,22 +334,22 @@ class WorkerPool:
                 self._pass_applied(p)
             finally:
                 self._dispatch_lock.release()
-            if self._again:
+            if self._again or self._unapplied or not self._done.empty():  # outcomes it left
                 self._pass_here("after a commit")
 
         return ended
 
     def _pass_undone(self, p: _Pass) -> None:
-        """A pass whose transaction did not commit: nothing of it happened. Its outcomes are
-        still in _unapplied for the next pass, which the dispatcher is woken to make."""
+        """Its transaction did not commit: the dispatcher is woken for another pass."""
         self.counts.put_back(p.counted)
         self._dispatch_lock.release()
         self._wake.set()
 
-    def _pass_store(self, p: _Pass) -> None:
-        """A pass's store calls, inside the caller's transaction; records them in `p`."""
-        unapplied = self._unapplied
-        while True:
+    def _pass_store(self, p: _Pass, finish: bool = True) -> None:
+        """A pass's store calls, inside the caller's transaction; records them in `p`.
+        Without `finish` it only claims, leaving every outcome to the next pass."""
+        unapplied = self._unapplied if finish else []
+        while finish:
             try:
                 unapplied.append(self._done.get_nowait())
             except queue.Empty:
