@@ -99,6 +99,16 @@ def _past_full(c: sqlite3.Connection, mine: str, served: tuple, full: frozenset[
     return (r[1:] for r in rows)
 
 
+# What runs (claim.RUNNING_COLS: a handful of rows through the running index), and with it
+# the pauses (kind, name, whether the probe is due: its time has come and no probe of it
+# runs), padded to the same columns.
+_RUNNING = f"SELECT {claim.RUNNING_COLS.format(slot='NULL')} FROM jobs INDEXED BY jobs_running WHERE state = 'running'"
+_HELD = (f"SELECT 'running', {claim.RUNNING_COLS.format(slot='NULL')} FROM jobs INDEXED BY jobs_running"
+         " WHERE state = 'running' UNION ALL SELECT kind, name, coalesce(probe_at <= ?, 0) AND NOT EXISTS"
+         " (SELECT 1 FROM jobs WHERE id = probe_job AND state = 'running'), NULL, NULL, NULL, NULL"
+         " FROM pauses")
+
+
 class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
     MARK = "?"  # the parameter marker of sqlite3 (SharedSql)
     _RELEASE = ""  # a running job's row holds nothing else
@@ -187,32 +197,37 @@ class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
         with self._write(bookkeeping=True) as c:
             mine = "" if served is None else (
                 f" AND (pool IN ({','.join('?' * len(served))}) OR key IS NOT NULL)")
-            if not limits.any:
-                # The common claim (claim.plain): the queue's first jobs and whether anything
-                # is paused, in one statement; when no rule applies to them, they start.
-                heads = c.execute(
-                    f"SELECT {claim.ROW_COLS}, EXISTS (SELECT 1 FROM pauses) FROM jobs INDEXED BY jobs_queued"
-                    f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ?",
-                    (*(served or ()), limit)).fetchall()
-                if not heads:
-                    return []
-                ids = claim.plain([claim.Row._make(r[:-1]) for r in heads],
-                                  claim.Request(limit, network_up, served, limits, now), bool(heads[0][-1]))
+            # The common claim (claim.plain): the queue's first jobs and whether anything is
+            # paused, in one statement; when no rule applies to them, they start. With a
+            # group among them or a budget in force, what runs is read first (a handful of
+            # rows), and they start if each is within its group and its budgets.
+            heads = c.execute(
+                f"SELECT {claim.ROW_COLS}, EXISTS (SELECT 1 FROM pauses) FROM jobs INDEXED BY jobs_queued"
+                f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ?",
+                (*(served or ()), limit)).fetchall()
+            if not heads:
+                return []
+            paused = bool(heads[0][-1])
+            first = [claim.Row._make(r[:-1]) for r in heads]
+            request = claim.Request(limit, network_up, served, limits, now)
+            ids = claim.plain(first, request, paused)
+            if ids is not None:
+                return self._start(c, ids, now, "")
+            if paused:
+                # What runs (keys, groups, pools, costs) and pauses, in one statement; a
+                # pause's third column: its probe is due (its time has come and no probe of
+                # it is running).
+                held = c.execute(_HELD, (now,)).fetchall()
+                running = claim.Running.of_jobs([r[1:] for r in held if r[0] == "running"],
+                                                [(r[0], r[1]) for r in held if r[0] != "running"],
+                                                [(r[0], r[1]) for r in held if r[0] != "running" and r[2]])
+            else:
+                running = claim.Running.of_jobs(c.execute(_RUNNING).fetchall())
+                ids = claim.plain(first, request, False, running)
                 if ids is not None:
                     return self._start(c, ids, now, "")
-            # What runs (keys, groups, pools, costs: a handful of rows) and pauses, in one
-            # statement; a pause's third column: its probe is due (its time has come and no
-            # probe of it is running).
-            held = c.execute(
-                f"SELECT 'running', {claim.RUNNING_COLS.format(slot='NULL')} FROM jobs INDEXED BY jobs_running"
-                " WHERE state = 'running' UNION ALL SELECT kind, name, coalesce(probe_at <= ?, 0) AND NOT EXISTS"
-                " (SELECT 1 FROM jobs WHERE id = probe_job AND state = 'running'), NULL, NULL, NULL, NULL"
-                " FROM pauses", (now,)).fetchall()
-            pick = claim.Selection(claim.Request(limit, network_up, served, limits, now),
-                                   claim.Running.of_jobs([r[1:] for r in held if r[0] == "running"],
-                                                         [(r[0], r[1]) for r in held if r[0] != "running"],
-                                                         [(r[0], r[1]) for r in held if r[0] != "running" and r[2]]))
-            offset, page = 0, max(16, limit * 2)
+            pick = claim.Selection(request, running)
+            page = max(16, limit * 2)
             # Other pools' jobs are passed over inside SQLite, not page by page here (`mine`);
             # those with a key still come back, as they may hold their key. So are the jobs
             # of groups with every slot taken (they hold nothing but a key).
@@ -220,16 +235,19 @@ class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
             if full:  # read by group, past the full ones
                 rows = _past_full(c, mine, tuple(served or ()), frozenset(full), page)
                 pick.offer_all(map(claim.Row._make, itertools.islice(rows, pick.look_ahead)))
-            while not full and not pick.full and offset < pick.look_ahead:
-                rows = c.execute(
-                    f"SELECT {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued"
-                    f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
-                    (*(served or ()), page, offset),
-                ).fetchall()
-                pick.offer_all(map(claim.Row._make, rows))
-                if len(rows) < page:
-                    break
-                offset += page
+            else:  # the heads first, then the queue after them a page at a time
+                pick.offer_all(first)
+                offset = len(first)
+                more = offset == limit
+                while more and not pick.full and offset < pick.look_ahead:
+                    rows = c.execute(
+                        f"SELECT {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued"
+                        f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
+                        (*(served or ()), page, offset),
+                    ).fetchall()
+                    pick.offer_all(map(claim.Row._make, rows))
+                    more = len(rows) == page
+                    offset += page
             if not pick.chosen:
                 return []
             if pick.probes:

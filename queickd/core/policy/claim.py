@@ -376,19 +376,60 @@ class Selection:
                 rule.passed(c)
 
 
-def plain(heads: Sequence[Candidate], request: Request, paused: bool) -> list[int] | None:
+def plain(heads: Sequence[Candidate], request: Request, paused: bool,
+          running: Running | None = None) -> list[int] | None:
     """The selection's choice without the selection, for the common claim. `heads`: the
     first request.limit queued jobs in queue order of the pools served (fewer if no more
-    wait), `paused`: whether any pause exists. With nothing paused, no budget in force and
-    no key, group or unmet need of the network among the heads, every rule admits each of
-    them and nothing else is read before them: the selection takes exactly these. None when
-    a rule may apply: then select()."""
-    if paused or request.limits.any:
+    wait), `paused`: whether any pause exists, `running`: what runs (None: not read). With
+    nothing paused and no key or unmet need of the network among the heads, and each head
+    within its group's limit and its budgets, counting what runs and the heads before it,
+    every rule admits each of them and nothing else is read before them: the selection
+    takes exactly these. None when a rule may pass one over: then select(). A head with a
+    group, or any head while a budget is in force, needs `running`: without it, None.
+
+    A head of a group that what runs fills (by the running jobs' own limit) answers None
+    too, even if its own limit would admit it: a store then leaves that group's jobs out
+    of what it reads (Selection.full_groups), and the claim is the store's to make."""
+    if paused:
         return None
+    limits = request.limits
+    budgets = limits.any
+    if budgets and running is None:
+        return None
+    net, pools = request.network_up, request.pools
+    started: dict[str, int] | None = None  # group -> heads before this one that start
+    used: dict[tuple[str, str | None], float] | None = None  # budget -> units running and of those heads
     for c in heads:
-        if (c.key is not None or c.concurrency_group is not None or (c.retry_on_network and not request.network_up)
-                or (request.pools is not None and c.pool not in request.pools)):
+        if (c.key is not None or (c.retry_on_network and not net)
+                or (pools is not None and c.pool not in pools)):
             return None
+        g = c.concurrency_group
+        if g is not None:
+            if running is None:
+                return None
+            n = len(running.slots.get(g, ()))
+            if n >= running.group_limit.get(g, 1 << 30):
+                return None  # full by what runs (see above)
+            if started is None:
+                started = {}
+            n += started.get(g, 0)
+            if n >= (c.concurrency_limit or 1):
+                return None
+            started[g] = started.get(g, 0) + 1
+        if budgets:
+            assert running is not None
+            if used is None:
+                used = {}
+            units = cost(c)
+            for kind, name, budget, ran in (("pool", c.pool, limits.pools.get(c.pool), running.pool_cost),
+                                            ("group", g, None if g is None else limits.groups.get(g),
+                                             running.group_cost)):
+                if budget is not None:
+                    k = (kind, name)
+                    total = used[k] if k in used else ran.get(name, 0.0)  # type: ignore[arg-type]
+                    if total + units > budget + 1e-9:
+                        return None
+                    used[k] = total + units  # added as CostBudgets adds: the same sums
     return [c.id for c in heads]
 
 
