@@ -147,16 +147,19 @@ class Running:
                 pauses: Iterable[tuple[str, str]] = (), probes: Iterable[tuple[str, str]] = ()) -> Running:
         """From (key, group, slot, limit, pool, cost) of each running job (RUNNING_COLS) and the
         pauses. A store that keeps no slot numbers gives None: slots are then counted."""
-        rows = list(running)
-        r = Running.of((row[0] for row in rows), pauses, probes)
+        rows = running if isinstance(running, list) else list(running)
+        r = Running.of([row[0] for row in rows], pauses, probes)
+        pool_cost, slots, group_cost, group_limit = r.pool_cost, r.slots, r.group_cost, r.group_limit
         for _, group, slot, limit, pool, units in rows:
             c = 1.0 if units is None else units
-            r.pool_cost[pool] = r.pool_cost.get(pool, 0.0) + c
+            pool_cost[pool] = pool_cost.get(pool, 0.0) + c
             if group is not None:
-                taken = r.slots.setdefault(group, set())
+                taken = slots.get(group)
+                if taken is None:
+                    taken = slots[group] = set()
                 taken.add(slot if slot is not None else -len(taken) - 1)  # unnumbered: distinct
-                r.group_cost[group] = r.group_cost.get(group, 0.0) + c
-                r.group_limit[group] = min(r.group_limit.get(group, 1 << 30), limit or 1)
+                group_cost[group] = group_cost.get(group, 0.0) + c
+                group_limit[group] = min(group_limit.get(group, 1 << 30), limit or 1)
         return r
 
 
