@@ -99,10 +99,23 @@ def _past_full(c: sqlite3.Connection, mine: str, served: tuple, full: frozenset[
     return (r[1:] for r in rows)
 
 
+# The claim's first statement: the queue's first jobs (claim.ROW_COLS, `mine`: the pools
+# served) and whether anything is paused; _HEADS_TOTALS adds what runs in total
+# (claim.Totals: jobs, the least limit of a grouped one, and with budgets in force their
+# cost units, each at least 0 so that the sum bounds every pool's and group's).
+_HEADS = (f"SELECT {claim.ROW_COLS}, EXISTS (SELECT 1 FROM pauses) FROM jobs INDEXED BY jobs_queued"
+          " WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ?")
+_RUNNING_IN = "FROM jobs INDEXED BY jobs_running WHERE state = 'running'"
+_HEADS_TOTALS = (
+    f"SELECT {claim.ROW_COLS}, EXISTS (SELECT 1 FROM pauses), (SELECT count(*) {_RUNNING_IN}),"
+    f" (SELECT min(CASE WHEN concurrency_limit THEN concurrency_limit ELSE 1 END) {_RUNNING_IN}"
+    " AND concurrency_group IS NOT NULL),"
+    f" CASE WHEN ? THEN (SELECT total(max(coalesce(cost_units, 1.0), 0.0)) {_RUNNING_IN}) END"
+    " FROM jobs INDEXED BY jobs_queued WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ?")
 # What runs (claim.RUNNING_COLS: a handful of rows through the running index), and with it
 # the pauses (kind, name, whether the probe is due: its time has come and no probe of it
 # runs), padded to the same columns.
-_RUNNING = f"SELECT {claim.RUNNING_COLS.format(slot='NULL')} FROM jobs INDEXED BY jobs_running WHERE state = 'running'"
+_RUNNING = f"SELECT {claim.RUNNING_COLS.format(slot='NULL')} {_RUNNING_IN}"
 _HELD = (f"SELECT 'running', {claim.RUNNING_COLS.format(slot='NULL')} FROM jobs INDEXED BY jobs_running"
          " WHERE state = 'running' UNION ALL SELECT kind, name, coalesce(probe_at <= ?, 0) AND NOT EXISTS"
          " (SELECT 1 FROM jobs WHERE id = probe_job AND state = 'running'), NULL, NULL, NULL, NULL"
@@ -115,6 +128,7 @@ class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
     _WF_LOCK = ""  # the one writing connection holds the file: no row lock to take
     _WF_BUDGET = "json_extract(meta, '$.reason.budget')"
     supports_notify = False
+    _grouped_heads = False  # the last claim met a grouped job among its first ones
 
     def _wf_submit(self, c: sqlite3.Connection, jobs: list[NewJob], now: float) -> None:
         self._submit_in(c, [jobs], now, adm.NO_LIMITS)
@@ -198,21 +212,28 @@ class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
             mine = "" if served is None else (
                 f" AND (pool IN ({','.join('?' * len(served))}) OR key IS NOT NULL)")
             # The common claim (claim.plain): the queue's first jobs and whether anything is
-            # paused, in one statement; when no rule applies to them, they start. With a
-            # group among them or a budget in force, what runs is read first (a handful of
+            # paused, in one statement; when no rule applies to them, they start. While
+            # budgets are in force, or the last claim met a grouped job, the statement also
+            # reads what runs in total (claim.Totals: three aggregates over the running
+            # index, no row per running job): the heads start if each fits its group and its
+            # budgets even with all of that in them. Else what runs is read (a handful of
             # rows), and they start if each is within its group and its budgets.
-            heads = c.execute(
-                f"SELECT {claim.ROW_COLS}, EXISTS (SELECT 1 FROM pauses) FROM jobs INDEXED BY jobs_queued"
-                f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ?",
-                (*(served or ()), limit)).fetchall()
+            totalled = limits.any or self._grouped_heads
+            if totalled:
+                heads = c.execute(_HEADS_TOTALS.replace("{mine}", mine),
+                                  (limits.any, *(served or ()), limit)).fetchall()
+            else:
+                heads = c.execute(_HEADS.replace("{mine}", mine), (*(served or ()), limit)).fetchall()
             if not heads:
                 return []
-            paused = bool(heads[0][-1])
-            first = [claim.Row._make(r[:-1]) for r in heads]
+            paused = bool(heads[0][9])
+            first = [claim.Row._make(r[:9]) for r in heads]
             request = claim.Request(limit, network_up, served, limits, now)
-            ids = claim.plain(first, request, paused)
+            ids = claim.plain(first, request, paused, claim.Totals(*heads[0][10:]) if totalled else None)
             if ids is not None:
+                self._grouped_heads = totalled and any(r[6] is not None for r in heads)
                 return self._start(c, ids, now, "")
+            self._grouped_heads = any(r[6] is not None for r in heads)  # concurrency_group
             if paused:
                 # What runs (keys, groups, pools, costs) and pauses, in one statement; a
                 # pause's third column: its probe is due (its time has come and no probe of

@@ -379,16 +379,30 @@ class Selection:
                 rule.passed(c)
 
 
+class Totals(NamedTuple):
+    """What runs, in total: bounds of what `Running` holds, read without a row per running
+    job. Every group has at most `jobs` running and none is full while `jobs` is below
+    `least_limit`; every pool and group runs at most `units` cost units."""
+
+    jobs: int  # jobs running
+    least_limit: int | None  # the lowest limit (`concurrency_limit or 1`) of a running grouped job; None: none runs
+    units: float | None  # the cost units of every running job, added up (each at least 0); None: not read
+
+
+_EPS = 2.220446049250313e-16  # sys.float_info.epsilon
+
+
 def plain(heads: Sequence[Candidate], request: Request, paused: bool,
-          running: Running | None = None) -> list[int] | None:
+          running: Running | Totals | None = None) -> list[int] | None:
     """The selection's choice without the selection, for the common claim. `heads`: the
     first request.limit queued jobs in queue order of the pools served (fewer if no more
-    wait), `paused`: whether any pause exists, `running`: what runs (None: not read). With
-    nothing paused and no key or unmet need of the network among the heads, and each head
-    within its group's limit and its budgets, counting what runs and the heads before it,
-    every rule admits each of them and nothing else is read before them: the selection
-    takes exactly these. None when a rule may pass one over: then select(). A head with a
-    group, or any head while a budget is in force, needs `running`: without it, None.
+    wait), `paused`: whether any pause exists, `running`: what runs, or bounds of it (None:
+    not read). With nothing paused and no key or unmet need of the network among the heads,
+    and each head within its group's limit and its budgets, counting what runs and the
+    heads before it, every rule admits each of them and nothing else is read before them:
+    the selection takes exactly these. None when a rule may pass one over: then select().
+    A head with a group, or any head while a budget is in force, needs `running`: without
+    it, None. With `Totals`, None also when the bounds leave it open (then what runs).
 
     A head of a group that what runs fills (by the running jobs' own limit) answers None
     too, even if its own limit would admit it: a store then leaves that group's jobs out
@@ -397,9 +411,10 @@ def plain(heads: Sequence[Candidate], request: Request, paused: bool,
         return None
     limits = request.limits
     budgets = limits.any
-    if budgets and running is None:
+    if budgets and (running is None or (type(running) is Totals and running.units is None)):
         return None
     net, pools = request.network_up, request.pools
+    totals = running if type(running) is Totals else None
     started: dict[str, int] | None = None  # group -> heads before this one that start
     used: dict[tuple[str, str | None], float] | None = None  # budget -> units running and of those heads
     for c in heads:
@@ -410,9 +425,14 @@ def plain(heads: Sequence[Candidate], request: Request, paused: bool,
         if g is not None:
             if running is None:
                 return None
-            n = len(running.slots.get(g, ()))
-            if n >= running.group_limit.get(g, 1 << 30):
-                return None  # full by what runs (see above)
+            if totals is not None:
+                n = totals.jobs
+                if totals.least_limit is not None and n >= totals.least_limit:
+                    return None  # some group may be full by what runs
+            else:
+                n = len(running.slots.get(g, ()))  # type: ignore[union-attr]
+                if n >= running.group_limit.get(g, 1 << 30):  # type: ignore[union-attr]
+                    return None  # full by what runs (see above)
             if started is None:
                 started = {}
             n += started.get(g, 0)
@@ -420,19 +440,28 @@ def plain(heads: Sequence[Candidate], request: Request, paused: bool,
                 return None
             started[g] = started.get(g, 0) + 1
         if budgets:
-            assert running is not None
             if used is None:
                 used = {}
             units = cost(c)
-            for kind, name, budget, ran in (("pool", c.pool, limits.pools.get(c.pool), running.pool_cost),
-                                            ("group", g, None if g is None else limits.groups.get(g),
-                                             running.group_cost)):
-                if budget is not None:
-                    k = (kind, name)
-                    total = used[k] if k in used else ran.get(name, 0.0)  # type: ignore[arg-type]
-                    if total + units > budget + 1e-9:
+            for kind, name, budget in (("pool", c.pool, limits.pools.get(c.pool)),
+                                       ("group", g, None if g is None else limits.groups.get(g))):
+                if budget is None:
+                    continue
+                k = (kind, name)
+                if k in used:
+                    total = used[k]
+                elif totals is not None:
+                    total = totals.units  # type: ignore[assignment]
+                else:
+                    total = (running.pool_cost if kind == "pool" else running.group_cost).get(name, 0.0)  # type: ignore[union-attr]
+                if totals is None:
+                    if total + units > budget + 1e-9:  # as CostBudgets.admits
                         return None
-                    used[k] = total + units  # added as CostBudgets adds: the same sums
+                # A bound: within the budget less the rounding that adding up its parts
+                # another way may differ by, so CostBudgets's own sums fit too.
+                elif total + units > budget - (totals.jobs + len(heads) + 2) * 4 * _EPS * abs(budget):
+                    return None
+                used[k] = total + units  # added as CostBudgets adds: the same sums
     return [c.id for c in heads]
 
 
