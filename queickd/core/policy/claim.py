@@ -409,59 +409,70 @@ def plain(heads: Sequence[Candidate], request: Request, paused: bool,
     of what it reads (Selection.full_groups), and the claim is the store's to make."""
     if paused:
         return None
-    limits = request.limits
-    budgets = limits.any
-    if budgets and (running is None or (type(running) is Totals and running.units is None)):
-        return None
     net, pools = request.network_up, request.pools
-    totals = running if type(running) is Totals else None
-    started: dict[str, int] | None = None  # group -> heads before this one that start
-    used: dict[tuple[str, str | None], float] | None = None  # budget -> units running and of those heads
+    grouped = False
     for c in heads:
         if (c.key is not None or (c.retry_on_network and not net)
                 or (pools is not None and c.pool not in pools)):
             return None
+        if c.concurrency_group is not None:
+            grouped = True
+    if not grouped and not request.limits.any:
+        return [c.id for c in heads]
+    if running is None:
+        return None
+    return _within(heads, request.limits, running)
+
+
+def _within(heads: Sequence[Candidate], limits: Limits, running: Running | Totals) -> list[int] | None:
+    """plain() for heads that may start as far as keys, pauses, pools and the network go:
+    their ids if each is within its group and its budgets, else None."""
+    if type(running) is Totals:
+        ran, least, ran_units = running
+        if ran_units is None and limits.any:
+            return None
+        may_be_full = least is not None and ran >= least  # some group, by what runs: no grouped head answers
+        # A head fits a budget with the bound's sum within the budget less the rounding
+        # that adding up its parts another way may differ by, so that CostBudgets's own
+        # sums fit too.
+        slack = -(ran + len(heads) + 2) * 4 * _EPS
+        slots: dict[str, set[int]] | None = None
+        pool_ran = group_ran = None
+    else:
+        ran, may_be_full, ran_units = 0, False, 0.0  # (Totals' only)
+        slots, full = running.slots, running.group_limit
+        pool_ran, group_ran = running.pool_cost, running.group_cost
+        slack = 1e-9  # over the budget that still fits: as CostBudgets.admits
+    pool_budget, group_budget = limits.pools, limits.groups
+    started: dict[str, int] = {}  # group -> heads before this one that start
+    used: dict[tuple[bool, str], float] = {}  # (a group's?, name) -> units running and of those heads
+    for c in heads:
         g = c.concurrency_group
         if g is not None:
-            if running is None:
-                return None
-            if totals is not None:
-                n = totals.jobs
-                if totals.least_limit is not None and n >= totals.least_limit:
-                    return None  # some group may be full by what runs
+            if slots is None:
+                if may_be_full:
+                    return None
+                n = ran
             else:
-                n = len(running.slots.get(g, ()))  # type: ignore[union-attr]
-                if n >= running.group_limit.get(g, 1 << 30):  # type: ignore[union-attr]
-                    return None  # full by what runs (see above)
-            if started is None:
-                started = {}
+                n = len(slots.get(g, ()))
+                if n >= full.get(g, 1 << 30):
+                    return None  # full by what runs (see plain)
             n += started.get(g, 0)
             if n >= (c.concurrency_limit or 1):
                 return None
             started[g] = started.get(g, 0) + 1
-        if budgets:
-            if used is None:
-                used = {}
-            units = cost(c)
-            for kind, name, budget in (("pool", c.pool, limits.pools.get(c.pool)),
-                                       ("group", g, None if g is None else limits.groups.get(g))):
+        if pool_budget or group_budget:
+            units = 1.0 if c.cost_units is None else c.cost_units
+            for budget, k, table in ((pool_budget.get(c.pool), (False, c.pool), pool_ran),
+                                     (None if g is None else group_budget.get(g), (True, g), group_ran)):
                 if budget is None:
                     continue
-                k = (kind, name)
-                if k in used:
-                    total = used[k]
-                elif totals is not None:
-                    total = totals.units  # type: ignore[assignment]
-                else:
-                    total = (running.pool_cost if kind == "pool" else running.group_cost).get(name, 0.0)  # type: ignore[union-attr]
-                if totals is None:
-                    if total + units > budget + 1e-9:  # as CostBudgets.admits
-                        return None
-                # A bound: within the budget less the rounding that adding up its parts
-                # another way may differ by, so CostBudgets's own sums fit too.
-                elif total + units > budget - (totals.jobs + len(heads) + 2) * 4 * _EPS * abs(budget):
+                total = used.get(k)  # type: ignore[arg-type]
+                if total is None:
+                    total = ran_units if table is None else table.get(k[1], 0.0)  # type: ignore[arg-type]
+                if total + units > budget + (slack if slack > 0 else slack * abs(budget)):
                     return None
-                used[k] = total + units  # added as CostBudgets adds: the same sums
+                used[k] = total + units  # type: ignore[index]  # added as CostBudgets adds: the same sums
     return [c.id for c in heads]
 
 
