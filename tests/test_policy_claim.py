@@ -225,6 +225,14 @@ def test_plain_with_totals_defers_at_a_budgets_edge():
     assert plain([grouped_row(1, None, units=1.0)], req, paused=False, running=Totals(2, None, 1.9)) == [1]
 
 
+def test_plain_with_totals_counts_the_heads_before_each_in_its_budgets():
+    from queickd.core.policy.claim import Limits
+
+    heads = [grouped_row(1, None, units=2.0), grouped_row(2, None, units=2.0)]
+    req = Request(2, limits=Limits(pools={"default": 3}))
+    assert plain(heads, req, paused=False, running=Totals(0, None, 0.0)) is None
+
+
 def test_plain_with_totals_needs_their_units_while_a_budget_is_in_force():
     from queickd.core.policy.claim import Limits
 

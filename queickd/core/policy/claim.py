@@ -421,56 +421,67 @@ def plain(heads: Sequence[Candidate], request: Request, paused: bool,
         return [c.id for c in heads]
     if running is None:
         return None
+    if type(running) is Totals:
+        return _within_totals(heads, request.limits, running)
     return _within(heads, request.limits, running)
 
 
-def _within(heads: Sequence[Candidate], limits: Limits, running: Running | Totals) -> list[int] | None:
-    """plain() for heads that may start as far as keys, pauses, pools and the network go:
-    their ids if each is within its group and its budgets, else None."""
-    if type(running) is Totals:
-        ran, least, ran_units = running
-        if ran_units is None and limits.any:
-            return None
-        may_be_full = least is not None and ran >= least  # some group, by what runs: no grouped head answers
-        # A head fits a budget with the bound's sum within the budget less the rounding
-        # that adding up its parts another way may differ by, so that CostBudgets's own
-        # sums fit too.
-        slack = -(ran + len(heads) + 2) * 4 * _EPS
-        slots: dict[str, set[int]] | None = None
-        pool_ran = group_ran = None
-    else:
-        ran, may_be_full, ran_units = 0, False, 0.0  # (Totals' only)
-        slots, full = running.slots, running.group_limit
-        pool_ran, group_ran = running.pool_cost, running.group_cost
-        slack = 1e-9  # over the budget that still fits: as CostBudgets.admits
+def _within_totals(heads: Sequence[Candidate], limits: Limits, totals: Totals) -> list[int] | None:
+    """plain() for heads that may start as far as keys, pauses, pools and the network go,
+    from the bounds of what runs: their ids if each head would fit its group were every
+    running job and every grouped head before it in that group, and its budgets were every
+    running job's units and every head's before it in them; else None (what runs may still
+    let them: the store reads it)."""
+    ran, least, units = totals
+    if units is None and limits.any:
+        return None
+    full = least is not None and ran >= least  # some group may be full by what runs (see plain)
+    # Within each budget less the rounding that adding up the same units another way may
+    # differ by, so that CostBudgets's own sums fit too.
+    slack = (ran + len(heads) + 2) * 4 * _EPS
+    pools, groups = limits.pools, limits.groups
+    for c in heads:
+        g = c.concurrency_group
+        if g is not None:
+            if full or ran >= (c.concurrency_limit or 1):
+                return None
+            ran += 1  # a bound of what its group runs for the heads after it
+        if pools or groups:
+            own = 1.0 if c.cost_units is None else c.cost_units
+            for budget in (pools.get(c.pool), None if g is None else groups.get(g)):
+                if budget is not None and units + own > budget - slack * abs(budget):  # type: ignore[operator]
+                    return None
+            units += own if own > 0 else 0.0  # type: ignore[operator]  # a bound for the heads after it
+    return [c.id for c in heads]
+
+
+def _within(heads: Sequence[Candidate], limits: Limits, running: Running) -> list[int] | None:
+    """plain() for heads that may start as far as keys, pauses, pools and the network go,
+    from what runs: their ids if each is within its group and its budgets, else None."""
+    slots, full = running.slots, running.group_limit
     pool_budget, group_budget = limits.pools, limits.groups
     started: dict[str, int] = {}  # group -> heads before this one that start
     used: dict[tuple[bool, str], float] = {}  # (a group's?, name) -> units running and of those heads
     for c in heads:
         g = c.concurrency_group
         if g is not None:
-            if slots is None:
-                if may_be_full:
-                    return None
-                n = ran
-            else:
-                n = len(slots.get(g, ()))
-                if n >= full.get(g, 1 << 30):
-                    return None  # full by what runs (see plain)
+            n = len(slots.get(g, ()))
+            if n >= full.get(g, 1 << 30):
+                return None  # full by what runs (see plain)
             n += started.get(g, 0)
             if n >= (c.concurrency_limit or 1):
                 return None
             started[g] = started.get(g, 0) + 1
         if pool_budget or group_budget:
             units = 1.0 if c.cost_units is None else c.cost_units
-            for budget, k, table in ((pool_budget.get(c.pool), (False, c.pool), pool_ran),
-                                     (None if g is None else group_budget.get(g), (True, g), group_ran)):
+            for budget, k, ran in ((pool_budget.get(c.pool), (False, c.pool), running.pool_cost),
+                                   (None if g is None else group_budget.get(g), (True, g), running.group_cost)):
                 if budget is None:
                     continue
                 total = used.get(k)  # type: ignore[arg-type]
                 if total is None:
-                    total = ran_units if table is None else table.get(k[1], 0.0)  # type: ignore[arg-type]
-                if total + units > budget + (slack if slack > 0 else slack * abs(budget)):
+                    total = ran.get(k[1], 0.0)  # type: ignore[arg-type]
+                if total + units > budget + 1e-9:  # as CostBudgets.admits
                     return None
                 used[k] = total + units  # type: ignore[index]  # added as CostBudgets adds: the same sums
     return [c.id for c in heads]
