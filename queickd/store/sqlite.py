@@ -10,6 +10,7 @@ and the queue cap cost one row read, not a scan of a million jobs.
 from __future__ import annotations
 
 import collections
+import functools
 import heapq
 import itertools
 import operator
@@ -112,6 +113,20 @@ _HEADS_TOTALS = (
     " AND concurrency_group IS NOT NULL),"
     f" CASE WHEN ? THEN (SELECT total(max(coalesce(cost_units, 1.0), 0.0)) {_RUNNING_IN}) END"
     " FROM jobs INDEXED BY jobs_queued WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ?")
+
+
+def _mine(pools: int) -> str:
+    """The condition on the queued jobs a claim reads, for `pools` pools served (0: every
+    pool): their own pools' and, as they may hold their key, every keyed job."""
+    return "" if not pools else f" AND (pool IN ({','.join('?' * pools)}) OR key IS NOT NULL)"
+
+
+@functools.cache
+def _heads_sql(totalled: bool, pools: int) -> str:
+    """The claim's first statement (_HEADS or _HEADS_TOTALS) for `pools` pools served."""
+    return (_HEADS_TOTALS if totalled else _HEADS).replace("{mine}", _mine(pools))
+
+
 # What runs (claim.RUNNING_COLS: a handful of rows through the running index), and with it
 # the pauses (kind, name, whether the probe is due: its time has come and no probe of it
 # runs), padded to the same columns.
@@ -209,8 +224,6 @@ class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
             return []
         # Inside the write transaction: SQLite serializes writers, so the selection is exact.
         with self._write(bookkeeping=True) as c:
-            mine = "" if served is None else (
-                f" AND (pool IN ({','.join('?' * len(served))}) OR key IS NOT NULL)")
             # The common claim (claim.plain): the queue's first jobs and whether anything is
             # paused, in one statement; when no rule applies to them, they start. While
             # budgets are in force, or the last claim met a grouped job, the statement also
@@ -219,11 +232,11 @@ class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
             # budgets even with all of that in them. Else what runs is read (a handful of
             # rows), and they start if each is within its group and its budgets.
             totalled = limits.any or self._grouped_heads
+            sql = _heads_sql(totalled, 0 if served is None else len(served))
             if totalled:
-                heads = c.execute(_HEADS_TOTALS.replace("{mine}", mine),
-                                  (limits.any, *(served or ()), limit)).fetchall()
+                heads = c.execute(sql, (limits.any, *(served or ()), limit)).fetchall()
             else:
-                heads = c.execute(_HEADS.replace("{mine}", mine), (*(served or ()), limit)).fetchall()
+                heads = c.execute(sql, (*(served or ()), limit)).fetchall()
             if not heads:
                 return []
             paused = bool(heads[0][9])
@@ -249,6 +262,7 @@ class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
                     return self._start(c, ids, now, "")
             pick = claim.Selection(request, running)
             page = max(16, limit * 2)
+            mine = _mine(0 if served is None else len(served))
             # Other pools' jobs are passed over inside SQLite, not page by page here (`mine`);
             # those with a key still come back, as they may hold their key. So are the jobs
             # of groups with every slot taken (they hold nothing but a key).
