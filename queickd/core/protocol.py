@@ -302,10 +302,13 @@ def _concurrency_limit(v: Any) -> int | None:
     return v
 
 
+_NUMBERS = (int, float)  # a tuple: `int | float` would be made again on every call
+
+
 def _cost_units(v: Any) -> float | None:
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+    if isinstance(v, bool) or not isinstance(v, _NUMBERS) or not math.isfinite(v) or v <= 0:
         raise bad("cost_units must be a number greater than 0")
     return float(v)
 
