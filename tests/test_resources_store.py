@@ -156,6 +156,15 @@ def test_a_claim_past_full_groups_starts_what_the_selection_policy_picks(store):
         store.finish_if_running([Outcome(j.id, State.SUCCEEDED) for j in done[::2]], T0)
 
 
+def test_a_group_full_at_one_claim_and_free_at_the_next_starts_its_next_job(store):
+    first, second = store.submit([grouped("api", 1), grouped("api", 1)], T0)
+    (plain,) = store.submit([job()], T0)
+    assert [j.id for j in store.claim_available(5, T0)] == [first.job_id, plain.job_id]
+    assert store.claim_available(5, T0) == []  # api is full
+    store.finish_if_running([Outcome(first.job_id, State.SUCCEEDED)], T0 + 1)
+    assert [j.id for j in store.claim_available(5, T0 + 1)] == [second.job_id]
+
+
 def test_claims_with_groups_and_budgets_start_what_the_selection_policy_picks(store):
     # Mostly with room (the SQLite store's fast path, claim.plain), at times binding (the
     # selection): either way what the policy picks, claim after claim.

@@ -114,14 +114,20 @@ class SqliteClaims:
     """Claiming jobs (Store.claim_available) on SQLite."""
 
     _grouped_heads = False  # the last claim met a grouped job among its first ones
+    _full_groups = False  # the last claim by the selection met full groups
 
     def claim_available(self, limit: int, now: float, network_up: bool = True,
                         pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS) -> list[Job]:
         served = None if pools is None else frozenset(pools)
         if served is not None and not served:
             return []
+        request = claim.Request(limit, network_up, served, limits, now)
         # Inside the write transaction: SQLite serializes writers, so the selection is exact.
         with self._write(bookkeeping=True) as c:
+            if self._full_groups:
+                # The last claim met full groups: this one likely will too, and would read
+                # past them what it read first. The selection at once, as before the heads.
+                return self._select(c, request, self._held(c, now), None)
             # The common claim (claim.plain): the queue's first jobs and whether anything is
             # paused, in one statement; when no rule applies to them, they start. While
             # budgets are in force, or the last claim met a grouped job, the statement also
@@ -139,53 +145,65 @@ class SqliteClaims:
                 return []
             paused = bool(heads[0][9])
             first = [claim.Row._make(r[:9]) for r in heads]
-            request = claim.Request(limit, network_up, served, limits, now)
             ids = claim.plain(first, request, paused, claim.Totals(*heads[0][10:]) if totalled else None)
             if ids is not None:
                 self._grouped_heads = totalled and any(r[6] is not None for r in heads)
                 return self._start(c, ids, now, "")
             self._grouped_heads = any(r[6] is not None for r in heads)  # concurrency_group
             if paused:
-                # What runs (keys, groups, pools, costs) and pauses, in one statement; a
-                # pause's third column: its probe is due (its time has come and no probe of
-                # it is running).
-                held = c.execute(_HELD, (now,)).fetchall()
-                running = claim.Running.of_jobs([r[1:] for r in held if r[0] == "running"],
-                                                [(r[0], r[1]) for r in held if r[0] != "running"],
-                                                [(r[0], r[1]) for r in held if r[0] != "running" and r[2]])
+                running = self._held(c, now)
             else:
                 running = claim.Running.of_jobs(c.execute(_RUNNING).fetchall())
                 ids = claim.plain(first, request, False, running)
                 if ids is not None:
                     return self._start(c, ids, now, "")
-            pick = claim.Selection(request, running)
-            page = max(16, limit * 2)
-            mine = _mine(0 if served is None else len(served))
-            # Other pools' jobs are passed over inside SQLite, not page by page here (`mine`);
-            # those with a key still come back, as they may hold their key. So are the jobs
-            # of groups with every slot taken (they hold nothing but a key).
-            full = pick.full_groups()
-            if full:  # read by group, past the full ones
-                rows = _past_full(c, mine, tuple(served or ()), frozenset(full), page)
-                pick.offer_all(map(claim.Row._make, itertools.islice(rows, pick.look_ahead)))
-            else:  # the heads first, then the queue after them a page at a time
+            return self._select(c, request, running, first)
+
+    @staticmethod
+    def _held(c: sqlite3.Connection, now: float) -> claim.Running:
+        """What runs (keys, groups, pools, costs) and the pauses, in one statement; a pause's
+        third column: its probe is due (its time has come and no probe of it is running)."""
+        held = c.execute(_HELD, (now,)).fetchall()
+        return claim.Running.of_jobs([r[1:] for r in held if r[0] == "running"],
+                                     [(r[0], r[1]) for r in held if r[0] != "running"],
+                                     [(r[0], r[1]) for r in held if r[0] != "running" and r[2]])
+
+    def _select(self, c: sqlite3.Connection, request: claim.Request, running: claim.Running,
+                first: list[claim.Row] | None) -> list[Job]:
+        """The claim by the selection, offered the queued jobs in queue order (`first`: the
+        heads, read already)."""
+        pick = claim.Selection(request, running)
+        served = request.pools
+        page = max(16, request.limit * 2)
+        mine = _mine(0 if served is None else len(served))
+        # Other pools' jobs are passed over inside SQLite, not page by page here (`mine`);
+        # those with a key still come back, as they may hold their key. So are the jobs
+        # of groups with every slot taken (they hold nothing but a key).
+        full = pick.full_groups()
+        self._full_groups = bool(full)
+        if full:  # read by group, past the full ones
+            rows = _past_full(c, mine, tuple(served or ()), frozenset(full), page)
+            pick.offer_all(map(claim.Row._make, itertools.islice(rows, pick.look_ahead)))
+        else:  # the heads first if read, then the queue after them a page at a time
+            offset, more = 0, True
+            if first is not None:
                 pick.offer_all(first)
                 offset = len(first)
-                more = offset == limit
-                while more and not pick.full and offset < pick.look_ahead:
-                    rows = c.execute(
-                        f"SELECT {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued"
-                        f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
-                        (*(served or ()), page, offset),
-                    ).fetchall()
-                    pick.offer_all(map(claim.Row._make, rows))
-                    more = len(rows) == page
-                    offset += page
-            if not pick.chosen:
-                return []
-            if pick.probes:
-                self._stamp_probes(c, pick.probes)
-            return self._start(c, pick.chosen, now, _HEADS_ONLY if full else "")
+                more = offset == request.limit
+            while more and not pick.full and offset < pick.look_ahead:
+                rows = c.execute(
+                    f"SELECT {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued"
+                    f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
+                    (*(served or ()), page, offset),
+                ).fetchall()
+                pick.offer_all(map(claim.Row._make, rows))
+                more = len(rows) == page
+                offset += page
+        if not pick.chosen:
+            return []
+        if pick.probes:
+            self._stamp_probes(c, pick.probes)
+        return self._start(c, pick.chosen, request.now, _HEADS_ONLY if full else "")
 
     @staticmethod
     def _start(c: sqlite3.Connection, ids: list[int], now: float, only: str) -> list[Job]:
