@@ -6,6 +6,7 @@ cost against a fixed pool of its maximum size.
     python -m bench.resources                 # everything, a few minutes
     python -m bench.resources --quick         # smaller runs, one round
     python -m bench.resources --pg postgresql://postgres@127.0.0.1:5432/postgres
+    python -m bench.resources --only e2e --pg ''   # the end-to-end rows alone, SQLite only
 
 PostgreSQL runs use a scratch database made (and dropped) on --pg's server; without a
 reachable server they are skipped and say so. Every process started here is killed at the
@@ -31,6 +32,7 @@ from typing import Any
 BENCH_DIR = Path(__file__).resolve().parent
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
 GROUPS = 50
+ROWS = ("e2e", "claim", "idle")  # what --only may name: end to end, the claim's cost, the idle pool
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -195,7 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pg", default=os.environ.get("QUEICKD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"),
                    help="a PostgreSQL server URL for the PostgreSQL rows ('' to skip them)")
     p.add_argument("--rounds", type=int, default=None, help="end-to-end rounds (alternating); default 3, quick 1")
+    p.add_argument("--only", default=",".join(ROWS),
+                   help=f"the rows to run, comma-separated, of {', '.join(ROWS)} (default: all)")
     a = p.parse_args(argv)
+    only = set(a.only.split(","))
+    if not only <= set(ROWS):
+        p.error(f"--only takes {', '.join(ROWS)}")
     rounds = a.rounds or (1 if a.quick else 3)
     n = 2000 if a.quick else 10000
     from queickd.core.policy.claim import Limits
@@ -208,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         stores = [("SQLite", lambda k: f"sqlite:///{d / f'e2e-{k}.db'}")]
         if pg:
             stores.append(("PostgreSQL", lambda k: pg))
-        for name, url in stores:
+        for name, url in stores if "e2e" in only else ():
             plain, limited = [], []
             for r in range(rounds):  # alternating, each run on a fresh store
                 if name == "PostgreSQL":
@@ -222,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| end to end: 50 groups + budgets, not binding | {name} | {b_:,.0f} jobs/s"
                   f" ({b_ / a_:.2f}x; target >= 0.9x) |")
         claim_rounds = 50 if a.quick else 200
-        for name, url in stores:
+        for name, url in stores if "claim" in only else ():
             for full in (False, True):
                 costs = {}
                 for w in (10, 1000, 10000):
@@ -234,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| claim of 4, {what}: 10 / 1,000 / 10,000 waiting | {name} | "
                       f"{costs[10]:.0f} / {costs[1000]:.0f} / {costs[10000]:.0f} us"
                       f" ({costs[10000] / costs[10]:.2f}x from 10 to 10,000) |")
+        if "idle" not in only:
+            return 0
         secs = 3.0 if a.quick else 10.0
         fixed = idle(f"sqlite:///{d / 'idle-f.db'}", False, secs)
         adapt = idle(f"sqlite:///{d / 'idle-a.db'}", True, secs)

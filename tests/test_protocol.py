@@ -356,6 +356,32 @@ def test_parse_job_rejects_a_key_that_is_not_a_non_empty_string(field, value):
     bad_request(parse_job, {"func": "m:f", field: value}, NOW)
 
 
+# --- parse_job: resource control's fields -------------------------------------------------------
+
+
+def test_parse_job_reads_a_grouped_job_as_it_reads_one_with_any_other_field():
+    # A job with only func, args, kwargs and resource control's fields takes a shorter
+    # way through parse_job; with one field more (priority 0, its default) it takes the
+    # general one. Both give the same job, or the same error.
+    import random
+
+    rnd = random.Random(3)
+    values = {"concurrency_group": ["api", "", None, 7, "x" * (MAX_KEY_LEN + 1)],
+              "concurrency_limit": [1, 1000, 0, -2, None, True, 2.5, "3"],
+              "cost_units": [1, 0.5, 2.0, 0, -1, None, True, float("inf"), "1"],
+              "args": [None, [1], "no"], "kwargs": [None, {"a": 1}, [1]]}
+    for _ in range(500):
+        spec = {"func": rnd.choice(["m:f", "pkg.m.f", "bad"])}
+        spec.update({k: rnd.choice(v) for k, v in values.items() if rnd.random() < 0.6})
+        outcomes = []
+        for s in (spec, {**spec, "priority": 0}):
+            try:
+                outcomes.append(parse_job(s, NOW))
+            except QueueError as e:
+                outcomes.append((e.code, e.message))
+        assert outcomes[0] == outcomes[1], spec
+
+
 # --- parse_jobs -----------------------------------------------------------------------------------
 
 
@@ -460,3 +486,4 @@ def test_parse_cron_default_name_is_cut_to_max_key_len():
     func = "m" * 150 + ":" + "f" * 100
     name, _, _ = parse_cron({"func": func, "cron": "@daily"}, NOW)
     assert len(name) == MAX_KEY_LEN
+

@@ -156,6 +156,38 @@ def test_a_claim_past_full_groups_starts_what_the_selection_policy_picks(store):
         store.finish_if_running([Outcome(j.id, State.SUCCEEDED) for j in done[::2]], T0)
 
 
+def test_a_group_full_at_one_claim_and_free_at_the_next_starts_its_next_job(store):
+    first, second = store.submit([grouped("api", 1), grouped("api", 1)], T0)
+    (plain,) = store.submit([job()], T0)
+    assert [j.id for j in store.claim_available(5, T0)] == [first.job_id, plain.job_id]
+    assert store.claim_available(5, T0) == []  # api is full
+    store.finish_if_running([Outcome(first.job_id, State.SUCCEEDED)], T0 + 1)
+    assert [j.id for j in store.claim_available(5, T0 + 1)] == [second.job_id]
+
+
+def test_claims_with_groups_and_budgets_start_what_the_selection_policy_picks(store):
+    # Mostly with room (the SQLite store's fast path, claim.plain), at times binding (the
+    # selection): either way what the policy picks, claim after claim.
+    rnd = random.Random(5)
+    groups = [(f"g{i}", 1 + i % 3) for i in range(4)]
+    limits = in_force(store, Limits(pools={"default": 9.0}, groups={"g0": 2.0, "g1": 4.0}, patience=5))
+    now = T0
+    for _ in range(12):
+        store.submit([job(cost_units=rnd.choice([None, 0.5, 1.0, 2.0]), run_at=now - rnd.choice([0, 0, 10]),
+                          key=rnd.choice([None] * 9 + ["k"]), **(grouped_kw(*rnd.choice(groups)) if rnd.random() < 0.8
+                                                                 else {}))
+                      for _ in range(rnd.randint(1, 6))], now)
+        limit = rnd.randint(1, 5)
+        queued = sorted(store.list_jobs(State.QUEUED, 1000), key=lambda j: (j.priority, j.run_at, j.id))
+        running = claim.Running.of_jobs([(j.key, j.concurrency_group, None, j.concurrency_limit, j.pool, j.cost_units)
+                                         for j in store.list_jobs(State.RUNNING, 1000)])
+        want = claim.select(queued, claim.Request.of(limit, True, None, limits, now), running)
+        assert [j.id for j in store.claim_available(limit, now, limits=limits)] == want
+        done = store.list_jobs(State.RUNNING, 1000)
+        store.finish_if_running([Outcome(j.id, State.SUCCEEDED) for j in done if rnd.random() < 0.6], now)
+        now += 1
+
+
 def test_concurrent_postgres_claimers_never_exceed_a_group_limit(pg_url):
     from queickd.store.postgres import PostgresStore
 

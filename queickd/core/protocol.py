@@ -112,6 +112,8 @@ OPS: dict[str, frozenset] = {
 _OPS_WITH_OP = {op: fields | {"op"} for op, fields in OPS.items()}
 _JOB_FIELDS_WITH_OP = _JOB_FIELDS | {"op"}
 _PLAIN_JOB_FIELDS = frozenset({"op", "func", "args", "kwargs"})
+# ... and with resource control's fields (a grouped or budgeted job): a fast path too.
+_GROUPED_JOB_FIELDS = _PLAIN_JOB_FIELDS | {"concurrency_group", "concurrency_limit", "cost_units"}
 
 _FUNC_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*([:.])[A-Za-z_]\w*$")
 _RETRY_FIELDS = frozenset({"policy", "interval", "max_interval", "max_attempts"})
@@ -300,10 +302,13 @@ def _concurrency_limit(v: Any) -> int | None:
     return v
 
 
+_NUMBERS = (int, float)  # a tuple: `int | float` would be made again on every call
+
+
 def _cost_units(v: Any) -> float | None:
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+    if isinstance(v, bool) or not isinstance(v, _NUMBERS) or not math.isfinite(v) or v <= 0:
         raise bad("cost_units must be a number greater than 0")
     return float(v)
 
@@ -381,6 +386,13 @@ def parse_job(obj: dict[str, Any], now: float) -> NewJob:
         args, kwargs = obj.get("args"), obj.get("kwargs")
         if (args is None or type(args) is list) and (kwargs is None or type(kwargs) is dict):
             return NewJob(normalize_func(obj.get("func")), args or [], kwargs or {}, 0, now)
+    elif keys <= _GROUPED_JOB_FIELDS:  # checked as _build checks them, in the same order
+        args, kwargs = obj.get("args"), obj.get("kwargs")
+        if (args is None or type(args) is list) and (kwargs is None or type(kwargs) is dict):
+            return NewJob(normalize_func(obj.get("func")), args or [], kwargs or {}, 0, now,
+                          concurrency_group=_group(obj.get("concurrency_group")),
+                          concurrency_limit=_concurrency_limit(obj.get("concurrency_limit")),
+                          cost_units=_cost_units(obj.get("cost_units")))
     if not keys <= _JOB_FIELDS_WITH_OP:
         raise bad(f"unknown job field(s): {', '.join(sorted(keys - _JOB_FIELDS_WITH_OP))}")
     func = normalize_func(obj.get("func"))

@@ -1,24 +1,21 @@
 """SQLite store (`sqlite:///path/to/queue.db`): the durable default for one machine.
 
-This module owns the store's queries. Its connections and transactions (one writing
-connection under a lock, per-thread readers) are in sqlite_conn.py, its schema and
-migrations in sqlite_schema.py, the encoding of rows in rows.py. Counts by
-state are kept in a table (new jobs by the submit, changes of state by triggers), so stats
-and the queue cap cost one row read, not a scan of a million jobs.
+This module owns the store's queries but the claim's (sqliteclaim.py). Its connections
+and transactions (one writing connection under a lock, per-thread readers) are in
+sqlite_conn.py, its schema and migrations in sqlite_schema.py, the encoding of rows in
+rows.py. Counts by state are kept in a table (new jobs by the submit, changes of state by
+triggers), so stats and the queue cap cost one row read, not a scan of a million jobs.
 """
 
 from __future__ import annotations
 
 import collections
-import heapq
-import itertools
-import operator
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from ..core.job import Job, NewJob, Outcome, State, Submitted
 from ..core.policy import admission as adm
-from ..core.policy import claim, orphans
+from ..core.policy import orphans
 from ..core.policy import pauses as pz
 from . import rows as dbrows
 from .base import StoreBase
@@ -26,6 +23,7 @@ from .pools import set_pool_sql
 from .records import CronFire, CronRecord, EventAccepted, Finished, NewEvent, Recovered
 from .sqlite_conn import SQLiteFile, insert_rows
 from .sqlite_schema import SCHEMA_VERSION, SchemaTooNewError
+from .sqliteclaim import SqliteClaims
 from .sqlshared import STREAK, SharedSql, filters
 from .wfsql import SqlWorkflows
 
@@ -44,62 +42,7 @@ _split = dbrows.insert_splitter(_PLAIN_COLS, _GROUPED_COLS)
 _RARE = frozenset({State.RUNNING, State.DEAD, State.WAITING_NETWORK, State.CANCELLED})  # own indexes
 
 
-# A claim with full groups reads, in place of jobs_queued, the queued jobs without a group
-# and those of each other group with a job waiting (found by a skip scan of
-# jobs_queued_group, one seek per group), merged in queue order: what it reads is bounded
-# by the groups, not by the full groups' backlog (sqlite_schema.py, 10). Each stream is an
-# index walk a page at a time, from the head and then after its last row: (priority,
-# run_at) equal and a greater id, then a greater (priority, run_at) (SQLite ranges over
-# the id of such an index only under equal leading columns; a range on all three walks
-# every job of the same run_at).
-_WAITING_GROUPS = (
-    "WITH RECURSIVE w (name) AS (SELECT (SELECT concurrency_group FROM jobs INDEXED BY jobs_queued_group"
-    " WHERE state = 'queued' AND concurrency_group IS NOT NULL ORDER BY concurrency_group LIMIT 1)"
-    " UNION ALL SELECT (SELECT concurrency_group FROM jobs INDEXED BY jobs_queued_group WHERE state = 'queued'"
-    " AND concurrency_group IS NOT NULL AND concurrency_group > w.name ORDER BY concurrency_group LIMIT 1)"
-    " FROM w WHERE w.name IS NOT NULL) SELECT name FROM w WHERE name IS NOT NULL")
-_STREAMS = (f"SELECT priority, {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued_plain WHERE state = 'queued'"
-            " AND concurrency_group IS NULL{mine}{after} ORDER BY priority, run_at, id LIMIT ?",
-            f"SELECT priority, {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued_group WHERE state = 'queued'"
-            " AND concurrency_group IS NOT NULL AND concurrency_group = ?{mine}{after}"
-            " ORDER BY priority, run_at, id LIMIT ?")
-_SAME_AT, _PAST_AT = " AND priority = ? AND run_at = ? AND id > ?", " AND (priority, run_at) > (?, ?)"
-_POSITION = operator.itemgetter(0, 6, 1)  # (priority, run_at, id) of a stream's row
-
-
-def _stream(c: sqlite3.Connection, sql: str, head: tuple, page: int) -> Iterator[tuple]:
-    """One stream's rows in queue order (priority, then claim.ROW_COLS), a page at a time."""
-    first, same, past = (sql.replace("{after}", a) for a in ("", _SAME_AT, _PAST_AT))
-    rows = c.execute(first, (*head, page)).fetchall()
-    while True:
-        yield from rows
-        if len(rows) < page:
-            return
-        priority, run_at, job_id = _POSITION(rows[-1])
-        rows = c.execute(same, (*head, priority, run_at, job_id, page)).fetchall()
-        if len(rows) < page:
-            rows += c.execute(past, (*head, priority, run_at, page - len(rows))).fetchall()
-
-
-# The full groups' jobs were not read, so a key's head among them was not seen holding its
-# key (claim.SerialKeys): a keyed job chosen behind it must not start before it. Each keyed
-# job chosen is one look along jobs_key.
-_HEADS_ONLY = (" AND (key IS NULL OR NOT EXISTS (SELECT 1 FROM jobs e INDEXED BY jobs_key WHERE e.key = jobs.key"
-               " AND e.state = 'queued' AND (e.priority, e.run_at, e.id) < (jobs.priority, jobs.run_at, jobs.id)))")
-
-
-def _past_full(c: sqlite3.Connection, mine: str, served: tuple, full: frozenset[str],
-               page: int) -> Iterator[tuple]:
-    """The candidates in queue order, as claim.ROW_COLS, leaving out the jobs of `full` groups."""
-    plain, grouped = (sql.replace("{mine}", mine) for sql in _STREAMS)
-    streams = [_stream(c, plain, served, page)]
-    streams += [_stream(c, grouped, (g, *served), page)
-                for (g,) in c.execute(_WAITING_GROUPS).fetchall() if g not in full]
-    rows = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=_POSITION)
-    return (r[1:] for r in rows)
-
-
-class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
+class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
     MARK = "?"  # the parameter marker of sqlite3 (SharedSql)
     _RELEASE = ""  # a running job's row holds nothing else
     _WF_LOCK = ""  # the one writing connection holds the file: no row lock to take
@@ -177,77 +120,6 @@ class SQLiteStore(SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
         row = self._conn().execute(
             "SELECT min(run_at) FROM jobs INDEXED BY jobs_scheduled WHERE state = 'scheduled'").fetchone()
         return row[0]
-
-    # --- claim ----------------------------------------------------------------------------
-    def claim_available(self, limit: int, now: float, network_up: bool = True,
-                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS) -> list[Job]:
-        served = None if pools is None else frozenset(pools)
-        if served is not None and not served:
-            return []
-        # Inside the write transaction: SQLite serializes writers, so the selection is exact.
-        with self._write(bookkeeping=True) as c:
-            mine = "" if served is None else (
-                f" AND (pool IN ({','.join('?' * len(served))}) OR key IS NOT NULL)")
-            if not limits.any:
-                # The common claim (claim.plain): the queue's first jobs and whether anything
-                # is paused, in one statement; when no rule applies to them, they start.
-                heads = c.execute(
-                    f"SELECT {claim.ROW_COLS}, EXISTS (SELECT 1 FROM pauses) FROM jobs INDEXED BY jobs_queued"
-                    f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ?",
-                    (*(served or ()), limit)).fetchall()
-                if not heads:
-                    return []
-                ids = claim.plain([claim.Row._make(r[:-1]) for r in heads],
-                                  claim.Request(limit, network_up, served, limits, now), bool(heads[0][-1]))
-                if ids is not None:
-                    return self._start(c, ids, now, "")
-            # What runs (keys, groups, pools, costs: a handful of rows) and pauses, in one
-            # statement; a pause's third column: its probe is due (its time has come and no
-            # probe of it is running).
-            held = c.execute(
-                f"SELECT 'running', {claim.RUNNING_COLS.format(slot='NULL')} FROM jobs INDEXED BY jobs_running"
-                " WHERE state = 'running' UNION ALL SELECT kind, name, coalesce(probe_at <= ?, 0) AND NOT EXISTS"
-                " (SELECT 1 FROM jobs WHERE id = probe_job AND state = 'running'), NULL, NULL, NULL, NULL"
-                " FROM pauses", (now,)).fetchall()
-            pick = claim.Selection(claim.Request(limit, network_up, served, limits, now),
-                                   claim.Running.of_jobs([r[1:] for r in held if r[0] == "running"],
-                                                         [(r[0], r[1]) for r in held if r[0] != "running"],
-                                                         [(r[0], r[1]) for r in held if r[0] != "running" and r[2]]))
-            offset, page = 0, max(16, limit * 2)
-            # Other pools' jobs are passed over inside SQLite, not page by page here (`mine`);
-            # those with a key still come back, as they may hold their key. So are the jobs
-            # of groups with every slot taken (they hold nothing but a key).
-            full = pick.full_groups()
-            if full:  # read by group, past the full ones
-                rows = _past_full(c, mine, tuple(served or ()), frozenset(full), page)
-                pick.offer_all(map(claim.Row._make, itertools.islice(rows, pick.look_ahead)))
-            while not full and not pick.full and offset < pick.look_ahead:
-                rows = c.execute(
-                    f"SELECT {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued"
-                    f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
-                    (*(served or ()), page, offset),
-                ).fetchall()
-                pick.offer_all(map(claim.Row._make, rows))
-                if len(rows) < page:
-                    break
-                offset += page
-            if not pick.chosen:
-                return []
-            if pick.probes:
-                self._stamp_probes(c, pick.probes)
-            return self._start(c, pick.chosen, now, _HEADS_ONLY if full else "")
-
-    @staticmethod
-    def _start(c: sqlite3.Connection, ids: list[int], now: float, only: str) -> list[Job]:
-        """The chosen jobs marked running (`only`: a further condition on each), in queue order."""
-        marks = ",".join("?" * len(ids))
-        rows = c.execute(
-            "UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = ?"
-            f" WHERE id IN ({marks}){only} RETURNING {dbrows.JOB_COLS}", (now, *ids),
-        ).fetchall()
-        jobs = [dbrows.row_to_job(r) for r in rows]
-        jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
-        return jobs
 
     # --- network --------------------------------------------------------------------------
     def park_for_network(self, now: float) -> int:

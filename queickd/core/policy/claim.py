@@ -147,16 +147,19 @@ class Running:
                 pauses: Iterable[tuple[str, str]] = (), probes: Iterable[tuple[str, str]] = ()) -> Running:
         """From (key, group, slot, limit, pool, cost) of each running job (RUNNING_COLS) and the
         pauses. A store that keeps no slot numbers gives None: slots are then counted."""
-        rows = list(running)
-        r = Running.of((row[0] for row in rows), pauses, probes)
+        rows = running if isinstance(running, list) else list(running)
+        r = Running.of([row[0] for row in rows], pauses, probes)
+        pool_cost, slots, group_cost, group_limit = r.pool_cost, r.slots, r.group_cost, r.group_limit
         for _, group, slot, limit, pool, units in rows:
             c = 1.0 if units is None else units
-            r.pool_cost[pool] = r.pool_cost.get(pool, 0.0) + c
+            pool_cost[pool] = pool_cost.get(pool, 0.0) + c
             if group is not None:
-                taken = r.slots.setdefault(group, set())
+                taken = slots.get(group)
+                if taken is None:
+                    taken = slots[group] = set()
                 taken.add(slot if slot is not None else -len(taken) - 1)  # unnumbered: distinct
-                r.group_cost[group] = r.group_cost.get(group, 0.0) + c
-                r.group_limit[group] = min(r.group_limit.get(group, 1 << 30), limit or 1)
+                group_cost[group] = group_cost.get(group, 0.0) + c
+                group_limit[group] = min(group_limit.get(group, 1 << 30), limit or 1)
         return r
 
 
@@ -376,19 +379,111 @@ class Selection:
                 rule.passed(c)
 
 
-def plain(heads: Sequence[Candidate], request: Request, paused: bool) -> list[int] | None:
+class Totals(NamedTuple):
+    """What runs, in total: bounds of what `Running` holds, read without a row per running
+    job. Every group has at most `jobs` running and none is full while `jobs` is below
+    `least_limit`; every pool and group runs at most `units` cost units."""
+
+    jobs: int  # jobs running
+    least_limit: int | None  # the lowest limit (`concurrency_limit or 1`) of a running grouped job; None: none runs
+    units: float | None  # the cost units of every running job, added up (each at least 0); None: not read
+
+
+_EPS = 2.220446049250313e-16  # sys.float_info.epsilon
+
+
+def plain(heads: Sequence[Candidate], request: Request, paused: bool,
+          running: Running | Totals | None = None) -> list[int] | None:
     """The selection's choice without the selection, for the common claim. `heads`: the
     first request.limit queued jobs in queue order of the pools served (fewer if no more
-    wait), `paused`: whether any pause exists. With nothing paused, no budget in force and
-    no key, group or unmet need of the network among the heads, every rule admits each of
-    them and nothing else is read before them: the selection takes exactly these. None when
-    a rule may apply: then select()."""
-    if paused or request.limits.any:
+    wait), `paused`: whether any pause exists, `running`: what runs, or bounds of it (None:
+    not read). With nothing paused and no key or unmet need of the network among the heads,
+    and each head within its group's limit and its budgets, counting what runs and the
+    heads before it, every rule admits each of them and nothing else is read before them:
+    the selection takes exactly these. None when a rule may pass one over: then select().
+    A head with a group, or any head while a budget is in force, needs `running`: without
+    it, None. With `Totals`, None also when the bounds leave it open (then what runs).
+
+    A head of a group that what runs fills (by the running jobs' own limit) answers None
+    too, even if its own limit would admit it: a store then leaves that group's jobs out
+    of what it reads (Selection.full_groups), and the claim is the store's to make."""
+    if paused:
         return None
+    net, pools = request.network_up, request.pools
+    grouped = False
     for c in heads:
-        if (c.key is not None or c.concurrency_group is not None or (c.retry_on_network and not request.network_up)
-                or (request.pools is not None and c.pool not in request.pools)):
+        if (c.key is not None or (c.retry_on_network and not net)
+                or (pools is not None and c.pool not in pools)):
             return None
+        if c.concurrency_group is not None:
+            grouped = True
+    if not grouped and not request.limits.any:
+        return [c.id for c in heads]
+    if running is None:
+        return None
+    if type(running) is Totals:
+        return _within_totals(heads, request.limits, running)
+    return _within(heads, request.limits, running)
+
+
+def _within_totals(heads: Sequence[Candidate], limits: Limits, totals: Totals) -> list[int] | None:
+    """plain() for heads that may start as far as keys, pauses, pools and the network go,
+    from the bounds of what runs: their ids if each head would fit its group were every
+    running job and every grouped head before it in that group, and its budgets were every
+    running job's units and every head's before it in them; else None (what runs may still
+    let them: the store reads it)."""
+    ran, least, units = totals
+    if units is None and limits.any:
+        return None
+    full = least is not None and ran >= least  # some group may be full by what runs (see plain)
+    # Within each budget less the rounding that adding up the same units another way may
+    # differ by, so that CostBudgets's own sums fit too.
+    slack = (ran + len(heads) + 2) * 4 * _EPS
+    pools, groups = limits.pools, limits.groups
+    for c in heads:
+        g = c.concurrency_group
+        if g is not None:
+            if full or ran >= (c.concurrency_limit or 1):
+                return None
+            ran += 1  # a bound of what its group runs for the heads after it
+        if pools or groups:
+            own = 1.0 if c.cost_units is None else c.cost_units
+            for budget in (pools.get(c.pool), None if g is None else groups.get(g)):
+                if budget is not None and units + own > budget - slack * abs(budget):  # type: ignore[operator]
+                    return None
+            units += own if own > 0 else 0.0  # type: ignore[operator]  # a bound for the heads after it
+    return [c.id for c in heads]
+
+
+def _within(heads: Sequence[Candidate], limits: Limits, running: Running) -> list[int] | None:
+    """plain() for heads that may start as far as keys, pauses, pools and the network go,
+    from what runs: their ids if each is within its group and its budgets, else None."""
+    slots, full = running.slots, running.group_limit
+    pool_budget, group_budget = limits.pools, limits.groups
+    started: dict[str, int] = {}  # group -> heads before this one that start
+    used: dict[tuple[bool, str], float] = {}  # (a group's?, name) -> units running and of those heads
+    for c in heads:
+        g = c.concurrency_group
+        if g is not None:
+            n = len(slots.get(g, ()))
+            if n >= full.get(g, 1 << 30):
+                return None  # full by what runs (see plain)
+            n += started.get(g, 0)
+            if n >= (c.concurrency_limit or 1):
+                return None
+            started[g] = started.get(g, 0) + 1
+        if pool_budget or group_budget:
+            units = 1.0 if c.cost_units is None else c.cost_units
+            for budget, k, ran in ((pool_budget.get(c.pool), (False, c.pool), running.pool_cost),
+                                   (None if g is None else group_budget.get(g), (True, g), running.group_cost)):
+                if budget is None:
+                    continue
+                total = used.get(k)  # type: ignore[arg-type]
+                if total is None:
+                    total = ran.get(k[1], 0.0)  # type: ignore[arg-type]
+                if total + units > budget + 1e-9:  # as CostBudgets.admits
+                    return None
+                used[k] = total + units  # type: ignore[index]  # added as CostBudgets adds: the same sums
     return [c.id for c in heads]
 
 

@@ -56,12 +56,18 @@ class Resources:
             raise protocol.bad(f"concurrency_limit {job.concurrency_limit} disagrees with the limit"
                                f" configured for {job.func} ({limit})")
         units = 1.0 if job.cost_units is None else job.cost_units
-        for kind, name, budgets in (("pools", job.pool, self.limits.pools),
-                                    ("groups", job.concurrency_group, self.limits.groups)):
-            budget = budgets.get(name) if name is not None else None
-            if budget is not None and units > budget:
-                raise protocol.bad(f"cost_units {units:g} exceeds the whole budget of {kind[:-1]} {name!r}"
-                                   f" ({budget:g}, budgets.{kind}): it could never start")
+        budget = self.limits.pools.get(job.pool)  # looked up one by one: this runs for every job
+        if budget is not None and units > budget:
+            _never_fits(units, "pools", job.pool, budget)
+        group = job.concurrency_group
+        budget = None if group is None else self.limits.groups.get(group)
+        if budget is not None and units > budget:
+            _never_fits(units, "groups", group, budget)
+
+
+def _never_fits(units: float, kind: str, name: str, budget: float) -> None:
+    raise protocol.bad(f"cost_units {units:g} exceeds the whole budget of {kind[:-1]} {name!r}"
+                       f" ({budget:g}, budgets.{kind}): it could never start")
 
 
 class BudgetChange(NamedTuple):
