@@ -5,11 +5,13 @@ started once per module; the limits are the real ones (signals, RSS, pipes)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -316,27 +318,28 @@ def test_a_job_that_forks_without_end_is_held_by_pids_max(cg_runner):
     assert not _groups_left(cg_runner.cgroups)
 
 
-def _bomb(g) -> subprocess.Popen:
+@contextlib.contextmanager
+def _bomb(g) -> Iterator[subprocess.Popen]:
+    """A fork bomb in the job groups `g`, forking at full speed; the groups are removed and
+    its reaper ended afterwards, whatever the test found."""
     p = subprocess.Popen([sys.executable, os.path.join(JOBS, "forkbomb.py"), *g.paths],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    assert p.stdout.readline() == b"in\n"
-    assert _until(lambda: len(_procs(g)) >= cgroup.PIDS_MAX // 2)  # forking at full speed
-    return p
+    try:
+        assert p.stdout.readline() == b"in\n"
+        assert _until(lambda: len(_procs(g)) >= cgroup.PIDS_MAX // 2)
+        yield p
+    finally:
+        g.remove()
+        p.kill()
+        p.wait()
 
 
 def test_kill_empties_the_groups_of_a_fork_bomb_racing_it(cgroups):
     g = cgroups.create(0, None)
-    reaper = None
-    try:
-        reaper = _bomb(g)
+    with _bomb(g) as reaper:
         g.kill()  # v2: cgroup.kill; v1: frozen, killed, thawed
         assert _until(lambda: not _procs(g))
         assert reaper.wait(10) == 0
-    finally:
-        g.remove()
-        if reaper is not None:
-            reaper.kill()
-            reaper.wait()
     assert not any(os.path.exists(p) for p in g.paths)
 
 
@@ -345,17 +348,10 @@ def test_without_a_freezer_remove_still_kills_a_fork_bomb_and_removes_its_groups
         pytest.skip("the freezer is cgroup v1's; v2 kills with cgroup.kill")
     bases = {k: v for k, v in cgroups.bases.items() if k != "freezer"}
     g = cgroup_v1.JobCgroupsV1(bases, cgroup.PIDS_MAX).create(0, None)
-    reaper = None
-    try:
-        reaper = _bomb(g)
+    with _bomb(g) as reaper:
         g.remove()  # kills until no new process appears, again until each group can go
         assert not any(os.path.exists(p) for p in g.paths)
         assert reaper.wait(10) == 0
-    finally:
-        g.remove()
-        if reaper is not None:
-            reaper.kill()
-            reaper.wait()
 
 
 def test_a_changed_app_module_is_imported_afresh_for_the_next_process_job(tmp_path):

@@ -4,6 +4,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from store_contract import job
 
 from queickd.core.job import State
@@ -92,15 +93,27 @@ def test_dispatch_now_with_every_worker_busy_leaves_the_claim_to_the_worker_that
 
 
 # --- the claim made inside the submit's own transaction ------------------------------------
-def _sqlite_pool(tmp_path, workers=2):
-    from queickd.services.batcher import SubmitBatcher
-    from queickd.store.sqlite import SQLiteStore
+class _SqlitePool:
+    """A real SQLite store, a started pool of two workers, a batcher that dispatches to it,
+    and the COMMITs of the store's writing connection."""
 
-    store = SQLiteStore(str(tmp_path / "q.db"))
-    pool, finished = _pool(store, workers)
-    commits: list[str] = []
-    store._writer().set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
-    return store, pool, finished, SubmitBatcher(store, dispatch=pool), commits
+    def __init__(self, tmp_path) -> None:
+        from queickd.services.batcher import SubmitBatcher
+        from queickd.store.sqlite import SQLiteStore
+
+        self.store = SQLiteStore(str(tmp_path / "q.db"))
+        self.pool, self.finished = _pool(self.store, 2)
+        self.commits: list[str] = []
+        self.store._writer().set_trace_callback(lambda sql: self.commits.append(sql) if sql == "COMMIT" else None)
+        self.batcher = SubmitBatcher(self.store, dispatch=self.pool)
+
+
+@pytest.fixture
+def sq(tmp_path):
+    it = _SqlitePool(tmp_path)
+    yield it
+    it.pool.stop(10)
+    it.store.close()
 
 
 def _submit_through(batcher, func="testjobs:noop", **kw):
@@ -109,21 +122,17 @@ def _submit_through(batcher, func="testjobs:noop", **kw):
     return got[0][0][0].job_id
 
 
-def test_a_lone_submit_and_the_claim_of_its_job_share_one_commit(tmp_path):
-    store, pool, finished, batcher, commits = _sqlite_pool(tmp_path)
-    try:
-        job_id = _submit_through(batcher)
-        assert len(commits) == 1  # stored and started: one transaction
-        assert store.get(job_id).state in (State.RUNNING, State.SUCCEEDED)
-        assert finished.wait(10)
-        assert store.get(job_id).state == State.SUCCEEDED
-    finally:
-        pool.stop(10)
-        store.close()
+def test_a_lone_submit_and_the_claim_of_its_job_share_one_commit(sq):
+    store, finished, batcher, commits = sq.store, sq.finished, sq.batcher, sq.commits
+    job_id = _submit_through(batcher)
+    assert len(commits) == 1  # stored and started: one transaction
+    assert store.get(job_id).state in (State.RUNNING, State.SUCCEEDED)
+    assert finished.wait(10)
+    assert store.get(job_id).state == State.SUCCEEDED
 
 
-def test_a_claim_that_fails_inside_a_submit_leaves_the_submit_stored_and_the_job_to_the_dispatcher(tmp_path):
-    store, pool, finished, batcher, commits = _sqlite_pool(tmp_path)
+def test_a_claim_that_fails_inside_a_submit_leaves_the_submit_stored_and_the_job_to_the_dispatcher(sq):
+    store, finished, batcher = sq.store, sq.finished, sq.batcher
     real = store.claim_available
     calls = []
 
@@ -135,52 +144,40 @@ def test_a_claim_that_fails_inside_a_submit_leaves_the_submit_stored_and_the_job
         return real(*a, **kw)
 
     store.claim_available = fails_once
-    try:
+    job_id = _submit_through(batcher)
+    assert finished.wait(10)  # claimed by a later pass
+    job_now = store.get(job_id)
+    assert job_now.state == State.SUCCEEDED and job_now.attempts == 1  # the failed claim's write undone
+    assert sum(store.counts().values()) == 1  # stored once, not once per try
+    assert calls[0] == threading.get_ident()  # the first try was the submitter's, inside its submit
+
+
+def test_a_submit_that_finds_a_pass_running_leaves_its_claim_to_that_pass(sq):
+    store, pool, finished, batcher = sq.store, sq.pool, sq.finished, sq.batcher
+    with pool._dispatch_lock:  # another thread's pass is running
         job_id = _submit_through(batcher)
-        assert finished.wait(10)  # claimed by a later pass
-        job_now = store.get(job_id)
-        assert job_now.state == State.SUCCEEDED and job_now.attempts == 1  # the failed claim's write undone
-        assert sum(store.counts().values()) == 1  # stored once, not once per try
-        assert calls[0] == threading.get_ident()  # the first try was the submitter's, inside its submit
-    finally:
-        pool.stop(10)
-        store.close()
+        assert store.get(job_id).state == State.QUEUED
+    pool.dispatch_now()  # what that pass does on its way out, seeing it was asked again
+    assert finished.wait(10)
+    assert store.get(job_id).state == State.SUCCEEDED
 
 
-def test_a_submit_that_finds_a_pass_running_leaves_its_claim_to_that_pass(tmp_path):
-    store, pool, finished, batcher, commits = _sqlite_pool(tmp_path)
-    try:
-        with pool._dispatch_lock:  # another thread's pass is running
-            job_id = _submit_through(batcher)
-            assert store.get(job_id).state == State.QUEUED
-        pool.dispatch_now()  # what that pass does on its way out, seeing it was asked again
-        assert finished.wait(10)
-        assert store.get(job_id).state == State.SUCCEEDED
-    finally:
-        pool.stop(10)
-        store.close()
-
-
-def test_the_claim_inside_a_submit_leaves_waiting_outcomes_to_a_pass_after_its_commit(tmp_path):
-    store, pool, finished, batcher, commits = _sqlite_pool(tmp_path, workers=2)
+def test_the_claim_inside_a_submit_leaves_waiting_outcomes_to_a_pass_after_its_commit(sq, tmp_path):
+    store, pool, batcher, commits = sq.store, sq.pool, sq.batcher, sq.commits
     real = store.finish_if_running
     finishes: list[tuple[int, int]] = []  # (thread, commits made) when each finish began
     store.finish_if_running = lambda *a, **kw: finishes.append((threading.get_ident(), len(commits))) or real(
         *a, **kw)
-    try:
-        first = _submit_through(batcher, args=[str(tmp_path / "out"), "a", 0.3], func="testjobs:span")
-        with pool._dispatch_lock:  # its worker cannot store its outcome: it leaves it waiting
-            deadline = time.monotonic() + 10
-            while pool._done.empty():
-                assert time.monotonic() < deadline, "the first job never ended"
-                time.sleep(0.01)
-        before = len(commits)
-        second = _submit_through(batcher)
-        assert (threading.get_ident(), before) not in finishes  # not inside the submit's transaction
+    first = _submit_through(batcher, args=[str(tmp_path / "out"), "a", 0.3], func="testjobs:span")
+    with pool._dispatch_lock:  # its worker cannot store its outcome: it leaves it waiting
         deadline = time.monotonic() + 10
-        while {store.get(first).state, store.get(second).state} != {State.SUCCEEDED}:
-            assert time.monotonic() < deadline, "an outcome was left behind"
+        while pool._done.empty():
+            assert time.monotonic() < deadline, "the first job never ended"
             time.sleep(0.01)
-    finally:
-        pool.stop(10)
-        store.close()
+    before = len(commits)
+    second = _submit_through(batcher)
+    assert (threading.get_ident(), before) not in finishes  # not inside the submit's transaction
+    deadline = time.monotonic() + 10
+    while {store.get(first).state, store.get(second).state} != {State.SUCCEEDED}:
+        assert time.monotonic() < deadline, "an outcome was left behind"
+        time.sleep(0.01)
