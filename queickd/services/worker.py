@@ -34,6 +34,7 @@ from ..store import Store
 from ..store.records import Finished, Minute
 from .job_run import run_job
 from .memory_gate import MemoryGate
+from .outcomes import log_pauses, store_one_by_one
 from .pool_size import PoolSize
 from .run_counts import RunCounts
 
@@ -438,39 +439,17 @@ class WorkerPool:
         return start, min(run_ats)
 
     def _isolate(self, outcomes: list[Outcome]) -> list[Outcome]:
-        """After a failed batch: apply outcomes one by one, so that one the store cannot take
-        (a bug, bad data) cannot hold up the others; such a one is recorded as dead with a
-        plain error. Returns those that still failed (the store itself is in trouble).
-
-        An error the store reports as its own (store.UNAVAILABLE: a lost connection, a
-        failing disk) is never an outcome's fault: isolating stops there and every outcome
-        not yet stored is kept, as it is, for the next pass (which reconnects)."""
-        left: list[Outcome] = []
-        for i, o in enumerate(outcomes):
-            for attempt in (o, Outcome.dead(o.job_id, {"type": "unstorable_outcome",
-                                                       "message": "the job's outcome could not be stored"},
-                                            o.workflow_run)):
-                try:
-                    report = self.store.finish_if_running([attempt], self._clock(), self._pause_after,
-                                                          self._pause_cooldown)
-                except self.store.UNAVAILABLE:
-                    return left + outcomes[i:]
-                except Exception:
-                    continue
-                self._busy -= 1
-                self._after_finish([attempt], report)
-                break
-            else:
-                left.append(o)
+        """After a failed batch: the outcomes stored one by one (outcomes.store_one_by_one);
+        returns those the store still could not take."""
+        stored, left = store_one_by_one(self.store, outcomes, self._clock, self._pause_after,
+                                        self._pause_cooldown)
+        for attempt, report in stored:
+            self._busy -= 1
+            self._after_finish([attempt], report)
         return left
 
     def _after_finish(self, finished: list[Outcome], report: Finished | None) -> None:
-        for p in report.paused if report else ():
-            err = p.last_error or {}
-            until = ("until 'queick resume' or a manual run" if p.probe_at is None else
-                     f"until a probe job in {p.probe_at - self._clock():.0f} s succeeds, 'queick resume' or a manual run")
-            log.warning("%s %s paused after %d failed runs in a row (last: %s: %s); its jobs wait "
-                        "%s", p.kind, p.name, p.failures, err.get("type"), err.get("message"), until)
+        log_pauses(report, self._clock())
         if report is not None and report.next_probe is not None:
             self._on_probe_at(report.next_probe)
         ok = sum(1 for o in finished if o.state == State.SUCCEEDED)
