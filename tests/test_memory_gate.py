@@ -8,10 +8,12 @@ import random
 from pathlib import Path
 
 import pytest
+from test_fate import make_job
 
 from queickd.core.job import State
 from queickd.core.policy import memory as mem
 from queickd.services import memory_gate as gate_mod
+from queickd.store.memory import MemoryStore
 
 MB = 1024 * 1024
 
@@ -149,3 +151,43 @@ def test_a_job_that_may_not_fit_starts_anyway_when_nothing_else_runs(start_daemo
         assert q.stats()["memory"]["deferred"] == {}
     assert (job["state"], job["attempts"]) == (State.SUCCEEDED, 1)
     d.wait_for_line(r"starts although it may not fit in memory")
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _gate_with_a_100mb_function(tree: Path) -> tuple[gate_mod.MemoryGate, _Clock]:
+    store = MemoryStore()
+    store.record_runs([("app:big", 100 * MB, 1.0, False, False)], 0.0)
+    clock = _Clock()
+    return gate_mod.MemoryGate(store, reserve_mb=0, root=str(tree), clock=clock), clock
+
+
+def _big(job_id: int):
+    return make_job(id=job_id, func="app:big")
+
+
+def test_a_fresh_reading_of_the_room_lets_the_next_passes_start_jobs_without_reading_it_again(tmp_path):
+    fake_tree(tmp_path, v2=(1000 * MB, 0, 0))
+    gate, clock = _gate_with_a_100mb_function(tmp_path)
+    assert gate.split([_big(1)], running_here=0) == ([_big(1)], [])
+    fake_tree(tmp_path, v2=(1000 * MB, 950 * MB, 0))  # the files say no room now
+    clock.now += gate_mod.ROOM_FRESH / 2
+    assert gate.split([_big(2)], running_here=1) == ([_big(2)], [])  # the reading, less job 1's 100 MB
+    clock.now += gate_mod.ROOM_FRESH
+    assert gate.split([_big(3)], running_here=2) == ([], [_big(3)])  # stale: read again, no room
+
+
+def test_a_reading_less_what_started_since_never_defers_a_job_without_a_look_at_the_room(tmp_path):
+    fake_tree(tmp_path, v2=(150 * MB, 0, 0))
+    gate, clock = _gate_with_a_100mb_function(tmp_path)
+    assert gate.split([_big(1)], running_here=0) == ([_big(1)], [])
+    fake_tree(tmp_path, v2=(1000 * MB, 0, 0))  # room appeared (job 1 ended, say)
+    clock.now += gate_mod.ROOM_FRESH / 2
+    # The reading less job 1's 100 MB leaves 50 MB: not trusted to defer, the files say 1000.
+    assert gate.split([_big(2)], running_here=1) == ([_big(2)], [])

@@ -20,6 +20,8 @@ import logging
 import os
 import random
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from ..core.job import Job
@@ -29,6 +31,11 @@ from ..run import cgroup_v1
 log = logging.getLogger("queickd.worker")
 
 DEFAULT_RESERVE_MB = 64.0
+# Seconds a reading of the room may serve the passes after it, less what the jobs they
+# started are expected to take, to let a job start; never to defer one (that is looked at
+# again). A pass read five files for every job that arrived alone (a tenth of a process
+# job's cost in the daemon); the room rarely changes faster than jobs start.
+ROOM_FRESH = 0.25
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -121,7 +128,8 @@ class MemoryGate:
     """Which claimed jobs may start now; the rest go back to the queue for a short while."""
 
     def __init__(self, store: Any, *, reserve_mb: float = DEFAULT_RESERVE_MB, max_rss_mb: float | None = None,
-                 root: str = "/", rng: random.Random | None = None) -> None:
+                 root: str = "/", rng: random.Random | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.reserve = reserve_mb * mem.MB
         self.max_rss = None if max_rss_mb is None else max_rss_mb * mem.MB
@@ -133,6 +141,9 @@ class MemoryGate:
         self._deferrals: dict[int, int] = {}  # job id -> times deferred
         self.deferred: dict[str, int] = {}  # reason -> count
         self.source = "none"
+        self._clock = clock
+        self._reading: tuple[float, float, float | None] | None = None  # (when, room, --max-rss room)
+        self._since = 0.0  # bytes expected by the jobs started since that reading
 
     def keeps(self, func: str) -> bool:
         """Is this function's history kept (so a thread run should measure itself)? Yes."""
@@ -165,6 +176,7 @@ class MemoryGate:
         later: list[Job] = []
         free: float | None = None
         rss_room: float | None = None
+        read_now = False  # free was read in this pass (not an earlier pass's reading)
         taken = 0.0
         for job in jobs:
             fp = self.footprint(job.func)
@@ -173,12 +185,11 @@ class MemoryGate:
                 start.append(job)
                 continue
             if free is None:
-                free, self.source = room(self.root)
-                free -= self.reserve
-                if self.max_rss is not None:
-                    rss = own_rss(self.root)
-                    rss_room = self.max_rss - rss if rss is not None else None
+                free, rss_room, read_now = self._room(reuse=True)
             d = mem.decide(need, free, taken, running_here + len(start), rss_room)
+            if not d.start and not read_now:  # an earlier reading never defers a job: look now
+                free, rss_room, read_now = self._room(reuse=False)
+                d = mem.decide(need, free, taken, running_here + len(start), rss_room)
             if d.start:
                 if d.reason == "alone":
                     log.info("job %d %s starts although it may not fit in memory (expected %.0f MB,"
@@ -190,7 +201,28 @@ class MemoryGate:
                 later.append(job)
                 with self._lock:
                     self.deferred[d.reason or "memory"] = self.deferred.get(d.reason or "memory", 0) + 1
+        if taken:
+            with self._lock:
+                self._since += taken
         return start, later
+
+    def _room(self, reuse: bool) -> tuple[float, float | None, bool]:
+        """(room less the reserve, room under --max-rss or None, read just now): an earlier
+        reading still fresh, less what started since, when `reuse`; else the files."""
+        now = self._clock()
+        with self._lock:
+            if reuse and self._reading is not None and now - self._reading[0] < ROOM_FRESH:
+                _, free, rss_room = self._reading
+                return (free - self._since, None if rss_room is None else rss_room - self._since, False)
+        free, self.source = room(self.root)
+        free -= self.reserve
+        rss_room = None
+        if self.max_rss is not None:
+            rss = own_rss(self.root)
+            rss_room = self.max_rss - rss if rss is not None else None
+        with self._lock:
+            self._reading, self._since = (now, free, rss_room), 0.0
+        return free, rss_room, True
 
     def backoffs(self, jobs: list[Job]) -> list[float]:
         """Each deferred job's wait (seconds), longer each time it is deferred."""
