@@ -67,6 +67,14 @@ def test_an_infinite_loop_is_killed_at_its_timeout_and_the_next_job_runs(runner)
     assert run(runner, "noop").ok
 
 
+def test_a_job_that_ignores_sigterm_is_killed_after_the_grace_and_its_watch_waits_without_spinning(runner):
+    began, cpu = time.monotonic(), time.thread_time()
+    r = run(runner, "deaf", limits=Limits(timeout=0.5))
+    took, cpu = time.monotonic() - began, time.thread_time() - cpu
+    assert r.error_type == "timeout" and 0.5 + KILL_GRACE <= took < 0.5 + KILL_GRACE + 1
+    assert cpu < 0.3  # the watching thread slept through the grace, it did not poll it
+
+
 def test_a_timeout_leaves_no_grandchild_behind_even_one_that_called_setsid(runner, tmp_path):
     pidfile = tmp_path / "pids"
     r = run(runner, "spawn_and_hang", str(pidfile), limits=Limits(timeout=1))
@@ -126,11 +134,15 @@ def test_a_nul_in_the_output_is_stored_escaped(runner):
 
 
 def test_the_child_sees_none_of_the_daemons_secrets_and_runs_in_a_fresh_directory_that_is_removed(
-        runner, monkeypatch):
+        monkeypatch):
     for name, value in (("QUEICKD_TOKEN", "secret"), ("QUEICKD_STORE", "postgresql://u:pw@db/q"),
                         ("DATABASE_URL", "postgresql://u:pw@db/q"), ("AWS_SECRET_ACCESS_KEY", "aws")):
         monkeypatch.setenv(name, value)
-    r = run(runner, "whoami")
+    sup = ZygoteSupervisor(JOBS)  # made after the secrets are set: they are in its environment
+    try:
+        r = run(ProcessRunner(sup, use_cgroup=False), "whoami")
+    finally:
+        sup.stop()
     env, cwd = r.result["env"], r.result["cwd"]
     assert not {"QUEICKD_TOKEN", "QUEICKD_STORE", "DATABASE_URL", "AWS_SECRET_ACCESS_KEY"} & env.keys()
     assert "postgresql://" not in repr(env)
@@ -142,7 +154,7 @@ def test_the_child_sees_none_of_the_daemons_secrets_and_runs_in_a_fresh_director
 def test_sandbox_env_passes_on_a_named_variable_but_never_a_queickd_one(monkeypatch, tmp_path):
     monkeypatch.setenv("APP_MODE", "edge")
     monkeypatch.setenv("QUEICKD_TOKEN", "secret")
-    env = child_env(str(tmp_path), ["APP_MODE", "QUEICKD_TOKEN"])
+    env = child_env(["APP_MODE", "QUEICKD_TOKEN"])
     assert env["APP_MODE"] == "edge" and "QUEICKD_TOKEN" not in env
 
 

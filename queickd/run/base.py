@@ -13,7 +13,7 @@ passes on an operator's cancel of a running job.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 from ..core.job import Job
@@ -48,13 +48,18 @@ class RunReport:
         return err
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Not dataclasses.asdict: it deep-copies every value, and a process job's child
+        # pays for each object it touches (its pages are copied from the zygote's).
+        return {name: getattr(self, name) for name in _FIELDS}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunReport:
         """The report from its to_dict() form (after JSON); unknown keys are ignored, so a
         newer runner's report still reads."""
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
+_FIELDS = tuple(f.name for f in fields(RunReport))
 
 
 class Runner(Protocol):

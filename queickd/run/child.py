@@ -12,6 +12,7 @@ read just before it exits. It never unpickles anything and never returns to its 
 
 from __future__ import annotations
 
+import _signal
 import ctypes
 import json
 import os
@@ -32,6 +33,29 @@ PR_SET_CHILD_SUBREAPER = 36
 _RLIMITS = {"as": resource.RLIMIT_AS, "cpu": resource.RLIMIT_CPU, "fsize": resource.RLIMIT_FSIZE,
             "nofile": resource.RLIMIT_NOFILE}
 _strict = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+# What the child sets back to the default before job code runs, as plain ints: the
+# signal module's wrapper would look each one up as an enum, and every object a child
+# touches costs it a copied page.
+_DEFAULT_SIGNALS = tuple(int(s) for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
+                                          signal.SIGPIPE))
+_SIG_DFL = int(signal.SIG_DFL)
+_stdio_ready = False  # the zygote opened sys.stdin/stdout/stderr on fds 0-2 as a child wants them
+
+
+def open_stdio() -> bool:
+    """sys.stdin, stdout and stderr on fds 0, 1 and 2, line-buffered, undecodable text
+    escaped. The zygote calls it once, so that its children, which take the zygote's
+    fds 0-2 over with /dev/null and the output pipe, need not open them again."""
+    global _stdio_ready
+    try:
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - fd 0 lives as long as the process
+        sys.stdout = open(1, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
+    except OSError:  # a descriptor is not open here: each child opens them itself
+        _stdio_ready = False
+        return False
+    _stdio_ready = True
+    return True
 
 
 _libc: list = []  # loaded once in the zygote; every forked child inherits it
@@ -50,13 +74,14 @@ def peak_memory() -> int | None:
     """This process's peak resident memory in bytes (VmHWM): its own, unlike wait4's
     ru_maxrss, which for a forked child starts from the parent's size at fork."""
     try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"VmHWM:"):
-                    return int(line.split()[1]) * 1024
+        fd = os.open("/proc/self/status", os.O_RDONLY)
+        try:
+            status = os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
+        return int(status.split(b"VmHWM:", 1)[1].split(None, 1)[0]) * 1024
     except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return None
 
 
 def cpu_time() -> float:
@@ -67,13 +92,16 @@ def cpu_time() -> float:
 def _lock_in(req: dict[str, Any], out_fd: int, rep_fd: int) -> None:
     os.setpgid(0, 0)
     signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_DFL)
+    for sig in _DEFAULT_SIGNALS:
+        _signal.signal(sig, _SIG_DFL)
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     for group in req.get("cgroups") or ():  # one on v2; one per hierarchy on v1
-        with open(os.path.join(group, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
+        fd = os.open(group + "/cgroup.procs", os.O_WRONLY)
+        try:
+            os.write(fd, b"%d" % os.getpid())
+        finally:
+            os.close(fd)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.dup2(out_fd, 1)
@@ -84,11 +112,13 @@ def _lock_in(req: dict[str, Any], out_fd: int, rep_fd: int) -> None:
         if value is not None:
             resource.setrlimit(_RLIMITS[name], (value, value))
     os.chdir(req["cwd"])
-    os.environ.clear()
-    os.environ.update(req["env"])
-    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - fd 0 lives as long as the process
-    sys.stdout = open(1, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
-    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
+    if "env_job" in req:  # the zygote holds the runner's environment: only this job's part
+        os.environ.update(req["env_job"])
+    else:
+        os.environ.clear()
+        os.environ.update(req["env"])
+    if not _stdio_ready:
+        open_stdio()
 
 
 def _judge(report: RunReport, value: Any, max_result: int) -> RunReport:
@@ -107,6 +137,18 @@ def _judge(report: RunReport, value: Any, max_result: int) -> RunReport:
                          f"limit of {max_result} bytes", None, permanent=True, runtime=report.runtime)
     report.result = value
     return report
+
+
+def warm_up() -> None:
+    """Run, in the zygote, the parts of a child's path that are safe to run here, until the
+    interpreter has specialised their code: a child then no longer writes to those code
+    objects (3.11 counts each call to a code object until it is specialised), and each page
+    a child writes is a page it copies from the zygote."""
+    for _ in range(16):
+        report = _judge(RunReport(True, None, runtime=0.0), {"k": [1, "v"]}, 1 << 20)
+        report.peak_memory, report.cpu_time = peak_memory(), cpu_time()
+        json.dumps(report.to_dict(), ensure_ascii=False).encode("utf-8", "backslashreplace")
+        time.monotonic()
 
 
 def run(req: dict[str, Any], out_fd: int, rep_fd: int, fn: Callable[..., Any]) -> NoReturn:

@@ -9,7 +9,8 @@ the cap, the report read from its own pipe, the wall-time deadline, and the memo
 (the child's RSS, or its cgroup's usage) while a memory limit is set. At a limit the
 child's process group gets SIGTERM (time) or SIGKILL (memory, output), and SIGKILL after
 the grace; the zygote kills and reaps whatever the job left behind before it reports the
-exit. What the child may see of the daemon's environment is `child_env`'s alone.
+exit. What the child may see of the daemon's environment is `child_env`'s alone (read
+once, when the runner is made), with `job_env`'s part of its own.
 Never forks, never decides a fate, never unpickles: the report is JSON.
 """
 
@@ -48,16 +49,21 @@ _PASSED_ENV = ("PATH", "LANG", "TZ")
 LIMIT_KINDS = ("timeout", "memory_limit", "output_limit")
 
 
-def child_env(job_dir: str, passthrough: Sequence[str] = (), creds_dir: str | None = None) -> dict[str, str]:
-    """The whole environment of a process job: PATH, LANG/LC_*, TZ, HOME and TMPDIR (its
-    fresh directory), the names --sandbox-env passes on, and its own credentials directory
-    when its function names credentials. Nothing else of the daemon's reaches it."""
+def child_env(passthrough: Sequence[str] = ()) -> dict[str, str]:
+    """What every process job's environment holds of the daemon's: PATH, LANG/LC_*, TZ and
+    the names --sandbox-env passes on. With `job_env`'s part, that is all a job sees."""
     env = {k: v for k, v in os.environ.items() if k in _PASSED_ENV or k.startswith("LC_")}
     env.setdefault("PATH", os.defpath)
     for name in passthrough:
         if name in os.environ and not name.startswith("QUEICKD_"):
             env[name] = os.environ[name]
-    env["HOME"] = env["TMPDIR"] = job_dir
+    return env
+
+
+def job_env(job_dir: str, creds_dir: str | None = None) -> dict[str, str]:
+    """One job's own part of its environment: HOME and TMPDIR (its fresh directory), and its
+    own credentials directory when its function names credentials."""
+    env = {"HOME": job_dir, "TMPDIR": job_dir}
     if creds_dir is not None:
         env["CREDENTIALS_DIRECTORY"] = creds_dir
     return env
@@ -74,6 +80,21 @@ def _rss(pid: int) -> int | None:
     return None
 
 
+class _ThreadIO:
+    """A worker thread's selector and wake-up pipe, kept from job to job (not made and
+    closed for each), closed when the thread ends and its thread-local goes."""
+
+    def __init__(self) -> None:
+        self.sel = selectors.DefaultSelector()
+        self.wake = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.sel.register(self.wake[0], selectors.EVENT_READ, "wake")
+
+    def __del__(self) -> None:
+        self.sel.close()
+        for fd in self.wake:
+            os.close(fd)
+
+
 class ProcessRunner:
     """Runs jobs in zygote children. Safe from many worker threads at once."""
 
@@ -82,6 +103,9 @@ class ProcessRunner:
         self.supervisor = supervisor
         self.passthrough_env = tuple(passthrough_env)
         self.kill_grace = kill_grace
+        # Read once: the daemon's environment does not change while it runs, and a look
+        # through all of it per job was a tenth of the daemon's part of a process job.
+        self.env = child_env(self.passthrough_env)
         self.cgroups = cgroup.JobCgroups.find() if use_cgroup else None
         # How memory limits hold here (cgroup v2, cgroup v1 or the RSS watch, and why):
         # what stats, /metrics, the status page and the start log say.
@@ -94,6 +118,7 @@ class ProcessRunner:
         # Cancels of jobs not (yet) watched here: a job cancelled while it waited for a worker
         # thread or its child. Job id -> when; kept CANCEL_KEPT seconds at most.
         self._cancelled: dict[int, float] = {}
+        self._local = threading.local()  # each worker thread's _ThreadIO
 
     def sweep(self) -> None:
         """At start: the per-job groups of a daemon that was killed with SIGKILL while its
@@ -173,7 +198,7 @@ class ProcessRunner:
         if limits.timeout is not None:  # CPU time cannot pass wall time; a backstop too
             rlimits["cpu"] = int(limits.timeout) + 2
         req = {"op": "run", "func": job.func, "args": job.args, "kwargs": job.kwargs,
-               "env": child_env(job_dir, self.passthrough_env, creds), "cwd": job_dir,
+               "env": self.env, "env_job": job_env(job_dir, creds), "cwd": job_dir,
                "rlimits": rlimits, "cgroups": list(cg.paths) if cg is not None else [], "max_result": max_out,
                "workflow_key": job.idempotency_key if job.workflow_run is not None else None}
         if len(job.args) + len(job.kwargs) and len(json.dumps([job.args, job.kwargs])) > INLINE_ARGS:
@@ -187,15 +212,20 @@ class ProcessRunner:
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
             rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
             try:
+                io = getattr(self._local, "io", None)
+                if io is None:
+                    io = self._local.io = _ThreadIO()
                 try:
-                    p = self.supervisor.submit(job.func, req, (out_w, rep_w))
+                    # A memory watch needs the child's pid as soon as it is known.
+                    p = self.supervisor.submit(job.func, req, (out_w, rep_w), wake=io.wake,
+                                               wake_on_pid=limits.memory_mb is not None)
                 except ZygoteUnavailableError as e:
                     return RunReport(False, None, "crashed", f"the job could not start: {e}", None,
                                      runtime=time.monotonic() - began)
                 finally:
                     os.close(out_w)
                     os.close(rep_w)
-                watch = _Watch(self, p, out_r, rep_r, limits, max_out, cg, began)
+                watch = _Watch(self, p, io.sel, out_r, rep_r, limits, max_out, cg, began)
                 with self._count_lock:
                     self._watches[job.id] = watch
                     cancelled = self._cancelled.pop(job.id, None) is not None
@@ -208,7 +238,7 @@ class ProcessRunner:
                         self._watches.pop(job.id, None)
                     self.supervisor.done(p)
                 left = watch.exit or {}
-                if watch.pid is not None or not ("zygote_died" in left or "stale" in left):
+                if p.pid is not None or not ("zygote_died" in left or "stale" in left):
                     return report
                 if "stale" in left:
                     self.supervisor.reload("an app module changed on disk")
@@ -221,22 +251,26 @@ class ProcessRunner:
 class _Watch:
     """One running child, watched until the zygote reports it reaped."""
 
-    def __init__(self, runner: ProcessRunner, p: Pending, out_r: int, rep_r: int, limits: Limits,
-                 max_out: int, cg: Any, began: float) -> None:
+    def __init__(self, runner: ProcessRunner, p: Pending, sel: selectors.BaseSelector, out_r: int, rep_r: int,
+                 limits: Limits, max_out: int, cg: Any, began: float) -> None:
         self.runner, self.p, self.limits, self.max_out, self.cg = runner, p, limits, max_out, cg
         self.began = began
         self.out, self.out_len, self.report = bytearray(), 0, bytearray()
-        self.pid: int | None = None
         self.killed: tuple[str, str] | None = None  # (error type, message)
         self.kill_at: float | None = None  # SIGKILL after the grace
         self.exit: dict[str, Any] | None = None
         self.peak_seen = 0
-        self.sel = selectors.DefaultSelector()
+        self.sel = sel  # the thread's, with its wake-up pipe registered
         os.set_blocking(out_r, False)
         os.set_blocking(rep_r, False)
-        self.sel.register(out_r, selectors.EVENT_READ, "out")
-        self.sel.register(rep_r, selectors.EVENT_READ, "rep")
-        self.sel.register(p.wake_r, selectors.EVENT_READ, "wake")
+        self.pipes = {out_r, rep_r}  # those not at their end yet
+        sel.register(out_r, selectors.EVENT_READ, "out")
+        sel.register(rep_r, selectors.EVENT_READ, "rep")
+
+    @property
+    def pid(self) -> int | None:
+        """The child's pid, once the zygote has said it (read when needed: it wakes no one)."""
+        return self.p.pid
 
     def run(self) -> RunReport:
         deadline = None if self.limits.timeout is None else self.began + self.limits.timeout
@@ -255,19 +289,22 @@ class _Watch:
                 if self.exit is not None:
                     break
                 now = time.monotonic()
-                if deadline is not None and now >= deadline and self.killed is None and self.pid:
-                    self._kill("timeout", f"the job ran past its timeout of {self.limits.timeout:g} s "
-                               f"(killed after {now - self.began:.1f} s)", signal.SIGTERM)
+                if deadline is not None and now >= deadline:
+                    deadline = None  # passed: no more waits for it (a wait of 0 would spin)
+                    if self.killed is None:  # a pid not known yet is killed as it comes
+                        self._kill("timeout", f"the job ran past its timeout of {self.limits.timeout:g} s "
+                                   f"(killed after {now - self.began:.1f} s)", signal.SIGTERM)
                 if self.kill_at is not None and now >= self.kill_at:
                     self._signal(signal.SIGKILL)
                     self.kill_at = None
                 if watch and self.pid is not None and self.killed is None:
                     self._watch_memory()
-            for key in list(self.sel.get_map().values()):  # what is in the pipes: never wait for EOF
-                if key.data != "wake":
-                    self._read(key.fd, key.data)
+            for key in [self.sel.get_key(fd) for fd in self.pipes]:  # what is in them: never wait for EOF
+                self._read(key.fd, key.data)
         finally:
-            self.sel.close()
+            for fd in self.pipes:
+                self.sel.unregister(fd)
+            self.pipes.clear()
         return self._report()
 
     # --- events ------------------------------------------------------------------------------
@@ -278,7 +315,6 @@ class _Watch:
             pass
         for msg in self.p.take():
             if "pid" in msg:
-                self.pid = msg["pid"]
                 if self.killed is not None:  # killed (cancelled) before its pid was known
                     self._signal(signal.SIGKILL)
             else:
@@ -294,6 +330,7 @@ class _Watch:
                 return
             if not data:
                 self.sel.unregister(fd)
+                self.pipes.discard(fd)
                 return
             if which == "out":
                 self.out_len += len(data)
@@ -323,13 +360,14 @@ class _Watch:
             self.kill_at = time.monotonic() + self.runner.kill_grace
 
     def _signal(self, sig: int) -> None:
-        if self.pid is None or self.exit is not None:
+        pid = self.p.want_pid()  # not known yet: its arrival wakes the loop, which kills then
+        if pid is None or self.exit is not None:
             return
         try:
-            os.killpg(self.pid, sig)
+            os.killpg(pid, sig)
         except ProcessLookupError:
             try:
-                os.kill(self.pid, sig)
+                os.kill(pid, sig)
             except ProcessLookupError:
                 pass
         if self.cg is not None and sig == signal.SIGKILL:

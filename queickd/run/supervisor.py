@@ -40,7 +40,10 @@ class ZygoteUnavailableError(RuntimeError):
 @dataclass
 class Pending:
     """One request to a zygote: the replies come to `replies`, and a byte to `wake_w` for
-    the worker thread's selector."""
+    the worker thread's selector. The child's pid is kept in `pid` as it arrives; it wakes
+    the thread only when `wake_on_pid` says the thread needs it at once (a memory watch, a
+    kill waiting for it): a wake-up less per job otherwise. `wake_r`/`wake_w` are the
+    caller's when it passed them (reused job after job), else this request's own."""
 
     id: int
     wake_r: int
@@ -48,14 +51,29 @@ class Pending:
     replies: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     zygote: Any = None  # the _Zygote it went to (a retired one finishes what it was given)
+    pid: int | None = None
+    wake_on_pid: bool = False
+    owns_wake: bool = True
 
     def post(self, msg: dict[str, Any]) -> None:
         with self.lock:
             self.replies.append(msg)
+            quiet = "pid" in msg and not self.wake_on_pid
+            if "pid" in msg:
+                self.pid = msg["pid"]
+        if quiet:
+            return
         try:
             os.write(self.wake_w, b"\0")
         except OSError:
             pass
+
+    def want_pid(self) -> int | None:
+        """The child's pid; if it has not come yet, its arrival will wake the thread."""
+        with self.lock:
+            if self.pid is None:
+                self.wake_on_pid = True
+            return self.pid
 
     def take(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -63,6 +81,8 @@ class Pending:
         return out
 
     def close(self) -> None:
+        if not self.owns_wake:
+            return
         for fd in (self.wake_r, self.wake_w):
             try:
                 os.close(fd)
@@ -210,25 +230,31 @@ class ZygoteSupervisor:
             old.retire()
 
     # --- jobs ----------------------------------------------------------------------------
-    def submit(self, func: str, msg: dict[str, Any], fds: Sequence[int]) -> Pending:
-        """Hand one job to the zygote; replies come to the returned Pending. Raises
-        ZygoteUnavailableError when no zygote can be had."""
+    def submit(self, func: str, msg: dict[str, Any], fds: Sequence[int], *, wake: tuple[int, int] | None = None,
+               wake_on_pid: bool = False) -> Pending:
+        """Hand one job to the zygote; replies come to the returned Pending. `wake`: the
+        caller's own non-blocking pipe for the wake-ups (else one is made for this job).
+        Raises ZygoteUnavailableError when no zygote can be had."""
         self.preload.add(func)
-        r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        r, w = wake if wake is not None else os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         with self._lock:
             self._ids += 1
-            p = Pending(self._ids, r, w)
+            p = Pending(self._ids, r, w, wake_on_pid=wake_on_pid, owns_wake=wake is None)
         msg = {**msg, "id": p.id}
-        z = self._current()
         try:
-            z.send(p, msg, fds)
+            z = self._current()
+            try:
+                z.send(p, msg, fds)
+            except ZygoteUnavailableError:
+                # It died just now, and its reader may not have seen it yet: once that is
+                # handled (the restart planned), once more with a new one. Not the job's
+                # fault: it has not started, so it must not fail for it.
+                if not z.gone.wait(START_TIMEOUT):
+                    raise
+                self._current().send(p, msg, fds)
         except ZygoteUnavailableError:
-            # It died just now, and its reader may not have seen it yet: once that is handled
-            # (the restart planned), once more with a new one. Not the job's fault: it has
-            # not started, so it must not fail for it.
-            if not z.gone.wait(START_TIMEOUT):
-                raise
-            self._current().send(p, msg, fds)
+            p.close()
+            raise
         return p
 
     def done(self, p: Pending) -> None:

@@ -6,8 +6,8 @@ a fork of it is safe. It talks to its supervisor (run/supervisor.py) over one AF
 SOCK_SEQPACKET socket (`--fd`), one JSON message per packet, with a job's output and
 report pipes passed alongside (SCM_RIGHTS):
 
-  -> {"op": "run", "id", "func", "args", "kwargs", "env", "cwd", "rlimits", "cgroups",
-      "max_result"} + [output fd, report fd]
+  -> {"op": "run", "id", "func", "args", "kwargs", "env", "env_job", "cwd", "rlimits",
+      "cgroups", "max_result"} + [output fd, report fd]
   <- {"id", "pid"}                      forked; the child runs (run/child.py)
   <- {"id", "report": {...}}            not forked: the function cannot be loaded
   <- {"id", "stale": true}              an app module changed on disk: start a new zygote
@@ -49,6 +49,7 @@ class Zygote:
         self.mtimes: dict[str, float] = {}  # app module files imported, at their import mtime
         self.retiring = False
         self._modules_seen = 0  # len(sys.modules) at the last _note_modules
+        self.env: dict[str, str] | None = None  # the runner's environment, once set here
 
     # --- imports -----------------------------------------------------------------------------
     def preload(self, funcs: list[str]) -> None:
@@ -67,6 +68,7 @@ class Zygote:
         if len(sys.modules) == self._modules_seen:
             return  # nothing imported since: the usual job
         self._modules_seen = len(sys.modules)
+        self.env = None  # an import may have changed the environment: the next job sets it again
         gc.freeze()
         for mod in list(sys.modules.values()):
             path = getattr(mod, "__file__", None)
@@ -159,6 +161,12 @@ class Zygote:
                 self.send({"id": req["id"], "report": report.to_dict()})
                 return
             self._note_modules()
+            if "env_job" in req and req["env"] != self.env:
+                # The runner's environment, the same for each of its jobs, held by this
+                # process: a child then sets only its own part (HOME, TMPDIR, ...).
+                os.environ.clear()
+                os.environ.update(req["env"])
+                self.env = req["env"]
             pid = os.fork()
             if pid == 0:
                 self.sock.close()
@@ -220,10 +228,14 @@ def _children() -> list[int]:
     """This process's children, from /proc."""
     me = os.getpid()
     try:
-        with open(f"/proc/{me}/task/{me}/children") as f:
-            return [int(p) for p in f.read().split()]
+        fd = os.open(f"/proc/{me}/task/{me}/children", os.O_RDONLY)
     except OSError:
         pass
+    else:
+        try:
+            return [int(p) for p in os.read(fd, 1 << 16).split()]
+        finally:
+            os.close(fd)
     out = []
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -249,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     if not child.prctl(child.PR_SET_CHILD_SUBREAPER, 1):
         print("queickd zygote: cannot become a subreaper; a job's setsid children may outlive it",
               file=sys.stderr, flush=True)
+    child.open_stdio()  # once here, not in each child
+    child.warm_up()
     sock = socket.socket(fileno=a.fd)
     z = Zygote(sock, FunctionLoader(a.app_dir, a.allow))
     z.preload(a.preload)

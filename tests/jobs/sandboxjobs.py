@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +22,13 @@ def whoami() -> dict:
 def spin() -> None:
     while True:
         pass
+
+
+def deaf() -> None:
+    """Ignores SIGTERM and waits: only the SIGKILL after the grace ends it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while True:
+        time.sleep(1)
 
 
 def hog() -> None:
