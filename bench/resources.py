@@ -1,6 +1,7 @@
 """Resource control's costs: end to end with groups and budgets configured but not binding
 against the same run without them (SQLite and PostgreSQL); the claim's cost from 10 to
-10,000 waiting jobs over 50 groups (it must not scan the queue); the adaptive pool's idle
+10,000 waiting jobs over 50 groups (it must not scan the queue; on PostgreSQL also the pages
+a claim reads, a figure the machine's load does not move); the adaptive pool's idle
 cost against a fixed pool of its maximum size.
 
     python -m bench.resources                 # everything, a few minutes
@@ -145,18 +146,33 @@ def e2e(store: str, n: int, constrained: bool, d: Path) -> float:
 
 
 # --- claim cost ------------------------------------------------------------------------------
-def claim_cost(store_url: str, waiting: int, limits: Any, full: bool, rounds: int) -> float:
-    """Microseconds per claim of 4 jobs with `waiting` jobs over 50 groups (limit 2);
-    `full`: every group already runs its limit, and ungrouped jobs come last."""
+# Pages of the store's tables and indexes this backend's transaction has read (hit or not):
+# PostgreSQL's per-transaction counters, flushed only between transactions, so the
+# difference across one claim in a batch is what that claim read, whatever the load.
+_BLOCKS = ("SELECT coalesce(sum(pg_stat_get_xact_blocks_fetched(oid)), 0)::bigint FROM pg_class"
+           " WHERE relnamespace = current_schema()::regnamespace")
+BUFFER_CLAIMS = 5  # claims counted for buffers after the timed ones (PostgreSQL)
+
+
+def claim_cost(store_url: str, waiting: int, limits: Any, full: bool, rounds: int) -> tuple[float, float | None]:
+    """(Microseconds per claim of 4 jobs, median buffers read per claim on PostgreSQL, else
+    None) with `waiting` jobs over 50 groups (limit 2); `full`: every group already runs its
+    limit, and ungrouped jobs come last."""
     from queickd.core.job import NewJob, Outcome, State
     from queickd.store import open_store
 
     s = open_store(store_url)
+    pg = store_url.startswith(("postgresql://", "postgres://"))
     try:
         now = time.time()
 
         def grouped(i: int) -> NewJob:
             return NewJob("benchjobs:noop", run_at=now, concurrency_group=f"g{i % GROUPS}", concurrency_limit=2)
+
+        def claimed(got: list) -> None:
+            s.finish_if_running([Outcome(j.id, State.SUCCEEDED) for j in got], now)
+            if not full:  # keep the queue as deep as it was
+                s.submit([grouped(j.id) for j in got], now)
 
         if full:
             s.submit([grouped(i) for i in range(2 * GROUPS)], now)
@@ -164,16 +180,22 @@ def claim_cost(store_url: str, waiting: int, limits: Any, full: bool, rounds: in
         for i in range(0, waiting, 1000):
             s.submit([grouped(j) for j in range(i, min(waiting, i + 1000))], now)
         if full:
-            s.submit([NewJob("benchjobs:noop", run_at=now) for _ in range(4 * rounds)], now)
+            s.submit([NewJob("benchjobs:noop", run_at=now) for _ in range(4 * (rounds + BUFFER_CLAIMS))], now)
         times = []
         for _ in range(rounds):
             t0 = time.perf_counter()
             got = s.claim_available(4, now, limits=limits)
             times.append(time.perf_counter() - t0)
-            s.finish_if_running([Outcome(j.id, State.SUCCEEDED) for j in got], now)
-            if not full:  # keep the queue as deep as it was
-                s.submit([grouped(j.id) for j in got], now)
-        return statistics.median(times) * 1e6
+            claimed(got)
+        buffers = []
+        for _ in range(BUFFER_CLAIMS if pg else 0):  # untimed: the counters' reads are round trips more
+            with s.batch():
+                c = s._conn()  # the batch's connection: the claim's backend
+                before = c.execute(_BLOCKS).fetchone()[0]
+                got = s.claim_available(4, now, limits=limits)
+                buffers.append(c.execute(_BLOCKS).fetchone()[0] - before)
+            claimed(got)
+        return statistics.median(times) * 1e6, statistics.median(buffers) if buffers else None
     finally:
         s.close()
 
@@ -240,10 +262,13 @@ def main(argv: list[str] | None = None) -> int:
                     costs[w] = claim_cost(url(f"c{w}{full}") if name == "SQLite" else pg, w, limits, full,
                                           claim_rounds)
                 what = "every group full, ungrouped jobs behind" if full else "groups with room"
+                us = {w: c[0] for w, c in costs.items()}
+                bufs = " / ".join(f"{c[1]:.0f}" for c in costs.values()) if costs[10][1] is not None else ""
                 print(f"| claim of 4, {what}: 10 / {GROUPS} / 1,000 / 10,000 waiting | {name} | "
-                      f"{costs[10]:.0f} / {costs[GROUPS]:.0f} / {costs[1000]:.0f} / {costs[10000]:.0f} us"
-                      f" ({costs[10000] / costs[10]:.2f}x from 10 to 10,000; {costs[10000] / costs[GROUPS]:.2f}x"
-                      f" from {GROUPS}, every group waiting) |")
+                      f"{us[10]:.0f} / {us[GROUPS]:.0f} / {us[1000]:.0f} / {us[10000]:.0f} us"
+                      f" ({us[10000] / us[10]:.2f}x from 10 to 10,000; {us[10000] / us[GROUPS]:.2f}x"
+                      f" from {GROUPS}, every group waiting)"
+                      + (f"; buffers read per claim (noise-free): {bufs}" if bufs else "") + " |")
         if "idle" not in only:
             return 0
         secs = 3.0 if a.quick else 10.0
