@@ -37,6 +37,7 @@ from .memory_gate import MemoryGate
 from .outcomes import log_pauses, store_one_by_one
 from .pool_size import PoolSize
 from .run_counts import RunCounts
+from .runqueue import RunQueue
 
 log = logging.getLogger("queickd.worker")
 
@@ -124,8 +125,9 @@ class WorkerPool:
         self._idle = threading.Event()  # set when stopping and nothing is running
         self._thread: threading.Thread | None = None
         # Claimed jobs for the worker threads; None tells one thread to exit. Plain threads
-        # on a SimpleQueue: a ThreadPoolExecutor's Future per job costs more than a no-op job.
-        self._runq: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        # on a run queue that wakes one of them per job (runqueue.py): a ThreadPoolExecutor's
+        # Future per job costs more than a no-op job.
+        self._runq: RunQueue[Job | None] = RunQueue()
         self._threads: list[threading.Thread] = []
         self.completed = 0  # counters written by the dispatcher only
         self.failed = 0
