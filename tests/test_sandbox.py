@@ -151,6 +151,16 @@ def test_the_child_sees_none_of_the_daemons_secrets_and_runs_in_a_fresh_director
     assert not os.path.exists(cwd)
 
 
+def test_a_job_directory_name_someone_else_took_is_never_used(runner, tmp_path):
+    runner._tmp = str(tmp_path)
+    squatted = tmp_path / f"queickd-job-4242-{os.getpid()}-{runner._dirs + 1}"  # the next name it would make
+    squatted.mkdir()
+    (squatted / "planted").write_text("x")
+    r = runner.run(make_job(id=4242, func="sandboxjobs:whoami"))
+    assert r.ok and r.result["cwd"] != str(squatted) and r.result["cwd"].startswith(str(tmp_path))
+    assert (squatted / "planted").read_text() == "x" and not os.path.exists(r.result["cwd"])
+
+
 def test_sandbox_env_passes_on_a_named_variable_but_never_a_queickd_one(monkeypatch, tmp_path):
     monkeypatch.setenv("APP_MODE", "edge")
     monkeypatch.setenv("QUEICKD_TOKEN", "secret")

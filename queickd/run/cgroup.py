@@ -43,8 +43,11 @@ def _own_cgroup() -> str | None:
 
 
 def _write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
+    fd = os.open(path, os.O_WRONLY)  # not open(): its text layer is most of a per-job group's cost
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 class JobCgroup:

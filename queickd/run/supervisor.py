@@ -30,6 +30,7 @@ log = logging.getLogger("queickd.sandbox")
 START_TIMEOUT = 30.0  # seconds a new zygote gets to import the job modules
 MAX_BACKOFF = 30.0
 STABLE_AFTER = 60.0  # a zygote alive this long resets the backoff
+MAX_REPLY = 1 << 20  # bytes of one message from the zygote (a report with its traceback)
 _ZYGOTE_ENV = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "HOME")
 
 
@@ -124,14 +125,15 @@ class _Zygote:
         return self.proc.pid
 
     def _read(self) -> None:
+        buf = bytearray(MAX_REPLY)  # one buffer for every message: recv(n) would allocate n bytes each
         while True:
             try:
-                data = self.sock.recv(1 << 20)
+                n = self.sock.recv_into(buf)
             except OSError:
-                data = b""
-            if not data:
+                n = 0
+            if not n:
                 break
-            msg = json.loads(data)
+            msg = json.loads(buf[:n])
             if "ready" in msg:
                 self.ready.set()
                 continue

@@ -25,6 +25,7 @@ than the import of job modules, and never unpickles.
 from __future__ import annotations
 
 import argparse
+import array
 import errno
 import gc
 import json
@@ -39,6 +40,7 @@ from . import capture, child
 from .loader import FunctionLoader
 
 MAX_PACKET = 1 << 22  # a request's JSON: arguments are bounded by the protocol's line limit
+_ANC_SPACE = socket.CMSG_SPACE(4 * array.array("i").itemsize)  # room for up to 4 descriptors
 
 
 class Zygote:
@@ -50,6 +52,7 @@ class Zygote:
         self.retiring = False
         self._modules_seen = 0  # len(sys.modules) at the last _note_modules
         self.env: dict[str, str] | None = None  # the runner's environment, once set here
+        self._buf = bytearray(MAX_PACKET)
 
     # --- imports -----------------------------------------------------------------------------
     def preload(self, funcs: list[str]) -> None:
@@ -125,17 +128,24 @@ class Zygote:
 
     def receive(self) -> bool:
         try:
-            data, fds, _, _ = socket.recv_fds(self.sock, MAX_PACKET, 4)
+            # Into one buffer kept for every request: socket.recv_fds allocates its whole
+            # size (4 MB) per call, pages this process would map, touch and unmap each job.
+            n, anc, _, _ = self.sock.recvmsg_into([self._buf], _ANC_SPACE)
         except InterruptedError:
             return True
         except OSError:
             return False
-        if not data:
+        got = array.array("i")
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                got.frombytes(data[:len(data) - len(data) % got.itemsize])
+        fds = list(got)
+        if not n:
             for fd in fds:
                 os.close(fd)
             return False
         try:
-            msg = json.loads(data)
+            msg = json.loads(self._buf[:n])
             if msg.get("op") == "retire":
                 self.retiring = True
             elif msg.get("op") == "run":
