@@ -165,7 +165,7 @@ class ProcessRunner:
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
-            return tempfile.mkdtemp(prefix=f"queickd-job-{job_id}-")
+            return tempfile.mkdtemp(prefix=f"queickd-job-{job_id}-", dir=self._tmp)
         return path
 
     def _was_cancelled(self, job_id: int) -> bool:
