@@ -5,7 +5,7 @@ its next finish; a thread run's outcome has none."""
 from __future__ import annotations
 
 from queickd.core.job import NewJob, Outcome, State
-from queickd.run.process import MAX_STORED_OUTPUT
+from queickd.run.watch import MAX_STORED_OUTPUT
 
 T0 = 1_700_000_000.0
 ERR = {"type": "ValueError", "message": "no"}

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from queickd.core.job import State
-from queickd.run.process import MAX_STORED_OUTPUT
+from queickd.run.watch import MAX_STORED_OUTPUT
 
 INDENT = " " * 18  # where `queick show` starts each line of a block
 

@@ -22,8 +22,9 @@ from queickd.core.fate import after_failure, after_success
 from queickd.core.job import State
 from queickd.core.sandbox import Limits
 from queickd.run import cgroup, cgroup_v1
-from queickd.run.process import KILL_GRACE, MAX_STORED_OUTPUT, ProcessRunner, child_env
+from queickd.run.process import KILL_GRACE, ProcessRunner, child_env
 from queickd.run.supervisor import ZygoteSupervisor
+from queickd.run.watch import MAX_STORED_OUTPUT
 
 JOBS = str(Path(__file__).parent / "jobs")
 

@@ -1,0 +1,226 @@
+"""One process job's child, watched from the worker thread that runs it until the zygote
+reports it reaped (run/process.py starts it): output drained as it comes (a child never
+blocks on a full pipe) and kept up to the cap, the report read from its own pipe, the
+wall-time deadline, and the memory watch (the child's RSS, or its cgroup's usage) while a
+memory limit is set. At a limit the child's process group gets SIGTERM (time) or SIGKILL
+(memory, output), and SIGKILL after the grace. What happened becomes the RunReport; the
+report is JSON, never unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import time
+from typing import Any
+
+from ..core.fate import clean
+from ..core.sandbox import Limits
+from .base import RunReport
+from .supervisor import Pending
+
+WATCH_INTERVAL = 0.02  # seconds between looks at a memory-limited child's RSS
+MAX_STORED_OUTPUT = 64 * 1024  # bytes of captured output kept with the job
+MAX_REPORT = 1 << 20  # bytes of report beyond the result's own cap (traceback, message)
+
+
+def _rss(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+class Watch:
+    """One running child, watched until the zygote reports it reaped."""
+
+    def __init__(self, p: Pending, sel: selectors.BaseSelector, out_r: int, rep_r: int,
+                 limits: Limits, max_out: int, cg: Any, began: float, kill_grace: float) -> None:
+        self.p, self.limits, self.max_out, self.cg = p, limits, max_out, cg
+        self.kill_grace = kill_grace
+        self.began = began
+        self.out, self.out_len, self.report = bytearray(), 0, bytearray()
+        self.killed: tuple[str, str] | None = None  # (error type, message)
+        self.kill_at: float | None = None  # SIGKILL after the grace
+        self.exit: dict[str, Any] | None = None
+        self.peak_seen = 0
+        self.sel = sel  # the thread's, with its wake-up pipe registered
+        os.set_blocking(out_r, False)
+        os.set_blocking(rep_r, False)
+        self.pipes = {out_r, rep_r}  # those not at their end yet
+        sel.register(out_r, selectors.EVENT_READ, "out")
+        sel.register(rep_r, selectors.EVENT_READ, "rep")
+
+    @property
+    def pid(self) -> int | None:
+        """The child's pid, once the zygote has said it (read when needed: it wakes no one)."""
+        return self.p.pid
+
+    def run(self) -> RunReport:
+        deadline = None if self.limits.timeout is None else self.began + self.limits.timeout
+        watch = self.limits.memory_mb is not None
+        try:
+            while self.exit is None:
+                now = time.monotonic()
+                waits = [t - now for t in (deadline, self.kill_at) if t is not None]
+                if watch and self.pid is not None:
+                    waits.append(WATCH_INTERVAL)
+                for key, _ in self.sel.select(max(0.0, min(waits)) if waits else None):
+                    if key.data == "wake":
+                        self._replies(key.fd)
+                    else:
+                        self._read(key.fd, key.data)
+                if self.exit is not None:
+                    break
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    deadline = None  # passed: no more waits for it (a wait of 0 would spin)
+                    if self.killed is None:  # a pid not known yet is killed as it comes
+                        self._kill("timeout", f"the job ran past its timeout of {self.limits.timeout:g} s "
+                                   f"(killed after {now - self.began:.1f} s)", signal.SIGTERM)
+                if self.kill_at is not None and now >= self.kill_at:
+                    self._signal(signal.SIGKILL)
+                    self.kill_at = None
+                if watch and self.pid is not None and self.killed is None:
+                    self._watch_memory()
+            for key in [self.sel.get_key(fd) for fd in self.pipes]:  # what is in them: never wait for EOF
+                self._read(key.fd, key.data)
+        finally:
+            for fd in self.pipes:
+                self.sel.unregister(fd)
+            self.pipes.clear()
+        return self._report()
+
+    # --- events ------------------------------------------------------------------------------
+    def _replies(self, fd: int) -> None:
+        try:
+            os.read(fd, 64)
+        except BlockingIOError:
+            pass
+        for msg in self.p.take():
+            if "pid" in msg:
+                if self.killed is not None:  # killed (cancelled) before its pid was known
+                    self._signal(signal.SIGKILL)
+            else:
+                self.exit = msg
+
+    def _read(self, fd: int, which: str) -> None:
+        """Everything the pipe holds now (it is non-blocking): never wait for its EOF, which
+        a grandchild holding the pipe could keep from coming."""
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            if not data:
+                self.sel.unregister(fd)
+                self.pipes.discard(fd)
+                return
+            if which == "out":
+                self.out_len += len(data)
+                room = self.max_out - len(self.out)
+                if room > 0:
+                    self.out += data[:room]
+                if self.out_len > self.max_out and self.killed is None:
+                    self._kill("output_limit", f"the job wrote more than its output limit of "
+                               f"{self.limits.output_kb} KB to stdout/stderr", signal.SIGKILL)
+            elif len(self.report) <= self.max_out + MAX_REPORT:
+                self.report += data
+
+    def _watch_memory(self) -> None:
+        used = self.cg.memory_peak() if self.cg is not None else _rss(self.pid)  # type: ignore[arg-type]
+        if used is None:
+            return
+        self.peak_seen = max(self.peak_seen, used)
+        limit = self.limits.memory_mb << 20  # type: ignore[operator]
+        if self.cg is None and used > limit:
+            self._kill("memory_limit", f"the job used {used >> 20} MB, over its memory limit of "
+                       f"{self.limits.memory_mb} MB", signal.SIGKILL)
+
+    def _kill(self, kind: str, message: str, sig: int) -> None:
+        self.killed = (kind, message)
+        self._signal(sig)
+        if sig == signal.SIGTERM:
+            self.kill_at = time.monotonic() + self.kill_grace
+
+    def _signal(self, sig: int) -> None:
+        pid = self.p.want_pid()  # not known yet: its arrival wakes the loop, which kills then
+        if pid is None or self.exit is not None:
+            return
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        if self.cg is not None and sig == signal.SIGKILL:
+            self.cg.kill()
+
+    # --- the report --------------------------------------------------------------------------
+    def _report(self) -> RunReport:
+        runtime = time.monotonic() - self.began
+        exit_msg = self.exit or {}
+        output = self._output()
+        if "report" in exit_msg:  # the zygote could not load the function: nothing was forked
+            r = RunReport.from_dict(exit_msg["report"])
+            r.runtime = runtime
+            return r
+        cpu = exit_msg.get("cpu")
+        if self.cg is not None and self.limits.memory_mb is not None:
+            # The group's own high-water mark: the look every 20 ms may have missed the last rise.
+            self.peak_seen = max(self.peak_seen, self.cg.memory_peak() or 0)
+        if (self.cg is not None and self.limits.memory_mb is not None and self.killed is None
+                and self.cg.oom_killed()):
+            self.killed = ("memory_limit", f"the job went over its memory limit of {self.limits.memory_mb} "
+                           f"MB (peak {(self.cg.memory_peak() or 0) >> 20} MB in its cgroup)")
+        if self.killed is not None:
+            kind, message = self.killed
+            r = RunReport(False, None, kind, message, None, runtime=runtime, cpu_time=cpu,
+                          peak_memory=self.peak_seen or None)
+        elif "zygote_died" in exit_msg:
+            r = RunReport(False, None, "crashed", "the zygote died while the job ran "
+                          f"(exit status {exit_msg['zygote_died']})", None, runtime=runtime)
+        else:
+            r = self._parse(exit_msg, runtime, cpu)
+        if r.error_type == "MemoryError" and self.limits.memory_mb is not None:
+            r.error_type = "memory_limit"
+            r.error_message = (f"the job ran out of memory under its limit of {self.limits.memory_mb} MB "
+                               f"({r.error_message or 'MemoryError'})")
+        r.output = output  # kept with the job whatever its fate
+        return r
+
+    def _parse(self, exit_msg: dict[str, Any], runtime: float, cpu: float | None) -> RunReport:
+        status = exit_msg.get("exit", 0)
+        code = os.waitstatus_to_exitcode(status) if isinstance(status, int) else -1
+        if self.report:
+            try:
+                r = RunReport.from_dict(json.loads(bytes(self.report)))
+            except (ValueError, TypeError) as e:
+                return RunReport(False, None, "crashed", f"the job's report is not readable ({e}); "
+                                 f"exit code {code}", None, runtime=runtime, cpu_time=cpu)
+            r.runtime = r.runtime or runtime
+            if r.cpu_time is None:
+                r.cpu_time = cpu
+            return r
+        how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        return RunReport(False, None, "crashed", f"the job's process {how} without a report", None,
+                         runtime=runtime, cpu_time=cpu)
+
+    def _output(self) -> str | None:
+        """What the job wrote, as it is stored: its first MAX_STORED_OUTPUT bytes as text (a
+        NUL escaped, as PostgreSQL text holds none), with a marker when more was written;
+        None when it wrote nothing."""
+        if not self.out_len:
+            return None
+        kept = bytes(self.out[:MAX_STORED_OUTPUT])
+        text = clean(kept.decode("utf-8", "backslashreplace")).replace("\x00", "\\x00")
+        if self.out_len > len(kept):
+            text += f"\n[… {self.out_len} bytes in all; the first {len(kept)} kept]"
+        return text
