@@ -152,6 +152,14 @@ def test_the_child_sees_none_of_the_daemons_secrets_and_runs_in_a_fresh_director
     assert not os.path.exists(cwd)
 
 
+def test_the_zygote_imports_neither_http_client_nor_ssl():
+    # Every forked child maps and tears down what the zygote holds: those two are 6 MB.
+    out = subprocess.run([sys.executable, "-c", "import sys, queickd.run.zygote; print(sorted(m for m in "
+                          "('http.client', 'ssl', 'urllib.error', 'email.parser') if m in sys.modules))"],
+                         capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent)
+    assert out.stdout.strip() == "[]"
+
+
 def test_a_job_directory_name_someone_else_took_is_never_used(runner, tmp_path):
     runner._tmp = str(tmp_path)
     squatted = tmp_path / f"queickd-job-4242-{os.getpid()}-{runner._dirs + 1}"  # the next name it would make

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import http.client
 import json
 import random
 import socket
+import sys
 import traceback
-import urllib.error
 from typing import TYPE_CHECKING, Any
 
 from . import retry as retry_mod
@@ -40,10 +39,20 @@ _NETWORK_ERRNOS = frozenset(
     )
     if hasattr(errno, name)
 )
-_NETWORK_TYPES = (
-    ConnectionError, TimeoutError, socket.gaierror, socket.herror, urllib.error.URLError,
-    http.client.RemoteDisconnected, http.client.IncompleteRead, http.client.BadStatusLine,
-)
+_NETWORK_TYPES = (ConnectionError, TimeoutError, socket.gaierror, socket.herror)
+# And, from modules this one does not import (http.client brings ssl and email: 6 MB of a
+# process job's zygote, which each forked child maps and tears down): looked up where a job
+# has imported them, as a job whose exception is one of theirs has.
+_HTTP_NETWORK = ("RemoteDisconnected", "IncompleteRead", "BadStatusLine")
+
+
+def _network_types() -> tuple[type[BaseException], ...]:
+    types = _NETWORK_TYPES
+    if (ue := sys.modules.get("urllib.error")) is not None:
+        types += (ue.URLError,)
+    if (hc := sys.modules.get("http.client")) is not None:
+        types += tuple(getattr(hc, name) for name in _HTTP_NETWORK)
+    return types
 
 
 def is_network_error(exc: BaseException) -> bool:
@@ -52,10 +61,12 @@ def is_network_error(exc: BaseException) -> bool:
     A plain OSError counts only with a network errno (a missing file is not a network)."""
     seen = 0
     e: BaseException | None = exc
+    types = _network_types()
+    ue = sys.modules.get("urllib.error")
     while e is not None and seen < 8:
-        if isinstance(e, urllib.error.HTTPError):
+        if ue is not None and isinstance(e, ue.HTTPError):
             return False  # the server answered: that is not a network failure
-        if isinstance(e, _NETWORK_TYPES):
+        if isinstance(e, types):
             return True
         if isinstance(e, OSError) and e.errno in _NETWORK_ERRNOS:
             return True
