@@ -59,19 +59,25 @@ def _check(store, run_ids: list[int], expected: list[tuple[dict, list]], keys_lo
 
 
 def _wait_for_a_step_job(q, rng: random.Random, run_ids: list[int]) -> bool:
-    """Wait for a random unfinished step job of a random running run to finish; False if
-    every run has ended."""
-    running = [r for r in run_ids if q.workflow_get(r)["state"] == "running"]
-    if not running:
-        return False
-    status = q.workflow_get(rng.choice(running))
-    jobs = [(j["state"], j["job_id"]) for s in status["steps"] for j in s["jobs"] if j["state"] in ("queued", "running")]
-    # A running one if there is one: it ends within a step's hold, so the kills come while
-    # most of the work is still ahead, however fast the daemon gets through the rest.
-    pick = [i for st, i in jobs if st == "running"] or [i for _, i in jobs]
-    if pick:
-        q.wait(rng.choice(pick), 30)
-    return True
+    """Wait for a random running step job to finish; False if every run has ended.
+
+    Only a running one: it ends within a step's hold, so the kills come while most of the
+    work is still ahead, however fast the daemon gets through the rest. Right after a
+    restart nothing may run yet (the orphans are back in the queue): a queued job picked
+    then could be far back in it, and the runs could all end before the next kills. So it
+    waits, briefly, for one to start."""
+    deadline = time.monotonic() + 30
+    while True:
+        running = [r for r in run_ids if q.workflow_get(r)["state"] == "running"]
+        if not running:
+            return False
+        pick = [j["job_id"] for r in running for s in q.workflow_get(r)["steps"] for j in s["jobs"]
+                if j["state"] == "running"]
+        if pick:
+            q.wait(rng.choice(pick), 30)
+            return True
+        assert time.monotonic() < deadline, "no step job started within 30 s"
+        time.sleep(0.02)
 
 
 def _wait_until_it_ran_a_step(log, pid: int, timeout: float = 30.0) -> None:
