@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from . import cgroup_v1
+from .cgroup_v1 import write as _write
 
 PIDS_MAX = 512  # processes one job may have at once
 
@@ -40,14 +41,6 @@ def _own_cgroup() -> str | None:
             if line.startswith("0::"):
                 return os.path.join(mount, line[3:].strip().lstrip("/"))
     return None
-
-
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY)  # not open(): its text layer is most of a per-job group's cost
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
 
 
 class JobCgroup:

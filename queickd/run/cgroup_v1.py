@@ -24,7 +24,8 @@ _JOB_GROUP = re.compile(r"job-\d+-(\d+)-\d+")  # job-<job id>-<daemon pid>-<n>, 
 OPTIONAL = ("freezer",)  # a race-free kill when mounted
 
 
-def _write(path: str, text: str) -> None:
+def write(path: str, text: str) -> None:
+    """Write a cgroup control file (v1's and v2's alike)."""
     fd = os.open(path, os.O_WRONLY)  # not open(): its text layer is most of a per-job group's cost
     try:
         os.write(fd, text.encode())
@@ -191,7 +192,7 @@ class JobCgroupV1:
             return False
         path = os.path.join(freezer, "freezer.state")
         try:
-            _write(path, state)
+            write(path, state)
         except OSError:
             return False
         for _ in range(200):  # FREEZING until every task has stopped: milliseconds
@@ -272,15 +273,15 @@ class JobCgroupsV1:
                 os.mkdir(path)
             if memory_mb is not None:
                 limit = str(memory_mb << 20)
-                _write(os.path.join(g.path, "memory.limit_in_bytes"), limit)
+                write(os.path.join(g.path, "memory.limit_in_bytes"), limit)
                 # memory+swap at the memory limit: no swap. It may never be below
                 # limit_in_bytes, so it is written after it.
                 try:
-                    _write(os.path.join(g.path, "memory.memsw.limit_in_bytes"), limit)
+                    write(os.path.join(g.path, "memory.memsw.limit_in_bytes"), limit)
                 except OSError:  # no swap accounting (swapaccount=0): reclaim at the limit then never swaps
                     with contextlib.suppress(OSError):
-                        _write(os.path.join(g.path, "memory.swappiness"), "0")
-            _write(os.path.join(g.groups["pids"], "pids.max"), str(self.pids_max))
+                        write(os.path.join(g.path, "memory.swappiness"), "0")
+            write(os.path.join(g.groups["pids"], "pids.max"), str(self.pids_max))
         except OSError:
             g.remove()
             raise
