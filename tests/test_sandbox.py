@@ -6,6 +6,7 @@ started once per module; the limits are the real ones (signals, RSS, pipes)."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -161,8 +162,8 @@ def test_the_zygote_imports_neither_http_client_nor_ssl():
 
 
 def test_a_job_directory_name_someone_else_took_is_never_used(runner, tmp_path):
-    runner._tmp = str(tmp_path)
-    squatted = tmp_path / f"queickd-job-4242-{os.getpid()}-{runner._dirs + 1}"  # the next name it would make
+    runner._tmp, runner._dirs = str(tmp_path), itertools.count(7)
+    squatted = tmp_path / f"queickd-job-4242-{os.getpid()}-7"  # the next name it would make
     squatted.mkdir()
     (squatted / "planted").write_text("x")
     r = runner.run(make_job(id=4242, func="sandboxjobs:whoami"))

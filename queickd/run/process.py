@@ -12,6 +12,7 @@ Never forks, never decides a fate, never unpickles: the report is JSON.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -102,7 +103,7 @@ class ProcessRunner:
         self._cancelled: dict[int, float] = {}
         self._local = threading.local()  # each worker thread's _ThreadIO
         self._tmp = tempfile.gettempdir()
-        self._dirs = 0  # job directories made (their names' counter)
+        self._dirs = itertools.count(1)  # the job directories' names (next() is atomic)
 
     def sweep(self) -> None:
         """At start: the per-job groups of a daemon that was killed with SIGKILL while its
@@ -134,16 +135,13 @@ class ProcessRunner:
                 self._cancelled = {j: t for j, t in self._cancelled.items() if now - t < CANCEL_KEPT}
                 self._cancelled[job_id] = now
         if watch is not None:
-            watch._kill("cancelled", "cancelled by an operator while it ran", signal.SIGKILL)
+            watch.kill("cancelled", "cancelled by an operator while it ran", signal.SIGKILL)
 
     def _job_dir(self, job_id: int) -> str:
         """A fresh directory for one job, made by mkdir (0700): it fails rather than take one
         that exists, so a name made here from the pid and a counter is as safe as mkdtemp's
         random one, at a fraction of its cost; a name taken by someone else gets mkdtemp's."""
-        with self._count_lock:
-            self._dirs += 1
-            n = self._dirs
-        path = os.path.join(self._tmp, f"queickd-job-{job_id}-{os.getpid()}-{n}")
+        path = os.path.join(self._tmp, f"queickd-job-{job_id}-{os.getpid()}-{next(self._dirs)}")
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
@@ -228,7 +226,7 @@ class ProcessRunner:
                     self._watches[job.id] = watch
                     cancelled = self._cancelled.pop(job.id, None) is not None
                 if cancelled:  # between the start of run() and now
-                    watch._kill("cancelled", "cancelled by an operator as it started", signal.SIGKILL)
+                    watch.kill("cancelled", "cancelled by an operator as it started", signal.SIGKILL)
                 try:
                     report = watch.run()
                 finally:

@@ -82,7 +82,7 @@ class Watch:
                 if deadline is not None and now >= deadline:
                     deadline = None  # passed: no more waits for it (a wait of 0 would spin)
                     if self.killed is None:  # a pid not known yet is killed as it comes
-                        self._kill("timeout", f"the job ran past its timeout of {self.limits.timeout:g} s "
+                        self.kill("timeout", f"the job ran past its timeout of {self.limits.timeout:g} s "
                                    f"(killed after {now - self.began:.1f} s)", signal.SIGTERM)
                 if self.kill_at is not None and now >= self.kill_at:
                     self._signal(signal.SIGKILL)
@@ -128,7 +128,7 @@ class Watch:
                 if room > 0:
                     self.out += data[:room]
                 if self.out_len > self.max_out and self.killed is None:
-                    self._kill("output_limit", f"the job wrote more than its output limit of "
+                    self.kill("output_limit", f"the job wrote more than its output limit of "
                                f"{self.limits.output_kb} KB to stdout/stderr", signal.SIGKILL)
             elif len(self.report) <= self.max_out + MAX_REPORT:
                 self.report += data
@@ -140,10 +140,10 @@ class Watch:
         self.peak_seen = max(self.peak_seen, used)
         limit = self.limits.memory_mb << 20  # type: ignore[operator]
         if self.cg is None and used > limit:
-            self._kill("memory_limit", f"the job used {used >> 20} MB, over its memory limit of "
+            self.kill("memory_limit", f"the job used {used >> 20} MB, over its memory limit of "
                        f"{self.limits.memory_mb} MB", signal.SIGKILL)
 
-    def _kill(self, kind: str, message: str, sig: int) -> None:
+    def kill(self, kind: str, message: str, sig: int) -> None:
         self.killed = (kind, message)
         self._signal(sig)
         if sig == signal.SIGTERM:
