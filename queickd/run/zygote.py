@@ -174,7 +174,7 @@ class Zygote:
                 self.send({"id": req["id"], "report": report.to_dict()})
                 return
             self._note_modules()
-            if "env_job" in req and req["env"] != self.env:
+            if req["env"] != self.env:
                 # The runner's environment, the same for each of its jobs, held by this
                 # process: a child then sets only its own part (HOME, TMPDIR, ...).
                 os.environ.clear()
