@@ -1,11 +1,14 @@
 """The `sandbox` scenario: what running jobs in processes costs (`python -m bench.sandbox`).
 
 Rows, in one run, printed as a table with their ratios:
-  * e2e: N `benchjobs.append_byte` jobs end to end with 4 workers, `isolation=process` vs
-    `thread` on the same daemon (SQLite, durability full), rounds alternating; and huey
-    3.5.4's process consumer (`huey_consumer -w 4 -k process`, SqliteHuey fsync=True) on
-    the same machine, when a virtualenv holding it is given (--huey-venv or $BENCH_HUEY_VENV).
-    Done = the file holds N bytes (one per job), for both.
+  * e2e: N `benchjobs.append_byte` jobs end to end with 4 workers (SQLite, durability
+    full), rounds alternating: `isolation=process` with one enqueue per job, the row
+    compared with huey 3.5.4's process consumer (`huey_consumer -w 4 -k process`,
+    SqliteHuey fsync=True; its client calls the task once per job), when a virtualenv
+    holding it is given (--huey-venv or $BENCH_HUEY_VENV); and, labelled batched,
+    `isolation=process` vs `thread` on the same daemon from enqueue_many x1000 (what a
+    process costs over a thread, the enqueues out of the way). Done = the file holds N
+    bytes (one per job), for every target.
   * start latency: single jobs one after the other; enqueue -> start p50/p95 from the job
     record (created_at -> started_at, the daemon's clock), process vs thread.
   * CPU per job: the daemon's and the zygote's CPU time (the zygote's reaped children,
@@ -129,16 +132,22 @@ class Daemon:
         self.proc.wait(10)
 
 
-def queickd_e2e(d: Daemon, tmp: Path, n: int, isolation: str) -> tuple[float, float]:
-    """(jobs a second, CPU seconds per job of the daemon and the zygote with its children)."""
+def queickd_e2e(d: Daemon, tmp: Path, n: int, isolation: str, batched: bool = True) -> tuple[float, float]:
+    """(jobs a second, CPU seconds per job of the daemon and the zygote with its children).
+    batched: enqueue_many in chunks of 1,000; else one enqueue per job, as huey's client
+    calls its task once per job (the row compared with huey)."""
     path = tmp / f"e2e-{isolation}-{time.monotonic_ns()}"
     jobs = [JobQueue.job("benchjobs:append_byte", [str(path)], isolation=isolation) for _ in range(n)]
     with d.client() as q:
         zygote = q.stats()["sandbox"]["zygote"]["pid"]
         cpu = _cpu(d.proc.pid) + (_cpu(zygote) if zygote else 0.0)
         began = time.perf_counter()
-        for i in range(0, n, 1000):
-            q.enqueue_many(jobs[i:i + 1000])
+        if batched:
+            for i in range(0, n, 1000):
+                q.enqueue_many(jobs[i:i + 1000])
+        else:
+            for _ in range(n):
+                q.enqueue("benchjobs:append_byte", [str(path)], isolation=isolation)
         _wait_bytes(path, n, 600)
         rate = n / (time.perf_counter() - began)
         time.sleep(0.2)  # the last jobs' reaping and bookkeeping
@@ -231,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                         rate, c = queickd_e2e(d, tmp, a.jobs, iso)
                         rows.setdefault(f"{name} {iso}".strip(), []).append(rate)
                         cpu.setdefault(f"{name} {iso}".strip(), []).append(c)
+                    rate, _ = queickd_e2e(d, tmp, a.jobs, "process", batched=False)
+                    rows.setdefault(f"{name} process-single".strip(), []).append(rate)
                 if a.huey_venv:
                     rows.setdefault("huey", []).append(huey_e2e(Path(a.huey_venv), tmp, a.jobs))
                 if a.fork_floor:
@@ -248,20 +259,23 @@ def main(argv: list[str] | None = None) -> int:
     med = {k: statistics.median(v) for k, v in rows.items() if v}
     out: list[tuple[str, str, str]] = []
     for name in names:
-        th, pr = f"{name} thread".strip(), f"{name} process".strip()
+        th, pr, ps = f"{name} thread".strip(), f"{name} process".strip(), f"{name} process-single".strip()
         label = f" ({name})" if name else ""
         out += [
-            (f"e2e append_byte, 4 workers, thread{label}", f"{med[th]:.0f} jobs/s", ""),
-            (f"e2e append_byte, 4 workers, process{label}", f"{med[pr]:.0f} jobs/s",
+            (f"e2e append_byte, 4 workers, one enqueue per job, process{label}", f"{med[ps]:.0f} jobs/s", ""),
+            (f"batched: e2e, enqueue_many x1000, 4 workers, thread{label}", f"{med[th]:.0f} jobs/s", ""),
+            (f"batched: e2e, enqueue_many x1000, 4 workers, process{label}", f"{med[pr]:.0f} jobs/s",
              f"{med[pr] / med[th]:.2f}x thread"),
             (f"CPU per job, thread / process{label}",
              f"{statistics.median(cpu[th]) * 1e3:.2f} / {statistics.median(cpu[pr]) * 1e3:.2f} ms",
              "daemon + zygote + its children"),
         ]
         if "huey" in med:
-            out.append((f"process / huey{label}", "", f"{med[pr] / med['huey']:.2f}x (target >= 2)"))
+            out.append((f"process / huey, both one enqueue per job{label}", "",
+                        f"{med[ps] / med['huey']:.2f}x (target >= 2)"))
         if floor:
-            out.append((f"process / fork floor{label}", "", f"{med[pr] / statistics.median(f[0] for f in floor):.2f}x"))
+            out.append((f"process (batched) / fork floor{label}", "",
+                        f"{med[pr] / statistics.median(f[0] for f in floor):.2f}x"))
         if lat.get(th) and lat.get(pr):
             p50 = {k: statistics.median(x[0] for x in lat[k]) for k in (th, pr)}
             p95 = {k: statistics.median(x[1] for x in lat[k]) for k in (th, pr)}
@@ -273,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         if name in idle:
             out.append((f"zygote wake-ups while idle{label}", f"{idle[name]:.1f} /min", "(target <= 1)"))
     if "huey" in med:
-        out.append(("huey 3.5.4 -k process -w 4", f"{med['huey']:.0f} jobs/s", ""))
+        out.append(("huey 3.5.4 -k process -w 4, one task call per job", f"{med['huey']:.0f} jobs/s", ""))
     if floor:
         out.append(("fork floor: fork + _exit + waitpid, small Python",
                     f"{statistics.median(f[0] for f in floor):.0f} /s",

@@ -127,7 +127,7 @@ class WorkerPool:
         # on a SimpleQueue: a ThreadPoolExecutor's Future per job costs more than a no-op job.
         # (It wakes a second idle thread per put, which finds nothing: a lone job starts
         # 0.1-0.2 ms later for it. A queue that woke one thread per job doubled the context
-        # switches per job under a backlog, 4.6 -> 9.5, and cost 20% of the batched rate.)
+        # switches per job under a backlog, 4.6 -> 9.5, and cost 15-20% of the batched rate.)
         self._runq: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self.completed = 0  # counters written by the dispatcher only
