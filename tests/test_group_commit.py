@@ -34,9 +34,8 @@ SHIM_SOURCE = Path(__file__).resolve().parent.parent / "bench" / "slowfsync.c"
 CLIENTS, PER_CLIENT = 16, 25
 
 
-@pytest.fixture
-def slow_fsync(tmp_path):
-    """The environment that slows every fsync/fdatasync of a process by 5 ms and counts
+def _slowed(tmp_path: Path, ms: int) -> tuple[dict[str, str], Path]:
+    """The environment that slows every fsync/fdatasync of a process by `ms` and counts
     them (one byte per call in the returned file)."""
     cc = shutil.which("cc")
     if cc is None:
@@ -44,7 +43,13 @@ def slow_fsync(tmp_path):
     lib = tmp_path / "slowfsync.so"
     subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(lib), str(SHIM_SOURCE), "-ldl"], check=True)
     count = tmp_path / "fsyncs"
-    return {"LD_PRELOAD": str(lib), "SLOW_FSYNC_MS": "5", "SLOW_FSYNC_COUNT": str(count)}, count
+    return {"LD_PRELOAD": str(lib), "SLOW_FSYNC_MS": str(ms), "SLOW_FSYNC_COUNT": str(count)}, count
+
+
+@pytest.fixture
+def slow_fsync(tmp_path):
+    """An SD card's fsync: 5 ms."""
+    return _slowed(tmp_path, 5)
 
 
 def _fsyncs(count: Path) -> int:
@@ -159,3 +164,30 @@ def test_after_a_shared_commit_the_committer_waits_briefly_for_its_acked_clients
     back.join(10)
     b.stop()
     assert b.commits == 2  # C waited for B's return instead of committing alone
+
+
+def test_a_lone_job_starts_while_its_commit_is_flushed_and_its_ack_waits_for_the_flush(start_daemon, tmp_path):
+    env, count = _slowed(tmp_path, 400)  # a very slow disk: the flush is the long part
+    d = start_daemon(None, "--durability", "full", workers=1, env=env)
+    out = tmp_path / "ran.txt"
+    with d.client() as q:
+        q.stats()  # connected before the clock starts
+        acked = threading.Event()
+        took: list[float] = []
+
+        def enqueue() -> None:
+            t0 = time.monotonic()
+            q.enqueue("testjobs:append", args=[str(out), "ran"])
+            took.append(time.monotonic() - t0)
+            acked.set()
+
+        sender = threading.Thread(target=enqueue)
+        sender.start()
+        deadline = time.monotonic() + 10
+        while not out.exists():  # the job runs ...
+            assert time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.005)
+        started_before_ack = not acked.is_set()  # ... before the client has its ack
+        sender.join(10)
+    assert started_before_ack
+    assert took and took[0] >= 0.4  # the ack came after a (slowed) flush

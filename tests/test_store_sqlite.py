@@ -134,28 +134,6 @@ def test_unusable_store_urls_are_refused_clearly(url):
         open_store(url)
 
 
-def test_acks_are_fsynced_while_pool_bookkeeping_is_not(tmp_path):
-    s = SQLiteStore(str(tmp_path / "q.db"), durability="full")
-    w = s._writer()
-    sql: list[str] = []
-    w.set_trace_callback(sql.append)
-    s.submit([job()], T0)
-    s.claim_available(1, T0)
-    s.submit([job()], T0)
-    w.set_trace_callback(None)
-    level, committed_at = None, []  # the synchronous level each insert or claim committed at
-    for q in sql:
-        if q.startswith("PRAGMA synchronous="):
-            level = q.partition("=")[2]
-        elif q.startswith(("INSERT INTO jobs", "UPDATE jobs SET state = 'running'")):
-            committed_at.append((q.split()[0], level))
-    # FULL: the ack waits for fsync; NORMAL: a claim lost to a power cut re-runs a job
-    assert {lvl for kind, lvl in committed_at if kind == "INSERT"} == {"FULL"}
-    assert {lvl for kind, lvl in committed_at if kind == "UPDATE"} == {"NORMAL"}
-    assert w.execute("PRAGMA synchronous").fetchone()[0] == 2
-    s.close()
-
-
 def test_a_batch_that_raises_leaves_nothing_behind(tmp_path):
     s = SQLiteStore(str(tmp_path / "q.db"))
     s.submit([job(), job()], T0)

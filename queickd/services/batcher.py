@@ -58,6 +58,8 @@ class Dispatch(Protocol):
 
     def pass_inside(self) -> Callable[[bool], None] | None: ...
 
+    def dispatch_left(self) -> None: ...
+
 
 class SubmitAll(Protocol):
     """SubmitBatcher.submit_all's shape: what a Gather hands each pass to."""
@@ -213,20 +215,37 @@ class SubmitBatcher:
             err.maybe_committed = True  # type: ignore[attr-defined] # it may have raised at or after COMMIT
             batch[0][1](err)
             return
-        self._finish(batch, requests, answers, ended)
+        if ended is not None:
+            # The jobs claimed with the submit start while the disk flushes it: the ack,
+            # not the start, waits for durability (sqlite_flush.py says what that risks).
+            try:
+                ended(True)
+            except Exception:
+                log.exception("error starting the jobs just stored; the pool's sweep starts them")
+        unflushed = None
+        try:
+            self.store.flush()
+        except Exception as e:
+            log.exception("could not flush a commit to disk; its requests were not acknowledged")
+            unflushed = QueueError(Code.INTERNAL, f"the store could not make the jobs durable: {e}")
+            unflushed.maybe_committed = True  # type: ignore[attr-defined] # visible, perhaps not on disk
+        self._finish(batch, requests, answers, started=ended is not None,
+                     passed=ended not in (None, _asked_elsewhere), unflushed=unflushed)
 
     def _store(self, requests: list[Sequence[NewJob]]) -> tuple[list[Answer], Callable[[bool], None] | None]:
         """Submit the requests in one transaction; where the store allows it, the pool's pass
         (the claim of what has just been stored) is made in that same transaction. Returns
-        the answers and what ends that pass (None: no pass was made in it). A pass that
-        fails costs nothing but itself: the requests are submitted again without it."""
+        the answers and what ends that pass (None: no pass was made in it), the commit
+        visible but, with a pass, not yet flushed: the caller ends the pass, then flushes.
+        A pass that fails costs nothing but itself: the requests are submitted again
+        without it."""
         if not self._claim_inside:
             return self.store.submit_requests(requests, self._clock(), self.admission), None
         assert self._dispatch is not None
         ended: Callable[[bool], None] | None = None
         in_pass = False
         try:
-            with self.store.batch():
+            with self.store.batch(defer_flush=True):
                 answers = self.store.submit_requests(requests, self._clock(), self.admission)
                 if _any_queued(answers):
                     in_pass = True
@@ -243,13 +262,16 @@ class SubmitBatcher:
         return answers, ended
 
     def _finish(self, batch: list[tuple[Requests, Done]], requests: list[Sequence[NewJob]],
-                answers: list[Answer], ended: Callable[[bool], None] | None = None) -> None:
-        """Answer each submitter, tell the daemon what was stored, then let the stored jobs
-        start: end the pass made inside the transaction, or ask the pool for one."""
+                answers: list[Answer], started: bool = False, passed: bool = False,
+                unflushed: QueueError | None = None) -> None:
+        """Answer each submitter of a durable commit (`unflushed`: of a commit the disk
+        failed to flush, with that error), tell the daemon what was stored, then, unless
+        they were `started` already, ask the pool to start the stored jobs (`passed`: the
+        pool's pass was made in the commit, and may have left work)."""
         self.commits += 1
         i = 0
         for reqs, done in batch:
-            done(answers[i : i + len(reqs)])
+            done(unflushed if unflushed is not None else answers[i : i + len(reqs)])
             i += len(reqs)
         jobs: list[NewJob] = []
         submitted: list[Submitted] = []
@@ -265,9 +287,9 @@ class SubmitBatcher:
         except Exception:
             log.exception("error in the post-commit hook; the jobs are stored and acknowledged")
         try:
-            if ended is not None:
-                ended(True)
-            elif self._dispatch is not None and _any_queued([submitted]):
+            if passed:
+                self._dispatch.dispatch_left()  # type: ignore[union-attr] # passed: there is a pool
+            elif not started and self._dispatch is not None and _any_queued([submitted]):
                 self._dispatch.dispatch_now()  # the committing thread claims: one hand-off fewer
         except Exception:
             log.exception("error starting the jobs just stored; the pool's sweep starts them")

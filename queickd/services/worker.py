@@ -338,10 +338,14 @@ class WorkerPool:
                 self._pass_applied(p)
             finally:
                 self._dispatch_lock.release()
-            if self._again or self._unapplied or not self._done.empty():  # outcomes it left
-                self._pass_here("after a commit")
 
         return ended
+
+    def dispatch_left(self) -> None:
+        """After a pass made inside a submit has ended and the submit is acknowledged:
+        pass once more here if outcomes or requests came while it held the dispatcher."""
+        if self._again or self._unapplied or not self._done.empty():
+            self._pass_here("after a commit")
 
     def _pass_undone(self, p: _Pass) -> None:
         """Its transaction did not commit: the dispatcher is woken for another pass."""

@@ -59,7 +59,7 @@ class Store(Protocol):
         ...
 
     # --- transactions -----------------------------------------------------------------
-    def batch(self, bookkeeping: bool = False) -> AbstractContextManager[None]:
+    def batch(self, bookkeeping: bool = False, defer_flush: bool = False) -> AbstractContextManager[None]:
         """Store calls made on this thread inside the block form one transaction, committed
         at its end, or rolled back if the block raises (every store, memory included: it
         leaves nothing behind). A batch opened inside another joins it. Writers on other
@@ -69,7 +69,16 @@ class Store(Protocol):
         With bookkeeping True, the commit may skip its own flush to disk (SQLite:
         synchronous=NORMAL in WAL; PostgreSQL: synchronous_commit off): use it only for
         changes whose loss in a power cut means a job runs again, never for acknowledging
-        a submit."""
+        a submit.
+
+        With defer_flush True, the commit may be visible (to claims, to readers) before it
+        is durable: the caller calls flush() before acknowledging anything it wrote. It
+        lets a job claimed with its submit start while the disk flushes (SQLite)."""
+        ...
+
+    def flush(self) -> None:
+        """Return once every commit made so far is durable (after batch(defer_flush=True)).
+        Stores whose commits are durable when they return do nothing."""
         ...
 
     # --- submit -----------------------------------------------------------------------
@@ -443,6 +452,9 @@ class StoreBase:
     # Errors that say the store itself is in trouble (a lost connection, a failing disk),
     # never the data a call carried: retried as they are, never blamed on a job.
     UNAVAILABLE: tuple[type[BaseException], ...] = ()
+
+    def flush(self) -> None:
+        pass  # a commit of this store is durable (or never will be: memory) when it returns
 
     def submit(self, jobs: Sequence[NewJob], now: float) -> list[Submitted]:
         answer = self.submit_requests([jobs], now)[0]  # type: ignore[attr-defined]

@@ -70,7 +70,7 @@ class MemoryStore(MemoryOperatorOps, MemoryCronsEvents, MemoryResources, MemoryW
         pass  # one process is the whole store
 
     @contextlib.contextmanager
-    def batch(self, bookkeeping: bool = False) -> Iterator[None]:
+    def batch(self, bookkeeping: bool = False, defer_flush: bool = False) -> Iterator[None]:
         with self._lock:
             if self._in_batch:  # a nested batch is part of the outer one
                 yield

@@ -98,7 +98,7 @@ class PgConnections:
             yield c
 
     @contextlib.contextmanager
-    def batch(self, bookkeeping: bool = False) -> Iterator[None]:
+    def batch(self, bookkeeping: bool = False, defer_flush: bool = False) -> Iterator[None]:
         if getattr(self._local, "in_batch", False):
             yield
             return

@@ -1,7 +1,9 @@
 """The SQLite store's file: its connections, transactions, the daemon's lock and multi-row
 inserts. Opening a file applies its migrations (sqlite_schema.py).
 
-WAL journal; synchronous FULL by default (a Pi loses power), NORMAL on request. Every
+WAL journal; durable commits by default (a Pi loses power), durability "normal" on request:
+the writing connection commits at synchronous=NORMAL and a commit that must be durable is
+flushed after the write lock is released (sqlite_flush.py). Every
 write in this process goes through one connection, under one Python lock taken before
 BEGIN IMMEDIATE, so writers hand over at once instead of backing off in SQLite's sleeping
 busy handler; busy_timeout still covers other processes (the CLI, a second daemon by
@@ -33,6 +35,7 @@ from collections.abc import Iterator
 
 from . import sqlite_check, sqlite_schema
 from .records import StoreInUseError
+from .sqlite_flush import WalFlusher
 
 log = logging.getLogger("queickd.store")
 
@@ -91,7 +94,8 @@ class SQLiteFile:
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
         self._w: sqlite3.Connection | None = None  # see _writer
-        self._w_sync: str | None = None  # its PRAGMA synchronous, changed under _write_lock
+        # Durable commits are flushed apart from COMMIT; "normal" durability never flushes.
+        self._flusher = WalFlusher(path) if durability == "full" and path != ":memory:" else None
         self._lock_fd: int | None = None
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.read_only = False  # the disk was full: see _read_only_open
@@ -211,7 +215,8 @@ class SQLiteFile:
         """The one connection that writes, shared by every thread under _write_lock. One
         connection keeps its page cache across transactions; with one per thread, each
         commit made the other connections drop theirs and read the pages back (a dozen
-        pread calls per job). Its synchronous level follows each transaction's needs."""
+        pread calls per job). It commits at synchronous=NORMAL: _write flushes what must be
+        durable once the write lock is released."""
         if self.path == ":memory:":  # a second connection would be another, empty database
             return self._conn()
         with self._all_lock:
@@ -220,18 +225,20 @@ class SQLiteFile:
                 c = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
                                     check_same_thread=False)
                 c.execute("PRAGMA journal_mode=WAL")
+                c.execute("PRAGMA synchronous=NORMAL")
                 c.execute("PRAGMA journal_size_limit=67108864")  # keep the WAL small on SD cards
                 self._w = c
                 self._all.append(c)
         return c
 
     @contextlib.contextmanager
-    def _write(self, bookkeeping: bool = False) -> Iterator[sqlite3.Connection]:
+    def _write(self, bookkeeping: bool = False, defer_flush: bool = False) -> Iterator[sqlite3.Connection]:
         """One write transaction. `bookkeeping` transactions (claims, finishes, promotions)
-        commit without their own fsync in WAL (synchronous=NORMAL): a power cut can undo
-        the last of them, and the only effect is that a job runs again (at-least-once).
-        Everything else, acknowledged submits above all, commits at the store's
-        durability; its fsync also makes every earlier bookkeeping commit durable."""
+        are not flushed to disk: a power cut can undo the last of them, and the only
+        effect is that a job runs again (at-least-once). Everything else, acknowledged
+        submits above all, is flushed at the store's durability before this returns,
+        outside the write lock (`defer_flush`: left to the caller's flush()); the flush
+        also makes every earlier bookkeeping commit durable."""
         inside = getattr(self._local, "batch_conn", None)
         if inside is not None:  # inside batch(): its transaction is ours
             yield inside
@@ -240,12 +247,18 @@ class SQLiteFile:
             self._leave_read_only()  # DiskFullError while there is no room
         c = self._writer()
         with self._write_lock:
-            sync = "NORMAL" if bookkeeping else _SYNCHRONOUS[self.durability]
-            if self._w_sync != sync:  # a statement without I/O, only when the level changes
-                c.execute(f"PRAGMA synchronous={sync}")
-                self._w_sync = sync
             with sqlite_schema.immediate(c):
                 yield c
+            if self._flusher is not None:
+                self._flusher.written()
+        if not (bookkeeping or defer_flush):
+            self.flush()
+
+    def flush(self) -> None:
+        """Make every commit made so far durable (at durability "full"; else nothing to
+        do). One fdatasync serves every caller waiting meanwhile."""
+        if self._flusher is not None:
+            self._flusher.flush()
 
     def take_ownership(self) -> None:
         # An advisory lock beside the database, held for the daemon's life; the kernel
@@ -266,11 +279,11 @@ class SQLiteFile:
         self._lock_fd = fd
 
     @contextlib.contextmanager
-    def batch(self, bookkeeping: bool = False) -> Iterator[None]:
+    def batch(self, bookkeeping: bool = False, defer_flush: bool = False) -> Iterator[None]:
         if getattr(self._local, "batch_conn", None) is not None:
             yield
             return
-        with self._write(bookkeeping) as c:
+        with self._write(bookkeeping, defer_flush) as c:
             self._local.batch_conn = c
             try:
                 yield
@@ -288,7 +301,7 @@ class SQLiteFile:
                 with contextlib.suppress(sqlite3.Error):
                     c.close()
             self._all.clear()
-            self._w, self._w_sync = None, None
+            self._w = None
         self._local = threading.local()
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the daemon's lock

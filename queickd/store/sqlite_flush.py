@@ -1,0 +1,87 @@
+"""Durability of the SQLite store's commits, apart from the commits themselves.
+
+The writing connection commits at synchronous=NORMAL: COMMIT writes the transaction's
+frames to the WAL file and makes them visible, without an fsync. A commit that must
+survive a power cut (every acknowledged submit) is then made durable by `WalFlusher.flush`:
+one fdatasync of the WAL file, made outside the write lock, so other writers go on while
+the disk flushes. The WAL is written in order, so one fdatasync makes every commit written
+before it began durable: concurrent callers share it (group commit), and a flush also
+covers the bookkeeping commits (claims, finishes) that came before. That is what
+synchronous=FULL does inside COMMIT, with two differences: the write lock is not held
+during the flush, and a commit is visible (a claimed job may start) before it is durable.
+A power cut in that window undoes a commit nobody was told of: a submit never
+acknowledged (its client sends it again) and perhaps a run of its job (at-least-once).
+
+A checkpoint copies the WAL into the database file; SQLite fsyncs both around it, so a
+commit checkpointed before its flush is durable in the file. A WAL file created anew (the
+last connection's close deletes it) needs its directory entry on disk too: the flusher
+fsyncs the directory once for every WAL file it has not seen before.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+
+class WalFlusher:
+    """One fdatasync of `path`-wal for every commit counted by `written()` before it."""
+
+    def __init__(self, path: str) -> None:
+        self._db = path
+        self._wal = path + "-wal"
+        self._cond = threading.Condition(threading.Lock())
+        self._written = 0  # commits written so far
+        self._durable = 0  # of those, how many a finished fdatasync covers
+        self._flushing = False
+        self._dir_synced: tuple[int, int] | None = None  # (st_dev, st_ino) of the WAL whose entry is on disk
+        self.flushes = 0  # fdatasync calls made: with the commits counted, shows the sharing
+
+    def written(self) -> None:
+        """Count a commit; call it after COMMIT returned, before the write lock is released."""
+        with self._cond:
+            self._written += 1
+
+    def flush(self) -> None:
+        """Return once every commit counted before this call is on disk. A flush already
+        under way may not cover them (it began before they were written): then the next
+        one does, begun by whichever waiter finds none under way. An OSError from the
+        disk goes to the waiters that flush was for; the next call tries again."""
+        with self._cond:
+            want = self._written
+            while self._durable < want:
+                if self._flushing:
+                    self._cond.wait()
+                    continue
+                self._flushing = True
+                upto = self._written
+                self._cond.release()
+                try:
+                    self._sync()
+                finally:
+                    self._cond.acquire()
+                    self._flushing = False
+                    self._cond.notify_all()
+                self._durable = max(self._durable, upto)
+
+    def _sync(self) -> None:
+        try:
+            fd = os.open(self._wal, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:  # no WAL: every commit is in the database file, synced by its checkpoint
+            fd = os.open(self._db, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fdatasync(fd)
+            self.flushes += 1
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if (st.st_dev, st.st_ino) != self._dir_synced:
+            self._sync_directory()
+            self._dir_synced = (st.st_dev, st.st_ino)
+
+    def _sync_directory(self) -> None:
+        fd = os.open(os.path.dirname(os.path.abspath(self._wal)), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,125 @@
+"""Durable commits of the SQLite store: flushed apart from COMMIT (one fdatasync of the WAL,
+outside the write lock, shared by whoever waits meanwhile), bookkeeping never flushed, and
+a job claimed with its submit started before the ack, which waits for the flush."""
+
+import os
+import sqlite3
+import threading
+import time
+
+import pytest
+from store_contract import T0, job
+
+from queickd.store.sqlite import SQLiteStore
+
+
+class Disk:
+    """os.fdatasync and os.fsync as the store calls them, recorded (what file, and how many
+    jobs another connection saw committed at that moment), and held while `hold` is clear."""
+
+    def __init__(self, monkeypatch, db: str) -> None:
+        self.db = db
+        self.calls: list[tuple[str, str, int]] = []
+        self.hold = threading.Event()
+        self.hold.set()
+        self.entered = threading.Semaphore(0)
+        real_fdatasync, real_fsync = os.fdatasync, os.fsync
+        monkeypatch.setattr(os, "fdatasync", lambda fd: self._call("fdatasync", fd, real_fdatasync))
+        monkeypatch.setattr(os, "fsync", lambda fd: self._call("fsync", fd, real_fsync))
+
+    def _call(self, kind: str, fd: int, real) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        seen = -1
+        if os.path.isfile(path):
+            with sqlite3.connect(self.db) as c:
+                seen = c.execute("SELECT count(*) FROM jobs").fetchone()[0]
+        self.calls.append((kind, path, seen))
+        self.entered.release()
+        assert self.hold.wait(10)
+        real(fd)
+
+    def wal_flushes(self) -> list[int]:
+        return [seen for kind, path, seen in self.calls if kind == "fdatasync" and path.endswith("-wal")]
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    db = str(tmp_path / "q.db")
+    s = SQLiteStore(db, durability="full")
+    disk = Disk(monkeypatch, db)  # after opening: the migrations' own commits are SQLite's
+    yield s, disk
+    disk.hold.set()
+    s.close()
+
+
+def test_a_submit_returns_after_a_flush_of_the_wal_that_holds_it(store):
+    s, disk = store
+    s.submit([job()], T0)
+    assert disk.wal_flushes() == [1]  # one fdatasync of the WAL, once the job was committed
+    s.submit([job()], T0)
+    assert disk.wal_flushes() == [1, 2]
+
+
+def test_claims_and_finishes_are_not_flushed(store):
+    s, disk = store
+    s.submit([job()], T0)
+    before = list(disk.calls)
+    s.claim_available(1, T0)
+    assert disk.calls == before
+
+
+def test_a_new_wal_file_gets_its_directory_entry_flushed_once(store):
+    s, disk = store
+    s.submit([job()], T0)
+    s.submit([job()], T0)
+    dirs = [path for kind, path, _ in disk.calls if kind == "fsync" and os.path.isdir(path)]
+    assert dirs == [os.path.dirname(disk.db)]
+
+
+def test_other_writers_go_on_while_a_commit_is_flushed(store):
+    s, disk = store
+    disk.hold.clear()
+    submitted = threading.Thread(target=s.submit, args=([job()], T0))
+    submitted.start()
+    assert disk.entered.acquire(timeout=10)  # the submit has committed and is flushing
+    claimed = s.claim_available(1, T0)  # a write transaction, not stuck behind the flush
+    assert [j.state for j in claimed] == ["running"]
+    assert submitted.is_alive()  # and the submit still waits for its flush
+    disk.hold.set()
+    submitted.join(10)
+    assert not submitted.is_alive()
+
+
+def test_commits_made_during_a_flush_share_the_next_one(store):
+    s, disk = store
+    disk.hold.clear()
+    first = threading.Thread(target=s.submit, args=([job()], T0))
+    first.start()
+    assert disk.entered.acquire(timeout=10)  # flushing the first commit only
+    later = [threading.Thread(target=s.submit, args=([job()], T0)) for _ in range(3)]
+    for t in later:
+        t.start()
+    deadline = time.monotonic() + 10
+    while s.counts()["queued"] < 4:  # all three committed, waiting for a flush that covers them
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    disk.hold.set()
+    for t in [first, *later]:
+        t.join(10)
+    assert disk.wal_flushes() == [1, 4]  # one more fdatasync for the three, not three
+
+
+def test_a_failed_flush_raises_to_its_submitter_and_the_next_flush_tries_again(store, monkeypatch):
+    s, disk = store
+    fail = [OSError(5, "Input/output error")]
+    real = os.fdatasync
+
+    def flaky(fd: int) -> None:
+        if fail:
+            raise fail.pop()
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", flaky)
+    with pytest.raises(OSError, match="Input/output"):
+        s.submit([job()], T0)
+    assert len(s.submit([job()], T0)) == 1
