@@ -143,10 +143,11 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
         finished: list[pz.Finish] = []
         steps: list[tuple] = []  # finished jobs of workflow steps: their runs advance
         with self._write(bookkeeping=True) as c:
-            # Usually nothing is failing: then a success has no streak to reset.
-            any_streak = c.execute("SELECT EXISTS (SELECT 1 FROM streaks)").fetchone()[0]
-            # ... nor a probe whose success would lift its pause.
-            probing = c.execute("SELECT EXISTS (SELECT 1 FROM pauses WHERE probe_job IS NOT NULL)").fetchone()[0]
+            # Usually nothing is failing: then a success has no streak to reset, nor a probe
+            # whose success would lift its pause (one statement for both).
+            any_streak, probing = c.execute(
+                "SELECT EXISTS (SELECT 1 FROM streaks), EXISTS (SELECT 1 FROM pauses WHERE probe_job IS NOT NULL)"
+            ).fetchone()
             if not any_streak and not probing and all(o.state == State.SUCCEEDED and o.workflow_run is None
                                                       for o in outcomes):
                 # The steady state: successes with no streak to reset need no RETURNING.
