@@ -27,6 +27,7 @@ from ..core.job import Submitted
 from ..core.policy.admission import Refusal
 from ..core.protocol import Code, QueueError
 from ..services.batcher import Gather
+from .inbox import Inbox
 from .legacy import FIRST_BYTE, LegacyConnection
 from .replies import refused
 from .service import QueueService
@@ -42,6 +43,7 @@ class Host(Protocol):
     connections: set[Connection]
     drained: asyncio.Event | None
     gather: Gather
+    inbox: Inbox
     io: Executor
     decoder: Executor
     hello_timeout: float | None
@@ -310,7 +312,7 @@ class Connection(asyncio.Protocol):
 
     def _submit(self, group: list[Any]) -> None:
         jobs, fut, _ = group
-        loop = self.loop
+        inbox = self.server.inbox
         here = threading.get_ident()
 
         def done(result: Any) -> None:  # this thread (inline commit) or the committer's
@@ -318,7 +320,7 @@ class Connection(asyncio.Protocol):
                 _resolve(fut, result)
                 self._pump()  # the ack leaves now, before the post-commit work (the claim)
             else:
-                loop.call_soon_threadsafe(_resolve, fut, result)
+                inbox.call(_resolve, fut, result)  # a commit's answers share one wake-up of the loop
 
         # Every connection's enqueues of this loop pass go to the committer together; a pass
         # with one small read (a lone client) commits right here, at no thread hand-off.

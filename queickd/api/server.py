@@ -22,6 +22,7 @@ from ..core import protocol
 from ..core.protocol import Code, QueueError
 from ..services.batcher import Gather
 from .connection import DEFAULT_HELLO_TIMEOUT, DEFAULT_MAX_PENDING, Connection
+from .inbox import Inbox
 from .service import QueueService
 
 log = logging.getLogger("queickd.server")
@@ -76,6 +77,7 @@ class Server:
         self.connections: set[Connection] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.gather: Gather  # made with the loop, in _main
+        self.inbox: Inbox  # likewise
         self.address: tuple[str, int] | None = None
         self.drained: asyncio.Event | None = None  # set when the last connection closes at shutdown
         self._listeners: list[socket.socket] = []
@@ -98,6 +100,7 @@ class Server:
     def _main(self) -> None:
         self.loop = loop = asyncio.new_event_loop()
         self.gather = Gather(self.service.enqueue_all, loop.call_soon, _INLINE_MAX)
+        self.inbox = Inbox(loop)
         try:
             # asyncio resolves and binds (every address of the host); accepting is ours
             # (_accept): asyncio's loop would take up to a backlog of sockets in one go,
