@@ -320,11 +320,20 @@ class Connection(asyncio.Protocol):
                 _resolve(fut, result)
                 self._pump()  # the ack leaves now, before the post-commit work (the claim)
             else:
-                inbox.call(_resolve, fut, result)  # a commit's answers share one wake-up of the loop
+                inbox.call(self._answered, fut, result)  # a commit's answers share one wake-up of the loop
 
         # Every connection's enqueues of this loop pass go to the committer together; a pass
         # with one small read (a lone client) commits right here, at no thread hand-off.
         self.server.gather.submit(jobs, done)
+
+    def _answered(self, fut: asyncio.Future, result: Any) -> None:
+        """On the loop: the committer's answer to this connection's enqueues. The replies
+        leave now, not from a done-callback in the loop's next pass."""
+        if self._hooked is fut:
+            fut.remove_done_callback(self._pump)
+            self._hooked = None
+        _resolve(fut, result)
+        self._pump()
 
     async def _wait(self, req: dict[str, Any]) -> dict[str, Any]:
         job_id = arguments.job_id(req)
