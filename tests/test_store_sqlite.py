@@ -183,3 +183,18 @@ def test_a_batch_fits_an_sqlite_build_that_allows_only_999_parameters_per_statem
     assert len({x.job_id for x in subs}) == 600
     assert s.get(subs[299].job_id).args == [299] and s.counts()[State.QUEUED] == 600
     s.close()
+
+
+def test_the_idempotency_keys_of_a_commit_are_looked_up_with_one_statement(tmp_path):
+    s = SQLiteStore(str(tmp_path / "q.db"))
+    keyed = [[job(idempotency_key=f"k{i}")] for i in range(20)]  # twenty enqueues sharing a commit
+    sql: list[str] = []
+    s._writer().set_trace_callback(sql.append)
+    first = s.submit_requests(keyed, T0)
+    again = s.submit_requests(keyed, T0)  # each sent again: answered with the stored job
+    s._writer().set_trace_callback(None)
+    lookups = [q for q in sql if "idempotency_key" in q and q.startswith("SELECT")]
+    assert len(lookups) == 2  # one per commit, not one per key
+    assert [a[0].job_id for a in again] == [a[0].job_id for a in first]
+    assert all(a[0].duplicate for a in again) and not any(a[0].duplicate for a in first)
+    s.close()

@@ -10,6 +10,7 @@ triggers), so stats and the queue cap cost one row read, not a scan of a million
 from __future__ import annotations
 
 import collections
+import functools
 import sqlite3
 from collections.abc import Sequence
 
@@ -60,8 +61,15 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
         with self._write() as c:
             return self._submit_in(c, requests, now, admission)
 
-    def _lookups(self, c: sqlite3.Connection) -> adm.Lookups:
+    def _lookups(self, c: sqlite3.Connection, requests: Sequence[Sequence[NewJob]]) -> adm.Lookups:
+        # Every idempotency key of the requests is looked up at once (a client gives each
+        # enqueue one): a statement per commit, not one per job.
+        keys = {j.idempotency_key for r in requests for j in r if j.idempotency_key is not None}
+        known = _jobs_by_key(c, keys)
+
         def by_key(k: str) -> adm.Existing | None:
+            if k in keys:
+                return known.get(k)
             row = c.execute("SELECT id, state, created_at FROM jobs WHERE idempotency_key = ?", (k,)).fetchone()
             return adm.Existing(*row) if row else None
 
@@ -85,7 +93,7 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
 
     def _submit_in(self, c: sqlite3.Connection, requests: Sequence[Sequence[NewJob]], now: float,
                    admission: adm.Admission) -> list[list[Submitted] | adm.Refusal]:
-        p = adm.plan(requests, now, admission, self._lookups(c))
+        p = adm.plan(requests, now, admission, self._lookups(c, requests))
         if p.expired_keys:  # an idempotency key past its TTL may name a new job
             c.executemany("UPDATE jobs SET idempotency_key = NULL WHERE idempotency_key = ?",
                           [(k,) for k in p.expired_keys])
@@ -347,3 +355,25 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
         return self._conn().execute(
             "SELECT min(created_at) FROM events INDEXED BY events_pending WHERE state = 'pending'"
         ).fetchone()[0]
+
+
+_KEYS_MAX = 256  # idempotency keys per lookup statement; statements of 2**k keys, so few distinct ones
+
+
+def _jobs_by_key(c: sqlite3.Connection, keys: set[str]) -> dict[str, adm.Existing]:
+    """The jobs holding these idempotency keys, by key (a key no job holds is absent)."""
+    found: dict[str, adm.Existing] = {}
+    todo = list(keys)
+    while todo:
+        size = min(_KEYS_MAX, 1 << (len(todo) - 1).bit_length())  # the next power of two
+        chunk, todo = todo[:size], todo[size:]
+        chunk += chunk[:1] * (size - len(chunk))  # padded with a repeat: the same SQL text
+        for k, job_id, state, created_at in c.execute(_by_keys_sql(size), chunk):
+            found[k] = adm.Existing(job_id, state, created_at)
+    return found
+
+
+@functools.cache
+def _by_keys_sql(n: int) -> str:
+    return ("SELECT idempotency_key, id, state, created_at FROM jobs INDEXED BY jobs_idempotency"
+            f" WHERE idempotency_key IN ({','.join('?' * n)})")
