@@ -4,8 +4,9 @@ Every connection hands its validated requests to one committer thread. While a
 transaction is being written, newly arriving requests from all connections gather; the
 next transaction takes them all (up to max_batch jobs). Admission (caps, conflicts) is
 decided per request inside that transaction. An ack is released only after the
-transaction holding it has committed, so durability costs one fsync per batch, not one
-per job.
+transaction holding it has committed and been flushed to disk (store.flush()), so
+durability costs one fsync per batch, not one per job. Jobs claimed in the submit's own
+transaction start before that flush: the ack, not the start, waits for durability.
 
 A small request that finds nothing committing and nothing waiting may be committed by
 its submitter's own thread (`inline=True`): a lone client then pays no thread hand-off
