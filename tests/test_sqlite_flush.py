@@ -15,7 +15,8 @@ from queickd.store.sqlite import SQLiteStore
 
 class Disk:
     """os.fdatasync and os.fsync as the store calls them, recorded (what file, and how many
-    jobs another connection saw committed at that moment), and held while `hold` is clear."""
+    jobs another connection saw committed at that moment); an fdatasync is held while
+    `hold` is clear."""
 
     def __init__(self, monkeypatch, db: str) -> None:
         self.db = db
@@ -34,8 +35,9 @@ class Disk:
             with sqlite3.connect(self.db) as c:
                 seen = c.execute("SELECT count(*) FROM jobs").fetchone()[0]
         self.calls.append((kind, path, seen))
-        self.entered.release()
-        assert self.hold.wait(10)
+        if kind == "fdatasync":
+            self.entered.release()
+            assert self.hold.wait(10)
         real(fd)
 
     def wal_flushes(self) -> list[int]:
@@ -123,3 +125,15 @@ def test_a_failed_flush_raises_to_its_submitter_and_the_next_flush_tries_again(s
     with pytest.raises(OSError, match="Input/output"):
         s.submit([job()], T0)
     assert len(s.submit([job()], T0)) == 1
+
+
+def test_the_wal_is_opened_once_not_for_every_flush(store, monkeypatch):
+    s, disk = store
+    opened: list[str] = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, *a, **kw: opened.append(str(path)) or real_open(path, *a, **kw))
+    for _ in range(5):
+        s.submit([job()], T0)
+    assert len(disk.wal_flushes()) == 5
+    assert [p for p in opened if p.endswith("-wal")] == [disk.db + "-wal"]
+

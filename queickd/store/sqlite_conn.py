@@ -227,6 +227,8 @@ class SQLiteFile:
                 c.execute("PRAGMA journal_mode=WAL")
                 c.execute("PRAGMA synchronous=NORMAL")
                 c.execute("PRAGMA journal_size_limit=67108864")  # keep the WAL small on SD cards
+                if self._flusher is not None:
+                    self._flusher.reset()  # a new writer: the WAL may be a new file
                 self._w = c
                 self._all.append(c)
         return c
@@ -302,6 +304,8 @@ class SQLiteFile:
                     c.close()
             self._all.clear()
             self._w = None
+        if self._flusher is not None:
+            self._flusher.reset()
         self._local = threading.local()
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the daemon's lock
