@@ -1,5 +1,6 @@
 """The worker pool's dispatching: who claims a committed job, and that none is lost."""
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -190,3 +191,35 @@ def test_the_claim_inside_a_submit_leaves_waiting_outcomes_to_a_pass_after_its_c
     while {store.get(first).state, store.get(second).state} != {State.SUCCEEDED}:
         assert time.monotonic() < deadline, "an outcome was left behind"
         time.sleep(0.01)
+
+
+def test_a_job_that_ends_before_its_submit_is_acknowledged_leaves_its_outcome_to_the_submitter(sq, tmp_path,
+                                                                                               monkeypatch):
+    store, batcher = sq.store, sq.batcher
+    flushing, release = threading.Event(), threading.Event()
+    real_fdatasync = os.fdatasync
+
+    def slow_flush(fd: int) -> None:  # the disk holds the submit's flush until the job has ended
+        flushing.set()
+        assert release.wait(10)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow_flush)
+    finishers: list[int] = []
+    real_finish = store.finish_if_running
+    store.finish_if_running = lambda *a, **kw: finishers.append(threading.get_ident()) or real_finish(*a, **kw)
+    out = tmp_path / "ran"
+    got: list = []
+    submitter = threading.Thread(target=lambda: got.append(_submit_through(
+        batcher, func="testjobs:append", args=[str(out), "x"])))
+    submitter.start()
+    assert flushing.wait(10)
+    deadline = time.monotonic() + 10
+    while sq.pool._done.empty():  # the job runs while its submit is flushed, ends, and its
+        assert time.monotonic() < deadline, "the job did not end"  # outcome waits, not stored
+        time.sleep(0.005)
+    assert out.exists() and finishers == []
+    release.set()
+    submitter.join(10)
+    assert store.get(got[0]).state == State.SUCCEEDED  # stored by the time the submit returned
+    assert finishers == [submitter.ident]  # by the submitting thread, after its ack

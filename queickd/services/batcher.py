@@ -268,12 +268,16 @@ class SubmitBatcher:
         """Answer each submitter of a durable commit (`unflushed`: of a commit the disk
         failed to flush, with that error), tell the daemon what was stored, then, unless
         they were `started` already, ask the pool to start the stored jobs (`passed`: the
-        pool's pass was made in the commit, and may have left work)."""
-        self.commits += 1
-        i = 0
-        for reqs, done in batch:
-            done(unflushed if unflushed is not None else answers[i : i + len(reqs)])
-            i += len(reqs)
+        pool's pass was made in the commit, and may have left work: the outcomes of jobs
+        that ended before these acks wait for it)."""
+        try:
+            self._answer(batch, answers, unflushed)
+        finally:
+            if passed:
+                try:
+                    self._dispatch.dispatch_left()  # type: ignore[union-attr] # passed: there is a pool
+                except Exception:
+                    log.exception("error storing the outcomes left to a submit; the pool's sweep stores them")
         jobs: list[NewJob] = []
         submitted: list[Submitted] = []
         for r, a in zip(requests, answers, strict=True):
@@ -288,12 +292,18 @@ class SubmitBatcher:
         except Exception:
             log.exception("error in the post-commit hook; the jobs are stored and acknowledged")
         try:
-            if passed:
-                self._dispatch.dispatch_left()  # type: ignore[union-attr] # passed: there is a pool
-            elif not started and self._dispatch is not None and _any_queued([submitted]):
+            if not started and self._dispatch is not None and _any_queued([submitted]):
                 self._dispatch.dispatch_now()  # the committing thread claims: one hand-off fewer
         except Exception:
             log.exception("error starting the jobs just stored; the pool's sweep starts them")
+
+    def _answer(self, batch: list[tuple[Requests, Done]], answers: list[Answer],
+                unflushed: QueueError | None) -> None:
+        self.commits += 1
+        i = 0
+        for reqs, done in batch:
+            done(unflushed if unflushed is not None else answers[i : i + len(reqs)])
+            i += len(reqs)
 
     def _commit_each(self, reqs: Requests, done: Done) -> None:
         answers: list[Answer] = []

@@ -118,6 +118,10 @@ class WorkerPool:
         self._dispatch_lock = threading.Lock()  # one pass at a time, whichever thread runs it
         self._again = False  # a pass was asked for while one ran: see _pass_here
         self._unapplied: list[Outcome] = []  # outcomes taken but not yet stored
+        # A submit that claimed in its own transaction has not yet been acknowledged: a job
+        # ending now leaves its outcome to that submit's thread (dispatch_left), which passes
+        # once its ack is out, instead of contending with it for the GIL and the writer.
+        self._submit_in_flight = False
         self._stopping = False
         self._draining = False  # an operator's drain: claim nothing, let running jobs end
         self._drained = threading.Event()  # set while draining and nothing runs
@@ -329,6 +333,7 @@ class WorkerPool:
         except BaseException:
             self._pass_undone(p)
             raise
+        self._submit_in_flight = True  # until dispatch_left, or the pass is undone
 
         def ended(committed: bool) -> None:
             if not committed:
@@ -343,13 +348,16 @@ class WorkerPool:
 
     def dispatch_left(self) -> None:
         """After a pass made inside a submit has ended and the submit is acknowledged:
-        pass once more here if outcomes or requests came while it held the dispatcher."""
+        pass once more here if outcomes or requests came while it held the dispatcher, or
+        jobs that ended before the ack left their outcomes to this thread."""
+        self._submit_in_flight = False  # before the look: an outcome put after it passes itself
         if self._again or self._unapplied or not self._done.empty():
             self._pass_here("after a commit")
 
     def _pass_undone(self, p: _Pass) -> None:
         """Its transaction did not commit: the dispatcher is woken for another pass."""
         self.counts.put_back(p.counted)
+        self._submit_in_flight = False
         self._dispatch_lock.release()
         self._wake.set()
 
@@ -483,6 +491,8 @@ class WorkerPool:
         self._done.put(outcome)
         if self._stopping:
             self._wake.set()  # the dispatcher sees the pool idle and ends
+        elif self._submit_in_flight:  # read after the put: dispatch_left clears it, then looks
+            return
         else:
             # The worker that has just finished records its outcome and claims the next job
             # itself: no wake-up of the dispatcher and hand-off back per job.
