@@ -39,7 +39,7 @@ class WalFlusher:
         self._durable = 0  # of those, how many a finished fdatasync covers
         self._flushing = False
         self._dir_synced: tuple[int, int] | None = None  # (st_dev, st_ino) of the WAL whose entry is on disk
-        self._fd: int | None = None  # the WAL (or the database, without one), open until reset()
+        self._fd: int | None = None  # the WAL, open from the first flush until reset()
         self.flushes = 0  # fdatasync calls made: with the commits counted, shows the sharing
 
     def written(self) -> None:
@@ -51,7 +51,8 @@ class WalFlusher:
         """Return once every commit counted before this call is on disk. A flush already
         under way may not cover them (it began before they were written): then the next
         one does, begun by whichever waiter finds none under way. An OSError from the
-        disk goes to the waiters that flush was for; the next call tries again."""
+        disk is raised to the caller that made that fdatasync; callers still waiting
+        make the next one (as SQLite's next commit would try again)."""
         with self._cond:
             want = self._written
             while self._durable < want:
