@@ -64,14 +64,8 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
     def _lookups(self, c: sqlite3.Connection, requests: Sequence[Sequence[NewJob]]) -> adm.Lookups:
         # Every idempotency key of the requests is looked up at once (a client gives each
         # enqueue one): a statement per commit, not one per job.
-        keys = {j.idempotency_key for r in requests for j in r if j.idempotency_key is not None}
-        known = _jobs_by_key(c, keys)
-
-        def by_key(k: str) -> adm.Existing | None:
-            if k in keys:
-                return known.get(k)
-            row = c.execute("SELECT id, state, created_at FROM jobs WHERE idempotency_key = ?", (k,)).fetchone()
-            return adm.Existing(*row) if row else None
+        # admission.plan asks only for the keys of these requests.
+        known = _jobs_by_key(c, {j.idempotency_key for r in requests for j in r if j.idempotency_key is not None})
 
         def active(key: str) -> int | None:
             row = c.execute(
@@ -81,7 +75,7 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
             return row[0] if row else None
 
         return adm.Lookups(
-            by_idempotency_key=by_key,
+            by_idempotency_key=known.get,
             waiting_for_key=lambda key: c.execute(
                 "SELECT count(*) FROM jobs INDEXED BY jobs_key WHERE key = ? AND state IN"
                 " ('scheduled', 'queued', 'waiting_network')", (key,)).fetchone()[0],

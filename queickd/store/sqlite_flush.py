@@ -32,7 +32,6 @@ class WalFlusher:
     """One fdatasync of `path`-wal for every commit counted by `written()` before it."""
 
     def __init__(self, path: str) -> None:
-        self._db = path
         self._wal = path + "-wal"
         self._cond = threading.Condition(threading.Lock())
         self._written = 0  # commits written so far
@@ -81,17 +80,8 @@ class WalFlusher:
                 self._fd = None
 
     def _sync(self) -> None:
-        if self._fd is None:
-            try:
-                self._fd = self._open_wal()
-            except FileNotFoundError:  # no WAL: every commit is in the database file, synced by its checkpoint
-                fd = os.open(self._db, os.O_RDONLY | os.O_CLOEXEC)  # not kept: a WAL may come
-                try:
-                    os.fdatasync(fd)
-                finally:
-                    os.close(fd)
-                self.flushes += 1
-                return
+        if self._fd is None:  # the writer has committed: its WAL exists while it is open
+            self._fd = self._open_wal()
         os.fdatasync(self._fd)
         self.flushes += 1
 
