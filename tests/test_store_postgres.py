@@ -392,3 +392,27 @@ def test_a_step_job_cancelled_while_a_failure_ends_its_run_never_deadlocks(pg_ur
             assert [j.state for j in pg_store.workflow_jobs(run.id)] == [State.DEAD, State.CANCELLED]
     finally:
         other.close()
+
+
+def test_a_keyed_submit_is_stored_without_waiting_for_the_submit_lock(pg_url, pg_store):
+    # The client gives every enqueue a key (so a resend is safe): its submit must stay one
+    # statement, not a locked transaction that looks the key up first.
+    import psycopg
+
+    from queickd.store.pgsubmit import SUBMIT_LOCK
+
+    with psycopg.connect(pg_url) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", (SUBMIT_LOCK,))  # held until the end
+        stored = []
+        run_together(lambda: stored.extend(pg_store.submit([job(idempotency_key="fresh")], T0)), timeout=10)
+        holder.rollback()
+    assert not stored[0].duplicate
+    assert pg_store.get(stored[0].job_id).idempotency_key == "fresh"
+
+
+def test_a_request_with_a_held_key_stores_its_new_jobs_once_and_names_the_held_one(pg_store):
+    (held,) = pg_store.submit([job(idempotency_key="held")], T0)
+    new, again = pg_store.submit([job(idempotency_key="new"), job(idempotency_key="held")], T0 + 1)
+    assert (again.job_id, again.duplicate) == (held.job_id, True)
+    assert not new.duplicate and new.job_id != held.job_id
+    assert pg_store.counts()[State.QUEUED] == 2

@@ -5,6 +5,7 @@ A mixin of PostgresStore (postgres.py), which provides the connections."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,21 +28,37 @@ _COUNT_TTL = 1.0  # seconds an exact count of waiting jobs stands in, far below 
 # them back, and the pools' wake-ups ride in the same statement.
 _NOT_ID = [c for c in dbrows.INSERT_COLS if c != "id"]
 _ID_AT = dbrows.INSERT_COLS.index("id")
+# Each column's scalar type: a guarded insert selects its rows from a VALUES list, where
+# PostgreSQL does not take the parameters' types from the target columns.
+_NOT_ID_TYPES = [t.removesuffix("[]") for c, t in zip(dbrows.INSERT_COLS, dbrows.PG_INSERT_TYPES, strict=True)
+                 if c != "id"]
 _ROWS_PER_INSERT = 65535 // len(_NOT_ID)  # the protocol's limit of parameters per statement
 _NOTIFY_POOLS = "(SELECT count(*) FROM (SELECT pg_notify($1, 'q:' || p) FROM unnest($2::text[]) AS p) AS n)"
+_NOTIFY_POOLS_IF_INSERTED = ("(SELECT count(*) FROM (SELECT pg_notify($1, 'q:' || p) FROM unnest($2::text[]) AS p"
+                             " WHERE EXISTS (SELECT 1 FROM ins)) AS n)")
 
 
 @functools.lru_cache(maxsize=64)
-def _insert_sql(rows: int, wake: bool, new_keys_only: bool = False) -> str:
+def _insert_sql(rows: int, wake: bool, new_keys_only: bool = False, guard_keys: bool = False) -> str:
     """The insert of `rows` rows, returning their ids (and waking the pools, if `wake`: their
     channel and names are $1 and $2). In PostgreSQL's own $n markers, for a RawCursor:
     psycopg would re-parse a statement this long on every call. `new_keys_only`: a row whose
-    idempotency key a job holds already is left out (its id is not returned)."""
+    idempotency key a job holds already is left out (its id is not returned). `guard_keys`:
+    all rows or none: if any row's idempotency key is held already, nothing is inserted, no
+    id returned and no pool woken."""
     width, first = len(_NOT_ID), 3 if wake else 1
-    values = ", ".join("(" + ", ".join(f"${first + r * width + k}" for k in range(width)) + ")"
+    cast = _NOT_ID_TYPES if guard_keys else [""] * width
+    values = ", ".join("(" + ", ".join(f"${first + r * width + k}{'::' + cast[k] if cast[k] else ''}"
+                                       for k in range(width)) + ")"
                        for r in range(rows))
+    cols = ", ".join(_NOT_ID)
+    if guard_keys:
+        notify = _NOTIFY_POOLS_IF_INSERTED
+        return (f"WITH v ({cols}) AS (VALUES {values}), ins AS (INSERT INTO jobs ({cols}) SELECT * FROM v"
+                " WHERE NOT EXISTS (SELECT 1 FROM jobs j JOIN v ON j.idempotency_key = v.idempotency_key)"
+                f" RETURNING id) SELECT array_agg(id), {notify if wake else 'NULL'} FROM ins")
     skip = " ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING" if new_keys_only else ""
-    return (f"WITH ins AS (INSERT INTO jobs ({', '.join(_NOT_ID)}) VALUES {values}{skip} RETURNING id)"
+    return (f"WITH ins AS (INSERT INTO jobs ({cols}) VALUES {values}{skip} RETURNING id)"
             f" SELECT array_agg(id), {_NOTIFY_POOLS if wake else 'NULL'} FROM ins")
 
 
@@ -73,13 +90,10 @@ class PgSubmit:
             return c
 
         try:
-            p = adm.plan(requests, now, admission, self._lookups(reading, now, admission.max_queued))
-            if begun or p.expired_keys or any(j.manual for _, _, j in p.inserts):  # it reads or resumes
-                answers = self._submit_in(reading(), requests, now, admission, reading, p)
+            answers = self._submit_unread(c, requests, now, admission, reading)
+            if answers is None:  # it read, resumes a pause, or a key it took for new is held
+                answers = self._submit_in(reading(), requests, now, admission, reading)
                 c.execute("COMMIT")
-            else:
-                # Nothing was read: the rows, their ids and the wake-up are one round trip.
-                answers = self._submit_pipelined(c, requests, now, p)
         except BaseException:
             if not c.closed and not c.broken and c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 with contextlib.suppress(psycopg.Error):
@@ -89,22 +103,55 @@ class PgSubmit:
                                           for s in a if not s.duplicate)
         return answers
 
-    def _submit_pipelined(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
-                          p: adm.Plan) -> list[list[Submitted] | adm.Refusal]:
+    def _submit_unread(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
+                       admission: adm.Admission, reading: Callable[[], psycopg.Connection],
+                       ) -> list[list[Submitted] | adm.Refusal] | None:
+        """The submit as one statement, when admission needs no read but its idempotency
+        keys': those are taken for new, and the statement inserts all its rows or, if any
+        key is held already, none (a resend, or an event delivered again). Returns None
+        when it cannot be one statement or a key was held; the caller then plans again,
+        reading, in a locked transaction (`reading` begins it). A keyed submit is what the
+        client sends for every `enqueue` (its automatic key makes a resend safe): looking
+        each key up first cost three more round trips and the submit lock."""
+        guard = False
+
+        def taken_for_new(key: str) -> adm.Existing | None:
+            nonlocal guard
+            guard = True
+            return None
+
+        p = adm.plan(requests, now, admission,
+                     dataclasses.replace(self._lookups(reading, now, admission.max_queued),
+                                         by_idempotency_key=taken_for_new))
+        if c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            return None  # a lookup read, under the lock: plan again in that transaction
+        if any(j.manual for _, _, j in p.inserts):  # an operator's run resumes its pause
+            return None
         if not p.inserts:
             return adm.finish(p, requests, [], now)
+        if guard and len(p.inserts) > _ROWS_PER_INSERT:
+            return None  # several statements cannot guard their keys as one
         # A submit that read nothing needs no lock: whatever another host's admission read
-        # under it, this submit is as if it came after that one. One statement is one
-        # transaction (autocommit); a batch over the statement's limit is several, in one
-        # pipelined transaction.
+        # under it, this submit is as if it came after that one (and a key inserted by
+        # another host meanwhile fails this one's unique index: it plans again). One
+        # statement is one transaction (autocommit); a batch over the statement's limit is
+        # several, in one pipelined transaction.
         if len(p.inserts) <= _ROWS_PER_INSERT:
-            cursors = self._insert(c, p, now)
+            try:
+                ids = self._ids(self._insert(c, p, now, guard_keys=guard))
+            except psycopg.errors.UniqueViolation as e:
+                if e.diag.constraint_name != "jobs_idempotency":
+                    raise
+                return None
+            if not ids:  # a key is held: nothing was inserted
+                return None
         else:
             with c.pipeline():
                 c.execute("BEGIN")
                 cursors = self._insert(c, p, now)
                 c.execute("COMMIT")
-        return adm.finish(p, requests, self._ids(cursors), now)
+            ids = self._ids(cursors)
+        return adm.finish(p, requests, ids, now)
 
     def _submit_unadmitted(self, c: psycopg.Connection, jobs: list[NewJob], now: float) -> None:
         """Insert jobs that no admission rule applies to, in the caller's transaction: a
@@ -119,10 +166,11 @@ class PgSubmit:
                          new_keys_only=True)
 
     @staticmethod
-    def _insert(c: psycopg.Connection, p: adm.Plan, now: float,
-                new_keys_only: bool = False) -> list[psycopg.RawCursor]:
+    def _insert(c: psycopg.Connection, p: adm.Plan, now: float, new_keys_only: bool = False,
+                guard_keys: bool = False) -> list[psycopg.RawCursor]:
         """The planned inserts, in statements of at most _ROWS_PER_INSERT rows; the pools of
-        the queued ones are woken by the first. Returns the statements' cursors."""
+        the queued ones are woken by the first. Returns the statements' cursors. With
+        guard_keys (one statement only): all or none, as _insert_sql says."""
         flat: list[Any] = []
         pools = set()
         for _, _, j in p.inserts:
@@ -138,7 +186,7 @@ class PgSubmit:
             params = flat[at * width:(at + rows) * width]
             wake = not cursors and bool(pools)
             cur = psycopg.RawCursor(c)
-            cursors.append(cur.execute(_insert_sql(rows, wake, new_keys_only),
+            cursors.append(cur.execute(_insert_sql(rows, wake, new_keys_only, guard_keys),
                                        (CHANNEL, sorted(pools), *params) if wake else params))
         return cursors
 
