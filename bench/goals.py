@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from bench.manyclients import RATE
 from bench.peers import HUEY, QUEICK, QUEICKD_MEMORY, QUEICKD_SQLITE
-from bench.pgsetup import PGQUEUER, QUEICKD_ENQUEUE, queickd_target
+from bench.pgsetup import PGQUEUER, QUEICKD_ENQUEUE, RAW_LOOPBACK, RAW_ROWS, queickd_target
 from bench.running import E2E_MANY, E2E_SINGLE
 from bench.scenarios import RAW_LONE, RAW_LONE_TCP
 
@@ -111,9 +111,37 @@ def _per_process(scenario: str, label: str, k: int) -> Callable[[Results], float
 
 PG_ENQ, PG_IDLE_TX, PG_E2E, PG_BACKEND_CPU = ("enqueue rate", "transactions", "jobs/s",
                                                "CPU per job, its server backends")
+
+
+def pg_serial_floor(res: Results) -> float | None:
+    """Acks/s of one client that waits for each ack from a daemon writing to PostgreSQL:
+    1 / (loopback round trip + a bare one-row autocommit insert), both of this run."""
+    trip = res.median(("raw", RAW_LOOPBACK, "round trip"))
+    rows = res.median(("raw", RAW_ROWS, "rows/s, one per statement"))
+    return 1e6 / (trip + 1e6 / rows) if trip and rows else None
+
+
+def _pg_floor_text(res: Results) -> list[str]:
+    """What the floors of this run allow against pgqueuer: where an aim is past them."""
+    peer_one = res.median(("enqueue-single", PGQUEUER, PG_ENQ))
+    peer_batch = res.median(("enqueue-batch", PGQUEUER, PG_ENQ))
+    floor = pg_serial_floor(res)
+    rows_batch = next((res.median(k) for k in res.metrics if k[:2] == ("raw", RAW_ROWS)
+                       and k[2].startswith("rows/s, ") and "one per" not in k[2]), None)
+    out = []
+    if floor and peer_one:
+        out.append(f"one enqueue at a time through a daemon: its serial floor is {floor:,.0f} jobs/s = "
+                   f"{floor / peer_one:.2f}x pgqueuer (an aim above that is past the floor)")
+    if rows_batch and peer_batch:
+        out.append(f"1,000 per request: bare rows, {rows_batch:,.0f}/s = {rows_batch / peer_batch:.2f}x pgqueuer")
+    return out
+
+
 PG_GOALS = [
     Goal("one enqueue at a time: queickd pg >= 1.5x pgqueuer", ("enqueue-single", QUEICKD_ENQUEUE, PG_ENQ),
          ("enqueue-single", PGQUEUER, PG_ENQ), 1.5),
+    Goal("one enqueue at a time: queickd pg >= 0.6x its serial floor", ("enqueue-single", QUEICKD_ENQUEUE, PG_ENQ),
+         pg_serial_floor, 0.6),
     Goal("1,000 per request: queickd pg >= 2x pgqueuer", ("enqueue-batch", QUEICKD_ENQUEUE, PG_ENQ),
          ("enqueue-batch", PGQUEUER, PG_ENQ), 2.0),
     Goal("idle, daemon + 1 worker: transactions/min per process <= pgqueuer's", _per_process("idle", PG_IDLE_TX, 1),
@@ -131,5 +159,6 @@ PG_GOALS = [
 
 
 def pg_goal_lines(res: Results) -> list[str]:
-    """One line per PostgreSQL goal whose value was measured in this run."""
-    return [g.check(res) for g in PG_GOALS if g.measured(res) is not None]
+    """One line per PostgreSQL goal whose value was measured in this run, then what the
+    floors of this run allow."""
+    return [g.check(res) for g in PG_GOALS if g.measured(res) is not None] + _pg_floor_text(res)

@@ -5,8 +5,9 @@ bench/pg.py.
 
 KIND is SYSTEM-WHAT: SYSTEM is queickd (runs under this project's Python and talks to the
 daemon's port), pgqueuer (runs under the pgqueuer virtualenv's Python: asyncpg) or
-procrastinate (under the procrastinate virtualenv's Python: psycopg); WHAT is enqueue, e2e or
-crash-client. Standard library only at import time; each kind imports its client lazily.
+procrastinate (under the procrastinate virtualenv's Python: psycopg) or raw (bare rows, no
+queue, this project's Python: psycopg); WHAT is enqueue, e2e or crash-client. Standard
+library only at import time; each kind imports its client lazily.
 Peer probes run in the run's temp dir, which holds benchjobs.py and the peer's app module
 (pgqueuer_app.py / procrastinate_app.py), so they enqueue exactly what the peer's workers run.
 Every loop is bounded by a count and a deadline.
@@ -191,12 +192,47 @@ class ProcrastinateClient(Client):
         return {r["s"]: int(r["n"]) for r in rows}
 
 
-CLIENTS: dict[str, type[Client]] = {
-    "queickd": QueickdClient, "pgqueuer": PgqueuerClient, "procrastinate": ProcrastinateClient,
-}
 
 
 # --- measurements ---------------------------------------------------------------------------------
+class RawClient(Client):
+    """No queue: bare rows (a bigserial id and a short text) inserted into a table of their
+    own by psycopg in autocommit, one statement per request, the way a queue's client
+    that writes to the database itself would at the least. The floor under any of them."""
+
+    async def open(self, a: argparse.Namespace) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(a.dsn, autocommit=True, connect_timeout=int(CLIENT_TIMEOUT))
+        self.conn.execute("CREATE TABLE IF NOT EXISTS raw_rows (id bigserial PRIMARY KEY, v text)")
+
+    async def close(self) -> None:
+        self.conn.close()
+
+    async def noop(self, n: int) -> int:
+        if n == 1:
+            self.conn.execute("INSERT INTO raw_rows (v) VALUES (%s)", ("noop",))
+            return 1
+        return self.conn.execute("INSERT INTO raw_rows (v) SELECT unnest(%s::text[])", (["noop"] * n,)).rowcount
+
+    async def append_byte(self, path: str, n: int) -> None:
+        raise NotImplementedError("raw rows run nothing")
+
+    async def append_line_after(self, path: str, token: str, seconds: float) -> None:
+        raise NotImplementedError("raw rows run nothing")
+
+    async def unfinished(self) -> int:
+        return int(self.conn.execute("SELECT count(*) FROM raw_rows").fetchone()[0])
+
+    async def states(self) -> dict[str, int]:
+        return {"rows": await self.unfinished()}
+
+
+CLIENTS: dict[str, type[Client]] = {
+    "queickd": QueickdClient, "pgqueuer": PgqueuerClient, "procrastinate": ProcrastinateClient, "raw": RawClient,
+}
+
+
 async def enqueue(c: Client, a: argparse.Namespace) -> dict[str, Any]:
     """N no-op jobs: one per request (--mode single) or --chunk per request (--mode batch)."""
     sizes = [1] * a.n if a.mode == "single" else _chunks(a.n, a.chunk)

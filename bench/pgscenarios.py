@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from bench.pgserve import (
     fresh,
+    run_probe,
     serve,
 )
 from bench.pgsetup import (
@@ -19,15 +21,20 @@ from bench.pgsetup import (
     PEERS,
     PROBES,
     QUEICKD_ENQUEUE,
+    RAW_LOOPBACK,
+    RAW_ROWS,
     Settings,
     queickd_target,
 )
 from bench.processes import (
+    BENCH_DIR,
+    _clean_env,
     _kill_group,
     _reap,
     _spawn,
 )
 from bench.report import Results
+from bench.scenarios import against_echo_server
 
 
 # --- scenarios ----------------------------------------------------------------------------------------
@@ -49,6 +56,24 @@ def run_enqueue(s: Settings, res: Results, scenario: str, target: str) -> None:
             raw={**probe, "server_cpu_s": server_cpu})
     res.add(scenario, "client+daemon CPU per job", target, "µs", (probe["client_cpu_s"] + server_cpu) / n * 1e6,
             higher_is_better=False)
+
+
+def run_raw(s: Settings, res: Results, scenario: str, target: str) -> None:
+    """The floors under the enqueue rows, from the same run: bare rows inserted one and
+    s.chunk per autocommit statement (what a client writing to the database itself pays at
+    the least), and one loopback round trip between two processes (what a client talking
+    to a daemon pays on top, one per request)."""
+    if target == RAW_LOOPBACK:
+        probe = against_echo_server("tcp-rtt", "--seconds", "3", timeout=60.0)
+        res.add(scenario, "round trip", target, "µs", 1e6 / probe["rate"], higher_is_better=False, raw=probe)
+        return
+    n = s.enqueue_jobs
+    env = {**_clean_env(), "PYTHONPATH": str(BENCH_DIR)}
+    for mode, label in (("single", "rows/s, one per statement"), ("batch", f"rows/s, {s.chunk} per statement")):
+        with fresh(s, "raw") as (db, d):
+            probe = run_probe(sys.executable, "raw-enqueue", ["--dsn", db.dsn, "--mode", mode, "--n", str(n),
+                                                              "--chunk", str(s.chunk)], d, env, 60.0 + n / 50)
+        res.add(scenario, label, target, "rows/s", probe["rate"], higher_is_better=True, raw=probe)
 
 
 def run_e2e(s: Settings, res: Results, scenario: str, target: str) -> None:
@@ -197,6 +222,7 @@ def scenarios(s: Settings) -> list[Scenario]:
     return [
         Scenario("enqueue-single", f"enqueue {s.enqueue_jobs:,} no-ops, one per request", enq, run_enqueue),
         Scenario("enqueue-batch", f"enqueue {s.enqueue_jobs:,} no-ops, {s.chunk} per request", enq, run_enqueue),
+        Scenario("raw", "the floors: bare rows, a loopback round trip", [RAW_ROWS, RAW_LOOPBACK], run_raw),
         Scenario("e2e", f"end to end, {s.e2e_jobs:,} one-byte jobs, {s.concurrency} slots", fleet, run_e2e),
         Scenario("idle", f"idle, {s.idle_seconds:g} s after {s.idle_warmup:g} s warm-up", fleet, run_idle),
         Scenario("crash", f"kill -9 of the workers after {s.crash_acks:,} acks",

@@ -32,6 +32,8 @@ PGQUEUER = f"pgqueuer {PGQUEUER_PINS['pgqueuer']}"
 PROCRASTINATE = f"procrastinate {PROCRASTINATE_PINS['procrastinate']}"
 PEERS = (PGQUEUER, PROCRASTINATE)
 QUEICKD_ENQUEUE = "queickd pg (daemon)"
+RAW_ROWS = "bare rows, psycopg (no queue)"  # the floors: no queue at all
+RAW_LOOPBACK = "loopback TCP, 2 processes"
 WORKER_UP = re.compile(r"worker serving pool")
 CRASH_JOB_SECONDS = 0.05  # each crash job works this long, so some are running at the kill
 

@@ -275,7 +275,7 @@ def run_raw_lone(s: Settings, res: Results, scenario: str, target: str) -> None:
                 raw=probe if key == "p50" else None)
 
 
-def _against_echo_server(s: Settings, *args: str, timeout: float) -> dict[str, Any]:
+def against_echo_server(*args: str, timeout: float) -> dict[str, Any]:
     """Run a probe against a fresh loopback echo server process."""
     server = _spawn([sys.executable, str(PROBES), "tcp-echo-server", "--max-seconds", str(30 + timeout)],
                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_clean_env())
@@ -288,12 +288,12 @@ def _against_echo_server(s: Settings, *args: str, timeout: float) -> dict[str, A
 
 
 def run_raw_tcp(s: Settings, res: Results, scenario: str, target: str) -> None:
-    probe = _against_echo_server(s, "tcp-rtt", "--seconds", str(s.raw_seconds), timeout=60.0 + s.raw_seconds)
+    probe = against_echo_server("tcp-rtt", "--seconds", str(s.raw_seconds), timeout=60.0 + s.raw_seconds)
     res.add(scenario, "round trips/s", target, "trips/s", probe["rate"], higher_is_better=True, raw=probe)
 
 
 def run_raw_lone_tcp(s: Settings, res: Results, scenario: str, target: str) -> None:
-    probe = _against_echo_server(s, "tcp-lone-rtt", "--n", str(s.latency_samples), "--interval", "0.05",
+    probe = against_echo_server("tcp-lone-rtt", "--n", str(s.latency_samples), "--interval", "0.05",
                                  timeout=60.0 + s.latency_samples)
     for key in ("p50", "p90", "p99"):
         res.add(scenario, f"lone round trip {key}", target, "ms", probe[f"{key}_ms"], higher_is_better=False,
