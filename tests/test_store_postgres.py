@@ -416,3 +416,42 @@ def test_a_request_with_a_held_key_stores_its_new_jobs_once_and_names_the_held_o
     assert (again.job_id, again.duplicate) == (held.job_id, True)
     assert not new.duplicate and new.job_id != held.job_id
     assert pg_store.counts()[State.QUEUED] == 2
+
+
+def _copied_batch(n: int = 100) -> list:
+    from queickd.store.pgsubmit import _COPY_FROM
+
+    assert n >= _COPY_FROM  # sent by COPY, not as one INSERT
+    return [job(args=[i, "x"], priority=i % 3, retry=None) for i in range(n)]
+
+
+def test_a_batch_sent_by_copy_is_stored_in_its_order_with_its_fields(pg_store):
+    batch = _copied_batch() + [job(run_at=T0 + 60, kwargs={"k": "v"}, pool="later")] * 64
+    stored = pg_store.submit(batch, T0)
+    ids = [s.job_id for s in stored]
+    assert ids == sorted(ids) and len(set(ids)) == len(batch)
+    assert [s.state for s in stored] == [State.QUEUED] * 100 + [State.SCHEDULED] * 64
+    first, last = pg_store.get(ids[0]), pg_store.get(ids[-1])
+    assert (first.args, first.priority, first.state) == ([0, "x"], 0, State.QUEUED)
+    assert (last.kwargs, last.pool, last.run_at, last.state) == ({"k": "v"}, "later", T0 + 60, State.SCHEDULED)
+
+
+def test_a_batch_sent_by_copy_is_stored_all_or_nothing(pg_store):
+    import psycopg
+
+    bad = job(func="m:f\x00")  # PostgreSQL's text cannot hold a NUL: the server refuses the row
+    with pytest.raises(psycopg.Error):
+        pg_store.submit([*_copied_batch(), bad], T0)
+    assert pg_store.counts().get(State.QUEUED, 0) == 0
+    assert len(pg_store.submit(_copied_batch(), T0)) == 100  # the connection is usable after
+
+
+def test_a_batch_sent_by_copy_wakes_the_pools_of_its_queued_jobs_at_commit(pg_store):
+    import psycopg
+
+    listener = psycopg.connect(pg_store._dsn, autocommit=True)
+    listener.execute("LISTEN queickd")
+    pg_store.submit([*_copied_batch(), job(pool="gpu"), job(pool="later", run_at=T0 + 60)], T0)
+    assert sorted(n.payload for n in listener.notifies(timeout=1, stop_after=2)) == ["q:default", "q:gpu"]
+    assert list(listener.notifies(timeout=0.2)) == []  # the scheduled job's pool is not woken
+    listener.close()
