@@ -46,6 +46,13 @@ class RulesContract:
         (ok,) = store.submit_requests([[job()]], T0, Admission(max_queued=2))
         assert not isinstance(ok, Refusal)
 
+    def test_a_resent_idempotency_key_does_not_count_against_the_cap(self, store):
+        limits = Admission(max_queued=10)
+        store.submit_requests([[job(idempotency_key="sent"), *[job() for _ in range(4)]]], T0, limits)
+        (again,) = store.submit_requests([[job(idempotency_key="sent"), *[job() for _ in range(5)]]], T0, limits)
+        assert not isinstance(again, Refusal) and again[0].duplicate
+        assert store.counts()[State.QUEUED] == 10
+
     def test_a_request_over_the_cap_is_refused_whole(self, store):
         (answer,) = store.submit_requests([[job(key="k"), job(key="k"), job(key="k")]], T0,
                                           Admission(max_queued_per_key=2))

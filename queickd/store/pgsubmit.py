@@ -134,6 +134,8 @@ class PgSubmit:
             return None  # a lookup read, under the lock: plan again in that transaction
         if any(j.manual for _, _, j in p.inserts):  # an operator's run resumes its pause
             return None
+        if guard and any(isinstance(a, adm.Refusal) for a in p.answers):
+            return None  # a held key would not have counted against the cap: plan again, reading
         if not p.inserts:
             return adm.finish(p, requests, [], now)
         if guard and len(p.inserts) > _ROWS_PER_INSERT:
