@@ -174,15 +174,16 @@ def test_enqueues_and_finishes_are_announced_at_commit_with_their_pool_or_ids(pg
     import psycopg
 
     listener = psycopg.connect(pg_store._dsn, autocommit=True)
-    listener.execute("LISTEN queickd")
+    listener.execute("LISTEN queickd; LISTEN queickd_finished")
     plain, keyed = pg_store.submit([job(pool="gpu"), job(key="k")], T0)
     a, b = pg_store.claim_available(2, T0)
     pg_store.finish_if_running([Outcome.succeeded(a.id, None)], T0)
     pg_store.finish_if_running([Outcome.succeeded(b.id, None)], T0)
     pg_store.retry_all_dead(T0)  # nothing dead: no announcement
-    payloads = [n.payload for n in listener.notifies(timeout=1, stop_after=4)]
-    kinds = {a.id: "fk" if a.key else "f", b.id: "fk" if b.key else "f"}
-    assert payloads == ["q:default", "q:gpu", f"{kinds[a.id]}:{a.id}", f"{kinds[b.id]}:{b.id}"]
+    heard = [(n.channel, n.payload) for n in listener.notifies(timeout=1, stop_after=4)]
+    # A finish that frees a key wakes the workers; one that frees nothing tells the daemons.
+    told = {j.id: ("queickd", f"fk:{j.id}") if j.key else ("queickd_finished", f"f:{j.id}") for j in (a, b)}
+    assert heard == [("queickd", "q:default"), ("queickd", "q:gpu"), told[a.id], told[b.id]]
     with pg_store.batch():
         pg_store.submit([job()], T0)
         assert list(listener.notifies(timeout=0.2)) == []  # not before the commit
@@ -455,3 +456,36 @@ def test_a_batch_sent_by_copy_wakes_the_pools_of_its_queued_jobs_at_commit(pg_st
     assert sorted(n.payload for n in listener.notifies(timeout=1, stop_after=2)) == ["q:default", "q:gpu"]
     assert list(listener.notifies(timeout=0.2)) == []  # the scheduled job's pool is not woken
     listener.close()
+
+
+def test_a_worker_listener_hears_wake_ups_but_not_the_finishes_that_free_nothing(pg_fresh_database):
+    import queue
+
+    from queickd.services.fleet import Listener
+    from queickd.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_fresh_database)
+    heard = {"worker": queue.Queue(), "daemon": queue.Queue()}
+    listeners = [Listener(store, heard["worker"].put, lambda: None, finished=False),
+                 Listener(store, heard["daemon"].put, lambda: None)]
+    for listener in listeners:
+        listener.start()
+        assert listener.connected.wait(10)
+    try:
+        (plain,) = store.submit([job()], T0)
+        (one,) = store.claim_available(1, T0)
+        store.finish_if_running([Outcome.succeeded(one.id, None)], T0)
+        (keyed,) = store.submit([job(key="k")], T0)
+        (two,) = store.claim_available(1, T0)
+        store.finish_if_running([Outcome.succeeded(two.id, None)], T0)
+
+        def first(who: str, n: int) -> list[str]:
+            return [heard[who].get(timeout=10) for _ in range(n)]
+
+        # Delivered in commit order: the worker's last is the keyed finish, so it never heard the plain one.
+        assert first("worker", 3) == ["q:default", "q:default", f"fk:{two.id}"]
+        assert first("daemon", 4) == ["q:default", f"f:{one.id}", "q:default", f"fk:{two.id}"]
+    finally:
+        for listener in listeners:
+            listener.stop()
+        store.close()

@@ -4,8 +4,8 @@ A process that runs jobs from a shared store (a daemon, or an external `queick w
 registers in the store's worker registry, then keeps two threads of its own, apart from
 the threads that run jobs, so a long or CPU-bound job never silences them:
 - the listener holds a connection that LISTENs; a notification wakes the worker pool (or,
-  for finished jobs, the clients waiting on them; for budgets written by another process,
-  their reader). The connection is watched: when it drops, the listener reconnects and at
+  for finished jobs, the clients waiting on them: a daemon's listener alone hears of the
+  finishes that free nothing; for budgets written by another process, their reader). The connection is watched: when it drops, the listener reconnects and at
   once wakes the pool for a sweep (and reads the budgets again), so a lost NOTIFY costs at
   most one sweep interval, never a stuck job.
 - the heartbeat beats every `heartbeat` seconds, re-queues the running jobs of workers
@@ -36,11 +36,13 @@ _RECONNECT_MAX = 30.0
 
 
 class Listener:
-    """LISTEN on the store's channel in a thread of its own; reconnects when dropped."""
+    """LISTEN on the store's channels in a thread of its own; reconnects when dropped.
+    `finished`: also on the channel of finishes that free nothing (for waiting clients)."""
 
     def __init__(self, store: FleetStore, on_notify: Callable[[str], None], on_reconnect: Callable[[], None],
-                 *, poll: float = 2.0) -> None:
+                 *, poll: float = 2.0, finished: bool = True) -> None:
         self.store = store
+        self._finished = finished
         self._on_notify = on_notify
         self._on_reconnect = on_reconnect
         self._poll = poll  # how often the thread checks for stop(); no query is sent
@@ -63,7 +65,9 @@ class Listener:
             self._thread.join(0.2)
 
     def _run(self) -> None:
-        from ..store.pgregistry import CHANNEL
+        from ..store.pgregistry import CHANNEL, FINISHED_CHANNEL
+
+        channels = [CHANNEL, FINISHED_CHANNEL] if self._finished else [CHANNEL]
 
         backoff = 0.5
         first = True
@@ -78,10 +82,10 @@ class Listener:
                 backoff = min(backoff * 2, _RECONNECT_MAX)
                 continue
             try:
-                conn.execute(f"LISTEN {CHANNEL}")
+                conn.execute("; ".join(f"LISTEN {ch}" for ch in channels))
                 self.connected.set()
                 if first:
-                    log.debug("listener: listening on channel %s", CHANNEL)
+                    log.debug("listener: listening on channel(s) %s", ", ".join(channels))
                 else:
                     self.reconnects += 1
                     log.warning("listener: reconnected; sweeping for work that a lost notification announced")
@@ -170,7 +174,7 @@ class FleetMember:
 
     def __init__(self, store: FleetStore, pool: WorkerPool, *, kind: str, heartbeat: float = DEFAULT_HEARTBEAT,
                  sweep: float = 60.0, max_orphan_requeues: int = 3,
-                 on_finished_ids: Callable[[list[int]], None] = lambda ids: None,
+                 on_finished_ids: Callable[[list[int]], None] | None = None,
                  on_scheduled: Callable[[float], None] = lambda run_at: None,
                  on_version_change: Callable[[str], None] = lambda reason: None,
                  on_budgets: Callable[[], None] = lambda: None,
@@ -182,7 +186,8 @@ class FleetMember:
         self._on_finished_ids = on_finished_ids
         self._on_scheduled = on_scheduled
         self._on_budgets = on_budgets  # the budgets in force may have changed: read them again
-        self.listener = Listener(store, self._notified, self._reconnected)
+        # Without clients waiting on jobs (an external worker) it need not hear of every finish.
+        self.listener = Listener(store, self._notified, self._reconnected, finished=on_finished_ids is not None)
         self.heartbeat = Heartbeat(store, interval=heartbeat, sweep=sweep,
                                    max_orphan_requeues=max_orphan_requeues, wake=pool.wake,
                                    reregister=self._register, on_version_change=on_version_change,
@@ -232,7 +237,8 @@ class FleetMember:
             if kind == "fk":
                 self.pool.wake()  # a finished job freed a key, a group slot or budget: what waited may run
             try:
-                self._on_finished_ids([int(i) for i in rest.split(",") if i])
+                if self._on_finished_ids is not None:
+                    self._on_finished_ids([int(i) for i in rest.split(",") if i])
             except ValueError:
                 log.warning("listener: unreadable notification %r", payload[:80])
         elif kind == "s":

@@ -20,15 +20,19 @@ from .. import __version__
 from .pgschema import MIGRATE_LOCK, MIGRATIONS, SCHEMA_VERSION, VersionMismatchError, parse_version
 
 CHANNEL = "queickd"  # the LISTEN/NOTIFY channel of wake-ups
+# Finishes that free nothing (`f:IDS`) concern only clients waiting on those jobs, whom
+# daemons serve: on a channel of their own, so a worker process is not woken by every
+# finish of every other process (each delivery costs the listener's backend and thread).
+FINISHED_CHANNEL = "queickd_finished"
 MISSED_BEATS = 3  # a worker that missed this many heartbeats is gone
 DB_NOW = "extract(epoch from clock_timestamp())"
 # A worker is alive while its last beat is younger than MISSED_BEATS of its intervals.
 ALIVE = f"w.refused IS NULL AND w.beat_at >= {DB_NOW} - {MISSED_BEATS} * w.heartbeat"
 
 
-def notify(c: psycopg.Connection, payload: str) -> None:
+def notify(c: psycopg.Connection, payload: str, channel: str = CHANNEL) -> None:
     """NOTIFY the channel; delivered when the caller's transaction commits, if it does."""
-    c.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+    c.execute("SELECT pg_notify(%s, %s)", (channel, payload))
 
 
 class FleetRecords:

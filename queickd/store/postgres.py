@@ -17,10 +17,12 @@ What the database guarantees, not luck:
   reads nothing is a single statement (its rows, their ids, the wake-up), one round trip.
   The group commit makes that one submit per batch, not per job.
 Wake-ups go out as NOTIFY on channel `queickd` when jobs become claimable (`q:POOL`), when
-jobs finish (`f:ID,ID,...` for clients waiting on them; `fk:` when one of them held a key,
-which is free now), when a failed job is scheduled for a retry (`s:RUN_AT`, for the
-daemons' timers) and when jobs are released (`r`: re-queued, resumed, retried). They go
-out at commit, never for a rolled-back change.
+jobs finish and one of them held a key, a group's slot or a budgeted pool's units, free
+now (`fk:ID,ID,...`), when a failed job is scheduled for a retry (`s:RUN_AT`, for the
+daemons' timers) and when jobs are released (`r`: re-queued, resumed, retried). Other
+finishes (`f:ID,ID,...`) go to channel `queickd_finished`, which only daemons (they serve
+the clients waiting on jobs) listen to. They go out at commit, never for a rolled-back
+change.
 
 Liveness is by record: workers (daemons included) register in `workers` and beat from a
 thread of their own; a running job is an orphan only when its worker has missed three
@@ -45,7 +47,7 @@ from . import rows as dbrows
 from .base import StoreBase
 from .pgclaim import PgClaims
 from .pgconn import PgConnections
-from .pgregistry import ALIVE, FleetRecords, notify
+from .pgregistry import ALIVE, CHANNEL, FINISHED_CHANNEL, FleetRecords, notify
 from .pgsubmit import WAITING_SQL, PgSubmit
 from .pools import set_pool_sql
 from .records import CronFire, CronRecord, EventAccepted, Finished, NewEvent, Pause, Recovered
@@ -142,14 +144,18 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
                 col.append(v)
         # The finish notification rides in the same statement when its ids fit one payload.
         # "fk": a key, a group's slot or a budgeted pool's units were freed, so workers look
-        # for the next job held back by it; "f" only tells waiting clients (every worker
-        # waking on every finish would be a claim query per worker per finish for nothing).
+        # for the next job held back by it; "f" only tells waiting clients, on a channel that
+        # only daemons hear (a worker waking on every finish would be a claim query per
+        # worker per finish for nothing, and each delivery costs a backend and a thread).
         # Finished jobs of workflow steps: their runs advance (locked, one after the other).
         steps = {o.job_id: o for o in outcomes
                  if o.workflow_run is not None and o.state in (State.SUCCEEDED, State.DEAD)}
         inline = len(outcomes) <= _NOTIFY_IDS
-        told = (", told AS (SELECT pg_notify('queickd', CASE WHEN bool_or(frees) THEN 'fk:'"
-                " ELSE 'f:' END || string_agg(id::text, ',')) FROM done)") if inline else ""
+        told = (f", told AS (SELECT CASE WHEN d.frees THEN pg_notify('{CHANNEL}', 'fk:' || ids)"
+                f" ELSE pg_notify('{FINISHED_CHANNEL}', 'f:' || ids) END"
+                " FROM (SELECT bool_or(frees) AS frees, string_agg(id::text, ',') AS ids FROM done) AS d"
+                " WHERE d.ids IS NOT NULL)"
+                ) if inline else ""
         # Successes are the steady state: their finish, notification and streak resets are
         # one statement. A failure's streak counting follows it in the same transaction.
         with self._write() as c:
@@ -198,10 +204,11 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
                             pause_cooldown)
                 paused, next_probe = self._write_pauses(c, p), p.next_probe
             if not inline:
-                kind = "fk:" if any(r[3] for r in rows) else "f:"
+                frees = any(r[3] for r in rows)
+                kind, channel = ("fk:", CHANNEL) if frees else ("f:", FINISHED_CHANNEL)
                 ids = [r[0] for r in rows]
                 for i in range(0, len(ids), _NOTIFY_IDS):
-                    notify(c, kind + ",".join(map(str, ids[i:i + _NOTIFY_IDS])))
+                    notify(c, kind + ",".join(map(str, ids[i:i + _NOTIFY_IDS])), channel)
         return Finished(len(rows), paused, next_probe)
 
     @staticmethod
