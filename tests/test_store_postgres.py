@@ -489,3 +489,20 @@ def test_a_worker_listener_hears_wake_ups_but_not_the_finishes_that_free_nothing
         for listener in listeners:
             listener.stop()
         store.close()
+
+
+def test_a_read_on_a_connection_the_server_dropped_is_sent_again_on_a_new_one(pg_url, pg_store):
+    import time
+
+    import psycopg
+
+    (stored,) = pg_store.submit([job()], T0)
+    pid = pg_store._conn().execute("SELECT pg_backend_pid()").fetchone()[0]
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        deadline = time.monotonic() + 10
+        while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+            assert time.monotonic() < deadline, "the terminated backend did not go"
+            time.sleep(0.01)
+    assert pg_store.get(stored.job_id).id == stored.job_id
+    assert pg_store._conn().execute("SELECT pg_backend_pid()").fetchone()[0] != pid

@@ -148,4 +148,13 @@ class _Reads:
 
     def execute(self, query: Any, params: Any = None) -> psycopg.Cursor:
         with self._store._lease() as c:
-            return c.execute(query, params)
+            try:
+                return c.execute(query, params)
+            except psycopg.OperationalError:
+                # A connection lost while idle (a server restart, a failover, a terminated
+                # backend) is found out by the next statement sent on it: a read is sent
+                # again once on a new connection rather than failing its caller (a client's
+                # `wait` answered `internal`). Only reads: a write may have been applied.
+                if not c.broken or not isinstance(query, str) or not query.lstrip().upper().startswith("SELECT"):
+                    raise
+            return self._store._shared_conn().execute(query, params)
