@@ -491,6 +491,22 @@ def test_a_worker_listener_hears_wake_ups_but_not_the_finishes_that_free_nothing
         store.close()
 
 
+def test_a_heartbeat_sweeps_the_orphans_of_workers_that_stopped_beating(pg_url, pg_store):
+    from queickd.store.postgres import PostgresStore
+
+    gone = PostgresStore(pg_url, migrate=False)
+    gone.register_worker("worker", ["default"], 1, heartbeat=0.2)
+    pg_store.register_worker("daemon", ["default"], 1, heartbeat=60)
+    pg_store.submit([job()], T0)
+    (held,) = gone.claim_available(1, T0)
+    pg_store._conn().execute("UPDATE workers SET beat_at = beat_at - 1 WHERE id = %s", (gone.worker_id,))
+    beat = pg_store.beat(3, T0)
+    assert beat.found and beat.recovered is not None and beat.recovered.requeued == [held.id]
+    assert pg_store.get(held.id).state == State.QUEUED
+    assert pg_store.beat().recovered is None  # no sweep asked for
+    gone.close()
+
+
 def test_a_read_on_a_connection_the_server_dropped_is_sent_again_on_a_new_one(pg_url, pg_store):
     import time
 

@@ -143,7 +143,8 @@ class Heartbeat:
         reported = False
         while not self._stopping.wait(self.interval):
             try:
-                found, version, schema = self.store.beat()
+                b = self.store.beat(self.max_orphan_requeues, self._clock())  # and the orphan sweep
+                found, version, schema = b.found, b.version, b.schema
                 self.beats += 1
                 if not found:
                     log.warning("heartbeat: this worker's record was gone (it stalled for longer than "
@@ -155,8 +156,8 @@ class Heartbeat:
                     reported = True
                     self._on_version_change(f"the database is now at queickd {version} (schema {schema}); "
                                             f"this is {__version__} (schema {SCHEMA_VERSION})")
-                rec = self.store.recover_orphans(self.max_orphan_requeues, self._clock())
-                if rec.requeued or rec.dead:
+                rec = b.recovered
+                if rec is not None and (rec.requeued or rec.dead):
                     log.warning("jobs of workers that stopped beating: %d re-queued, %d dead (orphaned)",
                                 len(rec.requeued), len(rec.dead))
                     self._wake()

@@ -27,6 +27,7 @@ from ..core.policy.memory import Footprint
 from ..core.policy.resources import BudgetChange
 from ..core.workflow import Definition, RunRecord
 from .records import (
+    Beat,
     CronFire,
     CronRecord,
     Event,
@@ -425,8 +426,10 @@ class FleetStore(Store, Protocol):
         not); its claims carry the returned id."""
         ...
 
-    def beat(self) -> tuple[bool, str | None, int]:
-        """Heartbeat: (this worker's record was still there, database's version, schema)."""
+    def beat(self, max_orphan_requeues: int | None = None, now: float | None = None) -> Beat:
+        """Heartbeat: whether this worker's record was still there, and the database's
+        versions; with max_orphan_requeues, recover_orphans too, in the same transaction
+        (a failed sweep leaves the beat written: Beat.recovered is then None)."""
         ...
 
     def deregister_worker(self) -> int:

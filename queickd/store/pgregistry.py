@@ -9,8 +9,10 @@ clock, so hosts whose clocks disagree still agree on who is alive.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +20,9 @@ import psycopg
 
 from .. import __version__
 from .pgschema import MIGRATE_LOCK, MIGRATIONS, SCHEMA_VERSION, VersionMismatchError, parse_version
+from .records import Beat
+
+log = logging.getLogger("queickd.store")
 
 CHANNEL = "queickd"  # the LISTEN/NOTIFY channel of wake-ups
 # Finishes that free nothing (`f:IDS`) concern only clients waiting on those jobs, whom
@@ -104,17 +109,28 @@ class FleetRecords:
             self.worker_id = worker_id
         return worker_id
 
-    def beat(self) -> tuple[bool, str | None, int]:
-        """Heartbeat: (our record was still there, database's queickd version, schema
-        version). A record that is gone (swept as dead after a long stall) is recreated by
-        the caller; the jobs it held were re-queued and are no longer ours."""
+    def beat(self, max_orphan_requeues: int | None = None, now: float | None = None) -> Beat:
+        """Heartbeat: our record was still there, and the database's queickd and schema
+        versions. A record that is gone (swept as dead after a long stall) is recreated by
+        the caller; the jobs it held were re-queued and are no longer ours. With
+        max_orphan_requeues, the orphan sweep (recover_orphans) rides in the same
+        transaction, under a savepoint: a sweep that fails leaves the beat written. One
+        transaction every beat instead of two: an idle fleet's load on the database."""
         # On the bookkeeping connection, whose transactions are the pool's short passes: a
         # long statement on the shared one (a huge submit) must not silence the beats.
+        recovered = None
         with self.batch(bookkeeping=True), self._write() as c:
             found = c.execute(f"UPDATE workers SET beat_at = {DB_NOW} WHERE id = %s RETURNING id",
                               (self.worker_id,)).fetchone() is not None
             rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
-        return found, rows.get("queickd_version"), int(rows.get("schema_version", 0))
+            if max_orphan_requeues is not None:
+                try:
+                    with c.transaction():
+                        recovered = self._recover_orphans_in(c, max_orphan_requeues,  # type: ignore[attr-defined]
+                                                             time.time() if now is None else now)
+                except Exception:
+                    log.exception("orphan sweep failed; the beat stands, the next beat sweeps again")
+        return Beat(found, rows.get("queickd_version"), int(rows.get("schema_version", 0)), recovered)
 
     def deregister_worker(self) -> int:
         """Remove this process's record. Returns how many jobs it still held running (they

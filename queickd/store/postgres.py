@@ -245,14 +245,17 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
         registered) are orphans; those of live workers are left alone, however long they
         have run. Safe to call from every daemon and worker at any time."""
         with self._write() as c:
-            # Locked (SKIP LOCKED: another sweep has those) until the plan is written.
-            p = orphans.plan(c.execute(
-                "SELECT id, orphaned FROM jobs WHERE state = 'running' AND (worker_id IS NULL OR NOT EXISTS"
-                f" (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND {ALIVE})) FOR UPDATE SKIP LOCKED"
-            ).fetchall(), max_requeues)
-            self._write_orphans(c, p, now)
-            if p.requeue:
-                notify(c, "r")
+            return self._recover_orphans_in(c, max_requeues, now)
+
+    def _recover_orphans_in(self, c: psycopg.Connection, max_requeues: int, now: float) -> Recovered:
+        # Locked (SKIP LOCKED: another sweep has those) until the plan is written.
+        p = orphans.plan(c.execute(
+            "SELECT id, orphaned FROM jobs WHERE state = 'running' AND (worker_id IS NULL OR NOT EXISTS"
+            f" (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND {ALIVE})) FOR UPDATE SKIP LOCKED"
+        ).fetchall(), max_requeues)
+        self._write_orphans(c, p, now)
+        if p.requeue:
+            notify(c, "r")
         return Recovered(p.requeue, p.dead)
 
     def waiting_by_pool(self) -> dict[str, int]:

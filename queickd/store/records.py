@@ -154,3 +154,15 @@ class Recovered:
 
     requeued: list[int]
     dead: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """What a heartbeat found: whether this worker's record was still there, the
+    database's queickd and schema versions, and what its orphan sweep did (None when it
+    swept nothing, or its sweep failed and only the beat was written)."""
+
+    found: bool
+    version: str | None
+    schema: int
+    recovered: Recovered | None = None
