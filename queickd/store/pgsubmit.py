@@ -143,25 +143,18 @@ class PgSubmit:
         # A submit that read nothing needs no lock: whatever another host's admission read
         # under it, this submit is as if it came after that one (and a key inserted by
         # another host meanwhile fails this one's unique index: it plans again). One
-        # statement is one transaction (autocommit); a batch over the statement's limit is
-        # several, in one pipelined transaction.
+        # statement is one transaction (autocommit); a large batch without keys is one
+        # transaction of COPY.
         if not guard and len(p.inserts) >= _COPY_FROM:
-            ids = self._copy(c, p, now)
-        elif len(p.inserts) <= _ROWS_PER_INSERT:
-            try:
-                ids = self._ids(self._insert(c, p, now, guard_keys=guard))
-            except psycopg.errors.UniqueViolation as e:
-                if e.diag.constraint_name != "jobs_idempotency":
-                    raise
-                return None
-            if not ids:  # a key is held: nothing was inserted
-                return None
-        else:
-            with c.pipeline():
-                c.execute("BEGIN")
-                cursors = self._insert(c, p, now)
-                c.execute("COMMIT")
-            ids = self._ids(cursors)
+            return adm.finish(p, requests, self._copy(c, p, now), now)
+        try:
+            ids = self._ids(self._insert(c, p, now, guard_keys=guard))
+        except psycopg.errors.UniqueViolation as e:
+            if e.diag.constraint_name != "jobs_idempotency":
+                raise
+            return None
+        if not ids:  # a key is held: nothing was inserted
+            return None
         return adm.finish(p, requests, ids, now)
 
     def _submit_unadmitted(self, c: psycopg.Connection, jobs: list[NewJob], now: float) -> None:
