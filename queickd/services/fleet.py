@@ -4,13 +4,15 @@ A process that runs jobs from a shared store (a daemon, or an external `queick w
 registers in the store's worker registry, then keeps two threads of its own, apart from
 the threads that run jobs, so a long or CPU-bound job never silences them:
 - the listener holds a connection that LISTENs; a notification wakes the worker pool (or,
-  for finished jobs, the clients waiting on them: a daemon's listener alone hears of the
-  finishes that free nothing; for budgets written by another process, their reader). The connection is watched: when it drops, the listener reconnects and at
-  once wakes the pool for a sweep (and reads the budgets again), so a lost NOTIFY costs at
-  most one sweep interval, never a stuck job.
-- the heartbeat beats every `heartbeat` seconds, re-queues the running jobs of workers
-  that missed three beats (safe to run in every process at once), wakes the pool once per
-  `sweep` as a safety net, and notices a database migrated to another version.
+  for finished jobs, the clients waiting on them: only a daemon's listener hears of the
+  finishes that free nothing; for budgets written by another process, their reader). The
+  connection is watched: when it drops, the listener reconnects and at once wakes the pool
+  for a sweep (and reads the budgets again), so a lost NOTIFY costs at most one sweep
+  interval, never a stuck job.
+- the heartbeat beats every `heartbeat` seconds and, in the same transaction, re-queues the
+  running jobs of workers that missed three beats (safe to run in every process at once);
+  it wakes the pool once per `sweep` as a safety net, and notices a database migrated to
+  another version.
 Nothing here imports psycopg at module import time; it is used only with a store that is a
 FleetStore (store/base.py: PostgreSQL).
 """
