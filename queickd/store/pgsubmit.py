@@ -36,13 +36,20 @@ _ROWS_PER_INSERT = 65535 // len(_NOT_ID)  # the protocol's limit of parameters p
 # A batch of at least this many rows without idempotency keys is sent by COPY: the server
 # parses a VALUES list of 20,000 parameters at ~20 us a row more than it takes COPY's rows
 # (in process, 1,000 rows: 56.6 -> 34.7 us a job, wall; 14.0 -> 8.9 of the store's CPU).
-# Below it the two more round trips (the ids, the wake-up) cost more than they save.
+# Smaller batches keep the one-statement insert: COPY costs two more round trips (the ids,
+# the wake-up). Where the two meet was not measured; 64 is a guess on the safe side.
 _COPY_FROM = 64
 _COPY_SQL = f"COPY jobs ({', '.join(dbrows.INSERT_COLS)}) FROM STDIN"
 _DRAW_IDS = "SELECT nextval(pg_get_serial_sequence('jobs', 'id')) FROM generate_series(1, %s)"
-_NOTIFY_POOLS = "(SELECT count(*) FROM (SELECT pg_notify($1, 'q:' || p) FROM unnest($2::text[]) AS p) AS n)"
-_NOTIFY_POOLS_IF_INSERTED = ("(SELECT count(*) FROM (SELECT pg_notify($1, 'q:' || p) FROM unnest($2::text[]) AS p"
-                             " WHERE EXISTS (SELECT 1 FROM ins)) AS n)")
+
+
+def _notify_pools(where: str = "") -> str:
+    """A scalar subquery that wakes the pools named in $2 on channel $1 (`where`: only if)."""
+    return f"(SELECT count(*) FROM (SELECT pg_notify($1, 'q:' || p) FROM unnest($2::text[]) AS p{where}) AS n)"
+
+
+_NOTIFY_POOLS = _notify_pools()
+_NOTIFY_POOLS_IF_INSERTED = _notify_pools(" WHERE EXISTS (SELECT 1 FROM ins)")
 
 
 @functools.lru_cache(maxsize=64)
