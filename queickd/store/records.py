@@ -159,8 +159,8 @@ class Recovered:
 @dataclass(frozen=True, slots=True)
 class Beat:
     """What a heartbeat found: whether this worker's record was still there, the
-    database's queickd and schema versions, and what its orphan sweep did (None when it
-    swept nothing, or its sweep failed and only the beat was written)."""
+    database's queickd and schema versions, and what its orphan sweep did (None when no
+    sweep was asked for, or the sweep failed and only the beat was written)."""
 
     found: bool
     version: str | None
