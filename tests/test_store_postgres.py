@@ -522,3 +522,18 @@ def test_a_read_on_a_connection_the_server_dropped_is_sent_again_on_a_new_one(pg
             time.sleep(0.01)
     assert pg_store.get(stored.job_id).id == stored.job_id
     assert pg_store._conn().execute("SELECT pg_backend_pid()").fetchone()[0] != pid
+
+
+def test_every_claim_function_is_planned_once_per_session(pg_store):
+    """The claim's functions take parameters; PL/pgSQL plans such statements again on each
+    call while a generic plan prices above the values' own, and the view's always did
+    (pgclaimsql.py, 14): a worker of one slot planned on every job. Each function of the
+    claim's path says force_generic_plan, with the planner settings its plans rely on."""
+    rows = pg_store._conn().execute(
+        "SELECT proname, proconfig FROM pg_proc WHERE proname LIKE 'queickd\\_%' ORDER BY proname").fetchall()
+    names = {name for name, _ in rows}
+    assert {"queickd_claim", "queickd_claim_view", "queickd_candidates", "queickd_candidates_after",
+            "queickd_start"} <= names
+    for name, config in rows:
+        assert "plan_cache_mode=force_generic_plan" in (config or []), name
+        assert "enable_seqscan=off" in config, name
