@@ -537,3 +537,49 @@ def test_every_claim_function_is_planned_once_per_session(pg_store):
     for name, config in rows:
         assert "plan_cache_mode=force_generic_plan" in (config or []), name
         assert "enable_seqscan=off" in config, name
+
+
+class _CountingConnection:
+    """A store connection that counts the statements sent through it."""
+
+    def __init__(self, conn):
+        self._conn, self.sent = conn, []
+
+    def execute(self, query, params=None, **kw):
+        self.sent.append(str(query).split("(")[0])
+        return self._conn.execute(query, params, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+def test_a_claim_with_no_group_or_budget_in_play_is_one_statement(pg_store, monkeypatch):
+    # A worker of one slot claims once per job: its claim's round trips are per job too.
+    pg_store.submit([job(), job()], T0)
+    counting = _CountingConnection(pg_store._bookkeeping_conn())
+    monkeypatch.setattr(pg_store, "_bookkeeping_conn", lambda: counting)
+    with pg_store.batch(bookkeeping=True):
+        (claimed,) = pg_store.claim_available(1, T0)
+    assert len(counting.sent) == 1 and pg_store.get(claimed.id).state == State.RUNNING
+
+
+def test_the_fast_path_leaves_the_claim_to_the_selection_when_a_grouped_job_waits(pg_store):
+    from queickd.store.pgclaim import _BUDGET_LOCK
+
+    plain, grouped = pg_store.submit([job(), job(concurrency_group="g", concurrency_limit=1)], T0)
+    c = pg_store._bookkeeping_conn()
+    with c.transaction(force_rollback=True):
+        rows = c.execute("SELECT id, state FROM queickd_claim(%s, %s, 1, NULL, true, 5)", (_BUDGET_LOCK, T0)).fetchall()
+        assert rows == [(None, None)]  # nothing claimed: the selection's turn
+    assert pg_store.get(plain.job_id).state == State.QUEUED
+    got = pg_store.claim_available(5, T0)
+    assert sorted(j.id for j in got) == sorted([plain.job_id, grouped.job_id])
+
+
+def test_the_fast_path_leaves_the_claim_to_the_selection_when_a_served_pool_has_a_budget(pg_store):
+    from queickd.core.policy.claim import Limits
+
+    pg_store.adopt_budgets(Limits(pools={"b": 2}))
+    pg_store.submit([job(pool="b", cost_units=1.0) for _ in range(3)], T0)
+    got = pg_store.claim_available(5, T0, pools=["b"])
+    assert len(got) == 2  # the budget held: the selection claimed, not the fast path

@@ -32,9 +32,12 @@ _PAUSE_KINDS = frozenset({"key", "func", "pool"})  # the view's rows of pauses (
 # round trip. Its conditions are core/policy/claim.py's rules written in SQL (choosing in
 # Python would cost a round trip more and hold row locks on every row read); the store
 # contract test test_claim_starts_what_the_selection_policy_picks holds the two together.
-# It takes no grouped job, and the view (the claim's first call) sends the claims that may
-# take a budgeted pool's jobs to the selection, so the fast path never meets a budget.
-_CLAIM = f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(now)s, %(worker)s, %(pools)s, %(net)s, %(limit)s)"
+# It takes no grouped job, and it never meets a budget: given the budget lock, it first
+# takes it shared and asks whether the selection must claim instead (a grouped job waits,
+# or a pool served has a budget); if so it claims nothing and returns one row of NULLs
+# (pgclaimsql.py, 15). Without the lock (NULL), the view has said no already.
+_CLAIM = (f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(lock)s, %(now)s, %(worker)s, %(pools)s, %(net)s,"
+          " %(limit)s)")
 _VIEW = "SELECT * FROM queickd_claim_view(%s, %s, %s, %s, %s)"
 # The selection's pages after its first: queued jobs in queue order after a position,
 # leaving out full groups (pgclaimsql.py, 11); _HEAD is before every job.
@@ -75,14 +78,19 @@ class PgClaims:
         return jobs
 
     def _claim_in(self, c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits) -> list[tuple]:
-        """One claim in the caller's transaction. Its first call (queickd_claim_view) takes
-        the budget lock shared and answers which path: no rows, the fast path (no grouped
-        job waits, no pool served has a budget); else the selection, with what it reads
-        first. So the fast path costs the two round trips it did before budgets lived here."""
+        """One claim in the caller's transaction. Its first call, the fast path
+        (queickd_claim), takes the budget lock shared and claims, unless a grouped job
+        waits or a pool served has a budget: then it answers with a row of NULLs and the
+        selection claims, from what the view (queickd_claim_view) reads first. The view
+        may find the selection needless by then (the grouped jobs were taken meanwhile):
+        the fast path claims after all, under the lock the view holds."""
+        rows = c.execute(_CLAIM, {**params, "lock": _BUDGET_LOCK}).fetchall()
+        if not rows or rows[0][0] is not None:
+            return rows
         page = max(16, params["limit"] * 2)
         view = c.execute(_VIEW, (_CLAIM_LOCK, _BUDGET_LOCK, params["pools"], page, params["now"])).fetchall()
         if not view:
-            return c.execute(_CLAIM, params).fetchall()
+            return c.execute(_CLAIM, {**params, "lock": None}).fetchall()
         return self._claim_selected(c, params, limits, view, page)
 
     def _claim_selected(self, c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits,

@@ -351,4 +351,96 @@ PLANNED_ONCE = """
         SET plan_cache_mode = force_generic_plan;
 """
 
-MIGRATIONS: list[str] = [START, CANDIDATES_AFTER, CANDIDATES_GENERIC, START_HEADS_ONLY, PLANNED_ONCE]
+# 15: the fast path decides itself whether it may claim: the view's first question (does
+# a grouped job wait, or has a pool served a budget?) asked under the budget lock taken
+# shared, as the view asks it. When the answer is yes it claims nothing and returns one row
+# of NULLs, and the store calls the view for the selection. The common claim (no group, no
+# budget) is one round trip instead of two: a worker of one slot makes it once per job.
+# p_budget_lock NULL: the view has just answered no in this transaction, under the lock it
+# holds to its end (a grouped job submitted since is not the fast path's to take: its
+# NOTIFY wakes the pool for the next claim).
+CLAIM_ASKS_FIRST = """
+    DROP FUNCTION IF EXISTS queickd_claim(double precision, bigint, text[], boolean, integer);
+    CREATE OR REPLACE FUNCTION queickd_claim(p_budget_lock bigint, p_now double precision, p_worker bigint,
+                                             p_pools text[], p_net boolean, p_limit integer) RETURNS SETOF jobs
+    LANGUAGE plpgsql SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off
+        SET jit = off SET plan_cache_mode = force_generic_plan AS $$
+    DECLARE
+        n integer;
+        locked text[];
+        open_p text[];  -- 'kind:name' of the pauses whose probe this claim may take
+        j jobs;
+    BEGIN
+    IF p_budget_lock IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock_shared(p_budget_lock);
+        IF EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL)
+           OR EXISTS (SELECT 1 FROM budgets b WHERE b.kind = 'pool' AND (p_pools IS NULL OR b.name = ANY(p_pools)))
+        THEN
+            RETURN NEXT j;  -- all NULL: the selection's turn (queickd_claim_view)
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = p_now, worker_id = p_worker
+    WHERE id IN (
+        SELECT q.id FROM jobs q
+        WHERE q.state = 'queued'
+          AND q.concurrency_group IS NULL
+          AND (p_pools IS NULL OR q.pool = ANY(p_pools))
+          AND (p_net OR NOT q.retry_on_network)
+          AND NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'pool' AND p.name = q.pool)
+          AND NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'func' AND p.name = q.func)
+          AND (q.key IS NULL OR (
+              NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'key' AND p.name = q.key)
+              AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.key = q.key AND r.state = 'running')
+              AND NOT EXISTS (SELECT 1 FROM jobs e WHERE e.key = q.key AND e.state = 'queued'
+                              AND (e.priority, e.run_at, e.id) < (q.priority, q.run_at, q.id))))
+        ORDER BY q.priority, q.run_at, q.id
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED)
+    RETURNING *;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n >= p_limit OR NOT EXISTS (SELECT 1 FROM pauses WHERE probe_at <= p_now) THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(x.kind || ':' || x.name) INTO locked FROM (
+        SELECT kind, name FROM pauses WHERE probe_at <= p_now ORDER BY kind, name FOR UPDATE SKIP LOCKED) x;
+    -- A new statement, a new snapshot: a probe another host started and committed while
+    -- we waited is seen running here.
+    SELECT array_agg(p.kind || ':' || p.name) INTO open_p FROM pauses p
+    WHERE p.kind || ':' || p.name = ANY(coalesce(locked, '{}'))
+      AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.id = p.probe_job AND r.state = 'running');
+    WHILE n < p_limit AND coalesce(cardinality(open_p), 0) > 0 LOOP
+        SELECT q.* INTO j FROM jobs q
+        WHERE q.state = 'queued'
+          AND q.concurrency_group IS NULL
+          AND (p_pools IS NULL OR q.pool = ANY(p_pools))
+          AND (p_net OR NOT q.retry_on_network)
+          AND NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'pool' AND p.name = q.pool)
+          AND ('func:' || q.func = ANY(open_p) OR 'key:' || q.key = ANY(open_p))
+          AND ('func:' || q.func = ANY(open_p)
+               OR NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'func' AND p.name = q.func))
+          AND (q.key IS NULL OR (
+              ('key:' || q.key = ANY(open_p)
+               OR NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'key' AND p.name = q.key))
+              AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.key = q.key AND r.state = 'running')
+              AND NOT EXISTS (SELECT 1 FROM jobs e WHERE e.key = q.key AND e.state = 'queued'
+                              AND (e.priority, e.run_at, e.id) < (q.priority, q.run_at, q.id))))
+        ORDER BY q.priority, q.run_at, q.id
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED;
+        EXIT WHEN NOT FOUND;
+        UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = p_now, worker_id = p_worker
+        WHERE id = j.id RETURNING * INTO j;
+        UPDATE pauses SET probe_job = j.id
+        WHERE (kind = 'func' AND name = j.func AND 'func:' || j.func = ANY(open_p))
+           OR (kind = 'key' AND name = j.key AND 'key:' || j.key = ANY(open_p));
+        open_p := array_remove(array_remove(open_p, 'func:' || j.func), 'key:' || coalesce(j.key, ''));
+        n := n + 1;
+        RETURN NEXT j;
+    END LOOP;
+    END
+    $$;
+"""
+
+MIGRATIONS: list[str] = [START, CANDIDATES_AFTER, CANDIDATES_GENERIC, START_HEADS_ONLY, PLANNED_ONCE,
+                         CLAIM_ASKS_FIRST]
