@@ -583,3 +583,94 @@ def test_the_fast_path_leaves_the_claim_to_the_selection_when_a_served_pool_has_
     pg_store.submit([job(pool="b", cost_units=1.0) for _ in range(3)], T0)
     got = pg_store.claim_available(5, T0, pools=["b"])
     assert len(got) == 2  # the budget held: the selection claimed, not the fast path
+
+
+def _listen(url):
+    import psycopg
+
+    from queickd.store.pgchannels import CHANNEL, FINISHED_CHANNEL
+
+    c = psycopg.connect(url, autocommit=True)
+    c.execute(f"LISTEN {CHANNEL}; LISTEN {FINISHED_CHANNEL}")
+    return c
+
+
+def _heard(c) -> list[tuple[str, str]]:
+    return sorted((n.channel, n.payload.split(":")[0]) for n in c.notifies(timeout=0.5, stop_after=10))
+
+
+def _finish_and_claim_both_ways(store, one_step: bool, outcomes, now):
+    if one_step:
+        got = store.finish_and_claim(outcomes, now, 2)
+        assert got is not None
+        return got
+    with store.batch(bookkeeping=True):
+        store.finish_if_running(outcomes, now)
+        return store.claim_available(2, now)
+
+
+@pytest.mark.parametrize("one_step", [False, True], ids=["finish_then_claim", "one_statement"])
+def test_a_pass_in_one_statement_stores_what_the_finish_and_the_claim_store(pg, one_step):
+    # The steady state's pass restates finish_if_running for successes (pgclaimsql.py, 16):
+    # the rows, the streaks and pauses, and the notifications must be the same either way.
+    from queickd.store.postgres import PostgresStore
+
+    url, admin = pg
+    store = PostgresStore(url)
+    try:
+        _trip_bad(store)  # m:bad paused, its probe due at T0 + 60; k:1 has a failure streak
+        store.submit([job(func="m:f", key="k1")], T0)
+        (keyed,) = store.claim_available(1, T0)
+        store.finish_if_running([Outcome.dead(keyed.id, {"type": "E", "message": "no"})], T0)
+        store.submit([job(func="m:bad"), job(func="m:f", key="k1"), job(func="m:g")], T0)
+        running = store.claim_available(5, T0 + 60)  # the probe, the keyed job, the plain one
+        assert len(running) == 3
+        store.submit([job(func="m:next") for _ in range(3)], T0 + 60)
+        ears = _listen(url)
+        claimed = _finish_and_claim_both_ways(
+            store, one_step, [Outcome.succeeded(j.id, {"n": j.id}, output=f"out {j.id}") for j in running], T0 + 61)
+        rows = admin.execute("SELECT func, state, result, error, output, finished_at, worker_id, attempts"
+                             " FROM jobs WHERE id = ANY(%s) ORDER BY id", ([j.id for j in running],)).fetchall()
+        assert [r[1] for r in rows] == ["succeeded"] * 3
+        assert [(r[2], r[4], r[5], r[6], r[7]) for r in rows] == [
+            (f'{{"n":{j.id}}}', f"out {j.id}", T0 + 61, None, 1) for j in running]
+        assert all(r[3] is None for r in rows)
+        assert store.pauses() == [] and admin.execute("SELECT count(*) FROM streaks").fetchone()[0] == 0
+        assert [j.func for j in claimed] == ["m:next", "m:next"]
+        assert _heard(ears) == [("queickd", "fk"), ("queickd", "r")]
+    finally:
+        store.close()
+
+
+def test_a_pass_in_one_statement_without_a_key_tells_the_finished_channel(pg):
+    from queickd.store.postgres import PostgresStore
+
+    url, _ = pg
+    store = PostgresStore(url)
+    try:
+        store.submit([job()], T0)
+        (j,) = store.claim_available(1, T0)
+        ears = _listen(url)
+        assert store.finish_and_claim([Outcome.succeeded(j.id, None)], T0, 1) == []
+        assert _heard(ears) == [("queickd_finished", "f")]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("outcome", ["dead", "retry", "workflow_step"])
+def test_a_pass_in_one_statement_is_only_for_successes_outside_workflows(pg_store, outcome):
+    pg_store.submit([job(), job()], T0)
+    j, _ = pg_store.claim_available(1, T0) + [None]
+    o = {"dead": lambda: Outcome.dead(j.id, {"type": "E", "message": "no"}),
+         "retry": lambda: Outcome.retry_at(j.id, T0 + 5, {"type": "E", "message": "no"}),
+         "workflow_step": lambda: Outcome.succeeded(j.id, None, workflow_run=1)}[outcome]()
+    assert pg_store.finish_and_claim([o], T0, 1) is None
+    assert pg_store.get(j.id).state == State.RUNNING and pg_store.counts()["queued"] == 1  # nothing done
+
+
+def test_a_pass_in_one_statement_does_nothing_when_the_selection_must_claim(pg_store):
+    pg_store.submit([job()], T0)
+    (j,) = pg_store.claim_available(1, T0)
+    pg_store.submit([job(concurrency_group="g", concurrency_limit=1)], T0)
+    assert pg_store.finish_and_claim([Outcome.succeeded(j.id, None)], T0, 1) is None
+    assert pg_store.get(j.id).state == State.RUNNING and pg_store.counts()["queued"] == 1

@@ -223,3 +223,79 @@ def test_a_job_that_ends_before_its_submit_is_acknowledged_leaves_its_outcome_to
     submitter.join(10)
     assert store.get(got[0]).state == State.SUCCEEDED  # stored by the time the submit returned
     assert finishers == [submitter.ident]  # by the submitting thread, after its ack
+
+
+# --- the pass as one store call (store.finish_and_claim) -------------------------------------
+class OneStep(MemoryStore):
+    """A real memory store that also passes in one call, as PostgreSQL does: successes only;
+    `fail` calls raise as a lost connection would."""
+
+    def __init__(self, fail: int = 0) -> None:
+        super().__init__()
+        self.one_step: list[tuple[list[int], list[int]]] = []  # (finished ids, claimed ids) per call
+        self.fail = fail
+
+    def finish_and_claim(self, outcomes, now, limit, network_up=True, pools=None):
+        if any(o.state != State.SUCCEEDED for o in outcomes):
+            return None
+        if self.fail:
+            self.fail -= 1
+            raise OSError("connection lost")
+        with self.batch():
+            self.finish_if_running(outcomes, now)
+            claimed = self.claim_available(limit, now, network_up, pools=pools)
+        self.one_step.append(([o.job_id for o in outcomes], [j.id for j in claimed]))
+        return claimed
+
+
+def _run_all(store, ids, workers=1):
+    left = set(ids)
+    all_done = threading.Event()
+
+    def on_finished(outcomes):
+        left.difference_update(o.job_id for o in outcomes)
+        if not left:
+            all_done.set()
+
+    pool = WorkerPool(store, FunctionLoader(JOBS), workers, on_finished=on_finished)
+    pool.start()
+    try:
+        pool.wake()
+        assert all_done.wait(20)
+    finally:
+        assert pool.stop(10)
+    return pool
+
+
+def test_a_store_that_passes_in_one_call_finishes_and_claims_the_steady_state_in_it():
+    store = OneStep()
+    ids = [_submit(store) for _ in range(5)]
+    _run_all(store, ids)
+    assert all(store.get(i).state == State.SUCCEEDED for i in ids)
+    finished = [i for done, _ in store.one_step for i in done]
+    assert sorted(finished) == ids  # every success was stored by the one call
+    assert sum(1 for done, claimed in store.one_step if done and claimed) >= 3  # finish and next claim together
+
+
+def test_a_failure_is_stored_the_general_way_and_the_pool_goes_on():
+    store = OneStep()
+    bad = store.submit_requests([[job(func="testjobs:fail")]], time.time())[0][0].job_id
+    ids = [bad] + [_submit(store) for _ in range(3)]
+    _run_all(store, ids)
+    assert store.get(bad).state == State.DEAD
+    assert all(store.get(i).state == State.SUCCEEDED for i in ids[1:])
+    assert bad not in [i for done, _ in store.one_step for i in done]
+
+
+def test_a_one_call_pass_that_fails_leaves_its_outcomes_to_a_later_pass():
+    store = OneStep(fail=1)
+    ids = [_submit(store) for _ in range(3)]
+    _run_all(store, ids)
+    assert all(store.get(i).state == State.SUCCEEDED and store.get(i).attempts == 1 for i in ids)
+
+
+def test_a_one_call_pass_writes_the_per_minute_counts_when_the_pool_goes_idle():
+    store = OneStep()
+    ids = [_submit(store) for _ in range(3)]
+    _run_all(store, ids)
+    assert sum(m.completed for m in store.minutes(0)) == 3

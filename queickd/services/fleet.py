@@ -67,7 +67,7 @@ class Listener:
             self._thread.join(0.2)
 
     def _run(self) -> None:
-        from ..store.pgregistry import CHANNEL, FINISHED_CHANNEL
+        from ..store.pgchannels import CHANNEL, FINISHED_CHANNEL
 
         channels = [CHANNEL, FINISHED_CHANNEL] if self._finished else [CHANNEL]
 

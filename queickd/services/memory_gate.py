@@ -249,6 +249,10 @@ class MemoryGate:
                                     or (old is not None and abs(new.peak - old.peak) > 0.1 * max(old.peak, mem.MB))):
                 self._pending.append((job.func, peak, runtime, killed, estimated))
 
+    def has_pending(self) -> bool:
+        """Runs measured and not yet written (the next pass's flush writes them)."""
+        return bool(self._pending)
+
     def flush(self, now: float) -> None:
         """Write the runs measured since the last flush (in the pool's transaction)."""
         with self._lock:

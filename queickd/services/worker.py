@@ -1,7 +1,7 @@
 """The worker pool: claims queued jobs for free worker threads and records how they ended.
 
-The pool's store calls happen in passes, one at a time under a lock: a pass applies the
-finished outcomes in one batch, then claims at most as many jobs as there are free
+The pool's store calls happen in passes (passes.py), one at a time under a lock: a pass
+applies the finished outcomes in one batch, then claims at most as many jobs as there are free
 workers (never more, so a job is never held in memory waiting for a thread). The
 dispatcher thread runs a pass when woken (a new job, a promotion, the safety sweep); it
 never polls. A thread that has just made work possible runs the pass itself when none is
@@ -22,7 +22,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.job import Job, Outcome, State
@@ -31,10 +30,9 @@ from ..run.base import Runner
 from ..run.loader import FunctionLoader
 from ..run.thread import ThreadRunner
 from ..store import Store
-from ..store.records import Finished, Minute
 from .job_run import run_job
 from .memory_gate import MemoryGate
-from .outcomes import log_pauses, store_one_by_one
+from .passes import Pass, PassStore
 from .pool_size import PoolSize
 from .run_counts import RunCounts
 
@@ -46,24 +44,12 @@ _STORE_RETRY = 1.0  # seconds to wait after a store error before trying again
 _MAX_PASSES_HERE = 3  # passes one caller of _pass_here makes in a row before the dispatcher takes over
 
 
-@dataclass
-class _Pass:
-    """What one pass did in the store, applied in memory once its transaction commits."""
-
-    unapplied: list[Outcome] = field(default_factory=list)  # outcomes it stored
-    report: Finished | None = None
-    free: int = 0  # workers free for it
-    claimed: list[Job] = field(default_factory=list)  # jobs it started, to run here
-    counted: list[Minute] = field(default_factory=list)  # per-minute counts it wrote
-    deferred_at: float | None = None  # when the first job sent back for want of memory returns
-
-
 def member_name() -> str:
     """How this process names itself in the per-minute counts: host:pid, as the fleet shows it."""
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class WorkerPool:
+class WorkerPool(PassStore):
     def __init__(
         self,
         store: Store,
@@ -304,10 +290,11 @@ class WorkerPool:
         """Apply finished outcomes and claim for the free workers, in one transaction; what
         it changed in memory (busy count, submitted jobs) happens only once it has committed.
         Holds _dispatch_lock. True once stopping and nothing runs any more."""
-        p = _Pass()
+        p = Pass()
         try:
-            with self.store.batch(bookkeeping=True):
-                self._pass_store(p)
+            if not self._pass_in_one(p):
+                with self.store.batch(bookkeeping=True):
+                    self._pass_store(p)
         except BaseException:
             self.counts.put_back(p.counted)
             raise
@@ -327,7 +314,7 @@ class WorkerPool:
             return None  # the running pass sees _again once it has released the lock
         self._again = False
         self._wake.clear()
-        p = _Pass()
+        p = Pass()
         try:
             self._pass_store(p, finish=False)  # outcomes wait for the next pass: the ack does not
         except BaseException:
@@ -354,123 +341,12 @@ class WorkerPool:
         if self._again or self._unapplied or not self._done.empty():
             self._pass_here("after a commit")
 
-    def _pass_undone(self, p: _Pass) -> None:
+    def _pass_undone(self, p: Pass) -> None:
         """Its transaction did not commit: the dispatcher is woken for another pass."""
         self.counts.put_back(p.counted)
         self._submit_in_flight = False
         self._dispatch_lock.release()
         self._wake.set()
-
-    def _pass_store(self, p: _Pass, finish: bool = True) -> None:
-        """A pass's store calls, inside the caller's transaction; records them in `p`.
-        Without `finish` it only claims, leaving every outcome to the next pass."""
-        unapplied = self._unapplied if finish else []
-        while finish:
-            try:
-                unapplied.append(self._done.get_nowait())
-            except queue.Empty:
-                break
-        p.unapplied = unapplied
-        if unapplied:
-            p.report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after,
-                                                    self._pause_cooldown)
-        p.free = self.workers - self._busy + len(unapplied)
-        # One job more than the free workers when the pool may grow: getting it is the
-        # sign that work waits with every worker busy (no polling for it).
-        ask = p.free + 1 if self._can_grow() else p.free
-        if ask > 0 and not self._stopping and not self._draining:
-            p.claimed = self.store.claim_available(ask, self._clock(), self._network_up(),
-                                                   pools=self.pools, limits=self.limits)
-        # Every count is written once the pool goes idle (nothing runs, nothing was
-        # claimed); while busy, once a second at most. Idle is decided after the claim:
-        # a worker of one slot is "idle" between every two jobs of a backlog, and a
-        # write each time was a statement more in every pass.
-        if unapplied:
-            p.counted = self.counts.take(force=self._busy == len(unapplied) and not p.claimed)
-            for m in p.counted:
-                self.store.add_minute(m)
-        if self.memory is not None:
-            self.memory.flush(self._clock())
-            if p.claimed:
-                p.claimed, p.deferred_at = self._fit(p.claimed, self._busy - len(unapplied))
-
-    def _pass_applied(self, p: _Pass) -> bool:
-        """A pass has committed: what it changed, in memory. True once stopping and idle."""
-        claimed = p.claimed
-        if p.unapplied:
-            self._busy -= len(p.unapplied)
-            finished, self._unapplied = p.unapplied, []
-            self._after_finish(finished, p.report)
-        if claimed and self.size is not None:
-            now = self._clock()
-            self.size.claimed(now)
-            if len(claimed) > max(0, p.free):
-                self._grow(now)
-        for job in claimed:
-            self._busy += 1
-            self._runq.put(job)
-        if claimed:
-            self._on_claimed(claimed)
-        if self._draining and self._busy == 0:
-            self._drained.set()
-        if p.deferred_at is not None:
-            self._on_deferred(p.deferred_at)
-        if self._stopping and self._busy == 0:
-            self._idle.set()
-            return True
-        return False
-
-    # --- per-minute counts ------------------------------------------------------------------
-    def flush_counts(self) -> None:
-        """Write the counts not yet stored (on stop). A store error is logged, not raised."""
-        counted = self.counts.take(force=True)
-        try:
-            for m in counted:
-                self.store.add_minute(m)
-        except Exception:
-            log.exception("could not store the last per-minute counts")
-
-    def _grow(self, now: float) -> None:
-        assert self.size is not None
-        self.workers += 1
-        self._add_thread()
-        self.size.resized(self.workers - 1, self.workers, "work waiting with every worker busy", now)
-        log.info("worker pool grows to %d (work waiting with every worker busy)", self.workers)
-        self.size.start_timer(self.shrink_if_idle)
-        self._wake.set()  # look again at once: more may wait, for one more worker
-
-    def _fit(self, claimed: list[Job], running_here: int) -> tuple[list[Job], float | None]:
-        """The claimed jobs that fit in memory; the others go back to wait a little, their
-        attempt not spent (in the pass's transaction). -> (to start, when the first returns)."""
-        assert self.memory is not None
-        start, later = self.memory.split(claimed, running_here)
-        if not later:
-            return start, None
-        now = self._clock()
-        run_ats = [now + w for w in self.memory.backoffs(later)]
-        self.store.release_unstarted([j.id for j in later], run_ats, now)
-        for job in later:
-            log.info("job %d %s deferred: it may not fit in memory now (%s)", job.id, job.func, self.memory.source)
-        return start, min(run_ats)
-
-    def _isolate(self, outcomes: list[Outcome]) -> list[Outcome]:
-        """After a failed batch: the outcomes stored one by one (outcomes.store_one_by_one);
-        returns those the store still could not take."""
-        stored, left = store_one_by_one(self.store, outcomes, self._clock, self._pause_after,
-                                        self._pause_cooldown)
-        for attempt, report in stored:
-            self._busy -= 1
-            self._after_finish([attempt], report)
-        return left
-
-    def _after_finish(self, finished: list[Outcome], report: Finished | None) -> None:
-        log_pauses(report, self._clock())
-        if report is not None and report.next_probe is not None:
-            self._on_probe_at(report.next_probe)
-        ok = sum(1 for o in finished if o.state == State.SUCCEEDED)
-        self.completed += ok
-        self.failed += len(finished) - ok
-        self._on_finished(finished)
 
     # --- worker threads ---------------------------------------------------------------------
     def _work(self) -> None:

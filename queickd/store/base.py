@@ -166,6 +166,16 @@ class Store(Protocol):
         """
         ...
 
+    def finish_and_claim(self, outcomes: Sequence[Outcome], now: float, limit: int, network_up: bool = True,
+                         pools: Sequence[str] | None = None) -> list[Job] | None:
+        """A worker pool's pass in the steady state as one call, in a transaction of its
+        own (never inside batch()): `outcomes`, all successes of jobs outside workflows, as
+        finish_if_running stores them, then claim_available(limit, ...); the claimed jobs.
+        None: nothing done, the pass goes the general way (a store that has no such call,
+        or outcomes it does not take: a failure, a workflow step's job, too many for one
+        notification; or a claim that resource control must make)."""
+        ...
+
     # --- workflows --------------------------------------------------------------------
     def workflow_start(self, spec: Definition, state: dict[str, Any], now: float,
                        idempotency_key: str | None = None) -> tuple[RunRecord, bool]:
@@ -470,6 +480,10 @@ class StoreBase:
 
     def adopt_budgets(self, limits: claim.Limits) -> list[BudgetChange]:
         return []  # one daemon's store: its config is the truth, nothing to keep
+
+    def finish_and_claim(self, outcomes: Sequence[Outcome], now: float, limit: int, network_up: bool = True,
+                         pools: Sequence[str] | None = None) -> list[Job] | None:
+        return None  # a pass in process costs no round trips: the general way is as cheap
 
     def budgets_in_force(self, limits: claim.Limits) -> claim.Limits:
         return limits

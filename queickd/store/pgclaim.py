@@ -6,6 +6,7 @@ live in the table `budgets` for every claimer alike. A mixin of PostgresStore.""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,10 +16,11 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
 
-from ..core.job import Job
+from ..core.job import Job, Outcome, State
 from ..core.policy import claim
 from ..core.policy.resources import BudgetChange, budget_changes
 from . import rows as dbrows
+from .pgchannels import NOTIFY_IDS
 from .pgregistry import notify
 
 _CLAIM_RETRIES = 8
@@ -49,8 +51,42 @@ _START = (f"SELECT {dbrows.JOB_COLS} FROM queickd_start(%s, %s, %s::bigint[], %s
           " %s::bigint[])")
 
 
+# A pool's pass in the steady state: the finish of successes and the fast path's claim in
+# one statement (pgclaimsql.py, 16), which returns the row of NULLs when the selection must
+# claim (and then does nothing).
+_PASS = (f"SELECT {dbrows.JOB_COLS} FROM queickd_pass(%(lock)s, %(now)s, %(worker)s, %(pools)s, %(net)s,"
+         " %(limit)s, %(ids)s, %(results)s, %(outputs)s)")
+# After the selection claimed, passes go the general way this long (seconds): asking
+# queickd_pass first would be a round trip more on every pass while groups or budgets are
+# in play.
+_SELECTION_LINGERS = 1.0
+
+
 class PgClaims:
-    """Claiming jobs (Store.claim_available) on PostgreSQL."""
+    """Claiming jobs (Store.claim_available, finish_and_claim) on PostgreSQL."""
+
+    _selection_until = 0.0  # monotonic: passes go the general way until then
+
+    def finish_and_claim(self, outcomes: Sequence[Outcome], now: float, limit: int, network_up: bool = True,
+                         pools: Sequence[str] | None = None) -> list[Job] | None:
+        if (getattr(self._local, "in_batch", False) or len(outcomes) > NOTIFY_IDS
+                or time.monotonic() < self._selection_until
+                or any(o.state != State.SUCCEEDED or o.workflow_run is not None for o in outcomes)):
+            return None
+        params = {"lock": _BUDGET_LOCK, "now": now, "worker": self.worker_id,
+                  "pools": list(pools) if pools is not None else None, "net": network_up, "limit": max(0, limit),
+                  "ids": [o.job_id for o in outcomes],
+                  "results": [None if o.result is None else dbrows.dumps(o.result) for o in outcomes],
+                  "outputs": [o.output for o in outcomes]}
+        # Its own transaction (autocommit) on the bookkeeping connection: no BEGIN, no COMMIT.
+        with self._bk_lock:
+            rows = self._bookkeeping_conn().execute(_PASS, params).fetchall()
+        if rows and rows[0][0] is None:
+            self._selection_until = time.monotonic() + _SELECTION_LINGERS
+            return None
+        jobs = [dbrows.row_to_job(r) for r in rows]
+        jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
+        return jobs
 
     def claim_available(self, limit: int, now: float, network_up: bool = True,
                         pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS) -> list[Job]:

@@ -19,16 +19,12 @@ from typing import Any
 import psycopg
 
 from .. import __version__
+from .pgchannels import CHANNEL
 from .pgschema import MIGRATE_LOCK, MIGRATIONS, SCHEMA_VERSION, VersionMismatchError, parse_version
 from .records import Beat
 
 log = logging.getLogger("queickd.store")
 
-CHANNEL = "queickd"  # the LISTEN/NOTIFY channel of wake-ups
-# Finishes that free nothing (`f:IDS`) concern only clients waiting on those jobs, whom
-# daemons serve: on a channel of their own, so a worker process is not woken by every
-# finish of every other process (each delivery costs the listener's backend and thread).
-FINISHED_CHANNEL = "queickd_finished"
 MISSED_BEATS = 3  # a worker that missed this many heartbeats is gone
 DB_NOW = "extract(epoch from clock_timestamp())"
 # A worker is alive while its last beat is younger than MISSED_BEATS of its intervals.

@@ -18,7 +18,7 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
 from ..core.job import NewJob, State, Submitted
 from ..core.policy import admission as adm
 from . import rows as dbrows
-from .pgregistry import CHANNEL
+from .pgchannels import CHANNEL
 
 SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
 WAITING_SQL = "('scheduled', 'queued', 'waiting_network')"

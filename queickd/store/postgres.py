@@ -45,16 +45,17 @@ from ..core.policy import orphans
 from ..core.policy import pauses as pz
 from . import rows as dbrows
 from .base import StoreBase
+from .pgchannels import CHANNEL, FINISHED_CHANNEL, NOTIFY_IDS
 from .pgclaim import PgClaims
 from .pgconn import PgConnections
-from .pgregistry import ALIVE, CHANNEL, FINISHED_CHANNEL, FleetRecords, notify
+from .pgregistry import ALIVE, FleetRecords, notify
 from .pgsubmit import WAITING_SQL, PgSubmit
 from .pools import set_pool_sql
 from .records import CronFire, CronRecord, EventAccepted, Finished, NewEvent, Pause, Recovered
 from .sqlshared import SharedSql, filters
 from .wfsql import SqlWorkflows
 
-_NOTIFY_IDS = 300  # job ids per finish notification (payloads are limited to 8000 bytes)
+
 def _redact(url: str) -> str:
     """The URL with any password replaced by ***."""
     parts = urlsplit(url)
@@ -150,7 +151,7 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
         # Finished jobs of workflow steps: their runs advance (locked, one after the other).
         steps = {o.job_id: o for o in outcomes
                  if o.workflow_run is not None and o.state in (State.SUCCEEDED, State.DEAD)}
-        inline = len(outcomes) <= _NOTIFY_IDS
+        inline = len(outcomes) <= NOTIFY_IDS
         told = (f", told AS (SELECT CASE WHEN d.frees THEN pg_notify('{CHANNEL}', 'fk:' || ids)"
                 f" ELSE pg_notify('{FINISHED_CHANNEL}', 'f:' || ids) END"
                 " FROM (SELECT bool_or(frees) AS frees, string_agg(id::text, ',') AS ids FROM done) AS d"
@@ -207,8 +208,8 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
                 frees = any(r[3] for r in rows)
                 kind, channel = ("fk:", CHANNEL) if frees else ("f:", FINISHED_CHANNEL)
                 ids = [r[0] for r in rows]
-                for i in range(0, len(ids), _NOTIFY_IDS):
-                    notify(c, kind + ",".join(map(str, ids[i:i + _NOTIFY_IDS])), channel)
+                for i in range(0, len(ids), NOTIFY_IDS):
+                    notify(c, kind + ",".join(map(str, ids[i:i + NOTIFY_IDS])), channel)
         return Finished(len(rows), paused, next_probe)
 
     @staticmethod

@@ -1,0 +1,229 @@
+"""What a worker pool's pass does in the store, and how what it did is applied in memory
+once it committed. A mixin of WorkerPool (worker.py), whose dispatching decides when a
+pass runs and in which thread; the attributes named below are the pool's.
+
+A pass is one store call where the store has one (store.finish_and_claim: PostgreSQL, whose
+round trips cost more than the statements of a pass in the steady state), else one
+transaction of several calls: outcomes stored, the next jobs claimed, the per-minute
+counts due and the memory gate's measures written, the claimed jobs that may not fit in
+memory sent back."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..core.job import Job, Outcome, State
+from ..core.policy.claim import Limits
+from ..store import Store
+from ..store.records import Finished, Minute
+from .memory_gate import MemoryGate
+from .outcomes import log_pauses, store_one_by_one
+from .pool_size import PoolSize
+from .run_counts import RunCounts
+
+log = logging.getLogger("queickd.worker")
+
+
+@dataclass
+class Pass:
+    """What one pass did in the store, applied in memory once its transaction commits."""
+
+    unapplied: list[Outcome] = field(default_factory=list)  # outcomes it stored
+    report: Finished | None = None
+    free: int = 0  # workers free for it
+    claimed: list[Job] = field(default_factory=list)  # jobs it started, to run here
+    counted: list[Minute] = field(default_factory=list)  # per-minute counts it wrote
+    deferred_at: float | None = None  # when the first job sent back for want of memory returns
+
+
+class PassStore:
+    """The store side of WorkerPool's passes (a mixin)."""
+
+    store: Store
+    workers: int
+    memory: MemoryGate | None
+    size: PoolSize | None
+    pools: list[str] | None
+    limits: Limits
+    counts: RunCounts
+    completed: int
+    failed: int
+    _busy: int
+    _done: queue.SimpleQueue[Outcome]
+    _unapplied: list[Outcome]
+    _runq: queue.SimpleQueue[Job | None]
+    _stopping: bool
+    _draining: bool
+    _drained: threading.Event
+    _idle: threading.Event
+    _wake: threading.Event
+    _clock: Callable[[], float]
+    _network_up: Callable[[], bool]
+    _pause_after: int | None
+    _pause_cooldown: float | None
+    _on_claimed: Callable[[list[Job]], None]
+    _on_deferred: Callable[[float], None]
+    _on_probe_at: Callable[[float], None]
+    _on_finished: Callable[[list[Outcome]], None]
+    _can_grow: Callable[..., bool]
+    _add_thread: Callable[[], None]
+
+    def _pass_in_one(self, p: Pass) -> bool:
+        """The steady state's pass as one store call, a transaction of its own
+        (store.finish_and_claim): its outcomes all successes, no run measures to write.
+        False: nothing done, the pass goes the general way. What follows a committed call
+        (per-minute counts, jobs sent back for want of memory) takes transactions of its
+        own, and never raises: the pass is applied whatever becomes of them."""
+        if self.memory is not None and self.memory.has_pending():
+            return False
+        unapplied = self._take_outcomes()
+        free = self.workers - self._busy + len(unapplied)
+        ask = free + 1 if self._can_grow() else free
+        if self._stopping or self._draining:
+            ask = 0
+        if not unapplied and ask <= 0:
+            return False
+        claimed = self.store.finish_and_claim(unapplied, self._clock(), ask, self._network_up(), pools=self.pools)
+        if claimed is None:
+            return False
+        p.unapplied, p.free, p.claimed = unapplied, free, claimed
+        if unapplied:
+            self._write_counts(self.counts.take(force=self._busy == len(unapplied) and not claimed))
+        if self.memory is not None and claimed:
+            try:
+                p.claimed, p.deferred_at = self._fit(claimed, self._busy - len(unapplied))
+            except Exception:
+                log.warning("could not send back the claimed jobs that may not fit in memory; they start",
+                            exc_info=True)
+        return True
+
+    def _write_counts(self, counted: list[Minute]) -> None:
+        """Per-minute counts in a transaction of their own; put back to be written with
+        later ones if it fails."""
+        if not counted:
+            return
+        try:
+            with self.store.batch(bookkeeping=True):
+                for m in counted:
+                    self.store.add_minute(m)
+        except Exception:
+            self.counts.put_back(counted)
+            log.warning("could not write the per-minute counts; they go with the next ones", exc_info=True)
+
+    def _take_outcomes(self) -> list[Outcome]:
+        """The outcomes not yet stored (self._unapplied), with those put since."""
+        while True:
+            try:
+                self._unapplied.append(self._done.get_nowait())
+            except queue.Empty:
+                return self._unapplied
+
+    def _pass_store(self, p: Pass, finish: bool = True) -> None:
+        """A pass's store calls, inside the caller's transaction; records them in `p`.
+        Without `finish` it only claims, leaving every outcome to the next pass."""
+        unapplied = self._take_outcomes() if finish else []
+        p.unapplied = unapplied
+        if unapplied:
+            p.report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after,
+                                                    self._pause_cooldown)
+        p.free = self.workers - self._busy + len(unapplied)
+        # One job more than the free workers when the pool may grow: getting it is the
+        # sign that work waits with every worker busy (no polling for it).
+        ask = p.free + 1 if self._can_grow() else p.free
+        if ask > 0 and not self._stopping and not self._draining:
+            p.claimed = self.store.claim_available(ask, self._clock(), self._network_up(),
+                                                   pools=self.pools, limits=self.limits)
+        # Every count is written once the pool goes idle (nothing runs, nothing was
+        # claimed); while busy, once a second at most. Idle is decided after the claim:
+        # a worker of one slot is "idle" between every two jobs of a backlog, and a
+        # write each time was a statement more in every pass.
+        if unapplied:
+            p.counted = self.counts.take(force=self._busy == len(unapplied) and not p.claimed)
+            for m in p.counted:
+                self.store.add_minute(m)
+        if self.memory is not None:
+            self.memory.flush(self._clock())
+            if p.claimed:
+                p.claimed, p.deferred_at = self._fit(p.claimed, self._busy - len(unapplied))
+
+    def _pass_applied(self, p: Pass) -> bool:
+        """A pass has committed: what it changed, in memory. True once stopping and idle."""
+        claimed = p.claimed
+        if p.unapplied:
+            self._busy -= len(p.unapplied)
+            finished, self._unapplied = p.unapplied, []
+            self._after_finish(finished, p.report)
+        if claimed and self.size is not None:
+            now = self._clock()
+            self.size.claimed(now)
+            if len(claimed) > max(0, p.free):
+                self._grow(now)
+        for job in claimed:
+            self._busy += 1
+            self._runq.put(job)
+        if claimed:
+            self._on_claimed(claimed)
+        if self._draining and self._busy == 0:
+            self._drained.set()
+        if p.deferred_at is not None:
+            self._on_deferred(p.deferred_at)
+        if self._stopping and self._busy == 0:
+            self._idle.set()
+            return True
+        return False
+
+    # --- per-minute counts ------------------------------------------------------------------
+    def flush_counts(self) -> None:
+        """Write the counts not yet stored (on stop). A store error is logged, not raised."""
+        counted = self.counts.take(force=True)
+        try:
+            for m in counted:
+                self.store.add_minute(m)
+        except Exception:
+            log.exception("could not store the last per-minute counts")
+
+    def _grow(self, now: float) -> None:
+        assert self.size is not None
+        self.workers += 1
+        self._add_thread()
+        self.size.resized(self.workers - 1, self.workers, "work waiting with every worker busy", now)
+        log.info("worker pool grows to %d (work waiting with every worker busy)", self.workers)
+        self.size.start_timer(self.shrink_if_idle)
+        self._wake.set()  # look again at once: more may wait, for one more worker
+
+    def _fit(self, claimed: list[Job], running_here: int) -> tuple[list[Job], float | None]:
+        """The claimed jobs that fit in memory; the others go back to wait a little, their
+        attempt not spent (in the pass's transaction). -> (to start, when the first returns)."""
+        assert self.memory is not None
+        start, later = self.memory.split(claimed, running_here)
+        if not later:
+            return start, None
+        now = self._clock()
+        run_ats = [now + w for w in self.memory.backoffs(later)]
+        self.store.release_unstarted([j.id for j in later], run_ats, now)
+        for job in later:
+            log.info("job %d %s deferred: it may not fit in memory now (%s)", job.id, job.func, self.memory.source)
+        return start, min(run_ats)
+
+    def _isolate(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """After a failed batch: the outcomes stored one by one (outcomes.store_one_by_one);
+        returns those the store still could not take."""
+        stored, left = store_one_by_one(self.store, outcomes, self._clock, self._pause_after,
+                                        self._pause_cooldown)
+        for attempt, report in stored:
+            self._busy -= 1
+            self._after_finish([attempt], report)
+        return left
+
+    def _after_finish(self, finished: list[Outcome], report: Finished | None) -> None:
+        log_pauses(report, self._clock())
+        if report is not None and report.next_probe is not None:
+            self._on_probe_at(report.next_probe)
+        ok = sum(1 for o in finished if o.state == State.SUCCEEDED)
+        self.completed += ok
+        self.failed += len(finished) - ok
+        self._on_finished(finished)

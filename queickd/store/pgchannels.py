@@ -1,0 +1,10 @@
+"""The PostgreSQL store's LISTEN/NOTIFY channels: named here once, for the Python side
+(pgregistry.py, fleet.py) and for the SQL functions that notify (pgclaimsql.py).
+Nothing here imports psycopg."""
+
+CHANNEL = "queickd"  # the LISTEN/NOTIFY channel of wake-ups
+# Finishes that free nothing (`f:IDS`) concern only clients waiting on those jobs, whom
+# daemons serve: on a channel of their own, so a worker process is not woken by every
+# finish of every other process (each delivery costs the listener's backend and thread).
+FINISHED_CHANNEL = "queickd_finished"
+NOTIFY_IDS = 300  # job ids per finish notification (payloads are limited to 8000 bytes)
