@@ -174,7 +174,7 @@ def test_enqueues_and_finishes_are_announced_at_commit_with_their_pool_or_ids(pg
     import psycopg
 
     listener = psycopg.connect(pg_store._dsn, autocommit=True)
-    listener.execute("LISTEN queickd; LISTEN queickd_finished")
+    listener.execute("LISTEN queickd; LISTEN queickd_queued; LISTEN queickd_finished")
     plain, keyed = pg_store.submit([job(pool="gpu"), job(key="k")], T0)
     a, b = pg_store.claim_available(2, T0)
     pg_store.finish_if_running([Outcome.succeeded(a.id, None)], T0)
@@ -183,7 +183,7 @@ def test_enqueues_and_finishes_are_announced_at_commit_with_their_pool_or_ids(pg
     heard = [(n.channel, n.payload) for n in listener.notifies(timeout=1, stop_after=4)]
     # A finish that frees a key wakes the workers; one that frees nothing tells the daemons.
     told = {j.id: ("queickd", f"fk:{j.id}") if j.key else ("queickd_finished", f"f:{j.id}") for j in (a, b)}
-    assert heard == [("queickd", "q:default"), ("queickd", "q:gpu"), told[a.id], told[b.id]]
+    assert heard == [("queickd_queued", "q:default"), ("queickd_queued", "q:gpu"), told[a.id], told[b.id]]
     with pg_store.batch():
         pg_store.submit([job()], T0)
         assert list(listener.notifies(timeout=0.2)) == []  # not before the commit
@@ -451,7 +451,7 @@ def test_a_batch_sent_by_copy_wakes_the_pools_of_its_queued_jobs_at_commit(pg_st
     import psycopg
 
     listener = psycopg.connect(pg_store._dsn, autocommit=True)
-    listener.execute("LISTEN queickd")
+    listener.execute("LISTEN queickd_queued")
     pg_store.submit([*_copied_batch(), job(pool="gpu"), job(pool="later", run_at=T0 + 60)], T0)
     assert sorted(n.payload for n in listener.notifies(timeout=1, stop_after=2)) == ["q:default", "q:gpu"]
     assert list(listener.notifies(timeout=0.2)) == []  # the scheduled job's pool is not woken
@@ -488,6 +488,52 @@ def test_a_worker_listener_hears_wake_ups_but_not_the_finishes_that_free_nothing
     finally:
         for listener in listeners:
             listener.stop()
+
+
+def test_a_listener_not_for_new_jobs_hears_the_finish_first(pg_fresh_database):
+    import queue
+
+    from queickd.services.fleet import Listener
+    from queickd.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_fresh_database)
+    heard: queue.Queue[str] = queue.Queue()
+    listener = Listener(store, heard.put, lambda: None, queued=False)
+    listener.start()
+    try:
+        assert listener.connected.wait(10)
+        store.submit([job()], T0)
+        (one,) = store.claim_available(1, T0)
+        store.finish_if_running([Outcome.succeeded(one.id, None)], T0)
+        assert heard.get(timeout=10) == f"f:{one.id}"  # delivered in commit order: no q: before it
+    finally:
+        listener.stop()
+        store.close()
+
+
+def test_a_daemon_of_no_workers_does_not_hear_of_new_jobs(pg_fresh_database):
+    import queue
+
+    from queickd.run.loader import FunctionLoader
+    from queickd.services.fleet import FleetMember
+    from queickd.services.worker import WorkerPool
+    from queickd.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_fresh_database)
+    front = FleetMember(store, WorkerPool(store, FunctionLoader("."), 0), kind="daemon",
+                        on_finished_ids=lambda ids: None)
+    heard: queue.Queue[str] = queue.Queue()
+    front.listener._on_notify = heard.put  # what its listener hears
+    front.start()
+    try:
+        assert front.listener.connected.wait(10)
+        store.submit([job()], T0)
+        (one,) = store.claim_available(1, T0)
+        store.finish_if_running([Outcome.succeeded(one.id, None)], T0)
+        assert heard.get(timeout=10) == f"f:{one.id}"  # the finish, for its waiting clients, and no q: before it
+    finally:
+        front.stop()
+        store.close()
         store.close()
 
 

@@ -3,12 +3,12 @@
 A process that runs jobs from a shared store (a daemon, or an external `queick worker`)
 registers in the store's worker registry, then keeps two threads of its own, apart from
 the threads that run jobs, so a long or CPU-bound job never silences them:
-- the listener holds a connection that LISTENs; a notification wakes the worker pool (or,
-  for finished jobs, the clients waiting on them: only a daemon's listener hears of the
-  finishes that free nothing; for budgets written by another process, their reader). The
-  connection is watched: when it drops, the listener reconnects and at once wakes the pool
-  for a sweep (and reads the budgets again), so a lost NOTIFY costs at most one sweep
-  interval, never a stuck job.
+- the listener holds a connection that LISTENs; a notification wakes the worker pool (only
+  a pool that claims hears of new jobs), or, for finished jobs, the clients waiting on
+  them (only a daemon's listener hears of the finishes that free nothing), or, for budgets
+  written by another process, their reader. The connection is watched: when it drops,
+  the listener reconnects and at once wakes the pool for a sweep (and reads the budgets
+  again), so a lost NOTIFY costs at most one sweep interval, never a stuck job.
 - the heartbeat beats every `heartbeat` seconds and, in the same transaction, re-queues the
   running jobs of workers that missed three beats (safe to run in every process at once);
   it wakes the pool once per `sweep` as a safety net, and notices a database migrated to
@@ -39,11 +39,13 @@ _RECONNECT_MAX = 30.0
 
 class Listener:
     """LISTEN on the store's channels in a thread of its own; reconnects when dropped.
+    `queued`: also on the channel of jobs made claimable (for a pool that claims);
     `finished`: also on the channel of finishes that free nothing (for waiting clients)."""
 
     def __init__(self, store: FleetStore, on_notify: Callable[[str], None], on_reconnect: Callable[[], None],
-                 *, poll: float = 2.0, finished: bool = True) -> None:
+                 *, poll: float = 2.0, queued: bool = True, finished: bool = True) -> None:
         self.store = store
+        self._queued = queued
         self._finished = finished
         self._on_notify = on_notify
         self._on_reconnect = on_reconnect
@@ -67,9 +69,9 @@ class Listener:
             self._thread.join(0.2)
 
     def _run(self) -> None:
-        from ..store.pgchannels import CHANNEL, FINISHED_CHANNEL
+        from ..store.pgchannels import CHANNEL, FINISHED_CHANNEL, QUEUED_CHANNEL
 
-        channels = [CHANNEL, FINISHED_CHANNEL] if self._finished else [CHANNEL]
+        channels = [CHANNEL] + [QUEUED_CHANNEL] * self._queued + [FINISHED_CHANNEL] * self._finished
 
         backoff = 0.5
         first = True
@@ -189,8 +191,10 @@ class FleetMember:
         self._on_finished_ids = on_finished_ids
         self._on_scheduled = on_scheduled
         self._on_budgets = on_budgets  # the budgets in force may have changed: read them again
-        # Without clients waiting on jobs (an external worker) it need not hear of every finish.
-        self.listener = Listener(store, self._notified, self._reconnected, finished=on_finished_ids is not None)
+        # Without clients waiting on jobs (an external worker) it need not hear of every finish,
+        # and a pool that never claims (a daemon of no workers) need not hear of new jobs.
+        self.listener = Listener(store, self._notified, self._reconnected, queued=pool.claims,
+                                 finished=on_finished_ids is not None)
         self.heartbeat = Heartbeat(store, interval=heartbeat, sweep=sweep,
                                    max_orphan_requeues=max_orphan_requeues, wake=pool.wake,
                                    reregister=self._register, on_version_change=on_version_change,

@@ -126,6 +126,11 @@ class WorkerPool(PassStore):
         self.counts = RunCounts(self.member, clock)  # runs per minute, written by the passes
 
     @property
+    def claims(self) -> bool:
+        """Whether this pool ever claims: one of no workers that cannot grow never does."""
+        return self.workers > 0 or (self.size is not None and self.size.max > 0)
+
+    @property
     def busy(self) -> int:
         """Approximate: read without a lock from another thread."""
         return self._busy

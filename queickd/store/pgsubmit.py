@@ -18,7 +18,7 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
 from ..core.job import NewJob, State, Submitted
 from ..core.policy import admission as adm
 from . import rows as dbrows
-from .pgchannels import CHANNEL
+from .pgchannels import QUEUED_CHANNEL
 
 SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
 WAITING_SQL = "('scheduled', 'queued', 'waiting_network')"
@@ -191,7 +191,7 @@ class PgSubmit:
                         pools.add(j.pool)
                     copy.write_row(dbrows.insert_values(job_id, state, now, j))
             if pools:
-                psycopg.RawCursor(c).execute(f"SELECT {_NOTIFY_POOLS}", (CHANNEL, sorted(pools)))
+                psycopg.RawCursor(c).execute(f"SELECT {_NOTIFY_POOLS}", (QUEUED_CHANNEL, sorted(pools)))
         return ids
 
     @staticmethod
@@ -216,7 +216,7 @@ class PgSubmit:
             wake = not cursors and bool(pools)
             cur = psycopg.RawCursor(c)
             cursors.append(cur.execute(_insert_sql(rows, wake, new_keys_only, guard_keys),
-                                       (CHANNEL, sorted(pools), *params) if wake else params))
+                                       (QUEUED_CHANNEL, sorted(pools), *params) if wake else params))
         return cursors
 
     @staticmethod

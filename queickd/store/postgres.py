@@ -45,7 +45,7 @@ from ..core.policy import orphans
 from ..core.policy import pauses as pz
 from . import rows as dbrows
 from .base import StoreBase
-from .pgchannels import CHANNEL, FINISHED_CHANNEL, NOTIFY_IDS
+from .pgchannels import CHANNEL, FINISHED_CHANNEL, NOTIFY_IDS, QUEUED_CHANNEL
 from .pgclaim import PgClaims
 from .pgconn import PgConnections
 from .pgregistry import ALIVE, FleetRecords, notify
@@ -106,7 +106,7 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
                 "UPDATE jobs SET state = 'queued' WHERE state = 'scheduled' AND run_at <= %s RETURNING pool",
                 (now,))]
             for pool in sorted(set(pools)):
-                notify(c, "q:" + pool)
+                notify(c, "q:" + pool, QUEUED_CHANNEL)
         return len(pools)
 
     def next_scheduled_at(self) -> float | None:
@@ -270,7 +270,7 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
         with self._write() as c:
             n = set_pool_sql(c.execute, kind, name, pool, self.MARK)
             if n:
-                notify(c, "q:" + pool)
+                notify(c, "q:" + pool, QUEUED_CHANNEL)
         return n
 
     def _released(self, c: psycopg.Connection) -> None:
