@@ -54,8 +54,10 @@ _START = (f"SELECT {dbrows.JOB_COLS} FROM queickd_start(%s, %s, %s::bigint[], %s
 # A pool's pass in the steady state: the finish of successes and the fast path's claim in
 # one statement (pgclaimsql.py, 16), which returns the row of NULLs when the selection must
 # claim (and then does nothing).
-_PASS = (f"SELECT {dbrows.JOB_COLS} FROM queickd_pass(%(lock)s, %(now)s, %(worker)s, %(pools)s, %(net)s,"
-         " %(limit)s, %(ids)s, %(results)s, %(outputs)s)")
+# In PostgreSQL's own $n markers, sent by a cursor kept for it: a worker of one slot sends
+# it once per job, and a new cursor each time looked up the loaders of its ~30 columns and
+# the dumpers of its arrays again (a fifth of the worker's CPU in the pass).
+_PASS = f"SELECT {dbrows.JOB_COLS} FROM queickd_pass($1, $2, $3, $4, $5, $6, $7, $8, $9)"
 # After the selection claimed, passes go the general way this long (seconds): asking
 # queickd_pass first would be a round trip more on every pass while groups or budgets are
 # in play.
@@ -66,6 +68,7 @@ class PgClaims:
     """Claiming jobs (Store.claim_available, finish_and_claim) on PostgreSQL."""
 
     _selection_until = 0.0  # monotonic: passes go the general way until then
+    _pass_cursor: psycopg.RawCursor | None = None  # finish_and_claim's, on the bookkeeping connection
 
     def finish_and_claim(self, outcomes: Sequence[Outcome], now: float, limit: int, network_up: bool = True,
                          pools: Sequence[str] | None = None) -> list[Job] | None:
@@ -73,14 +76,17 @@ class PgClaims:
                 or time.monotonic() < self._selection_until
                 or any(o.state != State.SUCCEEDED or o.workflow_run is not None for o in outcomes)):
             return None
-        params = {"lock": _BUDGET_LOCK, "now": now, "worker": self.worker_id,
-                  "pools": list(pools) if pools is not None else None, "net": network_up, "limit": max(0, limit),
-                  "ids": [o.job_id for o in outcomes],
-                  "results": [None if o.result is None else dbrows.dumps(o.result) for o in outcomes],
-                  "outputs": [o.output for o in outcomes]}
+        params = (_BUDGET_LOCK, now, self.worker_id, list(pools) if pools is not None else None, network_up,
+                  max(0, limit), [o.job_id for o in outcomes],
+                  [None if o.result is None else dbrows.dumps(o.result) for o in outcomes],
+                  [o.output for o in outcomes])
         # Its own transaction (autocommit) on the bookkeeping connection: no BEGIN, no COMMIT.
         with self._bk_lock:
-            rows = self._bookkeeping_conn().execute(_PASS, params).fetchall()
+            c = self._bookkeeping_conn()
+            cur = self._pass_cursor
+            if cur is None or cur.connection is not c:
+                cur = self._pass_cursor = psycopg.RawCursor(c)
+            rows = cur.execute(_PASS, params).fetchall()
         if rows and rows[0][0] is None:
             self._selection_until = time.monotonic() + _SELECTION_LINGERS
             return None
