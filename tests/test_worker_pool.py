@@ -230,6 +230,8 @@ class OneStep(MemoryStore):
     """A real memory store that also passes in one call, as PostgreSQL does: successes only;
     `fail` calls raise as a lost connection would."""
 
+    passes_in_one_call = True
+
     def __init__(self, fail: int = 0) -> None:
         super().__init__()
         self.one_step: list[tuple[list[int], list[int]]] = []  # (finished ids, claimed ids) per call

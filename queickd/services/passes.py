@@ -78,7 +78,7 @@ class PassStore:
         False: nothing done, the pass goes the general way. What follows a committed call
         (per-minute counts, jobs sent back for want of memory) takes transactions of its
         own, and never raises: the pass is applied whatever becomes of them."""
-        if self.memory is not None and self.memory.has_pending():
+        if not self.store.passes_in_one_call or (self.memory is not None and self.memory.has_pending()):
             return False
         unapplied = self._take_outcomes()
         free = self.workers - self._busy + len(unapplied)

@@ -48,6 +48,9 @@ class Store(Protocol):
     supports_notify: bool
     # A submit and the worker pool's pass may share one transaction (one writer serves both).
     claims_in_submit: bool
+    # finish_and_claim can take a pass (else it always answers None): a store whose round
+    # trips cost more than a pass's statements.
+    passes_in_one_call: bool
     # The exceptions by which the store says it is itself in trouble (a lost connection, a
     # full or failing disk), never the data a call carried; the next call may succeed.
     UNAVAILABLE: tuple[type[BaseException], ...]
@@ -465,6 +468,7 @@ class StoreBase:
     # Errors that say the store itself is in trouble (a lost connection, a failing disk),
     # never the data a call carried: retried as they are, never blamed on a job.
     UNAVAILABLE: tuple[type[BaseException], ...] = ()
+    passes_in_one_call = False
 
     def flush(self) -> None:
         pass  # a commit of this store is durable (or never will be: memory) when it returns
