@@ -488,6 +488,7 @@ def test_a_worker_listener_hears_wake_ups_but_not_the_finishes_that_free_nothing
     finally:
         for listener in listeners:
             listener.stop()
+        store.close()
 
 
 def test_a_listener_not_for_new_jobs_hears_the_finish_first(pg_fresh_database):
@@ -533,7 +534,6 @@ def test_a_daemon_of_no_workers_does_not_hear_of_new_jobs(pg_fresh_database):
         assert heard.get(timeout=10) == f"f:{one.id}"  # the finish, for its waiting clients, and no q: before it
     finally:
         front.stop()
-        store.close()
         store.close()
 
 
@@ -720,3 +720,21 @@ def test_a_pass_in_one_statement_does_nothing_when_the_selection_must_claim(pg_s
     pg_store.submit([job(concurrency_group="g", concurrency_limit=1)], T0)
     assert pg_store.finish_and_claim([Outcome.succeeded(j.id, None)], T0, 1) is None
     assert pg_store.get(j.id).state == State.RUNNING and pg_store.counts()["queued"] == 1
+
+
+def test_jobs_a_pass_in_one_statement_claimed_but_cannot_read_are_given_back(pg_store, monkeypatch):
+    # Its transaction has committed: jobs left `running` under a worker that beats on
+    # without them would never run.
+    from queickd.store import pgclaim
+
+    (s,) = pg_store.submit([job()], T0)
+
+    def unreadable(row):
+        raise ValueError("a row this worker cannot read")
+
+    monkeypatch.setattr(pgclaim.dbrows, "row_to_job", unreadable)
+    with pytest.raises(ValueError, match="cannot read"):
+        pg_store.finish_and_claim([], T0, 1)
+    monkeypatch.undo()
+    back = pg_store.get(s.job_id)
+    assert back.state == State.SCHEDULED and back.attempts == 0 and back.run_at == T0

@@ -5,6 +5,7 @@ live in the table `budgets` for every claimer alike. A mixin of PostgresStore.""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -91,7 +92,15 @@ class PgClaims:
         if rows and rows[0][0] is None:
             self._selection_until = time.monotonic() + _SELECTION_LINGERS
             return None
-        jobs = [dbrows.row_to_job(r) for r in rows]
+        try:
+            jobs = [dbrows.row_to_job(r) for r in rows]
+        except Exception:
+            # Claimed and committed, but not to be run from here: given back (their attempt
+            # not spent) before the error goes up, or they would stay `running` under a
+            # worker that beats on without them.
+            with contextlib.suppress(Exception):  # the error to report is the first one
+                self.release_unstarted([r[0] for r in rows], [now] * len(rows), now)
+            raise
         jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
         return jobs
 
