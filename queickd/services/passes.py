@@ -37,6 +37,7 @@ class Pass:
     free: int = 0  # workers free for it
     claimed: list[Job] = field(default_factory=list)  # jobs it started, to run here
     counted: list[Minute] = field(default_factory=list)  # per-minute counts it wrote
+    count_after: list[Minute] = field(default_factory=list)  # counts to write once it is applied
     deferred_at: float | None = None  # when the first job sent back for want of memory returns
 
 
@@ -76,8 +77,9 @@ class PassStore:
         """The steady state's pass as one store call, a transaction of its own
         (store.finish_and_claim): its outcomes all successes, no run measures to write.
         False: nothing done, the pass goes the general way. What follows a committed call
-        (per-minute counts, jobs sent back for want of memory) takes transactions of its
-        own, and never raises: the pass is applied whatever becomes of them."""
+        (jobs sent back for want of memory; the per-minute counts, left in p.count_after)
+        takes transactions of its own, and never raises: the pass is applied whatever
+        becomes of them."""
         if not self.store.passes_in_one_call or (self.memory is not None and self.memory.has_pending()):
             return False
         unapplied = self._take_outcomes()
@@ -92,7 +94,8 @@ class PassStore:
             return False
         p.unapplied, p.free, p.claimed = unapplied, free, claimed
         if unapplied:
-            self._write_counts(self.counts.take(force=self._busy == len(unapplied) and not claimed))
+            # Written once the pass is applied (_write_counts): its jobs start first.
+            p.count_after = self.counts.take(force=self._busy == len(unapplied) and not claimed)
         if self.memory is not None and claimed:
             try:
                 p.claimed, p.deferred_at = self._fit(claimed, self._busy - len(unapplied))

@@ -303,7 +303,9 @@ class WorkerPool(PassStore):
         except BaseException:
             self.counts.put_back(p.counted)
             raise
-        return self._pass_applied(p)
+        ended = self._pass_applied(p)
+        self._write_counts(p.count_after)  # never raises
+        return ended
 
     def pass_inside(self) -> Callable[[bool], None] | None:
         """A claim made inside the caller's open transaction (a submit's): one commit for
