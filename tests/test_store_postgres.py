@@ -573,7 +573,7 @@ def test_a_read_on_a_connection_the_server_dropped_is_sent_again_on_a_new_one(pg
 def test_every_claim_function_is_planned_once_per_session(pg_store):
     """The claim's functions take parameters; PL/pgSQL plans such statements again on each
     call while a generic plan prices above the values' own, and the view's always did
-    (pgclaimsql.py, 14): a worker of one slot planned on every job. Each function of the
+    (pgpasssql.py, 14): a worker of one slot planned on every job. Each function of the
     claim's path says force_generic_plan, with the planner settings its plans rely on."""
     rows = pg_store._conn().execute(
         "SELECT proname, proconfig FROM pg_proc WHERE proname LIKE 'queickd\\_%' ORDER BY proname").fetchall()
@@ -657,7 +657,7 @@ def _finish_and_claim_both_ways(store, one_step: bool, outcomes, now):
 
 @pytest.mark.parametrize("one_step", [False, True], ids=["finish_then_claim", "one_statement"])
 def test_a_pass_in_one_statement_stores_what_the_finish_and_the_claim_store(pg, one_step):
-    # The steady state's pass restates finish_if_running for successes (pgclaimsql.py, 16):
+    # The steady state's pass restates finish_if_running for successes (pgpasssql.py, 16):
     # the rows, the streaks and pauses, and the notifications must be the same either way.
     from queickd.store.postgres import PostgresStore
 

@@ -38,7 +38,7 @@ _PAUSE_KINDS = frozenset({"key", "func", "pool"})  # the view's rows of pauses (
 # It takes no grouped job, and it never meets a budget: given the budget lock, it first
 # takes it shared and asks whether the selection must claim instead (a grouped job waits,
 # or a pool served has a budget); if so it claims nothing and returns one row of NULLs
-# (pgclaimsql.py, 15). Without the lock (NULL), the view has said no already.
+# (pgpasssql.py, 15). Without the lock (NULL), the view has said no already.
 _CLAIM = (f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(lock)s, %(now)s, %(worker)s, %(pools)s, %(net)s,"
           " %(limit)s)")
 _VIEW = "SELECT * FROM queickd_claim_view(%s, %s, %s, %s, %s)"
@@ -53,7 +53,7 @@ _START = (f"SELECT {dbrows.JOB_COLS} FROM queickd_start(%s, %s, %s::bigint[], %s
 
 
 # A pool's pass in the steady state: the finish of successes and the fast path's claim in
-# one statement (pgclaimsql.py, 16), which returns the row of NULLs when the selection must
+# one statement (pgpasssql.py, 16), which returns the row of NULLs when the selection must
 # claim (and then does nothing).
 # In PostgreSQL's own $n markers, sent by a cursor kept for it: a worker of one slot sends
 # it once per job, and a new cursor each time looked up the loaders of its ~30 columns and

@@ -17,7 +17,7 @@ Nothing here imports psycopg; pgregistry.py runs these statements.
 
 from __future__ import annotations
 
-from . import pgclaimsql
+from . import pgclaimsql, pgpasssql
 
 MIGRATE_LOCK = 0x71756963_6B640001  # pg_advisory lock id: "quickd" + 1, held while migrating
 
@@ -290,8 +290,10 @@ MIGRATIONS: list[str] = [
     pgclaimsql.BUDGETS_IN_FORCE,
     # 9: no JIT in the claim functions (pgclaimsql.py).
     pgclaimsql.NO_JIT,
-    # 10 on: the claim's functions, in pgclaimsql.py.
+    # 10 to 13: the claim's functions, in pgclaimsql.py.
     *pgclaimsql.MIGRATIONS,
+    # 14 on: the pass's round trips, in pgpasssql.py.
+    *pgpasssql.MIGRATIONS,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
