@@ -9,8 +9,8 @@
 One persistent connection, opened on first use and shared by all threads (one request or
 pipelined batch at a time holds it). Errors from the daemon raise QueueError with its code;
 a daemon that cannot be reached raises ConnectionError. A request is never sent twice
-unless resending is safe: `enqueue` gives its job an idempotency key (`auto:<uuid4
-hex>`, unless the caller gave one), and `enqueue` (and `enqueue_many` when the caller keyed
+unless resending is safe: `enqueue` gives its job an idempotency key (`auto:<time><random>`,
+unless the caller gave one), and `enqueue` (and `enqueue_many` when the caller keyed
 every job) resend the same request when its outcome is unknown (the connection broke after it was sent: RequestLostError; or the
 daemon answered `internal` with `maybe_committed`), so the daemon returns the job it
 stored the first time instead of storing it again. Other requests raise RequestLostError
@@ -24,7 +24,6 @@ import select
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -45,8 +44,21 @@ class RequestLostError(ConnectionError):
     """The connection broke after the request was sent: it may or may not have been applied."""
 
 
+_key_lock = threading.Lock()
+_key_last_us = 0  # the time part of this process's last automatic key
+
+
 def _auto_key() -> str:
-    return f"auto:{uuid.uuid4().hex}"
+    """A key no other enqueue anywhere makes: the time in microseconds (strictly increasing
+    within this process), then 80 random bits. Keys made one after the other sort one after
+    the other, so the store's unique index takes each new key at its right edge; a uuid4
+    wrote into a random page of it for every job (SQLite, 10 jobs a commit beside 200,000
+    stored: 76-100 -> 42-54 µs of CPU a job)."""
+    global _key_last_us
+    with _key_lock:
+        _key_last_us = max(time.time_ns() // 1000, _key_last_us + 1)
+        us = _key_last_us
+    return f"auto:{us:013x}{os.urandom(10).hex()}"
 
 
 def _unknown_outcome(e: Exception) -> bool:

@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from queickd import JobQueue
+from queickd.client import _auto_key
 
 
 class ReplyDroppingProxy:
@@ -110,3 +111,13 @@ def test_enqueue_many_gives_no_automatic_keys_so_a_batch_costs_no_lookup_per_job
     assert [client.get(i)["idempotency_key"] for i in ids] == [None, None, None]
     single = client.enqueue("testjobs:noop")
     assert client.get(single)["idempotency_key"].startswith("auto:")
+
+
+def test_automatic_keys_sort_in_the_order_they_were_made():
+    # The store's unique index then takes each new key at its right edge, not a random page.
+    keys = [_auto_key() for _ in range(1000)]
+    assert keys == sorted(keys)
+
+
+def test_automatic_keys_made_at_the_same_moment_differ():
+    assert len({_auto_key() for _ in range(10_000)}) == 10_000
