@@ -114,6 +114,32 @@ def test_bad_input_never_damages_the_store(start_daemon, tmp_path):
     store.close()
 
 
+def test_a_request_longer_than_one_read_arrives_whole(raw):
+    arg = "x" * 300_000  # several reads of the server's 64 KiB buffer
+    reply = raw.ask({"op": "enqueue", "func": "testjobs:noop", "args": [arg]})
+    job = raw.ask({"op": "get", "job_id": reply["job_id"]})["job"]
+    assert job["args"] == [arg]
+
+
+def test_connections_sending_halves_of_lines_in_turn_each_get_their_own_line(daemon):
+    # Every connection of the loop reads into one buffer: what one read left must not
+    # show up in another connection's request.
+    a, b = Raw(daemon.port), Raw(daemon.port)
+    try:
+        lines = {c: json.dumps({"op": "enqueue", "func": "testjobs:noop", "args": [name * 1000]}).encode() + b"\n"
+                 for c, name in ((a, "a"), (b, "b"))}
+        for c in (a, b):
+            c.send(lines[c][:700])
+        for c in (a, b):
+            c.send(lines[c][700:])
+        for c, name in ((a, "a"), (b, "b")):
+            job_id = c.reply()["job_id"]
+            assert c.ask({"op": "get", "job_id": job_id})["job"]["args"] == [name * 1000]
+    finally:
+        a.close()
+        b.close()
+
+
 def test_pipelined_requests_are_answered_in_order(raw):
     reqs = []
     for i in range(200):

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..core import protocol
 from ..core.protocol import Code, QueueError
 from ..services.batcher import Gather
-from .connection import DEFAULT_HELLO_TIMEOUT, DEFAULT_MAX_PENDING, Connection
+from .connection import DEFAULT_HELLO_TIMEOUT, DEFAULT_MAX_PENDING, READ_BUFFER, Connection
 from .inbox import Inbox
 from .service import QueueService
 
@@ -75,6 +75,7 @@ class Server:
         # Queick pickles are checked and loaded here, one at a time: never on the loop.
         self.decoder = ThreadPoolExecutor(1, thread_name_prefix="queickd-unpickle")
         self.connections: set[Connection] = set()
+        self.read_buffer = memoryview(bytearray(READ_BUFFER))  # used on the loop's thread only
         self.loop: asyncio.AbstractEventLoop | None = None
         self.gather: Gather  # made with the loop, in _main
         self.inbox: Inbox  # likewise
