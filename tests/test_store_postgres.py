@@ -177,11 +177,13 @@ def test_enqueues_and_finishes_are_announced_at_commit_with_their_pool_or_ids(pg
     listener.execute("LISTEN queickd; LISTEN queickd_queued; LISTEN queickd_finished")
     plain, keyed = pg_store.submit([job(pool="gpu"), job(key="k")], T0)
     a, b = pg_store.claim_available(2, T0)
+    pg_store.watch_finish(plain.job_id)  # a client waits on it
     pg_store.finish_if_running([Outcome.succeeded(a.id, None)], T0)
     pg_store.finish_if_running([Outcome.succeeded(b.id, None)], T0)
     pg_store.retry_all_dead(T0)  # nothing dead: no announcement
     heard = [(n.channel, n.payload) for n in listener.notifies(timeout=1, stop_after=4)]
-    # A finish that frees a key wakes the workers; one that frees nothing tells the daemons.
+    # A finish that frees a key wakes the workers; one that frees nothing tells the daemons
+    # (when a client waits on it).
     told = {j.id: ("queickd", f"fk:{j.id}") if j.key else ("queickd_finished", f"f:{j.id}") for j in (a, b)}
     assert heard == [("queickd_queued", "q:default"), ("queickd_queued", "q:gpu"), told[a.id], told[b.id]]
     with pg_store.batch():
@@ -474,6 +476,7 @@ def test_a_worker_listener_hears_wake_ups_but_not_the_finishes_that_free_nothing
     try:
         (plain,) = store.submit([job()], T0)
         (one,) = store.claim_available(1, T0)
+        store.watch_finish(one.id)
         store.finish_if_running([Outcome.succeeded(one.id, None)], T0)
         (keyed,) = store.submit([job(key="k")], T0)
         (two,) = store.claim_available(1, T0)
@@ -505,6 +508,7 @@ def test_a_listener_not_for_new_jobs_hears_the_finish_first(pg_fresh_database):
         assert listener.connected.wait(10)
         store.submit([job()], T0)
         (one,) = store.claim_available(1, T0)
+        store.watch_finish(one.id)
         store.finish_if_running([Outcome.succeeded(one.id, None)], T0)
         assert heard.get(timeout=10) == f"f:{one.id}"  # delivered in commit order: no q: before it
     finally:
@@ -530,6 +534,7 @@ def test_a_daemon_of_no_workers_does_not_hear_of_new_jobs(pg_fresh_database):
         assert front.listener.connected.wait(10)
         store.submit([job()], T0)
         (one,) = store.claim_available(1, T0)
+        store.watch_finish(one.id)
         store.finish_if_running([Outcome.succeeded(one.id, None)], T0)
         assert heard.get(timeout=10) == f"f:{one.id}"  # the finish, for its waiting clients, and no q: before it
     finally:
@@ -688,7 +693,16 @@ def test_a_pass_in_one_statement_stores_what_the_finish_and_the_claim_store(pg, 
         store.close()
 
 
-def test_a_pass_in_one_statement_without_a_key_tells_the_finished_channel(pg):
+def _finish_one(store, one_step: bool, job_id: int) -> None:
+    if one_step:
+        assert store.finish_and_claim([Outcome.succeeded(job_id, None)], T0, 1) == []
+    else:
+        store.finish_if_running([Outcome.succeeded(job_id, None)], T0)
+
+
+@pytest.mark.parametrize("one_step", [False, True], ids=["finish", "one_statement"])
+def test_a_finish_that_frees_nothing_and_nobody_waits_on_tells_no_one(pg, one_step):
+    # PostgreSQL 15 wakes every listening backend of the database on each notifying commit.
     from queickd.store.postgres import PostgresStore
 
     url, _ = pg
@@ -697,10 +711,73 @@ def test_a_pass_in_one_statement_without_a_key_tells_the_finished_channel(pg):
         store.submit([job()], T0)
         (j,) = store.claim_available(1, T0)
         ears = _listen(url)
-        assert store.finish_and_claim([Outcome.succeeded(j.id, None)], T0, 1) == []
+        _finish_one(store, one_step, j.id)
+        assert store.get(j.id).state == State.SUCCEEDED and _heard(ears) == []
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("one_step", [False, True], ids=["finish", "one_statement"])
+def test_a_finish_of_a_job_a_client_waits_on_tells_the_finished_channel(pg, one_step):
+    from queickd.store.postgres import PostgresStore
+
+    url, _ = pg
+    store = PostgresStore(url)
+    try:
+        store.submit([job()], T0)
+        (j,) = store.claim_available(1, T0)
+        store.watch_finish(j.id)
+        ears = _listen(url)
+        _finish_one(store, one_step, j.id)
         assert _heard(ears) == [("queickd_finished", "f")]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("one_step", [False, True], ids=["finish", "one_statement"])
+def test_a_finish_made_while_a_wait_is_being_marked_sees_the_mark(pg, one_step):
+    # The mark and the finish update one row: the finish waits for the mark's commit and
+    # reads it from the row's newest version.
+    import threading
+
+    from queickd.store.postgres import PostgresStore
+
+    url, admin = pg
+    store = PostgresStore(url)
+    try:
+        store.submit([job()], T0)
+        (j,) = store.claim_available(1, T0)
+        ears = _listen(url)
+        admin.autocommit = False
+        admin.execute("UPDATE jobs SET waited = true WHERE id = %s", (j.id,))  # the mark, not yet committed
+        finishing = threading.Thread(target=_finish_one, args=(store, one_step, j.id))
+        finishing.start()
+        finishing.join(0.5)
+        assert finishing.is_alive()  # held by the mark's row lock
+        admin.commit()
+        finishing.join(10)
+        assert not finishing.is_alive() and store.get(j.id).state == State.SUCCEEDED
+        assert _heard(ears) == [("queickd_finished", "f")]
+    finally:
+        admin.rollback()
+        admin.autocommit = True
+        store.close()
+
+
+def test_a_mark_made_while_the_finish_is_uncommitted_leaves_the_job_as_finished(pg_store):
+    # The daemon's look after the mark then sees the finish: nothing needs telling.
+    import threading
+
+    pg_store.submit([job()], T0)
+    (j,) = pg_store.claim_available(1, T0)
+    with pg_store.batch(bookkeeping=True):
+        pg_store.finish_if_running([Outcome.succeeded(j.id, None)], T0)
+        marking = threading.Thread(target=pg_store.watch_finish, args=(j.id,))
+        marking.start()
+        marking.join(0.5)
+        assert marking.is_alive()  # held by the finish's row lock
+    marking.join(10)
+    assert not marking.is_alive() and pg_store.get(j.id).state == State.SUCCEEDED
 
 
 @pytest.mark.parametrize("outcome", ["dead", "retry", "workflow_step"])

@@ -355,6 +355,8 @@ class Connection(asyncio.BufferedProtocol):
         got: dict[str, Any] = {}
 
         def ready() -> bool:
+            if not got:  # the first look: from now on, a finish on another host is told here
+                self.svc.watch_finish(job_id)
             got.update(self.svc.op_get({"job_id": job_id}))
             return got["job"]["state"] in until
 

@@ -193,6 +193,10 @@ class QueueService(WorkflowOps):
             return False, "scheduler thread is not running"
         return True, "ok"
 
+    def watch_finish(self, job_id: int) -> None:
+        """A client waits on this job here (store.watch_finish): call it before the look."""
+        self.store.watch_finish(job_id)
+
     def op_get(self, req: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True, "job": self.job(arguments.job_id(req)).to_dict()}
 

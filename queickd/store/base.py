@@ -179,6 +179,11 @@ class Store(Protocol):
         notification; or a claim that resource control must make)."""
         ...
 
+    def watch_finish(self, job_id: int) -> None:
+        """A client waits on this job here: its finish must be told to this process even
+        when another host's worker ends it (a store whose finishes all happen here: nothing)."""
+        ...
+
     # --- workflows --------------------------------------------------------------------
     def workflow_start(self, spec: Definition, state: dict[str, Any], now: float,
                        idempotency_key: str | None = None) -> tuple[RunRecord, bool]:
@@ -488,6 +493,9 @@ class StoreBase:
     def finish_and_claim(self, outcomes: Sequence[Outcome], now: float, limit: int, network_up: bool = True,
                          pools: Sequence[str] | None = None) -> list[Job] | None:
         return None  # a pass in process costs no round trips: the general way is as cheap
+
+    def watch_finish(self, job_id: int) -> None:
+        pass  # every finish of this store happens in this process, which wakes its waiters
 
     def budgets_in_force(self, limits: claim.Limits) -> claim.Limits:
         return limits

@@ -145,7 +145,8 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
                 col.append(v)
         # The finish notification rides in the same statement when its ids fit one payload.
         # "fk": a key, a group's slot or a budgeted pool's units were freed, so workers look
-        # for the next job held back by it; "f" only tells waiting clients, on a channel that
+        # for the next job held back by it; "f" only tells waiting clients (sent only when
+        # one waits: watch_finish marked a job, or a workflow's run may end), on a channel that
         # only daemons hear (a worker waking on every finish would be a claim query per
         # worker per finish for nothing, and each delivery costs a backend and a thread).
         # Finished jobs of workflow steps: their runs advance (locked, one after the other).
@@ -154,8 +155,9 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
         inline = len(outcomes) <= NOTIFY_IDS
         told = (f", told AS (SELECT CASE WHEN d.frees THEN pg_notify('{CHANNEL}', 'fk:' || ids)"
                 f" ELSE pg_notify('{FINISHED_CHANNEL}', 'f:' || ids) END"
-                " FROM (SELECT bool_or(frees) AS frees, string_agg(id::text, ',') AS ids FROM done) AS d"
-                " WHERE d.ids IS NOT NULL)"
+                " FROM (SELECT bool_or(frees) AS frees, bool_or(wanted) AS wanted,"
+                " string_agg(id::text, ',') AS ids FROM done) AS d"
+                " WHERE d.ids IS NOT NULL AND (d.frees OR d.wanted))"
                 ) if inline else ""
         # Successes are the steady state: their finish, notification and streak resets are
         # one statement. A failure's streak counting follows it in the same transaction.
@@ -173,6 +175,9 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
                 # What its end frees for other claimers: a serial key, a group slot, a pool's budget.
                 " (j.key IS NOT NULL OR j.concurrency_group IS NOT NULL OR EXISTS (SELECT 1 FROM budgets b"
                 " WHERE b.kind = 'pool' AND b.name = j.pool)) AS frees,"
+                # Who is told of a finish that frees nothing: a client waiting on the job
+                # (watch_finish marked it), or a workflow's waiters (its run may have ended).
+                " j.waited OR j.workflow_run IS NOT NULL AS wanted,"
                 " j.workflow_run, j.workflow_step, j.workflow_item, j.workflow_loop)"
                 ", reset AS (DELETE FROM streaks s USING done d WHERE d.state = 'succeeded'"
                 " AND ((s.kind = 'key' AND s.name = d.key) OR (s.kind = 'func' AND s.name = d.func)))"
@@ -180,7 +185,7 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
                 ", lifted AS (DELETE FROM pauses p USING done d WHERE d.state = 'succeeded' AND p.probe_job = d.id"
                 " RETURNING 1), woke AS (SELECT pg_notify('queickd', 'r') FROM (SELECT 1 FROM lifted LIMIT 1) x)"
                 + told +
-                " SELECT id, key, func, frees, (SELECT count(*) FROM woke)"
+                " SELECT id, key, func, frees, wanted, (SELECT count(*) FROM woke)"
                 + (", (SELECT count(*) FROM told)" if inline else "")
                 + (", workflow_run, workflow_step, workflow_item, workflow_loop" if steps else "") + " FROM done",
                 (*cols, self.worker_id, self.worker_id)).fetchall()
@@ -204,7 +209,7 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
                 p = pz.plan(failed, now, pause_after, pz.Lookups(known.__getitem__, lambda t: self._pause_of(c, t)),
                             pause_cooldown)
                 paused, next_probe = self._write_pauses(c, p), p.next_probe
-            if not inline:
+            if not inline and any(r[3] or r[4] for r in rows):
                 frees = any(r[3] for r in rows)
                 kind, channel = ("fk:", CHANNEL) if frees else ("f:", FINISHED_CHANNEL)
                 ids = [r[0] for r in rows]
@@ -291,6 +296,13 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
                 notify(c, "r")
             row = c.execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
         return dbrows.row_to_job(row) if row else None
+
+    def watch_finish(self, job_id: int) -> None:
+        # Marks the row its finish updates: whichever of the two commits second sees the
+        # other (migration 17 in pgpasssql.py). A final job is left alone: nothing to tell.
+        with self._write() as c:
+            c.execute("UPDATE jobs SET waited = true WHERE id = %s AND NOT waited AND state <> ALL(%s)",
+                      (job_id, list(State.FINAL)))
 
     def cancel(self, job_id: int, now: float) -> Job | None:
         with self._write() as c:
