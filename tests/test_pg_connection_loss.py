@@ -45,3 +45,55 @@ def test_no_succeeded_job_is_recorded_dead_when_the_daemons_connections_are_kill
     succeeded_but_dead = [(j["id"], j["error"]) for j in jobs if j["state"] == "dead" and j["args"][1] in ran]
     assert succeeded_but_dead == []
     assert {j["state"] for j in jobs} == {"succeeded"}
+
+
+def test_a_job_claimed_by_a_pass_whose_answer_was_lost_goes_back_and_runs(pg_fresh_database):
+    # The server committed the pass (finish one job, claim the next), then the connection
+    # broke before its answer came: the claimed job runs under this worker's claims with
+    # no thread to run it, and the worker goes on beating, so no orphan sweep frees it.
+    import time
+
+    import psycopg
+    from helpers import JOBS_DIR
+    from store_contract import job
+
+    from queickd.core.job import State
+    from queickd.run.loader import FunctionLoader
+    from queickd.services.worker import WorkerPool
+    from queickd.store.postgres import PostgresStore
+
+    class AnswerLost(PostgresStore):
+        lost: list[int] = []
+
+        def finish_and_claim(self, outcomes, now, limit, network_up=True, pools=None):
+            claimed = super().finish_and_claim(outcomes, now, limit, network_up, pools)
+            if claimed and outcomes and not self.lost:
+                self.lost.extend(j.id for j in claimed)
+                raise psycopg.OperationalError("the connection broke before the answer came")
+            return claimed
+
+    store = AnswerLost(pg_fresh_database)
+    store.register_worker("worker", ["default"], 1, 10.0)
+    ids = [s.job_id for s in store.submit([job(func="testjobs:noop") for _ in range(3)], time.time())]
+    left, all_done = set(ids), threading.Event()
+
+    def finished(outcomes) -> None:
+        left.difference_update(o.job_id for o in outcomes if o.state == State.SUCCEEDED)
+        if not left:
+            all_done.set()
+
+    pool = WorkerPool(store, FunctionLoader(str(JOBS_DIR)), 1, on_finished=finished)
+    pool.start()
+    try:
+        pool.wake()
+        deadline = time.monotonic() + 20
+        while not all_done.wait(0.05) and time.monotonic() < deadline:
+            store.promote_due(time.time())  # the scheduler's part: a job given back waits until due
+            pool.wake()
+        assert store.lost, "no pass lost its answer: nothing was tested"
+        assert all_done.is_set(), f"jobs {sorted(left)} never ran"
+        assert [store.get(i).state for i in ids] == [State.SUCCEEDED] * 3
+        assert store.get(store.lost[0]).attempts == 1  # the lost claim's attempt was given back
+    finally:
+        assert pool.stop(10)
+        store.close()

@@ -815,3 +815,29 @@ def test_jobs_a_pass_in_one_statement_claimed_but_cannot_read_are_given_back(pg_
     monkeypatch.undo()
     back = pg_store.get(s.job_id)
     assert back.state == State.SCHEDULED and back.attempts == 0 and back.run_at == T0
+
+
+# --- a pass whose answer was lost --------------------------------------------------------------
+def test_jobs_running_under_our_claims_that_we_do_not_hold_go_back_to_wait(pg_store):
+    pg_store.register_worker("worker", ["default"], 2, 10.0)
+    pg_store.submit([job(), job()], T0)
+    held, lost = pg_store.claim_available(2, T0)
+    assert pg_store.release_unheld({held.id}, T0 + 1) == 1
+    assert pg_store.get(held.id).state == State.RUNNING
+    back = pg_store.get(lost.id)
+    assert (back.state, back.attempts) == (State.SCHEDULED, 0)  # its attempt given back
+
+
+def test_jobs_another_process_claimed_are_not_given_back(pg_url, pg_store):
+    from queickd.store.postgres import PostgresStore
+
+    other = PostgresStore(pg_url)
+    try:
+        other.register_worker("worker", ["default"], 1, 10.0)
+        pg_store.register_worker("worker", ["default"], 1, 10.0)
+        pg_store.submit([job()], T0)
+        (theirs,) = other.claim_available(1, T0)
+        assert pg_store.release_unheld(set(), T0) == 0
+        assert pg_store.get(theirs.id).state == State.RUNNING
+    finally:
+        other.close()

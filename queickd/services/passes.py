@@ -56,6 +56,8 @@ class PassStore:
     _busy: int
     _done: queue.SimpleQueue[Outcome]
     _unapplied: list[Outcome]
+    _held: set[int]
+    _unsure: bool
     _runq: queue.SimpleQueue[Job | None]
     _stopping: bool
     _draining: bool
@@ -153,12 +155,23 @@ class PassStore:
             if p.claimed:
                 p.claimed, p.deferred_at = self._fit(p.claimed, self._busy - len(unapplied))
 
+    def _give_back_unheld(self) -> None:
+        """After a pass that failed with the store unreachable (it may have committed):
+        the jobs the store has running under this process's claims that this pool does not
+        hold go back to wait, their attempt given back. Else they would stay `running`
+        under a worker that goes on beating, which the orphan sweep never re-queues."""
+        n = self.store.release_unheld(self._held, self._clock())
+        self._unsure = False
+        if n:
+            log.warning("%d job(s) claimed by a pass whose answer was lost went back to wait", n)
+
     def _pass_applied(self, p: Pass) -> bool:
         """A pass has committed: what it changed, in memory. True once stopping and idle."""
         claimed = p.claimed
         if p.unapplied:
             self._busy -= len(p.unapplied)
             finished, self._unapplied = p.unapplied, []
+            self._held.difference_update(o.job_id for o in finished)
             self._after_finish(finished, p.report)
         if claimed and self.size is not None:
             now = self._clock()
@@ -167,6 +180,7 @@ class PassStore:
                 self._grow(now)
         for job in claimed:
             self._busy += 1
+            self._held.add(job.id)
             self._runq.put(job)
         if claimed:
             self._on_claimed(claimed)
@@ -219,6 +233,7 @@ class PassStore:
                                         self._pause_cooldown)
         for attempt, report in stored:
             self._busy -= 1
+            self._held.discard(attempt.job_id)
             self._after_finish([attempt], report)
         return left
 

@@ -104,6 +104,10 @@ class WorkerPool(PassStore):
         self._dispatch_lock = threading.Lock()  # one pass at a time, whichever thread runs it
         self._again = False  # a pass was asked for while one ran: see _pass_here
         self._unapplied: list[Outcome] = []  # outcomes taken but not yet stored
+        self._held: set[int] = set()  # ids of the jobs claimed and not yet finished in the store
+        # A pass failed with the store unreachable: it may have committed, and the jobs it
+        # claimed then run under this process's claims with no thread of ours to run them.
+        self._unsure = False
         # A submit that claimed in its own transaction has not yet been acknowledged: a job
         # ending now leaves its outcome to that submit's thread (dispatch_left), which passes
         # once its ack is out, instead of contending with it for the GIL and the writer.
@@ -297,11 +301,15 @@ class WorkerPool(PassStore):
         Holds _dispatch_lock. True once stopping and nothing runs any more."""
         p = Pass()
         try:
+            if self._unsure:
+                self._give_back_unheld()
             if not self._pass_in_one(p):
                 with self.store.batch(bookkeeping=True):
                     self._pass_store(p)
-        except BaseException:
+        except BaseException as e:
             self.counts.put_back(p.counted)
+            if isinstance(e, self.store.UNAVAILABLE):
+                self._unsure = True  # its commit, and so its claims, are unknown
             raise
         ended = self._pass_applied(p)
         self._write_counts(p.count_after)  # never raises

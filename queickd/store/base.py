@@ -16,7 +16,7 @@ a store records what it is told, atomically.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
@@ -177,6 +177,12 @@ class Store(Protocol):
         None: nothing done, the pass goes the general way (a store that has no such call,
         or outcomes it does not take: a failure, a workflow step's job, too many for one
         notification; or a claim that resource control must make)."""
+        ...
+
+    def release_unheld(self, held: Collection[int], now: float) -> int:
+        """After a pass whose answer was lost (the store unreachable around its commit): jobs
+        running under this process's claims that its pool does not hold go back to wait,
+        their attempt given back. How many (0 where a failed transaction never commits)."""
         ...
 
     def watch_finish(self, job_id: int) -> None:
@@ -493,6 +499,9 @@ class StoreBase:
     def finish_and_claim(self, outcomes: Sequence[Outcome], now: float, limit: int, network_up: bool = True,
                          pools: Sequence[str] | None = None) -> list[Job] | None:
         return None  # a pass in process costs no round trips: the general way is as cheap
+
+    def release_unheld(self, held: Collection[int], now: float) -> int:
+        return 0  # a pass that raised here did not commit: nothing it claimed is left running
 
     def watch_finish(self, job_id: int) -> None:
         pass  # every finish of this store happens in this process, which wakes its waiters

@@ -31,7 +31,7 @@ beats (database clock), so a long job is never rescued while its worker lives.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 try:
@@ -296,6 +296,14 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
                 notify(c, "r")
             row = c.execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
         return dbrows.row_to_job(row) if row else None
+
+    def release_unheld(self, held: Collection[int], now: float) -> int:
+        if self.worker_id is None:
+            return 0  # its claims carry no id: ours cannot be told from others'
+        ids = [r[0] for r in self._conn().execute(
+            "SELECT id FROM jobs WHERE state = 'running' AND worker_id = %s AND id <> ALL(%s)",
+            (self.worker_id, list(held))).fetchall()]
+        return self.release_unstarted(ids, [now] * len(ids), now) if ids else 0
 
     def watch_finish(self, job_id: int) -> None:
         # Marks the row its finish updates: whichever of the two commits second sees the
