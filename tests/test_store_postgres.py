@@ -841,3 +841,91 @@ def test_jobs_another_process_claimed_are_not_given_back(pg_url, pg_store):
         assert pg_store.get(theirs.id).state == State.RUNNING
     finally:
         other.close()
+
+
+def test_a_pass_still_running_in_the_server_after_its_connection_broke_is_ended_before_the_give_back(pg):
+    # The client saw its connection fail while the server was still running the pass
+    # (waiting for a row lock): left alone, it would commit its claims afterwards, with
+    # nobody to run them.
+    import os
+    import socket
+    import time
+
+    import psycopg
+
+    from queickd.store.postgres import PostgresStore
+
+    url, admin = pg
+    store = PostgresStore(url)
+    locker = psycopg.connect(url)
+    try:
+        store.register_worker("worker", ["default"], 1, 10.0)
+        store.submit([job(), job()], T0)
+        (first,) = store.claim_available(1, T0)
+        locker.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (first.id,))  # the finish will wait
+        store._bookkeeping_conn()
+        pid = store._bk_backend[0]
+        failed: list[BaseException] = []
+
+        def lost_pass() -> None:
+            try:
+                store.finish_and_claim([Outcome.succeeded(first.id, None)], T0, 1)
+            except BaseException as e:
+                failed.append(e)
+
+        passing = threading.Thread(target=lost_pass)
+        passing.start()
+        deadline = time.monotonic() + 10
+        while admin.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                            (pid,)).fetchone()[0] != "Lock":
+            assert time.monotonic() < deadline, "the pass never waited for the row lock"
+            time.sleep(0.01)  # pg_stat_activity has no event to wait on
+        sock = socket.socket(fileno=os.dup(store._bk.pgconn.socket))
+        sock.shutdown(socket.SHUT_RDWR)  # the client's side of the connection breaks
+        sock.close()
+        passing.join(10)
+        assert failed and not passing.is_alive()
+        releasing = threading.Thread(target=store.release_unheld, args=(set(), T0))
+        releasing.start()
+        while admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0]:
+            assert time.monotonic() < deadline + 10, "the lost pass's server process was not ended"
+            time.sleep(0.01)
+        locker.commit()  # the lock is let go: a pass still running would now commit its claim
+        releasing.join(10)
+        assert not releasing.is_alive()
+        states = dict(admin.execute("SELECT id, state FROM jobs").fetchall())
+        assert states[first.id] == State.SCHEDULED and State.RUNNING not in states.values()
+    finally:
+        locker.close()
+        store.close()
+
+
+def test_marking_a_waited_job_that_is_still_queued_announces_it_again(pg):
+    # The mark holds the row's lock until it commits, and a claim skips locked rows.
+    from queickd.store.postgres import PostgresStore
+
+    url, _ = pg
+    store = PostgresStore(url)
+    try:
+        (s,) = store.submit([job(pool="gpu")], T0)
+        ears = _listen(url)
+        ears.execute("LISTEN queickd_queued")
+        store.watch_finish(s.job_id)
+        assert [(n.channel, n.payload) for n in ears.notifies(timeout=1, stop_after=1)] == [("queickd_queued", "q:gpu")]
+    finally:
+        store.close()
+
+
+def test_a_wait_is_marked_after_the_server_ended_the_shared_connection(pg):
+    from queickd.store.postgres import PostgresStore
+
+    url, admin = pg
+    store = PostgresStore(url)
+    try:
+        (s,) = store.submit([job()], T0)
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
+                      ("%-shared",))
+        store.watch_finish(s.job_id)  # sent again once on a new connection
+        assert admin.execute("SELECT waited FROM jobs WHERE id = %s", (s.job_id,)).fetchone()[0] is True
+    finally:
+        store.close()

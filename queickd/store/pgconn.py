@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +34,10 @@ class PgConnections:
         self._all_lock = threading.Lock()
         self._bk: psycopg.Connection | None = None  # bookkeeping (claims, finishes), under _bk_lock
         self._bk_lock = threading.Lock()
+        self._bk_backend: tuple[int, Any] | None = None  # its server process: (pid, backend_start)
+        # Server processes of bookkeeping connections that broke: each may still be running
+        # what was sent on it (a pass whose answer never came), under _bk_lock.
+        self._lost: list[tuple[int, Any]] = []
         self._shared: psycopg.Connection | None = None  # every other thread's, under _shared_lock
         self._shared_lock = threading.Lock()
         self._reads = _Reads(self)
@@ -71,10 +76,41 @@ class PgConnections:
     def _bookkeeping_conn(self) -> psycopg.Connection:
         c = self._bk
         if c is None or c.closed or c.broken:
+            self._note_lost()
             c = self._open("bookkeeping")
             c.execute("SET synchronous_commit = off")
+            self._bk_backend = c.execute(
+                "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()").fetchone()
             self._bk = c
         return c
+
+    def _note_lost(self) -> None:
+        c = self._bk
+        if c is not None and (c.closed or c.broken) and self._bk_backend is not None:
+            self._lost.append(self._bk_backend)
+            self._bk_backend = None
+
+    def _end_lost_backends(self, timeout: float = 10.0) -> None:
+        """The server processes of bookkeeping connections that broke are ended, and waited
+        for until gone: a statement sent on one may still run (waiting for a lock) and
+        commit after its client saw the connection fail. After this, what it did is final."""
+        with self._bk_lock:
+            self._note_lost()
+            lost = list(self._lost)
+        for pid, started in lost:
+            deadline = time.monotonic() + timeout
+            while self._reads.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                      " WHERE pid = %s AND backend_start = %s", (pid, started)).fetchone():
+                if time.monotonic() > deadline:
+                    raise psycopg.OperationalError(f"the server process {pid} of a lost connection does not end")
+                time.sleep(0.02)  # it exits at its next interrupt check: no event to wait on
+            with self._bk_lock:
+                self._lost.remove((pid, started))
+
+    def _shared_lost(self) -> bool:
+        """The shared connection was found lost (its next lease opens a new one)."""
+        c = self._shared
+        return c is not None and (c.closed or c.broken)
 
     @contextlib.contextmanager
     def _lease(self) -> Iterator[psycopg.Connection]:

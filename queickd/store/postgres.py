@@ -21,7 +21,8 @@ jobs finish and one of them held a key, a group's slot or a budgeted pool's unit
 now (`fk:ID,ID,...`), when a failed job is scheduled for a retry (`s:RUN_AT`, for the
 daemons' timers) and when jobs are released (`r`: re-queued, resumed, retried). Other
 finishes (`f:ID,ID,...`) go to channel `queickd_finished`, which only daemons (they serve
-the clients waiting on jobs) listen to. They go out at commit, never for a rolled-back
+the clients waiting on jobs) listen to, and only when a client waits on one of them
+(watch_finish) or they are workflow steps. They go out at commit, never for a rolled-back
 change.
 
 Liveness is by record: workers (daemons included) register in `workers` and beat from a
@@ -300,17 +301,37 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
     def release_unheld(self, held: Collection[int], now: float) -> int:
         if self.worker_id is None:
             return 0  # its claims carry no id: ours cannot be told from others'
-        ids = [r[0] for r in self._conn().execute(
-            "SELECT id FROM jobs WHERE state = 'running' AND worker_id = %s AND id <> ALL(%s)",
-            (self.worker_id, list(held))).fetchall()]
-        return self.release_unstarted(ids, [now] * len(ids), now) if ids else 0
+        self._end_lost_backends()  # what a lost pass did is final from here on
+        with self._write() as c:
+            # One statement: a job swept as an orphan meanwhile and claimed by another
+            # worker is no longer under our id, and stays with that worker.
+            n = c.execute(
+                "UPDATE jobs SET state = 'scheduled', run_at = %s, attempts = attempts - 1, started_at = NULL"
+                f"{self._RELEASE} WHERE state = 'running' AND worker_id = %s AND id <> ALL(%s)",
+                (now, self.worker_id, list(held))).rowcount
+            if n:
+                self._scheduled_at(c, now)
+        return n
 
     def watch_finish(self, job_id: int) -> None:
         # Marks the row its finish updates: whichever of the two commits second sees the
         # other (migration 17 in pgpasssql.py). A final job is left alone: nothing to tell.
-        with self._write() as c:
-            c.execute("UPDATE jobs SET waited = true WHERE id = %s AND NOT waited AND state <> ALL(%s)",
-                      (job_id, list(State.FINAL)))
+        # The mark holds the row's lock until it commits, and a claim skips locked rows: a
+        # job still queued is announced again, so a pool that skipped it looks once more.
+        for attempt in (1, 2):
+            try:
+                with self._write() as c:
+                    row = c.execute("UPDATE jobs SET waited = true WHERE id = %s AND NOT waited"
+                                    " AND state <> ALL(%s) RETURNING state, pool",
+                                    (job_id, list(State.FINAL))).fetchone()
+                    if row is not None and row[0] == State.QUEUED:
+                        notify(c, f"q:{row[1]}", QUEUED_CHANNEL)
+                return
+            except psycopg.OperationalError:
+                # A connection found lost (a server restart): the mark is made again on a
+                # new one rather than failing the client's wait.
+                if attempt == 2 or not self._shared_lost():
+                    raise
 
     def cancel(self, job_id: int, now: float) -> Job | None:
         with self._write() as c:
