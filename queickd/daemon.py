@@ -295,7 +295,8 @@ class Daemon:
                                      on_finished_ids=self._on_finished_elsewhere,
                                      on_scheduled=lambda run_at: self.scheduler.wake_at(run_at),
                                      on_version_change=self._on_version_change,
-                                     on_budgets=self.budgets.refresh, clock=self.clock)
+                                     on_budgets=self.budgets.refresh,
+                                     on_listening=self._waiters_look_again, clock=self.clock)
             self.fleet.start()
         self.runner.start()
         self.pool.start()
@@ -388,6 +389,12 @@ class Daemon:
         self.service.resources = replace(self.service.resources, limits=limits)
         self.pool.limits = limits
         self.pool.wake()
+
+    def _waiters_look_again(self) -> None:
+        """The listener (re)connected: a finish told while it was away was missed, so every
+        client waiting on a job or a run reads its state again."""
+        self.service.waiters.notify_all()
+        self.service.run_waiters.notify_all()
 
     def _on_finished_elsewhere(self, job_ids: list[int]) -> None:
         """Jobs another host finished (PostgreSQL NOTIFY): their waiters, and the run

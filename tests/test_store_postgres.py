@@ -929,3 +929,28 @@ def test_a_wait_is_marked_after_the_server_ended_the_shared_connection(pg):
         assert admin.execute("SELECT waited FROM jobs WHERE id = %s", (s.job_id,)).fetchone()[0] is True
     finally:
         store.close()
+
+
+def test_a_daemon_whose_listener_reconnects_has_its_waiting_clients_look_again(pg):
+    # A finish told while the listener was away is missed: the waits read their jobs again.
+    import queue
+
+    from queickd.run.loader import FunctionLoader
+    from queickd.services.fleet import FleetMember
+    from queickd.services.worker import WorkerPool
+    from queickd.store.postgres import PostgresStore
+
+    url, admin = pg
+    store = PostgresStore(url)
+    looked: queue.Queue[str] = queue.Queue()
+    front = FleetMember(store, WorkerPool(store, FunctionLoader("."), 0), kind="daemon",
+                        on_finished_ids=lambda ids: None, on_listening=lambda: looked.put("look"))
+    front.start()
+    try:
+        assert looked.get(timeout=10) == "look"  # listening for the first time
+        assert admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                             " WHERE application_name LIKE 'queickd-listener-%'").fetchone()[0] == 1
+        assert looked.get(timeout=10) == "look"  # listening again
+    finally:
+        front.stop()
+        store.close()

@@ -183,6 +183,7 @@ class FleetMember:
                  on_scheduled: Callable[[float], None] = lambda run_at: None,
                  on_version_change: Callable[[str], None] = lambda reason: None,
                  on_budgets: Callable[[], None] = lambda: None,
+                 on_listening: Callable[[], None] = lambda: None,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.pool = pool
@@ -191,6 +192,8 @@ class FleetMember:
         self._on_finished_ids = on_finished_ids
         self._on_scheduled = on_scheduled
         self._on_budgets = on_budgets  # the budgets in force may have changed: read them again
+        # Listening (again): clients waiting on jobs look again, for a finish told while away.
+        self._on_listening = on_listening
         # Without clients waiting on jobs (an external worker) it need not hear of every finish,
         # and a pool that never claims (a daemon of no workers) need not hear of new jobs.
         self.listener = Listener(store, self._notified, self._reconnected, queued=pool.claims,
@@ -228,6 +231,7 @@ class FleetMember:
         """Listening (again): what a lost notification announced is looked at now."""
         self.pool.wake()
         self._refresh_budgets()
+        self._on_listening()
 
     def _refresh_budgets(self) -> None:
         try:
