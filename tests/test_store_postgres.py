@@ -700,46 +700,9 @@ def _finish_one(store, one_step: bool, job_id: int) -> None:
         store.finish_if_running([Outcome.succeeded(job_id, None)], T0)
 
 
-@pytest.mark.parametrize("one_step", [False, True], ids=["finish", "one_statement"])
-def test_a_finish_that_frees_nothing_and_nobody_waits_on_tells_no_one(pg, one_step):
-    # PostgreSQL 15 wakes every listening backend of the database on each notifying commit.
-    from queickd.store.postgres import PostgresStore
-
-    url, _ = pg
-    store = PostgresStore(url)
-    try:
-        store.submit([job()], T0)
-        (j,) = store.claim_available(1, T0)
-        ears = _listen(url)
-        _finish_one(store, one_step, j.id)
-        assert store.get(j.id).state == State.SUCCEEDED and _heard(ears) == []
-    finally:
-        store.close()
-
-
-@pytest.mark.parametrize("one_step", [False, True], ids=["finish", "one_statement"])
-def test_a_finish_of_a_job_a_client_waits_on_tells_the_finished_channel(pg, one_step):
-    from queickd.store.postgres import PostgresStore
-
-    url, _ = pg
-    store = PostgresStore(url)
-    try:
-        store.submit([job()], T0)
-        (j,) = store.claim_available(1, T0)
-        store.watch_finish(j.id)
-        ears = _listen(url)
-        _finish_one(store, one_step, j.id)
-        assert _heard(ears) == [("queickd_finished", "f")]
-    finally:
-        store.close()
-
-
-@pytest.mark.parametrize("one_step", [False, True], ids=["finish", "one_statement"])
-def test_a_finish_made_while_a_wait_is_being_marked_sees_the_mark(pg, one_step):
-    # The mark and the finish update one row: the finish waits for the mark's commit and
-    # reads it from the row's newest version.
-    import threading
-
+@pytest.fixture
+def running(pg):
+    """(URL, an admin connection, a store of its own, a job it claimed)."""
     from queickd.store.postgres import PostgresStore
 
     url, admin = pg
@@ -747,8 +710,37 @@ def test_a_finish_made_while_a_wait_is_being_marked_sees_the_mark(pg, one_step):
     try:
         store.submit([job()], T0)
         (j,) = store.claim_available(1, T0)
-        ears = _listen(url)
-        admin.autocommit = False
+        yield url, admin, store, j
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("one_step", [False, True], ids=["finish", "one_statement"])
+def test_a_finish_that_frees_nothing_and_nobody_waits_on_tells_no_one(running, one_step):
+    # PostgreSQL 15 wakes every listening backend of the database on each notifying commit.
+    url, _, store, j = running
+    ears = _listen(url)
+    _finish_one(store, one_step, j.id)
+    assert store.get(j.id).state == State.SUCCEEDED and _heard(ears) == []
+
+
+@pytest.mark.parametrize("one_step", [False, True], ids=["finish", "one_statement"])
+def test_a_finish_of_a_job_a_client_waits_on_tells_the_finished_channel(running, one_step):
+    url, _, store, j = running
+    store.watch_finish(j.id)
+    ears = _listen(url)
+    _finish_one(store, one_step, j.id)
+    assert _heard(ears) == [("queickd_finished", "f")]
+
+
+@pytest.mark.parametrize("one_step", [False, True], ids=["finish", "one_statement"])
+def test_a_finish_made_while_a_wait_is_being_marked_sees_the_mark(running, one_step):
+    # The mark and the finish update one row: the finish waits for the mark's commit and
+    # reads it from the row's newest version.
+    url, admin, store, j = running
+    ears = _listen(url)
+    admin.autocommit = False
+    try:
         admin.execute("UPDATE jobs SET waited = true WHERE id = %s", (j.id,))  # the mark, not yet committed
         finishing = threading.Thread(target=_finish_one, args=(store, one_step, j.id))
         finishing.start()
@@ -761,7 +753,6 @@ def test_a_finish_made_while_a_wait_is_being_marked_sees_the_mark(pg, one_step):
     finally:
         admin.rollback()
         admin.autocommit = True
-        store.close()
 
 
 def test_a_mark_made_while_the_finish_is_uncommitted_leaves_the_job_as_finished(pg_store):
