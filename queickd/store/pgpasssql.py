@@ -130,7 +130,11 @@ CLAIM_ASKS_FIRST = """
 # or a budgeted pool's units, else on the finished channel. Like the fast path, it asks
 # first whether the selection must claim: if so it does nothing, returns the row of
 # NULLs, and the pass goes the general way.
-PASS_IN_ONE = f"""
+def _pass_function(told_when_waited: bool) -> str:
+    """queickd_pass's CREATE statement: as migration 16 made it, or (told_when_waited) as 17
+    restates it, reading the mark and telling a finish that frees nothing only when marked.
+    One text for both, so the restatement cannot drift from the function it replaces."""
+    return """
     CREATE OR REPLACE FUNCTION queickd_pass(p_budget_lock bigint, p_now double precision, p_worker bigint,
                                             p_pools text[], p_net boolean, p_limit integer,
                                             p_ids bigint[], p_results text[], p_outputs text[]) RETURNS SETOF jobs
@@ -155,21 +159,28 @@ PASS_IN_ONE = f"""
             WHERE j.id = o.id AND j.state = 'running' AND (p_worker IS NULL OR j.worker_id = p_worker)
             RETURNING j.id, j.key, j.func,
                       (j.key IS NOT NULL OR j.concurrency_group IS NOT NULL
-                       OR EXISTS (SELECT 1 FROM budgets b WHERE b.kind = 'pool' AND b.name = j.pool)) AS frees),
+                       OR EXISTS (SELECT 1 FROM budgets b WHERE b.kind = 'pool' AND b.name = j.pool)) AS frees{returned}),
         reset AS (DELETE FROM streaks s USING done d
                   WHERE (s.kind = 'key' AND s.name = d.key) OR (s.kind = 'func' AND s.name = d.func)),
         lifted AS (DELETE FROM pauses p USING done d WHERE p.probe_job = d.id RETURNING 1),
         woke AS (SELECT pg_notify('{CHANNEL}', 'r') FROM (SELECT 1 FROM lifted LIMIT 1) x),
         said AS (SELECT CASE WHEN t.frees THEN pg_notify('{CHANNEL}', 'fk:' || t.ids)
                              ELSE pg_notify('{FINISHED_CHANNEL}', 'f:' || t.ids) END
-                 FROM (SELECT bool_or(frees) AS frees, string_agg(id::text, ',') AS ids FROM done) t
-                 WHERE t.ids IS NOT NULL)
+                 FROM (SELECT bool_or(frees) AS frees, {aggregated}string_agg(id::text, ',') AS ids FROM done) t
+                 WHERE t.ids IS NOT NULL{told_when})
         SELECT (SELECT count(*) FROM woke) + (SELECT count(*) FROM said) INTO told;
     END IF;
     RETURN QUERY SELECT * FROM queickd_claim(NULL, p_now, p_worker, p_pools, p_net, p_limit);
     END
     $$;
-"""
+""".format(
+        CHANNEL=CHANNEL, FINISHED_CHANNEL=FINISHED_CHANNEL,
+        returned=",\n                      j.waited" if told_when_waited else "",
+        aggregated="bool_or(waited) AS waited,\n                              " if told_when_waited else "",
+        told_when=" AND (t.frees OR t.waited)" if told_when_waited else "")
+
+
+PASS_IN_ONE = _pass_function(told_when_waited=False)
 
 # 17: a finish that frees nothing is told (`f:IDS` on the finished channel) only when a
 # client waits on one of its jobs: the daemon serving that `wait` marks the job `waited`
@@ -180,49 +191,9 @@ PASS_IN_ONE = f"""
 # of 3 alternating runs: the database's CPU per job 238 -> 206 µs with 1 worker process,
 # 480 -> 446 µs with 4). The mark and the finish update the same row, so one of them waits for
 # the other's commit: the finish sees the mark, or the daemon's look after marking sees
-# the finish. queickd_pass restated with the mark read.
-WAITED = f"""
-    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS waited boolean NOT NULL DEFAULT false;
-    CREATE OR REPLACE FUNCTION queickd_pass(p_budget_lock bigint, p_now double precision, p_worker bigint,
-                                            p_pools text[], p_net boolean, p_limit integer,
-                                            p_ids bigint[], p_results text[], p_outputs text[]) RETURNS SETOF jobs
-    LANGUAGE plpgsql SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off
-        SET jit = off SET plan_cache_mode = force_generic_plan AS $$
-    DECLARE
-        told integer;
-        nothing jobs;
-    BEGIN
-    PERFORM pg_advisory_xact_lock_shared(p_budget_lock);
-    IF EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL)
-       OR EXISTS (SELECT 1 FROM budgets b WHERE b.kind = 'pool' AND (p_pools IS NULL OR b.name = ANY(p_pools)))
-    THEN
-        RETURN NEXT nothing;  -- all NULL: nothing done, the selection's turn
-        RETURN;
-    END IF;
-    IF cardinality(p_ids) > 0 THEN
-        WITH done AS (
-            UPDATE jobs j SET state = 'succeeded', result = o.result, error = NULL, finished_at = p_now,
-                              worker_id = NULL, output = o.output
-            FROM unnest(p_ids, p_results, p_outputs) AS o(id, result, output)
-            WHERE j.id = o.id AND j.state = 'running' AND (p_worker IS NULL OR j.worker_id = p_worker)
-            RETURNING j.id, j.key, j.func,
-                      (j.key IS NOT NULL OR j.concurrency_group IS NOT NULL
-                       OR EXISTS (SELECT 1 FROM budgets b WHERE b.kind = 'pool' AND b.name = j.pool)) AS frees,
-                      j.waited),
-        reset AS (DELETE FROM streaks s USING done d
-                  WHERE (s.kind = 'key' AND s.name = d.key) OR (s.kind = 'func' AND s.name = d.func)),
-        lifted AS (DELETE FROM pauses p USING done d WHERE p.probe_job = d.id RETURNING 1),
-        woke AS (SELECT pg_notify('{CHANNEL}', 'r') FROM (SELECT 1 FROM lifted LIMIT 1) x),
-        said AS (SELECT CASE WHEN t.frees THEN pg_notify('{CHANNEL}', 'fk:' || t.ids)
-                             ELSE pg_notify('{FINISHED_CHANNEL}', 'f:' || t.ids) END
-                 FROM (SELECT bool_or(frees) AS frees, bool_or(waited) AS waited,
-                              string_agg(id::text, ',') AS ids FROM done) t
-                 WHERE t.ids IS NOT NULL AND (t.frees OR t.waited))
-        SELECT (SELECT count(*) FROM woke) + (SELECT count(*) FROM said) INTO told;
-    END IF;
-    RETURN QUERY SELECT * FROM queickd_claim(NULL, p_now, p_worker, p_pools, p_net, p_limit);
-    END
-    $$;
-"""
+# the finish. queickd_pass restated (_pass_function) with the mark read.
+WAITED = """
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS waited boolean NOT NULL DEFAULT false;""" + _pass_function(
+    told_when_waited=True)
 
 MIGRATIONS: list[str] = [PLANNED_ONCE, CLAIM_ASKS_FIRST, PASS_IN_ONE, WAITED]
