@@ -45,7 +45,7 @@ from ..core.policy import admission as adm
 from ..core.policy import orphans
 from ..core.policy import pauses as pz
 from . import rows as dbrows
-from .base import StoreBase
+from .derived import StoreBase
 from .pgchannels import CHANNEL, FINISHED_CHANNEL, NOTIFY_IDS, QUEUED_CHANNEL
 from .pgclaim import PgClaims
 from .pgconn import PgConnections
@@ -53,7 +53,7 @@ from .pgregistry import ALIVE, FleetRecords, notify
 from .pgsubmit import WAITING_SQL, PgSubmit
 from .pools import set_pool_sql
 from .records import CronFire, CronRecord, EventAccepted, Finished, NewEvent, Pause, Recovered
-from .sqlshared import SharedSql, filters
+from .sqlshared import UNSTART, SharedSql, filters
 from .wfsql import SqlWorkflows
 
 
@@ -305,10 +305,8 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
         with self._write() as c:
             # One statement: a job swept as an orphan meanwhile and claimed by another
             # worker is no longer under our id, and stays with that worker.
-            n = c.execute(
-                "UPDATE jobs SET state = 'scheduled', run_at = %s, attempts = attempts - 1, started_at = NULL"
-                f"{self._RELEASE} WHERE state = 'running' AND worker_id = %s AND id <> ALL(%s)",
-                (now, self.worker_id, list(held))).rowcount
+            n = c.execute(self._q(f"{UNSTART}{self._RELEASE} WHERE state = 'running' AND worker_id = ?"
+                                  " AND id <> ALL(?)"), (now, self.worker_id, list(held))).rowcount
             if n:
                 self._scheduled_at(c, now)
         return n

@@ -28,6 +28,9 @@ STREAK = ("SELECT coalesce((SELECT failures FROM streaks WHERE kind = ? AND name
 
 
 _WAITING = ("scheduled", "queued", "waiting_network")
+# A claimed job that never started goes back to wait at run_at (the parameter), its
+# attempt given back; with the store's _RELEASE after it.
+UNSTART = "UPDATE jobs SET state = 'scheduled', run_at = ?, attempts = attempts - 1, started_at = NULL"
 
 
 def filters(func: str | None, key: str | None, pool: str | None) -> tuple[str, tuple]:
@@ -264,9 +267,8 @@ class SharedSql:
         with self._write() as c:
             n = 0
             for job_id, run_at in zip(job_ids, run_ats, strict=True):
-                n += c.execute(self._q(
-                    "UPDATE jobs SET state = 'scheduled', run_at = ?, attempts = attempts - 1, started_at = NULL"
-                    f"{self._RELEASE} WHERE id = ? AND state = 'running'"), (run_at, job_id)).rowcount
+                n += c.execute(self._q(f"{UNSTART}{self._RELEASE} WHERE id = ? AND state = 'running'"),
+                               (run_at, job_id)).rowcount
             if n and run_ats:
                 self._scheduled_at(c, min(run_ats))
         return n
