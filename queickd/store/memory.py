@@ -18,7 +18,7 @@ from ..core.policy import admission as adm
 from ..core.policy import claim, orphans
 from ..core.policy import memory as mem
 from ..core.policy import pauses as pz
-from .base import StoreBase
+from .derived import StoreBase
 from .memory_events import MemoryCronsEvents
 from .memory_ops import MemoryOperatorOps, matches
 from .memres import MemoryResources

@@ -19,7 +19,7 @@ from ..core.policy import admission as adm
 from ..core.policy import orphans
 from ..core.policy import pauses as pz
 from . import rows as dbrows
-from .base import StoreBase
+from .derived import StoreBase
 from .pools import set_pool_sql
 from .records import CronFire, CronRecord, EventAccepted, Finished, NewEvent, Recovered
 from .sqlite_conn import SQLiteFile, insert_rows

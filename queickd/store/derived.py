@@ -1,0 +1,49 @@
+"""What every backend derives from the primitives it implements (the contract is
+base.py's `Store`): the defaults a store keeps unless it has a better way."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from ..core.job import Job, NewJob, Outcome, State, Submitted
+from ..core.policy import claim
+from ..core.policy.admission import Refusal
+from ..core.policy.resources import BudgetChange
+from .records import RefusedError
+
+
+class StoreBase:
+    """What every backend derives from the primitives it implements."""
+
+    # Errors that say the store itself is in trouble (a lost connection, a failing disk),
+    # never the data a call carried: retried as they are, never blamed on a job.
+    UNAVAILABLE: tuple[type[BaseException], ...] = ()
+    passes_in_one_call = False
+
+    def flush(self) -> None:
+        pass  # a commit of this store is durable (or never will be: memory) when it returns
+
+    def submit(self, jobs: Sequence[NewJob], now: float) -> list[Submitted]:
+        answer = self.submit_requests([jobs], now)[0]  # type: ignore[attr-defined]
+        if isinstance(answer, Refusal):
+            raise RefusedError(answer)
+        return answer
+
+    def prune_finished(self, finished_before: float, limit: int) -> int:
+        return self.purge((State.SUCCEEDED, State.CANCELLED), finished_before, limit)  # type: ignore[attr-defined]
+
+    def adopt_budgets(self, limits: claim.Limits) -> list[BudgetChange]:
+        return []  # one daemon's store: its config is the truth, nothing to keep
+
+    def finish_and_claim(self, outcomes: Sequence[Outcome], now: float, limit: int, network_up: bool = True,
+                         pools: Sequence[str] | None = None) -> list[Job] | None:
+        return None  # a pass in process costs no round trips: the general way is as cheap
+
+    def release_unheld(self, held: Collection[int], now: float) -> int:
+        return 0  # a pass that raised here did not commit: nothing it claimed is left running
+
+    def watch_finish(self, job_id: int) -> None:
+        pass  # every finish of this store happens in this process, which wakes its waiters
+
+    def budgets_in_force(self, limits: claim.Limits) -> claim.Limits:
+        return limits
