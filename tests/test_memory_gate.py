@@ -91,6 +91,35 @@ def test_a_footprint_favours_recent_runs_and_a_memory_kill_raises_it():
     assert killed.peak == 160 * MB * mem.KILLED_MARGIN
 
 
+def test_a_function_is_measured_on_every_run_until_its_footprint_is_learnt():
+    assert mem.worth_measuring(None, 40)
+    young = mem.Footprint(0.0, 0.001, mem.LEARNING_RUNS - 1, estimated=True)
+    assert all(mem.worth_measuring(young, n) for n in range(1, 40))
+
+
+def test_a_function_with_a_negligible_peak_is_measured_once_in_a_sample():
+    small = mem.Footprint(4096.0, 0.001, mem.LEARNING_RUNS, estimated=True)
+    measured = [n for n in range(4 * mem.SAMPLE_EVERY) if mem.worth_measuring(small, n)]
+    assert measured == [0, mem.SAMPLE_EVERY, 2 * mem.SAMPLE_EVERY, 3 * mem.SAMPLE_EVERY]
+
+
+def test_a_function_whose_peak_matters_is_measured_on_every_run():
+    big = mem.Footprint(50 * MB, 1.0, 100, estimated=True)
+    assert all(mem.worth_measuring(big, n) for n in range(40))
+
+
+def test_the_gate_counts_each_function_s_runs_for_its_sample():
+    store = MemoryStore()
+    store.record_runs([("app:small", 0, 0.001, False, True)] * mem.LEARNING_RUNS, 0.0)
+    store.record_runs([("app:big", 100 * MB, 1.0, False, False)], 0.0)
+    gate = gate_mod.MemoryGate(store)
+    gate.footprint("app:small"), gate.footprint("app:big")  # as a pass does before they start
+    small = [gate.keeps("app:small") for _ in range(2 * mem.SAMPLE_EVERY)]
+    assert small.count(True) == 2 and small[0]
+    assert all(gate.keeps("app:big") for _ in range(mem.SAMPLE_EVERY))
+    assert all(gate.keeps("app:unknown") for _ in range(3))  # nothing learnt yet
+
+
 def test_a_job_that_does_not_fit_waits_unless_nothing_else_runs():
     assert mem.decide(50 * MB, 40 * MB, 0, running_here=1) == mem.Decision(False, "memory")
     assert mem.decide(50 * MB, 40 * MB, 0, running_here=0) == mem.Decision(True, "alone")

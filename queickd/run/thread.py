@@ -4,8 +4,8 @@ Loads the function through the loader (the allowlist is checked again: the opera
 have changed it since the job was accepted), calls it and turns what happened into a
 `RunReport` (run.capture). It never raises for what the job does, a job's SystemExit included, and
 it never decides the job's fate. Safe to use from many worker threads at once. It cannot
-measure a thread's memory or CPU time; when `measure(func)` says the function's footprint
-is kept, it reports the process's RSS growth over the call as an estimate of its peak
+measure a thread's memory or CPU time; when `measure(func)` says this run should measure
+itself (the memory gate samples), it reports the process's RSS growth over the call as an estimate of its peak
 (`peak_estimated`; two reads of /proc/self/statm), else None.
 """
 

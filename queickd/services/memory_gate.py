@@ -137,6 +137,7 @@ class MemoryGate:
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._known: dict[str, mem.Footprint | None] = {}  # func -> footprint (None: none yet)
+        self._runs: dict[str, int] = {}  # func -> thread runs asked about here (keeps)
         self._pending: list[tuple[str, int | None, float, bool, bool]] = []  # runs to store
         self._deferrals: dict[int, int] = {}  # job id -> times deferred
         self.deferred: dict[str, int] = {}  # reason -> count
@@ -146,8 +147,13 @@ class MemoryGate:
         self._since = 0.0  # bytes expected by the jobs started since that reading
 
     def keeps(self, func: str) -> bool:
-        """Is this function's history kept (so a thread run should measure itself)? Yes."""
-        return True
+        """Should a thread run of func measure itself (mem.worth_measuring)? Counts the run."""
+        with self._lock:
+            nth = self._runs.get(func, 0)
+            self._runs[func] = nth + 1
+            if len(self._runs) > 10_000:  # functions long gone: their counts only phase the sample
+                self._runs.clear()
+            return mem.worth_measuring(self._known.get(func), nth)
 
     def footprint(self, func: str) -> mem.Footprint | None:
         with self._lock:

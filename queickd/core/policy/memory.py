@@ -11,6 +11,10 @@ job may start in the room left.
 - `matters`: an expected peak below `NEGLIGIBLE` is the noise of a thread run's RSS
   estimate (pages touched by other threads), far below any reserve: such a job starts
   without a look at free memory.
+- `worth_measuring`: whether a thread run should read the process's RSS around it: a
+  function's first `LEARNING_RUNS`, and every run of one whose peak matters; of the
+  others one in `SAMPLE_EVERY` (the two reads and their GIL hand-offs were a tenth of the
+  daemon's CPU for a job that appends a byte), enough to see a function start to grow.
 - `backoff`: a deferred job's short wait, doubling per deferral, with jitter.
 Pure: reads no file (services/memory_gate.py does), no clock, no store.
 """
@@ -24,6 +28,8 @@ RECENT = 0.5  # the weight of the newest run in the average
 KILLED_MARGIN = 1.25
 MB = 1024 * 1024
 NEGLIGIBLE = 1 * MB
+LEARNING_RUNS = 8  # a function's first runs are all measured
+SAMPLE_EVERY = 16  # then, while its peak is negligible, one run in this many
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +61,14 @@ def update(old: Footprint | None, peak: float | None, runtime: float, killed: bo
 def matters(need: float) -> bool:
     """Is a job expected to take `need` bytes worth a look at the room left?"""
     return need >= NEGLIGIBLE
+
+
+def worth_measuring(fp: Footprint | None, nth: int) -> bool:
+    """Should the `nth` run here (0, 1, ...) of a function with footprint `fp` (None: none
+    known) measure its memory? Runs not measured leave the footprint as it is."""
+    if fp is None or fp.runs < LEARNING_RUNS or matters(fp.peak):
+        return True
+    return nth % SAMPLE_EVERY == 0
 
 
 @dataclass(frozen=True, slots=True)
