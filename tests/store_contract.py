@@ -55,6 +55,22 @@ class StoreContract(WorkflowContract, OutputContract, RulesContract):
                 j.idempotency_key, j.max_attempts, j.attempts, j.created_at) == (
             "m:f", [1, "a"], {"x": [1]}, 3, spec, True, "k", "i", 4, 0, T0)
 
+    def test_jobs_of_every_shape_in_one_batch_keep_their_fields(self, store):
+        # Stores may insert a job whose other fields are at their defaults with fewer columns:
+        # plain, grouped, keyed (arguments and keys) and full rows side by side.
+        given = [job(), job(concurrency_group="g", concurrency_limit=2),
+                 job(args=[1], kwargs={"x": 1}, key="k", idempotency_key="i1"),
+                 job(args=[2], idempotency_key="i2", priority=4),
+                 job(args=[3], idempotency_key="i3", run_at=T0 + 60)]
+        subs = store.submit(given, T0)
+        got = [store.get(s.job_id) for s in subs]
+        fields = ("func", "args", "kwargs", "key", "idempotency_key", "priority", "run_at", "concurrency_group",
+                  "concurrency_limit", "max_attempts")
+        assert [tuple(getattr(j, f) for f in fields) for j in got] == [
+            tuple(getattr(g, f) for f in fields) for g in given]
+        assert [j.state for j in got] == [State.QUEUED] * 4 + [State.SCHEDULED]
+        assert (store.counts()[State.QUEUED], store.counts()[State.SCHEDULED]) == (4, 1)
+
     def test_idempotency_key_returns_the_first_job(self, store):
         (first,) = store.submit([job(idempotency_key="once")], T0)
         (again,) = store.submit([job(idempotency_key="once", args=[2])], T0 + 1)

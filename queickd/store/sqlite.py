@@ -39,7 +39,11 @@ _INSERT_PLAIN = (f"INSERT INTO jobs ({', '.join(_PLAIN_COLS)}) VALUES ", len(_PL
 # ... and a job in a concurrency group with these and its group's three (8 rather than 15).
 _GROUPED_COLS = (*_PLAIN_COLS, "concurrency_group", "concurrency_limit", "cost_units")
 _INSERT_GROUPED = (f"INSERT INTO jobs ({', '.join(_GROUPED_COLS)}) VALUES ", len(_GROUPED_COLS))
-_split = dbrows.insert_splitter(_PLAIN_COLS, _GROUPED_COLS)
+# ... and a job with arguments and an idempotency key (every JobQueue.enqueue gives one):
+# 9 rather than the 26 of a full row.
+_KEYED_COLS = (*_PLAIN_COLS, "args", "kwargs", "key", "idempotency_key")
+_INSERT_KEYED = (f"INSERT INTO jobs ({', '.join(_KEYED_COLS)}) VALUES ", len(_KEYED_COLS))
+_split = dbrows.insert_splitter(_PLAIN_COLS, _GROUPED_COLS, _KEYED_COLS)
 _RARE = frozenset({State.RUNNING, State.DEAD, State.WAITING_NETWORK, State.CANCELLED})  # own indexes
 
 
@@ -94,12 +98,14 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
         row = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
         first = (row[0] if row else 0) + 1
         ids = list(range(first, first + len(p.inserts)))
-        plain, grouped, full = _split(ids, p.inserts, now)
+        plain, grouped, keyed, full = _split(ids, p.inserts, now)
         insert_rows(c, _INSERT_PLAIN, plain)
         insert_rows(c, _INSERT_GROUPED, grouped)
+        insert_rows(c, _INSERT_KEYED, keyed)
         insert_rows(c, _INSERT, full)
-        counts = collections.Counter(row[1] for row in plain)  # state is _PLAIN_COLS[1] (and _GROUPED_COLS[1])
+        counts = collections.Counter(row[1] for row in plain)  # state is _PLAIN_COLS[1] (and the other shapes')
         counts.update(row[1] for row in grouped)
+        counts.update(row[1] for row in keyed)
         counts.update(row[_STATE_AT] for row in full)
         for state, n in counts.items():
             c.execute("INSERT INTO state_counts VALUES (?, ?) ON CONFLICT (state) DO UPDATE SET n = n + excluded.n",
