@@ -233,8 +233,8 @@ class SQLiteFile:
                 self._all.append(c)
         return c
 
-    @contextlib.contextmanager
-    def _write(self, bookkeeping: bool = False, defer_flush: bool = False) -> Iterator[sqlite3.Connection]:
+    def _write(self, bookkeeping: bool = False,
+               defer_flush: bool = False) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         """One write transaction. `bookkeeping` transactions (claims, finishes, promotions)
         are not flushed to disk: a power cut can undo the last of them, and the only
         effect is that a job runs again (at-least-once). Everything else, acknowledged
@@ -242,9 +242,12 @@ class SQLiteFile:
         outside the write lock (`defer_flush`: left to the caller's flush()); the flush
         also makes every earlier bookkeeping commit durable."""
         inside = getattr(self._local, "batch_conn", None)
-        if inside is not None:  # inside batch(): its transaction is ours
-            yield inside
-            return
+        if inside is not None:  # inside batch(): its transaction is ours (a pass makes several calls)
+            return contextlib.nullcontext(inside)
+        return self._transaction(bookkeeping, defer_flush)
+
+    @contextlib.contextmanager
+    def _transaction(self, bookkeeping: bool, defer_flush: bool) -> Iterator[sqlite3.Connection]:
         if self.read_only:
             self._leave_read_only()  # DiskFullError while there is no room
         c = self._writer()
