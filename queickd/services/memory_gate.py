@@ -9,8 +9,9 @@ point them at a tree they write):
 - `proc/meminfo`'s MemAvailable (a Pi has no memory cgroup by default: then this alone).
 The room is the lower of the two, less the reserve; `--max-rss` caps the process itself
 (its RSS from `proc/self/statm`). It keeps the functions' footprints (read from the store
-once per function, then its own updates; written back in the pool's pass) and counts
-deferrals by reason. The decision is core/policy/memory.py's; it never touches a job.
+once per function, then its own updates; written back in the pool's pass), counts each
+function's thread runs to tell which of them measure themselves (mem.worth_measuring),
+and counts deferrals by reason. The decision is core/policy/memory.py's; it never touches a job.
 """
 
 from __future__ import annotations
