@@ -66,6 +66,16 @@ def pg_url(pg_database):
 
 
 @pytest.fixture
+def pg_store(pg_url):
+    """A PostgresStore on a schema of its own."""
+    from queickd.store.postgres import PostgresStore
+
+    s = PostgresStore(pg_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
 def pg_fresh_database(pg_database):
     """A whole database for one test: for tests whose processes LISTEN (notifications are
     per database, so a database of its own keeps other tests' traffic out)."""

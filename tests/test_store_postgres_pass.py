@@ -1,0 +1,467 @@
+"""A PostgreSQL worker pool's pass and claim: each claim function planned once, the fast
+path and when it leaves the claim to the selection, the pass in one statement and whom its
+finishes tell, which listener hears what, and the give-back after a pass whose answer was
+lost (skips without a server)."""
+
+import threading
+
+import pytest
+from contract_jobs import trip_bad
+from store_contract import T0, job
+
+from queickd.core.job import Outcome, State
+
+
+def test_every_claim_function_is_planned_once_per_session(pg_store):
+    """The claim's functions take parameters; PL/pgSQL plans such statements again on each
+    call while a generic plan prices above the values' own, and the view's always did
+    (pgpasssql.py, 14): a worker of one slot planned on every job. Each function of the
+    claim's path says force_generic_plan, with the planner settings its plans rely on."""
+    rows = pg_store._conn().execute(
+        "SELECT proname, proconfig FROM pg_proc WHERE proname LIKE 'queickd\\_%' ORDER BY proname").fetchall()
+    names = {name for name, _ in rows}
+    assert {"queickd_claim", "queickd_claim_view", "queickd_candidates", "queickd_candidates_after",
+            "queickd_start"} <= names
+    for name, config in rows:
+        assert "plan_cache_mode=force_generic_plan" in (config or []), name
+        assert "enable_seqscan=off" in config, name
+
+
+class _CountingConnection:
+    """A store connection that counts the statements sent through it."""
+
+    def __init__(self, conn):
+        self._conn, self.sent = conn, []
+
+    def execute(self, query, params=None, **kw):
+        self.sent.append(str(query).split("(")[0])
+        return self._conn.execute(query, params, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+def test_a_claim_with_no_group_or_budget_in_play_is_one_statement(pg_store, monkeypatch):
+    # A worker of one slot claims once per job: its claim's round trips are per job too.
+    pg_store.submit([job(), job()], T0)
+    counting = _CountingConnection(pg_store._bookkeeping_conn())
+    monkeypatch.setattr(pg_store, "_bookkeeping_conn", lambda: counting)
+    with pg_store.batch(bookkeeping=True):
+        (claimed,) = pg_store.claim_available(1, T0)
+    assert len(counting.sent) == 1 and pg_store.get(claimed.id).state == State.RUNNING
+
+
+def test_the_fast_path_leaves_the_claim_to_the_selection_when_a_grouped_job_waits(pg_store):
+    from queickd.store.pgclaim import _BUDGET_LOCK
+
+    plain, grouped = pg_store.submit([job(), job(concurrency_group="g", concurrency_limit=1)], T0)
+    c = pg_store._bookkeeping_conn()
+    with c.transaction(force_rollback=True):
+        rows = c.execute("SELECT id, state FROM queickd_claim(%s, %s, 1, NULL, true, 5)", (_BUDGET_LOCK, T0)).fetchall()
+        assert rows == [(None, None)]  # nothing claimed: the selection's turn
+    assert pg_store.get(plain.job_id).state == State.QUEUED
+    got = pg_store.claim_available(5, T0)
+    assert sorted(j.id for j in got) == sorted([plain.job_id, grouped.job_id])
+
+
+def test_the_fast_path_leaves_the_claim_to_the_selection_when_a_served_pool_has_a_budget(pg_store):
+    from queickd.core.policy.claim import Limits
+
+    pg_store.adopt_budgets(Limits(pools={"b": 2}))
+    pg_store.submit([job(pool="b", cost_units=1.0) for _ in range(3)], T0)
+    got = pg_store.claim_available(5, T0, pools=["b"])
+    assert len(got) == 2  # the budget held: the selection claimed, not the fast path
+
+
+def _listen(url):
+    import psycopg
+
+    from queickd.store.pgchannels import CHANNEL, FINISHED_CHANNEL
+
+    c = psycopg.connect(url, autocommit=True)
+    c.execute(f"LISTEN {CHANNEL}; LISTEN {FINISHED_CHANNEL}")
+    return c
+
+
+def _heard(c) -> list[tuple[str, str]]:
+    return sorted((n.channel, n.payload.split(":")[0]) for n in c.notifies(timeout=0.5, stop_after=10))
+
+
+def _finish_and_claim_both_ways(store, one_step: bool, outcomes, now):
+    if one_step:
+        got = store.finish_and_claim(outcomes, now, 2)
+        assert got is not None
+        return got
+    with store.batch(bookkeeping=True):
+        store.finish_if_running(outcomes, now)
+        return store.claim_available(2, now)
+
+
+@pytest.mark.parametrize("one_step", [False, True], ids=["finish_then_claim", "one_statement"])
+def test_a_pass_in_one_statement_stores_what_the_finish_and_the_claim_store(pg, one_step):
+    # The steady state's pass restates finish_if_running for successes (pgpasssql.py, 16):
+    # the rows, the streaks and pauses, and the notifications must be the same either way.
+    from queickd.store.postgres import PostgresStore
+
+    url, admin = pg
+    store = PostgresStore(url)
+    try:
+        trip_bad(store)  # m:bad paused, its probe due at T0 + 60; k:1 has a failure streak
+        store.submit([job(func="m:f", key="k1")], T0)
+        (keyed,) = store.claim_available(1, T0)
+        store.finish_if_running([Outcome.dead(keyed.id, {"type": "E", "message": "no"})], T0)
+        store.submit([job(func="m:bad"), job(func="m:f", key="k1"), job(func="m:g")], T0)
+        running = store.claim_available(5, T0 + 60)  # the probe, the keyed job, the plain one
+        assert len(running) == 3
+        store.submit([job(func="m:next") for _ in range(3)], T0 + 60)
+        ears = _listen(url)
+        claimed = _finish_and_claim_both_ways(
+            store, one_step, [Outcome.succeeded(j.id, {"n": j.id}, output=f"out {j.id}") for j in running], T0 + 61)
+        rows = admin.execute("SELECT func, state, result, error, output, finished_at, worker_id, attempts"
+                             " FROM jobs WHERE id = ANY(%s) ORDER BY id", ([j.id for j in running],)).fetchall()
+        assert [r[1] for r in rows] == ["succeeded"] * 3
+        assert [(r[2], r[4], r[5], r[6], r[7]) for r in rows] == [
+            (f'{{"n":{j.id}}}', f"out {j.id}", T0 + 61, None, 1) for j in running]
+        assert all(r[3] is None for r in rows)
+        assert store.pauses() == [] and admin.execute("SELECT count(*) FROM streaks").fetchone()[0] == 0
+        assert [j.func for j in claimed] == ["m:next", "m:next"]
+        assert _heard(ears) == [("queickd", "fk"), ("queickd", "r")]
+    finally:
+        store.close()
+
+
+def _finish_one(store, one_step: bool, job_id: int) -> None:
+    if one_step:
+        assert store.finish_and_claim([Outcome.succeeded(job_id, None)], T0, 1) == []
+    else:
+        store.finish_if_running([Outcome.succeeded(job_id, None)], T0)
+
+
+@pytest.fixture
+def running(pg):
+    """(URL, an admin connection, a store of its own, a job it claimed)."""
+    from queickd.store.postgres import PostgresStore
+
+    url, admin = pg
+    store = PostgresStore(url)
+    try:
+        store.submit([job()], T0)
+        (j,) = store.claim_available(1, T0)
+        yield url, admin, store, j
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("one_step", [False, True], ids=["finish", "one_statement"])
+def test_a_finish_that_frees_nothing_and_nobody_waits_on_tells_no_one(running, one_step):
+    # PostgreSQL 15 wakes every listening backend of the database on each notifying commit.
+    url, _, store, j = running
+    ears = _listen(url)
+    _finish_one(store, one_step, j.id)
+    assert store.get(j.id).state == State.SUCCEEDED and _heard(ears) == []
+
+
+@pytest.mark.parametrize("one_step", [False, True], ids=["finish", "one_statement"])
+def test_a_finish_of_a_job_a_client_waits_on_tells_the_finished_channel(running, one_step):
+    url, _, store, j = running
+    store.watch_finish(j.id)
+    ears = _listen(url)
+    _finish_one(store, one_step, j.id)
+    assert _heard(ears) == [("queickd_finished", "f")]
+
+
+@pytest.mark.parametrize("one_step", [False, True], ids=["finish", "one_statement"])
+def test_a_finish_made_while_a_wait_is_being_marked_sees_the_mark(running, one_step):
+    # The mark and the finish update one row: the finish waits for the mark's commit and
+    # reads it from the row's newest version.
+    url, admin, store, j = running
+    ears = _listen(url)
+    admin.autocommit = False
+    try:
+        admin.execute("UPDATE jobs SET waited = true WHERE id = %s", (j.id,))  # the mark, not yet committed
+        finishing = threading.Thread(target=_finish_one, args=(store, one_step, j.id))
+        finishing.start()
+        finishing.join(0.5)
+        assert finishing.is_alive()  # held by the mark's row lock
+        admin.commit()
+        finishing.join(10)
+        assert not finishing.is_alive() and store.get(j.id).state == State.SUCCEEDED
+        assert _heard(ears) == [("queickd_finished", "f")]
+    finally:
+        admin.rollback()
+        admin.autocommit = True
+
+
+def test_a_mark_made_while_the_finish_is_uncommitted_leaves_the_job_as_finished(pg_store):
+    # The daemon's look after the mark then sees the finish: nothing needs telling.
+    import threading
+
+    pg_store.submit([job()], T0)
+    (j,) = pg_store.claim_available(1, T0)
+    with pg_store.batch(bookkeeping=True):
+        pg_store.finish_if_running([Outcome.succeeded(j.id, None)], T0)
+        marking = threading.Thread(target=pg_store.watch_finish, args=(j.id,))
+        marking.start()
+        marking.join(0.5)
+        assert marking.is_alive()  # held by the finish's row lock
+    marking.join(10)
+    assert not marking.is_alive() and pg_store.get(j.id).state == State.SUCCEEDED
+
+
+@pytest.mark.parametrize("outcome", ["dead", "retry", "workflow_step"])
+def test_a_pass_in_one_statement_is_only_for_successes_outside_workflows(pg_store, outcome):
+    pg_store.submit([job(), job()], T0)
+    j, _ = pg_store.claim_available(1, T0) + [None]
+    o = {"dead": lambda: Outcome.dead(j.id, {"type": "E", "message": "no"}),
+         "retry": lambda: Outcome.retry_at(j.id, T0 + 5, {"type": "E", "message": "no"}),
+         "workflow_step": lambda: Outcome.succeeded(j.id, None, workflow_run=1)}[outcome]()
+    assert pg_store.finish_and_claim([o], T0, 1) is None
+    assert pg_store.get(j.id).state == State.RUNNING and pg_store.counts()["queued"] == 1  # nothing done
+
+
+def test_a_pass_in_one_statement_does_nothing_when_the_selection_must_claim(pg_store):
+    pg_store.submit([job()], T0)
+    (j,) = pg_store.claim_available(1, T0)
+    pg_store.submit([job(concurrency_group="g", concurrency_limit=1)], T0)
+    assert pg_store.finish_and_claim([Outcome.succeeded(j.id, None)], T0, 1) is None
+    assert pg_store.get(j.id).state == State.RUNNING and pg_store.counts()["queued"] == 1
+
+
+def test_jobs_a_pass_in_one_statement_claimed_but_cannot_read_are_given_back(pg_store, monkeypatch):
+    # Its transaction has committed: jobs left `running` under a worker that beats on
+    # without them would never run.
+    from queickd.store import pgclaim
+
+    (s,) = pg_store.submit([job()], T0)
+
+    def unreadable(row):
+        raise ValueError("a row this worker cannot read")
+
+    monkeypatch.setattr(pgclaim.dbrows, "row_to_job", unreadable)
+    with pytest.raises(ValueError, match="cannot read"):
+        pg_store.finish_and_claim([], T0, 1)
+    monkeypatch.undo()
+    back = pg_store.get(s.job_id)
+    assert back.state == State.SCHEDULED and back.attempts == 0 and back.run_at == T0
+
+
+# --- which listener hears what -----------------------------------------------------------------
+def test_a_worker_listener_hears_wake_ups_but_not_the_finishes_that_free_nothing(pg_fresh_database):
+    import queue
+
+    from queickd.services.fleet import Listener
+    from queickd.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_fresh_database)
+    heard = {"worker": queue.Queue(), "daemon": queue.Queue()}
+    listeners = [Listener(store, heard["worker"].put, lambda: None, finished=False),
+                 Listener(store, heard["daemon"].put, lambda: None)]
+    for listener in listeners:
+        listener.start()
+        assert listener.connected.wait(10)
+    try:
+        (plain,) = store.submit([job()], T0)
+        (one,) = store.claim_available(1, T0)
+        store.watch_finish(one.id)
+        store.finish_if_running([Outcome.succeeded(one.id, None)], T0)
+        (keyed,) = store.submit([job(key="k")], T0)
+        (two,) = store.claim_available(1, T0)
+        store.finish_if_running([Outcome.succeeded(two.id, None)], T0)
+
+        def first(who: str, n: int) -> list[str]:
+            return [heard[who].get(timeout=10) for _ in range(n)]
+
+        # Delivered in commit order: the worker's last is the keyed finish, so it never heard the plain one.
+        assert first("worker", 3) == ["q:default", "q:default", f"fk:{two.id}"]
+        assert first("daemon", 4) == ["q:default", f"f:{one.id}", "q:default", f"fk:{two.id}"]
+    finally:
+        for listener in listeners:
+            listener.stop()
+        store.close()
+
+
+def test_a_listener_not_for_new_jobs_hears_the_finish_first(pg_fresh_database):
+    import queue
+
+    from queickd.services.fleet import Listener
+    from queickd.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_fresh_database)
+    heard: queue.Queue[str] = queue.Queue()
+    listener = Listener(store, heard.put, lambda: None, queued=False)
+    listener.start()
+    try:
+        assert listener.connected.wait(10)
+        store.submit([job()], T0)
+        (one,) = store.claim_available(1, T0)
+        store.watch_finish(one.id)
+        store.finish_if_running([Outcome.succeeded(one.id, None)], T0)
+        assert heard.get(timeout=10) == f"f:{one.id}"  # delivered in commit order: no q: before it
+    finally:
+        listener.stop()
+        store.close()
+
+
+def test_a_daemon_of_no_workers_does_not_hear_of_new_jobs(pg_fresh_database):
+    import queue
+
+    from queickd.run.loader import FunctionLoader
+    from queickd.services.fleet import FleetMember
+    from queickd.services.worker import WorkerPool
+    from queickd.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_fresh_database)
+    front = FleetMember(store, WorkerPool(store, FunctionLoader("."), 0), kind="daemon",
+                        on_finished_ids=lambda ids: None)
+    heard: queue.Queue[str] = queue.Queue()
+    front.listener._on_notify = heard.put  # what its listener hears
+    front.start()
+    try:
+        assert front.listener.connected.wait(10)
+        store.submit([job()], T0)
+        (one,) = store.claim_available(1, T0)
+        store.watch_finish(one.id)
+        store.finish_if_running([Outcome.succeeded(one.id, None)], T0)
+        assert heard.get(timeout=10) == f"f:{one.id}"  # the finish, for its waiting clients, and no q: before it
+    finally:
+        front.stop()
+        store.close()
+
+
+# --- a pass whose answer was lost --------------------------------------------------------------
+def test_jobs_running_under_our_claims_that_we_do_not_hold_go_back_to_wait(pg_store):
+    pg_store.register_worker("worker", ["default"], 2, 10.0)
+    pg_store.submit([job(), job()], T0)
+    held, lost = pg_store.claim_available(2, T0)
+    assert pg_store.release_unheld({held.id}, T0 + 1) == 1
+    assert pg_store.get(held.id).state == State.RUNNING
+    back = pg_store.get(lost.id)
+    assert (back.state, back.attempts) == (State.SCHEDULED, 0)  # its attempt given back
+
+
+def test_jobs_another_process_claimed_are_not_given_back(pg_url, pg_store):
+    from queickd.store.postgres import PostgresStore
+
+    other = PostgresStore(pg_url)
+    try:
+        other.register_worker("worker", ["default"], 1, 10.0)
+        pg_store.register_worker("worker", ["default"], 1, 10.0)
+        pg_store.submit([job()], T0)
+        (theirs,) = other.claim_available(1, T0)
+        assert pg_store.release_unheld(set(), T0) == 0
+        assert pg_store.get(theirs.id).state == State.RUNNING
+    finally:
+        other.close()
+
+
+def test_a_pass_still_running_in_the_server_after_its_connection_broke_is_ended_before_the_give_back(pg):
+    # The client saw its connection fail while the server was still running the pass
+    # (waiting for a row lock): left alone, it would commit its claims afterwards, with
+    # nobody to run them.
+    import os
+    import socket
+    import time
+
+    import psycopg
+
+    from queickd.store.postgres import PostgresStore
+
+    url, admin = pg
+    store = PostgresStore(url)
+    locker = psycopg.connect(url)
+    try:
+        store.register_worker("worker", ["default"], 1, 10.0)
+        store.submit([job(), job()], T0)
+        (first,) = store.claim_available(1, T0)
+        locker.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (first.id,))  # the finish will wait
+        store._bookkeeping_conn()
+        pid = store._bk_backend[0]
+        failed: list[BaseException] = []
+
+        def lost_pass() -> None:
+            try:
+                store.finish_and_claim([Outcome.succeeded(first.id, None)], T0, 1)
+            except BaseException as e:
+                failed.append(e)
+
+        passing = threading.Thread(target=lost_pass)
+        passing.start()
+        deadline = time.monotonic() + 10
+        while admin.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                            (pid,)).fetchone()[0] != "Lock":
+            assert time.monotonic() < deadline, "the pass never waited for the row lock"
+            time.sleep(0.01)  # pg_stat_activity has no event to wait on
+        sock = socket.socket(fileno=os.dup(store._bk.pgconn.socket))
+        sock.shutdown(socket.SHUT_RDWR)  # the client's side of the connection breaks
+        sock.close()
+        passing.join(10)
+        assert failed and not passing.is_alive()
+        releasing = threading.Thread(target=store.release_unheld, args=(set(), T0))
+        releasing.start()
+        while admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0]:
+            assert time.monotonic() < deadline + 10, "the lost pass's server process was not ended"
+            time.sleep(0.01)
+        locker.commit()  # the lock is let go: a pass still running would now commit its claim
+        releasing.join(10)
+        assert not releasing.is_alive()
+        states = dict(admin.execute("SELECT id, state FROM jobs").fetchall())
+        assert states[first.id] == State.SCHEDULED and State.RUNNING not in states.values()
+    finally:
+        locker.close()
+        store.close()
+
+
+def test_marking_a_waited_job_that_is_still_queued_announces_it_again(pg):
+    # The mark holds the row's lock until it commits, and a claim skips locked rows.
+    from queickd.store.postgres import PostgresStore
+
+    url, _ = pg
+    store = PostgresStore(url)
+    try:
+        (s,) = store.submit([job(pool="gpu")], T0)
+        ears = _listen(url)
+        ears.execute("LISTEN queickd_queued")
+        store.watch_finish(s.job_id)
+        assert [(n.channel, n.payload) for n in ears.notifies(timeout=1, stop_after=1)] == [("queickd_queued", "q:gpu")]
+    finally:
+        store.close()
+
+
+def test_a_wait_is_marked_after_the_server_ended_the_shared_connection(pg):
+    from queickd.store.postgres import PostgresStore
+
+    url, admin = pg
+    store = PostgresStore(url)
+    try:
+        (s,) = store.submit([job()], T0)
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
+                      ("%-shared",))
+        store.watch_finish(s.job_id)  # sent again once on a new connection
+        assert admin.execute("SELECT waited FROM jobs WHERE id = %s", (s.job_id,)).fetchone()[0] is True
+    finally:
+        store.close()
+
+
+def test_a_daemon_whose_listener_reconnects_has_its_waiting_clients_look_again(pg):
+    # A finish told while the listener was away is missed: the waits read their jobs again.
+    import queue
+
+    from queickd.run.loader import FunctionLoader
+    from queickd.services.fleet import FleetMember
+    from queickd.services.worker import WorkerPool
+    from queickd.store.postgres import PostgresStore
+
+    url, admin = pg
+    store = PostgresStore(url)
+    looked: queue.Queue[str] = queue.Queue()
+    front = FleetMember(store, WorkerPool(store, FunctionLoader("."), 0), kind="daemon",
+                        on_finished_ids=lambda ids: None, on_listening=lambda: looked.put("look"))
+    front.start()
+    try:
+        assert looked.get(timeout=10) == "look"  # listening for the first time
+        assert admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                             " WHERE application_name LIKE 'queickd-listener-%'").fetchone()[0] == 1
+        assert looked.get(timeout=10) == "look"  # listening again
+    finally:
+        front.stop()
+        store.close()
