@@ -236,7 +236,7 @@ class Daemon:
             self.network = NetworkMonitor(c.ping_host, c.ping_interval, lambda up: self.parking.on_change(up),
                                           clock=self.clock)
         memory = MemoryGate(store, reserve_mb=c.memory_reserve, max_rss_mb=c.max_rss, root=c.memory_root)
-        self.runner = make_runner(loader, c.sandbox_settings, c.sandbox_env, measure=memory.keeps)
+        self.runner = make_runner(loader, c.sandbox_settings, c.sandbox_env, measure=memory.measures_run)
         self.on_reload.append(self.runner.reload)  # process jobs re-import the app too
         self.metrics.sandbox = self.runner.stats
         self.parking = NetworkParking(store, self.network, lambda: self.pool.wake(), clock=self.clock)

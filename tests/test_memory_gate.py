@@ -114,10 +114,10 @@ def test_the_gate_counts_each_function_s_runs_for_its_sample():
     store.record_runs([("app:big", 100 * MB, 1.0, False, False)], 0.0)
     gate = gate_mod.MemoryGate(store)
     gate.footprint("app:small"), gate.footprint("app:big")  # as a pass does before they start
-    small = [gate.keeps("app:small") for _ in range(2 * mem.SAMPLE_EVERY)]
+    small = [gate.measures_run("app:small") for _ in range(2 * mem.SAMPLE_EVERY)]
     assert small.count(True) == 2 and small[0]
-    assert all(gate.keeps("app:big") for _ in range(mem.SAMPLE_EVERY))
-    assert all(gate.keeps("app:unknown") for _ in range(3))  # nothing learnt yet
+    assert all(gate.measures_run("app:big") for _ in range(mem.SAMPLE_EVERY))
+    assert all(gate.measures_run("app:unknown") for _ in range(3))  # nothing learnt yet
 
 
 def test_a_job_that_does_not_fit_waits_unless_nothing_else_runs():

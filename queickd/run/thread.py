@@ -5,8 +5,9 @@ have changed it since the job was accepted), calls it and turns what happened in
 `RunReport` (run.capture). It never raises for what the job does, a job's SystemExit included, and
 it never decides the job's fate. Safe to use from many worker threads at once. It cannot
 measure a thread's memory or CPU time; when `measure(func)` says this run should measure
-itself (the memory gate samples), it reports the process's RSS growth over the call as an estimate of its peak
-(`peak_estimated`; two reads of /proc/self/statm), else None.
+itself (the memory gate takes a sample of each function's runs), it reports the process's
+RSS growth over the call as an estimate of its peak (`peak_estimated`; two reads of
+/proc/self/statm), else None.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ The room is the lower of the two, less the reserve; `--max-rss` caps the process
 (its RSS from `proc/self/statm`). It keeps the functions' footprints (read from the store
 once per function, then its own updates; written back in the pool's pass), counts each
 function's thread runs to tell which of them measure themselves (mem.worth_measuring),
-and counts deferrals by reason. The decision is core/policy/memory.py's; it never touches a job.
+and counts deferrals by reason. The decisions are core/policy/memory.py's; it never
+touches a job.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ class MemoryGate:
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._known: dict[str, mem.Footprint | None] = {}  # func -> footprint (None: none yet)
-        self._runs: dict[str, int] = {}  # func -> thread runs asked about here (keeps)
+        self._runs: dict[str, int] = {}  # func -> thread runs asked about here (measures_run)
         self._pending: list[tuple[str, int | None, float, bool, bool]] = []  # runs to store
         self._deferrals: dict[int, int] = {}  # job id -> times deferred
         self.deferred: dict[str, int] = {}  # reason -> count
@@ -147,7 +148,7 @@ class MemoryGate:
         self._reading: tuple[float, float, float | None] | None = None  # (when, room, --max-rss room)
         self._since = 0.0  # bytes expected by the jobs started since that reading
 
-    def keeps(self, func: str) -> bool:
+    def measures_run(self, func: str) -> bool:
         """Should a thread run of func measure itself (mem.worth_measuring)? Counts the run."""
         with self._lock:
             nth = self._runs.get(func, 0)

@@ -81,7 +81,7 @@ class WorkerPool(PassStore):
         self.memory = memory  # which claimed jobs fit in memory; None: all start
         self._on_deferred = on_deferred  # (earliest run_at) of jobs sent back for want of memory
         self.runner: Runner = runner if runner is not None else ThreadRunner(
-            loader, measure=memory.keeps if memory is not None else None)  # runs each job
+            loader, measure=memory.measures_run if memory is not None else None)  # runs each job
         self.size = size if size is not None and size.adaptive else None  # None: a fixed size
         self.workers = self.size.min if self.size is not None else workers  # threads now
         self._clock = clock

@@ -111,7 +111,7 @@ def run(config: WorkerConfig) -> int:
         loader = FunctionLoader(config.app_dir, config.allow)
         gate = MemoryGate(store, reserve_mb=config.memory_reserve, max_rss_mb=config.max_rss,
                           root=config.memory_root)
-        runner = make_runner(loader, sandbox.settings(config), config.sandbox_env, measure=gate.keeps)
+        runner = make_runner(loader, sandbox.settings(config), config.sandbox_env, measure=gate.measures_run)
         # A pause begun here is probed after its cooldown: the pool wakes then, not at its
         # next sweep (the daemon's scheduler does this for a daemon's pool).
         probes = Alarm(lambda: pool.wake(), name="queickd-probes")
