@@ -224,6 +224,15 @@ def _context_lines(res: Results) -> list[str]:
     if qk and rtt:
         out.append(f"Queick one-at-a-time enqueue = {qk / rtt:.0%} of raw loopback round trips/s "
                    "(it opens a new TCP connection per job)")
+        out.append(f"1.5x Queick one at a time = {1.5 * qk:,.0f} requests/s; this loopback did {rtt:,.0f}"
+                   " request/response round trips/s between two processes doing nothing else: the ceiling of"
+                   " a client that waits for each reply, whatever the server does")
+    e2e_qk, e2e_h = med("e2e", QUEICK, E2E_SINGLE), med("e2e", HUEY, E2E_SINGLE)
+    if q1 and (e2e_qk or e2e_h):
+        best = max(e2e_qk or 0.0, e2e_h or 0.0)
+        out.append(f"2x the faster peer end to end = {2 * best:,.0f} jobs/s; the same client enqueueing one at a"
+                   f" time with no worker running got {q1:,.0f} (sqlite/full): the ceiling of one enqueue per job"
+                   " at full durability")
     many = med("enqueue-many", QUEICKD_SQLITE, "enqueue rate")
     raw100 = med("raw-sqlite", "WAL sync=FULL, 100 rows/commit", "rows/s")
     if many and raw100:
