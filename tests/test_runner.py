@@ -36,6 +36,21 @@ def test_thread_runner_measures_no_memory_or_cpu_time():
     assert (r.peak_memory, r.cpu_time) == (None, None)
 
 
+def test_a_thread_run_reports_its_rss_growth_only_when_asked_to_measure_itself():
+    asked: list[str] = []
+
+    def measure(func: str) -> bool:
+        asked.append(func)
+        return len(asked) == 1  # the first run measures itself, the second does not
+
+    runner = ThreadRunner(FunctionLoader(JOBS), measure=measure)
+    measured = runner.run(make_job(func="testjobs:hold_memory", args=[16]))
+    unmeasured = runner.run(make_job(func="testjobs:hold_memory", args=[16]))
+    assert asked == ["testjobs:hold_memory"] * 2
+    assert measured.peak_estimated and measured.peak_memory >= 12 << 20  # 16 MB touched and kept
+    assert (unmeasured.peak_memory, unmeasured.peak_estimated) == (None, False)
+
+
 def test_thread_runner_reports_the_error_with_its_traceback():
     r = _run("testjobs:fail", "broken")
     assert (r.ok, r.error_type, r.error_message) == (False, "ValueError", "broken")
