@@ -193,7 +193,7 @@ def test_a_worker_of_another_version_refuses_claims_and_exits_with_its_own_statu
     admin.execute("UPDATE queickd_meta SET value = '0.0.1' WHERE key = 'queickd_version'")
     w = WorkerProcess(url).spawn()
     assert w.proc.wait(30) == EX_VERSION
-    assert any("refusing to claim" in line for line in w.lines)
+    w.wait_for_line("refusing to claim")  # read through the pipe up to it (its reader may lag the exit)
     assert store.get(sub.job_id).state == State.QUEUED  # claimed by nobody
     (record,) = [r for r in store.workers() if r["pid"] == w.pid]  # what `queick stats` lists
     assert "0.0.1" in record["refused"] and not record["alive"]
@@ -236,7 +236,7 @@ def test_a_daemon_stops_with_the_version_status_when_the_database_moves_to_anoth
     d = _daemon(start_daemon, url, workers=1)
     admin.execute("UPDATE queickd_meta SET value = '99.0' WHERE key = 'queickd_version'")
     assert d.proc.wait(30) == EX_VERSION
-    assert any("99.0" in line and "stopping" in line for line in d.lines)
+    d.wait_for_line(r"99\.0.*stopping|stopping.*99\.0")  # read through the pipe up to it
 
 
 def test_sigterm_lets_the_running_job_finish_then_the_worker_deregisters(pg, start_daemon, start_worker, gate):

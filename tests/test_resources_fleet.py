@@ -118,7 +118,7 @@ def test_a_worker_started_with_other_budgets_replaces_them_and_says_so(pg_fresh_
     other = tmp_path / "worker.toml"
     other.write_text("[budgets.pools]\ndefault = 5\n[budgets.groups]\napi = 2\n")
     w = start_worker(url, workers=2, heartbeat=HEARTBEAT, extra=("--config", str(other)))
-    line = next(ln for ln in w.lines if "replaces the budgets in force" in ln)
+    line = w.wait_for_line("replaces the budgets in force").string
     assert "WARNING" in line and "group 'api' none -> 2" in line and "pool 'default' 3 -> 5" in line
     d.wait_for_line("another process changed the budgets in force")  # the daemon follows
     with d.client() as q:
