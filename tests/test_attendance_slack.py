@@ -6,6 +6,7 @@ real code); the daemon is a real subprocess that runs the post jobs."""
 from __future__ import annotations
 
 import logging
+import random
 import re
 import threading
 import time
@@ -292,11 +293,14 @@ def test_the_lookup_pages_back_newest_first_and_stops_at_its_bound(slack, tmp_pa
 
 def test_a_punch_tapped_while_the_daemon_is_down_is_posted_once_it_is_back(
         start_daemon, terminal, feed, slack, db_url):
-    d = start_daemon(db_url, *ALLOW)
+    # On a loopback address of its own: while its daemon is down the terminal keeps trying
+    # the port, which another test's daemon on 127.0.0.1 may have been given meanwhile.
+    host = f"127.0.0.{random.randint(2, 254)}"
+    d = start_daemon(db_url, "--bind", host, *ALLOW)
     port = d.port
     assert d.terminate() == 0
-    d = DaemonProcess(db_url, "--port", str(port), *ALLOW)  # same port, later
-    term = terminal(d, port=port)
+    d = DaemonProcess(db_url, "--bind", host, "--port", str(port), *ALLOW)  # same address and port, later
+    term = terminal(d, port=port, host=host)
     punch = tap_and_post(feed, term, ALICE)
     assert term.plog.punch(punch.punch_id).job_id is None  # safe in the log, not yet handed over
     d.start()

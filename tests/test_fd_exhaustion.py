@@ -5,6 +5,7 @@ The daemon runs under a lowered RLIMIT_NOFILE (prlimit)."""
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 
@@ -31,8 +32,12 @@ def test_a_flood_of_idle_connections_leaves_jobs_their_file_descriptors(start_da
 
 
 def test_refused_connections_are_logged_a_few_times_not_once_each(start_daemon):
-    d = start_daemon(None, "--max-connections", "4", "--hello-timeout", "60", workers=1)
-    flood = [socket.create_connection(("127.0.0.1", d.port), timeout=10) for _ in range(60)]  # within the listen backlog
+    # On a loopback address of its own: a client of another test that connects again to the
+    # port its stopped daemon had (now this one's, perhaps) must not take one of the 4 slots
+    # and free it mid-flood, which would let a connection past the cap be served.
+    host = f"127.0.0.{random.randint(2, 254)}"
+    d = start_daemon(None, "--bind", host, "--max-connections", "4", "--hello-timeout", "60", workers=1)
+    flood = [socket.create_connection((host, d.port), timeout=10) for _ in range(60)]  # within the listen backlog
     try:
         for s in flood[4:]:
             assert b"too many connections" in s.makefile("rb").readline()  # told, then closed
