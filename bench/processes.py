@@ -125,6 +125,12 @@ def _reap(proc: subprocess.Popen, timeout: float = 10.0) -> None:
         _LIVE.remove(proc)
 
 
+def stop_group(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM to the process group `proc` leads, SIGKILL after `grace` seconds; reaped."""
+    _kill_group(proc, signal.SIGTERM)
+    _reap(proc, grace)
+
+
 def kill_all() -> None:
     """Kill every process group this script started and has not reaped yet."""
     for proc in list(_LIVE):

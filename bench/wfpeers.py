@@ -1,44 +1,22 @@
 """The peers of bench/workflows.py: huey 3.5.4's pipelines and Celery 5.7.0's canvas, each
 run end to end in its own virtualenv (the same three measurements as queickd's: plain jobs,
-10-step chains, a fan-out), and the helpers both sides use (log, stop_group). See
-bench/workflows.py for what is measured and how.
+10-step chains, a fan-out). See bench/workflows.py for what is measured and how.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 from bench.peers import CELERY_VERSION
-from bench.processes import _clean_env
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def stop_group(proc: subprocess.Popen, grace: float) -> None:
-    """SIGTERM to the process group `proc` leads, SIGKILL after `grace` seconds; reaped."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-
-
+from bench.processes import _clean_env, log, stop_group
 
 # --- huey's pipelines -----------------------------------------------------------------------
 HUEY_APP = '''

@@ -54,16 +54,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.peers import CELERY_VERSION, HUEY_VERSION, ensure_celery_venv, ensure_huey_venv
-from bench.wfpeers import (
-    CELERY_BROKER,
-    CELERY_RESULTS,
-    CELERY_TARGET,
-    celery,
-    huey,
-    log,
-    stop_group,
-    with_ratios,
-)
+from bench.processes import log, stop_group
+from bench.wfpeers import CELERY_BROKER, CELERY_RESULTS, CELERY_TARGET, celery, huey, with_ratios
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
