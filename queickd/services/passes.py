@@ -53,7 +53,6 @@ class PassStore:
     counts: RunCounts
     completed: int
     failed: int
-    _busy: int
     _done: queue.SimpleQueue[Outcome]
     _unapplied: list[Outcome]
     _held: set[int]
@@ -74,6 +73,11 @@ class PassStore:
     _on_finished: Callable[[list[Outcome]], None]
     _can_grow: Callable[..., bool]
     _add_thread: Callable[[], None]
+
+    @property
+    def _busy(self) -> int:
+        """Jobs claimed and not yet finished in the store: the ones held."""
+        return len(self._held)
 
     def _pass_in_one(self, p: Pass) -> bool:
         """The steady state's pass as one store call, a transaction of its own
@@ -169,7 +173,6 @@ class PassStore:
         """A pass has committed: what it changed, in memory. True once stopping and idle."""
         claimed = p.claimed
         if p.unapplied:
-            self._busy -= len(p.unapplied)
             finished, self._unapplied = p.unapplied, []
             self._held.difference_update(o.job_id for o in finished)
             self._after_finish(finished, p.report)
@@ -179,7 +182,6 @@ class PassStore:
             if len(claimed) > max(0, p.free):
                 self._grow(now)
         for job in claimed:
-            self._busy += 1
             self._held.add(job.id)
             self._runq.put(job)
         if claimed:
@@ -232,7 +234,6 @@ class PassStore:
         stored, left = store_one_by_one(self.store, outcomes, self._clock, self._pause_after,
                                         self._pause_cooldown)
         for attempt, report in stored:
-            self._busy -= 1
             self._held.discard(attempt.job_id)
             self._after_finish([attempt], report)
         return left

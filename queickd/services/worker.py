@@ -100,11 +100,12 @@ class WorkerPool(PassStore):
         # by the dispatcher before it looks, so no wake-up is lost.
         self._wake = threading.Event()
         self._done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
-        self._busy = 0  # claimed and not yet finished; written under _dispatch_lock only
         self._dispatch_lock = threading.Lock()  # one pass at a time, whichever thread runs it
         self._again = False  # a pass was asked for while one ran: see _pass_here
         self._unapplied: list[Outcome] = []  # outcomes taken but not yet stored
-        self._held: set[int] = set()  # ids of the jobs claimed and not yet finished in the store
+        # Ids of the jobs claimed and not yet finished in the store (their count: _busy);
+        # written under _dispatch_lock only.
+        self._held: set[int] = set()
         # A pass failed with the store unreachable: it may have committed, and the jobs it
         # claimed then run under this process's claims with no thread of ours to run them.
         self._unsure = False
