@@ -434,8 +434,8 @@ def test_a_wait_is_marked_after_the_server_ended_the_shared_connection(pg):
     store = PostgresStore(url)
     try:
         (s,) = store.submit([job()], T0)
-        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
-                      ("%-shared",))
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                      " WHERE datname = current_database() AND application_name LIKE %s", ("%-shared",))
         store.watch_finish(s.job_id)  # sent again once on a new connection
         assert admin.execute("SELECT waited FROM jobs WHERE id = %s", (s.job_id,)).fetchone()[0] is True
     finally:
@@ -459,8 +459,10 @@ def test_a_daemon_whose_listener_reconnects_has_its_waiting_clients_look_again(p
     front.start()
     try:
         assert looked.get(timeout=10) == "look"  # listening for the first time
+        # This test's database only: tests beside it under xdist have listeners of their own.
         assert admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                             " WHERE application_name LIKE 'queickd-listener-%'").fetchone()[0] == 1
+                             " WHERE datname = current_database() AND application_name LIKE 'queickd-listener-%'"
+                             ).fetchone()[0] == 1
         assert looked.get(timeout=10) == "look"  # listening again
     finally:
         front.stop()
