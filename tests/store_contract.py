@@ -71,6 +71,23 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
         assert [j.state for j in got] == [State.QUEUED] * 4 + [State.SCHEDULED]
         assert (store.counts()[State.QUEUED], store.counts()[State.SCHEDULED]) == (4, 1)
 
+    def test_a_large_batch_without_keys_of_every_shape_keeps_their_fields(self, store):
+        # A large batch may go another way (PostgreSQL: by COPY, a COPY per shape).
+        kinds = [lambda i: job(), lambda i: job(concurrency_group="g", concurrency_limit=2, cost_units=1.5),
+                 lambda i: job(args=[i], kwargs={"x": i}, key=f"k{i % 3}"),
+                 lambda i: job(args=[i], priority=4, retry_on_network=True, pool="p"),
+                 lambda i: job(run_at=T0 + 60 + i)]
+        given = [kinds[i % len(kinds)](i) for i in range(100)]
+        subs = store.submit(given, T0)
+        got = [store.get(s.job_id) for s in subs]
+        fields = ("func", "args", "kwargs", "key", "idempotency_key", "priority", "run_at", "concurrency_group",
+                  "concurrency_limit", "cost_units", "max_attempts", "retry_on_network", "pool")
+        assert [tuple(getattr(j, f) for f in fields) for j in got] == [
+            tuple(getattr(g, f) for f in fields) for g in given]
+        assert [(j.created_at, j.attempts) for j in got] == [(T0, 0)] * 100
+        assert [j.state for j in got] == [State.SCHEDULED if i % 5 == 4 else State.QUEUED for i in range(100)]
+        assert (store.counts()[State.QUEUED], store.counts()[State.SCHEDULED]) == (80, 20)
+
     def test_idempotency_key_returns_the_first_job(self, store):
         (first,) = store.submit([job(idempotency_key="once")], T0)
         (again,) = store.submit([job(idempotency_key="once", args=[2])], T0 + 1)

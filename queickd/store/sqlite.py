@@ -32,18 +32,10 @@ __all__ = ["SCHEMA_VERSION", "SQLiteStore", "SchemaTooNewError"]
 
 _INSERT = (f"INSERT INTO jobs ({', '.join(dbrows.INSERT_COLS)}) VALUES ", len(dbrows.INSERT_COLS))
 _STATE_AT = dbrows.INSERT_COLS.index("state")  # in a row of _INSERT
-# Binding 5 parameters instead of 15 is most of an insert's Python cost: a job with its
-# other fields at their defaults is inserted with these columns alone.
-_PLAIN_COLS = ("id", "state", "func", "run_at", "created_at")
-_INSERT_PLAIN = (f"INSERT INTO jobs ({', '.join(_PLAIN_COLS)}) VALUES ", len(_PLAIN_COLS))
-# ... and a job in a concurrency group with these and its group's three (8 rather than 15).
-_GROUPED_COLS = (*_PLAIN_COLS, "concurrency_group", "concurrency_limit", "cost_units")
-_INSERT_GROUPED = (f"INSERT INTO jobs ({', '.join(_GROUPED_COLS)}) VALUES ", len(_GROUPED_COLS))
-# ... and a job with arguments and an idempotency key (every JobQueue.enqueue gives one):
-# 9 rather than the 26 of a full row.
-_KEYED_COLS = (*_PLAIN_COLS, "args", "kwargs", "key", "idempotency_key")
-_INSERT_KEYED = (f"INSERT INTO jobs ({', '.join(_KEYED_COLS)}) VALUES ", len(_KEYED_COLS))
-_split = dbrows.insert_splitter(_PLAIN_COLS, _GROUPED_COLS, _KEYED_COLS)
+# The insert's narrow shapes (rows.py): plain, grouped, keyed, then the full row.
+_INSERT_PLAIN, _INSERT_GROUPED, _INSERT_KEYED = (
+    (f"INSERT INTO jobs ({', '.join(cols)}) VALUES ", len(cols))
+    for cols in (dbrows.PLAIN_COLS, dbrows.GROUPED_COLS, dbrows.KEYED_COLS))
 _RARE = frozenset({State.RUNNING, State.DEAD, State.WAITING_NETWORK, State.CANCELLED})  # own indexes
 
 
@@ -98,12 +90,12 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
         row = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
         first = (row[0] if row else 0) + 1
         ids = list(range(first, first + len(p.inserts)))
-        plain, grouped, keyed, full = _split(ids, p.inserts, now)
+        plain, grouped, keyed, full = dbrows.split_inserts(ids, p.inserts, now)
         insert_rows(c, _INSERT_PLAIN, plain)
         insert_rows(c, _INSERT_GROUPED, grouped)
         insert_rows(c, _INSERT_KEYED, keyed)
         insert_rows(c, _INSERT, full)
-        counts = collections.Counter(row[1] for row in plain)  # state is _PLAIN_COLS[1] (and the other shapes')
+        counts = collections.Counter(row[1] for row in plain)  # state is PLAIN_COLS[1] (and the other shapes')
         counts.update(row[1] for row in grouped)
         counts.update(row[1] for row in keyed)
         counts.update(row[_STATE_AT] for row in full)
