@@ -122,6 +122,24 @@ CLAIM_ASKS_FIRST = """
     $$;
 """
 
+# queickd_pass's signature and settings, and its first question (does the selection claim
+# instead?), as 16, 17 and 18 state them.
+_PASS_SIGNATURE = """    CREATE OR REPLACE FUNCTION queickd_pass(p_budget_lock bigint, p_now double precision, p_worker bigint,
+                                            p_pools text[], p_net boolean, p_limit integer,
+                                            p_ids bigint[], p_results text[], p_outputs text[]) RETURNS SETOF jobs
+    LANGUAGE plpgsql SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off
+        SET jit = off SET plan_cache_mode = force_generic_plan AS $$
+"""
+_PASS_ASKS_FIRST = """    PERFORM pg_advisory_xact_lock_shared(p_budget_lock);
+    IF EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL)
+       OR EXISTS (SELECT 1 FROM budgets b WHERE b.kind = 'pool' AND (p_pools IS NULL OR b.name = ANY(p_pools)))
+    THEN
+        RETURN NEXT nothing;  -- all NULL: nothing done, the selection's turn
+        RETURN;
+    END IF;
+"""
+
+
 # 16: a worker pool's pass in the steady state (its finished jobs all succeeded, outside
 # any workflow; then the next claim, on the fast path) as one statement, in a transaction
 # of its own: BEGIN, the finish, the claim and COMMIT were four round trips, each costing
@@ -140,23 +158,11 @@ def _pass_function(told_when_waited: bool) -> str:
     restates it, reading the mark and telling a finish that frees nothing only when marked.
     One text for both, so the restatement cannot drift from the function it replaces."""
     return """
-    CREATE OR REPLACE FUNCTION queickd_pass(p_budget_lock bigint, p_now double precision, p_worker bigint,
-                                            p_pools text[], p_net boolean, p_limit integer,
-                                            p_ids bigint[], p_results text[], p_outputs text[]) RETURNS SETOF jobs
-    LANGUAGE plpgsql SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off
-        SET jit = off SET plan_cache_mode = force_generic_plan AS $$
-    DECLARE
+{signature}    DECLARE
         told integer;
         nothing jobs;
     BEGIN
-    PERFORM pg_advisory_xact_lock_shared(p_budget_lock);
-    IF EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL)
-       OR EXISTS (SELECT 1 FROM budgets b WHERE b.kind = 'pool' AND (p_pools IS NULL OR b.name = ANY(p_pools)))
-    THEN
-        RETURN NEXT nothing;  -- all NULL: nothing done, the selection's turn
-        RETURN;
-    END IF;
-    IF cardinality(p_ids) > 0 THEN
+{asks_first}    IF cardinality(p_ids) > 0 THEN
         WITH done AS (
             UPDATE jobs j SET state = 'succeeded', result = o.result, error = NULL, finished_at = p_now,
                               worker_id = NULL, output = o.output
@@ -179,7 +185,7 @@ def _pass_function(told_when_waited: bool) -> str:
     END
     $$;
 """.format(
-        CHANNEL=CHANNEL, FINISHED_CHANNEL=FINISHED_CHANNEL,
+        CHANNEL=CHANNEL, FINISHED_CHANNEL=FINISHED_CHANNEL, signature=_PASS_SIGNATURE, asks_first=_PASS_ASKS_FIRST,
         returned=",\n                      j.waited" if told_when_waited else "",
         aggregated="bool_or(waited) AS waited,\n                              " if told_when_waited else "",
         told_when=" AND (t.frees OR t.waited)" if told_when_waited else "")
@@ -213,12 +219,7 @@ WAITED = """
 # probe due with room left goes to queickd_claim, for the room left. In process, one job a
 # pass, 4 alternating runs: 396-554 -> 308-422 us of server CPU a pass.
 LEANER_PASS = f"""
-    CREATE OR REPLACE FUNCTION queickd_pass(p_budget_lock bigint, p_now double precision, p_worker bigint,
-                                            p_pools text[], p_net boolean, p_limit integer,
-                                            p_ids bigint[], p_results text[], p_outputs text[]) RETURNS SETOF jobs
-    LANGUAGE plpgsql SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off
-        SET jit = off SET plan_cache_mode = force_generic_plan AS $$
-    DECLARE
+{_PASS_SIGNATURE}    DECLARE
         n integer;
         done_ids bigint[];  -- the jobs this pass finished (still running under this worker)
         done_keys text[];
@@ -227,14 +228,7 @@ LEANER_PASS = f"""
         waited boolean;     -- a client waits on one of them (17)
         nothing jobs;
     BEGIN
-    PERFORM pg_advisory_xact_lock_shared(p_budget_lock);
-    IF EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL)
-       OR EXISTS (SELECT 1 FROM budgets b WHERE b.kind = 'pool' AND (p_pools IS NULL OR b.name = ANY(p_pools)))
-    THEN
-        RETURN NEXT nothing;  -- all NULL: nothing done, the selection's turn
-        RETURN;
-    END IF;
-    IF cardinality(p_ids) > 0 THEN
+{_PASS_ASKS_FIRST}    IF cardinality(p_ids) > 0 THEN
         WITH done AS (
             UPDATE jobs j SET state = 'succeeded', result = p_results[array_position(p_ids, j.id)], error = NULL,
                               finished_at = p_now, worker_id = NULL, output = p_outputs[array_position(p_ids, j.id)]
