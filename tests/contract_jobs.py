@@ -13,9 +13,9 @@ def job(func: str = "m:f", **kw) -> NewJob:
     return NewJob(func=func, **kw)
 
 
-def trip_bad(store) -> None:
-    """m:bad paused at T0 by 3 dead jobs, its probe due at T0 + 60."""
-    store.submit([job(func="m:bad") for _ in range(3)], T0)
+def trip_bad(store, func: str = "m:bad") -> None:
+    """func (m:bad) paused at T0 by 3 dead jobs, its probe due at T0 + 60."""
+    store.submit([job(func=func) for _ in range(3)], T0)
     ran = store.claim_available(3, T0)
     store.finish_if_running([Outcome.dead(j.id, {"type": "E", "message": "no"}) for j in ran], T0,
                             pause_after=3, pause_cooldown=60.0)

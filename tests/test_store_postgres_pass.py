@@ -131,33 +131,46 @@ def test_a_pass_in_one_statement_stores_what_the_finish_and_the_claim_store(pg, 
 
 
 @pytest.mark.parametrize("one_step", [False, True], ids=["finish_then_claim", "one_statement"])
-def test_a_pass_with_room_left_takes_a_due_probe_after_the_other_jobs(pg_store, one_step):
-    # The pass claims with the fast path's statement, then hands the room left to
-    # queickd_claim when a pause's probe is due (pgpasssql.py, 18).
-    trip_bad(pg_store)  # m:bad paused, its probe due at T0 + 60
+def test_a_pass_with_room_left_takes_due_probes_for_that_room_only(pg_store, one_step):
+    # The pass claims with the fast path's statement, then hands the room left (not its
+    # whole limit) to queickd_claim when a pause's probe is due (pgpasssql.py, 18).
+    trip_bad(pg_store)  # m:bad and m:worse paused, their probes due at T0 + 60
+    trip_bad(pg_store, "m:worse")
     pg_store.submit([job(func="m:g")], T0)
     (plain,) = pg_store.claim_available(1, T0)
-    pg_store.submit([job(func="m:bad"), job(func="m:h")], T0 + 60)
+    pg_store.submit([job(func="m:bad"), job(func="m:worse"), job(func="m:h")], T0 + 60)
     claimed = _finish_and_claim_both_ways(pg_store, one_step, [Outcome.succeeded(plain.id, None)], T0 + 61)
-    assert [j.func for j in claimed] == ["m:bad", "m:h"]  # sorted by queue order; the probe came last
-    (pause,) = pg_store.pauses()
-    assert pause.probe_job == claimed[0].id
+    funcs = sorted(j.func for j in claimed)
+    assert len(funcs) == 2 and "m:h" in funcs  # a limit of 2: the plain job and one probe
+    (probe,) = [j for j in claimed if j.func != "m:h"]
+    assert [p.probe_job for p in pg_store.pauses() if p.name == probe.func] == [probe.id]
 
 
-def test_a_pass_lifts_no_pause_for_a_job_it_did_not_finish(pg_store):
+def test_a_pass_lifts_no_pause_and_tells_no_finish_for_a_job_it_did_not_finish(pg):
     # A probe given back meanwhile (not started) is no longer running: a late outcome for it
-    # changes nothing, and the pause still names its probe.
-    trip_bad(pg_store)
-    pg_store.submit([job(func="m:g")], T0)
-    (plain,) = pg_store.claim_available(1, T0)
-    pg_store.submit([job(func="m:bad")], T0 + 60)
-    (probe,) = pg_store.claim_available(1, T0 + 60)
-    assert pg_store.release_unstarted([probe.id], [T0 + 90], T0 + 60) == 1
-    outcomes = [Outcome.succeeded(plain.id, None), Outcome.succeeded(probe.id, None)]
-    assert pg_store.finish_and_claim(outcomes, T0 + 61, 1) == []
-    assert pg_store.get(plain.id).state == State.SUCCEEDED
-    assert [p.probe_job for p in pg_store.pauses()] == [probe.id]
-    assert pg_store.get(probe.id).state == State.SCHEDULED
+    # changes nothing, the pause still names its probe, and the finish told names only the
+    # job that did finish.
+    from queickd.store.postgres import PostgresStore
+
+    url, _ = pg
+    store = PostgresStore(url)
+    try:
+        trip_bad(store)
+        store.submit([job(func="m:g", key="k")], T0)
+        (keyed,) = store.claim_available(1, T0)
+        store.submit([job(func="m:bad")], T0 + 60)
+        (probe,) = store.claim_available(1, T0 + 60)
+        assert store.release_unstarted([probe.id], [T0 + 90], T0 + 60) == 1
+        ears = _listen(url)
+        outcomes = [Outcome.succeeded(keyed.id, None), Outcome.succeeded(probe.id, None)]
+        assert store.finish_and_claim(outcomes, T0 + 61, 1) == []
+        assert store.get(keyed.id).state == State.SUCCEEDED
+        assert [p.probe_job for p in store.pauses()] == [probe.id]
+        assert store.get(probe.id).state == State.SCHEDULED
+        told = [(n.channel, n.payload) for n in ears.notifies(timeout=0.5, stop_after=5)]
+        assert told == [("queickd", f"fk:{keyed.id}")]  # a freed key; not the given-back probe
+    finally:
+        store.close()
 
 
 def _finish_one(store, one_step: bool, job_id: int) -> None:
