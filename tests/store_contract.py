@@ -91,6 +91,14 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
         assert [j.state for j in got] == [State.SCHEDULED if i % 5 == 4 else State.QUEUED for i in range(100)]
         assert (store.counts()[State.QUEUED], store.counts()[State.SCHEDULED]) == (80, 20)
 
+    @pytest.mark.parametrize("n", [1, 70])  # 70: PostgreSQL's COPY path
+    def test_a_zero_given_where_the_default_is_none_is_kept_as_zero(self, store, n):
+        # A store may leave a job's columns at their defaults when its fields are: 0.0 and
+        # 0 are values given, not the default None.
+        given = [job(cost_units=0.0, timeout=0.0, output_kb=0) for _ in range(n)]
+        got = [store.get(s.job_id) for s in store.submit(given, T0)]
+        assert {(j.cost_units, j.timeout, j.output_kb) for j in got} == {(0.0, 0.0, 0)}
+
     def test_idempotency_key_returns_the_first_job(self, store):
         (first,) = store.submit([job(idempotency_key="once")], T0)
         (again,) = store.submit([job(idempotency_key="once", args=[2])], T0 + 1)

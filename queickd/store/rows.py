@@ -92,7 +92,10 @@ def insert_splitter(*shapes: tuple[str, ...]) -> Any:
         tests = []
         for f in fields.NEW_FIELDS:
             if f.job and f.name not in cols:
-                falsy = f.default in (list, dict) or (not callable(f.default) and f.default in (None, 0, False, ""))
+                if f.default is None:  # 0.0 or '' is a value here, not the default
+                    tests.append(f"j.{f.name} is None")
+                    continue
+                falsy = f.default in (list, dict) or (not callable(f.default) and f.default in (0, False, ""))
                 tests.append(f"not j.{f.name}" if falsy else f"j.{f.name} == d_{f.name}")
                 ns[f"d_{f.name}"] = f.default
         row = ", ".join(_value(by_name[n]) for n in cols)
