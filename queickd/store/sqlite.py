@@ -30,12 +30,10 @@ from .wfsql import SqlWorkflows
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore", "SchemaTooNewError"]
 
-_INSERT = (f"INSERT INTO jobs ({', '.join(dbrows.INSERT_COLS)}) VALUES ", len(dbrows.INSERT_COLS))
-_STATE_AT = dbrows.INSERT_COLS.index("state")  # in a row of _INSERT
-# The insert's narrow shapes (rows.py): plain, grouped, keyed, then the full row.
-_INSERT_PLAIN, _INSERT_GROUPED, _INSERT_KEYED = (
-    (f"INSERT INTO jobs ({', '.join(cols)}) VALUES ", len(cols))
-    for cols in (dbrows.PLAIN_COLS, dbrows.GROUPED_COLS, dbrows.KEYED_COLS))
+# The insert of each of the rows' shapes (rows.py: plain, grouped, keyed, full), with where
+# a row of that shape holds its state.
+_INSERTS = tuple(((f"INSERT INTO jobs ({', '.join(cols)}) VALUES ", len(cols)), cols.index("state"))
+                 for cols in dbrows.SHAPES)
 _RARE = frozenset({State.RUNNING, State.DEAD, State.WAITING_NETWORK, State.CANCELLED})  # own indexes
 
 
@@ -90,15 +88,10 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
         row = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'").fetchone()
         first = (row[0] if row else 0) + 1
         ids = list(range(first, first + len(p.inserts)))
-        plain, grouped, keyed, full = dbrows.split_inserts(ids, p.inserts, now)
-        insert_rows(c, _INSERT_PLAIN, plain)
-        insert_rows(c, _INSERT_GROUPED, grouped)
-        insert_rows(c, _INSERT_KEYED, keyed)
-        insert_rows(c, _INSERT, full)
-        counts = collections.Counter(row[1] for row in plain)  # state is PLAIN_COLS[1] (and the other shapes')
-        counts.update(row[1] for row in grouped)
-        counts.update(row[1] for row in keyed)
-        counts.update(row[_STATE_AT] for row in full)
+        counts: collections.Counter[str] = collections.Counter()
+        for (insert, state_at), rows in zip(_INSERTS, dbrows.split_inserts(ids, p.inserts, now), strict=True):
+            insert_rows(c, insert, rows)
+            counts.update(row[state_at] for row in rows)
         for state, n in counts.items():
             c.execute("INSERT INTO state_counts VALUES (?, ?) ON CONFLICT (state) DO UPDATE SET n = n + excluded.n",
                       (state, n))
