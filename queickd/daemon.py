@@ -1,4 +1,4 @@
-"""The daemon: its settings, and the wiring of store, committer, scheduler, pool and server.
+"""The daemon: the wiring of store, committer, scheduler, pool and server.
 
 It wires and starts/stops; it decides nothing itself. What becomes of jobs waiting for
 the network is services/network.py's, retention services/retention.py's, the fleet's
@@ -19,35 +19,32 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from . import __version__
-from .api.connection import DEFAULT_HELLO_TIMEOUT, DEFAULT_MAX_PENDING
 from .api.hooks import parse_hooks
 from .api.httpd import HttpServer, parse_address
-from .api.server import DEFAULT_HOST, DEFAULT_MAX_CONNECTIONS, Server
+from .api.server import Server
 from .api.service import QueueService
 from .core import protocol, sandbox
-from .core.job import DEFAULT_POOL, NewJob, Outcome, State, Submitted
+from .core.job import NewJob, Outcome, State, Submitted
 from .core.policy import outbox
-from .core.policy.admission import Admission
 from .core.policy.claim import Limits
-from .core.policy.resources import Resources
-from .core.policy.resources import parse as parse_resources
 from .run.loader import FunctionLoader
 from .run.routing import make_runner
 from .services import sdnotify
 from .services.batcher import SubmitBatcher
 from .services.budgets import BudgetsInForce
-from .services.fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
-from .services.memory_gate import DEFAULT_RESERVE_MB, MemoryGate
-from .services.netcheck import DEFAULT_INTERVAL, NetworkMonitor, parse_target
+from .services.fleet import FleetMember
+from .services.memory_gate import MemoryGate
+from .services.netcheck import NetworkMonitor, parse_target
 from .services.network import NetworkParking
-from .services.pool_size import DEFAULT_IDLE_GRACE, PoolSize, adaptive_size
+from .services.pool_size import PoolSize, adaptive_size
 from .services.retention import Retention
 from .services.scheduler import Scheduler
-from .services.worker import DEFAULT_SWEEP, DEFAULT_WORKERS, WorkerPool
-from .store import DEFAULT_URL, Store, open_store
+from .services.worker import WorkerPool
+from .settings import EX_VERSION, Config
+from .store import Store, open_store
 from .store.base import FleetStore
 from .store.records import EventState, Minute
 from .ui.metrics import Metrics
@@ -55,135 +52,55 @@ from .ui.metrics import Metrics
 log = logging.getLogger("queickd.daemon")
 
 
-
-@dataclass
-class Config:
-    """Every daemon setting with its default; the CLI builds its flags from these."""
-
-    store: str = DEFAULT_URL
-    durability: str = "full"
-    bind: str = DEFAULT_HOST
-    port: int = protocol.DEFAULT_PORT
-    workers: int = DEFAULT_WORKERS
-    app_dir: str = "."
-    allow: list[str] = field(default_factory=list)
-    token_file: str | None = None
-    stop_timeout: float = 30.0
-    max_orphan_requeues: int = 3
-    sweep: float = DEFAULT_SWEEP
-    max_line: int = protocol.MAX_LINE
-    max_connections: int = DEFAULT_MAX_CONNECTIONS  # TCP connections at once (lowered to fit RLIMIT_NOFILE)
-    hello_timeout: float = DEFAULT_HELLO_TIMEOUT  # seconds to send a first line / authenticate
-    max_pending: int = DEFAULT_MAX_PENDING  # replies owed per connection before reading pauses
-    ping_host: str | None = None
-    ping_interval: float = DEFAULT_INTERVAL
-    max_queued: int = 1_000_000
-    max_queued_per_key: int = 100
-    idempotency_ttl: float = 24 * 3600.0
-    event_max_attempts: int = 10
-    pause_after: int = 5  # 0: no auto-pause
-    pause_cooldown: float = 300.0  # seconds from a pause to its probe (doubling on each trip)
-    keep_finished: float = 7 * 24 * 3600.0
-    http: str | None = None  # HOST:PORT of the HTTP listener (webhooks, metrics, status page)
-    http_token_file: str | None = None  # bearer token of the HTTP read endpoints
-    accept_queick_clients: bool = False
-    hooks: dict = field(default_factory=dict)  # [hooks.NAME] tables of the config file
-    workflows: dict = field(default_factory=dict)  # [workflows.NAME] tables: definitions started by name
-    pool: list[str] = field(default_factory=lambda: [DEFAULT_POOL])  # worker pools its workers serve
-    heartbeat: float = DEFAULT_HEARTBEAT  # seconds between beats in a shared (PostgreSQL) store
-    # [functions."module:func"]: a function's job defaults (core/policy/resources.py) and its
-    # isolation, limits and credentials (core/sandbox.py)
-    functions: dict = field(default_factory=dict)
-    budgets: dict = field(default_factory=dict)  # [budgets.pools] and [budgets.groups]
-    budget_patience: float = 30.0  # seconds before a job over its budget reserves it
-    memory_reserve: float = DEFAULT_RESERVE_MB  # MB kept free by the memory-aware start
-    max_rss: float | None = None  # MB this process may grow to, jobs included
-    memory_root: str = "/"  # where /proc and /sys/fs/cgroup are read (tests point it elsewhere)
-    min_workers: int | None = None  # adaptive pool bounds (None: --workers, a fixed size)
-    max_workers: int | None = None
-    idle_grace: float = DEFAULT_IDLE_GRACE  # seconds the queue is quiet before the pool shrinks
-    isolation: str = sandbox.THREAD  # where jobs run unless they or their function say otherwise
-    timeout: float | None = None  # limits for every job (each one sends jobs to processes)
-    memory_mb: int | None = None
-    output_kb: int | None = None
-    sandbox_env: list[str] = field(default_factory=list)  # variables passed on to process jobs
-
-    @property
-    def sandbox_settings(self) -> sandbox.Defaults:
-        return sandbox.settings(self)
-
-    @property
-    def admission(self) -> Admission:
-        return Admission(self.max_queued, self.max_queued_per_key, self.idempotency_ttl)
-
-    def pool_size(self, clock: Callable[[], float] = time.time) -> PoolSize:
-        return adaptive_size(self.workers, self.min_workers, self.max_workers, self.idle_grace, clock)
-
-    @property
-    def resources(self) -> Resources:
-        return parse_resources(self.functions, self.budgets, self.budget_patience)
-    def validate(self) -> None:
-        if self.durability not in ("full", "normal"):
-            raise ValueError("durability must be 'full' or 'normal'")
-        if not 0 <= self.port <= 65535:
-            raise ValueError("port must be 0-65535")
-        if self.workers < 0:
-            raise ValueError("workers must be 0 or more")
-        if not os.path.isdir(self.app_dir):
-            raise ValueError(f"app directory {self.app_dir!r} does not exist")
-        if self.stop_timeout < 0 or self.sweep <= 0 or self.max_orphan_requeues < 0:
-            raise ValueError("stop_timeout, sweep and max_orphan_requeues must not be negative")
-        if min(self.max_queued, self.max_queued_per_key, self.event_max_attempts) < 1:
-            raise ValueError("max_queued, max_queued_per_key and event_max_attempts must be at least 1")
-        if self.pause_after < 0 or not self.pause_cooldown > 0:
-            raise ValueError("pause_after must not be negative (0: off), pause_cooldown must be positive")
-        if min(self.max_connections, self.max_pending) < 1 or not self.hello_timeout > 0:
-            raise ValueError("max_connections and max_pending must be at least 1; hello_timeout must be positive")
-        if not self.pool or not all(self.pool) or not self.heartbeat > 0:
-            raise ValueError("give at least one non-empty pool; heartbeat must be positive")
-        if self.memory_reserve < 0 or (self.max_rss is not None and not self.max_rss > 0):
-            raise ValueError("memory_reserve must not be negative, max_rss must be positive")
-        if self.idempotency_ttl < 0 or self.keep_finished < 0:
-            raise ValueError("idempotency_ttl and keep_finished must not be negative")
-        if self.accept_queick_clients and self.token_file is not None:
-            # A Queick 1.2.1 client has no way to send a token: its requests would go past it.
-            raise ValueError("--accept-queick-clients cannot be combined with --token-file: Queick "
-                             "1.2.1 clients cannot present a token; run a separate daemon for them, "
-                             "on loopback, or move them to protocol v1")
-        if self.http is not None:
-            parse_address(self.http)
-        parse_hooks(self.hooks)
-        self.resources  # noqa: B018 - raises ValueError naming a bad table or field
-        self.pool_size()
-        sandbox.settings(self)
-        if self.ping_host is not None:
-            parse_target(self.ping_host)
-            if not self.ping_interval > 0:
-                raise ValueError("ping_interval must be positive")
-
-    def read_token(self) -> str | None:
-        return _read_secret(self.token_file)
-
-    def read_http_token(self) -> str | None:
-        return _read_secret(self.http_token_file)
+def validate(config: Config) -> None:
+    """Raises ValueError naming the first setting the daemon cannot start with."""
+    if config.durability not in ("full", "normal"):
+        raise ValueError("durability must be 'full' or 'normal'")
+    if not 0 <= config.port <= 65535:
+        raise ValueError("port must be 0-65535")
+    if config.workers < 0:
+        raise ValueError("workers must be 0 or more")
+    if not os.path.isdir(config.app_dir):
+        raise ValueError(f"app directory {config.app_dir!r} does not exist")
+    if config.stop_timeout < 0 or config.sweep <= 0 or config.max_orphan_requeues < 0:
+        raise ValueError("stop_timeout, sweep and max_orphan_requeues must not be negative")
+    if min(config.max_queued, config.max_queued_per_key, config.event_max_attempts) < 1:
+        raise ValueError("max_queued, max_queued_per_key and event_max_attempts must be at least 1")
+    if config.pause_after < 0 or not config.pause_cooldown > 0:
+        raise ValueError("pause_after must not be negative (0: off), pause_cooldown must be positive")
+    if min(config.max_connections, config.max_pending) < 1 or not config.hello_timeout > 0:
+        raise ValueError("max_connections and max_pending must be at least 1; hello_timeout must be positive")
+    if not config.pool or not all(config.pool) or not config.heartbeat > 0:
+        raise ValueError("give at least one non-empty pool; heartbeat must be positive")
+    if config.memory_reserve < 0 or (config.max_rss is not None and not config.max_rss > 0):
+        raise ValueError("memory_reserve must not be negative, max_rss must be positive")
+    if config.idempotency_ttl < 0 or config.keep_finished < 0:
+        raise ValueError("idempotency_ttl and keep_finished must not be negative")
+    if config.accept_queick_clients and config.token_file is not None:
+        # A Queick 1.2.1 client has no way to send a token: its requests would go past it.
+        raise ValueError("--accept-queick-clients cannot be combined with --token-file: Queick "
+                         "1.2.1 clients cannot present a token; run a separate daemon for them, "
+                         "on loopback, or move them to protocol v1")
+    if config.http is not None:
+        parse_address(config.http)
+    parse_hooks(config.hooks)
+    config.resources  # noqa: B018 - raises ValueError naming a bad table or field
+    pool_size(config)
+    sandbox.settings(config)
+    if config.ping_host is not None:
+        parse_target(config.ping_host)
+        if not config.ping_interval > 0:
+            raise ValueError("ping_interval must be positive")
 
 
-def _read_secret(path: str | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            token = f.read().strip()
-    except OSError as e:  # a missing token file does not appear by restarting: EX_CONFIG
-        raise ValueError(f"cannot read token file {path}: {e.strerror or e}") from None
-    if not token:
-        raise ValueError(f"token file {path} is empty")
-    return token
+def pool_size(config: Config, clock: Callable[[], float] = time.time) -> PoolSize:
+    """The pool's size: fixed (--workers) or adaptive between --min-workers and --max-workers."""
+    return adaptive_size(config.workers, config.min_workers, config.max_workers, config.idle_grace, clock)
 
 
 class Daemon:
     def __init__(self, config: Config, clock: Callable[[], float] = time.time) -> None:
-        config.validate()
+        validate(config)
         self.config = config
         self.clock = clock
         self.store: Store | None = None
@@ -252,7 +169,7 @@ class Daemon:
                                limits=resources.limits,
                                memory=memory,
                                on_deferred=lambda run_at: self.scheduler.wake_at(run_at),
-                               size=c.pool_size(self.clock), runner=self.runner)
+                               size=pool_size(c, self.clock), runner=self.runner)
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep,
                                    on_sweep=self._on_sweep, timers={"events": self._deliver_events,
                                                                     "probes": self._probes_due})

@@ -32,6 +32,26 @@ def test_run_help_explains_each_flag_and_its_environment_variable():
     assert "QUEICKD_STORE" in out and "QUEICKD_PORT" in out
 
 
+@pytest.mark.parametrize("argv", [["jobs"], ["enqueue", "m:f"], ["stats"], ["status"]])
+def test_a_client_command_loads_none_of_the_daemons_modules(argv):
+    # The daemon's modules are two thirds of `queick`'s start; a command that only talks to
+    # the daemon parses its arguments and connects without them.
+    code = ("import sys; from queickd.cli import parse_args; parse_args(sys.argv[1:]);"
+            " print(sorted(m for m in sys.modules if m.split('.')[:2] in"
+            " (['queickd', 'daemon'], ['queickd', 'store'], ['queickd', 'services'], ['queickd', 'api'])))")
+    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout.strip()) == (0, "[]"), r.stderr
+
+
+def test_the_run_command_takes_its_defaults_from_the_daemons_settings():
+    from queickd.cli import parse_args
+    from queickd.settings import Config
+
+    a = parse_args(["run"])
+    assert (a.store, a.port, a.workers, a.max_connections) == (
+        Config.store, Config.port, Config.workers, Config.max_connections)
+
+
 def test_enqueue_then_wait_prints_the_finished_job(daemon):
     r = queick("enqueue", "testjobs:add", "--args", "[20, 22]", "--wait", "30", "--json",
                "--port", str(daemon.port))

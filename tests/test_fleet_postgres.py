@@ -18,7 +18,7 @@ import pytest
 from fleethelpers import WorkerProcess
 
 from queickd.core.job import NewJob, State
-from queickd.services.fleet import EX_VERSION
+from queickd.settings import EX_VERSION
 
 HEARTBEAT = 0.5
 WINDOW = 3 * HEARTBEAT  # silent this long: gone

@@ -52,8 +52,6 @@ class Host(Protocol):
     accept_queick_clients: bool
     read_buffer: memoryview  # what every connection of the loop reads into (see get_buffer)
 
-DEFAULT_HELLO_TIMEOUT = 10.0  # seconds to send a first line (to authenticate, with a token)
-DEFAULT_MAX_PENDING = 256  # replies owed on one connection before reading pauses
 PREAUTH_MAX_LINE = 4096  # bytes per line before the token is given: a hello is small
 MAX_BAD_TOKENS = 3  # wrong tokens on one connection before it is closed
 BAD_TOKEN_DELAY = 0.5  # seconds before a wrong token is answered: guessing costs time

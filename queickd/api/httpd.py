@@ -28,6 +28,7 @@ from typing import Any
 
 from ..core.policy.admission import Refusal
 from ..core.protocol import Code, QueueError
+from ..settings import DEFAULT_HTTP_PORT
 from ..ui import statuspage
 from ..ui.metrics import Metrics
 from . import hooks as hooks_mod
@@ -36,7 +37,6 @@ from .service import QueueService
 
 log = logging.getLogger("queickd.http")
 
-DEFAULT_HTTP_PORT = 9998
 _COMMIT_TIMEOUT = 60.0  # seconds a delivery waits for its commit before answering 503
 _JOB_PATH = re.compile(r"^/jobs/(\d{1,19})$")
 _HOOK_PATH = re.compile(r"^/hooks/([^/]+)$")

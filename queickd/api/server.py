@@ -21,14 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from ..core import protocol
 from ..core.protocol import Code, QueueError
 from ..services.batcher import Gather
-from .connection import DEFAULT_HELLO_TIMEOUT, DEFAULT_MAX_PENDING, READ_BUFFER, Connection
+from ..settings import DEFAULT_HELLO_TIMEOUT, DEFAULT_HOST, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PENDING
+from .connection import READ_BUFFER, Connection
 from .inbox import Inbox
 from .service import QueueService
 
 log = logging.getLogger("queickd.server")
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_MAX_CONNECTIONS = 256  # a Pi's worth: each costs a file descriptor and buffers
 FD_RESERVE = 128  # file descriptors kept for the store, the jobs, the HTTP listener, logs
 _ACCEPT_BATCH = 32  # connections accepted per wake-up (asyncio's own loop takes 1024 at once)
 _ACCEPT_PAUSE = 1.0  # seconds accepting rests when the process is out of file descriptors

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..daemon import Config
+from ..settings import Config
 
 EX_CONFIG = 78
 DEFAULTS = Config()

@@ -17,7 +17,7 @@ from typing import TypeVar
 from .. import config as config_file
 from .. import log
 from ..daemon import Config, Daemon
-from ..services.fleet import EX_VERSION
+from ..settings import EX_VERSION
 from ..store.pgschema import VersionMismatchError
 from ..store.sqlite_check import DamagedStoreError
 from .options import EX_CONFIG, duration
@@ -60,7 +60,8 @@ def run_daemon(a: argparse.Namespace) -> int:
 
 
 def run_worker(a: argparse.Namespace) -> int:
-    from ..services.workerproc import WorkerConfig, run
+    from ..services.workerproc import run
+    from ..settings import WorkerConfig
 
     try:
         log.setup(a.log_level)

@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from ..services.fleet import unserved
+from ..ui.text import unserved
 
 
 def fmt_time(t: float | None) -> str:

@@ -26,13 +26,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..settings import DEFAULT_HEARTBEAT
 from ..store.base import FleetStore, Store
 from .worker import WorkerPool
 
 log = logging.getLogger("queickd.fleet")
 
-EX_VERSION = 79  # exit status: this worker's version differs from the database's; do not restart
-DEFAULT_HEARTBEAT = 10.0  # seconds between heartbeats; a worker silent for 3 of them is gone
 FORGET_AFTER = 24 * 3600.0  # records of gone workers stay visible in stats this long
 _RECONNECT_MAX = 30.0
 
@@ -282,8 +281,3 @@ def pools_view(store: Store, own_pools: list[str] | None, own_slots: int,
     names = sorted(set(waiting) | {p for p in slots if p != "*"})
     everything = slots.get("*", 0)
     return {p: {"waiting": waiting.get(p, 0), "workers": slots.get(p, 0) + everything} for p in names}
-
-
-def unserved(pool: dict[str, int]) -> bool:
-    """A pool (an entry of pools_view) whose jobs wait because no live worker serves it."""
-    return pool["waiting"] > 0 and pool["workers"] == 0

@@ -29,10 +29,10 @@ from typing import Any
 from ..core.job import Job
 from ..core.policy import memory as mem
 from ..run import cgroup_v1
+from ..settings import DEFAULT_RESERVE_MB
 
 log = logging.getLogger("queickd.worker")
 
-DEFAULT_RESERVE_MB = 64.0
 # Seconds a reading of the room may serve the passes after it, less what the jobs they
 # started are expected to take, to let a job start; never to defer one (that is looked at
 # again). A pass read five files for every job that arrived alone (a tenth of a process

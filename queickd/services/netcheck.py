@@ -33,10 +33,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..settings import DEFAULT_INTERVAL
+
 log = logging.getLogger("queickd.netcheck")
 
 DEFAULT_PORT = 80
-DEFAULT_INTERVAL = 1.0
 _RESTART_BACKOFF = (0.5, 1, 2, 5, 10, 30)
 EX_CANNOT_RUN = 3  # the checker's exit status when its probe cannot run at all
 _ECHO = {socket.AF_INET: (8, 0), socket.AF_INET6: (128, 129)}  # echo request, reply types

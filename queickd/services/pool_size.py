@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-DEFAULT_IDLE_GRACE = 60.0
+from ..settings import DEFAULT_IDLE_GRACE
 
 
 class PoolSize:

@@ -29,6 +29,7 @@ from ..core.policy.claim import NO_LIMITS, Limits
 from ..run.base import Runner
 from ..run.loader import FunctionLoader
 from ..run.thread import ThreadRunner
+from ..settings import DEFAULT_SWEEP, DEFAULT_WORKERS
 from ..store import Store
 from .job_run import run_job
 from .memory_gate import MemoryGate
@@ -38,8 +39,6 @@ from .run_counts import RunCounts
 
 log = logging.getLogger("queickd.worker")
 
-DEFAULT_WORKERS = 4
-DEFAULT_SWEEP = 60.0  # seconds between safety sweeps when nothing wakes the pool
 _STORE_RETRY = 1.0  # seconds to wait after a store error before trying again
 _MAX_PASSES_HERE = 3  # passes one caller of _pass_here makes in a row before the dispatcher takes over
 

@@ -19,74 +19,48 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from .. import __version__
 from ..core import sandbox
 from ..core.policy.resources import parse as parse_resources
 from ..run.loader import FunctionLoader
 from ..run.routing import make_runner
+from ..settings import EX_VERSION, WorkerConfig
 from ..store.base import FleetStore
 from .alarm import Alarm
 from .budgets import BudgetsInForce
-from .fleet import DEFAULT_HEARTBEAT, EX_VERSION, FleetMember
-from .memory_gate import DEFAULT_RESERVE_MB, MemoryGate
-from .pool_size import DEFAULT_IDLE_GRACE, adaptive_size
-from .worker import DEFAULT_SWEEP, DEFAULT_WORKERS, WorkerPool
+from .fleet import FleetMember
+from .memory_gate import MemoryGate
+from .pool_size import adaptive_size
+from .worker import WorkerPool
 
 log = logging.getLogger("queickd.workerproc")
 
 
-@dataclass
-class WorkerConfig:
-    store: str = ""
-    pool: list[str] = field(default_factory=lambda: ["default"])
-    workers: int = DEFAULT_WORKERS
-    app_dir: str = "."
-    allow: list[str] = field(default_factory=list)
-    heartbeat: float = DEFAULT_HEARTBEAT
-    sweep: float = DEFAULT_SWEEP
-    max_orphan_requeues: int = 3
-    stop_timeout: float = 30.0
-    pause_after: int = 5  # 0: no auto-pause
-    pause_cooldown: float = 300.0
-    memory_reserve: float = DEFAULT_RESERVE_MB
-    max_rss: float | None = None
-    memory_root: str = "/"
-    min_workers: int | None = None
-    max_workers: int | None = None
-    idle_grace: float = DEFAULT_IDLE_GRACE
-    budgets: dict = field(default_factory=dict)  # [budgets.pools] / [budgets.groups] of --config
-    budget_patience: float = 30.0
-    isolation: str = sandbox.THREAD  # as the daemon's flags: where jobs run, limits for all
-    timeout: float | None = None
-    memory_mb: int | None = None
-    output_kb: int | None = None
-    sandbox_env: list[str] = field(default_factory=list)
-
-    def validate(self) -> None:
-        if not self.store.startswith(("postgresql://", "postgres://")):
-            raise ValueError("queick worker needs a shared store: --store postgresql://...")
-        if self.workers < 1:
-            raise ValueError("workers must be at least 1")
-        adaptive_size(self.workers, self.min_workers, self.max_workers, self.idle_grace)
-        parse_resources({}, self.budgets, self.budget_patience)
-        if not self.heartbeat > 0 or not self.sweep > 0 or self.stop_timeout < 0:
-            raise ValueError("heartbeat and sweep must be positive, stop_timeout not negative")
-        if self.pause_after < 0 or not self.pause_cooldown > 0:
-            raise ValueError("pause_after must not be negative (0: off), pause_cooldown must be positive")
-        if not self.pool or any(not p for p in self.pool):
-            raise ValueError("give at least one non-empty --pool")
-        if not os.path.isdir(self.app_dir):
-            raise ValueError(f"app directory {self.app_dir!r} does not exist")
-        sandbox.settings(self)
+def validate(config: WorkerConfig) -> None:
+    """Raises ValueError naming the first setting the worker cannot start with."""
+    if not config.store.startswith(("postgresql://", "postgres://")):
+        raise ValueError("queick worker needs a shared store: --store postgresql://...")
+    if config.workers < 1:
+        raise ValueError("workers must be at least 1")
+    adaptive_size(config.workers, config.min_workers, config.max_workers, config.idle_grace)
+    parse_resources({}, config.budgets, config.budget_patience)
+    if not config.heartbeat > 0 or not config.sweep > 0 or config.stop_timeout < 0:
+        raise ValueError("heartbeat and sweep must be positive, stop_timeout not negative")
+    if config.pause_after < 0 or not config.pause_cooldown > 0:
+        raise ValueError("pause_after must not be negative (0: off), pause_cooldown must be positive")
+    if not config.pool or any(not p for p in config.pool):
+        raise ValueError("give at least one non-empty --pool")
+    if not os.path.isdir(config.app_dir):
+        raise ValueError(f"app directory {config.app_dir!r} does not exist")
+    sandbox.settings(config)
 
 
 def run(config: WorkerConfig) -> int:
     """Run until SIGTERM/SIGINT (0) or a version change of the database (EX_VERSION)."""
     from ..store.postgres import PostgresStore
 
-    config.validate()
+    validate(config)
     store = PostgresStore(config.store, migrate=False)
     try:
         refused = _refusal(store, config)

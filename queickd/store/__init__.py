@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from ..settings import DEFAULT_URL
 from .base import Store
 from .records import CronRecord, Recovered
-
-DEFAULT_URL = "sqlite:///queickd.db"
 
 __all__ = ["CronRecord", "Recovered", "Store", "DEFAULT_URL", "open_store"]
 

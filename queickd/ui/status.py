@@ -120,29 +120,3 @@ def key_blocks(store: Store, pauses: list[Pause], keys: list[str]) -> dict[str, 
             if head is not None and head.func in paused_funcs:
                 out[k] = f"blocked: its next job's function {head.func} is paused"
     return out
-
-
-def ago(now: float, t: float | None, sep: str = " ") -> str:
-    """How long before `now` the time `t` was, for people: '45 s', '12 min', '3.5 h', '2.0 d'
-    (with sep="": '45s', '12m', ...); '-' when there is no time."""
-    if t is None:
-        return "-"
-    s = max(0.0, now - t)
-    if s < 120:
-        return f"{s:.0f}{sep}s"
-    if s < 7200:
-        return f"{s / 60:.0f}{sep}{'min' if sep else 'm'}"
-    if s < 172800:
-        return f"{s / 3600:.1f}{sep}h"
-    return f"{s / 86400:.1f}{sep}d"
-
-
-def probe_text(p: dict[str, Any], now: float) -> str:
-    """What a pause (a `stats` pause dict) waits for: its next probe, its probe running, or
-    a resume by hand."""
-    at = p.get("probe_at")
-    if at is None:
-        return " (until resumed)"
-    if p.get("probe_job") is not None and at <= now:
-        return f" (probe job {p['probe_job']} running)"
-    return f" (next probe {'now' if at <= now else 'in ' + ago(at, now, sep='')})"

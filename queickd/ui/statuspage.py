@@ -9,8 +9,7 @@ import time
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from ..services.fleet import unserved
-from .status import ago, probe_text
+from .text import ago, probe_text, unserved
 
 if TYPE_CHECKING:
     from ..api.service import QueueService

@@ -11,8 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..services.fleet import unserved
-from .status import ago, probe_text
+from .text import ago, probe_text, unserved
 
 
 def _terse_ago(now: float, t: float | None) -> str:

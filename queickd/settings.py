@@ -1,0 +1,150 @@
+"""The settings of the daemon (Config) and of an external worker (WorkerConfig): every
+default the CLI shows and they start with. Light on purpose: the CLI builds its flags from
+these, and a client command (`queick enqueue`, `queick jobs`) must not load the daemon to
+print them. The modules that use a default import it from here; the checks that need the
+daemon's parts are the daemon's (daemon.validate) and the worker's (workerproc.validate)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .core import protocol, sandbox
+from .core.fields import DEFAULT_POOL
+
+if TYPE_CHECKING:
+    from .core.policy.admission import Admission
+    from .core.policy.resources import Resources
+
+DEFAULT_URL = "sqlite:///queickd.db"  # the store
+DEFAULT_HOST = "127.0.0.1"  # the TCP listener's address
+DEFAULT_MAX_CONNECTIONS = 256  # a Pi's worth: each costs a file descriptor and buffers
+DEFAULT_HELLO_TIMEOUT = 10.0  # seconds to send a first line (to authenticate, with a token)
+DEFAULT_MAX_PENDING = 256  # replies owed on one connection before reading pauses
+DEFAULT_HTTP_PORT = 9998  # --http alone: 127.0.0.1 on this port
+DEFAULT_WORKERS = 4
+DEFAULT_SWEEP = 60.0  # seconds between safety sweeps when nothing wakes the pool
+DEFAULT_IDLE_GRACE = 60.0  # seconds the queue is quiet before an adaptive pool shrinks
+DEFAULT_INTERVAL = 1.0  # seconds between network checks
+DEFAULT_HEARTBEAT = 10.0  # seconds between heartbeats; a worker silent for 3 of them is gone
+DEFAULT_RESERVE_MB = 64.0  # MB the memory-aware start keeps free
+EX_VERSION = 79  # exit status: this worker's version differs from the database's; do not restart
+
+
+@dataclass
+class Config:
+    """Every daemon setting with its default; the CLI builds its flags from these."""
+
+    store: str = DEFAULT_URL
+    durability: str = "full"
+    bind: str = DEFAULT_HOST
+    port: int = protocol.DEFAULT_PORT
+    workers: int = DEFAULT_WORKERS
+    app_dir: str = "."
+    allow: list[str] = field(default_factory=list)
+    token_file: str | None = None
+    stop_timeout: float = 30.0
+    max_orphan_requeues: int = 3
+    sweep: float = DEFAULT_SWEEP
+    max_line: int = protocol.MAX_LINE
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # TCP connections at once (lowered to fit RLIMIT_NOFILE)
+    hello_timeout: float = DEFAULT_HELLO_TIMEOUT  # seconds to send a first line / authenticate
+    max_pending: int = DEFAULT_MAX_PENDING  # replies owed per connection before reading pauses
+    ping_host: str | None = None
+    ping_interval: float = DEFAULT_INTERVAL
+    max_queued: int = 1_000_000
+    max_queued_per_key: int = 100
+    idempotency_ttl: float = 24 * 3600.0
+    event_max_attempts: int = 10
+    pause_after: int = 5  # 0: no auto-pause
+    pause_cooldown: float = 300.0  # seconds from a pause to its probe (doubling on each trip)
+    keep_finished: float = 7 * 24 * 3600.0
+    http: str | None = None  # HOST:PORT of the HTTP listener (webhooks, metrics, status page)
+    http_token_file: str | None = None  # bearer token of the HTTP read endpoints
+    accept_queick_clients: bool = False
+    hooks: dict = field(default_factory=dict)  # [hooks.NAME] tables of the config file
+    workflows: dict = field(default_factory=dict)  # [workflows.NAME] tables: definitions started by name
+    pool: list[str] = field(default_factory=lambda: [DEFAULT_POOL])  # worker pools its workers serve
+    heartbeat: float = DEFAULT_HEARTBEAT  # seconds between beats in a shared (PostgreSQL) store
+    # [functions."module:func"]: a function's job defaults (core/policy/resources.py) and its
+    # isolation, limits and credentials (core/sandbox.py)
+    functions: dict = field(default_factory=dict)
+    budgets: dict = field(default_factory=dict)  # [budgets.pools] and [budgets.groups]
+    budget_patience: float = 30.0  # seconds before a job over its budget reserves it
+    memory_reserve: float = DEFAULT_RESERVE_MB  # MB kept free by the memory-aware start
+    max_rss: float | None = None  # MB this process may grow to, jobs included
+    memory_root: str = "/"  # where /proc and /sys/fs/cgroup are read (tests point it elsewhere)
+    min_workers: int | None = None  # adaptive pool bounds (None: --workers, a fixed size)
+    max_workers: int | None = None
+    idle_grace: float = DEFAULT_IDLE_GRACE  # seconds the queue is quiet before the pool shrinks
+    isolation: str = sandbox.THREAD  # where jobs run unless they or their function say otherwise
+    timeout: float | None = None  # limits for every job (each one sends jobs to processes)
+    memory_mb: int | None = None
+    output_kb: int | None = None
+    sandbox_env: list[str] = field(default_factory=list)  # variables passed on to process jobs
+
+    @property
+    def sandbox_settings(self) -> sandbox.Defaults:
+        return sandbox.settings(self)
+
+    @property
+    def admission(self) -> Admission:
+        from .core.policy.admission import Admission
+
+        return Admission(self.max_queued, self.max_queued_per_key, self.idempotency_ttl)
+
+    @property
+    def resources(self) -> Resources:
+        from .core.policy.resources import parse as parse_resources
+
+        return parse_resources(self.functions, self.budgets, self.budget_patience)
+
+    def read_token(self) -> str | None:
+        return _read_secret(self.token_file)
+
+    def read_http_token(self) -> str | None:
+        return _read_secret(self.http_token_file)
+
+
+
+@dataclass
+class WorkerConfig:
+    """Every setting of an external worker (`queick worker`) with its default."""
+
+    store: str = ""
+    pool: list[str] = field(default_factory=lambda: ["default"])
+    workers: int = DEFAULT_WORKERS
+    app_dir: str = "."
+    allow: list[str] = field(default_factory=list)
+    heartbeat: float = DEFAULT_HEARTBEAT
+    sweep: float = DEFAULT_SWEEP
+    max_orphan_requeues: int = 3
+    stop_timeout: float = 30.0
+    pause_after: int = 5  # 0: no auto-pause
+    pause_cooldown: float = 300.0
+    memory_reserve: float = DEFAULT_RESERVE_MB
+    max_rss: float | None = None
+    memory_root: str = "/"
+    min_workers: int | None = None
+    max_workers: int | None = None
+    idle_grace: float = DEFAULT_IDLE_GRACE
+    budgets: dict = field(default_factory=dict)  # [budgets.pools] / [budgets.groups] of --config
+    budget_patience: float = 30.0
+    isolation: str = sandbox.THREAD  # as the daemon's flags: where jobs run, limits for all
+    timeout: float | None = None
+    memory_mb: int | None = None
+    output_kb: int | None = None
+    sandbox_env: list[str] = field(default_factory=list)
+
+
+def _read_secret(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as e:  # a missing token file does not appear by restarting: EX_CONFIG
+        raise ValueError(f"cannot read token file {path}: {e.strerror or e}") from None
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    return token

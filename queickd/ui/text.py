@@ -1,0 +1,38 @@
+"""Wording shared by the terminal views (`queick stats`, `status`, `top`) and the status
+page: ages, what a pause waits for, a pool no worker serves. Plain functions of plain
+values: a client command imports them without the daemon's modules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def unserved(pool: dict[str, int]) -> bool:
+    """A pool (an entry of pools_view) whose jobs wait because no live worker serves it."""
+    return pool["waiting"] > 0 and pool["workers"] == 0
+
+
+def ago(now: float, t: float | None, sep: str = " ") -> str:
+    """How long before `now` the time `t` was, for people: '45 s', '12 min', '3.5 h', '2.0 d'
+    (with sep="": '45s', '12m', ...); '-' when there is no time."""
+    if t is None:
+        return "-"
+    s = max(0.0, now - t)
+    if s < 120:
+        return f"{s:.0f}{sep}s"
+    if s < 7200:
+        return f"{s / 60:.0f}{sep}{'min' if sep else 'm'}"
+    if s < 172800:
+        return f"{s / 3600:.1f}{sep}h"
+    return f"{s / 86400:.1f}{sep}d"
+
+
+def probe_text(p: dict[str, Any], now: float) -> str:
+    """What a pause (a `stats` pause dict) waits for: its next probe, its probe running, or
+    a resume by hand."""
+    at = p.get("probe_at")
+    if at is None:
+        return " (until resumed)"
+    if p.get("probe_job") is not None and at <= now:
+        return f" (probe job {p['probe_job']} running)"
+    return f" (next probe {'now' if at <= now else 'in ' + ago(at, now, sep='')})"
