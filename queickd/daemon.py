@@ -20,10 +20,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from . import __version__
 from .api.hooks import parse_hooks
-from .api.httpd import HttpServer, parse_address
 from .api.server import Server
 from .api.service import QueueService
 from .core import protocol, sandbox
@@ -48,6 +48,9 @@ from .store import Store, open_store
 from .store.base import FleetStore
 from .store.records import EventState, Minute
 from .ui.metrics import Metrics
+
+if TYPE_CHECKING:
+    from .api.httpd import HttpServer
 
 log = logging.getLogger("queickd.daemon")
 
@@ -82,6 +85,8 @@ def validate(config: Config) -> None:
                          "1.2.1 clients cannot present a token; run a separate daemon for them, "
                          "on loopback, or move them to protocol v1")
     if config.http is not None:
+        from .api.httpd import parse_address
+
         parse_address(config.http)
     parse_hooks(config.hooks)
     config.resources  # noqa: B018 - raises ValueError naming a bad table or field
@@ -189,6 +194,10 @@ class Daemon:
                              accept_queick_clients=c.accept_queick_clients, max_connections=c.max_connections,
                              hello_timeout=c.hello_timeout, max_pending=c.max_pending)
         if c.http is not None:
+            # http.server and the status page (a sixth of the daemon's imports) only for a
+            # daemon that serves HTTP.
+            from .api.httpd import HttpServer, parse_address
+
             self.http = HttpServer(self.service, self.metrics, hooks, *parse_address(c.http), token=http_token)
         elif hooks:
             log.warning("%d webhook(s) declared but no --http listener: they cannot be reached", len(hooks))
