@@ -55,6 +55,7 @@ from bench.pgsetup import (
 )
 from bench.processes import (
     CACHE_DIR,
+    compile_sources,
     default_queickd_path,
     kill_all,
     log,
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     res = Results()
     skipped: dict[tuple[str, str], str] = {}
     s.queickd_path = a.queickd_path.resolve() if a.queickd_path else default_queickd_path()
+    compile_sources(s.queickd_path)
     s.queickd_skip = check_queickd(s.queickd_path, s.tmp_root)
     if s.queickd_skip:
         log(f"queickd targets skipped: {s.queickd_skip}")

@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench.processes import compile_sources, default_queickd_path
+
 BENCH_DIR = Path(__file__).resolve().parent
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
 GROUPS = 50
@@ -222,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=",".join(ROWS),
                    help=f"the rows to run, comma-separated, of {', '.join(ROWS)} (default: all)")
     a = p.parse_args(argv)
+    compile_sources(default_queickd_path())
     only = set(a.only.split(","))
     if not only <= set(ROWS):
         p.error(f"--only takes {', '.join(ROWS)}")

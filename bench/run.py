@@ -53,7 +53,7 @@ from bench.peers import (
     ensure_huey_venv,
     ensure_peer_venv,
 )
-from bench.processes import CACHE_DIR, kill_all, log
+from bench.processes import CACHE_DIR, compile_sources, default_queickd_path, kill_all, log
 from bench.report import Results, machine_info, render, to_json
 from bench.running import run_crash, run_e2e, run_idle, run_latency
 from bench.scenarios import (
@@ -275,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         print_scenarios(scenarios(s))
         return 0
     s.tmp_root.mkdir(parents=True, exist_ok=True)
+    compile_sources(default_queickd_path())
     stop_on_sigterm()
     res = Results()
     info = machine_info(s)

@@ -39,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.processes import compile_sources  # noqa: E402
 from queickd import JobQueue  # noqa: E402
 
 HUEY_APP = '''
@@ -218,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # `timeout` must not leave daemons behind
     trees = [t.resolve() for t in a.tree] or [ROOT]
+    for tree in trees:
+        compile_sources(tree)
     names = [t.name if len(trees) > 1 else "" for t in trees]
     rows: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
