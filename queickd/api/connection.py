@@ -20,7 +20,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core import arguments, protocol
 from ..core.job import Submitted
@@ -28,11 +28,14 @@ from ..core.policy.admission import Refusal
 from ..core.protocol import Code, QueueError
 from ..services.batcher import Gather
 from .inbox import Inbox
-from .legacy import FIRST_BYTE, LegacyConnection
 from .replies import refused
 from .service import QueueService
 
+if TYPE_CHECKING:
+    from .legacy import LegacyConnection
+
 log = logging.getLogger("queickd.server")  # one logger for the server and its connections
+_QUEICK_FIRST = bytes([protocol.QUEICK_FIRST_BYTE])
 
 
 class Host(Protocol):
@@ -202,8 +205,10 @@ class Connection(asyncio.BufferedProtocol):
     def data_received(self, data: bytes | memoryview) -> None:
         if self.fresh:
             self.fresh = False
-            if data[:1] == bytes([FIRST_BYTE]):
+            if data[:1] == _QUEICK_FIRST:
                 if self.server.accept_queick_clients:
+                    from .legacy import LegacyConnection  # pickle and its bounds: only when served
+
                     self.legacy = LegacyConnection(self.svc, self.transport, self.loop, self.server.io,  # type: ignore[arg-type]
                                                    decoder=self.server.decoder, max_expanded=self.server.max_line)
                 else:

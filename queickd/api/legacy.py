@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("queickd.legacy")
 
-FIRST_BYTE = 0x80  # PROTO opcode: every pickle of protocol 2 or later starts with it
 MAX_REQUEST = 64 * 1024  # bytes; Queick's own server read at most 1024
 
 

@@ -67,6 +67,8 @@ class Server:
         self.hello_timeout = hello_timeout
         self.max_pending = max_pending
         self.accept_queick_clients = accept_queick_clients
+        if accept_queick_clients:  # loaded now, not on the loop when the first such client connects
+            from . import legacy  # noqa: F401
         self.host = host
         self.port = port
         self.max_line = max_line

@@ -21,6 +21,9 @@ from .job import DEFAULT_POOL, NewJob
 VERSION = 1
 DEFAULT_PORT = 9999
 MAX_LINE = 1 << 20  # bytes per request line, newline excluded
+# A Queick 1.2.1 client's first byte: the PROTO opcode every pickle of protocol 2 or later
+# starts with (api/legacy.py serves such clients; no line of this protocol starts with it).
+QUEICK_FIRST_BYTE = 0x80
 MAX_KEY_LEN = 200
 MAX_BATCH = 10_000  # jobs in one enqueue_many
 MAX_INT = 2**31 - 1  # counts (max_attempts)
