@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.peers import CELERY_VERSION, HUEY_VERSION, ensure_celery_venv, ensure_huey_venv
-from bench.processes import compile_sources, default_queickd_path, log, stop_group
+from bench.processes import compile_sources, log, stop_group
 from bench.wfpeers import CELERY_BROKER, CELERY_RESULTS, CELERY_TARGET, celery, huey, with_ratios
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                    "(default: %(default)s)")
     p.add_argument("--json", type=Path, help="also write the results here")
     a = p.parse_args(argv)
-    compile_sources(default_queickd_path())
+    compile_sources(ROOT)  # the checkout its daemons run (PYTHONPATH puts it first)
     a.huey_venv, a.celery_venv = a.huey_venv.resolve(), a.celery_venv.resolve()  # run from temp dirs
     stores = a.stores.split(",")
     results: dict[str, Any] = {"e2e": {}, "transactions": {}}

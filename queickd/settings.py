@@ -1,8 +1,9 @@
-"""The settings of the daemon (Config) and of an external worker (WorkerConfig): every
-default the CLI shows and they start with. Light on purpose: the CLI builds its flags from
-these, and a client command (`queick enqueue`, `queick jobs`) must not load the daemon to
-print them. The modules that use a default import it from here; the checks that need the
-daemon's parts are the daemon's (daemon.validate) and the worker's (workerproc.validate)."""
+"""The settings of the daemon (Config) and of an external worker (WorkerConfig), with
+their defaults (the wire's port and line limit are the protocol's: core/protocol.py).
+Light on purpose: the CLI builds its flags from these, and a client command (`queick
+enqueue`, `queick jobs`) must not load the daemon to print them. The modules that use a
+default import it from here; the checks that need the daemon's parts are the daemon's
+(daemon.validate) and the worker's (workerproc.validate)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).parent.parent
 
 def pytest_configure(config):
     """Compile the package and the tests' job modules once, before the run. The tests start
-    some 500 daemons, workers and CLI processes; where the environment sets
+    some 650 daemons, workers, zygotes and CLI processes; where the environment sets
     PYTHONDONTWRITEBYTECODE, each of them would compile every module it imports from
     source (~250 ms of a daemon's ~620 ms start). Once, in the controller: the workers find
     the bytecode already written."""

@@ -11,7 +11,7 @@ dict is translated into a protocol v1 request and validated and admitted like an
 (allowlist, caps, group commit before the reply). Framing runs in the server's event loop;
 checking, unpickling and translating run on the server's one decoding thread, so a slow
 pickle never holds up other clients. A daemon with a token refuses to accept these
-clients at all (daemon.Config.validate): they have no way to present it.
+clients at all (daemon.validate): they have no way to present it.
 """
 
 from __future__ import annotations

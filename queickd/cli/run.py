@@ -16,8 +16,8 @@ from typing import TypeVar
 
 from .. import config as config_file
 from .. import log
-from ..daemon import Config, Daemon
-from ..settings import EX_VERSION
+from ..daemon import Daemon
+from ..settings import EX_VERSION, Config
 from ..store.pgschema import VersionMismatchError
 from ..store.sqlite_check import DamagedStoreError
 from .options import EX_CONFIG, duration
