@@ -91,3 +91,14 @@ def pg(pg_fresh_database):
 
     with psycopg.connect(pg_fresh_database, autocommit=True) as c:
         yield pg_fresh_database, c
+
+
+def listen_for_queickd(url: str):
+    """A connection of its own LISTENing on queickd's wake-up and finish channels."""
+    import psycopg
+
+    from queickd.store.pgchannels import CHANNEL, FINISHED_CHANNEL
+
+    c = psycopg.connect(url, autocommit=True)
+    c.execute(f"LISTEN {CHANNEL}; LISTEN {FINISHED_CHANNEL}")
+    return c
