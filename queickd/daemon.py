@@ -43,7 +43,7 @@ from .services.pool_size import PoolSize, adaptive_size
 from .services.retention import Retention
 from .services.scheduler import Scheduler
 from .services.worker import WorkerPool
-from .settings import EX_VERSION, Config
+from .settings import EX_VERSION, Config, check_shared
 from .store import Store, open_store
 from .store.base import FleetStore
 from .store.records import EventState, Minute
@@ -63,14 +63,11 @@ def validate(config: Config) -> None:
         raise ValueError("port must be 0-65535")
     if config.workers < 0:
         raise ValueError("workers must be 0 or more")
-    if not os.path.isdir(config.app_dir):
-        raise ValueError(f"app directory {config.app_dir!r} does not exist")
+    check_shared(config)
     if config.stop_timeout < 0 or config.sweep <= 0 or config.max_orphan_requeues < 0:
         raise ValueError("stop_timeout, sweep and max_orphan_requeues must not be negative")
     if min(config.max_queued, config.max_queued_per_key, config.event_max_attempts) < 1:
         raise ValueError("max_queued, max_queued_per_key and event_max_attempts must be at least 1")
-    if config.pause_after < 0 or not config.pause_cooldown > 0:
-        raise ValueError("pause_after must not be negative (0: off), pause_cooldown must be positive")
     if min(config.max_connections, config.max_pending) < 1 or not config.hello_timeout > 0:
         raise ValueError("max_connections and max_pending must be at least 1; hello_timeout must be positive")
     if not config.pool or not all(config.pool) or not config.heartbeat > 0:

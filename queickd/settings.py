@@ -7,6 +7,7 @@ default import it from here; the checks that need the daemon's parts are the dae
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,11 @@ DEFAULT_IDLE_GRACE = 60.0  # seconds the queue is quiet before an adaptive pool 
 DEFAULT_INTERVAL = 1.0  # seconds between network checks
 DEFAULT_HEARTBEAT = 10.0  # seconds between heartbeats; a worker silent for 3 of them is gone
 DEFAULT_RESERVE_MB = 64.0  # MB the memory-aware start keeps free
+DEFAULT_STOP_TIMEOUT = 30.0  # seconds running jobs get to end on SIGTERM
+DEFAULT_MAX_ORPHAN_REQUEUES = 3  # times a job whose worker vanished is run again
+DEFAULT_PAUSE_AFTER = 5  # failures in a row that pause a key or function (0: never)
+DEFAULT_PAUSE_COOLDOWN = 300.0  # seconds from a pause to its probe (doubling on each trip)
+DEFAULT_BUDGET_PATIENCE = 30.0  # seconds a job over its budget waits before it reserves it
 EX_VERSION = 79  # exit status: this worker's version differs from the database's; do not restart
 
 
@@ -44,8 +50,8 @@ class Config:
     app_dir: str = "."
     allow: list[str] = field(default_factory=list)
     token_file: str | None = None
-    stop_timeout: float = 30.0
-    max_orphan_requeues: int = 3
+    stop_timeout: float = DEFAULT_STOP_TIMEOUT
+    max_orphan_requeues: int = DEFAULT_MAX_ORPHAN_REQUEUES
     sweep: float = DEFAULT_SWEEP
     max_line: int = protocol.MAX_LINE
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # TCP connections at once (lowered to fit RLIMIT_NOFILE)
@@ -57,8 +63,8 @@ class Config:
     max_queued_per_key: int = 100
     idempotency_ttl: float = 24 * 3600.0
     event_max_attempts: int = 10
-    pause_after: int = 5  # 0: no auto-pause
-    pause_cooldown: float = 300.0  # seconds from a pause to its probe (doubling on each trip)
+    pause_after: int = DEFAULT_PAUSE_AFTER  # 0: no auto-pause
+    pause_cooldown: float = DEFAULT_PAUSE_COOLDOWN
     keep_finished: float = 7 * 24 * 3600.0
     http: str | None = None  # HOST:PORT of the HTTP listener (webhooks, metrics, status page)
     http_token_file: str | None = None  # bearer token of the HTTP read endpoints
@@ -71,7 +77,7 @@ class Config:
     # isolation, limits and credentials (core/sandbox.py)
     functions: dict = field(default_factory=dict)
     budgets: dict = field(default_factory=dict)  # [budgets.pools] and [budgets.groups]
-    budget_patience: float = 30.0  # seconds before a job over its budget reserves it
+    budget_patience: float = DEFAULT_BUDGET_PATIENCE
     memory_reserve: float = DEFAULT_RESERVE_MB  # MB kept free by the memory-aware start
     max_rss: float | None = None  # MB this process may grow to, jobs included
     memory_root: str = "/"  # where /proc and /sys/fs/cgroup are read (tests point it elsewhere)
@@ -107,22 +113,21 @@ class Config:
         return _read_secret(self.http_token_file)
 
 
-
 @dataclass
 class WorkerConfig:
     """Every setting of an external worker (`queick worker`) with its default."""
 
     store: str = ""
-    pool: list[str] = field(default_factory=lambda: ["default"])
+    pool: list[str] = field(default_factory=lambda: [DEFAULT_POOL])
     workers: int = DEFAULT_WORKERS
     app_dir: str = "."
     allow: list[str] = field(default_factory=list)
     heartbeat: float = DEFAULT_HEARTBEAT
     sweep: float = DEFAULT_SWEEP
-    max_orphan_requeues: int = 3
-    stop_timeout: float = 30.0
-    pause_after: int = 5  # 0: no auto-pause
-    pause_cooldown: float = 300.0
+    max_orphan_requeues: int = DEFAULT_MAX_ORPHAN_REQUEUES
+    stop_timeout: float = DEFAULT_STOP_TIMEOUT
+    pause_after: int = DEFAULT_PAUSE_AFTER  # 0: no auto-pause
+    pause_cooldown: float = DEFAULT_PAUSE_COOLDOWN
     memory_reserve: float = DEFAULT_RESERVE_MB
     max_rss: float | None = None
     memory_root: str = "/"
@@ -130,12 +135,21 @@ class WorkerConfig:
     max_workers: int | None = None
     idle_grace: float = DEFAULT_IDLE_GRACE
     budgets: dict = field(default_factory=dict)  # [budgets.pools] / [budgets.groups] of --config
-    budget_patience: float = 30.0
+    budget_patience: float = DEFAULT_BUDGET_PATIENCE
     isolation: str = sandbox.THREAD  # as the daemon's flags: where jobs run, limits for all
     timeout: float | None = None
     memory_mb: int | None = None
     output_kb: int | None = None
     sandbox_env: list[str] = field(default_factory=list)
+
+
+def check_shared(config: Config | WorkerConfig) -> None:
+    """The checks of the settings a daemon and a worker share; each checks its own in
+    daemon.validate and workerproc.validate. Raises ValueError naming the setting."""
+    if config.pause_after < 0 or not config.pause_cooldown > 0:
+        raise ValueError("pause_after must not be negative (0: off), pause_cooldown must be positive")
+    if not os.path.isdir(config.app_dir):
+        raise ValueError(f"app directory {config.app_dir!r} does not exist")
 
 
 def _read_secret(path: str | None) -> str | None:

@@ -163,7 +163,6 @@ def _filter_flags(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--pool", help=f"{what} of this worker pool")
 
 
-
 def _local(name: str) -> Any:
     """The handler `name` of cli/run.py (the daemon, the worker, the db commands), imported
     when it runs: those load the daemon's modules, which a client command never needs

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..settings import DEFAULT_HEARTBEAT
+from ..settings import DEFAULT_HEARTBEAT, DEFAULT_MAX_ORPHAN_REQUEUES, DEFAULT_SWEEP
 from ..store.base import FleetStore, Store
 from .worker import WorkerPool
 
@@ -177,7 +177,7 @@ class FleetMember:
     listening. start() once the pool exists; stop() after the pool has stopped."""
 
     def __init__(self, store: FleetStore, pool: WorkerPool, *, kind: str, heartbeat: float = DEFAULT_HEARTBEAT,
-                 sweep: float = 60.0, max_orphan_requeues: int = 3,
+                 sweep: float = DEFAULT_SWEEP, max_orphan_requeues: int = DEFAULT_MAX_ORPHAN_REQUEUES,
                  on_finished_ids: Callable[[list[int]], None] | None = None,
                  on_scheduled: Callable[[float], None] = lambda run_at: None,
                  on_version_change: Callable[[str], None] = lambda reason: None,

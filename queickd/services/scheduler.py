@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..core.cron import parse_schedule
+from ..settings import DEFAULT_SWEEP
 from ..store import Store
 
 log = logging.getLogger("queickd.scheduler")
@@ -72,7 +73,7 @@ class Scheduler:
         *,
         clock: Callable[[], float] = time.time,
         delay: Delay | None = None,
-        sweep: float = 60.0,
+        sweep: float = DEFAULT_SWEEP,
         on_sweep: Callable[[], None] = lambda: None,
         timers: dict[str, Callable[[float], float | None]] | None = None,
     ) -> None:

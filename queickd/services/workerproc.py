@@ -25,7 +25,7 @@ from ..core import sandbox
 from ..core.policy.resources import parse as parse_resources
 from ..run.loader import FunctionLoader
 from ..run.routing import make_runner
-from ..settings import EX_VERSION, WorkerConfig
+from ..settings import EX_VERSION, WorkerConfig, check_shared
 from ..store.base import FleetStore
 from .alarm import Alarm
 from .budgets import BudgetsInForce
@@ -43,16 +43,13 @@ def validate(config: WorkerConfig) -> None:
         raise ValueError("queick worker needs a shared store: --store postgresql://...")
     if config.workers < 1:
         raise ValueError("workers must be at least 1")
+    check_shared(config)
     adaptive_size(config.workers, config.min_workers, config.max_workers, config.idle_grace)
     parse_resources({}, config.budgets, config.budget_patience)
     if not config.heartbeat > 0 or not config.sweep > 0 or config.stop_timeout < 0:
         raise ValueError("heartbeat and sweep must be positive, stop_timeout not negative")
-    if config.pause_after < 0 or not config.pause_cooldown > 0:
-        raise ValueError("pause_after must not be negative (0: off), pause_cooldown must be positive")
     if not config.pool or any(not p for p in config.pool):
         raise ValueError("give at least one non-empty --pool")
-    if not os.path.isdir(config.app_dir):
-        raise ValueError(f"app directory {config.app_dir!r} does not exist")
     sandbox.settings(config)
 
 
