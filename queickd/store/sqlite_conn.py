@@ -35,6 +35,7 @@ from collections.abc import Iterator
 
 from . import sqlite_check, sqlite_schema
 from .records import StoreInUseError
+from .sqlite_checkpoint import BACKSTOP_PAGES, Checkpointer
 from .sqlite_flush import WalFlusher
 
 log = logging.getLogger("queickd.store")
@@ -96,6 +97,7 @@ class SQLiteFile:
         self._w: sqlite3.Connection | None = None  # see _writer
         # Durable commits are flushed apart from COMMIT; "normal" durability never flushes.
         self._flusher = WalFlusher(path) if durability == "full" and path != ":memory:" else None
+        self._checkpointer = Checkpointer(path) if path != ":memory:" else None
         self._lock_fd: int | None = None
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.read_only = False  # the disk was full: see _read_only_open
@@ -227,6 +229,8 @@ class SQLiteFile:
                 c.execute("PRAGMA journal_mode=WAL")
                 c.execute("PRAGMA synchronous=NORMAL")
                 c.execute("PRAGMA journal_size_limit=67108864")  # keep the WAL small on SD cards
+                if self._checkpointer is not None:  # checkpoints on a thread of their own; this one a backstop
+                    c.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
                 if self._flusher is not None:
                     self._flusher.reset()  # a new writer: the WAL may be a new file
                 self._w = c
@@ -256,6 +260,8 @@ class SQLiteFile:
                 yield c
             if self._flusher is not None:
                 self._flusher.written()
+            if self._checkpointer is not None:
+                self._checkpointer.committed()
         if not (bookkeeping or defer_flush):
             self.flush()
 
@@ -301,6 +307,9 @@ class SQLiteFile:
         return "\n".join(r[0] for r in rows)
 
     def close(self) -> None:
+        if self._checkpointer is not None:  # before the connections: the last close checkpoints
+            self._checkpointer.close()
+            self._checkpointer = Checkpointer(self.path)  # a store used again checkpoints again
         with self._all_lock:
             for c in self._all:
                 with contextlib.suppress(sqlite3.Error):

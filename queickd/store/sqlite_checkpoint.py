@@ -1,0 +1,121 @@
+"""Checkpoints of the SQLite store's WAL, made on a thread of their own.
+
+SQLite checkpoints (copies the WAL into the database file, with an fsync of each) inside
+the COMMIT that takes the WAL past `wal_autocheckpoint` pages, 1000 by default: one pass
+of the worker pool in ~150 then holds the store's write lock through two fsyncs and the
+copy of 4 MB, and every submit waits behind it. Here a thread with a connection of its
+own makes those checkpoints instead, PASSIVE (never waiting for, nor blocking, the writer),
+once TARGET_FRAMES frames wait to be copied. The writer's own automatic checkpoint stays,
+at BACKSTOP_PAGES: under steady writes a PASSIVE checkpoint never quite catches up (the
+writer appends while it copies), and only a WAL copied to its last frame starts over, so
+every BACKSTOP_PAGES frames the writer checkpoints the few frames left and the WAL starts
+over; it also bounds the WAL should this thread fall behind (a slow disk, a reader holding
+an old snapshot, a failing checkpoint).
+
+How many frames wait is read from the WAL index (the -shm file: mxFrame, the last frame,
+and nBackfill, the frames copied; their offsets are part of SQLite's documented file
+format, https://www.sqlite.org/walformat.html), every LOOK_EVERY commits, by the
+committing thread. The thread is woken only then, never by a timer: a daemon with nothing
+to commit wakes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import struct
+import threading
+
+log = logging.getLogger("queickd.store")
+
+TARGET_FRAMES = 1000  # WAL frames copied by one checkpoint: SQLite's own default
+BACKSTOP_PAGES = 4 * TARGET_FRAMES  # the writer's wal_autocheckpoint while this thread runs
+LOOK_EVERY = 16  # commits between two looks at the WAL index
+_MX_FRAME, _N_BACKFILL = 16, 96  # byte offsets in the WAL index: u32s in the host's byte order
+_U32 = struct.Struct("=I")
+
+
+def frames_waiting(index: bytes) -> int:
+    """Frames of the WAL not yet copied into the database, from the WAL index's first bytes."""
+    if len(index) < _N_BACKFILL + 4:
+        return 0  # no index yet
+    return max(0, _U32.unpack_from(index, _MX_FRAME)[0] - _U32.unpack_from(index, _N_BACKFILL)[0])
+
+
+class Checkpointer:
+    """PASSIVE checkpoints of `path` on a thread started by the first one due."""
+
+    def __init__(self, path: str, target: int = TARGET_FRAMES) -> None:
+        self._path = path
+        self._target = target
+        self._commits = 0  # counted so far, under the store's write lock
+        self._index: int | None = None  # the -shm file, opened at the first look
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.checkpoints = 0  # made by this thread
+        self.failures = 0
+
+    def committed(self) -> None:
+        """Count a commit; every LOOK_EVERY, wake the thread if enough frames wait. Called
+        under the store's write lock, after COMMIT."""
+        self._commits += 1
+        if self._commits % LOOK_EVERY or self._closed or self._wake.is_set():
+            return
+        if self._waiting() >= self._target:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="queickd-checkpoint", daemon=True)
+                self._thread.start()
+            self._wake.set()
+
+    def _waiting(self) -> int:
+        try:
+            if self._index is None:
+                self._index = os.open(self._path + "-shm", os.O_RDONLY | os.O_CLOEXEC)
+            return frames_waiting(os.pread(self._index, _N_BACKFILL + 4, 0))
+        except OSError:  # no index (yet): the writer's own checkpoint stands in
+            self._close_index()
+            return 0
+
+    def _close_index(self) -> None:
+        if self._index is not None:
+            os.close(self._index)
+            self._index = None
+
+    def close(self) -> None:
+        """Stop the thread, after the checkpoint it is making, if any."""
+        self._closed = True
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._thread = None
+        self._close_index()
+
+    def _run(self) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            while True:
+                self._wake.wait()
+                if self._closed:
+                    return
+                try:
+                    if conn is None:
+                        conn = sqlite3.connect(self._path, isolation_level=None, timeout=0)
+                        conn.execute("PRAGMA synchronous=NORMAL")  # an fsync of the WAL before, the file after
+                    # fetchall: a statement left unfinished would hold a read lock, and the
+                    # WAL could not start over.
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    self.checkpoints += 1
+                except sqlite3.Error as e:  # the writer's own checkpoint is the backstop
+                    self.failures += 1
+                    log.debug("a background checkpoint of %s failed: %s", self._path, e)
+                    if conn is not None:
+                        conn.close()
+                        conn = None
+                self._wake.clear()  # after the checkpoint: looks made meanwhile found it under way
+                if self._closed:  # close() sets it before waking us: its wake, cleared here, is not lost
+                    return
+        finally:
+            if conn is not None:
+                conn.close()

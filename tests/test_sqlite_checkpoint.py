@@ -1,0 +1,137 @@
+"""WAL checkpoints of the SQLite store, made on a thread of their own: the writer commits
+on while the WAL is copied into the database file, its own automatic checkpoint kept as a
+backstop; no thread at all until a checkpoint is due."""
+
+import os
+import sqlite3
+import struct
+import threading
+import time
+
+import pytest
+from contract_jobs import T0, job
+
+from queickd.core.job import Outcome
+from queickd.store import sqlite_checkpoint
+from queickd.store.sqlite import SQLiteStore
+from queickd.store.sqlite_checkpoint import BACKSTOP_PAGES, Checkpointer, frames_waiting
+
+
+def _index(mx_frame: int, n_backfill: int) -> bytes:
+    b = bytearray(136)
+    struct.pack_into("=I", b, 16, mx_frame)
+    struct.pack_into("=I", b, 96, n_backfill)
+    return bytes(b)
+
+
+def _until(cond, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = SQLiteStore(str(tmp_path / "q.db"))
+    yield s
+    s.close()
+
+
+def _churn(s: SQLiteStore, passes: int) -> None:
+    """Passes as the worker pool makes them: finish one job, claim the next, one commit."""
+    s.submit([job() for _ in range(passes + 1)], T0)
+    running = s.claim_available(1, T0)
+    for _ in range(passes):
+        with s.batch(bookkeeping=True):
+            s.finish_if_running([Outcome.succeeded(j.id, None) for j in running], T0)
+            running = s.claim_available(1, T0)
+
+
+def test_frames_waiting_are_the_last_frame_less_those_copied():
+    assert frames_waiting(_index(1500, 400)) == 1100
+    assert frames_waiting(_index(400, 400)) == 0
+
+
+def test_an_index_not_yet_written_has_nothing_waiting():
+    assert frames_waiting(b"") == 0
+    assert frames_waiting(bytes(20)) == 0
+
+
+def test_the_wal_index_is_read_where_sqlite_writes_it(tmp_path):
+    db = str(tmp_path / "t.db")
+    c = sqlite3.connect(db, isolation_level=None)
+    c.execute("PRAGMA journal_mode=WAL")
+    c.execute("PRAGMA wal_autocheckpoint=0")
+    c.execute("CREATE TABLE t (x)")
+    for _ in range(5):
+        c.execute("INSERT INTO t VALUES (randomblob(5000))")
+    with open(db + "-shm", "rb") as f:
+        index = f.read(100)
+    _, in_wal, copied = c.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    assert in_wal > 5 and copied == in_wal
+    assert frames_waiting(index) == in_wal  # nothing was copied before this checkpoint
+    c.close()
+
+
+def test_the_writer_checkpoints_only_as_a_backstop(store):
+    _churn(store, 1)
+    assert store._writer().execute("PRAGMA wal_autocheckpoint").fetchone()[0] == BACKSTOP_PAGES
+
+
+def test_no_thread_runs_until_a_checkpoint_is_due(store):
+    _churn(store, 20)
+    assert store._checkpointer.checkpoints == 0
+    assert not any(t.name == "queickd-checkpoint" for t in threading.enumerate())
+
+
+def test_a_thread_checkpoints_once_enough_frames_wait(store, monkeypatch):
+    monkeypatch.setattr(store._checkpointer, "_target", 50)
+    _churn(store, 200)
+    assert _until(lambda: store._checkpointer.checkpoints >= 1)
+    assert store._checkpointer.failures == 0
+    c = sqlite3.connect(store.path)
+    assert c.execute("SELECT count(*) FROM jobs WHERE state = 'succeeded'").fetchone()[0] == 200
+    c.close()
+
+
+def test_the_wal_stays_bounded_under_steady_passes(store, monkeypatch):
+    monkeypatch.setattr(sqlite_checkpoint, "LOOK_EVERY", 4)
+    monkeypatch.setattr(store._checkpointer, "_target", 40)
+    store._writer().execute("PRAGMA wal_autocheckpoint=160")  # a backstop of 4 targets, scaled down
+    _churn(store, 1500)  # some 9,000 frames written
+    frames = os.path.getsize(store.path + "-wal") // (4096 + 24)
+    # The WAL started over again and again: at the backstop, give or take the commits made
+    # while a checkpoint of the thread kept the writer's own from copying the last frames.
+    assert frames < 1000
+    assert store._checkpointer.checkpoints >= 1
+
+
+def test_closing_the_store_stops_the_thread_and_keeps_every_commit(tmp_path, monkeypatch):
+    db = str(tmp_path / "q.db")
+    s = SQLiteStore(db)
+    monkeypatch.setattr(s._checkpointer, "_target", 50)
+    _churn(s, 200)
+    assert _until(lambda: s._checkpointer.checkpoints >= 1)
+    s.close()
+    assert not any(t.name == "queickd-checkpoint" for t in threading.enumerate())
+    again = SQLiteStore(db)
+    try:
+        assert again.counts()["succeeded"] == 200
+        assert again.integrity_check() == "ok"
+    finally:
+        again.close()
+
+
+def test_a_failing_checkpoint_is_counted_and_the_thread_goes_on(tmp_path):
+    ck = Checkpointer(str(tmp_path / "missing-dir" / "q.db"), target=0)
+    ck._waiting = lambda: 1  # type: ignore[method-assign]
+    for _ in range(sqlite_checkpoint.LOOK_EVERY):
+        ck.committed()
+    assert _until(lambda: ck.failures >= 1)
+    for _ in range(sqlite_checkpoint.LOOK_EVERY):
+        ck.committed()
+    assert _until(lambda: ck.failures >= 2)
+    ck.close()
