@@ -82,12 +82,13 @@ def run_many_clients(s: Settings, res: Results, scenario: str, target: str, work
 
 
 def run_slowed(s: Settings, res: Results, scenario: str, target: str) -> None:
-    """many-clients (enqueue only) or end to end with every fsync of the target slowed."""
+    """many-clients (enqueue only) or end to end (one enqueue a job; sd-e2e-many: batched)
+    with every fsync of the target slowed."""
     with slow_fsync(s.slow_fsync_ms):
         if scenario == "sd-many-clients":
             run_many_clients(s, res, scenario, target, workers=0)
         else:
-            run_e2e(s, res, scenario, target)
+            run_e2e(s, res, scenario, target, batched=scenario == "sd-e2e-many")
 
 
 def _size(path: Path) -> int:

@@ -126,6 +126,8 @@ def scenarios(s: Settings) -> list[Scenario]:
                  [QUEICKD_SQLITE, HUEY], run_slowed, needs_huey=True),
         Scenario("sd-e2e", f"{sd}: end to end, {s.e2e_jobs:,} jobs, one enqueue each, 4 workers",
                  [QUEICKD_SQLITE, HUEY], run_slowed, needs_huey=True),
+        Scenario("sd-e2e-many", f"{sd}: end to end, {s.e2e_jobs:,} jobs, batched: enqueue_many x{s.chunk}, "
+                 "4 workers", [QUEICKD_SQLITE], run_slowed),
     ]
     out.append(Scenario("raw-sqlite", "raw: sqlite3 commits", list(RAW_SQLITE), run_raw_sqlite))
     out.append(Scenario("raw-lone-commit", "raw: lone fsync'd commit latency", [RAW_LONE], run_raw_lone))
@@ -183,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         "SQLite and loopback TCP limits. Targets alternate over the rounds, each in a fresh process and "
         "temp dir.",
         epilog="Scenarios: enqueue-single, enqueue-pipelined, enqueue-many, memory-100k, memory-1m, "
-        "e2e, e2e-many, many-clients, many-clients-enqueue, latency, idle, crash, sd-many-clients, sd-e2e, "
+        "e2e, e2e-many, many-clients, many-clients-enqueue, latency, idle, crash, sd-many-clients, sd-e2e, sd-e2e-many, "
         "raw-sqlite, raw-lone-commit, raw-tcp, raw-lone-tcp (--list shows them). The Queick and huey venvs are created on first "
         "use (see the top of bench/run.py).",
     )
@@ -329,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                              "~10 minutes per round here; it is not durable either). huey skipped too: one "
                              "fsync'd commit per task plus its consumer's move of each task to the schedule table "
                              "took 4 to 6 minutes for 100,000 tasks here, so most of an hour per round.")
-    if names & {"e2e", "e2e-many", "sd-e2e"}:
+    if names & {"e2e", "e2e-many", "sd-e2e", "sd-e2e-many"}:
         res.notes.append("e2e: every target runs its jobs with 4 workers (Queick: its defaults) and gets one "
                          "enqueue per job, as a Queick or huey user writes it (queickd: JobQueue().enqueue in a "
                          "loop, Queick one TCP connection per job, huey one task call, an SQLite insert by the "
