@@ -50,7 +50,6 @@ class Checkpointer:
         self._path = path
         self._target = target
         self._commits = 0  # counted so far, under the store's write lock
-        self._index: int | None = None  # the -shm file, opened at the first look
         self._wake = threading.Event()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -70,18 +69,18 @@ class Checkpointer:
             self._wake.set()
 
     def _waiting(self) -> int:
+        # Opened for each look: SQLite deletes the index when its last connection closes
+        # and makes a new one, which a descriptor kept open would not see.
         try:
-            if self._index is None:
-                self._index = os.open(self._path + "-shm", os.O_RDONLY | os.O_CLOEXEC)
-            return frames_waiting(os.pread(self._index, _N_BACKFILL + 4, 0))
+            fd = os.open(self._path + "-shm", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:  # no index (yet): the writer's own checkpoint stands in
-            self._close_index()
             return 0
-
-    def _close_index(self) -> None:
-        if self._index is not None:
-            os.close(self._index)
-            self._index = None
+        try:
+            return frames_waiting(os.pread(fd, _N_BACKFILL + 4, 0))
+        except OSError:
+            return 0
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         """Stop the thread, after the checkpoint it is making, if any."""
@@ -90,7 +89,6 @@ class Checkpointer:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         self._thread = None
-        self._close_index()
 
     def _run(self) -> None:
         conn: sqlite3.Connection | None = None
