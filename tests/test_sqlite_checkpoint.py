@@ -135,3 +135,26 @@ def test_a_failing_checkpoint_is_counted_and_the_thread_goes_on(tmp_path):
         ck.committed()
     assert _until(lambda: ck.failures >= 2)
     ck.close()
+
+
+def test_a_wal_index_made_anew_is_the_one_read(tmp_path):
+    db = str(tmp_path / "t.db")
+
+    def writer(rows: int) -> sqlite3.Connection:
+        c = sqlite3.connect(db, isolation_level=None)
+        c.execute("PRAGMA journal_mode=WAL")
+        c.execute("PRAGMA wal_autocheckpoint=0")
+        c.execute("CREATE TABLE IF NOT EXISTS t (x)")
+        for _ in range(rows):
+            c.execute("INSERT INTO t VALUES (randomblob(5000))")
+        return c
+
+    ck = Checkpointer(db)
+    first = writer(3)
+    before = ck._waiting()
+    first.close()  # the last connection: SQLite checkpoints, deletes the WAL and its index
+    assert not os.path.exists(db + "-shm")
+    second = writer(12)
+    assert ck._waiting() > before  # the new index, not the one deleted
+    second.close()
+    ck.close()
