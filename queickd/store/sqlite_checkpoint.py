@@ -44,43 +44,63 @@ def frames_waiting(index: bytes) -> int:
 
 
 class Checkpointer:
-    """PASSIVE checkpoints of `path` on a thread started by the first one due."""
+    """PASSIVE checkpoints of `path` on a thread started by the first one due.
+
+    The WAL index is read through a descriptor kept open, never one opened and closed
+    while SQLite has the file open: SQLite locks the index with POSIX (fcntl) locks, and
+    closing any descriptor of a file drops every lock this process holds on it (other
+    processes, `queick db backup` say, would then take this process's index for unused,
+    rebuild it under the daemon and checkpoint past its readers). The descriptor is
+    replaced only once its file has been deleted (SQLite deletes the index with its last
+    connection and makes a new one), and closed by close_index() once every connection
+    of the store is closed."""
 
     def __init__(self, path: str, target: int = TARGET_FRAMES) -> None:
         self._path = path
         self._target = target
         self._commits = 0  # counted so far, under the store's write lock
+        self._index: int | None = None  # the -shm file, opened at the first look
         self._wake = threading.Event()
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._warned = False
         self.checkpoints = 0  # made by this thread
+        self.copied = 0  # frames the WAL held copied, as its last checkpoint reported
         self.failures = 0
 
     def committed(self) -> None:
         """Count a commit; every LOOK_EVERY, wake the thread if enough frames wait. Called
-        under the store's write lock, after COMMIT."""
+        under the store's write lock, after COMMIT: it never raises."""
         self._commits += 1
         if self._commits % LOOK_EVERY or self._closed or self._wake.is_set():
             return
-        if self._waiting() >= self._target:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="queickd-checkpoint", daemon=True)
-                self._thread.start()
+        if self._waiting() >= self._target and self._started():
             self._wake.set()
 
+    def _started(self) -> bool:
+        if self._thread is None:
+            thread = threading.Thread(target=self._run, name="queickd-checkpoint", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError as e:  # no thread to be had: SQLite's own checkpoint stands in
+                self._warn(f"cannot start its thread ({e})")
+                return False
+            self._thread = thread
+        return True
+
     def _waiting(self) -> int:
-        # Opened for each look: SQLite deletes the index when its last connection closes
-        # and makes a new one, which a descriptor kept open would not see.
         try:
-            fd = os.open(self._path + "-shm", os.O_RDONLY | os.O_CLOEXEC)
+            fd = self._index
+            if fd is not None and os.fstat(fd).st_nlink == 0:
+                # Deleted by SQLite with its last connection: no connection holds a lock
+                # on that file any more, so closing it drops none.
+                os.close(fd)
+                fd = self._index = None
+            if fd is None:
+                fd = self._index = os.open(self._path + "-shm", os.O_RDONLY | os.O_CLOEXEC)
+            return frames_waiting(os.pread(fd, _N_BACKFILL + 4, 0))
         except OSError:  # no index (yet): the writer's own checkpoint stands in
             return 0
-        try:
-            return frames_waiting(os.pread(fd, _N_BACKFILL + 4, 0))
-        except OSError:
-            return 0
-        finally:
-            os.close(fd)
 
     def close(self) -> None:
         """Stop the thread, after the checkpoint it is making, if any."""
@@ -89,6 +109,20 @@ class Checkpointer:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         self._thread = None
+
+    def close_index(self) -> None:
+        """Close the WAL index's descriptor: only once every connection to the store is
+        closed (see the class's docstring)."""
+        if self._index is not None:
+            os.close(self._index)
+            self._index = None
+
+    def _warn(self, what: str) -> None:
+        self.failures += 1
+        if not self._warned:  # once: the writer's own checkpoint keeps the WAL bounded
+            self._warned = True
+            log.warning("background WAL checkpoints of %s: %s; SQLite checkpoints on commit instead",
+                        self._path, what)
 
     def _run(self) -> None:
         conn: sqlite3.Connection | None = None
@@ -103,11 +137,11 @@ class Checkpointer:
                         conn.execute("PRAGMA synchronous=NORMAL")  # an fsync of the WAL before, the file after
                     # fetchall: a statement left unfinished would hold a read lock, and the
                     # WAL could not start over.
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    (_, _, copied), = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                     self.checkpoints += 1
-                except sqlite3.Error as e:  # the writer's own checkpoint is the backstop
-                    self.failures += 1
-                    log.debug("a background checkpoint of %s failed: %s", self._path, e)
+                    self.copied = copied
+                except Exception as e:  # noqa: BLE001 - the thread must go on; the writer's checkpoint is the backstop
+                    self._warn(f"a checkpoint failed ({e})")
                     if conn is not None:
                         conn.close()
                         conn = None

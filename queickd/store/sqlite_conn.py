@@ -307,8 +307,9 @@ class SQLiteFile:
         return "\n".join(r[0] for r in rows)
 
     def close(self) -> None:
-        if self._checkpointer is not None:  # before the connections: the last close checkpoints
-            self._checkpointer.close()
+        checkpointer = self._checkpointer
+        if checkpointer is not None:  # its thread before the connections: the last close checkpoints
+            checkpointer.close()
             self._checkpointer = Checkpointer(self.path)  # a store used again checkpoints again
         with self._all_lock:
             for c in self._all:
@@ -316,6 +317,8 @@ class SQLiteFile:
                     c.close()
             self._all.clear()
             self._w = None
+        if checkpointer is not None:
+            checkpointer.close_index()  # after every connection (Checkpointer's docstring)
         if self._flusher is not None:
             self._flusher.reset()
         self._local = threading.local()
