@@ -65,7 +65,7 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self._warned = False
         self.checkpoints = 0  # made by this thread
-        self.copied = 0  # frames the WAL held copied, as its last checkpoint reported
+        self.copying = 0  # of those, the checkpoints that ran (not busy) and found frames copied
         self.failures = 0
 
     def committed(self) -> None:
@@ -139,7 +139,8 @@ class Checkpointer:
                     # WAL could not start over.
                     (_, _, copied), = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                     self.checkpoints += 1
-                    self.copied = copied
+                    if copied > 0:  # -1: busy, another checkpoint (the writer's) was running
+                        self.copying += 1
                 except Exception as e:  # noqa: BLE001 - the thread must go on; the writer's checkpoint is the backstop
                     self._warn(f"a checkpoint failed ({e})")
                     if conn is not None:
