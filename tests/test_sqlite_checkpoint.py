@@ -8,7 +8,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 from contract_jobs import T0, job
@@ -24,15 +23,6 @@ def _index(mx_frame: int, n_backfill: int) -> bytes:
     struct.pack_into("=I", b, 16, mx_frame)
     struct.pack_into("=I", b, 96, n_backfill)
     return bytes(b)
-
-
-def _until(cond, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 @pytest.fixture
@@ -93,7 +83,7 @@ def test_no_thread_runs_until_a_checkpoint_is_due(store):
 def test_a_thread_checkpoints_once_enough_frames_wait(store, monkeypatch):
     monkeypatch.setattr(store._checkpointer, "_target", 50)
     _churn(store, 200)
-    assert _until(lambda: store._checkpointer.checkpoints >= 1)
+    assert store._checkpointer.wait_attempts(1, timeout=10)
     assert store._checkpointer.copying >= 1  # a checkpoint of the thread copied frames into the file
     assert store._checkpointer.failures == 0
     c = sqlite3.connect(store.path)
@@ -119,7 +109,7 @@ def test_closing_the_store_stops_the_thread_and_keeps_every_commit(tmp_path, mon
     s = SQLiteStore(db)
     monkeypatch.setattr(s._checkpointer, "_target", 50)
     _churn(s, 200)
-    assert _until(lambda: s._checkpointer.checkpoints >= 1)
+    assert s._checkpointer.wait_attempts(1, timeout=10)
     thread = s._checkpointer._thread
     s.close()
     assert not thread.is_alive()
@@ -136,10 +126,10 @@ def test_a_failing_checkpoint_is_counted_warned_of_once_and_the_thread_goes_on(t
     ck._waiting = lambda: 1  # type: ignore[method-assign]
     for _ in range(sqlite_checkpoint.LOOK_EVERY):
         ck.committed()
-    assert _until(lambda: ck.failures >= 1)
+    assert ck.wait_attempts(1, timeout=10) and ck.failures == 1
     for _ in range(sqlite_checkpoint.LOOK_EVERY):
         ck.committed()
-    assert _until(lambda: ck.failures >= 2)
+    assert ck.wait_attempts(2, timeout=10) and ck.failures == 2
     ck.close()
     warnings = [r for r in caplog.records if "background WAL checkpoints" in r.getMessage()]
     assert len(warnings) == 1

@@ -67,6 +67,13 @@ class Checkpointer:
         self.checkpoints = 0  # made by this thread
         self.copying = 0  # of those, the checkpoints that ran (not busy) and found frames copied
         self.failures = 0
+        self._attempted = threading.Condition()  # notified after each attempt of the thread
+
+    def wait_attempts(self, n: int, timeout: float) -> bool:
+        """Whether the thread has made `n` checkpoint attempts (made or failed) within
+        `timeout` seconds: for whoever must know a checkpoint was tried (tests)."""
+        with self._attempted:
+            return self._attempted.wait_for(lambda: self.checkpoints + self.failures >= n, timeout)
 
     def committed(self) -> None:
         """Count a commit; every LOOK_EVERY, wake the thread if enough frames wait. Called
@@ -147,6 +154,8 @@ class Checkpointer:
                         conn.close()
                         conn = None
                 self._wake.clear()  # after the checkpoint: looks made meanwhile found it under way
+                with self._attempted:  # after the clear: a look made once this is known wakes us again
+                    self._attempted.notify_all()
                 if self._closed:  # close() sets it before waking us: its wake, cleared here, is not lost
                     return
         finally:
