@@ -37,6 +37,13 @@ __all__ = ["JobQueue", "QueueError", "RequestLostError", "func_name"]
 
 _SLICE = 256  # requests per send when a long pipeline is streamed
 _RESENDS = 2  # times a request whose outcome is unknown is sent again (with its idempotency key)
+# JobQueue.job's keywords sent as given: its `plain` tuple lists them in this order.
+_PLAIN_ORDER = ("run_at", "key", "idempotency_key", "pool", "concurrency_group", "concurrency_limit",
+                "cost_units", "isolation", "timeout", "memory_mb", "output_kb")
+if tuple(name for name, _ in fields.CLIENT_PLAIN) != _PLAIN_ORDER:
+    raise ImportError("JobQueue.job's plain keywords no longer match fields.CLIENT_PLAIN")
+_PLAIN_WIRE = tuple(wire for _, wire in fields.CLIENT_PLAIN)
+_NO_PLAIN = (None,) * len(_PLAIN_WIRE)
 _RESEND_PAUSE = 0.5  # seconds before a resend, times the resends so far: a failing store may recover
 
 
@@ -248,7 +255,6 @@ class JobQueue:
         """The wire form of one job, for enqueue_many. concurrency_group/concurrency_limit:
         at most that many jobs of the group run at once; cost_units: what it takes of its
         pool's and group's budgets (default 1)."""
-        given = locals()
         spec: dict[str, Any] = {"func": func_name(func)}
         if args:
             spec["args"] = list(args)
@@ -266,9 +272,15 @@ class JobQueue:
             spec["manual"] = True
         if delay is not None:
             spec["delay"] = delay
-        for name, wire in fields.CLIENT_PLAIN:  # keywords sent as given, when given
-            if given[name] is not None:
-                spec[wire] = given[name]
+        # Keywords sent as given, when given (in CLIENT_PLAIN's order, checked at import). A
+        # tuple compared with all-None, not locals() and a lookup each: a third of the cost of
+        # building the common job, which enqueue_many callers do per job.
+        plain = (run_at, key, idempotency_key, pool, concurrency_group, concurrency_limit, cost_units,
+                 isolation, timeout, memory_mb, output_kb)
+        if plain != _NO_PLAIN:
+            for wire, value in zip(_PLAIN_WIRE, plain, strict=True):
+                if value is not None:
+                    spec[wire] = value
         return spec
 
     # --- the queue ------------------------------------------------------------------------------

@@ -65,3 +65,14 @@ def test_the_protocol_accepts_the_declared_settable_fields_and_delay():
 def test_only_the_fields_a_request_gives_are_checked():
     job = protocol.parse_job({"func": "m:f", "priority": 3, "pool": None}, NOW)
     assert (job.priority, job.pool, job.key, job.run_at) == (3, "default", None, NOW)
+
+
+def test_the_client_sends_each_plain_keyword_given_under_its_wire_name_and_no_other():
+    from queickd import JobQueue
+
+    assert JobQueue.job("m:f") == {"func": "m:f"}
+    given = {name: f"v-{name}" for name, _ in fields.CLIENT_PLAIN}
+    spec = JobQueue.job("m:f", **given)
+    assert {k: v for k, v in spec.items() if k != "func"} == {wire: f"v-{name}" for name, wire in fields.CLIENT_PLAIN}
+    for name, wire in fields.CLIENT_PLAIN:
+        assert JobQueue.job("m:f", **{name: 0}) == {"func": "m:f", wire: 0}  # given, though falsy
