@@ -128,6 +128,49 @@ def test_sqlite_urls_name_relative_and_absolute_paths(tmp_path, monkeypatch):
     assert SQLiteStore(str(tmp_path / "abs.db")).counts()[State.QUEUED] == 0
 
 
+def _linked(tmp_path):
+    """etc/q.db, a symlink to data/q.db (as a Pi's config might point at a USB disk)."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "q.db").symlink_to(tmp_path / "data" / "q.db")
+    return tmp_path / "etc" / "q.db", tmp_path / "data" / "q.db"
+
+
+def test_a_store_opened_through_a_symlink_commits_durably_with_its_side_files_beside_the_target(tmp_path):
+    link, target = _linked(tmp_path)
+    s = SQLiteStore(str(link), durability="full")
+    try:
+        [[sub]] = s.submit_requests([[job()]], T0)  # its flush reads the WAL SQLite writes
+        assert sub.job_id == 1
+        assert s.path == str(target) and s.url == f"sqlite:///{link}"
+        assert (tmp_path / "data" / "q.db-wal").exists() and (tmp_path / "data" / "q.db.id").exists()
+        assert sorted(p.name for p in (tmp_path / "etc").iterdir()) == ["q.db"]
+    finally:
+        s.close()
+    assert SQLiteStore(str(target)).counts()[State.QUEUED] == 1
+
+
+def test_one_daemon_per_store_holds_whether_the_store_is_named_by_a_symlink_or_its_target(tmp_path):
+    from queickd.store.records import StoreInUseError
+
+    link, target = _linked(tmp_path)
+    first, second = SQLiteStore(str(link)), SQLiteStore(str(target))
+    try:
+        first.take_ownership()
+        with pytest.raises(StoreInUseError):
+            second.take_ownership()
+    finally:
+        first.close()
+        second.close()
+
+
+def test_the_database_commands_find_a_linked_store_where_the_daemon_locks_it(tmp_path):
+    from queickd.store import sqlitebackup
+
+    link, target = _linked(tmp_path)
+    assert sqlitebackup.sqlite_path(f"sqlite:///{link}") == str(target)
+
+
 @pytest.mark.parametrize("url", ["sqlite://", "redis://x", "nonsense"])
 def test_unusable_store_urls_are_refused_clearly(url):
     with pytest.raises(ValueError, match="URL"):

@@ -42,6 +42,15 @@ class DamagedStoreError(Exception):
             f"{marker_path(path)}.")
 
 
+def real_path(path: str) -> str:
+    """The file SQLite opens for `path`, every symlink resolved. SQLite names its -wal and
+    -shm files after the file a link points to; queickd's own side files (.lock, .id) and
+    its reads of -wal and -shm must use that name too, or a store opened through a link
+    flushes a WAL that is not there (every durable submit failing after its commit) and two
+    daemons given the link and its target lock two different files."""
+    return path if path in ("", ":memory:") else os.path.realpath(path)
+
+
 def marker_path(path: str) -> str:
     return path + ".id"
 

@@ -119,7 +119,9 @@ class Checkpointer:
 
     def close_index(self) -> None:
         """Close the WAL index's descriptor: only once every connection to the store is
-        closed (see the class's docstring)."""
+        closed (see the class's docstring). POSIX locks belong to the process, not to a
+        store: a second store open on the same file in this process would lose SQLite's
+        locks on the index here. One store per file per process, as the daemon has."""
         if self._index is not None:
             os.close(self._index)
             self._index = None

@@ -86,8 +86,8 @@ class SQLiteFile:
     def __init__(self, path: str, durability: str = "full", busy_timeout: float = 30.0) -> None:
         if durability not in _SYNCHRONOUS:
             raise ValueError("durability must be 'full' or 'normal'")
-        self.path = path
-        self.url = f"sqlite:///{path}"
+        self.url = f"sqlite:///{path}"  # as given: what the user named, in messages
+        self.path = path = sqlite_check.real_path(path)
         self.durability = durability
         self._busy_timeout = busy_timeout
         self._local = threading.local()

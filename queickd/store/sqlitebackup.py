@@ -15,15 +15,18 @@ import os
 import sqlite3
 from collections.abc import Callable
 
+from .sqlite_check import real_path
+
 STEP_PAGES = 1024  # pages per backup step: 4 MiB with the default page size, one progress report
 
 
 def sqlite_path(url: str) -> str:
-    """The file an sqlite:/// URL names. Raises ValueError for any other store."""
+    """The file an sqlite:/// URL names, symlinks resolved as the store resolves them (its
+    lock and WAL are beside that file). Raises ValueError for any other store."""
     if not url.startswith("sqlite:///") or not url[len("sqlite:///"):]:
         raise ValueError(f"only an SQLite store (sqlite:///path) is backed up this way, not {url!r}; "
                          "for PostgreSQL use pg_dump")
-    return url[len("sqlite:///"):]
+    return real_path(url[len("sqlite:///"):])
 
 
 def backup(source: str, target: str, progress: Callable[[int, int], None] | None = None,
