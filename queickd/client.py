@@ -272,9 +272,10 @@ class JobQueue:
             spec["manual"] = True
         if delay is not None:
             spec["delay"] = delay
-        # Keywords sent as given, when given (in CLIENT_PLAIN's order, checked at import). A
-        # tuple compared with all-None, not locals() and a lookup each: a third of the cost of
-        # building the common job, which enqueue_many callers do per job.
+        # Keywords sent as given, when given, in _PLAIN_ORDER (checked against CLIENT_PLAIN at
+        # import; this tuple against the wire form by test_fields). A tuple compared with
+        # all-None, not locals() and a lookup each: a third of the cost of building the
+        # common job, which enqueue_many callers do per job.
         plain = (run_at, key, idempotency_key, pool, concurrency_group, concurrency_limit, cost_units,
                  isolation, timeout, memory_mb, output_kb)
         if plain != _NO_PLAIN:
