@@ -77,3 +77,63 @@ def test_stop_commits_what_was_queued_and_refuses_what_comes_after():
     b.submit([[job()]], answers.append, inline=True)
     assert [type(a[0][0]) for a in answers[:2]] == [Submitted, Submitted]
     assert isinstance(answers[2], QueueError)
+
+
+# --- a commit the disk fails to flush (SQLite, full durability) ---------------------------------
+def _failing_disk(monkeypatch) -> None:
+    """The first fdatasync fails with EIO (and so, as the flusher holds, does every flush after)."""
+    import os
+
+    fail = [OSError(5, "Input/output error")]
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        if fail:
+            raise fail.pop()
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+
+
+def _stored(store) -> list[str]:
+    import sqlite3
+
+    with sqlite3.connect(store.path) as c:
+        return [f for (f,) in c.execute("SELECT func FROM jobs ORDER BY id")]
+
+
+def test_a_group_commit_whose_flush_fails_answers_each_may_have_been_stored_and_stores_each_once(
+        tmp_path, monkeypatch):
+    from queickd.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(str(tmp_path / "q.db"), durability="full")
+    _failing_disk(monkeypatch)
+    answers: list = []
+    SubmitBatcher(store)._commit([([[job(func="m:a")]], answers.append), ([[job(func="m:b")]], answers.append)])
+    assert [a.maybe_committed for a in answers] == [True, True]  # never a plain refusal, never an ack
+    assert _stored(store) == ["m:a", "m:b"]  # not committed a second time, one by one
+    store.close()
+
+
+def test_a_request_committed_alone_after_its_group_failed_is_not_refused_when_its_flush_fails(
+        tmp_path, monkeypatch):
+    import sqlite3
+
+    from queickd.store.sqlite import SQLiteStore
+
+    class FullOnce(SQLiteStore):  # the group's transaction fails before its COMMIT
+        group_failed = False
+
+        def submit_requests(self, requests, now, admission):
+            if not self.group_failed:
+                self.group_failed = True
+                raise sqlite3.OperationalError("database or disk is full")
+            return super().submit_requests(requests, now, admission)
+
+    store = FullOnce(str(tmp_path / "q.db"), durability="full")
+    _failing_disk(monkeypatch)
+    answers: list = []
+    SubmitBatcher(store)._commit([([[job(func="m:a")]], answers.append), ([[job(func="m:b")]], answers.append)])
+    assert all(isinstance(a, QueueError) and a.maybe_committed for a in answers)  # committed, perhaps lost
+    assert _stored(store) == ["m:a", "m:b"]
+    store.close()

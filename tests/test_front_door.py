@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from store_contract import job
 
 from queickd.api.replies import NotCommittedError, refused
 from queickd.api.service import QueueService
@@ -62,6 +65,55 @@ def test_a_commit_that_failed_is_http_503_asking_to_try_again():
     status, body, headers = refused(NotCommittedError("disk full")).http()
     assert (status, body["error"]["message"], headers) == (503, "not accepted, try again: disk full",
                                                            {"Retry-After": "5"})
+
+
+def test_a_commit_that_did_not_finish_in_time_over_http_says_the_job_may_have_been_stored():
+    release = threading.Event()
+
+    class SlowStore(MemoryStore):  # a commit that outlasts the webhook's wait
+        def submit_requests(self, requests, now, admission):
+            assert release.wait(10)
+            return super().submit_requests(requests, now, admission)
+
+    store = SlowStore()
+    batcher = SubmitBatcher(store)
+    batcher.start()
+    svc = _service(store, batcher)
+    try:
+        with pytest.raises(NotCommittedError) as e:
+            svc.enqueue_wait([[job()]], 0.05)
+        status, body, headers = refused(e.value).http()
+        assert (status, body["error"]["maybe_committed"]) == (503, True)
+        assert "may have been stored" in body["error"]["message"]
+        release.set()
+        deadline = time.monotonic() + 10
+        while store.counts()["queued"] < 1:  # the request it gave up on is stored all the same
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+    finally:
+        release.set()
+        batcher.stop()
+
+
+def test_health_fails_once_the_disk_has_failed_to_flush_a_commit(tmp_path, monkeypatch):
+    import os
+
+    from queickd.store.records import NotDurableError
+    from queickd.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(str(tmp_path / "q.db"), durability="full")
+    svc = _service(store, SubmitBatcher(store))
+    assert store.durability_lost() is None
+
+    def eio(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", eio)
+    with pytest.raises(NotDurableError):
+        store.submit([job()], 0.0)
+    healthy, reason = svc.health()
+    assert not healthy and "flush of the WAL to disk failed" in reason and "Input/output" in reason
+    store.close()
 
 
 def test_a_bug_is_an_internal_error_naming_its_type_on_every_transport():

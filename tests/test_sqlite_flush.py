@@ -10,6 +10,7 @@ import time
 import pytest
 from store_contract import T0, job
 
+from queickd.store.records import NotDurableError
 from queickd.store.sqlite import SQLiteStore
 
 
@@ -111,20 +112,58 @@ def test_commits_made_during_a_flush_share_the_next_one(store):
     assert disk.wal_flushes() == [1, 4]  # one more fdatasync for the three, not three
 
 
-def test_a_failed_flush_raises_to_its_submitter_and_the_next_flush_tries_again(store, monkeypatch):
+def test_a_failed_flush_fails_its_submit_and_every_later_one_as_maybe_stored(store, monkeypatch):
     s, disk = store
     fail = [OSError(5, "Input/output error")]
     real = os.fdatasync
+    tried: list[int] = []
 
     def flaky(fd: int) -> None:
+        tried.append(fd)
         if fail:
             raise fail.pop()
         real(fd)
 
     monkeypatch.setattr(os, "fdatasync", flaky)
-    with pytest.raises(OSError, match="Input/output"):
-        s.submit([job()], T0)
-    assert len(s.submit([job()], T0)) == 1
+    for _ in range(2):  # a later fdatasync that succeeds would prove nothing about the lost pages
+        with pytest.raises(NotDurableError, match="Input/output") as e:
+            s.submit([job()], T0)
+        assert e.value.maybe_committed
+    assert len(tried) == 1
+    assert s.counts()["queued"] == 2  # committed, visible: each was answered "may have been stored"
+
+
+def test_a_commit_waiting_for_a_flush_that_fails_is_not_told_it_is_durable(store, monkeypatch):
+    s, disk = store
+    entered, go = threading.Event(), threading.Event()
+
+    def failing(fd: int) -> None:
+        entered.set()
+        assert go.wait(10)
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    errors: list[BaseException] = []
+
+    def submit() -> None:
+        try:
+            s.submit([job()], T0)
+        except BaseException as e:
+            errors.append(e)
+
+    first = threading.Thread(target=submit)
+    first.start()
+    assert entered.wait(10)
+    second = threading.Thread(target=submit)  # commits during the flush, then waits for it
+    second.start()
+    deadline = time.monotonic() + 10
+    while s.counts()["queued"] < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    go.set()
+    first.join(10)
+    second.join(10)
+    assert [type(e) for e in errors] == [NotDurableError, NotDurableError]
 
 
 def test_the_wal_is_opened_once_not_for_every_flush(store, monkeypatch):

@@ -54,7 +54,8 @@ class Refused:
             return why
         if isinstance(why, NotCommittedError):
             if maybe_committed(why):
-                return QueueError(Code.INTERNAL, f"the store failed; it may have been stored: {why}")
+                return QueueError(Code.INTERNAL, "not confirmed; it may have been stored (resend with the "
+                                                 f"same idempotency key): {why}")
             return QueueError(Code.INTERNAL, f"not accepted, try again: {why}")
         return QueueError(Code.INTERNAL, f"{type(why).__name__}: {why}")
 

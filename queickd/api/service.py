@@ -157,7 +157,8 @@ class QueueService(WorkflowOps):
 
     def enqueue_wait(self, requests: Requests, timeout: float) -> list[Answer]:
         """enqueue() for a thread that may block: the answers once committed. NotCommittedError
-        if the commit failed or did not finish within `timeout` seconds."""
+        if the commit failed or did not finish within `timeout` seconds (then the requests
+        still wait for their commit: maybe_committed)."""
         finished = threading.Event()
         result: list[list[Answer] | BaseException] = []
 
@@ -167,7 +168,9 @@ class QueueService(WorkflowOps):
 
         self.enqueue(requests, committed)
         if not finished.wait(timeout):
-            raise NotCommittedError("the commit did not finish in time")
+            late = NotCommittedError("the commit did not finish in time")
+            late.maybe_committed = True  # type: ignore[attr-defined] # still queued for a commit
+            raise late
         if isinstance(result[0], BaseException):
             raise NotCommittedError(str(result[0])) from result[0]
         return result[0]
@@ -184,11 +187,15 @@ class QueueService(WorkflowOps):
         return job
 
     def health(self) -> tuple[bool, str]:
-        """(healthy, reason): the store answers a read and the scheduler thread is alive."""
+        """(healthy, reason): the store answers a read, can still make writes durable, and
+        the scheduler thread is alive."""
         try:
             self.store.counts()
         except Exception as e:
             return False, f"store does not answer: {type(e).__name__}: {e}"
+        lost = self.store.durability_lost()
+        if lost is not None:
+            return False, f"{lost}; no write is acknowledged as stored until the daemon restarts"
         if not self.scheduler.alive:
             return False, "scheduler thread is not running"
         return True, "ok"

@@ -42,6 +42,7 @@ from ..core.job import NewJob, State, Submitted
 from ..core.policy.admission import NO_LIMITS, Admission, Refusal
 from ..core.protocol import Code, QueueError
 from ..store import Store
+from ..store.records import NotDurableError
 
 log = logging.getLogger("queickd.batcher")
 
@@ -208,6 +209,11 @@ class SubmitBatcher:
         requests = [r for reqs, _ in batch for r in reqs]
         try:
             answers, ended = self._store(requests)
+        except NotDurableError as e:
+            # Committed, not flushed: committing the requests again one by one would store
+            # each twice. Every one of them may have been stored.
+            self._answer(batch, [], _unflushed(e))
+            return
         except Exception as e:
             if len(batch) > 1 or len(requests) > 1:
                 # One bad request must not fail the others that shared its transaction.
@@ -232,8 +238,7 @@ class SubmitBatcher:
             self.store.flush()
         except Exception as e:
             log.exception("could not flush a commit to disk; its requests were not acknowledged")
-            unflushed = QueueError(Code.INTERNAL, f"the store could not make the jobs durable: {e}")
-            unflushed.maybe_committed = True  # type: ignore[attr-defined] # visible, perhaps not on disk
+            unflushed = _unflushed(e)
         self._finish(batch, requests, answers, started=ended is not None,
                      passed=ended not in (None, _asked_elsewhere), unflushed=unflushed)
 
@@ -314,10 +319,22 @@ class SubmitBatcher:
         for r in reqs:
             try:
                 answers.append(self.store.submit_requests([r], self._clock(), self.admission)[0])
+            except NotDurableError as e:
+                # This one is committed and no flush can succeed now: the rest are not tried,
+                # and every request of this submitter may have been stored.
+                self._finish([(reqs, done)], list(reqs[:len(answers)]), answers, unflushed=_unflushed(e))
+                return
             except Exception as e:
                 log.warning("request refused by the store: %s", e)
                 answers.append(Refusal(Code.BAD_REQUEST, f"the store could not take this request: {e}"))
         self._finish([(reqs, done)], list(reqs), answers)
+
+
+def _unflushed(e: Exception) -> QueueError:
+    """The answer to requests committed but not made durable: they may have been stored."""
+    err = QueueError(Code.INTERNAL, f"the store could not make the jobs durable: {e}")
+    err.maybe_committed = True  # type: ignore[attr-defined] # visible, perhaps not on disk
+    return err
 
 
 def _asked_elsewhere(committed: bool) -> None:

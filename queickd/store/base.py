@@ -84,6 +84,11 @@ class Store(Protocol):
         Stores whose commits are durable when they return do nothing."""
         ...
 
+    def durability_lost(self) -> str | None:
+        """Why no write can be promised durable any more (a flush to disk failed: every
+        write since is answered "may have been stored"), or None. Lasts until reopened."""
+        ...
+
     # --- submit -----------------------------------------------------------------------
     def submit_requests(
         self, requests: Sequence[Sequence[NewJob]], now: float, admission: Admission = NO_LIMITS

@@ -23,6 +23,9 @@ class StoreBase:
     def flush(self) -> None:
         pass  # a commit of this store is durable (or never will be: memory) when it returns
 
+    def durability_lost(self) -> str | None:
+        return None
+
     def submit(self, jobs: Sequence[NewJob], now: float) -> list[Submitted]:
         answer = self.submit_requests([jobs], now)[0]  # type: ignore[attr-defined]
         if isinstance(answer, Refusal):

@@ -140,6 +140,15 @@ class StoreInUseError(ValueError):
     SQLite file would each think the other's running jobs were orphans)."""
 
 
+class NotDurableError(OSError):
+    """A write committed (visible) but not made durable: its flush to disk failed, now or
+    earlier (after one failed fdatasync nothing written since can be promised to be on disk:
+    Linux reports a writeback error once and may drop the pages it could not write). The
+    write may have been stored: `maybe_committed`, as the protocol says."""
+
+    maybe_committed = True
+
+
 class RefusedError(Exception):
     """Raised by Store.submit (the one-request form) when admission refused the request."""
 

@@ -271,6 +271,10 @@ class SQLiteFile:
         if self._flusher is not None:
             self._flusher.flush()
 
+    def durability_lost(self) -> str | None:
+        failed = self._flusher.failed if self._flusher is not None else None
+        return None if failed is None else f"a flush of the WAL to disk failed: {failed}"
+
     def take_ownership(self) -> None:
         # An advisory lock beside the database, held for the daemon's life; the kernel
         # drops it when the process dies, kill -9 included, so no stale lock survives.

@@ -20,12 +20,24 @@ and a close per commit cost a lone commit more than the flush itself saves on th
 A WAL file created anew (the last connection's close deletes it) needs its directory
 entry on disk too: the flusher fsyncs the directory once for every WAL file it has not
 seen before.
+
+A failed fdatasync fails every flush after it (NotDurableError), until the store is opened
+anew: Linux reports a writeback error once and may drop the pages it could not write, so a
+later fdatasync that succeeds proves nothing about them, and every frame after a lost one
+is lost with it at recovery. Trying again would acknowledge commits that may not be on
+disk; PostgreSQL stops for the same reason. Every write is then answered "may have been
+stored", never "stored".
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+
+from .records import NotDurableError
+
+log = logging.getLogger("queickd.store")
 
 
 class WalFlusher:
@@ -40,6 +52,7 @@ class WalFlusher:
         self._dir_synced: tuple[int, int] | None = None  # (st_dev, st_ino) of the WAL whose entry is on disk
         self._fd: int | None = None  # the WAL, open from the first flush until reset()
         self.flushes = 0  # fdatasync calls made: with the commits counted, shows the sharing
+        self.failed: OSError | None = None  # the fdatasync that failed: every flush fails since
 
     def written(self) -> None:
         """Count a commit; call it after COMMIT returned, before the write lock is released."""
@@ -49,24 +62,36 @@ class WalFlusher:
     def flush(self) -> None:
         """Return once every commit counted before this call is on disk. A flush already
         under way may not cover them (it began before they were written): then the next
-        one does, begun by whichever waiter finds none under way. An OSError from the
-        disk is raised to the caller that made that fdatasync; callers still waiting
-        make the next one (as SQLite's next commit would try again)."""
+        one does, begun by whichever waiter finds none under way. NotDurableError if that
+        fdatasync, or any before it, failed (see the module's docstring): to every caller
+        waiting, and to every later one."""
         with self._cond:
             want = self._written
             while self._durable < want:
+                if self.failed is not None:
+                    raise NotDurableError(
+                        f"a flush of {self._wal} failed ({self.failed}): no commit since can be "
+                        "promised to be on disk; check the disk and restart the daemon") from self.failed
                 if self._flushing:
                     self._cond.wait()
                     continue
                 self._flushing = True
                 upto = self._written
+                error: OSError | None = None
                 self._cond.release()
                 try:
                     self._sync()
+                except OSError as e:
+                    error = e
                 finally:
                     self._cond.acquire()
                     self._flushing = False
                     self._cond.notify_all()
+                if error is not None:
+                    self.failed = error
+                    log.error("cannot flush %s to disk (%s): from now on no write is acknowledged as "
+                              "stored; check the disk and restart the daemon", self._wal, error)
+                    continue  # raised above, to this caller as to every other
                 self._durable = max(self._durable, upto)
 
     def reset(self) -> None:
