@@ -103,6 +103,8 @@ class WalFlusher:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+            # A WAL made anew may get the inode number of the one deleted: sync its entry.
+            self._dir_synced = None
 
     def _sync(self) -> None:
         if self._fd is None:  # the writer has committed: its WAL exists while it is open
