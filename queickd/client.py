@@ -88,6 +88,14 @@ def func_name(func: Callable[..., Any] | str) -> str:
     return f"{module}:{name}"
 
 
+def reply_error(reply: dict[str, Any]) -> QueueError:
+    """The QueueError of a refused reply, with `maybe_committed` when the daemon says the
+    request may have been stored all the same (resend it only with the same keys)."""
+    err = QueueError.from_reply(reply)
+    err.maybe_committed = bool((reply.get("error") or {}).get("maybe_committed"))  # type: ignore[attr-defined]
+    return err
+
+
 def _token_from_env() -> str | None:
     token = os.environ.get("QUEICKD_TOKEN")
     path = os.environ.get("QUEICKD_TOKEN_FILE")
@@ -192,9 +200,7 @@ class JobQueue:
     def _call(self, req: dict[str, Any]) -> dict[str, Any]:
         reply = self._call_many([req])[0]
         if not reply.get("ok"):
-            err = QueueError.from_reply(reply)
-            err.maybe_committed = bool((reply.get("error") or {}).get("maybe_committed"))  # type: ignore[attr-defined]
-            raise err
+            raise reply_error(reply)
         return reply
 
     def _call_resending(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -330,7 +336,7 @@ class JobQueue:
         replies = self._call_many([{"op": "enqueue", **j} for j in jobs])
         for r in replies:
             if not r.get("ok"):
-                raise QueueError.from_reply(r)
+                raise reply_error(r)
         return [r["job_id"] for r in replies]
 
     def cron(self, schedule: SchedulingTime | str, func: Callable[..., Any] | str,

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from queickd import JobQueue
+from queickd import JobQueue, QueueError
 from queickd.client import _auto_key
 
 
@@ -104,6 +104,22 @@ def test_a_store_failing_at_commit_answers_internal_with_maybe_committed(start_d
         s.sendall(b'{"op":"enqueue","func":"testjobs:noop"}\n')
         reply = json.loads(s.makefile("rb").readline())
     assert reply["error"]["code"] == "internal" and reply["error"]["maybe_committed"] is True
+
+
+def test_a_pipelined_enqueue_failing_at_commit_raises_with_maybe_committed(start_daemon, pg_url):
+    import psycopg
+
+    d = start_daemon(pg_url, workers=0)
+    with d.client() as q:
+        q.enqueue("testjobs:noop")  # the schema exists now
+        with psycopg.connect(pg_url, autocommit=True) as c:  # a check that fails only at COMMIT
+            c.execute("CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS "
+                      "$$ BEGIN RAISE EXCEPTION 'refused at commit'; END $$")
+            c.execute("CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON jobs DEFERRABLE "
+                      "INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_at_commit()")
+        with pytest.raises(QueueError) as e:
+            q.enqueue_pipelined([q.job("testjobs:noop")])
+    assert e.value.code == "internal" and e.value.maybe_committed is True
 
 
 def test_enqueue_many_gives_no_automatic_keys_so_a_batch_costs_no_lookup_per_job(client):

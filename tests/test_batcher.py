@@ -117,23 +117,64 @@ def test_a_group_commit_whose_flush_fails_answers_each_may_have_been_stored_and_
 
 def test_a_request_committed_alone_after_its_group_failed_is_not_refused_when_its_flush_fails(
         tmp_path, monkeypatch):
-    import sqlite3
-
     from queickd.store.sqlite import SQLiteStore
 
-    class FullOnce(SQLiteStore):  # the group's transaction fails before its COMMIT
+    class BadDataOnce(SQLiteStore):  # the group's transaction fails on a request's data
         group_failed = False
 
         def submit_requests(self, requests, now, admission):
             if not self.group_failed:
                 self.group_failed = True
-                raise sqlite3.OperationalError("database or disk is full")
+                raise ValueError("a request the store cannot take")
             return super().submit_requests(requests, now, admission)
 
-    store = FullOnce(str(tmp_path / "q.db"), durability="full")
+    store = BadDataOnce(str(tmp_path / "q.db"), durability="full")
     _failing_disk(monkeypatch)
     answers: list = []
     SubmitBatcher(store)._commit([([[job(func="m:a")]], answers.append), ([[job(func="m:b")]], answers.append)])
     assert all(isinstance(a, QueueError) and a.maybe_committed for a in answers)  # committed, perhaps lost
     assert _stored(store) == ["m:a", "m:b"]
     store.close()
+
+
+class LostAfterCommit(MemoryStore):
+    """A real store whose answer is lost after its commit took effect, as a PostgreSQL
+    connection cut between COMMIT and its reply: the store's own unavailable error."""
+
+    UNAVAILABLE = (ConnectionError,)
+
+    def __init__(self, lose: int) -> None:
+        super().__init__()
+        self.lose = lose  # answers still to lose
+
+    def submit_requests(self, requests, now, admission):
+        answers = super().submit_requests(requests, now, admission)
+        if self.lose:
+            self.lose -= 1
+            raise ConnectionError("server closed the connection unexpectedly")
+        return answers
+
+
+def test_a_group_commit_whose_outcome_is_unknown_is_not_committed_again_one_by_one():
+    store = LostAfterCommit(lose=1)
+    answers: list = []
+    SubmitBatcher(store)._commit([([[job(func="m:a")]], answers.append), ([[job(func="m:b")]], answers.append)])
+    assert all(isinstance(a, QueueError) and a.maybe_committed for a in answers)
+    assert sorted(j.func for j in store.list_jobs(None, 10)) == ["m:a", "m:b"]  # each once
+
+
+def test_a_request_retried_alone_whose_store_is_unavailable_may_have_been_stored_not_refused():
+    class BadGroupThenLost(LostAfterCommit):
+        group_failed = False
+
+        def submit_requests(self, requests, now, admission):
+            if not self.group_failed:
+                self.group_failed = True
+                raise ValueError("a request the store cannot take")
+            return super().submit_requests(requests, now, admission)
+
+    store = BadGroupThenLost(lose=2)
+    answers: list = []
+    SubmitBatcher(store)._commit([([[job(func="m:a")]], answers.append), ([[job(func="m:b")]], answers.append)])
+    assert [type(a) for a in answers] == [QueueError, QueueError]  # not a bad_request refusal
+    assert all(a.code == "internal" and a.maybe_committed for a in answers)

@@ -209,12 +209,14 @@ class SubmitBatcher:
         requests = [r for reqs, _ in batch for r in reqs]
         try:
             answers, ended = self._store(requests)
-        except NotDurableError as e:
-            # Committed, not flushed: committing the requests again one by one would store
-            # each twice. Every one of them may have been stored.
-            self._answer(batch, [], _unflushed(e))
-            return
         except Exception as e:
+            if self._perhaps_committed(e):
+                # Committed perhaps (not flushed; or the connection lost at or after COMMIT):
+                # committing the requests again one by one could store each twice. Every one
+                # of them may have been stored.
+                log.warning("a commit's outcome is unknown (%s); its requests may have been stored", e)
+                self._answer(batch, [], _perhaps_stored(e))
+                return
             if len(batch) > 1 or len(requests) > 1:
                 # One bad request must not fail the others that shared its transaction.
                 log.warning("a group commit failed (%s); committing its requests one by one", e)
@@ -238,7 +240,7 @@ class SubmitBatcher:
             self.store.flush()
         except Exception as e:
             log.exception("could not flush a commit to disk; its requests were not acknowledged")
-            unflushed = _unflushed(e)
+            unflushed = _perhaps_stored(e)
         self._finish(batch, requests, answers, started=ended is not None,
                      passed=ended not in (None, _asked_elsewhere), unflushed=unflushed)
 
@@ -314,25 +316,32 @@ class SubmitBatcher:
             done(unflushed if unflushed is not None else answers[i : i + len(reqs)])
             i += len(reqs)
 
+    def _perhaps_committed(self, e: Exception) -> bool:
+        """Whether a failed submit may have been committed all the same: its flush failed,
+        or the store was unavailable (PostgreSQL: the connection lost, perhaps after its
+        COMMIT took effect). Not bad data, which no retry of the others would meet."""
+        return isinstance(e, NotDurableError) or isinstance(e, self.store.UNAVAILABLE)
+
     def _commit_each(self, reqs: Requests, done: Done) -> None:
         answers: list[Answer] = []
         for r in reqs:
             try:
                 answers.append(self.store.submit_requests([r], self._clock(), self.admission)[0])
-            except NotDurableError as e:
-                # This one is committed and no flush can succeed now: the rest are not tried,
-                # and every request of this submitter may have been stored.
-                self._finish([(reqs, done)], list(reqs[:len(answers)]), answers, unflushed=_unflushed(e))
-                return
             except Exception as e:
+                if self._perhaps_committed(e):
+                    # This one may be committed, and the store is in trouble: the rest are not
+                    # tried, and every request of this submitter may have been stored.
+                    self._finish([(reqs, done)], list(reqs[:len(answers)]), answers, unflushed=_perhaps_stored(e))
+                    return
                 log.warning("request refused by the store: %s", e)
                 answers.append(Refusal(Code.BAD_REQUEST, f"the store could not take this request: {e}"))
         self._finish([(reqs, done)], list(reqs), answers)
 
 
-def _unflushed(e: Exception) -> QueueError:
-    """The answer to requests committed but not made durable: they may have been stored."""
-    err = QueueError(Code.INTERNAL, f"the store could not make the jobs durable: {e}")
+def _perhaps_stored(e: Exception) -> QueueError:
+    """The answer to requests that may have been committed, perhaps not durably."""
+    what = "could not make the jobs durable" if isinstance(e, NotDurableError) else "failed; they may have been stored"
+    err = QueueError(Code.INTERNAL, f"the store {what}: {e}")
     err.maybe_committed = True  # type: ignore[attr-defined] # visible, perhaps not on disk
     return err
 
