@@ -301,3 +301,58 @@ def test_a_one_call_pass_writes_the_per_minute_counts_when_the_pool_goes_idle():
     ids = [_submit(store) for _ in range(3)]
     _run_all(store, ids)
     assert sum(m.completed for m in store.minutes(0)) == 3
+
+
+def test_a_job_that_ends_while_the_pool_is_counted_for_the_status_page_has_its_outcome_stored(tmp_path):
+    from queickd.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(str(tmp_path / "q.db"))
+    stored = threading.Event()
+    pool = WorkerPool(store, FunctionLoader(JOBS), 1, on_finished=lambda outcomes: stored.set())
+    pool.start()
+    try:
+        job_id = _submit(store)
+
+        def count_running() -> int:  # the status page's read; the job ends and asks for a pass meanwhile
+            n = store.counts()[State.RUNNING]
+            deadline = time.monotonic() + 10
+            while not pool._again:  # its worker found the pool's lock held: it left the pass to us
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+            return n
+
+        pool.dispatch_now()
+        pool.running_elsewhere(count_running)
+        assert stored.wait(10)  # not left 'running' with the pool full of a job that ended
+        assert store.get(job_id).state == State.SUCCEEDED
+    finally:
+        pool.stop(10)
+
+
+def test_jobs_claimed_for_a_worker_that_cannot_be_started_still_run():
+    from queickd.services.pool_size import PoolSize
+
+    store = MemoryStore()
+    done = threading.Condition()
+    finished: list[int] = []
+
+    def on_finished(outcomes) -> None:
+        with done:
+            finished.extend(o.job_id for o in outcomes)
+            done.notify_all()
+
+    pool = WorkerPool(store, FunctionLoader(JOBS), size=PoolSize(1, 3), on_finished=on_finished)
+    pool.start()
+
+    def no_thread() -> None:  # the OS refuses a new thread (a pids or process limit)
+        raise RuntimeError("can't start new thread")
+
+    pool._add_thread = no_thread
+    try:
+        ids = [_submit(store) for _ in range(3)]
+        pool.dispatch_now()
+        with done:
+            assert done.wait_for(lambda: sorted(finished) == ids, 10)
+        assert pool.workers == 1 and [store.get(i).state for i in ids] == [State.SUCCEEDED] * 3
+    finally:
+        pool.stop(10)

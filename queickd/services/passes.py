@@ -172,18 +172,23 @@ class PassStore:
     def _pass_applied(self, p: Pass) -> bool:
         """A pass has committed: what it changed, in memory. True once stopping and idle."""
         claimed = p.claimed
-        if p.unapplied:
-            finished, self._unapplied = p.unapplied, []
+        finished = p.unapplied
+        if finished:
+            self._unapplied = []
             self._held.difference_update(o.job_id for o in finished)
+        # The claimed jobs are held and queued before anything here that may fail: they are
+        # running in the store, and nothing else would ever run them (a job finished by this
+        # pass may be among them again: a retry due at once, hence after the line above).
+        for job in claimed:
+            self._held.add(job.id)
+            self._runq.put(job)
+        if finished:
             self._after_finish(finished, p.report)
         if claimed and self.size is not None:
             now = self._clock()
             self.size.claimed(now)
             if len(claimed) > max(0, p.free):
                 self._grow(now)
-        for job in claimed:
-            self._held.add(job.id)
-            self._runq.put(job)
         if claimed:
             self._on_claimed(claimed)
         if self._draining and self._busy == 0:
@@ -207,8 +212,13 @@ class PassStore:
 
     def _grow(self, now: float) -> None:
         assert self.size is not None
-        self.workers += 1
-        self._add_thread()
+        self.workers += 1  # before the thread starts: it may take a queued job at once
+        try:
+            self._add_thread()
+        except RuntimeError as e:  # no thread to be had (a pids or process limit): stay this size
+            self.workers -= 1
+            log.warning("worker pool cannot grow past %d: %s", self.workers, e)
+            return
         self.size.resized(self.workers - 1, self.workers, "work waiting with every worker busy", now)
         log.info("worker pool grows to %d (work waiting with every worker busy)", self.workers)
         self.size.start_timer(self.shrink_if_idle)

@@ -161,7 +161,10 @@ class WorkerPool(PassStore):
         store first and counts in memory after, so a count taken during one is off by what
         it moves."""
         with self._dispatch_lock:
-            return max(0, count_running() - self._busy)
+            elsewhere = max(0, count_running() - self._busy)
+        if self._again:  # a pass asked for while this held the lock (see _pass_here)
+            self._wake.set()
+        return elsewhere
 
     def size_info(self) -> dict[str, Any]:
         """The pool's size, its bounds and its last resize (a fixed pool: min = max = size)."""
