@@ -89,7 +89,8 @@ def test_a_lost_reply_with_the_callers_own_key_keeps_that_key(daemon, proxy):
         assert [(j["id"], j["idempotency_key"]) for j in q.jobs()] == [(job_id, "order-17")]
 
 
-def test_a_store_failing_at_commit_answers_internal_with_maybe_committed(start_daemon, pg_url):
+def _refusing_at_commit(start_daemon, pg_url):
+    """A daemon on PostgreSQL whose every insert of a job fails at COMMIT, not before."""
     import psycopg
 
     d = start_daemon(pg_url, workers=0)
@@ -100,6 +101,11 @@ def test_a_store_failing_at_commit_answers_internal_with_maybe_committed(start_d
                   "$$ BEGIN RAISE EXCEPTION 'refused at commit'; END $$")
         c.execute("CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON jobs DEFERRABLE "
                   "INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_at_commit()")
+    return d
+
+
+def test_a_store_failing_at_commit_answers_internal_with_maybe_committed(start_daemon, pg_url):
+    d = _refusing_at_commit(start_daemon, pg_url)
     with socket.create_connection(("127.0.0.1", d.port), timeout=20) as s:
         s.sendall(b'{"op":"enqueue","func":"testjobs:noop"}\n')
         reply = json.loads(s.makefile("rb").readline())
@@ -107,16 +113,8 @@ def test_a_store_failing_at_commit_answers_internal_with_maybe_committed(start_d
 
 
 def test_a_pipelined_enqueue_failing_at_commit_raises_with_maybe_committed(start_daemon, pg_url):
-    import psycopg
-
-    d = start_daemon(pg_url, workers=0)
+    d = _refusing_at_commit(start_daemon, pg_url)
     with d.client() as q:
-        q.enqueue("testjobs:noop")  # the schema exists now
-        with psycopg.connect(pg_url, autocommit=True) as c:  # a check that fails only at COMMIT
-            c.execute("CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS "
-                      "$$ BEGIN RAISE EXCEPTION 'refused at commit'; END $$")
-            c.execute("CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON jobs DEFERRABLE "
-                      "INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_at_commit()")
         with pytest.raises(QueueError) as e:
             q.enqueue_pipelined([q.job("testjobs:noop")])
     assert e.value.code == "internal" and e.value.maybe_committed is True

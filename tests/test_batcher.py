@@ -115,18 +115,25 @@ def test_a_group_commit_whose_flush_fails_answers_each_may_have_been_stored_and_
     store.close()
 
 
+class BadGroupOnce:
+    """A store mixin: the first transaction (a group's) fails on a request's data, not for
+    the store's trouble; the batcher then commits the requests one by one."""
+
+    group_failed = False
+
+    def submit_requests(self, requests, now, admission):
+        if not self.group_failed:
+            self.group_failed = True
+            raise ValueError("a request the store cannot take")
+        return super().submit_requests(requests, now, admission)
+
+
 def test_a_request_committed_alone_after_its_group_failed_is_not_refused_when_its_flush_fails(
         tmp_path, monkeypatch):
     from queickd.store.sqlite import SQLiteStore
 
-    class BadDataOnce(SQLiteStore):  # the group's transaction fails on a request's data
-        group_failed = False
-
-        def submit_requests(self, requests, now, admission):
-            if not self.group_failed:
-                self.group_failed = True
-                raise ValueError("a request the store cannot take")
-            return super().submit_requests(requests, now, admission)
+    class BadDataOnce(BadGroupOnce, SQLiteStore):
+        pass
 
     store = BadDataOnce(str(tmp_path / "q.db"), durability="full")
     _failing_disk(monkeypatch)
@@ -164,14 +171,8 @@ def test_a_group_commit_whose_outcome_is_unknown_is_not_committed_again_one_by_o
 
 
 def test_a_request_retried_alone_whose_store_is_unavailable_may_have_been_stored_not_refused():
-    class BadGroupThenLost(LostAfterCommit):
-        group_failed = False
-
-        def submit_requests(self, requests, now, admission):
-            if not self.group_failed:
-                self.group_failed = True
-                raise ValueError("a request the store cannot take")
-            return super().submit_requests(requests, now, admission)
+    class BadGroupThenLost(BadGroupOnce, LostAfterCommit):
+        pass
 
     store = BadGroupThenLost(lose=2)
     answers: list = []
