@@ -228,6 +228,7 @@ def test_stats_metrics_the_page_and_the_start_log_say_how_memory_limits_hold(sta
     else:
         assert lim["reason"] is None and lim["pids_max"] == cgroup.PIDS_MAX
         assert lim["groups"] and all(os.path.isdir(g) for g in lim["groups"])
+    web.daemon.wait_for_line("process jobs: memory limits by")  # the log is read as it comes
     logged = [line for line in web.daemon.lines if "process jobs: memory limits by" in line]
     assert len(logged) == 1 and f"memory limits by {expected}" in logged[0]
     assert scrape(web)[("queickd_memory_limits_info", (("by", expected),))] == 1

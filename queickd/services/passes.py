@@ -212,14 +212,16 @@ class PassStore:
 
     def _grow(self, now: float) -> None:
         assert self.size is not None
-        self.workers += 1  # before the thread starts: it may take a queued job at once
+        # Counted before the thread starts: it may take a queued job at once.
+        self.workers += 1
+        self.size.resized(self.workers - 1, self.workers, "work waiting with every worker busy", now)
         try:
             self._add_thread()
         except RuntimeError as e:  # no thread to be had (a pids or process limit): stay this size
             self.workers -= 1
+            self.size.resized(self.workers + 1, self.workers, f"no thread to be had: {e}", now)
             log.warning("worker pool cannot grow past %d: %s", self.workers, e)
             return
-        self.size.resized(self.workers - 1, self.workers, "work waiting with every worker busy", now)
         log.info("worker pool grows to %d (work waiting with every worker busy)", self.workers)
         self.size.start_timer(self.shrink_if_idle)
         self._wake.set()  # look again at once: more may wait, for one more worker
