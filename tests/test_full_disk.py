@@ -84,6 +84,20 @@ def test_on_a_full_disk_an_enqueue_is_refused_naming_the_disk(full):
         assert q.stats()["counts"]["scheduled"] == WAITING and len(q.jobs()) == WAITING
 
 
+def test_on_a_full_disk_a_refused_enqueue_says_it_was_not_stored(full):
+    # Not "it may have been stored": nothing was written, so a caller may send it again as
+    # it is, and the client does not resend it by itself.
+    d, _, _ = full
+    with d.client() as q:
+        with pytest.raises(QueueError) as e:
+            q.enqueue("testjobs:noop")
+        assert e.value.maybe_committed is False and e.value.message.startswith("disk full:")
+        with pytest.raises(QueueError) as e:
+            q.enqueue_pipelined([q.job("testjobs:noop"), q.job("testjobs:noop")])
+        assert e.value.maybe_committed is False and "disk full" in e.value.message
+    d.wait_for_line("its requests were not stored")
+
+
 def test_writes_are_accepted_again_when_space_returns(full):
     d, _, filler = full
     filler.unlink()

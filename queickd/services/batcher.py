@@ -210,6 +210,12 @@ class SubmitBatcher:
         try:
             answers, ended = self._store(requests)
         except Exception as e:
+            if isinstance(e, self.store.NOT_WRITTEN):
+                # Refused before anything was written (a full disk): so is every other request
+                # of the group, and each submitter may send it again as it is.
+                log.warning("a commit was refused before it began (%s); its requests were not stored", e)
+                self._answer(batch, [], QueueError(Code.INTERNAL, str(e)))
+                return
             if self._perhaps_committed(e):
                 # Committed perhaps (not flushed; or the connection lost at or after COMMIT):
                 # committing the requests again one by one could store each twice. Every one
@@ -310,6 +316,7 @@ class SubmitBatcher:
 
     def _answer(self, batch: list[tuple[Requests, Done]], answers: list[Answer],
                 unflushed: QueueError | None) -> None:
+        """Answer each submitter its share of `answers`, or every one `unflushed` (an error)."""
         self.commits += 1
         i = 0
         for reqs, done in batch:
@@ -328,6 +335,9 @@ class SubmitBatcher:
             try:
                 answers.append(self.store.submit_requests([r], self._clock(), self.admission)[0])
             except Exception as e:
+                if isinstance(e, self.store.NOT_WRITTEN):  # neither is any other of this submitter's
+                    self._answer([(reqs, done)], [], QueueError(Code.INTERNAL, str(e)))
+                    return
                 if self._perhaps_committed(e):
                     # This one may be committed, and the store is in trouble: the rest are not
                     # tried, and every request of this submitter may have been stored.

@@ -53,6 +53,9 @@ class Store(Protocol):
     # The exceptions by which the store says it is itself in trouble (a lost connection, a
     # full or failing disk), never the data a call carried; the next call may succeed.
     UNAVAILABLE: tuple[type[BaseException], ...]
+    # Those of UNAVAILABLE raised before anything was written (SQLite's full disk): the
+    # call surely had no effect, so its caller is told so, not "it may have been stored".
+    NOT_WRITTEN: tuple[type[BaseException], ...]
 
     # --- ownership --------------------------------------------------------------------
     def take_ownership(self) -> None:

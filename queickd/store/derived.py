@@ -18,6 +18,7 @@ class StoreBase:
     # Errors that say the store itself is in trouble (a lost connection, a failing disk),
     # never the data a call carried: retried as they are, never blamed on a job.
     UNAVAILABLE: tuple[type[BaseException], ...] = ()
+    NOT_WRITTEN: tuple[type[BaseException], ...] = ()  # see Store.NOT_WRITTEN
     passes_in_one_call = False
 
     def flush(self) -> None:

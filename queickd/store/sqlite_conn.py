@@ -82,6 +82,8 @@ class SQLiteFile:
 
     # A full or failing disk, a lock held too long: the file's trouble, not a call's data.
     UNAVAILABLE: tuple[type[BaseException], ...] = (sqlite3.OperationalError,)
+    # Raised before a transaction begins, while the store serves reads only.
+    NOT_WRITTEN: tuple[type[BaseException], ...] = (DiskFullError,)
 
     def __init__(self, path: str, durability: str = "full", busy_timeout: float = 30.0) -> None:
         if durability not in _SYNCHRONOUS:
