@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 
 from queickd.core import workflow as wf
-from queickd.core.job import Outcome, State
+from queickd.core.job import NewJob, Outcome, State
 from queickd.run import context
 
 T0 = 1_700_000_000.0
@@ -203,6 +203,43 @@ class WorkflowContract:
         run = store.workflow_get(run.id)
         assert (run.status, run.reason["step"], run.reason["error"]["type"]) == (
             wf.RunState.FAILED, "wait", "cancelled")
+
+    def test_workflow_an_operator_cancelling_a_running_step_job_fails_the_run_naming_the_step(self, store):
+        run, _ = store.workflow_start(definition({"name": "long", "func": S + "mark"}), {}, T0)
+        (job,) = drive(store, only=lambda j: False)
+        assert store.cancel_running(job.id, T0).state == State.CANCELLED
+        after = store.workflow_get(run.id)
+        assert (after.status, after.reason["step"], after.reason["error"]["type"]) == (
+            wf.RunState.FAILED, "long", "cancelled")
+        with store.batch(bookkeeping=True):  # the function returns after all: discarded
+            assert store.finish_if_running([Outcome.succeeded(job.id, {"marks": 1}, run.id)], T0).changed == 0
+        assert store.workflow_get(run.id).status == wf.RunState.FAILED
+
+    def test_workflow_a_bulk_cancel_of_waiting_step_jobs_fails_each_of_their_runs(self, store):
+        runs = [store.workflow_start(definition({"name": "wait", "func": S + "mark"}), {}, T0)[0] for _ in range(2)]
+        (plain,) = (s.job_id for s in store.submit([NewJob(S + "mark", [], {}, 0, T0)], T0))
+        cancelled = store.cancel_waiting(State.QUEUED, T0, func=S + "mark")
+        assert sorted(cancelled) == sorted([plain] + [store.workflow_jobs(r.id)[0].id for r in runs])
+        for r in runs:
+            after = store.workflow_get(r.id)
+            assert (after.status, after.reason["step"], after.reason["error"]["type"]) == (
+                wf.RunState.FAILED, "wait", "cancelled")
+
+    def test_workflow_a_middle_run_stopped_by_its_budget_ends_its_parents_step(self, store):
+        # The grandchild starting a child takes the middle run past its budget: the middle
+        # run stops, and the root, waiting on it, fails with it instead of waiting forever.
+        leaf = {"name": "leaf", "steps": [{"name": "t", "func": S + "mark"}]}
+        lower = {"name": "lower", "steps": [{"name": "leaf", "workflow": leaf}]}
+        middle = {"name": "middle", "steps": [{"name": "lower", "workflow": lower}],
+                  "budget": {"max_started_workflows": 1}}
+        root, _ = store.workflow_start(definition({"name": "middle", "workflow": middle}), {}, T0)
+        drive(store)
+        (mid,) = store.workflow_children(store.workflow_get(root.id))
+        assert (mid.status, mid.reason["budget"]) == (wf.RunState.BUDGET_EXCEEDED, "max_started_workflows")
+        root = store.workflow_get(root.id)
+        assert (root.status, root.reason["step"], root.reason["error"]["state"]) == (
+            wf.RunState.FAILED, "middle", wf.RunState.BUDGET_EXCEEDED)
+        assert not [r for r in store.workflow_list(None, 10) if r.status == wf.RunState.RUNNING]
 
     def test_workflow_a_finish_whose_transition_raises_fails_its_run_and_not_the_rest_of_the_batch(self, store):
         good = [store.workflow_start(definition(*THREE_STEPS), {"n": 3}, T0)[0] for _ in range(2)]

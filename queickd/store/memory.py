@@ -33,7 +33,6 @@ from .records import (
 )
 from .undo import ABSENT, Journal, UndoDict
 from .wfmemory import MemoryWorkflows
-from .workflows import CANCELLED
 
 
 class MemoryStore(MemoryOperatorOps, MemoryCronsEvents, MemoryResources, MemoryWorkflows, StoreBase):
@@ -334,8 +333,7 @@ class MemoryStore(MemoryOperatorOps, MemoryCronsEvents, MemoryResources, MemoryW
             if job is not None and job.state in State.PENDING:
                 job = dataclasses.replace(job, state=State.CANCELLED, finished_at=now)
                 self._put(job)
-                if job.workflow_run is not None:  # a step's job: its item ends as failed
-                    self._advance_locked(job, False, None, dict(CANCELLED), now)
+                self._step_cancelled(job, now)
             return job
 
     def _retry_dead_locked(self, job: Job, now: float) -> Job:

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..core.job import Job, State
 from .records import Minute, Pause
+from .workflows import CANCELLED
 
 
 class MemoryOperatorOps:
@@ -19,6 +20,7 @@ class MemoryOperatorOps:
     _pauses: dict[tuple[str, str], Pause]
     _minutes: dict[tuple[int, str], Minute]
     _put: Any
+    _advance_locked: Any  # wfmemory.MemoryWorkflows
 
     def cancel_running(self, job_id: int, now: float) -> Job | None:
         with self._lock:
@@ -26,6 +28,7 @@ class MemoryOperatorOps:
             if job is not None and job.state == State.RUNNING:
                 job = dataclasses.replace(job, state=State.CANCELLED, finished_at=now)
                 self._put(job)
+                self._step_cancelled(job, now)  # its outcome, when it ends, is discarded
             return job
 
     def cancel_waiting(self, state: str, now: float, *, func: str | None = None, key: str | None = None,
@@ -36,7 +39,14 @@ class MemoryOperatorOps:
             hit = [j for j in self._jobs.values() if matches(j, state, func, key, pool)]
             for j in hit:
                 self._put(dataclasses.replace(j, state=State.CANCELLED, finished_at=now))
+            for j in hit:  # after all are cancelled: a run that fails discards what it still has waiting
+                self._step_cancelled(j, now)
             return [j.id for j in hit]
+
+    def _step_cancelled(self, job: Job, now: float) -> None:
+        """A job cancelled outside a finish: a workflow step's ends its item as failed."""
+        if job.workflow_run is not None:
+            self._advance_locked(job, False, None, dict(CANCELLED), now)
 
     def pause(self, kind: str, name: str, now: float) -> bool:
         with self._lock:

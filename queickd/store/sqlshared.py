@@ -21,6 +21,7 @@ from ..core.policy import memory as mem
 from ..core.policy import pauses as pz
 from . import rows as dbrows
 from .records import CronFire, CronRecord, Event, EventAccepted, EventState, Minute, Pause
+from .wfsql import STEP_OF_JOB
 
 # A target's streak and whether it is paused (pauses.Lookups), in one statement.
 STREAK = ("SELECT coalesce((SELECT failures FROM streaks WHERE kind = ? AND name = ?), 0),"
@@ -33,10 +34,11 @@ _WAITING = ("scheduled", "queued", "waiting_network")
 UNSTART = "UPDATE jobs SET state = 'scheduled', run_at = ?, attempts = attempts - 1, started_at = NULL"
 
 
-def filters(func: str | None, key: str | None, pool: str | None) -> tuple[str, tuple]:
-    """' AND ...' conditions (with ? marks) for list_jobs' and cancel_waiting's filters."""
+def filters(func: str | None, key: str | None, pool: str | None, alias: str = "") -> tuple[str, tuple]:
+    """' AND ...' conditions (with ? marks) for list_jobs' and cancel_waiting's filters
+    (`alias`: of the jobs table, as 'j.')."""
     given = [(c, v) for c, v in (("func", func), ("key", key), ("pool", pool)) if v is not None]
-    return "".join(f" AND {c} = ?" for c, _ in given), tuple(v for _, v in given)
+    return "".join(f" AND {alias}{c} = ?" for c, _ in given), tuple(v for _, v in given)
 
 
 @functools.cache
@@ -53,6 +55,8 @@ class SharedSql:
     _submit_in: Any
     _resume_in: Any
     _advance_dead_in: Any  # wfsql.SqlWorkflows
+    _lock_step_roots: Any
+    _steps_cancelled_in: Any
 
     def _q(self, sql: str) -> str:
         return _marked(sql, self.MARK)
@@ -71,10 +75,14 @@ class SharedSql:
 
     def cancel_running(self, job_id: int, now: float) -> Job | None:
         with self._write() as c:
-            # Its key is free at once: wake the claimers (PostgreSQL notifies, see _released).
-            if c.execute(self._q(f"UPDATE jobs SET state = 'cancelled', finished_at = ?{self._RELEASE}"
-                                 " WHERE id = ? AND state = 'running'"), (now, job_id)).rowcount:
+            self._lock_step_roots(c, "j.id = ?", (job_id,))
+            done = c.execute(self._q(f"UPDATE jobs SET state = 'cancelled', finished_at = ?{self._RELEASE}"
+                                     f" WHERE id = ? AND state = 'running' RETURNING {STEP_OF_JOB}"),
+                             (now, job_id)).fetchall()
+            if done:
+                # Its key is free at once: wake the claimers (PostgreSQL notifies, see _released).
                 self._released(c)
+                self._steps_cancelled_in(c, done, now)  # its outcome, when it ends, is discarded
             row = c.execute(self._q(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = ?"), (job_id,)).fetchone()
         return dbrows.row_to_job(row) if row else None
 
@@ -85,12 +93,14 @@ class SharedSql:
         extra, params = filters(func, key, pool)
         with self._write() as c:
             # The state is inlined (one of the fixed names): SQLite's partial indexes need the literal.
-            ids = [r[0] for r in c.execute(self._q(
-                f"UPDATE jobs SET state = 'cancelled', finished_at = ? WHERE state = '{state}'{extra} RETURNING id"),
-                (now, *params)).fetchall()]
-            if ids:  # a key whose head went may start its next job
+            self._lock_step_roots(c, f"j.state = '{state}'{filters(func, key, pool, 'j.')[0]}", params)
+            rows = c.execute(self._q(
+                f"UPDATE jobs SET state = 'cancelled', finished_at = ? WHERE state = '{state}'{extra}"
+                f" RETURNING {STEP_OF_JOB}"), (now, *params)).fetchall()
+            if rows:  # a key whose head went may start its next job
                 self._released(c)
-        return ids
+                self._steps_cancelled_in(c, rows, now)
+        return [r[0] for r in rows]
 
     def _released(self, c: Any) -> None:
         """A job left `running` outside a finish: PostgreSQL tells the other claimers."""

@@ -20,6 +20,8 @@ from ..core.workflow import Definition, Output, RunRecord, RunState
 from . import rows as dbrows
 from . import workflows as wf
 
+# What an UPDATE of jobs returns for _steps_cancelled_in: the job and its workflow step, if any.
+STEP_OF_JOB = "id, workflow_run, workflow_step, workflow_item, workflow_loop"
 RUN_COLS = ("id, name, status, step, parent, root, idempotency_key, definition, state, meta,"
             " created_at, finished_at")
 
@@ -164,16 +166,29 @@ class SqlWorkflows:
 
     def _cancel_in(self, c: Any, job_id: int, now: float) -> None:
         """Cancel a waiting job; a workflow step's job ends its item as failed, in the same transaction."""
-        if self._WF_LOCK:  # a step's job: its tree's root before the job's row, as a finish takes them
-            c.execute(self._q(
-                "SELECT id FROM workflow_runs WHERE id = (SELECT coalesce(r.root, r.id) FROM jobs j"
-                f" JOIN workflow_runs r ON r.id = j.workflow_run WHERE j.id = ?){self._WF_LOCK}"), (job_id,)).fetchall()
+        self._lock_step_roots(c, "j.id = ?", (job_id,))
         row = c.execute(self._q(
             "UPDATE jobs SET state = 'cancelled', finished_at = ? WHERE id = ?"
-            " AND state IN ('scheduled', 'queued', 'waiting_network')"
-            " RETURNING workflow_run, workflow_step, workflow_item, workflow_loop"), (now, job_id)).fetchone()
-        if row is not None and row[0] is not None:
-            self._advance_in(c, [(job_id, *row, False, None, dict(wf.CANCELLED))], now)
+            f" AND state IN ('scheduled', 'queued', 'waiting_network') RETURNING {STEP_OF_JOB}"),
+            (now, job_id)).fetchone()
+        if row is not None:
+            self._steps_cancelled_in(c, [row], now)
+
+    def _lock_step_roots(self, c: Any, where: str, params: tuple | list) -> None:
+        """Where runs are locked (PostgreSQL): the roots of the step jobs `where` selects
+        (alias j), before those jobs' rows, in the order a finish takes them."""
+        if self._WF_LOCK:
+            c.execute(self._q(
+                "SELECT id FROM workflow_runs WHERE id IN (SELECT coalesce(r.root, r.id) FROM jobs j"
+                f" JOIN workflow_runs r ON r.id = j.workflow_run WHERE {where}) ORDER BY id{self._WF_LOCK}"),
+                params).fetchall()
+
+    def _steps_cancelled_in(self, c: Any, rows: Sequence[Sequence[Any]], now: float) -> None:
+        """Jobs cancelled outside a finish, as rows of STEP_OF_JOB: the workflow steps' among
+        them end their items as failed ("cancelled"), in the same transaction."""
+        done = [(r[0], *r[1:5], False, None, dict(wf.CANCELLED)) for r in rows if r[1] is not None]
+        if done:
+            self._advance_in(c, done, now)
 
     def _advance_dead_in(self, c: Any, job_ids: list[int], error: dict, now: float) -> None:
         """Jobs made dead outside a finish (orphaned too often): their runs advance as for a failure."""

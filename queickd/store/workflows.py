@@ -191,6 +191,10 @@ def _apply(tx: WorkflowTx, plan: Plan, now: float) -> bool:
     if stopped:  # an ancestor's budget stops it, and everything under it with it
         for a in stopped:
             _stop_under(tx, a, now)
+        for a in stopped:  # and its parent's step ends, as when a run ends itself
+            done = tr.child_done(a)
+            if done is not None:  # (a parent stopped too takes it as stale)
+                _advance(tx, done, now)
         return True
     if plan.jobs:
         tx.submit(plan.jobs, now)
