@@ -259,6 +259,16 @@ def test_next_after_yearly_is_next_new_year():
     assert CronExpr.parse("@yearly").next_after(ts(2025, 6, 15, 13, 30)) == ts(2026, 1, 1)
 
 
+def test_next_after_finds_29_february_on_a_sunday_decades_ahead():
+    # "*/7" is Sunday with the Vixie rule that both day fields must match; next in 2032:
+    # a schedule this rare still fires, not "never fires".
+    assert CronExpr.parse("0 0 29 2 */7").next_after(ts(2026, 1, 1)) == ts(2032, 2, 29)
+
+
+def test_next_after_29_february_skips_2100_which_is_no_leap_year():
+    assert CronExpr.parse("0 0 29 2 *").next_after(ts(2097, 1, 1)) == ts(2104, 2, 29)
+
+
 def test_next_after_a_date_that_never_exists_raises():
     c = CronExpr.parse("0 0 30 2 *")
     with pytest.raises(ValueError, match="never fires"):

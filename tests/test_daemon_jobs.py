@@ -203,6 +203,29 @@ def test_registering_the_same_cron_again_replaces_it(client):
     assert len(client.crons()) == 1
 
 
+def test_registering_an_interval_cron_again_keeps_its_next_tick(client):
+    # A script that registers its crons at every start must not push them back each time.
+    first = client.cron(SchedulingTime().every(hours=1), "testjobs:noop", name="hourly")
+    again = client.cron(SchedulingTime().every(hours=1), "testjobs:noop", args=(1,), name="hourly")
+    assert again["next_run_at"] == first["next_run_at"] and again["args"] == [1]
+    assert client.crons()[0]["next_run_at"] == first["next_run_at"]
+
+
+def test_registering_a_cron_with_another_start_moves_its_next_tick(client):
+    client.cron(SchedulingTime().every(hours=1), "testjobs:noop", name="hourly")
+    start = time.time() + 7200
+    client.cron(SchedulingTime().every(hours=1).starting_from(start), "testjobs:noop", name="hourly")
+    assert client.crons()[0]["next_run_at"] == start
+
+
+def test_a_job_due_past_the_year_9999_is_refused_and_jobs_still_list(client):
+    with pytest.raises(QueueError) as e:
+        client.enqueue_at(1e20, "testjobs:noop")
+    assert e.value.code == "bad_request"
+    client.enqueue("testjobs:noop", delay=3600)
+    assert len(client.jobs()) == 1
+
+
 def test_a_cron_expression_is_validated(client):
     with pytest.raises(QueueError) as e:
         client.cron("61 * * * *", "testjobs:noop")

@@ -12,6 +12,7 @@ import pytest
 
 from queickd.cli.parser import build_parser
 from queickd.core.job import State
+from queickd.ui.text import local_time
 
 
 def queick(port, *args, timeout=60):
@@ -25,6 +26,11 @@ def _parsers(p: argparse.ArgumentParser, path: str = "queick"):
         if isinstance(act, argparse._SubParsersAction):
             for name, sp in act.choices.items():
                 yield from _parsers(sp, f"{path} {name}")
+
+
+def test_a_time_the_platform_cannot_show_prints_as_its_number():
+    # A store written before such times were refused must not break `jobs` or `crons`.
+    assert (local_time(1e20), local_time(None)) == ("100000000000000000000", "-")
 
 
 # --- help ---------------------------------------------------------------------------------

@@ -453,6 +453,28 @@ def test_parse_cron_rejects_an_every_too_large_for_a_float_as_bad_request():
     bad_request(parse_cron, {"func": "m:f", "every": 10**400, "start_at": NOW}, NOW)
 
 
+def test_parse_cron_refuses_an_expression_that_never_fires_as_bad_request():
+    e = bad_request(parse_cron, {"func": "m:f", "cron": "0 0 30 2 *"}, NOW)
+    assert "never fires" in e.message
+
+
+def test_parse_cron_refuses_a_start_past_the_year_9999_as_bad_request():
+    bad_request(parse_cron, {"func": "m:f", "every": 60, "start_at": 1e20}, NOW)
+
+
+def test_parse_cron_refuses_an_interval_over_a_century_as_bad_request():
+    bad_request(parse_cron, {"func": "m:f", "every": 1e12}, NOW)
+
+
+def test_a_run_at_in_milliseconds_is_refused_naming_seconds():
+    e = bad_request(parse_job, {"func": "m:f", "run_at": NOW * 1000}, NOW)
+    assert "unix seconds" in e.message
+
+
+def test_a_delay_that_lands_past_the_year_9999_is_refused():
+    bad_request(parse_job, {"func": "m:f", "delay": 1e300}, NOW)
+
+
 def test_parse_cron_validates_the_job_template():
     bad_request(parse_cron, {"func": "not a func", "cron": "* * * * *"}, NOW)
 

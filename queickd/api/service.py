@@ -10,6 +10,7 @@ reply. Blocking methods touch the store and are called from the transports' thre
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import logging
 import threading
@@ -410,6 +411,12 @@ class QueueService(WorkflowOps):
         name, schedule, template = protocol.parse_cron(req, now)
         self.loader.check(template.func)
         template = self.resources.apply(template)
+        old = next((c for c in self.store.cron_list() if c.name == name), None)
+        if old is not None and _same_timing(old.schedule, schedule, req):
+            # Registered again as it was (a script that registers its crons at every start):
+            # it keeps its timing, or an interval registered more often than it fires never would.
+            cron = self.store.cron_save(dataclasses.replace(old, template=template))
+            return {"ok": True, "cron": cron.to_dict()}
         start = schedule.get("start_at")
         # A start time that is now (give or take the client's clock) fires at once.
         first = start if start is not None and start >= now - 1.0 else parse_schedule(schedule).next_after(now)
@@ -427,3 +434,11 @@ class QueueService(WorkflowOps):
         if not self.store.cron_delete(name):
             raise QueueError(Code.NOT_FOUND, f"no cron named {name!r}")
         return {"ok": True}
+
+
+def _same_timing(old: dict[str, Any], new: dict[str, Any], req: dict[str, Any]) -> bool:
+    """Whether a cron registered again asks for the timing it has: the same expression, or
+    the same interval without a start time of its own (one is made up from the clock)."""
+    if "cron" in new:
+        return old.get("cron") == new["cron"]
+    return req.get("start_at") is None and old.get("every") == new["every"]

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import log
+from ..ui.text import local_time
 from .message import day_report, span
 from .punchlog import UNKNOWN_POLICIES, PunchLog, parse_day_boundary, work_day
 from .terminal import Terminal, TerminalConfig
@@ -172,8 +173,6 @@ def _register(a: argparse.Namespace, plog: PunchLog) -> int:
     return 0
 
 
-def _fmt(t: float | None) -> str:
-    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
 def _report(a: argparse.Namespace, plog: PunchLog) -> int:
@@ -190,9 +189,9 @@ def _report(a: argparse.Namespace, plog: PunchLog) -> int:
         return 0
     print(f"work day {day}: {len(punches)} punch(es)")
     for p in punches:
-        state = "posted " + _fmt(p.posted_at) if p.posted_at else (f"job {p.job_id}" if p.job_id else "not sent")
+        state = "posted " + local_time(p.posted_at) if p.posted_at else (f"job {p.job_id}" if p.job_id else "not sent")
         flag = f"  (no clock-out on {p.missed_out_day})" if p.missed_out_day else ""
-        print(f"  {_fmt(p.tapped_at)}  {p.direction:<7}  {p.name or p.card_id:<24}  {state}{flag}")
+        print(f"  {local_time(p.tapped_at)}  {p.direction:<7}  {p.name or p.card_id:<24}  {state}{flag}")
     for d in people:
         print(f"{d.name}: {span(d.seconds)}" + ("  (still clocked in)" if d.open else ""))
     return 0
@@ -231,11 +230,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(json.dumps(rows))
                 elif a.unknown:
                     for r in rows:
-                        print(f"{r['card_id']:<20}  taps {r['taps']:<4}  last {_fmt(r['last_at'])}")
+                        print(f"{r['card_id']:<20}  taps {r['taps']:<4}  last {local_time(r['last_at'])}")
                 else:
                     for r in rows:
                         print(f"{r['card_id']:<20}  {r['name']:<24}  {r['slack_user'] or '-':<12}  "
-                              f"since {_fmt(r['registered_at'])}")
+                              f"since {local_time(r['registered_at'])}")
                 return 0
             if a.command == "remove":
                 if plog.remove(a.card):

@@ -10,9 +10,10 @@ import time
 
 from ..client import JobQueue
 from ..ui import statusview
+from ..ui.text import local_time
 from .options import fmt_duration
 from .remote import run_client
-from .show import fmt_time, print_budgets, print_stats
+from .show import print_budgets, print_stats
 
 
 def stats(a: argparse.Namespace, q: JobQueue) -> int:
@@ -71,7 +72,7 @@ def crons(a: argparse.Namespace, q: JobQueue) -> int:
         print("no recurring jobs")
         return 0
     rows = [[c["name"], schedule_text(c["schedule"]), c["func"], c.get("pool") or "default",
-             fmt_time(c["next_run_at"]), fmt_time(c["last_fired_at"]), str(c["folded"])] for c in out]
+             local_time(c["next_run_at"]), local_time(c["last_fired_at"]), str(c["folded"])] for c in out]
     head = ["NAME", "SCHEDULE", "FUNC", "POOL", "NEXT", "LAST", "FOLDED"]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, *rows]:

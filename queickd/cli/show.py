@@ -4,14 +4,9 @@ talks to a daemon."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
-from ..ui.text import unserved
-
-
-def fmt_time(t: float | None) -> str:
-    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+from ..ui.text import local_time, unserved
 
 
 def print_jobs(jobs: list[dict[str, Any]]) -> None:
@@ -20,15 +15,15 @@ def print_jobs(jobs: list[dict[str, Any]]) -> None:
         err = j.get("error") or {}
         tail = f"  [{err.get('type')}: {err.get('message')}]" if err else ""
         tries = f"{j['attempts']}/{j['max_attempts']}"
-        print(f"{j['id']:>8}  {j['state']:<15} {tries:>5}  {fmt_time(j['run_at']):<19}  {j['func']}{tail}")
+        print(f"{j['id']:>8}  {j['state']:<15} {tries:>5}  {local_time(j['run_at']):<19}  {j['func']}{tail}")
 
 
 def print_pauses(pauses: list[dict[str, Any]]) -> None:
     for p in pauses:
         err = p.get("last_error") or {}
         probe = ("until resumed" if p.get("probe_at") is None
-                 else f"next probe {fmt_time(p['probe_at'])}, trip {p.get('trips', 0)}")
-        print(f"PAUSED {p['kind']} {p['name']} since {fmt_time(p['paused_at'])} after {p['failures']} "
+                 else f"next probe {local_time(p['probe_at'])}, trip {p.get('trips', 0)}")
+        print(f"PAUSED {p['kind']} {p['name']} since {local_time(p['paused_at'])} after {p['failures']} "
               f"failures: {err.get('type')}: {err.get('message')}  ({probe}; 'queick resume')")
 
 
@@ -49,7 +44,7 @@ def print_job(job: dict[str, Any]) -> None:
             print(f"{'output':>16}:")
             _block(v)
         elif k in ("run_at", "created_at", "started_at", "finished_at"):
-            print(f"{k:>16}: {fmt_time(v)}")
+            print(f"{k:>16}: {local_time(v)}")
         else:
             print(f"{k:>16}: {json.dumps(v, ensure_ascii=False) if not isinstance(v, str) else v}")
 
@@ -69,16 +64,16 @@ def print_stats(s: dict[str, Any]) -> None:
     last = w.get("last_resize")
     if w.get("max", w["total"]) != w.get("min", w["total"]):
         print(f"pool size: {w['size']} (min {w['min']}, max {w['max']}, idle grace {w['idle_grace']:g} s)"
-              + (f"   last resize {last['from']} -> {last['to']} at {fmt_time(last['at'])}: {last['reason']}"
+              + (f"   last resize {last['from']} -> {last['to']} at {local_time(last['at'])}: {last['reason']}"
                  if last else ""))
     sch = s["scheduler"]
-    print(f"scheduler: {'alive' if sch['alive'] else 'STOPPED'}, last fired {fmt_time(sch['last_fired_at'])}"
+    print(f"scheduler: {'alive' if sch['alive'] else 'STOPPED'}, last fired {local_time(sch['last_fired_at'])}"
           f"   crons: {s['crons']}")
     net = s.get("network")
     if net is None:
         print("network: no checker configured")
     else:
-        print(f"network: {net['state']} since {fmt_time(net['since'])}   checker "
+        print(f"network: {net['state']} since {local_time(net['since'])}   checker "
               f"{'alive' if net['checker_alive'] else 'DEAD'} (pid {net['checker_pid']}, "
               f"{net['restarts']} restarts), probing {net['target']}")
         if net.get("error"):
@@ -105,7 +100,7 @@ def print_stats(s: dict[str, Any]) -> None:
     print(f"events: pending {ev['pending']}  dead {ev['dead']}   refused requests {s['refused']}"
           f"   cron ticks folded {s['crons_folded']}")
     for k in s["waiting_by_key"]:
-        print(f"  key {k['key']}: {k['waiting']} waiting, oldest due {fmt_time(k['oldest_run_at'])}")
+        print(f"  key {k['key']}: {k['waiting']} waiting, oldest due {local_time(k['oldest_run_at'])}")
     print_pauses(s["paused"])
     for name, p in (s.get("pools") or {}).items():
         alarm = "   NO WORKERS: its jobs wait" if unserved(p) else ""

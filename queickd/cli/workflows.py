@@ -7,7 +7,7 @@ import argparse
 import json
 
 from ..client import JobQueue
-from .show import fmt_time
+from ..ui.text import local_time
 
 
 def workflows(a: argparse.Namespace, q: JobQueue) -> int:
@@ -18,7 +18,7 @@ def workflows(a: argparse.Namespace, q: JobQueue) -> int:
     for r in runs:
         why = f"  ({r['reason']['message']})" if r.get("reason") else ""
         print(f"{r['run_id']:>6}  {r['name']}  {r['state']}  step {r['step'] or '-'}"
-              f"  started {fmt_time(r['created_at'])}{why}")
+              f"  started {local_time(r['created_at'])}{why}")
     return 0
 
 

@@ -22,6 +22,12 @@ _ALIASES = {
     "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
+# How far ahead a tick is looked for: 29 February on a given weekday comes back within 28
+# years (and 2100 is no leap year), so 30 finds every tick of a schedule that fires at all.
+_SEARCH_YEARS = 30
+# The latest time a job or a schedule may name (9999-12-31 23:59:59 UTC): what every store,
+# clock and printer here handles. Milliseconds given for seconds land past it.
+LATEST = 253402300799.0
 _MONTHS = "jan feb mar apr may jun jul aug sep oct nov dec".split()
 _DAYS = "sun mon tue wed thu fri sat".split()
 # (name, low, high, names) for minute, hour, day of month, month, day of week
@@ -96,7 +102,7 @@ class CronExpr:
 
     def next_after(self, t: float) -> float:
         d = datetime.fromtimestamp(t).replace(second=0, microsecond=0) + timedelta(minutes=1)
-        limit = d + timedelta(days=366 * 5)
+        limit = d + timedelta(days=366 * _SEARCH_YEARS)
         while d < limit:
             if d.month not in self.months:
                 d = (d.replace(day=1, hour=0, minute=0) + timedelta(days=32)).replace(day=1)
@@ -136,6 +142,7 @@ class Every:
 
 Schedule = CronExpr | Every
 MIN_INTERVAL = 0.1  # seconds; finer intervals are a busy loop, and below float precision never advance
+MAX_INTERVAL = 100 * 366 * 86400.0  # seconds: a century; ticks stay far below LATEST
 
 
 def finite_number(v: Any) -> float | None:
@@ -158,14 +165,14 @@ def parse_schedule(d: dict[str, Any], now: float | None = None) -> Schedule:
         return CronExpr.parse(d["cron"])
     if "every" in d:
         every = finite_number(d["every"])
-        if every is None or every < MIN_INTERVAL:
-            raise ValueError(f"every must be a number of seconds, at least {MIN_INTERVAL}")
+        if every is None or not MIN_INTERVAL <= every <= MAX_INTERVAL:
+            raise ValueError(f"every must be a number of seconds, at least {MIN_INTERVAL} and at most {MAX_INTERVAL:.0f}")
         if d.get("start_at") is None:
             start: float | None = (time.time() if now is None else now) + every
         else:
             start = finite_number(d["start_at"])
-            if start is None:
-                raise ValueError("start_at must be unix seconds")
+            if start is None or start > LATEST:
+                raise ValueError(f"start_at must be unix seconds, at most {LATEST:.0f} (the year 9999)")
         return Every(every, start)
     raise ValueError("a schedule needs 'cron' or 'every'")
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from . import fields, sandbox
 from . import retry as retry_mod
-from .cron import finite_number, parse_schedule, schedule_to_dict
+from .cron import LATEST, finite_number, parse_schedule, schedule_to_dict
 from .job import DEFAULT_POOL, NewJob
 
 VERSION = 1
@@ -406,6 +406,8 @@ def parse_job(obj: dict[str, Any], now: float) -> NewJob:
         if delay < 0:
             raise bad("delay must not be negative")
         run_at = now + delay
+    if run_at is not None and run_at > LATEST:
+        raise bad(f"the job would run after {LATEST:.0f} (the year 9999): run_at is unix seconds, not milliseconds")
     job = _build(obj, keys, func, now if run_at is None else run_at)
     if job.isolation == sandbox.THREAD:
         try:
@@ -437,6 +439,7 @@ def parse_cron(obj: dict[str, Any], now: float) -> tuple[str, dict, NewJob]:
         raise bad("a cron needs exactly one of 'cron' (expression) or 'every' (seconds)")
     try:
         schedule = parse_schedule(sched_fields, now)
+        schedule.next_after(now)  # a cron expression that never fires (30 February) says so
     except ValueError as e:
         raise bad(str(e)) from None
     template = parse_job({k: v for k, v in obj.items() if k in _JOB_FIELDS}, now)

@@ -9,7 +9,7 @@ import time
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from .text import ago, probe_text, unserved
+from .text import ago, local_time, probe_text, unserved
 
 if TYPE_CHECKING:
     from ..api.service import QueueService
@@ -35,8 +35,6 @@ def snapshot(svc: QueueService) -> dict[str, Any]:
 
 
 
-def _when(t: float | None) -> str:
-    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
 def _card(label: str, value: Any, cls: str = "", metric: str = "") -> str:
@@ -152,7 +150,7 @@ def render(s: dict[str, Any]) -> str:
                     blocks.get(k["key"], "")]
                    for k in s["waiting_by_key"]], "no jobs waiting on a key")
     paused = _table(["kind", "name", "since", "failures", "last error", "next probe"],
-                    [[p["kind"], p["name"], _when(p["paused_at"]), p["failures"],
+                    [[p["kind"], p["name"], local_time(p["paused_at"]), p["failures"],
                       f"{p['last_error'].get('type')}: {p['last_error'].get('message')}" if p.get("last_error")
                       else "- (paused by hand)",
                       probe_text(p, now).strip(" ()")]
@@ -161,9 +159,9 @@ def render(s: dict[str, Any]) -> str:
                      [[j["id"], j["func"], j["key"] or "", ago(now, j["started_at"])] for j in s.get("running", [])],
                      "nothing running")
     dead = _table(["job", "function", "died", "error"],
-                  [[j["id"], j["func"], _when(j["finished_at"]),
+                  [[j["id"], j["func"], local_time(j["finished_at"]),
                     f"{j['error']['type']}: {j['error']['message']}"] for j in s.get("dead_jobs", [])]
-                  + [[f"event {e['event_id']}", e["func"], _when(e["created_at"]), e["last_error"] or ""]
+                  + [[f"event {e['event_id']}", e["func"], local_time(e["created_at"]), e["last_error"] or ""]
                      for e in s.get("dead_events", [])], "no dead letters")
     wf = s.get("workflows") or {"runs": {}, "budget_stops": {}}
     runs = _table(["workflow runs", *wf["runs"]], [[""] + [str(v) for v in wf["runs"].values()]], "")
@@ -178,7 +176,7 @@ def render(s: dict[str, Any]) -> str:
 <body>
 <h1>queickd {escape(s['version'])}</h1>
 <p class="sub">store {escape(s['store'])} · up {ago(now, now - s['uptime'])}
- · {escape(_when(now))} · refreshes every {REFRESH} s</p>
+ · {escape(local_time(now))} · refreshes every {REFRESH} s</p>
 <div class="grid">{cards}</div>
 <h2>Last hour</h2>
 {chart(s.get("history", []))}

@@ -4,12 +4,24 @@ values: a client command imports them without the daemon's modules."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 
 def unserved(pool: dict[str, int]) -> bool:
     """A pool (an entry of pools_view) whose jobs wait because no live worker serves it."""
     return pool["waiting"] > 0 and pool["workers"] == 0
+
+
+def local_time(t: float | None) -> str:
+    """A unix time as local 'YYYY-mm-dd HH:MM:SS' ('-' for none). A time the platform cannot
+    show (a store written before such times were refused) is printed as the number."""
+    if t is None:
+        return "-"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return f"{t:.0f}"
 
 
 def ago(now: float, t: float | None, sep: str = " ") -> str:
