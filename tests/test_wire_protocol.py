@@ -156,6 +156,34 @@ def test_pipelined_requests_are_answered_in_order(raw):
     assert ids == sorted(ids) and len(set(ids)) == 200
 
 
+def test_a_pipelined_request_sees_what_the_enqueues_before_it_stored(raw):
+    # Answered in order, and done in order: a listing or a bulk cancel sent right behind
+    # enqueues finds their jobs (ten rounds: each was a race before).
+    for n in range(10):
+        key = f"k{n}"
+        reqs = [{"op": "enqueue", "func": "testjobs:noop", "delay": 3600, "key": key}] * 2 + [
+            {"op": "jobs", "state": "scheduled", "key": key},
+            {"op": "cancel", "state": "scheduled", "key": key},
+            {"op": "jobs", "state": "cancelled", "key": key}]
+        raw.send(b"".join(json.dumps(r).encode() + b"\n" for r in reqs))
+        first, second, listed, cancelled, after = (raw.reply() for _ in reqs)
+        ids = sorted([first["job_id"], second["job_id"]])
+        assert sorted(j["id"] for j in listed["jobs"]) == ids
+        assert cancelled["cancelled"] == 2 and sorted(j["id"] for j in after["jobs"]) == ids
+
+
+def test_an_enqueue_pipelined_behind_a_bulk_cancel_is_not_cancelled_by_it(raw):
+    for n in range(10):
+        key = f"k{n}"
+        raw.send(b"".join(json.dumps(r).encode() + b"\n" for r in [
+            {"op": "enqueue", "func": "testjobs:noop", "delay": 3600, "key": key},
+            {"op": "cancel", "state": "scheduled", "key": key},
+            {"op": "enqueue", "func": "testjobs:noop", "delay": 3600, "key": key},
+            {"op": "jobs", "state": "scheduled", "key": key}]))
+        _, cancelled, kept, listed = (raw.reply() for _ in range(4))
+        assert cancelled["cancelled"] == 1 and [j["id"] for j in listed["jobs"]] == [kept["job_id"]]
+
+
 def test_a_pipelined_mix_of_enqueues_duplicates_batches_and_errors_gets_each_its_own_reply(raw):
     reqs = [
         {"op": "enqueue", "func": "testjobs:noop"},

@@ -137,6 +137,13 @@ class Connection(asyncio.BufferedProtocol):
         self.bad_tokens = 0
         self._stalled = False  # complete lines wait in buf for replies to drain
         self._eof = False
+        # Requests take effect in the order sent, as their replies come: a request of another
+        # kind than enqueue starts once this connection's enqueues before it are committed
+        # (_writes: their groups' futures; two commits may end out of order, one inline and
+        # one queued) and the request before it is done (_op, the latest; each waits for the
+        # one before); an enqueue group after such a request is submitted once it is done.
+        self._writes: list[asyncio.Future] = []
+        self._op: asyncio.Future | None = None
         self._hello_timer: asyncio.TimerHandle | None = None
 
     # --- asyncio callbacks ------------------------------------------------------------------
@@ -292,7 +299,11 @@ class Connection(asyncio.BufferedProtocol):
             if op in ("enqueue", "enqueue_many"):
                 jobs = self.svc.prepare_jobs(req)
                 if group is None:
-                    group = [[], self.loop.create_future(), None]  # requests, future, open run
+                    after = self._op if self._op is not None and not self._op.done() else None
+                    group = [[], self.loop.create_future(), None, after]  # requests, future, open run, after
+                    if len(self._writes) >= 8:
+                        self._writes = [f for f in self._writes if not f.done()]
+                    self._writes.append(group[1])
                 index = len(group[0])
                 group[0].append(jobs)
                 run = group[2]
@@ -304,16 +315,28 @@ class Connection(asyncio.BufferedProtocol):
                     group[2] = run = (group[1], _render_enqueues, [index, index + 1])
                     self.pending.append(run)
                 return group
-            if op == "wait":
-                fut: asyncio.Future = asyncio.ensure_future(self._wait(req))
-            elif op == "workflow_wait":
-                fut = asyncio.ensure_future(self._workflow_wait(req))
-            else:
-                fut = self.loop.run_in_executor(self.server.io, self.svc.call, req)
+            if group is not None:  # the enqueues before it go now; those after it form a group of their own
+                self._submit(group)
+                group = None
+            self._writes = [f for f in self._writes if not f.done()]
+            before = self._writes + ([self._op] if self._op is not None and not self._op.done() else [])
+            fut = asyncio.ensure_future(self._after(before, op, req)) if before else self._start(op, req)
+            self._op = fut
             self.pending.append((fut, _render, None))
         except Exception as e:  # a QueueError, or a bug: it must cost one reply, not the connection
             self.pending.append(_error_bytes(e))
         return group
+
+    def _start(self, op: str, req: dict[str, Any]) -> asyncio.Future:
+        if op == "wait":
+            return asyncio.ensure_future(self._wait(req))
+        if op == "workflow_wait":
+            return asyncio.ensure_future(self._workflow_wait(req))
+        return self.loop.run_in_executor(self.server.io, self.svc.call, req)
+
+    async def _after(self, before: list[asyncio.Future], op: str, req: dict[str, Any]) -> Any:
+        await asyncio.wait(before)  # their outcomes are their own replies'
+        return await self._start(op, req)
 
     def _bad_token(self, e: QueueError) -> None:
         """A wrong token: answered after BAD_TOKEN_DELAY (the next lines wait behind it), and
@@ -328,7 +351,10 @@ class Connection(asyncio.BufferedProtocol):
             self.buf.clear()
 
     def _submit(self, group: list[Any]) -> None:
-        jobs, fut, _ = group
+        jobs, fut, _, after = group
+        if after is not None and not after.done():
+            after.add_done_callback(lambda _: self._submit(group))
+            return
         inbox = self.server.inbox
         here = threading.get_ident()
 
