@@ -124,6 +124,14 @@ def test_registering_an_unknown_card_makes_its_next_tap_a_punch(plog):
     assert plog.record_tap(STRANGER, at("2026-11-30 09:05")).punch.name == "Carol"
 
 
+def test_a_card_registered_right_after_its_unknown_tap_punches_at_once(plog):
+    # The tap that showed the card as unknown is no punch of the person's: no debounce.
+    plog.record_tap(STRANGER, at("2026-11-30 09:00"))
+    plog.register(STRANGER, "Carol")
+    tap = plog.record_tap(STRANGER, at("2026-11-30 09:00") + 10)
+    assert tap.outcome == ACCEPTED and (tap.punch.name, tap.punch.direction) == ("Carol", IN)
+
+
 def test_a_removed_card_is_unknown_but_its_punches_stay(plog):
     plog.record_tap(BOB, at("2026-11-30 09:00"))
     assert plog.remove(BOB) and not plog.remove(BOB)

@@ -226,8 +226,9 @@ class PunchLog:
             if row is None:
                 return self._unknown_tap(db, card_id, now)
             card = Card(**dict(row))
-            last_of_card = db.execute("SELECT tapped_at FROM punches WHERE card_id = ? ORDER BY seq DESC "
-                                      "LIMIT 1", (card_id,)).fetchone()
+            # Its last punch, not a tap that showed it unknown (registered since: punch at once).
+            last_of_card = db.execute("SELECT tapped_at FROM punches WHERE card_id = ? AND direction != ?"
+                                      " ORDER BY seq DESC LIMIT 1", (card_id, UNKNOWN)).fetchone()
             if last_of_card is not None and 0 <= now - last_of_card[0] < self.debounce:
                 return Tap(card_id, IGNORED, f"within the debounce ({now - last_of_card[0]:.0f} s after "
                            f"the last tap, debounce {self.debounce:g} s)", name=card.name)
