@@ -106,7 +106,7 @@ def test_taps_toggle_in_and_out_and_post_in_tap_order(start_daemon, terminal, fe
         "<@U0ALICE> (Alice) clocked in", "Bob clocked in", "<@U0ALICE> (Alice) clocked out"]
 
 
-def test_429_is_retried_after_its_retry_after(start_daemon, terminal, feed, slack):
+def test_429_is_waited_out_by_the_post_for_its_retry_after(start_daemon, terminal, feed, slack):
     slack.then((429, {"ok": False, "error": "ratelimited"}, {"Retry-After": "1"}))
     d = start_daemon(None, *ALLOW)
     term = terminal(d)
@@ -116,8 +116,36 @@ def test_429_is_retried_after_its_retry_after(start_daemon, terminal, feed, slac
     assert second["at"] - first["at"] >= 1.0  # not before Slack said
     with d.client() as q:
         job = q.wait(term.job_id(punch.punch_id), 20)
-    assert job["state"] == State.SUCCEEDED and job["attempts"] == 2
+    assert job["state"] == State.SUCCEEDED and job["attempts"] == 1  # no attempt spent on it
     assert len(slack.posted) == 1
+
+
+def test_a_burst_of_taps_under_a_rate_limit_is_posted_in_tap_order_spending_no_attempts(
+        start_daemon, terminal, feed, slack):
+    # Each post waits out Slack's pause holding the key: the next one does not go out
+    # meanwhile to meet the same limit.
+    limited = (429, {"ok": False, "error": "ratelimited"}, {"Retry-After": "1"})
+    slack.then(limited, limited)
+    d = start_daemon(None, *ALLOW)
+    term = terminal(d, debounce=0)
+    punches = [tap_and_post(feed, term, card) for card in (ALICE, BOB, CAROL)]
+    texts = [m["json"]["text"] for m in slack.wait_posted(3)]
+    assert [t.split(" clocked")[0] for t in texts] == ["<@U0ALICE> (Alice)", "Bob", "Carol"]
+    with d.client() as q:
+        jobs = [q.wait(term.job_id(p.punch_id), 20) for p in punches]
+    assert [(j["state"], j["attempts"]) for j in jobs] == [(State.SUCCEEDED, 1)] * 3
+
+
+def test_a_rate_limit_longer_than_the_posts_patience_goes_back_to_the_queue(start_daemon, terminal, feed, slack):
+    slack.then((429, {"ok": False, "error": "ratelimited"}, {"Retry-After": "3600"}))
+    d = start_daemon(None, *ALLOW)
+    term = terminal(d)
+    punch = tap_and_post(feed, term, BOB)
+    term.wait_sent(1)
+    with d.client() as q:
+        job = q.wait(term.job_id(punch.punch_id), 20, states=[State.SCHEDULED])
+    assert job["attempts"] == 1 and job["run_at"] > time.time() + 3000  # Slack's hour, not waited here
+    assert job["error"]["type"] == "SlackRateLimitedError" and slack.posted == []
 
 
 def test_503_is_network_class_and_parks_the_post(start_daemon, terminal, feed, slack):

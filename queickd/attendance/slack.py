@@ -9,7 +9,10 @@ Every Slack answer maps onto what the queue knows how to do:
     SlackRejectedError, `permanent`, a dead letter at once with Slack's error in it;
   - any other error: SlackError, which follows the job's retry policy.
 slack-sdk's own retry handlers are off: a retry inside a job would hold a worker and hide
-the outage from the queue.
+the outage from the queue. A rate limit is the one thing a post waits out itself (up to
+RATE_LIMIT_PATIENCE s of Retry-After): the posts share one serial key, and a post that went
+back to the queue would free it, so the next post would meet the same limit, and a burst of
+taps (a shift change, the network back) would spend its attempts on 429s, out of tap order.
 
 Secrets never travel in job arguments: a job names a token (or webhook URL) file, or
 none, and then reads the systemd credential `slack-token` (or `slack-webhook`) of the
@@ -29,6 +32,7 @@ same window may post twice.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -53,6 +57,7 @@ PERMANENT_ERRORS = frozenset({
     "posting_to_general_channel_denied", "invalid_payload", "user_not_found",
 })
 # ok:false errors that are Slack having a bad moment.
+RATE_LIMIT_PATIENCE = 30.0  # seconds of Retry-After a post waits out itself; longer ones go back to the queue
 UNAVAILABLE_ERRORS = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout"})
 TOKEN_CREDENTIAL, WEBHOOK_CREDENTIAL = "slack-token", "slack-webhook"
 # conversations.history errors that mean "this token may not read the channel": the post
@@ -145,6 +150,8 @@ def _classify(status: int, headers: dict[str, Any], error: str, method: str = "c
             after = float(lower.get("retry-after", 1))
         except (TypeError, ValueError):
             after = 1.0
+        if not 0 <= after < math.inf:  # negative, NaN or infinite: as if none were given
+            after = 1.0
         exc: Exception = SlackRateLimitedError(f"Slack rate limit on {method} (HTTP {status}); retry after "
                                                f"{after:g} s", after)
     elif status >= 500 or error in UNAVAILABLE_ERRORS:
@@ -161,13 +168,23 @@ def _classify(status: int, headers: dict[str, Any], error: str, method: str = "c
 
 def send(target: SlackTarget, text: str, metadata: dict[str, Any] | None = None) -> str | None:
     """Post text (with message metadata through the Web API; a webhook drops it); returns
-    the message ts (None through a webhook). Raises the errors above."""
+    the message ts (None through a webhook). A rate limit is waited out here, up to
+    RATE_LIMIT_PATIENCE s in all; raises the errors above."""
     webhook = _webhook(target)
-    with _calling_slack():
-        if webhook is not None:
-            return _send_webhook(webhook, target, text)
-        reply = _api(target, "chat_postMessage", channel=target.channel, text=text, metadata=metadata)
-        return reply.get("ts")
+    waited = 0.0
+    while True:
+        try:
+            with _calling_slack():
+                if webhook is not None:
+                    return _send_webhook(webhook, target, text)
+                reply = _api(target, "chat_postMessage", channel=target.channel, text=text, metadata=metadata)
+                return reply.get("ts")
+        except SlackRateLimitedError as e:  # nothing was posted: Slack asks for a pause
+            if waited + e.retry_after > RATE_LIMIT_PATIENCE:
+                raise
+            log.info("Slack rate limit: posting again in %g s", e.retry_after)
+            time.sleep(e.retry_after)
+            waited += e.retry_after
 
 
 def find_punch(target: SlackTarget, punch_id: str, since: float) -> str | None:
