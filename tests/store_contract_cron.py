@@ -52,6 +52,14 @@ class CronEventContract:
         assert store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 61) is None
         assert store.counts()[State.QUEUED] == 1
 
+    def test_cron_move_if_moves_only_the_tick_it_read(self, store):
+        store.cron_save(self._cron("c", T0 + 3600))
+        assert store.cron_move_if("c", T0 + 3600, T0 + 60)
+        assert not store.cron_move_if("c", T0 + 3600, T0 + 120)  # moved (or fired) since
+        assert not store.cron_move_if("gone", T0 + 3600, T0 + 60)
+        (c,) = store.cron_list()
+        assert (c.next_run_at, c.template.func, c.last_fired_at) == (T0 + 60, "m:tick", None)
+
     # --- cron folding ---------------------------------------------------------------------
     def test_a_tick_while_a_run_waits_is_folded_into_it(self, store):
         store.cron_save(self._cron("c", T0 + 60))

@@ -3,6 +3,7 @@ sleeping, no real time (except the one test of the real delay, which waits on ev
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
@@ -14,10 +15,11 @@ T0 = 1_700_000_000.0
 
 
 class FakeTime:
-    """A clock and a delay for one Scheduler. Each wait runs the test's next step; then it
-    ends where that step left the clock if the step interrupted it (wake_at, stop), or at
-    its full length otherwise. With no step left, the wait stops the scheduler. As with an
-    Event, an interrupt while nobody waits makes the next wait return at once."""
+    """A wall clock, a monotonic clock and a delay for one Scheduler. Each wait runs the
+    test's next step; then it ends where that step left the clock if the step interrupted
+    it (wake_at, stop), or at its full length of monotonic time otherwise. With no step
+    left, the wait stops the scheduler. As with an Event, an interrupt while nobody waits
+    makes the next wait return at once. step_wall() moves the wall clock alone."""
 
     def __init__(self, now: float = T0) -> None:
         self.now = now
@@ -25,21 +27,29 @@ class FakeTime:
         self.steps: list[Callable[[], object]] = []
         self.scheduler: Scheduler | None = None
         self._interrupted = False
+        self._stepped = 0.0  # how far the wall clock was stepped away from the monotonic one
 
     def __call__(self) -> float:
         return self.now
+
+    def monotonic(self) -> float:
+        return self.now - self._stepped
+
+    def step_wall(self, seconds: float) -> None:
+        self.now += seconds
+        self._stepped += seconds
 
     def wait(self, seconds: float) -> None:
         if self._interrupted:
             self._interrupted = False
             return
         self.waits.append(seconds)
-        end = self.now + seconds
+        end = self.monotonic() + seconds
         (self.steps.pop(0) if self.steps else self.scheduler.stop)()
         if self._interrupted:
             self._interrupted = False
         else:
-            self.now = end
+            self.now += end - self.monotonic()
 
     def interrupt(self) -> None:
         self._interrupted = True
@@ -51,7 +61,8 @@ def make(*steps: Callable[[], object], store=None, **kw) -> tuple[Scheduler, Fak
     ft = FakeTime()
     queued: list[float] = []
     kw.setdefault("sweep", 600.0)
-    sch = Scheduler(store, kw.pop("on_queued", lambda: queued.append(ft.now)), clock=ft, delay=ft, **kw)
+    sch = Scheduler(store, kw.pop("on_queued", lambda: queued.append(ft.now)), clock=ft,
+                    monotonic=ft.monotonic, delay=ft, **kw)
     ft.scheduler = sch
     ft.steps = list(steps)
     return sch, ft, queued, store
@@ -190,3 +201,65 @@ def test_an_error_in_a_timer_or_the_sweep_hook_does_not_stop_the_scheduler():
     sch.run()
     assert ft.waits == [60, 30, 30]  # sweep, the job, sweep: every timer kept going
     assert store.get(sub.job_id).state == State.QUEUED
+
+
+# --- the wall clock stepped back (NTP correcting a clock that ran an hour fast) -----------------
+def begun_cron(every: float, start_at: float) -> CronRecord:
+    """A cron that last fired at its tick before T0 + every, its next tick."""
+    return CronRecord("c", {"every": every, "start_at": start_at}, NewJob(func="m:tick", run_at=start_at),
+                      T0 + every, T0, start_at)
+
+
+def test_a_backward_step_of_the_wall_clock_does_not_delay_the_next_sweep():
+    sweeps = []
+    sch, ft, queued, store = make(lambda: ft.step_wall(-3600), lambda: None, sweep=60.0,
+                                  on_sweep=lambda: sweeps.append(ft.now))
+    sch.run()
+    assert sweeps == [T0, T0 - 3540, T0 - 3480]  # every 60 s, though the old next sweep was T0 + 60
+    assert ft.waits == [60, 60, 60]
+
+
+def test_after_a_backward_step_a_crons_next_tick_is_moved_back_to_its_next_tick_after_now():
+    seen = []
+    sch, ft, queued, store = make(lambda: ft.step_wall(-3600), lambda: seen.append(store.cron_list()[0].next_run_at),
+                                  sweep=60.0)
+    store.cron_save(begun_cron(100.0, T0 - 10_000))
+    sch.run()
+    assert seen == [T0 - 3500]  # was T0 + 100: the first tick after the sweep at T0 - 3540
+
+
+def test_after_a_backward_step_a_moved_cron_fires_at_its_new_tick():
+    sch, ft, queued, store = make(lambda: ft.step_wall(-3600), lambda: None, lambda: None, sweep=60.0)
+    store.cron_save(begun_cron(100.0, T0 - 10_000))
+    sch.run()
+    assert [j.created_at for j in store.list_jobs(None, 100) if j.cron == "c"] == [T0 - 3500]
+    assert ft.waits[:2] == [60, 40]  # its timer was re-armed at once, not at the next sweep
+
+
+def test_after_a_backward_step_a_begun_interval_cron_keeps_its_interval_not_its_start_time():
+    seen = []
+    sch, ft, queued, store = make(lambda: ft.step_wall(-3600), lambda: seen.append(store.cron_list()[0].next_run_at),
+                                  sweep=60.0)
+    store.cron_save(begun_cron(100.0, T0 - 50))  # started by the fast clock, fired once
+    sch.run()
+    assert seen == [T0 - 3450]  # its start time, T0 - 50, is an hour ahead of the clock now
+
+
+def test_after_a_backward_step_a_begun_interval_cron_goes_on_firing_every_interval():
+    seen = []
+    sch, ft, queued, store = make(lambda: ft.step_wall(-3600), lambda: None, lambda: None,
+                                  lambda: seen.append(store.cron_list()[0].next_run_at), sweep=60.0)
+    store.cron_save(begun_cron(100.0, T0 - 50))
+    sch.run()
+    assert [j.created_at for j in store.list_jobs(None, 100) if j.cron == "c"] == [T0 - 3450]
+    assert seen == [T0 - 3350]  # the tick after the one it fired, not its start time again
+
+
+def test_a_backward_step_is_logged_once_with_its_size_and_the_crons_moved(caplog):
+    sch, ft, queued, store = make(lambda: ft.step_wall(-3600), lambda: None, sweep=60.0)
+    store.cron_save(begun_cron(100.0, T0 - 10_000))
+    with caplog.at_level(logging.WARNING, logger="queickd.scheduler"):
+        sch.run()
+    assert [r.getMessage() for r in caplog.records] == [
+        "the wall clock stepped back 3600 s; 1 cron(s) moved back to their next tick"
+        " (delayed jobs and retries keep their wall times)"]

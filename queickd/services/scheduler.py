@@ -7,11 +7,14 @@ safety sweep (default 60 s) that re-reads them all in case a wake-up was lost or
 clock jumped (a Pi without a clock battery jumps at boot). Between events the thread
 waits; an idle daemon wakes once per sweep.
 
-Time comes in twice, as in `sched.scheduler(timefunc, delayfunc)`: `clock` says what time
-it is (wall clock: run_at and cron ticks are wall times) and `delay` waits. The default
-delay waits on an Event with a timeout, so idle costs nothing and wake_at()/stop() cut a
-wait short; tests pass a fake clock and a fake delay and never sleep. A wait is never
-longer than one sweep, whatever the clock says, so a clock that jumps is caught up.
+Time comes in three times: `clock` says what time it is (wall clock: run_at and cron ticks
+are wall times), `monotonic` paces the sweep, and `delay` waits. The default delay waits
+on an Event with a timeout, so idle costs nothing and wake_at()/stop() cut a wait short;
+tests pass fake clocks and a fake delay and never sleep. The sweep comes every `sweep`
+seconds of monotonic time, whatever the wall clock does, so a jump either way is caught
+up. A sweep that finds the wall clock stepped back (NTP correcting a clock that ran fast)
+moves crons whose next tick the fast clock pushed ahead back to their next tick after
+now; delayed jobs and retries keep their run_at, which names a wall time.
 
 An error in a callback (on_queued, on_sweep, a timer) or in the store is logged and the
 scheduler goes on; the next sweep re-reads everything.
@@ -23,17 +26,22 @@ that runs run() (start() makes one).
 from __future__ import annotations
 
 import logging
+import math
 import sched
 import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
 
-from ..core.cron import parse_schedule
+from ..core.cron import Every, parse_schedule
 from ..settings import DEFAULT_SWEEP
-from ..store import Store
+from ..store import CronRecord, Store
 
 log = logging.getLogger("queickd.scheduler")
+
+# Seconds the wall clock may fall behind the monotonic one between two sweeps before it
+# counts as stepped back (NTP slewing drifts by far less).
+STEP_TOLERANCE = 1.0
 
 
 class Delay(Protocol):
@@ -72,6 +80,7 @@ class Scheduler:
         on_queued: Callable[[], None],
         *,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         delay: Delay | None = None,
         sweep: float = DEFAULT_SWEEP,
         on_sweep: Callable[[], None] = lambda: None,
@@ -80,7 +89,11 @@ class Scheduler:
         self.store = store
         self._on_queued = on_queued
         self._clock = clock
+        self._monotonic = monotonic
         self._sweep = sweep
+        self._sweep_event: sched.Event | None = None
+        self._sweep_due = 0.0  # monotonic time of the next sweep
+        self._last_sweep: tuple[float, float] | None = None  # (wall, monotonic) then
         self._on_sweep = on_sweep
         # More timer slots: name -> action(now) that does its work and returns when it
         # wants to run next (None: not until woken or the next sweep).
@@ -142,10 +155,27 @@ class Scheduler:
     # --- scheduler thread -------------------------------------------------------------------
     def _delay(self, seconds: float) -> None:
         # sched calls this with 0 after each event, to let other threads in: no wait then.
-        if seconds > 0 and not self._stopping:
-            self._waiter.wait(min(seconds, self._sweep))
+        # No wait outlasts the sweep's monotonic due time, which a wall clock stepped back
+        # cannot push away.
+        left = self._sweep_due - self._monotonic()
+        if seconds > 0 and left > 0 and not self._stopping:
+            self._waiter.wait(min(seconds, left))
         if self._stopping:
             raise _Stopped
+        if self._monotonic() >= self._sweep_due:
+            self._sweep_soon()
+
+    def _sweep_soon(self) -> None:
+        """Bring the sweep to now if its wall time still lies ahead (the clock stepped back)."""
+        now, ev = self._clock(), self._sweep_event
+        if ev is not None and ev.time <= now:
+            return
+        if ev is not None:
+            try:
+                self._sched.cancel(ev)
+            except ValueError:
+                pass  # not queued: queue it anyway, the scheduler must keep its sweep
+        self._sweep_event = self._sched.enterabs(now, 1, self._sweep_now)
 
     def _queued(self) -> None:
         try:
@@ -183,7 +213,7 @@ class Scheduler:
                 tick = cron.next_run_at
                 # Ticks missed while the daemon was down run once: the next tick is the
                 # first one after now, not the one after the missed tick.
-                next_tick = parse_schedule(cron.schedule).next_after(max(tick, now))
+                next_tick = tick_after(cron, max(tick, now))
                 fire = self.store.cron_fire_if_due(cron.name, tick, next_tick, now)
                 if fire is None:
                     continue
@@ -214,9 +244,38 @@ class Scheduler:
         if nxt is not None:
             self.wake_at(nxt, slot)
 
+    def _check_wall_clock(self) -> None:
+        """Compare how far both clocks went since the last sweep: less on the wall clock
+        means it stepped back."""
+        wall, mono = self._clock(), self._monotonic()
+        if self._last_sweep is not None:
+            step = (mono - self._last_sweep[1]) - (wall - self._last_sweep[0])
+            if step > STEP_TOLERANCE and not self._crons_back(wall, step):
+                return  # a store error: the next sweep measures from the same point again
+        self._last_sweep = (wall, mono)
+
+    def _crons_back(self, now: float, step: float) -> bool:
+        """The wall clock stepped back: crons whose next tick lies beyond their next tick
+        after now wait no longer than that. False on a store error."""
+        moved = 0
+        try:
+            for cron in self.store.cron_list():
+                tick = tick_after(cron, now)
+                # Compare-and-set: a tick fired or a cron registered meanwhile wins.
+                if cron.next_run_at > tick and self.store.cron_move_if(cron.name, cron.next_run_at, tick):
+                    moved += 1
+        except Exception:
+            log.exception("store error while moving crons back; next sweep retries")
+            return False
+        log.warning("the wall clock stepped back %.0f s; %d cron(s) moved back to their next tick"
+                    " (delayed jobs and retries keep their wall times)", step, moved)
+        return True
+
     def _sweep_now(self) -> None:
         # Armed first, so nothing below can leave the scheduler without its next sweep.
-        self._sched.enter(self._sweep, 1, self._sweep_now)
+        self._sweep_event = self._sched.enter(self._sweep, 1, self._sweep_now)
+        self._sweep_due = self._monotonic() + self._sweep
+        self._check_wall_clock()  # before the crons fire, so that moved ones re-arm their timer
         self._promote()
         self._fire_crons()
         for slot in self._extra:
@@ -227,6 +286,16 @@ class Scheduler:
             log.exception("error in a sweep hook")
         self._queued()  # safety: a lost wake-up costs at most one sweep
         log.debug("swept; next sweep in %.0f s", self._sweep)
+
+
+def tick_after(cron: CronRecord, now: float) -> float:
+    """The cron's first tick after now, also on a wall clock that stepped back."""
+    s = parse_schedule(cron.schedule)
+    if isinstance(s, Every) and cron.last_fired_at is not None and now < s.start_at:
+        # It has begun, so its start time is past in real time though the clock now reads
+        # earlier: its ticks go on every interval from here, not from the start time again.
+        s = Every(s.interval, s.start_at + math.floor((now - s.start_at) / s.interval) * s.interval)
+    return s.next_after(now)
 
 
 class _Stopped(Exception):  # noqa: N818 - a signal, not an error

@@ -389,6 +389,11 @@ class Store(Protocol):
 
     def next_cron_at(self) -> float | None: ...
 
+    def cron_move_if(self, name: str, tick: float, new_tick: float) -> bool:
+        """Set the cron's next_run_at to new_tick if it still equals `tick` (a firing or a
+        new registration since it was read wins). Whether it moved."""
+        ...
+
     def cron_fire_if_due(self, name: str, tick: float, next_tick: float, now: float) -> CronFire | None:
         """If the cron's next_run_at still equals `tick`, in one transaction: set next_run_at
         to next_tick and last_fired_at to tick, and either submit one job from its template

@@ -44,6 +44,14 @@ class MemoryCronsEvents:
         with self._lock:
             return min((c.next_run_at for c in self._crons.values()), default=None)
 
+    def cron_move_if(self, name: str, tick: float, new_tick: float) -> bool:
+        with self._lock:
+            cron = self._crons.get(name)
+            if cron is None or cron.next_run_at != tick:
+                return False
+            self._crons[name] = dataclasses.replace(cron, next_run_at=new_tick)
+            return True
+
     def cron_fire_if_due(self, name: str, tick: float, next_tick: float, now: float) -> CronFire | None:
         with self._lock:
             cron = self._crons.get(name)

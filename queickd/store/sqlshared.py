@@ -152,6 +152,11 @@ class SharedSql:
     def next_cron_at(self) -> float | None:
         return self._conn().execute("SELECT min(next_run_at) FROM crons").fetchone()[0]
 
+    def cron_move_if(self, name: str, tick: float, new_tick: float) -> bool:
+        with self._write() as c:
+            return c.execute(self._q("UPDATE crons SET next_run_at = ? WHERE name = ? AND next_run_at = ?"),
+                             (new_tick, name, tick)).rowcount > 0
+
     def _fire_in(self, c: Any, name: str, template: str, tick: float, next_tick: float, now: float,
                  run_waiting: bool) -> CronFire:
         """Write what crons.fire decided for a due tick of `name` (its row read and locked)."""
