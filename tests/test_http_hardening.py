@@ -1,13 +1,19 @@
 """The HTTP listener against an attacker: strict framing (no request smuggling), a bad
 signature header answered 401, credentials never stored with a webhook's job, and the
-optional bearer token of the read endpoints. Real daemon, real sockets."""
+optional bearer token of the read endpoints, the connection cap and the request deadline.
+Real daemon, real sockets."""
 
 from __future__ import annotations
 
+import http.client
+import resource
 import socket
+import time
 
 import pytest
 from httphelpers import start_web
+
+from queickd.api.httpd import connection_cap
 
 HOOK = '[hooks.gh]\nfunc = "webjobs:echo"\n'
 SIGNED = '[hooks.gh]\nfunc = "webjobs:echo"\nsecret_file = "{secret}"\n'
@@ -60,6 +66,76 @@ def test_a_get_with_a_body_is_answered_and_its_body_never_read_as_a_request(web)
     smuggled = b"GET /jobs/1 HTTP/1.1\r\nHost: x\r\n\r\n"
     req = b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(smuggled) + smuggled
     assert _statuses(_raw(web, req)) == [200]
+
+
+@pytest.mark.parametrize("header", [b"Content-Length : %d", b"Content-Length\t: %d"])
+def test_a_header_with_whitespace_before_its_colon_is_400_and_the_rest_is_never_served(web, header):
+    smuggled = b"GET /jobs/1 HTTP/1.1\r\nHost: x\r\n\r\n"
+    req = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + header % len(smuggled) + b"\r\n\r\n" + smuggled
+    assert _statuses(_raw(web, req)) == [400]
+
+
+def test_a_transfer_encoding_with_a_space_before_its_colon_is_400(web):
+    req = (b"POST /hooks/gh HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Transfer-Encoding : chunked\r\nContent-Length: 2\r\n\r\n{}")
+    assert _statuses(_raw(web, req)) == [400]
+
+
+def test_a_continuation_header_line_is_400_and_the_rest_is_never_served(web):
+    smuggled = b"GET /jobs/1 HTTP/1.1\r\nHost: x\r\n\r\n"
+    req = (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\r\n Content-Length: %d\r\n\r\n" % len(smuggled)
+           + smuggled)
+    assert _statuses(_raw(web, req)) == [400]
+
+
+@pytest.mark.parametrize("job_id", [2**63, 10**19 - 1])
+def test_a_job_id_beyond_the_largest_is_404(web, job_id):
+    r = web.get(f"/jobs/{job_id}")
+    assert (r.status, r.json()["error"]["code"]) == (404, "not_found")
+
+
+def _closed_within(sock: socket.socket, seconds: float, dribble: bytes) -> bool:
+    """Send a byte a second (each read of the server's gets a fresh second); True once the
+    server closes the connection, False if it still holds it after `seconds`."""
+    end = time.monotonic() + seconds
+    sock.settimeout(1.0)
+    for byte in dribble * int(seconds + 1):
+        if time.monotonic() > end:
+            return False
+        try:
+            sock.sendall(bytes([byte]))
+            if sock.recv(65536) == b"":
+                return True
+        except TimeoutError:
+            continue
+        except OSError:  # reset: closed with our bytes unread
+            return True
+    return False
+
+
+def test_a_request_dribbled_a_byte_at_a_time_is_cut_off_at_its_deadline(web):
+    with socket.create_connection((web.host, web.port), timeout=10) as s:
+        s.sendall(b"GET / HTTP/1.1\r\n")
+        assert _closed_within(s, 20.0, b"X-Slow: ")
+
+
+def test_connections_beyond_the_cap_are_answered_503_and_closed(web):
+    cap = connection_cap(resource.getrlimit(resource.RLIMIT_NOFILE)[0])  # the daemon's: inherited
+    held = []
+    try:
+        for _ in range(cap):  # each served once, then kept alive: it holds its slot
+            conn = http.client.HTTPConnection(web.host, web.port, timeout=10)
+            held.append(conn)
+            conn.request("GET", "/healthz")
+            assert conn.getresponse().read() == b"ok\n"
+        with socket.create_connection((web.host, web.port), timeout=10) as extra:
+            reply = b""
+            while chunk := extra.recv(65536):  # the server closes it at once
+                reply += chunk
+        assert _statuses(reply) == [503]
+    finally:
+        for conn in held:
+            conn.close()
 
 
 def test_a_non_ascii_signature_header_is_answered_401(start_daemon, tmp_path):

@@ -1,7 +1,9 @@
 """The optional HTTP listener (`--http HOST:PORT`): webhooks, /metrics, /healthz, /jobs/ID, /.
 
-Stdlib http.server, one thread per request (ThreadingHTTPServer), off by default and on
-loopback unless told otherwise. A webhook delivery is acknowledged only after its job is
+Stdlib http.server, one thread per connection (ThreadingHTTPServer), off by default and on
+loopback unless told otherwise. At most MAX_CONNECTIONS connections at once (one more is
+answered 503 and closed), and a request has one deadline for its request line, headers and
+body, however slowly its bytes come. A webhook delivery is acknowledged only after its job is
 committed (the same group commit as the TCP enqueue path), so nothing is accepted and then
 dropped. Replies to POST /hooks/NAME:
   202 a new job (its id), 200 a repeated delivery (the first job's id),
@@ -11,23 +13,28 @@ dropped. Replies to POST /hooks/NAME:
 Framing is strict, so no proxy in front can be made to see another request than this
 server does: a Transfer-Encoding is refused (400 with a Content-Length, else 501: chunked
 bodies are not implemented), as is a Content-Length that is not plain ASCII digits or
-given twice. With a read token (`--http-token-file`), `/`, `/metrics` and `/jobs/ID` want
-`Authorization: Bearer TOKEN` (401 without); `/healthz` and the hooks (signed) stay open.
+given twice, and so is (400) a header line that http.client would drop or fold: whitespace
+before its colon, a continuation line. With a read token (`--http-token-file`), `/`,
+`/metrics` and `/jobs/ID` want `Authorization: Bearer TOKEN` (401 without); `/healthz` and
+the hooks (signed) stay open.
 """
 
 from __future__ import annotations
 
 import hmac
+import io
 import json
 import logging
 import re
+import resource
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ..core.policy.admission import Refusal
-from ..core.protocol import Code, QueueError
+from ..core.protocol import MAX_ID, Code, QueueError
 from ..settings import DEFAULT_HTTP_PORT
 from ..ui import statuspage
 from ..ui.metrics import Metrics
@@ -42,6 +49,22 @@ _JOB_PATH = re.compile(r"^/jobs/(\d{1,19})$")
 _HOOK_PATH = re.compile(r"^/hooks/([^/]+)$")
 _DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII only: int() would also take '0_7', '+5', ' 5', '٣'
 _OPEN_PATHS = ("/healthz",)  # never behind the read token: probes carry no credentials
+_HEADER_NAME = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a token (RFC 9110): no whitespace
+# Connections served at once, each a thread and a file descriptor. Far more than webhooks,
+# scrapes and a status page need, and half the FD_RESERVE descriptors the TCP port leaves
+# free (api/server.py) with the usual limits; a small RLIMIT_NOFILE lowers it to an eighth.
+MAX_CONNECTIONS = 64
+_REQUEST_TIME = 10.0  # seconds for a request line and headers (with a keep-alive's wait for it)
+_BODY_RATE = 64 * 1024  # bytes a second a body adds to that: 1 MiB (the default max_body) gets 16 s
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+         b"Content-Length: 5\r\nRetry-After: 1\r\nConnection: close\r\n\r\nbusy\n")
+
+
+def connection_cap(nofile: int) -> int:
+    """The HTTP connections served at once under a soft RLIMIT_NOFILE of `nofile`."""
+    if nofile == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    return max(1, min(MAX_CONNECTIONS, nofile // 8))
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -83,9 +106,9 @@ class HttpServer:
         class Handler(_Handler):
             server_owner = owner
 
-        server_class = _Server6 if ":" in self.host else ThreadingHTTPServer
-        httpd = server_class((self.host, self.port), Handler)
-        httpd.daemon_threads = True
+        server_class = _Server6 if ":" in self.host else _Server
+        httpd = server_class((self.host, self.port), Handler,
+                             connection_cap(resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
         httpd.timeout = None  # handle_request blocks until a connection: no polling
         self._httpd = httpd
         self.address = httpd.server_address[:2]  # type: ignore[assignment]
@@ -159,8 +182,99 @@ class HttpServer:
         return 202, reply, {}
 
 
-class _Server6(ThreadingHTTPServer):
+class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most `cap` at once. One more is answered 503 and closed
+    on the accepting thread, so a flood of connections costs no thread and keeps no
+    descriptor: the TCP port and the store keep theirs."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], cap: int) -> None:
+        self._slots = threading.BoundedSemaphore(cap)
+        self.cap = cap
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            log.warning("HTTP: %d connections open already, refusing one more", self.cap)
+            _refuse(request)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()  # no thread started to release it
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class _Server6(_Server):
     address_family = socket.AF_INET6
+
+
+def _refuse(request: socket.socket) -> None:
+    """503 without blocking the accepting thread (a new socket's send buffer takes it)."""
+    try:
+        request.setblocking(False)
+        request.send(_BUSY)
+        # Read what the client sent already: left unread, it makes close() reset the
+        # connection, and the client could lose the 503.
+        request.recv(65536)
+    except OSError:
+        pass
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A connection's reads, each given only what is left of the request's time, so a
+    client sending a byte now and then cannot hold its thread past `deadline`."""
+
+    def __init__(self, sock: socket.socket, write_timeout: float | None) -> None:
+        self._sock = sock
+        self._write_timeout = write_timeout  # restored after each read: replies keep theirs
+        self.deadline = time.monotonic() + _REQUEST_TIME
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request's deadline passed")
+        self._sock.settimeout(left)
+        try:
+            return self._sock.recv_into(buffer)
+        finally:
+            self._sock.settimeout(self._write_timeout)
+
+
+class _HeaderLines:
+    """The header lines http.client reads, kept: it drops or folds malformed ones silently."""
+
+    def __init__(self, fp: io.BufferedReader) -> None:
+        self.fp = fp
+        self.lines: list[bytes] = []
+
+    def readline(self, limit: int = -1) -> bytes:
+        line = self.fp.readline(limit)
+        self.lines.append(line)
+        return line
+
+    def well_formed(self) -> bool:
+        """Every line is NAME: VALUE, the name a token right before its colon. A space
+        before the colon or a continuation line could carry framing (Content-Length,
+        Transfer-Encoding) that a proxy in front reads and this server would not."""
+        for line in self.lines:
+            if line in (b"\r\n", b"\n", b""):
+                break
+            name, colon, _ = line.partition(b":")
+            if not colon or not _HEADER_NAME.fullmatch(name):
+                return False
+        return True
 
 
 def _error(code: str, message: str) -> dict[str, Any]:
@@ -171,7 +285,22 @@ class _Handler(BaseHTTPRequestHandler):
     server_owner: HttpServer
     server_version = "queickd"
     protocol_version = "HTTP/1.1"  # keep-alive for senders that reuse connections; every reply has a length
-    timeout = 30  # seconds a slow client may hold its thread per read
+    timeout = 30  # seconds a slow client may take per write (reads have the request's deadline)
+    _reader: _DeadlineReader
+    _head: _HeaderLines | None = None
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # replaced by one whose reads keep to the request's deadline
+        self._reader = _DeadlineReader(self.connection, self.timeout)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        self._reader.deadline = time.monotonic() + _REQUEST_TIME
+        super().handle_one_request()
+
+    def _malformed_headers(self) -> bool:
+        return bool(self.headers.defects) or self._head is None or not self._head.well_formed()
 
     def _hook_for(self, path: str) -> hooks_mod.Hook | None:
         m = _HOOK_PATH.fullmatch(path.split("?", 1)[0])
@@ -180,7 +309,17 @@ class _Handler(BaseHTTPRequestHandler):
     def parse_request(self) -> bool:
         """The request line and headers, then the framing checks that keep one request from
         being read as two (request smuggling). False (after the error reply) to refuse."""
-        if not super().parse_request():
+        rfile = self.rfile
+        self.rfile = self._head = _HeaderLines(rfile)  # type: ignore[assignment]
+        try:
+            if not super().parse_request():
+                return False
+        finally:
+            self.rfile = rfile
+        if self._malformed_headers():
+            self.close_connection = True
+            self._json(400, _error(Code.BAD_REQUEST, "malformed header line (whitespace before the "
+                                   "colon, or a continuation line)"))
             return False
         te = self.headers.get_all("Transfer-Encoding")
         lengths = self.headers.get_all("Content-Length") or []
@@ -215,7 +354,7 @@ class _Handler(BaseHTTPRequestHandler):
         hook = self._hook_for(self.path)
         length = self.headers.get("Content-Length", "")
         if (self.command == "POST" and hook is not None and _DIGITS.fullmatch(length) and not self.headers.get("Transfer-Encoding")
-                and int(length) <= hook.max_body):
+                and int(length) <= hook.max_body and not self._malformed_headers()):
             return super().handle_expect_100()
         self.close_connection = True
         return True
@@ -254,8 +393,11 @@ class _Handler(BaseHTTPRequestHandler):
                 page = statuspage.render(statuspage.snapshot(owner.service))
                 self._send(200, page.encode(), "text/html; charset=utf-8")
             elif m := _JOB_PATH.fullmatch(path):
+                job_id = int(m.group(1))
                 try:
-                    self._json(200, {"ok": True, "job": owner.service.job(int(m.group(1))).to_dict()})
+                    if job_id > MAX_ID:  # no job has it, and the store cannot even look it up
+                        raise QueueError(Code.NOT_FOUND, f"no job {job_id}")
+                    self._json(200, {"ok": True, "job": owner.service.job(job_id).to_dict()})
                 except QueueError as e:  # not found
                     self._json(*refused(e).http())
             else:
@@ -284,6 +426,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the body is never read
             return self._json(413, _error(Code.BAD_REQUEST, f"body of {length} bytes is over the hook's "
                                           f"limit of {hook.max_body}"))
+        self._reader.deadline += length / _BODY_RATE  # a big body may take longer, not forever
         body = self.rfile.read(length)
         if len(body) < length:
             self.close_connection = True
