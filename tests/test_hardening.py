@@ -121,6 +121,36 @@ def test_cron_ticks_keep_moving_forward_through_the_repeated_dst_hour():
     assert r.stdout.strip() == "ok", r.stderr
 
 
+def _ticks_through_the_fall_back_in_berlin(expr: str) -> list[str]:
+    """The ticks of expr from 2025-10-26 01:00 CEST to 04:00 CET (the clocks go back at 03:00
+    CEST to 02:00 CET), as local times with their zone."""
+    code = (
+        "import time; from queickd.core.cron import CronExpr\n"
+        f"e, t, out = CronExpr.parse({expr!r}), 1761433200.0, []\n"
+        "while True:\n"
+        "    n = e.next_after(t); assert n > t, (t, n); t = n\n"
+        "    if t >= 1761447600.0: break\n"
+        "    out.append(time.strftime('%H:%M %Z', time.localtime(t)))\n"
+        "print(','.join(out))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "TZ": "Europe/Berlin"}, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip().split(",")
+
+
+def test_a_cron_of_every_quarter_hour_keeps_its_pace_through_the_repeated_dst_hour():
+    ticks = _ticks_through_the_fall_back_in_berlin("*/15 * * * *")
+    assert ticks == [f"{h}:{m} {z}" for h, z in (("01", "CEST"), ("02", "CEST"), ("02", "CET"), ("03", "CET"))
+                     for m in ("00", "15", "30", "45")][1:]
+
+
+def test_an_hourly_cron_runs_in_both_passes_of_the_repeated_dst_hour_and_a_daily_one_once():
+    assert _ticks_through_the_fall_back_in_berlin("30 * * * *") == [
+        "01:30 CEST", "02:30 CEST", "02:30 CET", "03:30 CET"]
+    assert _ticks_through_the_fall_back_in_berlin("30 2 * * *") == ["02:30 CEST"]
+
+
 def test_a_wait_longer_than_the_socket_timeout_still_returns(daemon):
     with daemon.client(timeout=2.0) as q:
         job_id = q.enqueue("testjobs:noop", delay=3)

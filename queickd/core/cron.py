@@ -81,6 +81,7 @@ class CronExpr:
     weekdays: frozenset  # 0 = Sunday
     any_day: bool  # day-of-month was "*"
     any_weekday: bool  # day-of-week was "*"
+    any_time: bool = False  # the minute or hour field was "*": runs in both passes of a repeated hour
 
     @classmethod
     def parse(cls, text: str) -> CronExpr:
@@ -91,7 +92,8 @@ class CronExpr:
         sets = [_parse_field(p, *f) for p, f in zip(parts, _FIELDS, strict=True)]
         weekdays = frozenset(d % 7 for d in sets[4])
         # As in Vixie cron, a day field starting with "*" (also "*/2") counts as unrestricted.
-        return cls(text, *sets[:4], weekdays, parts[2].startswith("*"), parts[4].startswith("*"))
+        return cls(text, *sets[:4], weekdays, parts[2].startswith("*"), parts[4].startswith("*"),
+                   parts[0].startswith("*") or parts[1].startswith("*"))
 
     def _day_matches(self, d: datetime) -> bool:
         dom = d.day in self.days
@@ -100,7 +102,36 @@ class CronExpr:
             return dom and dow
         return dom or dow  # both restricted: either matches
 
+    def _matches(self, d: datetime) -> bool:
+        return d.minute in self.minutes and d.hour in self.hours and d.month in self.months and self._day_matches(d)
+
     def next_after(self, t: float) -> float:
+        tick = self._next_on_the_wall(t)
+        if self.any_time:
+            again = self._in_second_pass(t)
+            if again is not None and again < tick:
+                return again
+        return tick
+
+    def _in_second_pass(self, t: float) -> float | None:
+        """When daylight saving ends, the clocks go back and an hour of wall times comes
+        twice. The wall-clock walk of _next_on_the_wall, from t in the first pass, passes
+        the wall times up to t's only once: their second pass is looked at here. As in
+        Vixie cron, only for a schedule whose minute or hour is "*" (`*/15 * * * *` keeps
+        its pace through that hour; `30 2 * * *` runs once)."""
+        d = datetime.fromtimestamp(t).replace(second=0, microsecond=0)
+        if d.fold or not _repeated(d):
+            return None
+        start = d
+        while _repeated(start - timedelta(minutes=1)):
+            start -= timedelta(minutes=1)
+        while start <= d:
+            if self._matches(start):
+                return start.replace(fold=1).timestamp()
+            start += timedelta(minutes=1)
+        return None
+
+    def _next_on_the_wall(self, t: float) -> float:
         d = datetime.fromtimestamp(t).replace(second=0, microsecond=0) + timedelta(minutes=1)
         limit = d + timedelta(days=366 * _SEARCH_YEARS)
         while d < limit:
@@ -120,6 +151,12 @@ class CronExpr:
                         return ts
                 d += timedelta(minutes=1)
         raise ValueError(f"cron expression {self.text!r} never fires")
+
+
+def _repeated(d: datetime) -> bool:
+    """A wall time that happens twice (the hour repeated when daylight saving ends); a
+    wall time skipped when it begins maps the other way round."""
+    return d.replace(fold=0).timestamp() < d.replace(fold=1).timestamp()
 
 
 @dataclass(frozen=True)
