@@ -5,6 +5,7 @@ for a transaction in flight on the shared one instead of landing inside it."""
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import pytest
@@ -75,5 +76,29 @@ def test_a_read_from_another_thread_waits_for_an_open_transaction_instead_of_joi
                 raise UndoError  # the submit is rolled back: a read inside it would have seen the job
         t.join(10)
         assert seen == [None]
+    finally:
+        store.close()
+
+
+def test_every_connection_of_the_store_notices_a_dead_link_in_a_minute(pg_fresh_database):
+    # A link dropped silently (a router rebooted) is found by keepalives while idle, and a
+    # statement sent into it fails after 60 s unacknowledged, not after the kernel's ~15 min.
+    from queickd.store import open_store
+
+    store = open_store(pg_fresh_database, "full")
+    try:
+        store.counts()  # the shared connection opened
+        with store.batch(bookkeeping=True):
+            pass  # the bookkeeping one too
+        conns = [store._shared, store._bk, store.connect()]
+        for c in conns:
+            s = socket.fromfd(c.fileno(), socket.AF_INET, socket.SOCK_STREAM)  # a duplicate: closed alone
+            try:
+                assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+                assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
+                assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 60_000
+            finally:
+                s.close()
+        conns[-1].close()
     finally:
         store.close()

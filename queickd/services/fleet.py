@@ -76,9 +76,8 @@ class Listener:
         first = True
         while not self._stopping.is_set():
             try:
-                # Keepalives: a connection the network silently dropped is noticed too.
-                conn = self.store.connect(keepalives=1, keepalives_idle=30, keepalives_interval=10,
-                                          keepalives_count=3, application_name=f"queickd-listener-{os.getpid()}")
+                # With keepalives (store.connect's): a connection the network silently dropped is noticed too.
+                conn = self.store.connect(application_name=f"queickd-listener-{os.getpid()}")
             except Exception as e:
                 log.warning("listener: cannot connect (%s); trying again in %.1f s", e, backoff)
                 self._stopping.wait(backoff)

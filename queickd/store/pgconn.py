@@ -25,6 +25,16 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
 
 
+# Every connection's TCP settings (libpq's; ignored on a Unix socket). Keepalives find a
+# connection the network dropped silently (a router rebooted, the server's host lost) while
+# it idles; tcp_user_timeout ends one whose sent bytes go unacknowledged that long (a
+# statement or COMMIT sent into a dead link). Without them a statement waits on the kernel's
+# retransmissions, some 15 minutes, holding the lock every other thread's writes wait for.
+# Neither ends a long statement the server is still running: its kernel acknowledges both.
+TCP_SETTINGS: dict[str, int] = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+                                "keepalives_count": 3, "tcp_user_timeout": 60_000}
+
+
 class PgConnections:
     _dsn: str
 
@@ -44,10 +54,10 @@ class PgConnections:
 
     def connect(self, **options: Any) -> psycopg.Connection:
         """A new autocommit connection to this store's database (the caller closes it);
-        options are libpq's (keepalives=1, ...)."""
+        options are libpq's (application_name=...), over TCP_SETTINGS."""
         # pg_stat_activity then says which process holds each connection, and for what.
         options.setdefault("application_name", f"queickd-{os.getpid()}")
-        return psycopg.connect(self._dsn, autocommit=True, connect_timeout=10, **options)
+        return psycopg.connect(self._dsn, autocommit=True, connect_timeout=10, **{**TCP_SETTINGS, **options})
 
     def _conn(self) -> psycopg.Connection | _Reads:
         """What this thread's statements go to: the bookkeeping connection inside a
