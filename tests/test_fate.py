@@ -246,6 +246,26 @@ def test_after_failure_parks_network_failure_even_with_attempts_exhausted():
     assert out.state == State.WAITING_NETWORK
 
 
+def test_a_network_failure_while_the_checker_says_up_is_retried_with_its_attempt_spent():
+    # Its own server is unreachable, not the network: not parked, which would give the
+    # attempt back and release it at every sweep for ever.
+    job = make_job(retry_on_network=True, attempts=1, max_attempts=3)
+    out = after_failure(job, failed(ConnectionRefusedError()), NOW, network_checker=True, network_up=True)
+    assert (out.state, out.run_at) == (State.SCHEDULED, NOW + 10.0)
+
+
+def test_a_network_failure_while_up_gets_ten_runs_a_minute_apart_without_a_policy():
+    job = make_job(retry=None, retry_on_network=True, attempts=1, max_attempts=1)
+    out = after_failure(job, failed(ConnectionRefusedError()), NOW, network_checker=True, network_up=True)
+    assert (out.state, out.run_at) == (State.SCHEDULED, NOW + 60.0)
+
+
+def test_a_network_failure_while_up_is_a_dead_letter_once_its_runs_are_spent():
+    job = make_job(retry=None, retry_on_network=True, attempts=10, max_attempts=1)
+    out = after_failure(job, failed(ConnectionRefusedError()), NOW, network_checker=True, network_up=True)
+    assert out.state == State.DEAD and out.error["type"] == "ConnectionRefusedError"
+
+
 def test_after_failure_does_not_park_without_a_network_checker():
     job = make_job(retry_on_network=True)
     out = after_failure(job, failed(ConnectionRefusedError()), NOW, network_checker=False)

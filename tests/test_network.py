@@ -167,6 +167,21 @@ def test_without_a_checker_network_jobs_follow_their_retry_policy(daemon, slack,
     assert len(warnings) == 1
 
 
+def test_a_network_job_whose_own_server_is_gone_while_the_network_is_up_ends_dead(db_url, internet, slack, tmp_path):
+    # Not parked and released at every sweep for ever: its runs are spent (ten at least).
+    slack.close()
+    d = start(db_url, internet, "--sweep", "1")
+    try:
+        d.wait_for_line(UP)
+        with d.client() as q:
+            job = q.wait(q.enqueue("testjobs:post", args=(slack.port, str(tmp_path / "x"), "t"), retry=True,
+                                   retry_type="constant", retry_interval=0.05, max_attempts=2,
+                                   retry_on_network_available=True), 30)
+        assert (job["state"], job["attempts"], job["error"]["type"]) == (State.DEAD, 10, "ConnectionRefusedError")
+    finally:
+        d.close()
+
+
 def test_a_non_network_failure_follows_the_retry_policy_even_with_a_checker(db_url, internet):
     d = start(db_url, internet)
     try:

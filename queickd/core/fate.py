@@ -29,6 +29,11 @@ MAX_RESULT_BYTES = 64 * 1024
 MAX_TRACEBACK_CHARS = 8 * 1024
 RESOURCE_ATTEMPTS = 5  # runs in all a job failed only by the host's fd limit gets, whatever its policy
 RESOURCE_DELAY = 30.0  # seconds before such a run is tried again, times the attempts so far
+# A retry_on_network job whose network-class failure came while the checker said the network
+# was up: its own server is unreachable (or the checker has not noticed the outage yet). It
+# runs again, its attempt spent, at least this many runs in all whatever its policy...
+NETWORK_ATTEMPTS = 10
+NETWORK_DELAY = 60.0  # ... this many seconds apart without a policy (a safety sweep's default)
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
 
 _NETWORK_ERRNOS = frozenset(
@@ -150,12 +155,17 @@ def after_failure(
     now: float,
     network_checker: bool = False,
     rand: random.Random | None = None,
+    network_up: bool = False,
 ) -> Outcome:
     """A failed attempt: park it for the network, retry it later, or give up (dead).
 
     `job.attempts` already counts the attempt that failed. A network-class failure of a
-    job that asked for network replay is parked without spending its retries, but only
-    when a network checker runs to release it; otherwise it follows its retry policy.
+    job that asked for network replay is parked without spending its retries when a
+    network checker runs to release it and does not say the network is up (`network_up`).
+    While it says up, the failure is the job's own server's: the job runs again with its
+    attempt spent (at least NETWORK_ATTEMPTS runs in all, NETWORK_DELAY s apart without a
+    policy), so a server gone for good ends in a dead letter, not in a park and release at
+    every sweep for ever. Without a checker it follows its retry policy.
 
     The job's exception may have said more about itself, for errors the job knows better
     than the policy (the runner put it in the report): `permanent = True` (bad
@@ -176,7 +186,12 @@ def after_failure(
     if report.permanent:
         return Outcome.dead(job.id, err, job.workflow_run, out)
     if job.retry_on_network and network_checker and report.network:
-        return Outcome.waiting_network(job.id, err, out)
+        if not network_up:
+            return Outcome.waiting_network(job.id, err, out)
+        if job.attempts < max(job.max_attempts, NETWORK_ATTEMPTS):
+            delay = _retry_delay(job, report.retry_after, rand) if job.retry is not None else NETWORK_DELAY
+            return Outcome.retry_at(job.id, now + delay, err, out)
+        return Outcome.dead(job.id, err, job.workflow_run, out)
     if job.retry is not None and job.attempts < job.max_attempts:
         return Outcome.retry_at(job.id, now + _retry_delay(job, report.retry_after, rand), err, out)
     return Outcome.dead(job.id, err, job.workflow_run, out)

@@ -15,17 +15,18 @@ from ..run.base import Runner, RunReport
 log = logging.getLogger("queickd.worker")
 
 
-def run_job(runner: Runner, job: Job, clock: Callable[[], float],
-            network_checker: Callable[[], bool]) -> tuple[Outcome, float, RunReport | None]:
+def run_job(runner: Runner, job: Job, clock: Callable[[], float], network_checker: Callable[[], bool],
+            network_up: Callable[[], bool] = lambda: False) -> tuple[Outcome, float, RunReport | None]:
     """Run `job` -> (its outcome, its runtime, the runner's report; None if running or
-    deciding failed). The clock and the network checker are read on failure only."""
+    deciding failed). The clock and the network checker's state are read on failure only."""
     report: RunReport | None = None
     try:
         report = runner.run(job)
         if report.ok:
             outcome = fate.after_success(job, report)
         else:
-            outcome = fate.after_failure(job, report, clock(), network_checker())
+            checker = network_checker()
+            outcome = fate.after_failure(job, report, clock(), checker, network_up=checker and network_up())
         runtime = report.runtime
     except BaseException as e:  # deciding itself failed: the job must still leave `running`
         runtime = report.runtime if report is not None else 0.0

@@ -372,7 +372,7 @@ class WorkerPool(PassStore):
             self._run(job)
 
     def _run(self, job: Job) -> None:
-        outcome, runtime, report = run_job(self.runner, job, self._clock, self._network_checker)
+        outcome, runtime, report = run_job(self.runner, job, self._clock, self._network_checker, self._network_up)
         self.counts.add(outcome.state == State.SUCCEEDED, runtime)
         if self.memory is not None and report is not None:
             self.memory.after_run(job, report.peak_memory, runtime, report.error_type == "memory_limit",
