@@ -118,6 +118,14 @@ class Gate:
         self.held.append(conn)
         return token
 
+    def release_first(self, answer: str = "go") -> None:
+        """Let the earliest held job finish, the others wait on."""
+        c = self.held.pop(0)
+        try:
+            c.sendall(answer.encode() + b"\n")
+        finally:
+            c.close()
+
     def release_all(self, answer: str = "go") -> None:
         for c in self.held:
             try:

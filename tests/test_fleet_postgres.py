@@ -143,6 +143,34 @@ def test_a_worker_that_only_pauses_for_less_than_the_window_keeps_its_job(
     assert (job["state"], job["attempts"], job["orphaned"]) == (State.SUCCEEDED, 1, 0)
 
 
+def test_a_worker_that_lost_its_job_while_stalled_and_claimed_it_again_ignores_its_first_runs_outcome(
+        pg, start_daemon, start_worker, gate):
+    # Stalled past the window, the worker's job is swept; back, it claims it again and runs
+    # it a second time. The first run's end must not finish the second claim: the job stays
+    # running, and its key stays held, until the second run ends.
+    url, _ = pg
+    d = _daemon(start_daemon, url)
+    w = start_worker(url, heartbeat=HEARTBEAT, workers=2)
+    with d.client() as q:
+        job_id = q.enqueue("testjobs:gate", [gate.port, "first"], key="k")
+        next_id = q.enqueue("testjobs:gate", [gate.port, "next"], key="k")
+        assert gate.arrival() == "first"
+        w.proc.send_signal(signal.SIGSTOP)
+        d.wait_for_line("jobs of workers that stopped beating: 1 re-queued", 30)  # swept as an orphan
+        w.proc.send_signal(signal.SIGCONT)
+        assert gate.arrival(timeout=30) == "first"  # claimed again by the same worker
+        gate.release_first()  # the first run ends
+        w.wait_for_line("a run under an earlier claim ended")
+        job = q.get(job_id)
+        assert (job["state"], job["attempts"]) == (State.RUNNING, 2)
+        assert q.get(next_id)["state"] == State.QUEUED  # the key is still held
+        gate.release_first()
+        assert q.wait(job_id, 20)["state"] == State.SUCCEEDED
+        assert gate.arrival(timeout=30) == "next"
+        gate.release_all()
+        assert q.wait(next_id, 20)["state"] == State.SUCCEEDED
+
+
 def test_a_killed_listener_connection_reconnects_and_work_flows_without_waiting_for_the_sweep(
         pg, start_daemon, start_worker):
     url, admin = pg

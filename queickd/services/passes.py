@@ -53,9 +53,9 @@ class PassStore:
     counts: RunCounts
     completed: int
     failed: int
-    _done: queue.SimpleQueue[Outcome]
+    _done: queue.SimpleQueue[tuple[Outcome, int]]
     _unapplied: list[Outcome]
-    _held: set[int]
+    _held: dict[int, int]
     _unsure: bool
     _runq: queue.SimpleQueue[Job | None]
     _stopping: bool
@@ -124,12 +124,22 @@ class PassStore:
             log.warning("could not write the per-minute counts; they go with the next ones", exc_info=True)
 
     def _take_outcomes(self) -> list[Outcome]:
-        """The outcomes not yet stored (self._unapplied), with those put since."""
+        """The outcomes not yet stored (self._unapplied), with those put since. A run whose
+        job this pool has claimed again meanwhile ran under a claim taken from it: this
+        process stalled past the heartbeat window (PostgreSQL), the job was swept as an
+        orphan and claimed anew. Its outcome is dropped, as one of a worker that lost its
+        job always is; stored, it would finish the later claim while that run goes on."""
         while True:
             try:
-                self._unapplied.append(self._done.get_nowait())
+                outcome, attempt = self._done.get_nowait()
             except queue.Empty:
                 return self._unapplied
+            if self._held.get(outcome.job_id, attempt) != attempt:
+                log.warning("job %d: a run under an earlier claim ended (this worker lost the job while it ran, "
+                            "and claimed it again): its outcome is ignored; the later run's counts",
+                            outcome.job_id)
+                continue
+            self._unapplied.append(outcome)
 
     def _pass_store(self, p: Pass, finish: bool = True) -> None:
         """A pass's store calls, inside the caller's transaction; records them in `p`.
@@ -175,12 +185,13 @@ class PassStore:
         finished = p.unapplied
         if finished:
             self._unapplied = []
-            self._held.difference_update(o.job_id for o in finished)
+            for o in finished:
+                self._held.pop(o.job_id, None)
         # The claimed jobs are held and queued before anything here that may fail: they are
         # running in the store, and nothing else would ever run them (a job finished by this
         # pass may be among them again: a retry due at once, hence after the line above).
         for job in claimed:
-            self._held.add(job.id)
+            self._held[job.id] = job.attempts
             self._runq.put(job)
         if finished:
             self._after_finish(finished, p.report)
@@ -246,7 +257,7 @@ class PassStore:
         stored, left = store_one_by_one(self.store, outcomes, self._clock, self._pause_after,
                                         self._pause_cooldown)
         for attempt, report in stored:
-            self._held.discard(attempt.job_id)
+            self._held.pop(attempt.job_id, None)
             self._after_finish([attempt], report)
         return left
 

@@ -98,13 +98,14 @@ class WorkerPool(PassStore):
         # Set by anyone who may have made work available or freed a worker; cleared only
         # by the dispatcher before it looks, so no wake-up is lost.
         self._wake = threading.Event()
-        self._done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        # Each run's outcome, with the attempts of the claim it ran under (see _take_outcomes).
+        self._done: queue.SimpleQueue[tuple[Outcome, int]] = queue.SimpleQueue()
         self._dispatch_lock = threading.Lock()  # one pass at a time, whichever thread runs it
         self._again = False  # a pass was asked for while one ran: see _pass_here
         self._unapplied: list[Outcome] = []  # outcomes taken but not yet stored
         # Ids of the jobs claimed and not yet finished in the store (their count: _busy);
         # written under _dispatch_lock only.
-        self._held: set[int] = set()
+        self._held: dict[int, int] = {}  # jobs claimed and not yet finished: id -> the claim's attempts
         # A pass failed with the store unreachable: it may have committed, and the jobs it
         # claimed then run under this process's claims with no thread of ours to run them.
         self._unsure = False
@@ -382,7 +383,7 @@ class WorkerPool(PassStore):
                 self._on_ran(job, outcome, runtime)
             except Exception:  # counting must never keep an outcome from being recorded
                 log.exception("error counting job %d", job.id)
-        self._done.put(outcome)
+        self._done.put((outcome, job.attempts))
         if self._stopping:
             self._wake.set()  # the dispatcher sees the pool idle and ends
         elif self._submit_in_flight:  # read after the put: dispatch_left clears it, then looks
