@@ -37,6 +37,19 @@ def used(tmp_path) -> tuple[Path, dict[int, list]]:
     return path, {job_id: [i, "x" * 100] for i, job_id in enumerate(ids)}
 
 
+@pytest.fixture
+def killed(tmp_path) -> tuple[Path, dict[int, list]]:
+    """A store whose daemon was killed with -9 after JOBS acknowledged jobs, {id: args}: their
+    commits are still only in the -wal, not yet checkpointed into the file."""
+    path = tmp_path / "queue.db"
+    d = DaemonProcess(f"sqlite:///{path}", workers=0).start()
+    with d.client() as q:
+        ids = q.enqueue_many([{"func": "testjobs:noop", "args": [i, "x" * 100]} for i in range(JOBS)])
+    d.kill()
+    assert Path(f"{path}-wal").stat().st_size > 100 * path.stat().st_size
+    return path, {job_id: [i, "x" * 100] for i, job_id in enumerate(ids)}
+
+
 def page_aligned_middle(path: Path) -> int:
     size = path.stat().st_size
     return size // 2 - (size // 2) % 4096
@@ -223,3 +236,30 @@ def test_recover_refuses_while_a_daemon_serves_the_store(tmp_path):
     assert r.returncode == 1 and "served by a running daemon" in r.stderr
     assert not (tmp_path / "new.db").exists()
     d.terminate()
+
+
+def test_recover_after_a_kill_9_and_header_garbage_brings_back_the_jobs_only_in_the_wal(tmp_path, killed):
+    path, jobs = killed
+    garbage_header(path)
+    assert recovered_jobs(tmp_path, path) == jobs
+
+
+def test_recover_after_a_kill_9_and_header_garbage_gives_new_jobs_ids_after_those_in_the_wal(tmp_path, killed):
+    path, jobs = killed
+    garbage_header(path)
+    new = tmp_path / "recovered.db"
+    assert queick("db", "recover", "--store", f"sqlite:///{path}", "--to", str(new)).returncode == 0
+    d = DaemonProcess(f"sqlite:///{new}", workers=0).start()
+    with d.client() as q:
+        assert q.enqueue("testjobs:noop") == max(jobs) + 1
+    d.terminate()
+
+
+def test_recover_that_cannot_read_the_wal_says_so_naming_it_and_its_size(tmp_path, killed):
+    path, _ = killed
+    garbage_header(path)
+    wal = Path(f"{path}-wal")
+    garbage_header(wal)  # not a WAL's header: SQLite cannot read any of its commits
+    r = queick("db", "recover", "--store", f"sqlite:///{path}", "--to", str(tmp_path / "new.db"))
+    assert r.returncode == 0, r.stderr
+    assert f"could not read the commits in {wal} ({wal.stat().st_size} bytes)" in r.stderr

@@ -153,7 +153,8 @@ def db_backup(a: argparse.Namespace) -> int:
 
     started = time.monotonic()
     try:
-        pages = sqlitebackup.backup(source, a.path, progress)
+        pages = sqlitebackup.backup(source, a.path, progress,
+                                    note=lambda text: print(f"queick db backup: {text}", file=sys.stderr))
     except (OSError, sqlite3.Error) as e:
         print(f"queick db backup: {e}", file=sys.stderr)
         return 1

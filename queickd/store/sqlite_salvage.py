@@ -7,7 +7,9 @@ command's `.recover` where that is installed and works (it reads every page dire
 it finds rows that no intact index leads to); otherwise, or if its result does not pass
 integrity_check, a salvage with the standard library: a new file with queickd's schema, and
 every row of each table that SQLite can still read copied into it, row by row past damaged
-pages. A header that is not SQLite's is rebuilt on the copy first. Afterwards the counts by
+pages. A header that is not SQLite's is rebuilt on the copy first: in WAL mode where a -wal
+holds commits (after a kill -9 they are often only there), so they are read too; if that
+fails, in rollback mode without them, and the report says so. Afterwards the counts by
 state are made again from the jobs recovered, and ids continue after the highest one the
 damaged file knew (ids are never reused). The new file appears whole or not at all.
 
@@ -22,6 +24,7 @@ import contextlib
 import os
 import shutil
 import sqlite3
+import struct
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -31,6 +34,8 @@ from . import sqlite_check, sqlite_schema
 _PAGE_SIZES = (4096, 1024, 2048, 8192, 16384, 32768, 65536)
 _PROBE_BEYOND = 10_000  # rowids probed past the last readable one when the table's end is unknown
 _SKIP_META = {"schema_version"}  # the new file's own schema decides its version
+_WAL_MAGIC = (0x377F0682, 0x377F0683)
+_WAL_HEADER = 32  # bytes; a -wal no longer than this holds no commits
 
 
 @dataclass
@@ -84,7 +89,7 @@ def recover(source: str, target: str, use_sqlite3_command: bool = True) -> Recov
         report = _with_command(copy, partial) if use_sqlite3_command else None
         if report is None:
             _remove(partial)
-            report = _salvage(copy, partial)
+            report = _salvage(copy, partial, source + "-wal")
     try:
         _finish(partial, report)
     except BaseException:
@@ -130,16 +135,27 @@ def _tables(c: sqlite3.Connection) -> list[str]:
                                     " AND name NOT LIKE 'sqlite_%' ORDER BY name")]
 
 
-def _open_damaged(copy: str) -> sqlite3.Connection:
+def _open_damaged(copy: str, source_wal: str, report: Recovered) -> sqlite3.Connection:
     """A connection that reads as much of the copy as SQLite will: writable_schema lets a
     file shorter than its header says be opened. A header that is not SQLite's is
-    rewritten (on the copy) with the first page size under which the schema reads."""
+    rewritten (on the copy): in WAL mode with the -wal's page size where the -wal holds
+    commits, else with the first page size under which the schema reads (without the -wal,
+    which is then reported as unread under the name `source_wal`)."""
     with open(copy, "rb") as f:
         head = f.read(100)
     if not head:
         raise sqlite3.DatabaseError("the file is empty (0 bytes)")
     if not head.startswith(sqlite_check.HEADER):
         original = head
+        wal = copy + "-wal"
+        wal_size = os.path.getsize(wal) if os.path.exists(wal) else 0
+        if wal_size > _WAL_HEADER:
+            c = _open_with_wal(copy, _wal_page_size(wal))
+            if c is not None:
+                return c
+            report.unreadable.append(
+                f"the commits in {source_wal} ({wal_size} bytes): the jobs written only there since "
+                "the last checkpoint are not in the new file")
         for page in _PAGE_SIZES:
             _write_header(copy, page)
             c = _connect(copy)
@@ -153,20 +169,49 @@ def _open_damaged(copy: str) -> sqlite3.Connection:
     return _connect(copy)
 
 
-def _connect(copy: str) -> sqlite3.Connection:
-    c = sqlite3.connect(copy, isolation_level=None)
+def _wal_page_size(wal: str) -> int | None:
+    """The page size a -wal's header records (the database's when it was written), or None
+    when the header is not a WAL's."""
+    with open(wal, "rb") as f:
+        head = f.read(_WAL_HEADER)
+    if len(head) < _WAL_HEADER:
+        return None
+    magic, _, page = struct.unpack(">III", head[:12])
+    sound = 512 <= page <= 65536 and page & (page - 1) == 0
+    return page if magic in _WAL_MAGIC and sound else None
+
+
+def _open_with_wal(copy: str, page: int | None) -> sqlite3.Connection | None:
+    """The copy under a WAL-mode header, its -wal kept, if the schema then reads; else None.
+    Read-only, so a failed try cannot checkpoint the -wal into the copy or delete it."""
+    if page is None:
+        return None
+    _write_header(copy, page, wal=True)
+    c = _connect(copy, readonly=True)
+    try:
+        _tables(c)
+        return c
+    except sqlite3.DatabaseError:
+        c.close()
+        return None
+
+
+def _connect(copy: str, readonly: bool = False) -> sqlite3.Connection:
+    uri = f"file:{copy}?mode=ro" if readonly else f"file:{copy}"
+    c = sqlite3.connect(uri, uri=True, isolation_level=None)
     c.execute("PRAGMA writable_schema = ON")  # read past a size the header gets wrong
     return c
 
 
-def _write_header(path: str, page: int) -> None:
-    """A plausible 100-byte header: the page size, the file's size in pages, UTF-8, format 4,
-    rollback journal (the -wal of the copy, if any, is left out of it)."""
+def _write_header(path: str, page: int, wal: bool = False) -> None:
+    """A plausible 100-byte header: the page size, the file's size in pages, UTF-8, format 4;
+    WAL mode (the copy's -wal then read with it) or rollback journal (the -wal removed)."""
     size = os.path.getsize(path)
+    mode = 2 if wal else 1
     h = bytearray(100)
     h[0:16] = sqlite_check.HEADER
     h[16:18] = (1 if page == 65536 else page).to_bytes(2, "big")
-    h[18], h[19], h[20], h[21], h[22], h[23] = 1, 1, 0, 64, 32, 32
+    h[18], h[19], h[20], h[21], h[22], h[23] = mode, mode, 0, 64, 32, 32
     h[24:28] = (1).to_bytes(4, "big")  # change counter
     h[28:32] = (size // page).to_bytes(4, "big")
     h[40:44] = (1).to_bytes(4, "big")  # schema cookie
@@ -174,19 +219,20 @@ def _write_header(path: str, page: int) -> None:
     h[56:60] = (1).to_bytes(4, "big")  # UTF-8
     h[92:96] = (1).to_bytes(4, "big")  # version-valid-for: the change counter
     h[96:100] = (3040000).to_bytes(4, "big")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path + "-wal")
+    if not wal:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path + "-wal")
     with open(path, "r+b") as f:
         f.write(h)
 
 
-def _salvage(copy: str, partial: str) -> Recovered:
+def _salvage(copy: str, partial: str, source_wal: str) -> Recovered:
     report = Recovered("row-by-row salvage (Python's sqlite3)")
     dst = sqlite3.connect(partial, isolation_level=None)
     try:
         sqlite_schema.migrate(dst, partial)
         try:
-            src = _open_damaged(copy)
+            src = _open_damaged(copy, source_wal, report)
         except sqlite3.DatabaseError as e:
             report.unreadable.append(f"the whole file: {e}")
             return report
@@ -282,10 +328,13 @@ def _last_rowid(src: sqlite3.Connection, table: str) -> int | None:
 
 
 def _carry_sequence(src: sqlite3.Connection, dst: sqlite3.Connection) -> None:
-    """New jobs continue after the highest id the damaged file knew, read or not."""
-    seen = _last_rowid(src, "jobs") or 0
-    have = dst.execute("SELECT coalesce(max(id), 0) FROM jobs").fetchone()[0]
-    seq = max(seen, have)
+    """New jobs continue after the highest id the damaged file (and its -wal) knew, read or
+    not: the largest of its sequence, its highest readable id and the highest id copied."""
+    seq = dst.execute("SELECT coalesce(max(id), 0) FROM jobs").fetchone()[0]
+    for sql in ("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'", "SELECT max(rowid) FROM jobs"):
+        with contextlib.suppress(sqlite3.DatabaseError):
+            row = src.execute(sql).fetchone()
+            seq = max(seq, row[0] or 0) if row else seq
     if dst.execute("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'jobs'", (seq,)).rowcount == 0:
         dst.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', ?)", (seq,))
 

@@ -5,12 +5,16 @@ a copy taken mid-write is torn. This uses SQLite's backup API from the standard 
 its own connection, inside one read transaction: the copy is the store as of the moment the
 backup began (every job acknowledged before then is in it), WAL readers never block the
 daemon's writer, and because the snapshot is held, the daemon's commits during the copy do
-not restart it. Owns only reading the source and writing the target; never writes the
-source, never touches the daemon's lock file.
+not restart it. The copy is written to PATH.partial, held under an exclusive flock while it
+is written: a second backup to the same path is refused, and a PATH.partial left by one that
+was killed (no lock on it) is replaced. Owns only reading the source and writing the target;
+never writes the source, never touches the daemon's lock file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import sqlite3
 from collections.abc import Callable
@@ -29,22 +33,81 @@ def sqlite_path(url: str) -> str:
     return real_path(url[len("sqlite:///"):])
 
 
+def _remove_beside(partial: str) -> None:
+    """Any journal, WAL or shared memory SQLite left beside the partial copy."""
+    for side in ("-journal", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial + side)
+
+
+def _claim(partial: str, note: Callable[[str], None]) -> int:
+    """An open descriptor of `partial`, empty, under an exclusive flock held until the copy
+    is renamed or removed. A partial no backup holds (its backup was killed) is replaced,
+    with a note; one that another backup holds raises FileExistsError."""
+    while True:
+        stale = False
+        try:
+            # Job arguments may be private: the copy is readable by its owner only, as the
+            # store is under the unit's UMask. An empty file is an empty database to SQLite.
+            fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            try:
+                fd = os.open(partial, os.O_RDWR | os.O_NOFOLLOW)
+            except FileNotFoundError:
+                continue  # renamed or removed by its backup meanwhile
+            stale = True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise FileExistsError(f"{partial} is being written by another backup; wait for it "
+                                  "or give another path") from None
+        try:
+            named = os.path.samestat(os.fstat(fd), os.stat(partial, follow_symlinks=False))
+        except FileNotFoundError:
+            named = False
+        if not named:  # its backup finished (renamed it) between our open and our lock
+            os.close(fd)
+            continue
+        if stale:
+            os.ftruncate(fd, 0)
+            _remove_beside(partial)  # a hot journal would be rolled back into the new copy
+            note(f"replaced {partial}, left by a backup that did not finish")
+        return fd
+
+
 def backup(source: str, target: str, progress: Callable[[int, int], None] | None = None,
-           step_pages: int = STEP_PAGES) -> int:
+           step_pages: int = STEP_PAGES, note: Callable[[str], None] | None = None) -> int:
     """Copy the SQLite database at `source` to the new file `target`; returns its pages.
 
-    `progress(copied, total)` is called after each step. Raises FileNotFoundError if
-    `source` does not exist (it is never created), FileExistsError if `target` does, and
-    sqlite3.Error if the source cannot be read. The target appears whole or not at all
+    `progress(copied, total)` is called after each step, `note(text)` when a partial copy a
+    killed backup left is replaced. Raises FileNotFoundError if `source` does not exist (it
+    is never created), FileExistsError if `target` does or another backup to it is running,
+    and sqlite3.Error if the source cannot be read. The target appears whole or not at all
     (written beside it, synced, then renamed)."""
     if not os.path.isfile(source):
         raise FileNotFoundError(f"no SQLite store at {source}")
     if os.path.exists(target):
         raise FileExistsError(f"{target} exists; give a new path")
     partial = f"{target}.partial"
-    # Job arguments may be private: the copy is readable by its owner only, as the store is
-    # under the unit's UMask. An empty file is an empty database to SQLite.
-    os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    fd = _claim(partial, note or (lambda text: None))
+    try:
+        if os.path.exists(target):  # renamed there by a backup that finished meanwhile
+            raise FileExistsError(f"{target} exists; give a new path")
+        pages = _copy(source, partial, progress, step_pages)
+        os.fsync(fd)
+        os.replace(partial, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)  # still ours: the lock is held until the descriptor closes
+        _remove_beside(partial)
+        raise
+    finally:
+        os.close(fd)
+    return pages
+
+
+def _copy(source: str, partial: str, progress: Callable[[int, int], None] | None, step_pages: int) -> int:
     src = sqlite3.connect(source, isolation_level=None)
     try:
         src.execute("PRAGMA query_only=ON")  # this connection never writes the daemon's store
@@ -66,17 +129,6 @@ def backup(source: str, target: str, progress: Callable[[int, int], None] | None
         finally:
             dst.close()
         src.execute("COMMIT")
-    except BaseException:
-        for leftover in (partial, f"{partial}-wal", f"{partial}-shm"):
-            if os.path.exists(leftover):
-                os.unlink(leftover)
-        raise
     finally:
         src.close()
-    fd = os.open(partial, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(partial, target)
     return total[0]
