@@ -171,6 +171,47 @@ def test_a_worker_that_lost_its_job_while_stalled_and_claimed_it_again_ignores_i
         assert q.wait(next_id, 20)["state"] == State.SUCCEEDED
 
 
+def test_a_worker_whose_pass_waits_on_another_sessions_lock_keeps_beating_and_its_running_job(
+        pg, start_daemon, start_worker, gate):
+    # Another process stalled inside a grouped claim holds the claim lock (here: the test's
+    # own session). This worker's next pass waits on it; its beats, on the same connection,
+    # must not: its long job is not taken for an orphan's.
+    from queickd.store.pgclaim import _CLAIM_LOCK
+
+    url, admin = pg
+    d = _daemon(start_daemon, url)
+    w = start_worker(url, heartbeat=HEARTBEAT, workers=2)
+    with d.client() as q:
+        long_id = q.enqueue("testjobs:gate", [gate.port, "long"])
+        assert gate.arrival() == "long"
+        with admin.transaction():
+            admin.execute("SELECT pg_advisory_xact_lock(%s)", (_CLAIM_LOCK,))
+            grouped = q.enqueue("testjobs:noop", concurrency_group="g", concurrency_limit=1)  # wakes its pass
+            time.sleep(2 * WINDOW)  # the stimulus: the lock held twice as long as the window
+        assert not [line for line in d.lines if "stopped beating" in line]
+        job = q.get(long_id)
+        assert (job["state"], job["attempts"], job["orphaned"]) == (State.RUNNING, 1, 0)
+        gate.release_all()
+        assert q.wait(long_id, 20)["attempts"] == 1
+        assert q.wait(grouped, 30)["state"] == State.SUCCEEDED
+
+
+def test_a_registered_member_limits_its_sessions_to_the_heartbeat_window(pg_fresh_database):
+    from queickd.store import open_store
+
+    store = open_store(pg_fresh_database, "full")
+    try:
+        store.register_worker("worker", ["default"], 1, 0.5)
+        with store.batch(bookkeeping=True):
+            bk = store._conn().execute("SELECT current_setting('lock_timeout'),"
+                                       " current_setting('idle_in_transaction_session_timeout')").fetchone()
+        shared = store._conn().execute("SELECT current_setting('idle_in_transaction_session_timeout')").fetchone()
+        assert (bk, shared) == (("500ms", "1500ms"), ("1500ms",))
+    finally:
+        store.deregister_worker()
+        store.close()
+
+
 def test_a_killed_listener_connection_reconnects_and_work_flows_without_waiting_for_the_sweep(
         pg, start_daemon, start_worker):
     url, admin = pg

@@ -51,6 +51,7 @@ class PgConnections:
         self._shared: psycopg.Connection | None = None  # every other thread's, under _shared_lock
         self._shared_lock = threading.Lock()
         self._reads = _Reads(self)
+        self._limits: tuple[float, float] | None = None  # (heartbeat, window) once registered
 
     def connect(self, **options: Any) -> psycopg.Connection:
         """A new autocommit connection to this store's database (the caller closes it);
@@ -76,11 +77,35 @@ class PgConnections:
             self._all.append(c)
         return c
 
+    def set_session_limits(self, heartbeat: float, window: float) -> None:
+        """A registered member's limits on its own sessions, so no stall holds the fleet or
+        silences its beats: a transaction left open for `window` (this process stopped
+        between two statements, holding locks every claimer may need) is ended by the
+        server, as its jobs are taken for orphans then anyway; and a bookkeeping statement
+        waits at most `heartbeat` for a lock (the beat shares that connection: a pass stuck
+        behind another process's lock would keep this one from beating and lose its jobs)."""
+        self._limits = (heartbeat, window)
+        with self._bk_lock:
+            if self._bk is not None and not (self._bk.closed or self._bk.broken):
+                self._limit_session(self._bk, bookkeeping=True)
+        with self._lease() as c:
+            self._limit_session(c, bookkeeping=False)
+
+    def _limit_session(self, c: psycopg.Connection, bookkeeping: bool) -> None:
+        if self._limits is None:
+            return
+        heartbeat, window = self._limits
+        sql = f"SET idle_in_transaction_session_timeout = {max(1, round(window * 1000))}"
+        if bookkeeping:
+            sql += f"; SET lock_timeout = {max(1, round(heartbeat * 1000))}"
+        c.execute(sql)
+
     def _shared_conn(self) -> psycopg.Connection:
         """The shared connection (reopened if it dropped); only under a lease."""
         c = self._shared
         if c is None or c.closed or c.broken:
             c = self._shared = self._open("shared")
+            self._limit_session(c, bookkeeping=False)
         return c
 
     def _bookkeeping_conn(self) -> psycopg.Connection:
@@ -88,6 +113,7 @@ class PgConnections:
         if c is None or c.closed or c.broken:
             self._note_lost()
             c = self._open("bookkeeping")
+            self._limit_session(c, bookkeeping=True)
             c.execute("SET synchronous_commit = off")
             self._bk_backend = c.execute(
                 "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()").fetchone()

@@ -103,6 +103,7 @@ class FleetRecords:
             ).fetchone()[0]
         if refused is None:
             self.worker_id = worker_id
+            self.set_session_limits(heartbeat, MISSED_BEATS * heartbeat)  # type: ignore[attr-defined]
         return worker_id
 
     def beat(self, max_orphan_requeues: int | None = None, now: float | None = None) -> Beat:
