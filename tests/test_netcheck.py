@@ -1,21 +1,24 @@
 """The network checker under the privileges a hardened unit gives it: an ICMP echo with no
 `ping` program, a probe that cannot run said so (not "network down"), and a supervisor that
-outlives a checker that cannot even start."""
+outlives a checker that cannot even start or that hangs (SIGSTOP stands in for a wedge)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
-from helpers import DaemonProcess
+from helpers import DaemonProcess, Listener
 
 from queickd.services.netcheck import NetworkMonitor
 
@@ -150,3 +153,142 @@ def test_the_supervisor_keeps_restarting_a_checker_that_cannot_start(tmp_path):
         monitor.stop()
         logging.getLogger("queickd.netcheck").removeHandler(seen)
         target.close()
+
+
+def _lines_of(proc: subprocess.Popen, n: int, timeout: float) -> list[str]:
+    """The first `n` lines `proc` prints, or as many as came within `timeout` seconds."""
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line.strip()) for line in proc.stdout], daemon=True).start()
+    got, deadline = [], time.monotonic() + timeout
+    while len(got) < n:
+        try:
+            got.append(lines.get(timeout=max(0.0, deadline - time.monotonic())))
+        except queue.Empty:
+            break
+    return got
+
+
+def test_the_checker_reports_after_every_probe():
+    net = Listener()
+    proc = subprocess.Popen([sys.executable, "-m", "queickd.services.netcheck", f"127.0.0.1:{net.port}",
+                             "--interval", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, cwd="/", env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert _lines_of(proc, 3, timeout=20) == ["up", "up", "up"]  # not only the first transition
+    finally:
+        proc.kill()
+        proc.wait(10)
+        net.close()
+
+
+class _Monitored:
+    """A NetworkMonitor on a real checker probing `net`, and events for what it says."""
+
+    def __init__(self, net: Listener, **kw) -> None:
+        self.up, self.down = threading.Event(), threading.Event()
+        self.monitor = NetworkMonitor(f"127.0.0.1:{net.port}", 0.1, self._changed, **kw)
+
+    def _changed(self, up: bool) -> None:
+        (self.up if up else self.down).set()
+
+
+@pytest.fixture
+def watch_log():
+    """watch_log(text) -> an event set once the netcheck logger emits `text`."""
+    handlers = []
+    logger = logging.getLogger("queickd.netcheck")
+    level = logger.level
+    logger.setLevel(logging.INFO)  # "started" is said at INFO
+
+    def watch(text: str) -> threading.Event:
+        handlers.append(seen := _Seen(text))
+        logger.addHandler(seen)
+        return seen.event
+    yield watch
+    for h in handlers:
+        logger.removeHandler(h)
+    logger.setLevel(level)
+
+
+@pytest.fixture
+def hung(watch_log):
+    """A monitor whose checker reported "up", then hung; the monitor has noticed, and waits
+    long before starting a new one."""
+    net = Listener()
+    m = _Monitored(net, hung_after=1.0, backoff=(60,))
+    noticed = watch_log("hung; killed it")
+    try:
+        m.monitor.start()
+        assert m.up.wait(20), m.monitor.snapshot()
+        pid = m.monitor.pid
+        os.kill(pid, signal.SIGSTOP)
+        assert noticed.wait(20), m.monitor.snapshot()
+        yield m.monitor
+    finally:
+        m.monitor.stop()
+        net.close()
+
+
+def test_a_hung_checker_is_killed_reaped_and_restarted(watch_log):
+    net = Listener()
+    m = _Monitored(net, hung_after=1.0, backoff=(0.1,))
+    try:
+        m.monitor.start()
+        assert m.up.wait(20), m.monitor.snapshot()
+        pid = m.monitor.pid
+        restarted = watch_log("network checker started")
+        os.kill(pid, signal.SIGSTOP)
+        assert restarted.wait(20), m.monitor.snapshot()
+        with pytest.raises(ChildProcessError):  # killed and reaped: no longer anyone's child
+            os.waitpid(pid, os.WNOHANG)
+        snap = m.monitor.snapshot()
+        assert snap["checker_pid"] != pid and snap["restarts"] == 1
+    finally:
+        m.monitor.stop()
+        net.close()
+
+
+def test_a_hung_checker_is_not_reported_alive(hung):
+    assert hung.snapshot()["checker_alive"] is False
+
+
+def test_the_network_state_is_unknown_while_a_hung_checker_is_replaced(hung):
+    assert hung.up is None and hung.snapshot()["state"] == "unknown"
+
+
+class _Ticks:
+    """A wall clock that counts its readings: the monitor reads it at every report."""
+
+    def __init__(self) -> None:
+        self.n, self.cond = 0, threading.Condition()
+
+    def __call__(self) -> float:
+        with self.cond:
+            self.n += 1
+            self.cond.notify_all()
+            return float(self.n)
+
+    def wait_for(self, n: int, timeout: float) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: self.n >= n, timeout)
+
+
+def test_a_checker_whose_probes_take_their_whole_timeout_is_kept():
+    # A listener whose accept queue is full drops new connections: every probe times out.
+    full = socket.create_server(("127.0.0.1", 0), backlog=0)
+    filler = socket.create_connection(full.getsockname())
+    ticks = _Ticks()
+    monitor = NetworkMonitor("{}:{}".format(*full.getsockname()), 0.5, lambda up: None, clock=ticks)
+    try:
+        monitor.start()
+        assert ticks.wait_for(1, 20)  # the first report
+        pid, first = monitor.pid, time.monotonic()
+        assert ticks.wait_for(8, 30), monitor.snapshot()  # reports for longer than hung_after
+        assert time.monotonic() - first > monitor.hung_after
+        snap = monitor.snapshot()
+        assert (snap["state"], snap["checker_alive"], snap["checker_pid"], snap["restarts"]) == \
+            ("down", True, pid, 0)
+    finally:
+        monitor.stop()
+        filler.close()
+        full.close()

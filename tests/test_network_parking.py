@@ -1,10 +1,14 @@
 """Network parking and retention, the policies the daemon used to hold, on a real store
-with an injected clock (the checker's state is set as its reader thread would set it)."""
+with an injected clock (the checker's state is set as its reader thread would set it, or,
+where a checker misbehaves, comes from a real one)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 
+from helpers import Listener
 from store_contract import T0, job
 
 from queickd.core.job import Outcome, State
@@ -74,6 +78,35 @@ def test_the_sweep_releases_a_job_parked_while_the_checker_says_up():
     store.park_for_network(T0)  # parked by its own failure, say
     parking.on_sweep()
     assert store.get(job_id).state == State.QUEUED
+
+
+def test_parked_jobs_are_released_when_the_network_returns_behind_a_hung_checker():
+    # A real checker probes a real listener; SIGSTOP hangs it while the network is down.
+    store, net, woken = MemoryStore(), Listener(), threading.Event()
+    changes: dict[bool, threading.Event] = {True: threading.Event(), False: threading.Event()}
+
+    def on_change(up: bool) -> None:
+        parking.on_change(up)
+        changes[up].set()
+    monitor = NetworkMonitor(f"127.0.0.1:{net.port}", 0.1, on_change, hung_after=1.0, backoff=(0.1,))
+    parking = NetworkParking(store, monitor, woken.set, clock=lambda: T0)
+    try:
+        monitor.start()
+        assert changes[True].wait(20)
+        changes[True].clear()
+        net.close()
+        assert changes[False].wait(20)
+        new = job(retry_on_network=True)
+        job_id = store.submit([new], T0)[0].job_id
+        parking.on_committed([new])
+        assert store.get(job_id).state == State.WAITING_NETWORK
+        os.kill(monitor.pid, signal.SIGSTOP)
+        net.open()
+        assert changes[True].wait(30), monitor.snapshot()
+        assert store.get(job_id).state == State.QUEUED and woken.is_set()
+    finally:
+        monitor.stop()
+        net.close()
 
 
 def _finished(store: MemoryStore, outcome, at: float) -> int:

@@ -6,16 +6,18 @@ from Python itself: over an unprivileged ICMP datagram socket where
 `net.ipv4.ping_group_range` admits the process's group (systemd's default admits every
 group), else over a raw socket (CAP_NET_RAW, e.g. `AmbientCapabilities=CAP_NET_RAW`). No
 `ping` program, whose file capability `NoNewPrivileges=yes` disables. It prints `up` or
-`down` on its stdout once at start and then on every transition; that pipe is the local
-channel to the daemon. A probe that cannot run at all (no socket may be opened) is not
-"down": the checker prints `error probe cannot run: WHY` and exits with status 3. It exits
-when its parent dies.
+`down` on its stdout after every probe (one short line, which doubles as its heartbeat);
+that pipe is the local channel to the daemon. A probe that cannot run at all (no socket
+may be opened) is not "down": the checker prints `error probe cannot run: WHY` and exits
+with status 3. It exits when its parent dies.
 
 NetworkMonitor (in the daemon) starts the checker, reads its reports on a thread, restarts
-it when it dies or cannot even be started (logged, with backoff), keeps the last "cannot
-run" error for `stats`, and calls on_change(up) on every transition. The state is None
-("unknown") until the checker has spoken once, so the daemon never assumes the network is
-up. The monitor only reports; it never parks or releases jobs itself.
+it when it dies, hangs or cannot even be started (logged, with backoff), keeps the last
+"cannot run" error for `stats`, and calls on_change(up) on every transition. A checker
+silent for longer than `hung_after` (a few intervals plus the probe timeout) is hung: it
+is killed and replaced, and the state becomes unknown, since its last word is stale. The
+state is None ("unknown") until a checker has spoken, so the daemon never assumes the
+network is up. The monitor only reports; it never parks or releases jobs itself.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ import argparse
 import itertools
 import logging
 import os
+import select
 import socket
 import struct
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..settings import DEFAULT_INTERVAL
@@ -40,12 +43,26 @@ log = logging.getLogger("queickd.netcheck")
 DEFAULT_PORT = 80
 _RESTART_BACKOFF = (0.5, 1, 2, 5, 10, 30)
 EX_CANNOT_RUN = 3  # the checker's exit status when its probe cannot run at all
+HUNG_INTERVALS = 3  # a checker silent for this many intervals plus a probe's timeout is hung
+MIN_HUNG_AFTER = 2.0  # ...but never sooner: a loaded host can stall a healthy process a moment
+START_GRACE = 15.0  # extra time for the first report: an interpreter starts slowly on a Pi
 _ECHO = {socket.AF_INET: (8, 0), socket.AF_INET6: (128, 129)}  # echo request, reply types
 _SEQ = itertools.count(1)
 
 
 class ProbeCannotRunError(Exception):
     """The probe cannot be made at all (a permission, a missing facility): not "network down"."""
+
+
+def probe_timeout(interval: float) -> float:
+    """How long one probe may take: the interval, within [0.2, 5] s."""
+    return max(0.2, min(interval, 5.0))
+
+
+def default_hung_after(interval: float) -> float:
+    """Silence after which a checker counts as hung. A report is due at most every
+    max(interval, probe timeout) seconds, so this leaves room for a few slow probes."""
+    return max(MIN_HUNG_AFTER, HUNG_INTERVALS * interval + probe_timeout(interval))
 
 
 def parse_target(target: str) -> tuple[str, str, int | None]:
@@ -135,7 +152,7 @@ def icmp_echo(host: str, timeout: float) -> bool:
 
 def checker_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m queickd.services.netcheck",
-                                description="Probe reachability; print up/down on transitions.")
+                                description="Probe reachability; print up/down after every probe.")
     p.add_argument("target", help="HOST[:PORT] (TCP connect, port 80 by default) or icmp://HOST")
     p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL, help="seconds between probes")
     a = p.parse_args(argv)
@@ -145,8 +162,7 @@ def checker_main(argv: list[str] | None = None) -> int:
         print(f"netcheck: {e}", file=sys.stderr)
         return 2
     parent = os.getppid()
-    last: bool | None = None
-    timeout = max(0.2, min(a.interval, 5.0))
+    timeout = probe_timeout(a.interval)
     while os.getppid() == parent:  # reparented: the daemon is gone, so are we
         started = time.monotonic()
         try:
@@ -159,41 +175,50 @@ def checker_main(argv: list[str] | None = None) -> int:
             except BrokenPipeError:
                 pass
             return EX_CANNOT_RUN
-        if up != last:
-            try:
-                sys.stdout.write("up\n" if up else "down\n")
-                sys.stdout.flush()
-            except BrokenPipeError:
-                return 0
-            last = up
+        try:  # every probe, not only transitions: the daemon tells a hung checker by its silence
+            sys.stdout.write("up\n" if up else "down\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            return 0
         time.sleep(max(0.0, a.interval - (time.monotonic() - started)))
     return 0
 
 
 class NetworkMonitor:
-    """Supervises the checker process; the daemon's view of the network. Thread-safe reads."""
+    """Supervises the checker process; the daemon's view of the network. Thread-safe reads.
+
+    `hung_after` (seconds of silence before a checker counts as hung), `start_grace` (extra
+    time for its first report) and `backoff` (delays between restarts) are injectable."""
 
     def __init__(self, target: str, interval: float, on_change: Callable[[bool], None],
-                 clock: Callable[[], float] = time.time, command: Sequence[str] | None = None) -> None:
+                 clock: Callable[[], float] = time.time, command: Sequence[str] | None = None, *,
+                 hung_after: float | None = None, start_grace: float = START_GRACE,
+                 backoff: Sequence[float] = _RESTART_BACKOFF) -> None:
         parse_target(target)  # fail at start-up, not in the child
         self.target = target
         # The checker's program and its first arguments (the target and interval follow).
         self.command = list(command or [sys.executable, "-m", "queickd.services.netcheck"])
         self.interval = interval
+        self.hung_after = default_hung_after(interval) if hung_after is None else hung_after
+        self.start_grace = start_grace
+        self.backoff = tuple(backoff)
         self._on_change = on_change
         self._clock = clock
-        self.up: bool | None = None  # None until the checker has spoken
+        self.up: bool | None = None  # None until the checker has spoken, or after it hung
         self.since: float | None = None  # wall time of the last transition
         self.restarts = 0
         self.last_report_at: float | None = None
         self.error: str | None = None  # why the probe cannot run, or the checker cannot start
         self._proc: subprocess.Popen | None = None
+        self._deadline = 0.0  # monotonic time by which the running checker must speak again
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
     @property
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        """A running checker that has not been silent past its deadline (a hung one is not)."""
+        return (self._proc is not None and self._proc.poll() is None
+                and time.monotonic() < self._deadline)
 
     @property
     def pid(self) -> int | None:
@@ -226,7 +251,7 @@ class NetworkMonitor:
     def _spawn(self) -> subprocess.Popen:
         return subprocess.Popen(
             [*self.command, self.target, "--interval", str(self.interval)],
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, bufsize=1,
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, bufsize=0,
         )
 
     def _supervise(self) -> None:
@@ -237,15 +262,17 @@ class NetworkMonitor:
                 return
             self.restarts += 1
             failures = 0 if spoke else failures + 1
-            delay = _RESTART_BACKOFF[min(failures, len(_RESTART_BACKOFF) - 1)]
+            delay = self.backoff[min(failures, len(self.backoff) - 1)]
             log.warning("network checker stopped; restarting in %g s", delay)
             if self._stopping.wait(delay):
                 return
 
     def _run_once(self) -> bool:
-        """Start the checker and read it until it exits. True if it reported up or down. Any
-        failure to start it is logged and survived: the supervisor must outlive it."""
+        """Start the checker and read it until it exits, or kill it once it is silent past its
+        deadline. True if it reported up or down. Any failure to start it is logged and
+        survived: the supervisor must outlive it."""
         try:
+            self._deadline = time.monotonic() + self.start_grace + self.hung_after
             self._proc = proc = self._spawn()
         except Exception as e:  # PermissionError, a missing interpreter, no more processes...
             self.error = f"checker cannot start: {type(e).__name__}: {e}"
@@ -254,8 +281,11 @@ class NetworkMonitor:
         log.info("network checker started (pid %d, probing %s every %g s)", proc.pid,
                  self.target, self.interval)
         spoke = False
-        for line in proc.stdout:  # type: ignore[union-attr]
-            line = line.strip()
+        for line in self._lines(proc):
+            if line is None:
+                self._hung(proc)
+                break
+            self._deadline = time.monotonic() + self.hung_after  # any line is a heartbeat
             if line.startswith("error "):
                 self.error = line[len("error "):]
                 log.error("network checker (pid %d): %s; the network state stays unknown", proc.pid, self.error)
@@ -264,14 +294,44 @@ class NetworkMonitor:
                 self.error = None
                 self._report(line == "up")
         code = proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
         if not self._stopping.is_set():
             log.warning("network checker (pid %d) exited with %s", proc.pid, code)
         return spoke
 
+    def _lines(self, proc: subprocess.Popen) -> Iterator[str | None]:
+        """The checker's stdout lines as they come, until EOF; None (and the end) once it
+        has been silent past self._deadline, which the caller moves on at every line."""
+        fd = proc.stdout.fileno()  # type: ignore[union-attr]
+        poller = select.poll()  # not select(): a busy daemon's descriptors may pass 1024
+        poller.register(fd, select.POLLIN)
+        pending = b""
+        while (left := self._deadline - time.monotonic()) > 0:
+            if not poller.poll(left * 1000):
+                continue  # timed out: the loop condition notices
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                yield line.decode(errors="replace").strip()
+        yield None
+
+    def _hung(self, proc: subprocess.Popen) -> None:
+        """The checker is silent past its deadline: whatever it said last is stale, so the
+        state is unknown (jobs that need the network wait) until a new checker speaks."""
+        if self._stopping.is_set():
+            return  # stop() is ending it anyway
+        if self.up is not None:
+            self.up, self.since = None, self._clock()
+        proc.kill()  # SIGKILL works on a stopped or wedged process too; the caller reaps it
+        log.warning("network checker (pid %d) silent for over %g s: hung; killed it, the network "
+                    "state is unknown until a new checker reports", proc.pid, self.hung_after)
+
     def _report(self, up: bool) -> None:
         self.last_report_at = self._clock()
         if up == self.up:
-            return  # a restarted checker repeats the state we already know
+            return  # every probe repeats the state we already know
         was, self.up, self.since = self.up, up, self._clock()
         log.info("network is %s (was %s)", "up" if up else "down",
                  "unknown" if was is None else "up" if was else "down")
