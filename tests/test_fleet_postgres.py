@@ -180,7 +180,7 @@ def test_a_worker_whose_pass_waits_on_another_sessions_lock_keeps_beating_and_it
 
     url, admin = pg
     d = _daemon(start_daemon, url)
-    w = start_worker(url, heartbeat=HEARTBEAT, workers=2)
+    start_worker(url, heartbeat=HEARTBEAT, workers=2)
     with d.client() as q:
         long_id = q.enqueue("testjobs:gate", [gate.port, "long"])
         assert gate.arrival() == "long"
