@@ -355,3 +355,49 @@ def test_a_daemon_killed_with_sigkill_mid_job_has_its_jobs_groups_removed_by_the
     with second.client() as q:
         q.cancel(job_id)
     assert second.terminate() == 0
+
+
+# --- the job directories of a daemon killed with SIGKILL: removed at the next start ---
+
+def _job_dirs(tmp) -> list[str]:
+    return sorted(p.name for p in tmp.iterdir() if p.name.startswith("queickd-job-"))
+
+
+def test_the_job_directories_of_a_daemon_killed_with_sigkill_are_removed_at_the_next_start(
+        start_daemon, tmp_path, gate):
+    tmp = tmp_path / "tmp"  # the daemons' TMPDIR: what they sweep is this test's alone
+    tmp.mkdir()
+    first = start_daemon(None, env={"TMPDIR": str(tmp)})
+    with first.client() as q:
+        job_id = q.enqueue("testjobs:gate", [gate.port, "held"], isolation="process")
+    assert gate.arrival() == "held"  # it runs in its directory
+    left = f"queickd-job-{job_id}-{first.proc.pid}-1"
+    assert _job_dirs(tmp) == [left]
+    first.kill()
+    second = start_daemon(None, env={"TMPDIR": str(tmp)})
+    second.wait_for_line(rf"removed the job directory \S*/{left} left behind by a daemon that is gone")
+    assert not (tmp / left).exists()
+
+
+def test_the_start_sweep_leaves_a_live_daemons_job_directory_and_anything_named_otherwise(
+        start_daemon, tmp_path):
+    tmp, dead = tmp_path / "tmp", _dead_pid()
+    tmp.mkdir()
+    stale = tmp / f"queickd-job-7-{dead}-1"
+    kept = [tmp / f"queickd-job-8-{os.getpid()}-1", tmp / f"queickd-job-9-{dead}-x1",
+            tmp / f"queickd-job-{dead}", tmp / f"app-queickd-job-10-{dead}-1"]
+    for d in (stale, *kept):
+        d.mkdir()
+        (d / "f").write_text("x")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "f").write_text("x")
+    link = tmp / f"queickd-job-11-{dead}-1"
+    link.symlink_to(elsewhere)
+    plain = tmp / f"queickd-job-12-{dead}-1"
+    plain.write_text("x")
+    d = start_daemon(None, env={"TMPDIR": str(tmp)})
+    d.wait_for_line("process jobs: memory limits by")  # logged once the sweep is done
+    assert not stale.exists()
+    assert all((k / "f").exists() for k in kept)
+    assert link.is_symlink() and (elsewhere / "f").exists() and plain.read_text() == "x"

@@ -12,6 +12,8 @@ from typing import Any
 from ..core.fate import error_info, is_network_error, is_resource_exhaustion, storable_result
 from .base import RunReport
 
+MAX_TEXT = 16 * 1024  # characters of a process run's error message (and traceback) kept
+
 
 def succeeded(value: Any, runtime: float) -> RunReport:
     return RunReport(True, storable_result(value), runtime=runtime)
@@ -29,6 +31,18 @@ def failed(exc: BaseException, runtime: float) -> RunReport:
 def refused(error_type: str, message: str, runtime: float = 0.0) -> RunReport:
     """A run that could not start and never will (the function is no longer allowed)."""
     return RunReport(False, None, error_type, message, None, permanent=True, runtime=runtime)
+
+
+def fit(report: RunReport) -> RunReport:
+    """The report with its error text cut to what always crosses to the daemon (a socket
+    packet, a capped pipe): the message's head and the traceback's tail, MAX_TEXT
+    characters each (fate.error_info has cut the traceback to 8 KB already)."""
+    msg, tb = report.error_message, report.traceback
+    if msg is not None and len(msg) > MAX_TEXT:
+        report.error_message = msg[:MAX_TEXT] + f"… [{len(msg)} characters in all]"
+    if tb is not None and len(tb) > MAX_TEXT:
+        report.traceback = "…" + tb[-MAX_TEXT:]
+    return report
 
 
 def _retry_hint(v: object) -> float | None:

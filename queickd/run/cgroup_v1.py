@@ -52,7 +52,8 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Is `pid` a live process here (one of another user's counts)?"""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -74,7 +75,7 @@ def left_behind(bases: list[str]) -> dict[str, dict[str, str]]:
             continue
         for name in names:
             m = _JOB_GROUP.fullmatch(name)
-            if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+            if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
                 path = os.path.join(base, name)
                 if os.path.isdir(path):
                     out.setdefault(name, {})[base] = path

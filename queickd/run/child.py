@@ -23,7 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from ..core.fate import clean
+from ..core.fate import clean, storable_result
+from ..core.protocol import MAX_DEPTH, too_deep
 from . import capture, context
 from .base import RunReport
 
@@ -117,16 +118,26 @@ def _lock_in(req: dict[str, Any], out_fd: int, rep_fd: int) -> None:
 
 
 def _judge(report: RunReport, value: Any, max_result: int) -> RunReport:
-    """A process job's result must be JSON within its output cap: nothing else crosses."""
+    """A process job's result must be JSON within its output cap: nothing else crosses. One
+    nested more than MAX_DEPTH levels deep is stored as a thread job's is: as
+    storable_result's placeholder string (the value could not be read back)."""
     if not report.ok:
         return report
     try:
-        size = len(_strict.encode(value).encode("utf-8"))
+        text = _strict.encode(value)
+        # Fewer brackets than levels allowed cannot nest too deep: most results skip the walk.
+        deep = text.count("[") + text.count("{") > MAX_DEPTH and too_deep(value, MAX_DEPTH)
+    except RecursionError:  # nested far deeper still: the encoder gave up
+        deep = True
     except (TypeError, ValueError) as e:
         return RunReport(False, None, "not_json", clean(
             f"the job returned a {type(value).__name__}, which is not JSON ({e}); a process job "
             "returns JSON data: None, bool, int, float, str, list, dict"), None, permanent=True,
             runtime=report.runtime)
+    if deep:
+        report.result = storable_result(value)
+        return report
+    size = len(text.encode("utf-8"))
     if size > max_result:
         return RunReport(False, None, "output_limit", f"the result is {size} bytes, over the output "
                          f"limit of {max_result} bytes", None, permanent=True, runtime=report.runtime)
@@ -177,7 +188,7 @@ def run(req: dict[str, Any], out_fd: int, rep_fd: int, fn: Callable[..., Any]) -
             except Exception:  # a closed or broken stream must not lose the report
                 pass
         report.peak_memory, report.cpu_time = peak_memory(), cpu_time()
-        data = json.dumps(report.to_dict(), ensure_ascii=False).encode("utf-8", "backslashreplace")
+        data = json.dumps(capture.fit(report).to_dict(), ensure_ascii=False).encode("utf-8", "backslashreplace")
         view = memoryview(data)
         while view:
             view = view[os.write(REPORT_FD, view):]

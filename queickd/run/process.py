@@ -15,10 +15,13 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import os
+import re
 import selectors
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 import time
@@ -27,7 +30,7 @@ from typing import Any
 
 from ..core.job import Job
 from ..core.sandbox import Limits
-from . import capture, cgroup
+from . import capture, cgroup, cgroup_v1
 from .base import RunReport
 from .supervisor import ZygoteSupervisor, ZygoteUnavailableError
 from .watch import Watch
@@ -41,6 +44,7 @@ NOFILE_LIMIT = 1024
 INLINE_ARGS = 64 * 1024  # bytes of arguments sent in the request; more go through a file
 _PASSED_ENV = ("PATH", "LANG", "TZ")
 LIMIT_KINDS = ("timeout", "memory_limit", "output_limit")
+_JOB_DIR = re.compile(r"queickd-job-\d+-(\d+)-\d+")  # _job_dir's names: job id, daemon pid, counter
 
 
 def child_env(passthrough: Sequence[str] = ()) -> dict[str, str]:
@@ -106,9 +110,15 @@ class ProcessRunner:
         self._dirs = itertools.count(1)  # the job directories' names (next() is atomic)
 
     def sweep(self) -> None:
-        """At start: the per-job groups of a daemon that was killed with SIGKILL while its
-        process jobs ran (its pid is in their names, and it is gone) are killed (whatever
-        its jobs left in them) and removed, and what was done is logged."""
+        """At start: the job directories and per-job groups of a daemon that was killed with
+        SIGKILL while its process jobs ran (its pid is in their names, and it is gone) are
+        removed, the groups killed first (whatever its jobs left in them), each logged."""
+        for path in left_dirs(self._tmp):
+            shutil.rmtree(path, ignore_errors=True)
+            if os.path.lexists(path):
+                log.warning("cannot remove the job directory %s left behind by a daemon that is gone", path)
+            else:
+                log.warning("removed the job directory %s left behind by a daemon that is gone", path)
         if self.cgroups is None:
             return
         try:
@@ -191,8 +201,8 @@ class ProcessRunner:
         rlimits = {"fsize": FSIZE_LIMIT, "nofile": NOFILE_LIMIT}
         if limits.memory_mb is not None and cg is None:  # the backstop of the RSS watch
             rlimits["as"] = (2 * limits.memory_mb + 1024) << 20
-        if limits.timeout is not None:  # CPU time cannot pass wall time; a backstop too
-            rlimits["cpu"] = int(limits.timeout) + 2
+        if limits.timeout is not None:
+            rlimits["cpu"] = cpu_limit(limits.timeout)
         req = {"op": "run", "func": job.func, "args": job.args, "kwargs": job.kwargs,
                "env": self.env, "env_job": job_env(job_dir, creds), "cwd": job_dir,
                "rlimits": rlimits, "cgroups": list(cg.paths) if cg is not None else [], "max_result": max_out,
@@ -221,7 +231,8 @@ class ProcessRunner:
                 finally:
                     os.close(out_w)
                     os.close(rep_w)
-                watch = Watch(p, io.sel, out_r, rep_r, limits, max_out, cg, began, self.kill_grace)
+                watch = Watch(p, io.sel, out_r, rep_r, limits, max_out, cg, began, self.kill_grace,
+                              rlimits.get("cpu"))
                 with self._count_lock:
                     self._watches[job.id] = watch
                     cancelled = self._cancelled.pop(job.id, None) is not None
@@ -242,6 +253,37 @@ class ProcessRunner:
                 os.close(out_r)
                 os.close(rep_r)
         return report
+
+
+def left_dirs(tmp: str) -> list[str]:
+    """The job directories in `tmp` of a daemon that is gone: named as _job_dir names them,
+    with a pid that is no live process here (never this one's), a directory (not a link)
+    of this user's. Anything else is left alone."""
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return []
+    out = []
+    for name in sorted(names):
+        m = _JOB_DIR.fullmatch(name)
+        if m is None or int(m.group(1)) == os.getpid() or cgroup_v1.pid_alive(int(m.group(1))):
+            continue
+        path = os.path.join(tmp, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+            out.append(path)
+    return out
+
+
+def cpu_limit(timeout: float) -> int:
+    """A timed job's RLIMIT_CPU, seconds: a backstop for a child no watch kills (the daemon
+    stopped, or its pid never came). CPU time counts every thread of the child, so a job
+    busy on every core for its whole timeout stays within it and meets the wall-clock kill
+    first, which says `timeout` (a job's threads working in parallel are no crash)."""
+    return math.ceil(timeout * (os.cpu_count() or 1)) + 2
 
 
 def _copy_credentials(job_dir: str, names: Sequence[str]) -> str | None:

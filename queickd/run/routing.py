@@ -33,9 +33,10 @@ class RoutingRunner:
         return self.process.supervisor if self.process is not None else None
 
     def announce(self) -> None:
-        """Once at start, after the daemon's (or worker's) own start line: remove the per-job
-        cgroups a daemon killed with SIGKILL left behind (never a live daemon's: their
-        names hold its pid), and say how process jobs' memory limits hold here."""
+        """Once at start, after the daemon's (or worker's) own start line: remove the job
+        directories and per-job cgroups a daemon killed with SIGKILL left behind (never a
+        live daemon's: their names hold its pid), and say how process jobs' memory limits
+        hold here."""
         if self.process is None:
             return
         self.process.sweep()

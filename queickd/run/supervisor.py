@@ -49,6 +49,7 @@ class Pending:
     id: int
     wake_r: int
     wake_w: int
+    func: str = ""  # the job's function, preloaded by the next zygotes once it has imported
     replies: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     zygote: Any = None  # the _Zygote it went to (a retired one finishes what it was given)
@@ -102,7 +103,9 @@ class _Zygote:
         env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path[1:]] if p)
         cmd = [sys.executable, "-m", "queickd.run.zygote", "--app-dir", sup.app_dir]
         cmd += [x for a in sup.allow for x in ("--allow", a)]
-        cmd += [x for f in sorted(sup.preload) for x in ("--preload", f)]
+        with sup._preload_lock:
+            preload = sorted(sup.preload)
+        cmd += [x for f in preload for x in ("--preload", f)]
         cmd += ["--fd", str(theirs.fileno())]
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env=env,
@@ -135,11 +138,14 @@ class _Zygote:
                 break
             msg = json.loads(buf[:n])
             if "ready" in msg:
+                self.sup._imported(msg.get("failed") or (), ok=False)
                 self.ready.set()
                 continue
             with self.lock:
                 p = self.pending.get(msg.get("id"))
             if p is not None:
+                if "pid" in msg or "report" in msg:  # its function imported (forked), or not
+                    self.sup._imported((p.func,), ok="pid" in msg)
                 p.post(msg)
         with self.lock:
             self.dead = True
@@ -184,7 +190,11 @@ class ZygoteSupervisor:
     def __init__(self, app_dir: str, allow: Sequence[str] = (), preload: Sequence[str] = ()) -> None:
         self.app_dir = os.path.realpath(app_dir)
         self.allow = tuple(allow)
-        self.preload: set[str] = set(preload)  # functions the next zygote imports before forking
+        # Functions the next zygote imports before it forks: those named at start and those
+        # that have imported in a zygote since; one whose import fails is dropped, so that a
+        # module that ends the zygote as it imports (os._exit, a crash) ends no other.
+        self.preload: set[str] = set(preload)
+        self._preload_lock = threading.Lock()
         self.restarts = 0
         self._zygote: _Zygote | None = None
         self._lock = threading.Lock()
@@ -237,11 +247,10 @@ class ZygoteSupervisor:
         """Hand one job to the zygote; replies come to the returned Pending. `wake`: the
         caller's own non-blocking pipe for the wake-ups (else one is made for this job).
         Raises ZygoteUnavailableError when no zygote can be had."""
-        self.preload.add(func)
         r, w = wake if wake is not None else os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         with self._lock:
             self._ids += 1
-            p = Pending(self._ids, r, w, wake_on_pid=wake_on_pid, owns_wake=wake is None)
+            p = Pending(self._ids, r, w, func, wake_on_pid=wake_on_pid, owns_wake=wake is None)
         msg = {**msg, "id": p.id}
         try:
             z = self._current()
@@ -264,6 +273,16 @@ class ZygoteSupervisor:
         if p.zygote is not None:
             p.zygote.forget(p)
         p.close()
+
+    def _imported(self, funcs: Sequence[str], ok: bool) -> None:
+        """Note which functions imported in a zygote (`ok`) and which failed to."""
+        for func in funcs:
+            if func and (func in self.preload) != ok:  # the usual job changes nothing: no lock taken
+                with self._preload_lock:
+                    if ok:
+                        self.preload.add(func)
+                    else:
+                        self.preload.discard(func)
 
     def _current(self) -> _Zygote:
         with self._lock:

@@ -24,6 +24,7 @@ from .supervisor import Pending
 WATCH_INTERVAL = 0.02  # seconds between looks at a memory-limited child's RSS
 MAX_STORED_OUTPUT = 64 * 1024  # bytes of captured output kept with the job
 MAX_REPORT = 1 << 20  # bytes of report beyond the result's own cap (traceback, message)
+CPU_LIMIT_NEAR = 0.5  # seconds: a child killed with this close to its CPU time limit reached it
 
 
 def _rss(pid: int) -> int | None:
@@ -41,9 +42,11 @@ class Watch:
     """One running child, watched until the zygote reports it reaped."""
 
     def __init__(self, p: Pending, sel: selectors.BaseSelector, out_r: int, rep_r: int,
-                 limits: Limits, max_out: int, cg: Any, began: float, kill_grace: float) -> None:
+                 limits: Limits, max_out: int, cg: Any, began: float, kill_grace: float,
+                 cpu_limit: int | None = None) -> None:
         self.p, self.limits, self.max_out, self.cg = p, limits, max_out, cg
         self.kill_grace = kill_grace
+        self.cpu_limit = cpu_limit  # the child's RLIMIT_CPU, seconds
         self.began = began
         self.out, self.out_len, self.report = bytearray(), 0, bytearray()
         self.killed: tuple[str, str] | None = None  # (error type, message)
@@ -85,6 +88,9 @@ class Watch:
                         self.kill("timeout", f"the job ran past its timeout of {self.limits.timeout:g} s "
                                    f"(killed after {now - self.began:.1f} s)", signal.SIGTERM)
                 if self.kill_at is not None and now >= self.kill_at:
+                    if self.pid is None:  # the zygote never said it forked the job: nothing to wait for
+                        self.exit = {"no_pid": True}
+                        break
                     self._signal(signal.SIGKILL)
                     self.kill_at = None
                 if watch and self.pid is not None and self.killed is None:
@@ -172,6 +178,10 @@ class Watch:
             r = RunReport.from_dict(exit_msg["report"])
             r.runtime = runtime
             return r
+        if "no_pid" in exit_msg:
+            return RunReport(False, None, "crashed", "the job never started: the zygote did not say it had "
+                             f"forked it within its timeout of {self.limits.timeout:g} s and the "
+                             f"{self.kill_grace:g} s grace (still importing its module?)", None, runtime=runtime)
         cpu = exit_msg.get("cpu")
         if self.cg is not None and self.limits.memory_mb is not None:
             # The group's own high-water mark: the look every 20 ms may have missed the last rise.
@@ -202,16 +212,25 @@ class Watch:
         if self.report:
             try:
                 r = RunReport.from_dict(json.loads(bytes(self.report)))
-            except (ValueError, TypeError) as e:
+            except (ValueError, TypeError, RecursionError) as e:
                 return RunReport(False, None, "crashed", f"the job's report is not readable ({e}); "
                                  f"exit code {code}", None, runtime=runtime, cpu_time=cpu)
             r.runtime = r.runtime or runtime
             if r.cpu_time is None:
                 r.cpu_time = cpu
             return r
+        if -code in (signal.SIGKILL, signal.SIGXCPU) and self._at_cpu_limit(cpu):
+            return RunReport(False, None, "timeout", f"the job used up its CPU time limit of {self.cpu_limit} s "
+                             f"(its timeout of {self.limits.timeout:g} s on each core) and was killed",
+                             None, runtime=runtime, cpu_time=cpu)
         how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
         return RunReport(False, None, "crashed", f"the job's process {how} without a report", None,
                          runtime=runtime, cpu_time=cpu)
+
+    def _at_cpu_limit(self, cpu: float | None) -> bool:
+        """Did the child's CPU time reach its RLIMIT_CPU? The kernel kills it there (SIGKILL
+        when the soft limit is the hard one, else SIGXCPU first): a timeout, not a crash."""
+        return self.cpu_limit is not None and cpu is not None and cpu >= self.cpu_limit - CPU_LIMIT_NEAR
 
     def _output(self) -> str | None:
         """What the job wrote, as it is stored: its first MAX_STORED_OUTPUT bytes as text (a

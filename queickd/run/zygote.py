@@ -8,6 +8,7 @@ report pipes passed alongside (SCM_RIGHTS):
 
   -> {"op": "run", "id", "func", "args", "kwargs", "env", "env_job", "cwd", "rlimits",
       "cgroups", "max_result"} + [output fd, report fd]
+  <- {"ready": pid, "failed": [...]}    started; the preloads that could not be imported
   <- {"id", "pid"}                      forked; the child runs (run/child.py)
   <- {"id", "report": {...}}            not forked: the function cannot be loaded
   <- {"id", "stale": true}              an app module changed on disk: start a new zygote
@@ -37,6 +38,7 @@ import sys
 from typing import Any
 
 from . import capture, child
+from .base import RunReport
 from .loader import FunctionLoader
 
 MAX_PACKET = 1 << 22  # a request's JSON: arguments are bounded by the protocol's line limit
@@ -55,13 +57,18 @@ class Zygote:
         self._buf = bytearray(MAX_PACKET)
 
     # --- imports -----------------------------------------------------------------------------
-    def preload(self, funcs: list[str]) -> None:
+    def preload(self, funcs: list[str]) -> list[str]:
+        """Import the functions' modules; the names of those that failed."""
+        failed = []
         for func in funcs:
             try:
                 self.loader.resolve(func)
-            except Exception as e:  # a function that cannot load fails its own jobs, later
-                print(f"queickd zygote: cannot preload {func}: {e}", file=sys.stderr, flush=True)
+            except BaseException as e:  # SystemExit at import too: it fails its own jobs, later
+                failed.append(func)
+                print(f"queickd zygote: cannot preload {func}: {type(e).__name__}: {_short(e)}",
+                      file=sys.stderr, flush=True)
         self._note_modules()
+        return failed
 
     def _note_modules(self) -> None:
         """Note the app modules imported since the last call, and freeze what this process
@@ -94,6 +101,19 @@ class Zygote:
     # --- the loop ----------------------------------------------------------------------------
     def send(self, msg: dict[str, Any]) -> None:
         self._send(json.dumps(msg).encode())
+
+    def send_report(self, rid: int, report: RunReport) -> None:
+        """A job's report in one packet, which must fit the socket's send buffer (~200 KB by
+        default): its text cut (capture.fit: ~100 KB at most as UTF-8). If even that cannot be
+        sent (a smaller buffer), a short one saying so, never none: the job's watch waits for
+        an answer."""
+        packet = json.dumps({"id": rid, "report": capture.fit(report).to_dict()}, ensure_ascii=False)
+        try:
+            self.sock.send(packet.encode("utf-8", "backslashreplace"))
+        except OSError as e:
+            short = RunReport(False, None, "sandbox_setup", f"the zygote could not send the job's "
+                              f"{report.error_type} report ({len(packet)} characters): {e}", None)
+            self.send({"id": rid, "report": short.to_dict()})
 
     def _send(self, packet: bytes) -> None:
         try:
@@ -159,19 +179,18 @@ class Zygote:
     def start(self, req: dict[str, Any], fds: list[int]) -> None:
         try:
             if len(fds) != 2:
-                self.send({"id": req["id"], "report": capture.refused(
-                    "sandbox_setup", "the job's pipes did not arrive").to_dict()})
+                self.send_report(req["id"], capture.refused("sandbox_setup", "the job's pipes did not arrive"))
                 return
             if self.stale():
                 self.send({"id": req["id"], "stale": True})
                 return
             try:
                 fn = self.loader.resolve(req["func"])
-            except Exception as e:
+            except BaseException as e:  # a module's SystemExit or KeyboardInterrupt too: we live on
                 report = capture.failed(e, 0.0)
                 if getattr(e, "code", None) == "not_allowed":
                     report = capture.refused("not_allowed", str(getattr(e, "message", e)))
-                self.send({"id": req["id"], "report": report.to_dict()})
+                self.send_report(req["id"], report)
                 return
             self._note_modules()
             if req["env"] != self.env:
@@ -239,6 +258,14 @@ class Zygote:
         self.kill_leftovers()
 
 
+def _short(e: BaseException, most: int = 500) -> str:
+    try:
+        text = str(e)
+    except Exception:
+        return f"<unprintable {type(e).__name__}>"
+    return text if len(text) <= most else text[:most] + "…"
+
+
 def _children() -> list[int]:
     """This process's children, from /proc."""
     me = os.getpid()
@@ -280,8 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     child.warm_up()
     sock = socket.socket(fileno=a.fd)
     z = Zygote(sock, FunctionLoader(a.app_dir, a.allow))
-    z.preload(a.preload)
-    z.send({"ready": os.getpid()})
+    failed = z.preload(a.preload)
+    z.send({"ready": os.getpid(), "failed": failed})
     try:
         z.serve()
     except OSError as e:
