@@ -220,3 +220,36 @@ def test_a_reading_less_what_started_since_never_defers_a_job_without_a_look_at_
     clock.now += gate_mod.ROOM_FRESH / 2
     # The reading less job 1's 100 MB leaves 50 MB: not trusted to defer, the files say 1000.
     assert gate.split([_big(2)], running_here=1) == ([_big(2)], [])
+
+
+def test_what_a_running_job_may_still_take_is_its_peak_less_the_drop_in_room_since_it_started():
+    assert mem.still_to_take([], 500 * MB) == 0
+    assert mem.still_to_take([(100 * MB, 500 * MB)], 500 * MB) == 100 * MB  # not grown yet
+    assert mem.still_to_take([(100 * MB, 500 * MB)], 440 * MB) == 40 * MB  # grown by 60
+    assert mem.still_to_take([(100 * MB, 500 * MB)], 300 * MB) == 0  # past its peak
+    assert mem.still_to_take([(100 * MB, 500 * MB)], 900 * MB) == 100 * MB  # room freed elsewhere
+    # Two started together, the room down by 100: that is one of them grown, not both.
+    assert mem.still_to_take([(100 * MB, 500 * MB), (100 * MB, 500 * MB)], 400 * MB) == 100 * MB
+
+
+def test_a_started_job_s_expected_peak_counts_after_the_room_is_read_again_until_it_ends(tmp_path):
+    fake_tree(tmp_path, v2=(1000 * MB, 864 * MB, 0))  # 136 MB of room
+    gate, clock = _gate_with_a_100mb_function(tmp_path)
+    assert gate.split([_big(1)], running_here=0) == ([_big(1)], [])
+    clock.now += 4 * gate_mod.ROOM_FRESH  # stale: read again; job 1 has not grown yet
+    assert gate.split([_big(2)], running_here=1) == ([], [_big(2)])
+    gate.after_run(_big(1), 100 * MB, 1.0, killed=False, estimated=False)
+    assert gate.split([_big(2)], running_here=0) == ([_big(2)], [])
+
+
+def test_under_max_rss_a_started_job_s_expected_peak_counts_after_the_room_is_read_again(tmp_path):
+    fake_tree(tmp_path, v2=(4000 * MB, 0, 0))
+    (tmp_path / "proc/self/statm").write_text(f"0 {164 * MB // gate_mod._PAGE} 0 0 0 0 0\n")
+    store = MemoryStore()
+    store.record_runs([("app:big", 100 * MB, 1.0, False, False)], 0.0)
+    clock = _Clock()
+    gate = gate_mod.MemoryGate(store, reserve_mb=0, max_rss_mb=300, root=str(tmp_path), clock=clock)
+    assert gate.split([_big(1)], running_here=0) == ([_big(1)], [])  # 136 MB under --max-rss
+    clock.now += 4 * gate_mod.ROOM_FRESH
+    assert gate.split([_big(2)], running_here=1) == ([], [_big(2)])
+    assert gate.snapshot()["deferred"] == {"max_rss": 1}

@@ -120,3 +120,46 @@ def test_the_pool_does_not_grow_when_one_more_typical_job_would_not_fit(gate, tm
     finally:
         gate.release_all()
         pool.stop(10)
+
+
+class _GrowsAsItReachesItsMinimum:
+    """A pool for a PoolSize's timer: the first time a shrink takes it to its minimum, it
+    grows by one on another thread after the shrink read its size and before the timer
+    looks at it (a pass's growth, landing in that window)."""
+
+    def __init__(self, size: PoolSize, workers: int) -> None:
+        self.size, self.workers = size, workers
+        self.grew = False
+        self.back_at_minimum = threading.Event()  # set when a shrink after the growth reaches it
+
+    def shrink(self, now: float) -> int:
+        if self.size.due(self.workers, now):
+            self.workers -= 1
+        seen = self.workers
+        if seen == self.size.min and not self.grew:
+            self.grew = True
+            grow = threading.Thread(target=self._grow)
+            grow.start()
+            grow.join()
+        elif seen == self.size.min:
+            self.back_at_minimum.set()
+        return seen  # read before the growth
+
+    def _grow(self) -> None:
+        self.workers += 1
+        self.size.start_timer(self.shrink)
+
+
+def test_a_growth_while_the_timer_shrinks_to_the_minimum_keeps_the_timer_until_it_is_back_there():
+    clock = Clock()
+    size = PoolSize(1, 3, 0, clock=clock)
+    pool = _GrowsAsItReachesItsMinimum(size, 2)
+    size.start_timer(pool.shrink)
+    timer = size._thread
+    try:
+        assert pool.back_at_minimum.wait(10)  # the growth was shrunk again
+        assert timer is not None
+        timer.join(10)
+        assert not _timer_alive() and pool.workers == 1
+    finally:
+        size.stop()

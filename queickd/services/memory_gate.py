@@ -33,10 +33,10 @@ from ..settings import DEFAULT_RESERVE_MB
 
 log = logging.getLogger("queickd.worker")
 
-# Seconds a reading of the room may serve the passes after it, less what the jobs they
-# started are expected to take, to let a job start; never to defer one (that is looked at
-# again). A pass read five files for every job that arrived alone (a tenth of a process
-# job's cost in the daemon); the room rarely changes faster than jobs start.
+# Seconds a reading of the room may serve the passes after it, less what the jobs running
+# here may still take, to let a job start; never to defer one (that is looked at again).
+# A pass read five files for every job that arrived alone (a tenth of a process job's cost
+# in the daemon); the room rarely changes faster than jobs start.
 ROOM_FRESH = 0.25
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -146,7 +146,10 @@ class MemoryGate:
         self.source = "none"
         self._clock = clock
         self._reading: tuple[float, float, float | None] | None = None  # (when, room, --max-rss room)
-        self._since = 0.0  # bytes expected by the jobs started since that reading
+        # The jobs started here and not yet ended, oldest first: job id -> (expected peak,
+        # room and --max-rss room read when it started). Counted against every reading, old
+        # or new, until they end: a job takes its memory as it runs, not when it starts.
+        self._running: dict[int, tuple[float, float, float | None]] = {}
 
     def measures_run(self, func: str) -> bool:
         """Should a thread run of func measure itself (mem.worth_measuring)? Counts the run."""
@@ -186,6 +189,10 @@ class MemoryGate:
         rss_room: float | None = None
         read_now = False  # free was read in this pass (not an earlier pass's reading)
         taken = 0.0
+        started: list[tuple[int, float]] = []  # (job id, expected peak) of those that matter
+        if running_here == 0:
+            with self._lock:  # none of them runs (one whose start was undone is forgotten here)
+                self._running.clear()
         for job in jobs:
             fp = self.footprint(job.func)
             need = fp.peak if fp is not None else 0.0
@@ -204,33 +211,48 @@ class MemoryGate:
                              " %.0f MB free): nothing else runs here", job.id, job.func, need / mem.MB,
                              max(0.0, free) / mem.MB)
                 taken += need
+                started.append((job.id, need))
                 start.append(job)
             else:
                 later.append(job)
                 with self._lock:
                     self.deferred[d.reason or "memory"] = self.deferred.get(d.reason or "memory", 0) + 1
-        if taken:
+        if started:
             with self._lock:
-                self._since += taken
+                assert self._reading is not None  # read for the first of them
+                _, free_at, rss_at = self._reading
+                for job_id, need in started:
+                    self._running.pop(job_id, None)  # a retry of one: newest last
+                    self._running[job_id] = (need, free_at, rss_at)
         return start, later
 
     def _room(self, reuse: bool) -> tuple[float, float | None, bool]:
-        """(room less the reserve, room under --max-rss or None, read just now): an earlier
-        reading still fresh, less what started since, when `reuse`; else the files."""
+        """(room less the reserve, room under --max-rss or None, read just now), each less
+        what the jobs running here may still take: an earlier reading still fresh when
+        `reuse`; else the files."""
         now = self._clock()
         with self._lock:
-            if reuse and self._reading is not None and now - self._reading[0] < ROOM_FRESH:
-                _, free, rss_room = self._reading
-                return (free - self._since, None if rss_room is None else rss_room - self._since, False)
-        free, self.source = room(self.root)
-        free -= self.reserve
-        rss_room = None
-        if self.max_rss is not None:
-            rss = own_rss(self.root)
-            rss_room = self.max_rss - rss if rss is not None else None
+            reading = self._reading
+        read_now = not (reuse and reading is not None and now - reading[0] < ROOM_FRESH)
+        if read_now:
+            free, self.source = room(self.root)
+            rss_room = None
+            if self.max_rss is not None:
+                rss = own_rss(self.root)
+                rss_room = self.max_rss - rss if rss is not None else None
+            reading = (now, free - self.reserve, rss_room)
+            with self._lock:
+                self._reading = reading
+        assert reading is not None
+        _, free, rss_room = reading
         with self._lock:
-            self._reading, self._since = (now, free, rss_room), 0.0
-        return free, rss_room, True
+            running = list(self._running.values())
+        free -= mem.still_to_take([(peak, at) for peak, at, _ in running], free)
+        if rss_room is not None:
+            now_rss = rss_room
+            rss_room -= mem.still_to_take([(peak, now_rss if at is None else at) for peak, _, at in running],
+                                          now_rss)
+        return free, rss_room, read_now
 
     def backoffs(self, jobs: list[Job]) -> list[float]:
         """Each deferred job's wait (seconds), longer each time it is deferred."""
@@ -248,6 +270,7 @@ class MemoryGate:
         """A run's measure, kept until the pool's next pass writes it."""
         with self._lock:
             self._deferrals.pop(job.id, None)
+            self._running.pop(job.id, None)  # ended: the room read from now on shows what it left
             old = self._known.get(job.func)
             new = mem.update(old, peak, runtime, killed, estimated)
             self._known[job.func] = new

@@ -34,6 +34,7 @@ class PoolSize:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._grown = False  # a growth found the timer running since its last shrink began
 
     @property
     def adaptive(self) -> bool:
@@ -53,6 +54,7 @@ class PoolSize:
         """After a growth: make sure the shrink timer runs (one thread, whatever the size)."""
         with self._lock:
             self._shrink = shrink
+            self._grown = True  # the running timer must not end on a size read before this
             if self._thread is None or not self._thread.is_alive():
                 self._stop.clear()
                 self._thread = threading.Thread(target=self._run, name="queickd-pool-size", daemon=True)
@@ -67,9 +69,14 @@ class PoolSize:
             if self._stop.wait(wait):
                 return
             assert self._shrink is not None
-            size = self._shrink(self._clock())
             with self._lock:
-                if size <= self.min:
+                self._grown = False
+            size = self._shrink(self._clock())
+            # Decided under the lock growth takes (size may be stale by now): a growth since
+            # the shrink began either set _grown (this timer goes on), or comes after this and
+            # finds no timer (it starts one).
+            with self._lock:
+                if size <= self.min and not self._grown:
                     self._thread = None  # a growth from here on starts a new timer
                     return
 

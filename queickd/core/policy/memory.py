@@ -5,8 +5,9 @@ job may start in the room left.
   recent runs (each new run weighs `RECENT`); a run killed for its memory limit raises
   the peak to its peak (or the old one, if higher) times `KILLED_MARGIN`.
 - `decide`: start when the expected peak fits the room (the lower of the cgroup's and
-  the machine's free memory, less the reserve, less what jobs started in the same pass
-  are expected to take); else defer, unless nothing else runs on that worker (progress:
+  the machine's free memory, less the reserve, less what the jobs already running here
+  may still grow by (`still_to_take`), less what jobs started in the same pass are
+  expected to take); else defer, unless nothing else runs on that worker (progress:
   one big job is never deferred forever).
 - `matters`: an expected peak below `NEGLIGIBLE` is the noise of a thread run's RSS
   estimate (pages touched by other threads), far below any reserve: such a job starts
@@ -91,6 +92,21 @@ def decide(need: float, room: float, taken: float, running_here: int, rss_room: 
     if running_here == 0 and taken == 0:
         return Decision(True, "alone")  # nothing else runs here: waiting frees nothing
     return Decision(False, reason)
+
+
+def still_to_take(started: list[tuple[float, float]], room: float) -> float:
+    """Bytes the jobs running here may still take beyond `room` (as read now): each is
+    expected to grow to its peak, and a reading of the room only shows what they took so
+    far. `started`: (expected peak, the room read when it started), oldest first.
+
+    The room's drop since a job started is what it and the jobs after it took (or anything
+    else did): credited to them at most once, not to each, so the most of, over every
+    job, the peaks of it and those after it less that drop."""
+    left = peaks = 0.0
+    for peak, at_start in reversed(started):
+        peaks += peak
+        left = max(left, peaks - max(0.0, at_start - room))
+    return left
 
 
 def backoff(deferrals: int, rng: random.Random | None = None) -> float:
