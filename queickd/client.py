@@ -19,14 +19,17 @@ and the caller decides.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from . import clientwire
 from .clientflow import WorkflowBuilder
 from .clientwire import RequestLostError, _auto_key, _token_from_env, _unknown_outcome, func_name, reply_error
 from .core import fields, protocol
@@ -48,6 +51,20 @@ _NO_PLAIN = (None,) * len(_PLAIN_WIRE)
 _RESEND_PAUSE = 0.5  # seconds before a resend, times the resends so far: a failing store may recover
 
 
+# Every JobQueue of this process: a child made by os.fork() gets a copy of each, whose
+# connection is its parent's and whose lock another thread may have held at the fork.
+_LIVE: weakref.WeakSet[JobQueue] = weakref.WeakSet()
+
+
+def _in_child() -> None:
+    clientwire.reset_after_fork()
+    for q in list(_LIVE):
+        q._forked()
+
+
+os.register_at_fork(after_in_child=_in_child)
+
+
 class JobQueue:
     def __init__(
         self,
@@ -67,6 +84,18 @@ class JobQueue:
         self._sock: socket.socket | None = None
         self._rfile: Any = None
         self.server_info: dict[str, Any] | None = None
+        _LIVE.add(self)
+
+    def _forked(self) -> None:
+        """In a child made by os.fork(): a lock and connection of its own, from the next call
+        on. The parent's connection is let go without a shutdown, which would end it for the
+        parent too; replies to the parent's requests stay the parent's."""
+        self._lock = threading.Lock()
+        sock, rfile, self._sock, self._rfile = self._sock, self._rfile, None, None
+        for f in (rfile, sock):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
 
     # --- connection ---------------------------------------------------------------------------
     def _connect(self) -> None:
@@ -125,9 +154,11 @@ class JobQueue:
             return replies
         except (OSError, ValueError) as e:
             if sender is not None:
-                self._sock.shutdown(socket.SHUT_RDWR)  # unblocks the sender, if still sending
+                with contextlib.suppress(OSError):  # a reset connection is not connected any more
+                    self._sock.shutdown(socket.SHUT_RDWR)  # unblocks the sender, if still sending
                 sender.join()
-            self.close()
+            with contextlib.suppress(OSError):
+                self.close()
             if isinstance(e, ConnectionError):
                 raise RequestLostError(str(e)) from e
             raise RequestLostError(f"connection to queickd failed mid-request: {e}") from e

@@ -25,6 +25,12 @@ _key_lock = threading.Lock()
 _key_last_us = 0  # the time part of this process's last automatic key
 
 
+def reset_after_fork() -> None:
+    """In a child made by os.fork(): the key lock anew (another thread may have held it)."""
+    global _key_lock
+    _key_lock = threading.Lock()
+
+
 def _auto_key() -> str:
     """A key no other enqueue anywhere makes: the time in microseconds (strictly increasing
     within this process), then 80 random bits. Keys made one after the other sort one after
