@@ -1,6 +1,6 @@
 """The store contract for the run-queue rules (part of StoreContract: every store runs it):
 serial keys, admission (caps, conflicts, idempotency), pauses and their probes, pauses by
-hand."""
+hand, and what a claim with groups and budgets reads past."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from contract_jobs import T0, job
 
 from queickd.core.job import Outcome, State
 from queickd.core.policy.admission import Admission, Refusal
+from queickd.core.policy.claim import LOOK_AHEAD, Limits
 from queickd.store.records import RefusedError
 
 
@@ -250,3 +251,52 @@ class RulesContract:
         (other,) = store.submit([job(pool="gpu", concurrency_group="g", concurrency_limit=2),
                                  job(concurrency_group="g", concurrency_limit=2)], T0)[1:]
         assert [j.id for j in store.claim_available(5, T0)] == [other.job_id]
+
+    # --- concurrency groups and cost budgets: what a claim reads past ---------------------
+    def test_a_backlog_of_a_group_whose_budget_is_used_up_does_not_hold_back_a_job_behind_it(self, store):
+        limits = Limits(groups={"openai": 1})
+        store.adopt_budgets(limits)  # in force (PostgreSQL keeps them; the others take the claim's)
+        store.submit([job(concurrency_group="openai", concurrency_limit=100)], T0)
+        assert len(store.claim_available(1, T0, limits=limits)) == 1  # the budget is used up
+        store.submit([job(concurrency_group="openai", concurrency_limit=100) for _ in range(LOOK_AHEAD + 64)], T0)
+        (plain,) = store.submit([job()], T0)
+        assert [j.id for j in store.claim_available(1, T0, limits=limits)] == [plain.job_id]
+
+    def test_a_backlog_of_a_pool_whose_budget_is_used_up_does_not_hold_back_a_job_behind_it(self, store):
+        limits = Limits(pools={"gpu": 1})
+        store.adopt_budgets(limits)
+        store.submit([job(pool="gpu")], T0)
+        assert len(store.claim_available(1, T0, pools=["default", "gpu"], limits=limits)) == 1
+        store.submit([job(pool="gpu") for _ in range(LOOK_AHEAD + 64)], T0)
+        (plain,) = store.submit([job()], T0)
+        assert [j.id for j in store.claim_available(1, T0, pools=["default", "gpu"], limits=limits)] == [plain.job_id]
+
+    def test_a_job_over_a_lowered_budget_does_not_hold_back_the_younger_jobs_of_its_pool(self, store):
+        store.adopt_budgets(Limits(pools={"default": 4}))
+        (big,) = store.submit([job(cost_units=3)], T0)  # accepted under a budget of 4
+        lowered = Limits(pools={"default": 2}, patience=1)
+        store.adopt_budgets(lowered)
+        small = store.submit([job(cost_units=1, run_at=T0 + 5) for _ in range(3)], T0 + 5)
+        # Long past its patience, it never fits 2: it holds nothing, two cheap ones start.
+        got = [j.id for j in store.claim_available(5, T0 + 60, limits=lowered)]
+        assert got == [s.job_id for s in small[:2]]
+        assert store.get(big.job_id).state == State.QUEUED
+
+    def test_waiting_jobs_over_a_whole_budget_are_found_for_the_log(self, store):
+        from queickd.core.policy.costs import never_fit
+
+        over, _, other = store.submit([job(cost_units=3), job(cost_units=1.5), job(pool="b", cost_units=9)], T0)
+        limits = Limits(pools={"default": 2})
+        found = never_fit(limits, store.waiting_over_budgets(limits))
+        assert [(m.kind, m.name, m.job_ids) for m in found] == [("pool", "default", [over.job_id])]
+
+    def test_a_group_runs_no_job_past_the_lowest_limit_of_its_running_jobs(self, store):
+        store.submit([job(concurrency_group="g", concurrency_limit=1)], T0)
+        assert len(store.claim_available(5, T0)) == 1
+        store.submit([job(concurrency_group="g", concurrency_limit=3) for _ in range(3)], T0)
+        assert store.claim_available(5, T0) == []
+
+    def test_a_job_claimed_with_a_lower_limit_caps_its_group_in_the_same_claim(self, store):
+        first, *_ = store.submit([job(concurrency_group="g", concurrency_limit=1)]
+                                 + [job(concurrency_group="g", concurrency_limit=3) for _ in range(2)], T0)
+        assert [j.id for j in store.claim_available(5, T0)] == [first.job_id]

@@ -280,3 +280,9 @@ def test_plain_with_what_runs_or_its_totals_decides_as_the_selection_whenever_it
                 assert got == want
     # heads with groups or budgets are answered often here, from what runs or its totals
     assert grouped_answers[Running] > 300 and grouped_answers[Totals] > 200, grouped_answers
+
+
+def test_plain_defers_when_a_grouped_head_before_it_has_a_lower_limit():
+    heads = [grouped_row(1, "api", 1), grouped_row(2, "api", 3)]  # the selection takes only the first
+    assert plain(heads, Request(2), paused=False, running=Running()) is None
+    assert plain(heads, Request(2), paused=False, running=Totals(0, None, None)) is None

@@ -76,3 +76,68 @@ def test_budget_changes_name_each_budget_added_changed_and_removed():
         "pool 'default' 3 -> 5", "pool 'gpu' 2 -> none", "group 'db' none -> 1"]
     assert budget_changes(new, Limits(new.pools, new.groups)) == []
     assert describe_budgets(new) == "pool 'default' 5, group 'api' 2, group 'db' 1"
+
+
+# --- what a claim leaves out, and what a job that can never start holds ---------------------
+def test_a_used_up_group_budgets_backlog_is_left_out_and_not_counted_against_the_look_ahead():
+    from queickd.core.policy.claim import LOOK_AHEAD, Selection
+
+    running = Running.of_jobs([(None, "openai", 1, 100, "default", 1.0)])
+    s = Selection(Request(1, limits=Limits(groups={"openai": 1})), running)
+    assert s.out_groups == {"openai"}
+    s.offer_all([row(i, "openai", 100, 1) for i in range(1, LOOK_AHEAD + 65)])
+    assert not s.done
+    s.offer_all([row(10_000)])
+    assert s.chosen == [10_000]
+
+
+def test_a_used_up_pool_budgets_backlog_is_left_out_and_not_counted_against_the_look_ahead():
+    from queickd.core.policy.claim import LOOK_AHEAD, Selection
+
+    running = Running.of_jobs([(None, None, None, None, "gpu", 2.0)])
+    s = Selection(Request(1, limits=Limits(pools={"gpu": 2})), running)
+    assert s.out_pools == {"gpu"}
+    s.offer_all([row(i, pool="gpu") for i in range(1, LOOK_AHEAD + 65)])
+    assert not s.done
+    s.offer_all([row(10_000)])
+    assert s.chosen == [10_000]
+
+
+def test_the_selection_stops_at_its_look_ahead_of_candidates_it_counts():
+    from queickd.core.policy.claim import LOOK_AHEAD
+
+    over = [row(i, cost=9) for i in range(1, LOOK_AHEAD + 65)]  # a budget of 5 has room, not for them
+    assert select([*over, row(10_000)], Request(1, limits=Limits(pools={"default": 5})), Running()) == []
+
+
+def test_a_job_over_its_budgets_whole_limit_reserves_nothing_however_long_it_waited():
+    limits = Limits(pools={"default": 2}, patience=10)  # lowered below the cost it was accepted with
+    big, small = row(1, cost=3, run_at=0.0), row(2, cost=1, run_at=50.0)
+    assert select([big, small], Request(5, limits=limits, now=100.0), Running()) == [2]
+
+
+def test_a_job_over_one_whole_budget_reserves_none_of_its_other_budgets():
+    limits = Limits(pools={"default": 4}, groups={"api": 2}, patience=10)
+    running = Running.of_jobs([(None, None, None, None, "default", 2.0)])
+    big, small = row(1, "api", 5, cost=3, run_at=0.0), row(2, cost=1, run_at=50.0)
+    assert select([big, small], Request(5, limits=limits, now=100.0), running) == [2]
+
+
+def test_never_fit_names_each_budget_its_waiting_jobs_exceed_and_how_to_act():
+    from queickd.core.policy.costs import never_fit
+
+    limits = Limits(pools={"default": 2}, groups={"api": 5})
+    jobs = [(1, "default", None, 3.0), (2, "default", "api", 6.0), (3, "default", "api", 1.5), (4, "b", None, None)]
+    found = never_fit(limits, jobs)
+    assert [(m.kind, m.name, m.job_ids) for m in found] == [("group", "api", [2]), ("pool", "default", [1, 2])]
+    assert str(found[1]) == ("2 waiting job(s) cost more than the whole budget of pool 'default' (2) and can never"
+                             " start (ids 1, 2): cancel them, or raise the budget (budgets.pools.default >= 6)")
+
+
+def test_a_group_admits_no_job_past_the_lowest_limit_of_its_running_jobs():
+    running = Running.of_jobs([(None, "g", 1, 1, "default", None)])  # it runs with limit 1
+    assert select([row(i, "g", 3) for i in (1, 2, 3)], Request(5), running) == []
+
+
+def test_a_job_started_with_a_lower_limit_caps_its_group_for_the_jobs_after_it():
+    assert select([row(1, "g", 1), row(2, "g", 3), row(3, "g", 3)], Request(5), Running()) == [1]

@@ -101,6 +101,38 @@ def test_a_cost_10_job_flooded_by_cost_1_jobs_starts_within_the_patience(start_d
     assert peak([(s, e, 10 if t == "heavy" else 1) for t, (s, e) in spans.items()]) <= 12
 
 
+def test_an_ungrouped_job_behind_a_long_backlog_of_a_used_up_group_budget_runs(start_daemon, store_url, tmp_path,
+                                                                               gate):
+    from queickd.core.policy.claim import LOOK_AHEAD
+
+    d = start_daemon(store_url, "--config", config(tmp_path, "[budgets.groups]\nopenai = 1\n"), workers=4)
+    with d.client() as q:
+        q.enqueue("testjobs:gate", [gate.port, "holder"], concurrency_group="openai", concurrency_limit=100)
+        assert gate.arrival() == "holder"  # the group's budget is used up while it runs
+        q.enqueue_many([q.job("testjobs:noop", [], concurrency_group="openai", concurrency_limit=100)
+                        for _ in range(LOOK_AHEAD + 88)])
+        free = q.enqueue("testjobs:noop", [])
+        assert q.wait(free, 20)["state"] == State.SUCCEEDED
+        gate.release_all()
+
+
+def test_a_budget_lowered_below_a_waiting_jobs_cost_is_logged_and_younger_jobs_still_run(start_daemon, store_url,
+                                                                                       tmp_path):
+    d = start_daemon(store_url, "--config", config(tmp_path, "[budgets.pools]\ndefault = 4\n"), workers=0)
+    with d.client() as q:
+        big = q.enqueue("testjobs:noop", [], cost_units=3)
+    d.terminate()
+    cfg = config(tmp_path, "[budgets.pools]\ndefault = 2\n")  # lowered below it
+    d = start_daemon(store_url, "--config", cfg, "--budget-patience", "0", workers=2)
+    d.wait_for_line(rf"waiting job\(s\) cost more than the whole budget of pool 'default' \(2\) and can never"
+                    rf" start \(ids {big}\): cancel them, or raise the budget")
+    with d.client() as q:
+        small = [q.enqueue("testjobs:noop", [], cost_units=1) for _ in range(3)]
+        for i in small:
+            assert q.wait(i, 20)["state"] == State.SUCCEEDED
+        assert q.get(big)["state"] == State.QUEUED
+
+
 def test_a_job_bigger_than_its_budget_is_refused_at_enqueue_naming_the_budget(start_daemon, tmp_path):
     cfg = config(tmp_path, '[budgets.groups]\nopenai = 12\n')
     d = start_daemon(None, "--config", cfg)

@@ -10,6 +10,10 @@ written them (its NOTIFY 'b', and each reconnection of the listener, which a los
 notification may have missed). Claims never wait for this copy: each reads the store's
 budgets in its own transaction. It never writes the store except in `adopt()`.
 
+Each time (at start, and at each change) it logs the waiting jobs that cost more than a
+whole budget in force: accepted under a higher one, they can never start (the claim passes
+them over, holding nothing) until an operator cancels them or raises the budget.
+
 Thread-safety: `adopt()` runs once at start; `refresh()` from the listener thread; `limits`
 is read from any thread (a reference swapped whole, never changed in place).
 """
@@ -20,6 +24,7 @@ import logging
 from collections.abc import Callable
 
 from ..core.policy.claim import Limits
+from ..core.policy.costs import never_fit
 from ..core.policy.resources import budget_changes, describe_budgets
 from ..store.base import Store
 
@@ -50,6 +55,7 @@ class BudgetsInForce:
         self.limits = self.store.budgets_in_force(configured)
         if self.limits.any and not configured.any:
             log.info("budgets: in force on %s (not set here): %s", self.store.url, describe_budgets(self.limits))
+        self._report_misfits(self.limits)
         return self.limits
 
     def refresh(self) -> None:
@@ -63,3 +69,16 @@ class BudgetsInForce:
             log.warning("budgets: another process changed the budgets in force: %s%s",
                         "; ".join(map(str, changes)), mine)
             self._on_change(new)
+            self._report_misfits(new)
+
+    def _report_misfits(self, limits: Limits) -> None:
+        """Log, by budget, the waiting jobs that cost more than its whole limit."""
+        if not limits.any:
+            return
+        try:
+            misfits = never_fit(limits, self.store.waiting_over_budgets(limits))  # type: ignore[attr-defined]
+        except Exception as e:  # a diagnostic: never a reason not to start or follow the change
+            log.warning("budgets: could not look for waiting jobs over a whole budget: %s", e)
+            return
+        for m in misfits:
+            log.warning("budgets: %s", m)

@@ -213,7 +213,9 @@ class MemoryStore(MemoryOperatorOps, MemoryCronsEvents, MemoryResources, MemoryW
                 claim.Request.of(limit, network_up, pools, limits, now),
                 claim.Running.of_jobs([(j.key, j.concurrency_group, None, j.concurrency_limit, j.pool, j.cost_units)
                                        for j in self._running.values()], self._pauses, self._due_probes(now)))
-            while self._queued and not pick.full and len(passed_over) < pick.look_ahead:
+            # Every queued job is offered; those the selection leaves out (full groups, used
+            # up budgets) are passed over uncounted, as the SQL stores leave them unread.
+            while self._queued and not pick.done:
                 entry = heapq.heappop(self._queued)
                 job = self._jobs.get(entry[2])
                 if job is None or job.state != State.QUEUED or (job.priority, job.run_at) != entry[:2]:

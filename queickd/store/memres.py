@@ -11,6 +11,7 @@ from typing import Any
 
 from ..core.job import Job, State
 from ..core.policy import memory as mem
+from ..core.policy.costs import Limits
 
 
 class MemoryResources:
@@ -41,6 +42,16 @@ class MemoryResources:
                                               started_at=None))
                 n += 1
         return n
+
+    def waiting_over_budgets(self, limits: Limits) -> list[tuple[int, str, str | None, float | None]]:
+        """(id, pool, group, cost_units) of the waiting jobs that cost more than the least
+        budget of `limits` (costs.never_fit says which exceed their own)."""
+        least = min([*limits.pools.values(), *limits.groups.values()], default=None)
+        if least is None:
+            return []
+        with self._lock:
+            return sorted((j.id, j.pool, j.concurrency_group, j.cost_units) for j in self._jobs.values()
+                          if j.state in State.PENDING and (1.0 if j.cost_units is None else j.cost_units) > least)
 
     def budget_usage(self, pools: list[str], groups: list[str]) -> dict[tuple[str, str], tuple[float, int, float, int]]:
         out: dict[tuple[str, str], tuple[float, int, float, int]] = {}

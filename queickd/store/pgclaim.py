@@ -166,21 +166,26 @@ class PgClaims:
         served = None if params["pools"] is None else frozenset(params["pools"])
         pick = claim.Selection(claim.Request(params["limit"], params["net"], served, limits, params["now"]),
                                claim.Running.of_jobs(running, pauses, probes))
-        # The first page came unfiltered, with what runs; the next ones leave out the jobs of
-        # groups full before this claim (they hold nothing), read by group (pgclaimsql.py,
-        # 11) so that a full group's backlog is not walked. They start again from the head
-        # of the queue, and the rows the first page offered are dropped (the first page is
-        # the head of the queue: those are the first of the filtered rows).
-        full = pick.full_groups()
+        full, out_pools = pick.out_groups, pick.out_pools
+        if served is not None and served <= out_pools:
+            return []  # the budget of every pool served is used up: nothing may start
+        # The first page came unfiltered, with what runs; the next ones leave out the jobs
+        # the selection leaves out (claim.Selection.left_out: of groups full before this
+        # claim or whose budget is used up; they hold nothing but a key), read by group
+        # (pgclaimsql.py, 11) so that such a group's backlog is not walked, and those of the
+        # pools served whose budget is used up but for their keyed jobs (every pool served:
+        # their jobs come back and are passed over uncounted). They start again from the
+        # head of the queue, and the rows the first page offered are dropped (the first
+        # page is the head of the queue: those are the first of the filtered rows).
+        pools = params["pools"] if served is None or not out_pools else sorted(served - out_pools)
         pick.offer_all(map(claim.Row._make, first))
-        skip = set(full)
-        offered = {r[0] for r in first if r[6] is None or r[6] not in skip}  # r[6]: concurrency_group
-        read = len(offered)
+        offered = {r[0] for r in first  # r[6]: concurrency_group, r[3]: pool, r[1]: key
+                   if r[6] not in full and (pools is None or r[3] in pools or r[1] is not None)}
         after = _HEAD
         more = len(first) == page
-        while more and not pick.full and read < pick.look_ahead:
+        while more and not pick.done:
             ask = page + len(offered)
-            rows = c.execute(_AFTER, (params["pools"], full, ask, *after)).fetchall()
+            rows = c.execute(_AFTER, (pools, sorted(full), ask, *after)).fetchall()
             more = len(rows) == ask
             if rows:
                 after = (rows[-1][0], rows[-1][6], rows[-1][1])  # (priority, run_at, id)
@@ -188,7 +193,6 @@ class PgClaims:
                 rows = [r for r in rows if r[1] not in offered]
                 offered = set()
             pick.offer_all(claim.Row._make(r[1:]) for r in rows)
-            read += len(rows)
         if not pick.chosen:
             return []
         # A row another claim took meanwhile is no longer queued: it is left out here.
@@ -196,6 +200,18 @@ class PgClaims:
         return c.execute(_START, (params["now"], params["worker"], pick.chosen, [pick.slot(i) for i in pick.chosen],
                                   [t[0] for t, _ in stamps], [t[1] for t, _ in stamps],
                                   [j for _, j in stamps])).fetchall()
+
+    def waiting_over_budgets(self, limits: claim.Limits) -> list[tuple[int, str, str | None, float | None]]:
+        """(id, pool, group, cost_units) of the waiting jobs that cost more than the least
+        budget of `limits` (costs.never_fit says which exceed their own): a scan of the
+        waiting jobs, once per change of the budgets, never on a claim."""
+        least = min([*limits.pools.values(), *limits.groups.values()], default=None)
+        if least is None:
+            return []
+        return self._conn().execute(
+            "SELECT id, pool, concurrency_group, cost_units FROM jobs WHERE state IN"
+            " ('scheduled', 'queued', 'waiting_network') AND coalesce(cost_units, 1.0) > %s ORDER BY id",
+            (least,)).fetchall()
 
     # --- the budgets in force ---------------------------------------------------------
     def adopt_budgets(self, limits: claim.Limits) -> list[BudgetChange]:

@@ -2,14 +2,14 @@
 
 The common claim reads the queue's first jobs and starts them when core/policy/claim.py's
 plain() says no rule passes any over; else the selection (claim.Selection) is offered the
-queued jobs in queue order, past the full groups, in the claim's write transaction.
+queued jobs in queue order, past the full groups and the used up budgets, in the claim's
+write transaction.
 """
 
 from __future__ import annotations
 
 import functools
 import heapq
-import itertools
 import operator
 import sqlite3
 from collections.abc import Iterator, Sequence
@@ -64,7 +64,8 @@ _HEADS_ONLY = (" AND (key IS NULL OR NOT EXISTS (SELECT 1 FROM jobs e INDEXED BY
 
 def _past_full(c: sqlite3.Connection, mine: str, served: tuple, full: frozenset[str],
                page: int) -> Iterator[tuple]:
-    """The candidates in queue order, as claim.ROW_COLS, leaving out the jobs of `full` groups."""
+    """The candidates in queue order, as claim.ROW_COLS, leaving out the jobs of `full`
+    groups (claim.Selection.out_groups)."""
     plain, grouped = (sql.replace("{mine}", mine) for sql in _STREAMS)
     streams = [_stream(c, plain, served, page)]
     streams += [_stream(c, grouped, (g, *served), page)
@@ -94,6 +95,18 @@ def _mine(pools: int) -> str:
     return "" if not pools else f" AND (pool IN ({','.join('?' * pools)}) OR key IS NOT NULL)"
 
 
+def _read(served: frozenset[str] | None, out: frozenset[str]) -> tuple[str, tuple[str, ...]]:
+    """The condition on the queued jobs the selection reads, and its parameters: _mine's,
+    less the pools whose budget what runs has used up (`out`, claim.Selection.out_pools;
+    their keyed jobs still come back, as they may hold their key)."""
+    if not out:
+        return _mine(0 if served is None else len(served)), tuple(served or ())
+    if served is None:
+        return f" AND (pool NOT IN ({','.join('?' * len(out))}) OR key IS NOT NULL)", tuple(out)
+    left = tuple(served - out)  # not empty: the caller claims nothing when every pool served is out
+    return _mine(len(left)), left
+
+
 @functools.cache
 def _heads_sql(totalled: bool, pools: int) -> str:
     """The claim's first statement (_HEADS or _HEADS_TOTALS) for `pools` pools served."""
@@ -114,7 +127,7 @@ class SqliteClaims:
     """Claiming jobs (Store.claim_available) on SQLite."""
 
     _grouped_heads = False  # the last claim met a grouped job among its first ones
-    _full_groups = False  # the last claim by the selection met full groups
+    _full_groups = False  # the last claim by the selection left jobs out (full groups, used up budgets)
 
     def claim_available(self, limit: int, now: float, network_up: bool = True,
                         pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS) -> list[Job]:
@@ -173,28 +186,29 @@ class SqliteClaims:
         """The claim by the selection, offered the queued jobs in queue order (`first`: the
         heads, read already)."""
         pick = claim.Selection(request, running)
-        served = request.pools
+        served, full, out_pools = request.pools, pick.out_groups, pick.out_pools
+        if served is not None and served <= out_pools:
+            return []  # the budget of every pool served is used up: nothing may start
         page = max(16, request.limit * 2)
-        mine = _mine(0 if served is None else len(served))
         # Other pools' jobs are passed over inside SQLite, not page by page here (`mine`);
         # those with a key still come back, as they may hold their key. So are the jobs
-        # of groups with every slot taken (they hold nothing but a key).
-        full = pick.full_groups()
-        self._full_groups = bool(full)
-        if full:  # read by group, past the full ones
-            rows = _past_full(c, mine, tuple(served or ()), frozenset(full), page)
-            pick.offer_all(map(claim.Row._make, itertools.islice(rows, pick.look_ahead)))
+        # the selection leaves out: of groups with every slot taken or whose budget is used
+        # up, of pools whose budget is (they hold nothing but a key).
+        mine, params = _read(served, out_pools)
+        self._full_groups = bool(full or out_pools)
+        if full or out_pools:  # read by group, past the full ones
+            pick.offer_all(map(claim.Row._make, _past_full(c, mine, params, full, page)))
         else:  # the heads first if read, then the queue after them a page at a time
             offset, more = 0, True
             if first is not None:
                 pick.offer_all(first)
                 offset = len(first)
                 more = offset == request.limit
-            while more and not pick.full and offset < pick.look_ahead:
+            while more and not pick.done:
                 rows = c.execute(
                     f"SELECT {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued"
                     f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
-                    (*(served or ()), page, offset),
+                    (*params, page, offset),
                 ).fetchall()
                 pick.offer_all(map(claim.Row._make, rows))
                 more = len(rows) == page
@@ -204,6 +218,18 @@ class SqliteClaims:
         if pick.probes:
             self._stamp_probes(c, pick.probes)
         return self._start(c, pick.chosen, request.now, _HEADS_ONLY if full else "")
+
+    def waiting_over_budgets(self, limits: claim.Limits) -> list[tuple[int, str, str | None, float | None]]:
+        """(id, pool, group, cost_units) of the waiting jobs that cost more than the least
+        budget of `limits` (costs.never_fit says which exceed their own): a scan of the
+        waiting jobs, once per change of the budgets, never on a claim."""
+        least = min([*limits.pools.values(), *limits.groups.values()], default=None)
+        if least is None:
+            return []
+        return self._conn().execute(
+            "SELECT id, pool, concurrency_group, cost_units FROM jobs WHERE state IN"
+            " ('scheduled', 'queued', 'waiting_network') AND coalesce(cost_units, 1.0) > ? ORDER BY id",
+            (least,)).fetchall()
 
     @staticmethod
     def _start(c: sqlite3.Connection, ids: list[int], now: float, only: str) -> list[Job]:

@@ -13,12 +13,15 @@ are small classes with the same three methods (`Rule`), applied in order; the fi
   first job in queue order) may start, so a key's jobs run in enqueue order: a head that
   cannot start, for any reason, still holds its key.
 - `ConcurrencyGroups`: at most `concurrency_limit` jobs of a `concurrency_group` run at
-  once; a job passed over for its group holds nothing (skip, not block): the next job of
-  another group, or of none, may start.
-- `CostBudgets`: the `cost_units` running in a job's pool and in its group, plus its own,
-  stay within each budget of `Limits`; a job over a budget is passed over and holds
-  nothing, unless it has waited `Limits.patience` seconds: then it reserves the budgets it
-  does not fit, and younger jobs of that pool or group stop starting until it has started.
+  once, by the lowest limit among the job's own and its group's running jobs' (jobs of a
+  group may disagree: none starts past any running job's limit); a job passed over for
+  its group holds nothing (skip, not block): the next job of another group, or of none,
+  may start.
+- `CostBudgets` (costs.py): the `cost_units` running in a job's pool and in its group,
+  plus its own, stay within each budget of `Limits`; a job over a budget is passed over
+  and holds nothing, unless it has waited `Limits.patience` seconds: then it reserves the
+  budgets it does not fit (one that could never fit it excepted), and younger jobs of
+  that pool or group stop starting until it has started.
 A rule decides for itself whether a job it passes over holds anything.
 
 What runs is read from the running jobs themselves (`Running.of`: their keys, groups,
@@ -34,7 +37,11 @@ SQL claim takes probes after the claim's other jobs, when room is left: see pgsc
 
 A store may leave out, before offering, candidates that every rule would pass over
 without holding anything (a job of another pool that has no key), and may stop reading
-once the selection is `full`.
+once the selection is `done`. The jobs of a group full by what runs and of a pool or group
+whose budget what runs has used up (`Selection.left_out`) hold only their key: a store may
+leave them out if it then starts no keyed job that is not its key's head. They do not
+count against the look-ahead (`LOOK_AHEAD`, while budgets are in force), so however many
+wait, the jobs behind them are reached, on every store alike.
 """
 
 from __future__ import annotations
@@ -43,6 +50,9 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
+
+# Limits and NO_LIMITS are imported from here by the stores and services.
+from .costs import BUDGET_EPS, NO_LIMITS, CostBudgets, Limits, used_up
 
 
 class Candidate(Protocol):
@@ -86,29 +96,6 @@ class Row(NamedTuple):
 ROW_COLS = "id, key, func, pool, retry_on_network, run_at, concurrency_group, concurrency_limit, cost_units"
 # What the stores read of each running job for Running.of: (key, group, slot, pool, cost).
 RUNNING_COLS = "key, concurrency_group, {slot}, concurrency_limit, pool, cost_units"
-
-
-def cost(c: Candidate) -> float:
-    """A job's cost units (1 when it names none)."""
-    return 1.0 if c.cost_units is None else c.cost_units
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """The budgets in force (`[budgets.pools]`, `[budgets.groups]`: name -> cost units; the
-    config file's, or on PostgreSQL the store's, the same for every claimer) and how long a
-    job over a budget waits before it reserves it (each process's own)."""
-
-    pools: dict[str, float] = dataclasses.field(default_factory=dict)
-    groups: dict[str, float] = dataclasses.field(default_factory=dict)
-    patience: float = 30.0
-
-    @property
-    def any(self) -> bool:
-        return bool(self.pools or self.groups)
-
-
-NO_LIMITS = Limits()
 
 
 # Request and Running are made on every claim: plain slotted classes, cheaper to build
@@ -227,7 +214,9 @@ class ConcurrencyGroups:
         if g is None:
             return True
         taken = self.taken.get(g)
-        return taken is None or len(taken) < (c.concurrency_limit or 1)
+        # Below its own limit and every running job's: the same on every store, whatever
+        # limits the group's jobs carry.
+        return taken is None or len(taken) < min(c.concurrency_limit or 1, self.limit_of.get(g, 1 << 30))
 
     def started(self, c: Candidate) -> None:
         g = c.concurrency_group
@@ -237,81 +226,37 @@ class ConcurrencyGroups:
         slot = next(i for i in range(1, len(taken) + 2) if i not in taken)
         taken.add(slot)
         self.slot_of[c.id] = slot
+        self.limit_of[g] = min(self.limit_of.get(g, 1 << 30), c.concurrency_limit or 1)  # it runs now
 
     def passed(self, c: Candidate) -> None:
         pass  # skip, not block: the next job of the group, or of another, may start
 
 
-class CostBudgets:
-    """The running cost of a pool and of a group, plus a job's own, stay within their
-    budgets. A job over a budget is passed over; one that has waited `patience` seconds
-    reserves the budgets it does not fit (younger jobs there are passed over too)."""
-
-    __slots__ = ("limits", "now", "pool_cost", "group_cost", "reserved", "_over")
-
-    def __init__(self, limits: Limits, running: Running, now: float) -> None:
-        self.limits, self.now = limits, now
-        self.pool_cost = dict(running.pool_cost)
-        self.group_cost = dict(running.group_cost)
-        self.reserved: set[tuple[str, str]] = set()  # ("pool" | "group", name) held by a patient job
-        self._over: tuple[int, list[tuple[str, str]]] | None = None  # the last job over a budget
-
-    def _budgets(self, c: Candidate) -> list[tuple[str, str, float, float]]:
-        out = []
-        b = self.limits.pools.get(c.pool)
-        if b is not None:
-            out.append(("pool", c.pool, b, self.pool_cost.get(c.pool, 0.0)))
-        g = c.concurrency_group
-        if g is not None:
-            b = self.limits.groups.get(g)
-            if b is not None:
-                out.append(("group", g, b, self.group_cost.get(g, 0.0)))
-        return out
-
-    def admits(self, c: Candidate) -> bool:
-        units = cost(c)
-        over, ok = [], True
-        for kind, name, budget, used in self._budgets(c):
-            if (kind, name) in self.reserved:
-                ok = False
-            elif used + units > budget + 1e-9:
-                over.append((kind, name))
-                ok = False
-        self._over = (c.id, over) if over else None
-        return ok
-
-    def started(self, c: Candidate) -> None:
-        units = cost(c)
-        if c.pool in self.limits.pools:
-            self.pool_cost[c.pool] = self.pool_cost.get(c.pool, 0.0) + units
-        g = c.concurrency_group
-        if g is not None and g in self.limits.groups:
-            self.group_cost[g] = self.group_cost.get(g, 0.0) + units
-
-    def passed(self, c: Candidate) -> None:
-        over, self._over = self._over, None
-        if over is not None and over[0] == c.id and self.now - c.run_at >= self.limits.patience:
-            self.reserved.update(over[1])  # waited long enough: what it needs is kept for it
-
-
 class Selection:
     """Offer candidates in queue order; `offer` says whether each may start."""
 
-    __slots__ = ("limit", "chosen", "rules", "groups", "look_ahead", "probes", "_net", "_pools",
-                 "_paused_funcs", "_paused_keys", "_paused_pools", "_open")
+    __slots__ = ("limit", "chosen", "rules", "groups", "look_ahead", "read", "out_groups", "out_pools",
+                 "probes", "_net", "_pools", "_paused_funcs", "_paused_keys", "_paused_pools", "_open")
 
     def __init__(self, request: Request, running: Running) -> None:
         self.limit = request.limit
         self.chosen: list[int] = []
         self.groups = ConcurrencyGroups(running.slots, running.group_limit)
         rules: list[Rule] = [SerialKeys(running.keys), self.groups]
-        # Rows a store reads at most. Unbounded without budgets, as before them: what is
-        # passed over then is held keys, and full groups, which the stores leave out of
-        # what they read.
-        self.look_ahead = 1 << 62
-        if request.limits.any:
-            rules.append(CostBudgets(request.limits, running, request.now))
+        # Candidates counted (`read`) before the claim stops. Unbounded without budgets, as
+        # before them: what is passed over then is held keys, and what is left out.
+        self.look_ahead, self.read = 1 << 62, 0
+        # What is left out (see left_out): decided from what runs, before any is read.
+        lim = self.groups.limit_of
+        self.out_groups = frozenset(g for g, t in self.groups.taken.items() if len(t) >= lim.get(g, 1 << 30))
+        self.out_pools: frozenset[str] = frozenset()
+        limits = request.limits
+        if limits.any:
+            rules.append(CostBudgets(limits, running.pool_cost, running.group_cost, request.now))
             self.look_ahead = LOOK_AHEAD + request.limit
+            if running.pool_cost:
+                self.out_pools = used_up(running.pool_cost, limits.pools)
+                self.out_groups |= used_up(running.group_cost, limits.groups)
         self.rules: tuple[Rule, ...] = tuple(rules)
         self.probes: list[tuple[tuple[str, str], int]] = []  # (pause, job id): probes let through
         self._net, self._pools = request.network_up, request.pools
@@ -323,17 +268,21 @@ class Selection:
     def full(self) -> bool:
         return len(self.chosen) >= self.limit
 
+    @property
+    def done(self) -> bool:
+        """Nothing more is taken: the claim has its jobs, or has read its look-ahead."""
+        return len(self.chosen) >= self.limit or self.read >= self.look_ahead
+
+    def left_out(self, c: Candidate) -> bool:
+        """Is c of a group full by what runs, or of a pool or group whose budget what runs
+        has used up? Such a job is passed over holding only its key (its head's), and is
+        not counted against the look-ahead: a store may leave these out of what it reads
+        (`out_groups`, `out_pools`) if it starts no keyed job that is not its key's head."""
+        return c.concurrency_group in self.out_groups or c.pool in self.out_pools
+
     def slot(self, job_id: int) -> int | None:
         """The group slot a chosen job takes (None: it has no group)."""
         return self.groups.slot_of.get(job_id)
-
-    def full_groups(self) -> list[str]:
-        """Groups with every slot taken: a store may leave their jobs out of what it reads
-        (they would be passed over) so a claim does not walk them. What such a job holds is
-        its key, if it is the key's head: a store that leaves them out must start no keyed
-        job that is not its key's head. Groups whose jobs disagree on the limit are left in."""
-        lim = self.groups.limit_of
-        return [g for g, t in self.groups.taken.items() if len(t) >= lim.get(g, 1 << 30)]
 
     def eligible(self, c: Candidate) -> bool:
         """Its pool is served, its network (if it needs one) is up, its function and key
@@ -358,12 +307,19 @@ class Selection:
         return len(self.chosen) > n
 
     def offer_all(self, candidates: Iterable[Candidate]) -> None:
-        """offer() each in turn until full: the same decisions, one call per page of rows
+        """offer() each in turn until done: the same decisions, one call per page of rows
         (a claim may read hundreds of rows to start a few jobs)."""
         chosen, limit, rules, eligible = self.chosen, self.limit, self.rules, self.eligible
+        keys, ahead, read = rules[0], self.look_ahead, self.read
+        out_groups, out_pools = self.out_groups, self.out_pools
+        out = bool(out_groups or out_pools)
         for c in candidates:
-            if len(chosen) >= limit:
-                return
+            if len(chosen) >= limit or read >= ahead:
+                break
+            if out and (c.concurrency_group in out_groups or c.pool in out_pools):
+                keys.passed(c)  # left out (see left_out): it holds its key, no more
+                continue
+            read += 1
             if eligible(c):
                 for rule in rules:
                     if not rule.admits(c):
@@ -377,6 +333,7 @@ class Selection:
                     continue
             for rule in rules:
                 rule.passed(c)
+        self.read = read
 
 
 class Totals(NamedTuple):
@@ -404,9 +361,9 @@ def plain(heads: Sequence[Candidate], request: Request, paused: bool,
     A head with a group, or any head while a budget is in force, needs `running`: without
     it, None. With `Totals`, None also when the bounds leave it open (then what runs).
 
-    A head of a group that what runs fills (by the running jobs' own limit) answers None
-    too, even if its own limit would admit it: a store then leaves that group's jobs out
-    of what it reads (Selection.full_groups), and the claim is the store's to make."""
+    A head of a group that what runs fills (by the lowest limit of its running jobs), or of
+    a pool or group whose budget what runs has used up, is passed over by the selection:
+    None, and the store then leaves such jobs out of what it reads (Selection.left_out)."""
     if paused:
         return None
     net, pools = request.network_up, request.pools
@@ -435,7 +392,10 @@ def _within_totals(heads: Sequence[Candidate], limits: Limits, totals: Totals) -
     ran, least, units = totals
     if units is None and limits.any:
         return None
-    full = least is not None and ran >= least  # some group may be full by what runs (see plain)
+    # A bound below every limit of its group: the least of what runs, then of the grouped
+    # heads before it too (they would be running). Some group may be full by what runs
+    # (see plain) when `ran` reaches it.
+    cap = 1 << 30 if least is None else least
     # Within each budget less the rounding that adding up the same units another way may
     # differ by, so that CostBudgets's own sums fit too.
     slack = (ran + len(heads) + 2) * 4 * _EPS
@@ -443,13 +403,17 @@ def _within_totals(heads: Sequence[Candidate], limits: Limits, totals: Totals) -
     for c in heads:
         g = c.concurrency_group
         if g is not None:
-            if full or ran >= (c.concurrency_limit or 1):
+            own_limit = c.concurrency_limit or 1
+            if ran >= own_limit or ran >= cap:
                 return None
+            cap = min(cap, own_limit)
             ran += 1  # a bound of what its group runs for the heads after it
         if pools or groups:
             own = 1.0 if c.cost_units is None else c.cost_units
             for budget in (pools.get(c.pool), None if g is None else groups.get(g)):
-                if budget is not None and units + own > budget - slack * abs(budget):  # type: ignore[operator]
+                # Over it, or it may be used up (the selection leaves its jobs out).
+                if budget is not None and (units + own > budget - slack * abs(budget)  # type: ignore[operator]
+                                           or units >= budget - BUDGET_EPS):  # type: ignore[operator]
                     return None
             units += own if own > 0 else 0.0  # type: ignore[operator]  # a bound for the heads after it
     return [c.id for c in heads]
@@ -458,20 +422,23 @@ def _within_totals(heads: Sequence[Candidate], limits: Limits, totals: Totals) -
 def _within(heads: Sequence[Candidate], limits: Limits, running: Running) -> list[int] | None:
     """plain() for heads that may start as far as keys, pauses, pools and the network go,
     from what runs: their ids if each is within its group and its budgets, else None."""
-    slots, full = running.slots, running.group_limit
+    slots, running_limit = running.slots, running.group_limit
     pool_budget, group_budget = limits.pools, limits.groups
     started: dict[str, int] = {}  # group -> heads before this one that start
+    caps: dict[str, int] = {}  # group -> the least limit of its running jobs and of those heads
     used: dict[tuple[bool, str], float] = {}  # (a group's?, name) -> units running and of those heads
     for c in heads:
         g = c.concurrency_group
         if g is not None:
-            n = len(slots.get(g, ()))
-            if n >= full.get(g, 1 << 30):
-                return None  # full by what runs (see plain)
-            n += started.get(g, 0)
-            if n >= (c.concurrency_limit or 1):
+            cap = caps.get(g)
+            if cap is None:
+                cap = running_limit.get(g, 1 << 30)
+            own_limit = c.concurrency_limit or 1
+            # A group full by what runs (see plain), or by its own limit: as ConcurrencyGroups.
+            if len(slots.get(g, ())) + started.get(g, 0) >= min(cap, own_limit):
                 return None
             started[g] = started.get(g, 0) + 1
+            caps[g] = min(cap, own_limit)
         if pool_budget or group_budget:
             units = 1.0 if c.cost_units is None else c.cost_units
             for budget, k, ran in ((pool_budget.get(c.pool), (False, c.pool), running.pool_cost),
@@ -481,15 +448,18 @@ def _within(heads: Sequence[Candidate], limits: Limits, running: Running) -> lis
                 total = used.get(k)  # type: ignore[arg-type]
                 if total is None:
                     total = ran.get(k[1], 0.0)  # type: ignore[arg-type]
-                if total + units > budget + 1e-9:  # as CostBudgets.admits
+                    if total >= budget - BUDGET_EPS:
+                        return None  # used up by what runs: left out (Selection.left_out)
+                if total + units > budget + BUDGET_EPS:  # as CostBudgets.admits
                     return None
                 used[k] = total + units  # type: ignore[index]  # added as CostBudgets adds: the same sums
     return [c.id for c in heads]
 
 
-# Candidates a claim with budgets reads, at most, beyond the jobs it starts: its look-ahead.
-# Past it, a claim stops even if it started fewer than it could (the rest wait for the next
-# claim), so a queue held up by its budgets costs a page or two, not a walk of every job.
+# Candidates a claim with budgets counts (Selection.read: what it offers, less what it leaves
+# out), at most, beyond the jobs it starts: its look-ahead. Past it, a claim stops even if it
+# started fewer than it could (the rest wait for the next claim), so a queue held up by its
+# budgets costs a page or two, not a walk of every job.
 LOOK_AHEAD = 512
 
 
