@@ -175,6 +175,8 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         self._shown()
+        if self.legacy is not None:
+            self.legacy.close()  # a decode still queued is dropped: no one is left to answer
         self.server.connections.discard(self)
         if not self.server.connections and self.server.drained is not None:
             self.server.drained.set()

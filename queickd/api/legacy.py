@@ -6,12 +6,18 @@ protocol byte 0x80, which no JSON request can start with. The bytes are loaded b
 unpickler whose find_class refuses every global, so only plain data (dicts, lists, tuples,
 strings, numbers) can load and nothing can be called; the request is size-limited, and
 its pickle and what it loads to are bounded (api/picklebounds.py: declared lengths, memo
-indices, expanded size, nesting) so a bomb cannot take the daemon's memory or time. The
-dict is translated into a protocol v1 request and validated and admitted like any other
-(allowlist, caps, group commit before the reply). Framing runs in the server's event loop;
-checking, unpickling and translating run on the server's one decoding thread, so a slow
-pickle never holds up other clients. A daemon with a token refuses to accept these
-clients at all (daemon.validate): they have no way to present it.
+indices, plain-data opcodes only, dict keys of cheap hashes, expanded size, nesting) so a
+bomb cannot take the daemon's memory or time. The dict is translated into a protocol v1
+request and validated and admitted like any other (allowlist, caps, group commit before
+the reply). Framing runs in the server's event loop; scanning, unpickling and translating
+run on the server's one decoding thread (DecodePool), so a slow pickle never holds up
+other clients. That thread's work is bounded three ways: at most MAX_DECODES decodes are
+queued or running at once (a request beyond them is refused, and a connection that closes
+takes its queued decode with it); a request's scan resumes where it stopped, and is only
+resumed when the bytes come that may end it, so a request dripped in small pieces costs
+no more than one sent whole; and one connection may use at most DECODE_BUDGET seconds of
+it. A daemon with a token refuses to accept these clients at all (daemon.validate): they
+have no way to present it.
 """
 
 from __future__ import annotations
@@ -21,11 +27,15 @@ import io
 import json
 import logging
 import pickle
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..core.policy.admission import Refusal
 from ..core.protocol import MAX_LINE, Code, QueueError
-from .picklebounds import PickleBoundsError, check_expanded, scan
+from .picklebounds import PickleBoundsError, PickleScan, check_expanded
 from .replies import refused
 
 if TYPE_CHECKING:
@@ -34,6 +44,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("queickd.legacy")
 
 MAX_REQUEST = 64 * 1024  # bytes; Queick's own server read at most 1024
+MAX_DECODES = 4  # Queick requests queued or being decoded at once, over all connections
+DECODE_BUDGET = 0.5  # seconds of the decoding thread one connection may use
+DECODE_CALL_COST = 0.001  # the least a decode is charged: each is a hop to that thread and back
+DECODE_STEP = 4096  # bytes that must come before a request's scan is resumed (see _worth_decoding)
 
 
 class RefusedGlobal(pickle.UnpicklingError):
@@ -45,20 +59,24 @@ class PlainDataUnpickler(pickle.Unpickler):
         raise RefusedGlobal(f"{module}.{name}")
 
 
-def loads_plain(data: bytes) -> Any:
+def loads_plain(data: bytes | bytearray) -> Any:
     """Load a pickle that holds plain data only. RefusedGlobal if it names any global;
     EOFError or UnpicklingError('...truncated') if more bytes are needed."""
     return PlainDataUnpickler(io.BytesIO(data)).load()
 
 
-def decode(data: bytes, max_request: int, max_expanded: int = MAX_LINE) -> tuple[str, Any]:
-    """A Queick request's bytes → ("more", None) when incomplete, ("refused", (reply, log
-    line)) when refused, ("request", protocol v1 request). Never raises; for the decoding
-    thread. What a request expands to is bounded as a JSON line is (`max_expanded`)."""
+def decode(data: bytes, max_request: int, max_expanded: int = MAX_LINE,
+           scan: PickleScan | None = None) -> tuple[str, Any]:
+    """A Queick request's bytes → ("more", how many bytes the scan needs before it can go
+    on) when incomplete, ("refused", (reply, log line)) when refused, ("request", protocol
+    v1 request). With `scan`, `data` is what came since its last call: the scan resumes.
+    Never raises; for the decoding thread. What a request expands to is bounded as a JSON
+    line is (`max_expanded`)."""
+    scan = scan if scan is not None else PickleScan(max_request)
     try:
-        if not scan(data, max_request):
-            return "more", None
-        payload = loads_plain(data)
+        if not scan.feed(data):
+            return "more", scan.wanted
+        payload = loads_plain(scan.data)
         check_expanded(payload, max_expanded)
         return "request", to_request(payload)
     except PickleBoundsError as e:
@@ -70,8 +88,15 @@ def decode(data: bytes, max_request: int, max_expanded: int = MAX_LINE) -> tuple
         return "refused", (refused(e).legacy(), str(e))
     except Exception as e:
         if _truncated(e):
-            return "more", None
+            return "more", len(scan.data) + 1
         return "refused", (f"{Code.BAD_REQUEST}: not a readable pickle", f"not a readable pickle ({e})")
+
+
+def _decode_timed(scan: PickleScan, data: bytes, max_expanded: int) -> tuple[str, Any, float]:
+    """decode(), and the CPU seconds it took (thread time: waiting for the GIL is not counted)."""
+    start = time.thread_time()
+    kind, value = decode(data, scan.limit, max_expanded, scan)
+    return kind, value, time.thread_time() - start
 
 
 def _truncated(e: Exception) -> bool:
@@ -118,22 +143,57 @@ def _reply(error: str | None) -> bytes:
     return pickle.dumps({"success": error is None, "error": error}, protocol=2)
 
 
+class DecodePool(ThreadPoolExecutor):
+    """The one thread Queick requests are decoded on, with at most `limit` decodes queued or
+    running at once: connections that send a request and hang up cannot pile up work (and
+    copies of their bytes) behind it, however many come and go."""
+
+    def __init__(self, limit: int = MAX_DECODES) -> None:
+        super().__init__(1, thread_name_prefix="queickd-unpickle")
+        self.limit = limit
+        self._slots_lock = threading.Lock()  # taken on the loop, given back on either thread
+        self._queued = 0
+
+    def try_submit(self, fn: Callable[..., Any], *args: Any) -> Future | None:
+        """fn(*args) on the decoding thread, or None when `limit` decodes are queued or running."""
+        with self._slots_lock:
+            if self._queued >= self.limit:
+                return None
+            self._queued += 1
+        try:
+            fut = self.submit(fn, *args)
+        except RuntimeError:  # shut down
+            self._give_back(None)
+            return None
+        fut.add_done_callback(self._give_back)  # when it ends, or at once if cancelled while queued
+        return fut
+
+    def _give_back(self, _: Future | None) -> None:
+        with self._slots_lock:
+            self._queued -= 1
+
+
 class LegacyConnection:
     """One Queick client's connection, from the first byte on."""
 
     def __init__(self, service: QueueService, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
-                 io_pool: Any, max_request: int = MAX_REQUEST, decoder: Any = None,
+                 io_pool: Any, max_request: int = MAX_REQUEST, decoder: DecodePool | None = None,
                  max_expanded: int = MAX_LINE) -> None:
         self.svc = service
         self.transport = transport
         self.loop = loop
         self.io = io_pool
-        self.decoder = decoder if decoder is not None else io_pool  # the thread that unpickles
+        self.decoder = decoder if decoder is not None else DecodePool()  # the thread that unpickles
         self.max_request = max_request
         self.max_expanded = max_expanded
-        self.buf = bytearray()
+        self.buf = bytearray()  # bytes received and not yet handed to the decoding thread
+        self.received = 0
         self.done = False
-        self._decoding = 0  # bytes of buf handed to the decoding thread (0: none in flight)
+        self.scan = PickleScan(max_request)  # the decoding thread's while a decode is in flight
+        self.wanted = 1  # bytes the scan needs before it can go on
+        self.decodes = 0  # decodes this request has had
+        self.spent = 0.0  # seconds of the decoding thread they were charged
+        self._decoding: Future | None = None  # the decode in flight
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
 
@@ -141,24 +201,53 @@ class LegacyConnection:
         if self.done:
             return
         self.buf += data
-        if len(self.buf) > self.max_request:
+        self.received += len(data)
+        if self.received > self.max_request:
             log.warning("refused a Queick request from %s: over %d bytes", self.peer, self.max_request)
             return self._finish(f"{Code.BAD_REQUEST}: request over {self.max_request} bytes")
-        if not self._decoding:
+        if self._decoding is None and self._worth_decoding():
             self._decode()
 
+    def close(self) -> None:
+        """The connection is gone: its decode, if still queued, never runs."""
+        self.done = True
+        self.buf.clear()
+        if self._decoding is not None:
+            self._decoding.cancel()
+
+    def _worth_decoding(self) -> bool:
+        """Whether to resume the scan now: the bytes the opcode it stopped in needs are here,
+        and these are the first bytes (a bomb is refused at once), or may end the pickle (a
+        STOP is its last byte), or DECODE_STEP more. So a request sent a byte at a time
+        costs a few decodes, not one a byte."""
+        return self.received >= self.wanted and (
+            self.decodes == 0 or self.buf.endswith(b".") or len(self.buf) >= DECODE_STEP)
+
     def _decode(self) -> None:
-        self._decoding = len(self.buf)
-        fut = self.loop.run_in_executor(self.decoder, decode, bytes(self.buf), self.max_request, self.max_expanded)
-        fut.add_done_callback(self._decoded)
+        if self.done or self.transport.is_closing():
+            return
+        if self.spent >= DECODE_BUDGET:
+            log.warning("refused a Queick request from %s: over %.1f s of decoding", self.peer, DECODE_BUDGET)
+            return self._finish(f"{Code.BAD_REQUEST}: pickle refused: over {DECODE_BUDGET:g} s of decoding")
+        fut = self.decoder.try_submit(_decode_timed, self.scan, bytes(self.buf), self.max_expanded)
+        if fut is None:
+            log.warning("refused a Queick request from %s: %d are queued or being decoded already", self.peer,
+                        self.decoder.limit)
+            return self._finish(f"{Code.QUEUE_FULL}: too many Queick requests at once; try again later")
+        self.buf.clear()
+        self.decodes += 1
+        self._decoding = fut
+        asyncio.wrap_future(fut, loop=self.loop).add_done_callback(self._decoded)
 
     def _decoded(self, fut: asyncio.Future) -> None:
-        seen, self._decoding = self._decoding, 0
+        self._decoding = None
         if self.done or fut.cancelled():
             return
-        kind, value = fut.result()
+        kind, value, seconds = fut.result()
+        self.spent += max(seconds, DECODE_CALL_COST)
         if kind == "more":
-            if len(self.buf) > seen:
+            self.wanted = value
+            if self._worth_decoding():
                 self._decode()  # bytes came while this was decoding
             return
         if kind == "refused":

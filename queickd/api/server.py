@@ -67,14 +67,18 @@ class Server:
         self.hello_timeout = hello_timeout
         self.max_pending = max_pending
         self.accept_queick_clients = accept_queick_clients
-        if accept_queick_clients:  # loaded now, not on the loop when the first such client connects
-            from . import legacy  # noqa: F401
         self.host = host
         self.port = port
         self.max_line = max_line
         self.io = ThreadPoolExecutor(io_threads, thread_name_prefix="queickd-io")
-        # Queick pickles are checked and loaded here, one at a time: never on the loop.
-        self.decoder = ThreadPoolExecutor(1, thread_name_prefix="queickd-unpickle")
+        # Queick pickles are checked and loaded here, one at a time: never on the loop. With
+        # them served, at most a few are queued or running at once (legacy.DecodePool).
+        if accept_queick_clients:  # loaded now, not on the loop when the first such client connects
+            from .legacy import DecodePool
+
+            self.decoder: ThreadPoolExecutor = DecodePool()
+        else:
+            self.decoder = ThreadPoolExecutor(1, thread_name_prefix="queickd-unpickle")
         self.connections: set[Connection] = set()
         self.read_buffer = memoryview(bytearray(READ_BUFFER))  # used on the loop's thread only
         self.loop: asyncio.AbstractEventLoop | None = None
