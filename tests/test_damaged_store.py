@@ -202,6 +202,17 @@ def test_recover_of_a_0_byte_file_makes_an_empty_store_and_says_nothing_was_read
     assert r.returncode == 0 and "recovered 0 jobs" in r.stdout and "could not read" in r.stderr
 
 
+def next_id_after_recover(tmp_path, path) -> int:
+    """The id a daemon on the file `queick db recover` made from `path` gives a new job."""
+    new = tmp_path / "recovered.db"
+    assert queick("db", "recover", "--store", f"sqlite:///{path}", "--to", str(new)).returncode == 0
+    d = DaemonProcess(f"sqlite:///{new}", workers=0).start()
+    with d.client() as q:
+        job_id = q.enqueue("testjobs:noop")
+    d.terminate()
+    return job_id
+
+
 def test_recover_leaves_the_damaged_file_as_it_was(tmp_path, used):
     path, _ = used
     garbage_mid_file(path)
@@ -213,12 +224,7 @@ def test_recover_leaves_the_damaged_file_as_it_was(tmp_path, used):
 def test_recovered_store_gives_new_jobs_ids_after_every_id_the_damaged_one_knew(tmp_path, used):
     path, jobs = used
     truncate_half(path)
-    new = tmp_path / "recovered.db"
-    assert queick("db", "recover", "--store", f"sqlite:///{path}", "--to", str(new)).returncode == 0
-    d = DaemonProcess(f"sqlite:///{new}", workers=0).start()
-    with d.client() as q:
-        assert q.enqueue("testjobs:noop") == max(jobs) + 1
-    d.terminate()
+    assert next_id_after_recover(tmp_path, path) == max(jobs) + 1
 
 
 def test_recover_without_the_sqlite3_command_uses_the_row_by_row_salvage(tmp_path, used):
@@ -247,12 +253,7 @@ def test_recover_after_a_kill_9_and_header_garbage_brings_back_the_jobs_only_in_
 def test_recover_after_a_kill_9_and_header_garbage_gives_new_jobs_ids_after_those_in_the_wal(tmp_path, killed):
     path, jobs = killed
     garbage_header(path)
-    new = tmp_path / "recovered.db"
-    assert queick("db", "recover", "--store", f"sqlite:///{path}", "--to", str(new)).returncode == 0
-    d = DaemonProcess(f"sqlite:///{new}", workers=0).start()
-    with d.client() as q:
-        assert q.enqueue("testjobs:noop") == max(jobs) + 1
-    d.terminate()
+    assert next_id_after_recover(tmp_path, path) == max(jobs) + 1
 
 
 def test_recover_that_cannot_read_the_wal_says_so_naming_it_and_its_size(tmp_path, killed):

@@ -201,18 +201,6 @@ class PgClaims:
                                   [t[0] for t, _ in stamps], [t[1] for t, _ in stamps],
                                   [j for _, j in stamps])).fetchall()
 
-    def waiting_over_budgets(self, limits: claim.Limits) -> list[tuple[int, str, str | None, float | None]]:
-        """(id, pool, group, cost_units) of the waiting jobs that cost more than the least
-        budget of `limits` (costs.never_fit says which exceed their own): a scan of the
-        waiting jobs, once per change of the budgets, never on a claim."""
-        least = min([*limits.pools.values(), *limits.groups.values()], default=None)
-        if least is None:
-            return []
-        return self._conn().execute(
-            "SELECT id, pool, concurrency_group, cost_units FROM jobs WHERE state IN"
-            " ('scheduled', 'queued', 'waiting_network') AND coalesce(cost_units, 1.0) > %s ORDER BY id",
-            (least,)).fetchall()
-
     # --- the budgets in force ---------------------------------------------------------
     def adopt_budgets(self, limits: claim.Limits) -> list[BudgetChange]:
         """The table made to hold exactly `limits`' budgets, under the budget lock (after

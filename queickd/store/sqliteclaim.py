@@ -219,18 +219,6 @@ class SqliteClaims:
             self._stamp_probes(c, pick.probes)
         return self._start(c, pick.chosen, request.now, _HEADS_ONLY if full else "")
 
-    def waiting_over_budgets(self, limits: claim.Limits) -> list[tuple[int, str, str | None, float | None]]:
-        """(id, pool, group, cost_units) of the waiting jobs that cost more than the least
-        budget of `limits` (costs.never_fit says which exceed their own): a scan of the
-        waiting jobs, once per change of the budgets, never on a claim."""
-        least = min([*limits.pools.values(), *limits.groups.values()], default=None)
-        if least is None:
-            return []
-        return self._conn().execute(
-            "SELECT id, pool, concurrency_group, cost_units FROM jobs WHERE state IN"
-            " ('scheduled', 'queued', 'waiting_network') AND coalesce(cost_units, 1.0) > ? ORDER BY id",
-            (least,)).fetchall()
-
     @staticmethod
     def _start(c: sqlite3.Connection, ids: list[int], now: float, only: str) -> list[Job]:
         """The chosen jobs marked running (`only`: a further condition on each), in queue order."""

@@ -152,6 +152,18 @@ class SharedSql:
     def next_cron_at(self) -> float | None:
         return self._conn().execute("SELECT min(next_run_at) FROM crons").fetchone()[0]
 
+    def waiting_over_budgets(self, limits: Any) -> list[tuple[int, str, str | None, float | None]]:
+        """(id, pool, group, cost_units) of the waiting jobs that cost more than the least
+        budget of `limits` (costs.never_fit says which exceed their own): a scan of the
+        waiting jobs, once per change of the budgets, never on a claim."""
+        least = min([*limits.pools.values(), *limits.groups.values()], default=None)
+        if least is None:
+            return []
+        return self._conn().execute(self._q(
+            "SELECT id, pool, concurrency_group, cost_units FROM jobs WHERE state IN"
+            " ('scheduled', 'queued', 'waiting_network') AND coalesce(cost_units, 1.0) > ? ORDER BY id"),
+            (least,)).fetchall()
+
     def cron_move_if(self, name: str, tick: float, new_tick: float) -> bool:
         with self._write() as c:
             return c.execute(self._q("UPDATE crons SET next_run_at = ? WHERE name = ? AND next_run_at = ?"),
