@@ -7,6 +7,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from queickd.core.cron import LATEST
 from queickd.core.job import NewJob, Outcome, State
 from queickd.services.scheduler import Scheduler
 from queickd.store import CronRecord, open_store
@@ -263,3 +264,37 @@ def test_a_backward_step_is_logged_once_with_its_size_and_the_crons_moved(caplog
     assert [r.getMessage() for r in caplog.records] == [
         "the wall clock stepped back 3600 s; 1 cron(s) moved back to their next tick"
         " (delayed jobs and retries keep their wall times)"]
+
+
+def never_firing_cron(tick: float) -> CronRecord:
+    """A cron for 30 February, as a store written before such expressions were refused holds."""
+    return CronRecord("a-feb30", {"cron": "0 0 30 2 *"}, NewJob(func="m:never", run_at=tick), tick, None, T0)
+
+
+def test_a_cron_whose_schedule_never_fires_again_does_not_hold_up_the_others():
+    sch, ft, queued, store = make(lambda: None, lambda: None)
+    store.cron_save(never_firing_cron(T0 + 30))
+    store.cron_save(cron())
+    sch.run()
+    assert sorted(j.created_at for j in store.list_jobs(None, 100) if j.cron == "c") == [T0 + 60]
+
+
+def test_a_cron_whose_schedule_never_fires_again_is_parked_at_the_end_of_time_and_logged(caplog):
+    sch, ft, queued, store = make(lambda: None)
+    store.cron_save(never_firing_cron(T0 + 30))
+    with caplog.at_level(logging.ERROR, logger="queickd.scheduler"):
+        sch.run()
+    assert [(c.name, c.next_run_at) for c in store.cron_list()] == [("a-feb30", LATEST)]
+    assert [j for j in store.list_jobs(None, 100) if j.cron == "a-feb30"] == []
+    (msg,) = [r.getMessage() for r in caplog.records]
+    assert "cron a-feb30" in msg and "never fires" in msg and "queick cron delete a-feb30" in msg
+
+
+def test_after_a_backward_step_a_cron_that_never_fires_does_not_keep_the_others_ahead():
+    seen = []
+    sch, ft, queued, store = make(lambda: ft.step_wall(-3600), lambda: seen.append(store.cron_list()[1].next_run_at),
+                                  sweep=60.0)
+    store.cron_save(never_firing_cron(T0 + 100))
+    store.cron_save(begun_cron(100.0, T0 - 10_000))
+    sch.run()
+    assert seen == [T0 - 3500]

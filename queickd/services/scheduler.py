@@ -17,7 +17,8 @@ moves crons whose next tick the fast clock pushed ahead back to their next tick 
 now; delayed jobs and retries keep their run_at, which names a wall time.
 
 An error in a callback (on_queued, on_sweep, a timer) or in the store is logged and the
-scheduler goes on; the next sweep re-reads everything.
+scheduler goes on; the next sweep re-reads everything. A stored cron whose schedule gives
+no next tick is logged and parked at the end of time, apart from the others.
 
 wake_at() and stop() may be called from any thread; everything else runs on the thread
 that runs run() (start() makes one).
@@ -33,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from ..core.cron import Every, parse_schedule
+from ..core.cron import LATEST, Every, parse_schedule
 from ..settings import DEFAULT_SWEEP
 from ..store import CronRecord, Store
 
@@ -213,7 +214,9 @@ class Scheduler:
                 tick = cron.next_run_at
                 # Ticks missed while the daemon was down run once: the next tick is the
                 # first one after now, not the one after the missed tick.
-                next_tick = tick_after(cron, max(tick, now))
+                next_tick = self._tick_after(cron, max(tick, now))
+                if next_tick is None:
+                    continue
                 fire = self.store.cron_fire_if_due(cron.name, tick, next_tick, now)
                 if fire is None:
                     continue
@@ -233,6 +236,18 @@ class Scheduler:
             return
         if nxt is not None:
             self.wake_at(nxt, "crons")
+
+    def _tick_after(self, cron: CronRecord, now: float) -> float | None:
+        """The cron's next tick, or None for a cron whose schedule gives none (a store written
+        before such schedules were refused may hold one): it is parked at the end of time, so
+        that it neither holds up the crons behind it nor comes due again at once."""
+        try:
+            return tick_after(cron, now)
+        except ValueError as e:
+            if cron.next_run_at < LATEST and self.store.cron_move_if(cron.name, cron.next_run_at, LATEST):
+                log.error("cron %s is stopped: %s; it stays listed until 'queick cron delete %s'",
+                          cron.name, e, cron.name)
+            return None
 
     def _run_extra(self, slot: str) -> None:
         self._disarm(slot)
@@ -260,7 +275,9 @@ class Scheduler:
         moved = 0
         try:
             for cron in self.store.cron_list():
-                tick = tick_after(cron, now)
+                tick = self._tick_after(cron, now)
+                if tick is None:
+                    continue
                 # Compare-and-set: a tick fired or a cron registered meanwhile wins.
                 if cron.next_run_at > tick and self.store.cron_move_if(cron.name, cron.next_run_at, tick):
                     moved += 1
