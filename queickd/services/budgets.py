@@ -76,7 +76,7 @@ class BudgetsInForce:
         if not limits.any:
             return
         try:
-            misfits = never_fit(limits, self.store.waiting_over_budgets(limits))  # type: ignore[attr-defined]
+            misfits = never_fit(limits, self.store.waiting_over_budgets(limits))
         except Exception as e:  # a diagnostic: never a reason not to start or follow the change
             log.warning("budgets: could not look for waiting jobs over a whole budget: %s", e)
             return

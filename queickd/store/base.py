@@ -265,6 +265,12 @@ class Store(Protocol):
         jobs), for the named pools and groups that have any. For stats: may scan."""
         ...
 
+    def waiting_over_budgets(self, limits: claim.Limits) -> list[tuple[int, str, str | None, float | None]]:
+        """(id, pool, group, cost_units) of the waiting jobs that cost more than the least
+        budget of `limits`, in id order (costs.never_fit says which exceed their own). A
+        diagnostic run once per change of the budgets, never on a claim: may scan."""
+        ...
+
     def adopt_budgets(self, limits: claim.Limits) -> list[BudgetChange]:
         """A process started with budgets makes them the ones in force: a store shared by
         several claimers (PostgreSQL) replaces the budgets it holds with exactly those of

@@ -44,8 +44,6 @@ class MemoryResources:
         return n
 
     def waiting_over_budgets(self, limits: Limits) -> list[tuple[int, str, str | None, float | None]]:
-        """(id, pool, group, cost_units) of the waiting jobs that cost more than the least
-        budget of `limits` (costs.never_fit says which exceed their own)."""
         least = min([*limits.pools.values(), *limits.groups.values()], default=None)
         if least is None:
             return []

@@ -153,9 +153,6 @@ class SharedSql:
         return self._conn().execute("SELECT min(next_run_at) FROM crons").fetchone()[0]
 
     def waiting_over_budgets(self, limits: Any) -> list[tuple[int, str, str | None, float | None]]:
-        """(id, pool, group, cost_units) of the waiting jobs that cost more than the least
-        budget of `limits` (costs.never_fit says which exceed their own): a scan of the
-        waiting jobs, once per change of the budgets, never on a claim."""
         least = min([*limits.pools.values(), *limits.groups.values()], default=None)
         if least is None:
             return []
