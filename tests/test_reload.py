@@ -1,9 +1,12 @@
 """SIGHUP reloads job code in a running daemon: a function added to an imported module
-runs without a restart; a module that fails to import on reload keeps its old code."""
+runs without a restart; a module that fails to import on reload keeps its old code; a
+process job waiting for a zygote that a reload retires runs on the next one."""
 
 from __future__ import annotations
 
 import signal
+
+from test_sandbox_failures import ImportGate
 
 from queickd.core.job import State
 
@@ -42,3 +45,25 @@ def test_a_module_that_fails_on_reload_keeps_serving_its_old_code_and_says_why(s
                         "ModuleNotFoundError")
         assert q.wait(q.enqueue("reloadjobs:hello"), 20)["result"] == "v1"
         assert d.proc.poll() is None  # still serving
+
+
+def test_sighups_while_the_zygote_starts_for_a_process_job_do_not_fail_it(start_daemon, tmp_path):
+    app = tmp_path / "app"
+    app.mkdir()
+    gate = ImportGate(tmp_path / "g")
+    (app / "gated.py").write_text(gate.code)
+    config = tmp_path / "q.toml"
+    config.write_text('[functions."gated:job"]\ncredentials = []\n')  # preloaded by each zygote
+    d = start_daemon(None, "--app-dir", str(app), "--config", str(config), workers=1)
+    with d.client() as q:
+        job = q.enqueue("gated:job", isolation="process")
+        for last in (False, True):  # two reloads, each while the zygote started for the job imports
+            held = gate.held()
+            d.proc.send_signal(signal.SIGHUP)
+            while "re-importing the job modules" not in d._lines_q.get(timeout=20):  # this reload's line
+                pass
+            if last:
+                gate.remove()
+            held.close()
+        done = q.wait(job, 30)
+    assert (done["state"], done["result"], done["attempts"]) == (State.SUCCEEDED, 1, 1)

@@ -6,10 +6,16 @@ daemon); the misbehaving job modules are written into a fresh app directory per 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
+import selectors
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,8 +26,9 @@ from queickd.run import process
 from queickd.run.base import RunReport
 from queickd.run.loader import FunctionLoader
 from queickd.run.process import KILL_GRACE, ProcessRunner
-from queickd.run.supervisor import ZygoteSupervisor
+from queickd.run.supervisor import Pending, ZygoteSupervisor, _Zygote
 from queickd.run.thread import ThreadRunner
+from queickd.run.watch import Watch
 
 JOBS = str(Path(__file__).parent / "jobs")
 FINE = "import os\n\ndef ok():\n    return os.getpid()\n"
@@ -136,3 +143,135 @@ def test_a_child_killed_at_its_cpu_time_limit_is_a_timeout_not_a_crash(jobs_runn
     spun = jobs_runner.run(make_job(func="sandboxjobs:spin"), Limits(timeout=20))
     assert (spun.ok, spun.error_type) == (False, "timeout") and "CPU time limit of 1 s" in spun.error_message
     assert spun.runtime < 20
+
+
+# --- reloads while a job is on its way to a zygote -------------------------------------------
+
+class ImportGate:
+    """A unix socket that the gated module's import connects to and then waits on: each
+    zygote importing it is held there, the test knowing it is, until the test lets it go."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.srv = socket.socket(socket.AF_UNIX)
+        self.srv.bind(self.path)
+        self.srv.listen()
+        self.srv.settimeout(20)  # only a failing test waits this long
+        self.code = (f"import os, socket\nif os.path.exists({self.path!r}):\n"
+                     f"    with socket.socket(socket.AF_UNIX) as s:\n"
+                     f"        s.connect({self.path!r})\n        s.recv(1)\n" + JOB)
+
+    def held(self) -> socket.socket:
+        """Wait until a zygote is importing the module; closing what it returns lets it go."""
+        return self.srv.accept()[0]
+
+    def remove(self) -> None:
+        """From now on the module imports without waiting."""
+        os.unlink(self.path)
+        self.srv.close()
+
+
+def test_a_job_whose_zygotes_are_retired_as_they_start_runs_on_the_next_one(tmp_path):
+    gate = ImportGate(tmp_path / "g")
+    with _runner(tmp_path / "app", preload=("gated:job",), gated=gate.code) as r:
+        with ThreadPoolExecutor(1) as pool:
+            job = pool.submit(_run, r, "gated:job")
+            for last in (False, True):  # two reloads, each while the zygote started for the job imports
+                held = gate.held()
+                r.supervisor.reload("test")
+                if last:
+                    gate.remove()
+                held.close()
+            done = job.result(timeout=30)
+    assert done.ok and done.result == 1
+
+
+def test_a_zygote_a_reload_replaces_as_it_starts_is_retired_before_its_job_sees_it_ready(tmp_path, monkeypatch):
+    gate = ImportGate(tmp_path / "g")
+    code = gate.code + "\ndef zygote():\n    return os.getppid()\n"
+    with _runner(tmp_path / "app", preload=("gated:zygote",), gated=code) as r:
+        send_retire, first = _Zygote.retire, []
+
+        def late(z: _Zygote) -> None:  # the reload's retire message goes once the zygote is ready
+            first.append(z.pid)
+            gate.remove()
+            held.close()
+            z.ready.wait(20)
+            time.sleep(0.2)  # the job waiting for it to start has looked at it by now
+            send_retire(z)
+
+        monkeypatch.setattr(_Zygote, "retire", late)
+        with ThreadPoolExecutor(1) as pool:
+            job = pool.submit(_run, r, "gated:zygote")
+            held = gate.held()
+            r.supervisor.reload("test")
+            done = job.result(timeout=30)
+    assert done.ok and done.result not in (None, *first)  # forked by the zygote started after the reload
+
+
+def test_a_job_sent_to_a_zygote_as_a_reload_retires_it_runs_on_the_current_one(tmp_path, monkeypatch):
+    with _runner(tmp_path / "app", fine=FINE) as r:
+        sup = r.supervisor
+        current, raced = sup._current, []
+
+        def reloaded_after(*a: object) -> object:  # a reload between picking the zygote and sending
+            z = current()
+            if len(raced) < 3:
+                raced.append(z.pid)
+                sup.reload("test")
+            return z
+
+        monkeypatch.setattr(sup, "_current", reloaded_after)
+        done = _run(r, "fine:ok")
+    assert done.ok and len(raced) == 3
+
+
+def test_a_retired_zygote_answers_each_job_it_did_not_fork_before_it_exits(tmp_path):
+    app = tmp_path / "app"
+    app.mkdir()
+    gate = ImportGate(tmp_path / "g")
+    (app / "gated.py").write_text(gate.code)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    zygote = subprocess.Popen([sys.executable, "-m", "queickd.run.zygote", "--app-dir", str(app),
+                               "--preload", "gated:job", "--fd", str(theirs.fileno())],
+                              pass_fds=(theirs.fileno(),), env=env, cwd=str(app))
+    theirs.close()
+    try:
+        held = gate.held()  # both requests wait in its socket, in this order, as it imports
+        ours.send(b'{"op": "retire"}')
+        out_r, out_w = os.pipe()
+        req = {"op": "run", "id": 7, "func": "gated:job", "args": [], "kwargs": {}}
+        socket.send_fds(ours, [json.dumps(req).encode()], [out_w, out_w])
+        os.close(out_w)
+        gate.remove()
+        held.close()
+        ours.settimeout(20)
+        replies = [json.loads(m) for m in iter(lambda: ours.recv(1 << 16), b"")]
+        assert zygote.wait(20) == 0
+    finally:
+        zygote.kill()
+        os.close(out_r)
+    assert [m for m in replies if "ready" not in m] == [{"id": 7, "retired": True}]
+
+
+def test_a_jobs_exit_stands_when_its_retired_zygote_ends_just_after_it(tmp_path):
+    out_r, out_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    os.write(rep_w, json.dumps(RunReport(True, 5, None, None, None).to_dict()).encode())
+    os.close(out_w)
+    os.close(rep_w)
+    sel = selectors.DefaultSelector()
+    wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    sel.register(wake_r, selectors.EVENT_READ, "wake")
+    p = Pending(1, wake_r, wake_w, pid=4242)
+    p.post({"id": 1, "exit": 0, "cpu": 0.01})  # the job's end, then its zygote's: both read at once
+    p.post({"id": 1, "zygote_died": 0})
+    try:
+        report = Watch(p, sel, out_r, rep_r, Limits(), 1024, None, time.monotonic(), KILL_GRACE).run()
+    finally:
+        p.close()
+        sel.close()
+        os.close(out_r)
+        os.close(rep_r)
+    assert (report.ok, report.result) == (True, 5)

@@ -214,7 +214,8 @@ class ProcessRunner:
             req["args_file"] = os.path.join(job_dir, ".queickd-args.json")
             with open(req["args_file"], "w", encoding="utf-8") as f:
                 json.dump([job.args, job.kwargs], f, ensure_ascii=False)
-        for _ in range(2):  # a zygote that died or was stale before it forked: once more, on a new one
+        tries = 0  # zygotes that died or were stale before they forked it: once more, on a new one
+        while True:
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
             rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
             try:
@@ -245,14 +246,20 @@ class ProcessRunner:
                         self._watches.pop(job.id, None)
                     self.supervisor.done(p)
                 left = watch.exit or {}
-                if p.pid is not None or not ("zygote_died" in left or "stale" in left):
+                if p.pid is not None:
+                    return report
+                if "retired" in left and watch.killed is None:
+                    # Its zygote was retired (a reload) before it forked it: to the current
+                    # one, as often as reloads come; the job's deadline (its watch) ends that.
+                    continue
+                tries += 1
+                if tries == 2 or not ("zygote_died" in left or "stale" in left):
                     return report
                 if "stale" in left:
                     self.supervisor.reload("an app module changed on disk")
             finally:
                 os.close(out_r)
                 os.close(rep_r)
-        return report
 
 
 def left_dirs(tmp: str) -> list[str]:

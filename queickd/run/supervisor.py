@@ -5,7 +5,8 @@ SIGHUP: `reload()`).
 
 One reader thread per zygote waits on its socket; it is blocked in recv while no job runs,
 so the supervisor adds no wake-ups to an idle daemon. A retired zygote (replaced after a
-reload) serves its running jobs to their end and then exits by itself. The zygote gets a
+reload) serves its running jobs to their end and then exits by itself; a job it had not
+forked yet goes to the current zygote (run/process.py sends it again). The zygote gets a
 minimal environment of its own (no store URL, no token, nothing QUEICKD_*): only what it
 needs to find Python and the job modules. Never forks the daemon (subprocess uses
 vfork/posix_spawn-style exec of a fresh interpreter) and never decides a job's fate.
@@ -153,7 +154,12 @@ class _Zygote:
         self.ready.set()
         code = self.proc.wait()
         for p in waiting:
-            p.post({"id": p.id, "zygote_died": code})
+            if p.pid is None and self.retired and code == 0:
+                # Retired, it exited before it read the job (sent as a reload came): not
+                # forked, so not the job's failure; the current zygote takes it.
+                p.post({"id": p.id, "retired": True})
+            else:
+                p.post({"id": p.id, "zygote_died": code})
         self.sock.close()
         try:
             self.sup._ended(self, code)
@@ -237,6 +243,10 @@ class ZygoteSupervisor:
         finishes the jobs it runs and exits."""
         with self._lock:
             old, self._zygote = self._zygote, None
+            if old is not None:
+                # Retired as it stops being the current one: a job waiting for it to start
+                # (in _current) must see that once it is ready, and go to a newer one.
+                old.retired = True
         if old is not None:
             log.info("re-importing the job modules (%s): a new zygote for the next process jobs", why)
             old.retire()
@@ -252,17 +262,23 @@ class ZygoteSupervisor:
             self._ids += 1
             p = Pending(self._ids, r, w, func, wake_on_pid=wake_on_pid, owns_wake=wake is None)
         msg = {**msg, "id": p.id}
+        died = 0  # zygotes that died just as the job was sent to them
         try:
-            z = self._current()
-            try:
-                z.send(p, msg, fds)
-            except ZygoteUnavailableError:
-                # It died just now, and its reader may not have seen it yet: once that is
-                # handled (the restart planned), once more with a new one. Not the job's
-                # fault: it has not started, so it must not fail for it.
-                if not z.gone.wait(START_TIMEOUT):
-                    raise
-                self._current().send(p, msg, fds)
+            while True:
+                z = self._current()
+                try:
+                    z.send(p, msg, fds)
+                    break
+                except ZygoteUnavailableError:
+                    # Not the job's fault: it has not started, so it must not fail for it. A
+                    # retired zygote (a reload) that exited: the current one takes it. One
+                    # that died just now, its reader may not have seen it yet: once that is
+                    # handled (the restart planned), once more with a new one.
+                    if z.retired:
+                        continue
+                    died += 1
+                    if died > 1 or not z.gone.wait(START_TIMEOUT):
+                        raise
         except ZygoteUnavailableError:
             p.close()
             raise
@@ -285,27 +301,30 @@ class ZygoteSupervisor:
                         self.preload.discard(func)
 
     def _current(self) -> _Zygote:
-        with self._lock:
-            z = self._zygote
-            if z is not None and not z.dead:
-                return z
-            if self._stopping:
-                raise ZygoteUnavailableError("the daemon is stopping")
-            wait = self._not_before - time.monotonic()
-            if wait > 0 and self._stop.wait(wait):  # the backoff after a death (at most 30 s)
-                raise ZygoteUnavailableError("the daemon is stopping")
-            try:
-                z = _Zygote(self)
-            except OSError as e:
-                self._backoff()
-                log.error("cannot start the zygote: %s", e)
-                raise ZygoteUnavailableError(f"cannot start the zygote: {e}") from None
-            self._zygote = z
-        if not z.ready.wait(START_TIMEOUT) or z.dead:
-            log.error("the zygote (pid %d) did not start", z.pid)
-            raise ZygoteUnavailableError("the zygote did not start")
-        log.info("zygote started (pid %d, %d function(s) preloaded)", z.pid, len(self.preload))
-        return z
+        while True:
+            with self._lock:
+                z = self._zygote
+                if z is not None and not z.dead:
+                    return z
+                if self._stopping:
+                    raise ZygoteUnavailableError("the daemon is stopping")
+                wait = self._not_before - time.monotonic()
+                if wait > 0 and self._stop.wait(wait):  # the backoff after a death (at most 30 s)
+                    raise ZygoteUnavailableError("the daemon is stopping")
+                try:
+                    z = _Zygote(self)
+                except OSError as e:
+                    self._backoff()
+                    log.error("cannot start the zygote: %s", e)
+                    raise ZygoteUnavailableError(f"cannot start the zygote: {e}") from None
+                self._zygote = z
+            if not z.ready.wait(START_TIMEOUT) or (z.dead and not z.retired):
+                log.error("the zygote (pid %d) did not start", z.pid)
+                raise ZygoteUnavailableError("the zygote did not start")
+            if z.retired:
+                continue  # retired (a reload) as it started: it would exit unasked; a newer one
+            log.info("zygote started (pid %d, %d function(s) preloaded)", z.pid, len(self.preload))
+            return z
 
     def _backoff(self) -> None:
         self._failures += 1

@@ -113,7 +113,9 @@ class Watch:
             if "pid" in msg:
                 if self.killed is not None:  # killed (cancelled) before its pid was known
                     self._signal(signal.SIGKILL)
-            else:
+            elif self.exit is None:
+                # The first answer stands: a retired zygote exits just after its last job's
+                # exit, and the news of its end may come in the same batch.
                 self.exit = msg
 
     def _read(self, fd: int, which: str) -> None:

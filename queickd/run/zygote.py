@@ -12,8 +12,9 @@ report pipes passed alongside (SCM_RIGHTS):
   <- {"id", "pid"}                      forked; the child runs (run/child.py)
   <- {"id", "report": {...}}            not forked: the function cannot be loaded
   <- {"id", "stale": true}              an app module changed on disk: start a new zygote
+  <- {"id", "retired": true}            retired before it forked the job: send it to the current one
   <- {"id", "exit": status, "cpu": s}   the child is reaped and nothing it started is left
-  -> {"op": "retire"}                   exit once the running children are done
+  -> {"op": "retire"}                   fork no more; exit once the running children are done
 
 It is the subreaper of its children's descendants: a process a job left behind (one that
 called setsid included) becomes its child when the job's process ends, and is killed and
@@ -132,6 +133,7 @@ class Zygote:
         while True:
             self.reap()
             if self.retiring and not self.jobs:
+                self.drain()
                 return
             for key, _ in sel.select():
                 if key.fileobj is self.sock:
@@ -146,11 +148,11 @@ class Zygote:
                         except BlockingIOError:
                             break
 
-    def receive(self) -> bool:
+    def receive(self, flags: int = 0) -> bool:
         try:
             # Into one buffer kept for every request: socket.recv_fds allocates its whole
             # size (4 MB) per call, pages this process would map, touch and unmap each job.
-            n, anc, _, _ = self.sock.recvmsg_into([self._buf], _ANC_SPACE)
+            n, anc, _, _ = self.sock.recvmsg_into([self._buf], _ANC_SPACE, flags)
         except InterruptedError:
             return True
         except OSError:
@@ -168,6 +170,9 @@ class Zygote:
             msg = json.loads(self._buf[:n])
             if msg.get("op") == "retire":
                 self.retiring = True
+            elif msg.get("op") == "run" and self.retiring:
+                # Sent as a reload came: not forked here, on the old code; the current zygote runs it.
+                self.send({"id": msg["id"], "retired": True})
             elif msg.get("op") == "run":
                 self.start(msg, fds)
                 fds = []
@@ -175,6 +180,12 @@ class Zygote:
             for fd in fds:
                 os.close(fd)
         return True
+
+    def drain(self) -> None:
+        """Answer the requests already queued before this retired zygote exits: its exit
+        would drop them unread, and their jobs would wait for a fork that never comes."""
+        while self.receive(socket.MSG_DONTWAIT):  # False once none is left (EAGAIN) or it closed
+            pass
 
     def start(self, req: dict[str, Any], fds: list[int]) -> None:
         try:
