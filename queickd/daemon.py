@@ -46,7 +46,7 @@ from .services.worker import WorkerPool
 from .settings import EX_VERSION, Config, check_shared
 from .store import Store, open_store
 from .store.base import FleetStore
-from .store.records import EventState, Minute
+from .store.records import EventState, Minute, Recovered
 from .ui.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -237,8 +237,15 @@ class Daemon:
     def _recover_orphans(self) -> None:
         """At start; while the store cannot be written (a full disk), again at each sweep."""
         store = self.store
+        pool: WorkerPool | None = getattr(self, "pool", None)
+
+        def recover(running_here: frozenset[int]) -> Recovered:
+            return store.recover_orphans(self.config.max_orphan_requeues, self.clock(), running_here)  # type: ignore[union-attr]
+
         try:
-            recovered = store.recover_orphans(self.config.max_orphan_requeues, self.clock())  # type: ignore[union-attr]
+            # Once the pool has started (a recovery put off by a full disk), the jobs it
+            # claimed meanwhile are running here: they are not the previous run's.
+            recovered = recover(frozenset()) if pool is None else pool.with_held(recover)
         except store.UNAVAILABLE as e:  # type: ignore[union-attr]
             log.warning("cannot recover jobs left running by a previous run yet (%s); trying again at "
                         "each sweep", e)

@@ -214,6 +214,13 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
         j = store.get(claimed[0].id)
         assert (j.state, j.orphaned, j.attempts) == (State.QUEUED, 1, 1)
 
+    def test_recover_orphans_leaves_the_jobs_this_process_runs(self, store):
+        store.submit([job(), job()], T0)
+        old, mine = store.claim_available(2, T0)
+        rec = store.recover_orphans(3, T0, running_here={mine.id})
+        assert rec.requeued == [old.id] and rec.dead == []
+        assert store.get(mine.id).state == State.RUNNING and store.get(mine.id).orphaned == 0
+
     def test_recover_orphans_gives_up_past_the_limit(self, store):
         store.submit([job()], T0)
         for _ in range(2):

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
-from helpers import STARTED, DaemonProcess
+from helpers import STARTED, DaemonProcess, Gate
 
 from queickd.core.protocol import QueueError
 
@@ -105,3 +106,36 @@ def test_writes_are_accepted_again_when_space_returns(full):
         job_id = q.enqueue("testjobs:noop")
         assert q.wait(job_id, 20)["state"] == "succeeded"
     d.wait_for_line("disk space is back")
+
+
+def test_a_job_started_once_space_returns_is_not_recovered_as_an_orphan(small_disk):
+    # The previous run was killed with a job running; this one starts on a full disk, so its
+    # orphan recovery waits for a sweep after space returns. A job claimed before that
+    # sweep runs here: it is not the previous run's, and must not be queued (and run) again.
+    url = f"sqlite:///{small_disk / 'queue.db'}"
+    gate = Gate()
+    try:
+        d = DaemonProcess(url, workers=1).start()
+        with d.client() as q:
+            orphan = q.enqueue("testjobs:gate", args=(gate.port, "orphan"))
+            assert gate.arrival() == "orphan"
+        d.kill()
+        filler = fill(small_disk)
+        again = DaemonProcess(url, "--sweep", "5", workers=3).start()
+        again.wait_for_line("cannot recover jobs left running")
+        time.sleep(0.5)  # past the first sweep: the next one is seconds away
+        filler.unlink()
+        with again.client() as q:
+            mine = q.enqueue("testjobs:gate", args=(gate.port, "mine"))
+            arrivals = [gate.arrival()]
+            again.wait_for_line(r"recovered jobs left running by a previous run: \d+ re-queued")
+            arrivals += [gate.arrival()]  # the orphan, run again
+            with pytest.raises(OSError):
+                arrivals.append(gate.arrival(2))  # nothing else starts: not `mine` a second time
+            assert sorted(arrivals) == ["mine", "orphan"]
+            assert q.get(mine)["state"] == "running" and q.get(mine)["orphaned"] == 0
+            assert q.get(orphan)["orphaned"] == 1
+            gate.release_all()
+            assert q.wait(mine, 20)["attempts"] == 1
+    finally:
+        gate.close()

@@ -28,3 +28,7 @@ def test_no_orphans_plan_nothing():
 
 def test_a_given_up_orphan_is_told_why():
     assert orphans.ERROR["type"] == "orphaned"
+
+
+def test_a_job_running_in_this_process_is_not_an_orphan():
+    assert orphans.plan([(1, 0), (2, 0), (3, 5)], 3, running_here={2, 3}) == orphans.Plan([1], [])

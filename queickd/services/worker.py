@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from ..core.job import Job, Outcome, State
 from ..core.policy.claim import NO_LIMITS, Limits
@@ -38,6 +38,7 @@ from .pool_size import PoolSize
 from .run_counts import RunCounts
 
 log = logging.getLogger("queickd.worker")
+T = TypeVar("T")
 
 _STORE_RETRY = 1.0  # seconds to wait after a store error before trying again
 _MAX_PASSES_HERE = 3  # passes one caller of _pass_here makes in a row before the dispatcher takes over
@@ -166,6 +167,16 @@ class WorkerPool(PassStore):
         if self._again:  # a pass asked for while this held the lock (see _pass_here)
             self._wake.set()
         return elsewhere
+
+    def with_held(self, call: Callable[[frozenset[int]], T]) -> T:
+        """call(ids of the jobs this pool holds), between two passes: no claim of this
+        process is under way meanwhile, so a job running in the store is either held here or
+        not this process's (an orphan recovery put off past the start reads it so)."""
+        with self._dispatch_lock:
+            out = call(frozenset(self._held))
+        if self._again:  # a pass asked for while this held the lock (see _pass_here)
+            self._wake.set()
+        return out
 
     def size_info(self) -> dict[str, Any]:
         """The pool's size, its bounds and its last resize (a fixed pool: min = max = size)."""

@@ -290,10 +290,12 @@ class Store(Protocol):
         """Lift a pause and reset its streak. True if it was paused."""
         ...
 
-    def recover_orphans(self, max_requeues: int, now: float) -> Recovered:
-        """Every `running` job is an orphan (call only when no worker of this store runs).
-        A shared store (PostgreSQL) takes only the jobs whose worker stopped beating (or
-        that no registered worker claimed), so there it is safe to call at any time.
+    def recover_orphans(self, max_requeues: int, now: float, running_here: Collection[int] = ()) -> Recovered:
+        """Every `running` job but those of `running_here` (the jobs this process's workers
+        hold, read with no claim under way) is an orphan (call only when no other worker of
+        this store runs). A shared store (PostgreSQL) takes only the jobs whose worker
+        stopped beating (or that no registered worker claimed), so there it is safe to call
+        at any time.
 
         An orphan whose `orphaned` count is below max_requeues goes back to `queued` with
         that count grown by one; the others become `dead` with error type "orphaned".

@@ -11,7 +11,7 @@ import dataclasses
 import heapq
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 from ..core.job import Job, NewJob, Outcome, State, Submitted, new_record
 from ..core.policy import admission as adm
@@ -301,10 +301,10 @@ class MemoryStore(MemoryOperatorOps, MemoryCronsEvents, MemoryResources, MemoryW
         return Finished(changed, [Pause(*t, now, failures, err, *p.probes.get(t, (None, 0)))
                                   for t, failures, err in p.new], p.next_probe)
 
-    def recover_orphans(self, max_requeues: int, now: float) -> Recovered:
+    def recover_orphans(self, max_requeues: int, now: float, running_here: Collection[int] = ()) -> Recovered:
         with self._lock:
             p = orphans.plan(((j.id, j.orphaned) for j in self._jobs.values() if j.state == State.RUNNING),
-                             max_requeues)
+                             max_requeues, running_here)
             for job_id in p.requeue:
                 job = self._jobs[job_id]
                 self._put(dataclasses.replace(job, state=State.QUEUED, orphaned=job.orphaned + 1))

@@ -247,19 +247,20 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
                   " %s::int[], %s::text[]) AS r(k, n, f, e) WHERE s.kind = r.k AND s.name = r.n",
                   [list(col) for col in zip(*rows, strict=True)])
 
-    def recover_orphans(self, max_requeues: int, now: float) -> Recovered:
+    def recover_orphans(self, max_requeues: int, now: float, running_here: Collection[int] = ()) -> Recovered:
         """Running jobs whose worker is gone (missed its beats, deregistered, or none was
         registered) are orphans; those of live workers are left alone, however long they
         have run. Safe to call from every daemon and worker at any time."""
         with self._write() as c:
-            return self._recover_orphans_in(c, max_requeues, now)
+            return self._recover_orphans_in(c, max_requeues, now, running_here)
 
-    def _recover_orphans_in(self, c: psycopg.Connection, max_requeues: int, now: float) -> Recovered:
+    def _recover_orphans_in(self, c: psycopg.Connection, max_requeues: int, now: float,
+                            running_here: Collection[int] = ()) -> Recovered:
         # Locked (SKIP LOCKED: another sweep has those) until the plan is written.
         p = orphans.plan(c.execute(
             "SELECT id, orphaned FROM jobs WHERE state = 'running' AND (worker_id IS NULL OR NOT EXISTS"
             f" (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND {ALIVE})) FOR UPDATE SKIP LOCKED"
-        ).fetchall(), max_requeues)
+        ).fetchall(), max_requeues, running_here)
         self._write_orphans(c, p, now)
         if p.requeue:
             notify(c, "r")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import functools
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from ..core.job import Job, NewJob, Outcome, State, Submitted
 from ..core.policy import admission as adm
@@ -182,10 +182,10 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
             p = pz.plan(finished, now, pause_after, pz.Lookups(streak, lambda t: self._pause_of(c, t)), pause_cooldown)
             return Finished(changed, self._write_pauses(c, p), p.next_probe)
 
-    def recover_orphans(self, max_requeues: int, now: float) -> Recovered:
+    def recover_orphans(self, max_requeues: int, now: float, running_here: Collection[int] = ()) -> Recovered:
         with self._write() as c:
             p = orphans.plan(c.execute("SELECT id, orphaned FROM jobs INDEXED BY jobs_running"
-                                       " WHERE state = 'running'").fetchall(), max_requeues)
+                                       " WHERE state = 'running'").fetchall(), max_requeues, running_here)
             self._write_orphans(c, p, now)
         return Recovered(p.requeue, p.dead)
 

@@ -8,7 +8,7 @@ with which error. The store writes the plan. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 # The error a given-up orphan records (shown by `queick show` and the status page).
@@ -21,10 +21,15 @@ class Plan:
     dead: list[int]  # given up: dead, with ERROR, finished now
 
 
-def plan(orphans: Iterable[tuple[int, int]], max_requeues: int) -> Plan:
+def plan(orphans: Iterable[tuple[int, int]], max_requeues: int, running_here: Collection[int] = ()) -> Plan:
     """orphans: (job id, times orphaned before). A job is re-queued while it has been
-    orphaned fewer than max_requeues times; after that it is dead. Ids come out sorted."""
+    orphaned fewer than max_requeues times; after that it is dead. Ids come out sorted.
+    `running_here`: jobs the calling process has claimed and runs now, never orphans (a
+    recovery put off past the start, by a full disk, finds them running beside the jobs
+    the previous run left)."""
     requeue, dead = [], []
     for job_id, orphaned in orphans:
+        if job_id in running_here:
+            continue
         (requeue if orphaned < max_requeues else dead).append(job_id)
     return Plan(sorted(requeue), sorted(dead))
