@@ -41,7 +41,7 @@ def load(path: str, known: Iterable[str]) -> dict[str, Any]:
         if name in TABLES:
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
                 raise ConfigFileError(f"{path}: {name} must be tables, [{name}.NAME]")
-        elif name not in known or name == "config":
+        elif name not in known or name in ("config", "help"):
             raise ConfigFileError(f"{path}: unknown setting {raw!r} (settings are the daemon's flags, "
                                   "e.g. port = 9999, max-queued = 1000, or [hooks.NAME] tables)")
         elif isinstance(value, dict):

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..client import JobQueue
 from ..core.job import State
+from ..ui.text import ERROR_SHOWN, one_line
 from .show import print_job, print_jobs, print_pauses
 
 
@@ -91,7 +92,8 @@ def dead(a: argparse.Namespace, q: JobQueue) -> int:
     else:
         print_jobs(out["jobs"])
         for e in out["events"]:
-            print(f"event {e['event_id']}  {e['func']}  tries {e['attempts']}  [{e['last_error']}]")
+            print(f"event {e['event_id']}  {e['func']}  tries {e['attempts']}  "
+                  f"[{one_line(e['last_error'], ERROR_SHOWN)}]")
     return 0
 
 
@@ -135,4 +137,9 @@ def pool_set(a: argparse.Namespace, q: JobQueue) -> int:
         return 2
     n = q.set_pool(a.pool, key=a.key, job_id=a.job, cron=a.cron)
     print(json.dumps({"moved": n}) if a.json else f"{n} moved to pool {a.pool}")
+    if n == 0 and a.key is None:  # a key may have nothing waiting; a job or cron named must be there
+        what = (f"job {a.job} is not waiting (no such job, or it is running or finished)" if a.job is not None
+                else f"no cron named {a.cron!r}")
+        print(f"queick pool set: {what}; nothing moved", file=sys.stderr)
+        return 1
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from collections.abc import Callable
 from typing import Any
@@ -21,9 +22,24 @@ def duration(text: str) -> float:
     """'90', '90s', '15m', '12h', '7d', '2w' → seconds."""
     t = text.strip().lower()
     try:
-        return float(t[:-1]) * _UNITS[t[-1]] if t and t[-1] in _UNITS else float(t)
+        seconds = float(t[:-1]) * _UNITS[t[-1]] if t and t[-1] in _UNITS else float(t)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 90, 15m, 12h or 7d") from None
+        seconds = math.nan
+    if not math.isfinite(seconds):  # 'nan', 'inf': no wait or retention means them
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 90, 15m, 12h or 7d")
+    return seconds
+
+
+def number(text: str) -> float:
+    """A finite number of seconds, MB or units: 'nan' and 'inf' are refused, as JSON and every
+    setting refuse them."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+    return v
 
 
 def fmt_duration(seconds: float) -> str:

@@ -17,7 +17,7 @@ from ..core.retry import POLICIES
 from ..settings import DEFAULT_HTTP_PORT, EX_VERSION
 from . import jobs as jobs_cmd
 from . import ops
-from .options import DEFAULTS, BadEnvironmentError, Repeatable, duration, env, json_arg, opt, truthy
+from .options import DEFAULTS, BadEnvironmentError, Repeatable, duration, env, json_arg, number, opt, truthy
 from .remote import ClientCommand, run_client
 
 SUBCOMMANDS = ("run", "enqueue", "jobs", "show", "cancel", "retry", "stats", "crons", "cron", "dead", "purge",
@@ -51,13 +51,13 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
          "to authenticate) before it is closed", d.hello_timeout, type=duration)
     opt(p, "--max-pending", "replies owed on one connection before the daemon stops reading it",
          d.max_pending, type=int)
-    opt(p, "--stop-timeout", "seconds running jobs get to finish on SIGTERM", d.stop_timeout, type=float)
+    opt(p, "--stop-timeout", "seconds running jobs get to finish on SIGTERM", d.stop_timeout, type=number)
     opt(p, "--max-orphan-requeues", "times a job left running by a crash is re-queued before "
          "it is dead", d.max_orphan_requeues, type=int)
-    opt(p, "--sweep", "seconds between safety sweeps of an idle daemon", d.sweep, type=float)
+    opt(p, "--sweep", "seconds between safety sweeps of an idle daemon", d.sweep, type=number)
     opt(p, "--ping-host", "start the network checker: HOST[:PORT] (TCP connect, port 80) or "
          "icmp://HOST; jobs with retry_on_network wait for the network", None)
-    opt(p, "--ping-interval", "seconds between network probes", d.ping_interval, type=float)
+    opt(p, "--ping-interval", "seconds between network probes", d.ping_interval, type=number)
     opt(p, "--max-queued", "waiting jobs in all before enqueue answers queue_full", d.max_queued, type=int)
     opt(p, "--max-queued-per-key", "waiting jobs per key before enqueue answers queue_full",
          d.max_queued_per_key, type=int)
@@ -81,7 +81,7 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
     opt(p, "--pool", "worker pool this daemon's workers serve (repeatable; "
          "default: default)", None, action="append")
     opt(p, "--heartbeat", "seconds between heartbeats in a shared PostgreSQL store (gone after 3 missed)",
-         d.heartbeat, type=float)
+         d.heartbeat, type=number)
     opt(p, "--budget-patience", "seconds a job over its budget waits before younger jobs of its "
          "pool or group stop starting until it has", d.budget_patience, type=duration)
     _memory_flags(p, d.memory_reserve)
@@ -102,8 +102,8 @@ def _size_flags(p: argparse.ArgumentParser, grace: float) -> None:
 
 def _memory_flags(p: argparse.ArgumentParser, reserve: float) -> None:
     opt(p, "--memory-reserve", "MB of memory kept free: a job whose functions' recent runs took more "
-         "than the room left waits a little (unless nothing else runs)", reserve, type=float)
-    opt(p, "--max-rss", "MB this process may grow to, its jobs included (default: no cap)", None, type=float)
+         "than the room left waits a little (unless nothing else runs)", reserve, type=number)
+    opt(p, "--max-rss", "MB this process may grow to, its jobs included (default: no cap)", None, type=number)
     p.add_argument("--memory-root", default=argparse.SUPPRESS, metavar="DIR",
                    help="the directory the memory check reads proc/ and sys/fs/cgroup/ under (default /; for tests)")
 
@@ -134,6 +134,12 @@ def _with_config_file(p: argparse.ArgumentParser, args: list[str], a: argparse.N
             continue  # the environment wins over the file
         if isinstance(act, Repeatable) and not isinstance(v, list):
             v = [v]  # pool = "gpu" means the one pool, as pool = ["gpu"] does
+        if act.type is str and not all(isinstance(x, str) for x in (v if isinstance(v, list) else [v])):
+            raise config_file.ConfigFileError(f"{a.config}: {name} must be a string"
+                                              + (" or a list of strings" if isinstance(act, Repeatable) else "")
+                                              + f", not {v!r}")
+        if isinstance(v, list) and not isinstance(act, Repeatable):
+            raise config_file.ConfigFileError(f"{a.config}: {name} must be one value, not a list")
         if isinstance(v, list):
             v = [str(x) for x in v]
         elif not isinstance(v, str):
@@ -197,8 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument("--args", type=json_arg(list), default=[], help="positional arguments, a JSON array")
     enq.add_argument("--kwargs", type=json_arg(dict), default={}, help="keyword arguments, a JSON object")
     when = enq.add_mutually_exclusive_group()
-    when.add_argument("--delay", type=float, help="run after this many seconds")
-    when.add_argument("--run-at", type=float, help="run at this unix time")
+    when.add_argument("--delay", type=number, help="run after this many seconds")
+    when.add_argument("--run-at", type=number, help="run at this unix time")
     enq.add_argument("--priority", type=int, default=0, help="lower runs first (default: 0)")
     enq.add_argument("--retry", choices=POLICIES, help="retry on failure with this backoff policy")
     enq.add_argument("--max-attempts", type=int, help="runs in all, the first included (with --retry)")
@@ -207,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument("--pool", help="worker pool that runs it (default: default)")
     enq.add_argument("--concurrency-group", help="at most --concurrency-limit jobs of this group run at once")
     enq.add_argument("--concurrency-limit", type=int, help="the group's limit (with --concurrency-group)")
-    enq.add_argument("--cost-units", type=float, help="what it takes of its pool's and group's budgets "
+    enq.add_argument("--cost-units", type=number, help="what it takes of its pool's and group's budgets "
                      "(default: 1)")
     enq.add_argument("--manual", action="store_true",
                      help="an operator's run: refused (conflict) if its key already has a job; resumes a pause")
@@ -215,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument("--timeout", type=duration, help="seconds of wall time (runs it in a process)")
     enq.add_argument("--memory-mb", type=int, help="peak resident memory (runs it in a process)")
     enq.add_argument("--output-kb", type=int, help="stdout+stderr and result kept (runs it in a process)")
-    enq.add_argument("--wait", type=float, metavar="SECONDS", help="wait for the job to finish and print it")
+    enq.add_argument("--wait", type=number, metavar="SECONDS", help="wait for the job to finish and print it")
     _talks(enq, jobs_cmd.enqueue)
 
     jobs = sub.add_parser("jobs", help="list jobs, newest first", description="List jobs, newest first.")
@@ -339,7 +345,7 @@ def _workflow_parsers(sub: Any) -> None:
     st.add_argument("name", help="the declared workflow")
     st.add_argument("--state", type=json_arg(dict), default={}, help="its initial state, a JSON object")
     st.add_argument("--idempotency-key", help="a second start with this key returns the first run")
-    st.add_argument("--wait", type=float, metavar="SECONDS", help="wait for the run to end and show it")
+    st.add_argument("--wait", type=number, metavar="SECONDS", help="wait for the run to end and show it")
     _talks(st, wf_cmd.start)
 
 
@@ -359,11 +365,11 @@ def _fleet_parsers(sub: Any) -> None:
     _size_flags(wk, w.idle_grace)
     opt(wk, "--app-dir", "directory whose modules may run as jobs", w.app_dir)
     opt(wk, "--allow", "also allow modules matching this pattern (fnmatch, repeatable)", None, action="append")
-    opt(wk, "--heartbeat", "seconds between heartbeats; gone after 3 missed", w.heartbeat, type=float)
-    opt(wk, "--sweep", "seconds between safety sweeps when no notification comes", w.sweep, type=float)
+    opt(wk, "--heartbeat", "seconds between heartbeats; gone after 3 missed", w.heartbeat, type=number)
+    opt(wk, "--sweep", "seconds between safety sweeps when no notification comes", w.sweep, type=number)
     opt(wk, "--max-orphan-requeues", "times a job whose worker died is re-queued before it is dead",
          w.max_orphan_requeues, type=int)
-    opt(wk, "--stop-timeout", "seconds running jobs get to finish on SIGTERM", w.stop_timeout, type=float)
+    opt(wk, "--stop-timeout", "seconds running jobs get to finish on SIGTERM", w.stop_timeout, type=number)
     opt(wk, "--pause-after", "dead jobs in a row that pause a key or function (0: never)", w.pause_after, type=int)
     opt(wk, "--pause-cooldown", "wait before a pause lets one probe job through (doubles on each trip, "
          "up to 1h)", w.pause_cooldown, type=duration)

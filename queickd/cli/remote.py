@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 
 from ..client import JobQueue
+from ..clientwire import RequestLostError
 from ..core.protocol import QueueError
 
 ClientCommand = Callable[[argparse.Namespace, JobQueue], int]
@@ -18,14 +19,18 @@ ClientCommand = Callable[[argparse.Namespace, JobQueue], int]
 def connect(a: argparse.Namespace) -> JobQueue:
     token = None
     if a.token_file:
-        with open(a.token_file, encoding="utf-8") as f:
-            token = f.read().strip()
+        try:
+            with open(a.token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except (OSError, ValueError) as e:
+            raise OSError(f"cannot read token file {a.token_file}: {getattr(e, 'strerror', None) or e}") from None
     return JobQueue(a.host, a.port, token=token)
 
 
 def run_client(command: ClientCommand, a: argparse.Namespace) -> int:
     """Connect and run `command`; the exit status it returns, or 1 if the daemon refused or
     could not be reached."""
+    q = None
     try:
         with connect(a) as q:
             return command(a, q)
@@ -36,5 +41,10 @@ def run_client(command: ClientCommand, a: argparse.Namespace) -> int:
         print(f"queick: {e}", file=sys.stderr)
         return 1
     except (ConnectionError, TimeoutError, OSError) as e:
+        if q is not None and q.server_info is None and isinstance(e, RequestLostError) \
+                and isinstance(e.__cause__, ValueError):  # its answer to hello was not a reply line
+            print(f"queick: {a.host}:{a.port} does not speak queickd's protocol (its answer to hello "
+                  f"is not JSON); is that the daemon's TCP port (--port), not its HTTP one?", file=sys.stderr)
+            return 1
         print(f"queick: {e}", file=sys.stderr)
         return 1

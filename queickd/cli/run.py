@@ -69,7 +69,10 @@ def run_worker(a: argparse.Namespace) -> int:
         if a.config:  # the daemons' file: its [budgets] (made the database's) and budget-patience
             values = config_file.load(a.config, {f.name for f in dataclasses.fields(Config)})
             config.budgets = values.get("budgets", {})
-            config.budget_patience = duration(str(values.get("budget_patience", config.budget_patience)))
+            try:
+                config.budget_patience = duration(str(values.get("budget_patience", config.budget_patience)))
+            except argparse.ArgumentTypeError as e:
+                raise config_file.ConfigFileError(f"{a.config}: budget_patience: {e}") from None
         return run(config)
     except ValueError as e:
         print(f"queick: configuration error: {e}", file=sys.stderr)

@@ -6,25 +6,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..ui.text import local_time, unserved
+from ..ui.text import ERROR_SHOWN, local_time, one_line, pause_cause, unserved
 
 
 def print_jobs(jobs: list[dict[str, Any]]) -> None:
     print(f"{'ID':>8}  {'STATE':<15} {'TRIES':>5}  {'RUN AT':<19}  FUNC / ERROR")
     for j in jobs:
         err = j.get("error") or {}
-        tail = f"  [{err.get('type')}: {err.get('message')}]" if err else ""
+        tail = f"  [{err.get('type')}: {one_line(err.get('message'), ERROR_SHOWN)}]" if err else ""
         tries = f"{j['attempts']}/{j['max_attempts']}"
         print(f"{j['id']:>8}  {j['state']:<15} {tries:>5}  {local_time(j['run_at']):<19}  {j['func']}{tail}")
 
 
 def print_pauses(pauses: list[dict[str, Any]]) -> None:
     for p in pauses:
-        err = p.get("last_error") or {}
         probe = ("until resumed" if p.get("probe_at") is None
                  else f"next probe {local_time(p['probe_at'])}, trip {p.get('trips', 0)}")
-        print(f"PAUSED {p['kind']} {p['name']} since {local_time(p['paused_at'])} after {p['failures']} "
-              f"failures: {err.get('type')}: {err.get('message')}  ({probe}; 'queick resume')")
+        print(f"PAUSED {p['kind']} {p['name']} since {local_time(p['paused_at'])} "
+              f"{pause_cause(p, ERROR_SHOWN)}  ({probe}; 'queick resume')")
 
 
 def _block(text: str) -> None:

@@ -15,6 +15,8 @@ def workflows(a: argparse.Namespace, q: JobQueue) -> int:
     if a.json:
         print(json.dumps(runs))
         return 0
+    if not runs:
+        print(f"no {a.state + ' ' if a.state else ''}workflow runs")
     for r in runs:
         why = f"  ({r['reason']['message']})" if r.get("reason") else ""
         print(f"{r['run_id']:>6}  {r['name']}  {r['state']}  step {r['step'] or '-'}"

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .text import ago, probe_text, unserved
+from .text import ago, one_line, pause_cause, probe_text, unserved
 
 
 def _terse_ago(now: float, t: float | None) -> str:
@@ -53,14 +53,15 @@ def lines(s: dict[str, Any], width: int = 100) -> list[str]:
         out.append(f"network  {net['state']} since {_terse_ago(now, net['since'])} ago   checker "
                    f"{'alive' if net['checker_alive'] else 'DEAD'}, probing {net['target']}")
         if net.get("error"):
-            out.append(f"network  {net['error'].upper()[:1]}{net['error'][1:]}")
+            error = one_line(net["error"])
+            out.append(f"network  {error.upper()[:1]}{error[1:]}")
     history = s.get("history") or []
     if history:
         done = [h["completed"] + h["failed"] for h in history]
         out.append(f"runs/min {sparkline(done)}  {sum(done)} in the last hour "
                    f"({sum(h['failed'] for h in history)} failed)")
         depth = [h["depth"] or 0 for h in history]
-        out.append(f"waiting  {sparkline(depth)}  now {waiting}, peak {max(depth)}")
+        out.append(f"waiting  {sparkline(depth)}  now {waiting}, peak {max([*depth, waiting])}")
     out.extend(member_lines(s.get("last_hour")))
     out.append(f"totals   enqueued {s['enqueued']}  completed {s['completed']}  failed runs {s['failed']}  "
                f"refused {s['refused']}")
@@ -81,13 +82,13 @@ def lines(s: dict[str, Any], width: int = 100) -> list[str]:
         for k in s["waiting_by_key"]:
             due = k["oldest_run_at"]
             when = f"{_terse_ago(now, due)} ago" if due <= now else f"in {_terse_ago(due, now)}"
-            out.append(f"{k['key'][:30]:<30} {k['waiting']:>8}  {when}")
+            held = s.get("key_blocks", {}).get(k["key"])
+            out.append(f"{k['key'][:30]:<30} {k['waiting']:>8}  {when}" + (f"  HELD: {held}" if held else ""))
     if s["paused"]:
         out.append("")
         for p in s["paused"]:
-            err = p.get("last_error") or {}
-            out.append(f"PAUSED {p['kind']} {p['name']} {_terse_ago(now, p['paused_at'])} ago after "
-                       f"{p['failures']} failures: {err.get('type')}: {err.get('message')}{probe_text(p, now)}")
+            out.append(f"PAUSED {p['kind']} {p['name']} {_terse_ago(now, p['paused_at'])} ago "
+                       f"{pause_cause(p)}{probe_text(p, now)}")
     if s.get("running"):
         out.append("")
         out.append(f"{'RUNNING':>8}  {'FOR':>6}  FUNC [KEY]")
@@ -99,10 +100,10 @@ def lines(s: dict[str, Any], width: int = 100) -> list[str]:
         out.append(f"{'DEAD':>8}  {'AGO':>6}  FUNC: ERROR")
         for j in s.get("dead_jobs", []):
             out.append(f"{j['id']:>8}  {_terse_ago(now, j['finished_at']):>6}  {j['func']}: "
-                       f"{j['error']['type']}: {j['error']['message']}")
+                       f"{j['error']['type']}: {one_line(j['error']['message'])}")
         for e in s.get("dead_events", []):
             out.append(f"{'event':>8}  {_terse_ago(now, e['created_at']):>6}  {e['func']}: {e['event_id']}: "
-                       f"{e['last_error']}")
+                       f"{one_line(e['last_error'])}")
     return [line[:width] for line in out]
 
 

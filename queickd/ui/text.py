@@ -13,6 +13,27 @@ def unserved(pool: dict[str, int]) -> bool:
     return pool["waiting"] > 0 and pool["workers"] == 0
 
 
+ERROR_SHOWN = 300  # characters of an error message in one row of a table ('queick show ID': all)
+
+
+def one_line(text: Any, limit: int | None = None) -> str:
+    """`text` fit for one row of a table: its line breaks shown as '⏎' (a traceback-like message
+    would otherwise break the rows apart) and, with `limit`, cut to that many characters."""
+    t = " ⏎ ".join(line.strip() for line in str(text).splitlines() if line.strip()) if text is not None else "None"
+    if limit is not None and len(t) > limit:
+        t = t[: limit - 1] + "…"
+    return t
+
+
+def pause_cause(p: dict[str, Any], limit: int | None = None) -> str:
+    """Why a pause (a `stats` pause dict) was put on: 'after N failures: Type: message', or
+    'by hand' for one put on by 'queick pause' (it has no error)."""
+    err = p.get("last_error")
+    if not err:
+        return "by hand"
+    return f"after {p['failures']} failures: {err.get('type')}: {one_line(err.get('message'), limit)}"
+
+
 def local_time(t: float | None) -> str:
     """A unix time as local 'YYYY-mm-dd HH:MM:SS' ('-' for none). A time the platform cannot
     show (a store written before such times were refused) is printed as the number."""
