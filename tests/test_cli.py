@@ -98,6 +98,11 @@ def test_bad_json_arguments_are_a_usage_error():
     assert r.returncode == 2 and "not JSON" in r.stderr
 
 
+def test_a_mistyped_command_is_named_with_the_nearest_one_and_starts_nothing():
+    r = queick("workflos")
+    assert r.returncode == 2 and "unknown command 'workflos'" in r.stderr and "'workflows'" in r.stderr
+
+
 def test_no_daemon_is_a_clear_error():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

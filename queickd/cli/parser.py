@@ -5,6 +5,7 @@ never runs a command."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -435,6 +436,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     Raises config.ConfigFileError for a bad file, and for a bad QUEICKD_* value given to a
     command that starts a process; exits (2) on bad usage, as argparse does."""
     args = list(argv)
+    unknown = args[0] if args and not args[0].startswith("-") and args[0] not in SUBCOMMANDS else None
     if not args or (args[0] not in SUBCOMMANDS and args[0] not in ("-h", "--help", "--version")):
         args.insert(0, "run")
     try:
@@ -443,6 +445,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         if args[0] in STARTS_A_PROCESS:
             raise config_file.ConfigFileError(e.message) from None
         e.parser.error(e.message)
+    if unknown is not None:  # a mistyped command, not flags of the default `run`
+        near = difflib.get_close_matches(unknown, (*SUBCOMMANDS, "attendance"), n=1)
+        p.error(f"unknown command {unknown!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+                + "; 'queick --help' lists the commands")
     a = p.parse_args(args)
     if a.command == "run" and a.config:
         a = _with_config_file(p, args, a)
