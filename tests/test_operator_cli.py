@@ -141,6 +141,16 @@ def test_drain_that_times_out_says_still_busy_and_exits_1(daemon, gate):
         assert r.returncode == 1 and "still busy" in r.stdout and "1 job(s) running" in r.stdout
 
 
+def test_drain_with_no_wait_on_an_idle_daemon_reports_idle_at_once(daemon):
+    r = queick(daemon.port, "drain", "--timeout", "0")
+    assert r.returncode == 0 and r.stdout.startswith("idle")
+
+
+def test_a_negative_drain_timeout_is_a_usage_error(daemon):
+    r = queick(daemon.port, "drain", "--timeout", "-5")
+    assert r.returncode == 2 and "'-5' is negative" in r.stderr
+
+
 # --- cancel ---------------------------------------------------------------------------------
 def test_cancel_of_a_running_job_marks_it_cancelled_and_discards_its_outcome(daemon, gate):
     with daemon.client() as q:

@@ -27,6 +27,8 @@ def duration(text: str) -> float:
         seconds = math.nan
     if not math.isfinite(seconds):  # 'nan', 'inf': no wait or retention means them
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 90, 15m, 12h or 7d")
+    if seconds < 0:  # no wait, timeout or age is negative ('--older-than -1d' would mean all)
+        raise argparse.ArgumentTypeError(f"{text!r} is negative: a duration is 0 or more, like 90, 15m or 7d")
     return seconds
 
 

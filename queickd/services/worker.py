@@ -227,7 +227,15 @@ class WorkerPool(PassStore):
 
     def wait_drained(self, timeout: float) -> bool:
         """While draining: wait up to `timeout` s for no job to run here. True once idle."""
-        return self._draining and self._drained.wait(timeout)
+        if not self._draining:
+            return False
+        if not self._drained.is_set():
+            # Between two passes (none claims while draining, and one under way when the drain
+            # began has ended): nothing running now means idle, without waiting for a pass.
+            with self._dispatch_lock:
+                if self._busy == 0:
+                    self._drained.set()
+        return self._drained.wait(timeout)
 
     def cancel_running(self, job_id: int) -> None:
         """Pass an operator's cancel of a running job on to the runner (see Runner.cancel)."""
