@@ -119,6 +119,37 @@ class CronEventContract:
         (done,) = store.deliver_events(T0 + 500, Admission(), 3, lambda n: 1.0)
         assert done.state == "delivered"
 
+    def test_an_event_waits_behind_a_pending_event_of_its_key_even_with_room(self, store):
+        store.accept_event(self._event("e1"), T0, Admission(max_queued=0))
+        acc = store.accept_event(self._event("e2"), T0 + 1, Admission())
+        assert (acc.state, acc.job_id) == ("pending", None) and store.counts()[State.QUEUED] == 0
+        first, second = store.deliver_events(T0 + 1, Admission(), 5, lambda n: 1.0)
+        assert (first.event_id, second.event_id) == ("e1", "e2") and first.job_id < second.job_id
+        assert store.get(first.job_id).args == ["e1"] and store.get(second.job_id).args == ["e2"]
+
+    def test_an_event_of_another_key_does_not_wait(self, store):
+        store.accept_event(self._event("e1"), T0, Admission(max_queued=0))
+        assert store.accept_event(self._event("o1", key="other"), T0 + 1, Admission()).state == "delivered"
+
+    def test_a_refused_event_holds_the_later_events_of_its_key_for_its_backoff(self, store):
+        full = Admission(max_queued=0)
+        for event_id, key in (("e1", "k"), ("e2", "k"), ("o1", "other")):
+            store.accept_event(self._event(event_id, key=key), T0, full)
+        out = store.deliver_events(T0, full, 5, lambda n: 10.0)
+        assert [(a.event_id, a.state) for a in out] == [("e1", "pending"), ("o1", "pending")]
+        held = {e.event_id: e for e in store.list_events("pending", 10)}["e2"]
+        assert (held.attempts, held.next_attempt_at) == (0, T0 + 10)  # not tried: no attempt spent
+        assert store.next_event_at() == T0 + 10
+        assert [a.event_id for a in store.deliver_events(T0 + 10, Admission(), 5, lambda n: 10.0)] == ["e1", "e2", "o1"]
+
+    def test_an_event_that_becomes_a_dead_letter_no_longer_holds_its_key(self, store):
+        full = Admission(max_queued=0)
+        store.accept_event(self._event("e1"), T0, full)
+        store.accept_event(self._event("e2"), T0, full)
+        out = store.deliver_events(T0, full, 1, lambda n: 1.0)
+        assert [(a.event_id, a.state) for a in out] == [("e1", "dead"), ("e2", "dead")]
+        assert store.accept_event(self._event("e3"), T0 + 1, Admission()).state == "delivered"
+
     def test_oldest_pending_event_at_is_when_the_oldest_pending_event_was_created(self, store):
         assert store.oldest_pending_event_at() is None
         full = Admission(max_queued=0)

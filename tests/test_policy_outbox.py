@@ -35,3 +35,25 @@ def test_the_last_refused_attempt_makes_a_dead_letter():
 
 def test_the_default_backoff_is_the_outbox_backoff():
     assert outbox.after_refusal(0, FULL, NOW, 5).next_attempt_at == NOW + 1.0
+
+
+def test_a_new_event_with_no_pending_event_of_its_key_is_tried_at_once():
+    assert outbox.accepted_at(NOW, None) is None
+
+
+def test_a_new_event_waits_behind_the_latest_pending_event_of_its_key():
+    assert outbox.accepted_at(NOW, NOW + 30) == NOW + 30
+    assert outbox.accepted_at(NOW, NOW - 5) == NOW  # that one is due: tried after it, in the same pass
+
+
+def test_a_refused_event_holds_its_key_until_its_next_attempt():
+    order = outbox.KeyOrder()
+    until = order.refused("k", outbox.after_refusal(0, FULL, NOW, 5))
+    assert until == NOW + 1.0 and order.holds("k") and not order.holds("other") and not order.holds(None)
+
+
+def test_a_dead_or_keyless_refused_event_holds_nothing():
+    order = outbox.KeyOrder()
+    assert order.refused("k", outbox.after_refusal(4, FULL, NOW, 5)) is None
+    assert order.refused(None, outbox.after_refusal(0, FULL, NOW, 5)) is None
+    assert not order.holds("k")

@@ -140,6 +140,19 @@ def test_an_event_waits_in_the_outbox_until_there_is_room(start_daemon):
         assert q.wait(job_id, 20)["result"] == 4
 
 
+def test_events_of_one_key_become_jobs_in_the_order_accepted_even_when_room_comes_between(start_daemon):
+    d = start_daemon(None, "--max-queued-per-key", "1", "--sweep", "0.5")
+    with d.client() as q:
+        blocker = q.enqueue("testjobs:noop", key="reader", delay=3600)
+        assert q.emit_event("tap-a", "testjobs:add", args=(1, 1), key="reader")["state"] == "pending"
+        q.cancel(blocker)  # room for one: the later tap must not take it
+        assert q.emit_event("tap-b", "testjobs:add", args=(2, 2), key="reader")["state"] == "pending"
+        first = int(d.wait_for_line(r"event tap-a delivered from the outbox as job (\d+)").group(1))
+        second = int(d.wait_for_line(r"event tap-b delivered from the outbox as job (\d+)").group(1))
+        assert first < second
+        assert q.wait(first, 20)["result"] == 2 and q.wait(second, 20)["result"] == 4
+
+
 def test_an_undeliverable_event_becomes_a_dead_letter_and_can_be_retried(start_daemon):
     d = start_daemon(None, "--max-queued-per-key", "1", "--event-max-attempts", "2", "--sweep", "0.5")
     with d.client() as q:
@@ -247,3 +260,4 @@ def test_finished_jobs_are_pruned_after_keep_finished(start_daemon):
         with pytest.raises(QueueError):
             q.get(done)
         assert q.get(dead)["state"] == State.DEAD  # dead letters stay until purged
+

@@ -414,14 +414,18 @@ class Store(Protocol):
     # --- events (the outbox) ----------------------------------------------------------
     def accept_event(self, event: NewEvent, now: float, admission: Admission) -> EventAccepted:
         """Store the event unless its id is known (then: duplicate), and deliver it at once
-        if admission lets its job in; otherwise it stays pending, next attempt at now."""
+        if admission lets its job in; otherwise it stays pending, next attempt at now. An
+        event whose serial key has a pending event is not tried now: it waits behind them
+        (outbox.accepted_at)."""
         ...
 
     def deliver_events(self, now: float, admission: Admission, max_attempts: int,
                        backoff: Any, limit: int = 500) -> list[EventAccepted]:
-        """Try the pending events that are due, oldest first: each becomes a job
-        (idempotency key `event:ID`) if admitted; else its attempts grow and its next try
-        is now + backoff(attempts), or, at max_attempts, it is dead with the refusal."""
+        """Try the pending events that are due, by next attempt, then in the order accepted:
+        each becomes a job (idempotency key `event:ID`) if admitted; else its attempts grow
+        and its next try is now + backoff(attempts), or, at max_attempts, it is dead with the
+        refusal. A refused event holds its key's later events as long (outbox.KeyOrder):
+        they are not tried, and no attempt of theirs is counted."""
         ...
 
     def next_event_at(self) -> float | None: ...

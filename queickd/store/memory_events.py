@@ -81,8 +81,15 @@ class MemoryCronsEvents:
             old = self._events.get(event.event_id)
             if old is not None:
                 return EventAccepted(event.event_id, True, old[0].state, old[0].job_id)
-            ev = Event(event.event_id, EventState.PENDING, event.job.func, event.job.key, now, 0, now, None, None)
+            key = event.job.key
+            at = outbox.accepted_at(now, None if key is None else max(
+                (e.next_attempt_at for e, _ in self._events.values()  # type: ignore[misc]
+                 if e.key == key and e.state == EventState.PENDING), default=None))
+            ev = Event(event.event_id, EventState.PENDING, event.job.func, key, now, 0, now if at is None else at,
+                       None, None)
             self._events[event.event_id] = (ev, event.job)
+            if at is not None:
+                return EventAccepted(event.event_id, False, EventState.PENDING, None)
             answer = self._deliver_locked(ev, event.job, now, admission)
         if isinstance(answer, adm.Refusal):
             return EventAccepted(event.event_id, False, EventState.PENDING, None)
@@ -90,12 +97,15 @@ class MemoryCronsEvents:
 
     def deliver_events(self, now: float, admission: adm.Admission, max_attempts: int,
                        backoff: Callable[[int], float], limit: int = 500) -> list[EventAccepted]:
-        out = []
+        out, order = [], outbox.KeyOrder()
         with self._lock:
+            # Due first, then in the order accepted (the dict's); sorted() keeps that order.
             due = sorted((e for e, _ in self._events.values()
                           if e.state == EventState.PENDING and e.next_attempt_at is not None and e.next_attempt_at <= now),
                          key=lambda e: e.next_attempt_at)[:limit]  # type: ignore[arg-type, return-value]
             for ev in due:
+                if order.holds(ev.key):
+                    continue
                 job = self._events[ev.event_id][1]
                 answer = self._deliver_locked(ev, job, now, admission)
                 if not isinstance(answer, adm.Refusal):
@@ -106,8 +116,18 @@ class MemoryCronsEvents:
                 self._events[ev.event_id] = (dataclasses.replace(
                     ev, attempts=r.attempts, state=state, next_attempt_at=r.next_attempt_at,
                     last_error=r.last_error), job)
+                until = order.refused(ev.key, r)
+                if until is not None:
+                    self._hold_key(ev.key, until)  # type: ignore[arg-type]
                 out.append(EventAccepted(ev.event_id, False, state, None))
         return out
+
+    def _hold_key(self, key: str, until: float) -> None:
+        """No pending event of `key` is tried before `until` (outbox.KeyOrder)."""
+        for event_id, (e, job) in list(self._events.items()):
+            if e.key == key and e.state == EventState.PENDING and e.next_attempt_at is not None \
+                    and e.next_attempt_at < until:
+                self._events[event_id] = (dataclasses.replace(e, next_attempt_at=until), job)
 
     def next_event_at(self) -> float | None:
         with self._lock:

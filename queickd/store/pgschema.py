@@ -292,8 +292,14 @@ MIGRATIONS: list[str] = [
     pgclaimsql.NO_JIT,
     # 10 to 13: the claim's functions, in pgclaimsql.py.
     *pgclaimsql.MIGRATIONS,
-    # 14 on: the pass's round trips, in pgpasssql.py.
+    # 14 to 18: the pass's round trips, in pgpasssql.py.
     *pgpasssql.MIGRATIONS,
+    # 19: the pending events by serial key (outbox.KeyOrder: a key's events in the order
+    # accepted), read without a scan of the outbox.
+    """
+    CREATE INDEX IF NOT EXISTS events_pending_key ON events (key, next_attempt_at)
+        WHERE state = 'pending' AND key IS NOT NULL;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

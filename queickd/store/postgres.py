@@ -41,7 +41,6 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
 
 from ..core.job import Job, NewJob, Outcome, State
-from ..core.policy import admission as adm
 from ..core.policy import orphans
 from ..core.policy import pauses as pz
 from . import rows as dbrows
@@ -52,9 +51,13 @@ from .pgconn import PgConnections
 from .pgregistry import ALIVE, FleetRecords, notify
 from .pgsubmit import WAITING_SQL, PgSubmit
 from .pools import set_pool_sql
-from .records import CronFire, CronRecord, EventAccepted, Finished, NewEvent, Pause, Recovered
+from .records import CronFire, CronRecord, Finished, Pause, Recovered
 from .sqlshared import UNSTART, SharedSql, filters
 from .wfsql import SqlWorkflows
+
+# pg_advisory lock id (beside pgschema.MIGRATE_LOCK and the others): one delivery of the
+# outbox at a time, and a keyed event's place in it read under it.
+OUTBOX_LOCK = 0x71756963_6B640005
 
 
 def _redact(url: str) -> str:
@@ -439,22 +442,13 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
             return self._fire_in(c, name, row[0], tick, next_tick, now, waiting is not None)
 
     # --- events ---------------------------------------------------------------------------
-    def accept_event(self, event: NewEvent, now: float, admission: adm.Admission) -> EventAccepted:
-        template = dbrows.template_to_json(event.job)
-        with self._write() as c:
-            inserted = c.execute(
-                "INSERT INTO events (event_id, state, job, func, key, created_at, next_attempt_at)"
-                " VALUES (%s, 'pending', %s, %s, %s, %s, %s) ON CONFLICT (event_id) DO NOTHING",
-                (event.event_id, template, event.job.func, event.job.key, now, now)).rowcount
-            if not inserted:
-                old = c.execute("SELECT state, job_id FROM events WHERE event_id = %s", (event.event_id,)).fetchone()
-                return EventAccepted(event.event_id, True, old[0], old[1])
-            answer = self._deliver_in(c, event.event_id, template, now, admission)
-        return self._accepted(event.event_id, answer)
+    # The due events, due first, then in the order accepted (events accepted at the same
+    # instant, by id); read under the outbox's lock (_lock_outbox), so by one host at a time.
+    _DUE_EVENTS = ("SELECT event_id, job, attempts, key FROM events WHERE state = 'pending' AND next_attempt_at <= %s"
+                   " ORDER BY next_attempt_at, created_at, event_id LIMIT %s FOR UPDATE")
 
-    # The due events, oldest first; locked so two hosts never deliver the same one.
-    _DUE_EVENTS = ("SELECT event_id, job, attempts FROM events WHERE state = 'pending' AND next_attempt_at <= %s"
-                   " ORDER BY next_attempt_at LIMIT %s FOR UPDATE SKIP LOCKED")
+    def _lock_outbox(self, c: psycopg.Connection) -> None:
+        c.execute("SELECT pg_advisory_xact_lock(%s)", (OUTBOX_LOCK,))
 
     def next_event_at(self) -> float | None:
         return self._conn().execute("SELECT min(next_attempt_at) FROM events WHERE state = 'pending'").fetchone()[0]

@@ -21,7 +21,7 @@ from ..core.policy import pauses as pz
 from . import rows as dbrows
 from .derived import StoreBase
 from .pools import set_pool_sql
-from .records import CronFire, CronRecord, EventAccepted, Finished, NewEvent, Recovered
+from .records import CronFire, CronRecord, Finished, Recovered
 from .sqlite_conn import SQLiteFile, insert_rows
 from .sqlite_schema import SCHEMA_VERSION, SchemaTooNewError
 from .sqliteclaim import SqliteClaims
@@ -309,21 +309,10 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
             return self._fire_in(c, name, row[0], tick, next_tick, now, waiting is not None)
 
     # --- events ---------------------------------------------------------------------------
-    def accept_event(self, event: NewEvent, now: float, admission: adm.Admission) -> EventAccepted:
-        template = dbrows.template_to_json(event.job)
-        with self._write() as c:
-            old = c.execute("SELECT state, job_id FROM events WHERE event_id = ?", (event.event_id,)).fetchone()
-            if old:
-                return EventAccepted(event.event_id, True, old[0], old[1])
-            c.execute(
-                "INSERT INTO events (event_id, state, job, func, key, created_at, next_attempt_at)"
-                " VALUES (?, 'pending', ?, ?, ?, ?, ?)",
-                (event.event_id, template, event.job.func, event.job.key, now, now))
-            answer = self._deliver_in(c, event.event_id, template, now, admission)
-        return self._accepted(event.event_id, answer)
-
-    _DUE_EVENTS = ("SELECT event_id, job, attempts FROM events INDEXED BY events_pending"
-                   " WHERE state = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?")
+    # Due first, then in the order accepted (a key's events: see outbox.KeyOrder).
+    _DUE_EVENTS = ("SELECT event_id, job, attempts, key FROM events INDEXED BY events_pending"
+                   " WHERE state = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at, created_at, rowid"
+                   " LIMIT ?")
 
     def next_event_at(self) -> float | None:
         return self._conn().execute(

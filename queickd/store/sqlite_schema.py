@@ -258,8 +258,18 @@ def _v10(c: sqlite3.Connection) -> None:
               " WHERE state = 'queued' AND concurrency_group IS NOT NULL")
 
 
+def _v11(c: sqlite3.Connection) -> None:
+    """The pending events by serial key: a new event's place behind its key's, and a refused
+    one holding its key's later events (outbox.KeyOrder), read without a scan of the outbox."""
+    c.execute(EVENTS_BY_KEY)
+
+
+EVENTS_BY_KEY = ("CREATE INDEX IF NOT EXISTS events_pending_key ON events (key, next_attempt_at)"
+                 " WHERE state = 'pending' AND key IS NOT NULL")
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
+                                                          _v11]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -2,7 +2,8 @@
 
 A store mixes SharedSql in and provides MARK (its driver's parameter marker), _RELEASE (what
 else a job's row drops when it leaves `running`), _conn() (a connection for reads), _write()
-(a write transaction), _DUE_EVENTS (its query of the events due), _submit_in() and
+(a write transaction), _DUE_EVENTS (its query of the events due: id, job, attempts, key,
+in delivery order), _submit_in() and
 _resume_in(). Queries here are written with `?` and
 turned into the store's marker once per text. The decisions are the policies' (core/policy);
 what is here only writes them.
@@ -20,7 +21,7 @@ from ..core.policy import crons, orphans, outbox
 from ..core.policy import memory as mem
 from ..core.policy import pauses as pz
 from . import rows as dbrows
-from .records import CronFire, CronRecord, Event, EventAccepted, EventState, Minute, Pause
+from .records import CronFire, CronRecord, Event, EventAccepted, EventState, Minute, NewEvent, Pause
 from .wfsql import STEP_OF_JOB
 
 # A target's streak and whether it is paused (pauses.Lookups), in one statement.
@@ -227,9 +228,40 @@ class SharedSql:
     def deliver_events(self, now: float, admission: adm.Admission, max_attempts: int,
                        backoff: Callable[[int], float], limit: int = 500) -> list[EventAccepted]:
         with self._write() as c:
+            self._lock_outbox(c)
             due = c.execute(self._DUE_EVENTS, (now, limit)).fetchall()
-            return [self._deliver_due_in(c, event_id, template, attempts, now, admission, max_attempts, backoff)
-                    for event_id, template, attempts in due]
+            order, out = outbox.KeyOrder(), []
+            for event_id, template, attempts, key in due:
+                if not order.holds(key):  # an earlier event of its key waits: so does this one
+                    out.append(self._deliver_due_in(c, event_id, template, attempts, key, now, admission,
+                                                    max_attempts, backoff, order))
+            return out
+
+    def _lock_outbox(self, c: Any) -> None:
+        """Before reading the outbox to deliver, or a keyed event's place in it: a store
+        shared by several daemons lets one at a time (else a later event of a key could be
+        delivered by one while another refuses the earlier)."""
+
+    def accept_event(self, event: NewEvent, now: float, admission: adm.Admission) -> EventAccepted:
+        template, key = dbrows.template_to_json(event.job), event.job.key
+        with self._write() as c:
+            behind = None
+            if key is not None:  # its place behind the pending events of its key
+                self._lock_outbox(c)
+                behind = c.execute(self._q("SELECT max(next_attempt_at) FROM events WHERE key = ?"
+                                           " AND state = 'pending'"), (key,)).fetchone()[0]
+            at = outbox.accepted_at(now, behind)
+            if not c.execute(self._q(
+                    "INSERT INTO events (event_id, state, job, func, key, created_at, next_attempt_at)"
+                    " VALUES (?, 'pending', ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING"),
+                    (event.event_id, template, event.job.func, key, now, now if at is None else at)).rowcount:
+                old = c.execute(self._q("SELECT state, job_id FROM events WHERE event_id = ?"),
+                                (event.event_id,)).fetchone()
+                return EventAccepted(event.event_id, True, old[0], old[1])
+            if at is not None:
+                return EventAccepted(event.event_id, False, EventState.PENDING, None)
+            answer = self._deliver_in(c, event.event_id, template, now, admission)
+        return self._accepted(event.event_id, answer)
 
     @staticmethod
     def _accepted(event_id: str, answer: Any) -> EventAccepted:
@@ -247,10 +279,11 @@ class SharedSql:
                               " attempts = attempts + 1 WHERE event_id = ?"), (answer[0].job_id, event_id))
         return answer
 
-    def _deliver_due_in(self, c: Any, event_id: str, template: str, attempts: int, now: float,
-                        admission: adm.Admission, max_attempts: int,
-                        backoff: Callable[[int], float]) -> EventAccepted:
-        """One due event of the outbox: delivered, or its refusal written as outbox decides."""
+    def _deliver_due_in(self, c: Any, event_id: str, template: str, attempts: int, key: str | None, now: float,
+                        admission: adm.Admission, max_attempts: int, backoff: Callable[[int], float],
+                        order: outbox.KeyOrder) -> EventAccepted:
+        """One due event of the outbox: delivered, or its refusal written as outbox decides
+        (with the later events of its key held as long)."""
         answer = self._deliver_in(c, event_id, template, now, admission)
         if not isinstance(answer, adm.Refusal):
             return EventAccepted(event_id, False, EventState.DELIVERED, answer[0].job_id)
@@ -258,6 +291,10 @@ class SharedSql:
         state = EventState.DEAD if r.dead else EventState.PENDING
         c.execute(self._q("UPDATE events SET attempts = ?, state = ?, next_attempt_at = ?, last_error = ?"
                           " WHERE event_id = ?"), (r.attempts, state, r.next_attempt_at, r.last_error, event_id))
+        until = order.refused(key, r)
+        if until is not None:
+            c.execute(self._q("UPDATE events SET next_attempt_at = ? WHERE key = ? AND state = 'pending'"
+                              " AND next_attempt_at < ?"), (until, key, until))
         return EventAccepted(event_id, False, state, None)
 
     # --- memory-aware start ----------------------------------------------------------------

@@ -6,6 +6,12 @@ delivery of the same event can never make a second job), and decides what a refu
 delivery does: the attempt is counted, the next one waits a capped exponential backoff,
 and after max_attempts the event is a dead letter. The store reads the due events, asks,
 and writes the answer; the daemon's timer passes `backoff`. Pure: no I/O, no clock.
+
+A serial key's events become jobs in the order they were accepted, as its jobs run in the
+order they were enqueued: a new event waits behind a pending event of its key
+(`accepted_at`), and once one is refused, the key's later events wait as long
+(`KeyOrder`). So, within a key, a later event is never tried before an earlier one: the
+store keeps every pending event of a key due no sooner than the earlier ones.
 """
 
 from __future__ import annotations
@@ -47,3 +53,33 @@ def after_refusal(attempts: int, refusal: Refusal, now: float, max_attempts: int
     dead = attempts >= max_attempts
     return Refused(attempts, dead, None if dead else now + backoff(attempts),
                    f"{refusal.code}: {refusal.message}")
+
+
+def accepted_at(now: float, behind: float | None) -> float | None:
+    """When a new event is first tried. `behind`: the latest next attempt among the pending
+    events of its serial key (None: none is pending, or it has no key). None: at once, in
+    its accept; otherwise it waits behind them, tried with them or after."""
+    return None if behind is None else max(now, behind)
+
+
+class KeyOrder:
+    """One delivery pass, fed the due events in order (next attempt, then acceptance): once
+    an event of a key is refused and waits its backoff, the key's later events wait as
+    long; the store moves every pending event of that key due sooner to that time."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held: set[str] = set()
+
+    def holds(self, key: str | None) -> bool:
+        """An earlier event of this key was refused in this pass: this one is not tried."""
+        return key is not None and key in self._held
+
+    def refused(self, key: str | None, r: Refused) -> float | None:
+        """After an event of `key` was refused: the time before which no pending event of
+        its key may be tried, or None (no key, or it is dead: it no longer holds its key)."""
+        if key is None or r.next_attempt_at is None:
+            return None
+        self._held.add(key)
+        return r.next_attempt_at
