@@ -160,6 +160,10 @@ class Daemon:
         self.metrics.sandbox = self.runner.stats
         self.parking = NetworkParking(store, self.network, lambda: self.pool.wake(), clock=self.clock)
         self.retention = Retention(store, c.keep_finished, clock=self.clock)
+        if c.keep_finished < c.idempotency_ttl:  # the key lives on its job's row
+            log.warning("keep_finished (%.0f s) is shorter than idempotency_ttl (%.0f s): a finished job's "
+                        "idempotency key is forgotten when the job is deleted, and a repeat then makes a "
+                        "new job", c.keep_finished, c.idempotency_ttl)
         self.pool = WorkerPool(store, loader, c.workers, clock=self.clock, sweep=c.sweep,
                                network_checker=lambda: self.parking.checker,
                                network_up=self.parking.network_up,

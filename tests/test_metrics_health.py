@@ -63,6 +63,15 @@ def test_metrics_show_each_pools_workers_and_waiting_jobs(start_daemon, tmp_path
     assert m[("queickd_pool_waiting_jobs", (("pool", "gpu"),))] == 1
 
 
+def test_metrics_show_a_drain_from_its_start_to_its_end(web):
+    assert scrape(web)[("queickd_draining", ())] == 0
+    with web.daemon.client() as q:
+        q.drain(0)
+        assert scrape(web)[("queickd_draining", ())] == 1
+        q.drain(off=True)
+    assert scrape(web)[("queickd_draining", ())] == 0
+
+
 def test_metric_labels_carry_any_key_name_intact(start_daemon, tmp_path):
     web = start_web(start_daemon, tmp_path, workers=0)
     key = 'door "A"\\1\nnext'

@@ -5,8 +5,10 @@ file values of the wrong type."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -44,6 +46,21 @@ def test_a_port_that_is_not_queickds_says_so_instead_of_a_json_error(start_daemo
     r = queick(http_port, "jobs")
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "does not speak queickd's protocol" in r.stderr and "Expecting value" not in r.stderr, r.stderr
+
+
+def test_a_port_that_answers_json_that_is_not_an_object_says_so_instead_of_a_traceback():
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        def answer():
+            conn, _ = srv.accept()
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"[1, 2]\n")
+        t = threading.Thread(target=answer, daemon=True)
+        t.start()
+        r = queick(srv.getsockname()[1], "jobs")
+        t.join(10)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "does not speak queickd's protocol" in r.stderr, r.stderr
 
 
 def test_a_token_file_that_cannot_be_read_is_named_as_the_token_file(daemon, tmp_path):

@@ -261,3 +261,7 @@ def test_finished_jobs_are_pruned_after_keep_finished(start_daemon):
             q.get(done)
         assert q.get(dead)["state"] == State.DEAD  # dead letters stay until purged
 
+
+def test_a_retention_shorter_than_the_idempotency_ttl_is_warned_of_at_start(start_daemon):
+    d = start_daemon(None, "--keep-finished", "1h", "--idempotency-ttl", "1d")
+    d.wait_for_line("keep_finished .* is shorter than idempotency_ttl")

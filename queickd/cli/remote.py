@@ -44,7 +44,7 @@ def run_client(command: ClientCommand, a: argparse.Namespace) -> int:
         if q is not None and q.server_info is None and isinstance(e, RequestLostError) \
                 and isinstance(e.__cause__, ValueError):  # its answer to hello was not a reply line
             print(f"queick: {a.host}:{a.port} does not speak queickd's protocol (its answer to hello "
-                  f"is not JSON); is that the daemon's TCP port (--port), not its HTTP one?", file=sys.stderr)
+                  f"is not a JSON object); is that the daemon's TCP port (--port), not its HTTP one?", file=sys.stderr)
             return 1
         print(f"queick: {e}", file=sys.stderr)
         return 1

@@ -193,8 +193,12 @@ def encode(message: dict[str, Any]) -> bytes:
 
 
 def decode_reply(line: bytes) -> dict[str, Any]:
-    """A reply line from the daemon (the client side); ValueError if it is not JSON."""
-    return _reply_decoder.decode(line.decode())
+    """A reply line from the daemon (the client side); ValueError if it is not a JSON
+    object (a port that is not queickd's may answer anything)."""
+    reply = _reply_decoder.decode(line.decode())
+    if not isinstance(reply, dict):
+        raise ValueError(f"the reply is JSON but not an object: {line[:80]!r}")
+    return reply
 
 
 def normalize_func(func: Any) -> str:

@@ -183,13 +183,17 @@ class Metrics:
         family("queickd_fleet_run_seconds_last_hour", "gauge",
                "Seconds spent running jobs in the last hour, by each daemon and worker of the store.",
                [({"member": m["member"]}, m["seconds"]) for m in hour["members"]])
-        family("queickd_paused", "gauge", "Keys and functions paused after repeated failures.",
+        family("queickd_paused", "gauge", "Keys, functions and pools paused, after repeated failures "
+               "or by hand (1 each).",
                [({"kind": p["kind"], "name": p["name"]}, 1) for p in stats["paused"]])
         family("queickd_pause_next_probe_timestamp_seconds", "gauge",
                "When a paused key or function lets its next probe job through (unix time; "
                "absent for a pause by hand, which lasts until resumed).",
                [({"kind": p["kind"], "name": p["name"]}, p["probe_at"]) for p in stats["paused"]
                 if p.get("probe_at") is not None])
+        family("queickd_draining", "gauge", "1 while an operator's drain holds this daemon's new "
+               "job starts ('queick drain'; ended by 'queick drain --off' or a restart).",
+               [({}, 1 if stats.get("draining") else 0)])
         wf = stats.get("workflows") or {"runs": {}, "budget_stops": {}}
         family("queickd_workflow_runs", "gauge", "Workflow runs by state.",
                [({"state": k}, v) for k, v in wf["runs"].items()])
