@@ -53,11 +53,12 @@ THREE_STEPS = ({"name": "plan", "func": S + "plan"},
                {"name": "fan", "kind": "for_each", "items": "tasks", "func": S + "square", "result": "results"},
                {"name": "merge", "func": S + "total"})
 
-# A fan-out over an empty list that names itself as next enters itself again and again
-# within one transition, with no job in between: the transition raises RecursionError (a
-# real engine failure, reached only at run time, once "plan" has emptied the list).
+# Five hundred fan-outs over an empty list, one after another, are entered within one
+# transition, with no job in between: the transition raises RecursionError (a real engine
+# failure, reached only at run time, once "plan" has emptied the list).
 ENDLESS = ({"name": "plan", "func": S + "plan"},
-           {"name": "fan", "kind": "for_each", "items": "tasks", "func": S + "square", "next": "fan"})
+           *({"name": f"fan{i}", "kind": "for_each", "items": "tasks", "func": S + "square", "result": "tasks"}
+             for i in range(500)))
 
 
 class WorkflowContract:
@@ -270,7 +271,7 @@ class WorkflowContract:
     def test_workflow_what_a_transition_wrote_before_it_raised_is_undone_and_its_run_fails(self, store):
         # plan's finish records its output, moves the run on and inserts the child, whose
         # begin then raises: none of it may stay.
-        kid = {"name": "kid", "workflow": {"name": "c", "steps": [ENDLESS[1]]}}
+        kid = {"name": "kid", "workflow": {"name": "c", "steps": list(ENDLESS[1:])}}
         run, _ = store.workflow_start(definition(ENDLESS[0], kid), {"n": 0}, T0)
         drive(store)
         run = store.workflow_get(run.id)

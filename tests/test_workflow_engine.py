@@ -84,6 +84,21 @@ def test_a_loop_past_max_transitions_names_the_budget_its_limit_and_the_usage():
         "budget": "max_transitions", "limit": 2, "usage": 3}
 
 
+def test_fan_outs_over_empty_lists_that_loop_fail_the_run_naming_the_step():
+    plan = started({"name": "a", "func": "m:f"},
+                   {"name": "f", "kind": "for_each", "items": "xs", "func": "m:g", "result": "xs", "next": "g"},
+                   {"name": "g", "kind": "for_each", "items": "xs", "func": "m:g", "result": "xs", "next": "f"})
+    nxt = wf.transition(plan.run, wf.StepDone(7, 0, 0, 0, True, {"xs": []}), T0)
+    assert nxt.run.status == wf.RunState.FAILED and nxt.jobs == []
+    assert "without any job run in between" in nxt.run.reason["message"] and nxt.run.reason["step"] in ("f", "g")
+
+
+def test_a_fan_out_over_an_empty_list_that_moves_on_is_no_loop():
+    plan = started({"name": "f", "kind": "for_each", "items": "xs", "func": "m:g", "result": "r"},
+                   {"name": "b", "func": "m:f"}, state={"xs": []})
+    assert plan.run.status == wf.RunState.RUNNING and plan.run.state["r"] == [] and plan.jobs[0].func == "m:f"
+
+
 def test_a_fan_out_over_its_item_limit_starts_no_job():
     plan = started({"name": "f", "kind": "for_each", "items": "xs", "func": "m:f"}, state={"xs": [1] * 13},
                    budget={"max_for_each_items": 12})

@@ -83,9 +83,10 @@ def test_a_run_whose_transition_raises_ends_failed_naming_the_step_and_runs_fini
     held = {"name": "plan", "func": "wfsteps:held_plan"}
     rest = [{"name": "fan", "kind": "for_each", "items": "tasks", "func": "wfsteps:square", "result": "results"},
             {"name": "merge", "func": "wfsteps:total"}]
-    # A fan-out over the empty list plan returns, naming itself as next: entering it
-    # recurses within the transition until RecursionError.
-    endless = [{"name": "fan", "kind": "for_each", "items": "tasks", "func": "wfsteps:square", "next": "fan"}]
+    # Five hundred fan-outs over the empty list plan returns, one after another: entering
+    # them recurses within the transition until RecursionError.
+    endless = [{"name": f"fan{i}", "kind": "for_each", "items": "tasks", "func": "wfsteps:square",
+                "result": "tasks"} for i in range(500)]
 
     def start(steps, n, token):
         return client._call({"op": "workflow_start", "definition": {"name": "w", "steps": [held, *steps]},

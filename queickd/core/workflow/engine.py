@@ -180,11 +180,17 @@ def _job(run: RunRecord, step: Step, index: int, item: int, loop: int, args: lis
                                workflow_loop=loop)
 
 
-def _enter(run: RunRecord, index: int, now: float, lookups: Lookups) -> Plan:
+def _enter(run: RunRecord, index: int, now: float, lookups: Lookups, hops: int = 0) -> Plan:
+    """`hops`: steps passed through in this transition without starting anything (a
+    for_each over an empty list completes at once). More hops than steps means a step came
+    round again with the state that left it empty: it would loop for ever."""
     spec = run.spec
     if index >= len(spec.steps):
         return Plan(_end(run, RunState.SUCCEEDED, now, step=len(spec.steps), loop=0), ended=True)
     step = spec.steps[index]
+    if hops > len(spec.steps):
+        return _failed(run, now, f"step {step.name} comes round again without any job run in between "
+                       "(for_each steps over empty lists, looping): the run would never end", step)
     transitions = run.usage.get("transitions", 0) + 1
     if _exceeds(run, "transitions", transitions):
         return Plan(_over(run, "transitions", transitions, now, step=index), discard=True, ended=True)
@@ -203,7 +209,7 @@ def _enter(run: RunRecord, index: int, now: float, lookups: Lookups) -> Plan:
         run = dataclasses.replace(run, usage={**run.usage, "for_each_items": max(
             len(items), run.usage.get("for_each_items", 0))})
         if not items:  # nothing to wait for: the step completes with no results
-            return _complete(run, step, index, [], now, lookups)
+            return _complete(run, step, index, [], now, lookups, hops + 1)
         return _start_jobs(run, step, index, loop, [[item, run.state] for item in items], now)
     return _start_child(run, step, index, loop, now, lookups)
 
@@ -275,7 +281,7 @@ def _next_index(run: RunRecord, step: Step, index: int, asked: Any) -> int | str
 
 
 def _merge_and_go(run: RunRecord, step: Step, index: int, state: dict[str, Any], asked: Any, now: float,
-                  lookups: Lookups) -> Plan:
+                  lookups: Lookups, hops: int = 0) -> Plan:
     size = state_size(state)
     if _exceeds(run, "state_bytes", size):
         return Plan(_over(run, "state_bytes", size, now), discard=True, ended=True)
@@ -283,7 +289,7 @@ def _merge_and_go(run: RunRecord, step: Step, index: int, state: dict[str, Any],
     run = dataclasses.replace(run, state=state, usage={**run.usage, "state_bytes": size}, progress={})
     if isinstance(nxt, str):
         return _failed(run, now, nxt, step)
-    return _enter(run, nxt, now, lookups)
+    return _enter(run, nxt, now, lookups, hops)
 
 
 def _task_done(run: RunRecord, step: Step, done: StepDone, now: float, lookups: Lookups) -> Plan:
@@ -333,8 +339,9 @@ def _item_done(run: RunRecord, step: Step, done: StepDone, now: float, lookups: 
     return Plan(run)
 
 
-def _complete(run: RunRecord, step: Step, index: int, result: Any, now: float, lookups: Lookups) -> Plan:
-    return _merge_and_go(run, step, index, {**run.state, step.result: result}, None, now, lookups)
+def _complete(run: RunRecord, step: Step, index: int, result: Any, now: float, lookups: Lookups,
+              hops: int = 0) -> Plan:
+    return _merge_and_go(run, step, index, {**run.state, step.result: result}, None, now, lookups, hops)
 
 
 def broken(run: RunRecord, done: StepDone, now: float, error: dict[str, Any]) -> Plan | None:
