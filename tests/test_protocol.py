@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from queickd.core import arguments
 from queickd.core.job import NewJob
 from queickd.core.protocol import (
     MAX_BATCH,
@@ -259,7 +260,7 @@ def test_parse_job_keeps_an_integer_priority():
 @pytest.mark.parametrize("priority", [1.5, "1", True, None, 2**31 + 1, -(2**31) - 1])
 def test_parse_job_rejects_a_priority_that_is_not_a_bounded_integer(priority):
     e = bad_request(parse_job, {"func": "m:f", "priority": priority}, NOW)
-    assert "priority" in e.message
+    assert f"priority must be an integer from {-(2**31 - 1)} to {2**31 - 1}" in e.message
 
 
 # --- parse_job: retry ---------------------------------------------------------------------------
@@ -509,3 +510,9 @@ def test_parse_cron_default_name_is_cut_to_max_key_len():
     name, _, _ = parse_cron({"func": func, "cron": "@daily"}, NOW)
     assert len(name) == MAX_KEY_LEN
 
+
+
+@pytest.mark.parametrize("job_id", [0, -5, 2**63, "7", True])
+def test_a_job_id_out_of_range_is_refused_naming_the_range(job_id):
+    e = bad_request(arguments.job_id, {"job_id": job_id})
+    assert e.message == f"job_id must be an integer from 1 to {2**63 - 1}"

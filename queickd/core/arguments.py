@@ -14,7 +14,7 @@ from .protocol import MAX_ID, bad, normalize_func, opt_str, text_field
 def job_id(obj: dict[str, Any]) -> int:
     v = obj.get("job_id")
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_ID:
-        raise bad("job_id must be a positive integer")
+        raise bad(f"job_id must be an integer from 1 to {MAX_ID}")
     return v
 
 
@@ -74,7 +74,7 @@ def pool_target(obj: dict[str, Any]) -> tuple[str, str, str]:
 def run_id(obj: dict[str, Any]) -> int:
     v = obj.get("run_id")
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_ID:
-        raise bad("run_id must be a positive integer")
+        raise bad(f"run_id must be an integer from 1 to {MAX_ID}")
     return v
 
 

@@ -277,7 +277,7 @@ def _dict(v: Any) -> dict:
 
 def _priority(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or abs(v) > MAX_INT:
-        raise bad("priority must be an integer")
+        raise bad(f"priority must be an integer from {-MAX_INT} to {MAX_INT}")
     return v
 
 
