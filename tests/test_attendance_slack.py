@@ -17,8 +17,9 @@ from helpers import DaemonProcess, Listener
 from slackstub import HOLD, STALL, SlackStub
 
 from queickd.attendance import slack as slack_jobs
-from queickd.attendance.punchlog import PunchLog
+from queickd.attendance.punchlog import PunchLog, work_day
 from queickd.core.job import State
+from queickd.run import context
 
 pytest.importorskip("slack_sdk")
 pytest.importorskip("serial")
@@ -353,6 +354,20 @@ def test_the_daily_summary_job_posts_each_persons_hours(start_daemon, terminal, 
     summary = slack.wait_posted(4)[-1]["json"]["text"]
     assert summary.startswith("Attendance ") and "• Alice: " in summary and "• Bob: " in summary
     assert "Bob: 0 s" in summary and "(no clock-out yet)" in summary
+
+
+def test_a_daily_summary_that_runs_late_posts_the_day_its_tick_fell_in(slack, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("xoxb-test-token\n")
+    target = slack_jobs.SlackTarget(channel="C0ATTEND", token_file=str(token), base_url=slack.base_url)
+    tick = time.time() - 2 * 86400  # fired two days ago: the daemon was off, or the network down
+    tokens = context.set_job(None, tick)  # as the runner sets it around a cron's run
+    try:
+        out = slack_jobs.post_daily_summary(str(tmp_path / "attendance.db"), target.to_dict(), 4 * 60)
+    finally:
+        context.reset_job(tokens)
+    assert out["day"] == work_day(tick, 4 * 60) != work_day(time.time(), 4 * 60)
+    assert out["day"] in slack.wait_posted(1)[-1]["json"]["text"]
 
 
 class LogWaiter(logging.Handler):

@@ -196,6 +196,21 @@ def test_a_cron_fires_on_its_interval(client, gate):
     assert client.crons()[0]["last_fired_at"] >= cron["next_run_at"]
 
 
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_cron_run_reads_the_tick_it_was_fired_for(daemon, client, isolation):
+    cron = client.cron(SchedulingTime().every(seconds=1).from_now(), "testjobs:my_tick", name=f"tick-{isolation}",
+                       isolation=isolation)
+    job_id = int(daemon.wait_for_line(rf"cron tick-{isolation} fired job (\d+)").group(1))
+    job = client.wait(job_id, 20)
+    assert job["state"] == State.SUCCEEDED
+    assert job["result"] == float(job["idempotency_key"].rsplit(":", 1)[1]) >= cron["next_run_at"] - 0.001
+    client.cron_delete(cron["name"])
+
+
+def test_a_job_that_no_cron_fired_reads_no_tick(client):
+    assert client.wait(client.enqueue("testjobs:my_tick"), 20)["result"] is None
+
+
 def test_registering_the_same_cron_again_replaces_it(client):
     st = SchedulingTime().every(hours=1).starting_from(time.time() + 3600)
     client.cron(st, "testjobs:noop")

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..core.fate import is_network_error
+from ..run.context import cron_tick
 from .message import DEFAULT_LATE_AFTER, day_report, punch_text, summary_text
 from .punchlog import Punch, PunchLog, work_day
 
@@ -333,9 +334,11 @@ def _already_in_slack(p: Punch, target: SlackTarget) -> str | None:
 
 
 def post_daily_summary(db: str, slack: dict[str, Any], day_boundary: int | None = None) -> dict[str, Any]:
-    """The cron job: post the current work day's hours per person."""
+    """The cron job: post the hours per person of the work day its tick fell in (the day
+    it was due, also when it runs late: a power cut, the network down past midnight)."""
+    tick = cron_tick()
     with PunchLog(db, day_boundary=day_boundary) as plog:
-        day = work_day(time.time(), plog.day_boundary)
+        day = work_day(time.time() if tick is None else tick, plog.day_boundary)
         text = summary_text(day, day_report(plog.punches(day)))
     ts = send(SlackTarget.from_dict(slack), text)
     return {"posted": True, "ts": ts, "day": day}

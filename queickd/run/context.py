@@ -1,8 +1,9 @@
-"""What a running step function may ask about its own job: `workflow_key()`.
+"""What a running job may ask about itself: `workflow_key()` (a workflow step's key) and
+`cron_tick()` (the tick a cron's run was fired for).
 
-Owns one context variable, set by a runner around the call of a workflow step's job and
-reset after it; it never touches the store. Read from the thread (or context) that runs
-the job; elsewhere it is None.
+Owns two context variables, set by a runner around the call of such a job and reset after
+it; it never touches the store. Read from the thread (or context) that runs the job;
+elsewhere they are None.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextvars
 
 _KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("queickd_workflow_key", default=None)
+_TICK: contextvars.ContextVar[float | None] = contextvars.ContextVar("queickd_cron_tick", default=None)
 
 
 def workflow_key() -> str | None:
@@ -25,3 +27,30 @@ def set_key(key: str | None) -> contextvars.Token:
 
 def reset(token: contextvars.Token) -> None:
     _KEY.reset(token)
+
+
+def cron_tick() -> float | None:
+    """The tick (unix time) the cron run being executed here was fired for, the same on
+    every attempt and when it ran late (after a power cut, a network wait, a backlog); None
+    outside a cron's run. A job that reports on "today" should take its day from this, not
+    from the clock when it happens to run."""
+    return _TICK.get()
+
+
+def tick_of(cron: str | None, idempotency_key: str | None) -> float | None:
+    """A cron run's tick, from the idempotency key its cron gave it (`cron:NAME:TICK`)."""
+    if cron is None or idempotency_key is None or not idempotency_key.startswith(f"cron:{cron}:"):
+        return None
+    try:
+        return float(idempotency_key[len(cron) + 6:])
+    except ValueError:
+        return None
+
+
+def set_job(workflow_key: str | None, tick: float | None) -> tuple[contextvars.Token, contextvars.Token]:
+    return _KEY.set(workflow_key), _TICK.set(tick)
+
+
+def reset_job(tokens: tuple[contextvars.Token, contextvars.Token]) -> None:
+    _KEY.reset(tokens[0])
+    _TICK.reset(tokens[1])

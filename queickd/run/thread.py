@@ -66,14 +66,15 @@ class ThreadRunner:
                 fn = self.loader.resolve(job.func)
             except QueueError as e:  # no longer allowed: retrying cannot help
                 return capture.refused("not_allowed", e.message, time.monotonic() - began)
-            if job.workflow_run is None:
+            if job.workflow_run is None and job.cron is None:
                 value = fn(*job.args, **job.kwargs)
-            else:  # a workflow step: its key is readable through queickd.workflow_key()
-                token = context.set_key(job.idempotency_key)
+            else:  # what queickd.workflow_key() and queickd.cron_tick() read
+                tokens = context.set_job(job.idempotency_key if job.workflow_run is not None else None,
+                                         context.tick_of(job.cron, job.idempotency_key))
                 try:
                     value = fn(*job.args, **job.kwargs)
                 finally:
-                    context.reset(token)
+                    context.reset_job(tokens)
         except BaseException as e:  # a job's SystemExit must not end the worker
             return capture.failed(e, time.monotonic() - began)
         return capture.succeeded(value, time.monotonic() - began)

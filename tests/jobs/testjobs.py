@@ -140,3 +140,10 @@ def open_files(n):
     for fd in fds:
         os.close(fd)
     return n
+
+
+def my_tick():
+    """The tick the cron run calling this was fired for (queickd.cron_tick())."""
+    import queickd
+
+    return queickd.cron_tick()
