@@ -166,3 +166,14 @@ def test_workflows_with_no_runs_says_so(daemon):
     assert (r.returncode, r.stdout.strip()) == (0, "no workflow runs")
     assert queick(daemon.port, "workflows", "--state", "failed").stdout.strip() == "no failed workflow runs"
     assert queick(daemon.port, "workflows", "--json").stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("action, done", [("check", "checked"), ("recover", "recovered")])
+def test_db_check_and_recover_of_a_store_that_is_not_sqlite_say_what_they_do(action, done, tmp_path):
+    args = [sys.executable, "-m", "queickd", "db", action, "--store", "memory://"]
+    if action == "recover":
+        args += ["--to", str(tmp_path / "new.db")]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert f"only an SQLite store (sqlite:///path) is {done} this way, not 'memory://'" in r.stderr, r.stderr
+    assert "pg_dump" not in r.stderr

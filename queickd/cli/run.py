@@ -172,7 +172,7 @@ def db_check(a: argparse.Namespace) -> int:
     from ..store import sqlite_salvage, sqlitebackup
 
     try:
-        path = sqlitebackup.sqlite_path(a.store)
+        path = sqlitebackup.sqlite_path(a.store, "checked")
     except ValueError as e:
         print(f"queick db check: {e}", file=sys.stderr)
         return 2
@@ -191,7 +191,7 @@ def db_recover(a: argparse.Namespace) -> int:
     from ..store import sqlite_salvage, sqlitebackup
 
     try:
-        path = sqlitebackup.sqlite_path(a.store)
+        path = sqlitebackup.sqlite_path(a.store, "recovered")
     except ValueError as e:
         print(f"queick db recover: {e}", file=sys.stderr)
         return 2

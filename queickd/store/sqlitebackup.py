@@ -24,12 +24,13 @@ from .sqlite_check import real_path
 STEP_PAGES = 1024  # pages per backup step: 4 MiB with the default page size, one progress report
 
 
-def sqlite_path(url: str) -> str:
+def sqlite_path(url: str, done: str = "backed up") -> str:
     """The file an sqlite:/// URL names, symlinks resolved as the store resolves them (its
-    lock and WAL are beside that file). Raises ValueError for any other store."""
+    lock and WAL are beside that file). Raises ValueError for any other store, saying what
+    is `done` only to SQLite files."""
     if not url.startswith("sqlite:///") or not url[len("sqlite:///"):]:
-        raise ValueError(f"only an SQLite store (sqlite:///path) is backed up this way, not {url!r}; "
-                         "for PostgreSQL use pg_dump")
+        raise ValueError(f"only an SQLite store (sqlite:///path) is {done} this way, not {url!r}"
+                         + ("; for PostgreSQL use pg_dump" if done == "backed up" else ""))
     return real_path(url[len("sqlite:///"):])
 
 
