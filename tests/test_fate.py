@@ -228,6 +228,18 @@ def test_after_failure_is_dead_when_attempts_are_exhausted():
     assert out.run_at is None
 
 
+def test_a_run_lost_to_a_crash_does_not_count_against_max_attempts():
+    job = make_job(attempts=3, max_attempts=3, orphaned=1)  # one of the three runs was an orphan
+    out = after_failure(job, failed(ValueError("boom")), NOW)
+    assert (out.state, out.run_at) == (State.SCHEDULED, NOW + 10.0)
+
+
+def test_runs_lost_to_crashes_do_not_grow_the_backoff():
+    retry = make_spec(RETRY_TYPE.LINEAR_INCREASING, interval=5.0, max_attempts=5)
+    out = after_failure(make_job(retry=retry, max_attempts=5, attempts=3, orphaned=2), failed(ValueError()), NOW)
+    assert out.run_at == NOW + 5.0  # the first failure's delay: the two runs before it were lost
+
+
 def test_after_failure_is_dead_without_a_retry_spec():
     out = after_failure(make_job(retry=None, max_attempts=1, attempts=1), failed(ValueError()), NOW)
     assert out.state == State.DEAD

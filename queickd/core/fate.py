@@ -159,7 +159,9 @@ def after_failure(
 ) -> Outcome:
     """A failed attempt: park it for the network, retry it later, or give up (dead).
 
-    `job.attempts` already counts the attempt that failed. A network-class failure of a
+    `job.attempts` already counts the attempt that failed; runs lost to a crash (the job's
+    `orphaned` count, bounded by --max-orphan-requeues) are not held against it (`_spent`).
+    A network-class failure of a
     job that asked for network replay is parked without spending its retries when a
     network checker runs to release it and does not say the network is up (`network_up`).
     While it says up, the failure is the job's own server's: the job runs again with its
@@ -188,22 +190,28 @@ def after_failure(
     if job.retry_on_network and network_checker and report.network:
         if not network_up:
             return Outcome.waiting_network(job.id, err, out)
-        if job.attempts < max(job.max_attempts, NETWORK_ATTEMPTS):
+        if _spent(job) < max(job.max_attempts, NETWORK_ATTEMPTS):
             delay = _retry_delay(job, report.retry_after, rand) if job.retry is not None else NETWORK_DELAY
             return Outcome.retry_at(job.id, now + delay, err, out)
         return Outcome.dead(job.id, err, job.workflow_run, out)
-    if job.retry is not None and job.attempts < job.max_attempts:
+    if job.retry is not None and _spent(job) < job.max_attempts:
         return Outcome.retry_at(job.id, now + _retry_delay(job, report.retry_after, rand), err, out)
     return Outcome.dead(job.id, err, job.workflow_run, out)
 
 
 def _after_resource_failure(job: Job, err: dict[str, Any], now: float, out: str | None) -> Outcome:
-    if job.attempts < max(job.max_attempts, RESOURCE_ATTEMPTS):
-        return Outcome.retry_at(job.id, now + RESOURCE_DELAY * job.attempts, err, out)
+    if _spent(job) < max(job.max_attempts, RESOURCE_ATTEMPTS):
+        return Outcome.retry_at(job.id, now + RESOURCE_DELAY * _spent(job), err, out)
     return Outcome.dead(job.id, err, output=out)
 
 
 def _retry_delay(job: Job, asked: float | None, rand: random.Random | None) -> float:
     if asked is not None and 0 <= asked <= 86400:
         return asked
-    return retry_mod.delay(job.retry, job.attempts, rand)  # type: ignore[arg-type]
+    return retry_mod.delay(job.retry, _spent(job), rand)  # type: ignore[arg-type]
+
+
+def _spent(job: Job) -> int:
+    """The attempts that count against max_attempts: the runs started, less those lost to a
+    crash of their daemon or worker (re-queued as orphans: not the job's failure)."""
+    return max(1, job.attempts - job.orphaned)
