@@ -168,13 +168,35 @@ def _lines_of(proc: subprocess.Popen, n: int, timeout: float) -> list[str]:
     return got
 
 
-def test_the_checker_reports_after_every_probe():
+def _checker(net: Listener, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "queickd.services.netcheck", f"127.0.0.1:{net.port}", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd="/",
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_the_checker_repeats_an_unchanged_state_at_each_heartbeat():
     net = Listener()
-    proc = subprocess.Popen([sys.executable, "-m", "queickd.services.netcheck", f"127.0.0.1:{net.port}",
-                             "--interval", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, cwd="/", env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = _checker(net, "--interval", "0.1", "--heartbeat", "0.1")
     try:
         assert _lines_of(proc, 3, timeout=20) == ["up", "up", "up"]  # not only the first transition
+    finally:
+        proc.kill()
+        proc.wait(10)
+        net.close()
+
+
+def test_the_checker_reports_a_change_at_once_and_is_quiet_between_heartbeats():
+    net = Listener()
+    proc = _checker(net, "--interval", "0.1", "--heartbeat", "3600")
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line.strip()) for line in proc.stdout], daemon=True).start()
+    try:
+        assert lines.get(timeout=20) == "up"
+        # Ten probes or so: none is printed while nothing changes (the daemon is not woken).
+        with pytest.raises(queue.Empty):
+            lines.get(timeout=1.0)
+        net.close()
+        assert lines.get(timeout=20) == "down"  # a change does not wait for a heartbeat
     finally:
         proc.kill()
         proc.wait(10)
@@ -186,7 +208,7 @@ class _Monitored:
 
     def __init__(self, net: Listener, **kw) -> None:
         self.up, self.down = threading.Event(), threading.Event()
-        self.monitor = NetworkMonitor(f"127.0.0.1:{net.port}", 0.1, self._changed, **kw)
+        self.monitor = NetworkMonitor(f"127.0.0.1:{net.port}", 0.1, self._changed, **{"heartbeat": 0.1, **kw})
 
     def _changed(self, up: bool) -> None:
         (self.up if up else self.down).set()
@@ -278,7 +300,7 @@ def test_a_checker_whose_probes_take_their_whole_timeout_is_kept():
     full = socket.create_server(("127.0.0.1", 0), backlog=0)
     filler = socket.create_connection(full.getsockname())
     ticks = _Ticks()
-    monitor = NetworkMonitor("{}:{}".format(*full.getsockname()), 0.5, lambda up: None, clock=ticks)
+    monitor = NetworkMonitor("{}:{}".format(*full.getsockname()), 0.5, lambda up: None, clock=ticks, heartbeat=0.5)
     try:
         monitor.start()
         assert ticks.wait_for(1, 20)  # the first report

@@ -88,7 +88,7 @@ def test_parked_jobs_are_released_when_the_network_returns_behind_a_hung_checker
     def on_change(up: bool) -> None:
         parking.on_change(up)
         changes[up].set()
-    monitor = NetworkMonitor(f"127.0.0.1:{net.port}", 0.1, on_change, hung_after=1.0, backoff=(0.1,))
+    monitor = NetworkMonitor(f"127.0.0.1:{net.port}", 0.1, on_change, heartbeat=0.1, hung_after=1.0, backoff=(0.1,))
     parking = NetworkParking(store, monitor, woken.set, clock=lambda: T0)
     try:
         monitor.start()

@@ -6,15 +6,18 @@ from Python itself: over an unprivileged ICMP datagram socket where
 `net.ipv4.ping_group_range` admits the process's group (systemd's default admits every
 group), else over a raw socket (CAP_NET_RAW, e.g. `AmbientCapabilities=CAP_NET_RAW`). No
 `ping` program, whose file capability `NoNewPrivileges=yes` disables. It prints `up` or
-`down` on its stdout after every probe (one short line, which doubles as its heartbeat);
-that pipe is the local channel to the daemon. A probe that cannot run at all (no socket
+`down` on its stdout when the state changes, and again after `heartbeat` seconds (30 by
+default) without a change (one short line: its heartbeat); that pipe is the local channel
+to the daemon, whose reading thread so wakes twice a minute on a steady network, not at
+every probe. A probe that cannot run at all (no socket
 may be opened) is not "down": the checker prints `error probe cannot run: WHY` and exits
 with status 3. It exits when its parent dies.
 
 NetworkMonitor (in the daemon) starts the checker, reads its reports on a thread, restarts
 it when it dies, hangs or cannot even be started (logged, with backoff), keeps the last
 "cannot run" error for `stats`, and calls on_change(up) on every transition. A checker
-silent for longer than `hung_after` (a few intervals plus the probe timeout) is hung: it
+silent for longer than `hung_after` (its heartbeat, a few intervals and the probe
+timeout) is hung: it
 is killed and replaced, and the state becomes unknown, since its last word is stale. The
 state is None ("unknown") until a checker has spoken, so the daemon never assumes the
 network is up. The monitor only reports; it never parks or releases jobs itself.
@@ -46,6 +49,7 @@ EX_CANNOT_RUN = 3  # the checker's exit status when its probe cannot run at all
 HUNG_INTERVALS = 3  # a checker silent for this many intervals plus a probe's timeout is hung
 MIN_HUNG_AFTER = 2.0  # ...but never sooner: a loaded host can stall a healthy process a moment
 START_GRACE = 15.0  # extra time for the first report: an interpreter starts slowly on a Pi
+HEARTBEAT = 30.0  # seconds: a checker whose state has not changed still reports this often
 _ECHO = {socket.AF_INET: (8, 0), socket.AF_INET6: (128, 129)}  # echo request, reply types
 _SEQ = itertools.count(1)
 
@@ -59,10 +63,11 @@ def probe_timeout(interval: float) -> float:
     return max(0.2, min(interval, 5.0))
 
 
-def default_hung_after(interval: float) -> float:
-    """Silence after which a checker counts as hung. A report is due at most every
-    max(interval, probe timeout) seconds, so this leaves room for a few slow probes."""
-    return max(MIN_HUNG_AFTER, HUNG_INTERVALS * interval + probe_timeout(interval))
+def default_hung_after(interval: float, heartbeat: float = HEARTBEAT) -> float:
+    """Silence after which a checker counts as hung. A report is due at most a heartbeat
+    after the last, and a probe may then take its timeout: this leaves room for a few slow
+    probes."""
+    return max(MIN_HUNG_AFTER, heartbeat + HUNG_INTERVALS * interval + probe_timeout(interval))
 
 
 def parse_target(target: str) -> tuple[str, str, int | None]:
@@ -152,9 +157,12 @@ def icmp_echo(host: str, timeout: float) -> bool:
 
 def checker_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m queickd.services.netcheck",
-                                description="Probe reachability; print up/down after every probe.")
+                                description="Probe reachability; print up or down when it changes, "
+                                "and at least every --heartbeat seconds.")
     p.add_argument("target", help="HOST[:PORT] (TCP connect, port 80 by default) or icmp://HOST")
     p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL, help="seconds between probes")
+    p.add_argument("--heartbeat", type=float, default=HEARTBEAT,
+                   help="seconds after which an unchanged state is printed again (default: %(default)g)")
     a = p.parse_args(argv)
     try:
         kind, host, port = parse_target(a.target)
@@ -163,6 +171,8 @@ def checker_main(argv: list[str] | None = None) -> int:
         return 2
     parent = os.getppid()
     timeout = probe_timeout(a.interval)
+    said: bool | None = None
+    said_at = 0.0
     while os.getppid() == parent:  # reparented: the daemon is gone, so are we
         started = time.monotonic()
         try:
@@ -175,11 +185,13 @@ def checker_main(argv: list[str] | None = None) -> int:
             except BrokenPipeError:
                 pass
             return EX_CANNOT_RUN
-        try:  # every probe, not only transitions: the daemon tells a hung checker by its silence
-            sys.stdout.write("up\n" if up else "down\n")
-            sys.stdout.flush()
-        except BrokenPipeError:
-            return 0
+        if up != said or time.monotonic() - said_at >= a.heartbeat:
+            try:  # a change, or the heartbeat: the daemon tells a hung checker by its silence
+                sys.stdout.write("up\n" if up else "down\n")
+                sys.stdout.flush()
+            except BrokenPipeError:
+                return 0
+            said, said_at = up, time.monotonic()
         time.sleep(max(0.0, a.interval - (time.monotonic() - started)))
     return 0
 
@@ -187,19 +199,21 @@ def checker_main(argv: list[str] | None = None) -> int:
 class NetworkMonitor:
     """Supervises the checker process; the daemon's view of the network. Thread-safe reads.
 
-    `hung_after` (seconds of silence before a checker counts as hung), `start_grace` (extra
-    time for its first report) and `backoff` (delays between restarts) are injectable."""
+    `heartbeat` (how often an unchanged state is reported), `hung_after` (seconds of
+    silence before a checker counts as hung), `start_grace` (extra time for its first
+    report) and `backoff` (delays between restarts) are injectable."""
 
     def __init__(self, target: str, interval: float, on_change: Callable[[bool], None],
                  clock: Callable[[], float] = time.time, command: Sequence[str] | None = None, *,
-                 hung_after: float | None = None, start_grace: float = START_GRACE,
+                 heartbeat: float = HEARTBEAT, hung_after: float | None = None, start_grace: float = START_GRACE,
                  backoff: Sequence[float] = _RESTART_BACKOFF) -> None:
         parse_target(target)  # fail at start-up, not in the child
         self.target = target
         # The checker's program and its first arguments (the target and interval follow).
         self.command = list(command or [sys.executable, "-m", "queickd.services.netcheck"])
         self.interval = interval
-        self.hung_after = default_hung_after(interval) if hung_after is None else hung_after
+        self.heartbeat = heartbeat
+        self.hung_after = default_hung_after(interval, heartbeat) if hung_after is None else hung_after
         self.start_grace = start_grace
         self.backoff = tuple(backoff)
         self._on_change = on_change
@@ -250,7 +264,7 @@ class NetworkMonitor:
 
     def _spawn(self) -> subprocess.Popen:
         return subprocess.Popen(
-            [*self.command, self.target, "--interval", str(self.interval)],
+            [*self.command, self.target, "--interval", str(self.interval), "--heartbeat", str(self.heartbeat)],
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, bufsize=0,
         )
 
