@@ -150,6 +150,38 @@ class CronEventContract:
         assert [(a.event_id, a.state) for a in out] == [("e1", "dead"), ("e2", "dead")]
         assert store.accept_event(self._event("e3"), T0 + 1, Admission()).state == "delivered"
 
+    def _delivered(self, store, now):
+        out = store.deliver_events(now, Admission(), 5, lambda n: 1.0)
+        return [a.event_id for a in sorted((a for a in out if a.state == "delivered"), key=lambda a: a.job_id)]
+
+    def test_a_keys_events_keep_the_order_accepted_when_the_clock_steps_back_between_them(self, store):
+        store.accept_event(self._event("A"), T0 + 10, Admission(max_queued=0))
+        assert store.accept_event(self._event("B"), T0 + 5, Admission()).state == "pending"  # behind A
+        assert self._delivered(store, T0 + 20) == ["A", "B"]
+
+    def test_a_keys_events_accepted_at_the_same_instant_keep_the_order_accepted(self, store):
+        store.accept_event(self._event("z-first"), T0, Admission(max_queued=0))
+        store.accept_event(self._event("a-second"), T0, Admission())
+        assert self._delivered(store, T0 + 1) == ["z-first", "a-second"]
+
+    def test_a_retried_dead_event_goes_before_the_later_events_of_its_key(self, store):
+        full = Admission(max_queued=0)
+        store.accept_event(self._event("A"), T0, full)
+        store.deliver_events(T0, full, 1, lambda n: 5.0)  # A: a dead letter
+        store.accept_event(self._event("B"), T0 + 1, full)
+        store.deliver_events(T0 + 1, full, 5, lambda n: 5.0)  # B refused: due at T0 + 6
+        store.retry_event("A", T0 + 100)  # by hand, long after: B is overdue by then
+        assert self._delivered(store, T0 + 100) == ["A", "B"]
+
+    def test_dead_events_retried_together_go_before_the_later_events_of_their_keys(self, store):
+        full = Admission(max_queued=0)
+        store.accept_event(self._event("A"), T0, full)
+        store.deliver_events(T0, full, 1, lambda n: 5.0)
+        store.accept_event(self._event("B"), T0 + 1, full)
+        store.deliver_events(T0 + 1, full, 5, lambda n: 5.0)
+        store.retry_all_dead(T0 + 100)
+        assert self._delivered(store, T0 + 100) == ["A", "B"]
+
     def test_oldest_pending_event_at_is_when_the_oldest_pending_event_was_created(self, store):
         assert store.oldest_pending_event_at() is None
         full = Admission(max_queued=0)

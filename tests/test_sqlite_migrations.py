@@ -119,3 +119,24 @@ def test_a_new_job_reads_back_as_the_declared_new_record(tmp_path, new):
     (sub,) = s.submit([new], T0)
     assert s.get(sub.job_id) == new_record(sub.job_id, "queued", T0, new)
     s.close()
+
+
+def test_an_upgrade_makes_a_keys_pending_events_due_in_the_order_accepted(tmp_path):
+    from queickd.store import rows
+
+    path = tmp_path / "q.db"
+    SQLiteStore(str(path)).close()
+    c = sqlite3.connect(path)
+    template = rows.template_to_json(NewJob(func="m:tap", key="k"))
+    for event_id, next_attempt in (("A", 1_700_000_060.0), ("B", 1_700_000_001.0)):  # B due first: as before
+        c.execute("INSERT INTO events (event_id, state, job, func, key, created_at, next_attempt_at)"
+                  " VALUES (?, 'pending', ?, 'm:tap', 'k', 1700000000.0, ?)", (event_id, template, next_attempt))
+    c.execute("UPDATE meta SET value = '11' WHERE key = 'schema_version'")
+    c.commit()
+    c.close()
+    store = SQLiteStore(str(path))
+    try:
+        assert store.deliver_events(1_700_000_002.0, adm.NO_LIMITS, 5, lambda n: 1.0) == []  # B waits for A
+        assert [a.event_id for a in store.deliver_events(1_700_000_060.0, adm.NO_LIMITS, 5, lambda n: 1.0)] == ["A", "B"]
+    finally:
+        store.close()

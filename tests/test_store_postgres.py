@@ -475,3 +475,27 @@ def test_a_read_on_a_connection_the_server_dropped_is_sent_again_on_a_new_one(pg
             time.sleep(0.01)
     assert pg_store.get(stored.job_id).id == stored.job_id
     assert pg_store._conn().execute("SELECT pg_backend_pid()").fetchone()[0] != pid
+
+
+def test_an_events_delivery_waits_for_another_hosts_submit_so_the_key_cap_holds(pg_url):
+    from queickd.core.policy.admission import Admission
+    from queickd.store.postgres import PostgresStore
+    from queickd.store.records import NewEvent
+
+    cap = Admission(max_queued_per_key=1)
+    host1, host2 = PostgresStore(pg_url), PostgresStore(pg_url)
+    try:
+        accepted = {}
+        with host2.batch():  # a group commit: one job of key k admitted, not committed yet
+            host2.submit_requests([[job(key="k")]], T0, cap)
+            t = threading.Thread(target=lambda: accepted.setdefault(
+                "event", host1.accept_event(NewEvent("e1", job(func="m:tap", key="k")), T0, cap)))
+            t.start()
+            t.join(1.0)
+            assert t.is_alive()  # its admission waits for the submit lock
+        t.join(20)
+        assert accepted["event"].state == "pending"  # refused by the cap, kept in the outbox
+        assert len(host1.list_jobs(State.QUEUED, 10, key="k")) == 1
+    finally:
+        host1.close()
+        host2.close()

@@ -360,6 +360,8 @@ class MemoryStore(MemoryOperatorOps, MemoryCronsEvents, MemoryResources, MemoryW
                 self._events[e.event_id] = (
                     dataclasses.replace(e, state=EventState.PENDING, attempts=0, next_attempt_at=now),
                     self._events[e.event_id][1])
+            if events:
+                self._repair_key_order()
             return len(dead) + len(events)
 
     def purge(self, states: Sequence[str], finished_before: float, limit: int) -> int:

@@ -159,6 +159,20 @@ class MemoryCronsEvents:
                 return None
             ev, job = item
             if ev.state == EventState.DEAD:
-                ev = dataclasses.replace(ev, state=EventState.PENDING, attempts=0, next_attempt_at=now)
-                self._events[event_id] = (ev, job)
+                self._events[event_id] = (dataclasses.replace(
+                    ev, state=EventState.PENDING, attempts=0, next_attempt_at=now), job)
+                self._repair_key_order(ev.key)
+                ev = self._events[event_id][0]
             return ev
+
+    def _repair_key_order(self, key: str | None = None) -> None:
+        """Within each serial key (or only `key`'s), no pending event due before an earlier
+        one (sqlshared.REPAIR_KEY_ORDER; the dict keeps the order accepted)."""
+        latest: dict[str, float] = {}
+        for event_id, (e, job) in list(self._events.items()):
+            if e.key is None or e.state != EventState.PENDING or (key is not None and e.key != key):
+                continue
+            at = max(e.next_attempt_at, latest.get(e.key, e.next_attempt_at))  # type: ignore[type-var]
+            latest[e.key] = at
+            if at != e.next_attempt_at:
+                self._events[event_id] = (dataclasses.replace(e, next_attempt_at=at), job)

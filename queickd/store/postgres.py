@@ -49,7 +49,7 @@ from .pgchannels import CHANNEL, FINISHED_CHANNEL, NOTIFY_IDS, QUEUED_CHANNEL
 from .pgclaim import PgClaims
 from .pgconn import PgConnections
 from .pgregistry import ALIVE, FleetRecords, notify
-from .pgsubmit import WAITING_SQL, PgSubmit
+from .pgsubmit import SUBMIT_LOCK, WAITING_SQL, PgSubmit
 from .pools import set_pool_sql
 from .records import CronFire, CronRecord, Finished, Pause, Recovered
 from .sqlshared import UNSTART, SharedSql, filters
@@ -350,8 +350,11 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
         with self._write() as c:
             n = c.execute("UPDATE jobs SET state = 'queued', run_at = %s, attempts = 0, orphaned = 0,"
                           " finished_at = NULL WHERE state = 'dead'", (now,)).rowcount
-            n += c.execute("UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = %s"
-                           " WHERE state = 'dead'", (now,)).rowcount
+            self._lock_outbox(c)
+            n += (events := c.execute("UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = %s"
+                                      " WHERE state = 'dead'", (now,)).rowcount)
+            if events:
+                self._repair_key_order(c)
             if n:
                 notify(c, "r")
         return n
@@ -442,13 +445,18 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
             return self._fire_in(c, name, row[0], tick, next_tick, now, waiting is not None)
 
     # --- events ---------------------------------------------------------------------------
-    # The due events, due first, then in the order accepted (events accepted at the same
-    # instant, by id); read under the outbox's lock (_lock_outbox), so by one host at a time.
+    # The due events, due first, then in the order accepted (seq: keyed accepts take the
+    # outbox's lock, so that order is theirs, whatever the hosts' clocks); read under the
+    # outbox's lock (_lock_outbox), so by one host at a time.
+    _EVENT_ORDER = "seq"
     _DUE_EVENTS = ("SELECT event_id, job, attempts, key FROM events WHERE state = 'pending' AND next_attempt_at <= %s"
-                   " ORDER BY next_attempt_at, created_at, event_id LIMIT %s FOR UPDATE")
+                   " ORDER BY next_attempt_at, seq LIMIT %s FOR UPDATE")
 
     def _lock_outbox(self, c: psycopg.Connection) -> None:
         c.execute("SELECT pg_advisory_xact_lock(%s)", (OUTBOX_LOCK,))
+
+    def _lock_admission(self, c: psycopg.Connection) -> None:
+        c.execute("SELECT pg_advisory_xact_lock(%s)", (SUBMIT_LOCK,))
 
     def next_event_at(self) -> float | None:
         return self._conn().execute("SELECT min(next_attempt_at) FROM events WHERE state = 'pending'").fetchone()[0]

@@ -219,9 +219,11 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
             n = c.execute(
                 "UPDATE jobs INDEXED BY jobs_dead SET state = 'queued', run_at = ?, attempts = 0,"
                 " orphaned = 0, finished_at = NULL WHERE state = 'dead'", (now,)).rowcount
-            n += c.execute(
+            n += (events := c.execute(
                 "UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = ?"
-                " WHERE state = 'dead'", (now,)).rowcount
+                " WHERE state = 'dead'", (now,)).rowcount)
+            if events:
+                self._repair_key_order(c)
         return n
 
     def purge(self, states: Sequence[str], finished_before: float, limit: int) -> int:
@@ -309,10 +311,11 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
             return self._fire_in(c, name, row[0], tick, next_tick, now, waiting is not None)
 
     # --- events ---------------------------------------------------------------------------
-    # Due first, then in the order accepted (a key's events: see outbox.KeyOrder).
+    # Due first, then in the order accepted (a key's events: see outbox.KeyOrder): by rowid,
+    # not created_at, which a clock stepped back would turn round.
+    _EVENT_ORDER = "rowid"
     _DUE_EVENTS = ("SELECT event_id, job, attempts, key FROM events INDEXED BY events_pending"
-                   " WHERE state = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at, created_at, rowid"
-                   " LIMIT ?")
+                   " WHERE state = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at, rowid LIMIT ?")
 
     def next_event_at(self) -> float | None:
         return self._conn().execute(

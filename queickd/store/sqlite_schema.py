@@ -267,9 +267,17 @@ def _v11(c: sqlite3.Connection) -> None:
 EVENTS_BY_KEY = ("CREATE INDEX IF NOT EXISTS events_pending_key ON events (key, next_attempt_at)"
                  " WHERE state = 'pending' AND key IS NOT NULL")
 
+def _v12(c: sqlite3.Connection) -> None:
+    """The pending events of each serial key made due in the order they were accepted
+    (rowid): rows an earlier version wrote may have a later event due before an earlier."""
+    from .sqlshared import REPAIR_KEY_ORDER  # the stores' own statement
+
+    c.execute(REPAIR_KEY_ORDER.format(order="rowid"))
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
-                                                          _v11]
+                                                          _v11, _v12]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -35,6 +35,15 @@ _WAITING = ("scheduled", "queued", "waiting_network")
 UNSTART = "UPDATE jobs SET state = 'scheduled', run_at = ?, attempts = attempts - 1, started_at = NULL"
 
 
+# Within a serial key, no pending event is due before an earlier one (outbox.KeyOrder):
+# each one's next attempt raised to the latest among its key's pending events up to it, in
+# the order accepted ({order}: the store's column of that order). After a dead event goes
+# back to pending (a retry), and once for rows written before the rule (a migration).
+REPAIR_KEY_ORDER = ("UPDATE events SET next_attempt_at = (SELECT max(e2.next_attempt_at) FROM events e2"
+                    " WHERE e2.key = events.key AND e2.state = 'pending' AND e2.{order} <= events.{order})"
+                    " WHERE state = 'pending' AND key IS NOT NULL")
+
+
 def filters(func: str | None, key: str | None, pool: str | None, alias: str = "") -> tuple[str, tuple]:
     """' AND ...' conditions (with ? marks) for list_jobs' and cancel_waiting's filters
     (`alias`: of the jobs table, as 'j.')."""
@@ -51,6 +60,7 @@ class SharedSql:
     MARK: str
     _RELEASE: str
     _DUE_EVENTS: str
+    _EVENT_ORDER: str  # the events' column of the order they were accepted in
     _conn: Any
     _write: Any
     _submit_in: Any
@@ -237,6 +247,18 @@ class SharedSql:
                                                     max_attempts, backoff, order))
             return out
 
+    def _lock_admission(self, c: Any) -> None:
+        """Before an admission's reads outside submit_requests (an event's delivery): a store
+        shared by several daemons serializes them with every other submit."""
+
+    def _repair_key_order(self, c: Any, key: str | None = None) -> None:
+        """REPAIR_KEY_ORDER for one key, or for every key (None)."""
+        sql = REPAIR_KEY_ORDER.format(order=self._EVENT_ORDER)
+        if key is None:
+            c.execute(sql)
+        else:
+            c.execute(self._q(sql + " AND key = ?"), (key,))
+
     def _lock_outbox(self, c: Any) -> None:
         """Before reading the outbox to deliver, or a keyed event's place in it: a store
         shared by several daemons lets one at a time (else a later event of a key could be
@@ -273,6 +295,7 @@ class SharedSql:
     def _deliver_in(self, c: Any, event_id: str, template: str, now: float,
                     admission: adm.Admission) -> list[Submitted] | adm.Refusal:
         job = outbox.job_for(event_id, dbrows.template_from_json(template), now)
+        self._lock_admission(c)
         answer = self._submit_in(c, [[job]], now, admission)[0]
         if not isinstance(answer, adm.Refusal):
             c.execute(self._q("UPDATE events SET state = 'delivered', job_id = ?, next_attempt_at = NULL,"
@@ -368,8 +391,12 @@ class SharedSql:
 
     def retry_event(self, event_id: str, now: float) -> Event | None:
         with self._write() as c:
-            c.execute(self._q("UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = ?"
-                              " WHERE event_id = ? AND state = 'dead'"), (now, event_id))
+            self._lock_outbox(c)
+            if c.execute(self._q("UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = ?"
+                                 " WHERE event_id = ? AND state = 'dead'"), (now, event_id)).rowcount:
+                key = c.execute(self._q("SELECT key FROM events WHERE event_id = ?"), (event_id,)).fetchone()[0]
+                if key is not None:  # its place among its key's pending events
+                    self._repair_key_order(c, key)
             row = c.execute(self._q(f"SELECT {dbrows.EVENT_COLS} FROM events WHERE event_id = ?"),
                             (event_id,)).fetchone()
         return Event(*row) if row else None
