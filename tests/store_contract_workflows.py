@@ -22,13 +22,13 @@ def definition(*steps, budget=None, name="wf"):
 def run(j):
     """A claimed step job's function called here: its outcome."""
     mod, fn = j.func.split(":")
-    token = context.set_key(j.idempotency_key)
+    tokens = context.set_job(j.idempotency_key, None)
     try:
         return Outcome.succeeded(j.id, getattr(importlib.import_module(mod), fn)(*j.args), j.workflow_run)
     except Exception as e:
         return Outcome.dead(j.id, {"type": type(e).__name__, "message": str(e)}, j.workflow_run)
     finally:
-        context.reset(token)
+        context.reset_job(tokens)
 
 
 def drive(store, now=T0, rounds=10_000, only=None):

@@ -21,14 +21,6 @@ def workflow_key() -> str | None:
     return _KEY.get()
 
 
-def set_key(key: str | None) -> contextvars.Token:
-    return _KEY.set(key)
-
-
-def reset(token: contextvars.Token) -> None:
-    _KEY.reset(token)
-
-
 def cron_tick() -> float | None:
     """The tick (unix time) the cron run being executed here was fired for, the same on
     every attempt and when it ran late (after a power cut, a network wait, a backlog); None
@@ -48,6 +40,7 @@ def tick_of(cron: str | None, idempotency_key: str | None) -> float | None:
 
 
 def set_job(workflow_key: str | None, tick: float | None) -> tuple[contextvars.Token, contextvars.Token]:
+    """What workflow_key() and cron_tick() read from here on, until reset_job()."""
     return _KEY.set(workflow_key), _TICK.set(tick)
 
 

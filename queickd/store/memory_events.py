@@ -116,18 +116,10 @@ class MemoryCronsEvents:
                 self._events[ev.event_id] = (dataclasses.replace(
                     ev, attempts=r.attempts, state=state, next_attempt_at=r.next_attempt_at,
                     last_error=r.last_error), job)
-                until = order.refused(ev.key, r)
-                if until is not None:
-                    self._hold_key(ev.key, until)  # type: ignore[arg-type]
+                if order.refused(ev.key, r) is not None:  # the key's later events wait as long
+                    self._repair_key_order(ev.key)
                 out.append(EventAccepted(ev.event_id, False, state, None))
         return out
-
-    def _hold_key(self, key: str, until: float) -> None:
-        """No pending event of `key` is tried before `until` (outbox.KeyOrder)."""
-        for event_id, (e, job) in list(self._events.items()):
-            if e.key == key and e.state == EventState.PENDING and e.next_attempt_at is not None \
-                    and e.next_attempt_at < until:
-                self._events[event_id] = (dataclasses.replace(e, next_attempt_at=until), job)
 
     def next_event_at(self) -> float | None:
         with self._lock:

@@ -261,11 +261,9 @@ def _v10(c: sqlite3.Connection) -> None:
 def _v11(c: sqlite3.Connection) -> None:
     """The pending events by serial key: a new event's place behind its key's, and a refused
     one holding its key's later events (outbox.KeyOrder), read without a scan of the outbox."""
-    c.execute(EVENTS_BY_KEY)
+    c.execute("CREATE INDEX IF NOT EXISTS events_pending_key ON events (key, next_attempt_at)"
+              " WHERE state = 'pending' AND key IS NOT NULL")
 
-
-EVENTS_BY_KEY = ("CREATE INDEX IF NOT EXISTS events_pending_key ON events (key, next_attempt_at)"
-                 " WHERE state = 'pending' AND key IS NOT NULL")
 
 def _v12(c: sqlite3.Connection) -> None:
     """The pending events of each serial key made due in the order they were accepted

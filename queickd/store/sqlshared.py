@@ -37,8 +37,9 @@ UNSTART = "UPDATE jobs SET state = 'scheduled', run_at = ?, attempts = attempts 
 
 # Within a serial key, no pending event is due before an earlier one (outbox.KeyOrder):
 # each one's next attempt raised to the latest among its key's pending events up to it, in
-# the order accepted ({order}: the store's column of that order). After a dead event goes
-# back to pending (a retry), and once for rows written before the rule (a migration).
+# the order accepted ({order}: the store's column of that order). After an event of the key
+# is refused (its later ones wait as long), after a dead event goes back to pending (a
+# retry), and once for rows written before the rule (a migration).
 REPAIR_KEY_ORDER = ("UPDATE events SET next_attempt_at = (SELECT max(e2.next_attempt_at) FROM events e2"
                     " WHERE e2.key = events.key AND e2.state = 'pending' AND e2.{order} <= events.{order})"
                     " WHERE state = 'pending' AND key IS NOT NULL")
@@ -314,10 +315,8 @@ class SharedSql:
         state = EventState.DEAD if r.dead else EventState.PENDING
         c.execute(self._q("UPDATE events SET attempts = ?, state = ?, next_attempt_at = ?, last_error = ?"
                           " WHERE event_id = ?"), (r.attempts, state, r.next_attempt_at, r.last_error, event_id))
-        until = order.refused(key, r)
-        if until is not None:
-            c.execute(self._q("UPDATE events SET next_attempt_at = ? WHERE key = ? AND state = 'pending'"
-                              " AND next_attempt_at < ?"), (until, key, until))
+        if order.refused(key, r) is not None:  # the key's later events wait as long
+            self._repair_key_order(c, key)
         return EventAccepted(event_id, False, state, None)
 
     # --- memory-aware start ----------------------------------------------------------------

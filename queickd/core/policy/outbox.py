@@ -65,7 +65,7 @@ def accepted_at(now: float, behind: float | None) -> float | None:
 class KeyOrder:
     """One delivery pass, fed the due events in order (next attempt, then acceptance): once
     an event of a key is refused and waits its backoff, the key's later events wait as
-    long; the store moves every pending event of that key due sooner to that time."""
+    long; the store makes every later pending event of that key due no sooner."""
 
     __slots__ = ("_held",)
 
