@@ -13,10 +13,12 @@ import selectors
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_fate import make_job
@@ -190,17 +192,21 @@ def test_a_zygote_a_reload_replaces_as_it_starts_is_retired_before_its_job_sees_
     gate = ImportGate(tmp_path / "g")
     code = gate.code + "\ndef zygote():\n    return os.getppid()\n"
     with _runner(tmp_path / "app", preload=("gated:zygote",), gated=code) as r:
-        send_retire, first = _Zygote.retire, []
+        send_retire, send_job, first, sent = _Zygote.retire, _Zygote.send, [], threading.Event()
 
-        def late(z: _Zygote) -> None:  # the reload's retire message goes once the zygote is ready
+        def late(z: _Zygote) -> None:  # the reload's retire message goes once the job has been sent
             first.append(z.pid)
             gate.remove()
             held.close()
-            z.ready.wait(20)
-            time.sleep(0.2)  # the job waiting for it to start has looked at it by now
+            assert sent.wait(20)  # to this zygote (the defect) or to a newer one
             send_retire(z)
 
+        def sending(z: _Zygote, *args: Any) -> None:
+            send_job(z, *args)
+            sent.set()
+
         monkeypatch.setattr(_Zygote, "retire", late)
+        monkeypatch.setattr(_Zygote, "send", sending)
         with ThreadPoolExecutor(1) as pool:
             job = pool.submit(_run, r, "gated:zygote")
             held = gate.held()
