@@ -55,6 +55,8 @@ class Host(Protocol):
     accept_queick_clients: bool
     read_buffer: memoryview  # what every connection of the loop reads into (see get_buffer)
 
+    def opened(self, c: Connection) -> None: ...  # c is set up: it joins `connections`
+
 PREAUTH_MAX_LINE = 4096  # bytes per line before the token is given: a hello is small
 MAX_BAD_TOKENS = 3  # wrong tokens on one connection before it is closed
 BAD_TOKEN_DELAY = 0.5  # seconds before a wrong token is answered: guessing costs time
@@ -128,6 +130,7 @@ class Connection(asyncio.BufferedProtocol):
         self.pending: deque[bytes | tuple[asyncio.Future, Callable[[asyncio.Future, Any], bytes], Any]] = deque()
         self.authed = server.service.token is None
         self.transport: asyncio.Transport | None = None
+        self.opened = False  # connection_made has run (the server counts it as open)
         self.closing = False
         self._hooked: asyncio.Future | None = None
         self._reading_paused = False
@@ -149,8 +152,9 @@ class Connection(asyncio.BufferedProtocol):
     # --- asyncio callbacks ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.opened = True
         server = self.server
-        server.connections.add(self)
+        server.opened(self)
         if server.hello_timeout:
             self._hello_timer = self.loop.call_later(server.hello_timeout, self._hello_expired)
 

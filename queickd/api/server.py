@@ -87,7 +87,10 @@ class Server:
         self.address: tuple[str, int] | None = None
         self.drained: asyncio.Event | None = None  # set when the last connection closes at shutdown
         self._listeners: list[socket.socket] = []
-        self._opening = 0  # accepted, transport not made yet: they count toward the cap
+        # Accepted, not yet in `connections`: they count toward the cap. A connection leaves
+        # this count when it joins `connections` (opened()), in the same step: counted in
+        # both for a moment, it had a client within the cap refused, and one past it served.
+        self._opening = 0
         self._closed = False
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -166,14 +169,25 @@ class Server:
         conn.close()
 
     async def _open(self, conn: socket.socket) -> None:
+        made: list[Connection] = []
+
+        def connection() -> Connection:
+            made.append(Connection(self))
+            return made[0]
+
         try:
             conn.setblocking(False)
-            await self.loop.connect_accepted_socket(lambda: Connection(self), conn)  # type: ignore[union-attr]
+            await self.loop.connect_accepted_socket(connection, conn)  # type: ignore[union-attr]
         except Exception as e:
             log.debug("could not set up an accepted connection: %s", e)
             conn.close()
-        finally:
-            self._opening -= 1
+            if not (made and made[0].opened):
+                self._opening -= 1
+
+    def opened(self, c: Connection) -> None:
+        """An accepted connection is set up (its connection_made): it is served now."""
+        self.connections.add(c)
+        self._opening -= 1
 
     def _resume_accepting(self, lsock: socket.socket) -> None:
         if not self._closed:
