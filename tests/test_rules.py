@@ -143,10 +143,14 @@ def test_an_event_waits_in_the_outbox_until_there_is_room(start_daemon):
 def test_events_of_one_key_become_jobs_in_the_order_accepted_even_when_room_comes_between(start_daemon):
     d = start_daemon(None, "--max-queued-per-key", "1", "--sweep", "0.5")
     with d.client() as q:
+        # The key is paused until tap-b is in: had the outbox delivered tap-a (it may, once
+        # there is room) and its job run before tap-b came, tap-b would find room of its own.
+        q.pause("reader")
         blocker = q.enqueue("testjobs:noop", key="reader", delay=3600)
         assert q.emit_event("tap-a", "testjobs:add", args=(1, 1), key="reader")["state"] == "pending"
         q.cancel(blocker)  # room for one: the later tap must not take it
         assert q.emit_event("tap-b", "testjobs:add", args=(2, 2), key="reader")["state"] == "pending"
+        q.resume("reader")
         first = int(d.wait_for_line(r"event tap-a delivered from the outbox as job (\d+)").group(1))
         second = int(d.wait_for_line(r"event tap-b delivered from the outbox as job (\d+)").group(1))
         assert first < second
