@@ -42,6 +42,12 @@ def _churn(s: SQLiteStore, passes: int) -> None:
             running = s.claim_available(1, T0)
 
 
+def _wal_restarts(db: str) -> int:
+    """The WAL header's checkpoint sequence number: SQLite adds one each time the WAL starts over."""
+    with open(db + "-wal", "rb") as f:
+        return struct.unpack(">I", f.read(16)[12:16])[0]
+
+
 def test_frames_waiting_are_the_last_frame_less_those_copied():
     assert frames_waiting(_index(1500, 400)) == 1100
     assert frames_waiting(_index(400, 400)) == 0
@@ -95,12 +101,15 @@ def test_the_wal_starts_over_at_the_backstop_while_the_thread_checkpoints(store,
     monkeypatch.setattr(sqlite_checkpoint, "LOOK_EVERY", 4)
     monkeypatch.setattr(store._checkpointer, "_target", 40)
     store._writer().execute("PRAGMA wal_autocheckpoint=160")  # a backstop of 4 targets, scaled down
+    restarts = _wal_restarts(store.path)
     _churn(store, 1500)  # some 9,000 frames written
-    frames = os.path.getsize(store.path + "-wal") // (4096 + 24)
-    # The WAL started over again and again: at the backstop, give or take the commits made
-    # while a checkpoint of the thread kept the writer's own from copying the last frames.
-    # (A statement of the thread left open would hold a snapshot: it never would.)
-    assert frames < 1000
+    # The WAL started over again and again (a statement of the thread left open would hold
+    # a snapshot: it never would). Its size is its longest run between two restarts: the
+    # backstop, plus what the writer committed while a checkpoint of the thread kept its
+    # own from copying, which grows with the machine's commit rate (1,000-1,900 frames at
+    # 13,000 commits/s).
+    assert _wal_restarts(store.path) - restarts >= 5
+    assert os.path.getsize(store.path + "-wal") // (4096 + 24) < 3000
     assert store._checkpointer.copying >= 1
 
 
