@@ -13,7 +13,7 @@ import math
 import re
 from typing import Any
 
-from . import fields, sandbox
+from . import fields, jsontext, sandbox
 from . import retry as retry_mod
 from .cron import LATEST, finite_number, parse_schedule, schedule_to_dict
 from .job import DEFAULT_POOL, NewJob
@@ -135,6 +135,7 @@ def _no_constant(name: str) -> Any:
 
 # Strict JSON: NaN, Infinity and 1e999 would be stored as non-JSON and break readers.
 _decoder = json.JSONDecoder(parse_float=_finite, parse_constant=_no_constant)
+_loads = jsontext.loader(_decoder)
 
 
 def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
@@ -153,7 +154,7 @@ def decode_line(line: bytes | str) -> dict[str, Any]:
     """One line (no newline) to a request dict, or QueueError(bad_request)."""
     try:
         text = line if isinstance(line, str) else line.decode("utf-8")
-        obj = _decoder.decode(text)
+        obj = _loads(text)
     except UnicodeDecodeError:
         raise bad("request is not UTF-8") from None
     except ValueError as e:
@@ -181,21 +182,15 @@ def decode_line(line: bytes | str) -> dict[str, Any]:
     return obj
 
 
-# One encoder and one reply decoder, built once: json.dumps with options builds an encoder
-# per call, which cost more than the encoding of a small message.
-_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
-_reply_decoder = json.JSONDecoder()
-
-
 def encode(message: dict[str, Any]) -> bytes:
     """A request or reply as one line."""
-    return _encoder.encode(message).encode() + b"\n"
+    return (jsontext.dumps(message) + "\n").encode()
 
 
 def decode_reply(line: bytes) -> dict[str, Any]:
     """A reply line from the daemon (the client side); ValueError if it is not a JSON
     object (a port that is not queickd's may answer anything)."""
-    reply = _reply_decoder.decode(line.decode())
+    reply = jsontext.loads(line[:-1].decode() if line.endswith(b"\n") else line.decode())
     if not isinstance(reply, dict):
         raise ValueError(f"the reply is JSON but not an object: {line[:80]!r}")
     return reply

@@ -10,16 +10,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..core import fields
+from ..core import fields, jsontext
 from ..core import retry as retry_mod
 from ..core.job import Job, NewJob, State
 from .records import CronRecord, Pause
 
+dumps = jsontext.dumps  # the stores' JSON text (args, kwargs, results, errors)
+
 EVENT_COLS = "event_id, state, func, key, created_at, attempts, next_attempt_at, job_id, last_error"
 
 
-def dumps(v: Any) -> str:
-    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
 
 
 # --- derived from the job record's declaration (core/fields.py) ------------------------------
@@ -36,7 +36,7 @@ _ENCODE = {
     "retry": "dumps({v}.to_dict()) if {v} else None",
     "bool": "{v}",  # sqlite3 binds a bool as 0/1; PostgreSQL's column is boolean
 }
-_NS = {"loads": json.loads, "dumps": dumps, "spec_from_dict": retry_mod.spec_from_dict, "Job": Job}
+_NS = {"loads": jsontext.loads, "dumps": dumps, "spec_from_dict": retry_mod.spec_from_dict, "Job": Job}
 # PostgreSQL array types of the insert's unnest, by declared SQL type.
 _PG_ARRAY = {"BIGINT": "bigint[]", "INTEGER": "int[]", "REAL": "float8[]", "TEXT": "text[]",
              "BOOLEAN": "bool[]"}

@@ -1,0 +1,49 @@
+"""JSON text as queickd writes and reads it: compact, non-ASCII kept, and one call into
+CPython's C encoder or scanner per value.
+
+`json.dumps` with options builds a JSONEncoder per call, and `JSONEncoder.encode` and
+`JSONDecoder.decode` wrap the C code in Python layers (an encoder object made per call,
+a regular expression matched for whitespace on each side): 0.5-1 µs of a small value's
+1.2 µs to encode and 0.7 µs to decode, paid per request line, reply and stored job. The
+output and the errors are the standard library's: a text that the scanner alone does not
+take whole (surrounding whitespace, extra data, no JSON at all) goes through `decode`,
+which accepts it or says what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from json import encoder as _encoder_module
+from typing import Any
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # its default() and the fallback
+_make_encoder = _encoder_module.c_make_encoder  # None without the C accelerator
+_encode_str = _encoder_module.encode_basestring  # non-ASCII kept (ensure_ascii=False)
+
+
+def dumps(value: Any) -> str:
+    """`json.dumps(value, separators=(",", ":"), ensure_ascii=False)`."""
+    if _make_encoder is None:
+        return _ENCODER.encode(value)
+    # A new C encoder each call, as json does: its circular-reference marks ({}) are per call.
+    return "".join(_make_encoder({}, _ENCODER.default, _encode_str, None, ":", ",", False, False, True)(value, 0))
+
+
+def loader(decoder: json.JSONDecoder) -> Callable[[str], Any]:
+    """`decoder.decode`, calling its C scanner alone for a text that is one JSON value with
+    nothing around it."""
+    scan = decoder.scan_once
+    decode = decoder.decode
+
+    def loads(text: str) -> Any:
+        try:
+            value, end = scan(text, 0)
+        except StopIteration:  # no value starts at 0: whitespace first, or not JSON
+            return decode(text)
+        return value if end == len(text) else decode(text)
+
+    return loads
+
+
+loads = loader(json.JSONDecoder())  # json.loads of a str
