@@ -9,10 +9,15 @@ generations, and now and then a full collection walked the whole heap: every mod
 with the memory store every stored job. That was a third of a batch's CPU in the daemon
 on SQLite and half of it on the memory store (bench/README.md, "The collector").
 
-Two changes, nothing disabled: the young generation is collected every YOUNG_THRESHOLD
-net allocations (a collection that finds them all alive takes about 0.3 ms), and what the
-process holds once it is set up (its modules, its configuration) is frozen out of later
-collections. Reference cycles are still freed, by the collector's own schedule.
+Two changes, nothing disabled, made once the process is set up (its store open, its app's
+modules loaded, its threads started): the young generation is collected every
+YOUNG_THRESHOLD net allocations (a collection that finds them all alive takes about
+0.3 ms), and what the process holds then is frozen out of later collections. A frozen
+object is never collected, so nothing temporary may be alive at that point: a reference
+cycle among frozen objects dropped later stays in memory. Cycles made after it are freed
+by the collector's own schedule, later than before in allocations: the jobs a daemon runs
+in threads share the setting, so a cycle holding a job's data (an exception's traceback
+kept by a local) waits for up to YOUNG_THRESHOLD allocations, not 700.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ YOUNG_THRESHOLD = 20_000  # net container allocations between young collections 
 
 
 def tune_for_server() -> None:
-    """Collect the young generation less often, and freeze what exists now (call it once
-    the process has imported and configured what it serves with)."""
+    """Collect the young generation less often, and freeze what exists now: call it once,
+    when the process is set up and serving has not begun."""
     _, middle, oldest = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, middle, oldest)
     gc.collect()  # garbage made while setting up is freed, not frozen

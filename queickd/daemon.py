@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from . import __version__
+from . import __version__, collector
 from .api.hooks import parse_hooks
 from .api.server import Server
 from .api.service import QueueService
@@ -399,6 +399,7 @@ class Daemon:
             signal.signal(sig, lambda *_: None)  # the byte in the pipe is what counts
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where is it stuck?
         self.start()
+        collector.tune_for_server()  # set up: what it holds now lives as long as it does
         sdnotify.notify("READY=1")
         sdnotify.start_watchdog(lambda: self.scheduler.alive, self._stop)
         while not self._stop.is_set():

@@ -61,3 +61,13 @@ def test_a_loader_keeps_its_decoders_hooks():
         loads('{"x": 1e999}')
     with pytest.raises(ValueError, match="too big: 2.5"):
         loads(' [2.5]')  # by the fallback too
+
+
+@pytest.mark.parametrize("data", [b'{"a": [1, "\xc3\xa9"]}', bytearray(b"[1, 2]"), '{"a": 1}'.encode("utf-16")])
+def test_loads_takes_bytes_as_json_loads_does(data):
+    assert jsontext.loads(data) == json.loads(data)
+
+
+def test_loads_refuses_a_byte_order_mark_as_json_loads_does():
+    with pytest.raises(json.JSONDecodeError, match="Unexpected UTF-8 BOM"):
+        jsontext.loads('\ufeff{"a": 1}')

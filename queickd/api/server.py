@@ -181,7 +181,8 @@ class Server:
         except Exception as e:
             log.debug("could not set up an accepted connection: %s", e)
             conn.close()
-            if not (made and made[0].opened):
+        finally:
+            if not (made and made[0].opened):  # it never joined `connections` (opened())
                 self._opening -= 1
 
     def opened(self, c: Connection) -> None:

@@ -14,8 +14,8 @@ import sys
 import time
 from typing import TypeVar
 
-from .. import collector, log
 from .. import config as config_file
+from .. import log
 from ..daemon import Daemon
 from ..settings import EX_VERSION, Config
 from ..store.pgschema import VersionMismatchError
@@ -35,7 +35,6 @@ def run_daemon(a: argparse.Namespace) -> int:
     try:
         log.setup(a.log_level)  # QUEICKD_LOG_LEVEL skips the flag's choices: ValueError
         daemon = Daemon(given(Config, a))
-        collector.tune_for_server()  # its modules and settings are loaded: they live as long as it
         finished = daemon.run_forever()
     except DamagedStoreError as e:  # restarting cannot mend the file: EX_CONFIG, not retried
         print(f"queick: cannot start: {e}", file=sys.stderr)
@@ -67,7 +66,6 @@ def run_worker(a: argparse.Namespace) -> int:
     try:
         log.setup(a.log_level)
         config = given(WorkerConfig, a)
-        collector.tune_for_server()
         if a.config:  # the daemons' file: its [budgets] (made the database's) and budget-patience
             values = config_file.load(a.config, {f.name for f in dataclasses.fields(Config)})
             config.budgets = values.get("budgets", {})

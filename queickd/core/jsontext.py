@@ -46,4 +46,12 @@ def loader(decoder: json.JSONDecoder) -> Callable[[str], Any]:
     return loads
 
 
-loads = loader(json.JSONDecoder())  # json.loads of a str
+_plain_loads = loader(json.JSONDecoder())
+
+
+def loads(s: str | bytes | bytearray) -> Any:
+    """`json.loads(s)`: a str by the scanner alone, anything else (bytes, a str starting
+    with a byte-order mark, which json refuses by name) as json.loads takes it."""
+    if type(s) is str and not s.startswith("\ufeff"):
+        return _plain_loads(s)
+    return json.loads(s)

@@ -20,7 +20,7 @@ import signal
 import threading
 from collections.abc import Callable
 
-from .. import __version__
+from .. import __version__, collector
 from ..core import sandbox
 from ..core.policy.resources import parse as parse_resources
 from ..run.loader import FunctionLoader
@@ -102,6 +102,7 @@ def run(config: WorkerConfig) -> int:
         log.info("queickd %s worker serving pool(s) %s with %d workers (heartbeat %.1f s, pid %d)",
                  __version__, ",".join(config.pool), config.workers, config.heartbeat, os.getpid())
         runner.announce()
+        collector.tune_for_server()  # set up: what it holds now lives as long as it does
         _wait_for_signal(stop, on_hup=lambda: (loader.reload(), runner.reload()))
         pool.stop_claiming()
         log.info("stopping: no new claims; waiting up to %.0f s for running jobs", config.stop_timeout)

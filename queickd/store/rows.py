@@ -20,8 +20,6 @@ dumps = jsontext.dumps  # the stores' JSON text (args, kwargs, results, errors)
 EVENT_COLS = "event_id, state, func, key, created_at, attempts, next_attempt_at, job_id, last_error"
 
 
-
-
 # --- derived from the job record's declaration (core/fields.py) ------------------------------
 # How a stored value is decoded from its column `r` (an expression) and encoded from a value `v`.
 _DECODE = {
