@@ -17,7 +17,8 @@ object is never collected, so nothing temporary may be alive at that point: a re
 cycle among frozen objects dropped later stays in memory. Cycles made after it are freed
 by the collector's own schedule, later than before in allocations: the jobs a daemon runs
 in threads share the setting, so a cycle holding a job's data (an exception's traceback
-kept by a local) waits for up to YOUNG_THRESHOLD allocations, not 700.
+kept by a local) waits for up to YOUNG_THRESHOLD allocations, not 700. (`gc.get_objects()`
+does not list frozen objects: a debugging look at the heap calls `gc.unfreeze()` first.)
 """
 
 from __future__ import annotations

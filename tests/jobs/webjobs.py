@@ -19,6 +19,7 @@ def stop_scheduler():
     so a test can watch /healthz notice a dead scheduler."""
     from queickd.services.scheduler import Scheduler
 
+    gc.unfreeze()  # the daemon froze what it held once started: get_objects does not list that
     schedulers = [o for o in gc.get_objects() if isinstance(o, Scheduler)]
     for s in schedulers:
         s.stop()
