@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -101,3 +102,45 @@ def test_a_daemon_serves_the_pool_its_file_names(start_daemon, tmp_path):
     d = start_daemon("memory://", "--config", write(tmp_path, 'pool = "gpu"\n'), workers=2)
     with d.client() as q:
         assert q.stats()["pools"] == {"gpu": {"waiting": 0, "workers": 2}}
+
+
+# --- a configuration error says where the bad value came from ------------------------------
+def _refused(argv, tmp_path, store=None, **env):
+    store = store or f"sqlite:///{tmp_path / 'q.db'}"
+    r = subprocess.run([sys.executable, "-m", "queickd", *argv, "--store", store],
+                       capture_output=True, text=True, timeout=60,
+                       env={k: v for k, v in {**os.environ, **env}.items() if not k.startswith("QUEICKD_") or k in env})
+    assert r.returncode == EX_CONFIG, r.stderr
+    return r.stderr.strip().splitlines()[-1]
+
+
+def test_a_bad_value_from_a_flag_is_named_with_its_flag(tmp_path):
+    assert _refused(["run", "--workers", "-1"], tmp_path) == \
+        "queick: configuration error: workers must be 0 or more (workers = -1 from the flag --workers)"
+
+
+def test_an_abbreviated_flag_is_named_by_its_whole_name(tmp_path):
+    assert _refused(["run", "--work", "-1"], tmp_path).endswith("(workers = -1 from the flag --workers)")
+
+
+def test_a_bad_value_from_the_environment_is_named_with_its_variable(tmp_path):
+    assert _refused(["run"], tmp_path, QUEICKD_WORKERS="-1").endswith("(workers = -1 from QUEICKD_WORKERS)")
+
+
+def test_a_bad_value_from_the_config_file_is_named_with_the_file(tmp_path):
+    path = write(tmp_path, "max_queued = 0\n")
+    assert _refused(["run", "--config", path], tmp_path).endswith(f"(max_queued = 0 from {path})")
+
+
+def test_an_external_workers_bad_value_is_named_too(tmp_path):
+    # Checked before it connects: no database needs to answer at this address.
+    line = _refused(["worker", "--heartbeat", "0"], tmp_path, store="postgresql://127.0.0.1:1/none")
+    assert line.endswith("(heartbeat = 0.0 from the flag --heartbeat)")
+
+
+def test_settings_left_at_their_defaults_are_not_named(tmp_path):
+    # The file sets the one bad value; the other settings the message names keep their defaults.
+    path = write(tmp_path, "event_max_attempts = 0\n")
+    line = _refused(["run", "--config", path], tmp_path)
+    assert line.endswith(f"(event_max_attempts = 0 from {path})")
+    assert "max_queued =" not in line and "max_queued_per_key =" not in line

@@ -53,9 +53,14 @@ def fmt_duration(seconds: float) -> str:
     return f"{s:g}s"
 
 
+def env_name(flag: str) -> str:
+    """QUEICKD_<FLAG>, the variable that gives `--flag` its default."""
+    return "QUEICKD_" + flag.lstrip("-").upper().replace("-", "_")
+
+
 def env(flag: str) -> str | None:
     """The value of QUEICKD_<FLAG> for `--flag`, or None."""
-    return os.environ.get("QUEICKD_" + flag.lstrip("-").upper().replace("-", "_"))
+    return os.environ.get(env_name(flag))
 
 
 class BadEnvironmentError(Exception):
@@ -103,9 +108,8 @@ def opt(p: argparse.ArgumentParser, flag: str, help: str, default: Any = None,
         try:
             value = value_env.split(",") if kw.get("action") == "append" else type(value_env)
         except (ValueError, argparse.ArgumentTypeError) as e:
-            raise BadEnvironmentError(p, f"QUEICKD_{flag.lstrip('-').upper().replace('-', '_')}="
-                                      f"{value_env!r}: {e}") from None
-    envname = "QUEICKD_" + flag.lstrip("-").upper().replace("-", "_")
+            raise BadEnvironmentError(p, f"{env_name(flag)}={value_env!r}: {e}") from None
+    envname = env_name(flag)
     shown_value = fmt_duration(default) if type is duration and default is not None else default
     shown = "" if default in (None, [], "") or kw.get("action") == "switch" else f" (default: {shown_value})"
     if kw.get("action") == "switch":

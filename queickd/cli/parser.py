@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import functools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from .. import __version__, log
@@ -18,7 +18,18 @@ from ..core.retry import POLICIES
 from ..settings import DEFAULT_HTTP_PORT, EX_VERSION
 from . import jobs as jobs_cmd
 from . import ops
-from .options import DEFAULTS, BadEnvironmentError, Repeatable, duration, env, json_arg, number, opt, truthy
+from .options import (
+    DEFAULTS,
+    BadEnvironmentError,
+    Repeatable,
+    duration,
+    env,
+    env_name,
+    json_arg,
+    number,
+    opt,
+    truthy,
+)
 from .remote import ClientCommand, run_client
 
 SUBCOMMANDS = ("run", "enqueue", "jobs", "show", "cancel", "retry", "stats", "crons", "cron", "dead", "purge",
@@ -154,7 +165,31 @@ def _with_config_file(p: argparse.ArgumentParser, args: list[str], a: argparse.N
             raise config_file.ConfigFileError(f"{a.config}: {name} must be one of {', '.join(act.choices)}")
         defaults[name] = v
     run.set_defaults(**defaults)
-    return p.parse_args(args)
+    ns = p.parse_args(args)
+    ns.in_file = frozenset(defaults) - frozenset(config_file.TABLES)  # the settings the file gave
+    return ns
+
+
+def _origins(command: argparse.ArgumentParser, args: Sequence[str], config: str | None,
+             in_file: Collection[str]) -> dict[str, str]:
+    """Where each setting of a command that starts a process came from, for those not left
+    at their defaults: its flag, its QUEICKD_* variable or the config file, in the order
+    they win. A configuration error names them (cli/run.py: configuration_error)."""
+    longs = {a.dest: [o for o in a.option_strings if o.startswith("--")] for a in command._actions}
+    every = {o for opts in longs.values() for o in opts}
+    typed = {tok.split("=", 1)[0] for tok in args if tok.startswith("--")}
+    out: dict[str, str] = {}
+    for dest, opts in longs.items():
+        if not opts or dest in ("help", "config"):
+            continue
+        # argparse takes a unique prefix of a long flag for the flag (--work for --workers)
+        if any(o == t or (t not in every and o.startswith(t)) for o in opts for t in typed):
+            out[dest] = f"the flag {opts[0]}"
+        elif env(opts[0]) is not None:
+            out[dest] = env_name(opts[0])
+        elif dest in in_file:
+            out[dest] = str(config)
+    return out
 
 
 def _client_flags(p: argparse.ArgumentParser) -> None:
@@ -452,6 +487,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     a = p.parse_args(args)
     if a.command == "run" and a.config:
         a = _with_config_file(p, args, a)
+    if a.command in STARTS_A_PROCESS:
+        command = next(act for act in p._subparsers._group_actions if act.dest == "command").choices[a.command]  # type: ignore[union-attr]
+        a.origins = _origins(command, args[1:], getattr(a, "config", None), getattr(a, "in_file", ()))
     return a
 
 

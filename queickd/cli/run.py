@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import socket
 import sqlite3
 import sys
@@ -31,6 +32,18 @@ def given(config_class: type[_C], a: argparse.Namespace) -> _C:
     return config_class(**{k: v for k, v in vars(a).items() if k in fields and v is not None})
 
 
+def configuration_error(a: argparse.Namespace, e: ValueError) -> str:
+    """The message of a configuration error, with where the settings it names came from
+    (a flag, a QUEICKD_* variable, the config file): a value set in a unit's environment
+    file is not where one looks first."""
+    message = str(e)
+    named = [f"{dest} = {getattr(a, dest, None)!r} from {origin}"
+             for dest, origin in getattr(a, "origins", {}).items()
+             if re.search(rf"(?<![\w-]){re.escape(dest)}(?![\w-])", message)
+             or "--" + dest.replace("_", "-") in message]
+    return f"queick: configuration error: {message}" + (f" ({'; '.join(named)})" if named else "")
+
+
 def run_daemon(a: argparse.Namespace) -> int:
     try:
         log.setup(a.log_level)  # QUEICKD_LOG_LEVEL skips the flag's choices: ValueError
@@ -40,7 +53,7 @@ def run_daemon(a: argparse.Namespace) -> int:
         print(f"queick: cannot start: {e}", file=sys.stderr)
         return EX_CONFIG
     except ValueError as e:
-        print(f"queick: configuration error: {e}", file=sys.stderr)
+        print(configuration_error(a, e), file=sys.stderr)
         return EX_CONFIG
     except VersionMismatchError as e:
         print(f"queick: {e}", file=sys.stderr)
@@ -75,7 +88,7 @@ def run_worker(a: argparse.Namespace) -> int:
                 raise config_file.ConfigFileError(f"{a.config}: budget_patience: {e}") from None
         return run(config)
     except ValueError as e:
-        print(f"queick: configuration error: {e}", file=sys.stderr)
+        print(configuration_error(a, e), file=sys.stderr)
         return EX_CONFIG
     except OSError as e:  # the database cannot be reached: systemd tries again later
         print(f"queick: cannot start: {e}", file=sys.stderr)
