@@ -5,6 +5,7 @@ environment."""
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -52,6 +53,13 @@ def func_name(func: Callable[..., Any] | str) -> str:
     """'module:function' for a function defined at the top level of an importable module."""
     if isinstance(func, str):
         return protocol.normalize_func(func)
+    try:
+        return _named(func)
+    except TypeError:  # unhashable: not a function, which _name_of says
+        return _name_of(func)
+
+
+def _name_of(func: Callable[..., Any]) -> str:
     module = getattr(func, "__module__", None)
     name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
     if not module or not name or "<" in name or "." in name:
@@ -62,6 +70,11 @@ def func_name(func: Callable[..., Any] | str) -> str:
             "it. Put job functions in a module of their own, as Queick required."
         )
     return f"{module}:{name}"
+
+
+# Looked up once per function (a third of building a job spec): a program enqueues a
+# handful of functions, many times. Errors are not kept: each call raises again.
+_named = functools.lru_cache(maxsize=1024)(_name_of)
 
 
 def reply_error(reply: dict[str, Any]) -> QueueError:
