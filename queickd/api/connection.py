@@ -243,23 +243,27 @@ class Connection(asyncio.BufferedProtocol):
         max_pending = self.server.max_pending
         group: list[Any] | None = None  # [requests, future, open run] of this read's enqueues
         start = 0
+        buf = self.buf
+        max_line = self._max_line()  # again after each line until the token is given
         while len(self.pending) < max_pending:
-            nl = self.buf.find(b"\n", start)
+            nl = buf.find(b"\n", start)
             if nl < 0:
                 break
-            line = bytes(self.buf[start:nl])
+            line = buf[start:nl]  # a copy; _handle decodes it, nothing keeps it
             start = nl + 1
-            if len(line) > self._max_line():
+            if len(line) > max_line:
                 self._refuse_oversized()
                 break
             if line.endswith(b"\r"):
                 line = line[:-1]
             if line.strip():
                 group = self._handle(line, group)
-                if self.svc.token is None:
+                if self._hello_timer is not None and self.svc.token is None:
                     self._shown()
                 if self.closing:
                     break
+                if max_line == PREAUTH_MAX_LINE:
+                    max_line = self._max_line()
         if not self.closing:
             del self.buf[:start]
             more = self.buf.find(b"\n") >= 0

@@ -34,11 +34,12 @@ DEFAULTABLE = frozenset(fields.TEMPLATE_WIRE - {"func", "args", "kwargs"})
 class Resources:
     defaults: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # func -> {field: value}
     limits: Limits = NO_LIMITS
+    # Is there anything to apply? (Without, enqueue skips apply().) Kept, not computed: it
+    # is asked once per request.
+    active: bool = dataclasses.field(init=False, compare=False, repr=False)
 
-    @property
-    def active(self) -> bool:
-        """Is there anything to apply? (Without, enqueue skips apply().)"""
-        return bool(self.defaults) or self.limits.any
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "active", bool(self.defaults) or self.limits.any)
 
     def apply(self, job: NewJob) -> NewJob:
         """The job with its function's defaults for the fields it left at theirs, checked."""
