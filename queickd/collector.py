@@ -6,7 +6,7 @@ objects. An `enqueue_many` of 1,000 jobs makes about 4,000 (the decoded request,
 its argument containers each), all alive until its commit: every batch paid for some six
 young collections that freed nothing, its survivors were scanned again in the older
 generations, and now and then a full collection walked the whole heap: every module, and
-with the memory store every stored job. That was a third of a batch's CPU in the daemon
+with the memory store every stored job. That was a sixth of a batch's CPU in the daemon
 on SQLite and half of it on the memory store (bench/README.md, "The collector").
 
 Two changes, nothing disabled, made once the process is set up (its store open, its app's
