@@ -186,9 +186,12 @@ class Server:
                 self._opening -= 1
 
     def opened(self, c: Connection) -> None:
-        """An accepted connection is set up (its connection_made): it is served now."""
+        """An accepted connection is set up (its connection_made): it is served now, or,
+        accepted before a shutdown began and set up after, closed as the others were."""
         self.connections.add(c)
         self._opening -= 1
+        if self._closed:
+            c.begin_close()
 
     def _resume_accepting(self, lsock: socket.socket) -> None:
         if not self._closed:
