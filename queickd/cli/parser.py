@@ -131,9 +131,14 @@ def _sandbox_flags(p: argparse.ArgumentParser) -> None:
         action="append")
 
 
+def _command(p: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of the command `name` (its flags and their defaults)."""
+    return next(act for act in p._subparsers._group_actions if act.dest == "command").choices[name]  # type: ignore[union-attr]
+
+
 def _with_config_file(p: argparse.ArgumentParser, args: list[str], a: argparse.Namespace) -> argparse.Namespace:
     """Parse again with the config file's settings as defaults (below env and flags)."""
-    run = next(act for act in p._subparsers._group_actions if act.dest == "command").choices["run"]  # type: ignore[union-attr]
+    run = _command(p, "run")
     dests = {act.dest: act for act in run._actions}
     values = config_file.load(a.config, dests)
     defaults: dict[str, Any] = {}
@@ -488,8 +493,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if a.command == "run" and a.config:
         a = _with_config_file(p, args, a)
     if a.command in STARTS_A_PROCESS:
-        command = next(act for act in p._subparsers._group_actions if act.dest == "command").choices[a.command]  # type: ignore[union-attr]
-        a.origins = _origins(command, args[1:], getattr(a, "config", None), getattr(a, "in_file", ()))
+        a.origins = _origins(_command(p, a.command), args[1:], getattr(a, "config", None), getattr(a, "in_file", ()))
     return a
 
 
