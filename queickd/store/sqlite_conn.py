@@ -31,7 +31,6 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
 
 from . import sqlite_check, sqlite_schema
 from .records import StoreInUseError
@@ -223,6 +222,9 @@ class SQLiteFile:
         durable once the write lock is released."""
         if self.path == ":memory:":  # a second connection would be another, empty database
             return self._conn()
+        c = self._w  # made once, under _all_lock; read without it by every transaction
+        if c is not None:
+            return c
         with self._all_lock:
             c = self._w
             if c is None:
@@ -250,22 +252,7 @@ class SQLiteFile:
         inside = getattr(self._local, "batch_conn", None)
         if inside is not None:  # inside batch(): its transaction is ours (a pass makes several calls)
             return contextlib.nullcontext(inside)
-        return self._transaction(bookkeeping, defer_flush)
-
-    @contextlib.contextmanager
-    def _transaction(self, bookkeeping: bool, defer_flush: bool) -> Iterator[sqlite3.Connection]:
-        if self.read_only:
-            self._leave_read_only()  # DiskFullError while there is no room
-        c = self._writer()
-        with self._write_lock:
-            with sqlite_schema.immediate(c):
-                yield c
-            if self._flusher is not None:
-                self._flusher.written()
-            if self._checkpointer is not None:
-                self._checkpointer.committed()
-        if not (bookkeeping or defer_flush):
-            self.flush()
+        return _Transaction(self, bookkeeping, defer_flush, False)
 
     def flush(self) -> None:
         """Make every commit made so far durable (at durability "full"; else nothing to
@@ -295,17 +282,10 @@ class SQLiteFile:
             pass  # a full disk: the lock holds all the same, only the pid is not shown
         self._lock_fd = fd
 
-    @contextlib.contextmanager
-    def batch(self, bookkeeping: bool = False, defer_flush: bool = False) -> Iterator[None]:
+    def batch(self, bookkeeping: bool = False, defer_flush: bool = False) -> contextlib.AbstractContextManager[None]:
         if getattr(self._local, "batch_conn", None) is not None:
-            yield
-            return
-        with self._write(bookkeeping, defer_flush) as c:
-            self._local.batch_conn = c
-            try:
-                yield
-            finally:
-                self._local.batch_conn = None
+            return contextlib.nullcontext()
+        return _Transaction(self, bookkeeping, defer_flush, True)
 
     def integrity_check(self) -> str:
         """'ok', or what SQLite's quick_check found wrong."""
@@ -331,3 +311,58 @@ class SQLiteFile:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the daemon's lock
             self._lock_fd = None
+
+
+class _Transaction:
+    """SQLiteFile's write transaction (see _write; `batch`: the calls made inside it on this
+    thread join it). Under the write lock: BEGIN IMMEDIATE, the body, COMMIT, or on any
+    error a rollback (SQLite may already have rolled back: disk full, I/O error) with the
+    first error raised. A class, not generators: a pass or a commit of submits enters it
+    every time, and the four nested generator context managers it replaced cost more than
+    BEGIN and COMMIT of a small transaction together."""
+
+    __slots__ = ("file", "bookkeeping", "defer_flush", "batch", "conn")
+
+    def __init__(self, file: SQLiteFile, bookkeeping: bool, defer_flush: bool, batch: bool) -> None:
+        self.file = file
+        self.bookkeeping = bookkeeping
+        self.defer_flush = defer_flush
+        self.batch = batch
+
+    def __enter__(self) -> sqlite3.Connection:
+        f = self.file
+        if f.read_only:
+            f._leave_read_only()  # DiskFullError while there is no room
+        c = self.conn = f._writer()
+        f._write_lock.acquire()
+        try:
+            c.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            f._write_lock.release()
+            raise
+        if self.batch:
+            f._local.batch_conn = c
+        return c
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
+        f, c = self.file, self.conn
+        try:
+            if self.batch:
+                f._local.batch_conn = None
+            if kind is None:
+                try:
+                    c.execute("COMMIT")
+                except BaseException:
+                    sqlite_schema.roll_back(c)
+                    raise
+                if f._flusher is not None:
+                    f._flusher.written()
+                if f._checkpointer is not None:
+                    f._checkpointer.committed()
+            else:
+                sqlite_schema.roll_back(c)
+        finally:
+            f._write_lock.release()
+        if kind is None and not (self.bookkeeping or self.defer_flush):
+            f.flush()
+

@@ -191,10 +191,15 @@ def immediate(c: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         yield c
         c.execute("COMMIT")
     except BaseException:
-        if c.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                c.execute("ROLLBACK")
+        roll_back(c)
         raise
+
+
+def roll_back(c: sqlite3.Connection) -> None:
+    """After an error in a transaction: leave none open, hiding no error of the caller's."""
+    if c.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            c.execute("ROLLBACK")
 
 
 _WORKFLOWS = """
