@@ -136,6 +136,24 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
         claimed = store.claim_available(10, T0)
         assert [j.id for j in claimed] == [d.job_id, b.job_id, c.job_id, a.job_id]
 
+    def test_claim_takes_jobs_with_and_without_a_group_in_one_queue_order(self, store):
+        spec = [(1, None, 0), (0, "g", 3), (0, None, 5), (-1, "h", 1), (0, "g", 1), (1, "h", 0), (0, None, 1)]
+        subs = store.submit([job(priority=p, run_at=T0 - ago, concurrency_group=g, concurrency_limit=9 if g else None)
+                             for p, g, ago in spec], T0)  # (priority, group, seconds before T0)
+        queue_order = sorted(range(len(spec)), key=lambda i: (spec[i][0], -spec[i][2], subs[i].job_id))
+        claimed = [j.id for _ in spec for j in store.claim_available(1, T0)]
+        assert claimed == [subs[i].job_id for i in queue_order]
+
+    def test_a_claim_that_passes_over_held_keys_keeps_one_queue_order_across_groups(self, store):
+        store.submit([job(key="k")], T0)
+        store.claim_available(1, T0)  # k is held while its job runs: its queued jobs are passed over
+        spec = [("k" if i % 3 == 0 else None, "g" if i % 2 else None, (i * 7) % 5, i % 4) for i in range(40)]
+        subs = store.submit([job(key=k, concurrency_group=g, concurrency_limit=100 if g else None, priority=p,
+                                 run_at=T0 - ago) for k, g, p, ago in spec], T0)
+        free = sorted((i for i in range(len(spec)) if spec[i][0] is None),
+                      key=lambda i: (spec[i][2], -spec[i][3], subs[i].job_id))
+        assert [j.id for j in store.claim_available(len(spec), T0)] == [subs[i].job_id for i in free]
+
     def test_claim_respects_the_limit(self, store):
         store.submit([job() for _ in range(5)], T0)
         assert len(store.claim_available(2, T0)) == 2

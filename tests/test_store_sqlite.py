@@ -56,7 +56,7 @@ def test_a_store_written_by_a_newer_version_is_refused(tmp_path):
         SQLiteStore(path)
 
 
-def test_claim_walks_the_queue_index_without_sorting(tmp_path):
+def test_claim_merges_the_two_queue_order_indexes_without_sorting(tmp_path):
     s = SQLiteStore(str(tmp_path / "q.db"))
     s.submit([job() for _ in range(100)], T0)
     c = s._writer()  # claims run on the writing connection
@@ -68,7 +68,8 @@ def test_claim_walks_the_queue_index_without_sorting(tmp_path):
     c.set_trace_callback(None)
     claim = next(q for q in sql if "state = 'queued'" in q and q.startswith("SELECT"))
     plan = " ".join(str(r) for r in c.execute("EXPLAIN QUERY PLAN " + claim))
-    assert "jobs_queued" in plan and "TEMP B-TREE" not in plan
+    assert "MERGE (UNION ALL)" in plan and "TEMP B-TREE" not in plan  # the two walks merged, not sorted
+    assert "USING INDEX jobs_queued_plain" in plan and "USING INDEX jobs_queued_grouped" in plan
     s.close()
 
 

@@ -24,7 +24,7 @@ from .pools import set_pool_sql
 from .records import CronFire, CronRecord, Finished, Recovered
 from .sqlite_conn import SQLiteFile, insert_rows
 from .sqlite_schema import SCHEMA_VERSION, SchemaTooNewError
-from .sqliteclaim import SqliteClaims
+from .sqliteclaim import SqliteClaims, queue_order
 from .sqlshared import STREAK, SharedSql, filters
 from .wfsql import SqlWorkflows
 
@@ -118,8 +118,8 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
     def park_for_network(self, now: float) -> int:
         with self._write() as c:
             return c.execute(
-                "UPDATE jobs INDEXED BY jobs_queued SET state = 'waiting_network'"
-                " WHERE state = 'queued' AND retry_on_network = 1"
+                "UPDATE jobs SET state = 'waiting_network' WHERE id IN"
+                f" ({queue_order('id', ' AND retry_on_network = 1')})"
             ).rowcount
 
     def release_network_waiting(self, now: float) -> int:
@@ -324,8 +324,7 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
 
     def oldest_queued_at(self) -> float | None:
         """For monitoring: the earliest run_at among `queued` jobs."""
-        return self._conn().execute(
-            "SELECT min(run_at) FROM jobs INDEXED BY jobs_queued WHERE state = 'queued'").fetchone()[0]
+        return self._conn().execute(f"SELECT min(run_at) FROM ({queue_order('run_at')})").fetchone()[0]
 
     def oldest_pending_event_at(self) -> float | None:
         """For monitoring: when the oldest pending outbox event was created."""

@@ -18,8 +18,8 @@ from ..core.job import Job
 from ..core.policy import claim
 from . import rows as dbrows
 
-# A claim with full groups reads, in place of jobs_queued, the queued jobs without a group
-# and those of each other group with a job waiting (found by a skip scan of
+# A claim with full groups reads, in place of the whole queue (queue_order), the queued jobs
+# without a group and those of each other group with a job waiting (found by a skip scan of
 # jobs_queued_group, one seek per group), merged in queue order: what it reads is bounded
 # by the groups, not by the full groups' backlog (sqlite_schema.py, 10). Each stream is an
 # index walk a page at a time, from the head and then after its last row: (priority,
@@ -74,19 +74,32 @@ def _past_full(c: sqlite3.Connection, mine: str, served: tuple, full: frozenset[
     return (r[1:] for r in rows)
 
 
-# The claim's first statement: the queue's first jobs (claim.ROW_COLS, `mine`: the pools
-# served) and whether anything is paused; _HEADS_TOTALS adds what runs in total
-# (claim.Totals: jobs, the least limit of a grouped one, and with budgets in force their
-# cost units, each at least 0 so that the sum bounds every pool's and group's).
-_HEADS = (f"SELECT {claim.ROW_COLS}, EXISTS (SELECT 1 FROM pauses) FROM jobs INDEXED BY jobs_queued"
-          " WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ?")
+
+def queue_order(cols: str, where: str = "") -> str:
+    """The queued jobs, `cols` of each (naming priority, run_at and id), for an ORDER BY
+    priority, run_at, id to follow: a compound of the two queue-order indexes, the jobs
+    without a group (jobs_queued_plain) and those with one (jobs_queued_grouped), which
+    SQLite merges walk by walk without sorting (each queued job is in one of the two:
+    sqlite_schema.py, 13). `where`: a further condition on both."""
+    return (f"SELECT {cols} FROM jobs INDEXED BY jobs_queued_plain WHERE state = 'queued'"
+            f" AND concurrency_group IS NULL{where} UNION ALL SELECT {cols} FROM jobs INDEXED BY"
+            f" jobs_queued_grouped WHERE state = 'queued' AND concurrency_group IS NOT NULL{where}")
+
+
+# The claim's first statement: the queue's first jobs (priority, claim.ROW_COLS; `mine`: the
+# pools served, its parameters given once per index walk) and whether anything is paused;
+# _HEADS_TOTALS adds what runs in total (claim.Totals: jobs, the least limit of a grouped
+# one, and with budgets in force their cost units, each at least 0 so that the sum bounds
+# every pool's and group's).
+_HEADS = queue_order(f"priority, {claim.ROW_COLS}, EXISTS (SELECT 1 FROM pauses)", "{mine}") + (
+    " ORDER BY priority, run_at, id LIMIT ?")
 _RUNNING_IN = "FROM jobs INDEXED BY jobs_running WHERE state = 'running'"
-_HEADS_TOTALS = (
-    f"SELECT {claim.ROW_COLS}, EXISTS (SELECT 1 FROM pauses), (SELECT count(*) {_RUNNING_IN}),"
+_HEADS_TOTALS = queue_order(
+    f"priority, {claim.ROW_COLS}, EXISTS (SELECT 1 FROM pauses), (SELECT count(*) {_RUNNING_IN}),"
     f" (SELECT min(CASE WHEN concurrency_limit THEN concurrency_limit ELSE 1 END) {_RUNNING_IN}"
     " AND concurrency_group IS NOT NULL),"
-    f" CASE WHEN ? THEN (SELECT total(max(coalesce(cost_units, 1.0), 0.0)) {_RUNNING_IN}) END"
-    " FROM jobs INDEXED BY jobs_queued WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ?")
+    f" CASE WHEN ? THEN (SELECT total(max(coalesce(cost_units, 1.0), 0.0)) {_RUNNING_IN}) END", "{mine}") + (
+    " ORDER BY priority, run_at, id LIMIT ?")
 
 
 def _mine(pools: int) -> str:
@@ -150,19 +163,17 @@ class SqliteClaims:
             # rows), and they start if each is within its group and its budgets.
             totalled = limits.any or self._grouped_heads
             sql = _heads_sql(totalled, 0 if served is None else len(served))
-            if totalled:
-                heads = c.execute(sql, (limits.any, *(served or ()), limit)).fetchall()
-            else:
-                heads = c.execute(sql, (*(served or ()), limit)).fetchall()
+            walk = (limits.any, *(served or ())) if totalled else tuple(served or ())
+            heads = c.execute(sql, (*walk, *walk, limit)).fetchall()  # the parameters of each index walk
             if not heads:
                 return []
-            paused = bool(heads[0][9])
-            first = [claim.Row._make(r[:9]) for r in heads]
-            ids = claim.plain(first, request, paused, claim.Totals(*heads[0][10:]) if totalled else None)
+            paused = bool(heads[0][10])
+            first = [claim.Row._make(r[1:10]) for r in heads]
+            ids = claim.plain(first, request, paused, claim.Totals(*heads[0][11:]) if totalled else None)
             if ids is not None:
-                self._grouped_heads = totalled and any(r[6] is not None for r in heads)
+                self._grouped_heads = totalled and any(r.concurrency_group is not None for r in first)
                 return self._start(c, ids, now, "")
-            self._grouped_heads = any(r[6] is not None for r in heads)  # concurrency_group
+            self._grouped_heads = any(r.concurrency_group is not None for r in first)
             if paused:
                 running = self._held(c, now)
             else:
@@ -206,11 +217,11 @@ class SqliteClaims:
                 more = offset == request.limit
             while more and not pick.done:
                 rows = c.execute(
-                    f"SELECT {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued"
-                    f" WHERE state = 'queued'{mine} ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
-                    (*params, page, offset),
+                    queue_order(f"priority, {claim.ROW_COLS}", mine)
+                    + " ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
+                    (*params, *params, page, offset),
                 ).fetchall()
-                pick.offer_all(map(claim.Row._make, rows))
+                pick.offer_all(claim.Row._make(r[1:]) for r in rows)
                 more = len(rows) == page
                 offset += page
         if not pick.chosen:
