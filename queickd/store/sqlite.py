@@ -90,8 +90,9 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
         ids = list(range(first, first + len(p.inserts)))
         counts: collections.Counter[str] = collections.Counter()
         for (insert, state_at), rows in zip(_INSERTS, dbrows.split_inserts(ids, p.inserts, now), strict=True):
-            insert_rows(c, insert, rows)
-            counts.update(row[state_at] for row in rows)
+            if rows:  # a lone job fills one of the shapes
+                insert_rows(c, insert, rows)
+                counts.update(row[state_at] for row in rows)
         for state, n in counts.items():
             c.execute("INSERT INTO state_counts VALUES (?, ?) ON CONFLICT (state) DO UPDATE SET n = n + excluded.n",
                       (state, n))
