@@ -24,6 +24,7 @@ does not list frozen objects: a debugging look at the heap calls `gc.unfreeze()`
 from __future__ import annotations
 
 import gc
+from typing import Any
 
 YOUNG_THRESHOLD = 20_000  # net container allocations between young collections (CPython: 700)
 
@@ -35,3 +36,11 @@ def tune_for_server() -> None:
     gc.set_threshold(YOUNG_THRESHOLD, middle, oldest)
     gc.collect()  # garbage made while setting up is freed, not frozen
     gc.freeze()
+
+
+def snapshot() -> dict[str, Any]:
+    """The collector as the daemon's stats show it: its thresholds (a server process set up
+    by tune_for_server has YOUNG_THRESHOLD first), how many objects are frozen out of its
+    collections, and the collections each generation has had since the start."""
+    return {"thresholds": list(gc.get_threshold()), "frozen": gc.get_freeze_count(),
+            "collections": [g["collections"] for g in gc.get_stats()]}

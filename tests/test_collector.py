@@ -1,5 +1,6 @@
 """The garbage collector's settings for server processes (queickd/collector.py). Each test
-runs in a fresh interpreter: the settings are process-wide, and pytest's own must not change."""
+runs in a fresh interpreter or a real daemon: the settings are process-wide, and pytest's
+own must not change."""
 
 from __future__ import annotations
 
@@ -7,6 +8,13 @@ import subprocess
 import sys
 
 from queickd.collector import YOUNG_THRESHOLD
+
+
+def _run_queick(*args: str) -> str:
+    r = subprocess.run([sys.executable, "-m", "queickd", *args], capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
 
 
 def _python(code: str) -> str:
@@ -43,3 +51,15 @@ def test_reference_cycles_are_still_freed_without_an_explicit_collect():
         "kept = [[i] for i in range(3 * collector.YOUNG_THRESHOLD)]\n"
         "print(freed == [True])\n")
     assert out == "True"
+
+
+
+def test_a_running_daemon_shows_its_collector_set_for_a_server_in_its_stats(client):
+    gc = client.stats()["collector"]
+    assert gc["thresholds"][0] == YOUNG_THRESHOLD and gc["frozen"] > 10_000
+    assert len(gc["collections"]) == 3
+
+
+def test_queick_stats_prints_the_collector(daemon):
+    out = _run_queick("stats", "--port", str(daemon.port))
+    assert f"collector: young generation every {YOUNG_THRESHOLD} allocations" in out

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import __version__
+from .. import __version__, collector
 from ..core import arguments, protocol
 from ..core.cron import parse_schedule
 from ..core.job import Job, NewJob, State
@@ -364,6 +364,7 @@ class QueueService(WorkflowOps):
             "budgets": self.budgets(),
             "memory": self.pool.memory.snapshot() if self.pool.memory is not None else None,
             "sandbox": self.metrics.sandbox_stats() if self.metrics is not None else None,
+            "collector": collector.snapshot(),
         }
         reply.update(self._fleet_stats(reply["counts"]))
         minutes = self.store.minutes(status.first_minute(now))  # whoever ran them: the fleet's

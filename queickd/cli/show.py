@@ -94,6 +94,10 @@ def print_stats(s: dict[str, Any]) -> None:
         if lim:
             print(f"process jobs' memory limits: by {lim['memory']}"
                   + (f" ({lim['reason']})" if lim["reason"] else f", a group per job under {', '.join(lim['groups'])}"))
+    gc = s.get("collector")
+    if gc is not None:  # a daemon of an earlier version has none
+        print(f"collector: young generation every {gc['thresholds'][0]} allocations, {gc['frozen']} objects frozen,"
+              f" collections {'/'.join(map(str, gc['collections']))} (young/middle/oldest)")
     print("jobs: " + "  ".join(f"{k} {v}" for k, v in s["counts"].items()))
     ev = s["events"]
     print(f"events: pending {ev['pending']}  dead {ev['dead']}   refused requests {s['refused']}"
