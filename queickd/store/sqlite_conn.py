@@ -365,4 +365,3 @@ class _Transaction:
             f._write_lock.release()
         if kind is None and not (self.bookkeeping or self.defer_flush):
             f.flush()
-

@@ -74,7 +74,6 @@ def _past_full(c: sqlite3.Connection, mine: str, served: tuple, full: frozenset[
     return (r[1:] for r in rows)
 
 
-
 def queue_order(cols: str, where: str = "") -> str:
     """The queued jobs, `cols` of each (naming priority, run_at and id), for an ORDER BY
     priority, run_at, id to follow: a compound of the two queue-order indexes, the jobs
