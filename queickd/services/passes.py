@@ -129,17 +129,16 @@ class PassStore:
         process stalled past the heartbeat window (PostgreSQL), the job was swept as an
         orphan and claimed anew. Its outcome is dropped, as one of a worker that lost its
         job always is; stored, it would finish the later claim while that run goes on."""
-        while True:
-            try:
-                outcome, attempt = self._done.get_nowait()
-            except queue.Empty:
-                return self._unapplied
+        done = self._done
+        while not done.empty():  # one taker (under the dispatch lock): not empty, a get succeeds
+            outcome, attempt = done.get_nowait()
             if self._held.get(outcome.job_id, attempt) != attempt:
                 log.warning("job %d: a run under an earlier claim ended (this worker lost the job while it ran, "
                             "and claimed it again): its outcome is ignored; the later run's counts",
                             outcome.job_id)
                 continue
             self._unapplied.append(outcome)
+        return self._unapplied
 
     def _pass_store(self, p: Pass, finish: bool = True) -> None:
         """A pass's store calls, inside the caller's transaction; records them in `p`.

@@ -43,7 +43,7 @@ class RunCounts:
             if not self._counts:
                 return []
             current = int(self._clock() // 60)
-            if not force and now - self._taken_at < COUNTS_EVERY and set(self._counts) == {current}:
+            if not force and now - self._taken_at < COUNTS_EVERY and len(self._counts) == 1 and current in self._counts:
                 return []
             taken, self._counts = self._counts, {}
         self._taken_at = now
