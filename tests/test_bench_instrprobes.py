@@ -22,7 +22,7 @@ def test_each_probe_does_its_units_of_work_and_exits_cleanly(probe, tmp_path):
     assert (tmp_path / "q.db").exists()
 
 
-def test_the_probes_listed_here_are_the_counters(tmp_path):
+def test_the_probes_listed_here_are_the_counters():
     r = subprocess.run([sys.executable, "-c", "from bench.instrprobes import PROBES; print(' '.join(PROBES))"],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.stdout.split() == PROBES
