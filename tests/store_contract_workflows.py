@@ -53,12 +53,15 @@ THREE_STEPS = ({"name": "plan", "func": S + "plan"},
                {"name": "fan", "kind": "for_each", "items": "tasks", "func": S + "square", "result": "results"},
                {"name": "merge", "func": S + "total"})
 
-# Five hundred fan-outs over an empty list, one after another, are entered within one
-# transition, with no job in between: the transition raises RecursionError (a real engine
-# failure, reached only at run time, once "plan" has emptied the list).
-ENDLESS = ({"name": "plan", "func": S + "plan"},
-           *({"name": f"fan{i}", "kind": "for_each", "items": "tasks", "func": S + "square", "result": "tasks"}
-             for i in range(500)))
+# A step the engine raises on entering, once wfsteps.engine_fault() is installed: "plan"'s
+# finish enters it, so that finish's transition raises.
+FAULTY = ({"name": "plan", "func": S + "plan"}, {"name": "explode", "func": S + "noop"})
+
+
+def faulty_engine(monkeypatch):
+    import wfsteps
+
+    wfsteps.engine_fault(monkeypatch.setattr)
 
 
 class WorkflowContract:
@@ -242,24 +245,28 @@ class WorkflowContract:
             wf.RunState.FAILED, "middle", wf.RunState.BUDGET_EXCEEDED)
         assert not [r for r in store.workflow_list(None, 10) if r.status == wf.RunState.RUNNING]
 
-    def test_workflow_a_finish_whose_transition_raises_fails_its_run_and_not_the_rest_of_the_batch(self, store):
+    def test_workflow_a_finish_whose_transition_raises_fails_its_run_and_not_the_rest_of_the_batch(
+            self, store, monkeypatch):
+        faulty_engine(monkeypatch)
         good = [store.workflow_start(definition(*THREE_STEPS), {"n": 3}, T0)[0] for _ in range(2)]
-        bad, _ = store.workflow_start(definition(*ENDLESS), {"n": 0}, T0)
+        bad, _ = store.workflow_start(definition(*FAULTY), {"n": 0}, T0)
         jobs = store.claim_available(10, T0)
         assert len(jobs) == 3
         with store.batch(bookkeeping=True):
             assert store.finish_if_running([run(j) for j in jobs], T0).changed == 3
         failed = store.workflow_get(bad.id)
         assert (failed.status, failed.reason["step"], failed.reason["error"]["type"]) == (
-            wf.RunState.FAILED, "plan", "RecursionError")
+            wf.RunState.FAILED, "plan", "RuntimeError")
         assert [j.state for j in store.workflow_jobs(bad.id)] == [State.SUCCEEDED]
         assert [store.workflow_get(r.id).step for r in good] == [1, 1]
         drive(store)
         assert [(store.workflow_get(r.id).status, store.workflow_get(r.id).state["total"]) for r in good] == [
             (wf.RunState.SUCCEEDED, 5)] * 2
 
-    def test_workflow_a_child_whose_transition_raises_fails_and_its_parent_step_fails_with_it(self, store):
-        parent, _ = store.workflow_start(definition({"name": "kid", "workflow": {"name": "c", "steps": list(ENDLESS)}}),
+    def test_workflow_a_child_whose_transition_raises_fails_and_its_parent_step_fails_with_it(
+            self, store, monkeypatch):
+        faulty_engine(monkeypatch)
+        parent, _ = store.workflow_start(definition({"name": "kid", "workflow": {"name": "c", "steps": list(FAULTY)}}),
                                          {"n": 0}, T0)
         drive(store)
         parent = store.workflow_get(parent.id)
@@ -268,11 +275,13 @@ class WorkflowContract:
         assert (parent.status, parent.reason["step"], parent.reason["error"]["state"]) == (
             wf.RunState.FAILED, "kid", wf.RunState.FAILED)
 
-    def test_workflow_what_a_transition_wrote_before_it_raised_is_undone_and_its_run_fails(self, store):
+    def test_workflow_what_a_transition_wrote_before_it_raised_is_undone_and_its_run_fails(
+            self, store, monkeypatch):
         # plan's finish records its output, moves the run on and inserts the child, whose
         # begin then raises: none of it may stay.
-        kid = {"name": "kid", "workflow": {"name": "c", "steps": list(ENDLESS[1:])}}
-        run, _ = store.workflow_start(definition(ENDLESS[0], kid), {"n": 0}, T0)
+        faulty_engine(monkeypatch)
+        kid = {"name": "kid", "workflow": {"name": "c", "steps": list(FAULTY[1:])}}
+        run, _ = store.workflow_start(definition(FAULTY[0], kid), {"n": 0}, T0)
         drive(store)
         run = store.workflow_get(run.id)
         assert (run.status, run.step, run.reason["step"]) == (wf.RunState.FAILED, 0, "plan")

@@ -99,6 +99,14 @@ def test_a_fan_out_over_an_empty_list_that_moves_on_is_no_loop():
     assert plan.run.status == wf.RunState.RUNNING and plan.run.state["r"] == [] and plan.jobs[0].func == "m:f"
 
 
+def test_five_hundred_fan_outs_over_empty_lists_in_a_row_are_entered_in_one_transition():
+    fans = [{"name": f"f{i}", "kind": "for_each", "items": "xs", "func": "m:g", "result": "xs"} for i in range(500)]
+    plan = started({"name": "a", "func": "m:f"}, *fans, {"name": "z", "func": "m:z"})
+    nxt = wf.transition(plan.run, wf.StepDone(7, 0, 0, 0, True, {"xs": []}), T0)
+    assert (nxt.run.status, nxt.run.step, [j.func for j in nxt.jobs]) == (wf.RunState.RUNNING, 501, ["m:z"])
+    assert nxt.run.usage["transitions"] == 502 and nxt.run.visits["500"] == 1
+
+
 def test_a_fan_out_over_its_item_limit_starts_no_job():
     plan = started({"name": "f", "kind": "for_each", "items": "xs", "func": "m:f"}, state={"xs": [1] * 13},
                    budget={"max_for_each_items": 12})

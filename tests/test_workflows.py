@@ -80,25 +80,24 @@ def test_a_run_whose_transition_raises_ends_failed_naming_the_step_and_runs_fini
     daemon = start_daemon(url)
     client = daemon.client()
     request.addfinalizer(client.close)
-    held = {"name": "plan", "func": "wfsteps:held_plan"}
     rest = [{"name": "fan", "kind": "for_each", "items": "tasks", "func": "wfsteps:square", "result": "results"},
             {"name": "merge", "func": "wfsteps:total"}]
-    # Five hundred fan-outs over the empty list plan returns, one after another: entering
-    # them recurses within the transition until RecursionError.
-    endless = [{"name": f"fan{i}", "kind": "for_each", "items": "tasks", "func": "wfsteps:square",
-                "result": "tasks"} for i in range(500)]
+    # The bad run's first step breaks the daemon's engine for steps named "explode" (it runs
+    # in the daemon's process), so that entering its second step raises.
+    faulty = [{"name": "explode", "func": "wfsteps:noop"}]
 
-    def start(steps, n, token):
-        return client._call({"op": "workflow_start", "definition": {"name": "w", "steps": [held, *steps]},
+    def start(first, steps, n, token):
+        return client._call({"op": "workflow_start",
+                             "definition": {"name": "w", "steps": [{"name": "plan", "func": first}, *steps]},
                              "state": {"n": n, "port": gate.port, "token": token}})["run_id"]
 
-    good = [start(rest, 3, f"good{i}") for i in range(3)]
-    bad = start(endless, 0, "bad")
+    good = [start("wfsteps:held_plan", rest, 3, f"good{i}") for i in range(3)]
+    bad = start("wfsteps:held_plan_with_a_faulty_engine", faulty, 0, "bad")
     for _ in range(4):  # the four first steps run at once, so that they finish together
         gate.arrival()
     gate.release_all()
     run = client.workflow_wait(bad, 30)
-    assert (run["state"], run["reason"]["step"], run["reason"]["error"]["type"]) == ("failed", "plan", "RecursionError")
+    assert (run["state"], run["reason"]["step"], run["reason"]["error"]["type"]) == ("failed", "plan", "RuntimeError")
     assert [j["state"] for s in run["steps"] for j in s["jobs"]] == ["succeeded"]
     assert [client.workflow_wait(r, 30)["data"]["total"] for r in good] == [5, 5, 5]
     daemon.wait_for_line("the run ends failed")

@@ -13,6 +13,35 @@ def plan(state):
     return {"tasks": list(range(n)), "planned": True}
 
 
+FAULTY_STEP = "explode"
+
+
+def engine_fault(setattr_=setattr):
+    """Make the workflow engine raise as it enters a step named FAULTY_STEP, as a bug in it
+    would: a transition that raises at run time. `setattr_` is pytest's monkeypatch.setattr
+    in process (undone after the test), plain setattr in a daemon that a test then stops."""
+    from queickd.core.workflow import engine
+
+    enter = engine._enter
+
+    def faulty(run, index, *args, **kwargs):
+        if index < len(run.spec.steps) and run.spec.steps[index].name == FAULTY_STEP:
+            raise RuntimeError(f"an engine fault injected at step {FAULTY_STEP}")
+        return enter(run, index, *args, **kwargs)
+
+    setattr_(engine, "_enter", faulty)
+
+
+def held_plan_with_a_faulty_engine(state):
+    """held_plan() in a daemon's own process (a thread runner), having broken its engine
+    for steps named FAULTY_STEP first: user code in the daemon's process can do that."""
+    from queickd.core.workflow import engine
+
+    if getattr(engine._enter, "__name__", "") != "faulty":
+        engine_fault()
+    return held_plan(state)
+
+
 def square(item, state):
     return item * item
 

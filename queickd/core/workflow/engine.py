@@ -180,27 +180,32 @@ def _job(run: RunRecord, step: Step, index: int, item: int, loop: int, args: lis
                                workflow_loop=loop)
 
 
-def _enter(run: RunRecord, index: int, now: float, lookups: Lookups, hops: int = 0) -> Plan:
-    """`hops`: steps passed through in this transition without starting anything (a
-    for_each over an empty list completes at once). More hops than steps means a step came
-    round again with the state that left it empty: it would loop for ever."""
+def _enter(run: RunRecord, index: int, now: float, lookups: Lookups) -> Plan:
+    """Enter step `index`, and every step after it that completes as it is entered (a
+    for_each over an empty list), in a loop rather than by recursion: a definition may
+    hold hundreds of such steps in a row. More steps passed through than the definition
+    has means a step came round again with the state that left it empty: it would loop
+    for ever."""
     spec = run.spec
-    if index >= len(spec.steps):
-        return Plan(_end(run, RunState.SUCCEEDED, now, step=len(spec.steps), loop=0), ended=True)
-    step = spec.steps[index]
-    if hops > len(spec.steps):
-        return _failed(run, now, f"step {step.name} comes round again without any job run in between "
-                       "(for_each steps over empty lists, looping): the run would never end", step)
-    transitions = run.usage.get("transitions", 0) + 1
-    if _exceeds(run, "transitions", transitions):
-        return Plan(_over(run, "transitions", transitions, now, step=index), discard=True, ended=True)
-    loop = run.visits.get(str(index), 0)
-    usage = {**run.usage, "transitions": transitions}
-    run = dataclasses.replace(run, step=index, loop=loop, visits={**run.visits, str(index): loop + 1},
-                              usage=usage, progress={})
-    if step.kind == "task":
-        return _start_jobs(run, step, index, loop, [[run.state]], now)
-    if step.kind == "for_each":
+    hops = 0  # steps passed through in this transition without starting anything
+    while True:
+        if index >= len(spec.steps):
+            return Plan(_end(run, RunState.SUCCEEDED, now, step=len(spec.steps), loop=0), ended=True)
+        step = spec.steps[index]
+        if hops > len(spec.steps):
+            return _failed(run, now, f"step {step.name} comes round again without any job run in between "
+                           "(for_each steps over empty lists, looping): the run would never end", step)
+        transitions = run.usage.get("transitions", 0) + 1
+        if _exceeds(run, "transitions", transitions):
+            return Plan(_over(run, "transitions", transitions, now, step=index), discard=True, ended=True)
+        loop = run.visits.get(str(index), 0)
+        usage = {**run.usage, "transitions": transitions}
+        run = dataclasses.replace(run, step=index, loop=loop, visits={**run.visits, str(index): loop + 1},
+                                  usage=usage, progress={})
+        if step.kind == "task":
+            return _start_jobs(run, step, index, loop, [[run.state]], now)
+        if step.kind != "for_each":
+            return _start_child(run, step, index, loop, now, lookups)
         items = run.state.get(step.items)  # type: ignore[arg-type]
         if not isinstance(items, list):
             return _failed(run, now, f"items {step.items!r} is not a list in the state", step)
@@ -208,10 +213,14 @@ def _enter(run: RunRecord, index: int, now: float, lookups: Lookups, hops: int =
             return Plan(_over(run, "for_each_items", len(items), now), discard=True, ended=True)
         run = dataclasses.replace(run, usage={**run.usage, "for_each_items": max(
             len(items), run.usage.get("for_each_items", 0))})
-        if not items:  # nothing to wait for: the step completes with no results
-            return _complete(run, step, index, [], now, lookups, hops + 1)
-        return _start_jobs(run, step, index, loop, [[item, run.state] for item in items], now)
-    return _start_child(run, step, index, loop, now, lookups)
+        if items:
+            return _start_jobs(run, step, index, loop, [[item, run.state] for item in items], now)
+        # Nothing to wait for: the step completes with no results, and the next is entered.
+        merged = _merge(run, step, index, {**run.state, step.result: []}, None, now)
+        if isinstance(merged, Plan):
+            return merged
+        run, index = merged
+        hops += 1
 
 
 def _start_jobs(run: RunRecord, step: Step, index: int, loop: int, argss: list[list], now: float) -> Plan:
@@ -280,8 +289,10 @@ def _next_index(run: RunRecord, step: Step, index: int, asked: Any) -> int | str
     return f"_next names no step: {target!r}" if i is None else i
 
 
-def _merge_and_go(run: RunRecord, step: Step, index: int, state: dict[str, Any], asked: Any, now: float,
-                  lookups: Lookups, hops: int = 0) -> Plan:
+def _merge(run: RunRecord, step: Step, index: int, state: dict[str, Any], asked: Any,
+           now: float) -> Plan | tuple[RunRecord, int]:
+    """The step's state merged into the run and the next step chosen: (run, its index), or
+    the plan that ends the run here (over its state budget, a `_next` naming no step)."""
     size = state_size(state)
     if _exceeds(run, "state_bytes", size):
         return Plan(_over(run, "state_bytes", size, now), discard=True, ended=True)
@@ -289,7 +300,13 @@ def _merge_and_go(run: RunRecord, step: Step, index: int, state: dict[str, Any],
     run = dataclasses.replace(run, state=state, usage={**run.usage, "state_bytes": size}, progress={})
     if isinstance(nxt, str):
         return _failed(run, now, nxt, step)
-    return _enter(run, nxt, now, lookups, hops)
+    return run, nxt
+
+
+def _merge_and_go(run: RunRecord, step: Step, index: int, state: dict[str, Any], asked: Any, now: float,
+                  lookups: Lookups) -> Plan:
+    merged = _merge(run, step, index, state, asked, now)
+    return merged if isinstance(merged, Plan) else _enter(*merged, now, lookups)
 
 
 def _task_done(run: RunRecord, step: Step, done: StepDone, now: float, lookups: Lookups) -> Plan:
@@ -339,9 +356,8 @@ def _item_done(run: RunRecord, step: Step, done: StepDone, now: float, lookups: 
     return Plan(run)
 
 
-def _complete(run: RunRecord, step: Step, index: int, result: Any, now: float, lookups: Lookups,
-              hops: int = 0) -> Plan:
-    return _merge_and_go(run, step, index, {**run.state, step.result: result}, None, now, lookups, hops)
+def _complete(run: RunRecord, step: Step, index: int, result: Any, now: float, lookups: Lookups) -> Plan:
+    return _merge_and_go(run, step, index, {**run.state, step.result: result}, None, now, lookups)
 
 
 def broken(run: RunRecord, done: StepDone, now: float, error: dict[str, Any]) -> Plan | None:
