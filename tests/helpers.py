@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from queickd import JobQueue
@@ -70,6 +71,24 @@ class DaemonProcess:
                 raise RuntimeError(f"daemon exited before logging {rx.pattern!r}:\n{''.join(self.lines)}")
             if m := rx.search(line):
                 return m
+
+    def wait_for_lines(self, pattern: str, count: int, timeout: float = 20.0) -> list[re.Match]:
+        """Wait until `count` of the daemon's lines match pattern (lines already read count)."""
+        rx, seen, found = re.compile(pattern), 0, []
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = self.lines  # appended to by the reader thread alone
+            while seen < len(lines):
+                if m := rx.search(lines[seen]):
+                    found.append(m)
+                seen += 1
+            if len(found) >= count:
+                return found[:count]
+            try:  # woken by the next line read (or one already queued)
+                if self._lines_q.get(timeout=max(0.0, deadline - time.monotonic())) is None:
+                    raise RuntimeError(f"daemon exited before logging {count} x {rx.pattern!r}")
+            except queue.Empty:
+                raise TimeoutError(f"daemon logged {rx.pattern!r} {len(found)} of {count} times") from None
 
     def client(self, **kw) -> JobQueue:
         return JobQueue("127.0.0.1", self.port, **kw)

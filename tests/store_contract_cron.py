@@ -68,6 +68,24 @@ class CronEventContract:
         assert fold.outcome == "folded" and fold.submitted is None
         assert store.cron_list()[0].folded == 1 and store.counts()[State.QUEUED] == 1
 
+    def test_a_run_records_the_last_tick_folded_into_it(self, store):
+        store.cron_save(self._cron("c", T0 + 60))
+        fired = store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 60).submitted
+        assert store.get(fired.job_id).cron_until is None
+        store.cron_fire_if_due("c", T0 + 120, T0 + 180, T0 + 120)
+        store.cron_fire_if_due("c", T0 + 180, T0 + 240, T0 + 180)
+        (run,) = store.claim_available(5, T0 + 180)
+        assert (run.id, run.cron_until) == (fired.job_id, T0 + 180)
+        assert store.get(fired.job_id).cron_until == T0 + 180
+
+    def test_a_tick_after_its_run_was_claimed_is_not_recorded_on_it(self, store):
+        store.cron_save(self._cron("c", T0 + 60))
+        first = store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 60).submitted
+        store.claim_available(1, T0 + 60)
+        second = store.cron_fire_if_due("c", T0 + 120, T0 + 180, T0 + 120).submitted
+        store.cron_fire_if_due("c", T0 + 180, T0 + 240, T0 + 180)
+        assert (store.get(first.job_id).cron_until, store.get(second.job_id).cron_until) == (None, T0 + 180)
+
     def test_a_tick_while_the_previous_run_is_running_queues_one_run(self, store):
         store.cron_save(self._cron("c", T0 + 60))
         store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 60)

@@ -361,13 +361,29 @@ def test_a_daily_summary_that_runs_late_posts_the_day_its_tick_fell_in(slack, tm
     token.write_text("xoxb-test-token\n")
     target = slack_jobs.SlackTarget(channel="C0ATTEND", token_file=str(token), base_url=slack.base_url)
     tick = time.time() - 2 * 86400  # fired two days ago: the daemon was off, or the network down
-    tokens = context.set_job(None, tick)  # as the runner sets it around a cron's run
+    tokens = context.set_job(None, (tick, tick))  # as the runner sets it around a cron's run
     try:
         out = slack_jobs.post_daily_summary(str(tmp_path / "attendance.db"), target.to_dict(), 4 * 60)
     finally:
         context.reset_job(tokens)
     assert out["day"] == work_day(tick, 4 * 60) != work_day(time.time(), 4 * 60)
     assert out["day"] in slack.wait_posted(1)[-1]["json"]["text"]
+
+
+def test_a_daily_summary_held_back_past_later_ticks_posts_each_of_their_days(slack, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("xoxb-test-token\n")
+    target = slack_jobs.SlackTarget(channel="C0ATTEND", token_file=str(token), base_url=slack.base_url)
+    tick = time.time() - 3 * 86400  # the network down for three days: two more ticks folded into it
+    tokens = context.set_job(None, (tick, tick + 2 * 86400))
+    try:
+        out = slack_jobs.post_daily_summary(str(tmp_path / "attendance.db"), target.to_dict(), 4 * 60)
+    finally:
+        context.reset_job(tokens)
+    days = [work_day(tick + i * 86400, 4 * 60) for i in range(3)]
+    assert (out["day"], out["days"]) == (days[0], days)
+    text = slack.wait_posted(1)[-1]["json"]["text"]
+    assert [text.index(f"Attendance {d}") for d in days] == sorted(text.index(f"Attendance {d}") for d in days)
 
 
 class LogWaiter(logging.Handler):

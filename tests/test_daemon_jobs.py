@@ -207,6 +207,25 @@ def test_a_cron_run_reads_the_tick_it_was_fired_for(daemon, client, isolation):
     client.cron_delete(cron["name"])
 
 
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_cron_run_held_back_reads_the_last_tick_folded_into_it(daemon, client, gate, isolation):
+    name = f"held-{isolation}"
+    client.cron(SchedulingTime().every(seconds=0.3).from_now(), "testjobs:my_ticks_after_gate",
+                args=(gate.port, "t"), name=name, isolation=isolation)
+    assert gate.arrival() == "t"  # the first run is held running; the next waits behind it
+    # and the ticks after that are folded into the waiting one
+    daemon.wait_for_lines(f"cron {name}: its previous run is still waiting; tick folded", 2)
+    client.cron_delete(name)
+    gate.release_all()
+    assert gate.arrival() == "t"  # the waiting run starts
+    gate.release_all()
+    first, second = sorted((j for j in client.jobs() if j["cron"] == name), key=lambda j: j["id"])[:2]
+    assert client.wait(first["id"], 20)["result"][0] == client.wait(first["id"], 20)["result"][1]
+    tick, last = client.wait(second["id"], 20)["result"]
+    assert tick == float(second["idempotency_key"].rsplit(":", 1)[1])
+    assert last >= tick + 2 * 0.3 - 0.001  # two folded ticks at least, 0.3 s apart
+
+
 def test_a_job_that_no_cron_fired_reads_no_tick(client):
     assert client.wait(client.enqueue("testjobs:my_tick"), 20)["result"] is None
 

@@ -90,6 +90,12 @@ def work_day(t: float, boundary_minutes: int) -> str:
     return local.date().isoformat()
 
 
+def work_days(first: float, last: float, boundary_minutes: int) -> list[str]:
+    """The work days from the one `first` belongs to through the one `last` belongs to."""
+    start, end = (dt.date.fromisoformat(work_day(t, boundary_minutes)) for t in (first, last))
+    return [(start + dt.timedelta(days=i)).isoformat() for i in range((end - start).days + 1)]
+
+
 @dataclass(frozen=True)
 class Card:
     card_id: str

@@ -43,9 +43,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..core.fate import is_network_error
-from ..run.context import cron_tick
+from ..run.context import cron_last_tick, cron_tick
 from .message import DEFAULT_LATE_AFTER, day_report, punch_text, summary_text
-from .punchlog import Punch, PunchLog, work_day
+from .punchlog import Punch, PunchLog, work_day, work_days
 
 log = logging.getLogger("queickd.attendance.slack")
 
@@ -335,10 +335,15 @@ def _already_in_slack(p: Punch, target: SlackTarget) -> str | None:
 
 def post_daily_summary(db: str, slack: dict[str, Any], day_boundary: int | None = None) -> dict[str, Any]:
     """The cron job: post the hours per person of the work day its tick fell in (the day
-    it was due, also when it runs late: a power cut, the network down past midnight)."""
-    tick = cron_tick()
+    it was due, also when it runs late: a power cut, the network down past midnight), and
+    of every work day after it through the one of the last tick folded into this run while
+    it waited (the network down for three days: the three days, in one message)."""
+    first, last = cron_tick(), cron_last_tick()
     with PunchLog(db, day_boundary=day_boundary) as plog:
-        day = work_day(time.time() if tick is None else tick, plog.day_boundary)
-        text = summary_text(day, day_report(plog.punches(day)))
+        if first is None or last is None:  # run by hand, not by its cron: today
+            days = [work_day(time.time(), plog.day_boundary)]
+        else:
+            days = work_days(first, last, plog.day_boundary)
+        text = "\n\n".join(summary_text(day, day_report(plog.punches(day))) for day in days)
     ts = send(SlackTarget.from_dict(slack), text)
-    return {"posted": True, "ts": ts, "day": day}
+    return {"posted": True, "ts": ts, "day": days[0], "days": days}

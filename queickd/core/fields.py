@@ -117,6 +117,8 @@ FIELDS: tuple[Field, ...] = (
     Field("workflow_step", "int | None", None, sql="INTEGER", **_NEW),
     Field("workflow_item", "int | None", None, sql="INTEGER", **_NEW),
     Field("workflow_loop", "int | None", None, sql="INTEGER", **_NEW),
+    # A cron's run: the last tick folded into it while it waited (None when none was).
+    Field("cron_until", "float | None", None, new=False, sql="REAL"),
 )
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}

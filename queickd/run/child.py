@@ -174,8 +174,9 @@ def run(req: dict[str, Any], out_fd: int, rep_fd: int, fn: Callable[..., Any]) -
                     with open(req["args_file"], encoding="utf-8") as f:
                         req["args"], req["kwargs"] = json.load(f)
                     os.unlink(req["args_file"])
-                if req.get("workflow_key") or req.get("cron_tick") is not None:
-                    context.set_job(req.get("workflow_key"), req.get("cron_tick"))  # what queickd.*() read
+                ticks = req.get("cron_ticks")
+                if req.get("workflow_key") or ticks:  # what queickd.workflow_key() and cron_*() read
+                    context.set_job(req.get("workflow_key"), None if not ticks else (ticks[0], ticks[1]))
                 value = fn(*req["args"], **req["kwargs"])
             except BaseException as e:  # the job's SystemExit too: it is the report
                 report = capture.failed(e, time.monotonic() - began)

@@ -1,5 +1,6 @@
-"""What a running job may ask about itself: `workflow_key()` (a workflow step's key) and
-`cron_tick()` (the tick a cron's run was fired for).
+"""What a running job may ask about itself: `workflow_key()` (a workflow step's key),
+`cron_tick()` (the tick a cron's run was fired for) and `cron_last_tick()` (the last tick
+it stands for: ticks that came while it waited were folded into it).
 
 Owns two context variables, set by a runner around the call of such a job and reset after
 it; it never touches the store. Read from the thread (or context) that runs the job;
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 import contextvars
 
+Ticks = tuple[float, float]  # (the tick a run was fired for, the last tick folded into it)
+
 _KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("queickd_workflow_key", default=None)
-_TICK: contextvars.ContextVar[float | None] = contextvars.ContextVar("queickd_cron_tick", default=None)
+_TICKS: contextvars.ContextVar[Ticks | None] = contextvars.ContextVar("queickd_cron_ticks", default=None)
 
 
 def workflow_key() -> str | None:
@@ -26,24 +29,36 @@ def cron_tick() -> float | None:
     every attempt and when it ran late (after a power cut, a network wait, a backlog); None
     outside a cron's run. A job that reports on "today" should take its day from this, not
     from the clock when it happens to run."""
-    return _TICK.get()
+    ticks = _TICKS.get()
+    return None if ticks is None else ticks[0]
 
 
-def tick_of(cron: str | None, idempotency_key: str | None) -> float | None:
-    """A cron run's tick, from the idempotency key its cron gave it (`cron:NAME:TICK`)."""
+def cron_last_tick() -> float | None:
+    """The last tick the cron run being executed here stands for: ticks due while it was
+    still waiting (for the network, a worker, a retry) get no run of their own but are
+    folded into it, so a daily report held back for three days covers the days from
+    cron_tick() to this one. cron_tick() when nothing was folded; None outside a cron's run."""
+    ticks = _TICKS.get()
+    return None if ticks is None else ticks[1]
+
+
+def ticks_of(cron: str | None, idempotency_key: str | None, cron_until: float | None) -> Ticks | None:
+    """A cron run's ticks: the one its cron fired it for (from the idempotency key it gave
+    it, `cron:NAME:TICK`) and the last one folded into it (`cron_until`)."""
     if cron is None or idempotency_key is None or not idempotency_key.startswith(f"cron:{cron}:"):
         return None
     try:
-        return float(idempotency_key[len(cron) + 6:])
+        tick = float(idempotency_key[len(cron) + 6:])
     except ValueError:
         return None
+    return tick, tick if cron_until is None else max(tick, cron_until)
 
 
-def set_job(workflow_key: str | None, tick: float | None) -> tuple[contextvars.Token, contextvars.Token]:
-    """What workflow_key() and cron_tick() read from here on, until reset_job()."""
-    return _KEY.set(workflow_key), _TICK.set(tick)
+def set_job(workflow_key: str | None, ticks: Ticks | None) -> tuple[contextvars.Token, contextvars.Token]:
+    """What workflow_key(), cron_tick() and cron_last_tick() read from here on, until reset_job()."""
+    return _KEY.set(workflow_key), _TICKS.set(ticks)
 
 
 def reset_job(tokens: tuple[contextvars.Token, contextvars.Token]) -> None:
     _KEY.reset(tokens[0])
-    _TICK.reset(tokens[1])
+    _TICKS.reset(tokens[1])

@@ -207,7 +207,7 @@ class ProcessRunner:
                "env": self.env, "env_job": job_env(job_dir, creds), "cwd": job_dir,
                "rlimits": rlimits, "cgroups": list(cg.paths) if cg is not None else [], "max_result": max_out,
                "workflow_key": job.idempotency_key if job.workflow_run is not None else None,
-               "cron_tick": context.tick_of(job.cron, job.idempotency_key)}
+               "cron_ticks": context.ticks_of(job.cron, job.idempotency_key, job.cron_until)}
         if len(job.args) + len(job.kwargs) and len(json.dumps([job.args, job.kwargs])) > INLINE_ARGS:
             # A socket packet is bounded by the socket's buffer (~200 KB): large arguments go
             # to the child in a file of its own directory, which it reads and removes.

@@ -68,9 +68,9 @@ class ThreadRunner:
                 return capture.refused("not_allowed", e.message, time.monotonic() - began)
             if job.workflow_run is None and job.cron is None:
                 value = fn(*job.args, **job.kwargs)
-            else:  # what queickd.workflow_key() and queickd.cron_tick() read
+            else:  # what queickd.workflow_key(), cron_tick() and cron_last_tick() read
                 tokens = context.set_job(job.idempotency_key if job.workflow_run is not None else None,
-                                         context.tick_of(job.cron, job.idempotency_key))
+                                         context.ticks_of(job.cron, job.idempotency_key, job.cron_until))
                 try:
                     value = fn(*job.args, **job.kwargs)
                 finally:

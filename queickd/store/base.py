@@ -407,7 +407,8 @@ class Store(Protocol):
         to next_tick and last_fired_at to tick, and either submit one job from its template
         (idempotency key `cron:NAME:TICK`, so a tick never runs twice; serial key the
         template's or `cron:NAME`, so runs of one cron never overlap) or, when a job of
-        this cron is already waiting, fold the tick into it (folded grows by one).
+        this cron is already waiting, fold the tick into it (folded grows by one; the job's
+        cron_until becomes the tick, which the run reads as queickd.cron_last_tick()).
         Otherwise (not due any more, or unknown) None."""
         ...
 

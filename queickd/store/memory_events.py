@@ -21,6 +21,7 @@ class MemoryCronsEvents:
     _crons: dict[str, CronRecord]
     _events: dict[str, tuple[Event, NewJob]]
     _submit_locked: Callable[..., list]
+    _put: Callable[[Any], None]
 
     # --- cron -----------------------------------------------------------------------------
     def cron_save(self, cron: CronRecord) -> CronRecord:
@@ -57,8 +58,10 @@ class MemoryCronsEvents:
             cron = self._crons.get(name)
             if cron is None or cron.next_run_at != tick:
                 return None
-            waiting = any(j.cron == name and j.state in State.PENDING for j in self._jobs.values())
-            fire = crons.fire(name, cron.template, tick, now, waiting)
+            waiting = next((j for j in self._jobs.values() if j.cron == name and j.state in State.PENDING), None)
+            if waiting is not None:  # the tick is folded into it: it records the tick
+                self._put(dataclasses.replace(waiting, cron_until=tick))
+            fire = crons.fire(name, cron.template, tick, now, waiting is not None)
             self._crons[name] = dataclasses.replace(
                 cron, next_run_at=next_tick, last_fired_at=tick, folded=cron.folded + int(fire.folded))
             if fire.job is None:

@@ -441,8 +441,8 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
                 c.execute("UPDATE crons SET next_run_at = %s WHERE name = %s", (next_tick, name))
                 return None
             waiting = c.execute(
-                f"SELECT 1 FROM jobs WHERE cron = %s AND state IN {WAITING_SQL} LIMIT 1", (name,)).fetchone()
-            return self._fire_in(c, name, row[0], tick, next_tick, now, waiting is not None)
+                f"SELECT id FROM jobs WHERE cron = %s AND state IN {WAITING_SQL} LIMIT 1", (name,)).fetchone()
+            return self._fire_in(c, name, row[0], tick, next_tick, now, None if waiting is None else waiting[0])
 
     # --- events ---------------------------------------------------------------------------
     # The due events, due first, then in the order accepted (seq: keyed accepts take the

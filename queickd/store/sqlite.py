@@ -307,9 +307,9 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
             if row is None:
                 return None
             waiting = c.execute(
-                "SELECT 1 FROM jobs INDEXED BY jobs_cron WHERE cron = ? AND state IN"
+                "SELECT id FROM jobs INDEXED BY jobs_cron WHERE cron = ? AND state IN"
                 " ('scheduled', 'queued', 'waiting_network') LIMIT 1", (name,)).fetchone()
-            return self._fire_in(c, name, row[0], tick, next_tick, now, waiting is not None)
+            return self._fire_in(c, name, row[0], tick, next_tick, now, None if waiting is None else waiting[0])
 
     # --- events ---------------------------------------------------------------------------
     # Due first, then in the order accepted (a key's events: see outbox.KeyOrder): by rowid,

@@ -289,9 +289,15 @@ def _v13(c: sqlite3.Connection) -> None:
     c.execute("DROP INDEX IF EXISTS jobs_queued")
 
 
+def _v14(c: sqlite3.Connection) -> None:
+    """jobs.cron_until: the last tick folded into a cron's run while it waited (NULL: none,
+    and for every older job)."""
+    _add_column(c, "jobs", "cron_until", "REAL")
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
-                                                          _v11, _v12, _v13]
+                                                          _v11, _v12, _v13, _v14]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

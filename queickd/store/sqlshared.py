@@ -179,9 +179,15 @@ class SharedSql:
                              (new_tick, name, tick)).rowcount > 0
 
     def _fire_in(self, c: Any, name: str, template: str, tick: float, next_tick: float, now: float,
-                 run_waiting: bool) -> CronFire:
-        """Write what crons.fire decided for a due tick of `name` (its row read and locked)."""
-        fire = crons.fire(name, dbrows.template_from_json(template), tick, now, run_waiting)
+                 waiting: int | None) -> CronFire:
+        """Write what crons.fire decided for a due tick of `name` (its row read and locked).
+        `waiting`: the id of a run of it still waiting, which the tick is folded into (it
+        records the tick); if that run has been claimed since it was read (another host's
+        worker, between the two statements), the tick fires a run of its own instead."""
+        folds = waiting is not None and c.execute(self._q(
+            "UPDATE jobs SET cron_until = ? WHERE id = ? AND state IN ('scheduled', 'queued', 'waiting_network')"),
+            (tick, waiting)).rowcount > 0
+        fire = crons.fire(name, dbrows.template_from_json(template), tick, now, folds)
         c.execute(self._q("UPDATE crons SET next_run_at = ?, last_fired_at = ?, folded = folded + ? WHERE name = ?"),
                   (next_tick, tick, int(fire.folded), name))
         if fire.job is None:

@@ -147,3 +147,11 @@ def my_tick():
     import queickd
 
     return queickd.cron_tick()
+
+
+def my_ticks_after_gate(port, token):
+    """Held by the test's gate first; then the cron run's first and last ticks."""
+    import queickd
+
+    gate(port, token)
+    return [queickd.cron_tick(), queickd.cron_last_tick()]
