@@ -228,6 +228,12 @@ class Daemon:
         self.runner.start()
         self.pool.start()
         self.scheduler.start()
+
+    def announce(self) -> None:
+        """Log the addresses served: the line that says the daemon is ready (scripts, tests
+        and the bench wait for it), so it comes once the process is fully set up."""
+        c, store = self.config, self.store
+        assert store is not None
         host, port = self.server.address  # type: ignore[misc]
         if self.http is not None:
             log.info("HTTP endpoint http://%s:%d/ (%d webhook(s))", *self.http.address,  # type: ignore[misc]
@@ -400,6 +406,7 @@ class Daemon:
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where is it stuck?
         self.start()
         collector.tune_for_server()  # set up: what it holds now lives as long as it does
+        self.announce()
         sdnotify.notify("READY=1")
         sdnotify.start_watchdog(lambda: self.scheduler.alive, self._stop)
         while not self._stop.is_set():

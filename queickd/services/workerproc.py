@@ -99,10 +99,10 @@ def run(config: WorkerConfig) -> int:
         runner.start()
         pool.start()
         pool.wake()
+        collector.tune_for_server()  # set up: what it holds now lives as long as it does
         log.info("queickd %s worker serving pool(s) %s with %d workers (heartbeat %.1f s, pid %d)",
                  __version__, ",".join(config.pool), config.workers, config.heartbeat, os.getpid())
         runner.announce()
-        collector.tune_for_server()  # set up: what it holds now lives as long as it does
         _wait_for_signal(stop, on_hup=lambda: (loader.reload(), runner.reload()))
         pool.stop_claiming()
         log.info("stopping: no new claims; waiting up to %.0f s for running jobs", config.stop_timeout)
