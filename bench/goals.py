@@ -95,9 +95,29 @@ GOALS = [
 ]
 
 
+def _floor_text(res: Results) -> list[str]:
+    """What sets the batched aims in this run: the time per job each aim leaves against the
+    CPU the daemon and the client spent per job (one after the other: a call waits for its
+    replies), and what the same process does with nothing to write."""
+    out = []
+    queick = res.median(_q("enqueue-single", ENQ, QUEICK))
+    for scenario, what, times in (("enqueue-pipelined", "pipelined", 20), ("enqueue-many", "enqueue_many", 30)):
+        server = res.median(_q(scenario, "server CPU per job"))
+        client = res.median(_q(scenario, "client CPU per job"))
+        if queick and server is not None and client is not None:
+            aim = times * queick
+            out.append(f"{what}: {times}x Queick = {aim:,.0f} jobs/s, {1e6 / aim:.1f} µs a job; the daemon spent "
+                       f"{server:.1f} µs of CPU a job and the client {client:.1f}, one after the other")
+    huey, memory = res.median(_q("e2e", E2E_SINGLE, HUEY)), res.median(_q("e2e-many", E2E_MANY, QUEICKD_MEMORY))
+    if huey and memory:
+        out.append(f"end to end, batched: 6x huey = {6 * huey:,.0f} jobs/s; the memory store, the same process "
+                   f"with nothing to write, got {memory:,.0f} ({memory / huey:.2f}x huey)")
+    return out
+
+
 def goal_lines(res: Results) -> list[str]:
-    """One line per goal whose value was measured in this run."""
-    return [g.check(res) for g in GOALS if g.measured(res) is not None]
+    """One line per goal whose value was measured in this run, then what sets the batched aims."""
+    return [g.check(res) for g in GOALS if g.measured(res) is not None] + _floor_text(res)
 
 
 # --- PostgreSQL (bench.pg) ------------------------------------------------------------------
@@ -134,6 +154,14 @@ def _pg_floor_text(res: Results) -> list[str]:
                    f"{floor / peer_one:.2f}x pgqueuer (an aim above that is past the floor)")
     if rows_batch and peer_batch:
         out.append(f"1,000 per request: bare rows, {rows_batch:,.0f}/s = {rows_batch / peer_batch:.2f}x pgqueuer")
+    server = res.median(("enqueue-batch", QUEICKD_ENQUEUE, PG_BACKEND_CPU))
+    if server is not None and peer_batch:
+        out.append(f"1,000 per request: 2x pgqueuer leaves {1e6 / (2 * peer_batch):.1f} µs a job; the server "
+                   f"alone spent {server:.1f} µs of CPU per queickd row")
+    tx1, tx4 = (res.median(("e2e", queickd_target(k), "transactions per job")) for k in (1, 4))
+    if tx1 is not None and tx4 is not None:
+        out.append(f"end to end: {tx1:.2f} transactions a job with 1 worker process of 4 slots, {tx4:.2f} with 4 "
+                   "of 1 slot (a worker claims only what it can start: one of 1 slot, one job a pass)")
     return out
 
 

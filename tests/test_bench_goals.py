@@ -1,0 +1,52 @@
+"""The bench's goal report: each goal's ratio and verdict, and the lines that say what sets
+the batched aims, from results of a run (built here, no process started)."""
+
+from __future__ import annotations
+
+from bench.goals import goal_lines, pg_goal_lines
+from bench.peers import HUEY, QUEICK, QUEICKD_MEMORY, QUEICKD_SQLITE
+from bench.pgsetup import PGQUEUER, QUEICKD_ENQUEUE, queickd_target
+from bench.report import Results
+from bench.running import E2E_MANY, E2E_SINGLE
+
+
+def results(*values: tuple[str, str, str, float]) -> Results:
+    res = Results()
+    for scenario, target, label, v in values:
+        res.add(scenario, label, target, "", v, higher_is_better=True)
+    return res
+
+
+def test_a_goal_says_its_ratio_and_whether_it_holds():
+    res = results(("e2e", QUEICKD_SQLITE, E2E_SINGLE, 1500.0), ("e2e", QUEICK, E2E_SINGLE, 1000.0),
+                  ("e2e", HUEY, E2E_SINGLE, 500.0))
+    lines = goal_lines(res)
+    assert "end to end, one enqueue per job: sqlite/full >= 2x Queick: 1.50x  MISSES" in lines
+    assert "end to end, one enqueue per job: sqlite/full >= 2x huey: 3.00x  holds" in lines
+
+
+def test_the_batched_aims_are_set_beside_the_cpu_spent_per_job():
+    res = results(("enqueue-single", QUEICK, "enqueue rate", 10_000.0),
+                  ("enqueue-many", QUEICKD_SQLITE, "enqueue rate", 200_000.0),
+                  ("enqueue-many", QUEICKD_SQLITE, "server CPU per job", 4.0),
+                  ("enqueue-many", QUEICKD_SQLITE, "client CPU per job", 1.0),
+                  ("e2e", HUEY, E2E_SINGLE, 1_000.0), ("e2e-many", QUEICKD_MEMORY, E2E_MANY, 7_000.0))
+    lines = goal_lines(res)
+    assert ("enqueue_many: 30x Queick = 300,000 jobs/s, 3.3 µs a job; the daemon spent 4.0 µs of CPU a job "
+            "and the client 1.0, one after the other") in lines
+    assert ("end to end, batched: 6x huey = 6,000 jobs/s; the memory store, the same process with nothing to "
+            "write, got 7,000 (7.00x huey)") in lines
+    assert not [line for line in lines if line.startswith("pipelined:")]  # not measured: not said
+
+
+def test_postgres_lines_set_the_batch_aim_beside_the_servers_cpu_per_row():
+    res = results(("enqueue-batch", PGQUEUER, "enqueue rate", 50_000.0),
+                  ("enqueue-batch", QUEICKD_ENQUEUE, "enqueue rate", 40_000.0),
+                  ("enqueue-batch", QUEICKD_ENQUEUE, "CPU per job, its server backends", 17.0),
+                  ("e2e", queickd_target(1), "transactions per job", 0.2),
+                  ("e2e", queickd_target(4), "transactions per job", 0.4))
+    lines = pg_goal_lines(res)
+    assert "1,000 per request: queickd pg >= 2x pgqueuer: 0.80x  MISSES" in lines
+    assert "1,000 per request: 2x pgqueuer leaves 10.0 µs a job; the server alone spent 17.0 µs of CPU per queickd row" in lines
+    assert any(line.startswith("end to end: 0.20 transactions a job with 1 worker process of 4 slots, 0.40 with 4")
+               for line in lines)
