@@ -33,6 +33,34 @@ def test_dumps_refuses_what_json_cannot_encode():
         jsontext.dumps({"when": object()})
 
 
+def test_a_value_whose_encoding_failed_halfway_encodes_once_mended():
+    value: list = [[1], object()]
+    with pytest.raises(TypeError):
+        jsontext.dumps(value)  # raised inside `value`: its mark is still set
+    value.pop()
+    assert jsontext.dumps(value) == "[[1]]"  # not taken for a cycle
+
+
+def test_threads_encoding_at_once_each_get_what_json_writes():
+    import threading
+
+    values = [{"t": t, "xs": list(range(t, t + 50)), "s": "é" * t} for t in range(8)]
+    wrong: list = []
+
+    def encode(v: dict) -> None:
+        want = json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+        for _ in range(2_000):
+            if jsontext.dumps(v) != want:
+                wrong.append(v["t"])
+
+    threads = [threading.Thread(target=encode, args=(v,)) for v in values]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+
+
 @pytest.mark.parametrize("value", VALUES)
 def test_loads_reads_back_what_dumps_wrote(value):
     assert jsontext.loads(jsontext.dumps(value)) == value
