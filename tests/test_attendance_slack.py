@@ -386,6 +386,18 @@ def test_a_daily_summary_held_back_past_later_ticks_posts_each_of_their_days(sla
     assert [text.index(f"Attendance {d}") for d in days] == sorted(text.index(f"Attendance {d}") for d in days)
 
 
+def test_summaries_of_many_days_go_in_messages_of_whole_days_under_slacks_advised_length():
+    days = [f"Attendance 2026-11-{d:02d}:\n" + "\n".join(f"• Person {p}: 8 h" for p in range(60)) for d in range(1, 8)]
+    messages = slack_jobs.summary_messages(days)
+    assert len(messages) > 1 and all(len(m) <= slack_jobs.SUMMARY_MESSAGE_CHARS for m in messages)
+    assert "\n\n".join(messages).split("\n\n") == days  # every day whole, in order
+
+
+def test_a_day_longer_than_slacks_advised_length_goes_whole_in_its_own_message():
+    long_day, short = "x" * (slack_jobs.SUMMARY_MESSAGE_CHARS + 1), "Attendance 2026-11-02: nobody clocked in."
+    assert slack_jobs.summary_messages([short, long_day, short]) == [short, long_day, short]
+
+
 class LogWaiter(logging.Handler):
     """Sets `seen` when a record containing `text` is logged."""
 

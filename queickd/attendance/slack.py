@@ -333,17 +333,34 @@ def _already_in_slack(p: Punch, target: SlackTarget) -> str | None:
         return None
 
 
+SUMMARY_MESSAGE_CHARS = 4_000  # Slack's advice for one message's text (it cuts off past 40,000)
+
+
+def summary_messages(texts: list[str], limit: int = SUMMARY_MESSAGE_CHARS) -> list[str]:
+    """Days' summaries packed, in order, into as few messages as keep each within `limit`
+    characters; a day longer than that goes whole in a message of its own."""
+    out: list[str] = []
+    for text in texts:
+        if out and len(out[-1]) + 2 + len(text) <= limit:
+            out[-1] += "\n\n" + text
+        else:
+            out.append(text)
+    return out
+
+
 def post_daily_summary(db: str, slack: dict[str, Any], day_boundary: int | None = None) -> dict[str, Any]:
     """The cron job: post the hours per person of the work day its tick fell in (the day
     it was due, also when it runs late: a power cut, the network down past midnight), and
     of every work day after it through the one of the last tick folded into this run while
-    it waited (the network down for three days: the three days, in one message)."""
+    it waited (the network down for three days: the three days, in as few messages as
+    keep each within SUMMARY_MESSAGE_CHARS)."""
     first, last = cron_tick(), cron_last_tick()
     with PunchLog(db, day_boundary=day_boundary) as plog:
         if first is None or last is None:  # run by hand, not by its cron: today
             days = [work_day(time.time(), plog.day_boundary)]
         else:
             days = work_days(first, last, plog.day_boundary)
-        text = "\n\n".join(summary_text(day, day_report(plog.punches(day))) for day in days)
-    ts = send(SlackTarget.from_dict(slack), text)
-    return {"posted": True, "ts": ts, "day": days[0], "days": days}
+        texts = [summary_text(day, day_report(plog.punches(day))) for day in days]
+    target = SlackTarget.from_dict(slack)
+    sent = [send(target, text) for text in summary_messages(texts)]
+    return {"posted": True, "ts": sent[0], "messages": sent, "day": days[0], "days": days}
