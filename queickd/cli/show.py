@@ -42,7 +42,7 @@ def print_job(job: dict[str, Any]) -> None:
         elif k == "output" and v:
             print(f"{'output':>16}:")
             _block(v)
-        elif k in ("run_at", "created_at", "started_at", "finished_at"):
+        elif k in ("run_at", "created_at", "started_at", "finished_at", "cron_until"):
             print(f"{k:>16}: {local_time(v)}")
         else:
             print(f"{k:>16}: {json.dumps(v, ensure_ascii=False) if not isinstance(v, str) else v}")
