@@ -174,11 +174,12 @@ class Daemon:
                                on_ran=self.metrics.on_ran, pools=list(c.pool),
                                limits=resources.limits,
                                memory=memory,
-                               on_deferred=lambda run_at: self.scheduler.wake_at(run_at),
+                               on_deferred=lambda at: self.scheduler.wake_at(at, "set_aside"),
                                size=pool_size(c, self.clock), runner=self.runner)
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep,
                                    on_sweep=self._on_sweep, timers={"events": self._deliver_events,
-                                                                    "probes": self._probes_due})
+                                                                    "probes": self._probes_due,
+                                                                    "set_aside": self._set_aside_due})
         self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock, admission=c.admission,
                                      dispatch=self.pool)
         self.service = QueueService(store, self.batcher, loader, self.scheduler, self.pool,
@@ -285,6 +286,12 @@ class Daemon:
                 log.warning("event %s could not be delivered after %d attempts; it is a dead letter "
                             "('queick dead', 'queick retry --event')", r.event_id, self.config.event_max_attempts)
         return self.store.next_event_at()  # type: ignore[union-attr]
+
+    def _set_aside_due(self, now: float) -> float | None:
+        """The timer of the jobs the pool set aside for want of memory: one may be claimed
+        again, so the pool looks; returns when the next one may."""
+        self.pool.wake()
+        return self.pool.next_set_aside_at(now)
 
     def _probes_due(self, now: float) -> float | None:
         """The probe timer: a pause's probe time has come, so the pool claims (and lets the

@@ -491,6 +491,21 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
         (j,) = store.claim_available(5, T0, pools=["gpu", "other"])
         assert (j.id, j.pool) == (gpu.job_id, "gpu")
 
+    def test_a_claim_passes_over_the_jobs_it_sets_aside_and_their_keys_wait_behind_them(self, store):
+        head, later, other = store.submit([job(key="k"), job(key="k"), job()], T0)
+        claimed = store.claim_available(5, T0, exclude=[head.job_id])
+        assert [j.id for j in claimed] == [other.job_id]
+        assert [j.id for j in store.claim_available(5, T0)] == [head.job_id]
+
+    def test_a_claimed_job_released_unstarted_waits_where_it_waited_its_attempt_given_back(self, store):
+        head, later = store.submit([job(key="k"), job(key="k")], T0)
+        (j,) = store.claim_available(1, T0)
+        assert store.release_unstarted([j.id], T0 + 1) == 1
+        back = store.get(head.job_id)
+        assert (back.state, back.attempts, back.started_at, back.run_at) == (State.QUEUED, 0, None, T0)
+        assert [c.id for c in store.claim_available(5, T0 + 1)] == [head.job_id]  # still the key's head
+        assert store.release_unstarted([later.job_id], T0 + 1) == 0  # not running: nothing to give back
+
     def test_a_key_head_waiting_for_another_pool_holds_its_key(self, store):
         head, later = store.submit([job(key="k", pool="gpu"), job(key="k")], T0)
         assert store.claim_available(5, T0, pools=["default"]) == []

@@ -162,13 +162,31 @@ def test_a_job_that_may_not_fit_is_deferred_without_an_attempt_then_starts_when_
         big = q.enqueue("testjobs:hold_memory", [40])
         d.wait_for_line(rf"job {big} testjobs:hold_memory deferred")
         job = q.get(big)
-        assert job["state"] in (State.SCHEDULED, State.QUEUED) and job["attempts"] == 0
+        assert job["state"] == State.QUEUED and job["attempts"] == 0
         assert q.stats()["memory"]["deferred"]["memory"] >= 1
         assert q.stats()["memory"]["source"] == "cgroup"
         tighten(tree, 2000)
         done = q.wait(big, 30)
         gate.release_all()
     assert (done["state"], done["attempts"]) == (State.SUCCEEDED, 1)
+
+
+def test_a_job_deferred_for_memory_keeps_the_head_of_its_serial_key(start_daemon, store_url, tree, gate):
+    d = start_daemon(store_url, "--memory-root", str(tree), workers=2)
+    with d.client() as q:
+        assert q.wait(q.enqueue("testjobs:hold_memory", [40]), 20)["state"] == State.SUCCEEDED  # learnt
+        tighten(tree, 80)  # room for 16 MB: a 40 MB job is deferred while another job runs
+        q.enqueue("testjobs:gate", [gate.port, "busy"])
+        assert gate.arrival() == "busy"
+        big = q.enqueue("testjobs:hold_memory", [40], key="k")
+        small = q.enqueue("testjobs:add", [1, 2], key="k")  # enqueued after it: runs after it
+        d.wait_for_lines(rf"job {big} testjobs:hold_memory deferred", 2)  # claimed again, deferred again
+        assert q.get(small)["state"] == State.QUEUED  # a worker was free all along: the key held it
+        tighten(tree, 2000)
+        first, second = q.wait(big, 30), q.wait(small, 30)
+        gate.release_all()
+    assert (first["state"], second["state"]) == (State.SUCCEEDED, State.SUCCEEDED)
+    assert second["started_at"] >= first["finished_at"]
 
 
 def test_a_job_that_may_not_fit_starts_anyway_when_nothing_else_runs(start_daemon, tree):

@@ -56,6 +56,19 @@ def test_a_head_of_another_pool_holds_its_key():
     assert select([row(1, "k", pool="b"), row(2, "k")], Request.of(5, pools=["default"]), Running()) == []
 
 
+def test_a_job_the_claimer_sets_aside_is_passed_over():
+    assert select([row(1), row(2)], Request.of(5, exclude=[1]), Running()) == [2]
+
+
+def test_a_head_the_claimer_sets_aside_holds_its_key():
+    assert select([row(1, "k"), row(2, "k"), row(3)], Request.of(5, exclude=[1]), Running()) == [3]
+
+
+def test_plain_leaves_a_head_set_aside_to_the_selection():
+    assert plain([row(1), row(2)], Request.of(2, exclude=[2]), False) is None
+    assert plain([row(1), row(2)], Request.of(2, exclude=[3]), False) == [1, 2]
+
+
 def test_no_pool_at_all_starts_nothing():
     assert select([row(1)], Request.of(5, pools=[]), Running()) == []
 

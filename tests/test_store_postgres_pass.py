@@ -151,13 +151,13 @@ def test_a_pass_lifts_no_pause_and_tells_no_finish_for_a_job_it_did_not_finish(p
         (keyed,) = store.claim_available(1, T0)
         store.submit([job(func="m:bad")], T0 + 60)
         (probe,) = store.claim_available(1, T0 + 60)
-        assert store.release_unstarted([probe.id], [T0 + 90], T0 + 60) == 1
+        assert store.release_unstarted([probe.id], T0 + 60) == 1
         ears = listen_for_queickd(url)
         outcomes = [Outcome.succeeded(keyed.id, None), Outcome.succeeded(probe.id, None)]
-        assert store.finish_and_claim(outcomes, T0 + 61, 1) == []
+        assert store.finish_and_claim(outcomes, T0 + 61, 0) == []  # finishes only
         assert store.get(keyed.id).state == State.SUCCEEDED
         assert [p.probe_job for p in store.pauses()] == [probe.id]
-        assert store.get(probe.id).state == State.SCHEDULED
+        assert store.get(probe.id).state == State.QUEUED
         told = [(n.channel, n.payload) for n in ears.notifies(timeout=0.5, stop_after=5)]
         assert told == [("queickd", f"fk:{keyed.id}")]  # a freed key; not the given-back probe
     finally:
@@ -276,4 +276,4 @@ def test_jobs_a_pass_in_one_statement_claimed_but_cannot_read_are_given_back(pg_
         pg_store.finish_and_claim([], T0, 1)
     monkeypatch.undo()
     back = pg_store.get(s.job_id)
-    assert back.state == State.SCHEDULED and back.attempts == 0 and back.run_at == T0
+    assert back.state == State.QUEUED and back.attempts == 0 and back.run_at == T0

@@ -6,7 +6,12 @@ A pass is one store call where the store has one (store.finish_and_claim: Postgr
 round trips cost more than the statements of a pass in the steady state), else one
 transaction of several calls: outcomes stored, the next jobs claimed, the per-minute
 counts due and the memory gate's measures written, the claimed jobs that may not fit in
-memory sent back."""
+memory sent back.
+
+A job sent back for want of memory goes back to `queued`, where it waited: its place in the
+queue and at the head of its serial key kept (its key's later jobs wait behind it). This
+pool sets it aside (`_set_aside`: id -> until when) and its claims pass it over until
+then; another host's pool, with room of its own, may take it at once."""
 
 from __future__ import annotations
 
@@ -56,6 +61,7 @@ class PassStore:
     _done: queue.SimpleQueue[tuple[Outcome, int]]
     _unapplied: list[Outcome]
     _held: dict[int, int]
+    _set_aside: dict[int, float]
     _unsure: bool
     _runq: queue.SimpleQueue[Job | None]
     _stopping: bool
@@ -79,6 +85,19 @@ class PassStore:
         """Jobs claimed and not yet finished in the store: the ones held."""
         return len(self._held)
 
+    def _aside(self, now: float) -> frozenset[int]:
+        """The jobs set aside until a moment still ahead (those whose time has come dropped)."""
+        aside = self._set_aside
+        if not aside:
+            return frozenset()
+        for job_id in [i for i, until in aside.items() if until <= now]:
+            del aside[job_id]
+        return frozenset(aside)
+
+    def next_set_aside_at(self, now: float) -> float | None:
+        """When the next job set aside may be claimed again (None: none waits). Any thread."""
+        return min((t for t in tuple(self._set_aside.values()) if t > now), default=None)
+
     def _pass_in_one(self, p: Pass) -> bool:
         """The steady state's pass as one store call, a transaction of its own
         (store.finish_and_claim): its outcomes all successes, no run measures to write.
@@ -86,7 +105,8 @@ class PassStore:
         (jobs sent back for want of memory; the per-minute counts, left in p.count_after)
         takes transactions of its own, and never raises: the pass is applied whatever
         becomes of them."""
-        if not self.store.passes_in_one_call or (self.memory is not None and self.memory.has_pending()):
+        if (not self.store.passes_in_one_call or (self.memory is not None and self.memory.has_pending())
+                or self._aside(self._clock())):  # the one call sets nothing aside
             return False
         unapplied = self._take_outcomes()
         free = self.workers - self._busy + len(unapplied)
@@ -153,8 +173,9 @@ class PassStore:
         # sign that work waits with every worker busy (no polling for it).
         ask = p.free + 1 if self._can_grow() else p.free
         if ask > 0 and not self._stopping and not self._draining:
-            p.claimed = self.store.claim_available(ask, self._clock(), self._network_up(),
-                                                   pools=self.pools, limits=self.limits)
+            now = self._clock()
+            p.claimed = self.store.claim_available(ask, now, self._network_up(), pools=self.pools,
+                                                   limits=self.limits, exclude=self._aside(now))
         # Every count is written once the pool goes idle (nothing runs, nothing was
         # claimed); while busy, once a second at most. Idle is decided after the claim:
         # a worker of one slot is "idle" between every two jobs of a backlog, and a
@@ -237,18 +258,20 @@ class PassStore:
         self._wake.set()  # look again at once: more may wait, for one more worker
 
     def _fit(self, claimed: list[Job], running_here: int) -> tuple[list[Job], float | None]:
-        """The claimed jobs that fit in memory; the others go back to wait a little, their
-        attempt not spent (in the pass's transaction). -> (to start, when the first returns)."""
+        """The claimed jobs that fit in memory; the others go back to where they waited,
+        their attempt not spent (in the pass's transaction), set aside here a little.
+        -> (to start, when the first may be claimed again)."""
         assert self.memory is not None
         start, later = self.memory.split(claimed, running_here)
         if not later:
             return start, None
         now = self._clock()
-        run_ats = [now + w for w in self.memory.backoffs(later)]
-        self.store.release_unstarted([j.id for j in later], run_ats, now)
-        for job in later:
+        untils = [now + w for w in self.memory.backoffs(later)]
+        self.store.release_unstarted([j.id for j in later], now)
+        for job, until in zip(later, untils, strict=True):
+            self._set_aside[job.id] = until
             log.info("job %d %s deferred: it may not fit in memory now (%s)", job.id, job.func, self.memory.source)
-        return start, min(run_ats)
+        return start, min(untils)
 
     def _isolate(self, outcomes: list[Outcome]) -> list[Outcome]:
         """After a failed batch: the outcomes stored one by one (outcomes.store_one_by_one);

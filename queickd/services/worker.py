@@ -79,7 +79,8 @@ class WorkerPool(PassStore):
         self.store = store
         self.loader = loader
         self.memory = memory  # which claimed jobs fit in memory; None: all start
-        self._on_deferred = on_deferred  # (earliest run_at) of jobs sent back for want of memory
+        self._on_deferred = on_deferred  # when the first job set aside for want of memory may start
+        self._set_aside: dict[int, float] = {}  # those jobs (queued): id -> until when; under _dispatch_lock
         self.runner: Runner = runner if runner is not None else ThreadRunner(
             loader, measure=memory.measures_run if memory is not None else None)  # runs each job
         self.size = size if size is not None and size.adaptive else None  # None: a fixed size

@@ -120,7 +120,8 @@ class Store(Protocol):
 
     # --- claim ------------------------------------------------------------------------
     def claim_available(self, limit: int, now: float, network_up: bool = True,
-                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS) -> list[Job]:
+                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS,
+                        exclude: Collection[int] = ()) -> list[Job]:
         """Atomically move up to `limit` `queued` jobs to `running`, in queue order.
 
         Resource control (core/policy/claim.py): a grouped job whose group runs its
@@ -132,7 +133,8 @@ class Store(Protocol):
 
         Passed over (they keep waiting): a job whose key already has a running job (and
         every job of a key after the first one taken in this claim), a job whose key or
-        function is paused, a job of a pool not in `pools` (None: every pool), and, with
+        function is paused, a job of a pool not in `pools` (None: every pool), a job in
+        `exclude` (the claimer's memory gate sent it back a moment ago), and, with
         network_up False, a job that asked for network replay. A passed-over job at the
         head of its key holds the key: its key's later jobs wait behind it. Each claimed job's attempts grows by one and started_at becomes now.
         Returns the claimed jobs as they are after the claim; [] when nothing is claimable.
@@ -255,9 +257,10 @@ class Store(Protocol):
         memory limit, whether the peak is an estimate) into the functions' footprints."""
         ...
 
-    def release_unstarted(self, job_ids: list[int], run_ats: list[float], now: float) -> int:
-        """Claimed jobs that were not started go back to `scheduled` at their run_at, with
-        the attempt the claim counted given back. Returns how many were still running."""
+    def release_unstarted(self, job_ids: list[int], now: float) -> int:
+        """Claimed jobs that were not started go back to `queued`, to their place in the
+        queue and at the head of their key (their run_at unchanged), with the attempt the
+        claim counted given back. Returns how many were still running."""
         ...
 
     def budget_usage(self, pools: list[str], groups: list[str]) -> dict[tuple[str, str], tuple[float, int, float, int]]:

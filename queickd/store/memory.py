@@ -204,13 +204,14 @@ class MemoryStore(MemoryOperatorOps, MemoryCronsEvents, MemoryResources, MemoryW
 
     # --- claim ----------------------------------------------------------------------------
     def claim_available(self, limit: int, now: float, network_up: bool = True,
-                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS) -> list[Job]:
+                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS,
+                        exclude: Collection[int] = ()) -> list[Job]:
         out: list[Job] = []
         passed_over: list[tuple[int, float, int]] = []
         with self._lock:
             # _running is kept by _count: no scan of every job per claim.
             pick = claim.Selection(
-                claim.Request.of(limit, network_up, pools, limits, now),
+                claim.Request.of(limit, network_up, pools, limits, now, exclude),
                 claim.Running.of_jobs([(j.key, j.concurrency_group, None, j.concurrency_limit, j.pool, j.cost_units)
                                        for j in self._running.values()], self._pauses, self._due_probes(now)))
             # Every queued job is offered; those the selection leaves out (full groups, used

@@ -31,15 +31,14 @@ class MemoryResources:
                 if fp is not None:
                     self._footprints[func] = fp
 
-    def release_unstarted(self, job_ids: list[int], run_ats: list[float], now: float) -> int:
+    def release_unstarted(self, job_ids: list[int], now: float) -> int:
         n = 0
         with self._lock:
-            for job_id, run_at in zip(job_ids, run_ats, strict=True):
+            for job_id in job_ids:
                 job = self._jobs.get(job_id)
                 if job is None or job.state != State.RUNNING:
                     continue
-                self._put(dataclasses.replace(job, state=State.SCHEDULED, run_at=run_at, attempts=job.attempts - 1,
-                                              started_at=None))
+                self._put(dataclasses.replace(job, state=State.QUEUED, attempts=job.attempts - 1, started_at=None))
                 n += 1
         return n
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 try:
@@ -41,7 +41,7 @@ _PAUSE_KINDS = frozenset({"key", "func", "pool"})  # the view's rows of pauses (
 # (pgpasssql.py, 15). Without the lock (NULL), the view has said no already.
 _CLAIM = (f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(lock)s, %(now)s, %(worker)s, %(pools)s, %(net)s,"
           " %(limit)s)")
-_VIEW = "SELECT * FROM queickd_claim_view(%s, %s, %s, %s, %s)"
+_VIEW = "SELECT * FROM queickd_claim_view(%s, %s, %s, %s, %s, %s)"
 # The selection's pages after its first: queued jobs in queue order after a position,
 # leaving out full groups (pgclaimsql.py, 11); _HEAD is before every job.
 _AFTER = "SELECT * FROM queickd_candidates_after(%s, %s::text[], %s, %s, %s, %s)"
@@ -99,17 +99,18 @@ class PgClaims:
             # not spent) before the error goes up, or they would stay `running` under a
             # worker that beats on without them.
             with contextlib.suppress(Exception):  # the error to report is the first one
-                self.release_unstarted([r[0] for r in rows], [now] * len(rows), now)
+                self.release_unstarted([r[0] for r in rows], now)
             raise
         jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
         return jobs
 
     def claim_available(self, limit: int, now: float, network_up: bool = True,
-                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS) -> list[Job]:
+                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS,
+                        exclude: Collection[int] = ()) -> list[Job]:
         if limit <= 0:
             return []
         params = {"now": now, "worker": self.worker_id, "pools": list(pools) if pools is not None else None,
-                  "net": network_up, "limit": limit}
+                  "net": network_up, "limit": limit, "exclude": frozenset(exclude)}
         if getattr(self._local, "in_batch", False):
             # No savepoint here (two more round trips on every pass of the pool): a lost key
             # or slot race, which the claim's own conditions and its lock all but rule out,
@@ -135,12 +136,15 @@ class PgClaims:
         waits or a pool served has a budget: then it answers with a row of NULLs and the
         selection claims, from what the view (queickd_claim_view) reads first. The view
         may find the selection needless by then (the grouped jobs were taken meanwhile):
-        the fast path claims after all, under the lock the view holds."""
-        rows = c.execute(_CLAIM, {**params, "lock": _BUDGET_LOCK}).fetchall()
-        if not rows or rows[0][0] is not None:
-            return rows
+        the fast path claims after all, under the lock the view holds. A claim that sets
+        jobs aside (`exclude`) is the selection's at once: the fast path knows no such jobs."""
+        force = bool(params["exclude"])
+        if not force:
+            rows = c.execute(_CLAIM, {**params, "lock": _BUDGET_LOCK}).fetchall()
+            if not rows or rows[0][0] is not None:
+                return rows
         page = max(16, params["limit"] * 2)
-        view = c.execute(_VIEW, (_CLAIM_LOCK, _BUDGET_LOCK, params["pools"], page, params["now"])).fetchall()
+        view = c.execute(_VIEW, (_CLAIM_LOCK, _BUDGET_LOCK, params["pools"], page, params["now"], force)).fetchall()
         if not view:
             return c.execute(_CLAIM, {**params, "lock": None}).fetchall()
         return self._claim_selected(c, params, limits, view, page)
@@ -164,7 +168,8 @@ class PgClaims:
                                      groups={n: u for k, n, u in budgets if k == "group"})
         first = [r[1:10] for r in view if r[0] == "queued"]
         served = None if params["pools"] is None else frozenset(params["pools"])
-        pick = claim.Selection(claim.Request(params["limit"], params["net"], served, limits, params["now"]),
+        pick = claim.Selection(claim.Request(params["limit"], params["net"], served, limits, params["now"],
+                                             params["exclude"]),
                                claim.Running.of_jobs(running, pauses, probes))
         full, out_pools = pick.out_groups, pick.out_pools
         if served is not None and served <= out_pools:

@@ -336,3 +336,50 @@ START_HEADS_ONLY = """
 """
 
 MIGRATIONS: list[str] = [START, CANDIDATES_AFTER, CANDIDATES_GENERIC, START_HEADS_ONLY]
+
+
+# 22: the view (8, with 9's and 14's settings) restated with p_force: the claimer asks for
+# the selection whatever waits (its claim sets jobs aside: pgclaim.py).
+VIEW_ON_REQUEST = """
+    DROP FUNCTION IF EXISTS queickd_claim_view(bigint, bigint, text[], integer, double precision);
+    CREATE OR REPLACE FUNCTION queickd_claim_view(p_lock bigint, p_budget_lock bigint, p_pools text[],
+                                                  p_page integer, p_now double precision, p_force boolean)
+    RETURNS TABLE (kind text, id bigint, key text, func text, pool text, retry_on_network boolean,
+                   run_at double precision, concurrency_group text, concurrency_limit integer,
+                   cost_units double precision, slot integer, probe boolean)
+    LANGUAGE plpgsql VOLATILE SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off
+        SET jit = off SET plan_cache_mode = force_generic_plan AS $$
+    DECLARE
+        selection boolean;
+        locked text[];
+    BEGIN
+    PERFORM pg_advisory_xact_lock_shared(p_budget_lock);
+    SELECT EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL)
+        OR EXISTS (SELECT 1 FROM budgets b WHERE b.kind = 'pool' AND (p_pools IS NULL OR b.name = ANY(p_pools)))
+        INTO selection;
+    IF NOT selection AND NOT p_force THEN
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock(p_lock);
+    RETURN QUERY SELECT 'selection'::text, NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::boolean,
+                        NULL::double precision, NULL::text, NULL::integer, NULL::double precision,
+                        NULL::integer, NULL::boolean;
+    SELECT array_agg(x.kind || ':' || x.name) INTO locked FROM (
+        SELECT p.kind, p.name FROM pauses p WHERE p.probe_at <= p_now ORDER BY p.kind, p.name
+        FOR UPDATE SKIP LOCKED) x;
+    RETURN QUERY SELECT 'running'::text, r.id, r.key, r.func, r.pool, r.retry_on_network, r.run_at,
+                        r.concurrency_group, r.concurrency_limit, r.cost_units, r.slot, NULL::boolean
+    FROM jobs r WHERE r.state = 'running';
+    RETURN QUERY SELECT p.kind, NULL::bigint, p.name, NULL::text, NULL::text, NULL::boolean,
+                        NULL::double precision, NULL::text, NULL::integer, NULL::double precision, NULL::integer,
+                        coalesce(p.kind || ':' || p.name = ANY(locked), false)
+                        AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.id = p.probe_job AND r.state = 'running')
+    FROM pauses p;
+    RETURN QUERY SELECT 'budget'::text, NULL::bigint, b.name, NULL::text, b.kind, NULL::boolean,
+                        NULL::double precision, NULL::text, NULL::integer, b.units, NULL::integer, NULL::boolean
+    FROM budgets b;
+    RETURN QUERY SELECT 'queued'::text, c.*, NULL::integer, NULL::boolean
+    FROM queickd_candidates(p_pools, '{}', p_page, 0) c;
+    END
+    $$;
+    """

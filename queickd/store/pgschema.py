@@ -317,6 +317,10 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE jobs ADD COLUMN IF NOT EXISTS cron_until double precision;
     """,
+    # 22: the claim's view (8) asked for the selection by the claimer (p_force): a claim that
+    # sets jobs aside (the ones its memory gate sent back) is the selection's, which passes
+    # them over holding their keys.
+    pgclaimsql.VIEW_ON_REQUEST,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -12,7 +12,7 @@ import functools
 import heapq
 import operator
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 from ..core.job import Job
 from ..core.policy import claim
@@ -142,11 +142,12 @@ class SqliteClaims:
     _full_groups = False  # the last claim by the selection left jobs out (full groups, used up budgets)
 
     def claim_available(self, limit: int, now: float, network_up: bool = True,
-                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS) -> list[Job]:
+                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS,
+                        exclude: Collection[int] = ()) -> list[Job]:
         served = None if pools is None else frozenset(pools)
         if served is not None and not served:
             return []
-        request = claim.Request(limit, network_up, served, limits, now)
+        request = claim.Request(limit, network_up, served, limits, now, frozenset(exclude))
         # Inside the write transaction: SQLite serializes writers, so the selection is exact.
         with self._write(bookkeeping=True) as c:
             if self._full_groups:

@@ -30,9 +30,11 @@ STREAK = ("SELECT coalesce((SELECT failures FROM streaks WHERE kind = ? AND name
 
 
 _WAITING = ("scheduled", "queued", "waiting_network")
-# A claimed job that never started goes back to wait at run_at (the parameter), its
+# A claimed job of a worker that lost it goes back to wait at run_at (the parameter), its
 # attempt given back; with the store's _RELEASE after it.
 UNSTART = "UPDATE jobs SET state = 'scheduled', run_at = ?, attempts = attempts - 1, started_at = NULL"
+# A claimed job that did not start, back where it waited; with the store's _RELEASE after it.
+REQUEUE = "UPDATE jobs SET state = 'queued', attempts = attempts - 1, started_at = NULL"
 
 
 # Within a serial key, no pending event is due before an earlier one (outbox.KeyOrder):
@@ -350,16 +352,16 @@ class SharedSql:
                 " updated_at = excluded.updated_at"),
                 [(f, fp.peak, fp.runtime, fp.runs, fp.estimated, now) for f, fp in known.items() if fp is not None])
 
-    def release_unstarted(self, job_ids: list[int], run_ats: list[float], now: float) -> int:
-        """Claimed jobs that did not start go back to wait (scheduled at run_at), their
-        attempt not spent. Returns how many were still running."""
+    def release_unstarted(self, job_ids: list[int], now: float) -> int:
+        """Claimed jobs that did not start go back to `queued` (their place in the queue and
+        in their key kept), their attempt not spent. Returns how many were still running."""
         with self._write() as c:
             n = 0
-            for job_id, run_at in zip(job_ids, run_ats, strict=True):
-                n += c.execute(self._q(f"{UNSTART}{self._RELEASE} WHERE id = ? AND state = 'running'"),
-                               (run_at, job_id)).rowcount
-            if n and run_ats:
-                self._scheduled_at(c, min(run_ats))
+            for job_id in job_ids:
+                n += c.execute(self._q(f"{REQUEUE}{self._RELEASE} WHERE id = ? AND state = 'running'"),
+                               (job_id,)).rowcount
+            if n:
+                self._released(c)
         return n
 
     def _scheduled_at(self, c: Any, run_at: float) -> None:

@@ -7,7 +7,9 @@ limit, and the store marks those running. Pure: no I/O of its own, no clock.
 
 A candidate may start when it is eligible (its pool is served, its network, if it needs
 one, is up, its pool is not paused, neither its function nor its key is paused, unless that pause's probe is due:
-see below) and every rule admits it. Rules
+see below; the claimer has not set it aside: `Request.exclude`, the jobs its memory gate
+sent back to wait a little, which keep their place in the queue and in their key) and
+every rule admits it. Rules
 are small classes with the same three methods (`Rule`), applied in order; the first:
 - `SerialKeys`: a serial key runs at most one job at a time, and only its head (its
   first job in queue order) may start, so a key's jobs run in enqueue order: a head that
@@ -47,7 +49,7 @@ wait, the jobs behind them are reached, on every store alike.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -159,11 +161,13 @@ class Request:
     pools: frozenset[str] | None = None  # None: every pool
     limits: Limits = NO_LIMITS
     now: float = 0.0  # for the budgets' patience
+    exclude: frozenset[int] = frozenset()  # ids set aside by the claimer: not started, keys held
 
     @staticmethod
     def of(limit: int, network_up: bool = True, pools: Sequence[str] | None = None,
-           limits: Limits = NO_LIMITS, now: float = 0.0) -> Request:
-        return Request(limit, network_up, None if pools is None else frozenset(pools), limits, now)
+           limits: Limits = NO_LIMITS, now: float = 0.0, exclude: Collection[int] = ()) -> Request:
+        return Request(limit, network_up, None if pools is None else frozenset(pools), limits, now,
+                       frozenset(exclude))
 
 
 class Rule(Protocol):
@@ -236,7 +240,7 @@ class Selection:
     """Offer candidates in queue order; `offer` says whether each may start."""
 
     __slots__ = ("limit", "chosen", "rules", "groups", "look_ahead", "read", "out_groups", "out_pools",
-                 "probes", "_net", "_pools", "_paused_funcs", "_paused_keys", "_paused_pools", "_open")
+                 "probes", "_net", "_pools", "_paused_funcs", "_paused_keys", "_paused_pools", "_open", "_exclude")
 
     def __init__(self, request: Request, running: Running) -> None:
         self.limit = request.limit
@@ -263,6 +267,7 @@ class Selection:
         self._paused_funcs, self._paused_keys = running.paused_funcs, running.paused_keys
         self._paused_pools = running.paused_pools
         self._open = set(running.probes)  # due probes not taken yet by this selection
+        self._exclude = request.exclude
 
     @property
     def full(self) -> bool:
@@ -286,8 +291,10 @@ class Selection:
 
     def eligible(self, c: Candidate) -> bool:
         """Its pool is served, its network (if it needs one) is up, its function and key
-        are not paused (or their pause's probe is due). Nothing is counted: the rules do that."""
+        are not paused (or their pause's probe is due), the claimer has not set it aside.
+        Nothing is counted: the rules do that (one passed over holds its key)."""
         return ((self._net or not c.retry_on_network)
+                and (not self._exclude or c.id not in self._exclude)
                 and (self._pools is None or c.pool in self._pools)
                 and (not self._paused_pools or c.pool not in self._paused_pools)
                 and (c.func not in self._paused_funcs or ("func", c.func) in self._open)
@@ -366,11 +373,11 @@ def plain(heads: Sequence[Candidate], request: Request, paused: bool,
     None, and the store then leaves such jobs out of what it reads (Selection.left_out)."""
     if paused:
         return None
-    net, pools = request.network_up, request.pools
+    net, pools, exclude = request.network_up, request.pools, request.exclude
     grouped = False
     for c in heads:
         if (c.key is not None or (c.retry_on_network and not net)
-                or (pools is not None and c.pool not in pools)):
+                or (pools is not None and c.pool not in pools) or (exclude and c.id in exclude)):
             return None
         if c.concurrency_group is not None:
             grouped = True
