@@ -189,6 +189,25 @@ def test_a_job_deferred_for_memory_keeps_the_head_of_its_serial_key(start_daemon
     assert second["started_at"] >= first["finished_at"]
 
 
+def test_an_external_worker_claims_a_job_it_set_aside_again_and_keeps_its_key_order(
+        start_daemon, start_worker, pg_fresh_database, tree, gate):
+    d = start_daemon(pg_fresh_database, workers=0)
+    w = start_worker(pg_fresh_database, extra=("--memory-root", str(tree), "--sweep", "60"))
+    with d.client() as q:
+        assert q.wait(q.enqueue("testjobs:hold_memory", [40]), 20)["state"] == State.SUCCEEDED  # learnt
+        tighten(tree, 80)
+        q.enqueue("testjobs:gate", [gate.port, "busy"])
+        assert gate.arrival() == "busy"
+        big = q.enqueue("testjobs:hold_memory", [40], key="k")
+        small = q.enqueue("testjobs:add", [1, 2], key="k")
+        w.wait_for_lines(rf"job {big} testjobs:hold_memory deferred", 2)  # its wait up, claimed again
+        assert q.get(small)["state"] == State.QUEUED
+        tighten(tree, 2000)
+        first, second = q.wait(big, 30), q.wait(small, 30)
+        gate.release_all()
+    assert second["started_at"] >= first["finished_at"]
+
+
 def test_a_job_that_may_not_fit_starts_anyway_when_nothing_else_runs(start_daemon, tree):
     d = start_daemon(None, "--memory-root", str(tree), workers=2)
     with d.client() as q:

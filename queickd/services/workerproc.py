@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 
 from .. import __version__, collector
@@ -83,11 +84,18 @@ def run(config: WorkerConfig) -> int:
         gate = MemoryGate(store, reserve_mb=config.memory_reserve, max_rss_mb=config.max_rss,
                           root=config.memory_root)
         runner = make_runner(loader, sandbox.settings(config), config.sandbox_env, measure=gate.measures_run)
-        # A pause begun here is probed after its cooldown: the pool wakes then, not at its
-        # next sweep (the daemon's scheduler does this for a daemon's pool).
-        probes = Alarm(lambda: pool.wake(), name="queickd-probes")
+        # A pause begun here is probed after its cooldown, and a job set aside for want of
+        # memory may start after its wait: the pool wakes then, not at its next sweep (the
+        # daemon's scheduler does this for a daemon's pool).
+        def wake_pool() -> None:
+            pool.wake()
+            nxt = pool.next_set_aside_at(time.time())
+            if nxt is not None:  # another job set aside waits longer
+                alarm.at(nxt)
+
+        alarm = Alarm(wake_pool, name="queickd-pool-alarm")
         pool = WorkerPool(store, loader, config.workers, sweep=config.sweep, pause_after=config.pause_after,
-                          pause_cooldown=config.pause_cooldown, on_probe_at=probes.at,
+                          pause_cooldown=config.pause_cooldown, on_probe_at=alarm.at, on_deferred=alarm.at,
                           pools=list(config.pool), runner=runner,
                           memory=gate, size=adaptive_size(config.workers, config.min_workers,
                                                           config.max_workers, config.idle_grace),
@@ -107,7 +115,7 @@ def run(config: WorkerConfig) -> int:
         pool.stop_claiming()
         log.info("stopping: no new claims; waiting up to %.0f s for running jobs", config.stop_timeout)
         finished = pool.stop(config.stop_timeout)
-        probes.stop()
+        alarm.stop()
         runner.stop()
         member.stop()
         log.info("stopped" if finished else "stopped with jobs still running (re-queued by the fleet)")
