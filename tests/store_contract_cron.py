@@ -110,6 +110,27 @@ class CronEventContract:
         assert again.duplicate and again.job_id == first.job_id
         assert store.counts()[State.QUEUED] == 1
 
+    def test_a_delivered_event_is_forgotten_once_its_job_is_pruned_and_not_before(self, store):
+        done = store.accept_event(self._event("e1", key=None), T0, Admission())
+        store.accept_event(self._event("e2", key=None), T0, Admission())  # its job still waits
+        (j,) = store.claim_available(1, T0)
+        assert j.id == done.job_id
+        with store.batch(bookkeeping=True):
+            store.finish_if_running([Outcome.succeeded(j.id, None)], T0 + 1)
+        assert store.prune_events(T0 + 10, 10) == 0  # its job is still there
+        assert store.prune_finished(T0 + 10, 10) == 1
+        assert store.prune_events(T0, 10) == 0  # not accepted before that time
+        assert store.prune_events(T0 + 10, 10) == 1
+        assert [e.event_id for e in store.list_events(None, 10)] == ["e2"]
+        again = store.accept_event(self._event("e1", key=None), T0 + 20, Admission())
+        assert not again.duplicate and again.job_id != done.job_id  # forgotten with its job
+
+    def test_a_pending_event_is_not_pruned_with_the_delivered(self, store):
+        full = Admission(max_queued_per_key=1)
+        store.submit([job(key="k")], T0)
+        assert store.accept_event(self._event("e1"), T0, full).state == "pending"
+        assert store.prune_events(T0 + 10, 10) == 0
+
     def test_an_event_without_room_waits_in_the_outbox_and_is_delivered_later(self, store):
         full = Admission(max_queued_per_key=1)
         (first,) = store.submit([job(key="k")], T0)

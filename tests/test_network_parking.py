@@ -12,10 +12,12 @@ from helpers import Listener
 from store_contract import T0, job
 
 from queickd.core.job import Outcome, State
+from queickd.core.policy.admission import Admission
 from queickd.services.netcheck import NetworkMonitor
 from queickd.services.network import NetworkParking
 from queickd.services.retention import Retention
 from queickd.store.memory import MemoryStore
+from queickd.store.records import NewEvent
 
 
 def _monitor(up: bool | None) -> NetworkMonitor:
@@ -122,6 +124,15 @@ def test_retention_prunes_finished_jobs_older_than_keep_finished():
     recent = _finished(store, lambda i: Outcome.succeeded(i, None), T0 + 50)
     assert Retention(store, 100.0, clock=lambda: T0 + 120).prune() == 1
     assert store.get(old) is None and store.get(recent) is not None
+
+
+def test_retention_forgets_the_delivered_events_whose_jobs_it_pruned():
+    store = MemoryStore()
+    acc = store.accept_event(NewEvent("tap-1", job()), T0, Admission())
+    store.claim_available(1, T0)
+    store.finish_if_running([Outcome.succeeded(acc.job_id, None)], T0)
+    assert Retention(store, 100.0, clock=lambda: T0 + 120).prune() == 1
+    assert store.list_events(None, 10) == []
 
 
 def test_retention_keeps_dead_jobs():

@@ -1,5 +1,6 @@
-"""Retention: succeeded and cancelled jobs are deleted once older than `keep_finished`, and
-the per-minute counters once older than a day.
+"""Retention: succeeded and cancelled jobs are deleted once older than `keep_finished`, the
+delivered outbox events whose job is gone with them, and the per-minute counters once older
+than a day.
 
 Called by the scheduler's safety sweep (no thread of its own). Deletes in small batches,
 each its own transaction, so a large backlog never holds the store's writer for long.
@@ -30,10 +31,13 @@ class Retention:
 
     def prune(self) -> int:
         """Delete the finished jobs past their time; returns how many."""
-        cutoff, total = self._clock() - self.keep_finished, 0
+        cutoff, total, events = self._clock() - self.keep_finished, 0, 0
         while (n := self.store.prune_finished(cutoff, BATCH)) > 0:
             total += n
-        if total:
-            log.info("retention: pruned %d finished job(s) older than %.0f s", total, self.keep_finished)
+        while (n := self.store.prune_events(cutoff, BATCH)) > 0:
+            events += n
+        if total or events:
+            log.info("retention: pruned %d finished job(s) and %d delivered event(s) older than %.0f s",
+                     total, events, self.keep_finished)
         self.store.prune_minutes(int(self._clock() // 60) - KEEP_MINUTES)
         return total

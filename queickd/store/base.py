@@ -361,6 +361,12 @@ class Store(Protocol):
         """Delete up to `limit` succeeded or cancelled jobs finished before the time."""
         ...
 
+    def prune_events(self, created_before: float, limit: int) -> int:
+        """Delete up to `limit` delivered outbox events accepted before the time whose job
+        is gone (deleted by retention or a purge): their event_id is forgotten with it, as a
+        job's idempotency key is. Pending and dead events stay. Returns how many."""
+        ...
+
     # --- per-minute counters (the history and the fleet's counts) ------------------------
     def add_minute(self, m: Minute) -> None:
         """Add a member's counts to its row of that minute (made if new); a depth given

@@ -124,6 +124,14 @@ class MemoryCronsEvents:
                 out.append(EventAccepted(ev.event_id, False, state, None))
         return out
 
+    def prune_events(self, created_before: float, limit: int) -> int:
+        with self._lock:
+            gone = [i for i, (e, _) in self._events.items() if e.state == EventState.DELIVERED
+                    and e.created_at < created_before and e.job_id not in self._jobs][:limit]
+            for i in gone:
+                del self._events[i]
+            return len(gone)
+
     def next_event_at(self) -> float | None:
         with self._lock:
             return min((e.next_attempt_at for e, _ in self._events.values()

@@ -352,6 +352,13 @@ class SharedSql:
                 " updated_at = excluded.updated_at"),
                 [(f, fp.peak, fp.runtime, fp.runs, fp.estimated, now) for f, fp in known.items() if fp is not None])
 
+    def prune_events(self, created_before: float, limit: int) -> int:
+        with self._write() as c:
+            return c.execute(self._q(
+                "DELETE FROM events WHERE event_id IN (SELECT e.event_id FROM events e WHERE e.state = 'delivered'"
+                " AND e.created_at < ? AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = e.job_id) LIMIT ?)"),
+                (created_before, limit)).rowcount
+
     def release_unstarted(self, job_ids: list[int], now: float) -> int:
         """Claimed jobs that did not start go back to `queued` (their place in the queue and
         in their key kept), their attempt not spent. Returns how many were still running."""
