@@ -45,7 +45,7 @@ from .services.scheduler import Scheduler
 from .services.worker import WorkerPool
 from .settings import EX_VERSION, Config, check_shared
 from .store import Store, open_store
-from .store.base import FleetStore
+from .store.fleetbase import FleetStore
 from .store.records import EventState, Minute, Recovered
 from .ui.metrics import Metrics
 

@@ -16,7 +16,7 @@ from queickd.run.loader import FunctionLoader
 from queickd.services.batcher import SubmitBatcher
 from queickd.services.scheduler import Scheduler
 from queickd.services.worker import WorkerPool
-from queickd.store.base import FleetStore
+from queickd.store.fleetbase import FleetStore
 from queickd.store.memory import MemoryStore
 
 JOBS = str(Path(__file__).parent / "jobs")

@@ -30,7 +30,7 @@ from ..services.netcheck import NetworkMonitor
 from ..services.scheduler import Scheduler
 from ..services.worker import WorkerPool
 from ..store import CronRecord, Store
-from ..store.base import FleetStore
+from ..store.fleetbase import FleetStore
 from ..store.records import EventState, NewEvent
 from ..ui import status
 from ..ui.metrics import Metrics

@@ -97,7 +97,7 @@ def run_worker(a: argparse.Namespace) -> int:
 
 def db_migrate(a: argparse.Namespace) -> int:
     from ..store import open_store
-    from ..store.base import FleetStore
+    from ..store.fleetbase import FleetStore
 
     try:
         store = open_store(a.store)  # opening migrates
@@ -125,7 +125,7 @@ def db_clear_budgets(a: argparse.Namespace) -> int:
     claimer reads them in its next claim; the others are told at once)."""
     from ..core.policy.claim import Limits
     from ..store import open_store
-    from ..store.base import FleetStore
+    from ..store.fleetbase import FleetStore
 
     try:
         store = open_store(a.store) if a.store.startswith(("postgres://", "postgresql://")) else None

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..settings import DEFAULT_HEARTBEAT, DEFAULT_MAX_ORPHAN_REQUEUES, DEFAULT_SWEEP
-from ..store.base import FleetStore, Store
+from ..store.base import Store
+from ..store.fleetbase import FleetStore
 from .worker import WorkerPool
 
 log = logging.getLogger("queickd.fleet")

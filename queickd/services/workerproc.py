@@ -27,7 +27,7 @@ from ..core.policy.resources import parse as parse_resources
 from ..run.loader import FunctionLoader
 from ..run.routing import make_runner
 from ..settings import EX_VERSION, WorkerConfig, check_shared
-from ..store.base import FleetStore
+from ..store.fleetbase import FleetStore
 from .alarm import Alarm
 from .budgets import BudgetsInForce
 from .fleet import FleetMember

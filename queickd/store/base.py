@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from ..core.job import Job, NewJob, Outcome, Submitted
 from ..core.policy import claim
@@ -27,7 +27,6 @@ from ..core.policy.memory import Footprint
 from ..core.policy.resources import BudgetChange
 from ..core.workflow import Definition, RunRecord
 from .records import (
-    Beat,
     CronFire,
     CronRecord,
     Event,
@@ -456,52 +455,3 @@ class Store(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-@runtime_checkable
-class FleetStore(Store, Protocol):
-    """A store shared by a fleet of worker processes (PostgreSQL): a registry of workers
-    with heartbeats, schema versions every member must match, and a connection that
-    LISTENs for wake-ups. Test for it with isinstance(store, FleetStore); a store that is
-    not one is served by one daemon alone."""
-
-    def connect(self, **options: Any) -> Any:
-        """A new autocommit connection for LISTEN (the caller closes it); options are the
-        driver's (keepalives=1, ...)."""
-        ...
-
-    def versions(self) -> tuple[str | None, int]:
-        """(queickd version, schema version) the database was migrated by."""
-        ...
-
-    def check_version(self) -> None:
-        """Raise if the database was migrated by another queickd version than this one."""
-        ...
-
-    def register_worker(self, kind: str, pools: Sequence[str], slots: int, heartbeat: float,
-                        refused: str | None = None) -> int:
-        """Record this process as a worker serving `pools` (or, with `refused`, why it will
-        not); its claims carry the returned id."""
-        ...
-
-    def beat(self, max_orphan_requeues: int | None = None, now: float | None = None) -> Beat:
-        """Heartbeat: whether this worker's record was still there, and the database's
-        versions; with max_orphan_requeues, recover_orphans too, in the same transaction
-        (a failed sweep leaves the beat written: Beat.recovered is then None)."""
-        ...
-
-    def deregister_worker(self) -> int:
-        """Remove this process's record; returns how many jobs it still held running."""
-        ...
-
-    def forget_gone_workers(self, older_than: float) -> int:
-        """Delete records of workers silent for more than `older_than` seconds."""
-        ...
-
-    def workers(self) -> list[dict[str, Any]]:
-        """Every registered worker, with `alive` and seconds since its last beat."""
-        ...
-
-    def running_without_worker(self) -> int:
-        """Running jobs whose worker is gone (what the next orphan sweep re-queues)."""
-        ...
