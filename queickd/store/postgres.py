@@ -52,8 +52,12 @@ from .pgregistry import ALIVE, FleetRecords, notify
 from .pgsubmit import SUBMIT_LOCK, WAITING_SQL, PgSubmit
 from .pools import set_pool_sql
 from .records import CronFire, CronRecord, Finished, Pause, Recovered
-from .sqlshared import UNSTART, SharedSql, filters
+from .sqlshared import SharedSql, filters
 from .wfsql import SqlWorkflows
+
+# A claimed job of a worker that lost it (a pass whose answer never came) goes back to wait
+# at run_at (the parameter), its attempt given back; with _RELEASE after it.
+UNSTART = "UPDATE jobs SET state = 'scheduled', run_at = ?, attempts = attempts - 1, started_at = NULL"
 
 # pg_advisory lock id (beside pgschema.MIGRATE_LOCK and the others): one delivery of the
 # outbox at a time, and a keyed event's place in it read under it.

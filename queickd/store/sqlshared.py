@@ -30,9 +30,6 @@ STREAK = ("SELECT coalesce((SELECT failures FROM streaks WHERE kind = ? AND name
 
 
 _WAITING = ("scheduled", "queued", "waiting_network")
-# A claimed job of a worker that lost it goes back to wait at run_at (the parameter), its
-# attempt given back; with the store's _RELEASE after it.
-UNSTART = "UPDATE jobs SET state = 'scheduled', run_at = ?, attempts = attempts - 1, started_at = NULL"
 # A claimed job that did not start, back where it waited; with the store's _RELEASE after it.
 REQUEUE = "UPDATE jobs SET state = 'queued', attempts = attempts - 1, started_at = NULL"
 
