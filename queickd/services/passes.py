@@ -106,7 +106,7 @@ class PassStore:
         takes transactions of its own, and never raises: the pass is applied whatever
         becomes of them."""
         if (not self.store.passes_in_one_call or (self.memory is not None and self.memory.has_pending())
-                or self._aside(self._clock())):  # the one call sets nothing aside
+                or (self._set_aside and self._aside(self._clock()))):  # the one call sets nothing aside
             return False
         unapplied = self._take_outcomes()
         free = self.workers - self._busy + len(unapplied)
