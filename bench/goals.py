@@ -162,6 +162,13 @@ def _pg_floor_text(res: Results) -> list[str]:
     if tx1 is not None and tx4 is not None:
         out.append(f"end to end: {tx1:.2f} transactions a job with 1 worker process of 4 slots, {tx4:.2f} with 4 "
                    "of 1 slot (a worker claims only what it can start: one of 1 slot, one job a pass)")
+        cpu1, cpu4 = (res.median(("e2e", queickd_target(k), PG_BACKEND_CPU)) for k in (1, 4))
+        if cpu1 and cpu4 and tx1 and tx4:
+            # A pass costs the server about the same for one job as for several: the
+            # database CPU per job then goes as the passes per job.
+            out.append(f"end to end: server CPU per transaction {cpu1 / tx1:.0f} µs with 1 worker process, "
+                       f"{cpu4 / tx4:.0f} with 4; at the same cost a transaction, 4 processes of 1 slot spend "
+                       f"{tx4 / tx1:.2f}x the database CPU a job of 1 of 4 slots")
     return out
 
 

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,20 @@ class Database:
         row = self._admin.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
                                   (self.name,)).fetchone()
         return int(row[0]) if row and row[0] is not None else 0
+
+    def transactions_once_gone(self, timeout: float = 20.0) -> int:
+        """transactions() once no server process of this database is left. A backend
+        reports its counts to pg_stat_database at most once a second while busy and 10 s
+        after it last went idle, but at once when it exits: a count read while the run's
+        processes are still connected misses up to their last 10 s (half of a short run's
+        transactions). Call it after the run's processes were stopped."""
+        deadline = time.monotonic() + timeout
+        while self.backends():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server processes of {self.name} still connected {timeout:.0f} s after "
+                                   "their clients stopped")
+            time.sleep(0.05)
+        return self.transactions()
 
     def backends(self) -> list[int]:
         """Server processes connected to this database."""

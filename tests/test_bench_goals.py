@@ -43,10 +43,14 @@ def test_postgres_lines_set_the_batch_aim_beside_the_servers_cpu_per_row():
     res = results(("enqueue-batch", PGQUEUER, "enqueue rate", 50_000.0),
                   ("enqueue-batch", QUEICKD_ENQUEUE, "enqueue rate", 40_000.0),
                   ("enqueue-batch", QUEICKD_ENQUEUE, "CPU per job, its server backends", 17.0),
-                  ("e2e", queickd_target(1), "transactions per job", 0.2),
-                  ("e2e", queickd_target(4), "transactions per job", 0.4))
+                  ("e2e", queickd_target(1), "transactions per job", 0.5),
+                  ("e2e", queickd_target(4), "transactions per job", 1.0),
+                  ("e2e", queickd_target(1), "CPU per job, its server backends", 150.0),
+                  ("e2e", queickd_target(4), "CPU per job, its server backends", 280.0))
     lines = pg_goal_lines(res)
     assert "1,000 per request: queickd pg >= 2x pgqueuer: 0.80x  MISSES" in lines
     assert "1,000 per request: 2x pgqueuer leaves 10.0 µs a job; the server alone spent 17.0 µs of CPU per queickd row" in lines
-    assert any(line.startswith("end to end: 0.20 transactions a job with 1 worker process of 4 slots, 0.40 with 4")
+    assert any(line.startswith("end to end: 0.50 transactions a job with 1 worker process of 4 slots, 1.00 with 4")
                for line in lines)
+    assert ("end to end: server CPU per transaction 300 µs with 1 worker process, 280 with 4; at the same cost a "
+            "transaction, 4 processes of 1 slot spend 2.00x the database CPU a job of 1 of 4 slots") in lines
