@@ -370,8 +370,7 @@ class Connection(asyncio.BufferedProtocol):
 
         def done(result: Any) -> None:  # this thread (inline commit) or the committer's
             if threading.get_ident() == here:
-                _resolve(fut, result)
-                self._pump()  # the ack leaves now, before the post-commit work (the claim)
+                self._answered(fut, result)  # the ack leaves now, before the post-commit work (the claim)
             else:
                 inbox.call(self._answered, fut, result)  # a commit's answers share one wake-up of the loop
 
@@ -380,8 +379,9 @@ class Connection(asyncio.BufferedProtocol):
         self.server.gather.submit(jobs, done)
 
     def _answered(self, fut: asyncio.Future, result: Any) -> None:
-        """On the loop: the committer's answer to this connection's enqueues. The replies
-        leave now, not from a done-callback in the loop's next pass."""
+        """On the loop: the answer to this connection's enqueues (an inline commit's, or the
+        committer's). The replies leave now, not from a done-callback in the loop's next
+        pass (unhooked first: it would cost that pass, with a poll of its own, per commit)."""
         if self._hooked is fut:
             fut.remove_done_callback(self._pump)
             self._hooked = None
