@@ -10,6 +10,7 @@ import importlib
 from queickd.core import workflow as wf
 from queickd.core.job import NewJob, Outcome, State
 from queickd.run import context
+from queickd.services.fanout_args import FanOutArgs
 
 T0 = 1_700_000_000.0
 S = "wfsteps:"
@@ -32,7 +33,9 @@ def run(j):
 
 
 def drive(store, now=T0, rounds=10_000, only=None):
-    """Run every claimable job until none is left; `only(job)` False leaves a job running."""
+    """Run every claimable job until none is left; `only(job)` False leaves a job running.
+    A fan-out item gets its run's state as the worker pool gives it (FanOutArgs)."""
+    fanout = FanOutArgs(store)
     held = []
     for _ in range(rounds):
         jobs = store.claim_available(50, now)
@@ -43,7 +46,7 @@ def drive(store, now=T0, rounds=10_000, only=None):
             if only is not None and not only(j):
                 held.append(j)
                 continue
-            outcomes.append(run(j))
+            outcomes.append(run(fanout.complete(j)))
         with store.batch(bookkeeping=True):
             store.finish_if_running(outcomes, now)
     return held
@@ -74,6 +77,21 @@ class WorkflowContract:
         assert run.state == {"n": 10, "tasks": list(range(10)), "planned": True,
                              "results": [i * i for i in range(10)], "total": 285}
         assert run.usage["transitions"] == 3 and run.usage["cost_units"] == 12
+
+    def test_workflow_a_fan_out_stores_each_item_job_without_the_run_state(self, store):
+        big = "x" * 20_000
+        d = definition({"name": "fan", "kind": "for_each", "items": "xs", "func": S + "square"})
+        run, _ = store.workflow_start(d, {"xs": [1, 2, 3], "big": big}, T0)
+        assert sorted(j.args for j in store.workflow_jobs(run.id)) == [[1, None], [2, None], [3, None]]
+
+    def test_workflow_a_fan_out_item_is_called_with_the_run_state_read_once_for_all_items(self, store):
+        d = definition({"name": "fan", "kind": "for_each", "items": "xs", "func": S + "square"})
+        state = {"xs": [1, 2, 3], "big": "x" * 20_000}
+        store.workflow_start(d, state, T0)
+        fanout = FanOutArgs(store)
+        called = [fanout.complete(j).args for j in store.claim_available(10, T0)]
+        assert sorted(called, key=lambda a: a[0]) == [[1, state], [2, state], [3, state]]
+        assert fanout.reads == 1
 
     def test_workflow_each_step_output_is_recorded_once_per_step_item_and_loop(self, store):
         run, _ = store.workflow_start(definition(*THREE_STEPS), {"n": 4}, T0)

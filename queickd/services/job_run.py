@@ -11,17 +11,23 @@ from collections.abc import Callable
 from ..core import fate
 from ..core.job import Job, Outcome, State
 from ..run.base import Runner, RunReport
+from .fanout_args import RunGoneError
 
 log = logging.getLogger("queickd.worker")
 
 
 def run_job(runner: Runner, job: Job, clock: Callable[[], float], network_checker: Callable[[], bool],
-            network_up: Callable[[], bool] = lambda: False) -> tuple[Outcome, float, RunReport | None]:
+            network_up: Callable[[], bool] = lambda: False,
+            arguments: Callable[[Job], Job] | None = None) -> tuple[Outcome, float, RunReport | None]:
     """Run `job` -> (its outcome, its runtime, the runner's report; None if running or
-    deciding failed). The clock and the network checker's state are read on failure only."""
+    deciding failed). The clock and the network checker's state are read on failure only.
+    `arguments` completes what the job is called with first (fanout_args: a fan-out item's
+    run state); when that fails the job does not start (see _completed)."""
     report: RunReport | None = None
     try:
-        report = runner.run(job)
+        called, report = _completed(job, arguments)
+        if report is None:
+            report = runner.run(called)
         if report.ok:
             outcome = fate.after_success(job, report)
         else:
@@ -39,3 +45,19 @@ def run_job(runner: Runner, job: Job, clock: Callable[[], float], network_checke
             job.max_attempts, outcome.error["type"], outcome.error["message"], outcome.state,
         )
     return outcome, runtime, report
+
+
+def _completed(job: Job, arguments: Callable[[Job], Job] | None) -> tuple[Job, RunReport | None]:
+    """(the job as it is called, None), or (job, why it cannot start as a failed run's
+    report). A run gone is final; a store that cannot be read now is no fault of the job's
+    (`resource`: retried, its attempt not spent, as for a host out of file descriptors)."""
+    if arguments is None:
+        return job, None
+    try:
+        return arguments(job), None
+    except RunGoneError as e:
+        return job, RunReport(False, None, "run_gone", str(e), None, permanent=True)
+    except Exception as e:
+        log.warning("job %d: could not read its workflow run's state: %s", job.id, e)
+        return job, RunReport(False, None, "store_unavailable",
+                              f"could not read the workflow run's state for this item: {e}", None, resource=True)

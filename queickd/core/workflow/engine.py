@@ -214,7 +214,9 @@ def _enter(run: RunRecord, index: int, now: float, lookups: Lookups) -> Plan:
         run = dataclasses.replace(run, usage={**run.usage, "for_each_items": max(
             len(items), run.usage.get("for_each_items", 0))})
         if items:
-            return _start_jobs(run, step, index, loop, [[item, run.state] for item in items], now)
+            # [item, None]: the run's state takes the None's place as each item starts
+            # (services/fanout_args.py), rather than being stored once per item.
+            return _start_jobs(run, step, index, loop, [[item, None] for item in items], now)
         # Nothing to wait for: the step completes with no results, and the next is entered.
         merged = _merge(run, step, index, {**run.state, step.result: []}, None, now)
         if isinstance(merged, Plan):

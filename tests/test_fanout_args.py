@@ -1,0 +1,108 @@
+"""A fan-out item's run state is added as the item starts (services/fanout_args.py), not
+stored in each item's job: what the item is called with, and when that cannot be read."""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from queickd.core import workflow as wf
+from queickd.core.job import State
+from queickd.run.loader import FunctionLoader
+from queickd.run.thread import ThreadRunner
+from queickd.services.fanout_args import FanOutArgs
+from queickd.services.job_run import run_job
+from queickd.store import open_store
+
+JOBS = str(Path(__file__).parent / "jobs")
+T0 = 1_700_000_000.0
+FAN = wf.parse({"name": "fan", "steps": [{"name": "f", "kind": "for_each", "items": "xs", "func": "wfsteps:square"}]})
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = open_store(f"sqlite:///{tmp_path / 'q.db'}")
+    yield s
+    s.close()
+
+
+def items(store, state):
+    store.workflow_start(FAN, state, T0)
+    return sorted(store.claim_available(50, T0), key=lambda j: j.args[0])
+
+
+def run(job, arguments):
+    outcome, _, _ = run_job(ThreadRunner(FunctionLoader(JOBS)), job, lambda: T0, lambda: False,
+                            arguments=arguments)
+    return outcome
+
+
+def test_each_item_gets_a_state_of_its_own_to_change():
+    pass  # placeholder removed below
+
+
+def test_an_item_changing_its_state_leaves_the_next_items_state_as_it_was(store):
+    first, second = items(store, {"xs": [1, 2], "seen": []})
+    fanout = FanOutArgs(store)
+    fanout.complete(first).args[1]["seen"].append("changed by item 1")
+    assert fanout.complete(second).args[1] == {"xs": [1, 2], "seen": []}
+
+
+def test_an_item_stored_with_its_state_runs_as_stored(store):
+    (item,) = items(store, {"xs": [5]})
+    old_style = dataclasses.replace(item, args=[5, {"from": "the job"}])  # as stored before
+    fanout = FanOutArgs(store)
+    assert fanout.complete(old_style) is old_style
+    assert fanout.reads == 0
+
+
+def test_a_task_steps_job_is_called_as_stored(store):
+    chain = wf.parse({"name": "chain", "steps": [{"name": "a", "func": "wfsteps:noop"}]})
+    store.workflow_start(chain, {"x": 1}, T0)
+    (step,) = store.claim_available(1, T0)
+    fanout = FanOutArgs(store)
+    assert fanout.complete(step) is step and step.args == [{"x": 1}]
+    assert fanout.reads == 0
+
+
+def test_a_plain_job_is_called_as_stored(store):
+    (plain,) = store.submit([__import__("store_contract").job("wfsteps:noop")], T0) and store.claim_available(1, T0)
+    assert FanOutArgs(store).complete(plain) is plain
+
+
+def test_an_item_started_after_its_fan_out_ended_gets_the_runs_state_as_it_is_then(store):
+    anyone = wf.parse({"name": "any", "steps": [{"name": "f", "kind": "for_each", "items": "xs",
+                                                 "func": "wfsteps:square", "mode": "first_success",
+                                                 "result": "found"}]})
+    store.workflow_start(anyone, {"xs": [4, 6]}, T0)
+    first, second = sorted(store.claim_available(2, T0), key=lambda j: j.args[0])
+    with store.batch(bookkeeping=True):
+        store.finish_if_running([run(first, FanOutArgs(store).complete)], T0)
+    assert FanOutArgs(store).complete(second).args == [6, {"xs": [4, 6], "found": 16}]
+
+
+def test_an_item_runs_with_its_run_state_through_run_job(store):
+    (item,) = items(store, {"xs": [7]})
+    outcome = run(item, FanOutArgs(store).complete)
+    assert (outcome.state, outcome.result) == (State.SUCCEEDED, 49)
+
+
+def test_an_item_whose_run_is_gone_fails_for_good_without_running(store):
+    (item,) = items(store, {"xs": [7]})
+    orphan = dataclasses.replace(item, workflow_run=item.workflow_run + 1000)
+    outcome = run(orphan, FanOutArgs(store).complete)
+    assert outcome.state == State.DEAD
+    assert outcome.error["type"] == "run_gone"
+
+
+def test_an_item_whose_run_cannot_be_read_is_retried_at_no_cost_of_an_attempt(store, tmp_path):
+    (item,) = items(store, {"xs": [7]})
+    with sqlite3.connect(tmp_path / "q.db") as damage:  # every read of a run now raises
+        damage.execute("DROP TABLE workflow_runs")
+    outcome = run(item, FanOutArgs(store).complete)
+    assert outcome.state == State.SCHEDULED
+    assert outcome.error["type"] == "store_unavailable"
+    assert outcome.blameless
