@@ -73,6 +73,19 @@ def test_claim_merges_the_two_queue_order_indexes_without_sorting(tmp_path):
     s.close()
 
 
+def test_the_event_prune_reads_the_old_delivered_events_not_the_whole_outbox(tmp_path):
+    s = SQLiteStore(str(tmp_path / "q.db"))
+    c = s._writer()  # retention's prune runs on the writing connection
+    sql = []
+    c.set_trace_callback(sql.append)
+    s.prune_events(T0, 500)
+    c.set_trace_callback(None)
+    prune = next(q for q in sql if q.startswith("DELETE FROM events"))
+    plan = " ".join(str(r) for r in c.execute("EXPLAIN QUERY PLAN " + prune))
+    assert "USING INDEX events_delivered (created_at<?)" in plan and "SCAN e" not in plan
+    s.close()
+
+
 def _claim_steps(s, *args, **kw):
     """(jobs claimed, SQLite VM instructions the claim ran): the work it did, not its time."""
     c = s._writer()

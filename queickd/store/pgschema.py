@@ -321,6 +321,11 @@ MIGRATIONS: list[str] = [
     # sets jobs aside (the ones its memory gate sent back) is the selection's, which passes
     # them over holding their keys.
     pgclaimsql.VIEW_ON_REQUEST,
+    # 23: the delivered events by when they were accepted: retention's prune of those whose
+    # job is gone reads the old ones only, not the whole outbox once a sweep.
+    """
+    CREATE INDEX IF NOT EXISTS events_delivered ON events (created_at) WHERE state = 'delivered';
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
