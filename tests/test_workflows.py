@@ -200,6 +200,17 @@ def test_a_declared_workflow_that_could_not_start_stops_the_daemon_at_start_up(t
     assert out.returncode == 78 and "workflows.broken: step a: unknown kind 'sometimes'" in out.stderr
 
 
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_fan_out_item_gets_the_run_state_its_job_does_not_store(client, isolation):
+    run_id = (client.workflow("scaled").for_each("xs", wfsteps.times_factor, "ys", isolation=isolation)
+              .start(state={"xs": [1, 2, 3], "factor": 10, "padding": "x" * 10_000}))
+    run = client.workflow_wait(run_id, 30)
+    assert run["state"] == "succeeded" and run["data"]["ys"] == [10, 20, 30]
+    items = next(s for s in run["steps"] if s["name"] == "times_factor")["jobs"]
+    assert sorted(client.get(j["job_id"])["args"][0] for j in items) == [1, 2, 3]
+    assert all(client.get(j["job_id"])["args"][1] is None for j in items)
+
+
 def test_a_step_run_in_a_process_reads_its_idempotency_key(client):
     run_id = client.workflow("keyed").then(wfsteps.key_of_my_job, isolation="process").start()
     run = client.workflow_wait(run_id, 30)

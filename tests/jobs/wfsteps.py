@@ -46,6 +46,11 @@ def square(item, state):
     return item * item
 
 
+def times_factor(item, state):
+    """An item's result from the run's state, which its job does not store."""
+    return item * state["factor"]
+
+
 def held_plan(state):
     """plan(), once the test's Gate lets it go (see helpers.Gate)."""
     from testjobs import gate
