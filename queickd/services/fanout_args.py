@@ -50,6 +50,9 @@ class FanOutArgs:
     def __init__(self, store: RunReader, kept: int = KEPT) -> None:
         self.store = store
         self.kept = kept
+        # (run, step, loop) -> the state's JSON; a run's id is never given again (SQLite's
+        # AUTOINCREMENT, PostgreSQL's identity, the memory store's counter), so a key names
+        # one fan-out for ever.
         self._states: OrderedDict[tuple[int, int, int], str] = OrderedDict()
         self._lock = threading.Lock()
         self.reads = 0  # runs read from the store (one per fan-out, while it is current)
