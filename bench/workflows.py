@@ -128,9 +128,9 @@ def _drive(store: Any, jobs: list[Any] | None = None, slots: int = 4) -> int:
     """The pool's pattern with `slots` workers: each pass finishes what ran and claims the
     next jobs in one transaction. Returns the jobs run."""
     from queickd.core.job import Outcome
-    from queickd.services.fanout_args import FanOutArgs
+    from queickd.services.step_state import StepState
 
-    fanout = FanOutArgs(store)  # as the pool: a fan-out item gets its run's state as it starts
+    fanout = StepState(store)  # as the pool: a fan-out item gets its run's state as it starts
     ran, held = 0, list(jobs or [])
     with store.batch(bookkeeping=True):
         held += store.claim_available(slots, time.time())

@@ -10,7 +10,7 @@ import importlib
 from queickd.core import workflow as wf
 from queickd.core.job import NewJob, Outcome, State
 from queickd.run import context
-from queickd.services.fanout_args import FanOutArgs
+from queickd.services.step_state import StepState
 
 T0 = 1_700_000_000.0
 S = "wfsteps:"
@@ -34,8 +34,8 @@ def run(j):
 
 def drive(store, now=T0, rounds=10_000, only=None):
     """Run every claimable job until none is left; `only(job)` False leaves a job running.
-    A fan-out item gets its run's state as the worker pool gives it (FanOutArgs)."""
-    fanout = FanOutArgs(store)
+    A fan-out item gets its run's state as the worker pool gives it (StepState)."""
+    fanout = StepState(store)
     held = []
     for _ in range(rounds):
         jobs = store.claim_available(50, now)
@@ -88,7 +88,7 @@ class WorkflowContract:
         d = definition({"name": "fan", "kind": "for_each", "items": "xs", "func": S + "square"})
         state = {"xs": [1, 2, 3], "big": "x" * 20_000}
         store.workflow_start(d, state, T0)
-        fanout = FanOutArgs(store)
+        fanout = StepState(store)
         called = [fanout.complete(j).args for j in store.claim_available(10, T0)]
         assert sorted(called, key=lambda a: a[0]) == [[1, state], [2, state], [3, state]]
         assert fanout.reads == 1

@@ -8,6 +8,7 @@ import pytest
 
 from queickd.core import workflow as wf
 from queickd.core.protocol import QueueError
+from queickd.core.workflow import engine
 
 T0 = 1_700_000_000.0
 
@@ -33,6 +34,17 @@ def test_a_bad_definition_is_a_bad_request(definition, message):
     with pytest.raises(QueueError, match=message) as e:
         wf.parse(definition)
     assert e.value.code == "bad_request"
+
+
+def test_a_task_step_over_the_inline_size_stores_its_job_without_the_state():
+    plan = started({"name": "a", "func": "m:f"}, state={"pad": "x" * engine.INLINE_STATE_BYTES})
+    (job,) = plan.jobs
+    assert job.args == [None]
+
+
+def test_a_fan_out_stores_each_items_job_without_the_state():
+    plan = started({"name": "f", "kind": "for_each", "items": "xs", "func": "m:g"}, state={"xs": [1, 2]})
+    assert [j.args for j in plan.jobs] == [[1, None], [2, None]]
 
 
 def test_a_task_step_gets_one_job_with_the_state_and_its_key():

@@ -211,6 +211,15 @@ def test_a_fan_out_item_gets_the_run_state_its_job_does_not_store(client, isolat
     assert all(client.get(j["job_id"])["args"][1] is None for j in items)
 
 
+def test_a_loop_over_a_large_state_reads_it_each_pass_without_storing_it_each_pass(client):
+    run_id = (client.workflow("counted").then(wfsteps.count_up, name="count")
+              .start(state={"until": 5, "padding": "x" * 10_000}))
+    run = client.workflow_wait(run_id, 30)
+    assert run["state"] == "succeeded" and run["data"]["count"] == 5
+    jobs = next(s for s in run["steps"] if s["name"] == "count")["jobs"]
+    assert len(jobs) == 5 and all(client.get(j["job_id"])["args"] == [None] for j in jobs)
+
+
 def test_a_step_run_in_a_process_reads_its_idempotency_key(client):
     run_id = client.workflow("keyed").then(wfsteps.key_of_my_job, isolation="process").start()
     run = client.workflow_wait(run_id, 30)

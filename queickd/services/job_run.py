@@ -11,7 +11,7 @@ from collections.abc import Callable
 from ..core import fate
 from ..core.job import Job, Outcome, State
 from ..run.base import Runner, RunReport
-from .fanout_args import RunGoneError
+from .step_state import RunGoneError
 
 log = logging.getLogger("queickd.worker")
 
@@ -21,8 +21,9 @@ def run_job(runner: Runner, job: Job, clock: Callable[[], float], network_checke
             arguments: Callable[[Job], Job] | None = None) -> tuple[Outcome, float, RunReport | None]:
     """Run `job` -> (its outcome, its runtime, the runner's report; None if running or
     deciding failed). The clock and the network checker's state are read on failure only.
-    `arguments` completes what the job is called with first (fanout_args: a fan-out item's
-    run state); when that fails the job does not start (see _completed)."""
+    `arguments` completes what the job is called with first (step_state: the run's state
+    of a workflow step job stored without it); when that fails the job does not start
+    (see _completed)."""
     report: RunReport | None = None
     try:
         called, report = _completed(job, arguments)

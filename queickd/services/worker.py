@@ -31,12 +31,12 @@ from ..run.loader import FunctionLoader
 from ..run.thread import ThreadRunner
 from ..settings import DEFAULT_SWEEP, DEFAULT_WORKERS
 from ..store import Store
-from .fanout_args import FanOutArgs
 from .job_run import run_job
 from .memory_gate import MemoryGate
 from .passes import Pass, PassStore
 from .pool_size import PoolSize
 from .run_counts import RunCounts
+from .step_state import StepState
 
 log = logging.getLogger("queickd.worker")
 T = TypeVar("T")
@@ -98,7 +98,7 @@ class WorkerPool(PassStore):
         self._on_ran = on_ran  # (job, outcome, seconds) from the worker thread: metrics
         self.pools = pools  # the worker pools whose jobs it runs; None: every pool
         self.limits = limits  # cost budgets and their patience, applied by each claim
-        self.fanout = FanOutArgs(store)  # fan-out items get their run's state as they start
+        self.step_state = StepState(store)  # step jobs stored without the run's state get it as they start
         # Set by anyone who may have made work available or freed a worker; cleared only
         # by the dispatcher before it looks, so no wake-up is lost.
         self._wake = threading.Event()
@@ -396,7 +396,7 @@ class WorkerPool(PassStore):
 
     def _run(self, job: Job) -> None:
         outcome, runtime, report = run_job(self.runner, job, self._clock, self._network_checker, self._network_up,
-                                           self.fanout.complete)
+                                           self.step_state.complete)
         self.counts.add(outcome.state == State.SUCCEEDED, runtime)
         if self.memory is not None and report is not None:
             self.memory.after_run(job, report.peak_memory, runtime, report.error_type == "memory_limit",

@@ -37,6 +37,9 @@ class RunState:
     FINAL = (SUCCEEDED, FAILED, BUDGET_EXCEEDED, CANCELLED)
 
 
+# A task step's job carries the run's state up to this size (JSON bytes); a larger one is
+# read back as the job starts (services/step_state.py): cheaper than storing it each time.
+INLINE_STATE_BYTES = 4096
 USAGE_KEYS = ("transitions", "for_each_items", "state_bytes", "cost_units", "started_workflows")
 _LIMIT_OF = {"transitions": "max_transitions", "for_each_items": "max_for_each_items",
              "state_bytes": "max_state_bytes", "cost_units": "max_cost_units",
@@ -203,7 +206,10 @@ def _enter(run: RunRecord, index: int, now: float, lookups: Lookups) -> Plan:
         run = dataclasses.replace(run, step=index, loop=loop, visits={**run.visits, str(index): loop + 1},
                                   usage=usage, progress={})
         if step.kind == "task":
-            return _start_jobs(run, step, index, loop, [[run.state]], now)
+            # A large state is not stored in the job: services/step_state.py puts it in the
+            # None's place as the job starts (a loop's every pass stored it again).
+            inline = run.usage.get("state_bytes", 0) <= INLINE_STATE_BYTES
+            return _start_jobs(run, step, index, loop, [[run.state] if inline else [None]], now)
         if step.kind != "for_each":
             return _start_child(run, step, index, loop, now, lookups)
         items = run.state.get(step.items)  # type: ignore[arg-type]
@@ -215,7 +221,7 @@ def _enter(run: RunRecord, index: int, now: float, lookups: Lookups) -> Plan:
             len(items), run.usage.get("for_each_items", 0))})
         if items:
             # [item, None]: the run's state takes the None's place as each item starts
-            # (services/fanout_args.py), rather than being stored once per item.
+            # (services/step_state.py), read once for all, rather than stored once per item.
             return _start_jobs(run, step, index, loop, [[item, None] for item in items], now)
         # Nothing to wait for: the step completes with no results, and the next is entered.
         merged = _merge(run, step, index, {**run.state, step.result: []}, None, now)

@@ -1,5 +1,6 @@
-"""A fan-out item's run state is added as the item starts (services/fanout_args.py), not
-stored in each item's job: what the item is called with, and when that cannot be read."""
+"""A step job's run state is added as the job starts (services/step_state.py), not stored
+in each fan-out item's job, nor in a task's when it is large: what the job is called with,
+and when that cannot be read."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import pytest
 
 from queickd.core import workflow as wf
 from queickd.core.job import State
+from queickd.core.workflow import engine
 from queickd.run.loader import FunctionLoader
 from queickd.run.thread import ThreadRunner
-from queickd.services.fanout_args import FanOutArgs
 from queickd.services.job_run import run_job
+from queickd.services.step_state import StepState
 from queickd.store import open_store
 
 JOBS = str(Path(__file__).parent / "jobs")
@@ -46,7 +48,7 @@ def test_each_item_gets_a_state_of_its_own_to_change():
 
 def test_an_item_changing_its_state_leaves_the_next_items_state_as_it_was(store):
     first, second = items(store, {"xs": [1, 2], "seen": []})
-    fanout = FanOutArgs(store)
+    fanout = StepState(store)
     fanout.complete(first).args[1]["seen"].append("changed by item 1")
     assert fanout.complete(second).args[1] == {"xs": [1, 2], "seen": []}
 
@@ -54,7 +56,7 @@ def test_an_item_changing_its_state_leaves_the_next_items_state_as_it_was(store)
 def test_an_item_stored_with_its_state_runs_as_stored(store):
     (item,) = items(store, {"xs": [5]})
     old_style = dataclasses.replace(item, args=[5, {"from": "the job"}])  # as stored before
-    fanout = FanOutArgs(store)
+    fanout = StepState(store)
     assert fanout.complete(old_style) is old_style
     assert fanout.reads == 0
 
@@ -63,14 +65,23 @@ def test_a_task_steps_job_is_called_as_stored(store):
     chain = wf.parse({"name": "chain", "steps": [{"name": "a", "func": "wfsteps:noop"}]})
     store.workflow_start(chain, {"x": 1}, T0)
     (step,) = store.claim_available(1, T0)
-    fanout = FanOutArgs(store)
+    fanout = StepState(store)
     assert fanout.complete(step) is step and step.args == [{"x": 1}]
     assert fanout.reads == 0
 
 
+def test_a_task_step_over_the_inline_size_gets_the_state_its_job_does_not_store(store):
+    chain = wf.parse({"name": "chain", "steps": [{"name": "a", "func": "wfsteps:noop"}]})
+    state = {"pad": "x" * (engine.INLINE_STATE_BYTES + 1)}
+    store.workflow_start(chain, state, T0)
+    (step,) = store.claim_available(1, T0)
+    assert step.args == [None]
+    assert StepState(store).complete(step).args == [state]
+
+
 def test_a_plain_job_is_called_as_stored(store):
     (plain,) = store.submit([__import__("store_contract").job("wfsteps:noop")], T0) and store.claim_available(1, T0)
-    assert FanOutArgs(store).complete(plain) is plain
+    assert StepState(store).complete(plain) is plain
 
 
 def test_an_item_started_after_its_fan_out_ended_gets_the_runs_state_as_it_is_then(store):
@@ -80,20 +91,20 @@ def test_an_item_started_after_its_fan_out_ended_gets_the_runs_state_as_it_is_th
     store.workflow_start(anyone, {"xs": [4, 6]}, T0)
     first, second = sorted(store.claim_available(2, T0), key=lambda j: j.args[0])
     with store.batch(bookkeeping=True):
-        store.finish_if_running([run(first, FanOutArgs(store).complete)], T0)
-    assert FanOutArgs(store).complete(second).args == [6, {"xs": [4, 6], "found": 16}]
+        store.finish_if_running([run(first, StepState(store).complete)], T0)
+    assert StepState(store).complete(second).args == [6, {"xs": [4, 6], "found": 16}]
 
 
 def test_an_item_runs_with_its_run_state_through_run_job(store):
     (item,) = items(store, {"xs": [7]})
-    outcome = run(item, FanOutArgs(store).complete)
+    outcome = run(item, StepState(store).complete)
     assert (outcome.state, outcome.result) == (State.SUCCEEDED, 49)
 
 
 def test_an_item_whose_run_is_gone_fails_for_good_without_running(store):
     (item,) = items(store, {"xs": [7]})
     orphan = dataclasses.replace(item, workflow_run=item.workflow_run + 1000)
-    outcome = run(orphan, FanOutArgs(store).complete)
+    outcome = run(orphan, StepState(store).complete)
     assert outcome.state == State.DEAD
     assert outcome.error["type"] == "run_gone"
 
@@ -102,7 +113,7 @@ def test_an_item_whose_run_cannot_be_read_is_retried_at_no_cost_of_an_attempt(st
     (item,) = items(store, {"xs": [7]})
     with sqlite3.connect(tmp_path / "q.db") as damage:  # every read of a run now raises
         damage.execute("DROP TABLE workflow_runs")
-    outcome = run(item, FanOutArgs(store).complete)
+    outcome = run(item, StepState(store).complete)
     assert outcome.state == State.SCHEDULED
     assert outcome.error["type"] == "store_unavailable"
     assert outcome.blameless

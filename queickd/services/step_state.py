@@ -1,0 +1,91 @@
+"""A workflow step job's arguments, completed when it starts: the run's state put in.
+
+The run's state is the last argument of every step function: `func(state)` for a task,
+`func(item, state)` for a fan-out's item. Stored in each job, it was written once per item
+(a thousand items of a 50 KB state: 50 MB of jobs) and once per pass of a loop. So a
+fan-out item's job is stored as `[item, null]`, and a task's as `[null]` when the state is
+larger than the engine keeps inline (engine.INLINE_STATE_BYTES; a small one is cheaper to
+store than to read back); here, in the pool that starts the job, the run's state takes the
+null's place (a state is always an object, so a stored null is never a state).
+
+The state a job gets is the run's as its step was entered: the run's state does not change
+while its current step waits for its jobs, so one read per step visit (run, step, loop)
+serves all a fan-out's items, kept a while as JSON text and decoded afresh for each job (a
+function may change its arguments).
+
+A job that starts after its step is over (its run moved on: first_success, a failure, a
+cancel) gets its step's state if this pool still keeps it, else the run's state as it is
+then; its outcome is not recorded either way. A step job stored with its state (by a
+version before this one, or a task's small state) runs as stored, as every other job does.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import replace
+from typing import Protocol
+
+from ..core import jsontext
+from ..core.job import Job
+from ..core.workflow import RunRecord
+
+KEPT = 8  # step visits whose state is kept: the fan-outs running now, on any sane pool
+
+
+class RunReader(Protocol):
+    def workflow_get(self, run_id: int) -> RunRecord | None: ...
+
+
+class RunGoneError(LookupError):
+    """The job's run is no longer stored (retention removed it): the job cannot run."""
+
+
+def needs_state(job: Job) -> bool:
+    """A step job stored without its run's state: `[item, null]` or `[null]`."""
+    if job.workflow_run is None:
+        return False
+    args = job.args
+    return (len(args) == 2 and args[1] is None) or (len(args) == 1 and args[0] is None)
+
+
+class StepState:
+    """Completes step jobs' arguments from their run's state, read once per step visit.
+    Any thread."""
+
+    def __init__(self, store: RunReader, kept: int = KEPT) -> None:
+        self.store = store
+        self.kept = kept
+        # (run, step, loop) -> the state's JSON; a run's id is never given again (SQLite's
+        # AUTOINCREMENT, PostgreSQL's identity, the memory store's counter), so a key names
+        # one step visit for ever.
+        self._states: OrderedDict[tuple[int, int, int], str] = OrderedDict()
+        self._lock = threading.Lock()
+        self.reads = 0  # runs read from the store (one per step visit, while it is current)
+
+    def complete(self, job: Job) -> Job:
+        """`job` with its run's state in place when it needs it, else `job` itself.
+        Raises RunGoneError, or the store's error when it cannot be read."""
+        if not needs_state(job):
+            return job
+        key = (job.workflow_run, job.workflow_step, job.workflow_loop)
+        with self._lock:
+            text = self._states.get(key)  # type: ignore[arg-type]
+        if text is None:
+            text = self._read(key)  # type: ignore[arg-type]
+        state = jsontext.loads(text)
+        return replace(job, args=[job.args[0], state] if len(job.args) == 2 else [state])
+
+    def _read(self, key: tuple[int, int, int]) -> str:
+        run_id, step, loop = key
+        run = self.store.workflow_get(run_id)
+        self.reads += 1
+        if run is None:
+            raise RunGoneError(f"workflow run {run_id} is no longer stored")
+        text = jsontext.dumps(run.state)
+        if run.step == step and run.loop == loop:  # the step is current: its state holds
+            with self._lock:
+                self._states[key] = text
+                while len(self._states) > self.kept:
+                    self._states.popitem(last=False)
+        return text
