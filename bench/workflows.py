@@ -130,13 +130,13 @@ def _drive(store: Any, jobs: list[Any] | None = None, slots: int = 4) -> int:
     from queickd.core.job import Outcome
     from queickd.services.step_state import StepState
 
-    fanout = StepState(store)  # as the pool: a fan-out item gets its run's state as it starts
+    states = StepState(store)  # as the pool: a step job stored without its run's state gets it
     ran, held = 0, list(jobs or [])
     with store.batch(bookkeeping=True):
         held += store.claim_available(slots, time.time())
     while held:
         outcomes = []
-        for j in map(fanout.complete, held):
+        for j in map(states.complete, held):
             mod, fn = j.func.split(":")
             outcomes.append(Outcome.succeeded(j.id, getattr(importlib.import_module(mod), fn)(*j.args),
                                               j.workflow_run))

@@ -34,8 +34,8 @@ def run(j):
 
 def drive(store, now=T0, rounds=10_000, only=None):
     """Run every claimable job until none is left; `only(job)` False leaves a job running.
-    A fan-out item gets its run's state as the worker pool gives it (StepState)."""
-    fanout = StepState(store)
+    A step job stored without its run's state gets it as the worker pool gives it (StepState)."""
+    states = StepState(store)
     held = []
     for _ in range(rounds):
         jobs = store.claim_available(50, now)
@@ -46,7 +46,7 @@ def drive(store, now=T0, rounds=10_000, only=None):
             if only is not None and not only(j):
                 held.append(j)
                 continue
-            outcomes.append(run(fanout.complete(j)))
+            outcomes.append(run(states.complete(j)))
         with store.batch(bookkeeping=True):
             store.finish_if_running(outcomes, now)
     return held
