@@ -61,4 +61,4 @@ def _completed(job: Job, arguments: Callable[[Job], Job] | None) -> tuple[Job, R
     except Exception as e:
         log.warning("job %d: could not read its workflow run's state: %s", job.id, e)
         return job, RunReport(False, None, "store_unavailable",
-                              f"could not read the workflow run's state for this item: {e}", None, resource=True)
+                              f"could not read the workflow run's state for this step job: {e}", None, resource=True)
