@@ -500,11 +500,11 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
     def test_a_claimed_job_released_unstarted_waits_where_it_waited_its_attempt_given_back(self, store):
         head, later = store.submit([job(key="k"), job(key="k")], T0)
         (j,) = store.claim_available(1, T0)
-        assert store.release_unstarted([j.id], T0 + 1) == 1
+        assert store.release_unstarted([j.id]) == 1
         back = store.get(head.job_id)
         assert (back.state, back.attempts, back.started_at, back.run_at) == (State.QUEUED, 0, None, T0)
         assert [c.id for c in store.claim_available(5, T0 + 1)] == [head.job_id]  # still the key's head
-        assert store.release_unstarted([later.job_id], T0 + 1) == 0  # not running: nothing to give back
+        assert store.release_unstarted([later.job_id]) == 0  # not running: nothing to give back
 
     def test_a_key_head_waiting_for_another_pool_holds_its_key(self, store):
         head, later = store.submit([job(key="k", pool="gpu"), job(key="k")], T0)

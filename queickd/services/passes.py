@@ -267,7 +267,7 @@ class PassStore:
             return start, None
         now = self._clock()
         untils = [now + w for w in self.memory.backoffs(later)]
-        self.store.release_unstarted([j.id for j in later], now)
+        self.store.release_unstarted([j.id for j in later])
         for job, until in zip(later, untils, strict=True):
             self._set_aside[job.id] = until
             log.info("job %d %s deferred: it may not fit in memory now (%s)", job.id, job.func, self.memory.source)

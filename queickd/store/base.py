@@ -256,7 +256,7 @@ class Store(Protocol):
         memory limit, whether the peak is an estimate) into the functions' footprints."""
         ...
 
-    def release_unstarted(self, job_ids: list[int], now: float) -> int:
+    def release_unstarted(self, job_ids: list[int]) -> int:
         """Claimed jobs that were not started go back to `queued`, to their place in the
         queue and at the head of their key (their run_at unchanged), with the attempt the
         claim counted given back. Returns how many were still running."""

@@ -31,7 +31,7 @@ class MemoryResources:
                 if fp is not None:
                     self._footprints[func] = fp
 
-    def release_unstarted(self, job_ids: list[int], now: float) -> int:
+    def release_unstarted(self, job_ids: list[int]) -> int:
         n = 0
         with self._lock:
             for job_id in job_ids:

@@ -99,7 +99,7 @@ class PgClaims:
             # not spent) before the error goes up, or they would stay `running` under a
             # worker that beats on without them.
             with contextlib.suppress(Exception):  # the error to report is the first one
-                self.release_unstarted([r[0] for r in rows], now)
+                self.release_unstarted([r[0] for r in rows])
             raise
         jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
         return jobs

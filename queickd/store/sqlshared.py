@@ -356,7 +356,7 @@ class SharedSql:
                 " AND e.created_at < ? AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = e.job_id) LIMIT ?)"),
                 (created_before, limit)).rowcount
 
-    def release_unstarted(self, job_ids: list[int], now: float) -> int:
+    def release_unstarted(self, job_ids: list[int]) -> int:
         """Claimed jobs that did not start go back to `queued` (their place in the queue and
         in their key kept), their attempt not spent. Returns how many were still running."""
         with self._write() as c:
