@@ -326,6 +326,18 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX IF NOT EXISTS events_delivered ON events (created_at) WHERE state = 'delivered';
     """,
+    # 24: no index over every state. jobs_state (state, id) took an entry for each version of
+    # every row: a job's insert, claim and finish wrote three, beside the partial indexes
+    # that hold queued and running jobs already. Now only the states a job rests in are
+    # indexed by state; the waiting states are read through their own partial indexes
+    # (sqlshared.WAITING_ANY). In process, 20,000 jobs, WAL written a job: 601 -> 526 bytes
+    # submitted by 1,000, 1,193 -> 1,096 claimed and finished by 50, 643 -> 566 a lone
+    # submit (-10 % over a job's life); the server's CPU moved within its noise.
+    """
+    CREATE INDEX IF NOT EXISTS jobs_settled ON jobs (state, id)
+        WHERE state IN ('succeeded', 'dead', 'cancelled', 'waiting_network');
+    DROP INDEX IF EXISTS jobs_state;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -19,9 +19,12 @@ from ..core.job import NewJob, State, Submitted
 from ..core.policy import admission as adm
 from . import rows as dbrows
 from .pgchannels import QUEUED_CHANNEL
+from .sqlshared import _WAITING, WAITING_ANY
 
 SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
-WAITING_SQL = "('scheduled', 'queued', 'waiting_network')"
+# The waiting states as a list for `state IN`, where another index leads (jobs_key, jobs_cron);
+# alone, they are read as WAITING_ANY (sqlshared.state_any says why).
+WAITING_SQL = "(" + ", ".join(f"'{s}'" for s in _WAITING) + ")"
 _COUNT_TTL = 1.0  # seconds an exact count of waiting jobs stands in, far below the cap
 # The rows of a submit are one multi-row VALUES of scalars (psycopg dumps scalars in C;
 # arrays of them cost it ~14 µs a job in Python); the serial draws the ids, RETURNING gives
@@ -242,7 +245,7 @@ class PgSubmit:
             estimate = n + self._inserted_since_count
             if 0 <= now - at < _COUNT_TTL and estimate < 0.9 * cap:
                 return estimate
-        n = reading().execute(f"SELECT count(*) FROM jobs WHERE state IN {WAITING_SQL}").fetchone()[0]
+        n = reading().execute(f"SELECT count(*) FROM jobs WHERE {WAITING_ANY}").fetchone()[0]
         self._waiting_seen = (n, now)
         self._inserted_since_count = 0
         return n

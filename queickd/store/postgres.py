@@ -52,12 +52,18 @@ from .pgregistry import ALIVE, FleetRecords, notify
 from .pgsubmit import SUBMIT_LOCK, WAITING_SQL, PgSubmit
 from .pools import set_pool_sql
 from .records import CronFire, CronRecord, Finished, Pause, Recovered
-from .sqlshared import SharedSql, filters
+from .sqlshared import WAITING_ANY, SharedSql, filters
 from .wfsql import SqlWorkflows
 
 # A claimed job of a worker that lost it (a pass whose answer never came) goes back to wait
 # at run_at (the parameter), its attempt given back; with _RELEASE after it.
 UNSTART = "UPDATE jobs SET state = 'scheduled', run_at = ?, attempts = attempts - 1, started_at = NULL"
+# counts() in one statement: each state a job moves through counted along its own partial
+# index, the states a job rests in along jobs_settled (migration 24), which holds them all.
+_MOVING = (State.SCHEDULED, State.QUEUED, State.RUNNING)
+_COUNTS = ("".join(f"SELECT '{s}', count(*) FROM jobs WHERE state = '{s}' UNION ALL " for s in _MOVING)
+           + "SELECT state, count(*) FROM jobs WHERE state IN ("
+           + ", ".join(f"'{s}'" for s in State.ALL if s not in _MOVING) + ") GROUP BY state")
 
 # pg_advisory lock id (beside pgschema.MIGRATE_LOCK and the others): one delivery of the
 # outbox at a time, and a keyed event's place in it read under it.
@@ -274,7 +280,7 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
         return Recovered(p.requeue, p.dead)
 
     def waiting_by_pool(self) -> dict[str, int]:
-        rows = self._conn().execute(f"SELECT pool, count(*) FROM jobs WHERE state IN {WAITING_SQL}"
+        rows = self._conn().execute(f"SELECT pool, count(*) FROM jobs WHERE {WAITING_ANY}"
                                     " GROUP BY pool").fetchall()
         return dict(rows)
 
@@ -393,10 +399,11 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
         return [dbrows.row_to_job(r) for r in rows]
 
     def counts(self) -> dict[str, int]:
-        """Exact, by a scan of the state index (no shared counter row: one would make
-        every claim and finish of every worker wait for one row lock)."""
+        """Exact, by scans of the indexes that hold each state: a count of each partial index
+        of a moving state, one pass over jobs_settled for the others (no shared counter row:
+        one would make every claim and finish of every worker wait for one row lock)."""
         out = dict.fromkeys(State.ALL, 0)
-        out.update(self._conn().execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall())
+        out.update(self._conn().execute(_COUNTS).fetchall())
         return out
 
     def waiting_by_key(self, limit: int) -> list[tuple[str, int, float]]:

@@ -30,6 +30,17 @@ STREAK = ("SELECT coalesce((SELECT failures FROM streaks WHERE kind = ? AND name
 
 
 _WAITING = ("scheduled", "queued", "waiting_network")
+
+
+def state_any(*states: str) -> str:
+    """`state` is one of `states`, as an OR of equalities. PostgreSQL reads each one through
+    the partial index that holds that state (a BitmapOr); `state IN (...)` it can match to
+    no partial index, and no index holds every state (migration 24): it would scan the
+    table. SQLite reads the two forms alike."""
+    return "(" + " OR ".join(f"state = '{s}'" for s in states) + ")"
+
+
+WAITING_ANY = state_any(*_WAITING)  # a job still waiting, in any of its three states
 # A claimed job that did not start, back where it waited; with the store's _RELEASE after it.
 REQUEUE = "UPDATE jobs SET state = 'queued', attempts = attempts - 1, started_at = NULL"
 
@@ -168,8 +179,8 @@ class SharedSql:
         if least is None:
             return []
         return self._conn().execute(self._q(
-            "SELECT id, pool, concurrency_group, cost_units FROM jobs WHERE state IN"
-            " ('scheduled', 'queued', 'waiting_network') AND coalesce(cost_units, 1.0) > ? ORDER BY id"),
+            f"SELECT id, pool, concurrency_group, cost_units FROM jobs WHERE {WAITING_ANY}"
+            " AND coalesce(cost_units, 1.0) > ? ORDER BY id"),
             (least,)).fetchall()
 
     def cron_move_if(self, name: str, tick: float, new_tick: float) -> bool:
@@ -378,7 +389,7 @@ class SharedSql:
         for kind, col, names in (("pool", "pool", pools), ("group", "concurrency_group", groups)):
             if names:
                 parts.append(f"SELECT '{kind}', {col}, state = 'running', count(*), sum(coalesce(cost_units, 1))"
-                             " FROM jobs WHERE state IN ('running', 'scheduled', 'queued', 'waiting_network')"
+                             f" FROM jobs WHERE {state_any('running', *_WAITING)}"
                              f" AND {col} IN ({','.join('?' * len(names))}) GROUP BY {col}, state = 'running'")
                 params += names
         out: dict[tuple[str, str], tuple[float, int, float, int]] = {}
