@@ -132,6 +132,11 @@ def notes(s: Settings, names: set[str]) -> list[str]:
                    "workers run. pgqueuer runs with --max-concurrent-tasks = slots, --batch-size = slots/2 (its rule: "
                    "the cap must be at least twice the batch); procrastinate with --concurrency = slots. Transactions "
                    "per job: commits + rollbacks in pg_stat_database over the run.")
+    if names & {"enqueue-single", "enqueue-batch", "e2e"}:
+        out.append("WAL written per job: the server's WAL insert position before and after the measured part "
+                   "(pg_current_wal_insert_lsn), over the jobs: what the job path costs the disk and any replica. "
+                   "It is the whole server's; nothing else works meanwhile, but a checkpoint inside the window adds "
+                   "the full-page images of the pages touched first after it.")
     if "idle" in names:
         out.append("idle: pg_stat_database counts transactions (a statement in autocommit is one), not statements "
                    "(pg_stat_statements needs a server restart to load). Backends report their counts at most every "

@@ -44,10 +44,10 @@ def run_enqueue(s: Settings, res: Results, scenario: str, target: str) -> None:
     mode = scenario.removeprefix("enqueue-")
     n = s.enqueue_jobs
     with fresh(s, "enqueue") as (db, d), serve(s, target, db, d, with_workers=False) as srv:
-        cpu0, be0 = sum(srv.cpu().values()), _cpu_of(db.backends())
+        cpu0, be0, wal0 = sum(srv.cpu().values()), _cpu_of(db.backends()), db.wal_bytes()
         probe = srv.probe("enqueue", "--mode", mode, "--n", str(n), "--chunk", str(s.chunk),
                           timeout=60.0 + n / 50)
-        server_cpu, be1 = sum(srv.cpu().values()) - cpu0, _cpu_of(db.backends())
+        server_cpu, be1, wal1 = sum(srv.cpu().values()) - cpu0, _cpu_of(db.backends()), db.wal_bytes()
         srv.check_alive()
     if srv.system == "queickd":  # the peers' clients connect after be0 and leave before be1: not seen
         res.add(scenario, "CPU per job, its server backends", target, "µs",
@@ -56,6 +56,7 @@ def run_enqueue(s: Settings, res: Results, scenario: str, target: str) -> None:
             raw={**probe, "server_cpu_s": server_cpu})
     res.add(scenario, "client+daemon CPU per job", target, "µs", (probe["client_cpu_s"] + server_cpu) / n * 1e6,
             higher_is_better=False)
+    res.add(scenario, "WAL written per job", target, "bytes", (wal1 - wal0) / n, higher_is_better=False)
 
 
 def run_raw(s: Settings, res: Results, scenario: str, target: str) -> None:
@@ -85,10 +86,10 @@ def run_e2e(s: Settings, res: Results, scenario: str, target: str) -> None:
         with serve(s, target, db, d, with_workers=True) as srv:
             # tx0 may lack the warm-up's last transactions (reported later, in the window):
             # a handful, against thousands of jobs.
-            cpu0, tx0, be0 = srv.cpu(), db.transactions(), _cpu_of(db.backends())
+            cpu0, tx0, be0, wal0 = srv.cpu(), db.transactions(), _cpu_of(db.backends()), db.wal_bytes()
             probe = srv.probe("e2e", "--n", str(n), "--chunk", str(s.chunk), "--max-seconds", str(60 + n / 20),
                               timeout=90.0 + n / 20)
-            cpu1, be1 = srv.cpu(), _cpu_of(db.backends())
+            cpu1, be1, wal1 = srv.cpu(), _cpu_of(db.backends()), db.wal_bytes()
             srv.check_alive()
         tx1 = db.transactions_once_gone()
     if probe["final_bytes"] != n:
@@ -101,6 +102,7 @@ def run_e2e(s: Settings, res: Results, scenario: str, target: str) -> None:
             higher_is_better=False)
     res.add(scenario, "CPU per job, its server backends", target, "µs", be_cpu / n * 1e6, higher_is_better=False)
     res.add(scenario, "transactions per job", target, "xacts", (tx1 - tx0) / n, higher_is_better=False)
+    res.add(scenario, "WAL written per job", target, "bytes", (wal1 - wal0) / n, higher_is_better=False)
 
 
 def run_idle(s: Settings, res: Results, scenario: str, target: str) -> None:

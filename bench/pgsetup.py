@@ -181,6 +181,12 @@ class Database:
             time.sleep(0.05)
         return self.transactions()
 
+    def wal_bytes(self) -> int:
+        """Where the server's WAL insert position is, in bytes: the difference over a run is
+        what every database of the server wrote to its WAL meanwhile (the run's target is
+        the only one at work; a checkpoint in the window adds full-page images)."""
+        return int(self._admin.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0])
+
     def backends(self) -> list[int]:
         """Server processes connected to this database."""
         self._admin.execute("SELECT pg_stat_clear_snapshot()")
