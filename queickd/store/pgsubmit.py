@@ -19,12 +19,9 @@ from ..core.job import NewJob, State, Submitted
 from ..core.policy import admission as adm
 from . import rows as dbrows
 from .pgchannels import QUEUED_CHANNEL
-from .sqlshared import _WAITING, WAITING_ANY
+from .sqlshared import WAITING_ANY, WAITING_IN
 
 SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
-# The waiting states as a list for `state IN`, where another index leads (jobs_key, jobs_cron);
-# alone, they are read as WAITING_ANY (sqlshared.state_any says why).
-WAITING_SQL = "(" + ", ".join(f"'{s}'" for s in _WAITING) + ")"
 _COUNT_TTL = 1.0  # seconds an exact count of waiting jobs stands in, far below the cap
 # The rows of a submit are one multi-row VALUES of scalars (psycopg dumps scalars in C;
 # arrays of them cost it ~14 µs a job in Python); the serial draws the ids, RETURNING gives
@@ -265,7 +262,7 @@ class PgSubmit:
         return adm.Lookups(
             by_idempotency_key=by_key,
             waiting_for_key=lambda key: reading().execute(
-                f"SELECT count(*) FROM jobs WHERE key = %s AND state IN {WAITING_SQL}", (key,)).fetchone()[0],
+                f"SELECT count(*) FROM jobs WHERE key = %s AND state IN {WAITING_IN}", (key,)).fetchone()[0],
             waiting_total=lambda: self._waiting_total(reading, cap, now),
             active_for_key=active,
         )

@@ -49,10 +49,10 @@ from .pgchannels import CHANNEL, FINISHED_CHANNEL, NOTIFY_IDS, QUEUED_CHANNEL
 from .pgclaim import PgClaims
 from .pgconn import PgConnections
 from .pgregistry import ALIVE, FleetRecords, notify
-from .pgsubmit import SUBMIT_LOCK, WAITING_SQL, PgSubmit
+from .pgsubmit import SUBMIT_LOCK, PgSubmit
 from .pools import set_pool_sql
 from .records import CronFire, CronRecord, Finished, Pause, Recovered
-from .sqlshared import WAITING_ANY, SharedSql, filters
+from .sqlshared import WAITING_ANY, WAITING_IN, SharedSql, filters
 from .wfsql import SqlWorkflows
 
 # A claimed job of a worker that lost it (a pass whose answer never came) goes back to wait
@@ -408,7 +408,7 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
 
     def waiting_by_key(self, limit: int) -> list[tuple[str, int, float]]:
         rows = self._conn().execute(
-            f"SELECT key, count(*), min(run_at) FROM jobs WHERE key IS NOT NULL AND state IN {WAITING_SQL}"
+            f"SELECT key, count(*), min(run_at) FROM jobs WHERE key IS NOT NULL AND state IN {WAITING_IN}"
             " GROUP BY key ORDER BY count(*) DESC, key LIMIT %s", (limit,))
         return [tuple(r) for r in rows]  # type: ignore[misc]
 
@@ -452,7 +452,7 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
                 c.execute("UPDATE crons SET next_run_at = %s WHERE name = %s", (next_tick, name))
                 return None
             waiting = c.execute(
-                f"SELECT id FROM jobs WHERE cron = %s AND state IN {WAITING_SQL} LIMIT 1", (name,)).fetchone()
+                f"SELECT id FROM jobs WHERE cron = %s AND state IN {WAITING_IN} LIMIT 1", (name,)).fetchone()
             return self._fire_in(c, name, row[0], tick, next_tick, now, None if waiting is None else waiting[0])
 
     # --- events ---------------------------------------------------------------------------

@@ -41,6 +41,8 @@ def state_any(*states: str) -> str:
 
 
 WAITING_ANY = state_any(*_WAITING)  # a job still waiting, in any of its three states
+# The same states as a list, for `state IN` where another index leads (jobs_key, jobs_cron).
+WAITING_IN = "(" + ", ".join(f"'{s}'" for s in _WAITING) + ")"
 # A claimed job that did not start, back where it waited; with the store's _RELEASE after it.
 REQUEUE = "UPDATE jobs SET state = 'queued', attempts = attempts - 1, started_at = NULL"
 
