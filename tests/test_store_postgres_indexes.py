@@ -94,3 +94,27 @@ def test_dead_and_network_parked_jobs_are_found_from_an_index(explained):
     assert explained.release_network_waiting(time.time()) == MIX[State.WAITING_NETWORK]
     assert explained.retry_all_dead(time.time()) == MIX[State.DEAD]
     assert _scans_of_the_table(Explaining.plans) == []
+
+
+def test_a_database_of_schema_23_keeps_every_job_and_count_through_migration_24(pg_url):
+    from queickd.store.pgschema import MIGRATIONS
+    from queickd.store.postgres import PostgresStore
+
+    with psycopg.connect(pg_url) as c:  # what a queickd of schema 23 left, with jobs in every state
+        for sql in MIGRATIONS[:23]:
+            c.execute(sql)
+        c.execute("INSERT INTO queickd_meta VALUES ('schema_version', '23') ON CONFLICT (key) DO UPDATE"
+                  " SET value = excluded.value")
+        for state in State.ALL:
+            c.execute("INSERT INTO jobs (state, func, run_at, created_at) SELECT %s, 'm:f', g, g"
+                      " FROM generate_series(1, 3) g", (state,))
+    store = PostgresStore(pg_url)
+    try:
+        assert store.versions()[1] == len(MIGRATIONS)
+        assert store.counts() == dict.fromkeys(State.ALL, 3)
+        assert len(store.list_jobs(State.DEAD, 10)) == 3
+        names = {n for (n,) in store._conn().execute(
+            "SELECT indexname FROM pg_indexes WHERE tablename = 'jobs' AND schemaname = current_schema()")}
+        assert "jobs_settled" in names and "jobs_state" not in names
+    finally:
+        store.close()
