@@ -55,7 +55,7 @@ def _scans_of_the_table(plans: list[tuple[str, str]]) -> list[str]:
     return [f"{text}\n{plan}" for text, plan in plans if "Seq Scan on jobs" in plan]
 
 
-def test_no_index_of_jobs_but_its_key_holds_every_state(pg_store):
+def test_every_index_of_jobs_but_its_primary_key_is_partial(pg_store):
     defs = [d for (d,) in pg_store._conn().execute(
         "SELECT indexdef FROM pg_indexes WHERE tablename = 'jobs' AND schemaname = current_schema()"
         " AND indexname <> 'jobs_pkey'")]
