@@ -35,6 +35,16 @@ def _cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def _written() -> int:
+    """Bytes this process has dirtied in files so far (processes.proc_written: this module
+    runs under the peers' venvs too, so it reads /proc itself)."""
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("write_bytes:"))
+    except (OSError, StopIteration):
+        return 0
+
+
 def _emit(result: dict[str, Any]) -> None:
     sys.stdout.write("\n" + json.dumps(result) + "\n")
     sys.stdout.flush()
@@ -190,16 +200,17 @@ def _wait_size(path: str, n: int, deadline: float) -> int:
 def _e2e(a: argparse.Namespace, send_all: Any) -> dict[str, Any]:
     path = os.path.join(os.path.abspath(a.dir), "e2e.out")
     deadline = time.monotonic() + a.max_seconds
-    cpu0, t0 = _cpu_seconds(), time.perf_counter()
+    written0, cpu0, t0 = _written(), _cpu_seconds(), time.perf_counter()
     send_all(path)
     t_sent = time.perf_counter()
     cpu = _cpu_seconds() - cpu0
     _wait_size(path, a.n, deadline)
     elapsed = time.perf_counter() - t0
+    written = _written() - written0
     time.sleep(0.2)  # anything running twice would show up as extra bytes
     final = os.path.getsize(path)
     return {"n": a.n, "seconds": elapsed, "rate": a.n / elapsed, "enqueue_seconds": t_sent - t0,
-            "client_cpu_s": cpu, "final_bytes": final}
+            "client_cpu_s": cpu, "client_written": written, "final_bytes": final}
 
 
 def queickd_e2e(a: argparse.Namespace) -> dict[str, Any]:

@@ -199,6 +199,19 @@ def proc_ctx_switches(pid: int) -> int:
     return total
 
 
+def proc_written(pid: int | str = "self") -> int:
+    """Bytes a process has caused to be written to storage so far (/proc/PID/io
+    write_bytes: counted when it dirties a page of a file, whoever writes it back later)."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                if line.startswith("write_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def group_usage(pgid: int) -> dict[int, tuple[float, int]]:
     """(CPU seconds, context switches) of every live process in a process group."""
     return {p: (proc_cpu(p), proc_ctx_switches(p)) for p in group_pids(pgid)}

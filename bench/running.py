@@ -22,7 +22,9 @@ from bench.processes import (
     _kill_group,
     _reap,
     _spawn,
+    group_pids,
     group_usage,
+    proc_written,
     run_probe,
 )
 from bench.scenarios import Settings, _fresh_dir
@@ -82,6 +84,11 @@ def _group_cpu(pgid: int) -> float:
     return sum(cpu for cpu, _ in group_usage(pgid).values())
 
 
+def _group_written(pgid: int) -> int:
+    """Bytes the live processes of a process group have dirtied in files so far."""
+    return sum(proc_written(p) for p in group_pids(pgid)) if pgid else 0
+
+
 def _peer(scenario: str, target: str, label: str) -> tuple[str, str, str] | None:
     return (scenario, QUEICK, label) if target not in (QUEICK, HUEY) else None
 
@@ -98,10 +105,10 @@ def run_e2e(s: Settings, res: Results, scenario: str, target: str, batched: bool
     timeout = 60.0 + n / 20  # 20 jobs/s is far below anything seen; still bounded
     mode = ["--mode", "many" if batched else "single"] if target in QUEICKD_TARGETS else []
     with _fresh_dir(s, "e2e") as d, serve(s, target, Path(d)) as srv:
-        cpu0 = _group_cpu(srv.pgid)
+        cpu0, written0 = _group_cpu(srv.pgid), _group_written(srv.pgid)
         probe = srv.probe("e2e", "--n", str(n), "--chunk", str(s.chunk), "--max-seconds", str(timeout - 10),
                           *mode, timeout=timeout)
-        server_cpu = _group_cpu(srv.pgid) - cpu0
+        server_cpu, written = _group_cpu(srv.pgid) - cpu0, _group_written(srv.pgid) - written0
     if probe["final_bytes"] != n:
         raise RuntimeError(f"{probe['final_bytes']} bytes for {n} jobs: some job ran twice")
     total_cpu = server_cpu + probe["client_cpu_s"]
@@ -111,6 +118,9 @@ def run_e2e(s: Settings, res: Results, scenario: str, target: str, batched: bool
             raw={**probe, "server_cpu_s": server_cpu})
     res.add(scenario, "CPU per job (server+client)", target, "µs", total_cpu / n * 1e6, higher_is_better=False,
             peer=_peer(scenario, target, "CPU per job (server+client)"))
+    res.add(scenario, "written per job (server+client)", target, "bytes",
+            (written + probe.get("client_written", 0)) / n, higher_is_better=False,
+            peer=_peer(scenario, target, "written per job (server+client)"))
     if "retried" in probe:  # huey's client: calls that failed with "database is locked", retried
         res.add(scenario, "calls failed and retried", target, "calls", probe["retried"], higher_is_better=False)
 
