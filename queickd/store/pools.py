@@ -6,8 +6,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from .sqlshared import WAITING_IN
+
 KINDS = ("job", "key", "cron")
-_WAITING = "state IN ('scheduled', 'queued', 'waiting_network')"
+_WAITING = f"state IN {WAITING_IN}"
 
 
 def set_pool_sql(execute: Callable[..., Any], kind: str, name: str, pool: str, mark: str) -> int:

@@ -25,7 +25,7 @@ from .records import CronFire, CronRecord, Finished, Recovered
 from .sqlite_conn import SQLiteFile, insert_rows
 from .sqlite_schema import SCHEMA_VERSION, SchemaTooNewError
 from .sqliteclaim import SqliteClaims, queue_order
-from .sqlshared import STREAK, SharedSql, filters
+from .sqlshared import STREAK, WAITING_IN, SharedSql, filters
 from .wfsql import SqlWorkflows
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore", "SchemaTooNewError"]
@@ -71,11 +71,10 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
         return adm.Lookups(
             by_idempotency_key=known.get,
             waiting_for_key=lambda key: c.execute(
-                "SELECT count(*) FROM jobs INDEXED BY jobs_key WHERE key = ? AND state IN"
-                " ('scheduled', 'queued', 'waiting_network')", (key,)).fetchone()[0],
+                f"SELECT count(*) FROM jobs INDEXED BY jobs_key WHERE key = ? AND state IN {WAITING_IN}",
+                (key,)).fetchone()[0],
             waiting_total=lambda: c.execute(
-                "SELECT coalesce(sum(n), 0) FROM state_counts WHERE state IN"
-                " ('scheduled', 'queued', 'waiting_network')").fetchone()[0],
+                f"SELECT coalesce(sum(n), 0) FROM state_counts WHERE state IN {WAITING_IN}").fetchone()[0],
             active_for_key=active,
         )
 
@@ -272,7 +271,7 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
     def waiting_by_key(self, limit: int) -> list[tuple[str, int, float]]:
         rows = self._conn().execute(
             "SELECT key, count(*), min(run_at) FROM jobs INDEXED BY jobs_key WHERE key IS NOT NULL"
-            " AND state IN ('scheduled', 'queued', 'waiting_network') GROUP BY key"
+            f" AND state IN {WAITING_IN} GROUP BY key"
             " ORDER BY count(*) DESC, key LIMIT ?", (limit,))
         return [tuple(r) for r in rows]  # type: ignore[misc]
 
@@ -282,8 +281,7 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
 
     def waiting_by_pool(self) -> dict[str, int]:
         return dict(self._conn().execute(
-            "SELECT pool, count(*) FROM jobs WHERE state IN ('scheduled', 'queued', 'waiting_network')"
-            " GROUP BY pool").fetchall())
+            f"SELECT pool, count(*) FROM jobs WHERE state IN {WAITING_IN} GROUP BY pool").fetchall())
 
     # --- cron -----------------------------------------------------------------------------
     def cron_save(self, cron: CronRecord) -> CronRecord:
@@ -307,8 +305,8 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
             if row is None:
                 return None
             waiting = c.execute(
-                "SELECT id FROM jobs INDEXED BY jobs_cron WHERE cron = ? AND state IN"
-                " ('scheduled', 'queued', 'waiting_network') LIMIT 1", (name,)).fetchone()
+                f"SELECT id FROM jobs INDEXED BY jobs_cron WHERE cron = ? AND state IN {WAITING_IN} LIMIT 1",
+                (name,)).fetchone()
             return self._fire_in(c, name, row[0], tick, next_tick, now, None if waiting is None else waiting[0])
 
     # --- events ---------------------------------------------------------------------------

@@ -197,7 +197,7 @@ class SharedSql:
         records the tick); if that run has been claimed since it was read (another host's
         worker, between the two statements), the tick fires a run of its own instead."""
         folds = waiting is not None and c.execute(self._q(
-            "UPDATE jobs SET cron_until = ? WHERE id = ? AND state IN ('scheduled', 'queued', 'waiting_network')"),
+            f"UPDATE jobs SET cron_until = ? WHERE id = ? AND state IN {WAITING_IN}"),
             (tick, waiting)).rowcount > 0
         fire = crons.fire(name, dbrows.template_from_json(template), tick, now, folds)
         c.execute(self._q("UPDATE crons SET next_run_at = ?, last_fired_at = ?, folded = folded + ? WHERE name = ?"),
