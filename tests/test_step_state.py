@@ -42,10 +42,6 @@ def run(job, arguments):
     return outcome
 
 
-def test_each_item_gets_a_state_of_its_own_to_change():
-    pass  # placeholder removed below
-
-
 def test_an_item_changing_its_state_leaves_the_next_items_state_as_it_was(store):
     first, second = items(store, {"xs": [1, 2], "seen": []})
     fanout = StepState(store)
