@@ -113,3 +113,46 @@ def test_an_item_whose_run_cannot_be_read_is_retried_at_no_cost_of_an_attempt(st
     assert outcome.state == State.SCHEDULED
     assert outcome.error["type"] == "store_unavailable"
     assert outcome.blameless
+
+
+def test_items_started_together_wait_for_one_read_of_their_run(store, monkeypatch):
+    import threading
+    import types
+
+    from queickd.services import step_state
+
+    first, *others = items(store, {"xs": [1, 2, 3, 4]})
+    waiting = threading.Condition()
+    waiters = [0]
+
+    class CountedEvent(threading.Event):  # how many threads wait for the read under way
+        def wait(self, timeout=None):
+            with waiting:
+                waiters[0] += 1
+                waiting.notify_all()
+            return super().wait(timeout)
+
+    monkeypatch.setattr(step_state, "threading", types.SimpleNamespace(Event=CountedEvent, Lock=threading.Lock))
+    entered, release = threading.Event(), threading.Event()
+
+    class HeldFirstRead:  # the store, with its first read held until the others have come
+        def workflow_get(self, run_id):
+            if not entered.is_set():
+                entered.set()
+                release.wait(10)
+            return store.workflow_get(run_id)
+
+    fanout = StepState(HeldFirstRead())
+    got = {}
+    threads = [threading.Thread(target=lambda j=j: got.setdefault(j.id, fanout.complete(j))) for j in [first, *others]]
+    threads[0].start()
+    assert entered.wait(10)
+    for t in threads[1:]:
+        t.start()
+    with waiting:
+        all_waited = waiting.wait_for(lambda: waiters[0] == len(others), timeout=10)
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert all_waited and fanout.reads == 1
+    assert [got[j.id].args for j in [first, *others]] == [[x, {"xs": [1, 2, 3, 4]}] for x in (1, 2, 3, 4)]

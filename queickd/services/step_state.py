@@ -60,6 +60,9 @@ class StepState:
         # AUTOINCREMENT, PostgreSQL's identity, the memory store's counter), so a key names
         # one step visit for ever.
         self._states: OrderedDict[tuple[int, int, int], str] = OrderedDict()
+        # Step visits being read now: the workers that start a fan-out's first items together
+        # wait for the one read rather than each reading the run.
+        self._reading: dict[tuple[int, int, int], threading.Event] = {}
         self._lock = threading.Lock()
         self.reads = 0  # runs read from the store (one per step visit, while it is current)
 
@@ -69,23 +72,44 @@ class StepState:
         if not needs_state(job):
             return job
         key = (job.workflow_run, job.workflow_step, job.workflow_loop)
-        with self._lock:
-            text = self._states.get(key)  # type: ignore[arg-type]
-        if text is None:
-            text = self._read(key)  # type: ignore[arg-type]
+        text = self._text(key)  # type: ignore[arg-type]
         state = jsontext.loads(text)
         return replace(job, args=[job.args[0], state] if len(job.args) == 2 else [state])
 
-    def _read(self, key: tuple[int, int, int]) -> str:
-        run_id, step, loop = key
-        run = self.store.workflow_get(run_id)
-        self.reads += 1
-        if run is None:
-            raise RunGoneError(f"workflow run {run_id} is no longer stored")
-        text = jsontext.dumps(run.state)
-        if run.step == step and run.loop == loop:  # the step is current: its state holds
+    def _text(self, key: tuple[int, int, int]) -> str:
+        """The state's JSON for a step visit: kept, read by another thread just now, or read."""
+        with self._lock:
+            text = self._states.get(key)
+            if text is not None:
+                return text
+            other = self._reading.get(key)
+            if other is None:
+                mine = self._reading[key] = threading.Event()
+        if other is not None:
+            other.wait()
             with self._lock:
-                self._states[key] = text
-                while len(self._states) > self.kept:
-                    self._states.popitem(last=False)
-        return text
+                text = self._states.get(key)
+            # Not kept (the step is over, or that read failed): a read of this job's own.
+            return text if text is not None else self._read(key, None)
+        return self._read(key, mine)
+
+    def _read(self, key: tuple[int, int, int], done: threading.Event | None) -> str:
+        run_id, step, loop = key
+        try:
+            run = self.store.workflow_get(run_id)
+            with self._lock:
+                self.reads += 1
+            if run is None:
+                raise RunGoneError(f"workflow run {run_id} is no longer stored")
+            text = jsontext.dumps(run.state)
+            if run.step == step and run.loop == loop:  # the step is current: its state holds
+                with self._lock:
+                    self._states[key] = text
+                    while len(self._states) > self.kept:
+                        self._states.popitem(last=False)
+            return text
+        finally:
+            if done is not None:
+                with self._lock:
+                    del self._reading[key]
+                done.set()
