@@ -77,10 +77,17 @@ def assert_refused(r: subprocess.CompletedProcess, found: str) -> None:
     assert "queick db recover" in r.stderr
 
 
-def recovered_jobs(tmp_path: Path, damaged: Path) -> dict[int, list]:
+@pytest.fixture(params=["sqlite3 command", "salvage"])
+def way(request, tmp_path) -> dict:
+    """The environment of `queick db recover`: as found (the sqlite3 command's .recover where it
+    works), or without the command on PATH (the salvage: SQLite's reads, then the pages)."""
+    return {} if request.param == "sqlite3 command" else {"PATH": str(tmp_path / "empty")}
+
+
+def recovered_jobs(tmp_path: Path, damaged: Path, env: dict | None = None) -> dict[int, list]:
     """`queick db recover` into a new file, then a daemon on it: {id: args} it serves."""
     new = tmp_path / "recovered.db"
-    r = queick("db", "recover", "--store", f"sqlite:///{damaged}", "--to", str(new))
+    r = queick("db", "recover", "--store", f"sqlite:///{damaged}", "--to", str(new), env=env)
     assert r.returncode == 0, r.stderr
     d = DaemonProcess(f"sqlite:///{new}", workers=0).start()
     with d.client() as q:
@@ -173,24 +180,24 @@ def test_db_check_exits_1_naming_what_it_found(used):
 # --- queick db recover ------------------------------------------------------------------------
 
 
-def test_recover_after_garbage_mid_file_brings_back_the_readable_jobs(tmp_path, used):
+def test_recover_after_garbage_mid_file_brings_back_the_readable_jobs(tmp_path, used, way):
     path, jobs = used
     garbage_mid_file(path)
-    back = recovered_jobs(tmp_path, path)
-    assert JOBS - 100 <= len(back) <= JOBS  # at most one 4 KB page of rows is lost
+    back = recovered_jobs(tmp_path, path, way)
+    assert JOBS - 100 <= len(back) <= JOBS  # at most the rows of 4 KB of pages are lost
     assert all(jobs[i] == args for i, args in back.items())
 
 
-def test_recover_after_header_garbage_brings_back_every_job(tmp_path, used):
+def test_recover_after_header_garbage_brings_back_every_job(tmp_path, used, way):
     path, jobs = used
     garbage_header(path)
-    assert recovered_jobs(tmp_path, path) == jobs
+    assert recovered_jobs(tmp_path, path, way) == jobs
 
 
-def test_recover_of_a_half_truncated_file_brings_back_the_jobs_in_the_half_that_is_left(tmp_path, used):
+def test_recover_of_a_half_truncated_file_brings_back_the_jobs_in_the_half_that_is_left(tmp_path, used, way):
     path, jobs = used
     truncate_half(path)
-    back = recovered_jobs(tmp_path, path)
+    back = recovered_jobs(tmp_path, path, way)
     assert 0 < len(back) < JOBS
     assert all(jobs[i] == args for i, args in back.items())
 
@@ -244,10 +251,10 @@ def test_recover_refuses_while_a_daemon_serves_the_store(tmp_path):
     d.terminate()
 
 
-def test_recover_after_a_kill_9_and_header_garbage_brings_back_the_jobs_only_in_the_wal(tmp_path, killed):
+def test_recover_after_a_kill_9_and_header_garbage_brings_back_the_jobs_only_in_the_wal(tmp_path, killed, way):
     path, jobs = killed
     garbage_header(path)
-    assert recovered_jobs(tmp_path, path) == jobs
+    assert recovered_jobs(tmp_path, path, way) == jobs
 
 
 def test_recover_after_a_kill_9_and_header_garbage_gives_new_jobs_ids_after_those_in_the_wal(tmp_path, killed):

@@ -452,7 +452,8 @@ def _fleet_parsers(sub: Any) -> None:
     rec = dbsub.add_parser("recover", help="copy every readable job of a damaged SQLite store into a new file",
                            description="Copy every row that can still be read from a damaged SQLite store "
                            "into the new file TO (sqlite3's .recover where it works, else a row-by-row "
-                           "salvage). The damaged file is never written. Stop the daemon first.")
+                           "salvage, then a read of the pages no readable index leads to). The damaged "
+                           "file is never written. Stop the daemon first.")
     opt(rec, "--store", "the damaged store's URL", DEFAULTS.store)
     rec.add_argument("--to", required=True, metavar="PATH", help="the new file to write (it must not exist)")
     rec.set_defaults(handler=_local("db_recover"))

@@ -231,6 +231,8 @@ def db_recover(a: argparse.Namespace) -> int:
     states = ", ".join(f"{n} {s}" for s, n in sorted(report.states.items())) or "none"
     print(f"recovered {report.jobs} jobs ({states}) from {path} into {a.to} by {report.method} "
           f"in {time.monotonic() - started:.1f} s; {path} is left as it was")
+    for what in report.notes:
+        print(f"note: {what}")
     for what in report.unreadable:
         print(f"queick db recover: could not read {what}", file=sys.stderr)
     print(f"next: check it ('queick db check --store sqlite:///{a.to}'), then start the daemon on it "

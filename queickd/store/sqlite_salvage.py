@@ -5,9 +5,11 @@ Recovery works on a copy of the damaged file (and its -wal) in a temporary direc
 damaged file is never written, so nothing is lost by trying. It uses the `sqlite3`
 command's `.recover` where that is installed and works (it reads every page directly, so
 it finds rows that no intact index leads to); otherwise, or if its result does not pass
-integrity_check, a salvage with the standard library: a new file with queickd's schema, and
+integrity_check, a salvage with the standard library: a new file with queickd's schema,
 every row of each table that SQLite can still read copied into it, row by row past damaged
-pages. A header that is not SQLite's is rebuilt on the copy first: in WAL mode where a -wal
+pages, then every row left on a table page that no readable interior page leads to any
+more (sqlite_pages.py reads the pages themselves; half a file lost takes a deep table's
+interior pages with it). A header that is not SQLite's is rebuilt on the copy first: in WAL mode where a -wal
 holds commits (after a kill -9 they are often only there), so they are read too; if that
 fails, in rollback mode without them, and the report says so. Afterwards the counts by
 state are made again from the jobs recovered, and ids continue after the highest one the
@@ -29,7 +31,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-from . import sqlite_check, sqlite_schema
+from . import sqlite_check, sqlite_pages, sqlite_schema
 
 _PAGE_SIZES = (4096, 1024, 2048, 8192, 16384, 32768, 65536)
 _PROBE_BEYOND = 10_000  # rowids probed past the last readable one when the table's end is unknown
@@ -46,6 +48,7 @@ class Recovered:
     rows: dict[str, int] = field(default_factory=dict)
     states: dict[str, int] = field(default_factory=dict)
     unreadable: list[str] = field(default_factory=list)  # tables that could not be read at all
+    notes: list[str] = field(default_factory=list)  # what a user should know about what was read
 
     @property
     def jobs(self) -> int:
@@ -227,33 +230,79 @@ def _write_header(path: str, page: int, wal: bool = False) -> None:
 
 
 def _salvage(copy: str, partial: str, source_wal: str) -> Recovered:
+    """Every row SQLite still reads, then every row left on a table page it does not reach.
+    The pages are read as the copy was before a header was written over it."""
     report = Recovered("row-by-row salvage (Python's sqlite3)")
     dst = sqlite3.connect(partial, isolation_level=None)
     try:
         sqlite_schema.migrate(dst, partial)
-        try:
-            src = _open_damaged(copy, source_wal, report)
-        except sqlite3.DatabaseError as e:
-            report.unreadable.append(f"the whole file: {e}")
-            return report
-        try:
-            try:
-                tables = _tables(src)
-            except sqlite3.DatabaseError as e:
-                report.unreadable.append(f"its list of tables ({e})")
-                return report
-            wanted = set(_tables(dst))
+        with sqlite_pages.Image.open(copy, copy + "-wal") as image:
             dst.execute("BEGIN")
-            for table in tables:
-                if table in wanted:
-                    report.rows[table] = _copy_table(src, dst, table, report)
-            _carry_sequence(src, dst)
+            _salvage_rows(copy, source_wal, dst, report)
+            _salvage_pages(image, dst, report)
             dst.execute("COMMIT")
-        finally:
-            src.close()
     finally:
         dst.close()
     return report
+
+
+def _salvage_rows(copy: str, source_wal: str, dst: sqlite3.Connection, report: Recovered) -> None:
+    """Every row of each table that SQLite can still read."""
+    try:
+        src = _open_damaged(copy, source_wal, report)
+    except sqlite3.DatabaseError as e:
+        report.unreadable.append(f"the whole file: {e}")
+        return
+    try:
+        try:
+            tables = _tables(src)
+        except sqlite3.DatabaseError as e:
+            report.unreadable.append(f"its list of tables ({e})")
+            return
+        wanted = set(_tables(dst))
+        for table in tables:
+            if table in wanted:
+                report.rows[table] = _copy_table(src, dst, table, report)
+        _carry_sequence(src, dst)
+    finally:
+        src.close()
+
+
+def _salvage_pages(image: sqlite_pages.Image, dst: sqlite3.Connection, report: Recovered) -> None:
+    """The rows on table leaf pages that SQLite did not reach (no readable interior page
+    leads to them any more), added where their rowid is not taken. Tables the damaged file's
+    schema no longer names are read with this version's columns."""
+    tables = image.schema() or {
+        t: sqlite_pages.from_connection(dst, t) for t in _tables(dst)
+        if dst.execute("SELECT 1 FROM sqlite_master WHERE name = ? AND sql LIKE '%WITHOUT ROWID%'",
+                       (t,)).fetchone() is None}
+    found = sqlite_pages.read_rows(image, tables)
+    sequence = [row.get("seq") or 0 for _, row in found.rows.pop("sqlite_sequence", []) if row.get("name") == "jobs"]
+    wanted = set(_tables(dst))
+    added = 0
+    for table, rows in found.rows.items():
+        if table not in wanted:
+            continue
+        known = set(_columns(dst, table))
+        n = 0
+        for _, row in rows:
+            cols = [c for c in row if c in known]
+            names = ", ".join(f'"{c}"' for c in cols)
+            insert = f'INSERT OR IGNORE INTO "{table}" ({names}) VALUES ({", ".join("?" * len(cols))})'
+            with contextlib.suppress(sqlite3.Error):  # a row that breaks a constraint is left out
+                n += dst.execute(insert, [row[c] for c in cols]).rowcount
+        report.rows[table] = report.rows.get(table, 0) + n
+        added += n if table == "jobs" else 0
+    if added:
+        report.method += " and a read of its pages"
+        report.notes.append(
+            f"{added} jobs were read from pages that no index of the damaged file leads to any more; a job "
+            "deleted shortly before the damage can be among them: look at them before they run")
+    if found.broken:
+        report.unreadable.append(f"{found.broken} rows on pages that are torn or whose overflow pages are lost")
+    if found.unplaced:
+        report.unreadable.append(f"{found.unplaced} rows on pages that could not be told apart by table")
+    _raise_sequence(dst, max(sequence, default=0))
 
 
 def _columns(c: sqlite3.Connection, table: str) -> list[str]:
@@ -330,11 +379,17 @@ def _last_rowid(src: sqlite3.Connection, table: str) -> int | None:
 def _carry_sequence(src: sqlite3.Connection, dst: sqlite3.Connection) -> None:
     """New jobs continue after the highest id the damaged file (and its -wal) knew, read or
     not: the largest of its sequence, its highest readable id and the highest id copied."""
-    seq = dst.execute("SELECT coalesce(max(id), 0) FROM jobs").fetchone()[0]
+    seq = 0
     for sql in ("SELECT seq FROM sqlite_sequence WHERE name = 'jobs'", "SELECT max(rowid) FROM jobs"):
         with contextlib.suppress(sqlite3.DatabaseError):
             row = src.execute(sql).fetchone()
             seq = max(seq, row[0] or 0) if row else seq
+    _raise_sequence(dst, seq)
+
+
+def _raise_sequence(dst: sqlite3.Connection, seq: int) -> None:
+    """The next job's id comes after `seq` and after every id copied."""
+    seq = max(seq, dst.execute("SELECT coalesce(max(id), 0) FROM jobs").fetchone()[0])
     if dst.execute("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'jobs'", (seq,)).rowcount == 0:
         dst.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', ?)", (seq,))
 
