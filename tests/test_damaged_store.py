@@ -271,3 +271,15 @@ def test_recover_that_cannot_read_the_wal_says_so_naming_it_and_its_size(tmp_pat
     r = queick("db", "recover", "--store", f"sqlite:///{path}", "--to", str(tmp_path / "new.db"))
     assert r.returncode == 0, r.stderr
     assert f"could not read the commits in {wal} ({wal.stat().st_size} bytes)" in r.stderr
+
+
+def test_a_recovered_store_gets_the_pages_of_a_new_store(tmp_path, used, way):
+    import sqlite3
+
+    path, _ = used
+    garbage_mid_file(path)
+    new = tmp_path / "new.db"
+    r = queick("db", "recover", "--store", f"sqlite:///{path}", "--to", str(new), env=way)
+    assert r.returncode == 0, r.stderr
+    with sqlite3.connect(new) as c:
+        assert c.execute("PRAGMA page_size").fetchone()[0] == 1024

@@ -272,3 +272,38 @@ def test_the_idempotency_keys_of_a_commit_are_looked_up_with_one_statement(tmp_p
     assert [a[0].job_id for a in again] == [a[0].job_id for a in first]
     assert all(a[0].duplicate for a in again) and not any(a[0].duplicate for a in first)
     s.close()
+
+
+def page_size(path) -> int:
+    with sqlite3.connect(path) as c:
+        return c.execute("PRAGMA page_size").fetchone()[0]
+
+
+def test_a_new_store_file_gets_small_pages(tmp_path):
+    path = str(tmp_path / "q.db")
+    SQLiteStore(path).close()
+    assert page_size(path) == 1024
+
+
+def test_a_store_file_with_larger_pages_keeps_them_and_its_jobs(tmp_path):
+    path = str(tmp_path / "q.db")
+    with sqlite3.connect(path) as c:  # as an earlier release made it: 4 KiB pages, then WAL
+        c.execute("PRAGMA page_size=4096")
+        c.execute("PRAGMA journal_mode=WAL")
+    s = SQLiteStore(path)
+    (sub,) = s.submit([job(args=[7])], T0)
+    s.close()
+    again = SQLiteStore(path)
+    assert (page_size(path), again.get(sub.job_id).args) == (4096, [7])
+    again.close()
+
+
+def test_a_job_larger_than_many_pages_comes_back_whole(tmp_path):
+    path = str(tmp_path / "q.db")
+    s = SQLiteStore(path)
+    big = ["x" * 50_000, {"k": list(range(2_000))}]
+    (sub,) = s.submit([job(args=big)], T0)
+    s.close()
+    again = SQLiteStore(path)
+    assert again.get(sub.job_id).args == big
+    again.close()

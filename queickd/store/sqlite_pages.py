@@ -110,8 +110,8 @@ class Image:
         self.page_size = page_size or wal_size or self._header_page_size()
         reserved = self.header[20] if self._header_sound() else 0
         self.usable = self.page_size - reserved if self.page_size else 0
-        self.pages = max(pages, os.path.getsize(path) // self.page_size if self.page_size else 0,
-                         max(self.frames, default=0))
+        # the database's size at the -wal's last commit, else the file's (a cut file's header overstates it)
+        self.pages = pages or (os.path.getsize(path) // self.page_size if self.page_size else 0)
 
     def close(self) -> None:
         self._f.close()

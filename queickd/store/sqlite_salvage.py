@@ -31,7 +31,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-from . import sqlite_check, sqlite_pages, sqlite_schema
+from . import sqlite_check, sqlite_conn, sqlite_pages, sqlite_schema
 
 _PAGE_SIZES = (4096, 1024, 2048, 8192, 16384, 32768, 65536)
 _PROBE_BEYOND = 10_000  # rowids probed past the last readable one when the table's end is unknown
@@ -118,7 +118,8 @@ def _with_command(copy: str, partial: str) -> Recovered | None:
         dump = subprocess.run([exe, copy, ".recover"], capture_output=True, timeout=3600)
         if dump.returncode != 0 or b"sql error" in dump.stderr.lower():
             return None
-        load = subprocess.run([exe, partial], input=dump.stdout, capture_output=True, timeout=3600)
+        page = f"PRAGMA page_size={sqlite_conn.NEW_FILE_PAGE};\n".encode()  # as a new store's
+        load = subprocess.run([exe, partial], input=page + dump.stdout, capture_output=True, timeout=3600)
         if load.returncode != 0:
             return None
         c = sqlite3.connect(partial)
@@ -235,6 +236,7 @@ def _salvage(copy: str, partial: str, source_wal: str) -> Recovered:
     report = Recovered("row-by-row salvage (Python's sqlite3)")
     dst = sqlite3.connect(partial, isolation_level=None)
     try:
+        dst.execute(f"PRAGMA page_size={sqlite_conn.NEW_FILE_PAGE}")  # as a new store's
         sqlite_schema.migrate(dst, partial)
         with sqlite_pages.Image.open(copy, copy + "-wal") as image:
             dst.execute("BEGIN")
