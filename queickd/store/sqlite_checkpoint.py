@@ -3,7 +3,7 @@
 SQLite checkpoints (copies the WAL into the database file, with an fsync of each) inside
 the COMMIT that takes the WAL past `wal_autocheckpoint` pages, 1000 by default: one pass
 of the worker pool in ~150 then holds the store's write lock through two fsyncs and the
-copy of 4 MB, and every submit waits behind it. Here a thread with a connection of its
+copy of 4 MB (of 4 KiB pages), and every submit waits behind it. Here a thread with a connection of its
 own makes those checkpoints instead, PASSIVE (never waiting for, nor blocking, the writer),
 once TARGET_FRAMES frames wait to be copied. The writer's own automatic checkpoint stays,
 at BACKSTOP_PAGES: under steady writes a PASSIVE checkpoint never quite catches up (the
