@@ -298,6 +298,8 @@ class Image:
                     if not values or len(values) != _MASTER_COLUMNS or values[0] != "table":
                         continue
                     name, root, sql = values[1], values[3], values[4]
+                    if not isinstance(name, str) or not isinstance(root, int):
+                        continue
                     if name == "sqlite_sequence":  # a name SQLite keeps to itself: not creatable
                         tables[name] = Table(["name", "seq"], root)
                     if not isinstance(sql, str) or "WITHOUT ROWID" in sql.upper() or name.startswith("sqlite_"):
