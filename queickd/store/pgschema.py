@@ -330,7 +330,7 @@ MIGRATIONS: list[str] = [
     # every row: a job's insert, claim and finish wrote three, beside the partial indexes
     # that hold queued and running jobs already. Now only the states a job rests in are
     # indexed by state; the waiting states are read through their own partial indexes
-    # (sqlshared.WAITING_ANY). In process, 20,000 jobs, WAL written a job: 601 -> 526 bytes
+    # (sqlstates.WAITING_ANY). In process, 20,000 jobs, WAL written a job: 601 -> 526 bytes
     # submitted by 1,000, 1,193 -> 1,096 claimed and finished by 50, 643 -> 566 a lone
     # submit (-10 % over a job's life); the server's CPU moved within its noise.
     """

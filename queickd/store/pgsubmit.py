@@ -19,7 +19,7 @@ from ..core.job import NewJob, State, Submitted
 from ..core.policy import admission as adm
 from . import rows as dbrows
 from .pgchannels import QUEUED_CHANNEL
-from .sqlshared import WAITING_ANY, WAITING_IN
+from .sqlstates import UNFINISHED_IN, WAITING_ANY, WAITING_IN
 
 SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
 _COUNT_TTL = 1.0  # seconds an exact count of waiting jobs stands in, far below the cap
@@ -255,8 +255,8 @@ class PgSubmit:
 
         def active(key: str) -> int | None:
             row = reading().execute(
-                "SELECT id FROM jobs WHERE key = %s AND state IN"
-                " ('scheduled', 'queued', 'waiting_network', 'running') ORDER BY id LIMIT 1", (key,)).fetchone()
+                f"SELECT id FROM jobs WHERE key = %s AND state IN {UNFINISHED_IN} ORDER BY id LIMIT 1",
+                (key,)).fetchone()
             return row[0] if row else None
 
         return adm.Lookups(

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from .sqlshared import WAITING_IN
+from .sqlstates import WAITING_IN
 
 KINDS = ("job", "key", "cron")
 _WAITING = f"state IN {WAITING_IN}"

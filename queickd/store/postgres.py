@@ -52,7 +52,8 @@ from .pgregistry import ALIVE, FleetRecords, notify
 from .pgsubmit import SUBMIT_LOCK, PgSubmit
 from .pools import set_pool_sql
 from .records import CronFire, CronRecord, Finished, Pause, Recovered
-from .sqlshared import WAITING_ANY, WAITING_IN, SharedSql, filters
+from .sqlshared import SharedSql, filters
+from .sqlstates import WAITING_ANY, WAITING_IN
 from .wfsql import SqlWorkflows
 
 # A claimed job of a worker that lost it (a pass whose answer never came) goes back to wait

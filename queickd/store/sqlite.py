@@ -25,7 +25,8 @@ from .records import CronFire, CronRecord, Finished, Recovered
 from .sqlite_conn import SQLiteFile, insert_rows
 from .sqlite_schema import SCHEMA_VERSION, SchemaTooNewError
 from .sqliteclaim import SqliteClaims, queue_order
-from .sqlshared import STREAK, WAITING_IN, SharedSql, filters
+from .sqlshared import STREAK, SharedSql, filters
+from .sqlstates import UNFINISHED_IN, WAITING_IN
 from .wfsql import SqlWorkflows
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore", "SchemaTooNewError"]
@@ -63,8 +64,8 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
 
         def active(key: str) -> int | None:
             row = c.execute(
-                "SELECT id FROM jobs INDEXED BY jobs_key WHERE key = ? AND state IN"
-                " ('scheduled', 'queued', 'waiting_network', 'running') ORDER BY id LIMIT 1", (key,)
+                f"SELECT id FROM jobs INDEXED BY jobs_key WHERE key = ? AND state IN {UNFINISHED_IN}"
+                " ORDER BY id LIMIT 1", (key,)
             ).fetchone()
             return row[0] if row else None
 

@@ -15,13 +15,14 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from ..core.job import Job, Submitted
+from ..core.job import Job, State, Submitted
 from ..core.policy import admission as adm
 from ..core.policy import crons, orphans, outbox
 from ..core.policy import memory as mem
 from ..core.policy import pauses as pz
 from . import rows as dbrows
 from .records import CronFire, CronRecord, Event, EventAccepted, EventState, Minute, NewEvent, Pause
+from .sqlstates import WAITING_ANY, WAITING_IN, state_any
 from .wfsql import STEP_OF_JOB
 
 # A target's streak and whether it is paused (pauses.Lookups), in one statement.
@@ -29,20 +30,6 @@ STREAK = ("SELECT coalesce((SELECT failures FROM streaks WHERE kind = ? AND name
           " EXISTS (SELECT 1 FROM pauses WHERE kind = ? AND name = ?)")
 
 
-_WAITING = ("scheduled", "queued", "waiting_network")
-
-
-def state_any(*states: str) -> str:
-    """`state` is one of `states`, as an OR of equalities. PostgreSQL reads each one through
-    the partial index that holds that state (a BitmapOr); `state IN (...)` it can match to
-    no partial index, and no index holds every state (migration 24): it would scan the
-    table. SQLite reads the two forms alike."""
-    return "(" + " OR ".join(f"state = '{s}'" for s in states) + ")"
-
-
-WAITING_ANY = state_any(*_WAITING)  # a job still waiting, in any of its three states
-# The same states as a list, for `state IN` where another index leads (jobs_key, jobs_cron).
-WAITING_IN = "(" + ", ".join(f"'{s}'" for s in _WAITING) + ")"
 # A claimed job that did not start, back where it waited; with the store's _RELEASE after it.
 REQUEUE = "UPDATE jobs SET state = 'queued', attempts = attempts - 1, started_at = NULL"
 
@@ -112,7 +99,7 @@ class SharedSql:
 
     def cancel_waiting(self, state: str, now: float, *, func: str | None = None, key: str | None = None,
                        pool: str | None = None) -> list[int]:
-        if state not in _WAITING:
+        if state not in State.PENDING:
             raise ValueError(f"only waiting jobs are cancelled this way, not {state!r}")
         extra, params = filters(func, key, pool)
         with self._write() as c:
@@ -391,7 +378,7 @@ class SharedSql:
         for kind, col, names in (("pool", "pool", pools), ("group", "concurrency_group", groups)):
             if names:
                 parts.append(f"SELECT '{kind}', {col}, state = 'running', count(*), sum(coalesce(cost_units, 1))"
-                             f" FROM jobs WHERE {state_any('running', *_WAITING)}"
+                             f" FROM jobs WHERE {state_any(State.RUNNING, *State.PENDING)}"
                              f" AND {col} IN ({','.join('?' * len(names))}) GROUP BY {col}, state = 'running'")
                 params += names
         out: dict[tuple[str, str], tuple[float, int, float, int]] = {}

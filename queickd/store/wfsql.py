@@ -19,6 +19,7 @@ from ..core.job import Job, NewJob
 from ..core.workflow import Definition, Output, RunRecord, RunState
 from . import rows as dbrows
 from . import workflows as wf
+from .sqlstates import WAITING_IN
 
 # What an UPDATE of jobs returns for _steps_cancelled_in: the job and its workflow step, if any.
 STEP_OF_JOB = "id, workflow_run, workflow_step, workflow_item, workflow_loop"
@@ -143,7 +144,7 @@ class _Tx:
 
     def discard_jobs(self, run_id: int, now: float) -> int:
         return self._x("UPDATE jobs SET state = 'cancelled', finished_at = ? WHERE workflow_run = ?"
-                       " AND state IN ('scheduled', 'queued', 'waiting_network')", (now, run_id)).rowcount
+                       f" AND state IN {WAITING_IN}", (now, run_id)).rowcount
 
     def running_in_tree(self, root: int) -> list[RunRecord]:
         rows = self._x(f"SELECT {RUN_COLS} FROM workflow_runs WHERE root = ? AND status = 'running'", (root,))
@@ -169,7 +170,7 @@ class SqlWorkflows:
         self._lock_step_roots(c, "j.id = ?", (job_id,))
         row = c.execute(self._q(
             "UPDATE jobs SET state = 'cancelled', finished_at = ? WHERE id = ?"
-            f" AND state IN ('scheduled', 'queued', 'waiting_network') RETURNING {STEP_OF_JOB}"),
+            f" AND state IN {WAITING_IN} RETURNING {STEP_OF_JOB}"),
             (now, job_id)).fetchone()
         if row is not None:
             self._steps_cancelled_in(c, [row], now)
