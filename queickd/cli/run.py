@@ -6,6 +6,7 @@ should retry)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import re
@@ -13,6 +14,7 @@ import socket
 import sqlite3
 import sys
 import time
+from collections.abc import Iterator
 from typing import TypeVar
 
 from .. import config as config_file
@@ -197,10 +199,34 @@ def db_check(a: argparse.Namespace) -> int:
     return 0 if sound else 1
 
 
-def db_recover(a: argparse.Namespace) -> int:
-    """`queick db recover --to PATH`: every readable job of a damaged store into a new file."""
+class _ServedError(Exception):
+    """A daemon serves the store: a command that needs it stopped does not start."""
+
+
+@contextlib.contextmanager
+def _stopped(path: str) -> Iterator[None]:
+    """The store's lock (PATH.lock) held shared while a command works on its file: a daemon
+    serving it raises _ServedError, and one started meanwhile refuses to start (it takes the
+    lock exclusively) until the command is done."""
     import fcntl
 
+    try:
+        fd = os.open(path + ".lock", os.O_RDONLY)
+    except FileNotFoundError:
+        yield  # never served: no daemon holds it, and one that starts now makes a new lock
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _ServedError(f"{path} is served by a running daemon; stop it first") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def db_recover(a: argparse.Namespace) -> int:
+    """`queick db recover --to PATH`: every readable job of a damaged store into a new file."""
     from ..store import sqlite_salvage, sqlitebackup
 
     try:
@@ -209,25 +235,15 @@ def db_recover(a: argparse.Namespace) -> int:
         print(f"queick db recover: {e}", file=sys.stderr)
         return 2
     try:
-        fd = os.open(path + ".lock", os.O_RDONLY)
-    except FileNotFoundError:
-        fd = None
-    try:
-        if fd is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                print(f"queick db recover: {path} is served by a running daemon; stop it first "
-                      "(or copy a live store with 'queick db backup')", file=sys.stderr)
-                return 1
-        started = time.monotonic()
-        report = sqlite_salvage.recover(path, a.to)
+        with _stopped(path):
+            started = time.monotonic()
+            report = sqlite_salvage.recover(path, a.to)
+    except _ServedError as e:
+        print(f"queick db recover: {e} (or copy a live store with 'queick db backup')", file=sys.stderr)
+        return 1
     except (OSError, sqlite3.Error) as e:
         print(f"queick db recover: {e}", file=sys.stderr)
         return 1
-    finally:
-        if fd is not None:
-            os.close(fd)
     states = ", ".join(f"{n} {s}" for s, n in sorted(report.states.items())) or "none"
     print(f"recovered {report.jobs} jobs ({states}) from {path} into {a.to} by {report.method} "
           f"in {time.monotonic() - started:.1f} s; {path} is left as it was")
@@ -237,4 +253,30 @@ def db_recover(a: argparse.Namespace) -> int:
         print(f"queick db recover: could not read {what}", file=sys.stderr)
     print(f"next: check it ('queick db check --store sqlite:///{a.to}'), then start the daemon on it "
           f"(--store sqlite:///{a.to})")
+    return 0
+
+
+def db_vacuum(a: argparse.Namespace) -> int:
+    """`queick db vacuum`: the stopped store rewritten compact, with a new store's page size."""
+    from ..store import sqlite_vacuum, sqlitebackup
+
+    try:
+        path = sqlitebackup.sqlite_path(a.store, "vacuumed")
+    except ValueError as e:
+        print(f"queick db vacuum: {e}", file=sys.stderr)
+        return 2
+    print(f"queick db vacuum: rewriting {path}; a crash or a power cut midway leaves it as it was",
+          file=sys.stderr)
+    try:
+        with _stopped(path):
+            started = time.monotonic()
+            done = sqlite_vacuum.vacuum(path, a.page_size)
+    except DamagedStoreError as e:
+        print(f"queick db vacuum: {e}", file=sys.stderr)
+        return EX_CONFIG
+    except (_ServedError, OSError, sqlite3.Error) as e:
+        print(f"queick db vacuum: {e}", file=sys.stderr)
+        return 1
+    print(f"vacuumed {path}: {done.jobs} jobs, pages of {done.page_before} -> {done.page_after} bytes, "
+          f"{done.bytes_before / 1e6:.1f} -> {done.bytes_after / 1e6:.1f} MB in {time.monotonic() - started:.1f} s")
     return 0

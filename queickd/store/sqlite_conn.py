@@ -32,6 +32,7 @@ import threading
 import time
 import urllib.parse
 
+from ..settings import SQLITE_PAGE
 from . import sqlite_check, sqlite_schema
 from .records import StoreInUseError
 from .sqlite_checkpoint import BACKSTOP_PAGES, Checkpointer
@@ -39,7 +40,6 @@ from .sqlite_flush import WalFlusher
 
 log = logging.getLogger("queickd.store")
 
-NEW_FILE_PAGE = 1024  # bytes a page of a new store file (see _into_wal)
 _ROWS_MAX = 256  # rows per INSERT statement; statements of 2**k rows, so few distinct ones
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 _ROOM = 1 << 20  # bytes free below which a write that fails is put down to a full disk
@@ -63,7 +63,7 @@ def _into_wal(c: sqlite3.Connection, synchronous: str) -> None:
     change a few rows on a few pages each, and every changed page is a whole frame in the
     WAL, so 4 KiB pages wrote about 47 KB to a card per job run one at a time, 1 KiB pages
     about 16 KB (and less CPU a commit)."""
-    c.execute(f"PRAGMA page_size={NEW_FILE_PAGE}")
+    c.execute(f"PRAGMA page_size={SQLITE_PAGE}")
     c.execute("PRAGMA journal_mode=WAL")
     c.execute(f"PRAGMA synchronous={synchronous}")
     c.execute("PRAGMA journal_size_limit=67108864")  # keep the WAL small on SD cards

@@ -24,12 +24,14 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from ..settings import SQLITE_PAGE, SQLITE_PAGE_SIZES
 from . import sqlite_check
 
 _WAL_HEADER = 32
 _FRAME_HEADER = 24
 _LEAF, _INTERIOR = 0x0D, 0x05  # table b-tree page types
-_PAGE_SIZES = (4096, 1024, 2048, 8192, 16384, 32768, 65536, 512)
+# The sizes to try where the header is lost: those queickd makes (now, before) first.
+PROBED = (SQLITE_PAGE, 4096, *(s for s in SQLITE_PAGE_SIZES if s not in (SQLITE_PAGE, 4096)))
 _MASTER_COLUMNS = 5  # sqlite_master: type, name, tbl_name, rootpage, sql
 
 
@@ -172,7 +174,7 @@ class Image:
         if image.page_size:
             return image
         image.close()
-        for size in _PAGE_SIZES:
+        for size in PROBED:
             image = cls(path, wal, size)
             if image.schema():
                 return image

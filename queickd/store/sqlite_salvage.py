@@ -31,9 +31,9 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-from . import sqlite_check, sqlite_conn, sqlite_pages, sqlite_schema
+from ..settings import SQLITE_PAGE
+from . import sqlite_check, sqlite_pages, sqlite_schema
 
-_PAGE_SIZES = (4096, 1024, 2048, 8192, 16384, 32768, 65536)
 _PROBE_BEYOND = 10_000  # rowids probed past the last readable one when the table's end is unknown
 _SKIP_META = {"schema_version"}  # the new file's own schema decides its version
 _WAL_MAGIC = (0x377F0682, 0x377F0683)
@@ -118,7 +118,7 @@ def _with_command(copy: str, partial: str) -> Recovered | None:
         dump = subprocess.run([exe, copy, ".recover"], capture_output=True, timeout=3600)
         if dump.returncode != 0 or b"sql error" in dump.stderr.lower():
             return None
-        page = f"PRAGMA page_size={sqlite_conn.NEW_FILE_PAGE};\n".encode()  # as a new store's
+        page = f"PRAGMA page_size={SQLITE_PAGE};\n".encode()  # as a new store's
         load = subprocess.run([exe, partial], input=page + dump.stdout, capture_output=True, timeout=3600)
         if load.returncode != 0:
             return None
@@ -160,7 +160,7 @@ def _open_damaged(copy: str, source_wal: str, report: Recovered) -> sqlite3.Conn
             report.unreadable.append(
                 f"the commits in {source_wal} ({wal_size} bytes): the jobs written only there since "
                 "the last checkpoint are not in the new file")
-        for page in _PAGE_SIZES:
+        for page in sqlite_pages.PROBED:
             _write_header(copy, page)
             c = _connect(copy)
             try:
@@ -236,7 +236,7 @@ def _salvage(copy: str, partial: str, source_wal: str) -> Recovered:
     report = Recovered("row-by-row salvage (Python's sqlite3)")
     dst = sqlite3.connect(partial, isolation_level=None)
     try:
-        dst.execute(f"PRAGMA page_size={sqlite_conn.NEW_FILE_PAGE}")  # as a new store's
+        dst.execute(f"PRAGMA page_size={SQLITE_PAGE}")  # as a new store's
         sqlite_schema.migrate(dst, partial)
         with sqlite_pages.Image.open(copy, copy + "-wal") as image:
             dst.execute("BEGIN")
