@@ -124,3 +124,19 @@ def test_vacuum_of_no_store_says_there_is_none(tmp_path):
 def test_vacuum_is_only_for_sqlite():
     r = queick("db", "vacuum", "--store", "memory://")
     assert r.returncode == 2 and "only an SQLite store" in r.stderr
+
+
+def test_db_check_names_an_old_stores_page_size_and_the_vacuum(old):
+    path, _ = old
+    r = queick("db", "check", "--store", f"sqlite:///{path}")
+    assert r.returncode == 0 and "pages of 4096 bytes" in r.stdout and "queick db vacuum" in r.stdout
+    assert queick("db", "vacuum", "--store", f"sqlite:///{path}").returncode == 0
+    r = queick("db", "check", "--store", f"sqlite:///{path}")
+    assert "pages of 1024 bytes" in r.stdout and "queick db vacuum" not in r.stdout
+
+
+def test_a_daemon_on_an_old_store_says_at_start_that_a_vacuum_would_help(old):
+    path, _ = old
+    d = DaemonProcess(f"sqlite:///{path}", workers=0).start()
+    d.wait_for_line("has pages of 4096 bytes .* 'queick db vacuum'")
+    assert d.terminate() == 0

@@ -142,6 +142,10 @@ class SQLiteFile:
                 if on_disk:
                     sqlite_check.check_open(c, self.path)
                 sqlite_schema.migrate(c, self.path)
+                page = c.execute("PRAGMA page_size").fetchone()[0]
+            if on_disk and page != SQLITE_PAGE:
+                log.info("%s has pages of %d bytes (a new store's are %d): 'queick db vacuum' rewrites it, "
+                         "with the daemon stopped, to write a card fewer bytes a job", self.path, page, SQLITE_PAGE)
         except sqlite3.DatabaseError as e:
             if isinstance(e, sqlite3.OperationalError):
                 raise

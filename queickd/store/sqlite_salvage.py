@@ -65,6 +65,7 @@ def check(path: str) -> tuple[bool, str]:
             sqlite_check.check_open(c, path)
             version = sqlite_schema.version(c)
             counts = dict(c.execute("SELECT state, n FROM state_counts WHERE n > 0 ORDER BY state"))
+            page = c.execute("PRAGMA page_size").fetchone()[0]
         finally:
             c.close()
     except sqlite_check.DamagedStoreError as e:
@@ -72,7 +73,9 @@ def check(path: str) -> tuple[bool, str]:
     except sqlite3.Error as e:
         return False, f"{path}: SQLite cannot read it: {e}"
     shown = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no jobs"
-    return True, f"{path}: ok (quick_check passed, schema version {version}; {shown})"
+    pages = f"pages of {page} bytes" + ("" if page == SQLITE_PAGE else f", a new store's are {SQLITE_PAGE}: "
+                                        "'queick db vacuum' rewrites it to write fewer bytes a job")
+    return True, f"{path}: ok (quick_check passed, schema version {version}; {shown}; {pages})"
 
 
 def recover(source: str, target: str, use_sqlite3_command: bool = True) -> Recovered:
