@@ -277,6 +277,6 @@ def db_vacuum(a: argparse.Namespace) -> int:
     except (_ServedError, OSError, sqlite3.Error) as e:
         print(f"queick db vacuum: {e}", file=sys.stderr)
         return 1
-    print(f"vacuumed {path}: {done.jobs} jobs, pages of {done.page_before} -> {done.page_after} bytes, "
+    print(f"vacuumed {path}: {done.jobs:,} jobs, pages of {done.page_before} -> {done.page_after} bytes, "
           f"{done.bytes_before / 1e6:.1f} -> {done.bytes_after / 1e6:.1f} MB in {time.monotonic() - started:.1f} s")
     return 0
