@@ -25,14 +25,20 @@ def page_size(path: Path) -> int:
         return c.execute("PRAGMA page_size").fetchone()[0]
 
 
-@pytest.fixture
-def old(tmp_path) -> tuple[Path, dict[int, list]]:
-    """A store with 4 KiB pages, as an earlier release made it, that a daemon used and stopped
-    cleanly: JOBS queued jobs, {id: args}."""
+def file_of_an_earlier_release(tmp_path: Path) -> Path:
+    """An empty database file as earlier releases made a store's: 4 KiB pages, WAL mode."""
     path = tmp_path / "queue.db"
     with sqlite3.connect(path) as c:
         c.execute("PRAGMA page_size=4096")
         c.execute("PRAGMA journal_mode=WAL")
+    return path
+
+
+@pytest.fixture
+def old(tmp_path) -> tuple[Path, dict[int, list]]:
+    """A store with 4 KiB pages, as an earlier release made it, that a daemon used and stopped
+    cleanly: JOBS queued jobs, {id: args}."""
+    path = file_of_an_earlier_release(tmp_path)
     d = DaemonProcess(f"sqlite:///{path}", workers=0).start()
     with d.client() as q:
         ids = q.enqueue_many([{"func": "testjobs:noop", "args": [i, "x" * 200]} for i in range(JOBS)])
@@ -63,10 +69,7 @@ def test_vacuum_gives_an_old_store_the_page_size_of_a_new_one_and_keeps_every_jo
 
 
 def test_vacuum_after_a_kill_9_keeps_the_jobs_only_in_the_wal(tmp_path):
-    path = tmp_path / "queue.db"
-    with sqlite3.connect(path) as c:
-        c.execute("PRAGMA page_size=4096")
-        c.execute("PRAGMA journal_mode=WAL")
+    path = file_of_an_earlier_release(tmp_path)
     d = DaemonProcess(f"sqlite:///{path}", workers=0).start()
     with d.client() as q:
         ids = q.enqueue_many([{"func": "testjobs:noop", "args": [i]} for i in range(JOBS)])

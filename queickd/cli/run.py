@@ -152,14 +152,24 @@ def db_clear_budgets(a: argparse.Namespace) -> int:
     return 0
 
 
+def _sqlite_file(a: argparse.Namespace, command: str, done: str = "backed up") -> str | None:
+    """The file of the SQLite store --store names, or None having said that `queick db
+    command` is only for SQLite stores (what is `done` to them)."""
+    from ..store import sqlitebackup
+
+    try:
+        return sqlitebackup.sqlite_path(a.store, done)
+    except ValueError as e:
+        print(f"queick db {command}: {e}", file=sys.stderr)
+        return None
+
+
 def db_backup(a: argparse.Namespace) -> int:
     """`queick db backup PATH`: an online copy of the SQLite store, with progress on stderr."""
     from ..store import sqlitebackup
 
-    try:
-        source = sqlitebackup.sqlite_path(a.store)
-    except ValueError as e:
-        print(f"queick db backup: {e}", file=sys.stderr)
+    source = _sqlite_file(a, "backup")
+    if source is None:
         return 2
     shown = [-1]
 
@@ -184,12 +194,10 @@ def db_backup(a: argparse.Namespace) -> int:
 
 def db_check(a: argparse.Namespace) -> int:
     """`queick db check`: the checks the daemon makes at start; 0 if sound, 1 if damaged."""
-    from ..store import sqlite_salvage, sqlitebackup
+    from ..store import sqlite_salvage
 
-    try:
-        path = sqlitebackup.sqlite_path(a.store, "checked")
-    except ValueError as e:
-        print(f"queick db check: {e}", file=sys.stderr)
+    path = _sqlite_file(a, "check", "checked")
+    if path is None:
         return 2
     sound, found = sqlite_salvage.check(path)
     print(found, file=sys.stdout if sound else sys.stderr)
@@ -227,12 +235,10 @@ def _stopped(path: str) -> Iterator[None]:
 
 def db_recover(a: argparse.Namespace) -> int:
     """`queick db recover --to PATH`: every readable job of a damaged store into a new file."""
-    from ..store import sqlite_salvage, sqlitebackup
+    from ..store import sqlite_salvage
 
-    try:
-        path = sqlitebackup.sqlite_path(a.store, "recovered")
-    except ValueError as e:
-        print(f"queick db recover: {e}", file=sys.stderr)
+    path = _sqlite_file(a, "recover", "recovered")
+    if path is None:
         return 2
     try:
         with _stopped(path):
@@ -258,12 +264,10 @@ def db_recover(a: argparse.Namespace) -> int:
 
 def db_vacuum(a: argparse.Namespace) -> int:
     """`queick db vacuum`: the stopped store rewritten compact, with a new store's page size."""
-    from ..store import sqlite_vacuum, sqlitebackup
+    from ..store import sqlite_vacuum
 
-    try:
-        path = sqlitebackup.sqlite_path(a.store, "vacuumed")
-    except ValueError as e:
-        print(f"queick db vacuum: {e}", file=sys.stderr)
+    path = _sqlite_file(a, "vacuum", "vacuumed")
+    if path is None:
         return 2
     print(f"queick db vacuum: rewriting {path}; a crash or a power cut midway leaves it as it was",
           file=sys.stderr)
