@@ -283,3 +283,27 @@ def test_a_recovered_store_gets_the_pages_of_a_new_store(tmp_path, used, way):
     assert r.returncode == 0, r.stderr
     with sqlite3.connect(new) as c:
         assert c.execute("PRAGMA page_size").fetchone()[0] == 1024
+
+
+# What comes back after each damage: every job, some of them, all but a few pages' worth.
+BACK_AFTER = {garbage_header: lambda n: n == JOBS, truncate_half: lambda n: 0 < n < JOBS,
+              garbage_mid_file: lambda n: JOBS - 100 <= n <= JOBS}
+
+
+@pytest.mark.parametrize("damage", list(BACK_AFTER), ids=lambda f: f.__name__)
+def test_recover_reads_a_store_of_4_kib_pages_as_earlier_releases_made_them(tmp_path, way, damage):
+    import sqlite3
+
+    path = tmp_path / "queue.db"
+    with sqlite3.connect(path) as c:
+        c.execute("PRAGMA page_size=4096")
+        c.execute("PRAGMA journal_mode=WAL")
+    d = DaemonProcess(f"sqlite:///{path}", workers=0).start()
+    with d.client() as q:
+        ids = q.enqueue_many([{"func": "testjobs:noop", "args": [i, "x" * 100]} for i in range(JOBS)])
+    assert d.terminate() == 0
+    jobs = {job_id: [i, "x" * 100] for i, job_id in enumerate(ids)}
+    damage(path)
+    back = recovered_jobs(tmp_path, path, way)
+    assert BACK_AFTER[damage](len(back)), len(back)
+    assert all(jobs[i] == args for i, args in back.items())
