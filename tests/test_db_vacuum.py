@@ -5,9 +5,11 @@ files, real daemons, the real command."""
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -143,3 +145,38 @@ def test_a_daemon_on_an_old_store_says_at_start_that_a_vacuum_would_help(old):
     d = DaemonProcess(f"sqlite:///{path}", workers=0).start()
     d.wait_for_line("has pages of 4096 bytes .* 'queick db vacuum'")
     assert d.terminate() == 0
+
+
+SHIM_SOURCE = Path(__file__).resolve().parent.parent / "bench" / "slowfsync.c"
+
+
+def wait_for(done, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("syncs", [1, 3])
+def test_a_vacuum_killed_midway_leaves_the_store_as_it_was(old, tmp_path, syncs):
+    """Killed once its journal is on disk (1 sync) or while it rewrites the file (3): the
+    next open puts the store back, `db check` says so without writing, a daemon serves
+    every job."""
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler (cc) to build the fsync shim that holds the vacuum midway")
+    path, jobs = old
+    lib, count = tmp_path / "slowfsync.so", tmp_path / "fsyncs"
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(lib), str(SHIM_SOURCE), "-ldl"], check=True)
+    env = {**os.environ, "LD_PRELOAD": str(lib), "SLOW_FSYNC_MS": "2000", "SLOW_FSYNC_COUNT": str(count)}
+    p = subprocess.Popen([sys.executable, "-m", "queickd", "db", "vacuum", "--store", f"sqlite:///{path}"],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: count.exists() and count.stat().st_size >= syncs)  # each sync then holds it 2 s
+    finally:
+        p.kill()
+        p.wait()
+    assert Path(f"{path}-journal").stat().st_size > 0  # cut short: the journal is hot
+    r = queick("db", "check", "--store", f"sqlite:///{path}")
+    assert r.returncode == 0 and f"{JOBS} queued" in r.stdout and "cut short" in r.stdout, r.stderr
+    assert served_jobs(path)[0] == jobs

@@ -108,6 +108,11 @@ def check_file(path: str) -> bool:
                                           f"{'missing' if size is None else 'empty'}: the last commits "
                                           "may be in the WAL, without the file they belong to")
         return True
+    if hot_journal(path):
+        # A write in rollback-journal mode was cut short (`queick db vacuum` killed, say):
+        # the file may be half rewritten, and SQLite puts it back from the journal when it
+        # next opens it for writing. The checks after opening judge what it put back.
+        return False
     with open(path, "rb") as f:
         head = f.read(100)
     if len(head) < 100 or not head.startswith(HEADER):
@@ -124,6 +129,12 @@ def check_file(path: str) -> bool:
         raise DamagedStoreError(path, f"it is truncated: {size} bytes, but its header says "
                                       f"{pages} pages of {page} bytes ({pages * page} bytes)")
     return False
+
+
+def hot_journal(path: str) -> bool:
+    """Whether a rollback journal with content is beside the file: a write cut short, which
+    SQLite rolls back at the next open for writing (and which a read-only open cannot)."""
+    return bool(_size(path + "-journal"))
 
 
 def check_open(c: sqlite3.Connection, path: str) -> None:

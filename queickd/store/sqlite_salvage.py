@@ -56,10 +56,34 @@ class Recovered:
 
 
 def check(path: str) -> tuple[bool, str]:
-    """(sound, what was found): the checks a daemon makes at start, without writing."""
+    """(sound, what was found): the checks a daemon makes at start, without writing. Where a
+    write was cut short (a hot -journal), on a copy that SQLite puts back from it, as the
+    daemon's start will put back the store itself."""
+    if sqlite_check.hot_journal(path) and os.path.exists(path):
+        with tempfile.TemporaryDirectory(prefix="queickd-check-") as tmp:
+            copy = os.path.join(tmp, os.path.basename(path))
+            for side in ("", "-journal", "-wal"):
+                if os.path.exists(path + side):
+                    shutil.copyfile(path + side, copy + side)
+            if os.path.exists(sqlite_check.marker_path(path)):
+                shutil.copyfile(sqlite_check.marker_path(path), sqlite_check.marker_path(copy))
+            sound, found = _check(copy)
+        found = found.replace(copy, path)
+        return sound, found + (f"; {path}-journal holds a write that was cut short: the daemon's start "
+                               "(or any open for writing) puts the store back as it was, as checked here")
+    return _check(path)
+
+
+def _check(path: str) -> tuple[bool, str]:
     try:
         if sqlite_check.check_file(path):
             return False, f"no SQLite store at {path}"
+        if sqlite_check.hot_journal(path):  # a copy (see check): SQLite's first read rolls it back
+            w = sqlite3.connect(path, isolation_level=None)
+            try:
+                w.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            finally:
+                w.close()
         c = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
         try:
             sqlite_check.check_open(c, path)
