@@ -157,15 +157,12 @@ def wait_for(done, timeout: float = 30.0) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize("syncs", [1, 3])
-def test_a_vacuum_killed_midway_leaves_the_store_as_it_was(old, tmp_path, syncs):
-    """Killed once its journal is on disk (1 sync) or while it rewrites the file (3): the
-    next open puts the store back, `db check` says so without writing, a daemon serves
-    every job."""
+def killed_midway(path: Path, tmp_path: Path, syncs: int) -> None:
+    """`queick db vacuum` on `path` killed once `syncs` fsyncs are done, each held 2 s by the
+    shim (skips without a C compiler to build it)."""
     cc = shutil.which("cc")
     if cc is None:
         pytest.skip("no C compiler (cc) to build the fsync shim that holds the vacuum midway")
-    path, jobs = old
     lib, count = tmp_path / "slowfsync.so", tmp_path / "fsyncs"
     subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(lib), str(SHIM_SOURCE), "-ldl"], check=True)
     env = {**os.environ, "LD_PRELOAD": str(lib), "SLOW_FSYNC_MS": "2000", "SLOW_FSYNC_COUNT": str(count)}
@@ -177,6 +174,37 @@ def test_a_vacuum_killed_midway_leaves_the_store_as_it_was(old, tmp_path, syncs)
         p.kill()
         p.wait()
     assert Path(f"{path}-journal").stat().st_size > 0  # cut short: the journal is hot
+
+
+@pytest.mark.parametrize("syncs", [1, 3])
+def test_a_vacuum_killed_midway_leaves_the_store_as_it_was(old, tmp_path, syncs):
+    """Killed once its journal is on disk (1 sync) or while it rewrites the file (3): the
+    next open puts the store back, `db check` says so without writing, a daemon serves
+    every job."""
+    path, jobs = old
+    killed_midway(path, tmp_path, syncs)
     r = queick("db", "check", "--store", f"sqlite:///{path}")
     assert r.returncode == 0 and f"{JOBS} queued" in r.stdout and "cut short" in r.stdout, r.stderr
+    assert served_jobs(path)[0] == jobs
+
+
+def test_db_recover_of_a_store_whose_vacuum_was_killed_puts_it_back_first(old, tmp_path):
+    path, jobs = old
+    killed_midway(path, tmp_path, 3)
+    with open(path, "r+b") as f:  # the first page half rewritten (see the test above)
+        f.write(os.urandom(100))
+    new = tmp_path / "recovered.db"
+    r = queick("db", "recover", "--store", f"sqlite:///{path}", "--to", str(new))
+    assert r.returncode == 0 and f"recovered {JOBS} jobs" in r.stdout and "could not" not in r.stderr, r.stderr
+    assert served_jobs(new)[0] == jobs
+
+
+def test_a_daemon_starts_on_a_store_whose_cut_short_write_had_begun_on_its_header(old, tmp_path):
+    """Once the journal is whole on disk (its third sync here) the file may be rewritten, the
+    first page first; a header half rewritten then is SQLite's to put back from the
+    journal, not damage to refuse."""
+    path, jobs = old
+    killed_midway(path, tmp_path, 3)
+    with open(path, "r+b") as f:
+        f.write(os.urandom(100))
     assert served_jobs(path)[0] == jobs

@@ -78,12 +78,8 @@ def _check(path: str) -> tuple[bool, str]:
     try:
         if sqlite_check.check_file(path):
             return False, f"no SQLite store at {path}"
-        if sqlite_check.hot_journal(path):  # a copy (see check): SQLite's first read rolls it back
-            w = sqlite3.connect(path, isolation_level=None)
-            try:
-                w.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            finally:
-                w.close()
+        if sqlite_check.hot_journal(path):  # a copy (see check)
+            _roll_back(path)
         c = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
         try:
             sqlite_check.check_open(c, path)
@@ -115,6 +111,9 @@ def recover(source: str, target: str, use_sqlite3_command: bool = True) -> Recov
         shutil.copyfile(source, copy)
         if os.path.exists(source + "-wal"):  # the last commits may be there
             shutil.copyfile(source + "-wal", copy + "-wal")
+        if sqlite_check.hot_journal(source):  # a write cut short: put the copy back first
+            shutil.copyfile(source + "-journal", copy + "-journal")
+            _roll_back(copy)
         _remove(partial)
         report = _with_command(copy, partial) if use_sqlite3_command else None
         if report is None:
@@ -127,6 +126,17 @@ def recover(source: str, target: str, use_sqlite3_command: bool = True) -> Recov
         raise
     os.replace(partial, target)
     return report
+
+
+def _roll_back(copy: str) -> None:
+    """SQLite's first read of a file opened for writing rolls back its hot -journal; a copy
+    it cannot open is left to the salvage as it is."""
+    with contextlib.suppress(sqlite3.Error):
+        w = sqlite3.connect(copy, isolation_level=None)
+        try:
+            w.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        finally:
+            w.close()
 
 
 def _remove(path: str) -> None:
