@@ -62,9 +62,7 @@ def check(path: str) -> tuple[bool, str]:
     if sqlite_check.hot_journal(path) and os.path.exists(path):
         with tempfile.TemporaryDirectory(prefix="queickd-check-") as tmp:
             copy = os.path.join(tmp, os.path.basename(path))
-            for side in ("", "-journal", "-wal"):
-                if os.path.exists(path + side):
-                    shutil.copyfile(path + side, copy + side)
+            _copy_to_read(path, copy)
             if os.path.exists(sqlite_check.marker_path(path)):
                 shutil.copyfile(sqlite_check.marker_path(path), sqlite_check.marker_path(copy))
             sound, found = _check(copy)
@@ -78,8 +76,6 @@ def _check(path: str) -> tuple[bool, str]:
     try:
         if sqlite_check.check_file(path):
             return False, f"no SQLite store at {path}"
-        if sqlite_check.hot_journal(path):  # a copy (see check)
-            _roll_back(path)
         c = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
         try:
             sqlite_check.check_open(c, path)
@@ -108,12 +104,7 @@ def recover(source: str, target: str, use_sqlite3_command: bool = True) -> Recov
     partial = f"{target}.partial"
     with tempfile.TemporaryDirectory(prefix="queickd-recover-") as tmp:
         copy = os.path.join(tmp, "damaged.db")
-        shutil.copyfile(source, copy)
-        if os.path.exists(source + "-wal"):  # the last commits may be there
-            shutil.copyfile(source + "-wal", copy + "-wal")
-        if sqlite_check.hot_journal(source):  # a write cut short: put the copy back first
-            shutil.copyfile(source + "-journal", copy + "-journal")
-            _roll_back(copy)
+        _copy_to_read(source, copy)
         _remove(partial)
         report = _with_command(copy, partial) if use_sqlite3_command else None
         if report is None:
@@ -128,9 +119,17 @@ def recover(source: str, target: str, use_sqlite3_command: bool = True) -> Recov
     return report
 
 
-def _roll_back(copy: str) -> None:
-    """SQLite's first read of a file opened for writing rolls back its hot -journal; a copy
-    it cannot open is left to the salvage as it is."""
+def _copy_to_read(source: str, copy: str) -> None:
+    """A copy of the store to read without writing the store: the file, its -wal (the last
+    commits may be only there) and, where a write was cut short, its hot -journal, which
+    SQLite then plays back into the copy (its first read of a file opened for writing
+    does); a copy it cannot open is left as it is, for the salvage."""
+    shutil.copyfile(source, copy)
+    if os.path.exists(source + "-wal"):
+        shutil.copyfile(source + "-wal", copy + "-wal")
+    if not sqlite_check.hot_journal(source):
+        return
+    shutil.copyfile(source + "-journal", copy + "-journal")
     with contextlib.suppress(sqlite3.Error):
         w = sqlite3.connect(copy, isolation_level=None)
         try:

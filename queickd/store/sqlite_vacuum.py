@@ -45,10 +45,10 @@ def vacuum(path: str, page_size: int = SQLITE_PAGE) -> Vacuumed:
     if sqlite_check.check_file(path):
         raise FileNotFoundError(f"no SQLite store at {path}")
     before = _bytes(path)
-    need = 2 * before  # the journal holds the old pages, the temporary database the new ones
-    if free_bytes(path) < need:
+    need, free = 2 * before, free_bytes(path)  # the journal holds the old pages, a temporary file the new
+    if free < need:
         raise NotEnoughRoomError(f"vacuum needs about {need / 1e6:.1f} MB free beside {path} (twice the "
-                                 f"store), and the disk has {free_bytes(path) / 1e6:.1f} MB")
+                                 f"store), and the disk has {free / 1e6:.1f} MB")
     c = sqlite3.connect(path, isolation_level=None, timeout=0)
     try:
         sqlite_check.check_open(c, path)
