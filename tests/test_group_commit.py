@@ -121,6 +121,34 @@ def test_a_pass_with_one_small_submission_commits_it_on_the_loop_thread():
     assert got == [threading.get_ident()]
 
 
+def test_the_only_submission_of_a_pass_with_nothing_left_in_it_is_handed_over_at_once():
+    b = SubmitBatcher(MemoryStore())  # no committer thread: only an inline commit can answer
+    passes: list = []
+    gather = Gather(b.submit_all, passes.append, pass_has_more=lambda: False)
+    got = []
+    gather.submit([[job()]], lambda a: got.append(a))
+    assert passes == []  # no flush left for the pass's end
+    assert isinstance(got[0][0][0], Submitted)
+
+
+def test_a_submission_with_more_of_the_pass_to_run_waits_for_the_pass_to_end():
+    b = SubmitBatcher(MemoryStore())
+    b.start()
+    passes: list = []
+    more = [True]
+    gather = Gather(b.submit_all, passes.append, pass_has_more=lambda: more[0])
+    answered = threading.Semaphore(0)
+    gather.submit([[job()]], lambda a: answered.release())
+    more[0] = False  # the last read of the pass: its submission joins the first one's flush
+    gather.submit([[job()]], lambda a: answered.release())
+    assert len(passes) == 1
+    passes.pop()()
+    for _ in range(2):
+        assert answered.acquire(timeout=10)
+    b.stop()
+    assert b.commits == 1
+
+
 def test_requests_arriving_during_a_commit_all_go_into_the_next_one():
     store = HeldStore()
     b = SubmitBatcher(store)

@@ -10,12 +10,14 @@ lowered to keep FD_RESERVE file descriptors for the store, the jobs and the logs
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
 import logging
 import os
 import resource
 import socket
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..core import protocol
@@ -35,6 +37,16 @@ _OUT_OF_FDS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM
 _INLINE_MAX = 8  # jobs in a lone read small enough to commit on the loop thread
 
 
+
+
+def _pass_has_more(loop: asyncio.AbstractEventLoop) -> Callable[[], bool] | None:
+    """Whether the loop has callbacks left to run (in this pass, or queued for the next):
+    asyncio's ready queue, which holds the rest of the pass's reads. None on a loop that has
+    none (the gather then always waits for the pass's end)."""
+    ready = getattr(loop, "_ready", None)
+    if not isinstance(ready, collections.deque):
+        return None
+    return ready.__len__
 
 
 def connection_cap(max_connections: int, nofile: int) -> int:
@@ -108,7 +120,7 @@ class Server:
 
     def _main(self) -> None:
         self.loop = loop = asyncio.new_event_loop()
-        self.gather = Gather(self.service.enqueue_all, loop.call_soon, _INLINE_MAX)
+        self.gather = Gather(self.service.enqueue_all, loop.call_soon, _INLINE_MAX, _pass_has_more(loop))
         self.inbox = Inbox(loop)
         try:
             # asyncio resolves and binds (every address of the host); accepting is ours

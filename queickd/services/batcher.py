@@ -370,19 +370,27 @@ class Gather:
     """The submissions one thread makes during one pass of its event loop, handed to the
     batcher together when the pass ends. `schedule(fn)` must run fn on the same thread
     after the pass (asyncio: loop.call_soon, which runs after every read of the pass).
+    `pass_has_more()`, if given, tells whether anything else is still to run in this pass:
+    if not, the first submission is the pass's only one and is handed over at once.
     Not thread-safe: one per event loop."""
 
     def __init__(self, submit_all: SubmitAll, schedule: Callable[[Callable[[], None]], object],
-                 inline_max: int = 8) -> None:
+                 inline_max: int = 8, pass_has_more: Callable[[], bool] | None = None) -> None:
         self._submit_all = submit_all  # SubmitBatcher.submit_all, or the service's door to it
         self._schedule = schedule
         self._inline_max = inline_max
+        self._pass_has_more = pass_has_more
         self._items: list[tuple[Requests, Done]] = []
 
     def submit(self, requests: Requests, done: Done) -> None:
         self._items.append((requests, done))
         if len(self._items) == 1:
-            self._schedule(self._flush)
+            if self._pass_has_more is not None and not self._pass_has_more():
+                # Nothing else is left in this pass, so no other submission can join it: the
+                # flush runs now, not in a pass of its own (a poll and a loop turn a request).
+                self._flush()
+            else:
+                self._schedule(self._flush)
 
     def _flush(self) -> None:
         items, self._items = self._items, []
