@@ -55,6 +55,13 @@ def _notify_pools(where: str = "") -> str:
     return f"(SELECT count(*) FROM (SELECT pg_notify($1, 'q:' || p) FROM unnest($2::text[]) AS p{where}) AS n)"
 
 
+def _by_copy(p: adm.Plan) -> bool:
+    """Whether the planned inserts go by COPY: at least _COPY_FROM of them, none with an
+    idempotency key (a key held meanwhile by another host would fail the whole COPY; a
+    statement's guard answers it)."""
+    return len(p.inserts) >= _COPY_FROM and not any(j.idempotency_key for _, _, j in p.inserts)
+
+
 _NOTIFY_POOLS = _notify_pools()
 _NOTIFY_POOLS_IF_INSERTED = _notify_pools(" WHERE EXISTS (SELECT 1 FROM ins)")
 
@@ -159,7 +166,7 @@ class PgSubmit:
         # another host meanwhile fails this one's unique index: it plans again). One
         # statement is one transaction (autocommit); a large batch without keys is one
         # transaction of COPY.
-        if not guard and len(p.inserts) >= _COPY_FROM:
+        if not guard and _by_copy(p):
             return adm.finish(p, requests, self._copy(c, p, now), now)
         try:
             ids = self._ids(self._insert(c, p, now, guard_keys=guard))
@@ -185,20 +192,25 @@ class PgSubmit:
 
     @staticmethod
     def _copy(c: psycopg.Connection, p: adm.Plan, now: float) -> list[int]:
-        """The planned inserts by COPY, in one transaction: their ids drawn first (COPY
-        returns none), the rows streamed, the pools of the queued ones woken. Returns the
-        ids, ascending in the order of the rows."""
-        pools = {j.pool for _, _, j in p.inserts if j.run_at <= now}  # the pools of the queued ones
+        """The planned inserts by COPY, in a transaction of their own (_copy_in)."""
         with c.transaction():
-            ids = sorted(c.execute(_DRAW_IDS, (len(p.inserts),)).fetchone()[0])
-            cur = c.cursor()
-            for sql, rows in zip(_COPY_SQL, dbrows.split_inserts(ids, p.inserts, now), strict=True):
-                if rows:
-                    with cur.copy(sql) as copy:
-                        for row in rows:
-                            copy.write_row(row)
-            if pools:
-                psycopg.RawCursor(c).execute(f"SELECT {_NOTIFY_POOLS}", (QUEUED_CHANNEL, sorted(pools)))
+            return PgSubmit._copy_in(c, p, now)
+
+    @staticmethod
+    def _copy_in(c: psycopg.Connection, p: adm.Plan, now: float) -> list[int]:
+        """The planned inserts by COPY, in the caller's transaction: their ids drawn first
+        (COPY returns none), the rows streamed, the pools of the queued ones woken. Returns
+        the ids, ascending in the order of the rows."""
+        pools = {j.pool for _, _, j in p.inserts if j.run_at <= now}  # the pools of the queued ones
+        ids = sorted(c.execute(_DRAW_IDS, (len(p.inserts),)).fetchone()[0])
+        cur = c.cursor()
+        for sql, rows in zip(_COPY_SQL, dbrows.split_inserts(ids, p.inserts, now), strict=True):
+            if rows:
+                with cur.copy(sql) as copy:
+                    for row in rows:
+                        copy.write_row(row)
+        if pools:
+            psycopg.RawCursor(c).execute(f"SELECT {_NOTIFY_POOLS}", (QUEUED_CHANNEL, sorted(pools)))
         return ids
 
     @staticmethod
@@ -280,7 +292,9 @@ class PgSubmit:
             c.execute("UPDATE jobs SET idempotency_key = NULL WHERE idempotency_key = ANY(%s)",
                       (p.expired_keys,))
         ids: list[int] = []
-        if p.inserts:
+        if _by_copy(p):  # a large batch that admission had to read for (a stale count of the waiting)
+            ids = self._copy_in(c, p, now)
+        elif p.inserts:
             # One statement for the whole batch: a row per job would be a round trip each.
             # The wake-up for each pool rides in the same statement.
             ids = self._ids(self._insert(c, p, now))
