@@ -367,6 +367,17 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
         assert store.get(ran.job_id).state == State.RUNNING and store.pauses() == []
         assert [j.id for j in store.claim_available(5, T0)] == [a.job_id, b.job_id]
 
+    def test_a_large_submit_inside_a_batch_commits_with_it_or_not_at_all(self, store):
+        many = [job(args=[i]) for i in range(100)]  # PostgreSQL sends it by COPY, in the batch's transaction
+        with pytest.raises(RuntimeError), store.batch():
+            store.submit(many, T0)
+            raise RuntimeError("failed after the submit")
+        assert store.counts()[State.QUEUED] == 0
+        with store.batch():
+            stored = store.submit(many, T0)
+        assert store.counts()[State.QUEUED] == 100
+        assert [store.get(s.job_id).args for s in stored] == [[i] for i in range(100)]
+
     def test_a_batch_that_raises_halfway_leaves_nothing_behind(self, store):
         (kept,) = store.submit([job(run_at=T0 + 60)], T0)
         with pytest.raises(RuntimeError), store.batch():
