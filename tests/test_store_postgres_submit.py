@@ -132,17 +132,22 @@ def test_a_batch_sent_by_copy_wakes_the_pools_of_its_queued_jobs_at_commit(pg_st
 
 @pytest.mark.parametrize("why", ["a cap counted exactly", "an operator's manual run"])
 def test_a_batch_that_admission_reads_for_is_sent_by_copy_too(pg_store, monkeypatch, why):
-    from queickd.core.policy.admission import Admission
+    from queickd.core.policy.admission import NO_LIMITS, Admission
     from queickd.store.pgsubmit import PgSubmit
 
     statements = []  # the one-statement inserts made; the spy calls through
     monkeypatch.setattr(PgSubmit, "_insert", staticmethod(
         lambda *a, _real=PgSubmit._insert, **k: statements.append(1) or _real(*a, **k)))
     batch = _copied_batch()
+    admission = Admission(max_queued=10_000)  # a fresh store counts the waiting exactly
     if why == "an operator's manual run":
-        batch.append(job(manual=True))  # it resumes the pause of its function: read under the lock
-    (stored,) = pg_store.submit_requests([batch], T0, Admission(max_queued=10_000))
+        pg_store.pause("func", "m:f", T0)
+        batch.append(job(manual=True))  # it resumes its function's pause, under the submit lock
+        admission = NO_LIMITS  # nothing else to read
+    (stored,) = pg_store.submit_requests([batch], T0, admission)
     assert statements == []
     ids = [s.job_id for s in stored]
     assert ids == sorted(ids) and len(set(ids)) == len(batch)
+    if why == "an operator's manual run":
+        assert pg_store.pauses() == []
     assert pg_store.counts()[State.QUEUED] == len(batch)
