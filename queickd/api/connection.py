@@ -22,11 +22,12 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..core import arguments, protocol
+from ..core import protocol
 from ..core.job import Submitted
 from ..core.policy.admission import Refusal
 from ..core.protocol import Code, QueueError
 from ..services.batcher import Gather
+from . import waits
 from .inbox import Inbox
 from .replies import refused
 from .service import QueueService
@@ -60,13 +61,6 @@ class Host(Protocol):
 PREAUTH_MAX_LINE = 4096  # bytes per line before the token is given: a hello is small
 MAX_BAD_TOKENS = 3  # wrong tokens on one connection before it is closed
 BAD_TOKEN_DELAY = 0.5  # seconds before a wrong token is answered: guessing costs time
-WAIT_MAX = 3600.0
-
-
-def _wait_timeout(req: dict[str, Any]) -> float:
-    """A wait's `timeout`: 30 s if not given, at most WAIT_MAX."""
-    timeout = protocol.number(req, "timeout")
-    return 30.0 if timeout is None else max(0.0, min(timeout, WAIT_MAX))
 
 
 def _error_bytes(exc: BaseException) -> bytes:
@@ -339,9 +333,9 @@ class Connection(asyncio.BufferedProtocol):
 
     def _start(self, op: str, req: dict[str, Any]) -> asyncio.Future:
         if op == "wait":
-            return asyncio.ensure_future(self._wait(req))
+            return asyncio.ensure_future(waits.for_job(self.svc, self.server.io, req))
         if op == "workflow_wait":
-            return asyncio.ensure_future(self._workflow_wait(req))
+            return asyncio.ensure_future(waits.for_run(self.svc, self.server.io, req))
         return self.loop.run_in_executor(self.server.io, self.svc.call, req)
 
     async def _after(self, before: list[asyncio.Future], op: str, req: dict[str, Any]) -> Any:
@@ -387,59 +381,6 @@ class Connection(asyncio.BufferedProtocol):
             self._hooked = None
         _resolve(fut, result)
         self._pump()
-
-    async def _wait(self, req: dict[str, Any]) -> dict[str, Any]:
-        job_id = arguments.job_id(req)
-        until = arguments.states(req)
-        got: dict[str, Any] = {}
-
-        def ready() -> bool:
-            if not got:  # the first look: from now on, a finish on another host is told here
-                self.svc.watch_finish(job_id)
-            got.update(self.svc.op_get({"job_id": job_id}))
-            return got["job"]["state"] in until
-
-        got["timed_out"] = not await self._until(self.svc.waiters, job_id, ready, _wait_timeout(req))
-        return got
-
-    async def _workflow_wait(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Until the run is final or the timeout passes. Woken by finishes of step jobs in
-        this process; a finish on another host (PostgreSQL) is seen within a second. Only
-        the run's state on each wake-up: its whole status (every job of the run) is read
-        once, at the end."""
-        run_id = arguments.run_id(req)
-        await self._until(self.svc.run_waiters, run_id, lambda: self.svc.workflow_state(run_id) != "running",
-                          _wait_timeout(req), poll=1.0)
-        reply = await self.loop.run_in_executor(self.server.io, self.svc.op_workflow_get, {"run_id": run_id})
-        reply["timed_out"] = reply["run"]["state"] == "running"
-        return reply
-
-    async def _until(self, waiters: Any, key: int, ready: Callable[[], bool], timeout: float,
-                     poll: float | None = None) -> bool:
-        """Wait until ready() (a store read, run in the io executor) is true, looking again
-        each time `waiters` wakes `key` (and at least every `poll` s), or until `timeout`
-        passes. True if it became ready. The wake-up is registered before each look, so one
-        that comes in between is not lost."""
-        deadline = self.loop.time() + timeout
-        while True:
-            woken = asyncio.Event()
-
-            def wake(ev: asyncio.Event = woken) -> None:  # any thread
-                self.loop.call_soon_threadsafe(ev.set)
-
-            waiters.add(key, wake)
-            try:
-                if await self.loop.run_in_executor(self.server.io, ready):
-                    return True
-                remaining = deadline - self.loop.time()
-                if remaining <= 0:
-                    return False
-                try:
-                    await asyncio.wait_for(woken.wait(), remaining if poll is None else min(remaining, poll))
-                except TimeoutError:
-                    pass
-            finally:
-                waiters.discard(key, wake)
 
     # --- replies ----------------------------------------------------------------------------
     def _pump(self, _fut: asyncio.Future | None = None) -> None:
