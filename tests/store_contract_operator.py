@@ -8,6 +8,7 @@ import pytest
 from contract_jobs import T0, job
 
 from queickd.core.job import Outcome, State
+from queickd.core.policy.admission import Admission, Refusal
 
 
 class OperatorContract:
@@ -90,6 +91,21 @@ class OperatorContract:
         self._dead(store, 3)
         assert store.retry_all_dead(T0 + 1) == 3
         assert store.counts()[State.QUEUED] == 3 and store.counts()[State.DEAD] == 0
+
+    @pytest.mark.parametrize("replay", ["one", "all"])
+    def test_a_replayed_dead_job_counts_against_the_cap(self, store, replay):
+        cap = Admission(max_queued=4)
+        (dead,) = self._dead(store, 1)
+        store.submit([job(), job()], T0)
+        (answer,) = store.submit_requests([[job()]], T0 + 0.1, cap)  # 3 waiting
+        assert not isinstance(answer, Refusal)
+        if replay == "one":
+            store.retry_dead(dead.id, T0 + 0.2)  # 4 waiting
+        else:
+            store.retry_all_dead(T0 + 0.2)
+        # Past a second, when a shared store's estimate of the waiting is read again:
+        (answer,) = store.submit_requests([[job()]], T0 + 2, cap)
+        assert isinstance(answer, Refusal) and answer.code == "queue_full"
 
     def test_purge_removes_dead_jobs_finished_before_the_cutoff(self, store):
         self._dead(store, 2)

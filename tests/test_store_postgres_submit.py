@@ -52,6 +52,62 @@ def test_a_count_made_later_than_now_is_made_again(pg_url, pg_store):
     assert isinstance(answer, Refusal) and answer.code == "queue_full"
 
 
+@pytest.fixture
+def exact_counts(monkeypatch):
+    """The exact counts of the waiting jobs the store makes (each one records a Counted)."""
+    from queickd.store import pgsubmit
+
+    made = []
+    monkeypatch.setattr(pgsubmit, "Counted", lambda *a, _real=pgsubmit.Counted: made.append(a) or _real(*a))
+    return made
+
+
+def test_near_the_cap_a_submit_counts_the_waiting_jobs_once(pg_url, pg_store, exact_counts):
+    from queickd.core.policy.admission import Admission, Refusal
+
+    _fill_the_fleet_to(pg_url, 95)
+    (answer,) = pg_store.submit_requests([[job()]], T0, Admission(max_queued=100))
+    assert not isinstance(answer, Refusal)
+    assert len(exact_counts) == 1  # planned twice (first without the lock), counted once
+
+
+def test_near_the_cap_an_exact_count_bounds_the_submits_after_it_without_counting_again(
+        pg_url, pg_store, exact_counts):
+    from queickd.core.policy.admission import Admission, Refusal
+
+    cap = Admission(max_queued=100)
+    _fill_the_fleet_to(pg_url, 95)
+    answers = [pg_store.submit_requests([[job()]], T0 + t, cap)[0] for t in (0, 1.5, 2.5, 3.5)]
+    assert not any(isinstance(a, Refusal) for a in answers)
+    assert len(exact_counts) == 1
+    assert pg_store.counts()[State.QUEUED] == 99
+
+
+def test_near_the_cap_the_bound_holds_what_another_host_added_since_the_count(pg_url, pg_store, exact_counts):
+    from queickd.core.policy.admission import Admission, Refusal
+
+    cap = Admission(max_queued=100)
+    _fill_the_fleet_to(pg_url, 95)
+    pg_store.submit_requests([[job()]], T0, cap)  # counts 95: 96 waiting
+    _fill_the_fleet_to(pg_url, 3)  # 99
+    (answer,) = pg_store.submit_requests([[job(), job()]], T0 + 1.5, cap)
+    assert isinstance(answer, Refusal) and answer.code == "queue_full"
+    assert len(exact_counts) == 2  # the bound (96 + 3) left no room for two: counted again
+    (answer,) = pg_store.submit_requests([[job()]], T0 + 2, cap)
+    assert not isinstance(answer, Refusal)
+
+
+def test_a_bound_older_than_its_ttl_is_counted_again(pg_url, pg_store, exact_counts):
+    from queickd.core.policy.admission import Admission
+    from queickd.store.pgsubmit import _BOUND_TTL
+
+    cap = Admission(max_queued=100)
+    _fill_the_fleet_to(pg_url, 95)
+    pg_store.submit_requests([[job()]], T0, cap)
+    pg_store.submit_requests([[job()]], T0 + _BOUND_TTL + 0.5, cap)
+    assert len(exact_counts) == 2
+
+
 def test_the_ids_a_submit_returns_follow_the_order_of_its_jobs(pg_store):
     subs = pg_store.submit([job(args=[i]) for i in range(50)], T0)
     assert [pg_store.get(s.job_id).args for s in subs] == [[i] for i in range(50)]

@@ -49,7 +49,7 @@ from .pgchannels import CHANNEL, FINISHED_CHANNEL, NOTIFY_IDS, QUEUED_CHANNEL
 from .pgclaim import PgClaims
 from .pgconn import PgConnections
 from .pgregistry import ALIVE, FleetRecords, notify
-from .pgsubmit import SUBMIT_LOCK, PgSubmit
+from .pgsubmit import DRAW_ONE, SUBMIT_LOCK, Counted, PgSubmit
 from .pools import set_pool_sql
 from .records import CronFire, CronRecord, Finished, Pause, Recovered
 from .sqlshared import SharedSql, filters
@@ -101,7 +101,7 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
         self._dsn = url
         self.url = _redact(url)  # what logs and stats show: never a password
         self._init_connections()
-        self._waiting_seen: tuple[int, float] | None = None  # (exact count, when), see _waiting_total
+        self._counted: Counted | None = None  # see _waiting_total
         self._inserted_since_count = 0
         self.worker_id: int | None = None  # set by register_worker; claims are recorded with it
         if migrate:
@@ -353,14 +353,18 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
         return dbrows.row_to_job(row) if row else None
 
     def retry_dead(self, job_id: int, now: float) -> Job | None:
+        # A replayed job draws a value from the jobs' serial, as an insert would: the
+        # admission's bound of the waiting counts what joined them by the values drawn.
         return self._update_one(
             "UPDATE jobs SET state = 'queued', run_at = %s, attempts = 0, orphaned = 0,"
-            " finished_at = NULL WHERE id = %s AND state = 'dead'", (now, job_id), job_id, released=True)
+            f" finished_at = NULL WHERE id = %s AND state = 'dead' RETURNING {DRAW_ONE}", (now, job_id), job_id,
+            released=True)
 
     def retry_all_dead(self, now: float) -> int:
         with self._write() as c:
-            n = c.execute("UPDATE jobs SET state = 'queued', run_at = %s, attempts = 0, orphaned = 0,"
-                          " finished_at = NULL WHERE state = 'dead'", (now,)).rowcount
+            n = c.execute("WITH r AS (UPDATE jobs SET state = 'queued', run_at = %s, attempts = 0, orphaned = 0,"
+                          f" finished_at = NULL WHERE state = 'dead' RETURNING 1) SELECT count({DRAW_ONE}) FROM r",
+                          (now,)).fetchone()[0]  # a value drawn for each, as retry_dead says
             self._lock_outbox(c)
             n += (events := c.execute("UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = %s"
                                       " WHERE state = 'dead'", (now,)).rowcount)

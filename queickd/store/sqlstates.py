@@ -24,3 +24,4 @@ def state_in(*states: str) -> str:
 WAITING_ANY = state_any(*State.PENDING)  # a job still waiting, in any of its three states
 WAITING_IN = state_in(*State.PENDING)
 UNFINISHED_IN = state_in(*State.PENDING, State.RUNNING)  # waiting or running: the key is taken
+UNFINISHED_ANY = state_any(*State.PENDING, State.RUNNING)
