@@ -66,8 +66,8 @@ def test_near_the_cap_a_submit_counts_the_waiting_jobs_once(pg_url, pg_store, ex
     from queickd.core.policy.admission import Admission, Refusal
 
     _fill_the_fleet_to(pg_url, 95)
-    (answer,) = pg_store.submit_requests([[job()]], T0, Admission(max_queued=100))
-    assert not isinstance(answer, Refusal)
+    (answer,) = pg_store.submit_requests([[job() for _ in range(6)]], T0, Admission(max_queued=100))
+    assert isinstance(answer, Refusal) and answer.code == "queue_full"
     assert len(exact_counts) == 1  # planned twice (first without the lock), counted once
 
 
@@ -77,7 +77,7 @@ def test_near_the_cap_an_exact_count_bounds_the_submits_after_it_without_countin
 
     cap = Admission(max_queued=100)
     _fill_the_fleet_to(pg_url, 95)
-    answers = [pg_store.submit_requests([[job()]], T0 + t, cap)[0] for t in (0, 1.5, 2.5, 3.5)]
+    answers = [pg_store.submit_requests([[job()]], T0 + t, cap)[0] for t in (0, 0.25, 0.5, 0.75)]
     assert not any(isinstance(a, Refusal) for a in answers)
     assert len(exact_counts) == 1
     assert pg_store.counts()[State.QUEUED] == 99
@@ -90,21 +90,21 @@ def test_near_the_cap_the_bound_holds_what_another_host_added_since_the_count(pg
     _fill_the_fleet_to(pg_url, 95)
     pg_store.submit_requests([[job()]], T0, cap)  # counts 95: 96 waiting
     _fill_the_fleet_to(pg_url, 3)  # 99
-    (answer,) = pg_store.submit_requests([[job(), job()]], T0 + 1.5, cap)
+    (answer,) = pg_store.submit_requests([[job(), job()]], T0 + 0.5, cap)
     assert isinstance(answer, Refusal) and answer.code == "queue_full"
     assert len(exact_counts) == 2  # the bound (96 + 3) left no room for two: counted again
-    (answer,) = pg_store.submit_requests([[job()]], T0 + 2, cap)
+    (answer,) = pg_store.submit_requests([[job()]], T0 + 0.6, cap)
     assert not isinstance(answer, Refusal)
 
 
 def test_a_bound_older_than_its_ttl_is_counted_again(pg_url, pg_store, exact_counts):
     from queickd.core.policy.admission import Admission
-    from queickd.store.pgsubmit import _BOUND_TTL
+    from queickd.store.pgsubmit import _COUNT_TTL
 
     cap = Admission(max_queued=100)
     _fill_the_fleet_to(pg_url, 95)
     pg_store.submit_requests([[job()]], T0, cap)
-    pg_store.submit_requests([[job()]], T0 + _BOUND_TTL + 0.5, cap)
+    pg_store.submit_requests([[job()]], T0 + _COUNT_TTL + 0.5, cap)
     assert len(exact_counts) == 2
 
 

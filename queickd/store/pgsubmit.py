@@ -22,13 +22,15 @@ from .pgchannels import QUEUED_CHANNEL
 from .sqlstates import UNFINISHED_ANY, UNFINISHED_IN, WAITING_IN
 
 SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
-_COUNT_TTL = 1.0  # seconds an exact count of waiting jobs stands in, far below the cap
-# Near the cap, seconds an exact count stands in as the base of an upper bound (_waiting_total):
-# a count reads every waiting job (~100 ms at 950,000 on a 2-core VM), under the submit lock.
-_BOUND_TTL = 5.0
+# Seconds an exact count of the waiting jobs stands in (_waiting_total): far below the cap
+# as an estimate, near it as the base of an upper bound. A count reads every waiting job
+# (~100 ms at 950,000 on a 2-core VM), under the submit lock.
+_COUNT_TTL = 1.0
 # One value drawn from the jobs' serial. Every job that joins the waiting or running ones
 # draws one: an insert its id, a dead job replayed (postgres.py) a value of its own; so the
-# values drawn since an exact count bound what has joined since.
+# values drawn since an exact count bound what has joined since. The serial must hand out
+# one value at a time (CACHE 1, as the schema makes it): with a cache, its last value jumps
+# to the end of a session's block, and the values that session draws later do not move it.
 DRAW_ONE = "nextval(pg_get_serial_sequence('jobs', 'id'))"
 _DRAWN = "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('jobs', 'id')::regclass), 0)"
 _COUNT = f"SELECT count(*) FILTER (WHERE state <> 'running'), count(*) FROM jobs WHERE {UNFINISHED_ANY}"
@@ -279,20 +281,22 @@ class PgSubmit:
         Far below the cap, a count made less than _COUNT_TTL s before `now` plus what this
         store has added since stands in, and no lock is taken. Otherwise under the submit
         lock: an exact count (the waiting jobs and the running ones, and the serial's last
-        value read just before) stands in for _BOUND_TTL s as a bound: the unfinished jobs
-        then plus the values drawn since. Jobs only join the unfinished ones by drawing a
-        value (DRAW_ONE), so the bound never falls below the count; while it leaves room
-        for `headroom`, the count would too, and is not read again. Either way a count does
-        not see a lock-free insert still in flight (another host far below the cap a second
-        ago, a workflow step), as an exact count on every submit would not either."""
+        value read just before) stands in for as long, as a bound: the unfinished jobs then
+        plus the values drawn since. Jobs only join the unfinished ones by drawing a value
+        (DRAW_ONE), so the bound holds every job committed since; while it leaves room for
+        `headroom`, the count would too, and is not read again. What neither sees: rows a
+        lock-free writer (another host far below the cap a second ago, a workflow step, a
+        cron fire, a replay) had drawn for before the count and commits after it; a count
+        on every submit missed them until their commit, the bound misses them for the rest
+        of its second, as the estimate far below the cap misses every other host's."""
         k = self._counted
-        if k is not None and cap is not None and 0 <= now - k.at < _COUNT_TTL \
-                and k.waiting + self._inserted_since_count < 0.9 * cap:
+        fresh = k is not None and cap is not None and 0 <= now - k.at < _COUNT_TTL
+        if fresh and k.waiting + self._inserted_since_count < 0.9 * cap:
             return k.waiting + self._inserted_since_count
         c = reading()  # the submit lock: what follows has seen every locked submit commit
         if k is not None and k.by is reading:
             return k.waiting  # counted in this same submit, under its lock
-        if k is not None and cap is not None and 0 <= now - k.at < _BOUND_TTL:
+        if fresh:
             bound = k.unfinished + c.execute(_DRAWN).fetchone()[0] - k.drawn
             if bound + headroom <= cap:
                 return bound
