@@ -31,13 +31,16 @@ class Explaining(psycopg.Cursor):
 
 
 @pytest.fixture
-def explained(pg_url, monkeypatch):
-    """A store whose connections explain every statement on jobs, on a table of MIX rows."""
+def explained(pg_fresh_database, monkeypatch):
+    """A store whose connections explain every statement on jobs, on a table of MIX rows.
+    In a database of its own: another test's open snapshot in the same database would keep
+    VACUUM from marking the new rows' pages all-visible, and the planner would then read the
+    settled jobs by scanning the table rather than their index."""
     from queickd.store.postgres import PostgresStore
 
     connect = PostgresStore.connect
     monkeypatch.setattr(PostgresStore, "connect", lambda self, **o: connect(self, cursor_factory=Explaining, **o))
-    store = PostgresStore(pg_url)
+    store = PostgresStore(pg_fresh_database)
     now = time.time()
     for state, n in MIX.items():
         store._conn().execute(
