@@ -5,6 +5,7 @@ daemon says `maybe_committed` when the store raised during or after COMMIT."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -26,7 +27,8 @@ class ReplyDroppingProxy:
         self.port = self.sock.getsockname()[1]
         self.connections = 0
         self.cut = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.accepting = threading.Thread(target=self._accept, daemon=True)
+        self.accepting.start()
 
     def _accept(self) -> None:
         while True:
@@ -62,7 +64,12 @@ class ReplyDroppingProxy:
                 pass
 
     def close(self) -> None:
+        # A close alone leaves accept() blocked in the other thread; a shutdown wakes it.
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+        self.accepting.join(5)
+        assert not self.accepting.is_alive()
 
 
 @pytest.fixture
