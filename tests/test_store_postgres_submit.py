@@ -192,8 +192,8 @@ def test_a_batch_that_admission_reads_for_is_sent_by_copy_too(pg_store, monkeypa
     from queickd.store.pgsubmit import PgSubmit
 
     statements = []  # the one-statement inserts made; the spy calls through
-    monkeypatch.setattr(PgSubmit, "_insert", staticmethod(
-        lambda *a, _real=PgSubmit._insert, **k: statements.append(1) or _real(*a, **k)))
+    monkeypatch.setattr(PgSubmit, "_insert",
+                        lambda self, *a, _real=PgSubmit._insert, **k: statements.append(1) or _real(self, *a, **k))
     batch = _copied_batch()
     admission = Admission(max_queued=10_000)  # a fresh store counts the waiting exactly
     if why == "an operator's manual run":
