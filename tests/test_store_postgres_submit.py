@@ -108,6 +108,23 @@ def test_a_bound_older_than_its_ttl_is_counted_again(pg_url, pg_store, exact_cou
     assert len(exact_counts) == 2
 
 
+def test_a_lone_submit_keeps_its_cursor_for_the_next_one(pg_store):
+    pg_store.submit([job()], T0)
+    kept = pg_store._submit_cursor
+    pg_store.submit([job()], T0)
+    assert kept is not None and pg_store._submit_cursor is kept
+
+
+@pytest.mark.parametrize("large", ["many rows", "large arguments"])
+def test_a_large_submit_keeps_no_cursor_holding_its_parameters(pg_store, large):
+    pg_store.submit([job()], T0)
+    jobs = [job(idempotency_key=f"k{i}") for i in range(20)] if large == "many rows" else [job(args=["x" * 100_000])]
+    pg_store.submit(jobs, T0)
+    assert pg_store._submit_cursor is None
+    (s,) = pg_store.submit([job()], T0)  # and the next small one keeps one again
+    assert pg_store._submit_cursor is not None and pg_store.get(s.job_id).state == State.QUEUED
+
+
 def test_the_ids_a_submit_returns_follow_the_order_of_its_jobs(pg_store):
     subs = pg_store.submit([job(args=[i]) for i in range(50)], T0)
     assert [pg_store.get(s.job_id).args for s in subs] == [[i] for i in range(50)]

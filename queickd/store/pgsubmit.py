@@ -44,6 +44,7 @@ _ID_AT = dbrows.INSERT_COLS.index("id")
 _NOT_ID_TYPES = [t.removesuffix("[]") for c, t in zip(dbrows.INSERT_COLS, dbrows.PG_INSERT_TYPES, strict=True)
                  if c != "id"]
 _ROWS_PER_INSERT = 65535 // len(_NOT_ID)  # the protocol's limit of parameters per statement
+_KEPT_ROWS, _KEPT_BYTES = 8, 65536  # an insert this small leaves its cursor kept (_insert)
 # A batch of at least this many rows without idempotency keys is sent by COPY: the server
 # parses a VALUES list of 20,000 parameters at ~20 us a row more than it takes COPY's rows
 # (in process, 1,000 rows: 56.6 -> 34.7 us a job, wall; 14.0 -> 8.9 of the store's CPU).
@@ -255,12 +256,12 @@ class PgSubmit:
             row = dbrows.insert_values(0, state, now, j)
             flat += row[:_ID_AT]
             flat += row[_ID_AT + 1:]
-        # A cursor kept for the connection (only one thread at a time holds it): a new one
-        # per statement looked up the dumpers of its ~27 parameters again, ~30 us of CPU of
-        # a lone submit's ~150.
+        # A cursor kept for the connection (one thread at a time holds a connection, and the
+        # check is on this local copy): a new one per statement looked up the dumpers of its
+        # ~27 parameters again, ~30 us of CPU of a lone submit's ~150.
         cur = self._submit_cursor
         if cur is None or cur.connection is not c:
-            cur = self._submit_cursor = psycopg.RawCursor(c)
+            cur = psycopg.RawCursor(c)
         width, n, ids = len(_NOT_ID), len(p.inserts), []
         for at in range(0, n, _ROWS_PER_INSERT):
             rows = min(_ROWS_PER_INSERT, n - at)
@@ -270,6 +271,10 @@ class PgSubmit:
                               (QUEUED_CHANNEL, sorted(pools), *params) if wake else params).fetchone()
             # One backend draws the ids in the order of the rows: ascending is that order.
             ids += sorted(row[0]) if row and row[0] else []
+        # Kept only after a small statement: a cursor holds its last parameters until its next
+        # statement, and a large one saves no more than the same 30 us.
+        small = n <= _KEPT_ROWS and sum(len(v) for v in flat if type(v) is str) <= _KEPT_BYTES
+        self._submit_cursor = cur if small else None
         return ids
 
     def _waiting_total(self, reading: Callable[[], psycopg.Connection], cap: int | None, now: float,
