@@ -277,3 +277,15 @@ def test_jobs_a_pass_in_one_statement_claimed_but_cannot_read_are_given_back(pg_
     monkeypatch.undo()
     back = pg_store.get(s.job_id)
     assert back.state == State.QUEUED and back.attempts == 0 and back.run_at == T0
+
+
+def test_a_pass_keeps_its_cursor_unless_its_outcomes_were_large(pg_store):
+    pg_store.submit([job() for _ in range(3)], T0)
+    (a,) = pg_store.claim_available(1, T0)
+    (b,) = pg_store.finish_and_claim([Outcome.succeeded(a.id, 1)], T0, 1)
+    kept = pg_store._pass_cursor
+    (c,) = pg_store.finish_and_claim([Outcome.succeeded(b.id, 1, output="x" * 100_000)], T0, 1)
+    assert kept is not None and pg_store._pass_cursor is None  # it held the 100 KB output
+    pg_store.finish_and_claim([Outcome.succeeded(c.id, 1)], T0, 1)
+    assert pg_store._pass_cursor is not None
+    assert pg_store.get(b.id).output == "x" * 100_000

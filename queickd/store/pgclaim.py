@@ -63,6 +63,7 @@ _PASS = f"SELECT {dbrows.JOB_COLS} FROM queickd_pass($1, $2, $3, $4, $5, $6, $7,
 # queickd_pass first would be a round trip more on every pass while groups or budgets are
 # in play.
 _SELECTION_LINGERS = 1.0
+_KEPT_BYTES = 65536  # a pass whose results and outputs are this small leaves its cursor kept
 
 
 class PgClaims:
@@ -78,17 +79,21 @@ class PgClaims:
                 or time.monotonic() < self._selection_until
                 or any(o.state != State.SUCCEEDED or o.workflow_run is not None for o in outcomes)):
             return None
+        results = [None if o.result is None else dbrows.dumps(o.result) for o in outcomes]
+        outputs = [o.output for o in outcomes]
         params = (_BUDGET_LOCK, now, self.worker_id, list(pools) if pools is not None else None, network_up,
-                  max(0, limit), [o.job_id for o in outcomes],
-                  [None if o.result is None else dbrows.dumps(o.result) for o in outcomes],
-                  [o.output for o in outcomes])
+                  max(0, limit), [o.job_id for o in outcomes], results, outputs)
         # Its own transaction (autocommit) on the bookkeeping connection: no BEGIN, no COMMIT.
         with self._bk_lock:
             c = self._bookkeeping_conn()
             cur = self._pass_cursor
             if cur is None or cur.connection is not c:
-                cur = self._pass_cursor = psycopg.RawCursor(c)
+                cur = psycopg.RawCursor(c)
             rows = cur.execute(_PASS, params).fetchall()
+            # Kept only after a pass of small outcomes: a cursor holds its last parameters
+            # (the results and outputs) until its next statement, which an idle pool never sends.
+            small = sum(len(t) for t in (*results, *outputs) if t is not None) <= _KEPT_BYTES
+            self._pass_cursor = cur if small else None
         if rows and rows[0][0] is None:
             self._selection_until = time.monotonic() + _SELECTION_LINGERS
             return None
