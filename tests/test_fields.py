@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
+
 from queickd.core import fields, protocol
 from queickd.core.job import Job, NewJob, RetrySpec, new_record
 from queickd.store import rows
@@ -76,3 +78,39 @@ def test_the_client_sends_each_plain_keyword_given_under_its_wire_name_and_no_ot
     assert {k: v for k, v in spec.items() if k != "func"} == {wire: f"v-{name}" for name, wire in fields.CLIENT_PLAIN}
     for name, wire in fields.CLIENT_PLAIN:
         assert JobQueue.job("m:f", **{name: 0}) == {"func": "m:f", wire: 0}  # given, though falsy
+
+
+def _dataclasses_own_job() -> type:
+    """Job as dataclasses alone builds it, __init__ included: the reference for Job's own."""
+    return dataclasses.make_dataclass("Job", fields.dataclass_fields(fields.JOB_FIELDS), frozen=True, slots=True)
+
+
+def test_a_job_takes_the_same_arguments_as_the_dataclass_it_is():
+    import inspect
+
+    assert inspect.signature(Job) == inspect.signature(_dataclasses_own_job())
+
+
+def test_a_job_holds_every_argument_it_was_given_as_the_dataclass_would():
+    reference = _dataclasses_own_job()
+    values = {f.name: f"value of {f.name}" for f in dataclasses.fields(Job)}
+    built, expected = Job(**values), reference(**values)
+    assert {n: getattr(built, n) for n in values} == {n: getattr(expected, n) for n in values}
+    positional = Job(*values.values())
+    assert positional == built
+
+
+def test_a_job_left_without_its_optional_fields_gets_their_declared_defaults():
+    reference = _dataclasses_own_job()
+    required = {f.name: 1 for f in dataclasses.fields(Job) if f.default is dataclasses.MISSING}
+    built, expected = Job(**required), reference(**required)
+    assert [getattr(built, f.name) for f in dataclasses.fields(Job)] == \
+        [getattr(expected, f.name) for f in dataclasses.fields(Job)]
+    assert built.pool == fields.DEFAULT_POOL
+
+
+def test_a_job_cannot_be_changed_in_place():
+    job = new_record(7, "queued", NOW, protocol.parse_job({"func": "m:f", "args": [1]}, NOW))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.state = "running"
+    assert dataclasses.replace(job, state="running").state == "running" and job.state == "queued"

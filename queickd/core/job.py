@@ -106,6 +106,7 @@ Job: Any = dataclasses.make_dataclass(
     "Job", fields.dataclass_fields(fields.JOB_FIELDS), bases=(_JobMethods,), frozen=True, slots=True,
     namespace={"__module__": __name__, "__doc__": "A job as stored (fields: fields.py)."},
 )
+Job.__init__ = fields.frozen_init(Job)  # the same signature, without a setattr call per field
 # The record a store keeps for a newly submitted job: new_record(job_id, state, now, new).
 new_record = fields.record_builder(Job)
 
