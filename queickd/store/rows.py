@@ -46,9 +46,8 @@ def _row_decoder() -> Any:
     parts = []
     for i, f in enumerate(fields.JOB_FIELDS):  # the position of each name in JOB_COLS
         empty = repr(f.fresh_default()) if f.codec == "json" else "None"
-        parts.append(_DECODE[f.codec].format(r=f"r[{i}]", empty=empty) + f",  # {f.name}")
-    # Positional, in Job's field order (JOB_FIELDS'): keywords matched by name cost a third more.
-    src = "def row_to_job(r):\n    return Job(\n" + "".join(f"        {p}\n" for p in parts) + "    )\n"
+        parts.append((f.name, _DECODE[f.codec].format(r=f"r[{i}]", empty=empty)))
+    src = "def row_to_job(r):\n    return " + fields.positional_call("Job", parts)  # Job's order
     return fields.build_function("row_to_job", src, _NS)
 
 
