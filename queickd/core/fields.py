@@ -180,7 +180,7 @@ def frozen_init(cls: type) -> Any:
         ns[f"s_{f.name}"] = cls.__dict__[f.name].__set__  # the slot's own setter
     body = "".join(f"    s_{f.name}(self, {f.name})\n" for f in dataclasses.fields(cls))
     init = build_function("__init__", f"def __init__(self, {', '.join(params)}):\n{body}", ns)
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__qualname__, init.__module__ = f"{cls.__qualname__}.__init__", cls.__module__
     init.__annotations__ = dict(cls.__init__.__annotations__)  # help() shows the types as before
     return init
 
