@@ -114,3 +114,14 @@ def test_a_job_cannot_be_changed_in_place():
     with pytest.raises(dataclasses.FrozenInstanceError):
         job.state = "running"
     assert dataclasses.replace(job, state="running").state == "running" and job.state == "queued"
+
+
+@pytest.mark.parametrize("extra", ["a default factory", "a field left out of __init__", "a __post_init__"])
+def test_a_dataclass_that_needs_dataclasses_own_init_is_refused_one(extra):
+    spec = {"a default factory": dataclasses.field(default_factory=list),
+            "a field left out of __init__": dataclasses.field(default=0, init=False)}.get(extra)
+    ns = {"__post_init__": lambda self: None} if extra == "a __post_init__" else {}
+    cls = dataclasses.make_dataclass("C", [("x", int), *([("y", int, spec)] if spec else [])],
+                                     frozen=True, slots=True, namespace=ns)
+    with pytest.raises(TypeError, match="dataclasses' own __init__"):
+        fields.frozen_init(cls)

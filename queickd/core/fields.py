@@ -167,11 +167,14 @@ def frozen_init(cls: type) -> Any:
     directly. The one dataclasses writes calls object.__setattr__ per field (a frozen class
     refuses its own), which made a Job cost 5 µs to build, and one is built per job a store
     records or reads; this one costs about a third less. The class stays frozen: assigning
-    to a field still raises. Fields with a default factory are not supported (Job has none)."""
+    to a field still raises. A default factory, a field left out of __init__ or a
+    __post_init__ needs dataclasses' own (Job has none): refused, not ignored."""
     params, ns = [], {}
+    if hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__name__}.__post_init__ needs dataclasses' own __init__")
     for f in dataclasses.fields(cls):
-        if f.default_factory is not dataclasses.MISSING:
-            raise TypeError(f"{cls.__name__}.{f.name}: a default factory needs dataclasses' own __init__")
+        if f.default_factory is not dataclasses.MISSING or not f.init:
+            raise TypeError(f"{cls.__name__}.{f.name}: a default factory or init=False needs dataclasses' own __init__")
         if f.default is dataclasses.MISSING:
             params.append(f.name)
         else:
