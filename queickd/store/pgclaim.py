@@ -22,6 +22,7 @@ from ..core.policy import claim
 from ..core.policy.resources import BudgetChange, budget_changes
 from . import rows as dbrows
 from .pgchannels import NOTIFY_IDS
+from .pgconn import KEPT_CURSOR_BYTES
 from .pgregistry import notify
 
 _CLAIM_RETRIES = 8
@@ -63,7 +64,6 @@ _PASS = f"SELECT {dbrows.JOB_COLS} FROM queickd_pass($1, $2, $3, $4, $5, $6, $7,
 # queickd_pass first would be a round trip more on every pass while groups or budgets are
 # in play.
 _SELECTION_LINGERS = 1.0
-_KEPT_BYTES = 65536  # a pass whose results and outputs are this small leaves its cursor kept
 
 
 class PgClaims:
@@ -92,7 +92,7 @@ class PgClaims:
             rows = cur.execute(_PASS, params).fetchall()
             # Kept only after a pass of small outcomes: a cursor holds its last parameters
             # (the results and outputs) until its next statement, which an idle pool never sends.
-            small = sum(len(t) for t in (*results, *outputs) if t is not None) <= _KEPT_BYTES
+            small = sum(len(t) for t in (*results, *outputs) if t is not None) <= KEPT_CURSOR_BYTES
             self._pass_cursor = cur if small else None
         if rows and rows[0][0] is None:
             self._selection_until = time.monotonic() + _SELECTION_LINGERS

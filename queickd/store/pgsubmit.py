@@ -19,6 +19,7 @@ from ..core.job import NewJob, State, Submitted
 from ..core.policy import admission as adm
 from . import rows as dbrows
 from .pgchannels import QUEUED_CHANNEL
+from .pgconn import KEPT_CURSOR_BYTES
 from .sqlstates import UNFINISHED_ANY, UNFINISHED_IN, WAITING_IN
 
 SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
@@ -44,7 +45,7 @@ _ID_AT = dbrows.INSERT_COLS.index("id")
 _NOT_ID_TYPES = [t.removesuffix("[]") for c, t in zip(dbrows.INSERT_COLS, dbrows.PG_INSERT_TYPES, strict=True)
                  if c != "id"]
 _ROWS_PER_INSERT = 65535 // len(_NOT_ID)  # the protocol's limit of parameters per statement
-_KEPT_ROWS, _KEPT_BYTES = 8, 65536  # an insert this small leaves its cursor kept (_insert)
+_KEPT_ROWS = 8  # an insert of at most this many rows (and KEPT_CURSOR_BYTES) leaves its cursor kept
 # A batch of at least this many rows without idempotency keys is sent by COPY: the server
 # parses a VALUES list of 20,000 parameters at ~20 us a row more than it takes COPY's rows
 # (in process, 1,000 rows: 56.6 -> 34.7 us a job, wall; 14.0 -> 8.9 of the store's CPU).
@@ -273,7 +274,7 @@ class PgSubmit:
             ids += sorted(row[0]) if row and row[0] else []
         # Kept only after a small statement: a cursor holds its last parameters until its next
         # statement, and a large one saves no more than the same 30 us.
-        small = n <= _KEPT_ROWS and sum(len(v) for v in flat if type(v) is str) <= _KEPT_BYTES
+        small = n <= _KEPT_ROWS and sum(len(v) for v in flat if type(v) is str) <= KEPT_CURSOR_BYTES
         self._submit_cursor = cur if small else None
         return ids
 
