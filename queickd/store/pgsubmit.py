@@ -301,11 +301,9 @@ class PgSubmit:
         c = reading()  # the submit lock: what follows has seen every locked submit commit
         if k is not None and k.by is reading:
             return k.waiting  # counted in this same submit, under its lock
-        if fresh:
-            bound = k.unfinished + c.execute(_DRAWN).fetchone()[0] - k.drawn
-            if bound + headroom <= cap:
-                return bound
-        drawn = c.execute(_DRAWN).fetchone()[0]  # first: a value drawn later is in the bound
+        drawn = c.execute(_DRAWN).fetchone()[0]  # before any count: a value drawn later is in the bound
+        if fresh and k.unfinished + drawn - k.drawn + headroom <= cap:
+            return k.unfinished + drawn - k.drawn
         waiting, unfinished = c.execute(_COUNT).fetchone()
         self._counted = Counted(waiting, unfinished, drawn, now, reading)
         self._inserted_since_count = 0
