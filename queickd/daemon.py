@@ -233,15 +233,15 @@ class Daemon:
     def announce(self) -> None:
         """Log the addresses served: the line that says the daemon is ready (scripts, tests
         and the bench wait for it), so it comes once the process is fully set up."""
-        c, store = self.config, self.store
+        store = self.store
         assert store is not None
         host, port = self.server.address  # type: ignore[misc]
         if self.http is not None:
             log.info("HTTP endpoint http://%s:%d/ (%d webhook(s))", *self.http.address,  # type: ignore[misc]
                      len(self.http.hooks))
         log.info(
-            "queickd %s listening on %s:%d (store %s, durability %s, %d workers)",
-            __version__, host, port, store.url, c.durability, c.workers,
+            "queickd %s listening on %s:%d (store %s, %s, %s)",
+            __version__, host, port, store.url, store.durability_said(), self.pool.size_said(),
         )
         self.runner.announce()
 

@@ -181,6 +181,12 @@ class WorkerPool(PassStore):
             self._wake.set()
         return out
 
+    def size_said(self) -> str:
+        """The pool's size as a start log says it: "4 workers", or "workers 1-8 (adaptive)"."""
+        if self.size is None:
+            return f"{self.workers} worker{'' if self.workers == 1 else 's'}"
+        return f"workers {self.size.min}-{self.size.max} (adaptive)"
+
     def size_info(self) -> dict[str, Any]:
         """The pool's size, its bounds and its last resize (a fixed pool: min = max = size)."""
         if self.size is None:

@@ -108,8 +108,9 @@ def run(config: WorkerConfig) -> int:
         pool.start()
         pool.wake()
         collector.tune_for_server()  # set up: what it holds now lives as long as it does
-        log.info("queickd %s worker serving pool(s) %s with %d workers (heartbeat %.1f s, pid %d)",
-                 __version__, ",".join(config.pool), config.workers, config.heartbeat, os.getpid())
+        log.info("queickd %s worker serving pool(s) %s with %s (%s, heartbeat %.1f s, pid %d)",
+                 __version__, ",".join(config.pool), pool.size_said(), store.durability_said(), config.heartbeat,
+                 os.getpid())
         runner.announce()
         _wait_for_signal(stop, on_hup=lambda: (loader.reload(), runner.reload()))
         pool.stop_claiming()

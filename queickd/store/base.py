@@ -86,6 +86,12 @@ class Store(Protocol):
         Stores whose commits are durable when they return do nothing."""
         ...
 
+    def durability_said(self) -> str:
+        """What an acknowledged write's durability is, as the start log says it (SQLite: its
+        --durability; PostgreSQL: the server's synchronous_commit; memory: none). May read
+        the store."""
+        ...
+
     def durability_lost(self) -> str | None:
         """Why no write can be promised durable any more (a flush to disk failed: every
         write since is answered "may have been stored"), or None. Lasts until reopened."""

@@ -436,5 +436,8 @@ class MemoryStore(MemoryOperatorOps, MemoryCronsEvents, MemoryResources, MemoryW
         with self._lock:
             return min((j.run_at for j in self._jobs.values() if j.state == State.QUEUED), default=None)
 
+    def durability_said(self) -> str:
+        return "not durable: a memory store ends with its process"
+
     def close(self) -> None:
         pass

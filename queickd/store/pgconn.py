@@ -203,6 +203,15 @@ class PgConnections:
                 self._local.bookkeeping = False
                 self._local.in_batch = False
 
+    def durability_said(self) -> str:
+        # --durability is SQLite's; here the server decides when a commit is on disk (the
+        # bookkeeping session's own `off` aside, see batch()).
+        try:
+            (value,) = self._reads.execute("SHOW synchronous_commit").fetchone()
+        except psycopg.Error as e:  # the start goes on; the next statement tries the server again
+            return f"durability: the server's synchronous_commit (unread: {str(e).strip() or type(e).__name__})"
+        return f"durability: the server's synchronous_commit = {value}"
+
     def close(self) -> None:
         with self._all_lock:
             for c in self._all:

@@ -273,6 +273,9 @@ class SQLiteFile:
         if self._flusher is not None:
             self._flusher.flush()
 
+    def durability_said(self) -> str:
+        return f"durability {self.durability}"
+
     def durability_lost(self) -> str | None:
         failed = self._flusher.failed if self._flusher is not None else None
         return None if failed is None else f"a flush of the WAL to disk failed: {failed}"
