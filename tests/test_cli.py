@@ -52,7 +52,12 @@ def test_the_run_command_takes_its_defaults_from_the_daemons_settings():
         Config.store, Config.port, Config.workers, Config.max_connections)
 
 
-def test_enqueue_then_wait_prints_the_finished_job(daemon):
+def test_enqueue_wait_prints_only_the_result(daemon):
+    r = queick("enqueue", "testjobs:add", "--args", "[1, 2]", "--wait", "30", "--port", str(daemon.port))
+    assert (r.returncode, r.stdout, r.stderr) == (0, "3\n", "")
+
+
+def test_enqueue_wait_json_prints_the_record(daemon):
     r = queick("enqueue", "testjobs:add", "--args", "[20, 22]", "--wait", "30", "--json",
                "--port", str(daemon.port))
     assert r.returncode == 0, r.stderr
@@ -83,7 +88,8 @@ def test_jobs_stats_cancel_and_retry_commands(daemon):
 
 def test_a_failing_job_with_wait_exits_nonzero(daemon):
     r = queick("enqueue", "testjobs:fail", "--wait", "30", "--port", str(daemon.port))
-    assert r.returncode == 1 and "ValueError" in r.stdout
+    assert r.returncode == 1 and r.stdout == ""
+    assert "queick: job " in r.stderr and " is dead: ValueError: boom (" in r.stderr
 
 
 def test_refusals_print_the_error_code_and_exit_1(daemon):

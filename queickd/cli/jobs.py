@@ -29,8 +29,17 @@ def enqueue(a: argparse.Namespace, q: JobQueue) -> int:
         print(json.dumps({"job_id": job_id}) if a.json else job_id)
         return 0
     job = q.wait(job_id, a.wait)
-    print(json.dumps(job)) if a.json else print_job(job)
-    return 0 if job["state"] == State.SUCCEEDED else 1
+    ok = job["state"] == State.SUCCEEDED
+    if a.json:
+        print(json.dumps(job))
+    elif ok:  # the result alone, as JSON on one line: what a script reads
+        print(json.dumps(job["result"], ensure_ascii=False))
+    else:
+        err = job.get("error") or {}
+        why = f": {err.get('type')}: {one_line(err.get('message'), ERROR_SHOWN)}" if err else ""
+        print(f"queick: job {job_id} is {job['state']}{why} ('queick show {job_id}' for the whole job)",
+              file=sys.stderr)
+    return 0 if ok else 1
 
 
 def jobs(a: argparse.Namespace, q: JobQueue) -> int:

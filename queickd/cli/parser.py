@@ -262,7 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument("--timeout", type=duration, help="seconds of wall time (runs it in a process)")
     enq.add_argument("--memory-mb", type=int, help="peak resident memory (runs it in a process)")
     enq.add_argument("--output-kb", type=int, help="stdout+stderr and result kept (runs it in a process)")
-    enq.add_argument("--wait", type=number, metavar="SECONDS", help="wait for the job to finish and print it")
+    enq.add_argument("--wait", type=number, metavar="SECONDS", help="wait for the job to finish and print its result (JSON; --json: the whole job); "
+                     "exit 1 if it did not succeed")
     _talks(enq, jobs_cmd.enqueue)
 
     jobs = sub.add_parser("jobs", help="list jobs, newest first", description="List jobs, newest first.")
