@@ -86,6 +86,25 @@ def test_jobs_stats_cancel_and_retry_commands(daemon):
     assert "jobs:" in queick("stats", *port).stdout
 
 
+def test_tries_after_an_orphaned_run_reads_honestly(start_daemon, gate):
+    # A job of one attempt runs, its daemon is killed, the next daemon re-queues it (an
+    # orphan) and runs it to success: two runs, of which the crashed one does not count.
+    first = start_daemon(workers=1)
+    with first.client() as q:
+        job_id = q.enqueue("testjobs:gate", [gate.port, "held"])
+    assert gate.arrival() == "held"
+    first.kill()
+    second = start_daemon(workers=1)
+    assert gate.arrival() == "held"
+    gate.release_all()
+    with second.client() as q:
+        assert q.wait(job_id, 30)["state"] == State.SUCCEEDED
+    listing = queick("jobs", "--state", "succeeded", "--port", str(second.port)).stdout
+    row = next(line for line in listing.splitlines() if line.split()[:1] == [str(job_id)])
+    assert row.split()[2] == "1/1", row
+    assert "testjobs:gate  (+1 run lost to a crash, not counted)" in row, row
+
+
 def test_a_failing_job_with_wait_exits_nonzero(daemon):
     r = queick("enqueue", "testjobs:fail", "--wait", "30", "--port", str(daemon.port))
     assert r.returncode == 1 and r.stdout == ""

@@ -14,8 +14,20 @@ def print_jobs(jobs: list[dict[str, Any]]) -> None:
     for j in jobs:
         err = j.get("error") or {}
         tail = f"  [{err.get('type')}: {one_line(err.get('message'), ERROR_SHOWN)}]" if err else ""
-        tries = f"{j['attempts']}/{j['max_attempts']}"
-        print(f"{j['id']:>8}  {j['state']:<15} {tries:>5}  {local_time(j['run_at']):<19}  {j['func']}{tail}")
+        tries, note = _tries(j)
+        print(f"{j['id']:>8}  {j['state']:<15} {tries:>5}  {local_time(j['run_at']):<19}  {j['func']}{note}{tail}")
+
+
+def _tries(j: dict[str, Any]) -> tuple[str, str]:
+    """The TRIES cell: the runs that count against max_attempts, which runs lost to a crash
+    of their daemon or worker (re-queued as orphans) do not (core/fate.py), and a note
+    saying what the cell leaves out or why it is past the limit."""
+    lost = j.get("orphaned") or 0  # a daemon of an earlier version may not send it
+    counted, limit = j["attempts"] - lost, j["max_attempts"]
+    notes = [f"+{lost} run{'s' if lost > 1 else ''} lost to a crash, not counted"] if lost else []
+    if counted > limit:  # fate gives these failures a few runs whatever the policy
+        notes.append("retried past its limit after network or resource failures")
+    return f"{counted}/{limit}", f"  ({'; '.join(notes)})" if notes else ""
 
 
 def print_pauses(pauses: list[dict[str, Any]]) -> None:
