@@ -99,3 +99,20 @@ def test_top_without_a_terminal_says_it_needs_one(known):
 def test_top_refuses_json(known):
     r = queick("top", "--json", "--port", str(known.port))
     assert r.returncode == 2 and "queick status --json" in r.stderr
+
+
+def test_status_lists_only_live_members_on_sqlite(start_daemon):
+    # A SQLite store has one daemon at a time: a restart leaves the earlier daemon's runs in
+    # the last hour's counts, but that daemon is no member any more.
+    first = start_daemon(workers=1)
+    with first.client() as q:
+        assert q.wait(q.enqueue("testjobs:add", [1, 2]), 20)["result"] == 3
+    assert first.terminate() == 0
+    second = start_daemon(workers=1)
+    with second.client() as q:
+        assert q.wait(q.enqueue("testjobs:add", [3, 4]), 20)["result"] == 7
+        hour = q.stats()["last_hour"]
+    assert hour["completed"] == 2  # every run of the hour, the earlier daemon's too
+    assert [m["member"].rsplit(":", 1)[1] for m in hour["members"]] == [str(second.proc.pid)]
+    out = queick("status", "--port", str(second.port)).stdout
+    assert "2 in the last hour" in out and f":{first.proc.pid}" not in out

@@ -368,7 +368,10 @@ class QueueService(WorkflowOps):
         }
         reply.update(self._fleet_stats(reply["counts"]))
         minutes = self.store.minutes(status.first_minute(now))  # whoever ran them: the fleet's
-        reply["last_hour"] = status.last_hour(minutes)
+        # A single-host store's only member is this daemon: the others in its counts are
+        # this store's earlier daemons, gone (their runs count in the totals alone).
+        live = None if isinstance(self.store, FleetStore) else {self.pool.member}
+        reply["last_hour"] = status.last_hour(minutes, live)
         if req.get("detail"):  # running jobs, dead letters, oldest waits, the last hour
             reply.update(status.detail(self.store, self.metrics, now, reply["counts"], minutes))
         return reply

@@ -178,7 +178,8 @@ class Metrics:
         hour = stats.get("last_hour") or {"members": []}
         family("queickd_fleet_runs_last_hour", "gauge",
                "Runs in the last hour by each daemon and worker of the store (result: completed or "
-               "failed), from the store's per-minute counts; the fleet's is their sum.",
+               "failed), from the store's per-minute counts; the fleet's is their sum. On SQLite and "
+               "memory, this daemon's alone (not its earlier starts').",
                [({"member": m["member"], "result": r}, m[r]) for m in hour["members"] for r in ("completed", "failed")])
         family("queickd_fleet_run_seconds_last_hour", "gauge",
                "Seconds spent running jobs in the last hour, by each daemon and worker of the store.",

@@ -5,6 +5,7 @@ the daemon's metrics; called from the server's I/O threads and HTTP threads.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from ..core.job import State
@@ -23,9 +24,10 @@ def first_minute(now: float) -> int:
     return int(now // 60) - HISTORY_MINUTES + 1
 
 
-def last_hour(minutes: list[Minute]) -> dict[str, Any]:
+def last_hour(minutes: list[Minute], live: Collection[str] | None = None) -> dict[str, Any]:
     """The last hour's runs from the store's per-minute counts: the fleet's (every daemon and
-    worker that ran jobs), and each member's beside them."""
+    worker that ran jobs), and each member's beside them; with `live`, only those members'
+    (the totals still count every run)."""
     per: dict[str, list] = {}
     for m in minutes:
         c = per.setdefault(m.member, [0, 0, 0.0])
@@ -35,7 +37,8 @@ def last_hour(minutes: list[Minute]) -> dict[str, Any]:
     members = [{"member": k, "completed": c[0], "failed": c[1], "seconds": round(c[2], 3)}
                for k, c in sorted(per.items()) if c[0] or c[1]]
     return {"completed": sum(m["completed"] for m in members), "failed": sum(m["failed"] for m in members),
-            "seconds": round(sum(m["seconds"] for m in members), 3), "members": members}
+            "seconds": round(sum(m["seconds"] for m in members), 3),
+            "members": [m for m in members if live is None or m["member"] in live]}
 
 
 def history(now: float, minutes: list[Minute], mine: list[dict[str, Any]]) -> list[dict[str, Any]]:
