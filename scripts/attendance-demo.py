@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -56,6 +57,20 @@ def printing_slack() -> str:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_address[1]}/api/"
+
+
+def tap_in_turns(tap: Callable[[str], None], every: float, stop: threading.Event,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+    """Tap each card in turn, a tap starting every `every` seconds, until `stop` is set. A tap
+    takes as long as the terminal takes to read the card, so the wait is to the next tap's
+    time, not `every` after the tap ended; a tap longer than `every` is followed at once."""
+    due = clock()
+    for name in itertools.cycle(CARDS):
+        print(f"--- {name} taps their card", flush=True)
+        tap(name)
+        due = max(due + every, clock())
+        if stop.wait(due - clock()):
+            return
 
 
 def start_daemon(workdir: Path) -> tuple[subprocess.Popen, int]:
@@ -110,11 +125,7 @@ def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        for name in itertools.cycle(CARDS):
-            print(f"--- {name} taps their card", flush=True)
-            felica_tap(udp, CARDS[name])
-            if stop.wait(max(0.0, a.every - 1.5)):
-                break
+        tap_in_turns(lambda name: felica_tap(udp, CARDS[name]), a.every, stop)
     finally:
         for proc in (terminal, daemon):
             if proc.poll() is None:
