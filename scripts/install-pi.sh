@@ -12,7 +12,8 @@
 # The attendance terminal reads /etc/default/queickd-attendance (QUEICKD_ATTENDANCE_READER,
 # QUEICKD_ATTENDANCE_SLACK_CHANNEL, ...) and posts with the secret in
 # /etc/queickd/slack-token (a bot token) or /etc/queickd/slack-webhook (a webhook URL),
-# which the daemon receives as a systemd credential.
+# which the daemon receives as a systemd credential: --attendance refuses, changing
+# nothing, until one of them exists.
 #
 # The external-worker unit queickd-worker@.service is installed too but not enabled:
 #   systemctl enable --now queickd-worker@gpu   (QUEICKD_STORE in /etc/default/queickd-worker)
@@ -25,8 +26,11 @@ UNITS=/etc/systemd/system
 DROPIN=$UNITS/queickd.service.d/attendance.conf
 UDEV_RULE=/etc/udev/rules.d/90-queickd-nfc.rules
 MODPROBE=/etc/modprobe.d/queickd-nfc.conf
+DOCS=/usr/share/doc/queickd  # the units' Documentation=
+SLACK_TOKEN=/etc/queickd/slack-token
+SLACK_WEBHOOK=/etc/queickd/slack-webhook
 
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 
 ATTENDANCE=0
 UNINSTALL=0
@@ -58,6 +62,16 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
+# The attendance drop-in hands the Slack secret to queickd.service with LoadCredential=,
+# and systemd refuses to start a service whose credential file is missing: installing it
+# without the secret would take the queue down. So check before anything changes.
+if [ "$UNINSTALL" -eq 0 ] && [ "$ATTENDANCE" -eq 1 ] && [ ! -s "$SLACK_TOKEN" ] && [ ! -s "$SLACK_WEBHOOK" ]; then
+  echo "install-pi.sh: --attendance needs the Slack secret first (queickd loads it when it starts):" >&2
+  echo "  put the bot token (xoxb-...) in $SLACK_TOKEN, or an incoming-webhook URL in" >&2
+  echo "  $SLACK_WEBHOOK (owner root, mode 0600), then run this again. Nothing was changed." >&2
+  exit 1
+fi
+
 if [ "$UNINSTALL" -eq 1 ]; then
   for unit in queickd-attendance.service queickd.service; do
     systemctl disable --now "$unit" 2>/dev/null || true
@@ -73,6 +87,7 @@ if [ "$UNINSTALL" -eq 1 ]; then
   rm -f "$DROPIN"
   rmdir "$UNITS/queickd.service.d" 2>/dev/null || true
   rm -f "$UDEV_RULE" "$MODPROBE"
+  rm -rf "$DOCS"
   command -v udevadm >/dev/null && udevadm control --reload || true
   systemctl daemon-reload
   rm -rf "$PREFIX"
@@ -120,6 +135,10 @@ ln -sfn "$PREFIX/venv/bin/queick" /usr/local/bin/queick
 echo "==> job directory /etc/queickd/jobs"
 install -d -m 0755 /etc/queickd/jobs
 
+echo "==> docs in $DOCS"
+install -d -m 0755 "$DOCS"
+install -m 0644 "$SRC/README.md" "$SRC"/docs/*.md "$DOCS/"
+
 echo "==> systemd units"
 install -m 0644 "$SRC/systemd/queickd.service" "$UNITS/queickd.service"
 install -m 0644 "$SRC/systemd/queickd-worker@.service" "$UNITS/queickd-worker@.service"
@@ -127,8 +146,8 @@ if [ "$ATTENDANCE" -eq 1 ]; then
   install -m 0644 "$SRC/systemd/queickd-attendance.service" "$UNITS/queickd-attendance.service"
   install -d -m 0755 "$UNITS/queickd.service.d"
   # LoadCredential= fails the service when its file is missing: keep the line for the
-  # secret that exists (a webhook URL instead of a token, say).
-  if [ -f /etc/queickd/slack-token ] || [ ! -f /etc/queickd/slack-webhook ]; then
+  # secret that exists (a webhook URL instead of a token, say; one of them does: see above).
+  if [ -s "$SLACK_TOKEN" ]; then
     install -m 0644 "$SRC/systemd/queickd.service.d/attendance.conf" "$DROPIN"
   else
     sed 's#^LoadCredential=slack-token:/etc/queickd/slack-token#LoadCredential=slack-webhook:/etc/queickd/slack-webhook#' \
@@ -143,10 +162,6 @@ if [ "$ATTENDANCE" -eq 1 ]; then
   if command -v udevadm >/dev/null; then
     udevadm control --reload
     udevadm trigger --subsystem-match=usb --attr-match=idVendor=054c || true
-  fi
-  if [ ! -f /etc/queickd/slack-token ] && [ ! -f /etc/queickd/slack-webhook ]; then
-    echo "note: put the Slack bot token in /etc/queickd/slack-token (mode 0600, root),"
-    echo "      or an incoming-webhook URL in /etc/queickd/slack-webhook, then run this again"
   fi
 fi
 systemctl daemon-reload

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import installroot
 import pytest
 
 from queickd.attendance.cli import EX_CONFIG
@@ -66,3 +67,48 @@ def test_the_install_script_knows_the_attendance_parts():
 def test_the_udev_rule_gives_the_rc_s380_to_plugdev():
     rule = (ROOT / "scripts" / "pi" / "90-queickd-nfc.rules").read_text()
     assert 'ATTRS{idVendor}=="054c", ATTRS{idProduct}=="06c3", GROUP="plugdev"' in rule
+
+
+# --- the install script, run for real in a throwaway root (tests/installroot.py) ------------
+needs_root = pytest.mark.skipif(installroot.available() is not None, reason=str(installroot.available()))
+
+
+@needs_root
+def test_install_attendance_without_a_slack_token_leaves_the_queue_running(tmp_path):
+    root = installroot.InstallRoot(tmp_path / "root")
+    r = root.run("--attendance")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "/etc/queickd/slack-token" in r.stderr and "/etc/queickd/slack-webhook" in r.stderr
+    assert root.systemctl_calls() == []  # queickd.service neither restarted nor stopped
+    assert not root.path("/etc/systemd").exists() and not root.path("/opt/queickd").exists()
+
+
+@pytest.fixture(scope="module")
+def installed_with_a_webhook(tmp_path_factory):
+    if installroot.available() is not None:
+        pytest.skip(installroot.available())
+    root = installroot.InstallRoot(tmp_path_factory.mktemp("pi") / "root")
+    root.put("/etc/queickd/slack-webhook", "https://hooks.slack.com/services/T0/B0/x\n")
+    return root, root.run("--attendance")
+
+
+def test_install_attendance_with_a_webhook_restarts_the_daemon_with_that_credential(installed_with_a_webhook):
+    root, r = installed_with_a_webhook
+    assert r.returncode == 0, r.stdout + r.stderr
+    dropin = root.path("/etc/systemd/system/queickd.service.d/attendance.conf").read_text()
+    assert "LoadCredential=slack-webhook:/etc/queickd/slack-webhook" in dropin.splitlines()
+    assert "LoadCredential=slack-token" not in dropin
+    calls = root.systemctl_calls()
+    assert "restart queickd.service" in calls and not any(c.startswith("FAILED") for c in calls), calls
+
+
+def test_every_installed_units_documentation_is_installed_with_it(installed_with_a_webhook):
+    root, r = installed_with_a_webhook
+    assert r.returncode == 0, r.stdout + r.stderr
+    units = sorted(root.path("/etc/systemd/system").glob("*.service"))
+    assert len(units) == 3
+    for unit in units:
+        docs = [line.split("=", 1)[1] for line in unit.read_text().splitlines() if line.startswith("Documentation=")]
+        assert docs, unit.name
+        for uri in docs:
+            assert uri.startswith("file:/") and root.path(uri.removeprefix("file:")).is_file(), (unit.name, uri)

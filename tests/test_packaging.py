@@ -114,3 +114,18 @@ def test_the_install_script_puts_queick_on_the_path_and_uninstalls_worker_instan
     assert 'ln -sfn "$PREFIX/venv/bin/queick" /usr/local/bin/queick' in text
     assert "systemctl disable --now \"$unit\"" in text and "'queickd-worker@*.service'" in text
     assert "apt-get install -y libpq5" in text and "linux-armv7l" in text
+
+
+def _job_running_units() -> list[Path]:
+    """The units whose ExecStart runs jobs: the daemon (`queick run`) and workers (`queick worker`)."""
+    return [u for u in sorted((ROOT / "systemd").glob("*.service"))
+            if re.search(r"^ExecStart=\S+/queick (run|worker)\b", u.read_text(), re.M)]
+
+
+def test_daemon_unit_kills_mixed():
+    # SIGTERM to the main process only: a stop or restart must not hit every job's child
+    # (and the zygote) at once; the daemon stops them itself within --stop-timeout.
+    units = _job_running_units()
+    assert [u.name for u in units] == ["queickd-worker@.service", "queickd.service"]
+    for unit in units:
+        assert "KillMode=mixed" in unit.read_text().splitlines(), unit.name
