@@ -30,6 +30,7 @@ from .core import protocol, sandbox
 from .core.job import NewJob, Outcome, State, Submitted
 from .core.policy import outbox
 from .core.policy.claim import Limits
+from .run import credentials
 from .run.loader import FunctionLoader
 from .run.routing import make_runner
 from .services import sdnotify
@@ -88,7 +89,8 @@ def validate(config: Config) -> None:
     parse_hooks(config.hooks)
     config.resources  # noqa: B018 - raises ValueError naming a bad table or field
     pool_size(config)
-    sandbox.settings(config)
+    # A function's credential the daemon does not have would fail each of its jobs.
+    credentials.check(sandbox.settings(config).functions or {})
     if config.ping_host is not None:
         parse_target(config.ping_host)
         if not config.ping_interval > 0:

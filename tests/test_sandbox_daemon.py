@@ -161,6 +161,40 @@ def test_a_bad_sandbox_setting_in_the_config_file_exits_78(tmp_path, text, messa
     assert r.returncode == EX_CONFIG and message in r.stderr
 
 
+CREDENTIAL_TABLE = '[functions."sandboxjobs:whoami"]\nisolation = "process"\ncredentials = ["s3-key"]\n'
+
+
+@pytest.mark.parametrize("creds_dir, why", [
+    (None, "$CREDENTIALS_DIRECTORY is not set"),
+    ("empty", "no such file in $CREDENTIALS_DIRECTORY"),
+], ids=["outside-systemd", "not-loaded-by-the-unit"])
+def test_unknown_credential_is_refused_at_start(tmp_path, creds_dir, why):
+    path = tmp_path / "q.toml"
+    path.write_text(f'store = "memory://"\nport = 0\napp-dir = "{JOBS_DIR}"\n{CREDENTIAL_TABLE}')
+    env = {k: v for k, v in os.environ.items() if k != "CREDENTIALS_DIRECTORY"}
+    if creds_dir is not None:
+        (tmp_path / creds_dir).mkdir()
+        env["CREDENTIALS_DIRECTORY"] = str(tmp_path / creds_dir)
+    r = subprocess.run([sys.executable, "-m", "queickd", "--config", str(path)], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert r.returncode == EX_CONFIG, r.stderr
+    assert "functions.\"sandboxjobs:whoami\": credential 's3-key'" in r.stderr and why in r.stderr
+    assert "LoadCredential=s3-key:" in r.stderr
+
+
+def test_a_credential_the_daemon_has_reaches_its_functions_process_jobs(start_daemon, tmp_path):
+    (tmp_path / "creds").mkdir()
+    (tmp_path / "creds" / "s3-key").write_text("AKIA")
+    path = tmp_path / "q.toml"
+    path.write_text(CREDENTIAL_TABLE)
+    d = start_daemon(None, "--config", str(path), env={"CREDENTIALS_DIRECTORY": str(tmp_path / "creds")})
+    with d.client() as q:
+        job = q.wait(q.enqueue("sandboxjobs:whoami"), 20)
+    assert job["state"] == State.SUCCEEDED, job["error"]
+    own = job["result"]["env"]["CREDENTIALS_DIRECTORY"]
+    assert own.startswith(job["result"]["cwd"]) and own != str(tmp_path / "creds")
+
+
 def test_a_process_job_on_queick_worker_obeys_the_same_limits(pg_fresh_database, start_daemon):
     url = pg_fresh_database
     d = start_daemon(url, "--heartbeat", "0.5", workers=0)

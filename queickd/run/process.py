@@ -30,7 +30,7 @@ from typing import Any
 
 from ..core.job import Job
 from ..core.sandbox import Limits
-from . import capture, cgroup, cgroup_v1, context
+from . import capture, cgroup, cgroup_v1, context, credentials
 from .base import RunReport
 from .supervisor import ZygoteSupervisor, ZygoteUnavailableError
 from .watch import Watch
@@ -63,7 +63,7 @@ def job_env(job_dir: str, creds_dir: str | None = None) -> dict[str, str]:
     own credentials directory when its function names credentials."""
     env = {"HOME": job_dir, "TMPDIR": job_dir}
     if creds_dir is not None:
-        env["CREDENTIALS_DIRECTORY"] = creds_dir
+        env[credentials.ENV] = creds_dir
     return env
 
 
@@ -177,7 +177,7 @@ class ProcessRunner:
         job_dir = self._job_dir(job.id)
         cg = None
         try:
-            creds = _copy_credentials(job_dir, limits.credentials)
+            creds = credentials.copy(job_dir, limits.credentials)
             if self.cgroups is not None:
                 cg = self.cgroups.create(job.id, limits.memory_mb)
             report = self._run(job, limits, job_dir, creds, cg, began)
@@ -292,18 +292,3 @@ def cpu_limit(timeout: float) -> int:
     busy on every core for its whole timeout stays within it and meets the wall-clock kill
     first, which says `timeout` (a job's threads working in parallel are no crash)."""
     return math.ceil(timeout * (os.cpu_count() or 1)) + 2
-
-
-def _copy_credentials(job_dir: str, names: Sequence[str]) -> str | None:
-    """The systemd credentials the function's table names, copied into the job's own
-    directory: the child never sees the daemon's credentials directory."""
-    if not names:
-        return None
-    source = os.environ.get("CREDENTIALS_DIRECTORY")
-    dest = os.path.join(job_dir, ".credentials")
-    os.mkdir(dest, 0o700)
-    for name in names:
-        if source is None or not os.path.isfile(os.path.join(source, name)):
-            raise FileNotFoundError(f"credential {name!r} is not among the daemon's systemd credentials")
-        shutil.copyfile(os.path.join(source, name), os.path.join(dest, name))
-    return dest
