@@ -97,6 +97,17 @@ def validate(config: Config) -> None:
             raise ValueError("ping_interval must be positive")
 
 
+def _contents(path: str | None) -> bytes | None:
+    """The config file's bytes (None for none, or one that cannot be read now)."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 def pool_size(config: Config, clock: Callable[[], float] = time.time) -> PoolSize:
     """The pool's size: fixed (--workers) or adaptive between --min-workers and --max-workers."""
     return adaptive_size(config.workers, config.min_workers, config.max_workers, config.idle_grace, clock)
@@ -120,6 +131,7 @@ class Daemon:
         # Called in order on SIGHUP (reload()), on the main thread: the loader's re-import
         # first; other parts that hold job code (a runner's zygote) add theirs.
         self.on_reload: list[Callable[[], None]] = []
+        self._config_read = _contents(config.config)  # what reload() compares the file with
 
     def start(self) -> None:
         c = self.config
@@ -360,6 +372,13 @@ class Daemon:
                 cb()
             except Exception:
                 log.exception("reload: %s failed; going on", getattr(cb, "__qualname__", cb))
+        # The settings (function tables, hooks, budgets, flags) were merged with the
+        # environment and the command line at start and wired into every part: a reload
+        # re-imports job code only, and an edited file would silently not be in force.
+        if self.config.config is not None and _contents(self.config.config) != self._config_read:
+            log.warning("reload: %s changed since the daemon started; SIGHUP reloads job code only, "
+                        "the file's settings take effect when the daemon restarts (systemctl restart queickd)",
+                        self.config.config)
 
     def request_stop(self, *_: object) -> None:
         """Ask run_forever() to stop, from any thread."""

@@ -91,6 +91,7 @@ class Config:
     memory_mb: int | None = None
     output_kb: int | None = None
     sandbox_env: list[str] = field(default_factory=list)  # variables passed on to process jobs
+    config: str | None = None  # the --config file: read at start only (SIGHUP reloads job code, not it)
 
     @property
     def sandbox_settings(self) -> sandbox.Defaults:

@@ -4,6 +4,7 @@ process job waiting for a zygote that a reload retires runs on the next one."""
 
 from __future__ import annotations
 
+import re
 import signal
 
 from test_sandbox_failures import ImportGate
@@ -67,3 +68,28 @@ def test_sighups_while_the_zygote_starts_for_a_process_job_do_not_fail_it(start_
             held.close()
         done = q.wait(job, 30)
     assert (done["state"], done["result"], done["attempts"]) == (State.SUCCEEDED, 1, 1)
+
+
+def test_sighup_leaves_the_config_files_function_settings_until_a_restart_and_says_so(start_daemon, tmp_path):
+    config = tmp_path / "q.toml"
+    config.write_text('[functions."sandboxjobs:whoami"]\nisolation = "process"\n')
+    d = start_daemon(None, "--config", str(config), workers=1)
+    with d.client() as q:
+        assert q.wait(q.enqueue("sandboxjobs:whoami"), 20)["result"]["pid"] != d.proc.pid
+        config.write_text('[functions."sandboxjobs:whoami"]\nisolation = "thread"\n')
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait_for_line(rf"reload: {re.escape(str(config))} changed since the daemon started; SIGHUP reloads "
+                        r"job code only, the file's settings take effect when the daemon restarts")
+        assert q.wait(q.enqueue("sandboxjobs:whoami"), 20)["result"]["pid"] != d.proc.pid  # still a process
+
+
+def test_sighup_says_nothing_of_a_config_file_left_as_it_was(start_daemon, tmp_path):
+    config = tmp_path / "q.toml"
+    config.write_text('[functions."sandboxjobs:whoami"]\nisolation = "process"\n')
+    d = start_daemon(None, "--config", str(config), workers=1)
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait_for_line(r"reload: \d+ module\(s\) imported afresh")
+    d.proc.send_signal(signal.SIGTERM)
+    d.proc.wait(30)
+    d.wait_for_line("stopped")
+    assert not any("changed since the daemon started" in line for line in d.lines)
