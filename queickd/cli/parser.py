@@ -421,6 +421,9 @@ def _fleet_parsers(sub: Any) -> None:
          "its budget-patience applies to this worker's claims (its other settings are the daemon's)", None)
     _sandbox_flags(wk)
     opt(wk, "--log-level", "log level", "info", choices=log.LEVELS)
+    wk.add_argument("--check", action="store_true",
+                    help="start nothing: exit 0 if a worker process of this host serving the --pool "
+                    "given (any, without one) beats in --store, else 1 saying why (a container's healthcheck)")
     wk.set_defaults(handler=_local("run_worker"))
 
     dbparser.add_db_parsers(sub, _local)

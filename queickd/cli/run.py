@@ -78,6 +78,8 @@ def run_worker(a: argparse.Namespace) -> int:
     from ..services.workerproc import run
     from ..settings import WorkerConfig
 
+    if a.check:
+        return check_worker(a)
     try:
         log.setup(a.log_level)
         config = given(WorkerConfig, a)
@@ -95,6 +97,35 @@ def run_worker(a: argparse.Namespace) -> int:
     except OSError as e:  # the database cannot be reached: systemd tries again later
         print(f"queick: cannot start: {e}", file=sys.stderr)
         return 1
+
+
+def check_worker(a: argparse.Namespace) -> int:
+    """`queick worker --check`: 0 if a worker of this host serving --pool (any, without one)
+    beats in the store, else 1 with a line saying why. One query of the worker registry;
+    never a traceback, never a status but 0 or 1 (Docker reserves 2)."""
+    from ..services.workerproc import beating_here
+
+    try:
+        if not a.store.startswith(("postgresql://", "postgres://")):
+            raise ValueError("queick worker needs a shared store: --store postgresql://...")
+        from ..store.postgres import PostgresStore
+
+        store = PostgresStore(a.store, migrate=False)
+        try:
+            found, host = beating_here(store, a.pool)
+        finally:
+            store.close()
+    except Exception as e:  # unreachable, no schema, no psycopg: whatever it is, not healthy
+        print(f"queick worker --check: cannot read the worker registry: {e}".strip(), file=sys.stderr)
+        return 1
+    pools = f" serving {','.join(a.pool)}" if a.pool else ""
+    if found is None:
+        print(f"queick worker --check: no worker process of this host ({host}){pools} beats in {store.url}",
+              file=sys.stderr)
+        return 1
+    print(f"worker pid {found['pid']} on {host} beats (last {found['silent_for']:.1f} s ago, every "
+          f"{found['heartbeat']:g} s) serving {','.join(found['pools'])}")
+    return 0
 
 
 def db_migrate(a: argparse.Namespace) -> int:

@@ -17,9 +17,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .. import __version__, collector
 from ..core import sandbox
@@ -155,6 +157,31 @@ def _refusal(store: FleetStore, config: WorkerConfig) -> int | None:
     except Exception as e:
         log.debug("could not record the refusal in the worker registry: %s", e)
     return EX_VERSION
+
+
+def beating_here(store: FleetStore, pools: Sequence[str] | None) -> tuple[dict[str, Any] | None, str]:
+    """(The registry record of a worker process of this host that serves `pools` (None:
+    any), runs here and beats, or None; this host's name). Beats: its last beat is within
+    3 heartbeats, the fleet's own test (a worker past it has its jobs re-queued by the
+    others). What `queick worker --check`, a container's healthcheck, asks."""
+    host = socket.gethostname()
+    for w in store.workers():
+        if (w["kind"] == "worker" and w["host"] == host and w["alive"] and _runs(w["pid"])
+                and (not pools or set(pools) <= set(w["pools"]))):
+            return w, host
+    return None, host
+
+
+def _runs(pid: int) -> bool:
+    """Whether a process of this pid exists here (a record of a worker killed with SIGKILL
+    stays alive for 3 heartbeats)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's: it exists
+    return True
 
 
 def _wait_for_signal(stop: threading.Event, on_hup: Callable[[], object] = lambda: None) -> None:
