@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 from .client import JobQueue, QueueError
 from .core.cron import SchedulingTime
 from .core.retry import RETRY_TYPE
-from .run.context import cron_last_tick, cron_tick, workflow_key
+from .run.context import CurrentJob, JobInterrupted, cron_last_tick, cron_tick, current_job, workflow_key
 
 __all__ = ["JobQueue", "QueueError", "SchedulingTime", "RETRY_TYPE", "__version__", "cron_tick", "cron_last_tick",
-           "workflow_key"]
+           "workflow_key", "current_job", "CurrentJob", "JobInterrupted"]

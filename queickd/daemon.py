@@ -390,7 +390,9 @@ class Daemon:
                 pass  # the pipe is full: a stop is already on its way
 
     def stop(self) -> bool:
-        """Graceful stop. True if every running job finished within stop_timeout."""
+        """Graceful stop. True if every running job finished within stop_timeout; False also
+        when the call of a job cancelled while it ran has not returned (the stop does not
+        wait for it: the caller exits without waiting for its thread)."""
         if self._stopped or self.store is None:
             return True
         self._stopped = True
@@ -410,13 +412,19 @@ class Daemon:
         self.runner.stop()
         if self.fleet is not None:
             self.fleet.stop()
+        # Read once: a call that returns now changes neither what the store holds nor the exit.
+        cancelled = self.pool.cancelled_running
+        if cancelled:
+            log.warning("%d cancelled job(s) still in their call at exit (a thread job blocked in a call "
+                        "Python cannot interrupt); they stay cancelled, and the exit ends their threads",
+                        cancelled)
         if finished:
             self.store.close()
             log.info("stopped")
         else:
-            log.warning("%d job(s) still running at the stop timeout; they will be recovered "
-                        "as orphans on the next start", self.pool.busy)
-        return finished
+            log.warning("%d job(s) still running at the stop timeout; they stay running in the store and "
+                        "are recovered as orphans on the next start", self.pool.running_in_store)
+        return finished and not cancelled
 
     def run_forever(self) -> bool:
         """Start, serve until SIGTERM/SIGINT, stop. Returns what stop() returned.

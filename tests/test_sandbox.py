@@ -238,6 +238,21 @@ def test_a_job_that_asks_for_a_thread_stays_off_the_daemons_limits():
     assert sandbox.decide(make_job(), d).timeout == 60
 
 
+def test_a_job_or_function_that_asks_for_a_thread_keeps_its_timeout_there():
+    d = sandbox.Defaults(functions={"m:f": {"isolation": "thread", "timeout": 30}, "m:g": {"timeout": 20}})
+    own = sandbox.decide(make_job(isolation="thread", timeout=5), d)
+    table = sandbox.decide(make_job(func="m:f"), d)
+    both = sandbox.decide(make_job(func="m:g", isolation="thread"), d)
+    assert [(x.isolation, x.timeout) for x in (own, table, both)] == [("thread", 5), ("thread", 30), ("thread", 20)]
+    assert sandbox.decide(make_job(func="m:h", timeout=5), d).isolation == "process"  # a bare timeout: a process
+
+
+def test_a_thread_asked_for_with_a_memory_limit_from_its_function_still_runs_in_a_process():
+    d = sandbox.Defaults(functions={"m:f": {"memory_mb": 64}})
+    limits = sandbox.decide(make_job(func="m:f", isolation="thread", timeout=5), d)
+    assert (limits.isolation, limits.memory_mb, limits.timeout) == ("process", 64, 5)
+
+
 def test_a_job_with_a_limit_runs_in_a_process_even_on_a_thread_daemon():
     assert sandbox.decide(make_job(memory_mb=64), sandbox.Defaults()) is not None
     assert sandbox.decide(make_job(), sandbox.Defaults()) is None

@@ -138,7 +138,8 @@ def test_metrics_count_runs_by_isolation_and_limit_kills_by_kind(start_daemon, t
     ({"timeout": 90000}, "timeout must be"),
     ({"memory_mb": 8}, "memory_mb must be"),
     ({"output_kb": -1}, "output_kb must be"),
-    ({"isolation": "thread", "timeout": 5}, "runs in a process"),
+    ({"isolation": "thread", "memory_mb": 64}, "runs in a process"),
+    ({"isolation": "thread", "output_kb": 64}, "runs in a process"),
 ])
 def test_bad_sandbox_fields_are_a_bad_request(client, fields, message):
     with pytest.raises(QueueError) as e:
@@ -149,9 +150,9 @@ def test_bad_sandbox_fields_are_a_bad_request(client, fields, message):
 @pytest.mark.parametrize("text, message", [
     ('[functions."sandboxjobs:noop"]\nisolation = "vm"\n', "isolation must be one of"),
     ('[functions."sandboxjobs:noop"]\nmemory_mb = 4\n', "memory_mb must be"),
-    ('[functions."sandboxjobs:noop"]\nisolation = "thread"\ntimeout = 3\n', "runs in a process"),
+    ('[functions."sandboxjobs:noop"]\nisolation = "thread"\nmemory_mb = 64\n', "runs in a process"),
     ('[functions."sandboxjobs:noop"]\nnice = 3\n', "unknown key"),
-    ('isolation = "thread"\ntimeout = 3\n', "runs in a process"),
+    ('isolation = "thread"\ntimeout = 3\n', "run in a process"),
 ])
 def test_a_bad_sandbox_setting_in_the_config_file_exits_78(tmp_path, text, message):
     path = tmp_path / "q.toml"

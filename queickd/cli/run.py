@@ -67,8 +67,8 @@ def run_daemon(a: argparse.Namespace) -> int:
         print(f"queick: cannot start: {e}", file=sys.stderr)
         return 1
     if not finished:
-        # Worker threads cannot be interrupted; the store is consistent and their jobs are
-        # recovered as orphans next time, so leave without waiting for them.
+        # Worker threads still in a job's call: the store is consistent (their jobs are
+        # recovered as orphans next time, or cancelled already), so leave without waiting.
         sys.stderr.flush()
         os._exit(daemon.exit_status)
     return daemon.exit_status

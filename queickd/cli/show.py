@@ -69,7 +69,8 @@ def print_budgets(budgets: list[dict[str, Any]]) -> None:
 def print_stats(s: dict[str, Any]) -> None:
     print(f"queickd {s['version']}  store {s['store']}  up {s['uptime']:.0f} s")
     w = s["workers"]
-    print(f"workers: {w['busy']}/{w['total']} busy   enqueued {s['enqueued']} in {s['commits']} commits"
+    stopping = f" ({w['stopping']} stopping)" if w.get("stopping") else ""
+    print(f"workers: {w['busy']}/{w['total']} busy{stopping}   enqueued {s['enqueued']} in {s['commits']} commits"
           f"   completed {s['completed']}   failed attempts {s['failed']}"
           + ("   DRAINING: no new job starts" if s.get("draining") else ""))
     last = w.get("last_resize")

@@ -25,6 +25,7 @@ from .protocol import MAX_DEPTH, too_deep
 if TYPE_CHECKING:
     from ..run.base import RunReport
 
+CANCELLED = "cancelled"  # the error type of a run an operator's cancel stopped (thread or process)
 MAX_RESULT_BYTES = 64 * 1024
 MAX_TRACEBACK_CHARS = 8 * 1024
 RESOURCE_ATTEMPTS = 5  # runs in all a job failed only by the host's fd limit gets, whatever its policy
@@ -180,9 +181,14 @@ def after_failure(
     retry policy) and its outcome is blameless, so it never grows a failure streak nor
     pauses the job's key or function.
 
+    A run an operator's cancel stopped (error type CANCELLED) is cancelled: its job was
+    made so in the store before the run was stopped, and neither retries nor dies.
+
     Whatever the fate, the run's captured output (report.output) goes with it.
     """
     err, out = report.error(), report.output
+    if report.error_type == CANCELLED:
+        return Outcome.cancelled(job.id, err, out)
     if report.resource and not report.permanent:
         return dataclasses.replace(_after_resource_failure(job, err, now, out), blameless=True)
     if report.permanent:

@@ -147,5 +147,11 @@ class Outcome:
         return cls(job_id, State.DEAD, error=error, workflow_run=workflow_run, output=output)
 
     @classmethod
+    def cancelled(cls, job_id: int, error: dict, output: str | None = None) -> Outcome:
+        """A run an operator's cancel stopped: the store has the job `cancelled` already
+        (so this changes nothing there); it says how the run ended."""
+        return cls(job_id, State.CANCELLED, error=error, output=output)
+
+    @classmethod
     def waiting_network(cls, job_id: int, error: dict, output: str | None = None) -> Outcome:
         return cls(job_id, State.WAITING_NETWORK, error=error, output=output)

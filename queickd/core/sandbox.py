@@ -5,7 +5,10 @@ function's defaults (config file) and the daemon's flags.
 Pure: no I/O, no processes. The protocol, the config file and the flags all check limits
 through `check`, so a value refused at enqueue is refused in a config file too; the
 runners read the decision from `decide`. A limit is never dropped silently: a job that
-asks for `thread` and sets a limit is refused, as is a limit out of its bounds.
+asks for `thread` and sets a limit a thread cannot hold (memory_mb, output_kb) is refused,
+as is a limit out of its bounds. A thread holds a timeout (run/interrupt.py): a job or
+function table may ask for `thread` with one. A bare limit, with no isolation asked for,
+sends a job to a process.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ THREAD = "thread"
 PROCESS = "process"
 ISOLATIONS = (THREAD, PROCESS)
 LIMITS = ("timeout", "memory_mb", "output_kb")
+PROCESS_LIMITS = ("memory_mb", "output_kb")  # the limits only a process can hold
 
 MAX_TIMEOUT = 86400.0  # seconds: a day; longer is a service, not a job
 MIN_MEMORY_MB = 32  # below this an interpreter cannot start its job
@@ -30,12 +34,14 @@ FUNCTION_KEYS = frozenset({"isolation", *LIMITS, "credentials"})  # a [functions
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What a process run may use; None: not limited (output is always capped)."""
+    """What a run may use; None: not limited (a process's output is always capped). A
+    thread run (`isolation` THREAD) has a timeout and nothing else."""
 
     timeout: float | None = None
     memory_mb: int | None = None
     output_kb: int = DEFAULT_OUTPUT_KB
     credentials: tuple[str, ...] = ()  # systemd credentials passed on by name
+    isolation: str = PROCESS
 
 
 def check(name: str, v: Any) -> Any:
@@ -61,11 +67,12 @@ def check(name: str, v: Any) -> Any:
 
 
 def check_job(isolation: str | None, limits: Mapping[str, Any]) -> None:
-    """A job (or function table) that asks for a thread and sets a limit contradicts itself:
-    a thread cannot be held to one, and running it in a process would ignore what it asked."""
-    if isolation == THREAD and any(limits.get(k) is not None for k in LIMITS):
-        raise ValueError("a job with a limit (timeout, memory_mb, output_kb) runs in a process: "
-                         "drop isolation = thread or the limit")
+    """A job (or function table) that asks for a thread and sets memory_mb or output_kb
+    contradicts itself: a thread cannot be held to them, and running it in a process would
+    ignore what it asked. A timeout a thread holds."""
+    if isolation == THREAD and any(limits.get(k) is not None for k in PROCESS_LIMITS):
+        raise ValueError("a job with memory_mb or output_kb runs in a process: "
+                         "drop isolation = thread or the limit (a thread job may have a timeout)")
 
 
 def check_functions(table: Any) -> dict[str, dict[str, Any]]:
@@ -104,9 +111,11 @@ class Defaults:
 
 
 def decide(job: Any, d: Defaults) -> Limits | None:
-    """None: run the job in a thread; else the limits of its process. The job's own fields
-    win over its function's table, which wins over the daemon's flags; any limit from any
-    of them means a process."""
+    """None: run the job in a thread, untimed; else its limits, a thread's timeout when
+    `isolation` is THREAD. The job's own fields win over its function's table, which wins
+    over the daemon's flags. Where neither the job nor its function asks for an isolation,
+    any limit from any of them means a process; where they ask for a thread, its timeout is
+    theirs (the daemon's limits are for process jobs)."""
     fn = (d.functions or {}).get(job.func) or {}
     if (not fn and d.isolation == THREAD and d.timeout is None and d.memory_mb is None and d.output_kb is None
             and getattr(job, "isolation", None) is None
@@ -124,10 +133,13 @@ def decide(job: Any, d: Defaults) -> Limits | None:
     if isolation is None:
         limited = any(v is not None for v in own) or any(getattr(d, k) is not None for k in LIMITS)
         isolation = PROCESS if limited else d.isolation
-    if isolation == THREAD and not any(v is not None for v in own):
-        return None  # the job (or function) asked for a thread; the daemon's limits stay off it
-    if isolation == THREAD:
-        isolation = PROCESS  # protocol.check refused this at enqueue; a limit is never dropped
+    if isolation == THREAD and all(getattr(job, k, None) is None and fn.get(k) is None for k in PROCESS_LIMITS):
+        # The job (or function) asked for a thread; the daemon's limits stay off it.
+        timeout = getattr(job, "timeout", None)
+        timeout = fn.get("timeout") if timeout is None else timeout
+        return None if timeout is None else Limits(timeout, isolation=THREAD)
+    # A thread asked for with memory_mb or output_kb: protocol.check refused this at
+    # enqueue, but a job and its function table may each say one half; a limit is never dropped.
     return Limits(pick("timeout"), pick("memory_mb"), pick("output_kb") or DEFAULT_OUTPUT_KB,
                   tuple(fn.get("credentials", ())))
 
@@ -135,9 +147,12 @@ def decide(job: Any, d: Defaults) -> Limits | None:
 def settings(c: object) -> Defaults:
     """The sandbox settings of a daemon's or worker's config, checked (ValueError: exit 78)."""
     values = {k: check(k, getattr(c, k)) for k in ("isolation", *LIMITS)}
-    check_job(values["isolation"], values)
     if values["isolation"] is None:
         raise ValueError("isolation must be thread or process")
+    if values["isolation"] == THREAD and any(values[k] is not None for k in LIMITS):
+        raise ValueError("the daemon's limits (timeout, memory_mb, output_kb) are for jobs that run in a "
+                         "process: set isolation = process, or give a thread job its timeout on the job "
+                         "or its function's table")
     for name in getattr(c, "sandbox_env", []):
         if not name or "=" in name or name.startswith("QUEICKD_"):
             raise ValueError(f"--sandbox-env {name!r}: give a variable's name (never a QUEICKD_ one)")

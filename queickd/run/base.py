@@ -69,6 +69,11 @@ class Runner(Protocol):
 
     def cancel(self, job_id: int) -> None:
         """An operator cancelled this job while it runs (the store has it `cancelled`
-        already, so whatever its run reports is discarded). A runner that can stop a run
-        (a process: kill it) does so and its run() returns soon after; one that cannot (a
-        thread) does nothing. Called from any thread; a job not running here is ignored."""
+        already): the runner stops the run (a process is killed; a thread gets
+        JobInterrupted, which a call blocked in C sees only as it returns) and its run()
+        reports `cancelled` once it has really ended. Called from any thread; a job not
+        running here is ignored."""
+
+    def stopping(self) -> frozenset[int]:
+        """The jobs running here that were told to stop (timed out, cancelled) and have not
+        ended yet. Any thread; approximate."""

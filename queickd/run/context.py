@@ -1,8 +1,10 @@
-"""What a running job may ask about itself: `workflow_key()` (a workflow step's key),
-`cron_tick()` (the tick a cron's run was fired for) and `cron_last_tick()` (the last tick
-it stands for: ticks that came while it waited were folded into it).
+"""What a running job may ask about itself: `current_job()` (its id, attempt, deadline and
+whether it was cancelled), `workflow_key()` (a workflow step's key), `cron_tick()` (the
+tick a cron's run was fired for) and `cron_last_tick()` (the last tick it stands for:
+ticks that came while it waited were folded into it); and `JobInterrupted`, the exception
+a thread job is stopped with.
 
-Owns two context variables, set by a runner around the call of such a job and reset after
+Owns three context variables, set by a runner around the call of such a job and reset after
 it; it never touches the store. Read from the thread (or context) that runs the job;
 elsewhere they are None.
 """
@@ -10,11 +12,55 @@ elsewhere they are None.
 from __future__ import annotations
 
 import contextvars
+import time
+from typing import Any
 
 Ticks = tuple[float, float]  # (the tick a run was fired for, the last tick folded into it)
 
 _KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("queickd_workflow_key", default=None)
 _TICKS: contextvars.ContextVar[Ticks | None] = contextvars.ContextVar("queickd_cron_ticks", default=None)
+_JOB: contextvars.ContextVar[CurrentJob | None] = contextvars.ContextVar("queickd_current_job", default=None)
+
+
+class JobInterrupted(BaseException):
+    """Raised in a thread job's thread when its timeout has passed or an operator cancelled
+    it (run/interrupt.py). A BaseException, so that `except Exception` in the job does not
+    swallow it; a job that catches it to clean up should raise it again (it is raised again
+    every second until the job's call returns)."""
+
+
+class CurrentJob:
+    """The job being run here, as queickd.current_job() returns it: `id`, `attempt` (1 on
+    its first run), `deadline` (unix time its timeout ends at; None without a timeout) and
+    `cancelled` (True once an operator cancelled it while it ran: a thread job's cue to
+    stop; a process job is killed instead, so it never reads True there)."""
+
+    __slots__ = ("id", "attempt", "deadline", "_run")
+
+    def __init__(self, job_id: int, attempt: int, deadline: float | None, run: Any = None) -> None:
+        self.id = job_id
+        self.attempt = attempt
+        self.deadline = deadline
+        self._run = run  # the runner's record of this run (run.interrupt.ThreadRun): its `cancelled`
+
+    @property
+    def cancelled(self) -> bool:
+        return self._run is not None and self._run.cancelled
+
+    def remaining(self) -> float | None:
+        """Seconds left before the timeout (never below 0); None without a timeout."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.time())
+
+    def __repr__(self) -> str:
+        return (f"CurrentJob(id={self.id}, attempt={self.attempt}, deadline={self.deadline}, "
+                f"cancelled={self.cancelled})")
+
+
+def current_job() -> CurrentJob | None:
+    """The job being run in this thread (or process job), or None outside a job. A long
+    thread job checks `current_job().cancelled` between steps to stop cleanly when an
+    operator cancels it; `deadline` says when its timeout ends."""
+    return _JOB.get()
 
 
 def workflow_key() -> str | None:
@@ -54,11 +100,16 @@ def ticks_of(cron: str | None, idempotency_key: str | None, cron_until: float | 
     return tick, tick if cron_until is None else max(tick, cron_until)
 
 
-def set_job(workflow_key: str | None, ticks: Ticks | None) -> tuple[contextvars.Token, contextvars.Token]:
-    """What workflow_key(), cron_tick() and cron_last_tick() read from here on, until reset_job()."""
-    return _KEY.set(workflow_key), _TICKS.set(ticks)
+Tokens = tuple[contextvars.Token, contextvars.Token, contextvars.Token]
 
 
-def reset_job(tokens: tuple[contextvars.Token, contextvars.Token]) -> None:
+def set_job(workflow_key: str | None, ticks: Ticks | None, job: CurrentJob | None = None) -> Tokens:
+    """What workflow_key(), cron_tick(), cron_last_tick() and current_job() read from here
+    on, until reset_job()."""
+    return _KEY.set(workflow_key), _TICKS.set(ticks), _JOB.set(job)
+
+
+def reset_job(tokens: Tokens) -> None:
     _KEY.reset(tokens[0])
     _TICKS.reset(tokens[1])
+    _JOB.reset(tokens[2])

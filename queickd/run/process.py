@@ -28,6 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..core.fate import CANCELLED
 from ..core.job import Job
 from ..core.sandbox import Limits
 from . import capture, cgroup, cgroup_v1, context, credentials
@@ -145,7 +146,13 @@ class ProcessRunner:
                 self._cancelled = {j: t for j, t in self._cancelled.items() if now - t < CANCEL_KEPT}
                 self._cancelled[job_id] = now
         if watch is not None:
-            watch.kill("cancelled", "cancelled by an operator while it ran", signal.SIGKILL)
+            watch.kill(CANCELLED, "cancelled by an operator while it ran", signal.SIGKILL)
+
+    def stopping(self) -> frozenset[int]:
+        """Runner.stopping: the jobs whose child was told to die (a limit, a cancel) and
+        has not been reaped yet."""
+        with self._count_lock:
+            return frozenset(j for j, w in self._watches.items() if w.killed is not None)
 
     def _job_dir(self, job_id: int) -> str:
         """A fresh directory for one job, made by mkdir (0700): it fails rather than take one
@@ -173,7 +180,7 @@ class ProcessRunner:
         limits = limits or Limits()
         began = time.monotonic()
         if self._was_cancelled(job.id):
-            return RunReport(False, None, "cancelled", "cancelled by an operator before it started", None)
+            return RunReport(False, None, CANCELLED, "cancelled by an operator before it started", None)
         job_dir = self._job_dir(job.id)
         cg = None
         try:
@@ -207,7 +214,9 @@ class ProcessRunner:
                "env": self.env, "env_job": job_env(job_dir, creds), "cwd": job_dir,
                "rlimits": rlimits, "cgroups": list(cg.paths) if cg is not None else [], "max_result": max_out,
                "workflow_key": job.idempotency_key if job.workflow_run is not None else None,
-               "cron_ticks": context.ticks_of(job.cron, job.idempotency_key, job.cron_until)}
+               "cron_ticks": context.ticks_of(job.cron, job.idempotency_key, job.cron_until),
+               "job": [job.id, job.attempts, None if limits.timeout is None
+                       else time.time() + limits.timeout - (time.monotonic() - began)]}
         if len(job.args) + len(job.kwargs) and len(json.dumps([job.args, job.kwargs])) > INLINE_ARGS:
             # A socket packet is bounded by the socket's buffer (~200 KB): large arguments go
             # to the child in a file of its own directory, which it reads and removes.
@@ -239,7 +248,7 @@ class ProcessRunner:
                     self._watches[job.id] = watch
                     cancelled = self._cancelled.pop(job.id, None) is not None
                 if cancelled:  # between the start of run() and now
-                    watch.kill("cancelled", "cancelled by an operator as it started", signal.SIGKILL)
+                    watch.kill(CANCELLED, "cancelled by an operator as it started", signal.SIGKILL)
                 try:
                     report = watch.run()
                 finally:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from ..core import sandbox
 from ..core.job import Job
-from .base import Runner, RunReport
+from .base import RunReport
 from .loader import FunctionLoader
 from .process import ProcessRunner
 from .supervisor import ZygoteSupervisor
@@ -21,7 +21,7 @@ log = logging.getLogger("queickd.sandbox")
 
 
 class RoutingRunner:
-    def __init__(self, thread: Runner, process: ProcessRunner | None, defaults: sandbox.Defaults) -> None:
+    def __init__(self, thread: ThreadRunner, process: ProcessRunner | None, defaults: sandbox.Defaults) -> None:
         self.thread = thread
         self.process = process  # None: this host cannot run jobs in processes
         self.defaults = defaults
@@ -69,10 +69,13 @@ class RoutingRunner:
             self.supervisor.reload()
 
     def cancel(self, job_id: int) -> None:
-        """Runner.cancel: a process job is killed; a thread job runs on (see ThreadRunner)."""
+        """Runner.cancel: a process job is killed; a thread job is interrupted (ThreadRunner)."""
         self.thread.cancel(job_id)
         if self.process is not None:
             self.process.cancel(job_id)
+
+    def stopping(self) -> frozenset[int]:
+        return self.thread.stopping() | (self.process.stopping() if self.process is not None else frozenset())
 
     def stats(self) -> dict:
         """Runs by isolation, limit kills by kind, the zygote's liveness and restarts, and how
@@ -86,11 +89,13 @@ class RoutingRunner:
 
     def run(self, job: Job) -> RunReport:
         limits = sandbox.decide(job, self.defaults)
-        isolation = sandbox.THREAD if limits is None else sandbox.PROCESS
+        isolation = sandbox.THREAD if limits is None else limits.isolation
         with self._lock:
             self.runs[isolation] += 1
         if limits is None:
             return self.thread.run(job)
+        if isolation == sandbox.THREAD:  # a thread job with a timeout
+            return self.thread.run(job, limits.timeout)
         if self.process is None:  # never a silent downgrade to a thread
             return RunReport(False, None, "sandbox_unavailable", "this worker cannot run jobs in a "
                              "process (isolation, timeout, memory_mb or output_kb)", None, permanent=True)

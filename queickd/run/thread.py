@@ -3,7 +3,13 @@
 Loads the function through the loader (the allowlist is checked again: the operator may
 have changed it since the job was accepted), calls it and turns what happened into a
 `RunReport` (run.capture). It never raises for what the job does, a job's SystemExit included, and
-it never decides the job's fate. Safe to use from many worker threads at once. It cannot
+it never decides the job's fate. Safe to use from many worker threads at once.
+
+A run can be stopped (run.interrupt): at its timeout, or when an operator cancels it,
+JobInterrupted is raised in the worker thread, which interrupts Python code but not a call
+blocked in C. The run reports `timeout` or `cancelled` (core.fate judges those as it does a
+process run's), and only once the job's call has returned: until then its worker thread,
+and so its slot in the pool, stays taken. It cannot
 measure a thread's memory or CPU time; when `measure(func)` says this run should measure
 itself (the memory gate takes a sample of each function's runs), it reports the process's
 RSS growth over the call as an estimate of its peak (`peak_estimated`; two reads of
@@ -16,11 +22,14 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
+from ..core.fate import CANCELLED
 from ..core.job import Job
 from ..core.protocol import QueueError
 from . import capture, context
 from .base import RunReport
+from .interrupt import TIMEOUT, JobInterrupted, Stops
 from .loader import FunctionLoader
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -48,37 +57,78 @@ class ThreadRunner:
     def __init__(self, loader: FunctionLoader, measure: Callable[[str], bool] | None = None) -> None:
         self.loader = loader
         self.measure = measure
+        self.stops = Stops()
 
-    def run(self, job: Job) -> RunReport:
+    def run(self, job: Job, timeout: float | None = None) -> RunReport:
+        """Run the job here; `timeout` (seconds): interrupt it once that has passed."""
         if self.measure is None or not self.measure(job.func):
-            return self._run(job)
+            return self._run(job, timeout)
         before = _rss()
-        report = self._run(job)
+        report = self._run(job, timeout)
         after = _rss()
         if before is not None and after is not None:
             report.peak_memory, report.peak_estimated = max(0, after - before), True
         return report
 
-    def _run(self, job: Job) -> RunReport:
+    def _run(self, job: Job, timeout: float | None) -> RunReport:
         began = time.monotonic()
         try:
-            try:
-                fn = self.loader.resolve(job.func)
-            except QueueError as e:  # no longer allowed: retrying cannot help
-                return capture.refused("not_allowed", e.message, time.monotonic() - began)
-            if job.workflow_run is None and job.cron is None:
-                value = fn(*job.args, **job.kwargs)
-            else:  # what queickd.workflow_key(), cron_tick() and cron_last_tick() read
-                tokens = context.set_job(job.idempotency_key if job.workflow_run is not None else None,
-                                         context.ticks_of(job.cron, job.idempotency_key, job.cron_until))
-                try:
-                    value = fn(*job.args, **job.kwargs)
-                finally:
-                    context.reset_job(tokens)
-        except BaseException as e:  # a job's SystemExit must not end the worker
+            fn = self.loader.resolve(job.func)
+        except QueueError as e:  # no longer allowed: retrying cannot help
+            return capture.refused("not_allowed", e.message, time.monotonic() - began)
+        except BaseException as e:
             return capture.failed(e, time.monotonic() - began)
-        return capture.succeeded(value, time.monotonic() - began)
+        stops = self.stops
+        run = stops.enter(job.id, timeout, began)
+        deadline = None if timeout is None else time.time() + timeout
+        # What queickd.current_job(), workflow_key(), cron_tick() and cron_last_tick() read.
+        tokens = context.set_job(job.idempotency_key if job.workflow_run is not None else None,
+                                 context.ticks_of(job.cron, job.idempotency_key, job.cron_until)
+                                 if job.cron is not None else None,
+                                 context.CurrentJob(job.id, job.attempts, deadline, run))
+        value: Any = None
+        error: BaseException | None = None
+        # From enter() until leave() has returned, JobInterrupted may be raised here at any
+        # call: so nothing between them but the job's call and leave() itself, each inside
+        # a try. Once `leaving` is set no new one is sent, and at most two already sent
+        # can still come (one pending, one under way): leave() is tried three times.
+        try:
+            try:
+                value = fn(*job.args, **job.kwargs)
+            finally:
+                run.leaving = True
+        except BaseException as e:  # a job's SystemExit must not end the worker
+            error = e
+        try:
+            stops.leave(run)
+        except JobInterrupted:
+            try:
+                stops.leave(run)
+            except JobInterrupted:
+                stops.leave(run)
+        context.reset_job(tokens)
+        runtime = time.monotonic() - began
+        if run.why == CANCELLED:
+            report = capture.failed(error, runtime) if error is not None else RunReport(False, runtime=runtime)
+            report.error_type, report.error_message = CANCELLED, "cancelled by an operator while it ran"
+            return report
+        if run.why == TIMEOUT:
+            report = capture.failed(error, runtime) if error is not None else RunReport(False, runtime=runtime)
+            report.error_type = TIMEOUT
+            report.error_message = (f"the job ran past its timeout of {timeout:g} s and was interrupted "
+                                    f"in its thread (its call returned after {runtime:.1f} s)")
+            report.permanent = report.network = report.resource = False
+            report.retry_after = None
+            return report
+        if error is not None:
+            return capture.failed(error, runtime)
+        return capture.succeeded(value, runtime)
 
     def cancel(self, job_id: int) -> None:
-        """A thread cannot be stopped from outside: the call runs to its end and the store,
-        which has the job cancelled already, discards its outcome."""
+        """Runner.cancel: JobInterrupted is raised in the thread running the job (again
+        every few seconds until its call returns; a call blocked in C returns first)."""
+        self.stops.cancel(job_id)
+
+    def stopping(self) -> frozenset[int]:
+        """Runner.stopping: the jobs timed out or cancelled whose call has not returned."""
+        return self.stops.stopping()

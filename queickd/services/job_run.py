@@ -40,7 +40,10 @@ def run_job(runner: Runner, job: Job, clock: Callable[[], float], network_checke
         outcome = Outcome.dead(job.id, {"type": type(e).__name__,
                                         "message": "queickd could not record this job's outcome"},
                                job.workflow_run)
-    if outcome.state != State.SUCCEEDED:
+    if outcome.state == State.CANCELLED:
+        log.info("job %d %s cancelled: its run ended %.1f s after it began (attempt %d/%d)", job.id, job.func,
+                 runtime, job.attempts, job.max_attempts)
+    elif outcome.state != State.SUCCEEDED:
         log.info(
             "job %d %s failed (attempt %d/%d): %s: %s -> %s", job.id, job.func, job.attempts,
             job.max_attempts, outcome.error["type"], outcome.error["message"], outcome.state,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..core.job import Job, Outcome, State
@@ -61,6 +61,8 @@ class PassStore:
     _done: queue.SimpleQueue[tuple[Outcome, int]]
     _unapplied: list[Outcome]
     _held: dict[int, int]
+    _cancelled: set[int]
+    _cancel_lock: threading.Lock
     _set_aside: dict[int, float]
     _unsure: bool
     _runq: queue.SimpleQueue[Job | None]
@@ -205,8 +207,7 @@ class PassStore:
         finished = p.unapplied
         if finished:
             self._unapplied = []
-            for o in finished:
-                self._held.pop(o.job_id, None)
+            self._release(o.job_id for o in finished)
         # The claimed jobs are held and queued before anything here that may fail: they are
         # running in the store, and nothing else would ever run them (a job finished by this
         # pass may be among them again: a retry due at once, hence after the line above).
@@ -226,10 +227,17 @@ class PassStore:
             self._drained.set()
         if p.deferred_at is not None:
             self._on_deferred(p.deferred_at)
-        if self._stopping and self._busy == 0:
+        if self._stopping and self._busy == len(self._cancelled):  # a stop does not wait for those
             self._idle.set()
             return True
         return False
+
+    def _release(self, job_ids: Iterable[int]) -> None:
+        """Jobs finished in the store: no longer held (nor cancelled while held)."""
+        with self._cancel_lock:
+            for job_id in job_ids:
+                self._held.pop(job_id, None)
+                self._cancelled.discard(job_id)
 
     # --- per-minute counts ------------------------------------------------------------------
     def flush_counts(self) -> None:
@@ -279,7 +287,7 @@ class PassStore:
         stored, left = store_one_by_one(self.store, outcomes, self._clock, self._pause_after,
                                         self._pause_cooldown)
         for attempt, report in stored:
-            self._held.pop(attempt.job_id, None)
+            self._release((attempt.job_id,))
             self._after_finish([attempt], report)
         return left
 

@@ -110,6 +110,11 @@ class WorkerPool(PassStore):
         # Ids of the jobs claimed and not yet finished in the store (their count: _busy);
         # written under _dispatch_lock only.
         self._held: dict[int, int] = {}  # jobs claimed and not yet finished: id -> the claim's attempts
+        # The held jobs an operator cancelled while they ran: `cancelled` in the store already,
+        # their worker busy until the run has really ended. A stop does not wait for them.
+        # Changed, with the removals from _held, under _cancel_lock (a subset of _held).
+        self._cancelled: set[int] = set()
+        self._cancel_lock = threading.Lock()
         # A pass failed with the store unreachable: it may have committed, and the jobs it
         # claimed then run under this process's claims with no thread of ours to run them.
         self._unsure = False
@@ -143,6 +148,22 @@ class WorkerPool(PassStore):
     def busy(self) -> int:
         """Approximate: read without a lock from another thread."""
         return self._busy
+
+    @property
+    def stopping(self) -> int:
+        """Jobs held here told to stop (cancelled, timed out) whose run has not ended yet:
+        their workers are still taken. Approximate."""
+        return len((frozenset(self._cancelled) | self.runner.stopping()) & frozenset(self._held))
+
+    @property
+    def cancelled_running(self) -> int:
+        """Held jobs an operator cancelled whose run has not ended yet. Approximate."""
+        return len(frozenset(self._cancelled) & self.runner.stopping())
+
+    @property
+    def running_in_store(self) -> int:
+        """Held jobs that are `running` in the store: all but those cancelled. Approximate."""
+        return len(frozenset(self._held) - frozenset(self._cancelled))
 
     def start(self) -> None:
         if self._thread is not None:
@@ -248,10 +269,17 @@ class WorkerPool(PassStore):
 
     def cancel_running(self, job_id: int) -> None:
         """Pass an operator's cancel of a running job on to the runner (see Runner.cancel)."""
+        with self._cancel_lock:
+            if job_id in self._held:
+                self._cancelled.add(job_id)
         self.runner.cancel(job_id)
+        if self._stopping:
+            self._wake.set()  # a stop waits for it no more
 
     def stop(self, timeout: float) -> bool:
-        """Stop claiming; wait up to `timeout` s for running jobs. True if all finished.
+        """Stop claiming; wait up to `timeout` s for running jobs. True if all finished,
+        jobs cancelled while they ran aside: their state is final, and waiting for a call
+        that may never return (blocked in C) would hold the stop for nothing.
 
         Jobs still running at the timeout stay `running` in the store; the next start
         recovers them as orphans. Idempotent, and safe before start().

@@ -155,3 +155,66 @@ def my_ticks_after_gate(port, token):
 
     gate(port, token)
     return [queickd.cron_tick(), queickd.cron_last_tick()]
+
+
+
+def _announce(port, token):
+    """Tell the test's Gate this job started (one line), without waiting for an answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(f"{token}\n".encode())
+
+
+def python_loop(port, path, seconds=60.0):
+    """Announce itself to the Gate at `port`, then run Python code (short sleeps) for up to
+    `seconds`: what an interruption in the job's thread stops between two sleeps. Appends
+    what interrupted it to `path`, and raises it on."""
+    _announce(port, "looping")
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            time.sleep(0.01)
+    except BaseException as e:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"interrupted {type(e).__name__}\n")
+        raise
+    return "ran to its end"
+
+
+def stubborn(port, path, seconds=60.0):
+    """Like python_loop, but swallows the first interruption and loops on: only a second
+    one stops it."""
+    try:
+        return python_loop(port, path, seconds)
+    except BaseException:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(0.01)
+        return "swallowed it"
+
+
+def until_cancelled(port, path, seconds=60.0):
+    """Checks queickd.current_job().cancelled between steps and stops cleanly, writing what
+    it saw to `path`; the interruption that also comes is caught, so the check decides."""
+    import queickd
+
+    me = queickd.current_job()
+    _announce(port, "checking")
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            if me.cancelled:
+                with open(path, "a", encoding="utf-8") as f:
+                    f.write(f"job {me.id} attempt {me.attempt} saw cancelled\n")
+                return "stopped cleanly"
+            time.sleep(0.01)
+        except queickd.JobInterrupted:
+            continue
+    return "ran to its end"
+
+
+def current():
+    """What queickd.current_job() says inside the job: id, attempt, deadline, cancelled."""
+    import queickd
+
+    me = queickd.current_job()
+    return None if me is None else [me.id, me.attempt, me.deadline, me.cancelled]

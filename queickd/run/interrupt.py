@@ -1,0 +1,149 @@
+"""Stopping a thread job: `JobInterrupted` raised in its thread at its timeout or when an
+operator cancels it, through CPython's PyThreadState_SetAsyncExc (as Dramatiq's time
+limits do).
+
+The exception is checked for between bytecodes only: it interrupts Python code (a loop, a
+call between two short sleeps), never a call blocked in C (`time.sleep(60)`, a socket read
+without a timeout, a database driver's query). Such a call runs to its end and the
+exception comes as it returns. A job may catch the exception; it is sent again every
+RESEND seconds while the job's call has not returned, and its worker thread stays taken
+until then.
+
+`Stops` owns the jobs running in threads (id -> `ThreadRun`) and one thread of its own,
+started with the first timed or cancelled run, that sends the exceptions; it sleeps while
+nothing is due (no polling). It never touches the store and never decides a fate: the
+runner reports why its run ended (`ThreadRun.why`) and core.fate judges that report.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+
+from ..core.fate import CANCELLED
+from .context import JobInterrupted
+
+RESEND = 1.0  # seconds between two sends of JobInterrupted to a job that has not returned
+TIMEOUT = "timeout"  # the error type of a run stopped at its timeout, as a process run's
+
+
+_set_async = getattr(ctypes, "pythonapi", None) and ctypes.pythonapi.PyThreadState_SetAsyncExc
+if _set_async:
+    _set_async.argtypes = (ctypes.c_ulong, ctypes.py_object)
+    _set_async.restype = ctypes.c_int
+CAN_INTERRUPT = bool(_set_async)  # False where the interpreter has no such call (not CPython)
+
+
+def _send(ident: int) -> None:
+    if _set_async:
+        _set_async(ident, JobInterrupted)
+
+
+def _clear(ident: int) -> None:
+    if _set_async:
+        _set_async(ident, ctypes.py_object())  # NULL: drops an exception not yet raised
+
+
+class ThreadRun:
+    """One job's run in a worker thread. `cancelled` is what queickd.current_job() reads."""
+
+    __slots__ = ("job_id", "ident", "deadline", "timeout", "why", "leaving", "sent", "next_send", "cancelled",
+                 "lock")
+
+    def __init__(self, job_id: int, ident: int, timeout: float | None, began: float) -> None:
+        self.job_id = job_id
+        self.ident = ident
+        self.timeout = timeout
+        self.deadline = None if timeout is None else began + timeout  # monotonic
+        self.why: str | None = None  # TIMEOUT or CANCELLED once an exception was sent for it
+        self.leaving = False  # the job's call has returned: nothing is sent from then on
+        self.sent = False
+        self.next_send: float | None = None
+        self.cancelled = False
+        # Held while sending and while the run ends: a send under way is finished before the
+        # run drops what is pending, and none starts after.
+        self.lock = threading.Lock()
+
+
+class Stops:
+    """The thread runs of one runner, and the thread that stops them. Any thread."""
+
+    def __init__(self, clock=time.monotonic) -> None:  # noqa: ANN001 - a monotonic clock
+        self._clock = clock
+        self._runs: dict[int, ThreadRun] = {}  # job id -> its run (a dict's set and pop are atomic)
+        self._due: set[ThreadRun] = set()  # runs with a deadline ahead or an exception to send again
+        self._cond = threading.Condition()  # notified when _due gains a run or a cancel comes
+        self._thread: threading.Thread | None = None
+
+    def enter(self, job_id: int, timeout: float | None, began: float) -> ThreadRun:
+        """Called by the thread about to call the job's function."""
+        run = ThreadRun(job_id, threading.get_ident(), timeout, began)
+        self._runs[job_id] = run
+        if timeout is not None:
+            with self._cond:
+                self._due.add(run)
+                self._start()
+                self._cond.notify()
+        return run
+
+    def leave(self, run: ThreadRun) -> None:
+        """Called by the run's thread once the job's call has returned and `run.leaving` is
+        set: waits out a send under way, then drops an exception sent and not yet raised.
+        An exception raised meanwhile interrupts this call; the caller calls it again
+        (ThreadRunner._run), and after `leaving` at most two can come."""
+        with run.lock:
+            if run.sent:
+                _clear(run.ident)
+        self._runs.pop(run.job_id, None)
+        if run.deadline is not None or run.why is not None:
+            with self._cond:
+                self._due.discard(run)
+
+    def cancel(self, job_id: int) -> bool:
+        """An operator cancelled this job: JobInterrupted is sent to its thread now (and
+        again until it returns). False when no thread runs it here."""
+        run = self._runs.get(job_id)
+        if run is None:
+            return False
+        run.cancelled = True
+        with self._cond:
+            run.why, run.next_send = CANCELLED, self._clock()  # a cancel says more than a timeout
+            self._due.add(run)
+            self._start()
+            self._cond.notify()
+        return True
+
+    def stopping(self) -> frozenset[int]:
+        """The jobs told to stop (timed out, cancelled) whose call has not returned yet."""
+        return frozenset(r.job_id for r in list(self._runs.values()) if r.why is not None)
+
+    def _start(self) -> None:  # holds _cond
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="queickd-thread-stops", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        with self._cond:
+            while True:
+                now = self._clock()
+                for run in list(self._due):
+                    if run.why is None and run.deadline is not None and now >= run.deadline:
+                        self._send(run, TIMEOUT)
+                        run.next_send = now + RESEND
+                    elif run.why is not None and run.next_send is not None and now >= run.next_send:
+                        self._send(run, run.why)
+                        run.next_send = now + RESEND
+                due = [t for r in self._due for t in (r.deadline if r.why is None else r.next_send,)
+                       if t is not None]
+                self._cond.wait(max(0.0, min(due) - self._clock()) if due else None)
+
+    @staticmethod
+    def _send(run: ThreadRun, why: str) -> None:
+        """Raise JobInterrupted in the run's thread, unless its call has returned: a job that
+        ended just at its deadline is not called timed out."""
+        with run.lock:
+            if not run.leaving:
+                run.why = run.why or why
+                _send(run.ident)
+                run.sent = True
