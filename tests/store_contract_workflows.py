@@ -23,7 +23,7 @@ def definition(*steps, budget=None, name="wf"):
 def run(j):
     """A claimed step job's function called here: its outcome."""
     mod, fn = j.func.split(":")
-    tokens = context.set_job(j.idempotency_key, None)
+    tokens = context.set_job(context.CurrentJob(j.id, j.attempts, None, j.idempotency_key))
     try:
         return Outcome.succeeded(j.id, getattr(importlib.import_module(mod), fn)(*j.args), j.workflow_run)
     except Exception as e:

@@ -174,9 +174,9 @@ def run(req: dict[str, Any], out_fd: int, rep_fd: int, fn: Callable[..., Any]) -
                     with open(req["args_file"], encoding="utf-8") as f:
                         req["args"], req["kwargs"] = json.load(f)
                     os.unlink(req["args_file"])
-                ticks, job = req.get("cron_ticks"), req.get("job")  # what queickd.current_job() etc. read
-                context.set_job(req.get("workflow_key"), None if not ticks else (ticks[0], ticks[1]),
-                                None if not job else context.CurrentJob(*job))
+                ticks = req.get("cron_ticks")  # what queickd.current_job(), workflow_key() and cron_*() read
+                context.set_job(context.CurrentJob(*req.get("job") or (None, None, None), req.get("workflow_key"),
+                                                   None if not ticks else (ticks[0], ticks[1])))
                 value = fn(*req["args"], **req["kwargs"])
             except BaseException as e:  # the job's SystemExit too: it is the report
                 report = capture.failed(e, time.monotonic() - began)

@@ -4,21 +4,18 @@ tick a cron's run was fired for) and `cron_last_tick()` (the last tick it stands
 ticks that came while it waited were folded into it); and `JobInterrupted`, the exception
 a thread job is stopped with.
 
-Owns three context variables, set by a runner around the call of such a job and reset after
-it; it never touches the store. Read from the thread (or context) that runs the job;
-elsewhere they are None.
+Owns one context variable (the CurrentJob), set by a runner around the call of a job and
+reset after it; it never touches the store. Read from the thread (or context) that runs
+the job; elsewhere current_job() and the others return None.
 """
 
 from __future__ import annotations
 
 import contextvars
 import time
-from typing import Any
 
 Ticks = tuple[float, float]  # (the tick a run was fired for, the last tick folded into it)
 
-_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("queickd_workflow_key", default=None)
-_TICKS: contextvars.ContextVar[Ticks | None] = contextvars.ContextVar("queickd_cron_ticks", default=None)
 _JOB: contextvars.ContextVar[CurrentJob | None] = contextvars.ContextVar("queickd_current_job", default=None)
 
 
@@ -33,19 +30,20 @@ class CurrentJob:
     """The job being run here, as queickd.current_job() returns it: `id`, `attempt` (1 on
     its first run), `deadline` (unix time its timeout ends at; None without a timeout) and
     `cancelled` (True once an operator cancelled it while it ran: a thread job's cue to
-    stop; a process job is killed instead, so it never reads True there)."""
+    stop; a process job is killed instead, so it never reads True there). It also holds
+    what workflow_key(), cron_tick() and cron_last_tick() read: one context variable for
+    all, set once per run."""
 
-    __slots__ = ("id", "attempt", "deadline", "_run")
+    __slots__ = ("id", "attempt", "deadline", "cancelled", "_key", "_ticks")
 
-    def __init__(self, job_id: int, attempt: int, deadline: float | None, run: Any = None) -> None:
+    def __init__(self, job_id: int, attempt: int, deadline: float | None, workflow_key: str | None = None,
+                 ticks: Ticks | None = None) -> None:
         self.id = job_id
         self.attempt = attempt
         self.deadline = deadline
-        self._run = run  # the runner's record of this run (run.interrupt.ThreadRun): its `cancelled`
-
-    @property
-    def cancelled(self) -> bool:
-        return self._run is not None and self._run.cancelled
+        self.cancelled = False
+        self._key = workflow_key
+        self._ticks = ticks
 
     def remaining(self) -> float | None:
         """Seconds left before the timeout (never below 0); None without a timeout."""
@@ -67,7 +65,8 @@ def workflow_key() -> str | None:
     """The idempotency key `wf:RUN:STEP:ITEM[:LOOP]` of the workflow step job being run
     here (the same on every attempt of that job), or None outside a workflow step. Use it
     to make the step's own side effects idempotent: steps run at least once."""
-    return _KEY.get()
+    job = _JOB.get()
+    return None if job is None else job._key
 
 
 def cron_tick() -> float | None:
@@ -75,8 +74,8 @@ def cron_tick() -> float | None:
     every attempt and when it ran late (after a power cut, a network wait, a backlog); None
     outside a cron's run. A job that reports on "today" should take its day from this, not
     from the clock when it happens to run."""
-    ticks = _TICKS.get()
-    return None if ticks is None else ticks[0]
+    job = _JOB.get()
+    return None if job is None or job._ticks is None else job._ticks[0]
 
 
 def cron_last_tick() -> float | None:
@@ -84,8 +83,8 @@ def cron_last_tick() -> float | None:
     still waiting (for the network, a worker, a retry) get no run of their own but are
     folded into it, so a daily report held back for three days covers the days from
     cron_tick() to this one. cron_tick() when nothing was folded; None outside a cron's run."""
-    ticks = _TICKS.get()
-    return None if ticks is None else ticks[1]
+    job = _JOB.get()
+    return None if job is None or job._ticks is None else job._ticks[1]
 
 
 def ticks_of(cron: str | None, idempotency_key: str | None, cron_until: float | None) -> Ticks | None:
@@ -100,16 +99,11 @@ def ticks_of(cron: str | None, idempotency_key: str | None, cron_until: float | 
     return tick, tick if cron_until is None else max(tick, cron_until)
 
 
-Tokens = tuple[contextvars.Token, contextvars.Token, contextvars.Token]
-
-
-def set_job(workflow_key: str | None, ticks: Ticks | None, job: CurrentJob | None = None) -> Tokens:
-    """What workflow_key(), cron_tick(), cron_last_tick() and current_job() read from here
+def set_job(job: CurrentJob) -> contextvars.Token:
+    """What current_job(), workflow_key(), cron_tick() and cron_last_tick() read from here
     on, until reset_job()."""
-    return _KEY.set(workflow_key), _TICKS.set(ticks), _JOB.set(job)
+    return _JOB.set(job)
 
 
-def reset_job(tokens: Tokens) -> None:
-    _KEY.reset(tokens[0])
-    _TICKS.reset(tokens[1])
-    _JOB.reset(tokens[2])
+def reset_job(token: contextvars.Token) -> None:
+    _JOB.reset(token)

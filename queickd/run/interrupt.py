@@ -22,7 +22,7 @@ import threading
 import time
 
 from ..core.fate import CANCELLED
-from .context import JobInterrupted
+from .context import CurrentJob, JobInterrupted, Ticks
 
 RESEND = 1.0  # seconds between two sends of JobInterrupted to a job that has not returned
 TIMEOUT = "timeout"  # the error type of a run stopped at its timeout, as a process run's
@@ -45,25 +45,26 @@ def _clear(ident: int) -> None:
         _set_async(ident, ctypes.py_object())  # NULL: drops an exception not yet raised
 
 
-class ThreadRun:
-    """One job's run in a worker thread. `cancelled` is what queickd.current_job() reads."""
+class ThreadRun(CurrentJob):
+    """One job's run in a worker thread: what queickd.current_job() returns there (its
+    `cancelled` set by Stops.cancel), and how far its stop has gone."""
 
-    __slots__ = ("job_id", "ident", "deadline", "timeout", "why", "leaving", "sent", "next_send", "cancelled",
-                 "lock")
+    __slots__ = ("ident", "timeout", "ends", "why", "leaving", "sending", "sent", "next_send")
 
-    def __init__(self, job_id: int, ident: int, timeout: float | None, began: float) -> None:
-        self.job_id = job_id
-        self.ident = ident
+    def __init__(self, job_id: int, attempt: int, timeout: float | None, began: float,
+                 workflow_key: str | None = None, ticks: Ticks | None = None) -> None:
+        super().__init__(job_id, attempt, None if timeout is None else time.time() + timeout, workflow_key, ticks)
+        self.ident = threading.get_ident()  # made by the thread that runs it
         self.timeout = timeout
-        self.deadline = None if timeout is None else began + timeout  # monotonic
-        self.why: str | None = None  # TIMEOUT or CANCELLED once an exception was sent for it
-        self.leaving = False  # the job's call has returned: nothing is sent from then on
+        self.ends = None if timeout is None else began + timeout  # monotonic
+        self.why: str | None = None  # TIMEOUT or CANCELLED once the run was told to stop
+        # `leaving` is set by the run's thread once the job's call has returned, `sending`
+        # by the stopping thread before it looks at `leaving` (under Stops._send_lock): one
+        # of them sees the other's, so a run whose thread saw no `sending` gets no send.
+        self.leaving = False
+        self.sending = False
         self.sent = False
         self.next_send: float | None = None
-        self.cancelled = False
-        # Held while sending and while the run ends: a send under way is finished before the
-        # run drops what is pending, and none starts after.
-        self.lock = threading.Lock()
 
 
 class Stops:
@@ -74,29 +75,31 @@ class Stops:
         self._runs: dict[int, ThreadRun] = {}  # job id -> its run (a dict's set and pop are atomic)
         self._due: set[ThreadRun] = set()  # runs with a deadline ahead or an exception to send again
         self._cond = threading.Condition()  # notified when _due gains a run or a cancel comes
+        # Held while an exception is sent and while a run that may have been sent one drops
+        # what is pending: a send under way is over before the drop, and none starts after.
+        self._send_lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def enter(self, job_id: int, timeout: float | None, began: float) -> ThreadRun:
-        """Called by the thread about to call the job's function."""
-        run = ThreadRun(job_id, threading.get_ident(), timeout, began)
-        self._runs[job_id] = run
-        if timeout is not None:
+    def enter(self, run: ThreadRun) -> None:
+        """Called by the thread about to call the job's function (which made `run`)."""
+        self._runs[run.id] = run
+        if run.ends is not None:
             with self._cond:
                 self._due.add(run)
                 self._start()
                 self._cond.notify()
-        return run
 
     def leave(self, run: ThreadRun) -> None:
         """Called by the run's thread once the job's call has returned and `run.leaving` is
         set: waits out a send under way, then drops an exception sent and not yet raised.
         An exception raised meanwhile interrupts this call; the caller calls it again
         (ThreadRunner._run), and after `leaving` at most two can come."""
-        with run.lock:
-            if run.sent:
-                _clear(run.ident)
-        self._runs.pop(run.job_id, None)
-        if run.deadline is not None or run.why is not None:
+        if run.sending:  # else nothing was sent, and nothing will be (see ThreadRun)
+            with self._send_lock:
+                if run.sent:
+                    _clear(run.ident)
+        self._runs.pop(run.id, None)
+        if run.ends is not None or run.why is not None:
             with self._cond:
                 self._due.discard(run)
 
@@ -116,7 +119,7 @@ class Stops:
 
     def stopping(self) -> frozenset[int]:
         """The jobs told to stop (timed out, cancelled) whose call has not returned yet."""
-        return frozenset(r.job_id for r in list(self._runs.values()) if r.why is not None)
+        return frozenset(r.id for r in list(self._runs.values()) if r.why is not None)
 
     def _start(self) -> None:  # holds _cond
         if self._thread is None:
@@ -128,21 +131,21 @@ class Stops:
             while True:
                 now = self._clock()
                 for run in list(self._due):
-                    if run.why is None and run.deadline is not None and now >= run.deadline:
+                    if run.why is None and run.ends is not None and now >= run.ends:
                         self._send(run, TIMEOUT)
                         run.next_send = now + RESEND
                     elif run.why is not None and run.next_send is not None and now >= run.next_send:
                         self._send(run, run.why)
                         run.next_send = now + RESEND
-                due = [t for r in self._due for t in (r.deadline if r.why is None else r.next_send,)
+                due = [t for r in self._due for t in (r.ends if r.why is None else r.next_send,)
                        if t is not None]
                 self._cond.wait(max(0.0, min(due) - self._clock()) if due else None)
 
-    @staticmethod
-    def _send(run: ThreadRun, why: str) -> None:
+    def _send(self, run: ThreadRun, why: str) -> None:
         """Raise JobInterrupted in the run's thread, unless its call has returned: a job that
         ended just at its deadline is not called timed out."""
-        with run.lock:
+        with self._send_lock:
+            run.sending = True
             if not run.leaving:
                 run.why = run.why or why
                 _send(run.ident)

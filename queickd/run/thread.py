@@ -29,7 +29,7 @@ from ..core.job import Job
 from ..core.protocol import QueueError
 from . import capture, context
 from .base import RunReport
-from .interrupt import TIMEOUT, JobInterrupted, Stops
+from .interrupt import TIMEOUT, JobInterrupted, Stops, ThreadRun
 from .loader import FunctionLoader
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -79,13 +79,12 @@ class ThreadRunner:
         except BaseException as e:
             return capture.failed(e, time.monotonic() - began)
         stops = self.stops
-        run = stops.enter(job.id, timeout, began)
-        deadline = None if timeout is None else time.time() + timeout
-        # What queickd.current_job(), workflow_key(), cron_tick() and cron_last_tick() read.
-        tokens = context.set_job(job.idempotency_key if job.workflow_run is not None else None,
-                                 context.ticks_of(job.cron, job.idempotency_key, job.cron_until)
-                                 if job.cron is not None else None,
-                                 context.CurrentJob(job.id, job.attempts, deadline, run))
+        # Also what queickd.current_job(), workflow_key(), cron_tick() and cron_last_tick() read.
+        run = ThreadRun(job.id, job.attempts, timeout, began,
+                        job.idempotency_key if job.workflow_run is not None else None,
+                        None if job.cron is None else context.ticks_of(job.cron, job.idempotency_key, job.cron_until))
+        stops.enter(run)
+        token = context.set_job(run)
         value: Any = None
         error: BaseException | None = None
         # From enter() until leave() has returned, JobInterrupted may be raised here at any
@@ -106,7 +105,7 @@ class ThreadRunner:
                 stops.leave(run)
             except JobInterrupted:
                 stops.leave(run)
-        context.reset_job(tokens)
+        context.reset_job(token)
         runtime = time.monotonic() - began
         if run.why == CANCELLED:
             report = capture.failed(error, runtime) if error is not None else RunReport(False, runtime=runtime)

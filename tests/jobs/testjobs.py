@@ -218,3 +218,11 @@ def current():
 
     me = queickd.current_job()
     return None if me is None else [me.id, me.attempt, me.deadline, me.cancelled]
+
+
+def spin_for(seconds):
+    """Python code (no blocking call) for `seconds`; returns how many turns it made."""
+    end, turns = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        turns += 1
+    return turns
