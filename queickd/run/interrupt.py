@@ -131,7 +131,9 @@ class Stops:
             while True:
                 now = self._clock()
                 for run in list(self._due):
-                    if run.why is None and run.ends is not None and now >= run.ends:
+                    if run.leaving:  # its call has returned (a cancel may have come just after)
+                        self._due.discard(run)
+                    elif run.why is None and run.ends is not None and now >= run.ends:
                         self._send(run, TIMEOUT)
                         run.next_send = now + RESEND
                     elif run.why is not None and run.next_send is not None and now >= run.next_send:
