@@ -32,7 +32,6 @@ _set_async = getattr(ctypes, "pythonapi", None) and ctypes.pythonapi.PyThreadSta
 if _set_async:
     _set_async.argtypes = (ctypes.c_ulong, ctypes.py_object)
     _set_async.restype = ctypes.c_int
-CAN_INTERRUPT = bool(_set_async)  # False where the interpreter has no such call (not CPython)
 
 
 def _send(ident: int) -> None:

@@ -83,7 +83,6 @@ class ThreadRunner:
         run = ThreadRun(job.id, job.attempts, timeout, began,
                         job.idempotency_key if job.workflow_run is not None else None,
                         None if job.cron is None else context.ticks_of(job.cron, job.idempotency_key, job.cron_until))
-        stops.enter(run)
         token = context.set_job(run)
         value: Any = None
         error: BaseException | None = None
@@ -93,6 +92,7 @@ class ThreadRunner:
         # can still come (one pending, one under way): leave() is tried three times.
         try:
             try:
+                stops.enter(run)  # a cancel may come at once
                 value = fn(*job.args, **job.kwargs)
             finally:
                 run.leaving = True
@@ -125,7 +125,7 @@ class ThreadRunner:
 
     def cancel(self, job_id: int) -> None:
         """Runner.cancel: JobInterrupted is raised in the thread running the job (again
-        every few seconds until its call returns; a call blocked in C returns first)."""
+        every second until its call returns; a call blocked in C returns first)."""
         self.stops.cancel(job_id)
 
     def stopping(self) -> frozenset[int]:
