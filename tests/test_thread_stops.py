@@ -146,3 +146,15 @@ def test_cancelled_process_job_logs_cancelled(daemon, gate, tmp_path):
         daemon.wait_for_line(rf"job {job} testjobs:python_loop cancelled: its run ended", 30)
         assert q.wait(q.enqueue("testjobs:noop", isolation="process"), 30)["state"] == State.SUCCEEDED
     assert not [line for line in daemon.lines if f"job {job} " in line and "-> " in line]
+
+
+def test_cancel_interrupts_a_running_thread_job_on_postgresql(pg_fresh_database, start_daemon, gate, tmp_path):
+    d = start_daemon(pg_fresh_database, workers=1)
+    with d.client() as q:
+        job = q.enqueue("testjobs:python_loop", (gate.port, str(tmp_path / "out"), 600))
+        assert gate.arrival() == "looping"
+        q.cancel(job)
+        d.wait_for_line(rf"job {job} testjobs:python_loop cancelled: its run ended")
+        assert q.wait(q.enqueue("testjobs:add", (2, 3)), 20)["result"] == 5
+        after = q.get(job)
+    assert (after["state"], after["error"], after["result"]) == (State.CANCELLED, None, None)
