@@ -8,7 +8,7 @@ from helpers import read_lines, run_together
 
 from queickd import SchedulingTime
 from queickd.core.job import State
-from queickd.core.protocol import QueueError
+from queickd.core.protocol import Code, QueueError
 
 
 def test_an_enqueued_job_runs_and_its_result_is_stored(client):
@@ -143,9 +143,10 @@ def test_allow_patterns_admit_more_modules(start_daemon):
         assert q.wait(q.enqueue("json:dumps", args=([1],)), 20)["result"] == "[1]"
 
 
-def test_a_missing_function_in_an_allowed_module_is_dead_not_a_crash(client):
-    job = client.wait(client.enqueue("testjobs:no_such_function"), 20)
-    assert job["state"] == State.DEAD and job["error"]["type"] == "AttributeError"
+def test_a_missing_function_in_an_allowed_module_is_refused_not_a_crash(client):
+    with pytest.raises(QueueError) as info:
+        client.enqueue("testjobs:no_such_function")
+    assert info.value.code == Code.NOT_FOUND
     assert client.wait(client.enqueue("testjobs:noop"), 20)["state"] == State.SUCCEEDED
 
 

@@ -6,7 +6,6 @@ import importlib
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from queickd.core.protocol import Code, QueueError
-from queickd.run.loader import FunctionLoader, ShadowingError
+from queickd.run.loader import FunctionLoader
 
 
 class Modules:
@@ -196,10 +195,92 @@ def test_resolve_non_callable_attribute_raises_type_error(mods):
         FunctionLoader(str(mods.app_dir)).resolve(f"{name}:VALUE")
 
 
-def test_resolve_missing_attribute_raises_attribute_error(mods):
+def test_resolve_of_a_function_the_module_lacks_raises_not_found(mods):
     name = mods.write("def f():\n    return 1\n")
-    with pytest.raises(AttributeError):
+    with pytest.raises(QueueError) as info:
         FunctionLoader(str(mods.app_dir)).resolve(f"{name}:g")
+    assert info.value.code == Code.NOT_FOUND and "defines no function 'g'" in info.value.message
+
+
+def test_resolve_keeps_the_error_of_a_module_getattr(mods):
+    name = mods.write("def __getattr__(attr):\n    raise RuntimeError(f'lazy {attr} failed')\n")
+    with pytest.raises(RuntimeError, match="lazy g failed"):
+        FunctionLoader(str(mods.app_dir)).resolve(f"{name}:g")
+
+
+# --- what the module defines, told at check ---------------------------------------------------
+
+
+def not_found(fn, func):
+    with pytest.raises(QueueError) as info:
+        fn(func)
+    assert info.value.code == Code.NOT_FOUND
+    return info.value
+
+
+def test_check_refuses_a_function_an_imported_module_lacks(mods):
+    name = mods.write("def f():\n    return 1\n")
+    loader = FunctionLoader(str(mods.app_dir))
+    loader.resolve(f"{name}:f")
+    assert "defines no function 'nope'" in not_found(loader.check, f"{name}:nope").message
+
+
+def test_check_refuses_a_function_the_source_lacks_without_importing_it(mods):
+    name, marker = mods.marker_module(mods.app_dir)
+    not_found(FunctionLoader(str(mods.app_dir)).check, f"{name}:nope")
+    assert not marker.exists() and name not in sys.modules
+
+
+def test_check_refuses_a_function_a_package_module_lacks_without_importing_the_package(mods):
+    pkg = mods.unique()
+    marker = mods.tmp_path / "pkg-imported"
+    (mods.app_dir / pkg).mkdir()
+    (mods.app_dir / pkg / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (mods.app_dir / pkg / "tasks.py").write_text("def f():\n    return 1\n")
+    loader = FunctionLoader(str(mods.app_dir))
+    loader.check(f"{pkg}.tasks:f")
+    not_found(loader.check, f"{pkg}.tasks:nope")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("source", [
+    "globals()['g'] = lambda: 1\n",  # a name a parse cannot see bound: only its string
+    "from json import *\n",
+    "def __getattr__(name):\n    return lambda: name\n",
+    "def f(:\n",  # a syntax error: its import will tell
+])
+def test_check_accepts_a_name_the_source_may_bind_out_of_sight(mods, source):
+    name = mods.write(source)
+    FunctionLoader(str(mods.app_dir)).check(f"{name}:g")
+
+
+def test_check_refuses_an_async_def_of_a_module_not_imported(mods):
+    name = mods.write("async def a():\n    return 1\n")
+    with pytest.raises(QueueError) as info:
+        FunctionLoader(str(mods.app_dir)).check(f"{name}:a")
+    assert info.value.code == Code.BAD_REQUEST and "async" in info.value.message
+    assert name not in sys.modules
+
+
+def test_check_refuses_an_async_def_of_an_imported_module(mods):
+    name = mods.write("import functools\n\n\n@functools.wraps(print)\nasync def a():\n    return 1\n")
+    loader = FunctionLoader(str(mods.app_dir))
+    loader.check(f"{name}:a")  # decorated, not imported: cannot tell
+    importlib.import_module(name)
+    loader.reload()
+    with pytest.raises(QueueError) as info:
+        loader.check(f"{name}:a")
+    assert info.value.code == Code.BAD_REQUEST
+
+
+def test_check_finds_a_function_added_to_a_module_not_imported_after_reload(mods):
+    name = mods.write("def f():\n    return 1\n")
+    loader = FunctionLoader(str(mods.app_dir))
+    not_found(loader.check, f"{name}:g")
+    (mods.app_dir / f"{name}.py").write_text("def f():\n    return 1\n\n\ndef g():\n    return 2\n")
+    not_found(loader.check, f"{name}:g")  # cached until the reload
+    loader.reload()
+    loader.check(f"{name}:g")
 
 
 # --- nothing outside the app directory runs --------------------------------------------------
@@ -251,37 +332,40 @@ def test_resolve_imports_a_module_in_the_app_dir(mods):
 # --- app modules that would hide standard or installed ones --------------------------------------
 
 
-def test_an_app_module_named_like_a_stdlib_module_is_refused(mods):
+def test_an_app_module_named_like_a_stdlib_module_is_refused_when_a_job_names_it(mods):
     (mods.app_dir / "csv.py").write_text("def f():\n    return 'not the csv module'\n")
-    with pytest.raises(ShadowingError, match="csv: the standard library's csv"):
-        FunctionLoader(str(mods.app_dir))
+    e = not_allowed(FunctionLoader(str(mods.app_dir)).check, "csv:f")
+    assert "the standard library's csv" in e.message and "rename" in e.message
 
 
-def test_a_refused_app_dir_is_not_put_on_sys_path(mods):
-    (mods.app_dir / "csv.py").write_text("")
-    with pytest.raises(ShadowingError):
-        FunctionLoader(str(mods.app_dir))
-    assert os.path.realpath(mods.app_dir) not in sys.path
+def test_an_app_module_named_like_a_stdlib_module_does_not_hide_it(mods):
+    (mods.app_dir / "csv.py").write_text("raise ImportError('the app csv was imported')\n")
+    sys.path.insert(0, str(mods.app_dir))  # as `python -m` puts the cwd first
+    sys.modules.pop("csv", None)
+    loader = FunctionLoader(str(mods.app_dir))
+    try:
+        assert importlib.import_module("csv").__file__ != str(mods.app_dir / "csv.py")
+        assert sys.path[-1] == loader.app_dir and sys.path.count(loader.app_dir) == 1
+    finally:
+        sys.modules.pop("csv", None)
 
 
-def test_an_app_package_named_like_an_installed_module_is_refused(mods):
+def test_an_app_package_named_like_an_installed_module_is_refused_when_a_job_names_it(mods):
     (mods.app_dir / "pytest").mkdir()
     (mods.app_dir / "pytest" / "__init__.py").write_text("")
-    with pytest.raises(ShadowingError, match="pytest: the installed pytest"):
-        FunctionLoader(str(mods.app_dir))
+    e = not_allowed(FunctionLoader(str(mods.app_dir)).check, "pytest:f")
+    assert "the installed pytest" in e.message
+
+
+def test_the_stdlib_test_package_counts_as_the_standard_library(mods):
+    (mods.app_dir / "test.py").write_text("def f():\n    return 1\n")
+    loader = FunctionLoader(str(mods.app_dir))
+    assert loader.shadowing == {"test": "the standard library's test"}
 
 
 def test_an_app_directory_without_init_named_like_a_stdlib_module_is_allowed(mods):
     (mods.app_dir / "csv").mkdir()  # a namespace portion: the stdlib's csv still wins
-    FunctionLoader(str(mods.app_dir))
-
-
-def test_the_daemon_refuses_an_app_csv_module_at_start_with_exit_78(tmp_path):
-    (tmp_path / "csv.py").write_text("def f():\n    return 1\n")
-    r = subprocess.run([sys.executable, "-m", "queickd", "run", "--store", "memory://", "--port", "0",
-                        "--app-dir", str(tmp_path)], capture_output=True, text=True, timeout=30)
-    assert r.returncode == 78
-    assert "csv: the standard library's csv" in r.stderr and "Traceback" not in r.stderr
+    assert FunctionLoader(str(mods.app_dir)).shadowing == {}
 
 
 # --- reload -------------------------------------------------------------------------------------

@@ -7,9 +7,11 @@ from __future__ import annotations
 import re
 import signal
 
+import pytest
 from test_sandbox_failures import ImportGate
 
 from queickd.core.job import State
+from queickd.core.protocol import Code, QueueError
 
 FIRST = "def hello():\n    return 'v1'\n"
 SECOND = "def hello():\n    return 'v2'\n\n\ndef added(x):\n    return x * 10\n"
@@ -28,8 +30,9 @@ def test_sighup_imports_job_modules_afresh(start_daemon, tmp_path):
     with d.client() as q:
         assert q.wait(q.enqueue("reloadjobs:hello"), 20)["result"] == "v1"
         (app / "reloadjobs.py").write_text(SECOND)
-        before = q.wait(q.enqueue("reloadjobs:added", (4,)), 20)  # not picked up yet
-        assert before["state"] == State.DEAD and before["error"]["type"] == "AttributeError"
+        with pytest.raises(QueueError) as before:  # not picked up yet: the loaded module lacks it
+            q.enqueue("reloadjobs:added", (4,))
+        assert before.value.code == Code.NOT_FOUND
         d.proc.send_signal(signal.SIGHUP)
         d.wait_for_line(r"reload: \d+ module\(s\) imported afresh")
         assert q.wait(q.enqueue("reloadjobs:added", (4,)), 20)["result"] == 40

@@ -202,7 +202,8 @@ def test_an_exception_class_the_parent_cannot_rebuild_arrives_as_its_name_messag
 
 def test_a_function_that_cannot_be_imported_fails_without_a_fork(runner):
     r = runner.run(make_job(func="sandboxjobs:missing"), None)
-    assert r.error_type == "AttributeError"
+    assert (r.error_type, r.permanent) == ("not_found", True)
+    assert "defines no function 'missing'" in r.error_message
 
 
 def test_a_zygote_killed_with_sigkill_is_restarted_and_the_next_job_runs(caplog):

@@ -6,6 +6,7 @@ formatted on failure only, so a successful run costs no more than its result's c
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -13,10 +14,38 @@ from ..core.fate import error_info, is_network_error, is_resource_exhaustion, st
 from .base import RunReport
 
 MAX_TEXT = 16 * 1024  # characters of a process run's error message (and traceback) kept
+# Jobs are called, never awaited (yet): a coroutine function is refused at enqueue where the
+# loader can tell (run/definitions.py), and a run that returned an awaitable fails here.
+# Running them instead is this function's and the loader's change alone.
+ASYNC_UNSUPPORTED = "async_unsupported"  # the error type of such a run
+ASYNC_HINT = ("queickd does not run async jobs yet; make the job a plain def "
+              "(one that calls asyncio.run(...) if it must await)")
 
 
 def succeeded(value: Any, runtime: float) -> RunReport:
+    """The report of a call that returned `value`; a returned awaitable is no success."""
+    if awaitable(value):
+        return unawaited(value, runtime)
     return RunReport(True, storable_result(value), runtime=runtime)
+
+
+def awaitable(value: Any) -> bool:
+    return value is not None and inspect.isawaitable(value)  # most jobs return None
+
+
+def unawaited(value: Any, runtime: float) -> RunReport:
+    """A run whose call returned an awaitable (an async def's coroutine): a permanent
+    failure, its coroutine closed unrun (no "never awaited" warning in the log)."""
+    close = getattr(value, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:  # a foreign awaitable's close(): the refusal stands
+            pass
+    name = getattr(value, "__qualname__", None)
+    what = f"{type(value).__name__} {name}()" if isinstance(name, str) else type(value).__name__
+    return RunReport(False, None, ASYNC_UNSUPPORTED, f"the job returned an awaitable ({what}), which was "
+                     f"not run: {ASYNC_HINT}", None, permanent=True, runtime=runtime)
 
 
 def failed(exc: BaseException, runtime: float) -> RunReport:

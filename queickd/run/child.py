@@ -181,7 +181,11 @@ def run(req: dict[str, Any], out_fd: int, rep_fd: int, fn: Callable[..., Any]) -
             except BaseException as e:  # the job's SystemExit too: it is the report
                 report = capture.failed(e, time.monotonic() - began)
             else:
-                report = RunReport(True, None, runtime=time.monotonic() - began)
+                runtime = time.monotonic() - began
+                if capture.awaitable(value):  # as a thread run is judged: a failure, not run
+                    report = capture.unawaited(value, runtime)
+                else:
+                    report = RunReport(True, None, runtime=runtime)
             report = _judge(report, value, req["max_result"])
         for stream in (sys.stdout, sys.stderr):
             try:

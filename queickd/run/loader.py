@@ -6,9 +6,15 @@ admits more. Checking never executes code outside the app directory: the top-lev
 package is located with importlib.util.find_spec before anything is imported.
 Safe from any thread; results are cached per function name.
 
-The app directory goes first on sys.path, so a module there named like one of the standard
-library or an installed package (an app `csv.py`) would be imported in its place by the
-whole process, queickd included: the loader refuses to start with one (ShadowingError).
+The app directory goes last on sys.path, so a module there named like one of the standard
+library or an installed package (an app `csv.py`, or the `test.py` of Queick's README) never
+hides the real one from this process, queickd included. Such a module cannot run as a job
+(`import csv` gets the real one): a job naming it is refused at enqueue, with the reason,
+and the daemon starts regardless (it logs them once).
+
+check() also refuses, where it can tell, a function the module does not define
+(not_found) and an `async def` (bad_request: jobs are not awaited yet), from the imported
+module or else from its source read without running it (run/definitions.py).
 
 Code is picked up when a module is first imported, and again on `reload()` (the daemon's
 SIGHUP): every module imported from the app directory is imported afresh into a new
@@ -27,6 +33,7 @@ import inspect
 import logging
 import os
 import sys
+import sysconfig
 import threading
 import traceback
 from collections.abc import Callable, Sequence
@@ -34,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.protocol import Code, QueueError
+from . import capture, definitions
 
 log = logging.getLogger("queickd.loader")
 
@@ -44,11 +52,6 @@ class Reloaded:
 
     modules: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
-
-
-class ShadowingError(ValueError):
-    """The app directory holds a module that would hide a standard or installed one
-    (a configuration error: the daemon exits 78)."""
 
 
 def _top_level_names(app_dir: str) -> list[str]:
@@ -68,15 +71,15 @@ def _top_level_names(app_dir: str) -> list[str]:
     return sorted(names)
 
 
-def shadowed(app_dir: str) -> list[str]:
-    """What each module of `app_dir` that shares a name with a standard-library or an
-    installed top-level module would hide, one line each; empty when none does."""
+def shadowed(app_dir: str) -> dict[str, str]:
+    """Each module of `app_dir` that shares a name with a standard-library or an installed
+    top-level module, and what that one is; empty when none does."""
     app_dir = os.path.realpath(app_dir)
     elsewhere = [p for p in sys.path if os.path.realpath(p or ".") != app_dir]
-    found = []
+    found = {}
     for name in _top_level_names(app_dir):
         if name in sys.stdlib_module_names:
-            found.append(f"{name}: the standard library's {name}")
+            found[name] = f"the standard library's {name}"
             continue
         try:
             spec = importlib.machinery.PathFinder.find_spec(name, elsewhere)
@@ -86,27 +89,37 @@ def shadowed(app_dir: str) -> list[str]:
             continue
         where = [spec.origin] if spec.origin else list(spec.submodule_search_locations or [])
         if where and not any(os.path.commonpath([app_dir, os.path.realpath(p)]) == app_dir for p in where):
-            found.append(f"{name}: the installed {name} ({where[0]})")
+            if _under(where[0], "stdlib") and not _under(where[0], "purelib", "platlib"):
+                found[name] = f"the standard library's {name}"  # one left out of stdlib_module_names (test)
+            else:
+                found[name] = f"the installed {name} ({where[0]})"
     return found
+
+
+def _under(path: str, *kinds: str) -> bool:
+    """Whether `path` lies in one of the interpreter's directories of these sysconfig kinds."""
+    real, paths = os.path.realpath(path), sysconfig.get_paths()
+    return any(os.path.commonpath([d, real]) == d for d in (os.path.realpath(paths[k]) for k in kinds))
 
 
 class FunctionLoader:
     def __init__(self, app_dir: str, allow: Sequence[str] = ()) -> None:
-        """Raises ShadowingError if a module of `app_dir` would hide a standard or an
-        installed one, before the directory is put on sys.path."""
         self.app_dir = os.path.realpath(app_dir)
         self.allow = tuple(allow)
-        hidden = shadowed(self.app_dir)
-        if hidden:
-            raise ShadowingError(
-                f"the app directory {self.app_dir} holds module(s) named like standard or installed "
-                f"ones, which every import in this process would then get instead: {'; '.join(hidden)}. "
-                "Rename them (or move them into a package of the app's own)")
+        # App modules named like standard or installed ones (found once: the directory is
+        # listed at start): jobs naming them are refused.
+        self.shadowing = shadowed(self.app_dir)
+        if self.shadowing:
+            log.warning("the app directory %s holds module(s) named like standard or installed ones, which "
+                        "cannot run as jobs (jobs naming them are refused; rename them to use them): %s",
+                        self.app_dir, "; ".join(f"{k}: {v}" for k, v in self.shadowing.items()))
         self._checked: dict[str, QueueError | None] = {}
         self._funcs: dict[str, Callable[..., Any]] = {}
+        self._sources: dict[str, definitions.Source | None] = {}  # app modules not imported, parsed
         self._reload_lock = threading.Lock()  # one reload at a time
-        if self.app_dir not in sys.path:
-            sys.path.insert(0, self.app_dir)
+        # Last, and once: after the standard library and the installed packages (an entry for
+        # the directory already there, `python -m`'s cwd, would put it first).
+        sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != self.app_dir] + [self.app_dir]
 
     def _in_app_dir(self, module: str) -> bool:
         top = module.split(".", 1)[0]
@@ -123,22 +136,55 @@ class FunctionLoader:
         )
 
     def check(self, func: str) -> None:
-        """Raise QueueError(not_allowed) unless `func` ('module:function') may run."""
+        """Raise QueueError unless `func` ('module:function') may run: not_allowed outside
+        the app directory and --allow, or for an app module named like a standard or installed
+        one; not_found for a function its module does not define and bad_request for an
+        `async def`, where that can be told without running code (see the module docstring).
+        Cached per name until reload()."""
         cached = self._checked.get(func, False)
         if cached is False:
-            module = func.partition(":")[0]
-            ok = any(fnmatch.fnmatchcase(module, p) or fnmatch.fnmatchcase(func, p) for p in self.allow)
-            ok = ok or self._in_app_dir(module)
-            cached = None if ok else QueueError(
-                Code.NOT_ALLOWED,
-                f"{func} is not allowed: its module is not in the app directory {self.app_dir}"
-                " and no --allow pattern names it",
-            )
+            cached = self._verdict(func)
             if len(self._checked) > 10_000:  # names are few; a flood of made-up ones is not kept
                 self._checked.clear()
             self._checked[func] = cached
         if cached is not None:
             raise cached
+
+    def _verdict(self, func: str) -> QueueError | None:
+        refusal = self._allowance(func)
+        if refusal is not None:
+            return refusal
+        module, _, name = func.partition(":")
+        found = self._defined(module, name)
+        if found is definitions.Defined.MISSING:
+            return QueueError(Code.NOT_FOUND, _missing(module, name))
+        if found is definitions.Defined.COROUTINE:
+            return QueueError(Code.BAD_REQUEST, f"{func} is an async def: {capture.ASYNC_HINT}")
+        return None
+
+    def _allowance(self, func: str) -> QueueError | None:
+        """The refusal of a function its module's place does not allow, or None."""
+        module = func.partition(":")[0]
+        top = module.split(".", 1)[0]
+        if top in self.shadowing:
+            return QueueError(Code.NOT_ALLOWED, f"{func} cannot run: the app directory's {top} is named like "
+                              f"{self.shadowing[top]}, which is what importing {top} gets; rename the module")
+        ok = any(fnmatch.fnmatchcase(module, p) or fnmatch.fnmatchcase(func, p) for p in self.allow)
+        if not ok and not self._in_app_dir(module):
+            return QueueError(Code.NOT_ALLOWED, f"{func} is not allowed: its module is not in the app directory "
+                              f"{self.app_dir} and no --allow pattern names it")
+        return None
+
+    def _defined(self, module: str, name: str) -> definitions.Defined:
+        imported = sys.modules.get(module)
+        if imported is not None:
+            return definitions.in_module(imported, name)
+        if module not in self._sources:
+            path = definitions.source_file(module, self.app_dir)
+            if len(self._sources) > 1000:
+                self._sources.clear()
+            self._sources[module] = definitions.parse(path) if path is not None else None
+        return definitions.in_source(self._sources[module], name)
 
     def _app_modules(self) -> list[str]:
         """Names of the imported modules whose file lies in the app directory, parents first."""
@@ -185,18 +231,27 @@ class FunctionLoader:
             # found again through its old module, still in sys.modules.
             self._funcs = {}
             self._checked = {}
+            self._sources = {}
         log.info("reload: %d module(s) imported afresh%s", len(done.modules),
                  f", {len(done.failed)} failed (old code kept): {', '.join(done.failed)}" if done.failed else "")
         return done
 
     def resolve(self, func: str) -> Callable[..., Any]:
-        """Import and return the function. Raises QueueError(not_allowed), ImportError or
-        AttributeError (the caller records those as the job's error)."""
+        """Import and return the function. Raises QueueError (not_allowed, not_found: the
+        module defines no such function), ImportError or another error of the module's
+        import (the caller records those as the job's error). An async def resolves: its
+        run is refused (run/capture.py), as is any call that returns an awaitable."""
         fn = self._funcs.get(func)
         if fn is None:
-            self.check(func)
+            refusal = self._allowance(func)
+            if refusal is not None:
+                raise refusal
             module, _, name = func.partition(":")
-            fn = getattr(importlib.import_module(module), name)
+            mod = importlib.import_module(module)
+            try:
+                fn = getattr(mod, name)
+            except AttributeError:  # a module __getattr__ that says so too
+                raise QueueError(Code.NOT_FOUND, _missing(module, name)) from None
             if not callable(fn):
                 raise TypeError(f"{func} is not callable")
             if getattr(fn, "__module__", None) != module:
@@ -205,3 +260,8 @@ class FunctionLoader:
                                  f"(it comes from {getattr(fn, '__module__', '?')})")
             self._funcs[func] = fn
         return fn
+
+
+def _missing(module: str, name: str) -> str:
+    return (f"{module}:{name}: module {module} defines no function {name!r} (one added since the daemon "
+            "loaded the module is found after a reload, SIGHUP)")

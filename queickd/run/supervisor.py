@@ -101,8 +101,10 @@ class _Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {k: v for k, v in os.environ.items() if k in _ZYGOTE_ENV}
         # The job modules and queickd itself must import in the zygote as they do here.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path[1:]] if p)
-        cmd = [sys.executable, "-m", "queickd.run.zygote", "--app-dir", sup.app_dir]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        # -P: not the cwd (the app directory) first on its path, where an app module named like
+        # a standard one (csv.py) would be imported in its place; the loader puts it last.
+        cmd = [sys.executable, "-P", "-m", "queickd.run.zygote", "--app-dir", sup.app_dir]
         cmd += [x for a in sup.allow for x in ("--allow", a)]
         with sup._preload_lock:
             preload = sorted(sup.preload)

@@ -74,8 +74,8 @@ class ThreadRunner:
         began = time.monotonic()
         try:
             fn = self.loader.resolve(job.func)
-        except QueueError as e:  # no longer allowed: retrying cannot help
-            return capture.refused("not_allowed", e.message, time.monotonic() - began)
+        except QueueError as e:  # no longer allowed, or no such function: retrying cannot help
+            return capture.refused(e.code, e.message, time.monotonic() - began)
         except BaseException as e:
             return capture.failed(e, time.monotonic() - began)
         stops = self.stops

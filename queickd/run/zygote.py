@@ -38,6 +38,7 @@ import socket
 import sys
 from typing import Any
 
+from ..core.protocol import QueueError
 from . import capture, child
 from .base import RunReport
 from .loader import FunctionLoader
@@ -199,8 +200,8 @@ class Zygote:
                 fn = self.loader.resolve(req["func"])
             except BaseException as e:  # a module's SystemExit or KeyboardInterrupt too: we live on
                 report = capture.failed(e, 0.0)
-                if getattr(e, "code", None) == "not_allowed":
-                    report = capture.refused("not_allowed", str(getattr(e, "message", e)))
+                if isinstance(e, QueueError):  # not allowed, or no such function: retrying cannot help
+                    report = capture.refused(e.code, e.message)
                 self.send_report(req["id"], report)
                 return
             self._note_modules()

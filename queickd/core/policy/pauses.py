@@ -28,6 +28,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..job import State
+from ..protocol import Code
+
+FUNCTION_MISSING = Code.NOT_FOUND  # the error type of a run whose module lacks its function
 
 Target = tuple[str, str]  # ("key", key) or ("func", func)
 
@@ -37,10 +40,14 @@ def targets(key: str | None, func: str | None) -> list[Target]:
     return [t for t in (("key", key), ("func", func)) if t[1] is not None]  # type: ignore[misc]
 
 
-def extends(state: str) -> bool | None:
-    """True: a run finishing in `state` extends its streaks; False: it ends them; None:
-    it counts for nothing."""
+def extends(state: str, error: dict | None = None) -> bool | None:
+    """True: a run finishing in `state` (with `error`) extends its streaks; False: it ends
+    them; None: it counts for nothing. A run refused because its module defines no such
+    function (a typo, a function since removed) never ran: it says nothing of its key's or
+    its function's health, and a run of typos must not pause them."""
     if state == State.WAITING_NETWORK:
+        return None
+    if error is not None and error.get("type") == FUNCTION_MISSING:
         return None
     return state != State.SUCCEEDED
 
@@ -53,12 +60,12 @@ def cooldown_for(base: float, trips: int) -> float:
     return min(base * 2 ** max(trips - 1, 0), max(base, MAX_COOLDOWN))
 
 
-def counts(state: str) -> bool | None:
+def counts(state: str, error: dict | None = None) -> bool | None:
     """Streak counting, as `extends` says, for a run that is not a probe: a retry
     scheduled is not (yet) a failure of the job."""
     if state == State.SCHEDULED:
         return None
-    return extends(state)
+    return extends(state, error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +130,7 @@ def plan(finished: Iterable[Finish], now: float, pause_after: int | None, look: 
         return trips if probe == job_id else None
 
     for f in finished:
-        ext = extends(f.state)
+        ext = extends(f.state, f.error)
         if ext is None:
             continue
         for t in targets(f.key, f.func):
