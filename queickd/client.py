@@ -20,6 +20,7 @@ and the caller decides.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import select
 import socket
@@ -49,6 +50,9 @@ if tuple(name for name, _ in fields.CLIENT_PLAIN) != _PLAIN_ORDER:
 _PLAIN_WIRE = tuple(wire for _, wire in fields.CLIENT_PLAIN)
 _NO_PLAIN = (None,) * len(_PLAIN_WIRE)
 _RESEND_PAUSE = 0.5  # seconds before a resend, times the resends so far: a failing store may recover
+# An accepted enqueue's reply may carry warnings (a pool no live worker serves): logged here
+# at WARNING, so they show on stderr even where the application configured no logging.
+log = logging.getLogger("queickd.client")
 
 
 # Every JobQueue of this process: a child made by os.fork() gets a copy of each, whose
@@ -277,7 +281,7 @@ class JobQueue:
         deadline = time.monotonic() + block_timeout
         while True:
             try:
-                return self._call_resending(req)["job_id"]
+                return _warned(self._call_resending(req))["job_id"]
             except QueueError as e:
                 pause = e.retry_after or 1.0
                 if not block or e.code != protocol.Code.QUEUE_FULL or time.monotonic() + pause > deadline:
@@ -298,11 +302,11 @@ class JobQueue:
                              "split them, or use enqueue_pipelined")
         req = {"op": "enqueue_many", "jobs": list(jobs)}
         if all("idempotency_key" in j for j in jobs):  # safe to resend: the daemon dedupes each job
-            return self._call_resending(req)["job_ids"]
+            return _warned(self._call_resending(req))["job_ids"]
         # No automatic keys here: a key per job costs the daemon a lookup and an index entry
         # per job, a quarter of a batch's rate. An unknown outcome raises (RequestLostError, or
         # QueueError with maybe_committed) and the caller decides, or gives keys to be resent.
-        return self._call(req)["job_ids"]
+        return _warned(self._call(req))["job_ids"]
 
     def enqueue_pipelined(self, jobs: Sequence[dict[str, Any]]) -> list[int]:
         """Send one `enqueue` per job without waiting between them; replies come in order.
@@ -311,7 +315,7 @@ class JobQueue:
         for r in replies:
             if not r.get("ok"):
                 raise reply_error(r)
-        return [r["job_id"] for r in replies]
+        return [_warned(r)["job_id"] for r in replies]
 
     def cron(self, schedule: SchedulingTime | str, func: Callable[..., Any] | str,
              args: Iterable[Any] | None = None, *, name: str | None = None, **options: Any) -> dict[str, Any]:
@@ -480,3 +484,10 @@ class JobQueue:
         if state is not None:
             req["state"] = state
         return self._call(req)["runs"]
+
+
+def _warned(reply: dict[str, Any]) -> dict[str, Any]:
+    """The reply, its warnings logged (an older daemon sends none)."""
+    for w in reply.get("warnings") or ():
+        log.warning("queickd: %s", w)
+    return reply

@@ -238,8 +238,12 @@ class Daemon:
                                      on_scheduled=lambda run_at: self.scheduler.wake_at(run_at),
                                      on_version_change=self._on_version_change,
                                      on_budgets=self.budgets.refresh,
-                                     on_listening=self._waiters_look_again, clock=self.clock)
+                                     on_listening=self._waiters_look_again,
+                                     on_beat=self._read_served_pools, clock=self.clock)
             self.fleet.start()
+            self._read_served_pools()
+        else:  # this daemon is its store's only worker
+            self.service.served.set(c.pool if self.pool.claims else [])
         self.runner.start()
         self.pool.start()
         self.scheduler.start()
@@ -258,6 +262,14 @@ class Daemon:
             __version__, host, port, store.url, store.durability_said(), self.pool.size_said(),
         )
         self.runner.announce()
+
+    def _read_served_pools(self) -> None:
+        """The pools the registry's live workers serve, for the enqueue check's warning
+        (the heartbeat's thread, and once at start)."""
+        try:
+            self.service.served.from_registry(self.store.workers())  # type: ignore[union-attr]
+        except Exception as e:  # the warning waits for the next beat; nothing else does
+            log.debug("could not read the worker registry: %s", e)
 
     def _recover_orphans(self) -> None:
         """At start; while the store cannot be written (a full disk), again at each sweep."""

@@ -96,7 +96,14 @@ def _render_enqueue_many(fut: asyncio.Future, index: int) -> bytes:
     return _error_bytes(exc) if exc is not None else _render_answer(fut.result()[index], True)
 
 
-def _render_answer(answer: list[Submitted] | Refusal, many: bool) -> bytes:
+def _render_warned(fut: asyncio.Future, arg: tuple[int, bool, list[str]]) -> bytes:
+    """The reply of an enqueue (or enqueue_many) that was accepted with warnings."""
+    index, many, warnings = arg
+    exc = fut.exception()
+    return _error_bytes(exc) if exc is not None else _render_answer(fut.result()[index], many, warnings)
+
+
+def _render_answer(answer: list[Submitted] | Refusal, many: bool, warnings: list[str] | None = None) -> bytes:
     if isinstance(answer, Refusal):
         return protocol.encode(refused(answer).json())
     if many:
@@ -104,11 +111,14 @@ def _render_answer(answer: list[Submitted] | Refusal, many: bool) -> bytes:
         dups = [s.job_id for s in answer if s.duplicate]
         if dups:
             reply["duplicates"] = dups
-        return protocol.encode(reply)
-    s = answer[0]
-    if s.duplicate:
-        return protocol.encode({"ok": True, "job_id": s.job_id, "state": s.state, "duplicate": True})
-    return protocol.encode({"ok": True, "job_id": s.job_id, "state": s.state})
+    else:
+        s = answer[0]
+        reply = {"ok": True, "job_id": s.job_id, "state": s.state}
+        if s.duplicate:
+            reply["duplicate"] = True
+    if warnings:  # additive: a client that does not know the field ignores it
+        reply["warnings"] = warnings
+    return protocol.encode(reply)
 
 READ_BUFFER = 65536  # bytes one read takes; shared by the loop's connections
 
@@ -302,6 +312,7 @@ class Connection(asyncio.BufferedProtocol):
                 raise QueueError(Code.UNAUTHORIZED, "send hello with the token first")
             if op in ("enqueue", "enqueue_many"):
                 jobs = self.svc.prepare_jobs(req)
+                warnings = self.svc.enqueue_warnings(jobs)
                 if group is None:
                     after = self._op if self._op is not None and not self._op.done() else None
                     group = [[], self.loop.create_future(), None, after]  # requests, future, open run, after
@@ -311,7 +322,9 @@ class Connection(asyncio.BufferedProtocol):
                 index = len(group[0])
                 group[0].append(jobs)
                 run = group[2]
-                if op == "enqueue_many":
+                if warnings:  # rare: a reply of its own, not one of a run's fixed form
+                    self.pending.append((group[1], _render_warned, (index, op == "enqueue_many", warnings)))
+                elif op == "enqueue_many":
                     self.pending.append((group[1], _render_enqueue_many, index))
                 elif run is not None and self.pending[-1] is run:  # extends the run just before
                     run[2][1] = index + 1

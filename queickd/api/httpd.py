@@ -163,6 +163,9 @@ class HttpServer:
             return refused(answer).http()
         sub = answer[0]
         reply: dict[str, Any] = {"ok": True, "job_id": sub.job_id, "state": sub.state}
+        warnings = svc.enqueue_warnings([job])
+        if warnings:
+            reply["warnings"] = warnings
         if sub.duplicate:
             reply["duplicate"] = True
             return 200, reply, {}

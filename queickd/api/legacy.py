@@ -261,6 +261,7 @@ class LegacyConnection:
                 cron.add_done_callback(self._after_cron)
             else:
                 jobs = self.svc.prepare_jobs(value)
+                self.svc.enqueue_warnings(jobs)  # logged: a Queick reply has no room for them
                 self.done = True
                 self.svc.enqueue([jobs], self._after_commit)
         except QueueError as e:

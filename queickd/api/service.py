@@ -25,9 +25,11 @@ from ..core.job import Job, NewJob, State
 from ..core.policy.resources import NO_RESOURCES, Resources, budget_view
 from ..core.protocol import Code, QueueError
 from ..run.loader import FunctionLoader
+from ..services import served as served_mod
 from ..services.batcher import Answer, Done, Requests, SubmitBatcher
 from ..services.netcheck import NetworkMonitor
 from ..services.scheduler import Scheduler
+from ..services.served import ServedPools
 from ..services.worker import WorkerPool
 from ..store import CronRecord, Store
 from ..store.fleetbase import FleetStore
@@ -107,6 +109,8 @@ class QueueService(WorkflowOps):
         self.workflows = workflows or {}  # [workflows.NAME] of the config file: started by name
         self.run_waiters = Waiters()  # by run id; woken by every finish of a step job
         self.started_at = clock()
+        # The pools a live worker serves, as last seen (the daemon keeps it current).
+        self.served = ServedPools()
 
     # --- in the event loop: cheap, no store access ------------------------------------------
     def hello(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -137,6 +141,14 @@ class QueueService(WorkflowOps):
             except QueueError as e:
                 raise protocol.bad(f"jobs[{i}]: {e.message}") from None
         return out
+
+    def enqueue_warnings(self, jobs: list[NewJob]) -> list[str]:
+        """What an enqueue's reply adds for these (accepted) jobs: one line per pool no live
+        worker serves, whose jobs wait until one does. A set lookup per job; no store access."""
+        unserved = self.served.unserved({j.pool: None for j in jobs})
+        for pool in unserved:
+            log.warning("accepted job(s) for pool %r, which no live worker serves: they wait until one does", pool)
+        return [served_mod.warning(p) for p in unserved]
 
     def prepare_job(self, spec: dict[str, Any]) -> NewJob:
         """Validate one job's fields (an enqueue request without its op) and check the allowlist."""
@@ -397,6 +409,7 @@ class QueueService(WorkflowOps):
         registry: list[dict[str, Any]] | None = None
         if isinstance(store, FleetStore):  # shared store: by the worker registry
             registry = store.workers()
+            self.served.from_registry(registry)  # read anyway: the enqueue check's view too
             without = store.running_without_worker()
         else:  # this daemon is the only worker: the running jobs it does not hold
             without = self.pool.running_elsewhere(lambda: store.counts().get(State.RUNNING, 0))

@@ -114,8 +114,10 @@ class Heartbeat:
 
     def __init__(self, store: FleetStore, *, interval: float, sweep: float, max_orphan_requeues: int,
                  wake: Callable[[], None], reregister: Callable[[], None],
-                 on_version_change: Callable[[str], None], clock: Callable[[], float] = time.time) -> None:
+                 on_version_change: Callable[[str], None], clock: Callable[[], float] = time.time,
+                 on_beat: Callable[[], None] = lambda: None) -> None:
         self.store = store
+        self._on_beat = on_beat  # after each beat written, in this thread
         self.interval = interval
         self.sweep = sweep
         self.max_orphan_requeues = max_orphan_requeues
@@ -159,6 +161,7 @@ class Heartbeat:
                     reported = True
                     self._on_version_change(f"the database is now at queickd {version} (schema {schema}); "
                                             f"this is {__version__} (schema {SCHEMA_VERSION})")
+                self._on_beat()
                 rec = b.recovered
                 if rec is not None and (rec.requeued or rec.dead):
                     log.warning("jobs of workers that stopped beating: %d re-queued, %d dead (orphaned)",
@@ -183,6 +186,7 @@ class FleetMember:
                  on_version_change: Callable[[str], None] = lambda reason: None,
                  on_budgets: Callable[[], None] = lambda: None,
                  on_listening: Callable[[], None] = lambda: None,
+                 on_beat: Callable[[], None] = lambda: None,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.pool = pool
@@ -200,7 +204,7 @@ class FleetMember:
         self.heartbeat = Heartbeat(store, interval=heartbeat, sweep=sweep,
                                    max_orphan_requeues=max_orphan_requeues, wake=pool.wake,
                                    reregister=self._register, on_version_change=on_version_change,
-                                   clock=clock)
+                                   clock=clock, on_beat=on_beat)
 
     def _register(self) -> None:
         pools = self.pool.pools if self.pool.pools is not None else ["*"]

@@ -1,0 +1,128 @@
+"""What enqueue tells of a job that cannot run, against real daemons: an `async def` is
+refused (async jobs are not awaited yet) and a run that returns an awaitable fails; a
+function its module does not define is refused (reload-aware), and the deaths of jobs whose
+function went missing do not pause it; a job for a pool no live worker serves is accepted
+with a warning."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from queickd.core.job import State
+from queickd.core.protocol import Code, QueueError
+
+
+def refused(q, func, code):
+    with pytest.raises(QueueError) as info:
+        q.enqueue(func, [1, 2])
+    assert info.value.code == code
+    return info.value.message
+
+
+# --- async def ----------------------------------------------------------------------------------
+
+
+def test_enqueue_refuses_a_coroutine_function(daemon):
+    with daemon.client() as q:
+        message = refused(q, "asyncjobs:aadd", Code.BAD_REQUEST)
+        assert "asyncjobs:aadd is an async def" in message and "async jobs" in message
+        assert q.jobs() == []
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_returned_awaitable_fails_the_run(start_daemon, isolation):
+    d = start_daemon(None, "--isolation", isolation)
+    with d.client() as q:
+        job = q.wait(q.enqueue("asyncjobs:returns_a_coroutine", [1, 2]), 20)
+    assert job["state"] == State.DEAD and job["attempts"] == 1 and job["result"] is None
+    assert job["error"]["type"] == "async_unsupported"
+    assert "coroutine aadd()" in job["error"]["message"] and "not run" in job["error"]["message"]
+    d.terminate()
+    assert not any("never awaited" in line for line in d.lines)
+    assert "never awaited" not in (job.get("output") or "")
+
+
+# --- a function the module does not define ------------------------------------------------------
+
+
+def test_enqueue_refuses_a_function_the_module_lacks(daemon):
+    with daemon.client() as q:
+        assert "module testjobs defines no function 'nope'" in refused(q, "testjobs:nope", Code.NOT_FOUND)
+        q.wait(q.enqueue("testjobs:add", [1, 2]), 20)  # the module imported: told from it now
+        assert "defines no function 'nope'" in refused(q, "testjobs:nope", Code.NOT_FOUND)
+        assert [j["func"] for j in q.jobs()] == ["testjobs:add"]
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_function_added_before_sighup_is_found(start_daemon, tmp_path, isolation):
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "growing.py").write_text("def f():\n    return 1\n")
+    d = start_daemon(None, "--app-dir", str(app), "--isolation", isolation, workers=1)
+    with d.client() as q:
+        assert q.wait(q.enqueue("growing:f"), 20)["result"] == 1
+        refused(q, "growing:g", Code.NOT_FOUND)
+        (app / "growing.py").write_text("def f():\n    return 1\n\n\ndef g(a, b):\n    return a * b\n")
+        refused(q, "growing:g", Code.NOT_FOUND)  # code is picked up on reload
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait_for_line(r"reload: \d+ module\(s\) imported afresh")
+        assert q.wait(q.enqueue("growing:g", [3, 4]), 20)["result"] == 12
+
+
+def test_missing_function_deaths_do_not_pause(start_daemon, tmp_path):
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "shrinking.py").write_text("def f():\n    return 1\n\n\ndef g():\n    return 2\n")
+    d = start_daemon(None, "--app-dir", str(app), "--pause-after", "2", workers=1)
+    with d.client() as q:
+        assert q.wait(q.enqueue("shrinking:f"), 20)["result"] == 1
+        q.pause(pool="default")  # the jobs wait while g is taken out
+        ids = [q.enqueue("shrinking:g", key="k") for _ in range(3)]
+        (app / "shrinking.py").write_text("def f():\n    return 1\n")
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait_for_line(r"reload: \d+ module\(s\) imported afresh")
+        q.resume(pool="default")
+        for job_id in ids:
+            job = q.wait(job_id, 20)
+            assert job["state"] == State.DEAD and job["error"]["type"] == "not_found"
+            assert "defines no function 'g'" in job["error"]["message"]
+        assert q.stats()["paused"] == []
+        assert q.wait(q.enqueue("shrinking:f", key="k"), 20)["state"] == State.SUCCEEDED
+
+
+# --- a pool no live worker serves ---------------------------------------------------------------
+
+
+def raw(port: int, request: dict) -> dict:
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+        s.sendall(json.dumps(request).encode() + b"\n")
+        return json.loads(s.makefile("rb").readline())
+
+
+def test_enqueue_to_an_unserved_pool_warns(daemon, caplog):
+    reply = raw(daemon.port, {"op": "enqueue", "func": "testjobs:noop", "pool": "nosuchpool"})
+    assert reply["ok"] is True and reply["state"] == State.QUEUED
+    assert reply["warnings"] == ["no live worker serves pool 'nosuchpool': the job waits until one does "
+                                 "(a daemon or 'queick worker' started with --pool nosuchpool)"]
+    many = raw(daemon.port, {"op": "enqueue_many", "jobs": [{"func": "testjobs:noop", "pool": "gpu"},
+                                                             {"func": "testjobs:noop"}]})
+    assert len(many["job_ids"]) == 2 and len(many["warnings"]) == 1 and "'gpu'" in many["warnings"][0]
+    assert "warnings" not in raw(daemon.port, {"op": "enqueue", "func": "testjobs:noop"})
+    daemon.wait_for_line("accepted job\\(s\\) for pool 'nosuchpool', which no live worker serves")
+    with caplog.at_level(logging.WARNING, logger="queickd.client"), daemon.client() as q:
+        q.enqueue("testjobs:noop", pool="nosuchpool")
+    assert "no live worker serves pool 'nosuchpool'" in caplog.text
+
+
+def test_queick_enqueue_says_the_pool_is_unserved(daemon):
+    r = subprocess.run([sys.executable, "-m", "queickd", "enqueue", "testjobs:noop", "--pool", "nosuchpool",
+                        "--port", str(daemon.port)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip().isdigit()
+    assert "no live worker serves pool 'nosuchpool'" in r.stderr
