@@ -61,13 +61,25 @@ class RepeatFilter(logging.Filter):
             return False
 
 
-def setup(level: str = "info") -> None:
+def setup(level: str = "info", file: str | None = None) -> None:
+    """Log to stderr and, with `file` (Queick's --log-filepath), append to that file too,
+    timestamped. ValueError (a configuration error) if the file cannot be opened."""
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(RepeatFilter())
+    stamped = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     if os.environ.get("JOURNAL_STREAM"):
         handler.setFormatter(_JournalFormatter("%(name)s: %(message)s"))
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(stamped)
+    handlers: list[logging.Handler] = [handler]
+    if file is not None:
+        try:
+            to_file = logging.FileHandler(file, encoding="utf-8")
+        except OSError as e:
+            raise ValueError(f"--log-filepath {file}: cannot open it for appending: {e}") from None
+        to_file.addFilter(RepeatFilter())
+        to_file.setFormatter(stamped)
+        handlers.append(to_file)
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = handlers
     root.setLevel(level.upper())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import runpy
 import socket
 import subprocess
 import sys
@@ -24,6 +25,8 @@ from attackhelpers import (
     rss_mb,
     shared_reference_bomb,
 )
+
+from queickd.core.protocol import QueueError
 
 QUEICK_DIR = Path(__file__).resolve().parent.parent / ".test-cache" / "queick-1.2.1"
 
@@ -197,3 +200,43 @@ def test_a_pickle_bomb_is_refused_while_memory_stays_bounded_and_others_are_serv
     assert rss_mb(legacy_daemon, "VmHWM") - before < 60
     with legacy_daemon.client() as q:
         assert [j["func"] for j in q.jobs()] == ["testjobs:noop"]  # the bystander's, and nothing else
+
+
+QUEICK_README_JOBFUNC = "import time\ndef function(arg):\n    time.sleep(1)\n    print(arg)\n"
+QUEICK_README_TEST = '''from queick import JobQueue
+from jobfunc import function
+from time import time
+
+q = JobQueue()
+q.enqueue(function, args=("hello",))
+q.enqueue_at(time() + 5, function, args=("world",)) # Run after 5 seconds
+'''
+
+
+def test_queicks_readme_layout_runs_with_accept_queick_clients(queick_dir, start_daemon, tmp_path, monkeypatch):
+    """Queick's README followed literally: jobfunc.py and test.py side by side (test.py named
+    like the standard library's test package, which no job names), its test.py run as is."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "jobfunc.py").write_text(QUEICK_README_JOBFUNC)
+    (app / "test.py").write_text(QUEICK_README_TEST)
+    d = start_daemon(None, "--app-dir", str(app), "--accept-queick-clients")
+    monkeypatch.syspath_prepend(str(queick_dir))
+    monkeypatch.syspath_prepend(str(app))  # `python test.py` runs beside jobfunc.py
+    for name in [m for m in sys.modules if m in ("queick", "jobfunc") or m.startswith("queick.")]:
+        monkeypatch.delitem(sys.modules, name)
+    import queick.job_queue
+
+    monkeypatch.setattr(queick.job_queue, "TCP_SERVER_PORT", d.port)
+    try:
+        runpy.run_path(str(app / "test.py"), run_name="__main__")
+    finally:
+        for name in [m for m in sys.modules if m in ("queick", "jobfunc") or m.startswith("queick.")]:
+            del sys.modules[name]
+    with d.client() as q:
+        later, now = q.jobs()
+        assert (now["func"], now["args"], later["state"]) == ("jobfunc:function", ["hello"], "scheduled")
+        assert q.wait(now["id"], 20)["state"] == "succeeded"
+        with pytest.raises(QueueError) as info:  # the app's test.py is no job: `import test` is the stdlib's
+            q.enqueue("test:function")
+    assert info.value.code == "not_allowed" and "the standard library's test" in info.value.message

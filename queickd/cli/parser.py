@@ -16,7 +16,7 @@ from ..core import sandbox
 from ..core.job import State
 from ..core.retry import POLICIES
 from ..settings import DEFAULT_HTTP_PORT, EX_VERSION
-from . import dbparser, ops
+from . import dbparser, ops, queickflags
 from . import jobs as jobs_cmd
 from .options import (
     DEFAULTS,
@@ -237,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the daemon (the default)",
                          description="Run the daemon in the foreground until SIGTERM/SIGINT.")
     _daemon_flags(run)
+    queickflags.add(run)
     run.set_defaults(handler=_local("run_daemon"))
 
     enq = sub.add_parser("enqueue", help="queue a job", description="Queue one job and print its id.")
@@ -463,6 +464,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     a = p.parse_args(args)
     if a.command == "run" and a.config:
         a = _with_config_file(p, args, a)
+    if a.command == "run":
+        queickflags.apply(_command(p, "run"), a)
     if a.command in STARTS_A_PROCESS:
         a.origins = _origins(_command(p, a.command), args[1:], getattr(a, "config", None), getattr(a, "in_file", ()))
     return a

@@ -48,7 +48,7 @@ def configuration_error(a: argparse.Namespace, e: ValueError) -> str:
 
 def run_daemon(a: argparse.Namespace) -> int:
     try:
-        log.setup(a.log_level)  # QUEICKD_LOG_LEVEL skips the flag's choices: ValueError
+        log.setup(a.log_level, getattr(a, "log_filepath", None))  # QUEICKD_LOG_LEVEL skips the flag's choices: ValueError
         daemon = Daemon(given(Config, a))
         finished = daemon.run_forever()
     except DamagedStoreError as e:  # restarting cannot mend the file: EX_CONFIG, not retried
