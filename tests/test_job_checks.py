@@ -126,3 +126,20 @@ def test_queick_enqueue_says_the_pool_is_unserved(daemon):
                         "--port", str(daemon.port)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip().isdigit()
     assert "no live worker serves pool 'nosuchpool'" in r.stderr
+
+
+def test_the_warning_ends_once_a_live_worker_serves_the_pool(pg_fresh_database, start_daemon):
+    pytest.importorskip("psycopg")
+    from fleethelpers import WorkerProcess
+
+    d = start_daemon(pg_fresh_database, "--heartbeat", "0.5", workers=0)  # it serves no pool itself
+    first = raw(d.port, {"op": "enqueue", "func": "testjobs:add", "args": [1, 2], "pool": "gpu"})
+    assert first["ok"] is True and "'gpu'" in first["warnings"][0]
+    worker = WorkerProcess(pg_fresh_database, "gpu", workers=1).start()
+    try:
+        with d.client() as q:
+            assert q.wait(first["job_id"], 30)["result"] == 3  # served as soon as a worker came
+            q.stats()  # reads the registry: the check's view follows at once, not at the next beat
+        assert "warnings" not in raw(d.port, {"op": "enqueue", "func": "testjobs:noop", "pool": "gpu"})
+    finally:
+        worker.close()
