@@ -29,8 +29,11 @@ def succeeded(value: Any, runtime: float) -> RunReport:
     return RunReport(True, storable_result(value), runtime=runtime)
 
 
+_PLAIN = frozenset({dict, list, str, int, float, bool, tuple})  # what most results are: never awaitable
+
+
 def awaitable(value: Any) -> bool:
-    return value is not None and inspect.isawaitable(value)  # most jobs return None
+    return value is not None and type(value) not in _PLAIN and inspect.isawaitable(value)
 
 
 def unawaited(value: Any, runtime: float) -> RunReport:

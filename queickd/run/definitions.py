@@ -4,10 +4,11 @@ process has imported it, else read from its source file without running it.
 The enqueue check must be cheap (the loader caches each verdict) and must never run a
 module's code: the daemon may never import a module whose jobs run in processes. So a
 module not imported here is located on disk (the app directory's packages are walked with
-PathFinder, which imports nothing) and its source parsed with `ast`. A source can bind a
-name in ways no parse sees (`globals()[...]`, `setattr`, a star import, a module
-`__getattr__`): the answer is then "cannot tell", and the run decides. A name is called
-missing only when it appears nowhere in the source, not even in a string.
+PathFinder, which imports nothing) and its source read. A source can bind a name in ways
+no reading follows (`globals()[...]`, `setattr`, a star import, a module `__getattr__`), so
+a name is called missing only when it appears nowhere in the source, not even in a string
+or a comment, and the source has no star import nor __getattr__; else the run decides. An
+`async def` is told by an `ast` parse, made only for a name the text shows so defined.
 Pure apart from reading the file; safe from any thread.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import ast
 import importlib.machinery
 import inspect
-from dataclasses import dataclass
+import re
 from enum import Enum
 
 
@@ -27,12 +28,32 @@ class Defined(Enum):
     UNKNOWN = "unknown"  # the module cannot be read, or binds names in ways a parse cannot follow
 
 
-@dataclass(frozen=True, slots=True)
 class Source:
-    """What a parse of a module's source found."""
+    """A module's source as read once: the text, searched per name; parsed with `ast`
+    only for a name it may define with `async def` (a parse costs milliseconds, once)."""
 
-    words: frozenset[str]  # every identifier and string the source holds
-    plain_async: frozenset[str]  # undecorated top-level `async def`s bound nowhere else
+    def __init__(self, text: bytes, path: str) -> None:
+        self.text = text
+        self.path = path
+        # Names bound out of sight of the text: a star import, a module __getattr__.
+        self.opaque = _OPAQUE.search(text) is not None
+        self._plain_async: frozenset[str] | None = None
+
+    def mentions(self, name: str) -> bool:
+        """Whether `name` occurs in the source at all: as a word, in a string, a comment."""
+        word = name.encode("utf-8")
+        if not word.isascii():  # \b of a bytes pattern knows ASCII letters only
+            return word in self.text
+        return re.search(rb"\b" + re.escape(word) + rb"\b", self.text) is not None
+
+    def plain_async(self) -> frozenset[str]:
+        """Its undecorated top-level `async def`s bound nowhere else."""
+        if self._plain_async is None:
+            self._plain_async = _plain_async(self.text, self.path)
+        return self._plain_async
+
+
+_OPAQUE = re.compile(rb"import\s*\*|\b__getattr__\b")
 
 
 def in_module(module: object, name: str) -> Defined:
@@ -67,52 +88,41 @@ def source_file(module: str, app_dir: str) -> str | None:
     return origin if origin and origin.endswith(".py") else None
 
 
-def parse(path: str) -> Source | None:
-    """The names of a module's source; None when it cannot be read or parsed, or binds
-    names out of a parse's sight (a star import, a module-level __getattr__)."""
+def read(path: str) -> Source | None:
     try:
         with open(path, "rb") as f:
-            tree = ast.parse(f.read(), path)
-    except (OSError, SyntaxError, ValueError):
+            return Source(f.read(), path)
+    except OSError:
         return None
-    words: set[str] = set()
+
+
+def _plain_async(text: bytes, path: str) -> frozenset[str]:
+    try:
+        tree = ast.parse(text, path)
+    except (SyntaxError, ValueError):  # its import will say so
+        return frozenset()
     bound: dict[str, int] = {}  # name -> places that bind it (defs, assignments, imports, globals)
-
-    def bind(name: str) -> None:
-        words.add(name)
-        bound[name] = bound.get(name, 0) + 1
-
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
-            return None
+        names: list[str] = []
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            bind(node.name)
-        elif isinstance(node, ast.Name):
-            (bind if isinstance(node.ctx, ast.Store | ast.Del) else words.add)(node.id)
+            names = [node.name]
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
+            names = [node.id]
         elif isinstance(node, ast.alias):
-            bind((node.asname or node.name).split(".")[0])
+            names = [(node.asname or node.name).split(".")[0]]
         elif isinstance(node, ast.Global | ast.Nonlocal):
-            for n in node.names:
-                bind(n)
-        elif isinstance(node, ast.Attribute):
-            words.add(node.attr)
-        elif isinstance(node, ast.arg):
-            words.add(node.arg)
-        elif isinstance(node, ast.keyword) and node.arg:
-            words.add(node.arg)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            words.add(node.value)
-    top = [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
-    if any(n.name == "__getattr__" for n in top):
-        return None
-    plain_async = {n.name for n in top if isinstance(n, ast.AsyncFunctionDef) and not n.decorator_list
-                   and bound.get(n.name) == 1}
-    return Source(frozenset(words), frozenset(plain_async))
+            names = list(node.names)
+        for n in names:
+            bound[n] = bound.get(n, 0) + 1
+    return frozenset(n.name for n in tree.body if isinstance(n, ast.AsyncFunctionDef) and not n.decorator_list
+                     and bound.get(n.name) == 1)
 
 
 def in_source(source: Source | None, name: str) -> Defined:
     if source is None:
         return Defined.UNKNOWN
-    if name not in source.words:
-        return Defined.MISSING
-    return Defined.COROUTINE if name in source.plain_async else Defined.UNKNOWN
+    if not source.mentions(name):
+        return Defined.UNKNOWN if source.opaque else Defined.MISSING
+    if re.search(rb"async\s+def\s+" + re.escape(name.encode("utf-8")) + rb"\s*\(", source.text) is None:
+        return Defined.UNKNOWN
+    return Defined.COROUTINE if name in source.plain_async() else Defined.UNKNOWN

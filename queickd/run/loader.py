@@ -115,7 +115,7 @@ class FunctionLoader:
                         self.app_dir, "; ".join(f"{k}: {v}" for k, v in self.shadowing.items()))
         self._checked: dict[str, QueueError | None] = {}
         self._funcs: dict[str, Callable[..., Any]] = {}
-        self._sources: dict[str, definitions.Source | None] = {}  # app modules not imported, parsed
+        self._sources: dict[str, definitions.Source | None] = {}  # app modules not imported, read
         self._reload_lock = threading.Lock()  # one reload at a time
         # Last, and once: after the standard library and the installed packages (an entry for
         # the directory already there, `python -m`'s cwd, would put it first).
@@ -183,7 +183,7 @@ class FunctionLoader:
             path = definitions.source_file(module, self.app_dir)
             if len(self._sources) > 1000:
                 self._sources.clear()
-            self._sources[module] = definitions.parse(path) if path is not None else None
+            self._sources[module] = definitions.read(path) if path is not None else None
         return definitions.in_source(self._sources[module], name)
 
     def _app_modules(self) -> list[str]:
