@@ -103,13 +103,15 @@ def _under(path: str, *kinds: str) -> bool:
 
 
 class FunctionLoader:
-    def __init__(self, app_dir: str, allow: Sequence[str] = ()) -> None:
+    def __init__(self, app_dir: str, allow: Sequence[str] = (), *, announce: bool = True) -> None:
+        """`announce`: log the app modules named like standard or installed ones (a
+        zygote, whose daemon has said so, does not)."""
         self.app_dir = os.path.realpath(app_dir)
         self.allow = tuple(allow)
         # App modules named like standard or installed ones (found once: the directory is
         # listed at start): jobs naming them are refused.
         self.shadowing = shadowed(self.app_dir)
-        if self.shadowing:
+        if self.shadowing and announce:
             log.warning("the app directory %s holds module(s) named like standard or installed ones, which "
                         "cannot run as jobs (jobs naming them are refused; rename them to use them): %s",
                         self.app_dir, "; ".join(f"{k}: {v}" for k, v in self.shadowing.items()))

@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     child.open_stdio()  # once here, not in each child
     child.warm_up()
     sock = socket.socket(fileno=a.fd)
-    z = Zygote(sock, FunctionLoader(a.app_dir, a.allow))
+    z = Zygote(sock, FunctionLoader(a.app_dir, a.allow, announce=False))
     failed = z.preload(a.preload)
     z.send({"ready": os.getpid(), "failed": failed})
     try:
