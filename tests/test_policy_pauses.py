@@ -28,6 +28,12 @@ def test_a_scheduled_retry_counts_for_nothing():
     assert pz.plan([pz.Finish(State.SCHEDULED, E, None, "m:f")], NOW, 1, look()) == pz.Plan()
 
 
+def test_the_death_of_a_job_whose_function_was_missing_counts_for_nothing():
+    missing = {"type": "not_found", "message": "module m defines no function 'f'"}
+    streaks = {("key", "k"): 2, ("func", "m:f"): 2}
+    assert pz.plan([failed("k", err=missing)] * 3, NOW, 3, look(streaks)) == pz.Plan()
+
+
 def test_a_streak_reaching_pause_after_begins_a_pause():
     p = pz.plan([failed()], NOW, 3, look({("func", "m:f"): 2}))
     assert p.new == [(("func", "m:f"), 3, E)] and p.pauses == {("func", "m:f"): (NOW, 3, E)}

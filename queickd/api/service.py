@@ -145,6 +145,8 @@ class QueueService(WorkflowOps):
     def enqueue_warnings(self, jobs: list[NewJob]) -> list[str]:
         """What an enqueue's reply adds for these (accepted) jobs: one line per pool no live
         worker serves, whose jobs wait until one does. A set lookup per job; no store access."""
+        if len(jobs) == 1 and self.served.serves(jobs[0].pool):  # the usual enqueue
+            return []
         unserved = self.served.unserved({j.pool: None for j in jobs})
         for pool in unserved:
             log.warning("accepted job(s) for pool %r, which no live worker serves: they wait until one does", pool)

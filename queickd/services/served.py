@@ -33,6 +33,11 @@ class ServedPools:
         """The pools of the registry's live workers that have a slot to run a job."""
         self.set(p for w in registry if w["alive"] and w["slots"] > 0 for p in w["pools"])
 
+    def serves(self, pool: str) -> bool:
+        """False only when `pool` is known to have no live worker."""
+        known = self._pools
+        return known is None or pool in known or EVERY in known
+
     def unserved(self, pools: Iterable[str]) -> list[str]:
         """Those of `pools` no live worker serves, in order, each once."""
         known = self._pools
