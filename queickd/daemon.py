@@ -266,8 +266,10 @@ class Daemon:
     def _read_served_pools(self) -> None:
         """The pools the registry's live workers serve, for the enqueue check's warning
         (the heartbeat's thread, and once at start)."""
+        served = self.service.served
         try:
-            self.service.served.from_registry(self.store.workers())  # type: ignore[union-attr]
+            if served.from_registry(self.store.workers()):  # type: ignore[union-attr]
+                log.debug("pools served by live workers: %s", ", ".join(served.pools) or "none")
         except Exception as e:  # the warning waits for the next beat; nothing else does
             log.debug("could not read the worker registry: %s", e)
 

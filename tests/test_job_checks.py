@@ -139,7 +139,7 @@ def test_the_warning_ends_once_a_live_worker_serves_the_pool(pg_fresh_database, 
     try:
         with d.client() as q:
             assert q.wait(first["job_id"], 30)["result"] == 3  # served as soon as a worker came
-            q.stats()  # reads the registry: the check's view follows at once, not at the next beat
+        d.wait_for_line("pools served by live workers: gpu")  # read after a heartbeat
         assert "warnings" not in raw(d.port, {"op": "enqueue", "func": "testjobs:noop", "pool": "gpu"})
     finally:
         worker.close()

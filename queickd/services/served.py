@@ -26,12 +26,20 @@ class ServedPools:
         """`pools`: those served, or None while unknown (nothing is then said)."""
         self._pools: frozenset[str] | None = None if pools is None else frozenset(pools)
 
-    def set(self, pools: Iterable[str]) -> None:
-        self._pools = frozenset(pools)  # replaced whole: a reader sees the old set or the new
+    def set(self, pools: Iterable[str]) -> bool:
+        """Whether that changed what is served."""
+        new, old = frozenset(pools), self._pools
+        self._pools = new  # replaced whole: a reader sees the old set or the new
+        return new != old
 
-    def from_registry(self, registry: list[dict[str, Any]]) -> None:
-        """The pools of the registry's live workers that have a slot to run a job."""
-        self.set(p for w in registry if w["alive"] and w["slots"] > 0 for p in w["pools"])
+    def from_registry(self, registry: list[dict[str, Any]]) -> bool:
+        """The pools of the registry's live workers that have a slot to run a job; whether
+        that changed what is served."""
+        return self.set(p for w in registry if w["alive"] and w["slots"] > 0 for p in w["pools"])
+
+    @property
+    def pools(self) -> list[str]:
+        return sorted(self._pools or ())
 
     def serves(self, pool: str) -> bool:
         """False only when `pool` is known to have no live worker."""
