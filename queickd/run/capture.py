@@ -16,7 +16,7 @@ from .base import RunReport
 MAX_TEXT = 16 * 1024  # characters of a process run's error message (and traceback) kept
 # Jobs are called, never awaited (yet): a coroutine function is refused at enqueue where the
 # loader can tell (run/definitions.py), and a run that returned an awaitable fails here.
-# Running them instead is this function's and the loader's change alone.
+# Running them instead changes succeeded() and the loader's coroutine refusal alone.
 ASYNC_UNSUPPORTED = "async_unsupported"  # the error type of such a run
 ASYNC_HINT = ("queickd does not run async jobs yet; make the job a plain def "
               "(one that calls asyncio.run(...) if it must await)")

@@ -40,14 +40,10 @@ def targets(key: str | None, func: str | None) -> list[Target]:
     return [t for t in (("key", key), ("func", func)) if t[1] is not None]  # type: ignore[misc]
 
 
-def extends(state: str, error: dict | None = None) -> bool | None:
-    """True: a run finishing in `state` (with `error`) extends its streaks; False: it ends
-    them; None: it counts for nothing. A run refused because its module defines no such
-    function (a typo, a function since removed) never ran: it says nothing of its key's or
-    its function's health, and a run of typos must not pause them."""
+def extends(state: str) -> bool | None:
+    """True: a run finishing in `state` extends its streaks; False: it ends them; None:
+    it counts for nothing."""
     if state == State.WAITING_NETWORK:
-        return None
-    if error is not None and error.get("type") == FUNCTION_MISSING:
         return None
     return state != State.SUCCEEDED
 
@@ -62,10 +58,15 @@ def cooldown_for(base: float, trips: int) -> float:
 
 def counts(state: str, error: dict | None = None) -> bool | None:
     """Streak counting, as `extends` says, for a run that is not a probe: a retry
-    scheduled is not (yet) a failure of the job."""
+    scheduled is not (yet) a failure of the job. Nor is a run refused because its module
+    defines no such function (a typo, a function since removed): it never ran, says
+    nothing of its key's or its function's health, and a run of typos must not pause them.
+    (A probe's such run still fails its probe: the pause then waits for the next one.)"""
     if state == State.SCHEDULED:
         return None
-    return extends(state, error)
+    if error is not None and error.get("type") == FUNCTION_MISSING:
+        return None
+    return extends(state)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +131,7 @@ def plan(finished: Iterable[Finish], now: float, pause_after: int | None, look: 
         return trips if probe == job_id else None
 
     for f in finished:
-        ext = extends(f.state, f.error)
+        ext = extends(f.state)
         if ext is None:
             continue
         for t in targets(f.key, f.func):
@@ -155,7 +156,7 @@ def plan(finished: Iterable[Finish], now: float, pause_after: int | None, look: 
                     p.probes[t] = (now + cooldown_for(cooldown, trips + 1), trips + 1)
                 seen[t] = (failures, True)
                 continue
-            if counts(f.state) is None:
+            if counts(f.state, f.error) is None:
                 continue
             if not ext:
                 if failures:
