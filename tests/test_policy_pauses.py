@@ -119,6 +119,12 @@ def test_the_probes_failure_pauses_again_with_a_doubled_cooldown():
     assert p.probes == {("func", "m:f"): (NOW + 240.0, 3)} and p.pauses == {("func", "m:f"): (None, 4, E)}
 
 
+def test_the_probes_death_for_a_missing_function_is_a_failed_probe():
+    missing = {"type": "not_found", "message": "module m defines no function 'f'"}
+    p = pz.plan([pz.Finish(State.DEAD, missing, None, "m:f", 7)], NOW, 3, probing(7), cooldown=60.0)
+    assert p.probes == {("func", "m:f"): (NOW + 120.0, 2)}
+
+
 def test_the_probes_scheduled_retry_is_a_failed_probe():
     p = pz.plan([pz.Finish(State.SCHEDULED, E, None, "m:f", 7)], NOW, 3, probing(7), cooldown=60.0)
     assert p.probes == {("func", "m:f"): (NOW + 120.0, 2)}
