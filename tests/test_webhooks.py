@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import http.client
+import json
 import socket
 import time
 
@@ -63,6 +64,31 @@ def test_configured_idempotency_header_names_the_delivery(start_daemon, tmp_path
     again = web.post_json("/hooks/gh", {}, {"X-Stripe-Id": "evt_1"})
     assert (first.status, again.status) == (202, 200)
     assert again.json()["job_id"] == first.json()["job_id"]
+
+
+@pytest.mark.parametrize("header", ["X-Api-Key", "Api-Key", "X-Auth", "X-Secret", "X-Auth-Token",
+                                    "X-Webhook-Signature", "X-Password", "Set-Cookie", "X-SECRET-VALUE"])
+def test_headers_named_like_credentials_are_never_stored(web, header):
+    r = web.post_json("/hooks/gh", {"a": 1}, {header: "s3cr3t-value", "X-Event": "push"})
+    assert r.status == 202
+    with web.daemon.client() as q:
+        job = q.wait(r.json()["job_id"], 20)
+        got = q.get(job["id"])
+    assert job["result"]["headers"]["X-Event"] == "push"
+    assert header.lower() not in {k.lower() for k in job["result"]["headers"]}
+    assert "s3cr3t-value" not in json.dumps(got)
+    assert b"s3cr3t-value" not in web.get(f"/jobs/{job['id']}").body
+
+
+def test_a_delivery_id_in_a_header_named_like_a_credential_still_deduplicates(start_daemon, tmp_path):
+    web = start_web(start_daemon, tmp_path, HOOK + 'idempotency_header = "X-Delivery-Token"\n')
+    first = web.post_json("/hooks/gh", {}, {"X-Delivery-Token": "evt_1"})
+    again = web.post_json("/hooks/gh", {}, {"X-Delivery-Token": "evt_1"})
+    assert (first.status, again.status) == (202, 200)
+    assert again.json()["job_id"] == first.json()["job_id"]
+    with web.daemon.client() as q:
+        job = q.wait(first.json()["job_id"], 20)
+    assert "x-delivery-token" not in {k.lower() for k in job["result"]["headers"]}
 
 
 def test_unknown_hook_is_404(web):

@@ -439,9 +439,7 @@ class _Handler(BaseHTTPRequestHandler):
                         self.address_string())
             return self._json(401, _error(Code.UNAUTHORIZED, f"bad or missing {hook.signature_header}"))
         headers: dict[str, str] = {}
-        for k, v in self.headers.items():
-            if hook.credential_header(k):
-                continue  # never stored with the job, nor handed to the hook's payload
+        for k, v in self.headers.items():  # all of them: the delivery id may be in a dropped one
             headers[k] = f"{headers[k]}, {v}" if k in headers else v
         try:
             status, reply, extra = owner.deliver(hook, headers, body,
