@@ -27,7 +27,11 @@ def token_file(tmp_path):
 
 def test_a_connection_over_max_connections_is_told_and_closed(start_daemon):
     d = start_daemon(None, "--max-connections", "3")
-    held = [socket.create_connection(("127.0.0.1", d.port), timeout=10) for _ in range(3)]
+    held = []
+    for _ in range(3):  # each proven by a request: unproven ones have a cap of their own
+        held.append(socket.create_connection(("127.0.0.1", d.port), timeout=10))
+        held[-1].sendall(b'{"op":"stats"}\n')
+        assert json.loads(held[-1].makefile("rb").readline())["ok"] is True
     try:
         with socket.create_connection(("127.0.0.1", d.port), timeout=10) as extra:
             [reply] = _lines_until_closed(extra)
@@ -113,3 +117,60 @@ def test_a_wait_flood_waits_in_the_socket_and_every_wait_is_answered_in_order(st
         sender.join(30)
         flood.close()
     assert states == ["cancelled"] * 20_000
+
+
+def _connect_from(address: str, port: int) -> socket.socket:
+    """A connection from `address` (another loopback address stands for another host)."""
+    return socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(address, 0))
+
+
+def _hello(s: socket.socket, token: str = "s3cret") -> dict:
+    s.sendall(json.dumps({"op": "hello", "token": token}).encode() + b"\n")
+    return json.loads(s.makefile("rb").readline())
+
+
+def test_a_host_holding_the_unauthenticated_pool_is_refused_more_and_another_host_gets_in(start_daemon, token_file):
+    d = start_daemon(None, "--token-file", token_file, "--max-connections", "16")  # pool 12, share 2
+    held = [_connect_from("127.0.0.1", d.port) for _ in range(12)]
+    try:
+        with _connect_from("127.0.0.1", d.port) as more:
+            [reply] = _lines_until_closed(more)
+        assert reply["error"]["code"] == "queue_full"
+        assert "too many unauthenticated connections from 127.0.0.1" in reply["error"]["message"]
+        with _connect_from("127.0.0.2", d.port) as other_host:
+            assert _hello(other_host)["ok"] is True
+        [evicted] = _lines_until_closed(held[0])  # the oldest made room for it
+        assert "another host waited" in evicted["error"]["message"]
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_hosts_that_never_authenticate_cannot_lock_out_a_token_holder(start_daemon, token_file):
+    d = start_daemon(None, "--token-file", token_file, "--max-connections", "16")
+    held = [_connect_from(f"127.0.1.{n}", d.port) for n in range(1, 9) for _ in range(2)]  # 8 hosts x 2: all 16
+    try:
+        with _connect_from("127.0.0.2", d.port) as holder:
+            assert _hello(holder)["ok"] is True
+            holder.sendall(b'{"op":"stats"}\n')
+            assert json.loads(holder.makefile("rb").readline())["ok"] is True
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_without_a_token_a_connection_counts_as_unauthenticated_until_its_first_request(start_daemon):
+    d = start_daemon(None, "--max-connections", "8")  # pool 6
+    held = [_connect_from("127.0.0.1", d.port) for _ in range(6)]
+    try:
+        with _connect_from("127.0.0.1", d.port) as seventh:
+            [reply] = _lines_until_closed(seventh)
+        assert "too many unauthenticated connections from 127.0.0.1" in reply["error"]["message"]
+        held[-1].sendall(b'{"op":"stats"}\n')
+        assert json.loads(held[-1].makefile("rb").readline())["ok"] is True
+        with _connect_from("127.0.0.1", d.port) as again:
+            again.sendall(b'{"op":"stats"}\n')
+            assert json.loads(again.makefile("rb").readline())["ok"] is True
+    finally:
+        for s in held:
+            s.close()

@@ -9,7 +9,8 @@ runs too far ahead is paused: at most `max_pending` replies are owed on one conn
 beyond that the server stops reading it (its further lines wait in the socket, not in our
 memory) until the replies have drained to half. Before the token is given, lines are at
 most PREAUTH_MAX_LINE bytes, and a wrong token is answered only after BAD_TOKEN_DELAY and
-the connection closed at the MAX_BAD_TOKENS-th.
+the connection closed at the MAX_BAD_TOKENS-th. Until it authenticates (with no token:
+sends a request) a connection counts toward its source's share (api/preauth.py).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Host(Protocol):
     read_buffer: memoryview  # what every connection of the loop reads into (see get_buffer)
 
     def opened(self, c: Connection) -> None: ...  # c is set up: it joins `connections`
+    def proven(self, c: Connection) -> None: ...  # c no longer counts as unauthenticated
 
 PREAUTH_MAX_LINE = 4096  # bytes per line before the token is given: a hello is small
 MAX_BAD_TOKENS = 3  # wrong tokens on one connection before it is closed
@@ -124,8 +126,10 @@ READ_BUFFER = 65536  # bytes one read takes; shared by the loop's connections
 
 
 class Connection(asyncio.BufferedProtocol):
-    def __init__(self, server: Host) -> None:
+    def __init__(self, server: Host, source: str = "") -> None:
         self.server = server
+        self.source = source  # the peer's address as api/preauth.py counts it
+        self.unproven = True  # counts toward its source's share of unauthenticated connections
         self.svc = server.service
         self.loop = server.loop
         self.buf = bytearray()
@@ -152,6 +156,7 @@ class Connection(asyncio.BufferedProtocol):
         self._writes: list[asyncio.Future] = []
         self._op: asyncio.Future | None = None
         self._hello_timer: asyncio.TimerHandle | None = None
+        self._evicted: str | None = None  # closed for another host before it was set up
 
     # --- asyncio callbacks ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -159,6 +164,10 @@ class Connection(asyncio.BufferedProtocol):
         self.opened = True
         server = self.server
         server.opened(self)
+        if self._evicted is not None:
+            self.transport.write(protocol.encode(QueueError(Code.QUEUE_FULL, self._evicted, 1.0).to_reply()))
+            self.transport.close()
+            return
         if server.hello_timeout:
             self._hello_timer = self.loop.call_later(server.hello_timeout, self._hello_expired)
 
@@ -175,10 +184,30 @@ class Connection(asyncio.BufferedProtocol):
         self.transport.close()
 
     def _shown(self) -> None:
-        """The peer did what the hello timeout asks of it: it no longer applies."""
+        """The peer did what the hello timeout asks of it (or is gone): it no longer applies,
+        and the connection no longer counts as unauthenticated."""
         if self._hello_timer is not None:
             self._hello_timer.cancel()
             self._hello_timer = None
+        self._prove()
+
+    def _prove(self) -> None:
+        if self.unproven:
+            self.unproven = False
+            self.server.proven(self)
+
+    def evict(self, message: str) -> None:
+        """Close an unauthenticated connection to admit another host's (api/preauth.py,
+        which no longer counts it); one not yet set up is closed once it is."""
+        self.unproven = False
+        self._shown()
+        self._evicted = message
+        log.info("evicted an unauthenticated connection from %s", self.source)
+        if self.transport is not None and not self.closing:
+            if self.legacy is None:
+                self.transport.write(protocol.encode(QueueError(Code.QUEUE_FULL, message, 1.0).to_reply()))
+            self.transport.close()
+        self.closing = True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -228,6 +257,7 @@ class Connection(asyncio.BufferedProtocol):
 
                     self.legacy = LegacyConnection(self.svc, self.transport, self.loop, self.server.io,  # type: ignore[arg-type]
                                                    decoder=self.server.decoder, max_expanded=self.server.max_line)
+                    self._prove()  # its request has begun (the hello timeout still bounds it)
                 else:
                     log.warning("a Queick 1.2.1 client (pickle) connected; start with "
                                 "--accept-queick-clients to serve it")
@@ -262,7 +292,7 @@ class Connection(asyncio.BufferedProtocol):
                 line = line[:-1]
             if line.strip():
                 group = self._handle(line, group)
-                if self._hello_timer is not None and self.svc.token is None:
+                if self.unproven and self.svc.token is None:
                     self._shown()
                 if self.closing:
                     break

@@ -4,7 +4,8 @@ An asyncio loop in its own thread serves every connection (api/connection.py: fr
 ordering, back-pressure). Limits that hold before anyone has authenticated: at most
 `max_connections` at once (an extra one gets a one-line error and is closed; the cap is
 lowered to keep FD_RESERVE file descriptors for the store, the jobs and the logs), and
-`hello_timeout` seconds to send a complete first line (with a token: to authenticate).
+`hello_timeout` seconds to send a complete first line (with a token: to authenticate),
+and fair shares of the connections for those that have not yet done so (api/preauth.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..services.batcher import Gather
 from ..settings import DEFAULT_HELLO_TIMEOUT, DEFAULT_HOST, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PENDING
 from .connection import READ_BUFFER, Connection
 from .inbox import Inbox
+from .preauth import PreauthLimits, source_of
 from .service import QueueService
 
 log = logging.getLogger("queickd.server")
@@ -77,6 +79,7 @@ class Server:
                         "are kept for the store and jobs (raise LimitNOFILE)", self.max_connections,
                         max_connections, nofile, nofile - self.max_connections)
         self.hello_timeout = hello_timeout
+        self.preauth = PreauthLimits(self.max_connections)
         self.max_pending = max_pending
         self.accept_queick_clients = accept_queick_clients
         self.host = host
@@ -153,7 +156,7 @@ class Server:
         a flood never holds more than a batch of descriptors beyond the cap."""
         for _ in range(_ACCEPT_BATCH):
             try:
-                conn, _ = lsock.accept()
+                conn, peer = lsock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
@@ -164,15 +167,16 @@ class Server:
                 else:  # the peer gave up before we accepted (ECONNABORTED): nothing to serve
                     log.debug("accept failed: %s", e)
                 return
-            if len(self.connections) + self._opening >= self.max_connections:
-                self._refuse(conn)
+            protocol_side = Connection(self, source_of(peer))
+            refusal = self.preauth.admit(protocol_side.source, protocol_side, len(self.connections) + self._opening)
+            if refusal is not None:
+                self._refuse(conn, refusal)
                 continue
             self._opening += 1
-            self.loop.create_task(self._open(conn))  # type: ignore[union-attr]
+            self.loop.create_task(self._open(conn, protocol_side))  # type: ignore[union-attr]
 
-    def _refuse(self, conn: socket.socket) -> None:
-        log.warning("refused a connection: %d connections open (--max-connections)", self.max_connections)
-        msg = f"too many connections ({self.max_connections}); try again later"
+    def _refuse(self, conn: socket.socket, msg: str) -> None:
+        log.warning("refused a connection: %s (--max-connections %d)", msg, self.max_connections)
         try:
             conn.setblocking(False)
             conn.send(protocol.encode(QueueError(Code.QUEUE_FULL, msg, 1.0).to_reply()))
@@ -180,22 +184,17 @@ class Server:
             pass
         conn.close()
 
-    async def _open(self, conn: socket.socket) -> None:
-        made: list[Connection] = []
-
-        def connection() -> Connection:
-            made.append(Connection(self))
-            return made[0]
-
+    async def _open(self, conn: socket.socket, protocol_side: Connection) -> None:
         try:
             conn.setblocking(False)
-            await self.loop.connect_accepted_socket(connection, conn)  # type: ignore[union-attr]
+            await self.loop.connect_accepted_socket(lambda: protocol_side, conn)  # type: ignore[union-attr]
         except Exception as e:
             log.debug("could not set up an accepted connection: %s", e)
             conn.close()
         finally:
-            if not (made and made[0].opened):  # it never joined `connections` (opened())
+            if not protocol_side.opened:  # it never joined `connections` (opened())
                 self._opening -= 1
+                self.preauth.release(protocol_side.source, protocol_side)
 
     def opened(self, c: Connection) -> None:
         """An accepted connection is set up (its connection_made): it is served now, or,
@@ -204,6 +203,10 @@ class Server:
         self._opening -= 1
         if self._closed:
             c.begin_close()
+
+    def proven(self, c: Connection) -> None:
+        """`c` authenticated (or, with no token, sent a request), or closed before it did."""
+        self.preauth.release(c.source, c)
 
     def _resume_accepting(self, lsock: socket.socket) -> None:
         if not self._closed:
