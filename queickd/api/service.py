@@ -281,8 +281,8 @@ class QueueService(WorkflowOps):
         state = req.get("state", State.DEAD)
         if state not in State.FINAL:
             raise QueueError(Code.BAD_REQUEST, f"state must be one of {', '.join(State.FINAL)}")
-        older = protocol.number(req, "older_than")
-        if older is None or older < 0:
+        older = protocol.number(req, "older_than", 0, protocol.LATEST)
+        if older is None:
             raise QueueError(Code.BAD_REQUEST, "older_than (seconds, 0 or more) is required")
         cutoff, total = self.clock() - older, 0
         while (n := self.store.purge([state], cutoff, 1000)) > 0:  # small transactions
@@ -329,8 +329,8 @@ class QueueService(WorkflowOps):
             self.scheduler.wake_at(now, "events")
             return {"ok": True, "retried": n}
         if req.get("event_id") is not None:
-            event_id = req["event_id"]
-            ev = self.store.retry_event(str(event_id), now)
+            event_id = protocol.opt_str(req, "event_id")
+            ev = self.store.retry_event(event_id, now)
             if ev is None:
                 raise QueueError(Code.NOT_FOUND, f"no event {event_id!r}")
             if ev.state != EventState.PENDING:

@@ -8,14 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from .job import State
-from .protocol import MAX_ID, bad, normalize_func, opt_str, text_field
+from .protocol import MAX_ID, bad, normalize_func, opt_str, ranged, text_field
 
 
 def job_id(obj: dict[str, Any]) -> int:
-    v = obj.get("job_id")
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_ID:
-        raise bad(f"job_id must be an integer from 1 to {MAX_ID}")
-    return v
+    return ranged("job_id", obj.get("job_id"), 1, MAX_ID, integer=True)
 
 
 def state_filter(obj: dict[str, Any]) -> str | None:
@@ -52,10 +49,7 @@ def states(obj: dict[str, Any]) -> frozenset[str]:
 
 
 def limit(obj: dict[str, Any], default: int = 100, maximum: int = 10_000) -> int:
-    v = obj.get("limit", default)
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= maximum:
-        raise bad(f"limit must be an integer from 1 to {maximum}")
-    return v
+    return ranged("limit", obj.get("limit", default), 1, maximum, integer=True)
 
 
 def pool_target(obj: dict[str, Any]) -> tuple[str, str, str]:
@@ -72,10 +66,7 @@ def pool_target(obj: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def run_id(obj: dict[str, Any]) -> int:
-    v = obj.get("run_id")
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_ID:
-        raise bad(f"run_id must be an integer from 1 to {MAX_ID}")
-    return v
+    return ranged("run_id", obj.get("run_id"), 1, MAX_ID, integer=True)
 
 
 def workflow_start(obj: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None, dict[str, Any], str | None]:

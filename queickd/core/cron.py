@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from .numbers import in_range
+
 _ALIASES = {
     "@yearly": "0 0 1 1 *",
     "@annually": "0 0 1 1 *",
@@ -182,17 +184,6 @@ MIN_INTERVAL = 0.1  # seconds; finer intervals are a busy loop, and below float 
 MAX_INTERVAL = 100 * 366 * 86400.0  # seconds: a century; ticks stay far below LATEST
 
 
-def finite_number(v: Any) -> float | None:
-    """A finite number as float, or None (bools, huge ints, NaN, infinities are not)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    try:
-        f = float(v)
-    except OverflowError:
-        return None
-    return f if math.isfinite(f) else None
-
-
 def parse_schedule(d: dict[str, Any], now: float | None = None) -> Schedule:
     """Read the wire/stored form: {"cron": "*/5 * * * *"} or {"every": s, "start_at": t}.
     Without start_at, an interval starts one interval after `now` (default: the clock)."""
@@ -201,15 +192,13 @@ def parse_schedule(d: dict[str, Any], now: float | None = None) -> Schedule:
             raise ValueError("cron must be a string")
         return CronExpr.parse(d["cron"])
     if "every" in d:
-        every = finite_number(d["every"])
-        if every is None or not MIN_INTERVAL <= every <= MAX_INTERVAL:
-            raise ValueError(f"every must be a number of seconds, at least {MIN_INTERVAL} and at most {MAX_INTERVAL:.0f}")
+        every = in_range("every", d["every"], MIN_INTERVAL, MAX_INTERVAL, message=(
+            f"every must be a number of seconds, at least {MIN_INTERVAL} and at most {MAX_INTERVAL:.0f}"))
         if d.get("start_at") is None:
             start: float | None = (time.time() if now is None else now) + every
         else:
-            start = finite_number(d["start_at"])
-            if start is None or start > LATEST:
-                raise ValueError(f"start_at must be unix seconds, at most {LATEST:.0f} (the year 9999)")
+            start = in_range("start_at", d["start_at"], hi=LATEST,
+                             message=f"start_at must be unix seconds, at most {LATEST:.0f} (the year 9999)")
         return Every(every, start)
     raise ValueError("a schedule needs 'cron' or 'every'")
 

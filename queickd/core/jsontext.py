@@ -13,6 +13,7 @@ which accepts it or says what is wrong.
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import Callable
 from json import encoder as _encoder_module
@@ -74,3 +75,43 @@ def loads(s: str | bytes | bytearray) -> Any:
     if type(s) is str and not s.startswith("\ufeff"):
         return _plain_loads(s)
     return json.loads(s)
+
+
+class _Unfit(str):
+    """A number literal no field can hold (1e309, NaN, Infinity, an int past Python's
+    digit limit), kept as its text by the decoder that finds where it was."""
+
+
+def _unfit_int(text: str) -> int | _Unfit:
+    try:
+        return int(text)
+    except ValueError:
+        return _Unfit(text)
+
+
+def _unfit_float(text: str) -> float | _Unfit:
+    v = float(text)
+    return v if math.isfinite(v) else _Unfit(text)
+
+
+_LOCATING = json.JSONDecoder(parse_float=_unfit_float, parse_int=_unfit_int, parse_constant=_Unfit)
+
+
+def unfit_number(text: str) -> tuple[str, str] | None:
+    """(the path, as "jobs[0].cost_units", and the literal, shortened) of the first number in
+    the JSON `text` that no number field can hold, or None if there is none or `text` is
+    not JSON for another reason. For the error path only: it decodes `text` again."""
+    try:
+        obj = _LOCATING.decode(text)
+    except (ValueError, RecursionError):
+        return None
+    todo: list[tuple[str, Any]] = [("", obj)]
+    while todo:
+        path, v = todo.pop()
+        if type(v) is _Unfit:
+            return path, v if len(v) <= 24 else f"{v[:12]}... ({len(v)} characters)"
+        if type(v) is dict:
+            todo.extend((f"{path}.{k}" if path else k, x) for k, x in reversed(v.items()))
+        elif type(v) is list:
+            todo.extend((f"{path}[{i}]", x) for i, x in reversed(list(enumerate(v))))
+    return None

@@ -15,8 +15,9 @@ from typing import Any
 
 from . import fields, jsontext, sandbox
 from . import retry as retry_mod
-from .cron import LATEST, finite_number, parse_schedule, schedule_to_dict
+from .cron import LATEST, parse_schedule, schedule_to_dict
 from .job import DEFAULT_POOL, NewJob
+from .numbers import in_range
 
 VERSION = 1
 DEFAULT_PORT = 9999
@@ -28,6 +29,7 @@ MAX_KEY_LEN = 200
 MAX_BATCH = 10_000  # jobs in one enqueue_many
 MAX_INT = 2**31 - 1  # counts (max_attempts)
 MAX_ID = 2**63 - 1  # ids are SQLite/PostgreSQL bigints
+MAX_COST_UNITS = 1e15  # a job's cost: far above any budget, and exact in a float
 # Levels of arrays and objects in a request, the request itself included. Every later path
 # handles far deeper values (the first to fail, at about 495 levels of args, is the reply
 # to `get`; json.loads fails near 990), so a stored job can always be read back.
@@ -158,6 +160,10 @@ def decode_line(line: bytes | str) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise bad("request is not UTF-8") from None
     except ValueError as e:
+        unfit = jsontext.unfit_number(text)  # a number no field can hold: name where it is
+        if unfit is not None:
+            raise bad(f"{unfit[0] or 'the request'}: {unfit[1]} is not a number queickd can hold "
+                      "(finite, at most 4300 digits)") from None
         raise bad(f"request is not JSON: {e}") from None
     except RecursionError:
         raise bad(f"request nests arrays and objects more than {MAX_DEPTH} levels deep") from None
@@ -213,14 +219,18 @@ def _normalize_func(func: str) -> str:
     return f"{module}:{name}"
 
 
-def number(obj: dict, name: str) -> float | None:
+def ranged(name: str, v: Any, *bounds: float, **kw: Any) -> Any:
+    """numbers.in_range (the one range check), refusing with bad_request naming `name`."""
+    try:
+        return in_range(name, v, *bounds, **kw)
+    except ValueError as e:
+        raise bad(str(e)) from None
+
+
+def number(obj: dict, name: str, *bounds: float, **kw: Any) -> float | None:
+    """obj[name] checked by `ranged` (by default: any finite number), or None if absent."""
     v = obj.get(name)
-    if v is None:
-        return None
-    f = finite_number(v)
-    if f is None:
-        raise bad(f"{name} must be a finite number")
-    return f
+    return None if v is None else ranged(name, v, *bounds, **kw)
 
 
 def opt_str(obj: dict, name: str) -> str | None:
@@ -243,11 +253,10 @@ def parse_retry(v: Any) -> Any:
     if extra:
         raise bad(f"unknown retry field(s): {', '.join(sorted(extra))}")
     for name in ("interval", "max_interval"):
-        number(v, name)
-    attempts = v.get("max_attempts")
-    if attempts is not None and (isinstance(attempts, bool) or not isinstance(attempts, int)
-                                 or not 1 <= attempts <= MAX_INT):
-        raise bad(f"retry.max_attempts must be an integer from 1 to {MAX_INT}")
+        if v.get(name) is not None:
+            ranged(f"retry.{name}", v[name], 0, LATEST, above=True)
+    if v.get("max_attempts") is not None:
+        ranged("retry.max_attempts", v["max_attempts"], 1, MAX_INT, integer=True)
     try:
         return retry_mod.make_spec(**{k: v[k] for k in _RETRY_FIELDS if v.get(k) is not None})
     except (ValueError, TypeError) as e:
@@ -271,9 +280,7 @@ def _dict(v: Any) -> dict:
 
 
 def _priority(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or abs(v) > MAX_INT:
-        raise bad(f"priority must be an integer from {-MAX_INT} to {MAX_INT}")
-    return v
+    return ranged("priority", v, -MAX_INT, MAX_INT, integer=True)
 
 
 def _flag(name: str) -> Any:
@@ -299,20 +306,11 @@ def _group(v: Any) -> str | None:
 
 
 def _concurrency_limit(v: Any) -> int | None:
-    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_INT):
-        raise bad(f"concurrency_limit must be an integer from 1 to {MAX_INT}")
-    return v
-
-
-_NUMBERS = (int, float)  # a tuple: `int | float` would be made again on every call
+    return None if v is None else ranged("concurrency_limit", v, 1, MAX_INT, integer=True)
 
 
 def _cost_units(v: Any) -> float | None:
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, _NUMBERS) or not math.isfinite(v) or v <= 0:
-        raise bad("cost_units must be a number greater than 0")
-    return float(v)
+    return None if v is None else ranged("cost_units", v, 0, MAX_COST_UNITS, above=True)
 
 
 def _sandbox(name: str) -> Any:

@@ -13,10 +13,11 @@ sends a job to a process.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from .numbers import in_range
 
 THREAD = "thread"
 PROCESS = "process"
@@ -53,17 +54,14 @@ def check(name: str, v: Any) -> Any:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {v!r}")
         return v
     if name == "timeout":
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
-                or not 0 < v <= MAX_TIMEOUT:
-            raise ValueError(f"timeout must be seconds above 0 and at most {MAX_TIMEOUT:.0f} (a day)")
-        return float(v)
+        return in_range(name, v, 0, MAX_TIMEOUT, above=True,
+                        message=f"timeout must be seconds above 0 and at most {MAX_TIMEOUT:.0f} (a day)")
     bounds = {"memory_mb": (MIN_MEMORY_MB, MAX_MEMORY_MB), "output_kb": (1, MAX_OUTPUT_KB)}.get(name)
     if bounds is None:
         raise ValueError(f"unknown sandbox setting {name!r}")
-    if isinstance(v, bool) or not isinstance(v, int) or not bounds[0] <= v <= bounds[1]:
-        why = " (what an interpreter needs)" if name == "memory_mb" else ""
-        raise ValueError(f"{name} must be an integer from {bounds[0]}{why} to {bounds[1]}")
-    return v
+    why = " (what an interpreter needs)" if name == "memory_mb" else ""
+    return in_range(name, v, *bounds, integer=True,
+                    message=f"{name} must be an integer from {bounds[0]}{why} to {bounds[1]}")
 
 
 def check_job(isolation: str | None, limits: Mapping[str, Any]) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import fields
-from ..protocol import QueueError, bad, normalize_func, parse_job
+from ..protocol import MAX_ID, QueueError, bad, normalize_func, parse_job, ranged
 
 MAX_DEFINITION_BYTES = 64 * 1024
 MAX_NAME = 200
@@ -75,9 +75,8 @@ class Definition:
 
 
 def _positive(name: str, v: Any) -> int:
-    if type(v) is not int or v <= 0:
-        raise bad(f"{name} must be a positive integer")
-    return v
+    # A count or a size: one that fits a bigint, as the stores keep it.
+    return ranged(name, v, 1, MAX_ID, integer=True, message=f"{name} must be a positive integer (at most {MAX_ID})")
 
 
 def _name(what: str, v: Any) -> str:
