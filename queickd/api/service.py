@@ -362,6 +362,7 @@ class QueueService(WorkflowOps):
             "workers": {"total": self.pool.workers, "busy": self.pool.busy, "stopping": self.pool.stopping,
                         **self.pool.size_info()},
             "draining": self.pool.draining,
+            "store_problem": self.store.durability_lost(),  # None while writes are safe
             "enqueued": self.batcher.jobs,
             "commits": self.batcher.commits,
             "completed": self.pool.completed,

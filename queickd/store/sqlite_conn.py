@@ -15,6 +15,9 @@ not stop the daemon: the file is opened read-only and immutable (no -shm needed)
 served, and every write raises DiskFullError, a clear error naming the disk, until a write
 finds space again (statvfs, tried at most once a second); then the file is opened for
 writing as at start, and each thread's connection is replaced on its next use.
+A database file or WAL deleted or replaced under the daemon is noticed at the next commit
+(sqlite_files.py): what the deleted WAL holds is checkpointed into the database file, and
+every write after is refused (StoreFilesLostError, before it begins) until a restart.
 This module runs no query of the store's own; sqlite.py does.
 """
 
@@ -34,8 +37,9 @@ import urllib.parse
 
 from ..settings import SQLITE_PAGE
 from . import sqlite_check, sqlite_schema
-from .records import StoreInUseError
+from .records import NotDurableError, StoreInUseError
 from .sqlite_checkpoint import BACKSTOP_PAGES, Checkpointer
+from .sqlite_files import FilesWatch
 from .sqlite_flush import WalFlusher
 
 log = logging.getLogger("queickd.store")
@@ -49,6 +53,11 @@ _RETRY_WRITABLE = 1.0  # seconds between attempts to open the file for writing a
 class DiskFullError(sqlite3.OperationalError):
     """The disk holding the store is full: the store serves reads only, and this write was
     not made. The first write after space returns succeeds."""
+
+
+class StoreFilesLostError(sqlite3.OperationalError):
+    """The store's database file or WAL was deleted or replaced under the daemon: this
+    write was not made, nor is any until the daemon is restarted."""
 
 
 def free_bytes(path: str) -> int:
@@ -95,7 +104,7 @@ class SQLiteFile:
     # A full or failing disk, a lock held too long: the file's trouble, not a call's data.
     UNAVAILABLE: tuple[type[BaseException], ...] = (sqlite3.OperationalError,)
     # Raised before a transaction begins, while the store serves reads only.
-    NOT_WRITTEN: tuple[type[BaseException], ...] = (DiskFullError,)
+    NOT_WRITTEN: tuple[type[BaseException], ...] = (DiskFullError, StoreFilesLostError)
 
     def __init__(self, path: str, durability: str = "full", busy_timeout: float = 30.0) -> None:
         if durability not in _SYNCHRONOUS:
@@ -112,6 +121,7 @@ class SQLiteFile:
         # Durable commits are flushed apart from COMMIT; "normal" durability never flushes.
         self._flusher = WalFlusher(path) if durability == "full" and path != ":memory:" else None
         self._checkpointer = Checkpointer(path) if path != ":memory:" else None
+        self._files = FilesWatch(path) if path != ":memory:" else None
         self._lock_fd: int | None = None
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.read_only = False  # the disk was full: see _read_only_open
@@ -207,13 +217,18 @@ class SQLiteFile:
     # --- connections ----------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
         c = getattr(self._local, "conn", None)
-        if c is not None and self._local.gen != self._gen:  # the store changed mode
+        if c is not None and self._local.gen != self._gen and c is not self._w:  # the store changed mode
             with self._all_lock:
                 if c in self._all:
                     self._all.remove(c)
             with contextlib.suppress(sqlite3.Error):
                 c.close()
             c = None
+        if c is None and self._files is not None and self._files.lost is not None and self._w is not None:
+            # A connection opened now may fail (disk I/O error: its WAL is gone) while the
+            # writer's still reads; no write begins any more, so it serves reads for all.
+            c = self._local.conn = self._w
+            self._local.gen = self._gen
         if c is None:
             if self.read_only:
                 c = sqlite3.connect(f"file:{urllib.parse.quote(self.path)}?mode=ro&immutable=1", uri=True,
@@ -250,6 +265,8 @@ class SQLiteFile:
                     c.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
                 if self._flusher is not None:
                     self._flusher.reset()  # a new writer: the WAL may be a new file
+                if self._files is not None:
+                    self._files.reset()
                 self._w = c
                 self._all.append(c)
         return c
@@ -277,8 +294,44 @@ class SQLiteFile:
         return f"durability {self.durability}"
 
     def durability_lost(self) -> str | None:
+        if self._files is not None and self._files.lost is not None:
+            return f"{self._files.lost} under the running daemon; writes are refused"
         failed = self._flusher.failed if self._flusher is not None else None
         return None if failed is None else f"a flush of the WAL to disk failed: {failed}"
+
+    def _files_lost(self, c: sqlite3.Connection) -> None:
+        """After the commit that found the database file or WAL gone (under the write lock):
+        save what can be saved, say so loudly, and refuse every write from now on. Raises
+        NotDurableError if this commit may now be lost."""
+        files = self._files
+        assert files is not None and files.lost is not None
+        saved = False
+        if files.wal_only:
+            # SQLite still has the deleted WAL open: a checkpoint copies its commits into
+            # the database file and syncs it, so nothing acknowledged is lost.
+            try:
+                _, frames, copied = c.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                saved = frames == copied
+            except sqlite3.Error as e:
+                log.error("could not checkpoint the deleted WAL into %s: %s", self.path, e)
+        if saved:
+            outcome = (f"every commit so far was copied into {self.path}, nothing is lost; "
+                       "restart the daemon to accept writes again")
+        elif files.wal_only:
+            outcome = (f"commits not yet copied into {self.path} are only in the deleted file: stop the "
+                       "daemon with SIGTERM, never SIGKILL (its last connection's close copies them), then "
+                       "start it again")
+        else:
+            outcome = ("commits since are in a file no one will read after a restart: stop the daemon, put "
+                       "the database file back (or a copy made by 'queick db backup'), then start it again")
+        log.critical("STORE FILE LOST: %s while the daemon had it open; no write is accepted from now on "
+                     "(enqueues are answered 'internal'); %s", files.lost, outcome)
+        if not saved:
+            raise NotDurableError(f"{files.lost} under the running daemon: this commit may be lost; {outcome}")
+
+    def _refuse_lost(self) -> None:
+        raise StoreFilesLostError(f"{self._files.lost} under the running daemon; nothing was written and "  # type: ignore[union-attr]
+                                  "no write is accepted until the daemon is restarted (see its log)")
 
     def take_ownership(self) -> None:
         # An advisory lock beside the database, held for the daemon's life; the kernel
@@ -349,6 +402,8 @@ class _Transaction:
         f = self.file
         if f.read_only:
             f._leave_read_only()  # DiskFullError while there is no room
+        if f._files is not None and f._files.lost is not None:
+            f._refuse_lost()
         c = self.conn = f._writer()
         f._write_lock.acquire()
         try:
@@ -375,6 +430,10 @@ class _Transaction:
                     f._flusher.written()
                 if f._checkpointer is not None:
                     f._checkpointer.committed()
+                # Checked for the commits a client is told of (a group of submits is one);
+                # bookkeeping (claims, finishes) is not, and what it wrote is saved all the same.
+                if f._files is not None and not self.bookkeeping and f._files.check() is not None:
+                    f._files_lost(c)
             else:
                 sqlite_schema.roll_back(c)
         finally:

@@ -200,6 +200,9 @@ class Metrics:
                [({"state": k}, v) for k, v in wf["runs"].items()])
         family("queickd_workflow_budget_stops", "gauge", "Workflow runs stopped by a budget, by budget.",
                [({"budget": k}, v) for k, v in sorted(wf["budget_stops"].items())])
+        family("queickd_store_writable", "gauge", "1 while the store accepts writes and makes them durable; "
+               "0 after a failed flush or a store file deleted under the daemon (see its log).",
+               [({}, 0 if stats.get("store_problem") else 1)])
         sch = stats["scheduler"]
         family("queickd_scheduler_up", "gauge", "1 while the scheduler thread runs.",
                [({}, 1 if sch["alive"] else 0)])
