@@ -174,3 +174,12 @@ def test_without_a_token_a_connection_counts_as_unauthenticated_until_its_first_
     finally:
         for s in held:
             s.close()
+
+
+def test_an_ipv6_host_counts_as_its_64_and_a_mapped_ipv4_address_as_that_address():
+    from queickd.api.preauth import source_of
+
+    same_host = {source_of(("2001:db8:1:2::5", 9999, 0, 0)), source_of(("2001:db8:1:2:ffff::9", 9999, 0, 0))}
+    assert same_host == {"2001:db8:1:2::/64"}
+    assert source_of(("2001:db8:1:3::5", 9999, 0, 0)) == "2001:db8:1:3::/64"
+    assert source_of(("::ffff:10.0.0.1", 9999, 0, 0)) == source_of(("10.0.0.1", 9999)) == "10.0.0.1"
