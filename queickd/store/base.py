@@ -94,7 +94,8 @@ class Store(Protocol):
 
     def durability_lost(self) -> str | None:
         """Why no write can be promised durable any more (a flush to disk failed: every
-        write since is answered "may have been stored"), or None. Lasts until reopened."""
+        write since is answered "may have been stored"; a store file was deleted under the
+        daemon: every write since is refused), or None. Lasts until reopened."""
         ...
 
     # --- submit -----------------------------------------------------------------------
