@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import __version__, collector
+from .. import collector
 from ..core import arguments, protocol
 from ..core.cron import parse_schedule
 from ..core.job import Job, NewJob, State
@@ -36,6 +36,7 @@ from ..store.fleetbase import FleetStore
 from ..store.records import EventState, NewEvent
 from ..ui import status
 from ..ui.metrics import Metrics
+from ..version import __version__
 from .replies import NotCommittedError
 from .wfops import WorkflowOps
 

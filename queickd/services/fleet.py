@@ -141,8 +141,8 @@ class Heartbeat:
             self._thread.join(10.0)
 
     def _run(self) -> None:
-        from .. import __version__
         from ..store.pgschema import SCHEMA_VERSION
+        from ..version import __version__
 
         next_sweep = time.monotonic() + self.sweep
         reported = False

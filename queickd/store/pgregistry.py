@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from .. import __version__
+from ..version import __version__
 from .pgchannels import CHANNEL
 from .pgschema import MIGRATE_LOCK, MIGRATIONS, SCHEMA_VERSION, VersionMismatchError, parse_version
 from .records import Beat
