@@ -30,7 +30,7 @@ from ..core.protocol import Code, QueueError
 from ..services.batcher import Gather
 from . import waits
 from .inbox import Inbox
-from .replies import refused
+from .replies import answer_reply, refused
 from .service import QueueService
 
 if TYPE_CHECKING:
@@ -106,21 +106,7 @@ def _render_warned(fut: asyncio.Future, arg: tuple[int, bool, list[str]]) -> byt
 
 
 def _render_answer(answer: list[Submitted] | Refusal, many: bool, warnings: list[str] | None = None) -> bytes:
-    if isinstance(answer, Refusal):
-        return protocol.encode(refused(answer).json())
-    if many:
-        reply: dict[str, Any] = {"ok": True, "job_ids": [s.job_id for s in answer]}
-        dups = [s.job_id for s in answer if s.duplicate]
-        if dups:
-            reply["duplicates"] = dups
-    else:
-        s = answer[0]
-        reply = {"ok": True, "job_id": s.job_id, "state": s.state}
-        if s.duplicate:
-            reply["duplicate"] = True
-    if warnings:  # additive: a client that does not know the field ignores it
-        reply["warnings"] = warnings
-    return protocol.encode(reply)
+    return protocol.encode(answer_reply(answer, many, warnings))
 
 READ_BUFFER = 65536  # bytes one read takes; shared by the loop's connections
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..core.job import Submitted
 from ..core.policy.admission import RETRY_AFTER_DEFAULT, Refusal
 from ..core.protocol import Code, QueueError
 
@@ -89,3 +90,23 @@ class Refused:
 
 def refused(why: Refusal | BaseException) -> Refused:
     return Refused(why)
+
+
+def answer_reply(answer: list[Submitted] | Refusal, many: bool, warnings: list[str] | None = None) -> dict[str, Any]:
+    """The TCP protocol's reply to one `enqueue` (or, `many`, one `enqueue_many`) from the
+    committer's answer: its job(s), or its refusal, with the warnings it was accepted with."""
+    if isinstance(answer, Refusal):
+        return refused(answer).json()
+    if many:
+        reply: dict[str, Any] = {"ok": True, "job_ids": [s.job_id for s in answer]}
+        dups = [s.job_id for s in answer if s.duplicate]
+        if dups:
+            reply["duplicates"] = dups
+    else:
+        s = answer[0]
+        reply = {"ok": True, "job_id": s.job_id, "state": s.state}
+        if s.duplicate:
+            reply["duplicate"] = True
+    if warnings:  # additive: a client that does not know the field ignores it
+        reply["warnings"] = warnings
+    return reply
