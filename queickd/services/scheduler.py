@@ -153,6 +153,13 @@ class Scheduler:
             log.exception("scheduler stopped by an error")
             raise
 
+    def run_due(self) -> None:
+        """Queue the jobs due by the clock and fire the crons due, in the calling thread: for
+        a scheduler whose thread never starts (the immediate queue's, which calls this each
+        time its clock moves). Errors are logged, as on the thread."""
+        self._promote()
+        self._fire_crons()
+
     # --- scheduler thread -------------------------------------------------------------------
     def _delay(self, seconds: float) -> None:
         # sched calls this with 0 after each event, to let other threads in: no wait then.

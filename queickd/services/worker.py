@@ -423,6 +423,25 @@ class WorkerPool(PassStore):
         self._dispatch_lock.release()
         self._wake.set()
 
+    def run_here(self) -> int:
+        """For a pool that starts no threads (the immediate queue's): pass, then run each job
+        claimed in the calling thread, one after another, until a pass claims none. Each
+        run ends as a worker thread's does (its outcome stored by the pass that claims the
+        next). Returns how many ran. Raises what a pass raises."""
+        ran = 0
+        while True:
+            with self._dispatch_lock:
+                self._wake.clear()
+                self._pass()
+            try:
+                job = self._runq.get_nowait()
+            except queue.Empty:
+                return ran
+            if job is None:  # a stop's marker: none is put in a pool that never started
+                return ran
+            self._run(job)
+            ran += 1
+
     # --- worker threads ---------------------------------------------------------------------
     def _work(self) -> None:
         while (job := self._runq.get()) is not None:
