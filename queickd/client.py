@@ -88,7 +88,22 @@ class JobQueue:
         self._sock: socket.socket | None = None
         self._rfile: Any = None
         self.server_info: dict[str, Any] | None = None
+        self._transport: Any = None  # immediate mode's (queickd/immediate.py); None: the socket
         _LIVE.add(self)
+
+    @classmethod
+    def immediate(cls, app_dir: str = ".", allow: Sequence[str] = (), **options: Any) -> JobQueue:
+        """A queue with no daemon and no socket, for tests: each call returns once what it
+        made due has run in this thread (queickd/immediate.py says what holds and `options`)."""
+        from .immediate import ImmediateTransport
+
+        return ImmediateTransport(app_dir, allow, **options).attach(cls())
+
+    def advance(self, seconds: float) -> float:
+        """Immediate mode: move the queue's clock on, running what comes due. Returns its time."""
+        if self._transport is None:
+            raise TypeError("advance() moves an immediate queue's clock (JobQueue.immediate())")
+        return self._transport.advance(seconds)
 
     def _forked(self) -> None:
         """In a child made by os.fork(): a lock and connection of its own, from the next call
@@ -168,6 +183,8 @@ class JobQueue:
             raise RequestLostError(f"connection to queickd failed mid-request: {e}") from e
 
     def _call_many(self, reqs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self._transport is not None:
+            return self._transport.exchange(reqs)
         with self._lock:
             if self._sock is not None and self._stale():
                 self.close()

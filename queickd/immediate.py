@@ -1,0 +1,222 @@
+"""Immediate mode (`JobQueue.immediate()`): a JobQueue with no daemon and no socket, for a
+user's unit tests.
+
+The JobQueue builds its requests and reads its replies as it always does; only its
+transport is this one. Each request is encoded and decoded as on the wire (so what a daemon
+would refuse is refused here) and answered by a QueueService of this process over a memory
+store; then what became due runs in the calling thread through the daemon's own parts: the
+worker pool's passes and its in-thread runner, core.fate, the workflow engine, the
+scheduler's promotion and cron firing, admission with the daemon's default limits, and
+the breaker (a key or function paused after 5 failures in a row, probed after 300 s). So
+`enqueue` returns once its job has run, and once its retries have run too.
+
+Time is the queue's own clock (VirtualClock: a wall time that moves only when told to):
+- to the next retry (or pause probe) when nothing else can run: a retry's backoff costs no
+  real time (with `sleep=time.sleep`, the backoff is also slept);
+- by `advance(seconds)`: delayed jobs (`enqueue_at`, `delay`) and crons run as their times
+  come, in order;
+- by a `wait` or `workflow_wait` whose job or run has not ended: up to its timeout, as real
+  time passes during a real wait, stopping once it has ended.
+After every call nothing is left queued and no retry is pending (a manual pause aside):
+only jobs and crons whose time has not come wait.
+
+Jobs run one at a time in the calling thread, whatever isolation they ask for: a job that
+wants a process (`isolation="process"`, `timeout`, `memory_mb`, `output_kb`) runs in the
+thread too, and those limits are not enforced. A job that enqueues through the same queue
+gets its id at once; that job runs once the first has returned (as on a daemon of one
+worker), so a job cannot wait for a job it enqueued: that wait raises TimeoutError.
+
+Never opens a socket or a file of its own, and starts no thread or process. Safe from
+several threads: one request at a time (a lock, re-entered by a job's own requests).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .api.replies import answer_reply, refused
+from .api.service import QueueService
+from .api.waits import WAIT_MAX, timeout_of
+from .core import arguments, protocol
+from .core.job import State
+from .core.protocol import Code, QueueError
+from .run.loader import FunctionLoader
+from .run.thread import ThreadRunner
+from .services.batcher import SubmitBatcher
+from .services.scheduler import Scheduler
+from .services.worker import WorkerPool
+from .settings import Config
+from .store.memory import MemoryStore
+
+log = logging.getLogger("queickd.immediate")
+
+
+class VirtualClock:
+    """The immediate queue's wall time: callable like time.time, and moved only by the queue."""
+
+    def __init__(self, start: float) -> None:
+        self._now = start
+
+    def __call__(self) -> float:
+        return self._now
+
+    def move_to(self, t: float) -> None:
+        """Never backwards."""
+        self._now = max(self._now, t)
+
+
+class ImmediateTransport:
+    """What a JobQueue sends its requests to in immediate mode (`exchange`), in this process."""
+
+    def __init__(self, app_dir: str = ".", allow: Sequence[str] = (), *, start: float | None = None,
+                 sleep: Callable[[float], None] | None = None,
+                 workflows: dict[str, dict[str, Any]] | None = None) -> None:
+        """app_dir and allow: what may run, as the daemon's --app-dir and --allow (the app
+        directory goes first on sys.path). start: the clock's first reading (default: now).
+        sleep: called with each time the clock moves by (default: none; time.sleep sleeps
+        it). workflows: the config file's [workflows.NAME] definitions, started by name."""
+        defaults = Config()
+        self.clock = VirtualClock(time.time() if start is None else start)
+        self._sleep = sleep
+        self.loader = loader = FunctionLoader(app_dir, allow)
+        self.store = store = MemoryStore()
+        self.pool = WorkerPool(store, loader, 1, clock=self.clock, runner=ThreadRunner(loader),
+                               pause_after=defaults.pause_after, pause_cooldown=defaults.pause_cooldown)
+        self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock)
+        # Never started: with no committer thread, every submit commits in the caller's thread.
+        batcher = SubmitBatcher(store, clock=self.clock, admission=defaults.admission)
+        self.service = QueueService(store, batcher, loader, self.scheduler, self.pool, clock=self.clock,
+                                    workflows=workflows)
+        for name in workflows or {}:  # one that could never start is refused now, as at a daemon's start
+            self.service.resolve_definition(None, name)
+        self._lock = threading.RLock()
+        self._depth = 0  # requests under way in this thread: more than one, a job's own
+
+    def attach(self, queue: Any) -> Any:
+        """Make `queue` (a new JobQueue) send its requests here; returns it."""
+        queue._transport = self
+        # A wait is answered in one request, holding its whole timeout (of this clock).
+        queue.timeout = WAIT_MAX + 5.0
+        queue.server_info = self.service.hello({})
+        return queue
+
+    # --- the transport ----------------------------------------------------------------------
+    def exchange(self, reqs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The replies to `reqs`, in order, each once what it made due has run."""
+        with self._lock:
+            self._depth += 1
+            try:
+                return [self._one(req) for req in reqs]
+            finally:
+                self._depth -= 1
+
+    def _one(self, req: dict[str, Any]) -> dict[str, Any]:
+        line = protocol.encode(req)
+        try:
+            if len(line) > protocol.MAX_LINE + 1:
+                raise QueueError(Code.BAD_REQUEST, f"request line longer than {protocol.MAX_LINE} bytes")
+            req = protocol.decode_line(line[:-1])
+            reply = self._answer(req)
+        except TimeoutError:
+            raise
+        except Exception as e:  # a QueueError, or a bug: an error reply, as from a daemon
+            if not isinstance(e, QueueError):
+                log.error("internal error serving a request", exc_info=e)
+            reply = refused(e).json()
+        if self._depth == 1:
+            self._settle()
+        return protocol.decode_reply(protocol.encode(reply))
+
+    def _answer(self, req: dict[str, Any]) -> dict[str, Any]:
+        op, svc = req["op"], self.service
+        if op == "hello":
+            return svc.hello(req)
+        if op in ("enqueue", "enqueue_many"):
+            got: list[Any] = []
+            svc.enqueue([svc.prepare_jobs(req)], got.append, inline=True)  # answered before it returns
+            if isinstance(got[0], BaseException):
+                raise got[0]
+            return answer_reply(got[0][0], op == "enqueue_many")
+        if op == "wait":
+            return self._wait(req)
+        if op == "workflow_wait":
+            return self._workflow_wait(req)
+        return svc.call(req)
+
+    def _wait(self, req: dict[str, Any]) -> dict[str, Any]:
+        job_id, states = arguments.job_id(req), arguments.states(req)
+        got = self.service.op_get({"job_id": job_id})
+        if got["job"]["state"] not in states:
+            self._let_pass(req, lambda: self.service.job(job_id).state in states)
+            got = self.service.op_get({"job_id": job_id})
+            if got["job"]["state"] not in states:
+                raise TimeoutError(f"job {job_id} is still {got['job']['state']} after "
+                                   f"{self._waited(req)} of the immediate queue's clock")
+        return {**got, "timed_out": False}
+
+    def _workflow_wait(self, req: dict[str, Any]) -> dict[str, Any]:
+        run_id = arguments.run_id(req)
+        if self.service.workflow_state(run_id) == "running":
+            self._let_pass(req, lambda: self.service.workflow_state(run_id) != "running")
+            if self.service.workflow_state(run_id) == "running":
+                raise TimeoutError(f"workflow run {run_id} is still running after {self._waited(req)} "
+                                   "of the immediate queue's clock")
+        return {**self.service.op_workflow_get({"run_id": run_id}), "timed_out": False}
+
+    def _let_pass(self, req: dict[str, Any], ended: Callable[[], bool]) -> None:
+        """A wait for what has not ended: its timeout passes on the clock, running what
+        comes due, until ended(). Not from inside a job: what it waits for runs after it."""
+        if self._depth == 1:  # to the millisecond: the client sends what is left on its own clock
+            self._settle(until=self.clock() + round(timeout_of(req), 3), ended=ended)
+
+    def _waited(self, req: dict[str, Any]) -> str:
+        if self._depth > 1:
+            return "0 s (a job waiting for a job: in immediate mode that job runs once this one has returned)"
+        return f"{round(timeout_of(req), 3):g} s"
+
+    # --- time -------------------------------------------------------------------------------
+    def advance(self, seconds: float) -> float:
+        """Move the clock on by `seconds`, running what comes due on the way, in order of
+        its time. Returns the clock's time after."""
+        if not seconds >= 0:
+            raise ValueError("seconds must be 0 or more: the queue's clock never goes back")
+        with self._lock:
+            if self._depth:
+                raise RuntimeError("advance() from inside a job of the same immediate queue")
+            self._settle(until=self.clock() + seconds)
+            return self.clock()
+
+    def _settle(self, until: float | None = None, ended: Callable[[], bool] = lambda: False) -> None:
+        """Run what is due; move the clock to the next retry or pause probe and run again,
+        until none is left. With `until`, the clock also stops at each delayed job's and
+        cron's time up to `until`, and ends at `until` unless ended() first."""
+        while True:
+            self.scheduler.run_due()
+            ran = self.pool.run_here()
+            if ended():
+                return
+            nxt = self._next_time(until)
+            if nxt is None or (nxt <= self.clock() and not ran):
+                return
+            now = self.clock()
+            if nxt > now and self._sleep is not None:
+                self._sleep(nxt - now)
+            self.clock.move_to(nxt)
+
+    def _next_time(self, until: float | None) -> float | None:
+        """When something may next run: a retry or a pause's probe (whenever), and with
+        `until`, a delayed job or a cron tick up to it, or `until` itself."""
+        store = self.store
+        times = [j.run_at for j in store.list_jobs(State.SCHEDULED, protocol.MAX_BATCH) if j.attempts > 0]
+        if store.counts()[State.QUEUED]:  # left waiting: perhaps under a pause, whose probe lets one through
+            times += [p.probe_at for p in store.pauses() if p.probe_at is not None]
+        if until is not None:
+            later = (store.next_scheduled_at(), store.next_cron_at())
+            times += [t for t in later if t is not None and t <= until]
+            if self.clock() < until:
+                times.append(until)
+        return min(times, default=None)
