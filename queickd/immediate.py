@@ -32,6 +32,7 @@ several threads: one request at a time (a lock, re-entered by a job's own reques
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -42,7 +43,7 @@ from .api.replies import answer_reply, refused
 from .api.service import QueueService
 from .api.waits import WAIT_MAX, timeout_of
 from .core import arguments, protocol
-from .core.job import State
+from .core.job import Outcome, State
 from .core.protocol import Code, QueueError
 from .run.loader import FunctionLoader
 from .run.thread import ThreadRunner
@@ -82,10 +83,12 @@ class ImmediateTransport:
         defaults = Config()
         self.clock = VirtualClock(time.time() if start is None else start)
         self._sleep = sleep
+        self._retries: list[tuple[float, int]] = []  # (run_at, job id) of the retries scheduled
         self.loader = loader = FunctionLoader(app_dir, allow)
         self.store = store = MemoryStore()
         self.pool = WorkerPool(store, loader, 1, clock=self.clock, runner=ThreadRunner(loader),
-                               pause_after=defaults.pause_after, pause_cooldown=defaults.pause_cooldown)
+                               pause_after=defaults.pause_after, pause_cooldown=defaults.pause_cooldown,
+                               on_finished=self._finished)
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock)
         # Never started: with no committer thread, every submit commits in the caller's thread.
         batcher = SubmitBatcher(store, clock=self.clock, admission=defaults.admission)
@@ -207,11 +210,28 @@ class ImmediateTransport:
                 self._sleep(nxt - now)
             self.clock.move_to(nxt)
 
+    def _finished(self, outcomes: list[Outcome]) -> None:
+        """The pool's runs ended (its thread: the caller's): their retries, as the daemon's
+        scheduler is told of them."""
+        for o in outcomes:
+            if o.state == State.SCHEDULED and o.run_at is not None:
+                heapq.heappush(self._retries, (o.run_at, o.job_id))
+
+    def _next_retry(self) -> float | None:
+        """The time of the first retry still scheduled (one run, cancelled or moved since is dropped)."""
+        while self._retries:
+            run_at, job_id = self._retries[0]
+            job = self.store.get(job_id)
+            if job is not None and job.state == State.SCHEDULED and job.run_at == run_at:
+                return run_at
+            heapq.heappop(self._retries)
+        return None
+
     def _next_time(self, until: float | None) -> float | None:
         """When something may next run: a retry or a pause's probe (whenever), and with
         `until`, a delayed job or a cron tick up to it, or `until` itself."""
         store = self.store
-        times = [j.run_at for j in store.list_jobs(State.SCHEDULED, protocol.MAX_BATCH) if j.attempts > 0]
+        times = [t for t in (self._next_retry(),) if t is not None]
         if store.counts()[State.QUEUED]:  # left waiting: perhaps under a pause, whose probe lets one through
             times += [p.probe_at for p in store.pauses() if p.probe_at is not None]
         if until is not None:
