@@ -7,6 +7,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -122,17 +123,26 @@ def test_immediate_workflow_step_retries_run_to_the_end(q, no_sleeping):
     assert q.advance(0) == START + 4
 
 
-def test_immediate_opens_no_socket(monkeypatch):
-    def refuse(*args, **kwargs):
+class _NoSocket(socket.socket):  # a class: modules imported meanwhile may subclass socket.socket
+    def __init__(self, *args, **kwargs):
         raise AssertionError("immediate mode opened a socket")
 
+
+def test_immediate_opens_no_socket(monkeypatch):
     for name in ("socket", "socketpair", "create_connection"):
-        monkeypatch.setattr(socket, name, refuse)
+        monkeypatch.setattr(socket, name, _NoSocket)
     q = JobQueue.immediate(app_dir=JOBS)
     assert q.wait(q.enqueue(testjobs.add, args=(1, 1)))["result"] == 2
     run_id = q.workflow("w").then(wfsteps.count_up, name="count").budget(max_transitions=3).start()
     assert q.workflow_wait(run_id)["state"] == "budget_exceeded"
     assert q._sock is None
+
+
+def test_immediate_starts_no_thread(q):
+    threads = set(threading.enumerate())
+    q.enqueue(immediatejobs.flaky, args=("t", 1), retry=True)
+    q.workflow("w").then(wfsteps.noop).start()
+    assert set(threading.enumerate()) == threads
 
 
 def test_immediate_enqueue_at_runs_when_the_clock_advances(q):
