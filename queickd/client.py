@@ -20,7 +20,6 @@ and the caller decides.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import select
 import socket
@@ -30,29 +29,17 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from . import clientwire
+from . import clientops, clientwire
 from .clientflow import WorkflowBuilder
-from .clientwire import RequestLostError, _auto_key, _token_from_env, _unknown_outcome, func_name, reply_error
-from .core import fields, protocol
+from .clientops import one
+from .clientwire import RequestLostError, _token_from_env, func_name, reply_error
+from .core import protocol
 from .core.cron import SchedulingTime
 from .core.protocol import QueueError
-from .core.retry import RETRY_TYPE
 
 __all__ = ["JobQueue", "QueueError", "RequestLostError", "func_name"]
 
 _SLICE = 256  # requests per send when a long pipeline is streamed
-_RESENDS = 2  # times a request whose outcome is unknown is sent again (with its idempotency key)
-# JobQueue.job's keywords sent as given: its `plain` tuple lists them in this order.
-_PLAIN_ORDER = ("run_at", "key", "idempotency_key", "pool", "concurrency_group", "concurrency_limit",
-                "cost_units", "isolation", "timeout", "memory_mb", "output_kb")
-if tuple(name for name, _ in fields.CLIENT_PLAIN) != _PLAIN_ORDER:
-    raise ImportError("JobQueue.job's plain keywords no longer match fields.CLIENT_PLAIN")
-_PLAIN_WIRE = tuple(wire for _, wire in fields.CLIENT_PLAIN)
-_NO_PLAIN = (None,) * len(_PLAIN_WIRE)
-_RESEND_PAUSE = 0.5  # seconds before a resend, times the resends so far: a failing store may recover
-# An accepted enqueue's reply may carry warnings (a pool no live worker serves): logged here
-# at WARNING, so they show on stderr even where the application configured no logging.
-log = logging.getLogger("queickd.client")
 
 
 # Every JobQueue of this process: a child made by os.fork() gets a copy of each, whose
@@ -198,17 +185,24 @@ class JobQueue:
             raise reply_error(reply)
         return reply
 
-    def _call_resending(self, req: dict[str, Any]) -> dict[str, Any]:
-        """_call for a request whose jobs all carry idempotency keys: resent when its outcome
-        is unknown, so a job stored the first time is returned rather than stored twice."""
-        for resend in range(_RESENDS + 1):
+    def _run(self, plan: clientops.Plan[Any]) -> Any:
+        """Carry out a plan of clientops: send its requests, pause its pauses, hand it the
+        replies (a refused one or a lost connection thrown into it), return its result."""
+        outcome: Any = None
+        while True:
             try:
-                return self._call(req)
-            except (RequestLostError, QueueError) as e:
-                if resend == _RESENDS or not _unknown_outcome(e):
-                    raise
-            time.sleep(_RESEND_PAUSE * (resend + 1))
-        raise AssertionError("unreachable")
+                step = plan.throw(outcome) if isinstance(outcome, BaseException) else plan.send(outcome)
+            except StopIteration as done:
+                return done.value
+            try:
+                if type(step) is dict:
+                    outcome = self._call(step)
+                elif type(step) is list:
+                    outcome = self._call_many(step)
+                else:
+                    outcome = time.sleep(step)
+            except Exception as e:  # the plan decides: resend, wait and retry, or raise it
+                outcome = e
 
     def close(self) -> None:
         if self._sock is not None:
@@ -225,65 +219,7 @@ class JobQueue:
         self.close()
 
     # --- building requests ----------------------------------------------------------------------
-    @staticmethod
-    def job(
-        func: Callable[..., Any] | str,
-        args: Iterable[Any] | None = None,
-        kwargs: dict[str, Any] | None = None,
-        *,
-        priority: int = 0,
-        retry: bool = False,
-        retry_interval: float | None = None,
-        max_retry_interval: float | None = None,
-        retry_type: str = RETRY_TYPE.EXPONENTIAL,
-        max_attempts: int | None = None,
-        retry_on_network_available: bool = False,
-        key: str | None = None,
-        idempotency_key: str | None = None,
-        delay: float | None = None,
-        run_at: float | None = None,
-        manual: bool = False,
-        max_workers: int | None = None,  # accepted for Queick compatibility; the daemon decides
-        pool: str | None = None,
-        concurrency_group: str | None = None,
-        concurrency_limit: int | None = None,
-        cost_units: float | None = None,
-        isolation: str | None = None,  # "thread" or "process"
-        timeout: float | None = None,  # seconds of wall time (runs it in a process)
-        memory_mb: int | None = None,  # peak resident memory (runs it in a process)
-        output_kb: int | None = None,  # captured stdout+stderr and result (runs it in a process)
-    ) -> dict[str, Any]:
-        """The wire form of one job, for enqueue_many. concurrency_group/concurrency_limit:
-        at most that many jobs of the group run at once; cost_units: what it takes of its
-        pool's and group's budgets (default 1)."""
-        spec: dict[str, Any] = {"func": func_name(func)}
-        if args:
-            spec["args"] = list(args)
-        if kwargs:
-            spec["kwargs"] = kwargs
-        if priority:
-            spec["priority"] = priority
-        if retry:
-            r = {"policy": retry_type, "interval": retry_interval, "max_interval": max_retry_interval,
-                 "max_attempts": max_attempts}
-            spec["retry"] = {k: v for k, v in r.items() if v is not None}
-        if retry_on_network_available:
-            spec["retry_on_network"] = True
-        if manual:
-            spec["manual"] = True
-        if delay is not None:
-            spec["delay"] = delay
-        # Keywords sent as given, when given, in _PLAIN_ORDER (checked against CLIENT_PLAIN at
-        # import; this tuple against the wire form by test_fields). A tuple compared with
-        # all-None, not locals() and a lookup each: a third of the cost of building the
-        # common job, which enqueue_many callers do per job.
-        plain = (run_at, key, idempotency_key, pool, concurrency_group, concurrency_limit, cost_units,
-                 isolation, timeout, memory_mb, output_kb)
-        if plain != _NO_PLAIN:
-            for wire, value in zip(_PLAIN_WIRE, plain, strict=True):
-                if value is not None:
-                    spec[wire] = value
-        return spec
+    job = staticmethod(clientops.job)
 
     # --- the queue ------------------------------------------------------------------------------
     def enqueue(self, func: Callable[..., Any] | str, args: Iterable[Any] | None = None, *,
@@ -293,183 +229,110 @@ class JobQueue:
         When the queue (or the job's key) is full the daemon answers queue_full with a
         retry_after; with block=True this waits that long and tries again, up to
         block_timeout seconds, before raising the QueueError."""
-        req = {"op": "enqueue", **self.job(func, args, **options)}
-        req.setdefault("idempotency_key", _auto_key())
-        deadline = time.monotonic() + block_timeout
-        while True:
-            try:
-                return _warned(self._call_resending(req))["job_id"]
-            except QueueError as e:
-                pause = e.retry_after or 1.0
-                if not block or e.code != protocol.Code.QUEUE_FULL or time.monotonic() + pause > deadline:
-                    raise
-                time.sleep(pause)  # the daemon asked us to wait this long
+        return self._run(clientops.enqueue(func, args, block, block_timeout, options))
 
     def enqueue_at(self, start_at: float | SchedulingTime, func: Callable[..., Any] | str,
                    args: Iterable[Any] | None = None, **options: Any) -> int:
         """Queue a call to run at unix time start_at."""
-        t = start_at.start_at if isinstance(start_at, SchedulingTime) else start_at
-        return self.enqueue(func, args, run_at=t, **options)
+        return self.enqueue(func, args, run_at=clientops.run_at(start_at), **options)
 
     def enqueue_many(self, jobs: Sequence[dict[str, Any]]) -> list[int]:
         """Store up to 10,000 jobs in one request, all or none (one transaction). `jobs` are
         JobQueue.job(...) dicts. Returns their ids, in order."""
-        if len(jobs) > protocol.MAX_BATCH:
-            raise ValueError(f"at most {protocol.MAX_BATCH} jobs per enqueue_many (it is all or none); "
-                             "split them, or use enqueue_pipelined")
-        req = {"op": "enqueue_many", "jobs": list(jobs)}
-        if all("idempotency_key" in j for j in jobs):  # safe to resend: the daemon dedupes each job
-            return _warned(self._call_resending(req))["job_ids"]
-        # No automatic keys here: a key per job costs the daemon a lookup and an index entry
-        # per job, a quarter of a batch's rate. An unknown outcome raises (RequestLostError, or
-        # QueueError with maybe_committed) and the caller decides, or gives keys to be resent.
-        return _warned(self._call(req))["job_ids"]
+        return self._run(clientops.enqueue_many(jobs))
 
     def enqueue_pipelined(self, jobs: Sequence[dict[str, Any]]) -> list[int]:
         """Send one `enqueue` per job without waiting between them; replies come in order.
         Raises the first error after reading every reply (the other jobs are stored)."""
-        replies = self._call_many([{"op": "enqueue", **j} for j in jobs])
-        for r in replies:
-            if not r.get("ok"):
-                raise reply_error(r)
-        return [_warned(r)["job_id"] for r in replies]
+        return self._run(clientops.enqueue_pipelined(jobs))
 
     def cron(self, schedule: SchedulingTime | str, func: Callable[..., Any] | str,
              args: Iterable[Any] | None = None, *, name: str | None = None, **options: Any) -> dict[str, Any]:
         """Run func on a schedule: a SchedulingTime, or a 5-field cron expression string.
         Registering the same function on the same schedule again replaces it (by name)."""
-        spec = self.job(func, args, **options)
-        req: dict[str, Any] = {"op": "cron", **spec}
-        if isinstance(schedule, SchedulingTime):
-            req.update(schedule.to_dict())
-            if req.get("start_at") is None:
-                del req["start_at"]
-        else:
-            req["cron"] = schedule
-        if name is not None:
-            req["name"] = name
-        return self._call(req)["cron"]
+        return self._run(clientops.cron(schedule, func, args, name, options))
 
     def emit_event(self, event_id: str, func: Callable[..., Any] | str, args: Iterable[Any] | None = None,
                    kwargs: dict[str, Any] | None = None, *, key: str | None = None, **options: Any) -> dict[str, Any]:
         """Hand an event to the daemon's durable outbox (idempotent on event_id). It becomes a
         job now if there is room, later otherwise; never dropped. Returns {state, job_id, ...}."""
-        spec = self.job(func, args, kwargs, key=key, **options)
-        reply = self._call({"op": "event", "event_id": event_id, **spec})
-        reply.pop("ok", None)
-        return reply
+        return self._run(clientops.emit_event(event_id, func, args, kwargs, key, options))
 
     def dead(self, limit: int = 100) -> dict[str, list[dict[str, Any]]]:
         """Dead letters: {"jobs": [...], "events": [...]}."""
-        reply = self._call({"op": "dead", "limit": limit})
-        return {"jobs": reply["jobs"], "events": reply["events"]}
+        return self._run(clientops.dead(limit))
 
     def retry_all(self) -> int:
         """Send every dead job and dead event back. Returns how many."""
-        return self._call({"op": "retry", "all": True})["retried"]
+        return self._run(one({"op": "retry", "all": True}, "retried"))
 
     def retry_event(self, event_id: str) -> dict[str, Any]:
-        return self._call({"op": "retry", "event_id": event_id})["event"]
+        return self._run(one({"op": "retry", "event_id": event_id}, "event"))
 
     def purge(self, older_than: float, state: str = "dead") -> int:
         """Delete jobs in a final state (dead by default) that finished over older_than s ago."""
-        return self._call({"op": "purge", "state": state, "older_than": older_than})["purged"]
+        return self._run(one({"op": "purge", "state": state, "older_than": older_than}, "purged"))
 
     def resume(self, key: str | None = None, *, func: Callable[..., Any] | str | None = None,
                pool: str | None = None) -> None:
         """Lift the pause of a key (or of a function, or of a pool)."""
-        self._call(self._target("resume", key, func, pool))
+        self._run(one(clientops.target("resume", key, func, pool)))
 
     def pause(self, key: str | None = None, *, func: Callable[..., Any] | str | None = None,
               pool: str | None = None) -> bool:
         """Pause a key (or a function, or a pool) by hand: its jobs wait, with no probe, until
         resume(). True if it was not paused before."""
-        return self._call(self._target("pause", key, func, pool))["paused"]
-
-    @staticmethod
-    def _target(op: str, key: str | None, func: Callable[..., Any] | str | None, pool: str | None) -> dict[str, Any]:
-        req: dict[str, Any] = {"op": op}
-        if key is not None:
-            req["key"] = key
-        if func is not None:
-            req["func"] = func_name(func)
-        if pool is not None:
-            req["pool"] = pool
-        return req
+        return self._run(one(clientops.target("pause", key, func, pool), "paused"))
 
     def drain(self, wait: float = 0.0, *, off: bool = False) -> dict[str, Any]:
         """Stop this daemon claiming new jobs (running ones go on) and wait up to `wait` s
         (at most 60) for them to end; off=True claims again. Returns draining, running and
         idle."""
-        req: dict[str, Any] = {"op": "drain", "off": True} if off else {"op": "drain", "wait": wait}
-        return self._call(req)
+        return self._run(one(clientops.drain(wait, off)))
 
     def cancel_waiting(self, state: str, *, func: Callable[..., Any] | str | None = None, key: str | None = None,
                        pool: str | None = None, dry_run: bool = False) -> int:
         """Cancel every job in a waiting state (queued, scheduled, waiting_network) of the
         given function, key and pool. Returns how many were cancelled (with dry_run: how
         many would be, up to 10,000, and none is)."""
-        req = {"op": "cancel", "state": state, "func": None if func is None else func_name(func), "key": key,
-               "pool": pool, "dry_run": dry_run or None}
-        reply = self._call({k: v for k, v in req.items() if v is not None})
-        return reply["matching"] if dry_run else reply["cancelled"]
+        return self._run(clientops.cancel_waiting(state, func, key, pool, dry_run))
 
     def get(self, job_id: int) -> dict[str, Any]:
-        return self._call({"op": "get", "job_id": job_id})["job"]
+        return self._run(one({"op": "get", "job_id": job_id}, "job"))
 
     def wait(self, job_id: int, timeout: float = 30.0, states: Iterable[str] | None = None) -> dict[str, Any]:
         """Block until the job is succeeded, dead or cancelled (or in one of `states`), or
         timeout seconds pass. Returns the job; raises TimeoutError if it is not there yet."""
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = max(0.0, deadline - time.monotonic())
-            # Each round trip stays well inside our socket timeout; longer waits loop.
-            hold = min(remaining, max(1.0, self.timeout - 5.0), 3600.0)
-            req: dict[str, Any] = {"op": "wait", "job_id": job_id, "timeout": hold}
-            if states is not None:
-                req["states"] = list(states)
-            reply = self._call(req)
-            if not reply.get("timed_out"):
-                return reply["job"]
-            if remaining <= 0:
-                raise TimeoutError(f"job {job_id} is still {reply['job']['state']} after {timeout} s")
+        return self._run(clientops.wait(job_id, timeout, states, self.timeout))
 
     def cancel(self, job_id: int) -> dict[str, Any]:
         """Cancel a job that waits, or one that runs (its outcome is then discarded)."""
-        return self._call({"op": "cancel", "job_id": job_id})["job"]
+        return self._run(one({"op": "cancel", "job_id": job_id}, "job"))
 
     def retry(self, job_id: int) -> dict[str, Any]:
         """Send a dead job back to the queue."""
-        return self._call({"op": "retry", "job_id": job_id})["job"]
+        return self._run(one({"op": "retry", "job_id": job_id}, "job"))
 
     def set_pool(self, pool: str, *, key: str | None = None, job_id: int | None = None,
                  cron: str | None = None) -> int:
         """Move a key's waiting jobs (or one waiting job, or a cron) to another worker
         pool: an operator's action, logged by the daemon. Returns how many moved."""
-        req = {"op": "set_pool", "pool": pool, "key": key, "job_id": job_id, "cron": cron}
-        return self._call({k: v for k, v in req.items() if v is not None})["moved"]
+        return self._run(one(clientops.set_pool(pool, key, job_id, cron), "moved"))
 
     def jobs(self, state: str | None = None, limit: int = 100, *, func: Callable[..., Any] | str | None = None,
              key: str | None = None, pool: str | None = None) -> list[dict[str, Any]]:
-        req: dict[str, Any] = {"op": "jobs", "limit": limit}
-        for name, v in (("state", state), ("func", None if func is None else func_name(func)), ("key", key),
-                        ("pool", pool)):
-            if v is not None:
-                req[name] = v
-        return self._call(req)["jobs"]
+        return self._run(one(clientops.jobs(state, limit, func, key, pool), "jobs"))
 
     def stats(self, detail: bool = False) -> dict[str, Any]:
         """Counts, workers, scheduler, network; with detail, also running jobs, dead letters,
         the oldest waits and the last hour's history (what `queick status` shows)."""
-        reply = self._call({"op": "stats", "detail": True} if detail else {"op": "stats"})
-        reply.pop("ok", None)
-        return reply
+        return self._run(one({"op": "stats", "detail": True} if detail else {"op": "stats"}))
 
     def crons(self) -> list[dict[str, Any]]:
-        return self._call({"op": "crons"})["crons"]
+        return self._run(one({"op": "crons"}, "crons"))
 
     def cron_delete(self, name: str) -> None:
-        self._call({"op": "cron_delete", "name": name})
+        self._run(one({"op": "cron_delete", "name": name}))
 
     # --- workflows ----------------------------------------------------------------------------
     def workflow(self, name: str) -> WorkflowBuilder:
@@ -478,33 +341,18 @@ class JobQueue:
 
     def workflow_get(self, run_id: int) -> dict[str, Any]:
         """The run's status: state, data (the state object) and its size, step, jobs, budget."""
-        return self._call({"op": "workflow_get", "run_id": run_id})["run"]
+        return self._run(one({"op": "workflow_get", "run_id": run_id}, "run"))
 
     def workflow_wait(self, run_id: int, timeout: float = 30.0) -> dict[str, Any]:
         """Block until the run ends (any state but running) or timeout seconds pass.
         Returns its status; raises TimeoutError if it is still running."""
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = max(0.0, deadline - time.monotonic())
-            hold = min(remaining, max(1.0, self.timeout - 5.0), 3600.0)
-            reply = self._call({"op": "workflow_wait", "run_id": run_id, "timeout": hold})
-            if not reply.get("timed_out"):
-                return reply["run"]
-            if remaining <= 0:
-                raise TimeoutError(f"workflow run {run_id} is still running after {timeout} s")
+        return self._run(clientops.workflow_wait(run_id, timeout, self.timeout))
 
     def workflow_cancel(self, run_id: int) -> dict[str, Any]:
-        return self._call({"op": "workflow_cancel", "run_id": run_id})["run"]
+        return self._run(one({"op": "workflow_cancel", "run_id": run_id}, "run"))
 
     def workflows(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         req: dict[str, Any] = {"op": "workflows", "limit": limit}
         if state is not None:
             req["state"] = state
-        return self._call(req)["runs"]
-
-
-def _warned(reply: dict[str, Any]) -> dict[str, Any]:
-    """The reply, its warnings logged (an older daemon sends none)."""
-    for w in reply.get("warnings") or ():
-        log.warning("queickd: %s", w)
-    return reply
+        return self._run(one(req, "runs"))

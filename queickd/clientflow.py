@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .clientops import workflow_start
+
 FuncLike = Callable[..., Any] | str
 
 
@@ -78,14 +80,9 @@ class WorkflowBuilder:
         return {"name": self.name, "steps": [{k: v for k, v in s.items() if v is not None} for s in self.steps],
                 "budget": self._budget}
 
-    def start(self, state: dict[str, Any] | None = None, idempotency_key: str | None = None) -> int:
-        """Start a run; returns its id. With no steps, starts the workflow of this name that
-        the daemon's config file declares."""
-        req: dict[str, Any] = {"op": "workflow_start", "state": state or {}}
-        if self.steps:
-            req["definition"] = self.definition()
-        else:
-            req["name"] = self.name
-        if idempotency_key is not None:
-            req["idempotency_key"] = idempotency_key
-        return self._q._call(req)["run_id"]
+    def start(self, state: dict[str, Any] | None = None, idempotency_key: str | None = None) -> Any:
+        """Start a run; returns its id (from an AsyncJobQueue's builder: a coroutine to await
+        for it). With no steps, starts the workflow of this name that the daemon's config
+        file declares."""
+        return self._q._run(workflow_start(self.definition() if self.steps else None, self.name, state,
+                                           idempotency_key))

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from queickd import JobQueue, QueueError
-from queickd.client import _auto_key
+from queickd.clientwire import _auto_key
 
 
 class ReplyDroppingProxy:
