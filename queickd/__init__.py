@@ -3,11 +3,14 @@
 The client names import nothing outside the standard library.
 """
 
+from .aclient import AsyncJobQueue
 from .client import JobQueue, QueueError
 from .core.cron import SchedulingTime
 from .core.retry import RETRY_TYPE
 from .run.context import CurrentJob, JobInterrupted, cron_last_tick, cron_tick, current_job, workflow_key
+from .tasks import AsyncJobHandle, JobCancelled, JobFailed, JobHandle, Task
 from .version import __version__
 
-__all__ = ["JobQueue", "QueueError", "SchedulingTime", "RETRY_TYPE", "__version__", "cron_tick", "cron_last_tick",
-           "workflow_key", "current_job", "CurrentJob", "JobInterrupted"]
+__all__ = ["JobQueue", "AsyncJobQueue", "QueueError", "JobFailed", "JobCancelled", "JobHandle", "AsyncJobHandle",
+           "Task", "SchedulingTime", "RETRY_TYPE", "__version__", "cron_tick", "cron_last_tick", "workflow_key",
+           "current_job", "CurrentJob", "JobInterrupted"]

@@ -114,10 +114,7 @@ class JobQueue:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(self.timeout)
         self._sock, self._rfile = sock, sock.makefile("rb", buffering=65536)
-        hello: dict[str, Any] = {"op": "hello"}
-        if self.token is not None:
-            hello["token"] = self.token
-        self.server_info = self._exchange([hello])[0]
+        self.server_info = self._exchange([clientops.hello(self.token)])[0]
         if not self.server_info.get("ok"):
             err = QueueError.from_reply(self.server_info)
             self.close()
@@ -334,6 +331,14 @@ class JobQueue:
     def cron_delete(self, name: str) -> None:
         self._run(one({"op": "cron_delete", "name": name}))
 
+    # --- tasks ---------------------------------------------------------------------------------
+    def task(self, func: Callable[..., Any] | None = None, **options: Any) -> Any:
+        """`@q.task(**options)` on a function at the top level of a module: a Task (tasks.py),
+        which the function's callers still call, with .enqueue(...) queuing it with these options."""
+        from . import tasks  # tasks builds on this module
+
+        return tasks.decorate(self, func, options)
+
     # --- workflows ----------------------------------------------------------------------------
     def workflow(self, name: str) -> WorkflowBuilder:
         """A builder for a workflow run: .then(...).for_each(...).budget(...).start(state)."""
@@ -352,7 +357,4 @@ class JobQueue:
         return self._run(one({"op": "workflow_cancel", "run_id": run_id}, "run"))
 
     def workflows(self, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-        req: dict[str, Any] = {"op": "workflows", "limit": limit}
-        if state is not None:
-            req["state"] = state
-        return self._run(one(req, "runs"))
+        return self._run(one(clientops.workflows(state, limit), "runs"))

@@ -107,6 +107,11 @@ def job(
     return spec
 
 
+def hello(token: str | None) -> dict[str, Any]:
+    """A connection's first request; its reply is the daemon's server info."""
+    return {"op": "hello"} if token is None else {"op": "hello", "token": token}
+
+
 def one(req: dict[str, Any], field: str | None = None) -> Plan[Any]:
     """Send req; the reply's `field` (or the whole reply, less "ok")."""
     reply = yield req
@@ -264,6 +269,13 @@ def workflow_start(definition: dict[str, Any] | None, name: str, state: dict[str
     if idempotency_key is not None:
         req["idempotency_key"] = idempotency_key
     return (yield req)["run_id"]
+
+
+def workflows(state: str | None, limit: int) -> dict[str, Any]:
+    req: dict[str, Any] = {"op": "workflows", "limit": limit}
+    if state is not None:
+        req["state"] = state
+    return req
 
 
 def workflow_wait(run_id: int, timeout: float, reply_timeout: float) -> Plan[dict[str, Any]]:
