@@ -26,7 +26,6 @@ library only.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -42,49 +41,56 @@ from .core.protocol import QueueError
 
 __all__ = ["AsyncJobQueue"]
 
-_BACKLOG = 1 << 20  # bytes written but not yet sent beyond which a sender waits for the socket
+_MAX_REPLY = protocol.MAX_LINE * 4  # bytes of one reply line, as JobQueue reads at most
 
 
-class _Connection:
+class _Connection(asyncio.Protocol):
     """One connection: requests written in the order sent, replies matched to them in that
-    order. Runs on one event loop; a reader task owns the reading side."""
+    order as they arrive (no task reads: the event loop hands us the bytes). Runs on the
+    event loop that opened it."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, reply_timeout: float) -> None:
+    def __init__(self, reply_timeout: float) -> None:
         self._loop = asyncio.get_running_loop()
-        self._reader, self._writer = reader, writer
         self._reply_timeout = reply_timeout
+        self.transport: asyncio.Transport | None = None
         self._owed: deque[asyncio.Future[dict[str, Any]]] = deque()  # one per request sent, in order
         self._out: list[bytes] = []  # encoded requests of this turn of the loop, written at its end
+        self._partial: list[bytes] = []  # the start of a reply line not yet whole
+        self._partial_len = 0
         self._replies = 0  # replies read so far: the watchdog's measure of progress
         self._watchdog: asyncio.TimerHandle | None = None
+        self._writable: asyncio.Future[None] | None = None  # while the socket's send buffer is full
+        self._closed: asyncio.Future[None] = self._loop.create_future()
         self.broken: BaseException | None = None
-        self._reading = self._loop.create_task(self._read())
 
-    def send(self, reqs: Sequence[dict[str, Any]]) -> list[asyncio.Future[dict[str, Any]]]:
-        """Queue requests to be written (this turn of the loop); a future per reply."""
+    def send(self, line: bytes) -> asyncio.Future[dict[str, Any]]:
+        """Queue an encoded request to be written at the end of this turn of the loop (with
+        every other request of the turn); the future of its reply."""
         if self.broken is not None:
             raise ConnectionError(f"the connection to queickd is closed ({self.broken})")
-        lines = [protocol.encode(r) for r in reqs]  # a request that cannot be encoded sends none
         if not self._out:
             self._loop.call_soon(self._flush)
-        self._out += lines
-        futures = [self._loop.create_future() for _ in lines]
-        self._owed.extend(futures)
+        self._out.append(line)
+        future = self._loop.create_future()
+        self._owed.append(future)
         if self._watchdog is None:
             self._watchdog = self._loop.call_later(self._reply_timeout, self._watch, self._replies)
-        return futures
+        return future
 
     def _flush(self) -> None:
         if self._out and self.broken is None:
-            self._writer.write(b"".join(self._out))
+            self.transport.write(b"".join(self._out))  # type: ignore[union-attr]
         self._out.clear()
 
-    async def backpressure(self) -> None:
-        """Wait for the socket to take our writes, if they have piled up."""
-        transport = self._writer.transport
-        if transport.get_write_buffer_size() > _BACKLOG and not transport.is_closing():
-            with contextlib.suppress(OSError):
-                await self._writer.drain()
+    @property
+    def paused(self) -> bool:
+        """Whether the socket's send buffer is full (the daemon reads slower than we write)."""
+        return self._writable is not None
+
+    async def writable(self) -> None:
+        """Return once the socket takes writes again."""
+        if self._writable is not None:
+            await asyncio.shield(self._writable)
 
     def _watch(self, replies_then: int) -> None:
         # One timer per reply_timeout, not one per request: a request owed a reply for
@@ -97,21 +103,51 @@ class _Connection:
             return
         self._watchdog = self._loop.call_later(self._reply_timeout, self._watch, self._replies)
 
-    async def _read(self) -> None:
-        try:
-            while True:
-                line = await self._reader.readline()
-                if not line.endswith(b"\n"):
-                    raise ConnectionError("queickd closed the connection")
+    # asyncio.Protocol's callbacks -----------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if b"\n" not in data:
+            self._partial.append(data)
+            self._partial_len += len(data)
+            if self._partial_len > _MAX_REPLY:
+                self._fail(ValueError(f"a reply from queickd is longer than {_MAX_REPLY} bytes"))
+            return
+        if self._partial:
+            data = b"".join(self._partial) + data
+            self._partial.clear()
+        *lines, rest = data.split(b"\n")
+        if rest:
+            self._partial.append(rest)
+        self._partial_len = len(rest)
+        owed = self._owed
+        for line in lines:
+            try:
                 reply = protocol.decode_reply(line)
-                self._replies += 1
-                if not self._owed:
-                    raise ValueError(f"queickd sent a reply to no request: {line[:80]!r}")
-                future = self._owed.popleft()
-                if not future.done():  # its await was cancelled: the reply is dropped, the order kept
-                    future.set_result(reply)
-        except (OSError, ValueError) as e:  # ValueError: not JSON, or a line past the limit
-            self._fail(e)
+            except ValueError as e:  # not JSON: not queickd, or a broken stream
+                self._fail(e)
+                return
+            self._replies += 1
+            if not owed:
+                self._fail(ValueError(f"queickd sent a reply to no request: {line[:80]!r}"))
+                return
+            future = owed.popleft()
+            if not future.done():  # its await was cancelled: the reply is dropped, the order kept
+                future.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(exc or ConnectionError("queickd closed the connection"))
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writable = self._loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        self._writable = None
 
     def _fail(self, e: BaseException) -> None:
         """Break the connection: every reply still owed is lost (the request may have been
@@ -125,16 +161,14 @@ class _Connection:
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
-        self._writer.close()
-        if self._reading is not asyncio.current_task():
-            self._reading.cancel()
+        self.resume_writing()
+        if self.transport is not None:
+            self.transport.close()
 
     async def close(self) -> None:
         self._fail(ConnectionError("closed by the client"))
-        with contextlib.suppress(OSError, asyncio.CancelledError):
-            await self._reading
-        with contextlib.suppress(OSError):
-            await self._writer.wait_closed()
+        if self.transport is not None:
+            await self._closed
 
 
 class AsyncJobQueue:
@@ -153,15 +187,15 @@ class AsyncJobQueue:
 
     # --- connection ---------------------------------------------------------------------------
     async def _open(self) -> _Connection:
+        loop = asyncio.get_running_loop()
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, limit=protocol.MAX_LINE * 4 + 2), self.connect_timeout)
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: _Connection(self.timeout), self.host, self.port), self.connect_timeout)
         except OSError as e:  # TimeoutError too
             raise ConnectionError(
                 f"cannot reach queickd at {self.host}:{self.port} ({str(e) or 'timed out'}); is the daemon running?"
             ) from e
-        conn = _Connection(reader, writer, self.timeout)
-        info = await conn.send([clientops.hello(self.token)])[0]
+        info = await conn.send(protocol.encode(clientops.hello(self.token)))
         if not info.get("ok"):
             await conn.close()
             raise QueueError.from_reply(info)
@@ -180,16 +214,20 @@ class AsyncJobQueue:
             return self._conn
 
     async def _request(self, req: dict[str, Any]) -> dict[str, Any]:
+        line = protocol.encode(req)  # a request that cannot be encoded is never sent
         if clientops.held(req):
             conn = self._spare.pop() if self._spare else await self._open()
             try:
-                return await conn.send([req])[0]
+                return await conn.send(line)
             finally:  # replies stay matched even if this await was cancelled: still reusable
                 if conn.broken is None:
                     self._spare.append(conn)
-        conn = await self._shared()
-        future = conn.send([req])[0]
-        await conn.backpressure()
+        conn = self._conn
+        if conn is None or conn.broken is not None:
+            conn = await self._shared()
+        future = conn.send(line)
+        if conn.paused:
+            await conn.writable()
         return await future
 
     async def _run(self, plan: clientops.Plan[Any]) -> Any:
@@ -206,8 +244,9 @@ class AsyncJobQueue:
                     if not outcome.get("ok"):
                         outcome = reply_error(outcome)
                 elif type(step) is list:
+                    lines = [protocol.encode(r) for r in step]  # all, before any is sent
                     conn = await self._shared()
-                    outcome = await asyncio.gather(*conn.send(step))
+                    outcome = await asyncio.gather(*[conn.send(line) for line in lines])
                 else:
                     outcome = await asyncio.sleep(step)
             except Exception as e:  # the plan decides: resend, wait and retry, or raise it
