@@ -182,7 +182,8 @@ class AsyncJobQueue:
         self.connect_timeout = connect_timeout
         self.server_info: dict[str, Any] | None = None
         self._conn: _Connection | None = None
-        self._connecting: asyncio.Lock | None = None  # made on first use, in the loop that uses it
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop our connections belong to
+        self._connecting: asyncio.Lock | None = None  # made with them, in that loop
         self._spare: list[_Connection] = []  # connections of held requests (waits), free for the next
 
     # --- connection ---------------------------------------------------------------------------
@@ -202,12 +203,20 @@ class AsyncJobQueue:
         self.server_info = info
         return conn
 
+    def _in_this_loop(self) -> None:
+        """A queue used from a new event loop (a second asyncio.run, a test's own loop)
+        drops the connections of the last one: they ended with it, and cannot be closed
+        from here."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop, self._conn, self._spare, self._connecting = loop, None, [], asyncio.Lock()
+
     async def _shared(self) -> _Connection:
+        self._in_this_loop()
         conn = self._conn
         if conn is not None and conn.broken is None:
             return conn
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
+        assert self._connecting is not None
         async with self._connecting:  # the first awaits in flight all wait for one connection
             if self._conn is None or self._conn.broken is not None:
                 self._conn = await self._open()
@@ -216,6 +225,7 @@ class AsyncJobQueue:
     async def _request(self, req: dict[str, Any]) -> dict[str, Any]:
         line = protocol.encode(req)  # a request that cannot be encoded is never sent
         if clientops.held(req):
+            self._in_this_loop()
             conn = self._spare.pop() if self._spare else await self._open()
             try:
                 return await conn.send(line)
@@ -223,7 +233,7 @@ class AsyncJobQueue:
                 if conn.broken is None:
                     self._spare.append(conn)
         conn = self._conn
-        if conn is None or conn.broken is not None:
+        if conn is None or conn.broken is not None or self._loop is not asyncio.get_running_loop():
             conn = await self._shared()
         future = conn.send(line)
         if conn.paused:
@@ -253,6 +263,9 @@ class AsyncJobQueue:
                 outcome = e
 
     async def close(self) -> None:
+        if self._loop is not asyncio.get_running_loop():
+            self._in_this_loop()  # nothing of ours is open in this loop
+            return
         conns, self._conn, self._spare = [self._conn, *self._spare], None, []
         for conn in conns:
             if conn is not None:

@@ -152,6 +152,22 @@ def test_async_task_handles_await_the_result(daemon):
     assert asyncio.run(main()) == "dead"
 
 
+def test_a_task_of_an_async_queue_also_enqueues_without_awaiting(daemon):
+    add = AsyncJobQueue("127.0.0.1", daemon.port).task(taskjobs.add.func)
+    assert add.enqueue(2, 3).result(timeout=20) == 5  # through a JobQueue at the same address
+
+
+def test_a_queue_awaits_from_one_event_loop_after_another(daemon):
+    q = taskjobs.queue  # a module's queue, its task awaited from each test's own loop
+    q.close()
+    q.host, q.port = "127.0.0.1", daemon.port
+
+    async def one_loop(a):
+        return await (await taskjobs.add.aenqueue(a, 1)).result(timeout=20)
+
+    assert [asyncio.run(one_loop(a)) for a in (1, 2, 3)] == [2, 3, 4]
+
+
 def test_async_workflow_runs_through_the_same_builder(daemon):
     async def main():
         async with AsyncJobQueue("127.0.0.1", daemon.port) as q:

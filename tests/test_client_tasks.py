@@ -128,6 +128,10 @@ def test_refused_option_raises_queue_error_with_the_daemons_code(tasks_queue):
         taskjobs.add.enqueue(1, 2, isolation="nowhere")
     assert info.value.code == "bad_request"
     assert "isolation" in info.value.message
+    with pytest.raises(QueueError) as info:
+        taskjobs.add.enqueue(1, 2, cost_units=-1)
+    assert info.value.code == "bad_request" and "cost_units" in info.value.message
+    assert tasks_queue.jobs(func="taskjobs:add") == []
 
 
 class Holder:
