@@ -165,14 +165,14 @@ class Task(Generic[P, R]):
 
     def __init__(self, queue: JobQueue | AsyncJobQueue, func: Callable[P, R], options: dict[str, Any]) -> None:
         check_importable(func)
-        self.queue = queue
-        self.func = func
-        self.options = options
         try:  # an unknown option is refused now, not at the first enqueue
             _JOB_SIGNATURE.bind(func, **options)
         except TypeError as e:
             raise TypeError(f"@task options are JobQueue.enqueue's: {e}") from None
         functools.update_wrapper(self, func)  # __module__ and __name__: what the daemon looks up
+        self.queue = queue
+        self.func = func
+        self.options = options
 
     def __repr__(self) -> str:
         return f"<Task {self.func.__module__}:{self.func.__qualname__}>"

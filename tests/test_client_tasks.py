@@ -171,3 +171,8 @@ def test_importing_a_module_with_tasks_opens_no_connection():
         listener.setblocking(False)
         with pytest.raises(BlockingIOError):  # a connection made would wait here to be accepted
             listener.accept()
+
+
+def test_a_task_runs_isolated_in_a_process_of_its_own(tasks_queue):
+    # the child imports taskjobs too: its queue, still unconnected, is no obstacle
+    assert taskjobs.add.enqueue(1, 2, isolation="process").result(timeout=30) == 3
