@@ -27,7 +27,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from . import clientops, clientwire
 from .clientflow import WorkflowBuilder
@@ -36,6 +36,12 @@ from .clientwire import RequestLostError, _token_from_env, func_name, reply_erro
 from .core import protocol
 from .core.cron import SchedulingTime
 from .core.protocol import QueueError
+
+if TYPE_CHECKING:
+    from .tasks import Task
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 __all__ = ["JobQueue", "QueueError", "RequestLostError", "func_name"]
 
@@ -332,9 +338,15 @@ class JobQueue:
         self._run(one({"op": "cron_delete", "name": name}))
 
     # --- tasks ---------------------------------------------------------------------------------
-    def task(self, func: Callable[..., Any] | None = None, **options: Any) -> Any:
-        """`@q.task(**options)` on a function at the top level of a module: a Task (tasks.py),
-        which the function's callers still call, with .enqueue(...) queuing it with these options."""
+    @overload
+    def task(self, func: Callable[P, R], /) -> Task[P, R]: ...
+    @overload
+    def task(self, func: None = None, /, **options: Any) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+    def task(self, func: Callable[P, R] | None = None, /, **options: Any) -> Any:
+        """`@q.task` or `@q.task(**options)` on a function at the top level of a module: a
+        Task (tasks.py), still the function when called, whose .enqueue(...) queues a call
+        of it with these options (any of enqueue's). Connects to nothing."""
         from . import tasks  # tasks builds on this module
 
         return tasks.decorate(self, func, options)
