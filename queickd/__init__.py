@@ -3,7 +3,6 @@
 The client names import nothing outside the standard library.
 """
 
-from .aclient import AsyncJobQueue
 from .client import JobQueue, QueueError
 from .core.cron import SchedulingTime
 from .core.retry import RETRY_TYPE
@@ -14,3 +13,13 @@ from .version import __version__
 __all__ = ["JobQueue", "AsyncJobQueue", "QueueError", "JobFailed", "JobCancelled", "JobHandle", "AsyncJobHandle",
            "Task", "SchedulingTime", "RETRY_TYPE", "__version__", "cron_tick", "cron_last_tick", "workflow_key",
            "current_job", "CurrentJob", "JobInterrupted"]
+
+
+def __getattr__(name: str) -> object:
+    # AsyncJobQueue on first use: a program (or a job's process) that never awaits does
+    # not import asyncio for it.
+    if name == "AsyncJobQueue":
+        from .aclient import AsyncJobQueue
+
+        return AsyncJobQueue
+    raise AttributeError(f"module 'queickd' has no attribute {name!r}")

@@ -29,13 +29,15 @@ import functools
 import inspect
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from . import clientops
-from .aclient import AsyncJobQueue
 from .client import JobQueue
 from .core.cron import SchedulingTime
 from .core.job import State
+
+if TYPE_CHECKING:
+    from .aclient import AsyncJobQueue
 
 __all__ = ["AsyncJobHandle", "JobCancelled", "JobFailed", "JobHandle", "Task"]
 
@@ -194,6 +196,8 @@ class Task(Generic[P, R]):
 
     @property
     def _async(self) -> AsyncJobQueue:
+        from .aclient import AsyncJobQueue  # asyncio only for a program that awaits
+
         return _twin(self.queue, AsyncJobQueue)
 
     # Positional arguments are the function's; keywords are JobQueue.enqueue's, overriding

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -200,3 +203,10 @@ def test_an_unreachable_daemon_is_a_connection_error():
 
         with pytest.raises(ConnectionError, match="is the daemon running"):
             asyncio.run(main())
+
+
+def test_a_program_that_never_awaits_does_not_import_asyncio():
+    code = ("import sys, queickd, taskjobs; assert 'asyncio' not in sys.modules; "
+            "from queickd import AsyncJobQueue; assert 'asyncio' in sys.modules")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
