@@ -171,6 +171,10 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def abandon(self) -> None:
+        """Close without waiting: the replies still owed are not wanted."""
+        self._fail(ConnectionError("closed by the client"))
+
     async def close(self) -> None:
         self._fail(ConnectionError("closed by the client"))
         if self.transport is not None:
@@ -190,7 +194,8 @@ class AsyncJobQueue:
         self._conn: _Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop our connections belong to
         self._connecting: asyncio.Lock | None = None  # made with them, in that loop
-        self._spare: list[_Connection] = []  # connections of held requests (waits), free for the next
+        self._held: set[_Connection] = set()  # connections of held requests (waits), open
+        self._spare: list[_Connection] = []  # ... of them, free for the next
 
     # --- connection ---------------------------------------------------------------------------
     async def _open(self) -> _Connection:
@@ -215,7 +220,8 @@ class AsyncJobQueue:
         from here."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
-            self._loop, self._conn, self._spare, self._connecting = loop, None, [], asyncio.Lock()
+            self._loop, self._conn, self._connecting = loop, None, asyncio.Lock()
+            self._held, self._spare = set(), []
 
     async def _shared(self) -> _Connection:
         self._in_this_loop()
@@ -232,12 +238,18 @@ class AsyncJobQueue:
         line = protocol.encode(req)  # a request that cannot be encoded is never sent
         if clientops.held(req):
             self._in_this_loop()
+            while self._spare and self._spare[-1].broken is not None:  # the daemon restarted, say
+                self._held.discard(self._spare.pop())
             conn = self._spare.pop() if self._spare else await self._open()
+            self._held.add(conn)
             try:
-                return await conn.send(line)
-            finally:  # replies stay matched even if this await was cancelled: still reusable
-                if conn.broken is None:
-                    self._spare.append(conn)
+                reply = await conn.send(line)
+            except BaseException:  # cancelled too: the reply it gave up would hold the next one's
+                conn.abandon()
+                self._held.discard(conn)
+                raise
+            self._spare.append(conn)
+            return reply
         conn = self._conn
         if conn is None or conn.broken is not None or self._loop is not asyncio.get_running_loop():
             conn = await self._shared()
@@ -272,7 +284,7 @@ class AsyncJobQueue:
         if self._loop is not asyncio.get_running_loop():
             self._in_this_loop()  # nothing of ours is open in this loop
             return
-        conns, self._conn, self._spare = [self._conn, *self._spare], None, []
+        conns, self._conn, self._held, self._spare = [self._conn, *self._held], None, set(), []
         for conn in conns:
             if conn is not None:
                 await conn.close()

@@ -210,3 +210,16 @@ def test_a_program_that_never_awaits_does_not_import_asyncio():
             "from queickd import AsyncJobQueue; assert 'asyncio' in sys.modules")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+
+
+def test_a_cancelled_wait_does_not_hold_the_next_one(daemon):
+    async def main():
+        async with AsyncJobQueue("127.0.0.1", daemon.port) as q:
+            later = await q.enqueue("testjobs:add", args=(1, 2), delay=3600)
+            now = await q.enqueue("testjobs:add", args=(3, 4))
+            with pytest.raises(asyncio.TimeoutError):  # the daemon holds this wait for 30 s
+                await asyncio.wait_for(q.wait(later, timeout=30), 0.5)
+            # Answered at once (the job is done or about to be), not after the wait given up.
+            return await asyncio.wait_for(q.wait(now, timeout=20), 15)
+
+    assert asyncio.run(main())["result"] == 7
