@@ -10,7 +10,8 @@ write); the daemon answers in request order and each reply goes to the await tha
 request, so many awaits may be in flight at once. An await that is cancelled gives up its
 reply, never another's. `wait`, `workflow_wait` and `drain(wait=...)` hold their reply
 until the job (run, drain) ends, which would hold every reply behind them: they go on
-connections of their own, kept for the next such call.
+connections of their own, kept for the next such call (one given up by its caller is
+closed: the reply it still owes would hold the next one's).
 
 The requests and what is made of the replies are clientops' plans, the same JobQueue runs;
 so are the errors: QueueError with the daemon's code, ConnectionError when the daemon
