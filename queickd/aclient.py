@@ -392,6 +392,13 @@ class AsyncJobQueue:
 
         return tasks.decorate(self, func, options)
 
+    def _async_queue(self) -> AsyncJobQueue:
+        return self
+
+    def _sync_queue(self) -> Any:
+        raise TypeError("a task of an AsyncJobQueue is enqueued with `await task.aenqueue(...)`; for a blocking "
+                        "enqueue, decorate the function with a JobQueue's task")
+
     # --- workflows ----------------------------------------------------------------------------
     def workflow(self, name: str) -> WorkflowBuilder:
         """A builder, as JobQueue's: `await q.workflow(name).then(...).start(state)`."""

@@ -351,6 +351,20 @@ class JobQueue:
 
         return tasks.decorate(self, func, options)
 
+    def _sync_queue(self) -> JobQueue:
+        return self
+
+    def _async_queue(self) -> Any:
+        """An AsyncJobQueue at this queue's address, for its tasks' `aenqueue`: made once
+        (again if the address or token changed), asyncio imported only then."""
+        twin = self.__dict__.get("_twin")
+        if twin is None or (twin.host, twin.port, twin.token) != (self.host, self.port, self.token):
+            from .aclient import AsyncJobQueue
+
+            twin = self._twin = AsyncJobQueue(self.host, self.port, token=self.token, timeout=self.timeout,
+                                              connect_timeout=self.connect_timeout)
+        return twin
+
     # --- workflows ----------------------------------------------------------------------------
     def workflow(self, name: str) -> WorkflowBuilder:
         """A builder for a workflow run: .then(...).for_each(...).budget(...).start(state)."""

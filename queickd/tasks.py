@@ -18,26 +18,27 @@ connects on first use, so the daemon and tests import a module of tasks with no 
 running.
 
 A task of a JobQueue awaits through an AsyncJobQueue with the same address and token,
-made on the first `aenqueue` (and a task of an AsyncJobQueue enqueues without awaiting
-through a JobQueue made likewise). A task and its handles are as thread-safe as the
-queue they use. Standard library only.
+made by the JobQueue on the first `aenqueue`; a task of an AsyncJobQueue only awaits
+(a blocking enqueue inside an event loop would stall it). This module builds on both
+clients and imports neither: a task asks its queue (`_sync_queue`, `_async_queue`) for
+the kind it needs. A task and its handles are as thread-safe as the queue they use.
+Standard library only.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from . import clientops
-from .client import JobQueue
 from .core.cron import SchedulingTime
 from .core.job import State
 
-if TYPE_CHECKING:
-    from .aclient import AsyncJobQueue
+# A JobQueue or an AsyncJobQueue: named, not imported, since both clients import this
+# module to make their tasks.
+JobQueue = AsyncJobQueue = Any
 
 __all__ = ["AsyncJobHandle", "JobCancelled", "JobFailed", "JobHandle", "Task"]
 
@@ -129,20 +130,6 @@ class AsyncJobHandle:
         return await self.queue.cancel(self.id)
 
 
-# The other kind of queue a task may need, made once per queue, with its address and token.
-_twins: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-
-
-def _twin(queue: JobQueue | AsyncJobQueue, kind: type) -> Any:
-    if isinstance(queue, kind):
-        return queue
-    twin = _twins.get(queue)
-    if twin is None or (twin.host, twin.port, twin.token) != (queue.host, queue.port, queue.token):
-        twin = _twins[queue] = kind(queue.host, queue.port, token=queue.token, timeout=queue.timeout,
-                                    connect_timeout=queue.connect_timeout)
-    return twin
-
-
 def check_importable(func: Any) -> None:
     """TypeError unless the daemon can import func by its module and name."""
     if isinstance(func, (staticmethod, classmethod)) or not inspect.isfunction(func):
@@ -192,13 +179,11 @@ class Task(Generic[P, R]):
 
     @property
     def _sync(self) -> JobQueue:
-        return _twin(self.queue, JobQueue)
+        return self.queue._sync_queue()
 
     @property
     def _async(self) -> AsyncJobQueue:
-        from .aclient import AsyncJobQueue  # asyncio only for a program that awaits
-
-        return _twin(self.queue, AsyncJobQueue)
+        return self.queue._async_queue()
 
     # Positional arguments are the function's; keywords are JobQueue.enqueue's, overriding
     # the decorator's options, and the function's keyword arguments go in `kwargs={...}`:

@@ -155,9 +155,10 @@ def test_async_task_handles_await_the_result(daemon):
     assert asyncio.run(main()) == "dead"
 
 
-def test_a_task_of_an_async_queue_also_enqueues_without_awaiting(daemon):
+def test_a_task_of_an_async_queue_refuses_a_blocking_enqueue(daemon):
     add = AsyncJobQueue("127.0.0.1", daemon.port).task(taskjobs.add.func)
-    assert add.enqueue(2, 3).result(timeout=20) == 5  # through a JobQueue at the same address
+    with pytest.raises(TypeError, match=r"await task\.aenqueue"):
+        add.enqueue(2, 3)
 
 
 def test_a_queue_awaits_from_one_event_loop_after_another(daemon):
