@@ -1,6 +1,6 @@
 """SIGHUP reloads job code in a running daemon: a function added to an imported module
-runs without a restart; a module that fails to import on reload keeps its old code; a
-process job waiting for a zygote that a reload retires runs on the next one."""
+runs without a restart; a module that fails to import on reload keeps its old code, for
+thread and process jobs alike; a process job waiting for its zygote as reloads come runs."""
 
 from __future__ import annotations
 
@@ -96,3 +96,26 @@ def test_sighup_says_nothing_of_a_config_file_left_as_it_was(start_daemon, tmp_p
     d.proc.wait(30)
     d.wait_for_line("stopped")
     assert not any("changed since the daemon started" in line for line in d.lines)
+
+
+def test_a_module_that_fails_on_reload_keeps_its_old_code_for_process_jobs_too(start_daemon, tmp_path):
+    app, d = _daemon(start_daemon, tmp_path)
+    with d.client() as q:
+        assert q.wait(q.enqueue("reloadjobs:hello", isolation="process"), 20)["result"] == "v1"
+        (app / "reloadjobs.py").write_text("def hello(:\n    return 'v3'\n")  # a syntax error
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait_for_line("zygote reload: reloadjobs failed to import, the old code keeps serving: SyntaxError")
+        for _ in range(2):  # the file on disk is newer than the import: still the last good code
+            job = q.wait(q.enqueue("reloadjobs:hello", isolation="process"), 20)
+            assert (job["state"], job["result"]) == (State.SUCCEEDED, "v1"), job
+
+
+def test_a_module_changed_on_disk_with_a_syntax_error_keeps_its_old_code_for_process_jobs(start_daemon, tmp_path):
+    app, d = _daemon(start_daemon, tmp_path)
+    with d.client() as q:
+        assert q.wait(q.enqueue("reloadjobs:hello", isolation="process"), 20)["result"] == "v1"
+        (app / "reloadjobs.py").write_text("def hello(:\n    return 'v3'\n")  # no SIGHUP this time
+        job = q.wait(q.enqueue("reloadjobs:hello", isolation="process"), 20)
+        assert (job["state"], job["result"]) == (State.SUCCEEDED, "v1"), job
+        (app / "reloadjobs.py").write_text(SECOND)  # fixed: the zygote picks it up
+        assert q.wait(q.enqueue("reloadjobs:added", (4,), isolation="process"), 20)["result"] == 40

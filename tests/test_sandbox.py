@@ -220,11 +220,11 @@ def test_a_zygote_killed_with_sigkill_is_restarted_and_the_next_job_runs(caplog)
         sup.stop()
 
 
-def test_a_reload_starts_a_fresh_zygote_for_the_next_jobs(runner):
+def test_a_reload_reimports_in_the_same_zygote_for_the_next_jobs(runner):
     before = runner.supervisor.pid
     runner.supervisor.reload("test")
     assert run(runner, "noop").ok
-    assert runner.supervisor.pid != before
+    assert runner.supervisor.pid == before
 
 
 def test_a_limit_on_the_job_wins_over_its_function_and_the_daemon():

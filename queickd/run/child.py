@@ -4,7 +4,8 @@ the zygote it was copied from.
 
 Before job code runs it leads its own process group, becomes the subreaper of whatever it
 starts (so a grandchild that calls setsid is still its own, and the zygote's once it is
-gone), dies with the zygote, moves into its cgroups when it has them, takes stdin from
+gone), dies with the zygote, lets a SIGTERM end it only past its deadline (a stop
+signalled to every process of the unit is the daemon's to drive), moves into its cgroups when it has them, takes stdin from
 /dev/null, stdout and stderr to the output pipe, closes every other descriptor, sets its
 rlimits, its directory and its scrubbed environment. Its peak memory is its own VmHWM,
 read just before it exits. It never unpickles anything and never returns to its caller.
@@ -37,8 +38,7 @@ _strict = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",",
 # What the child sets back to the default before job code runs, as plain ints: the
 # signal module's wrapper would look each one up as an enum, and every object a child
 # touches costs it a copied page.
-_DEFAULT_SIGNALS = tuple(int(s) for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
-                                          signal.SIGPIPE))
+_DEFAULT_SIGNALS = tuple(int(s) for s in (signal.SIGCHLD, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE))
 _SIG_DFL = int(signal.SIG_DFL)
 _stdio_ready = False  # the zygote opened sys.stdin/stdout/stderr on fds 0-2 as a child wants them
 
@@ -94,6 +94,7 @@ def _lock_in(req: dict[str, Any], out_fd: int, rep_fd: int) -> None:
     signal.set_wakeup_fd(-1)
     for sig in _DEFAULT_SIGNALS:
         _signal.signal(sig, _SIG_DFL)
+    _term_after(req.get("deadline"))
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     for group in req.get("cgroups") or ():  # one on v2; one per hierarchy on v1
@@ -115,6 +116,19 @@ def _lock_in(req: dict[str, Any], out_fd: int, rep_fd: int) -> None:
     os.environ.update(req["env_job"])  # the zygote holds the runner's part: only this job's
     if not _stdio_ready:
         open_stdio()
+
+
+def _term_after(deadline: float | None) -> None:
+    """SIGTERM ends the job only once its deadline has passed (the watch's timeout kill,
+    on the same monotonic clock); before, it is someone else's stop (systemd signalling
+    every process of the unit) and the daemon drives that: the job runs on. A handler,
+    not SIG_IGN: an exec (the job's own subprocesses) sets it back to the default."""
+    def on_term(signum: int, frame: Any) -> None:
+        if deadline is not None and time.monotonic() >= deadline:
+            _signal.signal(signum, _SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    _signal.signal(int(signal.SIGTERM), on_term)
 
 
 def _judge(report: RunReport, value: Any, max_result: int) -> RunReport:

@@ -212,6 +212,7 @@ class ProcessRunner:
             rlimits["cpu"] = cpu_limit(limits.timeout)
         req = {"op": "run", "func": job.func, "args": job.args, "kwargs": job.kwargs,
                "env": self.env, "env_job": job_env(job_dir, creds), "cwd": job_dir,
+               "deadline": None if limits.timeout is None else began + limits.timeout,
                "rlimits": rlimits, "cgroups": list(cg.paths) if cg is not None else [], "max_result": max_out,
                "workflow_key": job.idempotency_key if job.workflow_run is not None else None,
                "cron_ticks": context.ticks_of(job.cron, job.idempotency_key, job.cron_until),
@@ -224,7 +225,7 @@ class ProcessRunner:
             req["args_file"] = os.path.join(job_dir, ".queickd-args.json")
             with open(req["args_file"], "w", encoding="utf-8") as f:
                 json.dump([job.args, job.kwargs], f, ensure_ascii=False)
-        tries = 0  # zygotes that died or were stale before they forked it: once more, on a new one
+        tries = 0  # zygotes that died before they forked it: once more, on a new one
         while True:
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
             rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
@@ -263,10 +264,8 @@ class ProcessRunner:
                     # one, as often as reloads come; the job's deadline (its watch) ends that.
                     continue
                 tries += 1
-                if tries == 2 or not ("zygote_died" in left or "stale" in left):
+                if tries == 2 or "zygote_died" not in left:
                     return report
-                if "stale" in left:
-                    self.supervisor.reload("an app module changed on disk")
             finally:
                 os.close(out_r)
                 os.close(rep_r)

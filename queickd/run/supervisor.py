@@ -1,7 +1,6 @@
 """The daemon's side of the zygote (run/zygote.py): starts it with `subprocess`, hands it
 jobs, routes its replies to the worker threads waiting for them, and restarts it when it
-dies (with backoff, logged) or when it must re-import (an app module changed on disk, or
-SIGHUP: `reload()`).
+dies (with backoff, logged); `reload()` (SIGHUP) has it re-import the app in place.
 
 One reader thread per zygote waits on its socket; it is blocked in recv while no job runs,
 so the supervisor adds no wake-ups to an idle daemon. A retired zygote (replaced after a
@@ -144,6 +143,11 @@ class _Zygote:
                 self.sup._imported(msg.get("failed") or (), ok=False)
                 self.ready.set()
                 continue
+            if "reloaded" in msg:
+                for name, why in (msg.get("failed") or {}).items():
+                    log.error("zygote reload: %s failed to import, the old code keeps serving: %s", name, why)
+                log.info("zygote reload (%s): %d module(s) imported afresh", msg.get("why"), len(msg["reloaded"]))
+                continue
             with self.lock:
                 p = self.pending.get(msg.get("id"))
             if p is not None:
@@ -241,17 +245,18 @@ class ZygoteSupervisor:
                 z.proc.kill()
 
     def reload(self, why: str = "SIGHUP") -> None:
-        """Start a fresh zygote for the next jobs (re-importing the app); the old one
-        finishes the jobs it runs and exits."""
-        with self._lock:
-            old, self._zygote = self._zygote, None
-            if old is not None:
-                # Retired as it stops being the current one: a job waiting for it to start
-                # (in _current) must see that once it is ready, and go to a newer one.
-                old.retired = True
-        if old is not None:
-            log.info("re-importing the job modules (%s): a new zygote for the next process jobs", why)
-            old.retire()
+        """Have the zygote import the app modules afresh for the next jobs, in place: a
+        module that fails to import keeps its last good code there, as it does for thread
+        jobs (FunctionLoader.reload). Running jobs keep what they started with. With no
+        zygote running, the next one imports them anyway."""
+        z = self._zygote
+        if z is None or z.dead:
+            return
+        log.info("re-importing the job modules (%s) in the zygote (pid %d)", why, z.pid)
+        try:
+            z.sock.send(b'{"op": "reload"}')
+        except OSError:
+            pass  # it is dying: the next one imports afresh
 
     # --- jobs ----------------------------------------------------------------------------
     def submit(self, func: str, msg: dict[str, Any], fds: Sequence[int], *, wake: tuple[int, int] | None = None,

@@ -11,12 +11,15 @@ report pipes passed alongside (SCM_RIGHTS):
   <- {"ready": pid, "failed": [...]}    started; the preloads that could not be imported
   <- {"id", "pid"}                      forked; the child runs (run/child.py)
   <- {"id", "report": {...}}            not forked: the function cannot be loaded
-  <- {"id", "stale": true}              an app module changed on disk: start a new zygote
   <- {"id", "retired": true}            retired before it forked the job: send it to the current one
   <- {"id", "exit": status, "cpu": s}   the child is reaped and nothing it started is left
+  -> {"op": "reload"}                   import the app modules afresh (SIGHUP)
+  <- {"reloaded": [...], "failed": {}}  done; a module that failed keeps its last good code
   -> {"op": "retire"}                   fork no more; exit once the running children are done
 
-It is the subreaper of its children's descendants: a process a job left behind (one that
+A reload (SIGHUP, or an app module changed on disk, seen before a fork) imports the app
+modules afresh in this process, with the loader's rule: a module that fails to import
+keeps serving its last good code, as it does for thread jobs. It is the subreaper of its children's descendants: a process a job left behind (one that
 called setsid included) becomes its child when the job's process ends, and is killed and
 reaped before the job's exit is reported. It waits in select and wakes only for a request
 or a SIGCHLD: an idle zygote costs no wake-ups. It exits when its supervisor goes away
@@ -31,6 +34,7 @@ import array
 import errno
 import gc
 import json
+import logging
 import os
 import selectors
 import signal
@@ -90,6 +94,20 @@ class Zygote:
                 except OSError:
                     pass
 
+    def reload(self, why: str) -> None:
+        """Import the app modules afresh in place (FunctionLoader.reload): one that fails
+        keeps its old module. Every file imported is noted at its mtime now, a failed one
+        too: it is not tried again before the next change or reload."""
+        done = self.loader.reload()
+        for path in list(self.mtimes):
+            try:
+                self.mtimes[path] = os.stat(path).st_mtime
+            except OSError:
+                del self.mtimes[path]
+        self._modules_seen = 0  # noted again (and frozen) at the next job
+        self._note_modules()
+        self.send({"reloaded": done.modules, "failed": done.failed, "why": why})
+
     def stale(self) -> bool:
         """Has an app module this process imported changed on disk since?"""
         for path, mtime in self.mtimes.items():
@@ -127,7 +145,9 @@ class Zygote:
         r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         signal.set_wakeup_fd(w)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # the byte in the pipe is what counts
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # SIGTERM to every process of the unit (systemd's stop) is the daemon's to act on:
+        # it stops the zygote itself, once its running jobs are done (its socket closes).
+        signal.signal(signal.SIGTERM, lambda *_: None)
         sel = selectors.DefaultSelector()
         sel.register(self.sock, selectors.EVENT_READ)
         sel.register(r, selectors.EVENT_READ)
@@ -171,6 +191,8 @@ class Zygote:
             msg = json.loads(self._buf[:n])
             if msg.get("op") == "retire":
                 self.retiring = True
+            elif msg.get("op") == "reload":
+                self.reload("SIGHUP")
             elif msg.get("op") == "run" and self.retiring:
                 # Sent as a reload came: not forked here, on the old code; the current zygote runs it.
                 self.send({"id": msg["id"], "retired": True})
@@ -194,8 +216,7 @@ class Zygote:
                 self.send_report(req["id"], capture.refused("sandbox_setup", "the job's pipes did not arrive"))
                 return
             if self.stale():
-                self.send({"id": req["id"], "stale": True})
-                return
+                self.reload("an app module changed on disk")
             try:
                 fn = self.loader.resolve(req["func"])
             except BaseException as e:  # a module's SystemExit or KeyboardInterrupt too: we live on
@@ -318,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     child.open_stdio()  # once here, not in each child
     child.warm_up()
     sock = socket.socket(fileno=a.fd)
+    # The loader's reload log goes to the supervisor as a message, logged there once.
+    logging.getLogger("queickd.loader").disabled = True
     z = Zygote(sock, FunctionLoader(a.app_dir, a.allow, announce=False))
     failed = z.preload(a.preload)
     z.send({"ready": os.getpid(), "failed": failed})
