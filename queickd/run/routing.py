@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 from ..core import sandbox
 from ..core.job import Job
+from . import isolate
 from .base import RunReport
 from .loader import FunctionLoader
 from .process import ProcessRunner
@@ -27,6 +28,7 @@ class RoutingRunner:
         self.defaults = defaults
         self.runs = dict.fromkeys(sandbox.ISOLATIONS, 0)
         self._lock = threading.Lock()
+        self.dumpable: str | None = None  # why this process is still dumpable (None: it is not)
 
     @property
     def supervisor(self) -> ZygoteSupervisor | None:
@@ -46,6 +48,15 @@ class RoutingRunner:
                      m["memory"], ", ".join(m["groups"]), m["pids_max"])
         else:
             log.info("process jobs: memory limits by %s (no per-job cgroup: %s)", m["memory"], m["reason"])
+        log.info("sandbox: %s", ", ".join(f"{name} yes" if why is None else f"{name} no ({why})"
+                                          for name, why in self.in_force()))
+
+    def in_force(self) -> list[tuple[str, str | None]]:
+        """Each mechanism that keeps process jobs from the daemon and from each other, and
+        why it is not in force here (None: it is): what the start line says."""
+        m = self.process.means if self.process is not None else {"memory": None}
+        cgroup = None if str(m["memory"]).startswith("cgroup") else "limits by RSS watch"
+        return [("non-dumpable daemon", self.dumpable), ("cgroup memory", cgroup)]
 
     def start(self) -> None:
         """Start the zygote at once when the settings send jobs to processes."""
@@ -108,4 +119,8 @@ def make_runner(loader: FunctionLoader, defaults: sandbox.Defaults, passthrough_
     The zygote starts now when the settings send jobs to processes, else with the first
     process job (a Pi that never runs one pays nothing for it)."""
     supervisor = ZygoteSupervisor(loader.app_dir, loader.allow, preload=list(defaults.functions or ()))
-    return RoutingRunner(ThreadRunner(loader, measure), ProcessRunner(supervisor, passthrough_env), defaults)
+    runner = RoutingRunner(ThreadRunner(loader, measure), ProcessRunner(supervisor, passthrough_env), defaults)
+    # Before any process job runs: none of them (the same user) may read this process's
+    # memory, environment or descriptors (a token, a store password), nor ptrace it.
+    runner.dumpable = isolate.not_dumpable()
+    return runner

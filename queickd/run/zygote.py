@@ -43,7 +43,7 @@ import sys
 from typing import Any
 
 from ..core.protocol import QueueError
-from . import capture, child
+from . import capture, child, isolate
 from .base import RunReport
 from .loader import FunctionLoader
 
@@ -333,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     # No parent-death signal here: it follows the daemon *thread* that started this process,
     # and a restart may come from a short-lived one. The socket closing is the daemon's end.
+    dumpable = isolate.not_dumpable()  # before any job module runs (its import)
+    if dumpable is not None:
+        print(f"queickd zygote: cannot make itself non-dumpable ({dumpable}): a job of the same user "
+              "may read its memory", file=sys.stderr, flush=True)
     if not child.prctl(child.PR_SET_CHILD_SUBREAPER, 1):
         print("queickd zygote: cannot become a subreaper; a job's setsid children may outlive it",
               file=sys.stderr, flush=True)
