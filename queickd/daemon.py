@@ -16,6 +16,7 @@ import faulthandler
 import logging
 import os
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from .core import protocol, sandbox
 from .core.job import NewJob, Outcome, State, Submitted
 from .core.policy import outbox
 from .core.policy.claim import Limits
-from .run import credentials
+from .run import credentials, isolate
 from .run.loader import FunctionLoader
 from .run.routing import make_runner
 from .services import sdnotify
@@ -169,7 +170,9 @@ class Daemon:
             self.network = NetworkMonitor(c.ping_host, c.ping_interval, lambda up: self.parking.on_change(up),
                                           clock=self.clock)
         memory = MemoryGate(store, reserve_mb=c.memory_reserve, max_rss_mb=c.max_rss, root=c.memory_root)
-        self.runner = make_runner(loader, c.sandbox_settings, c.sandbox_env, measure=memory.measures_run)
+        hidden = isolate.hidden_paths(c.store, [c.token_file, c.http_token_file], [loader.app_dir, tempfile.gettempdir()])
+        self.runner = make_runner(loader, c.sandbox_settings, c.sandbox_env, measure=memory.measures_run,
+                                  hidden=hidden, namespaces=c.job_namespaces != "off")
         self.on_reload.append(self.runner.reload)  # process jobs re-import the app too
         self.metrics.sandbox = self.runner.stats
         self.parking = NetworkParking(store, self.network, lambda: self.pool.wake(), clock=self.clock)

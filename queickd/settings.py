@@ -92,6 +92,7 @@ class Config:
     output_kb: int | None = None
     sandbox_env: list[str] = field(default_factory=list)  # variables passed on to process jobs
     config: str | None = None  # the --config file: read at start only (SIGHUP reloads job code, not it)
+    job_namespaces: str = "auto"  # auto: PID and mount namespaces per process job where the kernel allows
 
     @property
     def sandbox_settings(self) -> sandbox.Defaults:
@@ -144,6 +145,7 @@ class WorkerConfig:
     memory_mb: int | None = None
     output_kb: int | None = None
     sandbox_env: list[str] = field(default_factory=list)
+    job_namespaces: str = "auto"
 
 
 def check_shared(config: Config | WorkerConfig) -> None:

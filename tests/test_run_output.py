@@ -55,7 +55,11 @@ def test_a_failed_process_job_keeps_its_output_in_the_job(client):
     assert job["output"] == "to stdout\nto stderr\n" and "output" not in job["error"]
 
 
-def test_a_retried_job_shows_the_output_of_its_last_run(client, tmp_path):
+def test_a_retried_job_shows_the_output_of_its_last_run(start_daemon, tmp_path):
+    # The daemon's TMPDIR (private to each job where it gets namespaces) is not where the
+    # marker goes: the two runs share it.
+    (tmp_path / "tmp").mkdir()
+    client = start_daemon(None, env={"TMPDIR": str(tmp_path / "tmp")}).client()
     job = client.wait(client.enqueue("sandboxjobs:fail_once", [str(tmp_path / "ran")], isolation="process",
                                      retry=True, retry_type="constant", retry_interval=0.1, max_attempts=2), 20)
     assert (job["state"], job["attempts"], job["output"]) == (State.SUCCEEDED, 2, "second run\n")

@@ -38,6 +38,16 @@ def runner():
     sup.stop()
 
 
+@pytest.fixture(scope="module")
+def plain_runner():
+    """Jobs in the zygote's namespaces (where the kernel allows none of their own): what they
+    leave behind is found by the zygote, their subreaper, and killed."""
+    sup = ZygoteSupervisor(JOBS, namespaces=False)
+    r = ProcessRunner(sup, use_cgroup=False)
+    yield r
+    sup.stop()
+
+
 def run(runner: ProcessRunner, func: str, *args, limits: Limits | None = None):
     return runner.run(make_job(func=f"sandboxjobs:{func}", args=list(args)), limits)
 
@@ -77,17 +87,17 @@ def test_a_job_that_ignores_sigterm_is_killed_after_the_grace_and_its_watch_wait
     assert cpu < 0.3  # the watching thread slept through the grace, it did not poll it
 
 
-def test_a_timeout_leaves_no_grandchild_behind_even_one_that_called_setsid(runner, tmp_path):
+def test_a_timeout_leaves_no_grandchild_behind_even_one_that_called_setsid(plain_runner, tmp_path):
     pidfile = tmp_path / "pids"
-    r = run(runner, "spawn_and_hang", str(pidfile), limits=Limits(timeout=1))
+    r = run(plain_runner, "spawn_and_hang", str(pidfile), limits=Limits(timeout=1))
     assert r.error_type == "timeout"
     pids = [int(p) for p in pidfile.read_text().split()]
     assert len(pids) == 2 and all(_gone(p) for p in pids)  # killed and reaped before the report
 
 
-def test_a_job_that_returns_leaves_nothing_running_either(runner, tmp_path):
+def test_a_job_that_returns_leaves_nothing_running_either(plain_runner, tmp_path):
     pidfile = tmp_path / "pids"
-    r = run(runner, "spawn_and_return", str(pidfile))
+    r = run(plain_runner, "spawn_and_return", str(pidfile))
     assert (r.ok, r.result) == (True, "left one behind")
     assert _gone(int(pidfile.read_text()))
 
@@ -280,7 +290,7 @@ def cgroups():
 
 @pytest.fixture(scope="module")
 def cg_runner(cgroups):
-    sup = ZygoteSupervisor(JOBS)
+    sup = ZygoteSupervisor(JOBS, namespaces=False)  # the groups alone hold what the job starts
     r = ProcessRunner(sup)
     assert r.cgroups is not None
     yield r

@@ -227,7 +227,9 @@ def _process_gone(pid: int) -> bool:
         return True
 
 
-def test_cancelling_a_running_process_job_kills_it_and_what_it_started(client, tmp_path):
+def test_cancelling_a_running_process_job_kills_it_and_what_it_started(start_daemon, tmp_path):
+    # In the daemon's namespaces: the pids the job writes are this test's to look for.
+    client = start_daemon(None, "--job-namespaces", "off").client()
     pidfile = tmp_path / "pids"
     job_id = client.enqueue("sandboxjobs:spawn_and_hang", [str(pidfile)], isolation="process")
     deadline = time.monotonic() + 20
@@ -305,7 +307,7 @@ def private_groups(start_daemon):
     started = []
 
     def start():
-        d = start_daemon(None, prefix=_JOIN, env={"JOIN_GROUPS": " ".join(mine)})
+        d = start_daemon(None, "--job-namespaces", "off", prefix=_JOIN, env={"JOIN_GROUPS": " ".join(mine)})
         started.append(d)
         return d
 

@@ -46,7 +46,7 @@ def nobody():
 
 def test_a_process_job_of_the_daemons_user_cannot_read_the_daemons_or_the_zygotes_memory(
         start_daemon, nobody):
-    d = start_daemon(nobody[0], prefix=nobody[1])
+    d = start_daemon(nobody[0], "--job-namespaces", "off", prefix=nobody[1])  # the pids can be seen
     with d.client() as q:
         job = q.wait(q.enqueue("sandboxjobs:peek", [[d.proc.pid]], isolation="process"), 30)
     assert job["state"] == State.SUCCEEDED, job
@@ -60,3 +60,62 @@ def test_the_start_log_says_which_sandbox_mechanisms_are_in_force(start_daemon):
     d = start_daemon(None, "--isolation", "process")
     line = d.wait_for_line(r"INFO queickd.sandbox: sandbox: (.*)").group(1)
     assert "non-dumpable daemon yes" in line and "cgroup memory " in line
+
+
+# --- PID and mount namespaces: a job reaches nothing of the daemon -------------------------------
+
+def _namespaces_or_skip(d) -> None:
+    line = d.wait_for_line(r"INFO queickd.sandbox: sandbox: (.*)").group(1)
+    if "pid namespace yes" not in line:
+        pytest.skip(f"the kernel gives process jobs no namespaces here: {line}")
+
+
+def _daemon_in(start_daemon, tmp_path, who: str, nobody):
+    """A daemon (as root, or as the user nobody) with a token, its store, and the job's
+    targets: what reach() must not get to."""
+    if who == "root":
+        if os.geteuid() != 0:
+            pytest.skip("needs root")
+        store, prefix, home = None, None, tmp_path
+    else:
+        store, prefix = nobody
+        home = os.path.dirname(store[len("sqlite:///"):])
+    token = os.path.join(home, "token")
+    with open(token, "w") as f:
+        f.write("s3cret\n")
+    os.chmod(token, 0o644)
+    if who != "root":
+        os.chown(token, 65534, 65534)
+    d = start_daemon(store, "--token-file", token, "--isolation", "process", prefix=prefix)
+    _namespaces_or_skip(d)
+    return d, token
+
+
+@pytest.fixture(params=["root", "nobody"])
+def ns_daemon(request, start_daemon, tmp_path):
+    nobody = request.getfixturevalue("nobody") if request.param == "nobody" else None
+    return _daemon_in(start_daemon, tmp_path, request.param, nobody)
+
+
+def test_a_job_in_its_namespaces_cannot_signal_see_or_read_the_daemon_its_zygote_or_their_files(ns_daemon):
+    d, token = ns_daemon
+    tag = f"{os.getpid()}-{id(d)}"
+    with d.client(token="s3cret") as q:
+        zygote = q.stats()["sandbox"]["zygote"]["pid"]
+        store = d.store_url[len("sqlite:///"):]
+        cgroup_procs = [f"/sys/fs/cgroup/{c}/cgroup.procs" for c in ("memory", "pids", "unified")]
+        paths = [token, store, os.path.dirname(store), f"/proc/{d.proc.pid}/environ", *cgroup_procs]
+        job = q.wait(q.enqueue("sandboxjobs:reach", [[d.proc.pid, zygote], paths, tag]), 30)
+        assert job["state"] == State.SUCCEEDED, job
+        got = job["result"]
+        assert got[f"signal {d.proc.pid}"] == got[f"signal {zygote}"] == "ProcessLookupError", got
+        assert got[token] == got[store] == got[f"/proc/{d.proc.pid}/environ"] == "FileNotFoundError", got
+        assert got[os.path.dirname(store)] in ("FileNotFoundError", "PermissionError"), got
+        assert all(got[p] in ("FileNotFoundError", "PermissionError", "OSError") for p in cgroup_procs), got
+        # /dev/shm and /tmp were its own, and went with it.
+        assert got["/dev/shm"] == got["/tmp"] == "done", got
+        assert not os.path.exists(f"/dev/shm/queickd-left-{tag}") and not os.path.exists(f"/tmp/queickd-left-{tag}")
+        # A kill of its zygote's pid reaches nothing: the zygote serves on.
+        assert q.wait(q.enqueue("sandboxjobs:kill_pid", [zygote]), 30)["result"] == "ProcessLookupError"
+        assert q.stats()["sandbox"]["zygote"] == {"alive": True, "pid": zygote, "restarts": 0}
+        assert d.proc.poll() is None

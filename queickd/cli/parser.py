@@ -129,6 +129,9 @@ def _sandbox_flags(p: argparse.ArgumentParser) -> None:
     opt(p, "--output-kb", "stdout+stderr (and result) a process job may write", None, type=int)
     opt(p, "--sandbox-env", "a variable passed on to process jobs by name (repeatable)", None,
         action="append")
+    opt(p, "--job-namespaces", "auto: each process job in PID and mount namespaces of its own (private "
+        "/tmp and /dev/shm, the store and token hidden) where the kernel allows; off: not", "auto",
+        choices=("auto", "off"))
 
 
 def _command(p: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:

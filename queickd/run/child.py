@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 
 from ..core.fate import clean, storable_result
 from ..core.protocol import MAX_DEPTH, too_deep
-from . import capture, context
+from . import capture, context, isolate
 from .base import RunReport
 
 REPORT_FD = 3
@@ -116,6 +116,8 @@ def _lock_in(req: dict[str, Any], out_fd: int, rep_fd: int) -> None:
     os.environ.update(req["env_job"])  # the zygote holds the runner's part: only this job's
     if not _stdio_ready:
         open_stdio()
+    if req.get("isolate"):  # last: the job goes on in a fork, pid 1 of namespaces of its own
+        isolate.enter(req["isolate"])
 
 
 def _term_after(deadline: float | None) -> None:
@@ -125,6 +127,8 @@ def _term_after(deadline: float | None) -> None:
     not SIG_IGN: an exec (the job's own subprocesses) sets it back to the default."""
     def on_term(signum: int, frame: Any) -> None:
         if deadline is not None and time.monotonic() >= deadline:
+            if os.getpid() == 1:  # its namespace's init ignores its own default-action signals
+                os._exit(128 + signum)
             _signal.signal(signum, _SIG_DFL)
             os.kill(os.getpid(), signum)
 

@@ -35,3 +35,188 @@ def not_dumpable() -> str | None:
     if _prctl(PR_SET_DUMPABLE, 0) != 0 or _prctl(PR_GET_DUMPABLE) != 0:
         return f"prctl(PR_SET_DUMPABLE) failed: {os.strerror(ctypes.get_errno()) or 'not available'}"
     return None
+
+
+# --- namespaces: a process job's own pids and mounts ----------------------------------------
+#
+# The job's child (run/child.py, forked from the zygote) calls enter() last before job code:
+# it leaves for new PID and mount namespaces (and a user namespace of its own when it is not
+# root: the same uid inside, so its files stay the daemon user's) and forks. The fork is the
+# job: pid 1 of its namespace, where /proc shows only its own processes, so it cannot see or
+# signal the daemon, the zygote or another job; /tmp (with its own directory bound back) and
+# /dev/shm are fresh tmpfs mounts, gone with the namespace; the store, token and config
+# files, the credentials directory and the cgroup hierarchies are covered. The process that
+# forked it waits and ends as it ended, so the zygote sees the job's own exit status.
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+PR_SET_PDEATHSIG = 1
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def _libc_call(name: str, *args: object) -> None:
+    if not _libc:
+        _libc.append(ctypes.CDLL(None, use_errno=True))
+    if getattr(_libc[0], name)(*args) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{name}{tuple(a.decode() if isinstance(a, bytes) else a for a in args[:2])}: "
+                         f"{os.strerror(e)}")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    def enc(s: str | None) -> bytes | None:
+        return None if s is None else s.encode()
+
+    _libc_call("mount", enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data))
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _unshare() -> None:
+    """New PID and mount namespaces; for a process that is not root, inside a user
+    namespace of its own that maps its uid and gid to themselves (what lets it mount)."""
+    uid, gid = os.getuid(), os.getgid()
+    flags = CLONE_NEWNS | CLONE_NEWPID | (0 if os.geteuid() == 0 else CLONE_NEWUSER)
+    if flags & CLONE_NEWUSER:
+        # A non-dumpable process's /proc files are root's: it could not write its own maps.
+        # Dumpable for these few calls only (it holds a copy of the zygote, no secret).
+        _prctl(PR_SET_DUMPABLE, 1)
+    _libc_call("unshare", flags)
+    if flags & CLONE_NEWUSER:
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+        _prctl(PR_SET_DUMPABLE, 0)
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here reaches the host
+
+
+def _mounts(spec: dict) -> None:
+    """In the new namespaces, as their pid 1: /proc, /tmp, /dev/shm, and what is hidden."""
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    nosuid = MS_NOSUID | MS_NODEV
+    shm = spec.get("shm_mb")
+    if os.path.isdir("/dev/shm"):
+        _mount("tmpfs", "/dev/shm", "tmpfs", nosuid, "mode=1777" + (f",size={shm}m" if shm else ""))
+    tmp, job_dir = spec.get("tmp"), spec.get("job_dir")
+    if tmp and job_dir and os.path.isdir(tmp):
+        keep = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            _mount("tmpfs", tmp, "tmpfs", nosuid, "mode=1777" + (f",size={shm}m" if shm else ""))
+            os.makedirs(job_dir, 0o700, exist_ok=True)
+            _mount(f"/proc/self/fd/{keep}", job_dir, None, MS_BIND)
+        finally:
+            os.close(keep)
+    for path in spec.get("hide") or ():
+        if os.path.isdir(path):
+            _mount("tmpfs", path, "tmpfs", MS_RDONLY | nosuid | MS_NOEXEC, "size=4k,mode=0555")
+        elif os.path.lexists(path):
+            _mount("/dev/null", path, None, MS_BIND)
+    if job_dir:
+        os.chdir(job_dir)
+
+
+def enter(spec: dict) -> None:
+    """Move the calling (single-threaded) job process into namespaces of its own; returns in
+    the job's process (pid 1 there). The caller's own process never returns: it waits for
+    the job and exits as it did. Raises OSError, in the caller, when the kernel refuses."""
+    _unshare()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _prctl(PR_SET_PDEATHSIG, 9)  # SIGKILL: the job ends with the process the watch kills
+            _mounts(spec)
+        except BaseException as e:
+            os.write(2, f"queickd: cannot set up the job's namespaces: {e}\n".encode())
+            os._exit(71)
+        return
+    _mirror(pid)
+
+
+def _mirror(pid: int) -> None:
+    """Wait for the job's process and end as it ended (its exit code, or its signal). A
+    SIGTERM (a timeout's) is the job's to act on: this process only follows it, and dies
+    with a SIGKILL (the grace's end, a cancel, a limit), which ends the job too."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            os._exit(70)
+    try:
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            if sig not in (signal.SIGKILL, signal.SIGSTOP):
+                signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+    finally:  # never back into the job's path
+        os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 70)
+
+
+def probe() -> str | None:
+    """Can a job get its own namespaces here? None if so, else why not. Forks (call it in
+    a single-threaded process: the zygote, once at its start); the fork does what enter()
+    does up to a /proc and a tmpfs of its own and exits."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        code = 0
+        try:
+            _unshare()
+            inner = os.fork()
+            if inner == 0:
+                try:
+                    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+                    if os.path.isdir("/dev/shm"):
+                        _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+                except BaseException as e:
+                    os.write(w, str(e).encode()[:500])
+                    os._exit(1)
+                os._exit(0)
+            _, status = os.waitpid(inner, 0)
+            code = 0 if status == 0 else 1
+        except BaseException as e:
+            os.write(w, str(e).encode()[:500])
+            code = 1
+        os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        why = f.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if status == 0:
+        return None
+    return why or f"the probe ended with status {status}"
+
+
+def hidden_paths(store_url: str, files: list[str | None], keep: list[str]) -> list[str]:
+    """What a job's mount namespace covers: an SQLite store's directory (only its files
+    when that directory holds something a job needs: `keep`, the app and job directories),
+    the given files (token, config), the daemon's systemd credentials directory, and the
+    cgroup hierarchies (a job cannot move itself out of its group through files it cannot
+    see). Absolute paths, those that exist now."""
+    out: list[str] = []
+    if store_url.startswith("sqlite:///"):
+        db = os.path.abspath(store_url[len("sqlite:///"):])
+        folder = os.path.dirname(db)
+        inside = [k for k in keep if os.path.commonpath([folder, os.path.abspath(k)]) == folder]
+        out += [db + s for s in ("", "-wal", "-shm", "-journal")] if inside else [folder]
+    out += [os.path.abspath(f) for f in files if f]
+    creds = os.environ.get("CREDENTIALS_DIRECTORY")
+    if creds:
+        out.append(creds)
+    out.append(CGROUP_ROOT)
+    return [p for p in dict.fromkeys(out) if os.path.lexists(p)]

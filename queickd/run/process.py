@@ -87,8 +87,9 @@ class ProcessRunner:
     """Runs jobs in zygote children. Safe from many worker threads at once."""
 
     def __init__(self, supervisor: ZygoteSupervisor, passthrough_env: Sequence[str] = (),
-                 *, use_cgroup: bool = True, kill_grace: float = KILL_GRACE) -> None:
+                 *, use_cgroup: bool = True, kill_grace: float = KILL_GRACE, hidden: Sequence[str] = ()) -> None:
         self.supervisor = supervisor
+        self.hidden = list(hidden)  # what a job's mount namespace covers (isolate.hidden_paths)
         self.passthrough_env = tuple(passthrough_env)
         self.kill_grace = kill_grace
         # Read once: the daemon's environment does not change while it runs, and a look
@@ -213,6 +214,8 @@ class ProcessRunner:
         req = {"op": "run", "func": job.func, "args": job.args, "kwargs": job.kwargs,
                "env": self.env, "env_job": job_env(job_dir, creds), "cwd": job_dir,
                "deadline": None if limits.timeout is None else began + limits.timeout,
+               # Its namespaces' set-up, if the zygote found the kernel allows them (run/isolate.py).
+               "isolate": {"tmp": self._tmp, "job_dir": job_dir, "hide": self.hidden, "shm_mb": limits.memory_mb},
                "rlimits": rlimits, "cgroups": list(cg.paths) if cg is not None else [], "max_result": max_out,
                "workflow_key": job.idempotency_key if job.workflow_run is not None else None,
                "cron_ticks": context.ticks_of(job.cron, job.idempotency_key, job.cron_until),

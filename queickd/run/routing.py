@@ -56,7 +56,9 @@ class RoutingRunner:
         why it is not in force here (None: it is): what the start line says."""
         m = self.process.means if self.process is not None else {"memory": None}
         cgroup = None if str(m["memory"]).startswith("cgroup") else "limits by RSS watch"
-        return [("non-dumpable daemon", self.dumpable), ("cgroup memory", cgroup)]
+        ns = self.supervisor.namespaces if self.supervisor is not None else "no process jobs"
+        return [("non-dumpable daemon", self.dumpable), ("pid namespace", ns), ("mount namespace", ns),
+                ("cgroup memory", cgroup)]
 
     def start(self) -> None:
         """Start the zygote at once when the settings send jobs to processes."""
@@ -114,12 +116,17 @@ class RoutingRunner:
 
 
 def make_runner(loader: FunctionLoader, defaults: sandbox.Defaults, passthrough_env: Sequence[str] = (),
-                measure: Callable[[str], bool] | None = None) -> RoutingRunner:
+                measure: Callable[[str], bool] | None = None, *, hidden: Sequence[str] = (),
+                namespaces: bool = True) -> RoutingRunner:
     """The runner a daemon or `queick worker` uses: threads, and a zygote for process jobs.
     The zygote starts now when the settings send jobs to processes, else with the first
-    process job (a Pi that never runs one pays nothing for it)."""
-    supervisor = ZygoteSupervisor(loader.app_dir, loader.allow, preload=list(defaults.functions or ()))
-    runner = RoutingRunner(ThreadRunner(loader, measure), ProcessRunner(supervisor, passthrough_env), defaults)
+    process job (a Pi that never runs one pays nothing for it). `hidden`: what each process
+    job's mount namespace covers (isolate.hidden_paths); `namespaces`: False keeps jobs in
+    the zygote's namespaces."""
+    supervisor = ZygoteSupervisor(loader.app_dir, loader.allow, preload=list(defaults.functions or ()),
+                                  namespaces=namespaces)
+    runner = RoutingRunner(ThreadRunner(loader, measure), ProcessRunner(supervisor, passthrough_env, hidden=hidden),
+                           defaults)
     # Before any process job runs: none of them (the same user) may read this process's
     # memory, environment or descriptors (a token, a store password), nor ptrace it.
     runner.dumpable = isolate.not_dumpable()

@@ -109,6 +109,8 @@ class _Zygote:
             preload = sorted(sup.preload)
         cmd += [x for f in preload for x in ("--preload", f)]
         cmd += ["--fd", str(theirs.fileno())]
+        if not sup.namespaces_wanted:
+            cmd.append("--no-namespaces")
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env=env,
                                          cwd=sup.app_dir, close_fds=True, start_new_session=True)
@@ -140,6 +142,7 @@ class _Zygote:
                 break
             msg = json.loads(buf[:n])
             if "ready" in msg:
+                self.sup.namespaces = msg.get("namespaces", "not probed")
                 self.sup._imported(msg.get("failed") or (), ok=False)
                 self.ready.set()
                 continue
@@ -199,8 +202,13 @@ class _Zygote:
 class ZygoteSupervisor:
     """Starts, hands jobs to, restarts and reloads the zygote. Safe from any thread."""
 
-    def __init__(self, app_dir: str, allow: Sequence[str] = (), preload: Sequence[str] = ()) -> None:
+    def __init__(self, app_dir: str, allow: Sequence[str] = (), preload: Sequence[str] = (),
+                 namespaces: bool = True) -> None:
         self.app_dir = os.path.realpath(app_dir)
+        self.namespaces_wanted = namespaces
+        # Why process jobs get no PID and mount namespaces of their own (None: they do), as
+        # the last zygote to start found; "not probed" before the first one has.
+        self.namespaces: str | None = "not probed (no zygote has started yet)"
         self.allow = tuple(allow)
         # Functions the next zygote imports before it forks: those named at start and those
         # that have imported in a zygote since; one whose import fails is dropped, so that a
@@ -330,7 +338,8 @@ class ZygoteSupervisor:
                 raise ZygoteUnavailableError("the zygote did not start")
             if z.retired:
                 continue  # retired (a reload) as it started: it would exit unasked; a newer one
-            log.info("zygote started (pid %d, %d function(s) preloaded)", z.pid, len(self.preload))
+            log.info("zygote started (pid %d, %d function(s) preloaded; pid and mount namespaces per job: %s)",
+                     z.pid, len(self.preload), "yes" if self.namespaces is None else f"no ({self.namespaces})")
             return z
 
     def _backoff(self) -> None:

@@ -8,7 +8,9 @@ report pipes passed alongside (SCM_RIGHTS):
 
   -> {"op": "run", "id", "func", "args", "kwargs", "env", "env_job", "cwd", "rlimits",
       "cgroups", "max_result"} + [output fd, report fd]
-  <- {"ready": pid, "failed": [...]}    started; the preloads that could not be imported
+  <- {"ready": pid, "failed": [...], "namespaces": why}
+                                        started; the preloads that could not be imported;
+                                        why jobs get no namespaces of their own (null: they do)
   <- {"id", "pid"}                      forked; the child runs (run/child.py)
   <- {"id", "report": {...}}            not forked: the function cannot be loaded
   <- {"id", "retired": true}            retired before it forked the job: send it to the current one
@@ -61,6 +63,7 @@ class Zygote:
         self._modules_seen = 0  # len(sys.modules) at the last _note_modules
         self.env: dict[str, str] | None = None  # the runner's environment, once set here
         self._buf = bytearray(MAX_PACKET)
+        self.namespaces: str | None = "not probed"  # why jobs get no namespaces of their own (None: they do)
 
     # --- imports -----------------------------------------------------------------------------
     def preload(self, funcs: list[str]) -> list[str]:
@@ -232,6 +235,8 @@ class Zygote:
                 os.environ.clear()
                 os.environ.update(req["env"])
                 self.env = req["env"]
+            if self.namespaces is not None:
+                req["isolate"] = None  # the kernel refused them at start (said in "ready")
             pid = os.fork()
             if pid == 0:
                 self.sock.close()
@@ -330,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allow", action="append", default=[])
     p.add_argument("--preload", action="append", default=[])
     p.add_argument("--fd", type=int, required=True, help="the supervisor's socket")
+    p.add_argument("--no-namespaces", action="store_true", help="jobs share the zygote's namespaces")
     a = p.parse_args(argv)
     # No parent-death signal here: it follows the daemon *thread* that started this process,
     # and a restart may come from a short-lived one. The socket closing is the daemon's end.
@@ -346,8 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     # The loader's reload log goes to the supervisor as a message, logged there once.
     logging.getLogger("queickd.loader").disabled = True
     z = Zygote(sock, FunctionLoader(a.app_dir, a.allow, announce=False))
+    # Probed before the app is imported: the probe forks, and the smaller this process the cheaper.
+    z.namespaces = "off (--job-namespaces off)" if a.no_namespaces else isolate.probe()
     failed = z.preload(a.preload)
-    z.send({"ready": os.getpid(), "failed": failed})
+    z.send({"ready": os.getpid(), "failed": failed, "namespaces": z.namespaces})
     try:
         z.serve()
     except OSError as e:

@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +27,7 @@ from typing import Any
 from .. import __version__, collector
 from ..core import sandbox
 from ..core.policy.resources import parse as parse_resources
+from ..run import isolate
 from ..run.loader import FunctionLoader
 from ..run.routing import make_runner
 from ..settings import EX_VERSION, WorkerConfig, check_shared
@@ -85,7 +87,9 @@ def run(config: WorkerConfig) -> int:
         loader = FunctionLoader(config.app_dir, config.allow)
         gate = MemoryGate(store, reserve_mb=config.memory_reserve, max_rss_mb=config.max_rss,
                           root=config.memory_root)
-        runner = make_runner(loader, sandbox.settings(config), config.sandbox_env, measure=gate.measures_run)
+        runner = make_runner(loader, sandbox.settings(config), config.sandbox_env, measure=gate.measures_run,
+                             hidden=isolate.hidden_paths(config.store, [], [loader.app_dir, tempfile.gettempdir()]),
+                             namespaces=config.job_namespaces != "off")
         # A pause begun here is probed after its cooldown, and a job set aside for want of
         # memory may start after its wait: the pool wakes then, not at its next sweep (the
         # daemon's scheduler does this for a daemon's pool).

@@ -166,3 +166,48 @@ def peek(pids: list[int]) -> dict:
         r = subprocess.run(["cat", f"/proc/{pid}/environ"], capture_output=True)
         out[f"{who} environ by cat"] = "read" if r.returncode == 0 else "refused"
     return out
+
+
+def reach(pids: list[int], paths: list[str], tag: str) -> dict:
+    """Attacks on what lies outside the job: signal 0 to each pid (would a kill reach it?),
+    a read of each path (a file's first byte, a directory's names), its own pid written to
+    each `cgroup.procs` path among them (a move out of its own group), and a file of 1 MB
+    left in /dev/shm and in /tmp, named after `tag`. What each got: "done" or the error."""
+    out: dict[str, str] = {}
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            out[f"signal {pid}"] = "done"
+        except OSError as e:
+            out[f"signal {pid}"] = type(e).__name__
+    for path in paths:
+        try:
+            if path.endswith("cgroup.procs"):
+                with open(path, "w") as f:
+                    f.write("0")
+            elif os.path.isdir(path):
+                if not os.listdir(path):
+                    raise FileNotFoundError("empty")
+            else:
+                with open(path, "rb") as f:
+                    f.read(1)
+            out[path] = "done"
+        except OSError as e:
+            out[path] = type(e).__name__
+    for folder in ("/dev/shm", "/tmp"):
+        try:
+            with open(os.path.join(folder, f"queickd-left-{tag}"), "wb") as f:
+                f.write(b"x" * (1 << 20))
+            out[folder] = "done"
+        except OSError as e:
+            out[folder] = type(e).__name__
+    return out
+
+
+def kill_pid(pid: int) -> str:
+    """SIGKILL to `pid` (its zygote's, say): what happened."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+        return "killed"
+    except OSError as e:
+        return type(e).__name__
