@@ -33,7 +33,7 @@ REPORT_FD = 3
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 _RLIMITS = {"as": resource.RLIMIT_AS, "cpu": resource.RLIMIT_CPU, "fsize": resource.RLIMIT_FSIZE,
-            "nofile": resource.RLIMIT_NOFILE}
+            "nofile": resource.RLIMIT_NOFILE, "nproc": resource.RLIMIT_NPROC}
 _strict = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 # What the child sets back to the default before job code runs, as plain ints: the
 # signal module's wrapper would look each one up as an enum, and every object a child
@@ -111,6 +111,8 @@ def _lock_in(req: dict[str, Any], out_fd: int, rep_fd: int) -> None:
     os.closerange(REPORT_FD + 1, max(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 256))
     for name, value in (req.get("rlimits") or {}).items():
         if value is not None:
+            if name == "nproc":  # above what the user runs now: the count is per user
+                value += isolate.user_tasks()
             resource.setrlimit(_RLIMITS[name], (value, value))
     os.chdir(req["cwd"])
     os.environ.update(req["env_job"])  # the zygote holds the runner's part: only this job's

@@ -220,3 +220,22 @@ def hidden_paths(store_url: str, files: list[str | None], keep: list[str]) -> li
         out.append(creds)
     out.append(CGROUP_ROOT)
     return [p for p in dict.fromkeys(out) if os.path.lexists(p)]
+
+
+def user_tasks() -> int:
+    """The processes (threads) of this process's real user now, from /proc: what its
+    RLIMIT_NPROC is counted against."""
+    uid, total = os.getuid(), 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status", "rb") as f:
+                status = f.read()
+            real = int(status.split(b"\nUid:", 1)[1].split()[0])
+            threads = int(status.split(b"\nThreads:", 1)[1].split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        if real == uid:
+            total += threads
+    return total

@@ -211,6 +211,11 @@ class ProcessRunner:
             rlimits["as"] = (2 * limits.memory_mb + 1024) << 20
         if limits.timeout is not None:
             rlimits["cpu"] = cpu_limit(limits.timeout)
+        if cg is None and os.geteuid() != 0:
+            # No pids.max: RLIMIT_NPROC, which counts every process (thread) of the user, the
+            # daemon's own included, so the child sets it PIDS_MAX above what the user runs
+            # as it starts (root is exempt from it).
+            rlimits["nproc"] = cgroup.PIDS_MAX
         req = {"op": "run", "func": job.func, "args": job.args, "kwargs": job.kwargs,
                "env": self.env, "env_job": job_env(job_dir, creds), "cwd": job_dir,
                "deadline": None if limits.timeout is None else began + limits.timeout,
@@ -247,7 +252,7 @@ class ProcessRunner:
                     os.close(out_w)
                     os.close(rep_w)
                 watch = Watch(p, io.sel, out_r, rep_r, limits, max_out, cg, began, self.kill_grace,
-                              rlimits.get("cpu"))
+                              rlimits.get("cpu"), follower=self.supervisor.namespaces is None)
                 with self._count_lock:
                     self._watches[job.id] = watch
                     cancelled = self._cancelled.pop(job.id, None) is not None

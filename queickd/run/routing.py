@@ -6,6 +6,7 @@ runs by isolation. Decides nothing else and never touches the store.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
 
@@ -57,8 +58,15 @@ class RoutingRunner:
         m = self.process.means if self.process is not None else {"memory": None}
         cgroup = None if str(m["memory"]).startswith("cgroup") else "limits by RSS watch"
         ns = self.supervisor.namespaces if self.supervisor is not None else "no process jobs"
+        if cgroup is None:
+            nproc = None  # pids.max
+        elif os.geteuid() == 0:
+            nproc = "root is exempt from RLIMIT_NPROC and no cgroup has pids.max"
+        else:
+            nproc = None  # RLIMIT_NPROC, counted per user
+        how = "pids.max" if cgroup is None else "RLIMIT_NPROC"
         return [("non-dumpable daemon", self.dumpable), ("pid namespace", ns), ("mount namespace", ns),
-                ("cgroup memory", cgroup)]
+                ("cgroup memory", cgroup), (f"process cap ({how})", nproc)]
 
     def start(self) -> None:
         """Start the zygote at once when the settings send jobs to processes."""

@@ -2,7 +2,7 @@
 reports it reaped (run/process.py starts it): output drained as it comes (a child never
 blocks on a full pipe) and kept up to the cap, the report read from its own pipe, the
 wall-time deadline, and the memory watch (the child's RSS, or its cgroup's usage) while a
-memory limit is set. At a limit the child's process group gets SIGTERM (time) or SIGKILL
+memory limit is set (without cgroups: tree_memory, the job's whole process tree). At a limit the child's process group gets SIGTERM (time) or SIGKILL
 (memory, output), and SIGKILL after the grace. What happened becomes the RunReport; the
 report is JSON, never unpickled.
 """
@@ -27,15 +27,66 @@ MAX_REPORT = 1 << 20  # bytes of report beyond the result's own cap (traceback, 
 CPU_LIMIT_NEAR = 0.5  # seconds: a child killed with this close to its CPU time limit reached it
 
 
-def _rss(pid: int) -> int | None:
+def _status(pid: int, fields: tuple[bytes, ...]) -> int | None:
+    """The sum of the named /proc/PID/status fields, in bytes (None: the process is gone)."""
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
+            total = 0
             for line in f:
-                if line.startswith(b"VmRSS:"):
-                    return int(line.split()[1]) * 1024
+                if line.startswith(fields):
+                    total += int(line.split()[1]) * 1024
+            return total
     except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def tree_memory(pid: int, follower: bool = False) -> int | None:
+    """What the RSS watch counts of a job: its process's resident memory (VmRSS) and the
+    private memory (anonymous and shared-memory pages) of every process it started, setsid
+    ones included (the job's process is their subreaper). Pages a child shares with its
+    parent count in both: the watch errs towards the kill. In its namespaces, the files in
+    its own /dev/shm count too. `follower`: `pid` only follows
+    the job (run/isolate.py), whose process is its one child. None: the job is gone."""
+    shm = 0
+    if follower:
+        kids = _children(pid)
+        if not kids:
+            return _status(pid, (b"VmRSS:",))
+        pid = kids[0]
+        try:  # its own /dev/shm's files, where this process may look into its mounts (root)
+            st = os.statvfs(f"/proc/{pid}/root/dev/shm")
+            shm = (st.f_blocks - st.f_bfree) * st.f_frsize
+        except OSError:
+            pass  # capped at the memory limit by its size instead
+    total = _status(pid, (b"VmRSS:",))
+    if total is None:
+        return None
+    total += shm
+    todo = _children(pid)
+    seen = {pid}
+    while todo and len(seen) < 4096:  # pids.max-like bound on one look's work
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        total += _status(p, (b"RssAnon:", b"RssShmem:")) or 0
+        todo += _children(p)
+    return total
 
 
 class Watch:
@@ -43,8 +94,9 @@ class Watch:
 
     def __init__(self, p: Pending, sel: selectors.BaseSelector, out_r: int, rep_r: int,
                  limits: Limits, max_out: int, cg: Any, began: float, kill_grace: float,
-                 cpu_limit: int | None = None) -> None:
+                 cpu_limit: int | None = None, follower: bool = False) -> None:
         self.p, self.limits, self.max_out, self.cg = p, limits, max_out, cg
+        self.follower = follower  # the pid only follows the job in its namespaces (run/isolate.py)
         self.kill_grace = kill_grace
         self.cpu_limit = cpu_limit  # the child's RLIMIT_CPU, seconds
         self.began = began
@@ -142,7 +194,7 @@ class Watch:
                 self.report += data
 
     def _watch_memory(self) -> None:
-        used = self.cg.memory_peak() if self.cg is not None else _rss(self.pid)  # type: ignore[arg-type]
+        used = self.cg.memory_peak() if self.cg is not None else tree_memory(self.pid, self.follower)  # type: ignore[arg-type]
         if used is None:
             return
         self.peak_seen = max(self.peak_seen, used)

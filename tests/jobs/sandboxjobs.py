@@ -211,3 +211,41 @@ def kill_pid(pid: int) -> str:
         return "killed"
     except OSError as e:
         return type(e).__name__
+
+
+def fork_hogs(n: int, mb: int) -> str:
+    """Forks `n` children that each touch `mb` MB and wait; once all have, waits up to 20 s
+    itself (a memory watch that counts only this process sees nothing) and says so."""
+    import select
+
+    r, w = os.pipe()
+    hold_r, hold_w = os.pipe()
+    for _ in range(n):
+        if os.fork() == 0:
+            block = b"x" * (mb << 20)
+            os.write(w, b"1")
+            os.read(hold_r, 1)  # until the parent ends (the pipe closes)
+            os._exit(len(block) and 0)
+    got = 0
+    while got < n:
+        got += len(os.read(r, n))
+    select.select([hold_r], [], [], 20)
+    return "survived"
+
+
+def fill_shm(mb: int, name: str) -> int:
+    """Writes up to `mb` MB into /dev/shm/`name`, 1 MB at a time, then waits up to 20 s:
+    the MB it could write."""
+    import select
+
+    written = 0
+    try:
+        with open(f"/dev/shm/{name}", "wb") as f:
+            for _ in range(mb):
+                f.write(b"y" * (1 << 20))
+                f.flush()
+                written += 1
+    except OSError:
+        pass
+    select.select([], [], [], 20)
+    return written
