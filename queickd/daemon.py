@@ -172,7 +172,7 @@ class Daemon:
         memory = MemoryGate(store, reserve_mb=c.memory_reserve, max_rss_mb=c.max_rss, root=c.memory_root)
         hidden = isolate.hidden_paths(c.store, [c.token_file, c.http_token_file], [loader.app_dir, tempfile.gettempdir()])
         self.runner = make_runner(loader, c.sandbox_settings, c.sandbox_env, measure=memory.measures_run,
-                                  hidden=hidden, namespaces=c.job_namespaces != "off")
+                                  hidden=hidden, namespaces=c.job_namespaces != "off", user=c.job_user)
         self.on_reload.append(self.runner.reload)  # process jobs re-import the app too
         self.metrics.sandbox = self.runner.stats
         self.parking = NetworkParking(store, self.network, lambda: self.pool.wake(), clock=self.clock)

@@ -93,6 +93,7 @@ class Config:
     sandbox_env: list[str] = field(default_factory=list)  # variables passed on to process jobs
     config: str | None = None  # the --config file: read at start only (SIGHUP reloads job code, not it)
     job_namespaces: str = "auto"  # auto: PID and mount namespaces per process job where the kernel allows
+    job_user: str | None = None  # the user process jobs run as (needs CAP_SETUID, CAP_SETGID, CAP_CHOWN, CAP_KILL)
 
     @property
     def sandbox_settings(self) -> sandbox.Defaults:
@@ -146,6 +147,7 @@ class WorkerConfig:
     output_kb: int | None = None
     sandbox_env: list[str] = field(default_factory=list)
     job_namespaces: str = "auto"
+    job_user: str | None = None
 
 
 def check_shared(config: Config | WorkerConfig) -> None:
@@ -155,6 +157,10 @@ def check_shared(config: Config | WorkerConfig) -> None:
         raise ValueError("pause_after must not be negative (0: off), pause_cooldown must be positive")
     if not os.path.isdir(config.app_dir):
         raise ValueError(f"app directory {config.app_dir!r} does not exist")
+    if config.job_user is not None:
+        from .run.isolate import job_user
+
+        job_user(config.job_user)  # ValueError: no such user, or a capability is missing
 
 
 def _read_secret(path: str | None) -> str | None:

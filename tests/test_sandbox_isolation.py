@@ -119,3 +119,49 @@ def test_a_job_in_its_namespaces_cannot_signal_see_or_read_the_daemon_its_zygote
         assert q.wait(q.enqueue("sandboxjobs:kill_pid", [zygote]), 30)["result"] == "ProcessLookupError"
         assert q.stats()["sandbox"]["zygote"] == {"alive": True, "pid": zygote, "restarts": 0}
         assert d.proc.poll() is None
+
+
+# --- --job-user: jobs as a user that owns nothing of the daemon's ------------------------------
+
+def _own_group_procs(pid: int) -> list[str]:
+    """The cgroup.procs files of `pid`'s groups (v1 memory and pids; v2), where they exist."""
+    out = []
+    with open(f"/proc/{pid}/cgroup") as f:
+        for line in f:
+            _, names, path = line.rstrip("\n").split(":", 2)
+            for name, mount in (("memory", "memory"), ("pids", "pids"), ("", "unified")):
+                if names == name:
+                    procs = os.path.join("/sys/fs/cgroup", mount, path.lstrip("/"), "cgroup.procs")
+                    if os.path.exists(procs):
+                        out.append(procs)
+    return out
+
+
+@pytest.mark.parametrize("namespaces", ["off", "auto"])
+def test_a_job_user_cannot_leave_its_cgroup_read_the_token_or_signal_the_daemon(start_daemon, tmp_path, namespaces):
+    if os.geteuid() != 0:
+        pytest.skip("needs root (or CAP_SETUID, CAP_SETGID, CAP_CHOWN, CAP_KILL) to run jobs as another user")
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    token.chmod(0o600)
+    d = start_daemon(None, "--token-file", str(token), "--job-user", "nobody", "--job-namespaces", namespaces)
+    assert "job user yes" in d.wait_for_line(r"INFO queickd.sandbox: sandbox: (.*)").group(1)
+    procs = _own_group_procs(d.proc.pid)
+    with d.client(token="s3cret") as q:
+        who = q.wait(q.enqueue("sandboxjobs:ids", isolation="process"), 30)
+        assert who["state"] == State.SUCCEEDED, who
+        assert (who["result"]["uid"], who["result"]["groups"], who["result"]["writable"]) == (65534, [], True)
+        job = q.wait(q.enqueue("sandboxjobs:reach", [[d.proc.pid], [str(token), *procs], "u"],
+                               isolation="process"), 30)
+    assert job["state"] == State.SUCCEEDED, job
+    got = job["result"]
+    assert got[f"signal {d.proc.pid}"] in ("PermissionError", "ProcessLookupError"), got
+    assert got[str(token)] in ("PermissionError", "FileNotFoundError"), got
+    assert procs and all(got[p] in ("PermissionError", "FileNotFoundError") for p in procs), got
+    assert not [p for p in os.listdir("/tmp") if p.startswith(f"queickd-job-") and f"-{d.proc.pid}-" in p]
+
+
+def test_a_job_user_that_does_not_exist_is_refused_at_start(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "queickd", "run", "--store", "memory://", "--port", "0",
+                        "--job-user", "no-such-user-here"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 78 and "--job-user 'no-such-user-here': no such user" in r.stderr, r.stderr

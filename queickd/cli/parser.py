@@ -132,6 +132,8 @@ def _sandbox_flags(p: argparse.ArgumentParser) -> None:
     opt(p, "--job-namespaces", "auto: each process job in PID and mount namespaces of its own (private "
         "/tmp and /dev/shm, the store and token hidden) where the kernel allows; off: not", "auto",
         choices=("auto", "off"))
+    opt(p, "--job-user", "run process jobs as this user (not the daemon's): they cannot touch its "
+        "files or cgroups; needs CAP_SETUID, CAP_SETGID, CAP_CHOWN and CAP_KILL", None)
 
 
 def _command(p: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:

@@ -118,8 +118,13 @@ def _lock_in(req: dict[str, Any], out_fd: int, rep_fd: int) -> None:
     os.environ.update(req["env_job"])  # the zygote holds the runner's part: only this job's
     if not _stdio_ready:
         open_stdio()
-    if req.get("isolate"):  # last: the job goes on in a fork, pid 1 of namespaces of its own
-        isolate.enter(req["isolate"])
+    user = req.get("user")  # --job-user: (uid, gid)
+    if user and not req.get("isolate"):
+        isolate.hand_over([req["cwd"]], *user)
+    if req.get("isolate"):  # the job goes on in a fork, pid 1 of namespaces of its own
+        isolate.enter(req["isolate"], user)
+    if user:  # last: the mounts above needed root
+        isolate.become(*user)
 
 
 def _term_after(deadline: float | None) -> None:

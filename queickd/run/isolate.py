@@ -99,8 +99,10 @@ def _unshare() -> None:
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here reaches the host
 
 
-def _mounts(spec: dict) -> None:
-    """In the new namespaces, as their pid 1: /proc, /tmp, /dev/shm, and what is hidden."""
+def _mounts(spec: dict, user: tuple[int, int] | None) -> None:
+    """In the new namespaces, as their pid 1: /proc, /tmp, /dev/shm, and what is hidden. For
+    a job user, its directory in the new /tmp is a copy of the daemon's, the user's: what
+    it leaves there goes with the namespace, never into a directory the daemon removes."""
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     nosuid = MS_NOSUID | MS_NODEV
     shm = spec.get("shm_mb")
@@ -111,8 +113,15 @@ def _mounts(spec: dict) -> None:
         keep = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY)
         try:
             _mount("tmpfs", tmp, "tmpfs", nosuid, "mode=1777" + (f",size={shm}m" if shm else ""))
-            os.makedirs(job_dir, 0o700, exist_ok=True)
-            _mount(f"/proc/self/fd/{keep}", job_dir, None, MS_BIND)
+            if user is None:
+                os.makedirs(job_dir, 0o700, exist_ok=True)
+                _mount(f"/proc/self/fd/{keep}", job_dir, None, MS_BIND)
+            else:
+                import shutil
+
+                shutil.copytree(f"/proc/self/fd/{keep}", job_dir)
+                os.chmod(job_dir, 0o700)
+                hand_over([job_dir], *user)
         finally:
             os.close(keep)
     for path in spec.get("hide") or ():
@@ -124,7 +133,7 @@ def _mounts(spec: dict) -> None:
         os.chdir(job_dir)
 
 
-def enter(spec: dict) -> None:
+def enter(spec: dict, user: tuple[int, int] | None = None) -> None:
     """Move the calling (single-threaded) job process into namespaces of its own; returns in
     the job's process (pid 1 there). The caller's own process never returns: it waits for
     the job and exits as it did. Raises OSError, in the caller, when the kernel refuses."""
@@ -133,7 +142,7 @@ def enter(spec: dict) -> None:
     if pid == 0:
         try:
             _prctl(PR_SET_PDEATHSIG, 9)  # SIGKILL: the job ends with the process the watch kills
-            _mounts(spec)
+            _mounts(spec, user)
         except BaseException as e:
             os.write(2, f"queickd: cannot set up the job's namespaces: {e}\n".encode())
             os._exit(71)
@@ -239,3 +248,53 @@ def user_tasks() -> int:
         if real == uid:
             total += threads
     return total
+
+
+# --- another user: --job-user -----------------------------------------------------------------
+
+CAP_CHOWN, CAP_KILL, CAP_SETGID, CAP_SETUID = 0, 5, 6, 7
+JOB_USER_CAPS = {"CAP_SETUID": CAP_SETUID, "CAP_SETGID": CAP_SETGID, "CAP_CHOWN": CAP_CHOWN, "CAP_KILL": CAP_KILL}
+
+
+def job_user(name: str) -> tuple[int, int]:
+    """(uid, gid) of the user process jobs run as, or ValueError saying why it cannot be:
+    no such user, or this process lacks a capability it needs to switch to it, hand it
+    its directory and kill its processes (root has them all)."""
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(name) if not name.isdigit() else pwd.getpwuid(int(name))
+    except KeyError:
+        raise ValueError(f"--job-user {name!r}: no such user") from None
+    if entry.pw_uid == os.getuid():
+        raise ValueError(f"--job-user {name!r} is the daemon's own user: give another one")
+    try:
+        with open("/proc/self/status") as f:
+            eff = int(next(line.split()[1] for line in f if line.startswith("CapEff:")), 16)
+    except (OSError, StopIteration, ValueError):
+        eff = ~0 if os.geteuid() == 0 else 0
+    missing = [cap for cap, bit in JOB_USER_CAPS.items() if not eff >> bit & 1]
+    if missing:
+        raise ValueError(f"--job-user {name!r}: the daemon lacks {', '.join(missing)} (a systemd unit: "
+                         f"AmbientCapabilities= and CapabilityBoundingSet= with them)")
+    return entry.pw_uid, entry.pw_gid
+
+
+def hand_over(paths: list[str], uid: int, gid: int) -> None:
+    """The job's directory (and what is in it: its arguments, its credentials) made the
+    job user's, before the job's process becomes that user."""
+    for top in paths:
+        os.chown(top, uid, gid)
+        for root, dirs, files in os.walk(top):
+            for name in dirs + files:
+                os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+
+
+def become(uid: int, gid: int) -> None:
+    """This process (the job's, single-threaded) becomes the job user, for good: no
+    supplementary groups, no capabilities. A credential change clears the parent-death
+    signal: it is set again (the job dies with the process the watch kills)."""
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    _prctl(PR_SET_PDEATHSIG, 9)

@@ -87,8 +87,10 @@ class ProcessRunner:
     """Runs jobs in zygote children. Safe from many worker threads at once."""
 
     def __init__(self, supervisor: ZygoteSupervisor, passthrough_env: Sequence[str] = (),
-                 *, use_cgroup: bool = True, kill_grace: float = KILL_GRACE, hidden: Sequence[str] = ()) -> None:
+                 *, use_cgroup: bool = True, kill_grace: float = KILL_GRACE, hidden: Sequence[str] = (),
+                 user: tuple[int, int] | None = None) -> None:
         self.supervisor = supervisor
+        self.user = user  # --job-user's (uid, gid): jobs run as that user
         self.hidden = list(hidden)  # what a job's mount namespace covers (isolate.hidden_paths)
         self.passthrough_env = tuple(passthrough_env)
         self.kill_grace = kill_grace
@@ -211,7 +213,7 @@ class ProcessRunner:
             rlimits["as"] = (2 * limits.memory_mb + 1024) << 20
         if limits.timeout is not None:
             rlimits["cpu"] = cpu_limit(limits.timeout)
-        if cg is None and os.geteuid() != 0:
+        if cg is None and (os.geteuid() != 0 or self.user is not None):
             # No pids.max: RLIMIT_NPROC, which counts every process (thread) of the user, the
             # daemon's own included, so the child sets it PIDS_MAX above what the user runs
             # as it starts (root is exempt from it).
@@ -220,6 +222,7 @@ class ProcessRunner:
                "env": self.env, "env_job": job_env(job_dir, creds), "cwd": job_dir,
                "deadline": None if limits.timeout is None else began + limits.timeout,
                # Its namespaces' set-up, if the zygote found the kernel allows them (run/isolate.py).
+               "user": self.user,
                "isolate": {"tmp": self._tmp, "job_dir": job_dir, "hide": self.hidden, "shm_mb": limits.memory_mb},
                "rlimits": rlimits, "cgroups": list(cg.paths) if cg is not None else [], "max_result": max_out,
                "workflow_key": job.idempotency_key if job.workflow_run is not None else None,

@@ -60,13 +60,14 @@ class RoutingRunner:
         ns = self.supervisor.namespaces if self.supervisor is not None else "no process jobs"
         if cgroup is None:
             nproc = None  # pids.max
-        elif os.geteuid() == 0:
+        elif os.geteuid() == 0 and (self.process is None or self.process.user is None):
             nproc = "root is exempt from RLIMIT_NPROC and no cgroup has pids.max"
         else:
             nproc = None  # RLIMIT_NPROC, counted per user
         how = "pids.max" if cgroup is None else "RLIMIT_NPROC"
+        user = None if self.process is not None and self.process.user is not None else "not set"
         return [("non-dumpable daemon", self.dumpable), ("pid namespace", ns), ("mount namespace", ns),
-                ("cgroup memory", cgroup), (f"process cap ({how})", nproc)]
+                ("cgroup memory", cgroup), (f"process cap ({how})", nproc), ("job user", user)]
 
     def start(self) -> None:
         """Start the zygote at once when the settings send jobs to processes."""
@@ -125,15 +126,16 @@ class RoutingRunner:
 
 def make_runner(loader: FunctionLoader, defaults: sandbox.Defaults, passthrough_env: Sequence[str] = (),
                 measure: Callable[[str], bool] | None = None, *, hidden: Sequence[str] = (),
-                namespaces: bool = True) -> RoutingRunner:
+                namespaces: bool = True, user: str | None = None) -> RoutingRunner:
     """The runner a daemon or `queick worker` uses: threads, and a zygote for process jobs.
     The zygote starts now when the settings send jobs to processes, else with the first
     process job (a Pi that never runs one pays nothing for it). `hidden`: what each process
     job's mount namespace covers (isolate.hidden_paths); `namespaces`: False keeps jobs in
-    the zygote's namespaces."""
+    the zygote's namespaces; `user`: --job-user (checked at start: isolate.job_user)."""
     supervisor = ZygoteSupervisor(loader.app_dir, loader.allow, preload=list(defaults.functions or ()),
                                   namespaces=namespaces)
-    runner = RoutingRunner(ThreadRunner(loader, measure), ProcessRunner(supervisor, passthrough_env, hidden=hidden),
+    runner = RoutingRunner(ThreadRunner(loader, measure), ProcessRunner(supervisor, passthrough_env, hidden=hidden,
+                                                                  user=isolate.job_user(user) if user else None),
                            defaults)
     # Before any process job runs: none of them (the same user) may read this process's
     # memory, environment or descriptors (a token, a store password), nor ptrace it.

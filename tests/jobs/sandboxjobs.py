@@ -249,3 +249,9 @@ def fill_shm(mb: int, name: str) -> int:
         pass
     select.select([], [], [], 20)
     return written
+
+
+def ids() -> dict:
+    """Who it runs as, and where."""
+    return {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(), "cwd": os.getcwd(),
+            "writable": os.access(os.getcwd(), os.W_OK)}
