@@ -12,8 +12,6 @@ import os
 import selectors
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -187,36 +185,7 @@ def test_a_job_whose_zygote_is_reloaded_as_it_starts_runs(tmp_path):
     assert done.ok and done.result == 1
 
 
-def test_a_retired_zygote_answers_each_job_it_did_not_fork_before_it_exits(tmp_path):
-    app = tmp_path / "app"
-    app.mkdir()
-    gate = ImportGate(tmp_path / "g")
-    (app / "gated.py").write_text(gate.code)
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    zygote = subprocess.Popen([sys.executable, "-m", "queickd.run.zygote", "--app-dir", str(app),
-                               "--preload", "gated:job", "--fd", str(theirs.fileno())],
-                              pass_fds=(theirs.fileno(),), env=env, cwd=str(app))
-    theirs.close()
-    try:
-        held = gate.held()  # both requests wait in its socket, in this order, as it imports
-        ours.send(b'{"op": "retire"}')
-        out_r, out_w = os.pipe()
-        req = {"op": "run", "id": 7, "func": "gated:job", "args": [], "kwargs": {}}
-        socket.send_fds(ours, [json.dumps(req).encode()], [out_w, out_w])
-        os.close(out_w)
-        gate.remove()
-        held.close()
-        ours.settimeout(20)
-        replies = [json.loads(m) for m in iter(lambda: ours.recv(1 << 16), b"")]
-        assert zygote.wait(20) == 0
-    finally:
-        zygote.kill()
-        os.close(out_r)
-    assert [m for m in replies if "ready" not in m] == [{"id": 7, "retired": True}]
-
-
-def test_a_jobs_exit_stands_when_its_retired_zygote_ends_just_after_it(tmp_path):
+def test_a_jobs_exit_stands_when_its_zygote_ends_just_after_it(tmp_path):
     out_r, out_w = os.pipe()
     rep_r, rep_w = os.pipe()
     os.write(rep_w, json.dumps(RunReport(True, 5, None, None, None).to_dict()).encode())

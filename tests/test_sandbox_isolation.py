@@ -158,7 +158,7 @@ def test_a_job_user_cannot_leave_its_cgroup_read_the_token_or_signal_the_daemon(
     assert got[f"signal {d.proc.pid}"] in ("PermissionError", "ProcessLookupError"), got
     assert got[str(token)] in ("PermissionError", "FileNotFoundError"), got
     assert procs and all(got[p] in ("PermissionError", "FileNotFoundError") for p in procs), got
-    assert not [p for p in os.listdir("/tmp") if p.startswith(f"queickd-job-") and f"-{d.proc.pid}-" in p]
+    assert not [p for p in os.listdir("/tmp") if p.startswith("queickd-job-") and f"-{d.proc.pid}-" in p]
 
 
 def test_a_job_user_that_does_not_exist_is_refused_at_start(tmp_path):

@@ -270,10 +270,6 @@ class ProcessRunner:
                 left = watch.exit or {}
                 if p.pid is not None:
                     return report
-                if "retired" in left and watch.killed is None:
-                    # Its zygote was retired (a reload) before it forked it: to the current
-                    # one, as often as reloads come; the job's deadline (its watch) ends that.
-                    continue
                 tries += 1
                 if tries == 2 or "zygote_died" not in left:
                     return report

@@ -3,9 +3,7 @@ jobs, routes its replies to the worker threads waiting for them, and restarts it
 dies (with backoff, logged); `reload()` (SIGHUP) has it re-import the app in place.
 
 One reader thread per zygote waits on its socket; it is blocked in recv while no job runs,
-so the supervisor adds no wake-ups to an idle daemon. A retired zygote (replaced after a
-reload) serves its running jobs to their end and then exits by itself; a job it had not
-forked yet goes to the current zygote (run/process.py sends it again). The zygote gets a
+so the supervisor adds no wake-ups to an idle daemon. The zygote gets a
 minimal environment of its own (no store URL, no token, nothing QUEICKD_*): only what it
 needs to find Python and the job modules. Never forks the daemon (subprocess uses
 vfork/posix_spawn-style exec of a fresh interpreter) and never decides a job's fate.
@@ -52,7 +50,7 @@ class Pending:
     func: str = ""  # the job's function, preloaded by the next zygotes once it has imported
     replies: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    zygote: Any = None  # the _Zygote it went to (a retired one finishes what it was given)
+    zygote: Any = None  # the _Zygote it went to
     pid: int | None = None
     wake_on_pid: bool = False
     owns_wake: bool = True
@@ -122,7 +120,6 @@ class _Zygote:
         self.ready = threading.Event()
         self.dead = False
         self.gone = threading.Event()  # set once its death is handled (the restart planned)
-        self.retired = False
         self.started = time.monotonic()
         self.thread = threading.Thread(target=self._read, name="queickd-zygote-reader", daemon=True)
         self.thread.start()
@@ -163,12 +160,7 @@ class _Zygote:
         self.ready.set()
         code = self.proc.wait()
         for p in waiting:
-            if p.pid is None and self.retired and code == 0:
-                # Retired, it exited before it read the job (sent as a reload came): not
-                # forked, so not the job's failure; the current zygote takes it.
-                p.post({"id": p.id, "retired": True})
-            else:
-                p.post({"id": p.id, "zygote_died": code})
+            p.post({"id": p.id, "zygote_died": code})
         self.sock.close()
         try:
             self.sup._ended(self, code)
@@ -190,13 +182,6 @@ class _Zygote:
     def forget(self, p: Pending) -> None:
         with self.lock:
             self.pending.pop(p.id, None)
-
-    def retire(self) -> None:
-        self.retired = True
-        try:
-            self.sock.send(b'{"op": "retire"}')
-        except OSError:
-            pass
 
 
 class ZygoteSupervisor:
@@ -286,11 +271,8 @@ class ZygoteSupervisor:
                     break
                 except ZygoteUnavailableError:
                     # Not the job's fault: it has not started, so it must not fail for it. A
-                    # retired zygote (a reload) that exited: the current one takes it. One
-                    # that died just now, its reader may not have seen it yet: once that is
-                    # handled (the restart planned), once more with a new one.
-                    if z.retired:
-                        continue
+                    # zygote that died just now, its reader may not have seen it yet: once
+                    # that is handled (the restart planned), once more with a new one.
                     died += 1
                     if died > 1 or not z.gone.wait(START_TIMEOUT):
                         raise
@@ -316,31 +298,28 @@ class ZygoteSupervisor:
                         self.preload.discard(func)
 
     def _current(self) -> _Zygote:
-        while True:
-            with self._lock:
-                z = self._zygote
-                if z is not None and not z.dead:
-                    return z
-                if self._stopping:
-                    raise ZygoteUnavailableError("the daemon is stopping")
-                wait = self._not_before - time.monotonic()
-                if wait > 0 and self._stop.wait(wait):  # the backoff after a death (at most 30 s)
-                    raise ZygoteUnavailableError("the daemon is stopping")
-                try:
-                    z = _Zygote(self)
-                except OSError as e:
-                    self._backoff()
-                    log.error("cannot start the zygote: %s", e)
-                    raise ZygoteUnavailableError(f"cannot start the zygote: {e}") from None
-                self._zygote = z
-            if not z.ready.wait(START_TIMEOUT) or (z.dead and not z.retired):
-                log.error("the zygote (pid %d) did not start", z.pid)
-                raise ZygoteUnavailableError("the zygote did not start")
-            if z.retired:
-                continue  # retired (a reload) as it started: it would exit unasked; a newer one
-            log.info("zygote started (pid %d, %d function(s) preloaded; pid and mount namespaces per job: %s)",
-                     z.pid, len(self.preload), "yes" if self.namespaces is None else f"no ({self.namespaces})")
-            return z
+        with self._lock:
+            z = self._zygote
+            if z is not None and not z.dead:
+                return z
+            if self._stopping:
+                raise ZygoteUnavailableError("the daemon is stopping")
+            wait = self._not_before - time.monotonic()
+            if wait > 0 and self._stop.wait(wait):  # the backoff after a death (at most 30 s)
+                raise ZygoteUnavailableError("the daemon is stopping")
+            try:
+                z = _Zygote(self)
+            except OSError as e:
+                self._backoff()
+                log.error("cannot start the zygote: %s", e)
+                raise ZygoteUnavailableError(f"cannot start the zygote: {e}") from None
+            self._zygote = z
+        if not z.ready.wait(START_TIMEOUT) or z.dead:
+            log.error("the zygote (pid %d) did not start", z.pid)
+            raise ZygoteUnavailableError("the zygote did not start")
+        log.info("zygote started (pid %d, %d function(s) preloaded; pid and mount namespaces per job: %s)",
+                 z.pid, len(self.preload), "yes" if self.namespaces is None else f"no ({self.namespaces})")
+        return z
 
     def _backoff(self) -> None:
         self._failures += 1
@@ -351,7 +330,7 @@ class ZygoteSupervisor:
             current = self._zygote is z
             if current:
                 self._zygote = None
-            if z.retired or self._stopping:
+            if self._stopping:
                 return
             if time.monotonic() - z.started > STABLE_AFTER:
                 self._failures = 0

@@ -166,7 +166,7 @@ class Watch:
                 if self.killed is not None:  # killed (cancelled) before its pid was known
                     self._signal(signal.SIGKILL)
             elif self.exit is None:
-                # The first answer stands: a retired zygote exits just after its last job's
+                # The first answer stands: a zygote may end just after its last job's
                 # exit, and the news of its end may come in the same batch.
                 self.exit = msg
 

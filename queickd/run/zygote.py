@@ -13,11 +13,9 @@ report pipes passed alongside (SCM_RIGHTS):
                                         why jobs get no namespaces of their own (null: they do)
   <- {"id", "pid"}                      forked; the child runs (run/child.py)
   <- {"id", "report": {...}}            not forked: the function cannot be loaded
-  <- {"id", "retired": true}            retired before it forked the job: send it to the current one
   <- {"id", "exit": status, "cpu": s}   the child is reaped and nothing it started is left
   -> {"op": "reload"}                   import the app modules afresh (SIGHUP)
   <- {"reloaded": [...], "failed": {}}  done; a module that failed keeps its last good code
-  -> {"op": "retire"}                   fork no more; exit once the running children are done
 
 A reload (SIGHUP, or an app module changed on disk, seen before a fork) imports the app
 modules afresh in this process, with the loader's rule: a module that fails to import
@@ -59,7 +57,6 @@ class Zygote:
         self.loader = loader
         self.jobs: dict[int, int] = {}  # pid -> request id of the running children
         self.mtimes: dict[str, float] = {}  # app module files imported, at their import mtime
-        self.retiring = False
         self._modules_seen = 0  # len(sys.modules) at the last _note_modules
         self.env: dict[str, str] | None = None  # the runner's environment, once set here
         self._buf = bytearray(MAX_PACKET)
@@ -156,9 +153,6 @@ class Zygote:
         sel.register(r, selectors.EVENT_READ)
         while True:
             self.reap()
-            if self.retiring and not self.jobs:
-                self.drain()
-                return
             for key, _ in sel.select():
                 if key.fileobj is self.sock:
                     if not self.receive():
@@ -192,13 +186,8 @@ class Zygote:
             return False
         try:
             msg = json.loads(self._buf[:n])
-            if msg.get("op") == "retire":
-                self.retiring = True
-            elif msg.get("op") == "reload":
+            if msg.get("op") == "reload":
                 self.reload("SIGHUP")
-            elif msg.get("op") == "run" and self.retiring:
-                # Sent as a reload came: not forked here, on the old code; the current zygote runs it.
-                self.send({"id": msg["id"], "retired": True})
             elif msg.get("op") == "run":
                 self.start(msg, fds)
                 fds = []
@@ -206,12 +195,6 @@ class Zygote:
             for fd in fds:
                 os.close(fd)
         return True
-
-    def drain(self) -> None:
-        """Answer the requests already queued before this retired zygote exits: its exit
-        would drop them unread, and their jobs would wait for a fork that never comes."""
-        while self.receive(socket.MSG_DONTWAIT):  # False once none is left (EAGAIN) or it closed
-            pass
 
     def start(self, req: dict[str, Any], fds: list[int]) -> None:
         try:
