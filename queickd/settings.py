@@ -91,7 +91,8 @@ class Config:
     memory_mb: int | None = None
     output_kb: int | None = None
     sandbox_env: list[str] = field(default_factory=list)  # variables passed on to process jobs
-    config: str | None = None  # the --config file: read at start only (SIGHUP reloads job code, not it)
+    # the --config file: read at start only (SIGHUP reloads job code, not it); hidden from process jobs
+    config: str | None = None
     job_namespaces: str = "auto"  # auto: PID and mount namespaces per process job where the kernel allows
     job_user: str | None = None  # the user process jobs run as (needs CAP_SETUID, CAP_SETGID, CAP_CHOWN, CAP_KILL)
 
@@ -148,6 +149,7 @@ class WorkerConfig:
     sandbox_env: list[str] = field(default_factory=list)
     job_namespaces: str = "auto"
     job_user: str | None = None
+    config: str | None = None  # the --config file: hidden from process jobs
 
 
 def check_shared(config: Config | WorkerConfig) -> None:

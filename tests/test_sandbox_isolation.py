@@ -86,9 +86,13 @@ def _daemon_in(start_daemon, tmp_path, who: str, nobody):
     os.chmod(token, 0o644)
     if who != "root":
         os.chown(token, 65534, 65534)
-    d = start_daemon(store, "--token-file", token, "--isolation", "process", prefix=prefix)
+    config = os.path.join(home, "q.toml")
+    with open(config, "w") as f:
+        f.write("workers = 4\n")
+    os.chmod(config, 0o644)
+    d = start_daemon(store, "--token-file", token, "--isolation", "process", "--config", config, prefix=prefix)
     _namespaces_or_skip(d)
-    return d, token
+    return d, token, config
 
 
 @pytest.fixture(params=["root", "nobody"])
@@ -98,18 +102,18 @@ def ns_daemon(request, start_daemon, tmp_path):
 
 
 def test_a_job_in_its_namespaces_cannot_signal_see_or_read_the_daemon_its_zygote_or_their_files(ns_daemon):
-    d, token = ns_daemon
+    d, token, config = ns_daemon
     tag = f"{os.getpid()}-{id(d)}"
     with d.client(token="s3cret") as q:
         zygote = q.stats()["sandbox"]["zygote"]["pid"]
         store = d.store_url[len("sqlite:///"):]
         cgroup_procs = [f"/sys/fs/cgroup/{c}/cgroup.procs" for c in ("memory", "pids", "unified")]
-        paths = [token, store, os.path.dirname(store), f"/proc/{d.proc.pid}/environ", *cgroup_procs]
+        paths = [token, config, store, os.path.dirname(store), f"/proc/{d.proc.pid}/environ", *cgroup_procs]
         job = q.wait(q.enqueue("sandboxjobs:reach", [[d.proc.pid, zygote], paths, tag]), 30)
         assert job["state"] == State.SUCCEEDED, job
         got = job["result"]
         assert got[f"signal {d.proc.pid}"] == got[f"signal {zygote}"] == "ProcessLookupError", got
-        assert got[token] == got[store] == got[f"/proc/{d.proc.pid}/environ"] == "FileNotFoundError", got
+        assert got[token] == got[config] == got[store] == got[f"/proc/{d.proc.pid}/environ"] == "FileNotFoundError", got
         assert got[os.path.dirname(store)] in ("FileNotFoundError", "PermissionError"), got
         assert all(got[p] in ("FileNotFoundError", "PermissionError", "OSError") for p in cgroup_procs), got
         # /dev/shm and /tmp were its own, and went with it.
@@ -165,3 +169,26 @@ def test_a_job_user_that_does_not_exist_is_refused_at_start(tmp_path):
     r = subprocess.run([sys.executable, "-m", "queickd", "run", "--store", "memory://", "--port", "0",
                         "--job-user", "no-such-user-here"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 78 and "--job-user 'no-such-user-here': no such user" in r.stderr, r.stderr
+
+
+def test_a_job_in_its_namespaces_cannot_see_or_signal_another_running_job(start_daemon, gate):
+    d = start_daemon(None, "--isolation", "process")  # the zygote starts at once: the start line knows
+    _namespaces_or_skip(d)
+    with d.client() as q:
+        held = q.enqueue("testjobs:gate", [gate.port, "held"], isolation="process")
+        assert gate.arrival() == "held"
+        zygote = q.stats()["sandbox"]["zygote"]["pid"]
+        with open(f"/proc/{zygote}/task/{zygote}/children") as f:
+            others = [int(p) for p in f.read().split()]
+        inner = []
+        for p in others:  # the held job's own process: the one child of each that follows a job
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                inner += [int(c) for c in f.read().split()]
+        targets = others + inner
+        job = q.wait(q.enqueue("sandboxjobs:reach", [targets, [f"/proc/{p}/environ" for p in targets], "o"],
+                               isolation="process"), 30)
+        gate.release_all("done")
+        assert q.wait(held, 30)["state"] == State.SUCCEEDED
+    got = job["result"]
+    assert targets and all(got[f"signal {p}"] in ("ProcessLookupError", "PermissionError") for p in targets), got
+    assert all(got[f"/proc/{p}/environ"] in ("FileNotFoundError", "PermissionError") for p in targets), got

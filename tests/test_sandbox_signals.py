@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
+
 from queickd.core.job import State
 
 
@@ -30,9 +32,10 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
-def test_sigterm_to_every_process_of_the_daemon_lets_a_running_process_job_finish(start_daemon, gate, tmp_path):
+@pytest.mark.parametrize("namespaces", ["auto", "off"])
+def test_sigterm_to_every_process_of_the_daemon_lets_a_running_process_job_finish(start_daemon, gate, namespaces):
     # In a session of its own: the signals below reach the daemon's processes, not pytest's.
-    d = start_daemon(None, prefix=["setsid"])
+    d = start_daemon(None, "--job-namespaces", namespaces, prefix=["setsid"])
     with d.client() as q:
         job_id = q.enqueue("testjobs:gate", [gate.port, "held"], isolation="process")
         assert gate.arrival() == "held"

@@ -49,8 +49,9 @@ class RoutingRunner:
                      m["memory"], ", ".join(m["groups"]), m["pids_max"])
         else:
             log.info("process jobs: memory limits by %s (no per-job cgroup: %s)", m["memory"], m["reason"])
-        log.info("sandbox: %s", ", ".join(f"{name} yes" if why is None else f"{name} no ({why})"
-                                          for name, why in self.in_force()))
+        log.info("sandbox: %s", ", ".join(
+            f"{name} yes" if why is None else f"{name} unknown ({why})" if why.startswith("not probed")
+            else f"{name} no ({why})" for name, why in self.in_force()))
 
     def in_force(self) -> list[tuple[str, str | None]]:
         """Each mechanism that keeps process jobs from the daemon and from each other, and

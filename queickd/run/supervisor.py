@@ -193,7 +193,7 @@ class ZygoteSupervisor:
         self.namespaces_wanted = namespaces
         # Why process jobs get no PID and mount namespaces of their own (None: they do), as
         # the last zygote to start found; "not probed" before the first one has.
-        self.namespaces: str | None = "not probed (no zygote has started yet)"
+        self.namespaces: str | None = "not probed yet: the zygote starts with the first process job"
         self.allow = tuple(allow)
         # Functions the next zygote imports before it forks: those named at start and those
         # that have imported in a zygote since; one whose import fails is dropped, so that a

@@ -88,7 +88,7 @@ def run(config: WorkerConfig) -> int:
         gate = MemoryGate(store, reserve_mb=config.memory_reserve, max_rss_mb=config.max_rss,
                           root=config.memory_root)
         runner = make_runner(loader, sandbox.settings(config), config.sandbox_env, measure=gate.measures_run,
-                             hidden=isolate.hidden_paths(config.store, [], [loader.app_dir, tempfile.gettempdir()]),
+                             hidden=isolate.hidden_paths(config.store, [config.config], [loader.app_dir, tempfile.gettempdir()]),
                              namespaces=config.job_namespaces != "off", user=config.job_user)
         # A pause begun here is probed after its cooldown, and a job set aside for want of
         # memory may start after its wait: the pool wakes then, not at its next sweep (the
