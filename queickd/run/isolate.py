@@ -136,16 +136,13 @@ def _mounts(spec: dict, user: tuple[int, int] | None) -> None:
 def enter(spec: dict, user: tuple[int, int] | None = None) -> None:
     """Move the calling (single-threaded) job process into namespaces of its own; returns in
     the job's process (pid 1 there). The caller's own process never returns: it waits for
-    the job and exits as it did. Raises OSError, in the caller, when the kernel refuses."""
+    the job and exits as it did. Raises OSError when the kernel refuses (in the job's
+    process once it has forked: that one reports it as the job's set-up failure)."""
     _unshare()
     pid = os.fork()
     if pid == 0:
-        try:
-            _prctl(PR_SET_PDEATHSIG, 9)  # SIGKILL: the job ends with the process the watch kills
-            _mounts(spec, user)
-        except BaseException as e:
-            os.write(2, f"queickd: cannot set up the job's namespaces: {e}\n".encode())
-            os._exit(71)
+        _prctl(PR_SET_PDEATHSIG, 9)  # SIGKILL: the job ends with the process the watch kills
+        _mounts(spec, user)  # raises into the job's set-up: its report says sandbox_setup
         return
     _mirror(pid)
 
