@@ -192,3 +192,14 @@ def test_a_job_in_its_namespaces_cannot_see_or_signal_another_running_job(start_
     got = job["result"]
     assert targets and all(got[f"signal {p}"] in ("ProcessLookupError", "PermissionError") for p in targets), got
     assert all(got[f"/proc/{p}/environ"] in ("FileNotFoundError", "PermissionError") for p in targets), got
+
+
+def test_jobs_without_namespaces_are_said_to_have_none_and_why_and_still_run(start_daemon):
+    d = start_daemon(None, "--isolation", "process", "--job-namespaces", "off")
+    line = d.wait_for_line(r"INFO queickd.sandbox: sandbox: (.*)").group(1)
+    assert "pid namespace no (--job-namespaces off)" in line, line
+    assert "mount namespace no (--job-namespaces off)" in line, line
+    assert d.wait_for_line(r"pid and mount namespaces per job: no \(--job-namespaces off\)")
+    with d.client() as q:
+        who = q.wait(q.enqueue("sandboxjobs:whoami"), 30)
+    assert who["state"] == State.SUCCEEDED and who["result"]["pid"] != 1  # the host's pids

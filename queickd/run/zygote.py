@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("queickd.loader").disabled = True
     z = Zygote(sock, FunctionLoader(a.app_dir, a.allow, announce=False))
     # Probed before the app is imported: the probe forks, and the smaller this process the cheaper.
-    z.namespaces = "off (--job-namespaces off)" if a.no_namespaces else isolate.probe()
+    z.namespaces = "--job-namespaces off" if a.no_namespaces else isolate.probe()
     failed = z.preload(a.preload)
     z.send({"ready": os.getpid(), "failed": failed, "namespaces": z.namespaces})
     try:
