@@ -203,3 +203,15 @@ def test_jobs_without_namespaces_are_said_to_have_none_and_why_and_still_run(sta
     with d.client() as q:
         who = q.wait(q.enqueue("sandboxjobs:whoami"), 30)
     assert who["state"] == State.SUCCEEDED and who["result"]["pid"] != 1  # the host's pids
+
+
+def test_what_a_job_user_leaves_in_the_hosts_dev_shm_is_removed_after_the_job(start_daemon):
+    if os.geteuid() != 0 or not os.path.isdir("/dev/shm"):
+        pytest.skip("needs root (to run jobs as nobody) and a /dev/shm")
+    d = start_daemon(None, "--job-user", "nobody", "--job-namespaces", "off", "--isolation", "process")
+    tag = f"{os.getpid()}-shm"
+    with d.client() as q:
+        job = q.wait(q.enqueue("sandboxjobs:reach", [[], [], tag]), 30)
+    assert job["result"]["/dev/shm"] == "done", job
+    assert not os.path.exists(f"/dev/shm/queickd-left-{tag}")
+    d.wait_for_line(rf"removed 1 file\(s\) the job user left in /dev/shm: queickd-left-{tag}")

@@ -53,4 +53,6 @@ def test_a_job_of_a_plain_user_without_cgroups_is_held_by_rlimit_nproc(start_dae
         assert q.stats()["sandbox"]["limits"]["memory"] == "RSS watch"  # nobody may make no cgroup here
         job = q.wait(q.enqueue("sandboxjobs:spawn_until_refused", [2 * cgroup.PIDS_MAX], timeout=60), 60)
     assert job["state"] == State.SUCCEEDED, job
-    assert job["result"] < cgroup.PIDS_MAX, job["result"]
+    # PIDS_MAX above what the user ran as the job started: the count is the user's, so tasks
+    # of nobody that end meanwhile (other tests' daemons) give some room back.
+    assert cgroup.PIDS_MAX // 2 < job["result"] < cgroup.PIDS_MAX + 128, job["result"]

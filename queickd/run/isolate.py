@@ -295,3 +295,23 @@ def become(uid: int, gid: int) -> None:
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
     _prctl(PR_SET_PDEATHSIG, 9)
+
+
+def remove_shm(uid: int, folder: str = "/dev/shm") -> list[str]:
+    """Remove the files `uid` owns in /dev/shm (a job user's, left by jobs that have ended):
+    their names. Directories and other users' files are left alone."""
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            st = os.lstat(path)
+            if st.st_uid == uid and not os.path.isdir(path):
+                os.unlink(path)
+                removed.append(name)
+        except OSError:
+            continue
+    return removed

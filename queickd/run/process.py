@@ -31,7 +31,7 @@ from typing import Any
 from ..core.fate import CANCELLED
 from ..core.job import Job
 from ..core.sandbox import Limits
-from . import capture, cgroup, cgroup_v1, context, credentials
+from . import capture, cgroup, cgroup_v1, context, credentials, isolate
 from .base import RunReport
 from .supervisor import ZygoteSupervisor, ZygoteUnavailableError
 from .watch import Watch
@@ -203,7 +203,19 @@ class ProcessRunner:
             except OSError:
                 shutil.rmtree(job_dir, ignore_errors=True)
         self._count(report.error_type)
+        if self.user is not None and self.supervisor.namespaces is not None:
+            self._clear_shm()
         return report
+
+    def _clear_shm(self) -> None:
+        """Without namespaces /dev/shm is the host's: what the job user left there is
+        removed once no process job of this runner runs (a running one may be using it)."""
+        with self._count_lock:
+            if self._watches:
+                return
+            removed = isolate.remove_shm(self.user[0])  # type: ignore[index]
+        if removed:
+            log.info("removed %d file(s) the job user left in /dev/shm: %s", len(removed), ", ".join(removed[:10]))
 
     def _run(self, job: Job, limits: Limits, job_dir: str, creds: str | None, cg: Any,
              began: float) -> RunReport:
