@@ -213,5 +213,6 @@ def test_what_a_job_user_leaves_in_the_hosts_dev_shm_is_removed_after_the_job(st
     with d.client() as q:
         job = q.wait(q.enqueue("sandboxjobs:reach", [[], [], tag]), 30)
     assert job["result"]["/dev/shm"] == "done", job
+    # Gone by the time the job's outcome is stored (another test's daemon with the same job
+    # user may be the one that removed it: the log line is not asserted).
     assert not os.path.exists(f"/dev/shm/queickd-left-{tag}")
-    d.wait_for_line(rf"removed 1 file\(s\) the job user left in /dev/shm: queickd-left-{tag}")
