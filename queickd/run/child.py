@@ -5,9 +5,10 @@ the zygote it was copied from.
 Before job code runs it leads its own process group, becomes the subreaper of whatever it
 starts (so a grandchild that calls setsid is still its own, and the zygote's once it is
 gone), dies with the zygote, lets a SIGTERM end it only past its deadline (a stop
-signalled to every process of the unit is the daemon's to drive), moves into its cgroups when it has them, takes stdin from
-/dev/null, stdout and stderr to the output pipe, closes every other descriptor, sets its
-rlimits, its directory and its scrubbed environment. Its peak memory is its own VmHWM,
+signalled to every process of the unit is the daemon's to drive), moves into its cgroups
+when it has them, takes stdin from /dev/null, stdout and stderr to the output pipe, closes
+every other descriptor, sets its rlimits, its directory and its scrubbed environment, and
+last enters namespaces of its own and becomes the job user where asked (run/isolate.py). Its peak memory is its own VmHWM,
 read just before it exits. It never unpickles anything and never returns to its caller.
 """
 
@@ -109,16 +110,16 @@ def _lock_in(req: dict[str, Any], out_fd: int, rep_fd: int) -> None:
     os.dup2(out_fd, 2)
     os.dup2(rep_fd, REPORT_FD)
     os.closerange(REPORT_FD + 1, max(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 256))
+    user = req.get("user")  # --job-user: (uid, gid)
     for name, value in (req.get("rlimits") or {}).items():
         if value is not None:
-            if name == "nproc":  # above what the user runs now: the count is per user
-                value += isolate.user_tasks()
+            if name == "nproc":  # above what the job's user runs now: the count is per user
+                value += isolate.user_tasks(user[0] if user else os.getuid())
             resource.setrlimit(_RLIMITS[name], (value, value))
     os.chdir(req["cwd"])
     os.environ.update(req["env_job"])  # the zygote holds the runner's part: only this job's
     if not _stdio_ready:
         open_stdio()
-    user = req.get("user")  # --job-user: (uid, gid)
     if user and not req.get("isolate"):
         isolate.hand_over([req["cwd"]], *user)
     if req.get("isolate"):  # the job goes on in a fork, pid 1 of namespaces of its own

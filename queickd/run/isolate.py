@@ -228,10 +228,10 @@ def hidden_paths(store_url: str, files: list[str | None], keep: list[str]) -> li
     return [p for p in dict.fromkeys(out) if os.path.lexists(p)]
 
 
-def user_tasks() -> int:
-    """The processes (threads) of this process's real user now, from /proc: what its
-    RLIMIT_NPROC is counted against."""
-    uid, total = os.getuid(), 0
+def user_tasks(uid: int) -> int:
+    """The processes (threads) of the real user `uid` now, from /proc: what a process of
+    that user has its RLIMIT_NPROC counted against."""
+    total = 0
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
