@@ -1,9 +1,17 @@
-"""What keeps a process job from the daemon, beyond its cgroups and rlimits: the daemon
-and the zygote made non-dumpable (PR_SET_DUMPABLE 0), so that a process of the same user
-can neither read their /proc files (environ, mem, fds) nor ptrace them.
+"""What keeps a process job from the daemon and from the other jobs, beyond its cgroups and
+rlimits (docs/security.md has the table of what holds where):
 
-Called once in the daemon (any thread, before job code can run) and once in the zygote.
-Never raises: a mechanism the kernel refuses is reported as not in force, with why.
+- the daemon and the zygote made non-dumpable (PR_SET_DUMPABLE 0), so that a process of
+  the same user can neither read their /proc files (environ, mem, fds) nor ptrace them;
+- PID and mount namespaces per job (enter, probed once by each zygote: probe), with its
+  own /proc, /tmp and /dev/shm and the daemon's files covered (hidden_paths);
+- another user for the job (--job-user: job_user, checked at start; hand_over, become);
+- RLIMIT_NPROC's count (user_tasks) and the /dev/shm a job user leaves (remove_shm).
+
+The daemon calls not_dumpable, hidden_paths, job_user and remove_shm; the zygote
+not_dumpable and probe; the job's child (run/child.py, single-threaded) the rest. Never
+raises from not_dumpable or probe: a mechanism the kernel refuses is reported as not in
+force, with why.
 """
 
 from __future__ import annotations
