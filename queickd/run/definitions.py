@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import importlib.machinery
 import inspect
+import os
 import re
 from enum import Enum
 
@@ -32,9 +33,10 @@ class Source:
     """A module's source as read once: the text, searched per name; parsed with `ast`
     only for a name it may define with `async def` (a parse costs milliseconds, once)."""
 
-    def __init__(self, text: bytes, path: str) -> None:
+    def __init__(self, text: bytes, path: str, stamp: tuple[int, int] = (0, 0)) -> None:
         self.text = text
         self.path = path
+        self.stamp = stamp  # the file's (mtime_ns, size) when read: a changed file is read again
         # Names bound out of sight of the text: a star import, a module __getattr__.
         self.opaque = _OPAQUE.search(text) is not None
         self._plain_async: frozenset[str] | None = None
@@ -45,6 +47,15 @@ class Source:
         if not word.isascii():  # \b of a bytes pattern knows ASCII letters only
             return word in self.text
         return re.search(rb"\b" + re.escape(word) + rb"\b", self.text) is not None
+
+    def changed(self) -> bool:
+        """Whether the file on disk is no longer the one read (a process job's zygote
+        imports the newer one)."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return True
+        return (st.st_mtime_ns, st.st_size) != self.stamp
 
     def plain_async(self) -> frozenset[str]:
         """Its undecorated top-level `async def`s bound nowhere else."""
@@ -91,7 +102,8 @@ def source_file(module: str, app_dir: str) -> str | None:
 def read(path: str) -> Source | None:
     try:
         with open(path, "rb") as f:
-            return Source(f.read(), path)
+            st = os.fstat(f.fileno())
+            return Source(f.read(), path, (st.st_mtime_ns, st.st_size))
     except OSError:
         return None
 

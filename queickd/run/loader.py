@@ -142,8 +142,11 @@ class FunctionLoader:
         the app directory and --allow, or for an app module named like a standard or installed
         one; not_found for a function its module does not define and bad_request for an
         `async def`, where that can be told without running code (see the module docstring).
-        Cached per name until reload()."""
+        Cached per name until reload(); a not_found from a module not imported here is
+        looked at again once its file changed, as the zygote then imports the new one."""
         cached = self._checked.get(func, False)
+        if cached is not None and cached is not False and cached.code == Code.NOT_FOUND and self._source_changed(func):
+            cached = False  # a refusal only: one stat on a path that refuses anyway
         if cached is False:
             cached = self._verdict(func)
             if len(self._checked) > 10_000:  # names are few; a flood of made-up ones is not kept
@@ -158,6 +161,8 @@ class FunctionLoader:
             return refusal
         module, _, name = func.partition(":")
         found = self._defined(module, name)
+        if found is definitions.Defined.MISSING and self._source_changed(func):
+            found = self._defined(module, name)
         if found is definitions.Defined.MISSING:
             return QueueError(Code.NOT_FOUND, _missing(module, name))
         if found is definitions.Defined.COROUTINE:
@@ -176,6 +181,16 @@ class FunctionLoader:
             return QueueError(Code.NOT_ALLOWED, f"{func} is not allowed: its module is not in the app directory "
                               f"{self.app_dir} and no --allow pattern names it")
         return None
+
+    def _source_changed(self, func: str) -> bool:
+        """Whether the not-imported module `func` names was read from a file changed since:
+        then it is read again (the zygote imports a changed file without a SIGHUP)."""
+        module = func.partition(":")[0]
+        source = self._sources.get(module)
+        if source is None or module in sys.modules or not source.changed():
+            return False
+        del self._sources[module]
+        return True
 
     def _defined(self, module: str, name: str) -> definitions.Defined:
         imported = sys.modules.get(module)
