@@ -76,6 +76,9 @@ def validate(config: Config) -> None:
         raise ValueError("give at least one non-empty pool; heartbeat must be positive")
     if config.memory_reserve < 0 or (config.max_rss is not None and not config.max_rss > 0):
         raise ValueError("memory_reserve must not be negative, max_rss must be positive")
+    for k, v in config.workflow_budget.items():
+        if v < 0:
+            raise ValueError(f"workflow_{k} must not be negative (0: no limit)")
     if config.idempotency_ttl < 0 or config.keep_finished < 0:
         raise ValueError("idempotency_ttl and keep_finished must not be negative")
     if config.accept_queick_clients and config.token_file is not None:
@@ -202,7 +205,7 @@ class Daemon:
         self.service = QueueService(store, self.batcher, loader, self.scheduler, self.pool,
                                     token=token, clock=self.clock, network=self.network,
                                     metrics=self.metrics, resources=resources,
-                                    workflows=c.workflows)
+                                    workflows=c.workflows, workflow_budget=c.workflow_budget)
         for name in c.workflows:  # a declared workflow that could never start is a configuration error
             try:
                 self.service.resolve_definition(None, name)

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from .core import protocol, sandbox
 from .core.fields import DEFAULT_POOL
+from .core.workflow.model import BUDGETS as WORKFLOW_BUDGETS
+from .core.workflow.model import DEFAULT_BUDGET as WORKFLOW_DEFAULTS
 
 if TYPE_CHECKING:
     from .core.policy.admission import Admission
@@ -73,6 +75,13 @@ class Config:
     accept_queick_clients: bool = False
     hooks: dict = field(default_factory=dict)  # [hooks.NAME] tables of the config file
     workflows: dict = field(default_factory=dict)  # [workflows.NAME] tables: definitions started by name
+    # Every run's budgets where its definition names none, and the most a client's definition
+    # may ask (0: no limit): core/workflow/model.py has the defaults and why.
+    workflow_max_transitions: int = WORKFLOW_DEFAULTS["max_transitions"]
+    workflow_max_for_each_items: int = WORKFLOW_DEFAULTS["max_for_each_items"]
+    workflow_max_state_bytes: int = WORKFLOW_DEFAULTS["max_state_bytes"]
+    workflow_max_cost_units: int = 0
+    workflow_max_started_workflows: int = WORKFLOW_DEFAULTS["max_started_workflows"]
     pool: list[str] = field(default_factory=lambda: [DEFAULT_POOL])  # worker pools its workers serve
     heartbeat: float = DEFAULT_HEARTBEAT  # seconds between beats in a shared (PostgreSQL) store
     # [functions."module:func"]: a function's job defaults (core/policy/resources.py) and its
@@ -105,6 +114,11 @@ class Config:
         from .core.policy.admission import Admission
 
         return Admission(self.max_queued, self.max_queued_per_key, self.idempotency_ttl)
+
+    @property
+    def workflow_budget(self) -> dict[str, int]:
+        """The operator's workflow budgets: {budget: limit}, those set to 0 left out."""
+        return {k: v for k in WORKFLOW_BUDGETS if (v := getattr(self, f"workflow_{k}"))}
 
     @property
     def resources(self) -> Resources:

@@ -120,7 +120,7 @@ def test_a_bad_value_from_a_flag_is_named_with_its_flag(tmp_path):
 
 
 def test_an_abbreviated_flag_is_named_by_its_whole_name(tmp_path):
-    assert _refused(["run", "--work", "-1"], tmp_path).endswith("(workers = -1 from the flag --workers)")
+    assert _refused(["run", "--worke", "-1"], tmp_path).endswith("(workers = -1 from the flag --workers)")
 
 
 def test_a_bad_value_from_the_environment_is_named_with_its_variable(tmp_path):

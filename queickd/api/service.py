@@ -24,6 +24,7 @@ from ..core.cron import parse_schedule
 from ..core.job import Job, NewJob, State
 from ..core.policy.resources import NO_RESOURCES, Resources, budget_view
 from ..core.protocol import Code, QueueError
+from ..core.workflow import model as wf_model
 from ..run.loader import FunctionLoader
 from ..services import served as served_mod
 from ..services.batcher import Answer, Done, Requests, SubmitBatcher
@@ -93,6 +94,7 @@ class QueueService(WorkflowOps):
         metrics: Metrics | None = None,
         resources: Resources = NO_RESOURCES,
         workflows: dict[str, dict[str, Any]] | None = None,
+        workflow_budget: dict[str, int] | None = None,
     ) -> None:
         self.store = store
         self.batcher = batcher
@@ -108,6 +110,9 @@ class QueueService(WorkflowOps):
         self.resources = resources
         self.waiters = Waiters()
         self.workflows = workflows or {}  # [workflows.NAME] of the config file: started by name
+        # The operator's run budgets: each run's where its definition names none, and the
+        # most a client's definition may ask.
+        self.workflow_budget = wf_model.DEFAULT_BUDGET if workflow_budget is None else workflow_budget
         self.run_waiters = Waiters()  # by run id; woken by every finish of a step job
         self.started_at = clock()
         # The pools a live worker serves, as last seen (the daemon keeps it current).

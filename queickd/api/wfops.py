@@ -19,26 +19,33 @@ from ..core.protocol import Code, QueueError
 
 
 class WorkflowOps:
-    """Needs: store, loader, pool, clock, workflows (name -> declared definition), run_waiters."""
+    """Needs: store, loader, pool, clock, workflows (name -> declared definition),
+    workflow_budget (the operator's budgets), run_waiters."""
 
     store: Any
     loader: Any
     pool: Any
     clock: Any
     workflows: dict[str, dict[str, Any]]
+    workflow_budget: dict[str, int]
     run_waiters: Any
 
     def resolve_definition(self, definition: dict[str, Any] | None, name: str | None) -> wf.Definition:
         """The definition to run: given inline, or declared under that name; children named
-        by a string are declared ones too. bad_request or not_found otherwise."""
-        if definition is None:
+        by a string are declared ones too. bad_request or not_found otherwise; not_allowed
+        for a step function outside the allowlist, or a budget a client's definition asks
+        above the operator's. Every budget the definition (or a child) does not name is the
+        operator's: stored with the run, it holds whatever the operator changes later."""
+        if definition is not None:
+            wf.model.check_ceiling(definition, self.workflow_budget)
+        else:
             if name not in self.workflows:
                 raise QueueError(Code.NOT_FOUND, f"no workflow named {name!r} is declared")
             definition = {"name": name, **self.workflows[name]}
         d = self._inline(copy.deepcopy(definition), 0)
         spec = wf.parse(d)
         self._check_funcs(spec)
-        return spec
+        return wf.model.with_defaults(spec, self.workflow_budget)
 
     def _inline(self, d: Any, depth: int) -> Any:
         if depth > wf.model.MAX_DEPTH or not isinstance(d, dict) or not isinstance(d.get("steps"), list):

@@ -15,7 +15,7 @@ from .. import config as config_file
 from ..core import sandbox
 from ..core.job import State
 from ..core.retry import POLICIES
-from ..settings import DEFAULT_HTTP_PORT, EX_VERSION
+from ..settings import DEFAULT_HTTP_PORT, EX_VERSION, WORKFLOW_BUDGETS
 from . import dbparser, ops, queickflags
 from . import jobs as jobs_cmd
 from .options import (
@@ -94,6 +94,7 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
          "default: default)", None, action="append")
     opt(p, "--heartbeat", "seconds between heartbeats in a shared PostgreSQL store (gone after 3 missed)",
          d.heartbeat, type=number)
+    _workflow_flags(p)
     opt(p, "--budget-patience", "seconds a job over its budget waits before younger jobs of its "
          "pool or group stop starting until it has", d.budget_patience, type=duration)
     _memory_flags(p, d.memory_reserve)
@@ -102,6 +103,12 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
     opt(p, "--config", "TOML file holding any of these flags (env and command line win over it), "
          "[hooks.NAME] webhook tables, [functions.\"module:func\"] job defaults and "
          "[budgets.pools] / [budgets.groups] cost budgets", None)
+
+
+def _workflow_flags(p: argparse.ArgumentParser) -> None:
+    for k in WORKFLOW_BUDGETS:
+        opt(p, f"--workflow-{k.replace('_', '-')}", f"workflow runs' {k} where their definition names none, "
+            "and the most a client's definition may ask (0: no limit)", getattr(DEFAULTS, f"workflow_{k}"), type=int)
 
 
 def _size_flags(p: argparse.ArgumentParser, grace: float) -> None:

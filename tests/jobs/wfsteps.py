@@ -116,3 +116,10 @@ def gated(item, state):
     from testjobs import gate
 
     return gate(state["port"], str(item))
+
+
+def grow_by(state):
+    """Adds a key of state["by"] bytes to the state and comes round again, for ever (a
+    result holds at most 64 KiB: the state grows by a new key each pass)."""
+    n = state.get("n", 0)
+    return {f"blob{n}": "x" * state["by"], "n": n + 1, "_next": "grow_by"}

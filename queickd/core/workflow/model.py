@@ -10,12 +10,13 @@ does that before calling `parse`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import fields
-from ..protocol import MAX_ID, QueueError, bad, normalize_func, parse_job, ranged
+from ..protocol import MAX_ID, Code, QueueError, bad, normalize_func, parse_job, ranged
 
 MAX_DEFINITION_BYTES = 64 * 1024
 MAX_NAME = 200
@@ -24,6 +25,12 @@ KINDS = ("task", "for_each", "workflow")
 MODES = ("all", "first_success", "quorum")
 BUDGETS = ("max_transitions", "max_for_each_items", "max_state_bytes", "max_cost_units",
            "max_started_workflows")
+# The budgets a run has when neither its definition nor the operator names them: what a Pi
+# affords and a real workflow rarely meets. A self-jumping step, a state grown each pass or
+# a runaway fan-out stops here rather than filling the store and the daemon's memory.
+# max_cost_units has none: every job costs 1 unless it says otherwise, so the others bound it.
+DEFAULT_BUDGET = {"max_transitions": 10_000, "max_for_each_items": 10_000, "max_state_bytes": 1024 * 1024,
+                  "max_started_workflows": 100}
 # Job fields a step may not set: the run decides them (args carry the state, the idempotency
 # key is wf:RUN:STEP:ITEM[:LOOP]), or they make no sense for a step (an operator's run).
 _RESERVED = frozenset({"func", "args", "kwargs", "idempotency_key", "run_at", "manual"})
@@ -94,6 +101,35 @@ def parse_budget(v: Any) -> dict[str, int]:
     if unknown:
         raise bad(f"unknown budget(s): {', '.join(sorted(unknown))} (budgets: {', '.join(BUDGETS)})")
     return {k: _positive(f"budget {k}", v[k]) for k in BUDGETS if k in v and v[k] is not None}
+
+
+def check_ceiling(d: Any, ceiling: dict[str, int], depth: int = 0) -> None:
+    """Refuse (not_allowed) a definition, or a child inline in it, that names a budget above
+    the operator's (`ceiling`): a client may lower a budget, never raise it. Children named
+    by reference are the operator's own and not looked at; what is malformed is left to
+    `parse` to say."""
+    if not isinstance(d, dict) or depth > MAX_DEPTH:
+        return
+    budget = d.get("budget")
+    if isinstance(budget, dict):
+        for k, limit in ceiling.items():
+            v = budget.get(k)
+            if type(v) is int and v > limit:
+                raise QueueError(Code.NOT_ALLOWED, f"workflow {d.get('name')!r}: budget {k} {v} is above "
+                                 f"the operator's {limit} (a definition sent by a client may only lower it)")
+    for s in d.get("steps") or ():
+        if isinstance(s, dict):
+            check_ceiling(s.get("workflow"), ceiling, depth + 1)
+
+
+def with_defaults(spec: Definition, defaults: dict[str, int]) -> Definition:
+    """`spec` with every budget it does not name set to the default, its children's too: the
+    budgets a run keeps in its stored definition, whatever the operator changes later."""
+    steps = tuple(dataclasses.replace(s, workflow=with_defaults(s.workflow, defaults)) if s.workflow else s
+                  for s in spec.steps)
+    budget = {k: v for k in BUDGETS if (v := spec.budget.get(k, defaults.get(k))) is not None}
+    wire = {"name": spec.name, "steps": [_step_wire(s) for s in steps], "budget": budget}
+    return Definition(spec.name, steps, budget, wire)
 
 
 def _step(i: int, s: Any, depth: int) -> Step:
