@@ -86,11 +86,11 @@ class WorkflowContract:
 
     def test_workflow_a_fan_out_item_is_called_with_the_run_state_read_once_for_all_items(self, store):
         d = definition({"name": "fan", "kind": "for_each", "items": "xs", "func": S + "square"})
-        state = {"xs": [1, 2, 3], "big": "x" * 20_000}
-        store.workflow_start(d, state, T0)
+        store.workflow_start(d, {"xs": [1, 2, 3], "big": "x" * 20_000}, T0)
         fanout = StepState(store)
         called = [fanout.complete(j).args for j in store.claim_available(10, T0)]
-        assert sorted(called, key=lambda a: a[0]) == [[1, state], [2, state], [3, state]]
+        rest = {"big": "x" * 20_000}  # the list fanned out left out: each item has its own
+        assert sorted(called, key=lambda a: a[0]) == [[1, rest], [2, rest], [3, rest]]
         assert fanout.reads == 1
 
     def test_workflow_each_step_output_is_recorded_once_per_step_item_and_loop(self, store):

@@ -148,3 +148,21 @@ def test_an_upgrade_makes_a_keys_pending_events_due_in_the_order_accepted(tmp_pa
         assert [a.event_id for a in store.deliver_events(1_700_000_060.0, adm.NO_LIMITS, 5, lambda n: 1.0)] == ["A", "B"]
     finally:
         store.close()
+
+
+def test_a_workflow_runs_state_moves_to_its_own_table(tmp_path):
+    from queickd.core import workflow as wf
+
+    path = str(tmp_path / "q.db")
+    s = SQLiteStore(path)
+    spec = wf.parse({"name": "w", "steps": [{"name": "a", "func": "m:f"}]})
+    run, _ = s.workflow_start(spec, {"kept": "as it was"}, T0)
+    s.close()
+    with sqlite3.connect(path) as c:  # the file as schema 15 left it: the state in the run's row
+        c.execute("UPDATE workflow_runs SET state = '{\"kept\":\"as it was\"}'")
+        c.execute("DROP TABLE workflow_states")
+        c.execute("UPDATE meta SET value = '15' WHERE key = 'schema_version'")
+    s = SQLiteStore(path)
+    assert s.workflow_get(run.id).state == {"kept": "as it was"}
+    assert s._conn().execute("SELECT state FROM workflow_runs").fetchall() == [("",)]
+    s.close()

@@ -8,7 +8,9 @@ larger than the engine keeps inline (engine.INLINE_STATE_BYTES; a small one is c
 store than to read back); here, in the pool that starts the job, the run's state takes the
 null's place (a state is always an object, so a stored null is never a state).
 
-The state a job gets is the run's as its step was entered: the run's state does not change
+A fan-out's item gets the state without the list being fanned out (`state[items]`): it has
+its own item, and a list decoded once per item made an item's cost grow with the fan-out's
+size. The state a job gets is the run's as its step was entered: the run's state does not change
 while its current step waits for its jobs, so one read per step visit (run, step, loop)
 serves all a fan-out's items, kept a while as JSON text and decoded afresh for each job (a
 function may change its arguments).
@@ -47,6 +49,16 @@ def needs_state(job: Job) -> bool:
         return False
     args = job.args
     return (len(args) == 2 and args[1] is None) or (len(args) == 1 and args[0] is None)
+
+
+def _state_for(run: RunRecord, step: int) -> dict:
+    """The state a job of the run's step gets: a fan-out's item gets it without the list
+    fanned out (it has its own item), else each item's decode would cost the whole list."""
+    spec = run.spec
+    fan = spec.steps[step] if step < len(spec.steps) else None
+    if fan is None or fan.kind != "for_each":
+        return run.state
+    return {k: v for k, v in run.state.items() if k != fan.items}
 
 
 class StepState:
@@ -101,7 +113,7 @@ class StepState:
                 self.reads += 1
             if run is None:
                 raise RunGoneError(f"workflow run {run_id} is no longer stored")
-            text = jsontext.dumps(run.state)
+            text = jsontext.dumps(_state_for(run, step))
             if run.step == step and run.loop == loop:  # the step is current: its state holds
                 with self._lock:
                     self._states[key] = text

@@ -202,6 +202,13 @@ def roll_back(c: sqlite3.Connection) -> None:
             c.execute("ROLLBACK")
 
 
+WORKFLOW_STATES = """
+    CREATE TABLE IF NOT EXISTS workflow_states (
+        run INTEGER PRIMARY KEY,               -- workflow_runs.id
+        state TEXT NOT NULL                    -- JSON object
+    );
+"""
+
 _WORKFLOWS = """
     CREATE TABLE IF NOT EXISTS workflow_runs (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -212,7 +219,7 @@ _WORKFLOWS = """
         root INTEGER,                          -- the topmost run; NULL for a topmost run
         idempotency_key TEXT,
         definition TEXT NOT NULL,              -- JSON, children inline
-        state TEXT NOT NULL,                   -- JSON object
+        state TEXT NOT NULL,                   -- unused: '' (workflow_states has it, since v16)
         meta TEXT NOT NULL,                    -- JSON: loop, visits, usage, progress, reason, parent
         created_at REAL NOT NULL,
         finished_at REAL
@@ -302,9 +309,19 @@ def _v15(c: sqlite3.Connection) -> None:
     c.execute("CREATE INDEX IF NOT EXISTS events_delivered ON events (created_at) WHERE state = 'delivered'")
 
 
+def _v16(c: sqlite3.Connection) -> None:
+    """A workflow run's state in a table of its own (workflow_states): an update of the run's
+    row rewrites the whole row, and a fan-out's every item updates its progress, so each
+    item rewrote the state, whose list of items grows with the fan-out. workflow_runs.state
+    is left empty (a column SQLite before 3.35 cannot drop)."""
+    _run(c, WORKFLOW_STATES)
+    c.execute("INSERT OR IGNORE INTO workflow_states (run, state) SELECT id, state FROM workflow_runs")
+    c.execute("UPDATE workflow_runs SET state = '' WHERE state != ''")
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
-                                                          _v11, _v12, _v13, _v14, _v15]
+                                                          _v11, _v12, _v13, _v14, _v15, _v16]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

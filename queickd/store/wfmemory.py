@@ -32,7 +32,7 @@ class _Tx:
     def lock_roots(self, run_ids: Iterable[int]) -> None:
         pass  # the store's lock is held throughout
 
-    def run_get(self, run_id: int) -> RunRecord | None:
+    def run_get(self, run_id: int, state: bool = True) -> RunRecord | None:
         return self.s._runs.get(run_id)
 
     def run_by_key(self, key: str) -> RunRecord | None:

@@ -11,8 +11,10 @@ come from core/workflow, sequenced by store/workflows.py, inside the store's tra
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Iterable, Iterator, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from ..core.job import Job, NewJob
@@ -23,8 +25,17 @@ from .sqlstates import WAITING_IN
 
 # What an UPDATE of jobs returns for _steps_cancelled_in: the job and its workflow step, if any.
 STEP_OF_JOB = "id, workflow_run, workflow_step, workflow_item, workflow_loop"
-RUN_COLS = ("id, name, status, step, parent, root, idempotency_key, definition, state, meta,"
-            " created_at, finished_at")
+# A run's row, without its state: the state has a table of its own (workflow_states), so
+# that a fan-out's item, which changes only the run's progress, neither reads nor rewrites
+# it (a row's update rewrites the whole row on SQLite: the state with it, once per item).
+RUN_COLS = "id, name, status, step, parent, root, idempotency_key, definition, meta, created_at, finished_at"
+# The row with its state, last.
+RUN_WITH_STATE = (f"SELECT {', '.join('r.' + c for c in RUN_COLS.split(', '))}, s.state FROM workflow_runs r"
+                  " JOIN workflow_states s ON s.run = r.id")
+# The state of a run read without it: a transition that touches it is handed the state first
+# (store/workflows.py asks engine.needs_state). Read-only, and an error to encode: a bug
+# that reached it would fail loudly rather than store an empty state.
+UNREAD: Any = MappingProxyType({})
 
 
 class _StateCache:
@@ -53,17 +64,18 @@ class _StateCache:
 
 
 def row_to_run(r: Sequence[Any]) -> RunRecord:
-    meta = json.loads(r[9])
+    """A run from RUN_COLS (its state UNREAD) or RUN_WITH_STATE."""
+    meta = json.loads(r[8])
     return RunRecord(id=r[0], name=r[1], status=r[2], step=r[3], root=r[5], idempotency_key=r[6],
-                     definition=r[7], state=_StateCache.load(r[8]), created_at=r[10], finished_at=r[11],
-                     loop=meta["loop"], visits=meta["visits"], usage=meta["usage"], progress=meta["progress"],
-                     reason=meta["reason"], parent=meta["parent"])
+                     definition=r[7], state=_StateCache.load(r[11]) if len(r) > 11 else UNREAD,
+                     created_at=r[9], finished_at=r[10], loop=meta["loop"], visits=meta["visits"],
+                     usage=meta["usage"], progress=meta["progress"], reason=meta["reason"], parent=meta["parent"])
 
 
 def _run_values(run: RunRecord) -> tuple:
+    # workflow_runs.state is no longer read (the state is in workflow_states): '' in new rows.
     return (run.name, run.status, run.step, run.parent["run"] if run.parent else None, run.root,
-            run.idempotency_key, run.definition, dbrows.dumps(run.state), dbrows.dumps(run.meta()),
-            run.created_at, run.finished_at)
+            run.idempotency_key, run.definition, "", dbrows.dumps(run.meta()), run.created_at, run.finished_at)
 
 
 class _Tx:
@@ -102,31 +114,38 @@ class _Tx:
                        f" WHERE id IN ({marks})) ORDER BY id{self.s._WF_LOCK}", ids).fetchall()
         self._locked.update((r[0], row_to_run(r)) for r in rows)
 
-    def run_get(self, run_id: int) -> RunRecord | None:
+    def run_get(self, run_id: int, state: bool = True) -> RunRecord | None:
         run = self._locked.get(run_id)
-        if run is not None:
-            return run
-        row = self._x(f"SELECT {RUN_COLS} FROM workflow_runs WHERE id = ?{self.s._WF_LOCK}", (run_id,)).fetchone()
-        return row_to_run(row) if row else None
+        if run is None:
+            row = self._x(f"SELECT {RUN_COLS} FROM workflow_runs WHERE id = ?{self.s._WF_LOCK}",
+                          (run_id,)).fetchone()
+            if row is None:
+                return None
+            run = row_to_run(row)
+        if state and run.state is UNREAD:
+            text = self._x("SELECT state FROM workflow_states WHERE run = ?", (run_id,)).fetchone()[0]
+            run = dataclasses.replace(run, state=_StateCache.load(text))
+        return run
 
     def run_by_key(self, key: str) -> RunRecord | None:
-        row = self._x(f"SELECT {RUN_COLS} FROM workflow_runs WHERE idempotency_key = ?", (key,)).fetchone()
+        row = self._x(f"{RUN_WITH_STATE} WHERE r.idempotency_key = ?", (key,)).fetchone()
         return row_to_run(row) if row else None
 
     def run_insert(self, run: RunRecord) -> int:
-        return self._x("INSERT INTO workflow_runs (name, status, step, parent, root, idempotency_key, definition,"
-                       " state, meta, created_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
-                       _run_values(run)).fetchone()[0]
+        run_id = self._x("INSERT INTO workflow_runs (name, status, step, parent, root, idempotency_key, definition,"
+                         " state, meta, created_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
+                         _run_values(run)).fetchone()[0]
+        self._x("INSERT INTO workflow_states (run, state) VALUES (?, ?)", (run_id, dbrows.dumps(run.state)))
+        return run_id
 
     def run_update(self, run: RunRecord) -> None:
-        # What a transition changes; the rest of the row is written once, by the insert.
+        # What a transition changes; the rest of the row is written once, by the insert, and
+        # the state only when it changed (not UNREAD, nor the object as read).
         self._locked.pop(run.id, None)
-        if _StateCache.text_of(run.state) is not None:  # the state as read: unchanged
-            self._x("UPDATE workflow_runs SET status = ?, step = ?, meta = ?, finished_at = ? WHERE id = ?",
-                    (run.status, run.step, dbrows.dumps(run.meta()), run.finished_at, run.id))
-            return
-        self._x("UPDATE workflow_runs SET status = ?, step = ?, state = ?, meta = ?, finished_at = ? WHERE id = ?",
-                (run.status, run.step, dbrows.dumps(run.state), dbrows.dumps(run.meta()), run.finished_at, run.id))
+        self._x("UPDATE workflow_runs SET status = ?, step = ?, meta = ?, finished_at = ? WHERE id = ?",
+                (run.status, run.step, dbrows.dumps(run.meta()), run.finished_at, run.id))
+        if run.state is not UNREAD and _StateCache.text_of(run.state) is None:
+            self._x("UPDATE workflow_states SET state = ? WHERE run = ?", (dbrows.dumps(run.state), run.id))
 
     def output_add(self, run_id: int, out: Output, now: float) -> bool:
         return self._x("INSERT INTO workflow_outputs VALUES (?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING RETURNING 1",
@@ -147,7 +166,7 @@ class _Tx:
                        f" AND state IN {WAITING_IN}", (now, run_id)).rowcount
 
     def running_in_tree(self, root: int) -> list[RunRecord]:
-        rows = self._x(f"SELECT {RUN_COLS} FROM workflow_runs WHERE root = ? AND status = 'running'", (root,))
+        rows = self._x(f"{RUN_WITH_STATE} WHERE r.root = ? AND r.status = 'running'", (root,))
         return [row_to_run(r) for r in rows.fetchall()]
 
 
@@ -205,8 +224,7 @@ class SqlWorkflows:
             return wf.start(_Tx(self, c), spec, state, now, idempotency_key)
 
     def workflow_get(self, run_id: int) -> RunRecord | None:
-        row = self._conn().execute(self._q(f"SELECT {RUN_COLS} FROM workflow_runs WHERE id = ?"),
-                                   (run_id,)).fetchone()
+        row = self._conn().execute(self._q(f"{RUN_WITH_STATE} WHERE r.id = ?"), (run_id,)).fetchone()
         return row_to_run(row) if row else None
 
     def workflow_jobs(self, run_id: int) -> list[Job]:
@@ -222,14 +240,14 @@ class SqlWorkflows:
                  "job_id": j} for s, i, lp, ok, v, j in rows]
 
     def workflow_list(self, state: str | None, limit: int) -> list[RunRecord]:
-        where, params = ("", (limit,)) if state is None else (" WHERE status = ?", (state, limit))
-        rows = self._conn().execute(self._q(f"SELECT {RUN_COLS} FROM workflow_runs{where} ORDER BY id DESC LIMIT ?"),
+        where, params = ("", (limit,)) if state is None else (" WHERE r.status = ?", (state, limit))
+        rows = self._conn().execute(self._q(f"{RUN_WITH_STATE}{where} ORDER BY r.id DESC LIMIT ?"),
                                     params).fetchall()
         return [row_to_run(r) for r in rows]
 
     def workflow_children(self, run: RunRecord) -> list[RunRecord]:
-        rows = self._conn().execute(self._q(f"SELECT {RUN_COLS} FROM workflow_runs WHERE root = ? AND parent = ?"
-                                            " ORDER BY id"), (run.root or run.id, run.id)).fetchall()
+        rows = self._conn().execute(self._q(f"{RUN_WITH_STATE} WHERE r.root = ? AND r.parent = ?"
+                                            " ORDER BY r.id"), (run.root or run.id, run.id)).fetchall()
         return [row_to_run(r) for r in rows]
 
     def workflow_cancel(self, run_id: int, now: float) -> RunRecord | None:

@@ -54,8 +54,9 @@ class WorkflowTx(Protocol):
         ends, in id order; nothing where one writer holds the whole store."""
         ...
 
-    def run_get(self, run_id: int) -> RunRecord | None:
-        """The run, its record locked until the transaction ends where the store can."""
+    def run_get(self, run_id: int, state: bool = True) -> RunRecord | None:
+        """The run, its record locked until the transaction ends where the store can. With
+        state False, a store may leave its state unread (then it writes none back)."""
         ...
 
     def run_by_key(self, key: str) -> RunRecord | None: ...
@@ -159,9 +160,12 @@ def _advance(tx: WorkflowTx, done: StepDone, now: float) -> bool:
 
 
 def _transition(tx: WorkflowTx, done: StepDone, now: float) -> bool:
-    run = tx.run_get(done.run)
+    run = tx.run_get(done.run, state=False)
     if run is None:
         return False
+    if tr.needs_state(run, done):
+        run = tx.run_get(done.run)
+        assert run is not None
     plan = tr.transition(run, done, now, _lookups(tx, run))
     if plan is None:
         return False

@@ -330,12 +330,31 @@ def _task_done(run: RunRecord, step: Step, done: StepDone, now: float, lookups: 
     return _merge_and_go(run, step, done.step, {**run.state, **value}, asked, now, lookups)
 
 
-def _item_done(run: RunRecord, step: Step, done: StepDone, now: float, lookups: Lookups) -> Plan:
+def _counted(run: RunRecord, step: Step, done: StepDone) -> tuple[dict[str, int], int, int, int, int]:
+    """The step's progress with `done` counted: (progress, total, ok, failed, successes needed)."""
     p = dict(run.progress)
     p["ok" if done.ok else "failed"] = p.get("ok" if done.ok else "failed", 0) + 1
     total, ok, failed = p.get("total", 1), p.get("ok", 0), p.get("failed", 0)
+    return p, total, ok, failed, {"all": total, "first_success": 1, "quorum": step.n}[step.mode]
+
+
+def needs_state(run: RunRecord, done: StepDone) -> bool:
+    """Whether the transition of `done` may read or change the run's state: not for a
+    fan-out's item that leaves its step waiting for more (nor a stale finish). A store may
+    then hand the transition the run without its state: a fan-out's items cost the same
+    whatever the size of the list fanned out."""
+    if not current(run, done):
+        return False
+    step = run.spec.steps[done.step]
+    if step.kind != "for_each":
+        return True
+    _, total, ok, failed, need = _counted(run, step, done)
+    return bool(failed) or ok >= need or ok + failed >= total
+
+
+def _item_done(run: RunRecord, step: Step, done: StepDone, now: float, lookups: Lookups) -> Plan:
+    p, total, ok, failed, need = _counted(run, step, done)
     run = dataclasses.replace(run, progress=p)
-    need = {"all": total, "first_success": 1, "quorum": step.n}[step.mode]
     if step.kind == "workflow":
         value = done.value if done.ok else None
         if not done.ok and step.on_failure != "continue":
