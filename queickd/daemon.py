@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from . import __version__, collector
+from . import __version__, collector, heap
 from .api.hooks import parse_hooks
 from .api.server import Server
 from .api.service import QueueService
@@ -345,6 +345,7 @@ class Daemon:
         self.store.add_minute(Minute(int(self.clock() // 60), self.pool.member, 0, 0, 0.0, depth))  # type: ignore[union-attr]
         self.pool.flush_counts()
         self.parking.on_sweep()
+        heap.trim()  # what a run's large state left free in the heaps goes back to the system
         nxt = self._probes_due(self.clock())  # pauses begun by other hosts of a shared store
         if nxt is not None:
             self.scheduler.wake_at(nxt, "probes")
@@ -462,6 +463,7 @@ class Daemon:
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where is it stuck?
         self.start()
         collector.tune_for_server()  # set up: what it holds now lives as long as it does
+        heap.return_large_blocks()  # a large state freed goes back to the system
         self.announce()
         sdnotify.notify("READY=1")
         sdnotify.start_watchdog(lambda: self.scheduler.alive, self._stop)

@@ -90,3 +90,29 @@ def test_a_negative_operator_budget_stops_the_daemon_at_start_up(tmp_path):
                           "--store", f"sqlite:///{tmp_path / 'q.db'}", "--app-dir", str(JOBS_DIR)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 78 and "workflow_max_state_bytes must not be negative" in out.stderr
+
+
+def _memory_mb(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM of a process, in MB."""
+    with open(f"/proc/{pid}/status") as f:
+        return {line.split(":")[0]: int(line.split()[1]) // 1024 for line in f if line.startswith(("VmRSS", "VmHWM"))}
+
+
+def test_run_state_memory_is_given_back(start_daemon):
+    # Ten passes of a fan-out whose 50 results make a 3 MB state, each replaced by the next:
+    # the daemon held 88 MB of them after the run had ended; now what it held goes back.
+    d = start_daemon(None, "--sweep", "1", "--workflow-max-state-bytes", "8000000")
+    definition = {"name": "churn", "steps": [
+        {"name": "fan", "kind": "for_each", "items": "xs", "func": "wfsteps:big_item"},
+        {"name": "again", "func": "wfsteps:again"}]}
+    with d.client() as q:
+        before = _memory_mb(d.proc.pid)["VmRSS"]
+        run_id = q._call({"op": "workflow_start", "definition": definition,
+                          "state": {"xs": list(range(50)), "by": 60_000, "passes": 10}})["run_id"]
+        assert q.workflow_wait(run_id, 300)["state"] == "succeeded"
+        peak = _memory_mb(d.proc.pid)["VmHWM"]
+        swept = len([line for line in d.lines if "swept; next sweep" in line])
+        d.wait_for_lines("swept; next sweep", swept + 2, timeout=30)  # a whole sweep since the end
+    after = _memory_mb(d.proc.pid)["VmRSS"]
+    assert peak - before > 20  # the run did cost memory while it ran
+    assert after - before < 50, (before, peak, after)

@@ -33,6 +33,9 @@ from ..core.job import Job
 from ..core.workflow import RunRecord
 
 KEPT = 8  # step visits whose state is kept: the fan-outs running now, on any sane pool
+# Characters of state text kept in all: a daemon's memory for states is bounded whatever
+# the budgets allow a state to be (a state above it is read for each of its items instead).
+KEPT_CHARS = 8 * 1024 * 1024
 
 
 class RunReader(Protocol):
@@ -51,23 +54,26 @@ def needs_state(job: Job) -> bool:
     return (len(args) == 2 and args[1] is None) or (len(args) == 1 and args[0] is None)
 
 
-def _state_for(run: RunRecord, step: int) -> dict:
-    """The state a job of the run's step gets: a fan-out's item gets it without the list
-    fanned out (it has its own item), else each item's decode would cost the whole list."""
+def _state_for(run: RunRecord, step: int) -> tuple[dict, bool]:
+    """The state a job of the run's step gets, and whether the step is a fan-out (whose
+    items share it: worth keeping). A fan-out's item gets the state without the list fanned
+    out (it has its own item), else each item's decode would cost the whole list."""
     spec = run.spec
     fan = spec.steps[step] if step < len(spec.steps) else None
     if fan is None or fan.kind != "for_each":
-        return run.state
-    return {k: v for k, v in run.state.items() if k != fan.items}
+        return run.state, False
+    return {k: v for k, v in run.state.items() if k != fan.items}, True
 
 
 class StepState:
     """Completes step jobs' arguments from their run's state, read once per step visit.
     Any thread."""
 
-    def __init__(self, store: RunReader, kept: int = KEPT) -> None:
+    def __init__(self, store: RunReader, kept: int = KEPT, kept_chars: int = KEPT_CHARS) -> None:
         self.store = store
         self.kept = kept
+        self.kept_chars = kept_chars
+        self._chars = 0  # of the texts in _states
         # (run, step, loop) -> the state's JSON; a run's id is never given again (SQLite's
         # AUTOINCREMENT, PostgreSQL's identity, the memory store's counter), so a key names
         # one step visit for ever.
@@ -113,12 +119,16 @@ class StepState:
                 self.reads += 1
             if run is None:
                 raise RunGoneError(f"workflow run {run_id} is no longer stored")
-            text = jsontext.dumps(_state_for(run, step))
-            if run.step == step and run.loop == loop:  # the step is current: its state holds
+            state, shared = _state_for(run, step)
+            text = jsontext.dumps(state)
+            # Kept for a fan-out whose step is current (its state holds until the step is
+            # over); a task's step visit has one job: nothing to keep it for.
+            if shared and run.step == step and run.loop == loop and len(text) <= self.kept_chars:
                 with self._lock:
+                    self._chars += len(text) - len(self._states.pop(key, ""))
                     self._states[key] = text
-                    while len(self._states) > self.kept:
-                        self._states.popitem(last=False)
+                    while len(self._states) > self.kept or self._chars > self.kept_chars:
+                        self._chars -= len(self._states.popitem(last=False)[1])
             return text
         finally:
             if done is not None:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import __version__, collector
+from .. import __version__, collector, heap
 from ..core import sandbox
 from ..core.policy.resources import parse as parse_resources
 from ..run import isolate
@@ -114,6 +114,7 @@ def run(config: WorkerConfig) -> int:
         pool.start()
         pool.wake()
         collector.tune_for_server()  # set up: what it holds now lives as long as it does
+        heap.return_large_blocks()  # a large state freed goes back to the system
         log.info("queickd %s worker serving pool(s) %s with %s (%s, heartbeat %.1f s, pid %d)",
                  __version__, ",".join(config.pool), pool.size_said(), store.durability_said(), config.heartbeat,
                  os.getpid())

@@ -46,6 +46,9 @@ class _StateCache:
     threads may share it."""
 
     last: tuple[str, dict[str, Any]] = ("", {})
+    # A larger state is not kept: the cache would hold it (twice: text and object) after its
+    # run has ended, and a fan-out's items no longer read the state at all.
+    KEPT_CHARS = 256 * 1024
 
     @classmethod
     def load(cls, text: str) -> dict[str, Any]:
@@ -53,7 +56,7 @@ class _StateCache:
         if last[0] == text:
             return last[1]
         obj = json.loads(text)
-        cls.last = (text, obj)
+        cls.last = (text, obj) if len(text) <= cls.KEPT_CHARS else ("", {})
         return obj
 
     @classmethod

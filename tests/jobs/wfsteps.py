@@ -123,3 +123,14 @@ def grow_by(state):
     result holds at most 64 KiB: the state grows by a new key each pass)."""
     n = state.get("n", 0)
     return {f"blob{n}": "x" * state["by"], "n": n + 1, "_next": "grow_by"}
+
+
+def big_item(item, state):
+    """An item's result of state["by"] bytes."""
+    return "x" * state["by"]
+
+
+def again(state):
+    """Back to the fan-out until state["passes"] have run."""
+    n = state.get("n", 0) + 1
+    return {"n": n, "_next": "fan"} if n < state["passes"] else {"n": n, "fan": None}
