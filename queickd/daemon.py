@@ -154,6 +154,7 @@ class Daemon:
             except protocol.QueueError as e:
                 raise ValueError(f"hooks.{hook.name}: {e.message}") from None
         self.store = store = open_store(c.store, c.durability)
+        store.queue_cap = c.max_queued  # a paced fan-out's items wait under it like any enqueue
         try:
             store.take_ownership()
         except BaseException:

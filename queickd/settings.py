@@ -156,6 +156,7 @@ class WorkerConfig:
     idle_grace: float = DEFAULT_IDLE_GRACE
     budgets: dict = field(default_factory=dict)  # [budgets.pools] / [budgets.groups] of --config
     budget_patience: float = DEFAULT_BUDGET_PATIENCE
+    max_queued: int = Config.max_queued  # the daemons': a paced fan-out's items wait under it here too
     isolation: str = sandbox.THREAD  # as the daemon's flags: where jobs run, limits for all
     timeout: float | None = None
     memory_mb: int | None = None

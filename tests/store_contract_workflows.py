@@ -305,3 +305,27 @@ class WorkflowContract:
         assert (run.status, run.step, run.reason["step"]) == (wf.RunState.FAILED, 0, "plan")
         assert (store.workflow_children(run), store.workflow_outputs(run.id)) == ([], [])
         assert [r.id for r in store.workflow_list(None, 10)] == [run.id]
+
+    def test_workflow_a_fan_out_waits_under_the_queue_cap_and_completes(self, store):
+        store.queue_cap = 10  # --max-queued
+        fan = definition({"name": "fan", "kind": "for_each", "items": "xs", "func": S + "square"})
+        started, _ = store.workflow_start(fan, {"xs": list(range(45))}, T0)
+        states, most = StepState(store), 0
+        while True:
+            most = max(most, sum(store.counts()[s] for s in State.PENDING))
+            jobs = store.claim_available(3, T0)
+            if not jobs:
+                break
+            with store.batch(bookkeeping=True):
+                store.finish_if_running([run(states.complete(j)) for j in jobs], T0)
+        done = store.workflow_get(started.id)
+        assert (done.status, done.state["fan"]) == (wf.RunState.SUCCEEDED, [x * x for x in range(45)])
+        assert most == 10  # enqueued as room came, never past the cap
+
+    def test_workflow_a_fan_out_with_no_room_and_nothing_of_it_waiting_ends_queue_full(self, store):
+        store.queue_cap = 3
+        store.submit([NewJob(func=S + "noop", run_at=T0) for _ in range(3)], T0)
+        fan = definition({"name": "fan", "kind": "for_each", "items": "xs", "func": S + "square"})
+        started, _ = store.workflow_start(fan, {"xs": [1, 2]}, T0)
+        assert (started.status, started.reason["code"]) == (wf.RunState.FAILED, "queue_full")
+        assert store.workflow_jobs(started.id) == []

@@ -6,6 +6,9 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
+
+from queickd import QueueError
 from queickd.core import workflow as wf
 from queickd.core.job import Outcome
 from queickd.services.step_state import StepState
@@ -63,3 +66,16 @@ def test_a_fan_out_completes_with_every_items_result_in_order(tmp_path):
     done = s.workflow_get(run.id)
     assert done.status == "succeeded" and done.state["f"] == [i * i for i in range(300)]
     s.close()
+
+
+def test_fan_out_respects_max_queued(start_daemon):
+    d = start_daemon(None, "--max-queued", "20", workers=0)  # nothing runs: what waits stays
+    with d.client() as q:
+        q.enqueue_many([{"func": "wfsteps:noop"} for _ in range(5)])
+        run_id = q.workflow("fan").for_each("xs", "wfsteps:square").start(state={"xs": list(range(1000))})
+        assert q.stats()["counts"]["queued"] == 20  # 15 of its items: the cap, not 1,000
+        run = q.workflow_get(run_id)
+        assert (run["state"], run["progress"]["total"], run["progress"]["queued"]) == ("running", 1000, 15)
+        with pytest.raises(QueueError) as e:
+            q.enqueue("wfsteps:noop")
+        assert e.value.code == "queue_full"

@@ -425,6 +425,8 @@ def _fleet_parsers(sub: Any) -> None:
     opt(wk, "--max-orphan-requeues", "times a job whose worker died is re-queued before it is dead",
          w.max_orphan_requeues, type=int)
     opt(wk, "--stop-timeout", "seconds running jobs get to finish on SIGTERM", w.stop_timeout, type=number)
+    opt(wk, "--max-queued", "the daemons' --max-queued: a workflow's fan-out advanced here enqueues its "
+        "items under it", w.max_queued, type=int)
     opt(wk, "--pause-after", "dead jobs in a row that pause a key or function (0: never)", w.pause_after, type=int)
     opt(wk, "--pause-cooldown", "wait before a pause lets one probe job through (doubles on each trip, "
          "up to 1h)", w.pause_cooldown, type=duration)

@@ -46,8 +46,8 @@ def validate(config: WorkerConfig) -> None:
     """Raises ValueError naming the first setting the worker cannot start with."""
     if not config.store.startswith(("postgresql://", "postgres://")):
         raise ValueError("queick worker needs a shared store: --store postgresql://...")
-    if config.workers < 1:
-        raise ValueError("workers must be at least 1")
+    if config.workers < 1 or config.max_queued < 1:
+        raise ValueError("workers and max_queued must be at least 1")
     check_shared(config)
     adaptive_size(config.workers, config.min_workers, config.max_workers, config.idle_grace)
     parse_resources({}, config.budgets, config.budget_patience)
@@ -64,6 +64,7 @@ def run(config: WorkerConfig) -> int:
 
     validate(config)
     store = PostgresStore(config.store, migrate=False)
+    store.queue_cap = config.max_queued  # a paced fan-out's items wait under it (core/workflow/engine.py)
     try:
         refused = _refusal(store, config)
         if refused is not None:

@@ -55,6 +55,8 @@ class Store(Protocol):
     # Those of UNAVAILABLE raised before anything was written (SQLite's full disk): the
     # call surely had no effect, so its caller is told so, not "it may have been stored".
     NOT_WRITTEN: tuple[type[BaseException], ...]
+    # --max-queued for the jobs a workflow's fan-out enqueues in a finish (None: no cap).
+    queue_cap: int | None
 
     # --- ownership --------------------------------------------------------------------
     def take_ownership(self) -> None:

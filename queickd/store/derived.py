@@ -20,6 +20,9 @@ class StoreBase:
     UNAVAILABLE: tuple[type[BaseException], ...] = ()
     NOT_WRITTEN: tuple[type[BaseException], ...] = ()  # see Store.NOT_WRITTEN
     passes_in_one_call = False
+    # --max-queued, for what the store enqueues on its own: a paced fan-out's items
+    # (core/workflow/engine.py). None: no cap (a process that does not know it).
+    queue_cap: int | None = None
 
     def flush(self) -> None:
         pass  # a commit of this store is durable (or never will be: memory) when it returns

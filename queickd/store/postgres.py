@@ -87,6 +87,7 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
     # other's counts, so the run is advanced exactly once per item.
     _WF_LOCK = " FOR UPDATE"
     _WF_BUDGET = "(meta::json)->'reason'->>'budget'"
+    _WF_WAITING = f"SELECT count(*) FROM jobs WHERE state IN {WAITING_IN}"
 
     def _wf_submit(self, c: psycopg.Connection, jobs: list[NewJob], now: float) -> None:
         self._submit_unadmitted(c, jobs, now)  # no admission: pgsubmit.py says why

@@ -43,6 +43,7 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
     _RELEASE = ""  # a running job's row holds nothing else
     _WF_LOCK = ""  # the one writing connection holds the file: no row lock to take
     _WF_BUDGET = "json_extract(meta, '$.reason.budget')"
+    _WF_WAITING = f"SELECT coalesce(sum(n), 0) FROM state_counts WHERE state IN {WAITING_IN}"
     supports_notify = False
     claims_in_submit = True
 

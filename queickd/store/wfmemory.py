@@ -62,6 +62,10 @@ class _Tx:
     def submit(self, jobs: Sequence[NewJob], now: float) -> None:
         self.s._submit_locked([list(jobs)], now, adm.NO_LIMITS)  # type: ignore[attr-defined]
 
+    def room(self) -> int | None:
+        cap = self.s.queue_cap  # type: ignore[attr-defined]
+        return None if cap is None else cap - sum(self.s._by_state[s] for s in State.PENDING)  # type: ignore[attr-defined]
+
     def discard_jobs(self, run_id: int, now: float) -> int:
         gone = [j for j in self.s._jobs.values()  # type: ignore[attr-defined]
                 if j.workflow_run == run_id and j.state in State.PENDING]

@@ -164,6 +164,10 @@ class _Tx:
     def submit(self, jobs: Sequence[NewJob], now: float) -> None:
         self.s._wf_submit(self.c, list(jobs), now)
 
+    def room(self) -> int | None:
+        cap = self.s.queue_cap
+        return None if cap is None else cap - self._x(self.s._WF_WAITING).fetchone()[0]
+
     def discard_jobs(self, run_id: int, now: float) -> int:
         return self._x("UPDATE jobs SET state = 'cancelled', finished_at = ? WHERE workflow_run = ?"
                        f" AND state IN {WAITING_IN}", (now, run_id)).rowcount
@@ -177,6 +181,8 @@ class SqlWorkflows:
     UNAVAILABLE: tuple[type[BaseException], ...]
     _WF_LOCK: str
     _WF_BUDGET: str
+    _WF_WAITING: str  # the SQL that counts the waiting jobs (for room())
+    queue_cap: int | None
     _q: Any
     _conn: Any
     _write: Any

@@ -74,7 +74,12 @@ class WorkflowTx(Protocol):
     def outputs(self, run_id: int, step: int, loop: int) -> list[tuple[int, bool, Any]]: ...
 
     def submit(self, jobs: Sequence[NewJob], now: float) -> None:
-        """Insert the jobs (no admission limits: the run's budget is their limit)."""
+        """Insert the jobs (no admission: the engine asked room() before making them)."""
+        ...
+
+    def room(self) -> int | None:
+        """The jobs the queue takes before the store's queue_cap (--max-queued) is reached
+        (0 or less: none); None when it has no cap."""
         ...
 
     def discard_jobs(self, run_id: int, now: float) -> int:
@@ -97,7 +102,7 @@ def _lookups(tx: WorkflowTx, run: RunRecord) -> Lookups:
             p = a.parent
         return out
 
-    return Lookups(lambda step, loop: tx.outputs(run.id, step, loop), ancestors)
+    return Lookups(lambda step, loop: tx.outputs(run.id, step, loop), ancestors, tx.room)
 
 
 def start(tx: WorkflowTx, spec: Definition, state: dict[str, Any], now: float,

@@ -119,10 +119,12 @@ class Output:
 class Lookups:
     """What the store reads for a plan. outputs(step, loop): [(item, ok, value)] recorded so
     far for the run's step (read only when a fan-out completes). ancestors(): the run's
-    parent, its parent, ... (read only when a child is started)."""
+    parent, its parent, ... (read only when a child is started). room(): the jobs the queue
+    takes before --max-queued, None for no cap (read only as a fan-out enqueues items)."""
 
     outputs: Callable[[int, int], list[tuple[int, bool, Any]]]
     ancestors: Callable[[], list[RunRecord]]
+    room: Callable[[], int | None] = lambda: None
 
 
 NO_LOOKUPS = Lookups(lambda step, loop: [], lambda: [])
@@ -222,7 +224,14 @@ def _enter(run: RunRecord, index: int, now: float, lookups: Lookups) -> Plan:
         if items:
             # [item, None]: the run's state takes the None's place as each item starts
             # (services/step_state.py), read once for all, rather than stored once per item.
-            return _start_jobs(run, step, index, loop, [[item, None] for item in items], now)
+            room = lookups.room()
+            if room is None or len(items) <= room:
+                return _start_jobs(run, step, index, loop, [[item, None] for item in items], now)
+            if room <= 0:
+                return _queue_full(run, step, now)
+            # Paced: what fits under the cap now, the rest as the items drain (_top_up).
+            return _start_jobs(run, step, index, loop, [[item, None] for item in items[:room]], now,
+                               total=len(items))
         # Nothing to wait for: the step completes with no results, and the next is entered.
         merged = _merge(run, step, index, {**run.state, step.result: []}, None, now)
         if isinstance(merged, Plan):
@@ -231,13 +240,52 @@ def _enter(run: RunRecord, index: int, now: float, lookups: Lookups) -> Plan:
         hops += 1
 
 
-def _start_jobs(run: RunRecord, step: Step, index: int, loop: int, argss: list[list], now: float) -> Plan:
-    cost = run.usage.get("cost_units", 0) + step.cost * len(argss)
+def _start_jobs(run: RunRecord, step: Step, index: int, loop: int, argss: list[list], now: float,
+                total: int | None = None) -> Plan:
+    """The step's jobs, its cost charged for all `total` items (default: these)."""
+    total = len(argss) if total is None else total
+    cost = run.usage.get("cost_units", 0) + step.cost * total
     if _exceeds(run, "cost_units", cost):
         return Plan(_over(run, "cost_units", cost, now), discard=True, ended=True)
-    run = dataclasses.replace(run, usage={**run.usage, "cost_units": cost},
-                              progress={"total": len(argss), "ok": 0, "failed": 0})
+    progress = {"total": total, "ok": 0, "failed": 0}
+    if total > len(argss):  # paced: these enqueued so far, and how many at once
+        progress.update(queued=len(argss), window=len(argss))
+    run = dataclasses.replace(run, usage={**run.usage, "cost_units": cost}, progress=progress)
     return Plan(run, jobs=[_job(run, step, index, i, loop, args, now) for i, args in enumerate(argss)])
+
+
+def _queue_full(run: RunRecord, step: Step, now: float) -> Plan:
+    """A fan-out none of whose items is waiting, and the queue at --max-queued: the run
+    ends (it would wait for nothing), as an enqueue would be refused."""
+    return _failed(run, now, f"step {step.name}: the queue holds its limit of waiting jobs (--max-queued); "
+                   "the fan-out's items could not be enqueued", step, code="queue_full")
+
+
+def _top_up_due(progress: dict[str, int]) -> bool:
+    """A paced fan-out enqueues more once half of what it last enqueued has finished: the
+    state (the list) is read once per half window, not once per item."""
+    queued = progress.get("queued")
+    if queued is None or queued >= progress.get("total", 0):
+        return False
+    return queued - progress.get("ok", 0) - progress.get("failed", 0) <= progress.get("window", 1) // 2
+
+
+def _top_up(run: RunRecord, step: Step, done: StepDone, now: float, lookups: Lookups) -> Plan:
+    """More of a paced fan-out's items, as many as the queue takes (none: it waits for the
+    next finish, or, with nothing of it left waiting, the run ends queue_full)."""
+    p = run.progress
+    queued, total = p["queued"], p["total"]
+    room = lookups.room()
+    n = total - queued if room is None else min(total - queued, room)
+    if n <= 0:
+        if queued - p.get("ok", 0) - p.get("failed", 0) <= 0:
+            return _queue_full(run, step, now)
+        return Plan(run)
+    items = run.state[step.items]  # type: ignore[index]
+    jobs = [_job(run, step, done.step, queued + i, done.loop, [item, None], now)
+            for i, item in enumerate(items[queued:queued + n])]
+    return Plan(dataclasses.replace(run, progress={**p, "queued": queued + n, "window": max(n, p.get("window", 1))}),
+                jobs=jobs)
 
 
 def _start_child(run: RunRecord, step: Step, index: int, loop: int, now: float, lookups: Lookups) -> Plan:
@@ -348,8 +396,8 @@ def needs_state(run: RunRecord, done: StepDone) -> bool:
     step = run.spec.steps[done.step]
     if step.kind != "for_each":
         return True
-    _, total, ok, failed, need = _counted(run, step, done)
-    return bool(failed) or ok >= need or ok + failed >= total
+    p, total, ok, failed, need = _counted(run, step, done)
+    return bool(failed) or ok >= need or ok + failed >= total or _top_up_due(p)
 
 
 def _item_done(run: RunRecord, step: Step, done: StepDone, now: float, lookups: Lookups) -> Plan:
@@ -380,6 +428,8 @@ def _item_done(run: RunRecord, step: Step, done: StepDone, now: float, lookups: 
         plan = _complete(run, step, done.step, results, now, lookups)
         plan.discard = plan.discard or ok + failed < total  # the items still to run are dropped
         return plan
+    if _top_up_due(p):
+        return _top_up(run, step, done, now, lookups)
     return Plan(run)
 
 
