@@ -4,7 +4,8 @@ written once for SQLite and PostgreSQL (queries with `?`, turned into the store'
 A store mixes SqlWorkflows in and provides, besides what SharedSql needs, _WF_LOCK (how a
 run's row is locked for the rest of the transaction: PostgreSQL's FOR UPDATE, nothing on
 SQLite, whose one writer holds the whole file), _WF_BUDGET (the SQL that reads a stopped
-run's budget from its meta JSON) and _wf_submit(c, jobs, now). It decides nothing: plans
+run's budget from its meta JSON), _WF_WAITING (the SQL that counts the waiting jobs, for a
+fan-out paced under queue_cap) and _wf_submit(c, jobs, now). It decides nothing: plans
 come from core/workflow, sequenced by store/workflows.py, inside the store's transaction.
 """
 
@@ -39,9 +40,9 @@ UNREAD: Any = MappingProxyType({})
 
 
 class _StateCache:
-    """The last state text read and its object. A fan-out's items finish one after the other
-    against the same state: decoding (and encoding) it once, not once per item, is most of
-    what an item's transition costs. The object is shared, so nothing may change it in
+    """The last state text read and its object: a run's steps that read the state one after
+    the other (a task's finish, then its next step's) decode it once, and an unchanged one
+    is not written back. The object is shared, so nothing may change it in
     place (the transition never does: it builds new dicts). One tuple, swapped whole, so
     threads may share it."""
 
@@ -173,7 +174,8 @@ class _Tx:
                        f" AND state IN {WAITING_IN}", (now, run_id)).rowcount
 
     def running_in_tree(self, root: int) -> list[RunRecord]:
-        rows = self._x(f"{RUN_WITH_STATE} WHERE r.root = ? AND r.status = 'running'", (root,))
+        # Without their states: what is done with them (stopped, looked up) changes none.
+        rows = self._x(f"SELECT {RUN_COLS} FROM workflow_runs WHERE root = ? AND status = 'running'", (root,))
         return [row_to_run(r) for r in rows.fetchall()]
 
 

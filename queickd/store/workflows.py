@@ -87,7 +87,7 @@ class WorkflowTx(Protocol):
         ...
 
     def running_in_tree(self, root: int) -> list[RunRecord]:
-        """Running runs whose root is `root`."""
+        """Running runs whose root is `root` (their state may be left unread)."""
         ...
 
 
@@ -95,7 +95,7 @@ def _lookups(tx: WorkflowTx, run: RunRecord) -> Lookups:
     def ancestors() -> list[RunRecord]:
         out, p = [], run.parent
         while p is not None:
-            a = tx.run_get(p["run"])
+            a = tx.run_get(p["run"], state=False)  # charged for a child: its state untouched
             if a is None:
                 break
             out.append(a)
