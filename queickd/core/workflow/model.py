@@ -114,7 +114,7 @@ def check_ceiling(d: Any, ceiling: dict[str, int], depth: int = 0) -> None:
     if isinstance(budget, dict):
         for k, limit in ceiling.items():
             v = budget.get(k)
-            if type(v) is int and v > limit:
+            if type(v) is int and limit < v <= MAX_ID:  # out of range: parse's bad_request names it
                 raise QueueError(Code.NOT_ALLOWED, f"workflow {d.get('name')!r}: budget {k} {v} is above "
                                  f"the operator's {limit} (a definition sent by a client may only lower it)")
     for s in d.get("steps") or ():
