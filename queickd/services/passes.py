@@ -71,6 +71,8 @@ class PassStore:
     _drained: threading.Event
     _idle: threading.Event
     _wake: threading.Event
+    _again: bool
+    _asked_while_full: bool
     _clock: Callable[[], float]
     _network_up: Callable[[], bool]
     _pause_after: int | None
@@ -227,6 +229,11 @@ class PassStore:
             self._drained.set()
         if p.deferred_at is not None:
             self._on_deferred(p.deferred_at)
+        if self._asked_while_full and self._busy < self.workers:
+            # Work was announced while this pass held every slot, perhaps after its claim:
+            # a slot freed by any outcome (a cancelled run's, which the store ignores, too)
+            # must lead to a look, or that work waits for the safety sweep.
+            self._again = True
         if self._stopping and self._busy == len(self._cancelled):  # a stop does not wait for those
             self._idle.set()
             return True

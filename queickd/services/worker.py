@@ -106,6 +106,9 @@ class WorkerPool(PassStore):
         self._done: queue.SimpleQueue[tuple[Outcome, int]] = queue.SimpleQueue()
         self._dispatch_lock = threading.Lock()  # one pass at a time, whichever thread runs it
         self._again = False  # a pass was asked for while one ran: see _pass_here
+        # A wake came with every worker busy (see wake); cleared as a pass begins, read once
+        # it has freed its slots: it passes again when one is free.
+        self._asked_while_full = False
         self._unapplied: list[Outcome] = []  # outcomes taken but not yet stored
         # Ids of the jobs claimed and not yet finished in the store (their count: _busy);
         # written under _dispatch_lock only.
@@ -176,9 +179,16 @@ class WorkerPool(PassStore):
     def wake(self) -> None:
         """Tell the dispatcher that work may be available. Cheap; call from any thread.
 
-        Skipped while every worker is busy: a worker that finishes wakes the dispatcher
-        itself, and the dispatcher claims after applying outcomes in the same pass."""
+        Skipped while every worker is busy: a worker that finishes passes itself, and its
+        pass claims after applying outcomes. That pass may be under way already, its claim
+        made before this wake's work was stored and its slot freed only after: so the wake
+        is noted (_asked_while_full) before the second look, and such a pass that leaves a
+        slot free passes again (PassStore._pass_applied)."""
         if self._busy < self.workers or self._stopping or self._can_grow(memory=False):
+            self._wake.set()
+            return
+        self._asked_while_full = True
+        if self._busy < self.workers:  # freed since the first look: the pass may have read it before
             self._wake.set()
 
     def running_elsewhere(self, count_running: Callable[[], int]) -> int:
@@ -360,6 +370,7 @@ class WorkerPool(PassStore):
         it changed in memory (busy count, submitted jobs) happens only once it has committed.
         Holds _dispatch_lock. True once stopping and nothing runs any more."""
         p = Pass()
+        self._asked_while_full = False  # this pass's claim sees what such a wake announced
         try:
             if self._unsure:
                 self._give_back_unheld()
@@ -389,6 +400,7 @@ class WorkerPool(PassStore):
             return None  # the running pass sees _again once it has released the lock
         self._again = False
         self._wake.clear()
+        self._asked_while_full = False  # this pass's claim sees what such a wake announced
         p = Pass()
         try:
             self._pass_store(p, finish=False)  # outcomes wait for the next pass: the ack does not
