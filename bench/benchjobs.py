@@ -38,3 +38,10 @@ def append_line_after(path, line, seconds):
 
     time.sleep(seconds)
     append_line(path, line)
+
+
+def hold(seconds):
+    """Run for `seconds` (a sleep): a job that keeps its concurrency group's slot taken."""
+    import time
+
+    time.sleep(seconds)

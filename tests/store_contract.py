@@ -12,6 +12,7 @@ from contract_jobs import T0, job
 from store_contract_cron import CronEventContract
 from store_contract_operator import OperatorContract
 from store_contract_output import OutputContract
+from store_contract_parked import ParkedContract
 from store_contract_rules import RulesContract
 from store_contract_workflows import WorkflowContract
 
@@ -22,7 +23,8 @@ from queickd.core.retry import make_spec
 from queickd.store.records import EventState
 
 
-class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesContract, OperatorContract):
+class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesContract, OperatorContract,
+                    ParkedContract):
     @pytest.fixture
     def store(self):  # pragma: no cover - each backend overrides
         raise NotImplementedError

@@ -75,7 +75,8 @@ def test_a_file_of_an_earlier_release_is_at_todays_schema_version_and_takes_new_
 def test_a_file_of_an_earlier_release_keeps_its_queued_job_in_the_queue_order_that_replaced_jobs_queued(old):
     old_store, _ = old
     indexes = {r[0] for r in old_store._conn().execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
-    assert "jobs_queued" not in indexes and {"jobs_queued_plain", "jobs_queued_grouped"} <= indexes
+    assert "jobs_queued" not in indexes and "jobs_queued_plain" not in indexes
+    assert {"jobs_queued_pool_plain", "jobs_queued_pool_grouped", "jobs_queued_pool_group"} <= indexes
     assert old_store.oldest_queued_at() == old_store.get(7).run_at
     assert [j.id for j in old_store.claim_available(5, T0 + 10)] == [7]
 

@@ -56,7 +56,7 @@ def test_a_store_written_by_a_newer_version_is_refused(tmp_path):
         SQLiteStore(path)
 
 
-def test_claim_merges_the_two_queue_order_indexes_without_sorting(tmp_path):
+def test_claim_merges_the_served_pools_queue_order_walks_without_sorting(tmp_path):
     s = SQLiteStore(str(tmp_path / "q.db"))
     s.submit([job() for _ in range(100)], T0)
     c = s._writer()  # claims run on the writing connection
@@ -69,7 +69,7 @@ def test_claim_merges_the_two_queue_order_indexes_without_sorting(tmp_path):
     claim = next(q for q in sql if "state = 'queued'" in q and q.startswith("SELECT"))
     plan = " ".join(str(r) for r in c.execute("EXPLAIN QUERY PLAN " + claim))
     assert "MERGE (UNION ALL)" in plan and "TEMP B-TREE" not in plan  # the two walks merged, not sorted
-    assert "USING INDEX jobs_queued_plain" in plan and "USING INDEX jobs_queued_grouped" in plan
+    assert "USING INDEX jobs_queued_pool_plain (pool=?)" in plan and "USING INDEX jobs_queued_pool_grouped (pool=?)" in plan
     s.close()
 
 
@@ -224,6 +224,8 @@ def test_a_version_1_file_gains_the_pool_column_and_keeps_its_jobs(tmp_path):
     (sub,) = s.submit([job(args=[1])], T0)
     s.close()
     with sqlite3.connect(path) as c:  # what a queickd of schema 1 left behind
+        for name in ("plain", "grouped", "group"):  # the indexes that name the pool came later
+            c.execute(f"DROP INDEX jobs_queued_pool_{name}")
         c.execute("ALTER TABLE jobs DROP COLUMN pool")
         c.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     again = SQLiteStore(path)
@@ -307,3 +309,37 @@ def test_a_job_larger_than_many_pages_comes_back_whole(tmp_path):
     again = SQLiteStore(path)
     assert again.get(sub.job_id).args == big
     again.close()
+
+
+def _claim_steps(s: SQLiteStore, pools: list[str]) -> int:
+    """SQLite's virtual-machine steps (in tens) of one claim: its work, counted, not timed."""
+    c = s._writer()  # claims run on the writing connection
+    steps = [0]
+
+    def count() -> int:
+        steps[0] += 1
+        return 0
+
+    c.set_progress_handler(count, 10)
+    try:
+        s.claim_available(1, T0, pools=pools)
+    finally:
+        c.set_progress_handler(None, 0)
+    return steps[0]
+
+
+@pytest.mark.parametrize("full_group", [False, True], ids=["no full group", "a full group"])
+def test_a_claims_work_does_not_grow_with_the_jobs_and_groups_of_a_pool_it_does_not_serve(tmp_path, full_group):
+    steps = []
+    for parked in (10, 2000):
+        s = SQLiteStore(str(tmp_path / f"q{parked}.db"))
+        s.submit([job(pool="unserved", concurrency_group=f"parked-{i}") for i in range(parked)], T0)
+        if full_group:  # its slot taken, a job of it waiting ahead of every other
+            s.submit([job(concurrency_group="full", concurrency_limit=1)], T0)
+            assert len(s.claim_available(1, T0, pools=["default"])) == 1
+            s.submit([job(concurrency_group="full", concurrency_limit=1, priority=-10)], T0)
+        s.submit([job() for _ in range(5)], T0)
+        s.claim_available(1, T0, pools=["default"])  # the claim after one that met the full group
+        steps.append(_claim_steps(s, ["default"]))
+        s.close()
+    assert steps[1] <= steps[0] * 1.1 + 10, steps

@@ -319,9 +319,22 @@ def _v16(c: sqlite3.Connection) -> None:
     c.execute("UPDATE workflow_runs SET state = '' WHERE state != ''")
 
 
+def _v17(c: sqlite3.Connection) -> None:
+    """The queue-order indexes keyed by pool first (jobs_queued_pool_plain, _grouped,
+    _group in place of jobs_queued_plain, _grouped, _group): a claim walks the pools it
+    serves, each on its own, so jobs waiting in a pool nobody serves, and their groups,
+    cost it nothing. As many index entries per queued job as before."""
+    for name, cols, grouped in (("plain", "pool, priority, run_at, id", "IS NULL"),
+                                ("grouped", "pool, priority, run_at, id", "IS NOT NULL"),
+                                ("group", "pool, concurrency_group, priority, run_at, id", "IS NOT NULL")):
+        c.execute(f"CREATE INDEX IF NOT EXISTS jobs_queued_pool_{name} ON jobs ({cols})"
+                  f" WHERE state = 'queued' AND concurrency_group {grouped}")
+        c.execute(f"DROP INDEX IF EXISTS jobs_queued_{name}")
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
-                                                          _v11, _v12, _v13, _v14, _v15, _v16]
+                                                          _v11, _v12, _v13, _v14, _v15, _v16, _v17]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

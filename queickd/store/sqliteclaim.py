@@ -1,9 +1,13 @@
 """The SQLite store's claim (Store.claim_available): a mixin of SQLiteStore.
 
-The common claim reads the queue's first jobs and starts them when core/policy/claim.py's
-plain() says no rule passes any over; else the selection (claim.Selection) is offered the
-queued jobs in queue order, past the full groups and the used up budgets, in the claim's
-write transaction.
+A claim reads the queued jobs of the pools it serves, each pool walked on its own along
+the pool-first queue-order indexes (sqlite_schema.py, 16) and the walks merged in queue
+order, so jobs waiting in a pool no claimer serves cost it nothing, however many; of the
+keyed jobs it then reads only each key's head (claim.py: the others hold nothing their
+head does not). The common claim reads the first jobs and starts them when
+core/policy/claim.py's plain() says no rule passes any over; else the selection
+(claim.Selection) is offered the jobs in queue order, past the full groups and the used
+up budgets, in the claim's write transaction.
 """
 
 from __future__ import annotations
@@ -18,24 +22,45 @@ from ..core.job import Job
 from ..core.policy import claim
 from . import rows as dbrows
 
-# A claim with full groups reads, in place of the whole queue (queue_order), the queued jobs
-# without a group and those of each other group with a job waiting (found by a skip scan of
-# jobs_queued_group, one seek per group), merged in queue order: what it reads is bounded
-# by the groups, not by the full groups' backlog (sqlite_schema.py, 10). Each stream is an
-# index walk a page at a time, from the head and then after its last row: (priority,
-# run_at) equal and a greater id, then a greater (priority, run_at) (SQLite ranges over
-# the id of such an index only under equal leading columns; a range on all three walks
-# every job of the same run_at).
+# The two queue-order walks of a pool: its jobs without a group and those with one (each
+# queued job is in one of the two).
+_WALKS = (("jobs_queued_pool_plain", "IS NULL"), ("jobs_queued_pool_grouped", "IS NOT NULL"))
+
+# The pools with a job queued, when the claim serves every pool: a skip scan of each walk's
+# index, one seek per pool.
+_WAITING_POOLS = "WITH RECURSIVE " + ", ".join(
+    f"{w} (name) AS (SELECT (SELECT pool FROM jobs INDEXED BY {index} WHERE state = 'queued'"
+    f" AND concurrency_group {grouped} ORDER BY pool LIMIT 1) UNION ALL SELECT (SELECT pool FROM jobs"
+    f" INDEXED BY {index} WHERE state = 'queued' AND concurrency_group {grouped} AND pool > {w}.name"
+    f" ORDER BY pool LIMIT 1) FROM {w} WHERE {w}.name IS NOT NULL)"
+    for w, (index, grouped) in zip(("a", "b"), _WALKS, strict=True)
+) + " SELECT name FROM a WHERE name IS NOT NULL UNION SELECT name FROM b WHERE name IS NOT NULL"
+
+# Of the keyed jobs, their key's head only (its first queued job in queue order, of any
+# pool), for a claim that does not read every pool: a key's head in a pool it does not
+# read, or in a full group, is not seen holding its key (claim.SerialKeys), and the jobs
+# behind it must not start before it. One look along jobs_key per keyed job read.
+_HEAD_OF_KEY = (" AND (key IS NULL OR NOT EXISTS (SELECT 1 FROM jobs e INDEXED BY jobs_key WHERE e.key = jobs.key"
+                " AND e.state = 'queued' AND (e.priority, e.run_at, e.id) < (jobs.priority, jobs.run_at, jobs.id)))")
+
+# A claim with full groups reads, in place of the pool's whole queue, the pool's queued jobs
+# without a group and those of each other group with a job waiting in it (found by a skip
+# scan of jobs_queued_pool_group, one seek per group), merged in queue order: what it reads
+# is bounded by the groups of the pools it serves, not by the full groups' backlog. Each
+# stream is an index walk a page at a time, from the head and then after its last row:
+# (priority, run_at) equal and a greater id, then a greater (priority, run_at) (SQLite
+# ranges over the id of such an index only under equal leading columns; a range on all
+# three walks every job of the same run_at).
 _WAITING_GROUPS = (
-    "WITH RECURSIVE w (name) AS (SELECT (SELECT concurrency_group FROM jobs INDEXED BY jobs_queued_group"
-    " WHERE state = 'queued' AND concurrency_group IS NOT NULL ORDER BY concurrency_group LIMIT 1)"
-    " UNION ALL SELECT (SELECT concurrency_group FROM jobs INDEXED BY jobs_queued_group WHERE state = 'queued'"
-    " AND concurrency_group IS NOT NULL AND concurrency_group > w.name ORDER BY concurrency_group LIMIT 1)"
-    " FROM w WHERE w.name IS NOT NULL) SELECT name FROM w WHERE name IS NOT NULL")
-_STREAMS = (f"SELECT priority, {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued_plain WHERE state = 'queued'"
-            " AND concurrency_group IS NULL{mine}{after} ORDER BY priority, run_at, id LIMIT ?",
-            f"SELECT priority, {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued_group WHERE state = 'queued'"
-            " AND concurrency_group IS NOT NULL AND concurrency_group = ?{mine}{after}"
+    "WITH RECURSIVE w (name) AS (SELECT (SELECT concurrency_group FROM jobs INDEXED BY jobs_queued_pool_group"
+    " WHERE state = 'queued' AND concurrency_group IS NOT NULL AND pool = ?1 ORDER BY concurrency_group LIMIT 1)"
+    " UNION ALL SELECT (SELECT concurrency_group FROM jobs INDEXED BY jobs_queued_pool_group WHERE state = 'queued'"
+    " AND concurrency_group IS NOT NULL AND pool = ?1 AND concurrency_group > w.name ORDER BY concurrency_group"
+    " LIMIT 1) FROM w WHERE w.name IS NOT NULL) SELECT name FROM w WHERE name IS NOT NULL")
+_STREAMS = (f"SELECT priority, {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued_pool_plain WHERE state = 'queued'"
+            " AND concurrency_group IS NULL AND pool = ?{heads}{after} ORDER BY priority, run_at, id LIMIT ?",
+            f"SELECT priority, {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued_pool_group WHERE state = 'queued'"
+            " AND concurrency_group IS NOT NULL AND pool = ? AND concurrency_group = ?{heads}{after}"
             " ORDER BY priority, run_at, id LIMIT ?")
 _SAME_AT, _PAST_AT = " AND priority = ? AND run_at = ? AND id > ?", " AND (priority, run_at) > (?, ?)"
 _POSITION = operator.itemgetter(0, 6, 1)  # (priority, run_at, id) of a stream's row
@@ -58,71 +83,65 @@ def _stream(c: sqlite3.Connection, sql: str, head: tuple, page: int) -> Iterator
 # The full groups' jobs were not read, so a key's head among them was not seen holding its
 # key (claim.SerialKeys): a keyed job chosen behind it must not start before it. Each keyed
 # job chosen is one look along jobs_key.
-_HEADS_ONLY = (" AND (key IS NULL OR NOT EXISTS (SELECT 1 FROM jobs e INDEXED BY jobs_key WHERE e.key = jobs.key"
-               " AND e.state = 'queued' AND (e.priority, e.run_at, e.id) < (jobs.priority, jobs.run_at, jobs.id)))")
+_HEADS_ONLY = _HEAD_OF_KEY
 
 
-def _past_full(c: sqlite3.Connection, mine: str, served: tuple, full: frozenset[str],
+def _past_full(c: sqlite3.Connection, walk: tuple[str, ...], heads: str, full: frozenset[str],
                page: int) -> Iterator[tuple]:
-    """The candidates in queue order, as claim.ROW_COLS, leaving out the jobs of `full`
-    groups (claim.Selection.out_groups)."""
-    plain, grouped = (sql.replace("{mine}", mine) for sql in _STREAMS)
-    streams = [_stream(c, plain, served, page)]
-    streams += [_stream(c, grouped, (g, *served), page)
-                for (g,) in c.execute(_WAITING_GROUPS).fetchall() if g not in full]
+    """The candidates of the pools `walk` in queue order, as claim.ROW_COLS, leaving out
+    the jobs of `full` groups (claim.Selection.out_groups)."""
+    plain, grouped = (sql.replace("{heads}", heads) for sql in _STREAMS)
+    streams = []
+    for pool in walk:
+        streams.append(_stream(c, plain, (pool,), page))
+        streams += [_stream(c, grouped, (pool, g), page)
+                    for (g,) in c.execute(_WAITING_GROUPS, (pool,)).fetchall() if g not in full]
     rows = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=_POSITION)
     return (r[1:] for r in rows)
 
 
 def queue_order(cols: str, where: str = "") -> str:
-    """The queued jobs, `cols` of each (naming priority, run_at and id), for an ORDER BY
-    priority, run_at, id to follow: a compound of the two queue-order indexes, the jobs
-    without a group (jobs_queued_plain) and those with one (jobs_queued_grouped), which
-    SQLite merges walk by walk without sorting (each queued job is in one of the two:
-    sqlite_schema.py, 13). `where`: a further condition on both."""
-    return (f"SELECT {cols} FROM jobs INDEXED BY jobs_queued_plain WHERE state = 'queued'"
-            f" AND concurrency_group IS NULL{where} UNION ALL SELECT {cols} FROM jobs INDEXED BY"
-            f" jobs_queued_grouped WHERE state = 'queued' AND concurrency_group IS NOT NULL{where}")
+    """Every queued job, `cols` of each, in no order: a compound of the pool-first
+    queue-order indexes' walks (each queued job is in one of the two). `where`: a further
+    condition on both."""
+    return " UNION ALL ".join(f"SELECT {cols} FROM jobs INDEXED BY {index} WHERE state = 'queued'"
+                              f" AND concurrency_group {grouped}{where}" for index, grouped in _WALKS)
 
 
-# The claim's first statement: the queue's first jobs (priority, claim.ROW_COLS; `mine`: the
-# pools served, its parameters given once per index walk) and whether anything is paused;
-# _HEADS_TOTALS adds what runs in total (claim.Totals: jobs, the least limit of a grouped
-# one, and with budgets in force their cost units, each at least 0 so that the sum bounds
-# every pool's and group's).
-_HEADS = queue_order(f"priority, {claim.ROW_COLS}, EXISTS (SELECT 1 FROM pauses)", "{mine}") + (
-    " ORDER BY priority, run_at, id LIMIT ?")
+def served_order(cols: str, pools: int, where: str = "") -> str:
+    """The queued jobs of `pools` pools, `cols` of each (naming priority, run_at and id),
+    for an ORDER BY priority, run_at, id to follow: a compound of each pool's two walks
+    (the pool a parameter of each, after those of `cols`), which SQLite merges walk by walk
+    without sorting. `where`: a further condition on each."""
+    return " UNION ALL ".join(f"SELECT {cols} FROM jobs INDEXED BY {index} WHERE state = 'queued'"
+                              f" AND concurrency_group {grouped} AND pool = ?{where}"
+                              for _ in range(pools) for index, grouped in _WALKS)
+
+
+# The claim's first statement: the queue's first jobs (priority, claim.ROW_COLS) and whether
+# anything is paused; _HEADS_TOTALS adds what runs in total (claim.Totals: jobs, the least
+# limit of a grouped one, and with budgets in force their cost units, each at least 0 so
+# that the sum bounds every pool's and group's).
+_HEADS_COLS = f"priority, {claim.ROW_COLS}, EXISTS (SELECT 1 FROM pauses)"
 _RUNNING_IN = "FROM jobs INDEXED BY jobs_running WHERE state = 'running'"
-_HEADS_TOTALS = queue_order(
-    f"priority, {claim.ROW_COLS}, EXISTS (SELECT 1 FROM pauses), (SELECT count(*) {_RUNNING_IN}),"
+_TOTALS_COLS = (
+    f"{_HEADS_COLS}, (SELECT count(*) {_RUNNING_IN}),"
     f" (SELECT min(CASE WHEN concurrency_limit THEN concurrency_limit ELSE 1 END) {_RUNNING_IN}"
     " AND concurrency_group IS NOT NULL),"
-    f" CASE WHEN ? THEN (SELECT total(max(coalesce(cost_units, 1.0), 0.0)) {_RUNNING_IN}) END", "{mine}") + (
-    " ORDER BY priority, run_at, id LIMIT ?")
-
-
-def _mine(pools: int) -> str:
-    """The condition on the queued jobs a claim reads, for `pools` pools served (0: every
-    pool): their own pools' and, as they may hold their key, every keyed job."""
-    return "" if not pools else f" AND (pool IN ({','.join('?' * pools)}) OR key IS NOT NULL)"
-
-
-def _read(served: frozenset[str] | None, out: frozenset[str]) -> tuple[str, tuple[str, ...]]:
-    """The condition on the queued jobs the selection reads, and its parameters: _mine's,
-    less the pools whose budget what runs has used up (`out`, claim.Selection.out_pools;
-    their keyed jobs still come back, as they may hold their key)."""
-    if not out:
-        return _mine(0 if served is None else len(served)), tuple(served or ())
-    if served is None:
-        return f" AND (pool NOT IN ({','.join('?' * len(out))}) OR key IS NOT NULL)", tuple(out)
-    left = tuple(served - out)  # not empty: the caller claims nothing when every pool served is out
-    return _mine(len(left)), left
+    f" CASE WHEN ? THEN (SELECT total(max(coalesce(cost_units, 1.0), 0.0)) {_RUNNING_IN}) END")
+_ORDER = " ORDER BY priority, run_at, id LIMIT ?"
 
 
 @functools.cache
-def _heads_sql(totalled: bool, pools: int) -> str:
-    """The claim's first statement (_HEADS or _HEADS_TOTALS) for `pools` pools served."""
-    return (_HEADS_TOTALS if totalled else _HEADS).replace("{mine}", _mine(pools))
+def _heads_sql(totalled: bool, pools: int, heads: str) -> str:
+    """The claim's first statement for `pools` pools walked (`heads`: the keyed jobs' condition)."""
+    return served_order(_TOTALS_COLS if totalled else _HEADS_COLS, pools, heads) + _ORDER
+
+
+@functools.cache
+def _page_sql(pools: int, heads: str) -> str:
+    """The selection's next page of the queue, for `pools` pools walked."""
+    return served_order(f"priority, {claim.ROW_COLS}", pools, heads) + _ORDER + " OFFSET ?"
 
 
 # What runs (claim.RUNNING_COLS: a handful of rows through the running index), and with it
@@ -150,10 +169,17 @@ class SqliteClaims:
         request = claim.Request(limit, network_up, served, limits, now, frozenset(exclude))
         # Inside the write transaction: SQLite serializes writers, so the selection is exact.
         with self._write(bookkeeping=True) as c:
+            # The pools walked: those served, or every pool with a job queued. A claim that
+            # does not walk every pool reads only the heads of keys (_HEAD_OF_KEY).
+            walk = tuple(sorted(served)) if served is not None else tuple(
+                sorted(r[0] for r in c.execute(_WAITING_POOLS)))
+            if not walk:
+                return []
+            heads_of_keys = "" if served is None else _HEAD_OF_KEY
             if self._full_groups:
                 # The last claim met full groups: this one likely will too, and would read
                 # past them what it read first. The selection at once, as before the heads.
-                return self._select(c, request, self._held(c, now), None)
+                return self._select(c, request, self._held(c, now), None, walk)
             # The common claim (claim.plain): the queue's first jobs and whether anything is
             # paused, in one statement; when no rule applies to them, they start. While
             # budgets are in force, or the last claim met a grouped job, the statement also
@@ -162,9 +188,10 @@ class SqliteClaims:
             # budgets even with all of that in them. Else what runs is read (a handful of
             # rows), and they start if each is within its group and its budgets.
             totalled = limits.any or self._grouped_heads
-            sql = _heads_sql(totalled, 0 if served is None else len(served))
-            walk = (limits.any, *(served or ())) if totalled else tuple(served or ())
-            heads = c.execute(sql, (*walk, *walk, limit)).fetchall()  # the parameters of each index walk
+            sql = _heads_sql(totalled, len(walk), heads_of_keys)
+            # The parameters of each walk: the budgets' flag of its columns, then its pool.
+            params = [v for p in walk for v in ((limits.any, p, limits.any, p) if totalled else (p, p))]
+            heads = c.execute(sql, (*params, limit)).fetchall()
             if not heads:
                 return []
             paused = bool(heads[0][10])
@@ -181,7 +208,7 @@ class SqliteClaims:
                 ids = claim.plain(first, request, False, running)
                 if ids is not None:
                     return self._start(c, ids, now, "")
-            return self._select(c, request, running, first)
+            return self._select(c, request, running, first, walk)
 
     @staticmethod
     def _held(c: sqlite3.Connection, now: float) -> claim.Running:
@@ -193,34 +220,31 @@ class SqliteClaims:
                                      [(r[0], r[1]) for r in held if r[0] != "running" and r[2]])
 
     def _select(self, c: sqlite3.Connection, request: claim.Request, running: claim.Running,
-                first: list[claim.Row] | None) -> list[Job]:
-        """The claim by the selection, offered the queued jobs in queue order (`first`: the
-        heads, read already)."""
+                first: list[claim.Row] | None, walk: tuple[str, ...]) -> list[Job]:
+        """The claim by the selection, offered the queued jobs of the pools `walk` in queue
+        order (`first`: the heads, read already)."""
         pick = claim.Selection(request, running)
-        served, full, out_pools = request.pools, pick.out_groups, pick.out_pools
-        if served is not None and served <= out_pools:
-            return []  # the budget of every pool served is used up: nothing may start
+        full, out_pools = pick.out_groups, pick.out_pools
         page = max(16, request.limit * 2)
-        # Other pools' jobs are passed over inside SQLite, not page by page here (`mine`);
-        # those with a key still come back, as they may hold their key. So are the jobs
-        # the selection leaves out: of groups with every slot taken or whose budget is used
-        # up, of pools whose budget is (they hold nothing but a key).
-        mine, params = _read(served, out_pools)
+        # The pools whose budget what runs has used up are not walked: the selection leaves
+        # their jobs out (they hold nothing but a key, and then only the heads of keys are
+        # read). Nor are other pools', which the selection passes over.
+        left = tuple(p for p in walk if p not in out_pools)
+        if not left:
+            return []  # the budget of every pool walked is used up: nothing may start
+        heads = _HEAD_OF_KEY if request.pools is not None or len(left) < len(walk) else ""
         self._full_groups = bool(full or out_pools)
         if full or out_pools:  # read by group, past the full ones
-            pick.offer_all(map(claim.Row._make, _past_full(c, mine, params, full, page)))
+            pick.offer_all(map(claim.Row._make, _past_full(c, left, heads, full, page)))
         else:  # the heads first if read, then the queue after them a page at a time
             offset, more = 0, True
             if first is not None:
                 pick.offer_all(first)
                 offset = len(first)
                 more = offset == request.limit
+            params = [p for p in left for _ in _WALKS]
             while more and not pick.done:
-                rows = c.execute(
-                    queue_order(f"priority, {claim.ROW_COLS}", mine)
-                    + " ORDER BY priority, run_at, id LIMIT ? OFFSET ?",
-                    (*params, *params, page, offset),
-                ).fetchall()
+                rows = c.execute(_page_sql(len(left), heads), (*params, page, offset)).fetchall()
                 pick.offer_all(claim.Row._make(r[1:]) for r in rows)
                 more = len(rows) == page
                 offset += page
@@ -228,7 +252,7 @@ class SqliteClaims:
             return []
         if pick.probes:
             self._stamp_probes(c, pick.probes)
-        return self._start(c, pick.chosen, request.now, _HEADS_ONLY if full else "")
+        return self._start(c, pick.chosen, request.now, _HEADS_ONLY if full and not heads else "")
 
     @staticmethod
     def _start(c: sqlite3.Connection, ids: list[int], now: float, only: str) -> list[Job]:
