@@ -17,7 +17,7 @@ Nothing here imports psycopg; pgregistry.py runs these statements.
 
 from __future__ import annotations
 
-from . import pgclaimsql, pgpasssql
+from . import pgclaimsql, pgpasssql, pgservedsql
 from .sqlshared import REPAIR_KEY_ORDER
 
 MIGRATE_LOCK = 0x71756963_6B640001  # pg_advisory lock id: "quickd" + 1, held while migrating
@@ -349,6 +349,9 @@ MIGRATIONS: list[str] = [
     INSERT INTO workflow_states (run, state) SELECT id, state FROM workflow_runs ON CONFLICT DO NOTHING;
     UPDATE workflow_runs SET state = '' WHERE state <> '';
     """,
+    # 26: jobs waiting in a pool no claimer serves, and their groups, cost a claim nothing
+    # (pgservedsql.py).
+    pgservedsql.CLAIM_OF_SERVED_POOLS,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
