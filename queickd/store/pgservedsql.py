@@ -10,12 +10,16 @@ from . import pgclaimsql, pgpasssql
 
 # "Must the selection claim?" asked of the pools served only: a grouped job waiting in a
 # pool nobody here serves is no reason to leave the fast path. One descent of
-# jobs_queued_pool_group per pool served (every pool: NULL, as before).
+# jobs_queued_pool_group per pool served (every pool: NULL, as before). The plan is made
+# once per session, perhaps on the empty table of a new store, where every plan costs
+# alike: a join with the pools' array was then a hash of every grouped job waiting, and a
+# `pool = ANY` a walk of jobs_queued. In queue order of groups within the pool, which only
+# that index gives (sorts are off), it is that index's.
 _ANY_GROUPED = "EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL)"
 _SERVED_GROUPED = (
     f"(CASE WHEN p_pools IS NULL THEN {_ANY_GROUPED} ELSE EXISTS (SELECT 1 FROM unnest(p_pools) s (name)"
-    " WHERE EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL"
-    " AND q.pool = s.name)) END)")
+    " CROSS JOIN LATERAL (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL"
+    " AND q.pool = s.name ORDER BY q.concurrency_group LIMIT 1) x) END)")
 
 # The view's first page: the selection's page reader from the head of the queue (it read
 # every queued job in queue order, walking past other pools' jobs one by one).
