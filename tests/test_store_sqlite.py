@@ -311,23 +311,6 @@ def test_a_job_larger_than_many_pages_comes_back_whole(tmp_path):
     again.close()
 
 
-def _claim_steps(s: SQLiteStore, pools: list[str]) -> int:
-    """SQLite's virtual-machine steps (in tens) of one claim: its work, counted, not timed."""
-    c = s._writer()  # claims run on the writing connection
-    steps = [0]
-
-    def count() -> int:
-        steps[0] += 1
-        return 0
-
-    c.set_progress_handler(count, 10)
-    try:
-        s.claim_available(1, T0, pools=pools)
-    finally:
-        c.set_progress_handler(None, 0)
-    return steps[0]
-
-
 @pytest.mark.parametrize("full_group", [False, True], ids=["no full group", "a full group"])
 def test_a_claims_work_does_not_grow_with_the_jobs_and_groups_of_a_pool_it_does_not_serve(tmp_path, full_group):
     steps = []
@@ -340,6 +323,6 @@ def test_a_claims_work_does_not_grow_with_the_jobs_and_groups_of_a_pool_it_does_
             s.submit([job(concurrency_group="full", concurrency_limit=1, priority=-10)], T0)
         s.submit([job() for _ in range(5)], T0)
         s.claim_available(1, T0, pools=["default"])  # the claim after one that met the full group
-        steps.append(_claim_steps(s, ["default"]))
+        steps.append(_claim_steps(s, 1, T0, pools=["default"])[1])
         s.close()
     assert steps[1] <= steps[0] * 1.1 + 10, steps
