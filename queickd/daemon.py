@@ -196,7 +196,7 @@ class Daemon:
                                limits=resources.limits,
                                memory=memory,
                                on_deferred=lambda at: self.scheduler.wake_at(at, "set_aside"),
-                               size=pool_size(c, self.clock), runner=self.runner)
+                               size=pool_size(c, self.clock), runner=self.runner, async_jobs=c.async_jobs)
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep,
                                    on_sweep=self._on_sweep, timers={"events": self._deliver_events,
                                                                     "probes": self._probes_due,

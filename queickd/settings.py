@@ -29,6 +29,7 @@ DEFAULT_HELLO_TIMEOUT = 10.0  # seconds to send a first line (to authenticate, w
 DEFAULT_MAX_PENDING = 256  # replies owed on one connection before reading pauses
 DEFAULT_HTTP_PORT = 9998  # --http alone: 127.0.0.1 on this port
 DEFAULT_WORKERS = 4
+DEFAULT_ASYNC_JOBS = 100  # async jobs run at once on the event loop, besides the worker threads
 DEFAULT_SWEEP = 60.0  # seconds between safety sweeps when nothing wakes the pool
 DEFAULT_IDLE_GRACE = 60.0  # seconds the queue is quiet before an adaptive pool shrinks
 DEFAULT_INTERVAL = 1.0  # seconds between network checks
@@ -94,6 +95,7 @@ class Config:
     memory_root: str = "/"  # where /proc and /sys/fs/cgroup are read (tests point it elsewhere)
     min_workers: int | None = None  # adaptive pool bounds (None: --workers, a fixed size)
     max_workers: int | None = None
+    async_jobs: int = DEFAULT_ASYNC_JOBS  # async jobs at once on the event loop, beside the threads
     idle_grace: float = DEFAULT_IDLE_GRACE  # seconds the queue is quiet before the pool shrinks
     isolation: str = sandbox.THREAD  # where jobs run unless they or their function say otherwise
     timeout: float | None = None  # limits for every job (each one sends jobs to processes)
@@ -153,6 +155,7 @@ class WorkerConfig:
     memory_root: str = "/"
     min_workers: int | None = None
     max_workers: int | None = None
+    async_jobs: int = DEFAULT_ASYNC_JOBS  # async jobs at once on the event loop, beside the threads
     idle_grace: float = DEFAULT_IDLE_GRACE
     budgets: dict = field(default_factory=dict)  # [budgets.pools] / [budgets.groups] of --config
     budget_patience: float = DEFAULT_BUDGET_PATIENCE
@@ -172,6 +175,8 @@ def check_shared(config: Config | WorkerConfig) -> None:
     daemon.validate and workerproc.validate. Raises ValueError naming the setting."""
     if config.pause_after < 0 or not config.pause_cooldown > 0:
         raise ValueError("pause_after must not be negative (0: off), pause_cooldown must be positive")
+    if config.async_jobs < 0:
+        raise ValueError("async_jobs must be 0 or more (0: async jobs take worker threads)")
     if not os.path.isdir(config.app_dir):
         raise ValueError(f"app directory {config.app_dir!r} does not exist")
     if config.job_user is not None:

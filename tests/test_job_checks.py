@@ -1,8 +1,7 @@
-"""What enqueue tells of a job that cannot run, against real daemons: an `async def` is
-refused (async jobs are not awaited yet) and a run that returns an awaitable fails; a
-function its module does not define is refused (reload-aware), and the deaths of jobs whose
-function went missing do not pause it; a job for a pool no live worker serves is accepted
-with a warning."""
+"""What enqueue tells of a job that cannot run, against real daemons: a function its
+module does not define is refused (reload-aware), and the deaths of jobs whose function
+went missing do not pause it; a job for a pool no live worker serves is accepted with a
+warning. (Async jobs run: tests/test_async_jobs.py.)"""
 
 from __future__ import annotations
 
@@ -24,29 +23,6 @@ def refused(q, func, code):
         q.enqueue(func, [1, 2])
     assert info.value.code == code
     return info.value.message
-
-
-# --- async def ----------------------------------------------------------------------------------
-
-
-def test_enqueue_refuses_a_coroutine_function(daemon):
-    with daemon.client() as q:
-        message = refused(q, "asyncjobs:aadd", Code.BAD_REQUEST)
-        assert "asyncjobs:aadd is an async def" in message and "async jobs" in message
-        assert q.jobs() == []
-
-
-@pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_a_returned_awaitable_fails_the_run(start_daemon, isolation):
-    d = start_daemon(None, "--isolation", isolation)
-    with d.client() as q:
-        job = q.wait(q.enqueue("asyncjobs:returns_a_coroutine", [1, 2]), 20)
-    assert job["state"] == State.DEAD and job["attempts"] == 1 and job["result"] is None
-    assert job["error"]["type"] == "async_unsupported"
-    assert "coroutine aadd()" in job["error"]["message"] and "not run" in job["error"]["message"]
-    d.terminate()
-    assert not any("never awaited" in line for line in d.lines)
-    assert "never awaited" not in (job.get("output") or "")
 
 
 # --- a function the module does not define ------------------------------------------------------

@@ -255,23 +255,10 @@ def test_check_accepts_a_name_the_source_may_bind_out_of_sight(mods, source):
     FunctionLoader(str(mods.app_dir)).check(f"{name}:g")
 
 
-def test_check_refuses_an_async_def_of_a_module_not_imported(mods):
+def test_check_accepts_an_async_def_without_importing_it(mods):
     name = mods.write("async def a():\n    return 1\n")
-    with pytest.raises(QueueError) as info:
-        FunctionLoader(str(mods.app_dir)).check(f"{name}:a")
-    assert info.value.code == Code.BAD_REQUEST and "async" in info.value.message
+    FunctionLoader(str(mods.app_dir)).check(f"{name}:a")  # async jobs run: nothing to refuse
     assert name not in sys.modules
-
-
-def test_check_refuses_an_async_def_of_an_imported_module(mods):
-    name = mods.write("import functools\n\n\n@functools.wraps(print)\nasync def a():\n    return 1\n")
-    loader = FunctionLoader(str(mods.app_dir))
-    loader.check(f"{name}:a")  # decorated, not imported: cannot tell
-    importlib.import_module(name)
-    loader.reload()
-    with pytest.raises(QueueError) as info:
-        loader.check(f"{name}:a")
-    assert info.value.code == Code.BAD_REQUEST
 
 
 def test_check_finds_a_function_added_to_a_module_not_imported_once_its_file_changes(mods):

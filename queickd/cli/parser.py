@@ -15,7 +15,7 @@ from .. import config as config_file
 from ..core import sandbox
 from ..core.job import State
 from ..core.retry import POLICIES
-from ..settings import DEFAULT_HTTP_PORT, EX_VERSION, WORKFLOW_BUDGETS
+from ..settings import DEFAULT_ASYNC_JOBS, DEFAULT_HTTP_PORT, EX_VERSION, WORKFLOW_BUDGETS
 from . import dbparser, ops, queickflags
 from . import jobs as jobs_cmd
 from .options import (
@@ -117,6 +117,8 @@ def _size_flags(p: argparse.ArgumentParser, grace: float) -> None:
          "(default: --workers)", None, type=int)
     opt(p, "--idle-grace", "adaptive pool: seconds of a quiet queue before it shrinks by one",
          grace, type=duration)
+    opt(p, "--async-jobs", "async jobs (async def) run at once on the event loop, beside the worker "
+         "threads (0: each takes a worker thread)", DEFAULT_ASYNC_JOBS, type=int)
 
 
 def _memory_flags(p: argparse.ArgumentParser, reserve: float) -> None:

@@ -10,20 +10,17 @@ import inspect
 import math
 from typing import Any
 
-from ..core.fate import error_info, is_network_error, is_resource_exhaustion, storable_result
+from ..core.fate import CANCELLED, error_info, is_network_error, is_resource_exhaustion, storable_result
 from .base import RunReport
 
 MAX_TEXT = 16 * 1024  # characters of a process run's error message (and traceback) kept
-# Jobs are called, never awaited (yet): a coroutine function is refused at enqueue where the
-# loader can tell (run/definitions.py), and a run that returned an awaitable fails here.
-# Running them instead changes succeeded() and the loader's coroutine refusal alone.
-ASYNC_UNSUPPORTED = "async_unsupported"  # the error type of such a run
-ASYNC_HINT = ("queickd does not run async jobs yet; make the job a plain def "
-              "(one that calls asyncio.run(...) if it must await)")
+# An awaitable a job's call gives is awaited by its runner (run/aio.py) before its report is
+# made; one that still reaches succeeded() is a runner's slip, failed here, never stored.
+UNAWAITED = "unawaited"  # the error type of such a run
 
 
 def succeeded(value: Any, runtime: float) -> RunReport:
-    """The report of a call that returned `value`; a returned awaitable is no success."""
+    """The report of a call that returned `value`; an awaitable is no result."""
     if awaitable(value):
         return unawaited(value, runtime)
     return RunReport(True, storable_result(value), runtime=runtime)
@@ -37,18 +34,33 @@ def awaitable(value: Any) -> bool:
 
 
 def unawaited(value: Any, runtime: float) -> RunReport:
-    """A run whose call returned an awaitable (an async def's coroutine): a permanent
-    failure, its coroutine closed unrun (no "never awaited" warning in the log)."""
+    """A run that ended with an awaitable not awaited: a permanent failure, its coroutine
+    closed unrun (no "never awaited" warning in the log)."""
     close = getattr(value, "close", None)
     if callable(close):
         try:
             close()
-        except Exception:  # a foreign awaitable's close(): the refusal stands
+        except Exception:  # a foreign awaitable's close(): the failure stands
             pass
     name = getattr(value, "__qualname__", None)
     what = f"{type(value).__name__} {name}()" if isinstance(name, str) else type(value).__name__
-    return RunReport(False, None, ASYNC_UNSUPPORTED, f"the job returned an awaitable ({what}), which was "
-                     f"not run: {ASYNC_HINT}", None, permanent=True, runtime=runtime)
+    return RunReport(False, None, UNAWAITED, f"the job's run ended with an awaitable ({what}) that was "
+                     "not awaited; it is not stored as a result", None, permanent=True, runtime=runtime)
+
+
+def stopped(why: str, error: BaseException | None, runtime: float, timeout: float | None, how: str) -> RunReport:
+    """The report of a run told to stop (`why`: fate.CANCELLED or "timeout") that has ended,
+    for a thread's run and an async task's alike; `how` says how it was stopped."""
+    report = failed(error, runtime) if error is not None else RunReport(False, runtime=runtime)
+    if why == CANCELLED:
+        report.error_type, report.error_message = CANCELLED, "cancelled by an operator while it ran"
+        return report
+    report.error_type = why
+    report.error_message = (f"the job ran past its timeout of {timeout or 0:g} s and {how} "
+                            f"(it ended after {runtime:.1f} s)")
+    report.permanent = report.network = report.resource = False
+    report.retry_after = None
+    return report
 
 
 def failed(exc: BaseException, runtime: float) -> RunReport:

@@ -204,14 +204,14 @@ def run(req: dict[str, Any], out_fd: int, rep_fd: int, fn: Callable[..., Any]) -
                 context.set_job(context.CurrentJob(*req.get("job") or (None, None, None), req.get("workflow_key"),
                                                    None if not ticks else (ticks[0], ticks[1])))
                 value = fn(*req["args"], **req["kwargs"])
+                if capture.awaitable(value):  # an async job: awaited on a loop of its own
+                    from .aio import awaited  # asyncio's import is paid by async jobs only
+
+                    value = awaited(value)
             except BaseException as e:  # the job's SystemExit too: it is the report
                 report = capture.failed(e, time.monotonic() - began)
             else:
-                runtime = time.monotonic() - began
-                if capture.awaitable(value):  # as a thread run is judged: a failure, not run
-                    report = capture.unawaited(value, runtime)
-                else:
-                    report = RunReport(True, None, runtime=runtime)
+                report = RunReport(True, None, runtime=time.monotonic() - began)
             report = _judge(report, value, req["max_result"])
         for stream in (sys.stdout, sys.stderr):
             try:

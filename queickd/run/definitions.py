@@ -7,31 +7,26 @@ module not imported here is located on disk (the app directory's packages are wa
 PathFinder, which imports nothing) and its source read. A source can bind a name in ways
 no reading follows (`globals()[...]`, `setattr`, a star import, a module `__getattr__`), so
 a name is called missing only when it appears nowhere in the source, not even in a string
-or a comment, and the source has no star import nor __getattr__; else the run decides. An
-`async def` is told by an `ast` parse, made only for a name the text shows so defined.
+or a comment, and the source has no star import nor __getattr__; else the run decides.
 Pure apart from reading the file; safe from any thread.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib.machinery
-import inspect
 import os
 import re
 from enum import Enum
 
 
 class Defined(Enum):
-    FUNCTION = "function"  # there, and not a coroutine function as far as can be told
-    COROUTINE = "coroutine"  # an `async def`: its call returns a coroutine
+    FUNCTION = "function"  # there (a plain function or an async def: both run)
     MISSING = "missing"  # the module does not define it
     UNKNOWN = "unknown"  # the module cannot be read, or binds names in ways a parse cannot follow
 
 
 class Source:
-    """A module's source as read once: the text, searched per name; parsed with `ast`
-    only for a name it may define with `async def` (a parse costs milliseconds, once)."""
+    """A module's source as read once: the text, searched per name."""
 
     def __init__(self, text: bytes, path: str, stamp: tuple[int, int] = (0, 0)) -> None:
         self.text = text
@@ -39,7 +34,6 @@ class Source:
         self.stamp = stamp  # the file's (mtime_ns, size) when read: a changed file is read again
         # Names bound out of sight of the text: a star import, a module __getattr__.
         self.opaque = _OPAQUE.search(text) is not None
-        self._plain_async: frozenset[str] | None = None
 
     def mentions(self, name: str) -> bool:
         """Whether `name` occurs in the source at all: as a word, in a string, a comment."""
@@ -57,12 +51,6 @@ class Source:
             return True
         return (st.st_mtime_ns, st.st_size) != self.stamp
 
-    def plain_async(self) -> frozenset[str]:
-        """Its undecorated top-level `async def`s bound nowhere else."""
-        if self._plain_async is None:
-            self._plain_async = _plain_async(self.text, self.path)
-        return self._plain_async
-
 
 _OPAQUE = re.compile(rb"import\s*\*|\b__getattr__\b")
 
@@ -70,12 +58,12 @@ _OPAQUE = re.compile(rb"import\s*\*|\b__getattr__\b")
 def in_module(module: object, name: str) -> Defined:
     """What `name` is in an imported module (its __getattr__, if it has one, runs)."""
     try:
-        fn = getattr(module, name)
+        getattr(module, name)
     except AttributeError:
         return Defined.MISSING
     except Exception:  # a module __getattr__ that fails some other way: the run will say
         return Defined.UNKNOWN
-    return Defined.COROUTINE if inspect.iscoroutinefunction(fn) else Defined.FUNCTION
+    return Defined.FUNCTION
 
 
 def source_file(module: str, app_dir: str) -> str | None:
@@ -108,33 +96,9 @@ def read(path: str) -> Source | None:
         return None
 
 
-def _plain_async(text: bytes, path: str) -> frozenset[str]:
-    try:
-        tree = ast.parse(text, path)
-    except (SyntaxError, ValueError):  # its import will say so
-        return frozenset()
-    bound: dict[str, int] = {}  # name -> places that bind it (defs, assignments, imports, globals)
-    for node in ast.walk(tree):
-        names: list[str] = []
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names = [node.name]
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
-            names = [node.id]
-        elif isinstance(node, ast.alias):
-            names = [(node.asname or node.name).split(".")[0]]
-        elif isinstance(node, ast.Global | ast.Nonlocal):
-            names = list(node.names)
-        for n in names:
-            bound[n] = bound.get(n, 0) + 1
-    return frozenset(n.name for n in tree.body if isinstance(n, ast.AsyncFunctionDef) and not n.decorator_list
-                     and bound.get(n.name) == 1)
-
-
 def in_source(source: Source | None, name: str) -> Defined:
     if source is None:
         return Defined.UNKNOWN
     if not source.mentions(name):
         return Defined.UNKNOWN if source.opaque else Defined.MISSING
-    if re.search(rb"async\s+def\s+" + re.escape(name.encode("utf-8")) + rb"\s*\(", source.text) is None:
-        return Defined.UNKNOWN
-    return Defined.COROUTINE if name in source.plain_async() else Defined.UNKNOWN
+    return Defined.UNKNOWN

@@ -13,8 +13,8 @@ hides the real one from this process, queickd included. Such a module cannot run
 and the daemon starts regardless (it logs them once).
 
 check() also refuses, where it can tell, a function the module does not define
-(not_found) and an `async def` (bad_request: jobs are not awaited yet), from the imported
-module or else from its source read without running it (run/definitions.py).
+(not_found), from the imported module or else from its source read without running it
+(run/definitions.py). An `async def` is a job like any other (its runner awaits it).
 
 Code is picked up when a module is first imported, and again on `reload()` (the daemon's
 SIGHUP): every module imported from the app directory is imported afresh into a new
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.protocol import Code, QueueError
-from . import capture, definitions
+from . import definitions
 
 log = logging.getLogger("queickd.loader")
 
@@ -140,10 +140,10 @@ class FunctionLoader:
     def check(self, func: str) -> None:
         """Raise QueueError unless `func` ('module:function') may run: not_allowed outside
         the app directory and --allow, or for an app module named like a standard or installed
-        one; not_found for a function its module does not define and bad_request for an
-        `async def`, where that can be told without running code (see the module docstring).
-        Cached per name until reload(); a not_found from a module not imported here is
-        looked at again once its file changed, as the zygote then imports the new one."""
+        one; not_found for a function its module does not define, where that can be told
+        without running code (see the module docstring). Cached per name until reload(); a
+        not_found from a module not imported here is looked at again once its file changed,
+        as the zygote then imports the new one."""
         cached = self._checked.get(func, False)
         if cached is not None and cached is not False and cached.code == Code.NOT_FOUND and self._source_changed(func):
             cached = False  # a refusal only: one stat on a path that refuses anyway
@@ -165,8 +165,6 @@ class FunctionLoader:
             found = self._defined(module, name)
         if found is definitions.Defined.MISSING:
             return QueueError(Code.NOT_FOUND, _missing(module, name))
-        if found is definitions.Defined.COROUTINE:
-            return QueueError(Code.BAD_REQUEST, f"{func} is an async def: {capture.ASYNC_HINT}")
         return None
 
     def _allowance(self, func: str) -> QueueError | None:
@@ -256,8 +254,7 @@ class FunctionLoader:
     def resolve(self, func: str) -> Callable[..., Any]:
         """Import and return the function. Raises QueueError (not_allowed, not_found: the
         module defines no such function), ImportError or another error of the module's
-        import (the caller records those as the job's error). An async def resolves: its
-        run is refused (run/capture.py), as is any call that returns an awaitable."""
+        import (the caller records those as the job's error)."""
         fn = self._funcs.get(func)
         if fn is None:
             refusal = self._allowance(func)
@@ -277,6 +274,12 @@ class FunctionLoader:
                                  f"(it comes from {getattr(fn, '__module__', '?')})")
             self._funcs[func] = fn
         return fn
+
+
+    def cached(self, func: str) -> Callable[..., Any] | None:
+        """The function as resolve() returned it last (until reload()), or None: no import,
+        no check. For a look at what a function is where an import must not happen."""
+        return self._funcs.get(func)
 
 
 def _missing(module: str, name: str) -> str:

@@ -18,18 +18,19 @@ RSS growth over the call as an estimate of its peak (`peak_estimated`; two reads
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ..core.fate import CANCELLED
 from ..core.job import Job
 from ..core.protocol import QueueError
 from . import capture, context
+from .aio import LoopRunner
 from .base import RunReport
-from .interrupt import TIMEOUT, JobInterrupted, Stops, ThreadRun
+from .interrupt import JobInterrupted, Stops, ThreadRun
 from .loader import FunctionLoader
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -58,6 +59,7 @@ class ThreadRunner:
         self.loader = loader
         self.measure = measure
         self.stops = Stops()
+        self.loop = LoopRunner()  # awaits async jobs: run/aio.py
 
     def run(self, job: Job, timeout: float | None = None) -> RunReport:
         """Run the job here; `timeout` (seconds): interrupt it once that has passed."""
@@ -78,6 +80,8 @@ class ThreadRunner:
             return capture.refused(e.code, e.message, time.monotonic() - began)
         except BaseException as e:
             return capture.failed(e, time.monotonic() - began)
+        if inspect.iscoroutinefunction(fn):  # its coroutine is awaited on the loop; this thread waits
+            return self.loop.run(job, lambda: fn(*job.args, **job.kwargs), timeout, began)
         stops = self.stops
         # Also what queickd.current_job(), workflow_key(), cron_tick() and cron_last_tick() read.
         run = ThreadRun(job.id, job.attempts, timeout, began,
@@ -107,27 +111,38 @@ class ThreadRunner:
                 stops.leave(run)
         context.reset_job(token)
         runtime = time.monotonic() - began
-        if run.why == CANCELLED:
-            report = capture.failed(error, runtime) if error is not None else RunReport(False, runtime=runtime)
-            report.error_type, report.error_message = CANCELLED, "cancelled by an operator while it ran"
-            return report
-        if run.why == TIMEOUT:
-            report = capture.failed(error, runtime) if error is not None else RunReport(False, runtime=runtime)
-            report.error_type = TIMEOUT
-            report.error_message = (f"the job ran past its timeout of {timeout:g} s and was interrupted "
-                                    f"in its thread (its call returned after {runtime:.1f} s)")
-            report.permanent = report.network = report.resource = False
-            report.retry_after = None
-            return report
+        if run.why is not None:
+            return capture.stopped(run.why, error, runtime, timeout, "was interrupted in its thread")
         if error is not None:
             return capture.failed(error, runtime)
+        if capture.awaitable(value):  # a plain function's awaitable: awaited, this thread waiting
+            return self.loop.run(job, lambda: value, timeout, began)
         return capture.succeeded(value, runtime)
+
+    def start_on_loop(self, job: Job, timeout: float | None, done: Callable[[RunReport], None],
+                      resolve: bool = False) -> bool:
+        """Start the job as a task of the event loop, taking no thread, when its function is
+        an async def; `done` gets its report on the loop's thread. Without `resolve` only a
+        function resolved before is told (no import); with it, the function is imported
+        here. False: run it in a worker thread instead (run() reports any error)."""
+        if resolve:
+            try:
+                fn = self.loader.resolve(job.func)
+            except BaseException:  # run() reports it
+                return False
+        else:
+            fn = self.loader.cached(job.func)
+        if fn is None or not inspect.iscoroutinefunction(fn):
+            return False
+        self.loop.start(job, lambda: fn(*job.args, **job.kwargs), timeout, done)
+        return True
 
     def cancel(self, job_id: int) -> None:
         """Runner.cancel: JobInterrupted is raised in the thread running the job (again
         every second until its call returns; a call blocked in C returns first)."""
-        self.stops.cancel(job_id)
+        if not self.stops.cancel(job_id):
+            self.loop.cancel(job_id)
 
     def stopping(self) -> frozenset[int]:
         """Runner.stopping: the jobs timed out or cancelled whose call has not returned."""
-        return self.stops.stopping()
+        return self.stops.stopping() | self.loop.stopping()

@@ -19,8 +19,8 @@ log = logging.getLogger("queickd.worker")
 def run_job(runner: Runner, job: Job, clock: Callable[[], float], network_checker: Callable[[], bool],
             network_up: Callable[[], bool] = lambda: False,
             arguments: Callable[[Job], Job] | None = None) -> tuple[Outcome, float, RunReport | None]:
-    """Run `job` -> (its outcome, its runtime, the runner's report; None if running or
-    deciding failed). The clock and the network checker's state are read on failure only.
+    """Run `job` -> (its outcome, its runtime, the runner's report; None if the runner
+    failed). The clock and the network checker's state are read on failure only.
     `arguments` completes what the job is called with first (step_state: the run's state
     of a workflow step job stored without it); when that fails the job does not start
     (see _completed)."""
@@ -29,17 +29,29 @@ def run_job(runner: Runner, job: Job, clock: Callable[[], float], network_checke
         called, report = _completed(job, arguments)
         if report is None:
             report = runner.run(called)
+    except BaseException as e:  # the runner itself failed: the job must still leave `running`
+        return _logged(job, _undecided(job, e), 0.0), 0.0, None
+    outcome, runtime = judge(job, report, clock, network_checker, network_up)
+    return outcome, runtime, report
+
+
+def judge(job: Job, report: RunReport, clock: Callable[[], float], network_checker: Callable[[], bool],
+          network_up: Callable[[], bool] = lambda: False) -> tuple[Outcome, float]:
+    """The outcome core.fate decides for a run that ended with `report`, and its runtime
+    (logged when the job did not succeed). For a run the worker thread did not make
+    itself too (an async job's, on the event loop's thread): it never blocks."""
+    try:
         if report.ok:
             outcome = fate.after_success(job, report)
         else:
             checker = network_checker()
             outcome = fate.after_failure(job, report, clock(), checker, network_up=checker and network_up())
-        runtime = report.runtime
     except BaseException as e:  # deciding itself failed: the job must still leave `running`
-        runtime = report.runtime if report is not None else 0.0
-        outcome = Outcome.dead(job.id, {"type": type(e).__name__,
-                                        "message": "queickd could not record this job's outcome"},
-                               job.workflow_run)
+        outcome = _undecided(job, e)
+    return _logged(job, outcome, report.runtime), report.runtime
+
+
+def _logged(job: Job, outcome: Outcome, runtime: float) -> Outcome:
     if outcome.state == State.CANCELLED:
         log.info("job %d %s cancelled: its run ended %.1f s after it began (attempt %d/%d)", job.id, job.func,
                  runtime, job.attempts, job.max_attempts)
@@ -48,7 +60,12 @@ def run_job(runner: Runner, job: Job, clock: Callable[[], float], network_checke
             "job %d %s failed (attempt %d/%d): %s: %s -> %s", job.id, job.func, job.attempts,
             job.max_attempts, outcome.error["type"], outcome.error["message"], outcome.state,
         )
-    return outcome, runtime, report
+    return outcome
+
+
+def _undecided(job: Job, e: BaseException) -> Outcome:
+    return Outcome.dead(job.id, {"type": type(e).__name__, "message": "queickd could not record this job's outcome"},
+                        job.workflow_run)
 
 
 def _completed(job: Job, arguments: Callable[[Job], Job] | None) -> tuple[Job, RunReport | None]:

@@ -11,7 +11,17 @@ memory sent back.
 A job sent back for want of memory goes back to `queued`, where it waited: its place in the
 queue and at the head of its serial key kept (its key's later jobs wait behind it). This
 pool sets it aside (`_set_aside`: id -> until when) and its claims pass it over until
-then; another host's pool, with room of its own, may take it at once."""
+then; another host's pool, with room of its own, may take it at once.
+
+Async jobs have room of their own: up to `async_jobs` of the held jobs run as tasks of the
+runner's event loop (`_on_loop`), taking no worker thread. A claim still asks for no more
+jobs than there are free worker threads, so a sync job claimed always has a thread; an
+async one claimed (its function known as an async def: run.thread.ThreadRunner
+.start_on_loop) goes to the loop instead and leaves its thread free, and the pass that
+moved one asks for another pass at once (async jobs waiting are claimed a thread count at
+a time). The claim cannot tell an async job before it has claimed it: a claim sized to the
+async room could take sync jobs with no thread to run them, which would then wait in
+memory, held from every other worker."""
 
 from __future__ import annotations
 
@@ -23,12 +33,14 @@ from dataclasses import dataclass, field
 
 from ..core.job import Job, Outcome, State
 from ..core.policy.claim import Limits
+from ..run.base import Runner, RunReport
 from ..store import Store
 from ..store.records import Finished, Minute
 from .memory_gate import MemoryGate
 from .outcomes import log_pauses, store_one_by_one
 from .pool_size import PoolSize
 from .run_counts import RunCounts
+from .step_state import needs_state
 
 log = logging.getLogger("queickd.worker")
 
@@ -61,6 +73,8 @@ class PassStore:
     _done: queue.SimpleQueue[tuple[Outcome, int]]
     _unapplied: list[Outcome]
     _held: dict[int, int]
+    async_jobs: int
+    _on_loop: set[int]
     _cancelled: set[int]
     _cancel_lock: threading.Lock
     _set_aside: dict[int, float]
@@ -83,11 +97,24 @@ class PassStore:
     _on_finished: Callable[[list[Outcome]], None]
     _can_grow: Callable[..., bool]
     _add_thread: Callable[[], None]
+    _ran_on_loop: Callable[[Job, RunReport], None]
+    runner: Runner
 
     @property
     def _busy(self) -> int:
         """Jobs claimed and not yet finished in the store: the ones held."""
         return len(self._held)
+
+    @property
+    def _threads_busy(self) -> int:
+        """Held jobs that take a worker thread: all but those on the event loop."""
+        return len(self._held) - len(self._on_loop)
+
+    def _free_threads(self, unapplied: list[Outcome]) -> int:
+        """Worker threads free once these outcomes are stored (their jobs still held)."""
+        on_loop = self._on_loop
+        ending = len(unapplied) if not on_loop else sum(1 for o in unapplied if o.job_id not in on_loop)
+        return self.workers - self._threads_busy + ending
 
     def _aside(self, now: float) -> frozenset[int]:
         """The jobs set aside until a moment still ahead (those whose time has come dropped)."""
@@ -113,7 +140,7 @@ class PassStore:
                 or (self._set_aside and self._aside(self._clock()))):  # the one call sets nothing aside
             return False
         unapplied = self._take_outcomes()
-        free = self.workers - self._busy + len(unapplied)
+        free = self._free_threads(unapplied)
         ask = free + 1 if self._can_grow() else free
         if self._stopping or self._draining:
             ask = 0
@@ -172,7 +199,7 @@ class PassStore:
         if unapplied:
             p.report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after,
                                                     self._pause_cooldown)
-        p.free = self.workers - self._busy + len(unapplied)
+        p.free = self._free_threads(unapplied)
         # One job more than the free workers when the pool may grow: getting it is the
         # sign that work waits with every worker busy (no polling for it).
         ask = p.free + 1 if self._can_grow() else p.free
@@ -213,9 +240,15 @@ class PassStore:
         # The claimed jobs are held and queued before anything here that may fail: they are
         # running in the store, and nothing else would ever run them (a job finished by this
         # pass may be among them again: a retry due at once, hence after the line above).
+        to_loop = False
         for job in claimed:
             self._held[job.id] = job.attempts
-            self._runq.put(job)
+            if len(self._on_loop) < self.async_jobs and self._started_on_loop(job):
+                to_loop = True
+            else:
+                self._runq.put(job)
+        if to_loop:
+            self._wake.set()  # its thread is free again: claim for it (more async jobs may wait)
         if finished:
             self._after_finish(finished, p.report)
         if claimed and self.size is not None:
@@ -229,7 +262,7 @@ class PassStore:
             self._drained.set()
         if p.deferred_at is not None:
             self._on_deferred(p.deferred_at)
-        if self._asked_while_full and self._busy < self.workers:
+        if self._asked_while_full and self._threads_busy < self.workers:
             # Work was announced while this pass held every slot, perhaps after its claim:
             # a slot freed by any outcome (a cancelled run's, which the store ignores, too)
             # must lead to a look, or that work waits for the safety sweep.
@@ -239,12 +272,31 @@ class PassStore:
             return True
         return False
 
+    def _started_on_loop(self, job: Job, resolve: bool = False) -> bool:
+        """Start a held job on the runner's event loop if it is an async job that may run
+        there (a step job still to read its run's state takes a thread: that read blocks).
+        `resolve`: import its function to tell (a worker thread's call; a pass tells only
+        from the functions resolved before). A set's add is atomic: a pass that reads
+        _on_loop meanwhile counts the job's thread busy or free, and claims for it later."""
+        start = getattr(self.runner, "start_on_loop", None)
+        if start is None or needs_state(job):
+            return False
+        self._on_loop.add(job.id)
+        try:
+            if start(job, lambda report, job=job: self._ran_on_loop(job, report), resolve):
+                return True
+        except Exception:  # a worker thread runs it instead, which awaits it as well
+            log.exception("job %d: could not start it on the event loop", job.id)
+        self._on_loop.discard(job.id)
+        return False
+
     def _release(self, job_ids: Iterable[int]) -> None:
         """Jobs finished in the store: no longer held (nor cancelled while held)."""
         with self._cancel_lock:
             for job_id in job_ids:
                 self._held.pop(job_id, None)
                 self._cancelled.discard(job_id)
+                self._on_loop.discard(job_id)
 
     # --- per-minute counts ------------------------------------------------------------------
     def flush_counts(self) -> None:

@@ -26,12 +26,12 @@ from typing import Any, TypeVar
 
 from ..core.job import Job, Outcome, State
 from ..core.policy.claim import NO_LIMITS, Limits
-from ..run.base import Runner
+from ..run.base import Runner, RunReport
 from ..run.loader import FunctionLoader
 from ..run.thread import ThreadRunner
 from ..settings import DEFAULT_SWEEP, DEFAULT_WORKERS
 from ..store import Store
-from .job_run import run_job
+from .job_run import judge, run_job
 from .memory_gate import MemoryGate
 from .passes import Pass, PassStore
 from .pool_size import PoolSize
@@ -74,9 +74,10 @@ class WorkerPool(PassStore):
         memory: MemoryGate | None = None,
         on_deferred: Callable[[float], None] = lambda run_at: None,
         size: PoolSize | None = None,
+        async_jobs: int = 0,
     ) -> None:
-        if workers < 0:
-            raise ValueError("workers must be 0 or more")
+        if workers < 0 or async_jobs < 0:
+            raise ValueError("workers and async_jobs must be 0 or more")
         self.store = store
         self.loader = loader
         self.memory = memory  # which claimed jobs fit in memory; None: all start
@@ -86,6 +87,8 @@ class WorkerPool(PassStore):
             loader, measure=memory.measures_run if memory is not None else None)  # runs each job
         self.size = size if size is not None and size.adaptive else None  # None: a fixed size
         self.workers = self.size.min if self.size is not None else workers  # threads now
+        self.async_jobs = async_jobs  # held jobs that may run on the runner's event loop besides (passes.py)
+        self._on_loop: set[int] = set()  # those that do (a subset of _held); under _dispatch_lock
         self._clock = clock
         self._sweep = sweep
         self._network_checker = network_checker  # is a checker there to release parked jobs?
@@ -184,11 +187,11 @@ class WorkerPool(PassStore):
         made before this wake's work was stored and its slot freed only after: so the wake
         is noted (_asked_while_full) before the second look, and such a pass that leaves a
         slot free passes again (PassStore._pass_applied)."""
-        if self._busy < self.workers or self._stopping or self._can_grow(memory=False):
+        if self._threads_busy < self.workers or self._stopping or self._can_grow(memory=False):
             self._wake.set()
             return
         self._asked_while_full = True
-        if self._busy < self.workers:  # freed since the first look: the pass may have read it before
+        if self._threads_busy < self.workers:  # freed since the first look: the pass may have read it before
             self._wake.set()
 
     def running_elsewhere(self, count_running: Callable[[], int]) -> int:
@@ -240,7 +243,7 @@ class WorkerPool(PassStore):
         """The shrink timer's call (tests call it with their clock): one worker less when
         the queue has been quiet for the grace. Returns the size after."""
         with self._dispatch_lock:
-            if self.size is not None and self.size.due(self.workers, now) and self._busy < self.workers:
+            if self.size is not None and self.size.due(self.workers, now) and self._threads_busy < self.workers:
                 self.workers -= 1
                 self._runq.put(None)  # the next idle thread exits
                 self.size.resized(self.workers + 1, self.workers, "idle for the grace", now)
@@ -313,7 +316,7 @@ class WorkerPool(PassStore):
         For the thread that has just committed a job: the job then starts without first
         waking the dispatcher, one thread hand-off fewer between an ack and the start. A
         pass that fails here is left to the dispatcher, which retries it."""
-        if self._busy >= self.workers or self._stopping or self._thread is None:
+        if self._threads_busy >= self.workers or self._stopping or self._thread is None:
             self.wake()
             return
         self._pass_here("after a commit")
@@ -392,7 +395,7 @@ class WorkerPool(PassStore):
         None when dispatch_now would not pass here either (it has asked elsewhere). It
         stores no outcome: the submit's acks wait for its commit, outcomes for the next
         pass. A pass that raises is undone here; the caller rolls its transaction back."""
-        if self._busy >= self.workers or self._stopping or self._thread is None:
+        if self._threads_busy >= self.workers or self._stopping or self._thread is None:
             self.wake()
             return None
         self._again = True
@@ -460,8 +463,30 @@ class WorkerPool(PassStore):
             self._run(job)
 
     def _run(self, job: Job) -> None:
-        outcome, runtime, report = run_job(self.runner, job, self._clock, self._network_checker, self._network_up,
-                                           self.step_state.complete)
+        # An async job whose function the pass could not tell (not imported yet) is told
+        # here, its function imported in this thread, and moved to the event loop if room.
+        if not (len(self._on_loop) < self.async_jobs and self._started_on_loop(job, resolve=True)):
+            outcome, runtime, report = run_job(self.runner, job, self._clock, self._network_checker,
+                                               self._network_up, self.step_state.complete)
+            self._ended(job, outcome, runtime, report)
+        if self._stopping:
+            self._wake.set()  # the dispatcher sees the pool idle and ends
+        elif self._submit_in_flight:  # read after the put: dispatch_left clears it, then looks
+            return
+        else:
+            # The worker that has just finished records its outcome and claims the next job
+            # itself: no wake-up of the dispatcher and hand-off back per job.
+            self._pass_here("after a run")
+
+    def _ran_on_loop(self, job: Job, report: RunReport) -> None:
+        """An async job's run on the event loop has ended (on the loop's thread, which must
+        not block: the dispatcher stores its outcome)."""
+        outcome, runtime = judge(job, report, self._clock, self._network_checker, self._network_up)
+        self._ended(job, outcome, runtime, report)
+        self._wake.set()
+
+    def _ended(self, job: Job, outcome: Outcome, runtime: float, report: RunReport | None) -> None:
+        """A run's outcome counted and put for the next pass to store."""
         self.counts.add(outcome.state == State.SUCCEEDED, runtime)
         if self.memory is not None and report is not None:
             self.memory.after_run(job, report.peak_memory, runtime, report.error_type == "memory_limit",
@@ -472,11 +497,3 @@ class WorkerPool(PassStore):
             except Exception:  # counting must never keep an outcome from being recorded
                 log.exception("error counting job %d", job.id)
         self._done.put((outcome, job.attempts))
-        if self._stopping:
-            self._wake.set()  # the dispatcher sees the pool idle and ends
-        elif self._submit_in_flight:  # read after the put: dispatch_left clears it, then looks
-            return
-        else:
-            # The worker that has just finished records its outcome and claims the next job
-            # itself: no wake-up of the dispatcher and hand-off back per job.
-            self._pass_here("after a run")

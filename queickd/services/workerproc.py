@@ -106,7 +106,7 @@ def run(config: WorkerConfig) -> int:
                           pools=list(config.pool), runner=runner,
                           memory=gate, size=adaptive_size(config.workers, config.min_workers,
                                                           config.max_workers, config.idle_grace),
-                          limits=limits)
+                          limits=limits, async_jobs=config.async_jobs)
         member = FleetMember(store, pool, kind="worker", heartbeat=config.heartbeat, sweep=config.sweep,
                              max_orphan_requeues=config.max_orphan_requeues, on_version_change=version_changed,
                              on_budgets=budgets.refresh)
