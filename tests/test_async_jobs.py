@@ -6,6 +6,9 @@ sync jobs."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from helpers import read_lines
 
@@ -99,11 +102,20 @@ def test_async_jobs_beyond_their_room_wait_in_threads(start_daemon):
         assert {q.wait(i, 60)["result"] for i in ids} == {4}
 
 
-@pytest.mark.parametrize("value", ["-1", "many"])
-def test_a_bad_async_jobs_setting_is_refused_at_start(tmp_path, value):
-    import subprocess
-    import sys
-
+@pytest.mark.parametrize("where", ["flag", "config file"])
+def test_a_negative_async_jobs_setting_is_refused_at_start(tmp_path, where):
+    config = tmp_path / "q.toml"
+    config.write_text("async-jobs = -1\n")
+    how = ["--async-jobs", "-1"] if where == "flag" else ["--config", str(config)]
     proc = subprocess.run([sys.executable, "-m", "queickd", "--store", f"sqlite:///{tmp_path / 'q.db'}",
-                           "--async-jobs", value, "--port", "0"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode in (2, 78) and "async" in proc.stderr
+                           "--port", "0", *how], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 78 and "async_jobs must be 0 or more" in proc.stderr
+
+
+def test_async_jobs_from_the_config_file_give_their_room(start_daemon, tmp_path):
+    config = tmp_path / "q.toml"
+    config.write_text("async-jobs = 120\n")  # above the default 100
+    d = start_daemon(None, "--config", str(config), workers=1)
+    with d.client() as q:
+        ids = [q.enqueue("asyncjobs:meet", ["many", 121]) for _ in range(121)]  # 120 on the loop, 1 in the thread
+        assert {q.wait(i, 90)["result"] for i in ids} == {121}
