@@ -45,3 +45,10 @@ def hold(seconds):
     import time
 
     time.sleep(seconds)
+
+
+async def asleep(seconds):
+    """Await asyncio.sleep(seconds): an async job that holds no thread while it waits."""
+    import asyncio
+
+    await asyncio.sleep(seconds)
