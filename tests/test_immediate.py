@@ -53,6 +53,17 @@ def test_immediate_wait_answers_the_result(q):
     assert (job["state"], job["result"]) == ("succeeded", 5)
 
 
+def test_immediate_awaits_an_async_job_even_inside_a_running_loop(q):
+    import asyncio
+
+    assert q.get(q.enqueue("asyncjobs:aadd", [1, 2]))["result"] == 3
+
+    async def caller():  # a test that is itself a coroutine: the job's loop is not the caller's
+        return q.get(q.enqueue("asyncjobs:returns_a_coroutine", [2, 5]))["result"]
+
+    assert asyncio.run(caller()) == 7
+
+
 def test_immediate_retries_follow_the_policy_without_sleeping(q, no_sleeping):
     job_id = q.enqueue(immediatejobs.flaky, args=("f", 2), retry=True, retry_type="constant",
                        retry_interval=7, max_attempts=5)

@@ -110,14 +110,18 @@ class RoutingRunner:
                 "zygote": {"alive": sup.alive if sup else False, "pid": sup.pid if sup else None,
                            "restarts": sup.restarts if sup else 0}}
 
-    def start_on_loop(self, job: Job, done: Callable[[RunReport], None], resolve: bool = False) -> bool:
-        """Start a thread job whose function is a known async def as a task of the event
-        loop (ThreadRunner.start_on_loop); False for any other job, a process job included
-        (its child awaits it, while a worker thread waits for the child)."""
+    def is_async(self, func: str, resolve: bool = False) -> bool:
+        """ThreadRunner.is_async: whether `func` is an async def (told cheaply)."""
+        return self.thread.is_async(func, resolve)
+
+    def start_on_loop(self, job: Job, done: Callable[[RunReport], None]) -> bool:
+        """Start a thread job whose async def is_async() told as a task of the event loop
+        (ThreadRunner.start_on_loop); False for any other job, a process job included (its
+        child awaits it, while a worker thread waits for the child)."""
         limits = sandbox.decide(job, self.defaults)
         if limits is not None and limits.isolation != sandbox.THREAD:
             return False
-        if not self.thread.start_on_loop(job, None if limits is None else limits.timeout, done, resolve):
+        if not self.thread.start_on_loop(job, None if limits is None else limits.timeout, done):
             return False
         with self._lock:
             self.runs[sandbox.THREAD] += 1

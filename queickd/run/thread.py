@@ -119,19 +119,22 @@ class ThreadRunner:
             return self.loop.run(job, lambda: value, timeout, began)
         return capture.succeeded(value, runtime)
 
-    def start_on_loop(self, job: Job, timeout: float | None, done: Callable[[RunReport], None],
-                      resolve: bool = False) -> bool:
-        """Start the job as a task of the event loop, taking no thread, when its function is
-        an async def; `done` gets its report on the loop's thread. Without `resolve` only a
-        function resolved before is told (no import); with it, the function is imported
-        here. False: run it in a worker thread instead (run() reports any error)."""
-        if resolve:
+    def is_async(self, func: str, resolve: bool = False) -> bool:
+        """Whether `func` is an async def: from the function resolved before (no import),
+        or with `resolve` imported here if it was not (an error: False, run() reports it)."""
+        fn = self.loader.cached(func)
+        if fn is None and resolve:
             try:
-                fn = self.loader.resolve(job.func)
-            except BaseException:  # run() reports it
+                fn = self.loader.resolve(func)
+            except BaseException:
                 return False
-        else:
-            fn = self.loader.cached(job.func)
+        return fn is not None and inspect.iscoroutinefunction(fn)
+
+    def start_on_loop(self, job: Job, timeout: float | None, done: Callable[[RunReport], None]) -> bool:
+        """Start the job as a task of the event loop, taking no thread, when its function is
+        an async def resolved before (is_async); `done` gets its report on the loop's
+        thread. False: run it in a worker thread instead."""
+        fn = self.loader.cached(job.func)
         if fn is None or not inspect.iscoroutinefunction(fn):
             return False
         self.loop.start(job, lambda: fn(*job.args, **job.kwargs), timeout, done)

@@ -276,14 +276,15 @@ class PassStore:
         """Start a held job on the runner's event loop if it is an async job that may run
         there (a step job still to read its run's state takes a thread: that read blocks).
         `resolve`: import its function to tell (a worker thread's call; a pass tells only
-        from the functions resolved before). A set's add is atomic: a pass that reads
-        _on_loop meanwhile counts the job's thread busy or free, and claims for it later."""
-        start = getattr(self.runner, "start_on_loop", None)
-        if start is None or needs_state(job):
+        from the functions resolved before). Counted in _on_loop before it starts, so that
+        its outcome, stored by a pass, always finds it there; a pass that reads _on_loop
+        meanwhile (a set's add is atomic) counts its thread busy or free, either way safe."""
+        runner = self.runner
+        if not hasattr(runner, "is_async") or not runner.is_async(job.func, resolve) or needs_state(job):
             return False
         self._on_loop.add(job.id)
         try:
-            if start(job, lambda report, job=job: self._ran_on_loop(job, report), resolve):
+            if runner.start_on_loop(job, lambda report: self._ran_on_loop(job, report)):
                 return True
         except Exception:  # a worker thread runs it instead, which awaits it as well
             log.exception("job %d: could not start it on the event loop", job.id)
