@@ -2,7 +2,9 @@
 
 Loads the function through the loader (the allowlist is checked again: the operator may
 have changed it since the job was accepted), calls it and turns what happened into a
-`RunReport` (run.capture). It never raises for what the job does, a job's SystemExit included, and
+`RunReport` (run.capture). An async def, or an awaitable the call returned, is awaited on
+the event loop of run.aio, this thread waiting (start_on_loop starts one there without a
+thread, for the worker pool). It never raises for what the job does, a job's SystemExit included, and
 it never decides the job's fate. Safe to use from many worker threads at once.
 
 A run can be stopped (run.interrupt): at its timeout, or when an operator cancels it,

@@ -8,7 +8,8 @@ never polls. A thread that has just made work possible runs the pass itself when
 running: the thread that committed a submit, and a worker whose job has ended, which then
 takes its next job without waking anyone. A fixed set of worker threads, fed through one
 queue, run the jobs through a runner (run.base.Runner; the in-thread one by default) and
-leave the outcome to core.fate.
+leave the outcome to core.fate. Async jobs run on the runner's event loop instead, up to
+`async_jobs` at once, beside the threads (passes.py says how a claim gets them).
 
 Each run is also counted per minute (run_counts.py); a pass writes the counts due in its
 own transaction, and the pool writes the rest on stop."""
