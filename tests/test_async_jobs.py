@@ -119,3 +119,15 @@ def test_async_jobs_from_the_config_file_give_their_room(start_daemon, tmp_path)
     with d.client() as q:
         ids = [q.enqueue("asyncjobs:meet", ["many", 121]) for _ in range(121)]  # 120 on the loop, 1 in the thread
         assert {q.wait(i, 90)["result"] for i in ids} == {121}
+
+
+def test_a_queick_worker_runs_async_jobs_beside_its_thread(pg, start_daemon, start_worker):
+    url, _ = pg
+    d = start_daemon(url, "--heartbeat", "0.5", workers=0)
+    start_worker(url, workers=1, extra=("--async-jobs", "10"))
+    with d.client() as q:
+        waiting = [q.enqueue("asyncjobs:wait_open", ["pg"]) for _ in range(10)]
+        for job in waiting:
+            assert q.wait(job, 20, states=[State.RUNNING])["state"] == State.RUNNING
+        assert q.wait(q.enqueue("asyncjobs:open_door", ["pg"]), 20)["result"] == "opened"
+        assert {q.wait(j, 20)["result"] for j in waiting} == {"through"}
