@@ -41,7 +41,7 @@ log = logging.getLogger("queickd.async")
 class LoopRun(context.CurrentJob):
     """One async job's run on the loop: what queickd.current_job() returns in its task."""
 
-    __slots__ = ("timeout", "began", "why", "task", "ended", "timer")
+    __slots__ = ("timeout", "began", "why", "task", "started", "ended", "timer")
 
     def __init__(self, job: Job, timeout: float | None, began: float) -> None:
         super().__init__(job.id, job.attempts,
@@ -53,6 +53,7 @@ class LoopRun(context.CurrentJob):
         self.began = began  # monotonic: when the run began (a thread may have called its function)
         self.why: str | None = None  # TIMEOUT or CANCELLED once it was told to stop
         self.task: asyncio.Task | None = None
+        self.started = False  # its task has taken its first step (a task cancelled before never runs)
         self.ended = False
         self.timer: asyncio.TimerHandle | None = None
 
@@ -117,14 +118,19 @@ class LoopRunner:
     def _stop(self, run: LoopRun, why: str) -> None:
         """Cancel the run's task, unless it has ended: a job that ended just at its deadline
         is not called timed out. A cancel says more than a timeout."""
-        if run.ended or run.task is None:
+        if run.ended:
             return
         if why == CANCELLED or run.why is None:
             run.why = why
+        if not run.started:  # a cancel that came first: once the task runs (else no report ever)
+            asyncio.get_running_loop().call_soon(self._stop, run, run.why)
+            return
+        assert run.task is not None
         run.task.cancel()
         run.timer = asyncio.get_running_loop().call_later(RESEND, self._stop, run, run.why)
 
     async def _main(self, run: LoopRun, call: Callable[[], Any], done: Callable[[RunReport], None]) -> None:
+        run.started = True
         context.set_job(run)  # the task's own copy of the context
         value: Any = None
         error: BaseException | None = None

@@ -1,0 +1,61 @@
+"""The async runner (run/aio.py) on its real event loop thread: what a run of an awaitable
+reports, and a cancel that comes before its task has taken a step."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+
+from test_fate import make_job
+
+from queickd.run.aio import LoopRunner
+from queickd.run.base import RunReport
+
+
+def _started(runner: LoopRunner, call, timeout=None, job_id=7) -> queue.SimpleQueue[RunReport]:
+    reports: queue.SimpleQueue[RunReport] = queue.SimpleQueue()
+    runner.start(make_job(id=job_id), call, timeout, reports.put)
+    return reports
+
+
+def test_a_cancel_before_the_task_has_run_still_ends_it_cancelled():
+    runner = LoopRunner()
+    reports = _started(runner, lambda: asyncio.sleep(600))
+    assert runner.cancel(7)  # queued on the loop right behind its start
+    report = reports.get(timeout=20)
+    assert (report.ok, report.error_type) == (False, "cancelled")
+    assert runner.stopping() == frozenset()
+
+
+def test_a_timeout_cancels_the_task_and_reports_timeout():
+    runner = LoopRunner()
+    report = _started(runner, lambda: asyncio.sleep(600), timeout=0.05).get(timeout=20)
+    assert (report.error_type, report.permanent) == ("timeout", False)
+    assert "CancelledError" in report.traceback
+
+
+def test_an_awaited_coroutine_that_gives_a_coroutine_is_awaited_again():
+    async def inner():
+        return 5
+
+    async def outer():
+        return inner()
+
+    report = _started(LoopRunner(), outer).get(timeout=20)
+    assert (report.ok, report.result) == (True, 5)
+
+
+def test_a_job_that_swallows_its_cancel_is_cancelled_again():
+    swallowed = []
+
+    async def stubborn():
+        try:
+            await asyncio.sleep(600)
+        except asyncio.CancelledError:
+            swallowed.append(True)
+        await asyncio.sleep(600)  # the next cancel ends it here
+
+    runner = LoopRunner()
+    reports = _started(runner, stubborn)
+    runner.cancel(7)
+    assert reports.get(timeout=20).error_type == "cancelled" and swallowed == [True]
