@@ -131,3 +131,14 @@ def test_a_queick_worker_runs_async_jobs_beside_its_thread(pg, start_daemon, sta
             assert q.wait(job, 20, states=[State.RUNNING])["state"] == State.RUNNING
         assert q.wait(q.enqueue("asyncjobs:open_door", ["pg"]), 20)["result"] == "opened"
         assert {q.wait(j, 20)["result"] for j in waiting} == {"through"}
+
+
+def test_the_daemon_never_imports_a_process_jobs_module_to_tell_if_it_is_async(start_daemon, tmp_path):
+    app, imports = tmp_path / "app", tmp_path / "imports"
+    app.mkdir()
+    (app / "watched.py").write_text(f"import os\nwith open({str(imports)!r}, 'a') as f:\n"
+                                    "    f.write(f'{os.getpid()}\\n')\n\n\nasync def f():\n    return 1\n")
+    d = start_daemon(None, "--app-dir", str(app), "--isolation", "process")
+    with d.client() as q:
+        assert q.wait(q.enqueue("watched:f"), 20)["result"] == 1
+    assert str(d.proc.pid) not in read_lines(imports)  # its child imported it, the daemon did not

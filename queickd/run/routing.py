@@ -110,14 +110,17 @@ class RoutingRunner:
                 "zygote": {"alive": sup.alive if sup else False, "pid": sup.pid if sup else None,
                            "restarts": sup.restarts if sup else 0}}
 
-    def is_async(self, func: str, resolve: bool = False) -> bool:
-        """ThreadRunner.is_async: whether `func` is an async def (told cheaply)."""
-        return self.thread.is_async(func, resolve)
+    def is_async(self, job: Job, resolve: bool = False) -> bool:
+        """Whether the job is a thread job whose function is an async def
+        (ThreadRunner.is_async). A process job is not: its module is never imported here."""
+        limits = sandbox.decide(job, self.defaults)
+        if limits is not None and limits.isolation != sandbox.THREAD:
+            return False
+        return self.thread.is_async(job, resolve)
 
     def start_on_loop(self, job: Job, done: Callable[[RunReport], None]) -> bool:
-        """Start a thread job whose async def is_async() told as a task of the event loop
-        (ThreadRunner.start_on_loop); False for any other job, a process job included (its
-        child awaits it, while a worker thread waits for the child)."""
+        """Start a job is_async() told as a task of the event loop (ThreadRunner
+        .start_on_loop), with its thread timeout; False for any other job."""
         limits = sandbox.decide(job, self.defaults)
         if limits is not None and limits.isolation != sandbox.THREAD:
             return False

@@ -121,13 +121,14 @@ class ThreadRunner:
             return self.loop.run(job, lambda: value, timeout, began)
         return capture.succeeded(value, runtime)
 
-    def is_async(self, func: str, resolve: bool = False) -> bool:
-        """Whether `func` is an async def: from the function resolved before (no import),
-        or with `resolve` imported here if it was not (an error: False, run() reports it)."""
-        fn = self.loader.cached(func)
+    def is_async(self, job: Job, resolve: bool = False) -> bool:
+        """Whether the job's function is an async def: from the function resolved before (no
+        import), or with `resolve` imported here if it was not (an error: False, run()
+        reports it). A runner that sends jobs to processes asks only of its thread jobs."""
+        fn = self.loader.cached(job.func)
         if fn is None and resolve:
             try:
-                fn = self.loader.resolve(func)
+                fn = self.loader.resolve(job.func)
             except BaseException:
                 return False
         return fn is not None and inspect.iscoroutinefunction(fn)

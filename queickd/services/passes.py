@@ -280,7 +280,7 @@ class PassStore:
         its outcome, stored by a pass, always finds it there; a pass that reads _on_loop
         meanwhile (a set's add is atomic) counts its thread busy or free, either way safe."""
         runner = self.runner
-        if not hasattr(runner, "is_async") or not runner.is_async(job.func, resolve) or needs_state(job):
+        if not hasattr(runner, "is_async") or not runner.is_async(job, resolve) or needs_state(job):
             return False
         self._on_loop.add(job.id)
         try:
