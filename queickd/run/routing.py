@@ -112,11 +112,15 @@ class RoutingRunner:
 
     def is_async(self, job: Job, resolve: bool = False) -> bool:
         """Whether the job is a thread job whose function is an async def
-        (ThreadRunner.is_async). A process job is not: its module is never imported here."""
+        (ThreadRunner.is_async). A process job is not: its module is never imported here.
+        A sync function resolved before is told by a dict look alone (every sync job asks)."""
+        told = self.thread.is_async(job)
+        if told is False:
+            return False
         limits = sandbox.decide(job, self.defaults)
         if limits is not None and limits.isolation != sandbox.THREAD:
             return False
-        return self.thread.is_async(job, resolve)
+        return told is True or (resolve and self.thread.is_async(job, True) is True)
 
     def start_on_loop(self, job: Job, done: Callable[[RunReport], None]) -> bool:
         """Start a job is_async() told as a task of the event loop (ThreadRunner

@@ -121,17 +121,20 @@ class ThreadRunner:
             return self.loop.run(job, lambda: value, timeout, began)
         return capture.succeeded(value, runtime)
 
-    def is_async(self, job: Job, resolve: bool = False) -> bool:
-        """Whether the job's function is an async def: from the function resolved before (no
-        import), or with `resolve` imported here if it was not (an error: False, run()
-        reports it). A runner that sends jobs to processes asks only of its thread jobs."""
+    def is_async(self, job: Job, resolve: bool = False) -> bool | None:
+        """Whether the job's function is an async def, from the function resolved before (a
+        dict look, no import); None when it was not, unless `resolve` imports it here (an
+        error: False, run() reports it). A runner that sends jobs to processes resolves
+        only for its thread jobs."""
         fn = self.loader.cached(job.func)
-        if fn is None and resolve:
+        if fn is None:
+            if not resolve:
+                return None
             try:
                 fn = self.loader.resolve(job.func)
             except BaseException:
                 return False
-        return fn is not None and inspect.iscoroutinefunction(fn)
+        return inspect.iscoroutinefunction(fn)
 
     def start_on_loop(self, job: Job, timeout: float | None, done: Callable[[RunReport], None]) -> bool:
         """Start the job as a task of the event loop, taking no thread, when its function is
