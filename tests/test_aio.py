@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import queue
+from pathlib import Path
 
 from test_fate import make_job
 
 from queickd.run.aio import LoopRunner
 from queickd.run.base import RunReport
+from queickd.run.loader import FunctionLoader
+from queickd.run.thread import ThreadRunner
+
+JOBS = str(Path(__file__).parent / "jobs")
 
 
 def _started(runner: LoopRunner, call, timeout=None, job_id=7) -> queue.SimpleQueue[RunReport]:
@@ -59,3 +64,11 @@ def test_a_job_that_swallows_its_cancel_is_cancelled_again():
     reports = _started(runner, stubborn)
     runner.cancel(7)
     assert reports.get(timeout=20).error_type == "cancelled" and swallowed == [True]
+
+
+def test_a_thread_run_awaits_what_a_plain_function_returned_within_its_timeout():
+    runner = ThreadRunner(FunctionLoader(JOBS))
+    assert runner.run(make_job(func="asyncjobs:returns_a_coroutine", args=[1, 2])).result == 3
+    report = runner.run(make_job(func="asyncjobs:returns_a_long_sleep"), timeout=0.05)
+    assert (report.ok, report.error_type) == (False, "timeout")
+    assert runner.stopping() == frozenset()

@@ -81,3 +81,8 @@ def open_door(name):
     if waiting is not None:
         waiting[0].call_soon_threadsafe(waiting[1].set)
     return "opened"
+
+
+def returns_a_long_sleep():
+    """A plain def whose awaitable outlasts any timeout a test gives it."""
+    return asyncio.sleep(600)
