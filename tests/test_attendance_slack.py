@@ -361,7 +361,7 @@ def test_a_daily_summary_that_runs_late_posts_the_day_its_tick_fell_in(slack, tm
     token.write_text("xoxb-test-token\n")
     target = slack_jobs.SlackTarget(channel="C0ATTEND", token_file=str(token), base_url=slack.base_url)
     tick = time.time() - 2 * 86400  # fired two days ago: the daemon was off, or the network down
-    tokens = context.set_job(None, (tick, tick))  # as the runner sets it around a cron's run
+    tokens = context.set_job(context.CurrentJob(1, 1, None, None, (tick, tick)))  # as a runner sets it around a cron's run
     try:
         out = slack_jobs.post_daily_summary(str(tmp_path / "attendance.db"), target.to_dict(), 4 * 60)
     finally:
@@ -375,7 +375,7 @@ def test_a_daily_summary_held_back_past_later_ticks_posts_each_of_their_days(sla
     token.write_text("xoxb-test-token\n")
     target = slack_jobs.SlackTarget(channel="C0ATTEND", token_file=str(token), base_url=slack.base_url)
     tick = time.time() - 3 * 86400  # the network down for three days: two more ticks folded into it
-    tokens = context.set_job(None, (tick, tick + 2 * 86400))
+    tokens = context.set_job(context.CurrentJob(1, 1, None, None, (tick, tick + 2 * 86400)))
     try:
         out = slack_jobs.post_daily_summary(str(tmp_path / "attendance.db"), target.to_dict(), 4 * 60)
     finally:
