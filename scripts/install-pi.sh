@@ -137,7 +137,12 @@ install -d -m 0755 /etc/queickd/jobs
 
 echo "==> docs in $DOCS"
 install -d -m 0755 "$DOCS"
-install -m 0644 "$SRC/README.md" "$SRC"/docs/*.md "$DOCS/"
+install -m 0644 "$SRC/README.md" "$DOCS/"
+# The docs tree as it is in the repository (tutorials/, how-to/, ...): the units'
+# Documentation= names a page in it.
+(cd "$SRC/docs" && find . -type f -name '*.md') | while read -r page; do
+  install -D -m 0644 "$SRC/docs/$page" "$DOCS/$page"
+done
 
 echo "==> systemd units"
 install -m 0644 "$SRC/systemd/queickd.service" "$UNITS/queickd.service"

@@ -209,9 +209,9 @@ def test_importing_queickd_loads_the_daemon_only_for_immediate_mode():
 
 
 def test_the_pytest_fixture_of_the_testing_docs_works(tmp_path):
-    """docs/testing.md's example files, each a ```python block opening with `# file: NAME`,
+    """docs/how-to/testing.md's example files, each a ```python block opening with `# file: NAME`,
     written out as a project and its test suite run."""
-    blocks = re.findall(r"```python\n# file: (\S+)\n(.*?)```", (ROOT / "docs" / "testing.md").read_text(), re.S)
+    blocks = re.findall(r"```python\n# file: (\S+)\n(.*?)```", (ROOT / "docs" / "how-to" / "testing.md").read_text(), re.S)
     assert {name for name, _ in blocks} >= {"conftest.py", "myapp/jobs.py", "test_signup.py"}
     for name, text in blocks:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
