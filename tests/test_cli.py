@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import JOBS_DIR, DaemonProcess
@@ -22,6 +23,12 @@ def test_help_lists_the_commands():
     out = queick("--help").stdout
     for cmd in ("run", "enqueue", "jobs", "show", "cancel", "retry", "stats", "crons"):
         assert cmd in out
+
+
+def test_help_ends_with_where_to_read_more_and_that_page_exists():
+    last = " ".join(queick("--help").stdout.split()[-20:])
+    assert "Documentation: docs/index.md" in last and "/usr/share/doc/queickd/" in last
+    assert (Path(__file__).parent.parent / "docs" / "index.md").is_file()
 
 
 def test_run_help_explains_each_flag_and_its_environment_variable():

@@ -129,3 +129,29 @@ def test_daemon_unit_kills_mixed():
     assert [u.name for u in units] == ["queickd-worker@.service", "queickd.service"]
     for unit in units:
         assert "KillMode=mixed" in unit.read_text().splitlines(), unit.name
+
+
+@pytest.mark.parametrize("unit", ["queickd.service", "queickd-worker@.service", "queickd-attendance.service"])
+def test_each_units_documentation_is_a_page_of_the_docs_tree(unit):
+    """install-pi.sh installs docs/ as it is into /usr/share/doc/queickd: the page a unit names
+    must be in the repository's docs/ (the install itself is tested in test_attendance_packaging)."""
+    docs = [line.split("=", 1)[1] for line in (ROOT / "systemd" / unit).read_text().splitlines()
+            if line.startswith("Documentation=")]
+    assert docs
+    for uri in docs:
+        assert uri.startswith("file:/usr/share/doc/queickd/"), uri
+        page = uri.removeprefix("file:/usr/share/doc/queickd/")
+        assert (ROOT / "docs" / page).is_file(), uri
+
+
+def test_the_package_metadata_names_the_docs_as_they_are_in_the_repository():
+    import configparser
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    urls = {k.strip(): v.strip() for k, v in
+            (line.split("=", 1) for line in cfg["metadata"]["project_urls"].strip().splitlines())}
+    page = urls["Documentation"]
+    assert (ROOT / page).is_file(), page
+    extras = cfg["options.extras_require"]["docs"]
+    for tool in ("mkdocs", "mkdocs-material", "mkdocstrings[python]"):
+        assert tool in extras, tool

@@ -238,12 +238,18 @@ def _local(name: str) -> Any:
     return handler
 
 
+# Where to read more, as `queick --help` ends: the pages as they exist in the source tree,
+# and where scripts/install-pi.sh installs them (the units' Documentation= is among them).
+DOCS = ("Documentation: docs/index.md in the source tree ('mkdocs serve' makes it a site); "
+        "installed by scripts/install-pi.sh in /usr/share/doc/queickd/.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="queick",
         description="queickd: a durable job-queue daemon for edge devices. With no command, "
         "runs the daemon (same as 'queick run').",
-        epilog="Run 'queick COMMAND --help' for a command's flags.",
+        epilog=f"Run 'queick COMMAND --help' for a command's flags. {DOCS}",
     )
     p.add_argument("--version", action="version", version=f"queickd {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
