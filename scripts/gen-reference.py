@@ -327,7 +327,10 @@ def python_page() -> str:
     for name in queickd.__all__:
         if name.startswith("__"):
             continue
-        out += [f"::: queickd.{name}", ""]
+        # A name the package loads on first use (AsyncJobQueue) is not in its static
+        # namespace, where mkdocstrings looks: name it by the module that defines it.
+        path = f"queickd.{name}" if name in vars(queickd) else f"{getattr(queickd, name).__module__}.{name}"
+        out += [f"::: {path}", ""]
     out += ["`queickd.__version__` is the installed version (`queick --version` prints it)."]
     return "\n".join(out).rstrip() + "\n"
 
