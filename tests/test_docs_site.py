@@ -32,13 +32,17 @@ needs_chromium = pytest.mark.skipif(
     reason=f"{CHROMIUM} is not installed (Debian: apt-get install chromium)")
 
 
-def nav_pages(nav) -> list[tuple[str, str]]:
-    """(title, page.md) of every page in mkdocs.yml's nav, sections walked in order."""
+def nav_pages(nav, section: str = "") -> list[tuple[str, str]]:
+    """(title, page.md) of every page in mkdocs.yml's nav, sections walked in order. A bare
+    page in a section (its index page) takes the section's title."""
     pages = []
     for entry in nav:
+        if isinstance(entry, str):
+            pages.append((section, entry))
+            continue
         for title, target in entry.items():
             if isinstance(target, list):
-                pages += nav_pages(target)
+                pages += nav_pages(target, title)
             else:
                 pages.append((title, target))
     return pages
