@@ -35,12 +35,14 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 from . import clientops
 from .clientflow import WorkflowBuilder
 from .clientops import one
-from .clientwire import RequestLostError, _token_from_env, func_name, reply_error
+from .clientwire import RequestLostError, _token_from_env, func_name, reply_error, tls_context
 from .core import protocol
 from .core.cron import SchedulingTime
 from .core.protocol import QueueError
 
 if TYPE_CHECKING:
+    import ssl
+
     from .tasks import Task
 
 P = ParamSpec("P")
@@ -184,13 +186,16 @@ class _Connection(asyncio.Protocol):
 
 class AsyncJobQueue:
     def __init__(self, host: str | None = None, port: int | None = None, *, token: str | None = None,
-                 timeout: float = 60.0, connect_timeout: float = 5.0) -> None:
-        """As JobQueue's: `timeout` is how long a sent request may wait for its reply."""
+                 timeout: float = 60.0, connect_timeout: float = 5.0,
+                 tls: bool | str | ssl.SSLContext | None = None) -> None:
+        """As JobQueue's: `timeout` is how long a sent request may wait for its reply; `tls`
+        as JobQueue's (True, a CA file's path, an ssl.SSLContext; None: $QUEICKD_TLS_CA)."""
         self.host = host or os.environ.get("QUEICKD_HOST", "127.0.0.1")
         self.port = int(port or os.environ.get("QUEICKD_PORT", protocol.DEFAULT_PORT))
         self.token = token if token is not None else _token_from_env()
         self.timeout = timeout
         self.connect_timeout = connect_timeout
+        self.tls = tls_context(tls)
         self.server_info: dict[str, Any] | None = None
         self._conn: _Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop our connections belong to
@@ -203,8 +208,11 @@ class AsyncJobQueue:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(self.timeout), self.host, self.port), self.connect_timeout)
+                loop.create_connection(lambda: _Connection(self.timeout), self.host, self.port, ssl=self.tls),
+                self.connect_timeout)
         except OSError as e:  # TimeoutError too
+            if type(e).__name__.startswith("SSL"):  # reached, but the handshake failed
+                raise ConnectionError(f"TLS with queickd at {self.host}:{self.port} failed: {e}") from e
             raise ConnectionError(
                 f"cannot reach queickd at {self.host}:{self.port} ({str(e) or 'timed out'}); is the daemon running?"
             ) from e

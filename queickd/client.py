@@ -32,12 +32,14 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 from . import clientops, clientwire
 from .clientflow import WorkflowBuilder
 from .clientops import one
-from .clientwire import RequestLostError, _token_from_env, func_name, reply_error
+from .clientwire import RequestLostError, _token_from_env, func_name, reply_error, tls_context
 from .core import protocol
 from .core.cron import SchedulingTime
 from .core.protocol import QueueError
 
 if TYPE_CHECKING:
+    import ssl
+
     from .tasks import Task
 
 P = ParamSpec("P")
@@ -71,12 +73,16 @@ class JobQueue:
         token: str | None = None,
         timeout: float = 60.0,
         connect_timeout: float = 5.0,
+        tls: bool | str | ssl.SSLContext | None = None,
     ) -> None:
+        """`tls`: True (trusting the system's CAs), a CA file's path, or an ssl.SSLContext
+        (with a client certificate for mutual TLS); None: plaintext, or $QUEICKD_TLS_CA."""
         self.host = host or os.environ.get("QUEICKD_HOST", "127.0.0.1")
         self.port = int(port or os.environ.get("QUEICKD_PORT", protocol.DEFAULT_PORT))
         self.token = token if token is not None else _token_from_env()
         self.timeout = timeout
         self.connect_timeout = connect_timeout
+        self.tls = tls_context(tls)
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._rfile: Any = None
@@ -118,6 +124,12 @@ class JobQueue:
                 f"cannot reach queickd at {self.host}:{self.port} ({e}); is the daemon running?"
             ) from e
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.tls is not None:
+            try:  # the handshake, within connect_timeout
+                sock = self.tls.wrap_socket(sock, server_hostname=self.host)
+            except OSError as e:
+                sock.close()
+                raise ConnectionError(f"TLS with queickd at {self.host}:{self.port} failed: {e}") from e
         sock.settimeout(self.timeout)
         self._sock, self._rfile = sock, sock.makefile("rb", buffering=65536)
         self.server_info = self._exchange([clientops.hello(self.token)])[0]
@@ -131,6 +143,18 @@ class JobQueue:
         # the request goes to the new daemon instead of failing after the fact.
         assert self._sock is not None
         readable, _, _ = select.select([self._sock], [], [], 0)
+        if readable and self.tls is not None:  # perhaps TLS's own records (session tickets), no data
+            import ssl
+
+            self._sock.setblocking(False)
+            try:
+                self._sock.recv(1)  # data between replies, or EOF: stale either way
+            except ssl.SSLWantReadError:
+                return False
+            except OSError:
+                pass
+            finally:
+                self._sock.settimeout(self.timeout)
         return bool(readable)
 
     def _send_slices(self, reqs: Sequence[dict[str, Any]], failed: list[BaseException]) -> None:
@@ -358,11 +382,11 @@ class JobQueue:
         """An AsyncJobQueue at this queue's address, for its tasks' `aenqueue`: made once
         (again if the address or token changed), asyncio imported only then."""
         twin = self.__dict__.get("_twin")
-        if twin is None or (twin.host, twin.port, twin.token) != (self.host, self.port, self.token):
+        if twin is None or (twin.host, twin.port, twin.token, twin.tls) != (self.host, self.port, self.token, self.tls):
             from .aclient import AsyncJobQueue
 
             twin = self._twin = AsyncJobQueue(self.host, self.port, token=self.token, timeout=self.timeout,
-                                              connect_timeout=self.connect_timeout)
+                                              connect_timeout=self.connect_timeout, tls=self.tls)
         return twin
 
     # --- workflows ----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """What the client sends and what a reply tells it, apart from the connection (client.py):
 the job function's wire name, automatic idempotency keys, the errors of a refused reply and
 whether an outcome is unknown (resend only with the same keys), the token from the
-environment."""
+environment, the TLS context."""
 
 from __future__ import annotations
 
@@ -10,10 +10,14 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from . import tokenfile
 from .core import protocol
 from .core.protocol import QueueError
+
+if TYPE_CHECKING:
+    import ssl
 
 __all__ = ["RequestLostError", "func_name", "reply_error"]
 
@@ -89,6 +93,20 @@ def _token_from_env() -> str | None:
     token = os.environ.get("QUEICKD_TOKEN")
     path = os.environ.get("QUEICKD_TOKEN_FILE")
     if token is None and path:
-        with open(path, encoding="utf-8") as f:
-            token = f.read().strip()
+        token = tokenfile.first_token(path)
     return token
+
+
+def tls_context(tls: bool | str | ssl.SSLContext | None) -> ssl.SSLContext | None:
+    """The client's TLS context: None (plaintext; QUEICKD_TLS_CA names a CA file to use TLS
+    with), True (TLS, trusting the system's CAs), a CA file's path, or a context of one's
+    own (a client certificate for mutual TLS: ctx.load_cert_chain)."""
+    if tls is None:
+        tls = os.environ.get("QUEICKD_TLS_CA") or None
+    if tls is None or tls is False:
+        return None
+    import ssl  # only for TLS: a client command starts without it
+
+    if isinstance(tls, ssl.SSLContext):
+        return tls
+    return ssl.create_default_context(cafile=None if tls is True else tls)

@@ -27,6 +27,8 @@ from . import __version__, collector, heap
 from .api.hooks import parse_hooks
 from .api.server import Server
 from .api.service import QueueService
+from .api.tls import server_context
+from .api.tokens import Tokens
 from .core import protocol, sandbox
 from .core.job import NewJob, Outcome, State, Submitted
 from .core.policy import outbox
@@ -86,6 +88,7 @@ def validate(config: Config) -> None:
         raise ValueError("--accept-queick-clients cannot be combined with --token-file: Queick "
                          "1.2.1 clients cannot present a token; run a separate daemon for them, "
                          "on loopback, or move them to protocol v1")
+    server_context(config.tls_cert, config.tls_key, config.tls_client_ca)
     if config.http is not None:
         from .api.httpd import parse_address
 
@@ -139,7 +142,7 @@ class Daemon:
 
     def start(self) -> None:
         c = self.config
-        token = c.read_token()
+        tokens = Tokens(c.token_file, self.clock) if c.token_file is not None else None
         http_token = c.read_http_token()
         self.loader = loader = FunctionLoader(c.app_dir, c.allow)
         self.on_reload.insert(0, loader.reload)
@@ -174,7 +177,7 @@ class Daemon:
             self.network = NetworkMonitor(c.ping_host, c.ping_interval, lambda up: self.parking.on_change(up),
                                           clock=self.clock)
         memory = MemoryGate(store, reserve_mb=c.memory_reserve, max_rss_mb=c.max_rss, root=c.memory_root)
-        hidden = isolate.hidden_paths(c.store, [c.token_file, c.http_token_file, c.config], [loader.app_dir, tempfile.gettempdir()])
+        hidden = isolate.hidden_paths(c.store, [c.token_file, c.http_token_file, c.config, c.tls_key], [loader.app_dir, tempfile.gettempdir()])
         self.runner = make_runner(loader, c.sandbox_settings, c.sandbox_env, measure=memory.measures_run,
                                   hidden=hidden, namespaces=c.job_namespaces != "off", user=c.job_user)
         self.on_reload.append(self.runner.reload)  # process jobs re-import the app too
@@ -204,7 +207,7 @@ class Daemon:
         self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock, admission=c.admission,
                                      dispatch=self.pool)
         self.service = QueueService(store, self.batcher, loader, self.scheduler, self.pool,
-                                    token=token, clock=self.clock, network=self.network,
+                                    tokens=tokens, clock=self.clock, network=self.network,
                                     metrics=self.metrics, resources=resources,
                                     workflows=c.workflows, workflow_budget=c.workflow_budget)
         for name in c.workflows:  # a declared workflow that could never start is a configuration error
@@ -215,7 +218,11 @@ class Daemon:
                 raise ValueError(f"workflows.{name}: {e.message}") from None
         self.server = Server(self.service, c.bind, c.port, max_line=c.max_line,
                              accept_queick_clients=c.accept_queick_clients, max_connections=c.max_connections,
-                             hello_timeout=c.hello_timeout, max_pending=c.max_pending)
+                             hello_timeout=c.hello_timeout, max_pending=c.max_pending,
+                             tls=server_context(c.tls_cert, c.tls_key, c.tls_client_ca))
+        if c.tls_cert is not None:
+            self.server.reload_tls = lambda: server_context(c.tls_cert, c.tls_key, c.tls_client_ca)
+        self.on_reload.append(self.server.reload_access)  # a renewed certificate, a revoked token
         if c.http is not None:
             # http.server and the status page (a sixth of the daemon's imports) only for a
             # daemon that serves HTTP.
@@ -388,7 +395,7 @@ class Daemon:
     def reload(self) -> None:
         """SIGHUP (`systemctl reload queickd`): run the on_reload callbacks; one that fails is
         logged and the others still run. Jobs running now finish with the code they have."""
-        log.info("SIGHUP: reloading job code")
+        log.info("SIGHUP: reloading job code, the token file and the TLS certificate")
         for cb in list(self.on_reload):
             try:
                 cb()
@@ -398,8 +405,8 @@ class Daemon:
         # environment and the command line at start and wired into every part: a reload
         # re-imports job code only, and an edited file would silently not be in force.
         if self.config.config is not None and _contents(self.config.config) != self._config_read:
-            log.warning("reload: %s changed since the daemon started; SIGHUP reloads job code only, "
-                        "the file's settings take effect when the daemon restarts (systemctl restart queickd)",
+            log.warning("reload: %s changed since the daemon started; SIGHUP reloads job code, the token file "
+                        "and the TLS certificate only; the file's settings take effect when the daemon restarts (systemctl restart queickd)",
                         self.config.config)
 
     def request_stop(self, *_: object) -> None:

@@ -54,7 +54,10 @@ class Config:
     workers: int = DEFAULT_WORKERS
     app_dir: str = "."
     allow: list[str] = field(default_factory=list)
-    token_file: str | None = None
+    token_file: str | None = None  # name:token per line (queickd/tokenfile.py); reloaded on SIGHUP
+    tls_cert: str | None = None  # TLS on the TCP port (api/tls.py): certificate chain, PEM; reloaded on SIGHUP
+    tls_key: str | None = None  # ... and its private key
+    tls_client_ca: str | None = None  # mutual TLS: clients must show a certificate this CA signed
     stop_timeout: float = DEFAULT_STOP_TIMEOUT
     max_orphan_requeues: int = DEFAULT_MAX_ORPHAN_REQUEUES
     sweep: float = DEFAULT_SWEEP
@@ -127,9 +130,6 @@ class Config:
         from .core.policy.resources import parse as parse_resources
 
         return parse_resources(self.functions, self.budgets, self.budget_patience)
-
-    def read_token(self) -> str | None:
-        return _read_secret(self.token_file)
 
     def read_http_token(self) -> str | None:
         return _read_secret(self.http_token_file)

@@ -82,7 +82,8 @@ def test_sighup_leaves_the_config_files_function_settings_until_a_restart_and_sa
         config.write_text('[functions."sandboxjobs:whoami"]\nisolation = "thread"\n')
         d.proc.send_signal(signal.SIGHUP)
         d.wait_for_line(rf"reload: {re.escape(str(config))} changed since the daemon started; SIGHUP reloads "
-                        r"job code only, the file's settings take effect when the daemon restarts")
+                        r"job code, the token file and the TLS certificate only; the file's settings take effect "
+                        r"when the daemon restarts")
         assert q.wait(q.enqueue("sandboxjobs:whoami"), 20)["result"]["pid"] != d.proc.pid  # still a process
 
 

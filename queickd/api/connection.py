@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("queickd.server")  # one logger for the server and its connections
 _QUEICK_FIRST = bytes([protocol.QUEICK_FIRST_BYTE])
+_TLS_FIRST = b"\x16"  # a TLS ClientHello's first byte: a client that wants TLS, on a port without it
 
 
 class Host(Protocol):
@@ -122,7 +123,8 @@ class Connection(asyncio.BufferedProtocol):
         # Replies owed, in request order: bytes when ready, else (future, render, arg) with
         # render(future, arg) -> bytes once the future is done.
         self.pending: deque[bytes | tuple[asyncio.Future, Callable[[asyncio.Future, Any], bytes], Any]] = deque()
-        self.authed = server.service.token is None
+        self.authed = server.service.tokens is None
+        self.token_name: str | None = None  # the name of the token it authenticated with
         self.transport: asyncio.Transport | None = None
         self.opened = False  # connection_made has run (the server counts it as open)
         self.closing = False
@@ -161,11 +163,11 @@ class Connection(asyncio.BufferedProtocol):
         self._hello_timer = None
         if self.transport is None or self.closing or (self.legacy is not None and self.legacy.done):
             return
-        what = "authenticate (hello with the token)" if self.svc.token is not None else "send a request"
+        what = "authenticate (hello with the token)" if self.svc.tokens is not None else "send a request"
         log.info("closed a connection that did not %s within %.0f s", what, self.server.hello_timeout)
         if self.legacy is None:
-            msg = f"no {'hello' if self.svc.token is not None else 'request'} within {self.server.hello_timeout:g} s"
-            self.transport.write(protocol.encode(QueueError(Code.UNAUTHORIZED if self.svc.token is not None
+            msg = f"no {'hello' if self.svc.tokens is not None else 'request'} within {self.server.hello_timeout:g} s"
+            self.transport.write(protocol.encode(QueueError(Code.UNAUTHORIZED if self.svc.tokens is not None
                                                             else Code.BAD_REQUEST, msg).to_reply()))
         self.transport.close()
 
@@ -222,7 +224,7 @@ class Connection(asyncio.BufferedProtocol):
         del self.buf[self.buf.rfind(b"\n") + 1:]  # a last line without its newline is no request
         self._parse()
         self._pump()
-        return True
+        return self.transport is None or self.transport.get_extra_info("ssl_object") is None  # TLS ends at EOF
 
     def get_buffer(self, sizehint: int) -> memoryview:
         """Reads go into one buffer the server keeps for its loop, copied out at once by
@@ -237,6 +239,12 @@ class Connection(asyncio.BufferedProtocol):
     def data_received(self, data: bytes | memoryview) -> None:
         if self.fresh:
             self.fresh = False
+            if data[:1] == _TLS_FIRST:
+                self.transport.write(protocol.encode(QueueError(Code.BAD_REQUEST, "this port does not speak "  # type: ignore[union-attr]
+                                     "TLS: connect without it, or start the daemon with --tls-cert").to_reply()))
+                self.closing = True
+                self.transport.close()  # type: ignore[union-attr]
+                return
             if data[:1] == _QUEICK_FIRST:
                 if self.server.accept_queick_clients:
                     from .legacy import LegacyConnection  # pickle and its bounds: only when served
@@ -278,7 +286,7 @@ class Connection(asyncio.BufferedProtocol):
                 line = line[:-1]
             if line.strip():
                 group = self._handle(line, group)
-                if self.unproven and self.svc.token is None:
+                if self.unproven and self.svc.tokens is None:
                     self._shown()
                 if self.closing:
                     break
@@ -297,7 +305,7 @@ class Connection(asyncio.BufferedProtocol):
         self._pump()
 
     def _max_line(self) -> int:
-        return self.server.max_line if self.authed or self.svc.token is None else PREAUTH_MAX_LINE
+        return self.server.max_line if self.authed or self.svc.tokens is None else PREAUTH_MAX_LINE
 
     # --- requests ---------------------------------------------------------------------------
     def _refuse_oversized(self) -> None:
@@ -322,6 +330,9 @@ class Connection(asyncio.BufferedProtocol):
                     return group
                 self.authed = True
                 self._shown()
+                if self.token_name is None and "token_name" in reply:
+                    self.token_name = reply["token_name"]
+                    self.svc.tokens.connected(self.token_name)  # type: ignore[union-attr]
                 self.pending.append(protocol.encode(reply))
                 return group
             if not self.authed:
@@ -393,15 +404,15 @@ class Connection(asyncio.BufferedProtocol):
 
         def done(result: Any) -> None:  # this thread (inline commit) or the committer's
             if threading.get_ident() == here:
-                self._answered(fut, result)  # the ack leaves now, before the post-commit work (the claim)
+                self._answered(fut, result, jobs)  # the ack leaves now, before the post-commit work (the claim)
             else:
-                inbox.call(self._answered, fut, result)  # a commit's answers share one wake-up of the loop
+                inbox.call(self._answered, fut, result, jobs)  # a commit's answers share one wake-up of the loop
 
         # Every connection's enqueues of this loop pass go to the committer together; a pass
         # with one small read (a lone client) commits right here, at no thread hand-off.
         self.server.gather.submit(jobs, done)
 
-    def _answered(self, fut: asyncio.Future, result: Any) -> None:
+    def _answered(self, fut: asyncio.Future, result: Any, jobs: list[Any] | None = None) -> None:
         """On the loop: the answer to this connection's enqueues (an inline commit's, or the
         committer's). The replies leave now, not from a done-callback in the loop's next
         pass (unhooked first: it would cost that pass, with a poll of its own, per commit)."""
@@ -409,6 +420,8 @@ class Connection(asyncio.BufferedProtocol):
             fut.remove_done_callback(self._pump)
             self._hooked = None
         _resolve(fut, result)
+        if self.token_name is not None and jobs is not None and type(result) is list:
+            self.svc.tokens.enqueued(self.token_name, self.source, [j.func for js in jobs for j in js], result)  # type: ignore[union-attr]
         self._pump()
 
     # --- replies ----------------------------------------------------------------------------

@@ -6,17 +6,21 @@ ordering, back-pressure). Limits that hold before anyone has authenticated: at m
 lowered to keep FD_RESERVE file descriptors for the store, the jobs and the logs), and
 `hello_timeout` seconds to send a complete first line (with a token: to authenticate),
 and fair shares of the connections for those that have not yet done so (api/preauth.py).
+With TLS (api/tls.py) a connection's handshake is part of that: it counts as unauthenticated
+from its accept, and a peer that does not begin a handshake gets a plaintext error line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import errno
 import logging
 import os
 import resource
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,10 +29,11 @@ from ..core import protocol
 from ..core.protocol import Code, QueueError
 from ..services.batcher import Gather
 from ..settings import DEFAULT_HELLO_TIMEOUT, DEFAULT_HOST, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PENDING
-from .connection import READ_BUFFER, Connection
+from .connection import PREAUTH_MAX_LINE, READ_BUFFER, Connection
 from .inbox import Inbox
 from .preauth import PreauthLimits, source_of
 from .service import QueueService
+from .tls import HANDSHAKE_FIRST_BYTE
 
 log = logging.getLogger("queickd.server")
 
@@ -69,6 +74,7 @@ class Server:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         hello_timeout: float = DEFAULT_HELLO_TIMEOUT,
         max_pending: int = DEFAULT_MAX_PENDING,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.service = service
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
@@ -81,6 +87,8 @@ class Server:
         self.hello_timeout = hello_timeout
         self.preauth = PreauthLimits(self.max_connections)
         self.max_pending = max_pending
+        self.reload_tls: Callable[[], ssl.SSLContext | None] | None = None  # SIGHUP's new context
+        self.tls = tls  # replaced whole on SIGHUP (reload_access): new connections take the new one
         self.accept_queick_clients = accept_queick_clients
         self.host = host
         self.port = port
@@ -187,7 +195,11 @@ class Server:
     async def _open(self, conn: socket.socket, protocol_side: Connection) -> None:
         try:
             conn.setblocking(False)
-            await self.loop.connect_accepted_socket(lambda: protocol_side, conn)  # type: ignore[union-attr]
+            tls = self.tls
+            if tls is not None and not await self._begins_tls(conn, protocol_side.source):
+                return
+            await self.loop.connect_accepted_socket(lambda: protocol_side, conn, ssl=tls,  # type: ignore[union-attr]
+                                                    ssl_handshake_timeout=self.hello_timeout if tls else None)
         except Exception as e:
             log.debug("could not set up an accepted connection: %s", e)
             conn.close()
@@ -195,6 +207,55 @@ class Server:
             if not protocol_side.opened:  # it never joined `connections` (opened())
                 self._opening -= 1
                 self.preauth.release(protocol_side.source, protocol_side)
+
+    async def _begins_tls(self, conn: socket.socket, source: str) -> bool:
+        """Whether the peer's first byte begins a TLS handshake. One that speaks plaintext
+        (or nothing, within hello_timeout) is closed; a plaintext one is told why first, so
+        that it fails at once with the reason instead of waiting on a handshake."""
+        loop = self.loop
+        readable = loop.create_future()  # type: ignore[union-attr]
+        loop.add_reader(conn.fileno(), lambda: readable.done() or readable.set_result(None))  # type: ignore[union-attr]
+        try:
+            await asyncio.wait_for(readable, self.hello_timeout)
+        finally:
+            loop.remove_reader(conn.fileno())  # type: ignore[union-attr]
+        first = conn.recv(1, socket.MSG_PEEK)
+        if first and first[0] == HANDSHAKE_FIRST_BYTE:
+            return True
+        if first:
+            log.info("closed a plaintext connection to the TLS port from %s", source)
+        with contextlib.suppress(OSError):
+            conn.recv(PREAUTH_MAX_LINE)  # read, so that the close sends a FIN, not a reset that loses the reply
+            conn.send(protocol.encode(QueueError(Code.BAD_REQUEST, "this port speaks TLS: connect with TLS "
+                                                 "(JobQueue(tls=...), queick --tls-ca FILE)").to_reply()))
+            conn.shutdown(socket.SHUT_WR)
+        conn.close()
+        return False
+
+    def reload_access(self) -> None:
+        """SIGHUP, on the main thread: read the token file and the certificates again. New
+        connections take the new ones; the connections of a revoked token are closed (once
+        the replies they are owed are sent). A file that fails leaves the old in force."""
+        if self.reload_tls is not None:
+            try:
+                self.tls = self.reload_tls()
+                log.info("TLS certificate reloaded")
+            except ValueError as e:
+                log.error("SIGHUP: TLS not reloaded, the certificate in force stays: %s", e)
+        if self.service.tokens is not None:
+            try:
+                revoked = self.service.tokens.reload()
+            except ValueError as e:
+                log.error("SIGHUP: the token file was not reloaded, the tokens in force stay: %s", e)
+                return
+            if revoked and self.loop is not None:
+                self.loop.call_soon_threadsafe(self._revoke, revoked)
+
+    def _revoke(self, names: set[str]) -> None:
+        for c in list(self.connections):
+            if c.token_name in names:
+                log.warning("closed a connection of the revoked token %s from %s", c.token_name, c.source)
+                c.begin_close()
 
     def opened(self, c: Connection) -> None:
         """An accepted connection is set up (its connection_made): it is served now, or,

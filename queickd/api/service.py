@@ -11,7 +11,6 @@ reply. Blocking methods touch the store and are called from the transports' thre
 from __future__ import annotations
 
 import dataclasses
-import hmac
 import logging
 import threading
 import time
@@ -39,6 +38,7 @@ from ..ui import status
 from ..ui.metrics import Metrics
 from ..version import __version__
 from .replies import NotCommittedError
+from .tokens import Tokens
 from .wfops import WorkflowOps
 
 log = logging.getLogger("queickd.service")
@@ -88,7 +88,7 @@ class QueueService(WorkflowOps):
         scheduler: Scheduler,
         pool: WorkerPool,
         *,
-        token: str | None = None,
+        tokens: Tokens | None = None,
         clock: Callable[[], float] = time.time,
         network: NetworkMonitor | None = None,
         metrics: Metrics | None = None,
@@ -101,7 +101,7 @@ class QueueService(WorkflowOps):
         self.loader = loader
         self.scheduler = scheduler
         self.pool = pool
-        self.token = token
+        self.tokens = tokens  # None: no token asked (no --token-file)
         self.clock = clock
         self.network = network
         self.metrics = metrics
@@ -120,11 +120,14 @@ class QueueService(WorkflowOps):
 
     # --- in the event loop: cheap, no store access ------------------------------------------
     def hello(self, req: dict[str, Any]) -> dict[str, Any]:
-        if self.token is not None:
-            given = req.get("token")
-            if not isinstance(given, str) or not hmac.compare_digest(given.encode(), self.token.encode()):
+        """The hello reply; with tokens, its `token_name` is the name the token was given."""
+        reply = {"ok": True, "server": "queickd", "version": __version__, "protocol": protocol.VERSION}
+        if self.tokens is not None:
+            name = self.tokens.identify(req.get("token"))
+            if name is None:
                 raise QueueError(Code.UNAUTHORIZED, "bad or missing token")
-        return {"ok": True, "server": "queickd", "version": __version__, "protocol": protocol.VERSION}
+            reply["token_name"] = name
+        return reply
 
     def prepare_jobs(self, req: dict[str, Any]) -> list[NewJob]:
         """Validate an enqueue/enqueue_many request and check the allowlist."""
@@ -387,6 +390,7 @@ class QueueService(WorkflowOps):
             "memory": self.pool.memory.snapshot() if self.pool.memory is not None else None,
             "sandbox": self.metrics.sandbox_stats() if self.metrics is not None else None,
             "collector": collector.snapshot(),
+            "tokens": self.tokens.snapshot() if self.tokens is not None else None,
         }
         reply.update(self._fleet_stats(reply["counts"]))
         minutes = self.store.minutes(status.first_minute(now))  # whoever ran them: the fleet's

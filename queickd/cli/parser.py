@@ -56,7 +56,12 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
     opt(p, "--app-dir", "directory whose modules may run as jobs", d.app_dir)
     opt(p, "--allow", "also allow modules matching this pattern (fnmatch, repeatable), "
          "e.g. 'queickd.attendance.*'", None, action="append")
-    opt(p, "--token-file", "file holding a token that clients must send in hello", None)
+    opt(p, "--token-file", "file of the tokens clients must send in hello: one name:token per line (or one "
+         "bare token); reloaded on SIGHUP, a removed line's connections closed", None)
+    opt(p, "--tls-cert", "serve the TCP port over TLS with this PEM certificate (chain); reloaded on SIGHUP",
+        None)
+    opt(p, "--tls-key", "the PEM private key of --tls-cert", None)
+    opt(p, "--tls-client-ca", "mutual TLS: clients must show a certificate signed by this PEM CA", None)
     opt(p, "--max-connections", "TCP connections served at once; more are told so and closed (lowered "
          "to keep file descriptors free under LimitNOFILE)", d.max_connections, type=int)
     opt(p, "--hello-timeout", "seconds a connection has to send its first line (with --token-file: "
@@ -214,7 +219,8 @@ def _origins(command: argparse.ArgumentParser, args: Sequence[str], config: str 
 def _client_flags(p: argparse.ArgumentParser) -> None:
     opt(p, "--host", "daemon host", "127.0.0.1")
     opt(p, "--port", "daemon port", DEFAULTS.port, type=int)
-    opt(p, "--token-file", "file holding the daemon's token", None)
+    opt(p, "--token-file", "file holding the daemon's token (or name:token)", None)
+    opt(p, "--tls-ca", "connect over TLS, trusting the daemon's certificate if this PEM CA signed it", None)
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 

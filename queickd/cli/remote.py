@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from .. import tokenfile
 from ..client import JobQueue
 from ..clientwire import RequestLostError
 from ..core.protocol import QueueError
@@ -20,11 +21,10 @@ def connect(a: argparse.Namespace) -> JobQueue:
     token = None
     if a.token_file:
         try:
-            with open(a.token_file, encoding="utf-8") as f:
-                token = f.read().strip()
-        except (OSError, ValueError) as e:
-            raise OSError(f"cannot read token file {a.token_file}: {getattr(e, 'strerror', None) or e}") from None
-    return JobQueue(a.host, a.port, token=token)
+            token = tokenfile.first_token(a.token_file)
+        except ValueError as e:
+            raise OSError(str(e)) from None
+    return JobQueue(a.host, a.port, token=token, tls=getattr(a, "tls_ca", None))
 
 
 def run_client(command: ClientCommand, a: argparse.Namespace) -> int:

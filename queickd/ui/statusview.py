@@ -76,6 +76,7 @@ def lines(s: dict[str, Any], width: int = 100) -> list[str]:
         state = "REFUSED: " + wk["refused"] if wk["refused"] else "alive" if wk["alive"] else "GONE"
         out.append(f"  {wk['kind']} {wk['host']}:{wk['pid']} pools {','.join(wk['pools'])}  running "
                    f"{wk['running']}/{wk['slots']}  beat {wk['silent_for']:.0f}s ago  {state}")
+    out.extend(token_lines(s.get("tokens"), now))
     if s["waiting_by_key"]:
         out.append("")
         out.append(f"{'KEY':<30} {'WAITING':>8}  OLDEST DUE")
@@ -145,4 +146,17 @@ def member_lines(hour: dict[str, Any] | None) -> list[str]:
         runs = m["completed"] + m["failed"]
         out.append(f"  {m['member'][:28]:<28} {runs:>6} runs  {m['failed']:>5} failed  "
                    f"{m['seconds'] / runs if runs else 0:.3f} s/run")
+    return out
+
+
+def token_lines(tokens: list[dict[str, Any]] | None, now: float) -> list[str]:
+    """The named tokens (--token-file): each one's connections and jobs enqueued since the
+    daemon started, when last seen, and REVOKED for one removed from the file since."""
+    if not tokens:
+        return []
+    out = ["", f"{'TOKEN':<30} {'CONNECTIONS':>11} {'ENQUEUED':>8}  LAST SEEN"]
+    for t in tokens:
+        seen = f"{_terse_ago(now, t['last_seen'])} ago" if t["last_seen"] else "never"
+        out.append(f"{t['name'][:30]:<30} {t['connections']:>11} {t['enqueued']:>8}  {seen}"
+                   + ("  REVOKED" if t["revoked"] else ""))
     return out
