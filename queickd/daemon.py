@@ -88,6 +88,9 @@ def validate(config: Config) -> None:
         raise ValueError("--accept-queick-clients cannot be combined with --token-file: Queick "
                          "1.2.1 clients cannot present a token; run a separate daemon for them, "
                          "on loopback, or move them to protocol v1")
+    if config.accept_queick_clients and config.tls_cert is not None:
+        raise ValueError("--accept-queick-clients cannot be combined with --tls-cert: Queick 1.2.1 clients "
+                         "cannot speak TLS; run a separate daemon for them, on loopback")
     server_context(config.tls_cert, config.tls_key, config.tls_client_ca)
     if config.http is not None:
         from .api.httpd import parse_address

@@ -148,7 +148,10 @@ def test_tls_cert_is_reloaded_on_sighup(start_daemon, certs, tmp_path):
     (lambda c: ("--tls-cert", c.server_cert, "--tls-key", "/no/such/key"), "cannot read --tls-key"),
     (lambda c: ("--tls-cert", c.server_cert, "--tls-key", c.client_key), "does not match --tls-cert"),
     (lambda c: ("--tls-client-ca", c.ca), "--tls-client-ca"),
-], ids=["cert-without-key", "unreadable-key", "key-not-matching", "client-ca-without-cert"])
+    (lambda c: ("--tls-cert", c.server_cert, "--tls-key", c.server_key, "--accept-queick-clients"),
+     "cannot speak TLS"),
+], ids=["cert-without-key", "unreadable-key", "key-not-matching", "client-ca-without-cert",
+        "queick-clients-with-tls"])
 def test_a_cert_without_its_key_exits_78(certs, tmp_path, flags, message):
     r = subprocess.run([sys.executable, "-m", "queickd", "run", "--port", "0", "--store", "memory://",
                         "--app-dir", str(JOBS_DIR), *flags(certs)], capture_output=True, text=True, timeout=60)
@@ -174,3 +177,12 @@ def test_a_plaintext_connection_to_a_tls_port_is_told_before_it_is_closed(start_
         s.sendall(b'{"op":"stats"}\n')
         replies = [json.loads(line) for line in s.makefile("rb")]
     assert [r["error"]["code"] for r in replies] == ["bad_request"]
+
+
+@pytest.mark.parametrize("first", [b"", b"\x16\x03\x01"], ids=["silent", "handshake-begun"])
+def test_a_tls_connection_that_does_not_finish_its_handshake_is_closed_at_the_hello_timeout(start_daemon, certs,
+                                                                                            first):
+    d = start_daemon(None, *tls_flags(certs, "--hello-timeout", "1"))
+    with socket.create_connection(("127.0.0.1", d.port), timeout=30) as s:  # bounds a hang only
+        s.sendall(first)
+        assert s.recv(1024) == b""  # closed by the daemon, unanswered

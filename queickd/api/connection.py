@@ -330,7 +330,7 @@ class Connection(asyncio.BufferedProtocol):
                     return group
                 self.authed = True
                 self._shown()
-                if self.token_name is None and "token_name" in reply:
+                if reply.get("token_name", self.token_name) != self.token_name:  # revoking a name closes it
                     self.token_name = reply["token_name"]
                     self.svc.tokens.connected(self.token_name)  # type: ignore[union-attr]
                 self.pending.append(protocol.encode(reply))
