@@ -119,6 +119,9 @@ FIELDS: tuple[Field, ...] = (
     Field("workflow_loop", "int | None", None, sql="INTEGER", **_NEW),
     # A cron's run: the last tick folded into it while it waited (None when none was).
     Field("cron_until", "float | None", None, new=False, sql="REAL"),
+    # What the running job last said of its progress (queickd.progress): {"done", "total",
+    # "note", "at", "attempt"}; None until it says any. Kept after the run ends.
+    Field("progress", "dict | None", None, new=False, sql="TEXT", codec="json"),
 )
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}

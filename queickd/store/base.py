@@ -271,6 +271,13 @@ class Store(Protocol):
         claim counted given back. Returns how many were still running."""
         ...
 
+    def set_progress_if_running(self, updates: Sequence[tuple[int, int, dict[str, Any]]]) -> int:
+        """Store each (job id, attempt, progress) as the job's `progress`, where that job is
+        still `running` its attempt `attempt`; anything else (finished, re-queued, run again)
+        is left alone. One transaction, which a power cut may undo (bookkeeping). Returns
+        how many jobs it changed."""
+        ...
+
     def budget_usage(self, pools: list[str], groups: list[str]) -> dict[tuple[str, str], tuple[float, int, float, int]]:
         """("pool" | "group", name) -> (running cost, running jobs, waiting cost, waiting
         jobs), for the named pools and groups that have any. For stats: may scan."""

@@ -12,6 +12,7 @@ import heapq
 import itertools
 import threading
 from collections.abc import Collection, Iterator, Sequence
+from typing import Any
 
 from ..core.job import Job, NewJob, Outcome, State, Submitted, new_record
 from ..core.policy import admission as adm
@@ -301,6 +302,16 @@ class MemoryStore(MemoryOperatorOps, MemoryCronsEvents, MemoryResources, MemoryW
                 self._pauses[t] = dataclasses.replace(self._pauses[t], probe_at=probe_at, trips=trips, probe_job=None)
         return Finished(changed, [Pause(*t, now, failures, err, *p.probes.get(t, (None, 0)))
                                   for t, failures, err in p.new], p.next_probe)
+
+    def set_progress_if_running(self, updates: Sequence[tuple[int, int, dict[str, Any]]]) -> int:
+        n = 0
+        with self._lock:
+            for job_id, attempt, progress in updates:
+                job = self._jobs.get(job_id)
+                if job is not None and job.state == State.RUNNING and job.attempts == attempt:
+                    self._put(dataclasses.replace(job, progress=dict(progress)))  # shares nothing with the caller
+                    n += 1
+        return n
 
     def recover_orphans(self, max_requeues: int, now: float, running_here: Collection[int] = ()) -> Recovered:
         with self._lock:

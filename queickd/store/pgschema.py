@@ -352,6 +352,11 @@ MIGRATIONS: list[str] = [
     # 26: jobs waiting in a pool no claimer serves, and their groups, cost a claim nothing
     # (pgservedsql.py).
     pgservedsql.CLAIM_OF_SERVED_POOLS,
+    # 27: what a running job last said of its progress (NULL: nothing). The claim and pass
+    # functions return SETOF jobs: they carry it.
+    """
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS progress text;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

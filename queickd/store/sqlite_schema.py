@@ -332,9 +332,16 @@ def _v17(c: sqlite3.Connection) -> None:
         c.execute(f"DROP INDEX IF EXISTS jobs_queued_{name}")
 
 
+def _v18(c: sqlite3.Connection) -> None:
+    """jobs.progress: what a running job last said of its progress (NULL: nothing, and for
+    every older job)."""
+    _add_column(c, "jobs", "progress", "TEXT")
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
-                                                          _v11, _v12, _v13, _v14, _v15, _v16, _v17]
+                                                          _v11, _v12, _v13, _v14, _v15, _v16, _v17,
+                                                          _v18]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -368,6 +368,17 @@ class SharedSql:
                 self._released(c)
         return n
 
+    def set_progress_if_running(self, updates: list[tuple[int, int, dict[str, Any]]]) -> int:
+        """One statement for the batch (Store.set_progress_if_running); losing it in a power
+        cut loses a progress note, so it is bookkeeping (no flush of its own)."""
+        if not updates:
+            return 0
+        with self.batch(bookkeeping=True), self._write() as c:
+            cur = c.cursor()
+            cur.executemany(self._q("UPDATE jobs SET progress = ? WHERE id = ? AND state = 'running' AND attempts = ?"),
+                            [(dbrows.dumps(p), job_id, attempt) for job_id, attempt, p in updates])
+            return max(0, cur.rowcount)
+
     def _scheduled_at(self, c: Any, run_at: float) -> None:
         """Jobs were scheduled at run_at (a shared store tells the other daemons' timers)."""
 
