@@ -6,13 +6,21 @@ The client names import nothing outside the standard library.
 from .client import JobQueue, QueueError
 from .core.cron import SchedulingTime
 from .core.retry import RETRY_TYPE
-from .run.context import CurrentJob, JobInterrupted, cron_last_tick, cron_tick, current_job, workflow_key
+from .run.context import (
+    CurrentJob,
+    JobInterrupted,
+    cron_last_tick,
+    cron_tick,
+    current_job,
+    progress,
+    workflow_key,
+)
 from .tasks import AsyncJobHandle, JobCancelled, JobFailed, JobHandle, Task
 from .version import __version__
 
 __all__ = ["JobQueue", "AsyncJobQueue", "QueueError", "JobFailed", "JobCancelled", "JobHandle", "AsyncJobHandle",
            "Task", "SchedulingTime", "RETRY_TYPE", "__version__", "cron_tick", "cron_last_tick", "workflow_key",
-           "current_job", "CurrentJob", "JobInterrupted"]
+           "current_job", "CurrentJob", "JobInterrupted", "progress"]
 
 
 def __getattr__(name: str) -> object:

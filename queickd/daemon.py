@@ -44,6 +44,7 @@ from .services.memory_gate import MemoryGate
 from .services.netcheck import NetworkMonitor, parse_target
 from .services.network import NetworkParking
 from .services.pool_size import PoolSize, adaptive_size
+from .services.progress import ProgressWriter
 from .services.retention import Retention
 from .services.scheduler import Scheduler
 from .services.worker import WorkerPool
@@ -133,6 +134,7 @@ class Daemon:
         self.http: HttpServer | None = None
         self.metrics = Metrics(clock)
         self.network: NetworkMonitor | None = None
+        self.progress: ProgressWriter | None = None
         self._stop = threading.Event()
         self._stopped = False
         self._wakeup_w: int | None = None
@@ -185,6 +187,9 @@ class Daemon:
                                   hidden=hidden, namespaces=c.job_namespaces != "off", user=c.job_user)
         self.on_reload.append(self.runner.reload)  # process jobs re-import the app too
         self.metrics.sandbox = self.runner.stats
+        self.progress = ProgressWriter(store)  # what jobs say of their progress, in batches
+        self.runner.report_progress_to(self.progress.offer)
+        self.metrics.progress = self.progress.stats
         self.parking = NetworkParking(store, self.network, lambda: self.pool.wake(), clock=self.clock)
         self.retention = Retention(store, c.keep_finished, clock=self.clock)
         if c.keep_finished < c.idempotency_ttl:  # the key lives on its job's row
@@ -442,6 +447,8 @@ class Daemon:
                     log.exception("error while stopping (%s); going on", step.__qualname__)
         finished = self.pool.stop(self.config.stop_timeout)
         self.runner.stop()
+        if self.progress is not None:
+            self.progress.stop()
         if self.fleet is not None:
             self.fleet.stop()
         # Read once: a call that returns now changes neither what the store holds nor the exit.

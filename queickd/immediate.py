@@ -47,6 +47,7 @@ from .core.job import Outcome, State
 from .core.protocol import Code, QueueError
 from .run.loader import FunctionLoader
 from .run.thread import ThreadRunner
+from .services import progress
 from .services.batcher import SubmitBatcher
 from .services.scheduler import Scheduler
 from .services.worker import WorkerPool
@@ -86,7 +87,9 @@ class ImmediateTransport:
         self._retries: list[tuple[float, int]] = []  # (run_at, job id) of the retries scheduled
         self.loader = loader = FunctionLoader(app_dir, allow)
         self.store = store = MemoryStore()
-        self.pool = WorkerPool(store, loader, 1, clock=self.clock, runner=ThreadRunner(loader),
+        runner = ThreadRunner(loader)
+        runner.progress = self._progress  # a job's queickd.progress(), stored as it comes
+        self.pool = WorkerPool(store, loader, 1, clock=self.clock, runner=runner,
                                pause_after=defaults.pause_after, pause_cooldown=defaults.pause_cooldown,
                                on_finished=self._finished)
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock)
@@ -209,6 +212,12 @@ class ImmediateTransport:
             if nxt > now and self._sleep is not None:
                 self._sleep(nxt - now)
             self.clock.move_to(nxt)
+
+    def _progress(self, job_id: int, attempt: int, done: float, total: float | None, note: str | None,
+                  at: float) -> None:
+        """A job's queickd.progress(): a memory store's write costs no more than the batching
+        would, so it is stored at once (the job has dropped repeats already)."""
+        self.store.set_progress_if_running([(job_id, attempt, progress.record(attempt, done, total, note, at))])
 
     def _finished(self, outcomes: list[Outcome]) -> None:
         """The pool's runs ended (its thread: the caller's): their retries, as the daemon's

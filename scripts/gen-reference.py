@@ -270,7 +270,7 @@ def _every_family_stats() -> dict:
         "scheduler": {"alive": True, "last_fired_at": None}, "network": None,
         "sandbox": {"runs": {"thread": 1}, "kills": {"timeout": 1}, "crashed": 0,
                     "zygote": {"alive": True, "restarts": 0}, "limits": {"memory": "rss"}},
-        "refused": 0, "uptime": 1.0,
+        "progress": {"offered": 0, "written": 0, "batches": 0}, "refused": 0, "uptime": 1.0,
     }
 
 

@@ -221,3 +221,9 @@ def test_the_pytest_fixture_of_the_testing_docs_works(tmp_path):
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"\b[2-9] passed\b", done.stdout), done.stdout
+
+
+def test_immediate_progress_is_visible_in_get_while_the_job_runs(q):
+    job = q.wait(q.enqueue(immediatejobs.report_progress))
+    assert job["result"] == [1, 2, "half"]
+    assert (job["progress"]["done"], job["progress"]["total"]) == (2, 2)

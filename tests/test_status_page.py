@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,19 @@ def test_status_page_holds_the_daemons_numbers(busy_web, gate):
     assert "card reader unplugged" in page  # a dead letter's error
     assert "<td>key</td><td>slack</td>" in page  # paused
     assert "testjobs:gate" in page  # running
+
+
+def test_status_page_shows_a_running_jobs_progress(start_daemon, tmp_path, gate):
+    web = start_web(start_daemon, tmp_path)
+    with web.daemon.client() as q:
+        job = q.enqueue("progressjobs:report_then_gate", [gate.port, 42, 100, "<b>copying</b>"])
+        assert gate.arrival() == "reported"
+        end = time.monotonic() + 20
+        while q.get(job)["progress"] is None:  # written within a fraction of a second
+            assert time.monotonic() < end
+    page = web.get("/").body.decode()
+    assert f"<td>{job}</td><td>progressjobs:report_then_gate</td>" in page
+    assert "42/100 (42%) &lt;b&gt;copying&lt;/b&gt;</td>" in page
 
 
 def test_status_page_escapes_what_jobs_put_in_it(start_daemon, tmp_path):

@@ -389,6 +389,7 @@ class QueueService(WorkflowOps):
             "budgets": self.budgets(),
             "memory": self.pool.memory.snapshot() if self.pool.memory is not None else None,
             "sandbox": self.metrics.sandbox_stats() if self.metrics is not None else None,
+            "progress": self.metrics.progress_stats() if self.metrics is not None else None,
             "collector": collector.snapshot(),
             "tokens": self.tokens.snapshot() if self.tokens is not None else None,
         }

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..ui.text import ERROR_SHOWN, local_time, one_line, pause_cause, unserved
+from ..ui.text import ERROR_SHOWN, local_time, one_line, pause_cause, progress_text, unserved
 
 
 def print_jobs(jobs: list[dict[str, Any]]) -> None:
@@ -15,6 +15,8 @@ def print_jobs(jobs: list[dict[str, Any]]) -> None:
         err = j.get("error") or {}
         tail = f"  [{err.get('type')}: {one_line(err.get('message'), ERROR_SHOWN)}]" if err else ""
         tries, note = _tries(j)
+        if j["state"] == "running" and j.get("progress"):  # how far the run has got
+            note += f"  {progress_text(j['progress'], 40)}"
         print(f"{j['id']:>8}  {j['state']:<15} {tries:>5}  {local_time(j['run_at']):<19}  {j['func']}{note}{tail}")
 
 
@@ -54,6 +56,8 @@ def print_job(job: dict[str, Any]) -> None:
         elif k == "output" and v:
             print(f"{'output':>16}:")
             _block(v)
+        elif k == "progress" and v:
+            print(f"{'progress':>16}: {progress_text(v)}  (said {local_time(v.get('at'))}, attempt {v.get('attempt')})")
         elif k in ("run_at", "created_at", "started_at", "finished_at", "cron_until"):
             print(f"{k:>16}: {local_time(v)}")
         else:

@@ -1,5 +1,6 @@
 """The job's own process, freshly forked from the zygote: it locks itself in, runs the one
-job and writes its run report as JSON on fd 3, then exits without running any clean-up of
+job and writes its run report as JSON on fd 3 (after the lines of its queickd.progress()
+calls, run/progress_pipe.py), then exits without running any clean-up of
 the zygote it was copied from.
 
 Before job code runs it leads its own process group, becomes the subreaper of whatever it
@@ -29,6 +30,7 @@ from ..core.fate import clean, storable_result
 from ..core.protocol import MAX_DEPTH, too_deep
 from . import capture, context, isolate
 from .base import RunReport
+from .progress_pipe import ProgressPipe
 
 REPORT_FD = 3
 PR_SET_PDEATHSIG = 1
@@ -186,6 +188,7 @@ def warm_up() -> None:
 def run(req: dict[str, Any], out_fd: int, rep_fd: int, fn: Callable[..., Any]) -> NoReturn:
     """Run the job in this freshly forked process and exit; never returns."""
     code = 0
+    pipe: ProgressPipe | None = None
     try:
         try:
             _lock_in(req, out_fd, rep_fd)
@@ -201,8 +204,11 @@ def run(req: dict[str, Any], out_fd: int, rep_fd: int, fn: Callable[..., Any]) -
                         req["args"], req["kwargs"] = json.load(f)
                     os.unlink(req["args_file"])
                 ticks = req.get("cron_ticks")  # what queickd.current_job(), workflow_key() and cron_*() read
-                context.set_job(context.CurrentJob(*req.get("job") or (None, None, None), req.get("workflow_key"),
-                                                   None if not ticks else (ticks[0], ticks[1])))
+                job = context.CurrentJob(*req.get("job") or (None, None, None), req.get("workflow_key"),
+                                         None if not ticks else (ticks[0], ticks[1]))
+                if req.get("progress"):  # queickd.progress(): lines ahead of the report
+                    job.progress_to = pipe = ProgressPipe(REPORT_FD)
+                context.set_job(job)
                 value = fn(*req["args"], **req["kwargs"])
                 if capture.awaitable(value):  # an async job: awaited on a loop of its own
                     from .aio import awaited  # asyncio's import is paid by async jobs only
@@ -213,6 +219,8 @@ def run(req: dict[str, Any], out_fd: int, rep_fd: int, fn: Callable[..., Any]) -
             else:
                 report = RunReport(True, None, runtime=time.monotonic() - began)
             report = _judge(report, value, req["max_result"])
+        if pipe is not None:
+            pipe.close()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

@@ -1,11 +1,11 @@
 """What a running job may ask about itself: `current_job()` (its id, attempt, deadline and
-whether it was cancelled), `workflow_key()` (a workflow step's key), `cron_tick()` (the
+whether it was cancelled), `progress()` (what it says of how far it has got), `workflow_key()` (a workflow step's key), `cron_tick()` (the
 tick a cron's run was fired for) and `cron_last_tick()` (the last tick it stands for:
 ticks that came while it waited were folded into it); and `JobInterrupted`, the exception
 a thread job is stopped with.
 
 Owns one context variable (the CurrentJob), set by a runner around the call of a job and
-reset after it; it never touches the store. Read from the thread (or context) that runs
+reset after it; it never touches the store (progress goes to the sink its runner gave). Read from the thread (or context) that runs
 the job; elsewhere current_job() and the others return None.
 """
 
@@ -13,8 +13,14 @@ from __future__ import annotations
 
 import contextvars
 import time
+from collections.abc import Callable
 
 Ticks = tuple[float, float]  # (the tick a run was fired for, the last tick folded into it)
+
+NOTE_MAX = 200  # characters of a progress note kept
+_INF = float("inf")
+# (job id, attempt, done, total, note, unix time it was said): where a runner takes progress.
+ProgressSink = Callable[[int, int, float, "float | None", "str | None", float], None]
 
 _JOB: contextvars.ContextVar[CurrentJob | None] = contextvars.ContextVar("queickd_current_job", default=None)
 
@@ -34,7 +40,7 @@ class CurrentJob:
     what workflow_key(), cron_tick() and cron_last_tick() read: one context variable for
     all, set once per run."""
 
-    __slots__ = ("id", "attempt", "deadline", "cancelled", "_key", "_ticks")
+    __slots__ = ("id", "attempt", "deadline", "cancelled", "_key", "_ticks", "progress_to", "_said")
 
     def __init__(self, job_id: int, attempt: int, deadline: float | None, workflow_key: str | None = None,
                  ticks: Ticks | None = None) -> None:
@@ -44,6 +50,9 @@ class CurrentJob:
         self.cancelled = False
         self._key = workflow_key
         self._ticks = ticks
+        # Where progress() hands a changed value (services/progress.py); None: nowhere (False).
+        self.progress_to: ProgressSink | None = None
+        self._said: tuple | None = None  # the last (done, total, note) handed over
 
     def remaining(self) -> float | None:
         """Seconds left before the timeout (never below 0); None without a timeout."""
@@ -59,6 +68,42 @@ def current_job() -> CurrentJob | None:
     thread job checks `current_job().cancelled` between steps to stop cleanly when an
     operator cancels it; `deadline` says when its timeout ends."""
     return _JOB.get()
+
+
+def progress(done: float, total: float | None = None, note: str | None = None) -> bool:
+    """Say how far the running job has got: `done` out of `total` (None: not known), with a
+    short `note` (cut to NOTE_MAX characters). Cheap enough to call per item: a value equal
+    to the last one is dropped here, and the daemon writes the latest one at most a few
+    times a second. True once handed over; False outside a job (a no-op). Raises TypeError
+    or ValueError for a value that is not a finite number (or a note not text)."""
+    job = _JOB.get()
+    if job is None or job.progress_to is None:
+        return False
+    said = (done, total, note)
+    if said == job._said:
+        return True
+    job._said = None  # until this value is handed over: one that raises is not "the last"
+    done = _number(done)
+    total = None if total is None else _number(total)
+    if note is not None:
+        if not isinstance(note, str):
+            raise TypeError(f"progress note is text, not {type(note).__name__}")
+        if len(note) > NOTE_MAX:
+            note = note[:NOTE_MAX - 1] + "…"
+    job.progress_to(job.id, job.attempt, done, total, note, time.time())
+    job._said = said
+    return True
+
+
+def _number(v: object) -> int | float:
+    """A finite int or float as JSON holds it (a numpy number too), or TypeError/ValueError."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"progress takes numbers, not {type(v).__name__} ({v!r})")
+    if isinstance(v, float):
+        if v != v or v in (_INF, -_INF):
+            raise ValueError(f"progress takes finite numbers, not {v!r}")
+        return float(v)
+    return int(v)
 
 
 def workflow_key() -> str | None:

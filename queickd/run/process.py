@@ -25,7 +25,7 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..core.fate import CANCELLED
@@ -112,6 +112,7 @@ class ProcessRunner:
         self._local = threading.local()  # each worker thread's _ThreadIO
         self._tmp = tempfile.gettempdir()
         self._dirs = itertools.count(1)  # the job directories' names (next() is atomic)
+        self.progress: context.ProgressSink | None = None  # where queickd.progress() in a child goes
 
     def sweep(self) -> None:
         """At start: the job directories and per-job groups of a daemon that was killed with
@@ -167,6 +168,12 @@ class ProcessRunner:
         except FileExistsError:
             return tempfile.mkdtemp(prefix=f"queickd-job-{job_id}-", dir=self._tmp)
         return path
+
+    def _progress_of(self, job: Job) -> Callable[[float, float | None, str | None, float], None] | None:
+        sink = self.progress
+        if sink is None:
+            return None
+        return lambda done, total, note, at: sink(job.id, job.attempts, done, total, note, at)
 
     def _was_cancelled(self, job_id: int) -> bool:
         with self._count_lock:
@@ -240,7 +247,8 @@ class ProcessRunner:
                "workflow_key": job.idempotency_key if job.workflow_run is not None else None,
                "cron_ticks": context.ticks_of(job.cron, job.idempotency_key, job.cron_until),
                "job": [job.id, job.attempts, None if limits.timeout is None
-                       else time.time() + limits.timeout - (time.monotonic() - began)]}
+                       else time.time() + limits.timeout - (time.monotonic() - began)],
+               "progress": self.progress is not None}  # the child sends it on its report pipe
         if len(job.args) + len(job.kwargs) and len(json.dumps([job.args, job.kwargs])) > INLINE_ARGS:
             # A socket packet is bounded by the socket's buffer (~200 KB): large arguments go
             # to the child in a file of its own directory, which it reads and removes.
@@ -267,7 +275,8 @@ class ProcessRunner:
                     os.close(out_w)
                     os.close(rep_w)
                 watch = Watch(p, io.sel, out_r, rep_r, limits, max_out, cg, began, self.kill_grace,
-                              rlimits.get("cpu"), follower=self.supervisor.namespaces is None)
+                              rlimits.get("cpu"), follower=self.supervisor.namespaces is None,
+                              progress=self._progress_of(job))
                 with self._count_lock:
                     self._watches[job.id] = watch
                     cancelled = self._cancelled.pop(job.id, None) is not None

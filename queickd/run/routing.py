@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from ..core import sandbox
 from ..core.job import Job
-from . import isolate
+from . import context, isolate
 from .base import RunReport
 from .loader import FunctionLoader
 from .process import ProcessRunner
@@ -90,6 +90,13 @@ class RoutingRunner:
     def reload(self) -> None:
         if self.supervisor is not None:
             self.supervisor.reload()
+
+    def report_progress_to(self, sink: context.ProgressSink) -> None:
+        """Where queickd.progress() of the jobs run here goes (services/progress.py), in a
+        thread or in a process. Before start()."""
+        self.thread.progress = sink
+        if self.process is not None:
+            self.process.progress = sink
 
     def cancel(self, job_id: int) -> None:
         """Runner.cancel: a process job is killed; a thread job is interrupted (ThreadRunner)."""

@@ -62,6 +62,7 @@ class ThreadRunner:
         self.measure = measure
         self.stops = Stops()
         self.loop = LoopRunner()  # awaits async jobs: run/aio.py
+        self.progress: context.ProgressSink | None = None  # where queickd.progress() in a job goes
 
     def run(self, job: Job, timeout: float | None = None) -> RunReport:
         """Run the job here; `timeout` (seconds): interrupt it once that has passed."""
@@ -89,6 +90,7 @@ class ThreadRunner:
         run = ThreadRun(job.id, job.attempts, timeout, began,
                         job.idempotency_key if job.workflow_run is not None else None,
                         None if job.cron is None else context.ticks_of(job.cron, job.idempotency_key, job.cron_until))
+        run.progress_to = self.progress
         token = context.set_job(run)
         value: Any = None
         error: BaseException | None = None

@@ -4,21 +4,25 @@ blocks on a full pipe) and kept up to the cap, the report read from its own pipe
 wall-time deadline, and the memory watch (the child's RSS, or its cgroup's usage) while a
 memory limit is set (without cgroups: tree_memory, the job's whole process tree). At a limit the child's process group gets SIGTERM (time) or SIGKILL
 (memory, output), and SIGKILL after the grace. What happened becomes the RunReport; the
-report is JSON, never unpickled.
+report is JSON, never unpickled. Progress lines the child sends ahead of its report
+(queickd.progress) go to the runner's progress sink as they come.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import selectors
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..core.fate import clean
 from ..core.sandbox import Limits
 from .base import RunReport
+from .context import NOTE_MAX
 from .supervisor import Pending
 
 WATCH_INTERVAL = 0.02  # seconds between looks at a memory-limited child's RSS
@@ -89,16 +93,22 @@ def tree_memory(pid: int, follower: bool = False) -> int | None:
     return total
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 class Watch:
     """One running child, watched until the zygote reports it reaped."""
 
     def __init__(self, p: Pending, sel: selectors.BaseSelector, out_r: int, rep_r: int,
                  limits: Limits, max_out: int, cg: Any, began: float, kill_grace: float,
-                 cpu_limit: int | None = None, follower: bool = False) -> None:
+                 cpu_limit: int | None = None, follower: bool = False,
+                 progress: Callable[[float, float | None, str | None, float], None] | None = None) -> None:
         self.p, self.limits, self.max_out, self.cg = p, limits, max_out, cg
         self.follower = follower  # the pid only follows the job in its namespaces (run/isolate.py)
         self.kill_grace = kill_grace
         self.cpu_limit = cpu_limit  # the child's RLIMIT_CPU, seconds
+        self.progress = progress  # takes the progress lines the child sends before its report
         self.began = began
         self.out, self.out_len, self.report = bytearray(), 0, bytearray()
         self.killed: tuple[str, str] | None = None  # (error type, message)
@@ -192,6 +202,26 @@ class Watch:
                                f"{self.limits.output_kb} KB to stdout/stderr", signal.SIGKILL)
             elif len(self.report) <= self.max_out + MAX_REPORT:
                 self.report += data
+                if b"\n" in data:
+                    self._progress_lines()
+
+    def _progress_lines(self) -> None:
+        """The child's progress lines ([done, total, note, at] in JSON, each ended by a
+        newline, which its one-line report never holds) are taken off the front of what
+        it sent; one that does not read as that is dropped."""
+        while (end := self.report.find(b"\n")) >= 0:
+            line = bytes(self.report[:end])
+            del self.report[:end + 1]
+            try:
+                msg = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if not isinstance(msg, list) or len(msg) != 4:
+                continue
+            done, total, note, at = msg
+            if (self.progress is not None and _number(done) and (total is None or _number(total))
+                    and (note is None or isinstance(note, str)) and _number(at)):
+                self.progress(done, total, note if note is None else note[:NOTE_MAX], at)
 
     def _watch_memory(self) -> None:
         used = self.cg.memory_peak() if self.cg is not None else tree_memory(self.pid, self.follower)  # type: ignore[arg-type]

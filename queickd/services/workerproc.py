@@ -37,6 +37,7 @@ from .budgets import BudgetsInForce
 from .fleet import FleetMember
 from .memory_gate import MemoryGate
 from .pool_size import adaptive_size
+from .progress import ProgressWriter
 from .worker import WorkerPool
 
 log = logging.getLogger("queickd.workerproc")
@@ -91,6 +92,8 @@ def run(config: WorkerConfig) -> int:
         runner = make_runner(loader, sandbox.settings(config), config.sandbox_env, measure=gate.measures_run,
                              hidden=isolate.hidden_paths(config.store, [config.config], [loader.app_dir, tempfile.gettempdir()]),
                              namespaces=config.job_namespaces != "off", user=config.job_user)
+        progress = ProgressWriter(store)  # what jobs say of their progress, in batches
+        runner.report_progress_to(progress.offer)
         # A pause begun here is probed after its cooldown, and a job set aside for want of
         # memory may start after its wait: the pool wakes then, not at its next sweep (the
         # daemon's scheduler does this for a daemon's pool).
@@ -126,6 +129,7 @@ def run(config: WorkerConfig) -> int:
         finished = pool.stop(config.stop_timeout)
         alarm.stop()
         runner.stop()
+        progress.stop()
         member.stop()
         log.info("stopped" if finished else "stopped with jobs still running (re-queued by the fleet)")
         return status["code"]

@@ -53,9 +53,14 @@ class Metrics:
         # The runner's own counters (run/routing.py stats()): runs by isolation, limit kills,
         # the zygote. Set by the daemon; read, never copied, so there is one count of each.
         self.sandbox: Callable[[], dict[str, Any]] | None = None
+        # The progress writer's counts (services/progress.py stats()), read the same way.
+        self.progress: Callable[[], dict[str, int]] | None = None
 
     def sandbox_stats(self) -> dict[str, Any] | None:
         return self.sandbox() if self.sandbox is not None else None
+
+    def progress_stats(self) -> dict[str, int] | None:
+        return self.progress() if self.progress is not None else None
 
     def _bucket(self, now: float) -> list[Any]:
         minute = int(now // 60)
@@ -215,6 +220,12 @@ class Metrics:
                [({}, 1 if net and net["checker_alive"] else 0)])
         family("queickd_network_up", "gauge", "1 network up, 0 down, NaN unknown or no checker.",
                [({}, {"up": 1, "down": 0}.get(net["state"], math.nan) if net else math.nan)])
+        pr = stats.get("progress")
+        if pr is not None:
+            family("queickd_progress_updates_total", "counter", "Progress values jobs reported "
+                   "(queickd.progress), a repeat of a job's last value not counted.", [({}, pr["offered"])])
+            family("queickd_progress_writes_total", "counter", "Jobs' progress rows written to the store "
+                   "(the latest value of each job, at most a few times a second).", [({}, pr["written"])])
         sb = stats.get("sandbox")
         if sb is not None:
             family("queickd_runs_total", "counter", "Job runs by isolation (thread or process).",

@@ -1,5 +1,5 @@
 """Wording shared by the terminal views (`queick stats`, `status`, `top`) and the status
-page: ages, what a pause waits for, a pool no worker serves. Plain functions of plain
+page: ages, what a pause waits for, a pool no worker serves, a job's progress. Plain functions of plain
 values: a client command imports them without the daemon's modules."""
 
 from __future__ import annotations
@@ -69,3 +69,19 @@ def probe_text(p: dict[str, Any], now: float) -> str:
     if p.get("probe_job") is not None and at <= now:
         return f" (probe job {p['probe_job']} running)"
     return f" (next probe {'now' if at <= now else 'in ' + ago(at, now, sep='')})"
+
+
+def progress_text(p: dict[str, Any] | None, limit: int | None = None) -> str:
+    """A job's `progress` for people: '42/100 (42%) copying', '7 copying' without a total,
+    '' when it said none. `limit`: characters of the note kept."""
+    if not p:
+        return ""
+    done, total, note = p.get("done"), p.get("total"), p.get("note")
+    text = f"{done:g}" if isinstance(done, (int, float)) else str(done)
+    if isinstance(total, (int, float)):
+        text += f"/{total:g}"
+        if total > 0 and isinstance(done, (int, float)):
+            text += f" ({100 * done / total:.0f}%)"
+    if note:
+        text += f" {one_line(note, limit)}"
+    return text

@@ -42,3 +42,14 @@ def wait_for_my_child():
 def flaky_step(state):
     """A workflow step that fails its first two runs."""
     return {"runs": flaky("step", 2)}
+
+
+def report_progress():
+    """Reports 1/2, reads its own job through the queue (what `get` shows while it runs),
+    then reports 2/2; returns what it read."""
+    import queickd
+
+    queickd.progress(1, 2, "half")
+    seen = QUEUE.get(queickd.current_job().id)["progress"]
+    queickd.progress(2, 2)
+    return [seen["done"], seen["total"], seen["note"]]

@@ -1,0 +1,94 @@
+"""The progress writer: what running jobs say of their progress (queickd.progress), stored
+on their jobs in batches, at most once every INTERVAL seconds for all of them.
+
+`offer` takes the latest value of one job (from the job's own thread, or from the watch of
+a process job's child); a later value of the same job replaces one not yet written, so a
+job that reports 10,000 times a second costs a dict store per change and a few rows a
+second. One thread of its own, started with the first offer, writes each batch with one
+statement (Store.set_progress_if_running, which leaves alone a job no longer running that
+attempt) and sleeps while nothing waits: idle costs nothing. A failed write is logged and
+dropped (the next value replaces it); it never decides anything about a job.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+log = logging.getLogger("queickd.progress")
+
+INTERVAL = 0.25  # seconds between two writes: at most four a second, whatever the jobs say
+
+
+def record(attempt: int, done: float, total: float | None, note: str | None, at: float) -> dict[str, Any]:
+    """A job's `progress` as it is stored and shown."""
+    return {"done": done, "total": total, "note": note, "at": at, "attempt": attempt}
+
+
+class ProgressWriter:
+    """Any thread may offer; start() is implicit, stop() idempotent and safe before it."""
+
+    def __init__(self, store: Any, interval: float = INTERVAL) -> None:
+        self.store = store
+        self.interval = interval
+        self.offered = 0  # values handed over by jobs (each a change: jobs drop repeats)
+        self.written = 0  # rows the store changed
+        self.batches = 0  # write transactions
+        self._pending: dict[int, tuple[int, dict[str, Any]]] = {}  # job id -> (attempt, progress)
+        self._lock = threading.Lock()  # guards _pending and the counts above
+        self._wake = threading.Event()  # set by an offer into an empty _pending, and by stop()
+        self._stopping = False
+        self._stopped = threading.Event()  # ends the wait between two writes at a stop
+        self._thread: threading.Thread | None = None
+
+    def offer(self, job_id: int, attempt: int, done: float, total: float | None, note: str | None,
+              at: float) -> None:
+        """The job's latest progress (context.ProgressSink). Never blocks on the store."""
+        with self._lock:
+            first = not self._pending
+            self._pending[job_id] = (attempt, record(attempt, done, total, note, at))
+            self.offered += 1
+            if self._thread is None and not self._stopping:
+                self._thread = threading.Thread(target=self._run, name="queickd-progress", daemon=True)
+                self._thread.start()
+        if first:
+            self._wake.set()
+
+    def stop(self) -> None:
+        """Write what waits, then end the thread. Idempotent; safe before any offer."""
+        with self._lock:
+            self._stopping = True
+            thread = self._thread
+        self._stopped.set()
+        self._wake.set()
+        if thread is not None:
+            thread.join()
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"offered": self.offered, "written": self.written, "batches": self.batches}
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                batch, self._pending = self._pending, {}
+                stopping = self._stopping
+            if batch:
+                self._write(batch)
+            if stopping:
+                return
+            if batch:  # the next batch waits: values that come meanwhile replace each other
+                self._stopped.wait(self.interval)
+
+    def _write(self, batch: dict[int, tuple[int, dict[str, Any]]]) -> None:
+        try:
+            n = self.store.set_progress_if_running([(job_id, a, p) for job_id, (a, p) in batch.items()])
+        except Exception as e:  # the store in trouble: this progress is lost, the next comes
+            log.warning("cannot store the progress of %d job(s): %s", len(batch), e)
+            return
+        with self._lock:
+            self.written += n
+            self.batches += 1
