@@ -188,7 +188,7 @@ class Daemon:
         self.on_reload.append(self.runner.reload)  # process jobs re-import the app too
         self.metrics.sandbox = self.runner.stats
         self.progress = ProgressWriter(store)  # what jobs say of their progress, in batches
-        self.runner.report_progress_to(self.progress.offer)
+        self.runner.report_progress_to(self.progress.offer, self.progress.settle)
         self.metrics.progress = self.progress.stats
         self.parking = NetworkParking(store, self.network, lambda: self.pool.wake(), clock=self.clock)
         self.retention = Retention(store, c.keep_finished, clock=self.clock)

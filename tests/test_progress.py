@@ -52,6 +52,15 @@ def test_progress_is_visible_in_get_while_the_job_runs(daemon, gate, isolation):
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_finished_job_keeps_the_last_progress_it_said(daemon, isolation):
+    with daemon.client() as q:
+        done = q.wait(q.enqueue("progressjobs:count_up", (1000,), isolation=isolation), 30)
+    assert done["state"] == State.SUCCEEDED
+    p = done["progress"]
+    assert (p["done"], p["total"]) == (1000, 1000)  # not the first step, written while the rest came
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_unchanged_progress_is_not_written_again(daemon, gate, isolation):
     with daemon.client() as q:
         job = q.enqueue("progressjobs:repeat_then_gate", (gate.port, 1000), isolation=isolation)

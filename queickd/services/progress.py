@@ -6,7 +6,8 @@ a process job's child); a later value of the same job replaces one not yet writt
 job that reports 10,000 times a second costs a dict store per change and a few rows a
 second. One thread of its own, started with the first offer, writes each batch with one
 statement (Store.set_progress_if_running, which leaves alone a job no longer running that
-attempt) and sleeps while nothing waits: idle costs nothing. A failed write is logged and
+attempt) and sleeps while nothing waits: idle costs nothing. When a run ends, `settle`
+writes its value still waiting from the worker thread, before the run's finish. A failed write is logged and
 dropped (the next value replaces it); it never decides anything about a job.
 """
 
@@ -37,6 +38,9 @@ class ProgressWriter:
         self.batches = 0  # write transactions
         self._pending: dict[int, tuple[int, dict[str, Any]]] = {}  # job id -> (attempt, progress)
         self._lock = threading.Lock()  # guards _pending and the counts above
+        # Held while a batch is taken and written: a settle's write and the thread's do not
+        # cross, so an older value of a job is never written after its newer one.
+        self._write_lock = threading.Lock()
         self._wake = threading.Event()  # set by an offer into an empty _pending, and by stop()
         self._stopping = False
         self._stopped = threading.Event()  # ends the wait between two writes at a stop
@@ -54,6 +58,18 @@ class ProgressWriter:
                 self._thread.start()
         if first:
             self._wake.set()
+
+    def settle(self, job_id: int) -> None:
+        """The job's run has ended (the worker thread that ran it, before its finish is
+        stored): a value of it still waiting is written now, so a finished job keeps the
+        last progress it said. Nothing to do, and no lock taken, for most jobs."""
+        if job_id not in self._pending:  # a dict read; nothing of this run comes after its end
+            return
+        with self._write_lock:
+            with self._lock:
+                item = self._pending.pop(job_id, None)
+            if item is not None:
+                self._write({job_id: item})
 
     def stop(self) -> None:
         """Write what waits, then end the thread. Idempotent; safe before any offer."""
@@ -73,11 +89,12 @@ class ProgressWriter:
         while True:
             self._wake.wait()
             self._wake.clear()
-            with self._lock:
-                batch, self._pending = self._pending, {}
-                stopping = self._stopping
-            if batch:
-                self._write(batch)
+            with self._write_lock:
+                with self._lock:
+                    batch, self._pending = self._pending, {}
+                    stopping = self._stopping
+                if batch:
+                    self._write(batch)
             if stopping:
                 return
             if batch:  # the next batch waits: values that come meanwhile replace each other

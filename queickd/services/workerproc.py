@@ -93,7 +93,7 @@ def run(config: WorkerConfig) -> int:
                              hidden=isolate.hidden_paths(config.store, [config.config], [loader.app_dir, tempfile.gettempdir()]),
                              namespaces=config.job_namespaces != "off", user=config.job_user)
         progress = ProgressWriter(store)  # what jobs say of their progress, in batches
-        runner.report_progress_to(progress.offer)
+        runner.report_progress_to(progress.offer, progress.settle)
         # A pause begun here is probed after its cooldown, and a job set aside for want of
         # memory may start after its wait: the pool wakes then, not at its next sweep (the
         # daemon's scheduler does this for a daemon's pool).
