@@ -188,7 +188,7 @@ class Daemon:
         self.on_reload.append(self.runner.reload)  # process jobs re-import the app too
         self.metrics.sandbox = self.runner.stats
         self.progress = ProgressWriter(store)  # what jobs say of their progress, in batches
-        self.runner.report_progress_to(self.progress.offer, self.progress.settle)
+        self.runner.report_progress_to(self.progress.offer)
         self.metrics.progress = self.progress.stats
         self.parking = NetworkParking(store, self.network, lambda: self.pool.wake(), clock=self.clock)
         self.retention = Retention(store, c.keep_finished, clock=self.clock)
@@ -208,6 +208,7 @@ class Daemon:
                                memory=memory,
                                on_deferred=lambda at: self.scheduler.wake_at(at, "set_aside"),
                                size=pool_size(c, self.clock), runner=self.runner, async_jobs=c.async_jobs)
+        self.pool.progress = self.progress
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep,
                                    on_sweep=self._on_sweep, timers={"events": self._deliver_events,
                                                                     "probes": self._probes_due,

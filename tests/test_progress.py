@@ -116,3 +116,16 @@ def test_current_job_gives_id_attempt_and_deadline_in_a_process_job(daemon):
     job_id, attempt, deadline = done["result"]
     assert (job_id, attempt) == (job, 2)
     assert done["started_at"] < deadline <= done["started_at"] + 61
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_progress_on_postgresql_is_visible_while_the_job_runs_and_kept_after(start_daemon, pg_url, gate, isolation):
+    d = start_daemon(pg_url)
+    with d.client() as q:
+        job = q.enqueue("progressjobs:report_then_gate", (gate.port, 5, 8, "pg"), isolation=isolation)
+        assert gate.arrival() == "reported"
+        assert _until_progress(q, job, 5)["state"] == State.RUNNING
+        gate.release_all()
+        assert q.wait(job, 30)["progress"]["note"] == "pg"
+        counted = q.wait(q.enqueue("progressjobs:count_up", (1000,), isolation=isolation), 30)
+    assert (counted["progress"]["done"], counted["state"]) == (1000, State.SUCCEEDED)

@@ -30,7 +30,6 @@ class RoutingRunner:
         self.runs = dict.fromkeys(sandbox.ISOLATIONS, 0)
         self._lock = threading.Lock()
         self.dumpable: str | None = None  # why this process is still dumpable (None: it is not)
-        self._settle: Callable[[int], None] | None = None  # see report_progress_to
 
     @property
     def supervisor(self) -> ZygoteSupervisor | None:
@@ -92,14 +91,12 @@ class RoutingRunner:
         if self.supervisor is not None:
             self.supervisor.reload()
 
-    def report_progress_to(self, sink: context.ProgressSink, settle: Callable[[int], None]) -> None:
+    def report_progress_to(self, sink: context.ProgressSink) -> None:
         """Where queickd.progress() of the jobs run here goes (services/progress.py), in a
-        thread or in a process; `settle(job_id)` is called as each run ends, before its
-        report is returned. Before start()."""
+        thread or in a process. Before start()."""
         self.thread.progress = sink
         if self.process is not None:
             self.process.progress = sink
-        self._settle = settle
 
     def cancel(self, job_id: int) -> None:
         """Runner.cancel: a process job is killed; a thread job is interrupted (ThreadRunner)."""
@@ -145,12 +142,6 @@ class RoutingRunner:
         return True
 
     def run(self, job: Job) -> RunReport:
-        report = self._run(job)
-        if self._settle is not None:  # its last progress is stored before its finish
-            self._settle(job.id)
-        return report
-
-    def _run(self, job: Job) -> RunReport:
         limits = sandbox.decide(job, self.defaults)
         isolation = sandbox.THREAD if limits is None else limits.isolation
         with self._lock:

@@ -4,9 +4,9 @@ pass runs and in which thread; the attributes named below are the pool's.
 
 A pass is one store call where the store has one (store.finish_and_claim: PostgreSQL, whose
 round trips cost more than the statements of a pass in the steady state), else one
-transaction of several calls: outcomes stored, the next jobs claimed, the per-minute
-counts due and the memory gate's measures written, the claimed jobs that may not fit in
-memory sent back.
+transaction of several calls: the last progress of the runs that ended and their outcomes
+stored, the next jobs claimed, the per-minute counts due and the memory gate's measures
+written, the claimed jobs that may not fit in memory sent back.
 
 A job sent back for want of memory goes back to `queued`, where it waited: its place in the
 queue and at the head of its serial key kept (its key's later jobs wait behind it). This
@@ -39,6 +39,7 @@ from ..store.records import Finished, Minute
 from .memory_gate import MemoryGate
 from .outcomes import log_pauses, store_one_by_one
 from .pool_size import PoolSize
+from .progress import ProgressWriter
 from .run_counts import RunCounts
 from .step_state import needs_state
 
@@ -70,6 +71,9 @@ class PassStore:
     counts: RunCounts
     completed: int
     failed: int
+    # The progress writer (services/progress.py), set by the daemon: the last progress of
+    # the runs a pass finishes, not written yet, goes in that pass, before their outcomes.
+    progress: ProgressWriter | None = None
     _done: queue.SimpleQueue[tuple[Outcome, int]]
     _unapplied: list[Outcome]
     _held: dict[int, int]
@@ -140,6 +144,8 @@ class PassStore:
                 or (self._set_aside and self._aside(self._clock()))):  # the one call sets nothing aside
             return False
         unapplied = self._take_outcomes()
+        if self.progress is not None and self.progress.waiting([o.job_id for o in unapplied]):
+            return False  # the one call writes no progress
         free = self._free_threads(unapplied)
         ask = free + 1 if self._can_grow() else free
         if self._stopping or self._draining:
@@ -197,6 +203,8 @@ class PassStore:
         unapplied = self._take_outcomes() if finish else []
         p.unapplied = unapplied
         if unapplied:
+            if self.progress is not None and (last := self.progress.take([o.job_id for o in unapplied])):
+                self.store.set_progress_if_running(last)  # while they still run
             p.report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after,
                                                     self._pause_cooldown)
         p.free = self._free_threads(unapplied)

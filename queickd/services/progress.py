@@ -6,8 +6,8 @@ a process job's child); a later value of the same job replaces one not yet writt
 job that reports 10,000 times a second costs a dict store per change and a few rows a
 second. One thread of its own, started with the first offer, writes each batch with one
 statement (Store.set_progress_if_running, which leaves alone a job no longer running that
-attempt) and sleeps while nothing waits: idle costs nothing. When a run ends, `settle`
-writes its value still waiting from the worker thread, before the run's finish. A failed write is logged and
+attempt) and sleeps while nothing waits: idle costs nothing. A run's value still waiting
+when it ends is the worker pool's to write, with its outcome (`take`). A failed write is logged and
 dropped (the next value replaces it); it never decides anything about a job.
 """
 
@@ -34,13 +34,10 @@ class ProgressWriter:
         self.store = store
         self.interval = interval
         self.offered = 0  # values handed over by jobs (each a change: jobs drop repeats)
-        self.written = 0  # rows the store changed
-        self.batches = 0  # write transactions
+        self.written = 0  # rows the store changed (those taken by a pass: rows it was given)
+        self.batches = 0  # write transactions (a pass that wrote some counts as one)
         self._pending: dict[int, tuple[int, dict[str, Any]]] = {}  # job id -> (attempt, progress)
         self._lock = threading.Lock()  # guards _pending and the counts above
-        # Held while a batch is taken and written: a settle's write and the thread's do not
-        # cross, so an older value of a job is never written after its newer one.
-        self._write_lock = threading.Lock()
         self._wake = threading.Event()  # set by an offer into an empty _pending, and by stop()
         self._stopping = False
         self._stopped = threading.Event()  # ends the wait between two writes at a stop
@@ -59,17 +56,24 @@ class ProgressWriter:
         if first:
             self._wake.set()
 
-    def settle(self, job_id: int) -> None:
-        """The job's run has ended (the worker thread that ran it, before its finish is
-        stored): a value of it still waiting is written now, so a finished job keeps the
-        last progress it said. Nothing to do, and no lock taken, for most jobs."""
-        if job_id not in self._pending:  # a dict read; nothing of this run comes after its end
-            return
-        with self._write_lock:
-            with self._lock:
-                item = self._pending.pop(job_id, None)
-            if item is not None:
-                self._write({job_id: item})
+    def waiting(self, job_ids: list[int]) -> bool:
+        """Has any of these jobs a value not written yet? A look without the lock: an
+        answer that is stale by one offer only moves that value to the next write."""
+        pending = self._pending
+        return any(j in pending for j in job_ids)
+
+    def take(self, job_ids: list[int]) -> list[tuple[int, int, dict[str, Any]]]:
+        """The values not written yet of these jobs, whose runs have ended: the worker
+        pool's pass writes them in the transaction that stores their outcomes, just before
+        (the jobs still running then), so a finished job keeps the last progress it said.
+        A value the writer thread is writing meanwhile is an older one, and its write does
+        nothing once the outcome is stored."""
+        with self._lock:
+            taken = [(j, *self._pending.pop(j)) for j in job_ids if j in self._pending]
+            if taken:  # counted as written: the pass's transaction rarely fails
+                self.written += len(taken)
+                self.batches += 1
+        return taken
 
     def stop(self) -> None:
         """Write what waits, then end the thread. Idempotent; safe before any offer."""
@@ -89,12 +93,11 @@ class ProgressWriter:
         while True:
             self._wake.wait()
             self._wake.clear()
-            with self._write_lock:
-                with self._lock:
-                    batch, self._pending = self._pending, {}
-                    stopping = self._stopping
-                if batch:
-                    self._write(batch)
+            with self._lock:
+                batch, self._pending = self._pending, {}
+                stopping = self._stopping
+            if batch:
+                self._write(batch)
             if stopping:
                 return
             if batch:  # the next batch waits: values that come meanwhile replace each other

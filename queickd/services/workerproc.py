@@ -93,7 +93,7 @@ def run(config: WorkerConfig) -> int:
                              hidden=isolate.hidden_paths(config.store, [config.config], [loader.app_dir, tempfile.gettempdir()]),
                              namespaces=config.job_namespaces != "off", user=config.job_user)
         progress = ProgressWriter(store)  # what jobs say of their progress, in batches
-        runner.report_progress_to(progress.offer, progress.settle)
+        runner.report_progress_to(progress.offer)
         # A pause begun here is probed after its cooldown, and a job set aside for want of
         # memory may start after its wait: the pool wakes then, not at its next sweep (the
         # daemon's scheduler does this for a daemon's pool).
@@ -110,6 +110,7 @@ def run(config: WorkerConfig) -> int:
                           memory=gate, size=adaptive_size(config.workers, config.min_workers,
                                                           config.max_workers, config.idle_grace),
                           limits=limits, async_jobs=config.async_jobs)
+        pool.progress = progress
         member = FleetMember(store, pool, kind="worker", heartbeat=config.heartbeat, sweep=config.sweep,
                              max_orphan_requeues=config.max_orphan_requeues, on_version_change=version_changed,
                              on_budgets=budgets.refresh)
