@@ -52,3 +52,32 @@ async def asleep(seconds):
     import asyncio
 
     await asyncio.sleep(seconds)
+
+
+def report_steps(steps, pause):
+    """Call queickd.progress `steps` times (each a new value), `pause` seconds apart: a
+    long job that reports as it goes, beside the no-op jobs (bench/progress.py)."""
+    import time
+
+    import queickd
+
+    for i in range(steps):
+        queickd.progress(i + 1, steps)
+        time.sleep(pause)
+    return steps
+
+
+def quiet_steps(steps, pause):
+    """report_steps without the reports: the same worker kept busy as long."""
+    import time
+
+    for _ in range(steps):
+        time.sleep(pause)
+    return steps
+
+
+def report_once():
+    """A no-op job that says its progress once."""
+    import queickd
+
+    queickd.progress(1, 1)
