@@ -129,3 +129,14 @@ def test_progress_on_postgresql_is_visible_while_the_job_runs_and_kept_after(sta
         assert q.wait(job, 30)["progress"]["note"] == "pg"
         counted = q.wait(q.enqueue("progressjobs:count_up", (1000,), isolation=isolation), 30)
     assert (counted["progress"]["done"], counted["state"]) == (1000, State.SUCCEEDED)
+
+
+def test_a_queick_worker_stores_the_progress_of_the_jobs_it_runs(start_daemon, start_worker, pg_url, gate):
+    d = start_daemon(pg_url, workers=0)  # the jobs run in the worker process only
+    start_worker(pg_url)
+    with d.client() as q:
+        job = q.enqueue("progressjobs:report_then_gate", (gate.port, 1, 2, "in a worker"))
+        assert gate.arrival() == "reported"
+        assert _until_progress(q, job, 1)["progress"]["note"] == "in a worker"
+        gate.release_all()
+        assert q.wait(job, 30)["state"] == State.SUCCEEDED

@@ -7,8 +7,9 @@ job that reports 10,000 times a second costs a dict store per change and a few r
 second. One thread of its own, started with the first offer, writes each batch with one
 statement (Store.set_progress_if_running, which leaves alone a job no longer running that
 attempt) and sleeps while nothing waits: idle costs nothing. A run's value still waiting
-when it ends is the worker pool's to write, with its outcome (`take`). A failed write is logged and
-dropped (the next value replaces it); it never decides anything about a job.
+when it ends is the worker pool's to write, with its outcome (`take`). A failed write is
+dropped (the next value replaces it) and logged once until a write succeeds again; it never
+decides anything about a job.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class ProgressWriter:
         self._stopping = False
         self._stopped = threading.Event()  # ends the wait between two writes at a stop
         self._thread: threading.Thread | None = None
+        self._failing = False  # the last write failed (written by the writing thread only)
 
     def offer(self, job_id: int, attempt: int, done: float, total: float | None, note: str | None,
               at: float) -> None:
@@ -107,8 +109,14 @@ class ProgressWriter:
         try:
             n = self.store.set_progress_if_running([(job_id, a, p) for job_id, (a, p) in batch.items()])
         except Exception as e:  # the store in trouble: this progress is lost, the next comes
-            log.warning("cannot store the progress of %d job(s): %s", len(batch), e)
+            if not self._failing:
+                log.warning("cannot store the progress of %d job(s): %s; dropped until a write succeeds",
+                            len(batch), e)
+            self._failing = True
             return
+        if self._failing:
+            log.info("storing jobs' progress again")
+            self._failing = False
         with self._lock:
             self.written += n
             self.batches += 1
