@@ -51,6 +51,16 @@ def test_progress_is_visible_in_get_while_the_job_runs(daemon, gate, isolation):
     assert done["progress"]["done"] == 42  # kept once the run is over
 
 
+def test_progress_of_an_async_job_is_visible_in_get_while_it_runs(daemon, gate):
+    with daemon.client() as q:
+        job = q.enqueue("progressjobs:areport_then_gate", (gate.port, 7, 9, "awaiting"))
+        assert gate.arrival() == "reported"
+        p = _until_progress(q, job, 7)["progress"]
+        assert (p["done"], p["total"], p["note"]) == (7, 9, "awaiting")
+        gate.release_all()
+        assert q.wait(job, 30)["result"] is True
+
+
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_a_finished_job_keeps_the_last_progress_it_said(daemon, isolation):
     with daemon.client() as q:

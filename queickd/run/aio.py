@@ -62,6 +62,7 @@ class LoopRunner:
     """The loop and the async runs on it. start/run/cancel/stopping from any thread."""
 
     def __init__(self) -> None:
+        self.progress: context.ProgressSink | None = None  # where queickd.progress() in a task goes
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
         self._runs: dict[int, LoopRun] = {}  # job id -> its run (a dict's set and pop are atomic)
@@ -72,6 +73,7 @@ class LoopRunner:
         or a lambda handing over an awaitable) as the job's task; `done(report)` once it has
         ended, on the loop's thread. `timeout` counts from `began` (monotonic; now if None)."""
         run = LoopRun(job, timeout, time.monotonic() if began is None else began)
+        run.progress_to = self.progress
         self._runs[job.id] = run  # before the task: a cancel from now on finds it
         self._started().call_soon_threadsafe(self._begin, run, call, done)
 

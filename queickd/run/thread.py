@@ -62,7 +62,15 @@ class ThreadRunner:
         self.measure = measure
         self.stops = Stops()
         self.loop = LoopRunner()  # awaits async jobs: run/aio.py
-        self.progress: context.ProgressSink | None = None  # where queickd.progress() in a job goes
+
+    @property
+    def progress(self) -> context.ProgressSink | None:
+        """Where queickd.progress() in a job goes, for thread and async jobs alike."""
+        return self.loop.progress
+
+    @progress.setter
+    def progress(self, sink: context.ProgressSink | None) -> None:
+        self.loop.progress = sink
 
     def run(self, job: Job, timeout: float | None = None) -> RunReport:
         """Run the job here; `timeout` (seconds): interrupt it once that has passed."""

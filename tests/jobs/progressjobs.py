@@ -44,3 +44,13 @@ def current_on_attempt(n):
     if me.attempt < n:
         raise RuntimeError(f"attempt {me.attempt} fails on purpose")
     return [me.id, me.attempt, me.deadline]
+
+
+async def areport_then_gate(port, done, total, note):
+    """As report_then_gate, from an async job: its task reports, then waits on the Gate off
+    the loop (the Gate's socket blocks)."""
+    import asyncio
+
+    said = queickd.progress(done, total, note)
+    await asyncio.to_thread(_gate, port, "reported")
+    return said
