@@ -121,32 +121,53 @@ def one(req: dict[str, Any], field: str | None = None) -> Plan[Any]:
     return reply
 
 
+def resend_pause(e: Exception, resends: int) -> Pause | None:
+    """After e, with `resends` resends so far, of a request whose jobs all carry idempotency
+    keys: the pause before sending it again, or None when e is to be raised (its outcome is
+    known, or the resends are spent)."""
+    if resends < _RESENDS and _unknown_outcome(e):
+        return Pause(_RESEND_PAUSE * (resends + 1))
+    return None
+
+
 def resending(req: dict[str, Any]) -> Plan[dict[str, Any]]:
     """Send a request whose jobs all carry idempotency keys, again when its outcome is
     unknown, so a job stored the first time is returned rather than stored twice."""
-    for resend in range(_RESENDS + 1):
+    resends = 0
+    while True:
         try:
             return (yield req)
         except (RequestLostError, QueueError) as e:
-            if resend == _RESENDS or not _unknown_outcome(e):
+            pause = resend_pause(e, resends)
+            if pause is None:
                 raise
-        yield Pause(_RESEND_PAUSE * (resend + 1))
-    raise AssertionError("unreachable")
+        resends += 1
+        yield pause
 
 
 def enqueue(func: FuncLike, args: Iterable[Any] | None, block: bool, block_timeout: float,
             options: dict[str, Any]) -> Plan[int]:
     req = {"op": "enqueue", **job(func, args, **options)}
     req.setdefault("idempotency_key", _auto_key())
-    deadline = time.monotonic() + block_timeout
+    deadline = time.monotonic() + block_timeout if block else 0.0
+    resends = 0
     while True:
+        # resending()'s loop written out, with queue_full's pauses: one generator per
+        # enqueue, not two (the client's CPU per enqueue is what an asyncio caller feels).
         try:
-            return _warned((yield from resending(req)))["job_id"]
-        except QueueError as e:
-            pause = e.retry_after or 1.0
-            if not block or e.code != protocol.Code.QUEUE_FULL or time.monotonic() + pause > deadline:
-                raise
-            yield Pause(pause)  # the daemon asked us to wait this long
+            return _warned((yield req))["job_id"]
+        except (RequestLostError, QueueError) as e:
+            pause = resend_pause(e, resends)
+            if pause is not None:
+                resends += 1
+            else:
+                if not block or not isinstance(e, QueueError) or e.code != protocol.Code.QUEUE_FULL:
+                    raise
+                pause = Pause(e.retry_after or 1.0)
+                if time.monotonic() + pause > deadline:
+                    raise
+                resends = 0  # the daemon asked us to wait this long; a resend after it is a new try
+        yield pause
 
 
 def _warned(reply: dict[str, Any]) -> dict[str, Any]:
