@@ -183,3 +183,26 @@ def test_an_ipv6_host_counts_as_its_64_and_a_mapped_ipv4_address_as_that_address
     assert same_host == {"2001:db8:1:2::/64"}
     assert source_of(("2001:db8:1:3::5", 9999, 0, 0)) == "2001:db8:1:3::/64"
     assert source_of(("::ffff:10.0.0.1", 9999, 0, 0)) == source_of(("10.0.0.1", 9999)) == "10.0.0.1"
+
+
+def test_a_queick_first_byte_alone_does_not_take_a_connection_out_of_the_unauthenticated_shares(start_daemon):
+    d = start_daemon(None, "--accept-queick-clients", "--max-connections", "16")  # pool 12, share 2
+    held = []
+    for _ in range(16):  # a pickle's first bytes and nothing more: no request yet
+        s = _connect_from("127.0.0.1", d.port)
+        try:
+            s.sendall(b"\x80\x02")
+        except OSError:
+            pass  # refused and closed already
+        held.append(s)
+        with _connect_from("127.0.0.3", d.port) as marker:  # answered once the loop has read s
+            marker.sendall(b'{"op":"stats"}\n')
+            assert marker.makefile("rb").readline()
+    try:
+        with _connect_from("127.0.0.2", d.port) as other_host:
+            other_host.sendall(b'{"op":"stats"}\n')
+            reply = json.loads(other_host.makefile("rb").readline())
+        assert reply["ok"] is True, reply
+    finally:
+        for s in held:
+            s.close()

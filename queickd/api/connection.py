@@ -249,9 +249,11 @@ class Connection(asyncio.BufferedProtocol):
                 if self.server.accept_queick_clients:
                     from .legacy import LegacyConnection  # pickle and its bounds: only when served
 
+                    # Proven once its whole request is read, as a line is: a first byte alone
+                    # must not take it out of its source's share (the hello timeout still bounds it).
                     self.legacy = LegacyConnection(self.svc, self.transport, self.loop, self.server.io,  # type: ignore[arg-type]
-                                                   decoder=self.server.decoder, max_expanded=self.server.max_line)
-                    self._prove()  # its request has begun (the hello timeout still bounds it)
+                                                   decoder=self.server.decoder, max_expanded=self.server.max_line,
+                                                   on_request=self._prove)
                 else:
                     log.warning("a Queick 1.2.1 client (pickle) connected; start with "
                                 "--accept-queick-clients to serve it")

@@ -178,8 +178,9 @@ class LegacyConnection:
 
     def __init__(self, service: QueueService, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
                  io_pool: Any, max_request: int = MAX_REQUEST, decoder: DecodePool | None = None,
-                 max_expanded: int = MAX_LINE) -> None:
+                 max_expanded: int = MAX_LINE, on_request: Callable[[], None] | None = None) -> None:
         self.svc = service
+        self.on_request = on_request  # called on the loop once a whole request is decoded
         self.transport = transport
         self.loop = loop
         self.io = io_pool
@@ -254,6 +255,8 @@ class LegacyConnection:
             reply, why = value
             log.warning("refused a Queick request from %s: %s", self.peer, why)
             return self._finish(reply)
+        if self.on_request is not None:
+            self.on_request()
         try:
             if value["op"] == "cron":
                 self.done = True
