@@ -125,6 +125,19 @@ def test_a_job_in_its_namespaces_cannot_signal_see_or_read_the_daemon_its_zygote
         assert d.proc.poll() is None
 
 
+def test_a_plain_users_job_cannot_unmount_what_covers_the_daemons_files(start_daemon, tmp_path, nobody):
+    d, token, config = _daemon_in(start_daemon, tmp_path, "nobody", nobody)
+    store = d.store_url[len("sqlite:///"):]
+    # /tmp first: the daemon's files here are under it, beneath the job's own tmpfs.
+    paths = ["/tmp", os.path.dirname(store), token, config, store, "/sys/fs/cgroup"]
+    with d.client(token="s3cret") as q:
+        job = q.wait(q.enqueue("sandboxjobs:uncover", [paths]), 30)
+    assert job["state"] == State.SUCCEEDED, job
+    got = job["result"]
+    assert got["umount /tmp"] != "done" and got["umount /sys/fs/cgroup"] != "done", got
+    assert all(got[p] in ("FileNotFoundError", "PermissionError") for p in (token, config, store)), got
+
+
 # --- --job-user: jobs as a user that owns nothing of the daemon's ------------------------------
 
 def _own_group_procs(pid: int) -> list[str]:

@@ -53,7 +53,8 @@ def not_dumpable() -> str | None:
 # job: pid 1 of its namespace, where /proc shows only its own processes, so it cannot see or
 # signal the daemon, the zygote or another job; /tmp (with its own directory bound back) and
 # /dev/shm are fresh tmpfs mounts, gone with the namespace; the store, token and config
-# files, the credentials directory and the cgroup hierarchies are covered. The process that
+# files, the credentials directory and the cgroup hierarchies are covered (and, for a job that
+# is not root, locked: _lock_mounts). The process that
 # forked it waits and ends as it ended, so the zygote sees the job's own exit status.
 
 CLONE_NEWNS = 0x00020000
@@ -141,6 +142,22 @@ def _mounts(spec: dict, user: tuple[int, int] | None) -> None:
         os.chdir(job_dir)
 
 
+def _lock_mounts() -> None:
+    """For a job that is not root: a user namespace (and a mount namespace) nested in the one
+    that owns the job's mounts. Its capabilities there covered what _mounts did, and would
+    let it unmount /tmp or a covered path and read what is beneath; mounts passed into a
+    namespace below their owner's are locked, so in the nested one nothing can be uncovered.
+    Same uid and gid inside; the parent-death signal, cleared by the change, set again."""
+    uid, gid = os.getuid(), os.getgid()
+    _prctl(PR_SET_DUMPABLE, 1)  # to write its own maps, as in _unshare
+    _libc_call("unshare", CLONE_NEWUSER | CLONE_NEWNS)
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{uid} {uid} 1")
+    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    _prctl(PR_SET_DUMPABLE, 0)
+    _prctl(PR_SET_PDEATHSIG, 9)
+
+
 def enter(spec: dict, user: tuple[int, int] | None = None) -> None:
     """Move the calling (single-threaded) job process into namespaces of its own; returns in
     the job's process (pid 1 there). The caller's own process never returns: it waits for
@@ -151,6 +168,8 @@ def enter(spec: dict, user: tuple[int, int] | None = None) -> None:
     if pid == 0:
         _prctl(PR_SET_PDEATHSIG, 9)  # SIGKILL: the job ends with the process the watch kills
         _mounts(spec, user)  # raises into the job's set-up: its report says sandbox_setup
+        if os.geteuid() != 0:
+            _lock_mounts()
         return
     _mirror(pid)
 
