@@ -182,7 +182,9 @@ class Daemon:
             self.network = NetworkMonitor(c.ping_host, c.ping_interval, lambda up: self.parking.on_change(up),
                                           clock=self.clock)
         memory = MemoryGate(store, reserve_mb=c.memory_reserve, max_rss_mb=c.max_rss, root=c.memory_root)
-        hidden = isolate.hidden_paths(c.store, [c.token_file, c.http_token_file, c.config, c.tls_key], [loader.app_dir, tempfile.gettempdir()])
+        secrets = [c.token_file, c.http_token_file, c.config, c.tls_key,
+                   *(spec.get("secret_file") for spec in c.hooks.values())]  # parse_hooks checked them
+        hidden = isolate.hidden_paths(c.store, secrets, [loader.app_dir, tempfile.gettempdir()])
         self.runner = make_runner(loader, c.sandbox_settings, c.sandbox_env, measure=memory.measures_run,
                                   hidden=hidden, namespaces=c.job_namespaces != "off", user=c.job_user)
         self.on_reload.append(self.runner.reload)  # process jobs re-import the app too

@@ -138,6 +138,27 @@ def test_a_plain_users_job_cannot_unmount_what_covers_the_daemons_files(start_da
     assert all(got[p] in ("FileNotFoundError", "PermissionError") for p in (token, config, store)), got
 
 
+def test_a_job_in_its_namespaces_cannot_read_a_webhooks_secret_file(start_daemon, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root (a secret outside /tmp, which a job's own tmpfs covers anyway)")
+    home = tempfile.mkdtemp(prefix="queickd-hook-", dir="/var/tmp")  # not under the job's own /tmp
+    try:
+        secret = os.path.join(home, "hook-secret")
+        with open(secret, "w") as f:
+            f.write("signing key\n")
+        os.chmod(secret, 0o600)
+        config = tmp_path / "q.toml"
+        config.write_text(f'[hooks.push]\nfunc = "testjobs:noop"\nsecret_file = "{secret}"\n')
+        d = start_daemon(None, "--isolation", "process", "--config", str(config))
+        _namespaces_or_skip(d)
+        with d.client() as q:
+            job = q.wait(q.enqueue("sandboxjobs:contents", [secret]), 30)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert job["state"] == State.SUCCEEDED, job
+    assert job["result"] in ("", "FileNotFoundError", "PermissionError"), job  # covered: /dev/null
+
+
 # --- --job-user: jobs as a user that owns nothing of the daemon's ------------------------------
 
 def _own_group_procs(pid: int) -> list[str]:

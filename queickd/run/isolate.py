@@ -238,7 +238,7 @@ def probe() -> str | None:
 def hidden_paths(store_url: str, files: list[str | None], keep: list[str]) -> list[str]:
     """What a job's mount namespace covers: an SQLite store's directory (only its files
     when that directory holds something a job needs: `keep`, the app and job directories),
-    the given files (token, config), the daemon's systemd credentials directory, and the
+    the given files (tokens, config, webhook secrets), the daemon's systemd credentials directory, and the
     cgroup hierarchies (a job cannot move itself out of its group through files it cannot
     see). Absolute paths, those that exist now."""
     out: list[str] = []

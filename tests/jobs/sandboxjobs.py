@@ -278,3 +278,12 @@ def uncover(paths: list[str]) -> dict:
         except OSError as e:
             out[path] = type(e).__name__
     return out
+
+
+def contents(path: str) -> str:
+    """The text of the file at `path`, or the error name."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as e:
+        return type(e).__name__
