@@ -82,3 +82,28 @@ def test_a_number_no_field_can_hold_is_refused_naming_the_field(start_daemon, op
     with d.client() as q:
         q.stats()  # the daemon still serves, and has logged all it will about these
     assert not [line for line in d.lines if "Traceback" in line or "internal error" in line]
+
+
+# Finite numbers far before 1970: a time no job or schedule can have, and one a cron's next
+# tick overflowed on (start_at -1.7e308 every 0.1 s: OverflowError; every 100 years: a tick
+# near 1e292, so it never fired).
+TIMES_BEFORE_1970 = [
+    ("run_at", {"op": "enqueue", "func": "testjobs:noop", "run_at": -1.7e308}),
+    ("run_at", {"op": "enqueue_many", "jobs": [{"func": "testjobs:noop", "run_at": -1.7e308}]}),
+    ("start_at", {"op": "cron", "name": "c1", "func": "testjobs:noop", "every": 0.1, "start_at": -1.7e308}),
+    ("start_at", {"op": "cron", "name": "c2", "func": "testjobs:noop", "every": 3162240000, "start_at": -1.7e308}),
+]
+
+
+def test_a_time_before_1970_is_refused_naming_the_field(start_daemon):
+    d = start_daemon(None)
+    with socket.create_connection(("127.0.0.1", d.port), timeout=30) as s:
+        s.sendall(b"".join(json.dumps(request).encode() + b"\n" for _, request in TIMES_BEFORE_1970))
+        f = s.makefile("rb")
+        replies = [json.loads(f.readline()) for _ in TIMES_BEFORE_1970]
+    wrong = [(name, r) for (name, _), r in zip(TIMES_BEFORE_1970, replies, strict=True)
+             if r.get("ok") is not False or r["error"]["code"] != "bad_request" or name not in r["error"]["message"]]
+    assert wrong == []
+    with d.client() as q:
+        assert q.crons() == []
+    assert not [line for line in d.lines if "Traceback" in line or "internal error" in line]

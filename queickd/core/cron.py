@@ -197,8 +197,8 @@ def parse_schedule(d: dict[str, Any], now: float | None = None) -> Schedule:
         if d.get("start_at") is None:
             start: float | None = (time.time() if now is None else now) + every
         else:
-            start = in_range("start_at", d["start_at"], hi=LATEST,
-                             message=f"start_at must be unix seconds, at most {LATEST:.0f} (the year 9999)")
+            start = in_range("start_at", d["start_at"], 0, LATEST,
+                             message=f"start_at must be unix seconds, from 0 to {LATEST:.0f} (the year 9999)")
         return Every(every, start)
     raise ValueError("a schedule needs 'cron' or 'every'")
 

@@ -396,7 +396,8 @@ def parse_job(obj: dict[str, Any], now: float) -> NewJob:
     if not keys <= _JOB_FIELDS_WITH_OP:
         raise bad(f"unknown job field(s): {', '.join(sorted(keys - _JOB_FIELDS_WITH_OP))}")
     func = normalize_func(obj.get("func"))
-    run_at, delay = number(obj, "run_at"), number(obj, "delay")
+    run_at = number(obj, "run_at", 0, message="run_at must be unix seconds: a finite number, 0 or later")
+    delay = number(obj, "delay")
     if run_at is not None and delay is not None:
         raise bad("give run_at or delay, not both")
     if delay is not None:
