@@ -123,8 +123,10 @@ def test_connections_beyond_the_cap_are_answered_503_and_closed(web):
     cap = connection_cap(resource.getrlimit(resource.RLIMIT_NOFILE)[0])  # the daemon's: inherited
     held = []
     try:
-        for _ in range(cap):  # each served once, then kept alive: it holds its slot
-            conn = http.client.HTTPConnection(web.host, web.port, timeout=10)
+        for i in range(cap):  # each served once, then kept alive: it holds its slot
+            # From a host per eighth of the cap: one host alone gets no more past 3/4 of it.
+            conn = http.client.HTTPConnection(web.host, web.port, timeout=10,
+                                              source_address=(f"127.0.1.{i * 8 // cap + 1}", 0))
             held.append(conn)
             conn.request("GET", "/healthz")
             assert conn.getresponse().read() == b"ok\n"
@@ -136,6 +138,21 @@ def test_connections_beyond_the_cap_are_answered_503_and_closed(web):
     finally:
         for conn in held:
             conn.close()
+
+
+def test_one_host_holding_every_connection_cannot_keep_another_from_the_http_listener(web):
+    cap = connection_cap(resource.getrlimit(resource.RLIMIT_NOFILE)[0])  # the daemon's: inherited
+    # Connections that never send a request, each held until its request deadline.
+    held = [socket.create_connection((web.host, web.port), timeout=10, source_address=("127.0.0.1", 0))
+            for _ in range(cap)]
+    try:
+        other = http.client.HTTPConnection(web.host, web.port, timeout=10, source_address=("127.0.0.2", 0))
+        other.request("GET", "/healthz")
+        assert other.getresponse().status == 200
+        other.close()
+    finally:
+        for s in held:
+            s.close()
 
 
 def test_a_non_ascii_signature_header_is_answered_401(start_daemon, tmp_path):

@@ -2,8 +2,8 @@
 
 Stdlib http.server, one thread per connection (ThreadingHTTPServer), off by default and on
 loopback unless told otherwise. At most MAX_CONNECTIONS connections at once (one more is
-answered 503 and closed), and a request has one deadline for its request line, headers and
-body, however slowly its bytes come. A webhook delivery is acknowledged only after its job is
+answered 503 and closed; so is one past a source's share: _Server), and a request has one
+deadline for its request line, headers and body, however slowly its bytes come. A webhook delivery is acknowledged only after its job is
 committed (the same group commit as the TCP enqueue path), so nothing is accepted and then
 dropped. Replies to POST /hooks/NAME:
   202 a new job (its id), 200 a repeated delivery (the first job's id),
@@ -30,6 +30,7 @@ import resource
 import socket
 import threading
 import time
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -39,6 +40,7 @@ from ..settings import DEFAULT_HTTP_PORT
 from ..ui import statuspage
 from ..ui.metrics import Metrics
 from . import hooks as hooks_mod
+from . import preauth
 from .replies import NotCommittedError, refused
 from .service import QueueService
 
@@ -188,18 +190,38 @@ class HttpServer:
 class _Server(ThreadingHTTPServer):
     """A thread per connection, at most `cap` at once. One more is answered 503 and closed
     on the accepting thread, so a flood of connections costs no thread and keeps no
-    descriptor: the TCP port and the store keep theirs."""
+    descriptor: the TCP port and the store keep theirs. Shares by source address, as the
+    TCP port's unauthenticated ones (api/preauth.py), since no HTTP connection proves
+    itself before its request: while a quarter of the cap is free anyone may connect;
+    past that, a source holding an eighth of the cap is refused, so one host cannot take
+    every connection (and with them the webhooks and /healthz) from the others."""
 
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], cap: int) -> None:
         self._slots = threading.BoundedSemaphore(cap)
         self.cap = cap
+        self.per_source = max(1, cap // preauth.PER_SOURCE_SHARE)
+        self.open_to_all = max(1, cap - cap // preauth.PROVEN_RESERVE_SHARE)
+        self._held: Counter[str] = Counter()  # connections open, per source
+        self._held_lock = threading.Lock()  # the accepting thread adds, connection threads remove
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        source = preauth.source_of(client_address)
+        with self._held_lock:
+            held = self._held[source]
+            fair = held < self.per_source or self._held.total() < self.open_to_all
+            if fair:
+                self._held[source] += 1
+        if not fair:
+            log.warning("HTTP: %s holds %d connections of %d, refusing one more while others may want in",
+                        source, held, self.cap)
+        elif not self._slots.acquire(blocking=False):
             log.warning("HTTP: %d connections open already, refusing one more", self.cap)
+            self._let_go(source)
+            fair = False
+        if not fair:
             _refuse(request)
             self.shutdown_request(request)
             return
@@ -207,6 +229,7 @@ class _Server(ThreadingHTTPServer):
             super().process_request(request, client_address)
         except BaseException:
             self._slots.release()  # no thread started to release it
+            self._let_go(source)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
@@ -214,6 +237,13 @@ class _Server(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
+            self._let_go(preauth.source_of(client_address))
+
+    def _let_go(self, source: str) -> None:
+        with self._held_lock:
+            self._held[source] -= 1
+            if self._held[source] <= 0:
+                del self._held[source]
 
 
 class _Server6(_Server):
