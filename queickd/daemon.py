@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from .api.httpd import HttpServer
 
 log = logging.getLogger("queickd.daemon")
+FILES_WATCH = 1.0  # seconds between two looks at the store's files while commits come
 
 
 def validate(config: Config) -> None:
@@ -214,7 +215,8 @@ class Daemon:
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep,
                                    on_sweep=self._on_sweep, timers={"events": self._deliver_events,
                                                                     "probes": self._probes_due,
-                                                                    "set_aside": self._set_aside_due})
+                                                                    "set_aside": self._set_aside_due,
+                                                                    "files": self._watch_files})
         self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock, admission=c.admission,
                                      dispatch=self.pool)
         self.service = QueueService(store, self.batcher, loader, self.scheduler, self.pool,
@@ -346,6 +348,12 @@ class Daemon:
         self.pool.wake()
         return self.pool.next_set_aside_at(now)
 
+    def _watch_files(self, now: float) -> float | None:
+        """The store files' timer, armed by commits: a WAL deleted while the daemon is idle
+        is noticed within a second (its commits saved), not at the next enqueue, which may
+        come after a crash. It stops once the store has nothing left to lose."""
+        return now + FILES_WATCH if self.store.watch_files() else None  # type: ignore[union-attr]
+
     def _probes_due(self, now: float) -> float | None:
         """The probe timer: a pause's probe time has come, so the pool claims (and lets the
         probe through); returns the next probe time still ahead."""
@@ -371,6 +379,7 @@ class Daemon:
 
     def _on_committed(self, jobs: list[NewJob], submitted: list[Submitted]) -> None:
         self.metrics.on_committed(jobs, submitted)
+        self.scheduler.wake_at(self.clock() + FILES_WATCH, "files")  # nothing if armed already
         self.parking.on_committed(jobs)
         later = [j.run_at for j, s in zip(jobs, submitted, strict=True) if s.state == State.SCHEDULED and not s.duplicate]
         if later:

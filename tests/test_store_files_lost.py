@@ -1,7 +1,8 @@
 """A store file deleted or replaced under a running daemon (an operator's `rm queue.db-wal`,
-a backup moved over the database): the daemon notices at its next commit, saves what the
-deleted WAL holds, says so loudly and refuses writes instead of acknowledging jobs into a
-file no one will read. Real daemons on a real SQLite file; SIGKILL for the crash."""
+a backup moved over the database): the daemon notices at its next commit (or its next look
+between commits), saves what the deleted WAL holds, says so loudly and refuses writes
+instead of acknowledging jobs into a file no one will read. Real daemons on a real SQLite
+file; SIGKILL for the crash."""
 
 from __future__ import annotations
 
@@ -49,6 +50,19 @@ def test_every_acknowledged_job_survives_a_deleted_wal_and_kill_9(start_daemon, 
         kept = {j["id"] for j in q.jobs(state="scheduled", limit=10_000)}
         assert set(acked + more) <= kept
         q.enqueue("testjobs:noop")  # a restart writes again, to a WAL of its own
+
+
+def test_a_wal_deleted_while_the_daemon_is_idle_is_saved_before_a_kill_9(start_daemon, tmp_path):
+    d = start_daemon(None)
+    with d.client() as q:
+        acked = [q.enqueue("testjobs:noop", delay=3600) for _ in range(100)]
+    os.unlink(tmp_path / "queue.db-wal")  # and nothing written after it
+    # Noticed and saved; or, had the daemon's idle look come first, copied before it went.
+    d.wait_for_line(r"STORE FILE LOST: .*queue\.db-wal was deleted .*nothing is lost|the WAL is all in")
+    d.kill()
+    again = start_daemon(None)
+    with again.client() as q:
+        assert set(acked) <= {j["id"] for j in q.jobs(state="scheduled", limit=10_000)}
 
 
 def test_a_database_file_replaced_under_the_daemon_stops_writes(start_daemon, tmp_path):

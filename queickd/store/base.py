@@ -100,6 +100,12 @@ class Store(Protocol):
         daemon: every write since is refused), or None. Lasts until reopened."""
         ...
 
+    def watch_files(self) -> bool:
+        """Look at the store's files between commits (a daemon's timer): one deleted or
+        replaced is noticed as at a commit. Whether to look again (False: nothing to watch,
+        or already noticed)."""
+        ...
+
     # --- submit -----------------------------------------------------------------------
     def submit_requests(
         self, requests: Sequence[Sequence[NewJob]], now: float, admission: Admission = NO_LIMITS

@@ -30,6 +30,9 @@ class StoreBase:
     def durability_lost(self) -> str | None:
         return None
 
+    def watch_files(self) -> bool:
+        return False  # no file of its own that could be deleted under it
+
     def submit(self, jobs: Sequence[NewJob], now: float) -> list[Submitted]:
         answer = self.submit_requests([jobs], now)[0]  # type: ignore[attr-defined]
         if isinstance(answer, Refusal):

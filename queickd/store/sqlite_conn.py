@@ -122,6 +122,7 @@ class SQLiteFile:
         self._flusher = WalFlusher(path) if durability == "full" and path != ":memory:" else None
         self._checkpointer = Checkpointer(path) if path != ":memory:" else None
         self._files = FilesWatch(path) if path != ":memory:" else None
+        self._commits = self._commits_seen = 0  # commits made; of them, those watch_files saw
         self._lock_fd: int | None = None
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.read_only = False  # the disk was full: see _read_only_open
@@ -299,6 +300,35 @@ class SQLiteFile:
         failed = self._flusher.failed if self._flusher is not None else None
         return None if failed is None else f"a flush of the WAL to disk failed: {failed}"
 
+    def watch_files(self) -> bool:
+        """Store.watch_files: a WAL deleted while nothing is written is noticed at the next
+        look, not at the next commit (which may come after a crash), and what it holds is
+        saved. Once no commit came since the last look, the WAL is copied into the database
+        file: with nothing left in it to lose, no further look is wanted until commits come
+        again (an idle daemon wakes for nothing)."""
+        files = self._files
+        if files is None or self.read_only or files.lost is not None:
+            return False
+        with self._write_lock:
+            c = self._w
+            if c is None:
+                return False
+            if files.check() is not None:
+                with contextlib.suppress(NotDurableError):  # said loudly: writes are refused now
+                    self._files_lost(c)
+                return False
+            if self._commits != self._commits_seen:
+                self._commits_seen = self._commits
+                return True
+            try:
+                _, frames, copied = c.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            except sqlite3.Error:
+                return True
+            if frames != copied:  # a reader's snapshot held some back: look again
+                return True
+            log.debug("store files: the WAL is all in %s; looking again once commits come", self.path)
+            return False
+
     def _files_lost(self, c: sqlite3.Connection) -> None:
         """After the commit that found the database file or WAL gone (under the write lock):
         save what can be saved, say so loudly, and refuse every write from now on. Raises
@@ -430,6 +460,7 @@ class _Transaction:
                     f._flusher.written()
                 if f._checkpointer is not None:
                     f._checkpointer.committed()
+                f._commits += 1
                 # Checked for the commits a client is told of (a group of submits is one);
                 # bookkeeping (claims, finishes) is not, and what it wrote is saved all the same.
                 if f._files is not None and not self.bookkeeping and f._files.check() is not None:
