@@ -31,6 +31,19 @@ def test_cancel_interrupts_a_running_thread_job(one_worker, gate, tmp_path):
         assert q.get(job)["state"] == State.CANCELLED
 
 
+def test_a_cancel_that_comes_before_the_thread_job_is_called_still_stops_it(start_daemon, gate, tmp_path):
+    d = start_daemon(workers=1, env={"QUEICKD_TEST_IMPORT_GATE": str(gate.port)})
+    out = tmp_path / "out"
+    with d.client() as q:
+        job = q.enqueue("slowimport:loop", (str(out), 600))
+        assert gate.arrival() == "importing"  # claimed, its worker importing the module
+        assert q.cancel(job)["state"] == State.CANCELLED
+        gate.release_all()
+        d.wait_for_line(rf"job {job} slowimport:loop cancelled: its run ended")
+        assert q.wait(q.enqueue("testjobs:add", (2, 3)), 20)["result"] == 5  # its worker is free
+    assert read_lines(out) == ["interrupted JobInterrupted"]
+
+
 def test_thread_job_timeout_records_dead_timeout(daemon, gate, tmp_path):
     out = tmp_path / "out"
     with daemon.client() as q:

@@ -62,17 +62,23 @@ class RunReport:
 _FIELDS = tuple(f.name for f in fields(RunReport))
 
 
+# Seconds a cancel of a job claimed here whose run has not begun (its worker still importing
+# its module, its process still starting) waits for the run: it is stopped as it begins.
+CANCEL_KEPT = 10.0
+
+
 class Runner(Protocol):
     """Executes one claimed job; never raises for what the job does (that is the report)."""
 
     def run(self, job: Job) -> RunReport: ...
 
-    def cancel(self, job_id: int) -> None:
+    def cancel(self, job_id: int, held: bool = False) -> None:
         """An operator cancelled this job while it runs (the store has it `cancelled`
         already): the runner stops the run (a process is killed; a thread gets
         JobInterrupted, which a call blocked in C sees only as it returns) and its run()
         reports `cancelled` once it has really ended. Called from any thread; a job not
-        running here is ignored."""
+        running here is ignored, unless `held` (claimed here, its run about to begin): then
+        the run is stopped as it begins (for CANCEL_KEPT seconds)."""
 
     def stopping(self) -> frozenset[int]:
         """The jobs running here that were told to stop (timed out, cancelled) and have not

@@ -22,6 +22,7 @@ import threading
 import time
 
 from ..core.fate import CANCELLED
+from .base import CANCEL_KEPT
 from .context import CurrentJob, JobInterrupted, Ticks
 
 RESEND = 1.0  # seconds between two sends of JobInterrupted to a job that has not returned
@@ -73,6 +74,9 @@ class Stops:
         self._clock = clock
         self._runs: dict[int, ThreadRun] = {}  # job id -> its run (a dict's set and pop are atomic)
         self._due: set[ThreadRun] = set()  # runs with a deadline ahead or an exception to send again
+        # Jobs claimed here and cancelled before their run entered (a slow import): job id
+        # -> when, kept CANCEL_KEPT seconds. Changed, as _runs is looked at, under _cond.
+        self._early: dict[int, float] = {}
         self._cond = threading.Condition()  # notified when _due gains a run or a cancel comes
         # Held while an exception is sent and while a run that may have been sent one drops
         # what is pending: a send under way is over before the drop, and none starts after.
@@ -81,9 +85,12 @@ class Stops:
 
     def enter(self, run: ThreadRun) -> None:
         """Called by the thread about to call the job's function (which made `run`)."""
-        self._runs[run.id] = run
-        if run.ends is not None:
-            with self._cond:
+        with self._cond:  # with cancel's look at _runs: a cancel either finds the run or is early
+            self._runs[run.id] = run
+            early = self._early.pop(run.id, None) if self._early else None
+            if early is not None and self._clock() - early < CANCEL_KEPT:
+                self._cancel(run)
+            elif run.ends is not None:
                 self._due.add(run)
                 self._start()
                 self._cond.notify()
@@ -102,19 +109,27 @@ class Stops:
             with self._cond:
                 self._due.discard(run)
 
-    def cancel(self, job_id: int) -> bool:
+    def cancel(self, job_id: int, held: bool = False) -> bool:
         """An operator cancelled this job: JobInterrupted is sent to its thread now (and
-        again until it returns). False when no thread runs it here."""
-        run = self._runs.get(job_id)
-        if run is None:
-            return False
-        run.cancelled = True
+        again until it returns). False when no thread runs it here; a job `held` (claimed
+        here) is then stopped as its run enters, if that comes within CANCEL_KEPT seconds."""
         with self._cond:
-            run.why, run.next_send = CANCELLED, self._clock()  # a cancel says more than a timeout
-            self._due.add(run)
-            self._start()
-            self._cond.notify()
+            run = self._runs.get(job_id)
+            if run is None:
+                if held:
+                    now = self._clock()
+                    self._early = {j: t for j, t in self._early.items() if now - t < CANCEL_KEPT}
+                    self._early[job_id] = now
+                return False
+            self._cancel(run)
         return True
+
+    def _cancel(self, run: ThreadRun) -> None:  # holds _cond
+        run.cancelled = True
+        run.why, run.next_send = CANCELLED, self._clock()  # a cancel says more than a timeout
+        self._due.add(run)
+        self._start()
+        self._cond.notify()
 
     def stopping(self) -> frozenset[int]:
         """The jobs told to stop (timed out, cancelled) whose call has not returned yet."""

@@ -32,14 +32,13 @@ from ..core.fate import CANCELLED
 from ..core.job import Job
 from ..core.sandbox import Limits
 from . import capture, cgroup, cgroup_v1, context, credentials, isolate
-from .base import RunReport
+from .base import CANCEL_KEPT, RunReport
 from .supervisor import ZygoteSupervisor, ZygoteUnavailableError
 from .watch import Watch
 
 log = logging.getLogger("queickd.sandbox")
 
 KILL_GRACE = 1.0  # seconds between SIGTERM and SIGKILL at a timeout
-CANCEL_KEPT = 10.0  # seconds a cancel of a job not yet watched waits for it (claim to start: milliseconds)
 FSIZE_LIMIT = 1 << 30  # bytes: the largest file a process job may write
 NOFILE_LIMIT = 1024
 INLINE_ARGS = 64 * 1024  # bytes of arguments sent in the request; more go through a file
@@ -139,7 +138,7 @@ class ProcessRunner:
                 log.warning("cannot remove the cgroup %s left behind by a daemon that is gone (%d "
                             "process(es) were in it)", name, killed)
 
-    def cancel(self, job_id: int) -> None:
+    def cancel(self, job_id: int, held: bool = False) -> None:
         """An operator cancelled the running job: its process group is killed at once (the
         store has already marked it cancelled, so what it reports is discarded). A job not
         watched yet (claimed, still starting) is killed as soon as it is, or not started."""

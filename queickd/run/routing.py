@@ -98,11 +98,11 @@ class RoutingRunner:
         if self.process is not None:
             self.process.progress = sink
 
-    def cancel(self, job_id: int) -> None:
+    def cancel(self, job_id: int, held: bool = False) -> None:
         """Runner.cancel: a process job is killed; a thread job is interrupted (ThreadRunner)."""
-        self.thread.cancel(job_id)
+        self.thread.cancel(job_id, held)
         if self.process is not None:
-            self.process.cancel(job_id)
+            self.process.cancel(job_id, held)
 
     def stopping(self) -> frozenset[int]:
         return self.thread.stopping() | (self.process.stopping() if self.process is not None else frozenset())

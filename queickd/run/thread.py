@@ -156,10 +156,11 @@ class ThreadRunner:
         self.loop.start(job, lambda: fn(*job.args, **job.kwargs), timeout, done)
         return True
 
-    def cancel(self, job_id: int) -> None:
+    def cancel(self, job_id: int, held: bool = False) -> None:
         """Runner.cancel: JobInterrupted is raised in the thread running the job (again
-        every second until its call returns; a call blocked in C returns first)."""
-        if not self.stops.cancel(job_id):
+        every second until its call returns; a call blocked in C returns first); an async
+        job's task is cancelled."""
+        if not self.stops.cancel(job_id, held):
             self.loop.cancel(job_id)
 
     def stopping(self) -> frozenset[int]:

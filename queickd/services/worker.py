@@ -284,9 +284,10 @@ class WorkerPool(PassStore):
     def cancel_running(self, job_id: int) -> None:
         """Pass an operator's cancel of a running job on to the runner (see Runner.cancel)."""
         with self._cancel_lock:
-            if job_id in self._held:
+            held = job_id in self._held
+            if held:
                 self._cancelled.add(job_id)
-        self.runner.cancel(job_id)
+        self.runner.cancel(job_id, held)  # held: its run may not have begun yet
         if self._stopping:
             self._wake.set()  # a stop waits for it no more
 
