@@ -36,10 +36,3 @@ def in_range(name: str, v: Any, lo: float = -MAX_FLOAT, hi: float = MAX_FLOAT, *
 
 def _show(x: float) -> str:
     return str(x) if type(x) is int else str(int(x)) if abs(x) < 1e16 and x == int(x) else f"{x:g}"
-
-
-def finite(v: Any) -> float | None:
-    """`v` as a float if it is a finite number (not a bool), else None."""
-    if type(v) is not int and type(v) is not float:
-        return None
-    return float(v) if -MAX_FLOAT <= v <= MAX_FLOAT else None
