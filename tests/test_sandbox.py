@@ -455,11 +455,17 @@ def test_arguments_larger_than_a_socket_packet_reach_the_child(runner):
 
 def test_a_job_cancelled_before_it_starts_is_never_forked(runner):
     job = make_job(id=9001, func="sandboxjobs:spin")
-    runner.cancel(job.id)  # claimed, then cancelled while it waited for its worker thread
+    runner.cancel(job.id, held=True)  # claimed, then cancelled while it waited for its worker thread
     began = time.monotonic()
     r = runner.run(job, Limits(timeout=30))
     assert (r.ok, r.error_type) == (False, "cancelled") and time.monotonic() - began < 5
     assert run(runner, "sleep", 0).ok  # the cancel was used up by its own job
+
+
+def test_a_cancel_of_a_job_not_held_here_does_not_stop_its_later_run_here(runner):
+    # Another host's job, cancelled there (a fleet tells every host); retried and claimed here.
+    runner.cancel(9003)
+    assert runner.run(make_job(id=9003, func="sandboxjobs:sleep", args=[0]), None).ok
 
 
 def test_a_job_cancelled_as_its_child_starts_is_killed_once_its_pid_is_known(runner, monkeypatch):
@@ -468,7 +474,7 @@ def test_a_job_cancelled_as_its_child_starts_is_killed_once_its_pid_is_known(run
 
     def submit_then_cancel(*a, **kw):  # the cancel comes while the zygote forks: no pid known yet
         pending = submit(*a, **kw)
-        runner.cancel(job.id)
+        runner.cancel(job.id, held=True)
         return pending
 
     monkeypatch.setattr(runner.supervisor, "submit", submit_then_cancel)

@@ -141,11 +141,12 @@ class ProcessRunner:
     def cancel(self, job_id: int, held: bool = False) -> None:
         """An operator cancelled the running job: its process group is killed at once (the
         store has already marked it cancelled, so what it reports is discarded). A job not
-        watched yet (claimed, still starting) is killed as soon as it is, or not started."""
+        watched yet and `held` (claimed here, still starting) is killed as soon as it is, or
+        not started; one not held here runs elsewhere, or not at all (Runner.cancel)."""
         now = time.monotonic()
         with self._count_lock:
             watch = self._watches.get(job_id)
-            if watch is None:
+            if watch is None and held:
                 self._cancelled = {j: t for j, t in self._cancelled.items() if now - t < CANCEL_KEPT}
                 self._cancelled[job_id] = now
         if watch is not None:
