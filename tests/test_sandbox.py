@@ -231,7 +231,9 @@ def test_a_zygote_killed_with_sigkill_is_restarted_and_the_next_job_runs(caplog)
 
 
 def test_a_reload_reimports_in_the_same_zygote_for_the_next_jobs(runner):
+    assert run(runner, "noop").ok  # the zygote is up (a first job starts it)
     before = runner.supervisor.pid
+    assert before is not None
     runner.supervisor.reload("test")
     assert run(runner, "noop").ok
     assert runner.supervisor.pid == before
