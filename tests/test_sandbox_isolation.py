@@ -40,7 +40,7 @@ def nobody():
     path = tempfile.mkdtemp(prefix="queickd-nobody-")
     os.chown(path, 65534, 65534)
     # DaemonProcess runs sys.executable: the shell puts the interpreter nobody may run in its place.
-    yield f"sqlite:///{path}/q.db", [*SETPRIV, "sh", "-c", f'shift; exec {python} "$@"', "sh"]
+    yield f"sqlite:///{path}/q.db", [*SETPRIV, "sh", "-c", f'shift; exec {python} "$@"', "sh"], python
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -78,8 +78,10 @@ def _daemon_in(start_daemon, tmp_path, who: str, nobody):
             pytest.skip("needs root")
         store, prefix, home = None, None, tmp_path
     else:
-        store, prefix = nobody
+        store, prefix, python = nobody
         home = os.path.dirname(store[len("sqlite:///"):])
+    if who == "unit":
+        prefix = _under_the_unit(prefix, python)
     token = os.path.join(home, "token")
     with open(token, "w") as f:
         f.write("s3cret\n")
@@ -91,13 +93,45 @@ def _daemon_in(start_daemon, tmp_path, who: str, nobody):
         f.write("workers = 4\n")
     os.chmod(config, 0o644)
     d = start_daemon(store, "--token-file", token, "--isolation", "process", "--config", config, prefix=prefix)
+    if who == "unit" and _plain_user_gets_namespaces(python):
+        line = d.wait_for_line(r"INFO queickd.sandbox: sandbox: (.*)").group(1)
+        assert "pid namespace yes" in line and "mount namespace yes" in line, line
     _namespaces_or_skip(d)
     return d, token, config
 
 
-@pytest.fixture(params=["root", "nobody"])
+UNIT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "systemd", "queickd.service")
+UNITFILTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "unitfilter.py")
+
+
+def _under_the_unit(nobody_prefix: list[str], python: str) -> list[str]:
+    """The daemon as nobody as the shipped unit would run it, as far as can be had without
+    systemd: its SystemCallFilter= and RestrictNamespaces= as a seccomp filter (with
+    no_new_privs), in a mount namespace whose /proc is mounted hidepid=invisible
+    (ProtectProc=). Not reproduced: ProtectSystem=, PrivateTmp=, PrivateDevices=."""
+    if shutil.which("systemd-analyze") is None or shutil.which("unshare") is None:
+        pytest.skip("needs systemd-analyze (to expand the unit's syscall groups) and unshare")
+    try:
+        import ctypes
+        ctypes.CDLL("libseccomp.so.2")
+    except OSError:
+        pytest.skip("needs libseccomp, to install the unit's syscall filter")
+    n = len(SETPRIV)
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c",
+            'mount -t proc -o nosuid,nodev,noexec,hidepid=invisible proc /proc && exec "$@"', "sh",
+            *nobody_prefix[:n], python, UNITFILTER, UNIT, *nobody_prefix[n:]]
+
+
+def _plain_user_gets_namespaces(python: str) -> bool:
+    """Does the kernel give the user nobody namespaces here, without the unit's filter?"""
+    code = "import sys; from queickd.run import isolate; sys.exit(isolate.probe() is not None)"
+    return subprocess.run([*SETPRIV, python, "-c", code], capture_output=True).returncode == 0
+
+
+@pytest.fixture(params=["root", "nobody", "unit"])
 def ns_daemon(request, start_daemon, tmp_path):
-    nobody = request.getfixturevalue("nobody") if request.param == "nobody" else None
+    """root, nobody, and nobody under the shipped unit's syscall filter and namespace rules."""
+    nobody = request.getfixturevalue("nobody") if request.param != "root" else None
     return _daemon_in(start_daemon, tmp_path, request.param, nobody)
 
 
@@ -158,6 +192,19 @@ def test_a_job_in_its_namespaces_cannot_read_a_webhooks_secret_file(start_daemon
     assert job["state"] == State.SUCCEEDED, job
     assert job["result"] in ("", "FileNotFoundError", "PermissionError"), job  # covered: /dev/null
 
+
+def test_a_part_of_proc_covered_by_a_mount_refuses_a_plain_users_job_its_own_proc(nobody):
+    """Why the job-running units have no ProtectKernelTunables= or ProtectKernelLogs=: they
+    cover /proc/sys (read-only) and /proc/kmsg with mounts, and the kernel then refuses a
+    fresh /proc in a user namespace, so the zygote's probe finds no namespaces."""
+    if not _plain_user_gets_namespaces(nobody[2]):
+        pytest.skip("the kernel gives the user nobody no namespaces here")
+    probe = "from queickd.run import isolate; print(isolate.probe())"
+    for cover in ("mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys",
+                  "mount --bind /dev/null /proc/kmsg"):
+        r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", f'{cover} && exec "$@"', "sh",
+                            *SETPRIV, nobody[2], "-c", probe], capture_output=True, text=True)
+        assert "mount('proc', '/proc'): Operation not permitted" in r.stdout, (cover, r.stdout, r.stderr)
 
 # --- --job-user: jobs as a user that owns nothing of the daemon's ------------------------------
 
