@@ -1,5 +1,5 @@
 """What keeps a process job from the daemon and from the other jobs, beyond its cgroups and
-rlimits (docs/security.md has the table of what holds where):
+rlimits (docs/explanation/security.md has the table of what holds where):
 
 - the daemon and the zygote made non-dumpable (PR_SET_DUMPABLE 0), so that a process of
   the same user can neither read their /proc files (environ, mem, fds) nor ptrace them;
