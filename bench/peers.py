@@ -20,13 +20,13 @@ import time
 from pathlib import Path
 
 from bench.processes import (
-    JOBS_FILE,
     LineWaiter,
     _clean_env,
     _kill_group,
     _ProcessGroup,
     _reap,
     _spawn,
+    copy_job_modules,
     group_pids,
     log,
     wait_port_free,
@@ -78,7 +78,7 @@ class QueickServer:
         # 75 s: after a kill -9 the kernel may hold 127.0.0.1:9999 in TIME_WAIT for 60 s, and
         # Queick binds without SO_REUSEADDR
         wait_port_free(QUEICK_PORT, timeout=75.0)
-        shutil.copy(JOBS_FILE, self.data_dir / "benchjobs.py")
+        copy_job_modules(self.data_dir, self.venv / "bin" / "python")
         with open(self.data_dir / "queick.log", "wb") as logf:
             self.proc = _spawn([str(self.venv / "bin" / "queick")], cwd=self.data_dir, stdout=logf,
                                stderr=subprocess.STDOUT, env=_clean_env())
@@ -170,13 +170,13 @@ def record_latency(path, sent_at):
 '''
 
 
-def write_huey_app(data_dir: Path) -> Path:
+def write_huey_app(data_dir: Path, python: Path | str) -> Path:
     """Write hueyjobs.py (the SqliteHuey instance on data_dir/huey.db and its tasks) and a
-    copy of benchjobs.py into data_dir, where huey's consumer and client probes import them.
-    Returns the database path."""
+    copy of benchjobs.py into data_dir, where huey's consumer and client probes import them,
+    byte-compiled under huey's `python`. Returns the database path."""
     db_path = data_dir / "huey.db"
-    shutil.copy(JOBS_FILE, data_dir / "benchjobs.py")
     (data_dir / "hueyjobs.py").write_text(HUEY_MODULE.format(db=str(db_path)))
+    copy_job_modules(data_dir, python)
     return db_path
 
 
@@ -202,7 +202,7 @@ class HueyConsumer(_ProcessGroup):
         self.out: LineWaiter | None = None
 
     def __enter__(self) -> HueyConsumer:
-        self.db_path = write_huey_app(self.data_dir)
+        self.db_path = write_huey_app(self.data_dir, self.venv / "bin" / "python")
         cmd = [str(self.venv / "bin" / "huey_consumer"), "hueyjobs.huey", "-w", str(self.workers), "-k", "thread"]
         self.proc = _spawn(cmd, cwd=self.data_dir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                            env=_clean_env())

@@ -81,6 +81,17 @@ def compile_sources(queickd_path: Path | None) -> None:
         compileall.compile_dir(folder, quiet=1, maxlevels=10 if folder != BENCH_DIR else 0)
 
 
+def copy_job_modules(dest_dir: Path, python: Path | str) -> None:
+    """Copy benchjobs.py into dest_dir (where a peer imports its jobs from) and byte-compile
+    every module there under `python`, the peer's interpreter (its cache tag): a user's
+    first import writes that bytecode, and Queick 1.2.1 re-imports the job module twice
+    per job (`importlib.reload` in job.py), so without it, where PYTHONDONTWRITEBYTECODE
+    is set, each job compiled the module's source twice and Queick's e2e row halved."""
+    shutil.copy(JOBS_FILE, dest_dir / JOBS_FILE.name)
+    subprocess.run([str(python), "-m", "compileall", "-q", "-l", str(dest_dir)], check=True, timeout=120,
+                   capture_output=True, env=_clean_env())
+
+
 def build_slow_fsync(cache_dir: Path = CACHE_DIR) -> Path:
     """The LD_PRELOAD shim of bench/slowfsync.c, built with the system C compiler (`cc`)
     into the cache dir once per version of its source."""

@@ -67,7 +67,7 @@ def serve(s: Settings, target: str, d: Path, workers: int = 4) -> Any:
             yield Served(target, python, "queick", ["--dir", str(d)], d, srv.proc.pid, srv)
     elif target == HUEY and workers == 0:  # no consumer: its clients only insert
         python = s.huey()
-        write_huey_app(d)
+        write_huey_app(d, python)
         yield Served(target, python, "huey", ["--dir", str(d)], d, 0, None)
     elif target == HUEY:
         python = s.huey()

@@ -128,7 +128,7 @@ def run_enqueue(s: Settings, res: Results, scenario: str, target: str) -> None:
         # No consumer: like queickd's --workers 0, nothing dequeues while enqueues are measured.
         huey_python = s.huey()
         with _fresh_dir(s, "huey") as d:
-            write_huey_app(Path(d))
+            write_huey_app(Path(d), huey_python)
             probe = run_probe(huey_python, "huey-enqueue", "--n", str(n), "--dir", d, cwd=Path(d), timeout=timeout)
         _enqueue_metrics(res, scenario, target, n, probe, None)
         return
