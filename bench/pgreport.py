@@ -22,7 +22,7 @@ from bench.pgsetup import (
     _queickd_env,
     server_version,
 )
-from bench.report import Results, _fmt, _fs_type
+from bench.report import Results, _fmt, _fs_type, host_info
 
 
 # --- report -------------------------------------------------------------------------------------------
@@ -99,8 +99,6 @@ def render(res: Results, order: list[Scenario], info: dict[str, Any], s: Setting
 
 
 def machine_info(s: Settings) -> dict[str, Any]:
-    import platform
-
     try:
         qv = subprocess.run([sys.executable, "-c", "import queickd; print(queickd.__version__)"], capture_output=True,
                             text=True, timeout=60, cwd=s.tmp_root, env=_queickd_env(s.queickd_path)).stdout.strip() or "?"
@@ -110,7 +108,7 @@ def machine_info(s: Settings) -> dict[str, Any]:
         pg = server_version(s.admin_url)
     except Exception as e:  # reported; every run will fail with the same reason
         pg = f"unreachable ({type(e).__name__}: {e})"
-    return {"nproc": os.cpu_count(), "python": platform.python_version(), "queickd": qv,
+    return {**host_info(), "queickd": qv,
             "queickd_path": str(s.queickd_path), "postgres": pg, "pgqueuer": PGQUEUER_PINS,
             "procrastinate": PROCRASTINATE_PINS, "tmp_fs": _fs_type(s.tmp_root), "loadavg_start": os.getloadavg()}
 

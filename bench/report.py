@@ -10,6 +10,7 @@ import os
 import platform
 import sqlite3
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -94,7 +95,9 @@ def _fs_type(path: Path) -> str:
     return fstype
 
 
-def machine_info(s: Settings) -> dict[str, Any]:
+def host_info() -> dict[str, Any]:
+    """The machine a run names (CPU model, cores, memory, kernel, Python, when): the same
+    keys in bench.run's and bench.pg's JSON, which bench/publish.py prints above a table."""
     cpu = "?"
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
         for line in f:
@@ -104,13 +107,17 @@ def machine_info(s: Settings) -> dict[str, Any]:
     mem = "?"
     with contextlib.suppress(OSError), open("/proc/meminfo") as f:
         mem = f"{int(f.readline().split()[1]) / 1024**2:.1f} GiB"
+    return {"nproc": os.cpu_count(), "cpu": cpu, "mem_total": mem, "kernel": platform.release(),
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def machine_info(s: Settings) -> dict[str, Any]:
     try:
         from queickd import __version__ as qv
     except ImportError:  # pragma: no cover
         qv = "?"
     return {
-        "nproc": os.cpu_count(), "cpu": cpu, "mem_total": mem, "kernel": platform.release(),
-        "python": platform.python_version(), "sqlite": sqlite3.sqlite_version, "queickd": qv,
+        **host_info(), "sqlite": sqlite3.sqlite_version, "queickd": qv,
         "queickd_path": str(default_queickd_path()),
         "queick": QUEICK_VERSION, "huey": HUEY_VERSION, "tmp_dir": str(s.tmp_root), "tmp_fs": _fs_type(s.tmp_root.resolve()),
         "loadavg_start": os.getloadavg(),
@@ -265,7 +272,8 @@ def to_json(res: Results, info: dict[str, Any], s: Settings, order: list[Scenari
                      "idle_seconds": s.idle_seconds, "crash_acks": s.crash_acks, "huey_venv": str(s.huey_venv),
                      "memory_sizes": s.memory_sizes, "queick_memory_max": s.queick_memory_max,
                      "huey_memory_max": s.huey_memory_max,
-                     "raw_seconds": s.raw_seconds, "peer_venv": str(s.venv)},
+                     "raw_seconds": s.raw_seconds, "peer_venv": str(s.venv), "clients": s.clients,
+                     "client_jobs": s.client_jobs, "slow_fsync_ms": s.slow_fsync_ms},
         "scenarios": [{"name": sc.name, "title": sc.title, "targets": sc.targets} for sc in order],
         "results": [
             {"scenario": m.scenario, "metric": m.label, "target": m.target, "unit": m.unit,
