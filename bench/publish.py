@@ -55,9 +55,9 @@ class Run:
         return r["median"] if r else None
 
 
-def number(v: float) -> str:
-    """1,852 / 37.4 / 1.1: whole numbers from 100 up, one decimal below."""
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.1f}"
+def number(v: float, whole: bool = False) -> str:
+    """1,852 / 37.4 / 1.1: whole numbers from 100 up (and counts), one decimal below."""
+    return f"{v:,.0f}" if whole or abs(v) >= 100 else f"{v:,.1f}"
 
 
 def machine_line(run: Run, store: str) -> str:
@@ -67,6 +67,8 @@ def machine_line(run: Run, store: str) -> str:
     how = f"median of {rounds} round{'s' if rounds != 1 else ''}" if rounds else "medians"
     extra = f", SQLite {m['sqlite']}" if m.get("sqlite") and store == "sqlite" else ""
     extra += f", PostgreSQL {m['postgres']}" if m.get("postgres") else ""
+    load = m.get("loadavg_start")
+    extra += f"; load average {load[0]:.1f} at the start" if load else ""  # a shared machine says so
     return (f"Measured on {date} on {m.get('cpu', 'an unnamed CPU')}, {m.get('nproc', '?')} cores, "
             f"{m.get('mem_total', '?')} RAM, Linux {m.get('kernel', '?')}, Python {m.get('python', '?')}{extra}"
             f" ({how}{', quick mode' if st.get('quick') else ''}).")
@@ -83,10 +85,12 @@ class Row:
     unit: str
     ratio: bool = True
     queickd: str = QUEICKD  # the target the queickd column shows
+    whole: bool = False  # counts: no decimals
 
 
 def _sqlite_rows(st: dict[str, Any]) -> list[Row]:
     e2e, clients, client_jobs = st.get("e2e_jobs"), st.get("clients"), st.get("client_jobs")
+    fsync = f"+{st['slow_fsync_ms']:g} ms" if st.get("slow_fsync_ms") is not None else "slowed"
     n = f"{e2e:,} jobs" if e2e else "jobs"
     many = f"{clients} client processes × {client_jobs:,} jobs" if clients and client_jobs else "many client processes"
     return [
@@ -105,13 +109,13 @@ def _sqlite_rows(st: dict[str, Any]) -> list[Row]:
         Row("batched: pipelined on one connection / `enqueue_many` (one request per chunk)",
             [("enqueue-pipelined", "enqueue rate"), ("enqueue-many", "enqueue rate")], "jobs/s", False),
         Row(f"batched: end to end from `enqueue_many`, {n}, 4 workers", [("e2e-many", E2E_MANY)], "jobs/s", False),
-        Row(f"SD card (every fsync +{st.get('slow_fsync_ms', '?')} ms): many clients, enqueue only", [("sd-many-clients", MANY)], "jobs/s"),
+        Row(f"SD card (every fsync {fsync}): many clients, enqueue only", [("sd-many-clients", MANY)], "jobs/s"),
         Row("SD card: end to end, one enqueue per job, 4 workers", [("sd-e2e", E2E)], "jobs/s"),
         Row("SD card: end to end from `enqueue_many` (batched)", [("sd-e2e-many", E2E_MANY)], "jobs/s", False),
         Row("kill -9 under load: acknowledged but never ran / ran twice",
-            [("crash", "acknowledged, never ran"), ("crash", "ran more than once")], "jobs", False),
-        Row("idle: CPU per minute", [("idle", "CPU")], "ms"),
-        Row("idle: context switches per minute", [("idle", "context switches")], "", False),
+            [("crash", "acknowledged, never ran"), ("crash", "ran more than once")], "jobs", False, whole=True),
+        Row("idle: CPU per minute", [("idle", "CPU")], "ms", False),
+        Row("idle: context switches per minute", [("idle", "context switches")], "", False, whole=True),
         Row("daemon RSS with 100,000 queued jobs", [("memory-100k", "RSS after")], "MiB"),
         Row("store size per queued job, after a clean stop", [("memory-100k", "store per job, after clean stop")],
             "bytes"),
@@ -122,9 +126,9 @@ def _cell(run: Run, row: Row, target: str) -> tuple[str, list[float] | None]:
     values = [run.median(scenario, target, metric) for scenario, metric in row.cells]
     if any(v is None for v in values):
         return ("—", None) if all(v is None for v in values) else (" / ".join(
-            "—" if v is None else number(v) for v in values) + (f" {row.unit}" if row.unit else ""), None)
+            "—" if v is None else number(v, row.whole) for v in values) + (f" {row.unit}" if row.unit else ""), None)
     vs = [v for v in values if v is not None]
-    return " / ".join(number(v) for v in vs) + (f" {row.unit}" if row.unit else ""), vs
+    return " / ".join(number(v, row.whole) for v in vs) + (f" {row.unit}" if row.unit else ""), vs
 
 
 def _ratio(mine: list[float], theirs: list[float] | None, name: str) -> str | None:
