@@ -85,8 +85,8 @@ def copy_job_modules(dest_dir: Path, python: Path | str) -> None:
     """Copy benchjobs.py into dest_dir (where a peer imports its jobs from) and byte-compile
     every module there under `python`, the peer's interpreter (its cache tag): a user's
     first import writes that bytecode, and Queick 1.2.1 re-imports the job module twice
-    per job (`importlib.reload` in job.py), so without it, where PYTHONDONTWRITEBYTECODE
-    is set, each job compiled the module's source twice and Queick's e2e row halved."""
+    per job (`importlib.reload` in job.py): without it, where PYTHONDONTWRITEBYTECODE is
+    set, each of its jobs would compile the module's source twice, which no user pays."""
     shutil.copy(JOBS_FILE, dest_dir / JOBS_FILE.name)
     subprocess.run([str(python), "-m", "compileall", "-q", "-l", str(dest_dir)], check=True, timeout=120,
                    capture_output=True, env=_clean_env())
