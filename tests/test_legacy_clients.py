@@ -240,3 +240,30 @@ def test_queicks_readme_layout_runs_with_accept_queick_clients(queick_dir, start
         with pytest.raises(QueueError) as info:  # the app's test.py is no job: `import test` is the stdlib's
             q.enqueue("test:function")
     assert info.value.code == "not_allowed" and "the standard library's test" in info.value.message
+
+
+def test_a_queick_request_followed_by_a_half_close_is_answered(legacy_daemon):
+    """A client that shuts its sending side after the pickle still reads: it gets its one reply."""
+    payload = pickle.dumps({"func_name": "testjobs.add", "args": (1, 2)})
+    with socket.create_connection(("127.0.0.1", legacy_daemon.port), timeout=10) as s:
+        s.sendall(payload)
+        s.shutdown(socket.SHUT_WR)
+        reply = b""
+        while chunk := s.recv(4096):
+            reply += chunk
+    assert pickle.loads(reply) == {"success": True, "error": None}
+    assert only_job(legacy_daemon)["args"] == [1, 2]
+
+
+def test_a_truncated_queick_request_then_a_half_close_is_refused_at_once(legacy_daemon):
+    payload = pickle.dumps({"func_name": "testjobs.add", "args": (1, 2)})
+    with socket.create_connection(("127.0.0.1", legacy_daemon.port), timeout=10) as s:
+        s.sendall(payload[:-5])
+        s.shutdown(socket.SHUT_WR)
+        reply = b""
+        while chunk := s.recv(4096):
+            reply += chunk
+    answer = pickle.loads(reply)
+    assert answer["success"] is False and "incomplete" in answer["error"]
+    with legacy_daemon.client() as q:
+        assert q.jobs() == []

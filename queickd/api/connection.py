@@ -218,8 +218,8 @@ class Connection(asyncio.BufferedProtocol):
         """The peer shut its sending side (`nc -q1`, `printf ... | nc`): it still reads. Answer
         every request read so far (enqueues once committed), then close; returning True keeps
         our sending side open until `_pump` has written the last reply owed."""
-        if self.legacy is not None:
-            return None  # a Queick request is one shot: its own reply path closes
+        if self.legacy is not None:  # a Queick request is one shot: its own reply path closes
+            return self.legacy.eof_received() or None
         self._eof = True
         del self.buf[self.buf.rfind(b"\n") + 1:]  # a last line without its newline is no request
         self._parse()

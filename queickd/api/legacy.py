@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("queickd.legacy")
 
 MAX_REQUEST = 64 * 1024  # bytes; Queick's own server read at most 1024
+# A request followed by the client's EOF is still answered up to this size (Queick's own
+# read): a larger one is dropped with its connection, so clients that send big requests
+# and hang up cannot keep their bytes and decodes in the daemon.
+MAX_HALF_CLOSED = 1024
 MAX_DECODES = 4  # Queick requests queued or being decoded at once, over all connections
 DECODE_BUDGET = 0.5  # seconds of the decoding thread one connection may use
 DECODE_CALL_COST = 0.001  # the least a decode is charged: each is a hop to that thread and back
@@ -192,6 +196,7 @@ class LegacyConnection:
         self.done = False
         self.scan = PickleScan(max_request)  # the decoding thread's while a decode is in flight
         self.wanted = 1  # bytes the scan needs before it can go on
+        self.eof = False  # the client sent all it will
         self.decodes = 0  # decodes this request has had
         self.spent = 0.0  # seconds of the decoding thread they were charged
         self._decoding: Future | None = None  # the decode in flight
@@ -208,6 +213,17 @@ class LegacyConnection:
             return self._finish(f"{Code.BAD_REQUEST}: request over {self.max_request} bytes")
         if self._decoding is None and self._worth_decoding():
             self._decode()
+
+    def eof_received(self) -> bool:
+        """The client shut its sending side, and may still read (`shutdown(SHUT_WR)`): the
+        request is all here. True when it is answered (decoded now; one still incomplete
+        is refused); False for a request past MAX_HALF_CLOSED, dropped with the connection."""
+        if self.received > MAX_HALF_CLOSED and not self.done:
+            return False
+        self.eof = True
+        if not self.done and self._decoding is None:
+            self._decode()
+        return True
 
     def close(self) -> None:
         """The connection is gone: its decode, if still queued, never runs."""
@@ -248,7 +264,10 @@ class LegacyConnection:
         self.spent += max(seconds, DECODE_CALL_COST)
         if kind == "more":
             self.wanted = value
-            if self._worth_decoding():
+            if self.eof and not self.buf:
+                log.warning("refused a Queick request from %s: it ended incomplete", self.peer)
+                return self._finish(f"{Code.BAD_REQUEST}: incomplete pickle: the request ended before its end")
+            if self.eof or self._worth_decoding():
                 self._decode()  # bytes came while this was decoding
             return
         if kind == "refused":
