@@ -138,6 +138,11 @@ def check_importable(func: Any) -> None:
     if func.__name__ == "<lambda>":
         raise TypeError(f"@task cannot decorate a lambda ({func.__module__}:{name}): the daemon imports a job's "
                         "function by its name; define it with def at the top level of a module")
+    if func.__module__ == "__main__":  # enqueue would refuse it: say why now, and what works
+        raise TypeError(f"@task cannot decorate {name} of the script being run (__main__): the daemon imports a "
+                        "job's function by its module and cannot import a script, so a script cannot enqueue a "
+                        "function it defines itself; move the function to a module of its own and import it "
+                        "from there (calling it and enqueueing it then both work)")
     if "<locals>" in name:
         raise TypeError(f"@task cannot decorate {name} of {func.__module__}: it is defined inside a function, so "
                         "the daemon cannot import it by name; move it to the top level of the module")

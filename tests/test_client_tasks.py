@@ -162,6 +162,27 @@ def test_decorating_a_lambda_nested_function_or_method_raises_type_error():
                 return 1
 
 
+def test_decorating_a_function_of_the_script_being_run_raises_type_error(tmp_path):
+    script = tmp_path / "enqueue_own.py"
+    script.write_text("from queickd import JobQueue\nq = JobQueue(port=1)\n"
+                      "@q.task\ndef add(a, b):\n    return a + b\n")
+    env = {"PYTHONPATH": ":".join(sys.path)}
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("TypeError: @task cannot decorate add of the script being run (__main__)")
+    assert "cannot import" in last and "import it from there" in last
+
+
+def test_a_script_calls_and_enqueues_a_task_it_imports(tasks_queue, tmp_path):
+    script = tmp_path / "use_tasks.py"
+    script.write_text("import sys, taskjobs\nassert taskjobs.add(1, 2) == 3\n"
+                      "print(taskjobs.add.enqueue(2, 3).result(timeout=30))\n")
+    env = {"QUEICKD_PORT": str(tasks_queue.port), "PYTHONPATH": f"{JOBS_DIR}:{':'.join(sys.path)}"}
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout.strip()) == (0, "5"), r.stderr
+
+
 def test_importing_a_module_with_tasks_opens_no_connection():
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
