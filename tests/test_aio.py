@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import threading
 from pathlib import Path
 
 from test_fate import make_job
@@ -52,8 +53,10 @@ def test_an_awaited_coroutine_that_gives_a_coroutine_is_awaited_again():
 
 def test_a_job_that_swallows_its_cancel_is_cancelled_again():
     swallowed = []
+    began = threading.Event()
 
     async def stubborn():
+        began.set()
         try:
             await asyncio.sleep(600)
         except asyncio.CancelledError:
@@ -62,6 +65,7 @@ def test_a_job_that_swallows_its_cancel_is_cancelled_again():
 
     runner = LoopRunner()
     reports = _started(runner, stubborn)
+    assert began.wait(20)  # its cancel comes while it runs, not before its first step
     runner.cancel(7)
     assert reports.get(timeout=20).error_type == "cancelled" and swallowed == [True]
 

@@ -74,6 +74,19 @@ def test_cancel_cancels_a_running_async_job(start_daemon, gate, tmp_path):
     assert read_lines(out) == ["stopped CancelledError cancelled=True"] * 2
 
 
+def test_a_cancel_that_comes_before_the_async_job_starts_still_stops_it(start_daemon, gate, tmp_path):
+    d = start_daemon(workers=1, env={"QUEICKD_TEST_IMPORT_GATE": str(gate.port)})
+    out = tmp_path / "out"
+    with d.client() as q:
+        job = q.enqueue("slowimport:aloop", (str(out), 600))
+        assert gate.arrival() == "importing"  # claimed, its worker importing the module
+        assert q.cancel(job)["state"] == State.CANCELLED
+        gate.release_all()
+        d.wait_for_line(rf"job {job} slowimport:aloop cancelled: its run ended")
+        assert q.wait(q.enqueue("testjobs:add", (2, 3)), 20)["result"] == 5
+    assert not out.exists()  # stopped before its function was called
+
+
 def test_200_async_sleeps_run_at_once_on_4_slots(start_daemon):
     # Each job returns only once all 200 have arrived: they ran at once, not 4 at a time.
     d = start_daemon(None, "--async-jobs", "200", workers=4)

@@ -63,6 +63,9 @@ class LoopRunner:
 
     def __init__(self) -> None:
         self.progress: context.ProgressSink | None = None  # where queickd.progress() in a task goes
+        # Whether a job was cancelled while held, before its run began (Stops.cancelled_early):
+        # such a run is stopped before the job's function is called.
+        self.cancelled_early: Callable[[int], bool] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
         self._runs: dict[int, LoopRun] = {}  # job id -> its run (a dict's set and pop are atomic)
@@ -75,7 +78,11 @@ class LoopRunner:
         run = LoopRun(job, timeout, time.monotonic() if began is None else began)
         run.progress_to = self.progress
         self._runs[job.id] = run  # before the task: a cancel from now on finds it
-        self._started().call_soon_threadsafe(self._begin, run, call, done)
+        loop = self._started()
+        loop.call_soon_threadsafe(self._begin, run, call, done)
+        if self.cancelled_early is not None and self.cancelled_early(job.id):  # after: a cancel finds the run
+            run.cancelled = True
+            loop.call_soon_threadsafe(self._stop, run, CANCELLED)
 
     def run(self, job: Job, call: Callable[[], Any], timeout: float | None, began: float) -> RunReport:
         """Like start, and wait in this thread for the report (a job that reached a worker
@@ -137,6 +144,8 @@ class LoopRunner:
         value: Any = None
         error: BaseException | None = None
         try:
+            if run.why is not None:  # stopped before its first step: the function is never called
+                raise asyncio.CancelledError
             value = call()
             while capture.awaitable(value):
                 value = await value

@@ -87,13 +87,22 @@ class Stops:
         """Called by the thread about to call the job's function (which made `run`)."""
         with self._cond:  # with cancel's look at _runs: a cancel either finds the run or is early
             self._runs[run.id] = run
-            early = self._early.pop(run.id, None) if self._early else None
-            if early is not None and self._clock() - early < CANCEL_KEPT:
+            if self._take_early(run.id):
                 self._cancel(run)
             elif run.ends is not None:
                 self._due.add(run)
                 self._start()
                 self._cond.notify()
+
+    def cancelled_early(self, job_id: int) -> bool:
+        """Whether the job was cancelled while held, before any run of it entered (taken:
+        True once). For a run that does not enter here: an async job's on the event loop."""
+        with self._cond:
+            return self._take_early(job_id)
+
+    def _take_early(self, job_id: int) -> bool:  # holds _cond
+        early = self._early.pop(job_id, None) if self._early else None
+        return early is not None and self._clock() - early < CANCEL_KEPT
 
     def leave(self, run: ThreadRun) -> None:
         """Called by the run's thread once the job's call has returned and `run.leaving` is

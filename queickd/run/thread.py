@@ -62,6 +62,7 @@ class ThreadRunner:
         self.measure = measure
         self.stops = Stops()
         self.loop = LoopRunner()  # awaits async jobs: run/aio.py
+        self.loop.cancelled_early = self.stops.cancelled_early
 
     @property
     def progress(self) -> context.ProgressSink | None:
