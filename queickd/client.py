@@ -195,6 +195,14 @@ class JobQueue:
             if isinstance(e, ConnectionError):
                 raise RequestLostError(str(e)) from e
             raise RequestLostError(f"connection to queickd failed mid-request: {e}") from e
+        except BaseException:
+            # Interrupted (Ctrl-C, a signal handler's exception) with replies still owed:
+            # kept, the connection would hand them to the next requests as their own.
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)  # unblocks the sender, if still sending
+            with contextlib.suppress(OSError):
+                self.close()
+            raise
 
     def _call_many(self, reqs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if self._transport is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import struct
 import threading
@@ -81,3 +82,31 @@ def test_a_long_pipeline_whose_connection_is_reset_raises_request_lost(resetting
     with pytest.raises(RequestLostError):
         q.enqueue_pipelined([q.job("testjobs:noop") for _ in range(5000)])
     assert q._sock is None  # let go: the next call connects anew
+
+
+class _InterruptError(Exception):
+    """What a signal handler raised (a REPL's Ctrl-C, a SIGALRM timeout)."""
+
+
+def test_a_request_interrupted_while_it_waits_never_takes_the_next_ones_reply(daemon, gate):
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers run in the main thread only")
+
+    def interrupt(signum, frame):
+        raise _InterruptError
+
+    with daemon.client() as q:
+        job = q.enqueue("testjobs:gate", (gate.port, "held"))
+        assert gate.arrival() == "held"
+        old = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            with pytest.raises(_InterruptError):
+                q.wait(job, 30)  # its reply is owed until the job ends
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        threading.Timer(0.3, gate.release_all).start()  # the job ends while the next request waits
+        other = q.enqueue("testjobs:add", (2, 3))
+        assert other != job
+        assert q.wait(other, 20)["result"] == 5
