@@ -216,7 +216,11 @@ class AsyncJobQueue:
             raise ConnectionError(
                 f"cannot reach queickd at {self.host}:{self.port} ({str(e) or 'timed out'}); is the daemon running?"
             ) from e
-        info = await conn.send(protocol.encode(clientops.hello(self.token)))
+        try:
+            info = await conn.send(protocol.encode(clientops.hello(self.token)))
+        except BaseException:  # cancelled too: a connection no one holds would stay open
+            conn.abandon()
+            raise
         if not info.get("ok"):
             await conn.close()
             raise QueueError.from_reply(info)

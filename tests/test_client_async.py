@@ -224,3 +224,23 @@ def test_a_cancelled_wait_does_not_hold_the_next_one(daemon):
             return await asyncio.wait_for(q.wait(now, timeout=20), 15)
 
     assert asyncio.run(main())["result"] == 7
+
+
+def test_an_await_cancelled_during_the_hello_closes_its_connection():
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers the hello
+        port = silent.getsockname()[1]
+
+        async def main():
+            q = AsyncJobQueue("127.0.0.1", port)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(q.stats(), 0.5)
+            await asyncio.sleep(0)  # the close's turn of the loop
+            return q
+
+        q = asyncio.run(main())
+        conn, _ = silent.accept()
+        with conn:
+            conn.settimeout(20)
+            assert conn.recv(4096).startswith(b'{"op"')  # the hello
+            assert conn.recv(4096) == b""  # then the client's end: closed, not left open
+        assert q._conn is None
