@@ -26,12 +26,15 @@ thread too, and those limits are not enforced. A job that enqueues through the s
 gets its id at once; that job runs once the first has returned (as on a daemon of one
 worker), so a job cannot wait for a job it enqueued: that wait raises TimeoutError.
 
-Never opens a socket or a file of its own, and starts no thread or process. Safe from
-several threads: one request at a time (a lock, re-entered by a job's own requests).
+Never opens a socket or a file of its own, and starts no process; its one thread is the
+event loop's that awaits async jobs (run/aio.py), started with the first, while the calling
+thread waits. Safe from several threads: one request at a time (a lock, re-entered by a
+job's own requests, an async job's included).
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
 import threading
@@ -113,7 +116,10 @@ class ImmediateTransport:
     # --- the transport ----------------------------------------------------------------------
     def exchange(self, reqs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """The replies to `reqs`, in order, each once what it made due has run."""
-        with self._lock:
+        # An async job runs on the runner's loop thread while the thread that holds the lock
+        # waits for it: its requests are that thread's, as a thread job's are.
+        own = self._depth > 0 and self.pool.runner.loop.on_loop()  # type: ignore[attr-defined]
+        with contextlib.nullcontext() if own else self._lock:
             self._depth += 1
             try:
                 return [self._one(req) for req in reqs]

@@ -64,6 +64,19 @@ def test_immediate_awaits_an_async_job_even_inside_a_running_loop(q):
     assert asyncio.run(caller()) == 7
 
 
+def test_an_immediate_async_job_may_use_its_queue(q):
+    box: list = []
+    caller = threading.Thread(target=lambda: box.append(q.wait(q.enqueue(immediatejobs.enqueue_from_async,
+                                                                         args=("from async",)), 5)),
+                              daemon=True)
+    caller.start()
+    caller.join(20)  # a deadlock leaves it blocked
+    assert box, "the async job's request never got the queue"
+    child, state = box[0]["result"]
+    assert state == "running" and q.get(child)["result"] == "from async"
+    assert immediatejobs.LOG == ["from async"]
+
+
 def test_immediate_retries_follow_the_policy_without_sleeping(q, no_sleeping):
     job_id = q.enqueue(immediatejobs.flaky, args=("f", 2), retry=True, retry_type="constant",
                        retry_interval=7, max_attempts=5)

@@ -105,6 +105,13 @@ class LoopRunner:
         """The jobs told to stop (timed out, cancelled) whose task has not ended yet."""
         return frozenset(r.id for r in list(self._runs.values()) if r.why is not None)
 
+    def on_loop(self) -> bool:
+        """Whether the caller runs on this runner's loop thread (an async job's own call)."""
+        try:
+            return self._loop is not None and asyncio.get_running_loop() is self._loop
+        except RuntimeError:  # no loop runs in this thread
+            return False
+
     def _started(self) -> asyncio.AbstractEventLoop:
         loop = self._loop
         if loop is None:

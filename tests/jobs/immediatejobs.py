@@ -53,3 +53,11 @@ def report_progress():
     seen = QUEUE.get(queickd.current_job().id)["progress"]
     queickd.progress(2, 2)
     return [seen["done"], seen["total"], seen["note"]]
+
+
+async def enqueue_from_async(token):
+    """An async job that uses the queue as a plain job does: enqueues, and reads itself."""
+    import queickd
+
+    child = QUEUE.enqueue(record, args=(token,))
+    return [child, QUEUE.get(queickd.current_job().id)["state"]]
