@@ -108,6 +108,16 @@ def test_async_jobs_do_not_take_thread_slots_from_sync_jobs(start_daemon):
         assert {q.wait(j, 20)["result"] for j in waiting} == {"through"}
 
 
+def test_an_async_task_takes_no_thread_slot(start_daemon):
+    d = start_daemon(None, "--async-jobs", "5", workers=1)
+    with d.client() as q:
+        waiting = [q.enqueue("taskjobs:wait_open", ["task door"]) for _ in range(3)]
+        for job in waiting:  # all 3 running with one worker thread, as plain async defs are
+            assert q.wait(job, 20, states=[State.RUNNING])["state"] == State.RUNNING
+        assert q.wait(q.enqueue("asyncjobs:open_door", ["task door"]), 20)["result"] == "opened"
+        assert {q.wait(j, 20)["result"] for j in waiting} == {"through"}
+
+
 def test_async_jobs_beyond_their_room_wait_in_threads(start_daemon):
     d = start_daemon(None, "--async-jobs", "2", workers=2)
     with d.client() as q:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.protocol import Code, QueueError
+from ..tasks import Task
 from . import definitions
 
 log = logging.getLogger("queickd.loader")
@@ -272,6 +273,8 @@ class FunctionLoader:
                 # `from subprocess import run` in an allowed module must not make it runnable
                 raise QueueError(Code.NOT_ALLOWED, f"{func} is not defined in {module} "
                                  f"(it comes from {getattr(fn, '__module__', '?')})")
+            if isinstance(fn, Task):  # calling a task calls its function: the runners take that,
+                fn = fn.func          # and tell an async def's (which a task object is not) from it
             self._funcs[func] = fn
         return fn
 

@@ -19,3 +19,11 @@ def report(name, *, copies=1):
 @queue.task(retry=False)
 def fail(message="boom"):
     raise ValueError(message)
+
+
+@queue.task
+async def wait_open(name):
+    """An async task: waits until the sync job asyncjobs:open_door(name) has run."""
+    import asyncjobs
+
+    return await asyncjobs.wait_open(name)
