@@ -202,6 +202,9 @@ class AsyncJobQueue:
         self._connecting: asyncio.Lock | None = None  # made with them, in that loop
         self._held: set[_Connection] = set()  # connections of held requests (waits), open
         self._spare: list[_Connection] = []  # ... of them, free for the next
+        # Immediate mode's (queickd/immediate.py), for the tasks of a JobQueue.immediate():
+        # requests answered in this thread, no connection. None: the daemon's socket.
+        self._transport: Any = None
 
     # --- connection ---------------------------------------------------------------------------
     async def _open(self) -> _Connection:
@@ -275,7 +278,12 @@ class AsyncJobQueue:
             except StopIteration as done:
                 return done.value
             try:
-                if type(step) is dict:
+                if self._transport is not None and type(step) in (dict, list):  # an immediate queue's twin
+                    replies = self._transport.exchange([step] if type(step) is dict else step)
+                    outcome = replies if type(step) is list else replies[0]
+                    if type(step) is dict and not outcome.get("ok"):
+                        outcome = reply_error(outcome)
+                elif type(step) is dict:
                     line = protocol.encode(step)  # a request that cannot be encoded is never sent
                     if clientops.held(step):
                         outcome = await self._held_request(line)

@@ -395,6 +395,7 @@ class JobQueue:
 
             twin = self._twin = AsyncJobQueue(self.host, self.port, token=self.token, timeout=self.timeout,
                                               connect_timeout=self.connect_timeout, tls=self.tls)
+            twin._transport, twin.server_info = self._transport, self.server_info  # immediate mode: no socket
         return twin
 
     # --- workflows ----------------------------------------------------------------------------

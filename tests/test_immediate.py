@@ -77,6 +77,22 @@ def test_an_immediate_async_job_may_use_its_queue(q):
     assert immediatejobs.LOG == ["from async"]
 
 
+def test_an_immediate_queues_task_awaits_without_a_daemon(monkeypatch):
+    import asyncio
+
+    import taskjobs
+
+    monkeypatch.setenv("QUEICKD_PORT", "1")  # a connection attempt would be refused
+    queue = JobQueue.immediate(app_dir=JOBS, start=START)
+    monkeypatch.setattr(taskjobs.add, "queue", queue)  # the task's queue, in test mode
+
+    async def caller():
+        job = await taskjobs.add.aenqueue(2, 3)
+        return await job.result(5), (await job.get())["state"]
+
+    assert asyncio.run(caller()) == (5, "succeeded")
+
+
 def test_immediate_retries_follow_the_policy_without_sleeping(q, no_sleeping):
     job_id = q.enqueue(immediatejobs.flaky, args=("f", 2), retry=True, retry_type="constant",
                        retry_interval=7, max_attempts=5)
