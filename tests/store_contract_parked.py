@@ -87,3 +87,35 @@ class ParkedContract:
         store.submit([job(func="m:paused", priority=-5)], T0)
         (plain,) = store.submit([job()], T0)
         assert _ids(store, 5) == [plain.job_id]
+
+    def test_jobs_behind_more_full_groups_jobs_than_the_last_claim_met_start_in_queue_order(self, store):
+        _parked(store)
+        _fill(store)
+        store.submit([job(concurrency_group="full", concurrency_limit=1, priority=-10)], T0)
+        plain = [s.job_id for s in store.submit([job() for _ in range(6)], T0)]
+        assert _ids(store, 2) == plain[:2]
+        assert _ids(store, 2) == plain[2:4]  # the claim after one that met the full group
+        store.submit([job(concurrency_group="full", concurrency_limit=1, priority=-10) for _ in range(40)], T0)
+        assert _ids(store, 2) == plain[4:]
+
+    def test_a_full_groups_waiting_job_holds_its_key_on_every_claim(self, store):
+        _parked(store)
+        _fill(store)
+        store.submit([job(concurrency_group="full", concurrency_limit=1, priority=-10, key="k")], T0)
+        behind, plain = store.submit([job(key="k"), job()], T0)
+        assert _ids(store, 5) == [plain.job_id]
+        (later,) = store.submit([job()], T0)
+        assert _ids(store, 5) == [later.job_id]  # the claim after one that met the full group
+        assert behind.job_id not in _ids(store, 5)
+
+    def test_a_group_that_fills_between_claims_is_passed_over(self, store):
+        _parked(store)
+        _fill(store)
+        store.submit([job(concurrency_group="full", concurrency_limit=1, priority=-10)], T0)
+        (first,) = store.submit([job()], T0)
+        assert _ids(store, 5) == [first.job_id]
+        g = store.submit([job(concurrency_group="g", concurrency_limit=1, priority=-5) for _ in range(2)], T0)
+        plain = [s.job_id for s in store.submit([job(), job()], T0)]
+        assert _ids(store, 5) == [g[0].job_id, *plain]
+        (later,) = store.submit([job()], T0)
+        assert _ids(store, 5) == [later.job_id]

@@ -117,6 +117,25 @@ def test_a_claim_with_every_group_full_reaches_the_jobs_behind_them_by_reading_n
     assert steps[2000] <= steps[10] * 1.05
 
 
+def test_a_claim_after_one_that_met_a_full_group_reads_in_one_statement_as_without_it(tmp_path):
+    reads = {}
+    for full_group in (False, True):
+        s = SQLiteStore(str(tmp_path / f"q{full_group}.db"))
+        if full_group:  # its slot taken, a job of it waiting ahead of every other
+            s.submit([job(concurrency_group="full", concurrency_limit=1)], T0)
+            assert len(s.claim_available(1, T0, pools=["default"])) == 1
+            s.submit([job(concurrency_group="full", concurrency_limit=1, priority=-10)], T0)
+        plain = s.submit([job() for _ in range(4)], T0)
+        assert len(s.claim_available(2, T0, pools=["default"])) == 2  # the one that met it
+        sql = []
+        s._writer().set_trace_callback(sql.append)
+        assert [j.id for j in s.claim_available(2, T0, pools=["default"])] == [p.job_id for p in plain[2:]]
+        s._writer().set_trace_callback(None)
+        reads[full_group] = [q for q in sql if q.startswith(("SELECT", "WITH"))]
+        s.close()
+    assert len(reads[True]) == len(reads[False]) == 1, reads
+
+
 def test_a_grouped_job_with_its_other_fields_at_their_defaults_is_inserted_with_eight_columns(tmp_path):
     s = SQLiteStore(str(tmp_path / "q.db"))
     sql = []

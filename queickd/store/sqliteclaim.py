@@ -132,10 +132,28 @@ _TOTALS_COLS = (
 _ORDER = " ORDER BY priority, run_at, id LIMIT ?"
 
 
+# A claim after one that met full groups (and no used up budget) reads with each of the
+# queue's first jobs whether what runs fills its group (claim.Selection.out_groups: as many
+# running as the lowest limit of its running jobs; the full groups are read once through
+# the running index), and as many jobs more as the last such claim met of full groups (at
+# least one, at most _PAST): with no more than that of full groups among the first, the
+# rest are the first jobs the selection may take, and the common claim goes on with them,
+# in the one statement; else the selection past the full groups.
+_FULL_GROUPS = ("WITH full_groups AS MATERIALIZED (SELECT concurrency_group FROM jobs INDEXED BY jobs_running"
+                " WHERE state = 'running' AND concurrency_group IS NOT NULL GROUP BY concurrency_group"
+                " HAVING count(*) >= min(CASE WHEN concurrency_limit THEN concurrency_limit ELSE 1 END)) ")
+_FULL = "CASE WHEN concurrency_group IS NULL THEN 0 ELSE concurrency_group IN full_groups END"
+_PAST = 16
+
+
 @functools.cache
-def _heads_sql(totalled: bool, pools: int, heads: str) -> str:
-    """The claim's first statement for `pools` pools walked (`heads`: the keyed jobs' condition)."""
-    return served_order(_TOTALS_COLS if totalled else _HEADS_COLS, pools, heads) + _ORDER
+def _heads_sql(totalled: bool, pools: int, heads: str, full: bool = False) -> str:
+    """The claim's first statement for `pools` pools walked (`heads`: the keyed jobs' condition;
+    `full`: with whether each job's group is full, last)."""
+    cols = _TOTALS_COLS if totalled else _HEADS_COLS
+    if not full:
+        return served_order(cols, pools, heads) + _ORDER
+    return _FULL_GROUPS + served_order(f"{cols}, {_FULL}", pools, heads) + _ORDER
 
 
 @functools.cache
@@ -159,6 +177,8 @@ class SqliteClaims:
 
     _grouped_heads = False  # the last claim met a grouped job among its first ones
     _full_groups = False  # the last claim by the selection left jobs out (full groups, used up budgets)
+    _only_groups = True  # ... and only those of full groups
+    _past = _PAST  # how many jobs to read past the first, for full groups' jobs among them
 
     def claim_available(self, limit: int, now: float, network_up: bool = True,
                         pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS,
@@ -176,8 +196,9 @@ class SqliteClaims:
             if not walk:
                 return []
             heads_of_keys = "" if served is None else _HEAD_OF_KEY
-            if self._full_groups:
-                # The last claim met full groups: this one likely will too, and would read
+            past_full = self._full_groups and self._only_groups
+            if self._full_groups and not past_full:
+                # The last claim met used up budgets: this one likely will too, and would read
                 # past them what it read first. The selection at once, as before the heads.
                 return self._select(c, request, self._held(c, now), None, walk)
             # The common claim (claim.plain): the queue's first jobs and whether anything is
@@ -188,15 +209,26 @@ class SqliteClaims:
             # budgets even with all of that in them. Else what runs is read (a handful of
             # rows), and they start if each is within its group and its budgets.
             totalled = limits.any or self._grouped_heads
-            sql = _heads_sql(totalled, len(walk), heads_of_keys)
+            sql = _heads_sql(totalled, len(walk), heads_of_keys, past_full)
             # The parameters of each walk: the budgets' flag of its columns, then its pool.
             params = [v for p in walk for v in ((limits.any, p, limits.any, p) if totalled else (p, p))]
-            heads = c.execute(sql, (*params, limit)).fetchall()
+            read = limit + self._past if past_full else limit
+            heads = c.execute(sql, (*params, read)).fetchall()
             if not heads:
                 return []
             paused = bool(heads[0][10])
+            if past_full:  # the jobs of full groups left out (claim.Selection.left_out)
+                kept = [r for r in heads if not r[-1]]
+                self._full_groups = len(kept) < len(heads)
+                self._past = min(_PAST, max(1, len(heads) - len(kept)))
+                if paused or (len(kept) < limit and len(heads) == read):
+                    # More full groups' jobs among the first than were read past: the selection.
+                    return self._select(c, request, self._held(c, now), None, walk)
+                if not kept:
+                    return []  # only full groups' jobs wait: nothing may start
+                heads = kept[:limit]
             first = [claim.Row._make(r[1:10]) for r in heads]
-            ids = claim.plain(first, request, paused, claim.Totals(*heads[0][11:]) if totalled else None)
+            ids = claim.plain(first, request, paused, claim.Totals(*heads[0][11:14]) if totalled else None)
             if ids is not None:
                 self._grouped_heads = totalled and any(r.concurrency_group is not None for r in first)
                 return self._start(c, ids, now, "")
@@ -208,7 +240,7 @@ class SqliteClaims:
                 ids = claim.plain(first, request, False, running)
                 if ids is not None:
                     return self._start(c, ids, now, "")
-            return self._select(c, request, running, first, walk)
+            return self._select(c, request, running, None if self._full_groups else first, walk)
 
     @staticmethod
     def _held(c: sqlite3.Connection, now: float) -> claim.Running:
@@ -233,7 +265,7 @@ class SqliteClaims:
         if not left:
             return []  # the budget of every pool walked is used up: nothing may start
         heads = _HEAD_OF_KEY if request.pools is not None or len(left) < len(walk) else ""
-        self._full_groups = bool(full or out_pools)
+        self._full_groups, self._only_groups, self._past = bool(full or out_pools), not out_pools, _PAST
         if full or out_pools:  # read by group, past the full ones
             pick.offer_all(map(claim.Row._make, _past_full(c, left, heads, full, page)))
         else:  # the heads first if read, then the queue after them a page at a time
