@@ -45,3 +45,24 @@ def test_a_selection_page_does_not_grow_with_the_groups_of_a_pool_it_does_not_se
     _park(pg_store, 300)
     many = _page_scans(pg_url, ["default"])
     assert many == few
+
+
+def _fill(store, group: str = "full", pool: str = "default") -> None:
+    """A group of limit 1 whose slot a running job holds, and a job of it waiting ahead of every other."""
+    store.submit([job(concurrency_group=group, concurrency_limit=1, pool=pool)], T0)
+    assert len(store.claim_available(1, T0, pools=[pool])) == 1
+    store.submit([job(concurrency_group=group, concurrency_limit=1, pool=pool, priority=-10)], T0)
+
+
+def test_the_fast_path_claims_past_a_full_groups_waiting_job(pg_store):
+    _fill(pg_store)
+    plain = [s.job_id for s in pg_store.submit([job(), job()], T0)]
+    got = pg_store.finish_and_claim([], T0, 5, pools=["default"])
+    assert got is not None, "the pass asked the selection to claim"
+    assert [j.id for j in got] == plain
+
+
+def test_the_fast_path_gives_way_to_a_group_with_a_slot_free_behind_a_full_one(pg_store):
+    _fill(pg_store, "full", "a")
+    pg_store.submit([job(concurrency_group="open", concurrency_limit=1, pool="b"), job(pool="a")], T0)
+    assert pg_store.finish_and_claim([], T0, 5, pools=["a", "b"]) is None

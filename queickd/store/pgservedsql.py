@@ -116,3 +116,37 @@ CLAIM_OF_SERVED_POOLS = (
     + _restated(pgpasssql.CLAIM_ASKS_FIRST, (_ANY_GROUPED, _SERVED_GROUPED))
     + _restated(pgpasssql.LEANER_PASS, (_ANY_GROUPED, _SERVED_GROUPED))
     + _restated(pgclaimsql.VIEW_ON_REQUEST, (_ANY_GROUPED, _SERVED_GROUPED), (_FIRST_PAGE, _FIRST_PAGE_AFTER)))
+
+
+# "Must the selection claim?" asked of the groups that could start a job: a grouped job
+# waiting in a group that what runs fills (as many running as the lowest limit of its
+# running jobs: claim.Selection.out_groups) is passed over by the selection, and holds
+# nothing the fast path does not respect (its key: the fast path starts only a key's
+# head), so such groups alone leave the claim on the fast path, without the lock the
+# selection's claims take turns under. The groups waiting in each pool served are found by
+# a skip scan of jobs_queued_pool_group (one descent each, stopping at the first that is
+# not full), each one's running jobs through jobs_group_slot. Every pool (NULL): as before.
+_OPEN_GROUP_WAITS = f"""(CASE WHEN p_pools IS NULL THEN {_ANY_GROUPED} ELSE EXISTS (
+        WITH RECURSIVE w (i, name) AS (
+            SELECT 1, (SELECT q.concurrency_group FROM jobs q WHERE q.state = 'queued'
+                       AND q.concurrency_group IS NOT NULL AND q.pool = p_pools[1] ORDER BY q.concurrency_group LIMIT 1)
+            UNION ALL
+            SELECT CASE WHEN w.name IS NULL THEN w.i + 1 ELSE w.i END,
+                   CASE WHEN w.name IS NULL
+                        THEN (SELECT q.concurrency_group FROM jobs q WHERE q.state = 'queued'
+                              AND q.concurrency_group IS NOT NULL AND q.pool = p_pools[w.i + 1]
+                              ORDER BY q.concurrency_group LIMIT 1)
+                        ELSE (SELECT q.concurrency_group FROM jobs q WHERE q.state = 'queued'
+                              AND q.concurrency_group IS NOT NULL AND q.pool = p_pools[w.i]
+                              AND q.concurrency_group > w.name ORDER BY q.concurrency_group LIMIT 1) END
+            FROM w WHERE w.name IS NOT NULL OR w.i < cardinality(p_pools))
+        SELECT 1 FROM w WHERE w.name IS NOT NULL AND NOT coalesce((
+            SELECT count(*) >= min(coalesce(nullif(r.concurrency_limit, 0), 1)) FROM jobs r
+            WHERE r.state = 'running' AND r.concurrency_group IS NOT NULL AND r.concurrency_group = w.name), false))
+    END)"""
+
+# 28: the fast path and the pass (25's, restated) leave the claim to the selection only for
+# a group that could start a job.
+CLAIM_PAST_FULL_GROUPS = (
+    _restated(pgpasssql.CLAIM_ASKS_FIRST, (_ANY_GROUPED, _OPEN_GROUP_WAITS))
+    + _restated(pgpasssql.LEANER_PASS, (_ANY_GROUPED, _OPEN_GROUP_WAITS)))
