@@ -49,8 +49,8 @@ def test_a_selection_page_does_not_grow_with_the_groups_of_a_pool_it_does_not_se
 
 def _fill(store, group: str = "full", pool: str = "default") -> None:
     """A group of limit 1 whose slot a running job holds, and a job of it waiting ahead of every other."""
-    store.submit([job(concurrency_group=group, concurrency_limit=1, pool=pool)], T0)
-    assert len(store.claim_available(1, T0, pools=[pool])) == 1
+    (holder,) = store.submit([job(concurrency_group=group, concurrency_limit=1, pool=pool, priority=-20)], T0)
+    assert [j.id for j in store.claim_available(1, T0, pools=[pool])] == [holder.job_id]
     store.submit([job(concurrency_group=group, concurrency_limit=1, pool=pool, priority=-10)], T0)
 
 
@@ -66,3 +66,27 @@ def test_the_fast_path_gives_way_to_a_group_with_a_slot_free_behind_a_full_one(p
     _fill(pg_store, "full", "a")
     pg_store.submit([job(concurrency_group="open", concurrency_limit=1, pool="b"), job(pool="a")], T0)
     assert pg_store.finish_and_claim([], T0, 5, pools=["a", "b"]) is None
+
+
+def _claim_reads(store, limit: int) -> tuple[int, int]:
+    """(jobs claimed, index entries of the jobs table the claim fetched): counted by
+    PostgreSQL in the claim's transaction (pg_stat_xact_user_tables), not timed."""
+    with store.batch(bookkeeping=True):
+        c = store._bookkeeping_conn()
+        count = ("SELECT idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = 'jobs'"
+                 " AND schemaname = current_schema()")
+        before = c.execute(count).fetchone()[0]
+        got = store.claim_available(limit, T0, pools=["default"])
+        return len(got), c.execute(count).fetchone()[0] - before
+
+
+def test_a_claim_past_a_full_groups_waiting_job_reads_what_it_reads_without_one_and_the_group(pg_store):
+    _park(pg_store, 50)
+    pg_store.submit([job() for _ in range(20)], T0)
+    assert _claim_reads(pg_store, 2)[0] == 2
+    _, without = _claim_reads(pg_store, 2)
+    _fill(pg_store)
+    assert _claim_reads(pg_store, 2)[0] == 2
+    _, past_full = _claim_reads(pg_store, 2)
+    # The group found waiting and its running job, whatever else runs.
+    assert past_full <= without + 2, (without, past_full)
