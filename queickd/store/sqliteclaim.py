@@ -7,7 +7,9 @@ keyed jobs it then reads only each key's head (claim.py: the others hold nothing
 head does not). The common claim reads the first jobs and starts them when
 core/policy/claim.py's plain() says no rule passes any over; else the selection
 (claim.Selection) is offered the jobs in queue order, past the full groups and the used
-up budgets, in the claim's write transaction.
+up budgets, in the claim's write transaction. After a claim that met full groups, the
+first jobs are read with whether their group is full, and those of full groups are left
+out of what plain() is given (_FULL).
 """
 
 from __future__ import annotations
