@@ -60,7 +60,7 @@ def call_cost() -> tuple[float, float]:
     """µs per progress() call in a thread job: a repeat of the last value, and a change."""
     from queickd.run import context
     from queickd.services.progress import ProgressWriter
-    from queickd.store.memory import MemoryStore
+    from queickd.store.memory.store import MemoryStore
 
     writer = ProgressWriter(MemoryStore())
     job = context.CurrentJob(1, 1, None)

@@ -55,7 +55,7 @@ from .services.batcher import SubmitBatcher
 from .services.scheduler import Scheduler
 from .services.worker import WorkerPool
 from .settings import Config
-from .store.memory import MemoryStore
+from .store.memory.store import MemoryStore
 
 log = logging.getLogger("queickd.immediate")
 

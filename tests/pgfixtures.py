@@ -68,7 +68,7 @@ def pg_url(pg_database):
 @pytest.fixture
 def pg_store(pg_url):
     """A PostgresStore on a schema of its own."""
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     s = PostgresStore(pg_url)
     yield s
@@ -97,7 +97,7 @@ def listen_for_queickd(url: str):
     """A connection of its own LISTENing on queickd's wake-up and finish channels."""
     import psycopg
 
-    from queickd.store.pgchannels import CHANNEL, FINISHED_CHANNEL
+    from queickd.store.postgres.channels import CHANNEL, FINISHED_CHANNEL
 
     c = psycopg.connect(url, autocommit=True)
     c.execute(f"LISTEN {CHANNEL}; LISTEN {FINISHED_CHANNEL}")

@@ -7,7 +7,7 @@ from store_contract import job
 from queickd.core.job import Submitted
 from queickd.core.protocol import QueueError
 from queickd.services.batcher import SubmitBatcher
-from queickd.store.memory import MemoryStore
+from queickd.store.memory.store import MemoryStore
 
 
 class HeldStore(MemoryStore):
@@ -104,7 +104,7 @@ def _stored(store) -> list[str]:
 
 def test_a_group_commit_whose_flush_fails_answers_each_may_have_been_stored_and_stores_each_once(
         tmp_path, monkeypatch):
-    from queickd.store.sqlite import SQLiteStore
+    from queickd.store.sqlite.store import SQLiteStore
 
     store = SQLiteStore(str(tmp_path / "q.db"), durability="full")
     _failing_disk(monkeypatch)
@@ -130,7 +130,7 @@ class BadGroupOnce:
 
 def test_a_request_committed_alone_after_its_group_failed_is_not_refused_when_its_flush_fails(
         tmp_path, monkeypatch):
-    from queickd.store.sqlite import SQLiteStore
+    from queickd.store.sqlite.store import SQLiteStore
 
     class BadDataOnce(BadGroupOnce, SQLiteStore):
         pass

@@ -10,7 +10,7 @@ from helpers import DaemonProcess, read_lines, run_together
 
 from queickd.core.job import NewJob, State
 from queickd.store import CronRecord
-from queickd.store.sqlite import SQLiteStore
+from queickd.store.sqlite.store import SQLiteStore
 
 
 def test_pipelined_enqueues_from_many_connections_each_run_once(daemon, tmp_path):

@@ -176,7 +176,7 @@ def test_a_worker_whose_pass_waits_on_another_sessions_lock_keeps_beating_and_it
     # Another process stalled inside a grouped claim holds the claim lock (here: the test's
     # own session). This worker's next pass waits on it; its beats, on the same connection,
     # must not: its long job is not taken for an orphan's.
-    from queickd.store.pgclaim import _CLAIM_LOCK
+    from queickd.store.postgres.claim import _CLAIM_LOCK
 
     url, admin = pg
     d = _daemon(start_daemon, url)
@@ -254,7 +254,7 @@ def test_two_daemons_on_one_database_fire_each_cron_tick_exactly_once(pg, start_
 
 
 def test_a_worker_of_another_version_refuses_claims_and_exits_with_its_own_status(pg):
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     url, admin = pg
     store = PostgresStore(url)  # migrates, as a daemon would
@@ -286,8 +286,8 @@ def test_a_worker_on_a_database_with_no_schema_yet_says_so_in_one_line_and_exits
 
 
 def test_a_worker_on_a_database_of_a_newer_schema_refuses_in_one_line_without_a_traceback(pg):
-    from queickd.store.pgschema import SCHEMA_VERSION
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.schema import SCHEMA_VERSION
+    from queickd.store.postgres.store import PostgresStore
 
     url, admin = pg
     PostgresStore(url).close()  # migrated, as a daemon would

@@ -17,7 +17,7 @@ from queickd.services.batcher import SubmitBatcher
 from queickd.services.scheduler import Scheduler
 from queickd.services.worker import WorkerPool
 from queickd.store.fleetbase import FleetStore
-from queickd.store.memory import MemoryStore
+from queickd.store.memory.store import MemoryStore
 
 JOBS = str(Path(__file__).parent / "jobs")
 FULL = Refusal(Code.QUEUE_FULL, "the queue holds 1 waiting jobs, its limit", retry_after=2.5)
@@ -98,7 +98,7 @@ def test_health_fails_once_the_disk_has_failed_to_flush_a_commit(tmp_path, monke
     import os
 
     from queickd.store.records import NotDurableError
-    from queickd.store.sqlite import SQLiteStore
+    from queickd.store.sqlite.store import SQLiteStore
 
     store = SQLiteStore(str(tmp_path / "q.db"), durability="full")
     svc = _service(store, SubmitBatcher(store))

@@ -13,7 +13,7 @@ from test_batcher import HeldStore
 
 from queickd.core.job import Submitted
 from queickd.services.batcher import Gather, SubmitBatcher
-from queickd.store.memory import MemoryStore
+from queickd.store.memory.store import MemoryStore
 
 
 class SlowStore(MemoryStore):

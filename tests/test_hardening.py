@@ -15,8 +15,8 @@ from queickd.core.cron import Every, parse_schedule
 from queickd.core.job import Outcome, State
 from queickd.services.batcher import SubmitBatcher
 from queickd.services.netcheck import NetworkMonitor
-from queickd.store.memory import MemoryStore
-from queickd.store.sqlite import SQLiteStore
+from queickd.store.memory.store import MemoryStore
+from queickd.store.sqlite.store import SQLiteStore
 
 
 def test_a_job_whose_error_is_not_valid_unicode_is_recorded_and_the_pool_goes_on(start_daemon):

@@ -13,7 +13,7 @@ from test_fate import make_job
 from queickd.core.job import State
 from queickd.core.policy import memory as mem
 from queickd.services import memory_gate as gate_mod
-from queickd.store.memory import MemoryStore
+from queickd.store.memory.store import MemoryStore
 
 MB = 1024 * 1024
 

@@ -16,7 +16,7 @@ from queickd.core.policy.admission import Admission
 from queickd.services.netcheck import NetworkMonitor
 from queickd.services.network import NetworkParking
 from queickd.services.retention import Retention
-from queickd.store.memory import MemoryStore
+from queickd.store.memory.store import MemoryStore
 from queickd.store.records import NewEvent
 
 

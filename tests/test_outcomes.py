@@ -6,7 +6,7 @@ from store_contract import job
 
 from queickd.core.job import Outcome, State
 from queickd.services.outcomes import store_one_by_one
-from queickd.store.memory import MemoryStore
+from queickd.store.memory.store import MemoryStore
 
 
 class Refuses(MemoryStore):

@@ -60,7 +60,7 @@ def test_a_job_claimed_by_a_pass_whose_answer_was_lost_goes_back_and_runs(pg_fre
     from queickd.core.job import State
     from queickd.run.loader import FunctionLoader
     from queickd.services.worker import WorkerPool
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     class AnswerLost(PostgresStore):
         lost: list[int] = []

@@ -13,7 +13,7 @@ from queickd.core.job import State
 from queickd.run.loader import FunctionLoader
 from queickd.services.pool_size import PoolSize, adaptive_size
 from queickd.services.worker import WorkerPool
-from queickd.store.memory import MemoryStore
+from queickd.store.memory.store import MemoryStore
 
 JOBS = str(Path(__file__).parent / "jobs")
 

@@ -17,15 +17,15 @@ from queickd.core.policy.claim import LOOK_AHEAD, Limits
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store(request, tmp_path):
     if request.param == "memory":
-        from queickd.store.memory import MemoryStore
+        from queickd.store.memory.store import MemoryStore
 
         s = MemoryStore()
     elif request.param == "sqlite":
-        from queickd.store.sqlite import SQLiteStore
+        from queickd.store.sqlite.store import SQLiteStore
 
         s = SQLiteStore(str(tmp_path / "q.db"))
     else:
-        from queickd.store.postgres import PostgresStore
+        from queickd.store.postgres.store import PostgresStore
 
         s = PostgresStore(request.getfixturevalue("pg_url"))
     yield s
@@ -189,7 +189,7 @@ def test_claims_with_groups_and_budgets_start_what_the_selection_policy_picks(st
 
 
 def test_concurrent_postgres_claimers_never_exceed_a_group_limit(pg_url):
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     store = PostgresStore(pg_url)
     store.submit([grouped("api", 3) for _ in range(40)], T0)

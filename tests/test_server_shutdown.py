@@ -5,7 +5,7 @@ import time
 
 from queickd.api.server import Server
 from queickd.api.service import QueueService
-from queickd.store.memory import MemoryStore
+from queickd.store.memory.store import MemoryStore
 
 
 def test_a_connection_accepted_just_before_shutdown_is_closed_not_served(monkeypatch):

@@ -13,9 +13,9 @@ import pytest
 from contract_jobs import T0, job
 
 from queickd.core.job import Outcome
-from queickd.store import sqlite_checkpoint
-from queickd.store.sqlite import SQLiteStore
-from queickd.store.sqlite_checkpoint import BACKSTOP_PAGES, Checkpointer, frames_waiting
+from queickd.store.sqlite import checkpoint as sqlite_checkpoint
+from queickd.store.sqlite.checkpoint import BACKSTOP_PAGES, Checkpointer, frames_waiting
+from queickd.store.sqlite.store import SQLiteStore
 
 
 def _index(mx_frame: int, n_backfill: int) -> bytes:

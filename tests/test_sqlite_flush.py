@@ -11,7 +11,7 @@ import pytest
 from store_contract import T0, job
 
 from queickd.store.records import NotDurableError
-from queickd.store.sqlite import SQLiteStore
+from queickd.store.sqlite.store import SQLiteStore
 
 
 class Disk:

@@ -10,8 +10,8 @@ import pytest
 
 from queickd.core.job import NewJob, Outcome, RetrySpec, new_record
 from queickd.core.policy import admission as adm
-from queickd.store import sqlite_schema
-from queickd.store.sqlite import SCHEMA_VERSION, SchemaTooNewError, SQLiteStore
+from queickd.store.sqlite import schema as sqlite_schema
+from queickd.store.sqlite.store import SCHEMA_VERSION, SchemaTooNewError, SQLiteStore
 
 T0 = 1_700_000_000.0
 DATA = Path(__file__).parent / "data"  # see data/README.md

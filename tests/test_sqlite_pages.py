@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from queickd.store import sqlite_pages
+from queickd.store.sqlite import pages as sqlite_pages
 
 ROWS = 600
 SCHEMA = ("CREATE TABLE jobs (id INTEGER PRIMARY KEY AUTOINCREMENT, state TEXT, args TEXT, n INTEGER,"

@@ -2,7 +2,7 @@ import pytest
 from store_contract import StoreContract
 
 from queickd.store import open_store
-from queickd.store.memory import MemoryStore
+from queickd.store.memory.store import MemoryStore
 
 
 class TestMemoryStore(StoreContract):

@@ -19,7 +19,7 @@ class TestPostgresStore(StoreContract):
 
 def test_migrate_is_idempotent_and_records_both_versions(pg_store):
     from queickd import __version__
-    from queickd.store.pgschema import SCHEMA_VERSION
+    from queickd.store.postgres.schema import SCHEMA_VERSION
 
     (s,) = pg_store.submit([job()], T0)
     assert pg_store.migrate() == pg_store.migrate() == SCHEMA_VERSION
@@ -28,8 +28,8 @@ def test_migrate_is_idempotent_and_records_both_versions(pg_store):
 
 
 def test_a_database_migrated_by_a_newer_queickd_is_refused(pg_url, pg_store):
-    from queickd.store.pgschema import VersionMismatchError
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.schema import VersionMismatchError
+    from queickd.store.postgres.store import PostgresStore
 
     pg_store._conn().execute("UPDATE queickd_meta SET value = '99.0' WHERE key = 'queickd_version'")
     with pytest.raises(VersionMismatchError, match="99.0"):
@@ -48,7 +48,7 @@ def test_the_database_itself_refuses_a_second_running_job_for_a_key(pg_store):
 
 
 def test_concurrent_claimers_run_each_job_once_and_one_job_per_key_at_a_time(pg_url, pg_store):
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     pg_store.submit([job(key=f"k{i % 4}", args=[i]) for i in range(60)] + [job() for _ in range(40)], T0)
     claimed: list[int] = []
@@ -82,7 +82,7 @@ def test_concurrent_claimers_run_each_job_once_and_one_job_per_key_at_a_time(pg_
 
 
 def test_failures_finished_at_once_on_several_connections_are_all_counted(pg_url, pg_store):
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     pg_store.submit([job() for _ in range(60)], T0)
     jobs = pg_store.claim_available(60, T0)
@@ -106,7 +106,7 @@ def test_failures_finished_at_once_on_several_connections_are_all_counted(pg_url
 
 
 def test_orphans_are_only_jobs_of_workers_that_stopped_beating(pg_url, pg_store):
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     other = PostgresStore(pg_url, migrate=False)
     other.register_worker("worker", ["default"], 1, heartbeat=0.2)
@@ -123,7 +123,7 @@ def test_orphans_are_only_jobs_of_workers_that_stopped_beating(pg_url, pg_store)
 
 def test_open_store_takes_postgresql_urls(pg_url):
     from queickd.store import open_store
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     s = open_store(pg_url)
     assert isinstance(s, PostgresStore) and s.supports_notify
@@ -143,7 +143,7 @@ def test_a_tick_fired_before_is_not_fired_again_and_the_cron_moves_on(pg_store):
 
 
 def test_a_new_record_for_the_same_host_and_pid_retires_the_old_one_and_its_jobs(pg_url, pg_store):
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     before = PostgresStore(pg_url, migrate=False)  # this pid's previous life, say
     old_id = before.register_worker("worker", ["default"], 1, heartbeat=60)
@@ -186,7 +186,7 @@ def test_enqueues_and_finishes_are_announced_at_commit_with_their_pool_or_ids(pg
 
 
 def test_running_without_worker_counts_only_running_jobs_whose_worker_is_gone(pg_url, pg_store):
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     pg_store.register_worker("worker", ["default"], 2, 10.0)
     pg_store.submit([job(), job(), job()], T0)
@@ -205,7 +205,7 @@ def test_running_without_worker_counts_only_running_jobs_whose_worker_is_gone(pg
 @pytest.mark.parametrize("grouped", [False, True], ids=["fast_path", "selection"])
 def test_hosts_claiming_at_once_let_one_probe_through(pg_url, pg_store, grouped):
     # Ungrouped jobs are claimed by queickd_claim, grouped ones by the store's selection.
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     trip_bad(pg_store)
     kw = {"concurrency_group": "g", "concurrency_limit": 10} if grouped else {}
@@ -231,7 +231,7 @@ def test_a_probe_taken_by_a_claim_not_yet_committed_is_not_taken_again_by_the_ot
     # Pool b has a budget: its claims are the selection, pool default's the fast path. The
     # paused function has jobs in both; one claim takes the probe and has not committed.
     from queickd.core.policy.claim import Limits
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     trip_bad(pg_store)
     pg_store.adopt_budgets(Limits(pools={"b": 100}))
@@ -280,7 +280,7 @@ def test_child_runs_finishing_while_their_parents_are_cancelled_never_deadlock(p
     from store_contract_workflows import S, definition
 
     from queickd.core import workflow as wf
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     d = definition({"name": "kid", "workflow": {"name": "c", "steps": [{"name": "m", "func": S + "mark"}]}},
                    {"name": "after", "func": S + "mark"})
@@ -308,7 +308,7 @@ def test_a_step_job_cancelled_while_a_failure_ends_its_run_never_deadlocks(pg_ur
     from store_contract_workflows import S, definition
 
     from queickd.core import workflow as wf
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     d = definition({"name": "fan", "kind": "for_each", "items": "xs", "func": S + "odd_fails"})
     other = PostgresStore(pg_url, migrate=False)
@@ -326,7 +326,7 @@ def test_a_step_job_cancelled_while_a_failure_ends_its_run_never_deadlocks(pg_ur
 
 
 def test_a_heartbeat_sweeps_the_orphans_of_workers_that_stopped_beating(pg_url, pg_store):
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     gone = PostgresStore(pg_url, migrate=False)
     gone.register_worker("worker", ["default"], 1, heartbeat=0.2)
@@ -360,7 +360,7 @@ def test_a_read_on_a_connection_the_server_dropped_is_sent_again_on_a_new_one(pg
 
 def test_an_events_delivery_waits_for_another_hosts_submit_so_the_key_cap_holds(pg_url):
     from queickd.core.policy.admission import Admission
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
     from queickd.store.records import NewEvent
 
     cap = Admission(max_queued_per_key=1)

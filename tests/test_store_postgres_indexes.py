@@ -37,7 +37,7 @@ def explained(pg_fresh_database, monkeypatch):
     VACUUM from marking the new rows' pages all-visible, and the planner would then read the
     settled jobs by scanning the table rather than their index. For the same reason the
     table's autovacuum is off while it fills."""
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     connect = PostgresStore.connect
     monkeypatch.setattr(PostgresStore, "connect", lambda self, **o: connect(self, cursor_factory=Explaining, **o))
@@ -115,8 +115,8 @@ def test_dead_and_network_parked_jobs_are_found_from_an_index(explained):
 
 
 def test_a_database_of_schema_23_keeps_every_job_and_count_through_migration_24(pg_url):
-    from queickd.store.pgschema import MIGRATIONS
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.schema import MIGRATIONS
+    from queickd.store.postgres.store import PostgresStore
 
     with psycopg.connect(pg_url) as c:  # what a queickd of schema 23 left, with jobs in every state
         for sql in MIGRATIONS[:23]:

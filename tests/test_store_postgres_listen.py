@@ -16,7 +16,7 @@ def test_a_worker_listener_hears_wake_ups_but_not_the_finishes_that_free_nothing
     import queue
 
     from queickd.services.fleet import Listener
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     store = PostgresStore(pg_fresh_database)
     heard = {"worker": queue.Queue(), "daemon": queue.Queue()}
@@ -50,7 +50,7 @@ def test_a_listener_not_for_new_jobs_hears_the_finish_first(pg_fresh_database):
     import queue
 
     from queickd.services.fleet import Listener
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     store = PostgresStore(pg_fresh_database)
     heard: queue.Queue[str] = queue.Queue()
@@ -74,7 +74,7 @@ def test_a_daemon_of_no_workers_does_not_hear_of_new_jobs(pg_fresh_database):
     from queickd.run.loader import FunctionLoader
     from queickd.services.fleet import FleetMember
     from queickd.services.worker import WorkerPool
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     store = PostgresStore(pg_fresh_database)
     front = FleetMember(store, WorkerPool(store, FunctionLoader("."), 0), kind="daemon",
@@ -106,7 +106,7 @@ def test_jobs_running_under_our_claims_that_we_do_not_hold_go_back_to_wait(pg_st
 
 
 def test_jobs_another_process_claimed_are_not_given_back(pg_url, pg_store):
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     other = PostgresStore(pg_url)
     try:
@@ -130,7 +130,7 @@ def test_a_pass_still_running_in_the_server_after_its_connection_broke_is_ended_
 
     import psycopg
 
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     url, admin = pg
     store = PostgresStore(url)
@@ -179,7 +179,7 @@ def test_a_pass_still_running_in_the_server_after_its_connection_broke_is_ended_
 
 def test_marking_a_waited_job_that_is_still_queued_announces_it_again(pg):
     # The mark holds the row's lock until it commits, and a claim skips locked rows.
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     url, _ = pg
     store = PostgresStore(url)
@@ -194,7 +194,7 @@ def test_marking_a_waited_job_that_is_still_queued_announces_it_again(pg):
 
 
 def test_a_wait_is_marked_after_the_server_ended_the_shared_connection(pg):
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     url, admin = pg
     store = PostgresStore(url)
@@ -215,7 +215,7 @@ def test_a_daemon_whose_listener_reconnects_has_its_waiting_clients_look_again(p
     from queickd.run.loader import FunctionLoader
     from queickd.services.fleet import FleetMember
     from queickd.services.worker import WorkerPool
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     url, admin = pg
     store = PostgresStore(url)

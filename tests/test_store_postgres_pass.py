@@ -53,7 +53,7 @@ def test_a_claim_with_no_group_or_budget_in_play_is_one_statement(pg_store, monk
 
 
 def test_the_fast_path_leaves_the_claim_to_the_selection_when_a_grouped_job_waits(pg_store):
-    from queickd.store.pgclaim import _BUDGET_LOCK
+    from queickd.store.postgres.claim import _BUDGET_LOCK
 
     plain, grouped = pg_store.submit([job(), job(concurrency_group="g", concurrency_limit=1)], T0)
     c = pg_store._bookkeeping_conn()
@@ -92,7 +92,7 @@ def _finish_and_claim_both_ways(store, one_step: bool, outcomes, now):
 def test_a_pass_in_one_statement_stores_what_the_finish_and_the_claim_store(pg, one_step):
     # The steady state's pass restates finish_if_running for successes (pgpasssql.py, 16):
     # the rows, the streaks and pauses, and the notifications must be the same either way.
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     url, admin = pg
     store = PostgresStore(url)
@@ -141,7 +141,7 @@ def test_a_pass_lifts_no_pause_and_tells_no_finish_for_a_job_it_did_not_finish(p
     # A probe given back meanwhile (not started) is no longer running: a late outcome for it
     # changes nothing, the pause still names its probe, and the finish told names only the
     # job that did finish.
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     url, _ = pg
     store = PostgresStore(url)
@@ -174,7 +174,7 @@ def _finish_one(store, one_step: bool, job_id: int) -> None:
 @pytest.fixture
 def running(pg):
     """(URL, an admin connection, a store of its own, a job it claimed)."""
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     url, admin = pg
     store = PostgresStore(url)
@@ -264,7 +264,7 @@ def test_a_pass_in_one_statement_does_nothing_when_the_selection_must_claim(pg_s
 def test_jobs_a_pass_in_one_statement_claimed_but_cannot_read_are_given_back(pg_store, monkeypatch):
     # Its transaction has committed: jobs left `running` under a worker that beats on
     # without them would never run.
-    from queickd.store import pgclaim
+    from queickd.store.postgres import claim as pgclaim
 
     (s,) = pg_store.submit([job()], T0)
 

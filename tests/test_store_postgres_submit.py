@@ -13,7 +13,7 @@ from queickd.core.job import State
 
 def _fill_the_fleet_to(pg_url, n):
     """Another host's store adds n waiting jobs, unseen by pg_store's cached count."""
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     other = PostgresStore(pg_url)
     try:
@@ -55,7 +55,7 @@ def test_a_count_made_later_than_now_is_made_again(pg_url, pg_store):
 @pytest.fixture
 def exact_counts(monkeypatch):
     """The exact counts of the waiting jobs the store makes (each one records a Counted)."""
-    from queickd.store import pgsubmit
+    from queickd.store.postgres import submit as pgsubmit
 
     made = []
     monkeypatch.setattr(pgsubmit, "Counted", lambda *a, _real=pgsubmit.Counted: made.append(a) or _real(*a))
@@ -99,7 +99,7 @@ def test_near_the_cap_the_bound_holds_what_another_host_added_since_the_count(pg
 
 def test_a_bound_older_than_its_ttl_is_counted_again(pg_url, pg_store, exact_counts):
     from queickd.core.policy.admission import Admission
-    from queickd.store.pgsubmit import _COUNT_TTL
+    from queickd.store.postgres.submit import _COUNT_TTL
 
     cap = Admission(max_queued=100)
     _fill_the_fleet_to(pg_url, 95)
@@ -145,7 +145,7 @@ def test_a_keyed_submit_is_stored_without_waiting_for_the_submit_lock(pg_url, pg
     # statement, not a locked transaction that looks the key up first.
     import psycopg
 
-    from queickd.store.pgsubmit import SUBMIT_LOCK
+    from queickd.store.postgres.submit import SUBMIT_LOCK
 
     with psycopg.connect(pg_url) as holder:
         holder.execute("SELECT pg_advisory_xact_lock(%s)", (SUBMIT_LOCK,))  # held until the end
@@ -165,7 +165,7 @@ def test_a_request_with_a_held_key_stores_its_new_jobs_once_and_names_the_held_o
 
 
 def _copied_batch(n: int = 100) -> list:
-    from queickd.store.pgsubmit import _COPY_FROM
+    from queickd.store.postgres.submit import _COPY_FROM
 
     assert n >= _COPY_FROM  # sent by COPY, not as one INSERT
     return [job(args=[i, "x"], priority=i % 3, retry=None) for i in range(n)]
@@ -206,7 +206,7 @@ def test_a_batch_sent_by_copy_wakes_the_pools_of_its_queued_jobs_at_commit(pg_st
 @pytest.mark.parametrize("why", ["a cap counted exactly", "an operator's manual run"])
 def test_a_batch_that_admission_reads_for_is_sent_by_copy_too(pg_store, monkeypatch, why):
     from queickd.core.policy.admission import NO_LIMITS, Admission
-    from queickd.store.pgsubmit import PgSubmit
+    from queickd.store.postgres.submit import PgSubmit
 
     statements = []  # the one-statement inserts made; the spy calls through
     monkeypatch.setattr(PgSubmit, "_insert",

@@ -6,7 +6,7 @@ from store_contract import T0, StoreContract, job
 
 from queickd.core.job import State
 from queickd.store import open_store, rows
-from queickd.store.sqlite import SCHEMA_VERSION, SQLiteStore
+from queickd.store.sqlite.store import SCHEMA_VERSION, SQLiteStore
 
 
 class TestSQLiteStore(StoreContract):
@@ -199,7 +199,7 @@ def test_one_daemon_per_store_holds_whether_the_store_is_named_by_a_symlink_or_i
 
 
 def test_the_database_commands_find_a_linked_store_where_the_daemon_locks_it(tmp_path):
-    from queickd.store import sqlitebackup
+    from queickd.store.sqlite import backup as sqlitebackup
 
     link, target = _linked(tmp_path)
     assert sqlitebackup.sqlite_path(f"sqlite:///{link}") == str(target)

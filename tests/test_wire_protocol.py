@@ -9,7 +9,7 @@ from helpers import DaemonProcess
 from queickd import JobQueue
 from queickd.core.job import State
 from queickd.core.protocol import QueueError
-from queickd.store.sqlite import SQLiteStore
+from queickd.store.sqlite.store import SQLiteStore
 
 
 class Raw:

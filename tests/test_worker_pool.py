@@ -11,7 +11,7 @@ from store_contract import job
 from queickd.core.job import State
 from queickd.run.loader import FunctionLoader
 from queickd.services.worker import WorkerPool
-from queickd.store.memory import MemoryStore
+from queickd.store.memory.store import MemoryStore
 
 JOBS = str(Path(__file__).parent / "jobs")
 
@@ -100,7 +100,7 @@ class _SqlitePool:
 
     def __init__(self, tmp_path) -> None:
         from queickd.services.batcher import SubmitBatcher
-        from queickd.store.sqlite import SQLiteStore
+        from queickd.store.sqlite.store import SQLiteStore
 
         self.store = SQLiteStore(str(tmp_path / "q.db"))
         self.pool, self.finished = _pool(self.store, 2)
@@ -304,7 +304,7 @@ def test_a_one_call_pass_writes_the_per_minute_counts_when_the_pool_goes_idle():
 
 
 def test_a_job_that_ends_while_the_pool_is_counted_for_the_status_page_has_its_outcome_stored(tmp_path):
-    from queickd.store.sqlite import SQLiteStore
+    from queickd.store.sqlite.store import SQLiteStore
 
     store = SQLiteStore(str(tmp_path / "q.db"))
     stored = threading.Event()

@@ -63,11 +63,11 @@ def _slipping(base: type) -> type:
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store(request, tmp_path):
     if request.param == "sqlite":
-        from queickd.store.sqlite import SQLiteStore
+        from queickd.store.sqlite.store import SQLiteStore
 
         s = _slipping(SQLiteStore)(str(tmp_path / "q.db"))
     else:
-        from queickd.store.postgres import PostgresStore
+        from queickd.store.postgres.store import PostgresStore
 
         s = _slipping(PostgresStore)(request.getfixturevalue("pg_url"))
     yield s

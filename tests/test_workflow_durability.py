@@ -15,7 +15,7 @@ from store_contract_workflows import drive
 
 from queickd.core import workflow as wf
 from queickd.store import open_store
-from queickd.store.memory import MemoryStore
+from queickd.store.memory.store import MemoryStore
 
 HEARTBEAT = 0.5  # a killed worker is gone after 3 missed beats: 1.5 s
 STEPS = [{"name": "plan", "func": "wfsteps:plan"},
@@ -116,7 +116,7 @@ def test_kill_9_of_the_daemon_at_random_points_loses_and_doubles_no_step(start_d
 
 def test_a_run_on_postgres_advances_once_per_step_across_two_workers_one_killed_mid_run(
         pg_fresh_database, start_daemon, tmp_path):
-    from queickd.store.postgres import PostgresStore
+    from queickd.store.postgres.store import PostgresStore
 
     url = pg_fresh_database
     states = [_state(i, tmp_path) for i in range(10)]

@@ -12,7 +12,7 @@ from queickd import QueueError
 from queickd.core import workflow as wf
 from queickd.core.job import Outcome
 from queickd.services.step_state import StepState
-from queickd.store.sqlite import SQLiteStore
+from queickd.store.sqlite.store import SQLiteStore
 
 T0 = 1_700_000_000.0
 FAN = wf.parse({"name": "fan", "steps": [{"name": "f", "kind": "for_each", "items": "xs", "func": "wfsteps:square"}]})

@@ -21,8 +21,8 @@ from .. import config as config_file
 from .. import log
 from ..daemon import Daemon
 from ..settings import EX_VERSION, Config
-from ..store.pgschema import VersionMismatchError
-from ..store.sqlite_check import DamagedStoreError
+from ..store.postgres.schema import VersionMismatchError
+from ..store.sqlite.check import DamagedStoreError
 from .options import EX_CONFIG, duration
 
 _C = TypeVar("_C")
@@ -108,7 +108,7 @@ def check_worker(a: argparse.Namespace) -> int:
     try:
         if not a.store.startswith(("postgresql://", "postgres://")):
             raise ValueError("queick worker needs a shared store: --store postgresql://...")
-        from ..store.postgres import PostgresStore
+        from ..store.postgres.store import PostgresStore
 
         store = PostgresStore(a.store, migrate=False)
         try:
@@ -186,7 +186,7 @@ def db_clear_budgets(a: argparse.Namespace) -> int:
 def _sqlite_file(a: argparse.Namespace, command: str, done: str = "backed up") -> str | None:
     """The file of the SQLite store --store names, or None having said that `queick db
     command` is only for SQLite stores (what is `done` to them)."""
-    from ..store import sqlitebackup
+    from ..store.sqlite import backup as sqlitebackup
 
     try:
         return sqlitebackup.sqlite_path(a.store, done)
@@ -197,7 +197,7 @@ def _sqlite_file(a: argparse.Namespace, command: str, done: str = "backed up") -
 
 def db_backup(a: argparse.Namespace) -> int:
     """`queick db backup PATH`: an online copy of the SQLite store, with progress on stderr."""
-    from ..store import sqlitebackup
+    from ..store.sqlite import backup as sqlitebackup
 
     source = _sqlite_file(a, "backup")
     if source is None:
@@ -225,7 +225,7 @@ def db_backup(a: argparse.Namespace) -> int:
 
 def db_check(a: argparse.Namespace) -> int:
     """`queick db check`: the checks the daemon makes at start; 0 if sound, 1 if damaged."""
-    from ..store import sqlite_salvage
+    from ..store.sqlite import salvage as sqlite_salvage
 
     path = _sqlite_file(a, "check", "checked")
     if path is None:
@@ -266,7 +266,7 @@ def _stopped(path: str) -> Iterator[None]:
 
 def db_recover(a: argparse.Namespace) -> int:
     """`queick db recover --to PATH`: every readable job of a damaged store into a new file."""
-    from ..store import sqlite_salvage
+    from ..store.sqlite import salvage as sqlite_salvage
 
     path = _sqlite_file(a, "recover", "recovered")
     if path is None:
@@ -295,7 +295,7 @@ def db_recover(a: argparse.Namespace) -> int:
 
 def db_vacuum(a: argparse.Namespace) -> int:
     """`queick db vacuum`: the stopped store rewritten compact, with a new store's page size."""
-    from ..store import sqlite_vacuum
+    from ..store.sqlite import vacuum as sqlite_vacuum
 
     path = _sqlite_file(a, "vacuum", "vacuumed")
     if path is None:

@@ -69,7 +69,7 @@ class Listener:
             self._thread.join(0.2)
 
     def _run(self) -> None:
-        from ..store.pgchannels import CHANNEL, FINISHED_CHANNEL, QUEUED_CHANNEL
+        from ..store.postgres.channels import CHANNEL, FINISHED_CHANNEL, QUEUED_CHANNEL
 
         channels = [CHANNEL] + [QUEUED_CHANNEL] * self._queued + [FINISHED_CHANNEL] * self._finished
 
@@ -141,7 +141,7 @@ class Heartbeat:
             self._thread.join(10.0)
 
     def _run(self) -> None:
-        from ..store.pgschema import SCHEMA_VERSION
+        from ..store.postgres.schema import SCHEMA_VERSION
         from ..version import __version__
 
         next_sweep = time.monotonic() + self.sweep

@@ -61,7 +61,7 @@ def validate(config: WorkerConfig) -> None:
 
 def run(config: WorkerConfig) -> int:
     """Run until SIGTERM/SIGINT (0) or a version change of the database (EX_VERSION)."""
-    from ..store.postgres import PostgresStore
+    from ..store.postgres.store import PostgresStore
 
     validate(config)
     store = PostgresStore(config.store, migrate=False)
@@ -148,7 +148,7 @@ def _refusal(store: FleetStore, config: WorkerConfig) -> int | None:
     """None if this worker may claim from the store; else EX_VERSION, with one line in the
     log saying what is wrong and what to do (a worker never migrates). SchemaMissingError
     for a database no queickd has set up yet."""
-    from ..store.pgschema import SCHEMA_VERSION, VersionMismatchError, parse_version
+    from ..store.postgres.schema import SCHEMA_VERSION, VersionMismatchError, parse_version
 
     version, schema = store.versions()
     if version is None:  # nobody migrated it yet (or the wrong URL: the line says to check)

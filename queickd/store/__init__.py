@@ -15,18 +15,18 @@ def open_store(url: str = DEFAULT_URL, durability: str = "full") -> Store:
     sqlite:///relative/path and sqlite:////absolute/path follow SQLAlchemy's spelling.
     """
     if url.startswith("memory://"):
-        from .memory import MemoryStore
+        from .memory.store import MemoryStore
 
         return MemoryStore(url)
     if url.startswith("sqlite://"):
-        from .sqlite import SQLiteStore
+        from .sqlite.store import SQLiteStore
 
         path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
         if not path:
             raise ValueError(f"an SQLite store URL needs a path: sqlite:///queue.db, not {url!r}")
         return SQLiteStore(path, durability=durability)
     if url.startswith(("postgresql://", "postgres://")):
-        from .postgres import PostgresStore
+        from .postgres.store import PostgresStore
 
         return PostgresStore(url)
     raise ValueError(f"unknown store URL {url!r}: use memory://, sqlite:///path or postgresql://")

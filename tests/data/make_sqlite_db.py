@@ -10,7 +10,7 @@ from queickd.store.admission import Admission
 
 from queickd import protocol
 from queickd.store.records import CronRecord, NewEvent
-from queickd.store.sqlite import SQLiteStore
+from queickd.store.sqlite.store import SQLiteStore
 
 T0 = 1_700_000_000.0
 GPU = {"pool": "gpu"} if "pool" in NewJob.__dataclass_fields__ else {}  # schema 1 had no pools

@@ -16,9 +16,9 @@ import os
 import sqlite3
 from dataclasses import dataclass
 
-from ..settings import SQLITE_PAGE, SQLITE_PAGE_SIZES
-from . import sqlite_check
-from .sqlite_conn import free_bytes
+from ...settings import SQLITE_PAGE, SQLITE_PAGE_SIZES
+from . import check as sqlite_check
+from .connection import free_bytes
 
 
 class NotEnoughRoomError(OSError):

@@ -14,20 +14,20 @@ import functools
 import sqlite3
 from collections.abc import Collection, Sequence
 
-from ..core.job import Job, NewJob, Outcome, State, Submitted
-from ..core.policy import admission as adm
-from ..core.policy import orphans
-from ..core.policy import pauses as pz
-from . import rows as dbrows
-from .derived import StoreBase
-from .pools import set_pool_sql
-from .records import CronFire, CronRecord, Finished, Recovered
-from .sqlite_conn import SQLiteFile, insert_rows
-from .sqlite_schema import SCHEMA_VERSION, SchemaTooNewError
-from .sqliteclaim import SqliteClaims, queue_order
-from .sqlshared import STREAK, SharedSql, filters
-from .sqlstates import UNFINISHED_IN, WAITING_IN
-from .wfsql import SqlWorkflows
+from ...core.job import Job, NewJob, Outcome, State, Submitted
+from ...core.policy import admission as adm
+from ...core.policy import orphans
+from ...core.policy import pauses as pz
+from .. import rows as dbrows
+from ..derived import StoreBase
+from ..pools import set_pool_sql
+from ..records import CronFire, CronRecord, Finished, Recovered
+from ..sqlshared import STREAK, SharedSql, filters
+from ..sqlstates import UNFINISHED_IN, WAITING_IN
+from ..wfsql import SqlWorkflows
+from .claim import SqliteClaims, queue_order
+from .connection import SQLiteFile, insert_rows
+from .schema import SCHEMA_VERSION, SchemaTooNewError
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore", "SchemaTooNewError"]
 

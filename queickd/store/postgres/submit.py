@@ -15,12 +15,12 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
 
-from ..core.job import NewJob, State, Submitted
-from ..core.policy import admission as adm
-from . import rows as dbrows
-from .pgchannels import QUEUED_CHANNEL
-from .pgconn import KEPT_CURSOR_BYTES
-from .sqlstates import UNFINISHED_ANY, UNFINISHED_IN, WAITING_IN
+from ...core.job import NewJob, State, Submitted
+from ...core.policy import admission as adm
+from .. import rows as dbrows
+from ..sqlstates import UNFINISHED_ANY, UNFINISHED_IN, WAITING_IN
+from .channels import QUEUED_CHANNEL
+from .connection import KEPT_CURSOR_BYTES
 
 SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
 # Seconds an exact count of the waiting jobs stands in (_waiting_total): far below the cap

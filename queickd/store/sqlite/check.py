@@ -20,7 +20,7 @@ import datetime
 import os
 import sqlite3
 
-from . import sqlite_schema
+from . import schema as sqlite_schema
 
 HEADER = b"SQLite format 3\x00"
 _SHOWN = 3  # lines of quick_check's findings quoted in the message

@@ -7,7 +7,7 @@ queickd_claim with its first question). Nothing here imports psycopg."""
 
 from __future__ import annotations
 
-from .pgchannels import CHANNEL, FINISHED_CHANNEL
+from .channels import CHANNEL, FINISHED_CHANNEL
 
 # 14: the claim's first call (queickd_claim_view) and the fast path (queickd_claim) planned
 # once per session, as the selection's functions are. Their statements take parameters

@@ -1,4 +1,4 @@
-"""The memory store's crons and event outbox (a mixin of MemoryStore, store/memory.py,
+"""The memory store's crons and event outbox (a mixin of MemoryStore, store/memory/store.py,
 which owns the lock, the jobs and `_submit_locked`)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from ..core.job import NewJob, State, Submitted
-from ..core.policy import admission as adm
-from ..core.policy import crons, outbox
-from .records import CronFire, CronRecord, Event, EventAccepted, EventState, NewEvent
+from ...core.job import NewJob, State, Submitted
+from ...core.policy import admission as adm
+from ...core.policy import crons, outbox
+from ..records import CronFire, CronRecord, Event, EventAccepted, EventState, NewEvent
 
 
 class MemoryCronsEvents:

@@ -20,9 +20,9 @@ import operator
 import sqlite3
 from collections.abc import Collection, Iterator, Sequence
 
-from ..core.job import Job
-from ..core.policy import claim
-from . import rows as dbrows
+from ...core.job import Job
+from ...core.policy import claim
+from .. import rows as dbrows
 
 # The two queue-order walks of a pool: its jobs without a group and those with one (each
 # queued job is in one of the two).

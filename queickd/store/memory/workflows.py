@@ -13,10 +13,10 @@ import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from ..core.job import Job, NewJob, State
-from ..core.policy import admission as adm
-from ..core.workflow import Definition, Output, RunRecord, RunState
-from . import workflows as wf
+from ...core.job import Job, NewJob, State
+from ...core.policy import admission as adm
+from ...core.workflow import Definition, Output, RunRecord, RunState
+from .. import workflows as wf
 from .undo import UndoDict
 
 

@@ -17,8 +17,10 @@ Nothing here imports psycopg; pgregistry.py runs these statements.
 
 from __future__ import annotations
 
-from . import pgclaimsql, pgpasssql, pgservedsql
-from .sqlshared import REPAIR_KEY_ORDER
+from ..sqlshared import REPAIR_KEY_ORDER
+from . import claim_sql as pgclaimsql
+from . import pass_sql as pgpasssql
+from . import served_sql as pgservedsql
 
 MIGRATE_LOCK = 0x71756963_6B640001  # pg_advisory lock id: "quickd" + 1, held while migrating
 

@@ -9,9 +9,9 @@ import dataclasses
 import threading
 from typing import Any
 
-from ..core.job import Job, State
-from .records import Minute, Pause
-from .workflows import CANCELLED
+from ...core.job import Job, State
+from ..records import Minute, Pause
+from ..workflows import CANCELLED
 
 
 class MemoryOperatorOps:

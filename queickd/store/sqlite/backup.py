@@ -19,7 +19,7 @@ import os
 import sqlite3
 from collections.abc import Callable
 
-from .sqlite_check import real_path
+from .check import real_path
 
 STEP_PAGES = 1024  # pages per backup step, one progress report: 1 MiB of a new store's 1 KiB pages
 

@@ -17,13 +17,13 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
 
-from ..core.job import Job, Outcome, State
-from ..core.policy import claim
-from ..core.policy.resources import BudgetChange, budget_changes
-from . import rows as dbrows
-from .pgchannels import NOTIFY_IDS
-from .pgconn import KEPT_CURSOR_BYTES
-from .pgregistry import notify
+from ...core.job import Job, Outcome, State
+from ...core.policy import claim
+from ...core.policy.resources import BudgetChange, budget_changes
+from .. import rows as dbrows
+from .channels import NOTIFY_IDS
+from .connection import KEPT_CURSOR_BYTES
+from .fleet import notify
 
 _CLAIM_RETRIES = 8
 _CLAIM_LOCK = 0x71756963_6B640003  # advisory lock id held by each claim with groups or budgets

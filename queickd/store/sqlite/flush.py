@@ -35,7 +35,7 @@ import logging
 import os
 import threading
 
-from .records import NotDurableError
+from ..records import NotDurableError
 
 log = logging.getLogger("queickd.store")
 

@@ -14,26 +14,18 @@ import threading
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
-from ..core.job import Job, NewJob, Outcome, State, Submitted, new_record
-from ..core.policy import admission as adm
-from ..core.policy import claim, orphans
-from ..core.policy import memory as mem
-from ..core.policy import pauses as pz
-from .derived import StoreBase
-from .memory_events import MemoryCronsEvents
-from .memory_ops import MemoryOperatorOps, matches
-from .memres import MemoryResources
-from .records import (
-    CronRecord,
-    Event,
-    EventState,
-    Finished,
-    Minute,
-    Pause,
-    Recovered,
-)
+from ...core.job import Job, NewJob, Outcome, State, Submitted, new_record
+from ...core.policy import admission as adm
+from ...core.policy import claim, orphans
+from ...core.policy import memory as mem
+from ...core.policy import pauses as pz
+from ..derived import StoreBase
+from ..records import CronRecord, Event, EventState, Finished, Minute, Pause, Recovered
+from .events import MemoryCronsEvents
+from .operator import MemoryOperatorOps, matches
+from .resources import MemoryResources
 from .undo import ABSENT, Journal, UndoDict
-from .wfmemory import MemoryWorkflows
+from .workflows import MemoryWorkflows
 
 
 class MemoryStore(MemoryOperatorOps, MemoryCronsEvents, MemoryResources, MemoryWorkflows, StoreBase):

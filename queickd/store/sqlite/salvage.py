@@ -31,8 +31,10 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-from ..settings import SQLITE_PAGE
-from . import sqlite_check, sqlite_pages, sqlite_schema
+from ...settings import SQLITE_PAGE
+from . import check as sqlite_check
+from . import pages as sqlite_pages
+from . import schema as sqlite_schema
 
 _PROBE_BEYOND = 10_000  # rowids probed past the last readable one when the table's end is unknown
 _SKIP_META = {"schema_version"}  # the new file's own schema decides its version

@@ -24,8 +24,8 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ..settings import SQLITE_PAGE, SQLITE_PAGE_SIZES
-from . import sqlite_check
+from ...settings import SQLITE_PAGE, SQLITE_PAGE_SIZES
+from . import check as sqlite_check
 
 _WAL_HEADER = 32
 _FRAME_HEADER = 24

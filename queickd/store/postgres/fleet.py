@@ -18,10 +18,10 @@ from typing import Any
 
 import psycopg
 
-from ..version import __version__
-from .pgchannels import CHANNEL
-from .pgschema import MIGRATE_LOCK, MIGRATIONS, SCHEMA_VERSION, VersionMismatchError, parse_version
-from .records import Beat
+from ...version import __version__
+from ..records import Beat
+from .channels import CHANNEL
+from .schema import MIGRATE_LOCK, MIGRATIONS, SCHEMA_VERSION, VersionMismatchError, parse_version
 
 log = logging.getLogger("queickd.store")
 

@@ -40,21 +40,21 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
 
-from ..core.job import Job, NewJob, Outcome, State
-from ..core.policy import orphans
-from ..core.policy import pauses as pz
-from . import rows as dbrows
-from .derived import StoreBase
-from .pgchannels import CHANNEL, FINISHED_CHANNEL, NOTIFY_IDS, QUEUED_CHANNEL
-from .pgclaim import PgClaims
-from .pgconn import PgConnections
-from .pgregistry import ALIVE, FleetRecords, notify
-from .pgsubmit import DRAW_ONE, SUBMIT_LOCK, Counted, PgSubmit
-from .pools import set_pool_sql
-from .records import CronFire, CronRecord, Finished, Pause, Recovered
-from .sqlshared import SharedSql, filters
-from .sqlstates import WAITING_ANY, WAITING_IN
-from .wfsql import SqlWorkflows
+from ...core.job import Job, NewJob, Outcome, State
+from ...core.policy import orphans
+from ...core.policy import pauses as pz
+from .. import rows as dbrows
+from ..derived import StoreBase
+from ..pools import set_pool_sql
+from ..records import CronFire, CronRecord, Finished, Pause, Recovered
+from ..sqlshared import SharedSql, filters
+from ..sqlstates import WAITING_ANY, WAITING_IN
+from ..wfsql import SqlWorkflows
+from .channels import CHANNEL, FINISHED_CHANNEL, NOTIFY_IDS, QUEUED_CHANNEL
+from .claim import PgClaims
+from .connection import PgConnections
+from .fleet import ALIVE, FleetRecords, notify
+from .submit import DRAW_ONE, SUBMIT_LOCK, Counted, PgSubmit
 
 # A claimed job of a worker that lost it (a pass whose answer never came) goes back to wait
 # at run_at (the parameter), its attempt given back; with _RELEASE after it.

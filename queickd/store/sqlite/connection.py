@@ -35,12 +35,13 @@ import threading
 import time
 import urllib.parse
 
-from ..settings import SQLITE_PAGE
-from . import sqlite_check, sqlite_schema
-from .records import NotDurableError, StoreInUseError
-from .sqlite_checkpoint import BACKSTOP_PAGES, Checkpointer
-from .sqlite_files import FilesWatch
-from .sqlite_flush import WalFlusher
+from ...settings import SQLITE_PAGE
+from ..records import NotDurableError, StoreInUseError
+from . import check as sqlite_check
+from . import schema as sqlite_schema
+from .checkpoint import BACKSTOP_PAGES, Checkpointer
+from .files import FilesWatch
+from .flush import WalFlusher
 
 log = logging.getLogger("queickd.store")
 

@@ -6,7 +6,8 @@ restatement cannot drift from what it replaces. Nothing here imports psycopg."""
 
 from __future__ import annotations
 
-from . import pgclaimsql, pgpasssql
+from . import claim_sql as pgclaimsql
+from . import pass_sql as pgpasssql
 
 # "Must the selection claim?" asked of the pools served only: a grouped job waiting in a
 # pool nobody here serves is no reason to leave the fast path. One descent of

@@ -9,9 +9,9 @@ import dataclasses
 import threading
 from typing import Any
 
-from ..core.job import Job, State
-from ..core.policy import memory as mem
-from ..core.policy.costs import Limits
+from ...core.job import Job, State
+from ...core.policy import memory as mem
+from ...core.policy.costs import Limits
 
 
 class MemoryResources:
