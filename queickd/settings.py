@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .core.policy.resources import Resources
 
 DEFAULT_URL = "sqlite:///queickd.db"  # the store
-SQLITE_PAGE = 1024  # bytes a page of a new SQLite store file (store/sqlite_conn.py: why)
+SQLITE_PAGE = 1024  # bytes a page of a new SQLite store file (store/sqlite/connection.py: why)
 SQLITE_PAGE_SIZES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)  # those SQLite allows
 DEFAULT_HOST = "127.0.0.1"  # the TCP listener's address
 DEFAULT_MAX_CONNECTIONS = 256  # a Pi's worth: each costs a file descriptor and buffers

@@ -1,4 +1,4 @@
-"""SQLite's numbered migrations (store/sqlite_schema.py) on files of earlier releases."""
+"""SQLite's numbered migrations (store/sqlite/schema.py) on files of earlier releases."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rows read straight from an SQLite file's pages (store/sqlite_pages.py): what a salvage falls
+"""Rows read straight from an SQLite file's pages (store/sqlite/pages.py): what a salvage falls
 back on when SQLite's own walk of a table no longer reaches its leaves. Real files written by
 SQLite, damaged the way disks and power cuts damage them."""
 

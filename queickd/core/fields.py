@@ -10,8 +10,8 @@ store/rows.py. It does no I/O and imports nothing of queickd.
 Hot paths (a NewJob per enqueued job, a Job per decoded row) use functions generated
 once at import from this table (`build_function`), never a loop over fields per record.
 
-Adding a field: one `Field(...)` line here, one migration per SQL store (store/
-sqlite_schema.py, store/pgschema.py), and the code that uses it.
+Adding a field: one `Field(...)` line here, one migration per SQL store (store/sqlite/
+schema.py, store/postgres/schema.py), and the code that uses it.
 """
 
 from __future__ import annotations

@@ -236,7 +236,7 @@ class SubmitBatcher:
             return
         if ended is not None:
             # The jobs claimed with the submit start while the disk flushes it: the ack,
-            # not the start, waits for durability (sqlite_flush.py says what that risks).
+            # not the start, waits for durability (store/sqlite/flush.py says what that risks).
             try:
                 ended(True)
             except Exception:

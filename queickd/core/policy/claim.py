@@ -35,7 +35,7 @@ A pause whose probe is due (its cooldown over, no probe of it running: `Running.
 lets exactly one job through: the first candidate that is eligible and admitted takes the
 probe of each pause it is under (`Selection.probes`), and the store stamps those pauses
 with the job's id in the claim's transaction, so no second probe starts. (PostgreSQL's
-SQL claim takes probes after the claim's other jobs, when room is left: see pgschema.py.)
+SQL claim takes probes after the claim's other jobs, when room is left: see store/postgres/schema.py.)
 
 A store may leave out, before offering, candidates that every rule would pass over
 without holding anything (a job of another pool that has no key), and may stop reading

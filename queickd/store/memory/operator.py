@@ -1,5 +1,5 @@
 """The memory store's operator actions and per-minute counters: a mixin of MemoryStore,
-kept apart so memory.py does not grow further past 500 lines. Runs under the store's lock
+kept apart so store.py does not grow further past 500 lines. Runs under the store's lock
 on the store's dicts (`_jobs`, `_pauses`, `_minutes`); never touches another store.
 """
 
@@ -20,7 +20,7 @@ class MemoryOperatorOps:
     _pauses: dict[tuple[str, str], Pause]
     _minutes: dict[tuple[int, str], Minute]
     _put: Any
-    _advance_locked: Any  # wfmemory.MemoryWorkflows
+    _advance_locked: Any  # workflows.MemoryWorkflows
 
     def cancel_running(self, job_id: int, now: float) -> Job | None:
         with self._lock:

@@ -55,7 +55,7 @@ class MemoryStore(MemoryOperatorOps, MemoryCronsEvents, MemoryResources, MemoryW
         self._waiting_by_key: dict[str, int] = {}
         self._running_by_key: dict[str, int] = {}
         self._running: dict[int, Job] = {}  # kept by _count: what the claim's limits read
-        self._footprints: dict[str, mem.Footprint] = {}  # func -> expected peak and runtime (memres.py)
+        self._footprints: dict[str, mem.Footprint] = {}  # func -> expected peak and runtime (resources.py)
         self._init_workflows()
 
     def take_ownership(self) -> None:

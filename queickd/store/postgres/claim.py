@@ -28,10 +28,10 @@ from .fleet import notify
 _CLAIM_RETRIES = 8
 _CLAIM_LOCK = 0x71756963_6B640003  # advisory lock id held by each claim with groups or budgets
 # Held shared by every claim (from its first call to its commit), exclusively by a write of
-# the budgets: a budget comes into force after the claims that did not see it (pgschema.py, 8).
+# the budgets: a budget comes into force after the claims that did not see it (schema.py, 8).
 _BUDGET_LOCK = 0x71756963_6B640004
-_PAUSE_KINDS = frozenset({"key", "func", "pool"})  # the view's rows of pauses (pgschema.py, 8)
-# The claim itself is the function queickd_claim (pgschema.py): an UPDATE ... WHERE id IN
+_PAUSE_KINDS = frozenset({"key", "func", "pool"})  # the view's rows of pauses (schema.py, 8)
+# The claim itself is the function queickd_claim (schema.py): an UPDATE ... WHERE id IN
 # (SELECT ... ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING, one
 # round trip. Its conditions are core/policy/claim.py's rules written in SQL (choosing in
 # Python would cost a round trip more and hold row locks on every row read); the store
@@ -39,22 +39,22 @@ _PAUSE_KINDS = frozenset({"key", "func", "pool"})  # the view's rows of pauses (
 # It takes no grouped job, and it never meets a budget: given the budget lock, it first
 # takes it shared and asks whether the selection must claim instead (a grouped job waits,
 # or a pool served has a budget); if so it claims nothing and returns one row of NULLs
-# (pgpasssql.py, 15). Without the lock (NULL), the view has said no already.
+# (pass_sql.py, 15). Without the lock (NULL), the view has said no already.
 _CLAIM = (f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(lock)s, %(now)s, %(worker)s, %(pools)s, %(net)s,"
           " %(limit)s)")
 _VIEW = "SELECT * FROM queickd_claim_view(%s, %s, %s, %s, %s, %s)"
 # The selection's pages after its first: queued jobs in queue order after a position,
-# leaving out full groups (pgclaimsql.py, 11); _HEAD is before every job.
+# leaving out full groups (claim_sql.py, 11); _HEAD is before every job.
 _AFTER = "SELECT * FROM queickd_candidates_after(%s, %s::text[], %s, %s, %s, %s)"
 _HEAD = (-(1 << 31), float("-inf"), 0)
 # The selection's jobs marked running and, for those it let through as probes (and only if
-# they are claimed here), their pauses stamped: one call (pgclaimsql.py, 10).
+# they are claimed here), their pauses stamped: one call (claim_sql.py, 10).
 _START = (f"SELECT {dbrows.JOB_COLS} FROM queickd_start(%s, %s, %s::bigint[], %s::int[], %s::text[], %s::text[],"
           " %s::bigint[])")
 
 
 # A pool's pass in the steady state: the finish of successes and the fast path's claim in
-# one statement (pgpasssql.py, 16), which returns the row of NULLs when the selection must
+# one statement (pass_sql.py, 16), which returns the row of NULLs when the selection must
 # claim (and then does nothing).
 # In PostgreSQL's own $n markers, sent by a cursor kept for it: a worker of one slot sends
 # it once per job, and a new cursor each time looked up the loaders of its ~30 columns and
@@ -182,7 +182,7 @@ class PgClaims:
         # The first page came unfiltered, with what runs; the next ones leave out the jobs
         # the selection leaves out (claim.Selection.left_out: of groups full before this
         # claim or whose budget is used up; they hold nothing but a key), read by group
-        # (pgclaimsql.py, 11) so that such a group's backlog is not walked, and those of the
+        # (claim_sql.py, 11) so that such a group's backlog is not walked, and those of the
         # pools served whose budget is used up but for their keyed jobs (every pool served:
         # their jobs come back and are passed over uncounted). They start again from the
         # head of the queue, and the rows the first page offered are dropped (the first

@@ -1,5 +1,5 @@
 """The PostgreSQL schema's migrations of resource control and the claim (versions 4, 8, 9
-and 10 to 13; from 14 on, the pass's, in pgpasssql.py), which pgschema.py lists in order
+and 10 to 13; from 14 on, the pass's, in pass_sql.py), which schema.py lists in order
 with the others. A migration that has shipped
 is never edited: a changed function is the next migration, restating it whole (as 13
 restates 10's queickd_start with one more condition). Nothing here imports psycopg."""
@@ -10,7 +10,7 @@ from __future__ import annotations
 # its limit; the unique index makes two hosts taking the same slot a unique violation
 # (the loser's claim is undone and tried again), so a group's limit holds across hosts.
 # Grouped jobs, and every job of a budgeted pool, are claimed by the store's selection
-# (postgres.py) under a lock per budget; queickd_claim, the fast path, leaves them out.
+# (store.py) under a lock per budget; queickd_claim, the fast path, leaves them out.
 RESOURCE_CONTROL = """
     ALTER TABLE jobs ADD COLUMN IF NOT EXISTS concurrency_group text;
     ALTER TABLE jobs ADD COLUMN IF NOT EXISTS concurrency_limit integer;
@@ -138,7 +138,7 @@ RESOURCE_CONTROL = """
     """
 
 # 8: the budgets in force, one set for every claimer whatever its own config: written at
-# start by a daemon or worker started with [budgets] (pgclaim.py adopt_budgets, under
+# start by a daemon or worker started with [budgets] (claim.py adopt_budgets, under
 # the budget lock taken exclusively), read by every claim. The claim's first call is the
 # view below, which takes that lock shared and says whether this claim is the selection
 # (a grouped job waits, or a pool it serves has a budget: it then returns the view, at
@@ -208,7 +208,7 @@ NO_JIT = """
     ALTER FUNCTION queickd_claim_view(bigint, bigint, text[], integer, double precision) SET jit = off;
     """
 
-# 10: the selection's start (pgclaim.py) as a function with planner settings of its own.
+# 10: the selection's start (claim.py) as a function with planner settings of its own.
 # As a statement prepared by the driver, its generic plan was made from the statistics of
 # the moment: taken while the queue was nearly empty, they priced a walk of every queued
 # job (bitmap scan of jobs_queued, hash join with the ids) below a lookup of each id, and
@@ -339,7 +339,7 @@ MIGRATIONS: list[str] = [START, CANDIDATES_AFTER, CANDIDATES_GENERIC, START_HEAD
 
 
 # 22: the view (8, with 9's and 14's settings) restated with p_force: the claimer asks for
-# the selection whatever waits (its claim sets jobs aside: pgclaim.py).
+# the selection whatever waits (its claim sets jobs aside: claim.py).
 VIEW_ON_REQUEST = """
     DROP FUNCTION IF EXISTS queickd_claim_view(bigint, bigint, text[], integer, double precision);
     CREATE OR REPLACE FUNCTION queickd_claim_view(p_lock bigint, p_budget_lock bigint, p_pools text[],

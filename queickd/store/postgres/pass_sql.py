@@ -1,7 +1,7 @@
 """The PostgreSQL schema's migrations of a worker pool's pass (versions 14 on): the claim
 planned once, the fast path asking for itself whether the selection must claim, the
 steady state's pass as one statement, and finishes told only when a client waits on them.
-pgschema.py lists them after pgclaimsql.py's. A migration that has shipped is never
+schema.py lists them after claim_sql.py's. A migration that has shipped is never
 edited: a changed function is the next migration, restating it whole (as 15 restates
 queickd_claim with its first question). Nothing here imports psycopg."""
 
@@ -145,7 +145,7 @@ _PASS_ASKS_FIRST = """    PERFORM pg_advisory_xact_lock_shared(p_budget_lock);
 # of its own: BEGIN, the finish, the claim and COMMIT were four round trips, each costing
 # the server ~50 us and the worker ~80 us of CPU besides the statement (a bare `SELECT 1`
 # on this loopback), and a worker of one slot passes once per job. The finish is
-# finish_if_running's for successes, restated (postgres.py; the store contract test
+# finish_if_running's for successes, restated (store.py; the store contract test
 # test_a_pass_in_one_statement_stores_what_the_finish_and_the_claim_store holds the two
 # together): the jobs still running for this worker marked succeeded, their keys' and
 # functions' failure streaks reset, a pause whose probe this was lifted (and the pools

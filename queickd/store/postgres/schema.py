@@ -12,7 +12,7 @@ Settings of the hot table `jobs`, why:
 - autovacuum at 2 % dead rows (the default is 20 %), with no cost delay: the queue turns
   over all day and dead tuples in the claim index slow every claim; small, frequent
   vacuums keep it short.
-Nothing here imports psycopg; pgregistry.py runs these statements.
+Nothing here imports psycopg; fleet.py runs these statements.
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ MIGRATIONS: list[str] = [
         seconds double precision NOT NULL, depth integer, PRIMARY KEY (minute, member)
     );
     """,
-    # 4: resource control (pgclaimsql.py).
+    # 4: resource control (claim_sql.py).
     pgclaimsql.RESOURCE_CONTROL,
     # 5: where a job runs and its limits (core/sandbox.py); NULL means the function's or
     # the worker's setting. queickd_claim returns SETOF jobs, so it carries them as is.
@@ -289,13 +289,13 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE jobs ADD COLUMN IF NOT EXISTS output text;
     """,
-    # 8: the budgets in force (pgclaimsql.py).
+    # 8: the budgets in force (claim_sql.py).
     pgclaimsql.BUDGETS_IN_FORCE,
-    # 9: no JIT in the claim functions (pgclaimsql.py).
+    # 9: no JIT in the claim functions (claim_sql.py).
     pgclaimsql.NO_JIT,
-    # 10 to 13: the claim's functions, in pgclaimsql.py.
+    # 10 to 13: the claim's functions, in claim_sql.py.
     *pgclaimsql.MIGRATIONS,
-    # 14 to 18: the pass's round trips, in pgpasssql.py.
+    # 14 to 18: the pass's round trips, in pass_sql.py.
     *pgpasssql.MIGRATIONS,
     # 19: the pending events by serial key (outbox.KeyOrder: a key's events in the order
     # accepted), read without a scan of the outbox.
@@ -352,7 +352,7 @@ MIGRATIONS: list[str] = [
     UPDATE workflow_runs SET state = '' WHERE state <> '';
     """,
     # 26: jobs waiting in a pool no claimer serves, and their groups, cost a claim nothing
-    # (pgservedsql.py).
+    # (served_sql.py).
     pgservedsql.CLAIM_OF_SERVED_POOLS,
     # 27: what a running job last said of its progress (NULL: nothing). The claim and pass
     # functions return SETOF jobs: they carry it.

@@ -1,7 +1,7 @@
 """The PostgreSQL schema's migration of a claim bounded by what could start (version 25):
 jobs waiting in a pool no claimer serves, and their groups, cost a claim nothing.
-pgschema.py lists it after the others. The functions it changes are restated from their
-shipped text (pgclaimsql.py, pgpasssql.py) with the one condition that changes, so the
+schema.py lists it after the others. The functions it changes are restated from their
+shipped text (claim_sql.py, pass_sql.py) with the one condition that changes, so the
 restatement cannot drift from what it replaces. Nothing here imports psycopg."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """PostgreSQL store (`postgresql://user@host/db`): one queue shared by many hosts.
 
 Needs the `postgres` extra (psycopg 3). Three connections per process, however many
-threads it has (pgconn.py); a call is one explicit transaction, or joins the one batch()
+threads it has (connection.py); a call is one explicit transaction, or joins the one batch()
 opened on its thread.
 
 What the database guarantees, not luck:
@@ -66,7 +66,7 @@ _COUNTS = ("".join(f"SELECT '{s}', count(*) FROM jobs WHERE state = '{s}' UNION 
            + "SELECT state, count(*) FROM jobs WHERE state IN ("
            + ", ".join(f"'{s}'" for s in State.ALL if s not in _MOVING) + ") GROUP BY state")
 
-# pg_advisory lock id (beside pgschema.MIGRATE_LOCK and the others): one delivery of the
+# pg_advisory lock id (beside schema.MIGRATE_LOCK and the others): one delivery of the
 # outbox at a time, and a keyed event's place in it read under it.
 OUTBOX_LOCK = 0x71756963_6B640005
 
@@ -90,7 +90,7 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
     _WF_WAITING = f"SELECT count(*) FROM jobs WHERE state IN {WAITING_IN}"
 
     def _wf_submit(self, c: psycopg.Connection, jobs: list[NewJob], now: float) -> None:
-        self._submit_unadmitted(c, jobs, now)  # no admission: pgsubmit.py says why
+        self._submit_unadmitted(c, jobs, now)  # no admission: submit.py says why
 
     supports_notify = True
     claims_in_submit = False
@@ -329,7 +329,7 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
 
     def watch_finish(self, job_id: int) -> None:
         # Marks the row its finish updates: whichever of the two commits second sees the
-        # other (migration 17 in pgpasssql.py). A final job is left alone: nothing to tell.
+        # other (migration 17 in pass_sql.py). A final job is left alone: nothing to tell.
         # The mark holds the row's lock until it commits, and a claim skips locked rows: a
         # job still queued is announced again, so a pool that skipped it looks once more.
         for attempt in (1, 2):

@@ -1,6 +1,6 @@
 """The PostgreSQL store's submit path: admission read under the submit lock only when it
 must read, and the rows inserted, their ids returned and the pools woken in one statement.
-A mixin of PostgresStore (postgres.py), which provides the connections."""
+A mixin of PostgresStore (store.py), which provides the connections."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transa
 # (~100 ms at 950,000 on a 2-core VM), under the submit lock.
 _COUNT_TTL = 1.0
 # One value drawn from the jobs' serial. Every job that joins the waiting or running ones
-# draws one: an insert its id, a dead job replayed (postgres.py) a value of its own; so the
+# draws one: an insert its id, a dead job replayed (store.py) a value of its own; so the
 # values drawn since an exact count bound what has joined since. The serial must hand out
 # one value at a time (CACHE 1, as the schema makes it): with a cache, its last value jumps
 # to the end of a session's block, and the values that session draws later do not move it.

@@ -11,7 +11,7 @@ the index-to-table cross-checks of integrity_check: for a 100,000-job, 16 MB sto
 schema. Each problem raises DamagedStoreError, saying what was found and how to recover.
 
 This module owns the marker and the checks. It never writes the database file and never
-repairs one (sqlite_salvage.py copies what is still readable into a new file).
+repairs one (salvage.py copies what is still readable into a new file).
 """
 
 from __future__ import annotations

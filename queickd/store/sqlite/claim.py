@@ -1,7 +1,7 @@
 """The SQLite store's claim (Store.claim_available): a mixin of SQLiteStore.
 
 A claim reads the queued jobs of the pools it serves, each pool walked on its own along
-the pool-first queue-order indexes (sqlite_schema.py, 16) and the walks merged in queue
+the pool-first queue-order indexes (schema.py, 16) and the walks merged in queue
 order, so jobs waiting in a pool no claimer serves cost it nothing, however many; of the
 keyed jobs it then reads only each key's head (claim.py: the others hold nothing their
 head does not). The common claim reads the first jobs and starts them when

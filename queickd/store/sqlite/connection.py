@@ -1,14 +1,14 @@
 """The SQLite store's file: its connections, transactions, the daemon's lock and multi-row
-inserts. Opening a file applies its migrations (sqlite_schema.py).
+inserts. Opening a file applies its migrations (schema.py).
 
 WAL journal; durable commits by default (a Pi loses power), durability "normal" on request:
 the writing connection commits at synchronous=NORMAL and a commit that must be durable is
-flushed after the write lock is released (sqlite_flush.py). Every
+flushed after the write lock is released (flush.py). Every
 write in this process goes through one connection, under one Python lock taken before
 BEGIN IMMEDIATE, so writers hand over at once instead of backing off in SQLite's sleeping
 busy handler; busy_timeout still covers other processes (the CLI, a second daemon by
 mistake). Readers use their own per-thread connections and never block writers. Opening
-checks the file first (sqlite_check.py): a damaged one raises DamagedStoreError.
+checks the file first (check.py): a damaged one raises DamagedStoreError.
 
 A full disk at start (opening in WAL mode writes the -shm, migrating writes the file) does
 not stop the daemon: the file is opened read-only and immutable (no -shm needed), reads are
@@ -16,9 +16,9 @@ served, and every write raises DiskFullError, a clear error naming the disk, unt
 finds space again (statvfs, tried at most once a second); then the file is opened for
 writing as at start, and each thread's connection is replaced on its next use.
 A database file or WAL deleted or replaced under the daemon is noticed at the next commit
-(sqlite_files.py): what the deleted WAL holds is checkpointed into the database file, and
+(files.py): what the deleted WAL holds is checkpointed into the database file, and
 every write after is refused (StoreFilesLostError, before it begins) until a restart.
-This module runs no query of the store's own; sqlite.py does.
+This module runs no query of the store's own; store.py does.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ is one commit): one stat() of each file, compared with the identity (device, ino
 had at the first commit of that connection. While the connection is open SQLite holds
 both files, so their inode numbers cannot be reused by new files. Never opens a
 descriptor on either file: closing one would drop SQLite's POSIX locks on it
-(sqlite_checkpoint.py). No I/O besides stat; called under the store's write lock.
+(checkpoint.py). No I/O besides stat; called under the store's write lock.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ it finds rows that no intact index leads to); otherwise, or if its result does n
 integrity_check, a salvage with the standard library: a new file with queickd's schema,
 every row of each table that SQLite can still read copied into it, row by row past damaged
 pages, then every row left on a table page that no readable interior page leads to any
-more (sqlite_pages.py reads the pages themselves; half a file lost takes a deep table's
+more (pages.py reads the pages themselves; half a file lost takes a deep table's
 interior pages with it). A header that is not SQLite's is rebuilt on the copy first: in WAL mode where a -wal
 holds commits (after a kill -9 they are often only there), so they are read too; if that
 fails, in rollback mode without them, and the report says so. Afterwards the counts by
