@@ -359,7 +359,7 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE jobs ADD COLUMN IF NOT EXISTS progress text;
     """,
-    # 28: full groups alone leave the claim on the fast path (pgservedsql.py).
+    # 28: full groups alone leave the claim on the fast path (served_sql.py).
     pgservedsql.CLAIM_PAST_FULL_GROUPS,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
