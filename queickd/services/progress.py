@@ -7,7 +7,8 @@ job that reports 10,000 times a second costs a dict store per change and a few r
 second. One thread of its own, started with the first offer, writes each batch with one
 statement (Store.set_progress_if_running, which leaves alone a job no longer running that
 attempt) and sleeps while nothing waits: idle costs nothing. A run's value still waiting
-when it ends is the worker pool's to write, with its outcome (`take`). A failed write is
+when it ends, or still being written, is the worker pool's to write, with its outcome
+(`take`). A failed write is
 dropped (the next value replaces it) and logged once until a write succeeds again; it never
 decides anything about a job.
 """
@@ -38,6 +39,7 @@ class ProgressWriter:
         self.written = 0  # rows the store changed (those taken by a pass: rows it was given)
         self.batches = 0  # write transactions (a pass that wrote some counts as one)
         self._pending: dict[int, tuple[int, dict[str, Any]]] = {}  # job id -> (attempt, progress)
+        self._writing: dict[int, tuple[int, dict[str, Any]]] = {}  # the batch being written now
         self._lock = threading.Lock()  # guards _pending and the counts above
         self._wake = threading.Event()  # set by an offer into an empty _pending, and by stop()
         self._stopping = False
@@ -61,17 +63,19 @@ class ProgressWriter:
     def waiting(self, job_ids: list[int]) -> bool:
         """Has any of these jobs a value not written yet? A look without the lock: an
         answer that is stale by one offer only moves that value to the next write."""
-        pending = self._pending
-        return any(j in pending for j in job_ids)
+        pending, writing = self._pending, self._writing
+        return any(j in pending or j in writing for j in job_ids)
 
     def take(self, job_ids: list[int]) -> list[tuple[int, int, dict[str, Any]]]:
         """The values not written yet of these jobs, whose runs have ended: the worker
         pool's pass writes them in the transaction that stores their outcomes, just before
         (the jobs still running then), so a finished job keeps the last progress it said.
-        A value the writer thread is writing meanwhile is an older one, and its write does
-        nothing once the outcome is stored."""
+        A job with no newer value than the one the writer thread is writing gets that one
+        again: that write may come after the outcome, where it does nothing."""
         with self._lock:
-            taken = [(j, *self._pending.pop(j)) for j in job_ids if j in self._pending]
+            pending, writing = self._pending, self._writing
+            taken = [(j, *(pending.pop(j) if j in pending else writing[j])) for j in job_ids
+                     if j in pending or j in writing]
             if taken:  # counted as written: the pass's transaction rarely fails
                 self.written += len(taken)
                 self.batches += 1
@@ -97,9 +101,12 @@ class ProgressWriter:
             self._wake.clear()
             with self._lock:
                 batch, self._pending = self._pending, {}
+                self._writing = batch
                 stopping = self._stopping
             if batch:
                 self._write(batch)
+                with self._lock:
+                    self._writing = {}
             if stopping:
                 return
             if batch:  # the next batch waits: values that come meanwhile replace each other
