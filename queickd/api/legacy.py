@@ -228,6 +228,7 @@ class LegacyConnection:
     def close(self) -> None:
         """The connection is gone: its decode, if still queued, never runs."""
         self.done = True
+        self.on_request = None  # the connection's method: no cycle keeps either alive
         self.buf.clear()
         if self._decoding is not None:
             self._decoding.cancel()
