@@ -297,3 +297,18 @@ def test_what_a_job_user_leaves_in_the_hosts_dev_shm_is_removed_after_the_job(st
     # Gone by the time the job's outcome is stored (another test's daemon with the same job
     # user may be the one that removed it: the log line is not asserted).
     assert not os.path.exists(f"/dev/shm/queickd-left-{tag}")
+
+
+def test_a_job_imports_what_lies_under_tmp_after_its_namespaces_are_made(start_daemon, tmp_path):
+    """A checkout, a venv or an app directory under /tmp stays importable: the job's own
+    /tmp covers the host's, and a job imports lazily (a module its function imports when
+    called, asyncio.run's), after its namespaces are made."""
+    app = tmp_path / "app"  # under /tmp
+    app.mkdir()
+    (app / "lazyjob.py").write_text("def f():\n    import lazyhelper\n\n    return lazyhelper.X\n")
+    (app / "lazyhelper.py").write_text("X = 42\n")
+    d = start_daemon(None, "--app-dir", str(app), "--isolation", "process")
+    _namespaces_or_skip(d)
+    with d.client() as q:
+        job = q.wait(q.enqueue("lazyjob:f"), 30)
+    assert (job["state"], job["result"]) == (State.SUCCEEDED, 42), job

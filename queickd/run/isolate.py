@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 
 PR_SET_DUMPABLE = 4
 PR_GET_DUMPABLE = 3
@@ -61,7 +62,7 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG = 1
 CGROUP_ROOT = "/sys/fs/cgroup"
 
@@ -120,8 +121,13 @@ def _mounts(spec: dict, user: tuple[int, int] | None) -> None:
     tmp, job_dir = spec.get("tmp"), spec.get("job_dir")
     if tmp and job_dir and os.path.isdir(tmp):
         keep = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY)
+        code = _code_under(tmp)
         try:
             _mount("tmpfs", tmp, "tmpfs", nosuid, "mode=1777" + (f",size={shm}m" if shm else ""))
+            for path, fd in code:  # read-only: what the job imports (a checkout or venv under /tmp)
+                os.makedirs(path, exist_ok=True)
+                _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+                _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | nosuid)
             if user is None:
                 os.makedirs(job_dir, 0o700, exist_ok=True)
                 _mount(f"/proc/self/fd/{keep}", job_dir, None, MS_BIND)
@@ -133,6 +139,8 @@ def _mounts(spec: dict, user: tuple[int, int] | None) -> None:
                 hand_over([job_dir], *user)
         finally:
             os.close(keep)
+            for _, fd in code:
+                os.close(fd)
     for path in spec.get("hide") or ():
         if os.path.isdir(path):
             _mount("tmpfs", path, "tmpfs", MS_RDONLY | nosuid | MS_NOEXEC, "size=4k,mode=0555")
@@ -140,6 +148,19 @@ def _mounts(spec: dict, user: tuple[int, int] | None) -> None:
             _mount("/dev/null", path, None, MS_BIND)
     if job_dir:
         os.chdir(job_dir)
+
+
+def _code_under(tmp: str) -> list[tuple[str, int]]:
+    """The import path's directories that lie under `tmp` (the daemon's own package and the
+    app's modules, when a checkout or a venv sits in /tmp), opened before the job's fresh
+    tmpfs covers them, to be bound back: a job imports lazily after its namespaces are made
+    (asyncio.run, a module a function imports when called)."""
+    out: list[tuple[str, int]] = []
+    for entry in dict.fromkeys(os.path.realpath(p or ".") for p in sys.path):
+        if entry != tmp and os.path.commonpath([tmp, entry]) == tmp and os.path.isdir(entry) \
+                and not any(os.path.commonpath([done, entry]) == done for done, _ in out):
+            out.append((entry, os.open(entry, os.O_RDONLY | os.O_DIRECTORY)))
+    return out
 
 
 def _lock_mounts() -> None:
