@@ -29,11 +29,11 @@ from .api.server import Server
 from .api.service import QueueService
 from .api.tls import server_context
 from .api.tokens import Tokens
-from .core import protocol, sandbox
+from .core import protocol
 from .core.job import NewJob, Outcome, State, Submitted
 from .core.policy import outbox
 from .core.policy.claim import Limits
-from .run import credentials, isolate
+from .run import isolate
 from .run.loader import FunctionLoader
 from .run.routing import make_runner
 from .services import sdnotify
@@ -41,14 +41,15 @@ from .services.batcher import SubmitBatcher
 from .services.budgets import BudgetsInForce
 from .services.fleet import FleetMember
 from .services.memory_gate import MemoryGate
-from .services.netcheck import NetworkMonitor, parse_target
+from .services.netcheck import NetworkMonitor
 from .services.network import NetworkParking
 from .services.pool_size import PoolSize, adaptive_size
 from .services.progress import ProgressWriter
 from .services.retention import Retention
 from .services.scheduler import Scheduler
 from .services.worker import WorkerPool
-from .settings import EX_VERSION, Config, check_shared
+from .settings import EX_VERSION, Config
+from .startcheck import validate
 from .store import Store, open_store
 from .store.fleetbase import FleetStore
 from .store.records import EventState, Minute, Recovered
@@ -59,54 +60,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("queickd.daemon")
 FILES_WATCH = 1.0  # seconds between two looks at the store's files while commits come
-
-
-def validate(config: Config) -> None:
-    """Raises ValueError naming the first setting the daemon cannot start with."""
-    if config.durability not in ("full", "normal"):
-        raise ValueError("durability must be 'full' or 'normal'")
-    if not 0 <= config.port <= 65535:
-        raise ValueError("port must be 0-65535")
-    if config.workers < 0:
-        raise ValueError("workers must be 0 or more")
-    check_shared(config)
-    if config.stop_timeout < 0 or config.sweep <= 0 or config.max_orphan_requeues < 0:
-        raise ValueError("stop_timeout, sweep and max_orphan_requeues must not be negative")
-    if min(config.max_queued, config.max_queued_per_key, config.event_max_attempts) < 1:
-        raise ValueError("max_queued, max_queued_per_key and event_max_attempts must be at least 1")
-    if min(config.max_connections, config.max_pending) < 1 or not config.hello_timeout > 0:
-        raise ValueError("max_connections and max_pending must be at least 1; hello_timeout must be positive")
-    if not config.pool or not all(config.pool) or not config.heartbeat > 0:
-        raise ValueError("give at least one non-empty pool; heartbeat must be positive")
-    if config.memory_reserve < 0 or (config.max_rss is not None and not config.max_rss > 0):
-        raise ValueError("memory_reserve must not be negative, max_rss must be positive")
-    for k, v in config.workflow_budget.items():
-        if v < 0:
-            raise ValueError(f"workflow_{k} must not be negative (0: no limit)")
-    if config.idempotency_ttl < 0 or config.keep_finished < 0:
-        raise ValueError("idempotency_ttl and keep_finished must not be negative")
-    if config.accept_queick_clients and config.token_file is not None:
-        # A Queick 1.2.1 client has no way to send a token: its requests would go past it.
-        raise ValueError("--accept-queick-clients cannot be combined with --token-file: Queick "
-                         "1.2.1 clients cannot present a token; run a separate daemon for them, "
-                         "on loopback, or move them to protocol v1")
-    if config.accept_queick_clients and config.tls_cert is not None:
-        raise ValueError("--accept-queick-clients cannot be combined with --tls-cert: Queick 1.2.1 clients "
-                         "cannot speak TLS; run a separate daemon for them, on loopback")
-    server_context(config.tls_cert, config.tls_key, config.tls_client_ca)
-    if config.http is not None:
-        from .api.httpd import parse_address
-
-        parse_address(config.http)
-    parse_hooks(config.hooks)
-    config.resources  # noqa: B018 - raises ValueError naming a bad table or field
-    pool_size(config)
-    # A function's credential the daemon does not have would fail each of its jobs.
-    credentials.check(sandbox.settings(config).functions or {})
-    if config.ping_host is not None:
-        parse_target(config.ping_host)
-        if not config.ping_interval > 0:
-            raise ValueError("ping_interval must be positive")
 
 
 def _contents(path: str | None) -> bytes | None:

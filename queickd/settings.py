@@ -3,7 +3,7 @@ their defaults (the wire's port and line limit are the protocol's: core/protocol
 Light on purpose: the CLI builds its flags from these, and a client command (`queick
 enqueue`, `queick jobs`) must not load the daemon to print them. The modules that use a
 default import it from here; the checks that need the daemon's parts are the daemon's
-(daemon.validate) and the worker's (workerproc.validate)."""
+(startcheck.validate) and the worker's (workerproc.validate)."""
 
 from __future__ import annotations
 
@@ -172,7 +172,7 @@ class WorkerConfig:
 
 def check_shared(config: Config | WorkerConfig) -> None:
     """The checks of the settings a daemon and a worker share; each checks its own in
-    daemon.validate and workerproc.validate. Raises ValueError naming the setting."""
+    startcheck.validate and workerproc.validate. Raises ValueError naming the setting."""
     if config.pause_after < 0 or not config.pause_cooldown > 0:
         raise ValueError("pause_after must not be negative (0: off), pause_cooldown must be positive")
     if config.async_jobs < 0:

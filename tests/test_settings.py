@@ -2,11 +2,11 @@
 
 import pytest
 
-from queickd import daemon
+from queickd import startcheck
 from queickd.services import workerproc
 from queickd.settings import Config, WorkerConfig
 
-CHECKS = [daemon.validate, workerproc.validate]
+CHECKS = [startcheck.validate, workerproc.validate]
 STORE = "postgresql://nobody@127.0.0.1/none"  # never connected to: validation comes first
 
 
@@ -17,14 +17,14 @@ STORE = "postgresql://nobody@127.0.0.1/none"  # never connected to: validation c
     ({"app_dir": "/no/such/dir"}, "app directory '/no/such/dir' does not exist"),
 ])
 def test_a_setting_both_share_is_refused_by_both(validate, changed, said):
-    config = (Config if validate is daemon.validate else WorkerConfig)(store=STORE, **changed)
+    config = (Config if validate is startcheck.validate else WorkerConfig)(store=STORE, **changed)
     with pytest.raises(ValueError, match=said):
         validate(config)
 
 
 @pytest.mark.parametrize("validate", CHECKS, ids=["daemon", "worker"])
 def test_the_defaults_pass_the_checks(validate):
-    validate((Config if validate is daemon.validate else WorkerConfig)(store=STORE))
+    validate((Config if validate is startcheck.validate else WorkerConfig)(store=STORE))
 
 
 def test_a_worker_and_a_daemon_default_alike_where_they_share_a_setting():

@@ -16,7 +16,7 @@ queued or running at once (a request beyond them is refused, and a connection th
 takes its queued decode with it); a request's scan resumes where it stopped, and is only
 resumed when the bytes come that may end it, so a request dripped in small pieces costs
 no more than one sent whole; and one connection may use at most DECODE_BUDGET seconds of
-it. A daemon with a token refuses to accept these clients at all (daemon.validate): they
+it. A daemon with a token refuses to accept these clients at all (startcheck.validate): they
 have no way to present it.
 """
 

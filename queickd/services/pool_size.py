@@ -92,3 +92,17 @@ def adaptive_size(workers: int, minimum: int | None, maximum: int | None, idle_g
     lo = workers if minimum is None else minimum
     hi = max(lo, workers) if maximum is None else maximum
     return PoolSize(lo, hi, idle_grace, clock=clock)
+
+
+def said(size: PoolSize | None, workers: int) -> str:
+    """A pool's size as a start log says it: "4 workers", or "workers 1-8 (adaptive)"."""
+    if size is None:
+        return f"{workers} worker{'' if workers == 1 else 's'}"
+    return f"workers {size.min}-{size.max} (adaptive)"
+
+
+def described(size: PoolSize | None, workers: int) -> dict[str, Any]:
+    """A pool's size, its bounds and its last resize (a fixed pool: min = max = size)."""
+    if size is None:
+        return {"size": workers, "min": workers, "max": workers, "idle_grace": None, "last_resize": None}
+    return size.snapshot(workers)

@@ -32,6 +32,7 @@ from ..run.loader import FunctionLoader
 from ..run.thread import ThreadRunner
 from ..settings import DEFAULT_SWEEP, DEFAULT_WORKERS
 from ..store import Store
+from . import pool_size
 from .job_run import judge, run_job
 from .memory_gate import MemoryGate
 from .passes import Pass, PassStore
@@ -217,17 +218,10 @@ class WorkerPool(PassStore):
         return out
 
     def size_said(self) -> str:
-        """The pool's size as a start log says it: "4 workers", or "workers 1-8 (adaptive)"."""
-        if self.size is None:
-            return f"{self.workers} worker{'' if self.workers == 1 else 's'}"
-        return f"workers {self.size.min}-{self.size.max} (adaptive)"
+        return pool_size.said(self.size, self.workers)
 
     def size_info(self) -> dict[str, Any]:
-        """The pool's size, its bounds and its last resize (a fixed pool: min = max = size)."""
-        if self.size is None:
-            return {"size": self.workers, "min": self.workers, "max": self.workers, "idle_grace": None,
-                    "last_resize": None}
-        return self.size.snapshot(self.workers)
+        return pool_size.described(self.size, self.workers)
 
     def _can_grow(self, memory: bool = True) -> bool:
         """Below the maximum (and, with `memory`, one more typical job would fit: the pass
