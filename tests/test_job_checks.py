@@ -122,3 +122,15 @@ def test_the_warning_ends_once_a_live_worker_serves_the_pool(pg_fresh_database, 
         assert "warnings" not in raw(d.port, {"op": "enqueue", "func": "testjobs:noop", "pool": "gpu"})
     finally:
         worker.close()
+
+
+def test_a_function_of_a_module_being_imported_is_not_refused(start_daemon, gate):
+    # slowimport's import blocks on the gate before its functions are defined: a worker is
+    # importing it for the first job while the second is enqueued.
+    d = start_daemon(None, env={"QUEICKD_TEST_IMPORT_GATE": str(gate.port)}, workers=1)
+    with d.client() as q:
+        first = q.enqueue("slowimport:loop", ("/dev/null", 0))
+        assert gate.arrival() == "importing"
+        second = q.enqueue("slowimport:aloop", ("/dev/null", 0))  # was not_found: half a module
+        gate.release_all()
+        assert [q.wait(j, 30)["state"] for j in (first, second)] == [State.SUCCEEDED, State.SUCCEEDED]

@@ -193,7 +193,9 @@ class FunctionLoader:
 
     def _defined(self, module: str, name: str) -> definitions.Defined:
         imported = sys.modules.get(module)
-        if imported is not None:
+        # A module a worker thread is importing right now is in sys.modules before its body
+        # has run: what it defines is read from its source until it is done.
+        if imported is not None and not getattr(getattr(imported, "__spec__", None), "_initializing", False):
             return definitions.in_module(imported, name)
         if module not in self._sources:
             path = definitions.source_file(module, self.app_dir)
