@@ -76,3 +76,26 @@ def test_a_thread_run_awaits_what_a_plain_function_returned_within_its_timeout()
     report = runner.run(make_job(func="asyncjobs:returns_a_long_sleep"), timeout=0.05)
     assert (report.ok, report.error_type) == (False, "timeout")
     assert runner.stopping() == frozenset()
+
+
+def test_an_early_cancel_stops_the_run_before_its_function_is_called_however_the_threads_interleave():
+    runner = LoopRunner()
+    called = threading.Event()
+
+    def early(job_id: int) -> bool:
+        # The starting thread is slow here: everything the loop has queued so far runs first
+        # (as when that thread is descheduled right there).
+        caught_up = threading.Event()
+        runner._started().call_soon_threadsafe(caught_up.set)
+        assert caught_up.wait(20)
+        return True
+
+    runner.cancelled_early = early
+
+    async def job():
+        called.set()
+        await asyncio.sleep(600)
+
+    report = _started(runner, job).get(timeout=20)
+    assert (report.ok, report.error_type) == (False, "cancelled")
+    assert not called.is_set()

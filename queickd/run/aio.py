@@ -79,10 +79,12 @@ class LoopRunner:
         run.progress_to = self.progress
         self._runs[job.id] = run  # before the task: a cancel from now on finds it
         loop = self._started()
-        loop.call_soon_threadsafe(self._begin, run, call, done)
         if self.cancelled_early is not None and self.cancelled_early(job.id):  # after: a cancel finds the run
             run.cancelled = True
+            # Before _begin, in the loop's FIFO: the stop marks the run before its task's first
+            # step, which then never calls the function (queued after, the task could start first).
             loop.call_soon_threadsafe(self._stop, run, CANCELLED)
+        loop.call_soon_threadsafe(self._begin, run, call, done)
 
     def run(self, job: Job, call: Callable[[], Any], timeout: float | None, began: float) -> RunReport:
         """Like start, and wait in this thread for the report (a job that reached a worker
