@@ -18,12 +18,13 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import DaemonProcess, Listener
+from helpers import DaemonProcess, Listener, let_others_reach_the_checkout
 
 from queickd.services.netcheck import NetworkMonitor
 
 ROOT = Path(__file__).resolve().parent.parent
-NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--no-new-privs"]
+NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--no-new-privs", "env",
+          f"PYTHONPATH={ROOT}"]  # this checkout: nobody's interpreter has no install of queickd
 CHECKER = ["-m", "queickd.services.netcheck", "icmp://127.0.0.1", "--interval", "0.2"]
 
 
@@ -31,6 +32,7 @@ def _python_for_nobody() -> str | None:
     """An interpreter (3.11+) the unprivileged user may run, or None."""
     if shutil.which("setpriv") is None:
         return None
+    let_others_reach_the_checkout()
     for python in (sys.executable, "/usr/bin/python3"):
         r = subprocess.run([*NOBODY, python, "-c", "import sys; assert sys.version_info >= (3, 11)"],
                            capture_output=True, cwd="/")

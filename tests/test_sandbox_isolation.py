@@ -12,14 +12,19 @@ import sys
 import tempfile
 
 import pytest
+from helpers import let_others_reach_the_checkout
 
 from queickd.core.job import State
 
-SETPRIV = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+# As the user nobody, with this checkout on its import path: an interpreter nobody may run
+# has no install of queickd of its own (a venv or pyenv under /root is not nobody's).
+SETPRIV = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "env",
+           f"PYTHONPATH={os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}"]
 
 
 def _python_for_nobody() -> str | None:
     """An interpreter (3.11+) the user nobody may run and import queickd with, or None."""
+    let_others_reach_the_checkout()
     for python in (sys.executable, "/usr/bin/python3"):
         r = subprocess.run([*SETPRIV, "sh", "-c", f'exec {python} "$@"', "sh", "-c",
                             "import sys, queickd; assert sys.version_info >= (3, 11)"], capture_output=True, cwd="/")
