@@ -99,3 +99,14 @@ def test_an_early_cancel_stops_the_run_before_its_function_is_called_however_the
     report = _started(runner, job).get(timeout=20)
     assert (report.ok, report.error_type) == (False, "cancelled")
     assert not called.is_set()
+
+
+def test_a_task_that_blocks_the_loop_past_its_timeout_is_reported_timed_out():
+    import time
+
+    async def blocking():
+        time.sleep(0.3)  # blocks the loop: its timeout's timer cannot fire meanwhile
+        return "done"
+
+    report = _started(LoopRunner(), blocking, timeout=0.05).get(timeout=20)
+    assert (report.ok, report.error_type) == (False, "timeout")

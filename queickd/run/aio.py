@@ -165,6 +165,10 @@ class LoopRunner:
             run.timer.cancel()
         self._runs.pop(run.id, None)
         runtime = time.monotonic() - run.began
+        if run.why is None and run.timeout is not None and runtime > run.timeout:
+            # It blocked the loop past its deadline (a time.sleep in an async def): the timer
+            # could not fire before it ended. Past its timeout is a timeout, as in a thread.
+            run.why = TIMEOUT
         if run.why is not None:
             report = capture.stopped(run.why, error, runtime, run.timeout, "its task was cancelled")
         elif error is not None:
