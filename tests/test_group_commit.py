@@ -1,7 +1,9 @@
 """Group commit: concurrent lone clients share commits (counted as fsyncs of a real daemon on
 a slowed disk), and the committer's rules for what joins which commit."""
 
+import selectors
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -219,3 +221,24 @@ def test_a_lone_job_starts_while_its_commit_is_flushed_and_its_ack_waits_for_the
         sender.join(10)
     assert started_before_ack
     assert took and took[0] >= 0.4  # the ack came after a (slowed) flush
+
+
+def test_the_server_loop_says_a_poll_with_one_ready_socket_has_nothing_more_in_its_pass():
+    from queickd.api.server import _PassSelector
+
+    sel = _PassSelector()
+    pairs = [socket.socketpair() for _ in range(2)]
+    try:
+        for a, _ in pairs:
+            sel.register(a, selectors.EVENT_READ)
+        pairs[0][1].send(b"x")
+        assert len(sel.select(5)) == 1
+        assert not sel.pass_has_more()  # the lone read flushes at once
+        pairs[1][1].send(b"y")
+        assert len(sel.select(5)) == 2
+        assert sel.pass_has_more()  # another read of the pass may join its flush
+    finally:
+        sel.close()
+        for a, b in pairs:
+            a.close()
+            b.close()

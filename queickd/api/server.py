@@ -13,12 +13,12 @@ from its accept, and a peer that does not begin a handshake gets a plaintext err
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import errno
 import logging
 import os
 import resource
+import selectors
 import socket
 import ssl
 import threading
@@ -44,16 +44,20 @@ _OUT_OF_FDS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM
 _INLINE_MAX = 8  # jobs in a lone read small enough to commit on the loop thread
 
 
+class _PassSelector(selectors.DefaultSelector):
+    """The loop's selector, counting the I/O events of its last poll: each is one callback
+    of the loop's pass. A read that finds the pass had one event is the pass's only read,
+    so no other submission can join its flush (Gather's `pass_has_more`)."""
 
+    events = 0
 
-def _pass_has_more(loop: asyncio.AbstractEventLoop) -> Callable[[], bool] | None:
-    """Whether the loop has callbacks left to run (in this pass, or queued for the next):
-    asyncio's ready queue, which holds the rest of the pass's reads. None on a loop that has
-    none (the gather then always waits for the pass's end)."""
-    ready = getattr(loop, "_ready", None)
-    if not isinstance(ready, collections.deque):
-        return None
-    return ready.__len__
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = super().select(timeout)
+        self.events = len(ready)
+        return ready
+
+    def pass_has_more(self) -> bool:
+        return self.events > 1
 
 
 def connection_cap(max_connections: int, nofile: int) -> int:
@@ -130,8 +134,9 @@ class Server:
             raise self._error
 
     def _main(self) -> None:
-        self.loop = loop = asyncio.new_event_loop()
-        self.gather = Gather(self.service.enqueue_all, loop.call_soon, _INLINE_MAX, _pass_has_more(loop))
+        selector = _PassSelector()
+        self.loop = loop = asyncio.SelectorEventLoop(selector)
+        self.gather = Gather(self.service.enqueue_all, loop.call_soon, _INLINE_MAX, selector.pass_has_more)
         self.inbox = Inbox(loop)
         try:
             # asyncio resolves and binds (every address of the host); accepting is ours
