@@ -30,9 +30,9 @@ import asyncio
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any
 
-from . import clientops
+from . import clientops, tasks
 from .clientflow import WorkflowBuilder
 from .clientops import one
 from .clientwire import RequestLostError, _token_from_env, func_name, reply_error, tls_context
@@ -43,10 +43,6 @@ from .core.protocol import QueueError
 if TYPE_CHECKING:
     import ssl
 
-    from .tasks import Task
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 __all__ = ["AsyncJobQueue"]
 
@@ -404,18 +400,10 @@ class AsyncJobQueue:
         await self._run(one({"op": "cron_delete", "name": name}))
 
     # --- tasks ---------------------------------------------------------------------------------
-    @overload
-    def task(self, func: Callable[P, R], /) -> Task[P, R]: ...
-    @overload
-    def task(self, func: None = None, /, **options: Any) -> Callable[[Callable[P, R]], Task[P, R]]: ...
-
-    def task(self, func: Callable[P, R] | None = None, /, **options: Any) -> Any:
-        """`@q.task` or `@q.task(**options)` on a function at the top level of a module: a
-        Task (tasks.py), still the function when called, whose .enqueue(...) queues a call
-        of it with these options (any of enqueue's). Connects to nothing."""
-        from . import tasks  # tasks builds on this module
-
-        return tasks.decorate(self, func, options)
+    task = tasks.queue_task
+    """`@q.task` or `@q.task(**options)` on a function at the top level of a module: a Task,
+    still the function when called, whose .enqueue(...) queues a call of it with these
+    options (any of enqueue's). Connects to nothing."""
 
     def _async_queue(self) -> AsyncJobQueue:
         return self

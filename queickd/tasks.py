@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from . import clientops
 from .core.cron import SchedulingTime
@@ -224,8 +224,17 @@ class Task(Generic[P, R]):
         return AsyncJobHandle(q, await q.enqueue(self.func, args, **self._options(overrides)))
 
 
-def decorate(queue: JobQueue | AsyncJobQueue, func: Callable[..., Any] | None, options: dict[str, Any]) -> Any:
-    """JobQueue.task and AsyncJobQueue.task: `@q.task` or `@q.task(**options)`."""
+@overload
+def queue_task(queue: Any, func: Callable[P, R], /) -> Task[P, R]: ...
+@overload
+def queue_task(queue: Any, func: None = None, /, **options: Any) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+
+def queue_task(queue: JobQueue | AsyncJobQueue, func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    """JobQueue.task and AsyncJobQueue.task: `@q.task` or `@q.task(**options)` on a function
+    at the top level of a module: a Task, still the function when called, whose
+    .enqueue(...) queues a call of it with these options (any of enqueue's). Connects to
+    nothing."""
     if func is not None:
         return Task(queue, func, options)
     return lambda f: Task(queue, f, options)
