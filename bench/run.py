@@ -176,6 +176,19 @@ def select(all_scenarios: list[Scenario], only: str | None) -> list[Scenario]:
     return picked
 
 
+def keep_targets(order: list[Scenario], targets: str | None) -> list[Scenario]:
+    """--targets: only targets whose name contains one of these words (comma-separated);
+    scenarios left with none are dropped, and a peer left out is not set up."""
+    if not targets:
+        return order
+    wanted = [w.strip() for w in targets.split(",") if w.strip()]
+    for sc in order:
+        sc.targets = [t for t in sc.targets if any(w in t for w in wanted)]
+        sc.needs_peer = sc.needs_peer and QUEICK in sc.targets
+        sc.needs_huey = sc.needs_huey and HUEY in sc.targets
+    return [sc for sc in order if sc.targets]
+
+
 # --- main ------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -194,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fast smoke run: 2,000 jobs per enqueue run, no 1M memory run, 0.5 s raw runs, "
                    "1,000 e2e jobs, 20 latency samples, 10 s + 10 s idle, 500 acks before the crash")
     p.add_argument("--only", metavar="SCENARIO", help="run only these scenarios (names or prefixes, comma-separated)")
+    p.add_argument("--targets", metavar="TEXT",
+                   help="only targets whose name contains one of these (comma-separated), e.g. 'queickd sqlite/full'")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     p.add_argument("--jobs", type=int, default=None, help="jobs per enqueue run (default: 20,000; 2,000 with --quick)")
     p.add_argument("--chunk", type=int, default=1000, help="jobs per enqueue_many / pipelined chunk (default: 1000)")
@@ -272,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         huey_venv=a.huey_venv.resolve(), clients=a.clients,
         client_jobs=a.client_jobs or (100 if a.quick else 500), slow_fsync_ms=a.slow_fsync,
     )
-    order = select(scenarios(s), a.only)
+    order = keep_targets(select(scenarios(s), a.only), a.targets)
     if a.list:
         print_scenarios(scenarios(s))
         return 0

@@ -54,3 +54,16 @@ def test_postgres_lines_set_the_batch_aim_beside_the_servers_cpu_per_row():
                for line in lines)
     assert ("end to end: server CPU per transaction 300 µs with 1 worker process, 280 with 4; at the same cost a "
             "transaction, 4 processes of 1 slot spend 2.00x the database CPU a job of 1 of 4 slots") in lines
+
+
+def test_targets_keeps_the_named_targets_and_sets_up_no_peer_left_out():
+    from bench.run import Scenario, keep_targets
+
+    def nothing(*_: object) -> None:
+        return None
+
+    order = [Scenario("e2e", "e2e", [QUEICKD_SQLITE, QUEICKD_MEMORY, QUEICK, HUEY], nothing, True, True),
+             Scenario("idle", "idle", [QUEICK, HUEY], nothing, True, True)]
+    kept = keep_targets(order, "sqlite/full, memory")
+    assert [(sc.name, sc.targets, sc.needs_peer, sc.needs_huey) for sc in kept] == [
+        ("e2e", [QUEICKD_SQLITE, QUEICKD_MEMORY], False, False)]
