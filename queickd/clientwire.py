@@ -50,7 +50,7 @@ def _auto_key() -> str:
 
 
 def _unknown_outcome(e: Exception) -> bool:
-    return isinstance(e, RequestLostError) or (isinstance(e, QueueError) and getattr(e, "maybe_committed", False))
+    return isinstance(e, RequestLostError) or (isinstance(e, QueueError) and e.maybe_committed)
 
 
 def func_name(func: Callable[..., Any] | str) -> str:
@@ -84,9 +84,7 @@ _named = functools.lru_cache(maxsize=1024)(_name_of)
 def reply_error(reply: dict[str, Any]) -> QueueError:
     """The QueueError of a refused reply, with `maybe_committed` when the daemon says the
     request may have been stored all the same (resend it only with the same keys)."""
-    err = QueueError.from_reply(reply)
-    err.maybe_committed = bool((reply.get("error") or {}).get("maybe_committed"))  # type: ignore[attr-defined]
-    return err
+    return QueueError.from_reply(reply)
 
 
 def _token_from_env() -> str | None:

@@ -28,14 +28,19 @@ _NOT_COMMITTED_RETRY = "5"  # seconds an HTTP sender waits after a commit that f
 
 
 class NotCommittedError(Exception):
-    """The commit holding a request failed or did not finish in time (its cause says whether
-    it may have been committed all the same)."""
+    """The commit holding a request failed or did not finish in time (`maybe_committed`, or
+    its cause's, says whether it may have been committed all the same)."""
+
+    def __init__(self, message: str, maybe_committed: bool = False) -> None:
+        super().__init__(message)
+        self.maybe_committed = maybe_committed
 
 
 def maybe_committed(why: BaseException | Refusal) -> bool:
-    """True when the failure may have come after the commit took effect."""
-    return bool(getattr(why, "maybe_committed", False) or getattr(why, "__cause__", None) is not None
-                and getattr(why.__cause__, "maybe_committed", False))  # type: ignore[union-attr]
+    """True when the failure may have come after the commit took effect (a QueueError, a
+    NotCommittedError, a store's NotDurableError say so; so may the error that caused it)."""
+    cause = why.__cause__ if isinstance(why, BaseException) else None
+    return bool(getattr(why, "maybe_committed", False) or getattr(cause, "maybe_committed", False))
 
 
 class Refused:
@@ -53,19 +58,17 @@ class Refused:
             return QueueError(why.code, why.message, why.retry_after, job_id=why.job_id)
         if isinstance(why, QueueError):
             return why
+        maybe = maybe_committed(why)
         if isinstance(why, NotCommittedError):
-            if maybe_committed(why):
+            if maybe:
                 return QueueError(Code.INTERNAL, "not confirmed; it may have been stored (resend with the "
-                                                 f"same idempotency key): {why}")
+                                                 f"same idempotency key): {why}", maybe_committed=True)
             return QueueError(Code.INTERNAL, f"not accepted, try again: {why}")
-        return QueueError(Code.INTERNAL, f"{type(why).__name__}: {why}")
+        return QueueError(Code.INTERNAL, f"{type(why).__name__}: {why}", maybe_committed=maybe)
 
     def json(self) -> dict[str, Any]:
         """The TCP protocol's reply: {"ok": false, "error": {...}, "retry_after"?}."""
-        reply = self.error().to_reply()
-        if maybe_committed(self.why):
-            reply["error"]["maybe_committed"] = True
-        return reply
+        return self.error().to_reply()
 
     def http(self) -> tuple[int, dict[str, Any], dict[str, str]]:
         """(status, JSON body, extra headers). A refusal says when to come back, in the body

@@ -192,9 +192,7 @@ class QueueService(WorkflowOps):
 
         self.enqueue(requests, committed)
         if not finished.wait(timeout):
-            late = NotCommittedError("the commit did not finish in time")
-            late.maybe_committed = True  # type: ignore[attr-defined] # still queued for a commit
-            raise late
+            raise NotCommittedError("the commit did not finish in time", maybe_committed=True)  # still queued
         if isinstance(result[0], BaseException):
             raise NotCommittedError(str(result[0])) from result[0]
         return result[0]

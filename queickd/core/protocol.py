@@ -52,17 +52,22 @@ class QueueError(Exception):
     """An error with a protocol code. Raised by validation, the server and the client."""
 
     def __init__(self, code: str, message: str, retry_after: float | None = None,
-                 job_id: int | None = None) -> None:
+                 job_id: int | None = None, maybe_committed: bool = False) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.retry_after = retry_after
         self.job_id = job_id  # the job a conflict is with
+        # The store failed at or after COMMIT: the request may be stored all the same, so a
+        # client resends it only with the same idempotency key.
+        self.maybe_committed = maybe_committed
 
     def to_reply(self) -> dict[str, Any]:
         err: dict[str, Any] = {"code": self.code, "message": self.message}
         if self.job_id is not None:
             err["job_id"] = self.job_id
+        if self.maybe_committed:
+            err["maybe_committed"] = True
         reply: dict[str, Any] = {"ok": False, "error": err}
         if self.retry_after is not None:
             reply["retry_after"] = self.retry_after
@@ -72,7 +77,7 @@ class QueueError(Exception):
     def from_reply(cls, reply: dict[str, Any]) -> QueueError:
         err = reply.get("error") or {}
         return cls(err.get("code", Code.INTERNAL), err.get("message", "unknown error"),
-                   reply.get("retry_after"), err.get("job_id"))
+                   reply.get("retry_after"), err.get("job_id"), bool(err.get("maybe_committed")))
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"

@@ -230,9 +230,8 @@ class SubmitBatcher:
                     self._commit_each(reqs, done)
                 return
             log.exception("could not store a request; it was not acknowledged")
-            err = QueueError(Code.INTERNAL, f"the store failed: {e}")
-            err.maybe_committed = True  # type: ignore[attr-defined] # it may have raised at or after COMMIT
-            batch[0][1](err)
+            # It may have raised at or after COMMIT.
+            batch[0][1](QueueError(Code.INTERNAL, f"the store failed: {e}", maybe_committed=True))
             return
         if ended is not None:
             # The jobs claimed with the submit start while the disk flushes it: the ack,
@@ -351,9 +350,7 @@ class SubmitBatcher:
 def _perhaps_stored(e: Exception) -> QueueError:
     """The answer to requests that may have been committed, perhaps not durably."""
     what = "could not make the jobs durable" if isinstance(e, NotDurableError) else "failed; they may have been stored"
-    err = QueueError(Code.INTERNAL, f"the store {what}: {e}")
-    err.maybe_committed = True  # type: ignore[attr-defined] # visible, perhaps not on disk
-    return err
+    return QueueError(Code.INTERNAL, f"the store {what}: {e}", maybe_committed=True)  # visible, perhaps not on disk
 
 
 def _asked_elsewhere(committed: bool) -> None:
