@@ -59,6 +59,7 @@ def passes(n: int, d: str) -> None:
 
 def pool(n: int, d: str) -> None:
     from queickd.run.loader import FunctionLoader
+    from queickd.services.pool_config import PoolConfig, PoolHooks
     from queickd.services.worker import WorkerPool
 
     s, now = _store(d), time.time()
@@ -69,7 +70,7 @@ def pool(n: int, d: str) -> None:
         if ran[0] >= n:
             done.set()
 
-    workers = WorkerPool(s, FunctionLoader(BENCH_DIR), 1, on_finished=finished)
+    workers = WorkerPool(s, FunctionLoader(BENCH_DIR), PoolConfig(1), PoolHooks(on_finished=finished))
     for i in range(0, n, 1000):
         s.submit(_jobs(min(1000, n - i), now), now)
     workers.start()

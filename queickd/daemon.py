@@ -43,6 +43,7 @@ from .services.fleet import FleetMember
 from .services.memory_gate import MemoryGate
 from .services.netcheck import NetworkMonitor
 from .services.network import NetworkParking
+from .services.pool_config import PoolConfig, PoolHooks
 from .services.pool_size import PoolSize, adaptive_size
 from .services.progress import ProgressWriter
 from .services.retention import Retention
@@ -152,18 +153,16 @@ class Daemon:
             log.warning("keep_finished (%.0f s) is shorter than idempotency_ttl (%.0f s): a finished job's "
                         "idempotency key is forgotten when the job is deleted, and a repeat then makes a "
                         "new job", c.keep_finished, c.idempotency_ttl)
-        self.pool = WorkerPool(store, loader, c.workers, clock=self.clock, sweep=c.sweep,
-                               network_checker=lambda: self.parking.checker,
-                               network_up=self.parking.network_up,
-                               on_finished=self._on_finished,
-                               on_claimed=lambda jobs: self.service.waiters.notify([j.id for j in jobs]),
-                               pause_after=c.pause_after, pause_cooldown=c.pause_cooldown,
-                               on_probe_at=lambda t: self.scheduler.wake_at(t, "probes"),
-                               on_ran=self.metrics.on_ran, pools=list(c.pool),
-                               limits=resources.limits,
-                               memory=memory,
-                               on_deferred=lambda at: self.scheduler.wake_at(at, "set_aside"),
-                               size=pool_size(c, self.clock), runner=self.runner, async_jobs=c.async_jobs)
+        self.pool = WorkerPool(
+            store, loader,
+            PoolConfig(c.workers, pools=list(c.pool), pause_after=c.pause_after, pause_cooldown=c.pause_cooldown,
+                       limits=resources.limits, async_jobs=c.async_jobs),
+            PoolHooks(network_checker=lambda: self.parking.checker, network_up=self.parking.network_up,
+                      on_finished=self._on_finished,
+                      on_claimed=lambda jobs: self.service.waiters.notify([j.id for j in jobs]),
+                      on_probe_at=lambda t: self.scheduler.wake_at(t, "probes"), on_ran=self.metrics.on_ran,
+                      on_deferred=lambda at: self.scheduler.wake_at(at, "set_aside")),
+            clock=self.clock, memory=memory, size=pool_size(c, self.clock), runner=self.runner)
         self.pool.progress = self.progress
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep,
                                    on_sweep=self._on_sweep, timers={"events": self._deliver_events,

@@ -52,6 +52,7 @@ from .run.loader import FunctionLoader
 from .run.thread import ThreadRunner
 from .services import progress
 from .services.batcher import SubmitBatcher
+from .services.pool_config import PoolConfig, PoolHooks
 from .services.scheduler import Scheduler
 from .services.worker import WorkerPool
 from .settings import Config
@@ -92,9 +93,9 @@ class ImmediateTransport:
         self.store = store = MemoryStore()
         runner = ThreadRunner(loader)
         runner.progress = self._progress  # a job's queickd.progress(), stored as it comes
-        self.pool = WorkerPool(store, loader, 1, clock=self.clock, runner=runner,
-                               pause_after=defaults.pause_after, pause_cooldown=defaults.pause_cooldown,
-                               on_finished=self._finished)
+        self.pool = WorkerPool(store, loader, PoolConfig(1, pause_after=defaults.pause_after,
+                                                         pause_cooldown=defaults.pause_cooldown),
+                               PoolHooks(on_finished=self._finished), clock=self.clock, runner=runner)
         self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock)
         # Never started: with no committer thread, every submit commits in the caller's thread.
         batcher = SubmitBatcher(store, clock=self.clock, admission=defaults.admission)

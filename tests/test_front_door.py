@@ -14,6 +14,7 @@ from queickd.core.policy.admission import RETRY_AFTER_DEFAULT, Admission, Refusa
 from queickd.core.protocol import Code, QueueError
 from queickd.run.loader import FunctionLoader
 from queickd.services.batcher import SubmitBatcher
+from queickd.services.pool_config import PoolConfig
 from queickd.services.scheduler import Scheduler
 from queickd.services.worker import WorkerPool
 from queickd.store.fleetbase import FleetStore
@@ -26,7 +27,7 @@ TAKEN = Refusal(Code.CONFLICT, "key 'k' already has job 4 waiting or running", j
 
 def _service(store: MemoryStore, batcher: SubmitBatcher) -> QueueService:
     loader = FunctionLoader(JOBS)
-    pool = WorkerPool(store, loader, 0)
+    pool = WorkerPool(store, loader, PoolConfig(0))
     return QueueService(store, batcher, loader, Scheduler(store, pool.wake), pool)
 
 

@@ -59,6 +59,7 @@ def test_a_job_claimed_by_a_pass_whose_answer_was_lost_goes_back_and_runs(pg_fre
 
     from queickd.core.job import State
     from queickd.run.loader import FunctionLoader
+    from queickd.services.pool_config import PoolConfig, PoolHooks
     from queickd.services.worker import WorkerPool
     from queickd.store.postgres.store import PostgresStore
 
@@ -82,7 +83,7 @@ def test_a_job_claimed_by_a_pass_whose_answer_was_lost_goes_back_and_runs(pg_fre
         if not left:
             all_done.set()
 
-    pool = WorkerPool(store, FunctionLoader(str(JOBS_DIR)), 1, on_finished=finished)
+    pool = WorkerPool(store, FunctionLoader(str(JOBS_DIR)), PoolConfig(1), PoolHooks(on_finished=finished))
     pool.start()
     try:
         pool.wake()

@@ -11,6 +11,7 @@ from store_contract import T0, job
 
 from queickd.core.job import State
 from queickd.run.loader import FunctionLoader
+from queickd.services.pool_config import DEFAULT_CONFIG, PoolHooks
 from queickd.services.pool_size import PoolSize, adaptive_size
 from queickd.services.worker import WorkerPool
 from queickd.store.memory.store import MemoryStore
@@ -41,8 +42,9 @@ def test_the_pool_grows_to_its_maximum_under_a_backlog_and_back_to_its_minimum_a
     clock = Clock()
     store = MemoryStore()
     finished = threading.Semaphore(0)
-    pool = WorkerPool(store, FunctionLoader(JOBS), clock=clock, size=PoolSize(1, 4, 30, clock=clock),
-                      on_finished=lambda outcomes: [finished.release() for _ in outcomes])
+    pool = WorkerPool(store, FunctionLoader(JOBS), DEFAULT_CONFIG,
+                      PoolHooks(on_finished=lambda outcomes: [finished.release() for _ in outcomes]),
+                      clock=clock, size=PoolSize(1, 4, 30, clock=clock))
     pool.start()
     try:
         assert pool.workers == 1
@@ -71,8 +73,8 @@ def test_a_pool_at_its_minimum_keeps_no_timer():
     clock = Clock()
     store = MemoryStore()
     done = threading.Event()
-    pool = WorkerPool(store, FunctionLoader(JOBS), clock=clock, size=PoolSize(2, 4, 30, clock=clock),
-                      on_finished=lambda outcomes: done.set())
+    pool = WorkerPool(store, FunctionLoader(JOBS), DEFAULT_CONFIG, PoolHooks(on_finished=lambda outcomes: done.set()),
+                      clock=clock, size=PoolSize(2, 4, 30, clock=clock))
     pool.start()
     try:
         store.submit([job(func="testjobs:noop", run_at=clock.now)], clock.now)

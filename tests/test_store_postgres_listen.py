@@ -73,11 +73,12 @@ def test_a_daemon_of_no_workers_does_not_hear_of_new_jobs(pg_fresh_database):
 
     from queickd.run.loader import FunctionLoader
     from queickd.services.fleet import FleetMember
+    from queickd.services.pool_config import PoolConfig
     from queickd.services.worker import WorkerPool
     from queickd.store.postgres.store import PostgresStore
 
     store = PostgresStore(pg_fresh_database)
-    front = FleetMember(store, WorkerPool(store, FunctionLoader("."), 0), kind="daemon",
+    front = FleetMember(store, WorkerPool(store, FunctionLoader("."), PoolConfig(0)), kind="daemon",
                         on_finished_ids=lambda ids: None)
     heard: queue.Queue[str] = queue.Queue()
     front.listener._on_notify = heard.put  # what its listener hears
@@ -214,13 +215,14 @@ def test_a_daemon_whose_listener_reconnects_has_its_waiting_clients_look_again(p
 
     from queickd.run.loader import FunctionLoader
     from queickd.services.fleet import FleetMember
+    from queickd.services.pool_config import PoolConfig
     from queickd.services.worker import WorkerPool
     from queickd.store.postgres.store import PostgresStore
 
     url, admin = pg
     store = PostgresStore(url)
     looked: queue.Queue[str] = queue.Queue()
-    front = FleetMember(store, WorkerPool(store, FunctionLoader("."), 0), kind="daemon",
+    front = FleetMember(store, WorkerPool(store, FunctionLoader("."), PoolConfig(0)), kind="daemon",
                         on_finished_ids=lambda ids: None, on_listening=lambda: looked.put("look"))
     front.start()
     try:

@@ -10,6 +10,7 @@ from store_contract import job
 
 from queickd.core.job import State
 from queickd.run.loader import FunctionLoader
+from queickd.services.pool_config import DEFAULT_CONFIG, PoolConfig, PoolHooks
 from queickd.services.worker import WorkerPool
 from queickd.store.memory.store import MemoryStore
 
@@ -32,7 +33,7 @@ class ClaimWatch(MemoryStore):
 
 def _pool(store, workers=2):
     finished = threading.Event()
-    pool = WorkerPool(store, FunctionLoader(JOBS), workers, on_finished=lambda outcomes: finished.set())
+    pool = WorkerPool(store, FunctionLoader(JOBS), PoolConfig(workers), PoolHooks(on_finished=lambda outcomes: finished.set()))
     pool.start()
     return pool, finished
 
@@ -76,7 +77,7 @@ def test_dispatch_now_with_every_worker_busy_leaves_the_claim_to_the_worker_that
         if second and second[0] in done_ids:
             second_done.set()
 
-    pool = WorkerPool(store, FunctionLoader(JOBS), 1, on_finished=on_finished)
+    pool = WorkerPool(store, FunctionLoader(JOBS), PoolConfig(1), PoolHooks(on_finished=on_finished))
     pool.start()
     try:
         first = store.submit_requests([[job(func="testjobs:gate", args=[gate.port, "t"])]], time.time())
@@ -259,7 +260,7 @@ def _run_all(store, ids, workers=1):
         if not left:
             all_done.set()
 
-    pool = WorkerPool(store, FunctionLoader(JOBS), workers, on_finished=on_finished)
+    pool = WorkerPool(store, FunctionLoader(JOBS), PoolConfig(workers), PoolHooks(on_finished=on_finished))
     pool.start()
     try:
         pool.wake()
@@ -308,7 +309,7 @@ def test_a_job_that_ends_while_the_pool_is_counted_for_the_status_page_has_its_o
 
     store = SQLiteStore(str(tmp_path / "q.db"))
     stored = threading.Event()
-    pool = WorkerPool(store, FunctionLoader(JOBS), 1, on_finished=lambda outcomes: stored.set())
+    pool = WorkerPool(store, FunctionLoader(JOBS), PoolConfig(1), PoolHooks(on_finished=lambda outcomes: stored.set()))
     pool.start()
     try:
         job_id = _submit(store)
@@ -341,7 +342,7 @@ def test_jobs_claimed_for_a_worker_that_cannot_be_started_still_run():
             finished.extend(o.job_id for o in outcomes)
             done.notify_all()
 
-    pool = WorkerPool(store, FunctionLoader(JOBS), size=PoolSize(1, 3), on_finished=on_finished)
+    pool = WorkerPool(store, FunctionLoader(JOBS), DEFAULT_CONFIG, PoolHooks(on_finished=on_finished), size=PoolSize(1, 3))
     pool.start()
 
     def no_thread() -> None:  # the OS refuses a new thread (a pids or process limit)

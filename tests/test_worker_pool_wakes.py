@@ -16,6 +16,7 @@ from helpers import read_lines
 from store_contract import job
 
 from queickd.run.loader import FunctionLoader
+from queickd.services.pool_config import PoolConfig, PoolHooks
 from queickd.services.worker import WorkerPool
 
 JOBS = str(Path(__file__).parent / "jobs")
@@ -93,7 +94,7 @@ def _pool_of_one(store) -> tuple[WorkerPool, Callable[[int], bool]]:
         with cond:
             return cond.wait_for(lambda: job_id in ended, 10)
 
-    pool = WorkerPool(store, FunctionLoader(JOBS), 1, on_finished=on_finished)
+    pool = WorkerPool(store, FunctionLoader(JOBS), PoolConfig(1), PoolHooks(on_finished=on_finished))
     pool.start()
     return pool, wait_ended
 

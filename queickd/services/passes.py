@@ -38,6 +38,7 @@ from ..store import Store
 from ..store.records import Finished, Minute
 from .memory_gate import MemoryGate
 from .outcomes import log_pauses, store_one_by_one
+from .pool_config import PoolHooks
 from .pool_size import PoolSize
 from .progress import ProgressWriter
 from .run_counts import RunCounts
@@ -92,13 +93,9 @@ class PassStore:
     _again: bool
     _asked_while_full: bool
     _clock: Callable[[], float]
-    _network_up: Callable[[], bool]
+    hooks: PoolHooks
     _pause_after: int | None
     _pause_cooldown: float | None
-    _on_claimed: Callable[[list[Job]], None]
-    _on_deferred: Callable[[float], None]
-    _on_probe_at: Callable[[float], None]
-    _on_finished: Callable[[list[Outcome]], None]
     _can_grow: Callable[..., bool]
     _add_thread: Callable[[], None]
     _ran_on_loop: Callable[[Job, RunReport], None]
@@ -152,7 +149,7 @@ class PassStore:
             ask = 0
         if not unapplied and ask <= 0:
             return False
-        claimed = self.store.finish_and_claim(unapplied, self._clock(), ask, self._network_up(), pools=self.pools)
+        claimed = self.store.finish_and_claim(unapplied, self._clock(), ask, self.hooks.network_up(), pools=self.pools)
         if claimed is None:
             return False
         p.unapplied, p.free, p.claimed = unapplied, free, claimed
@@ -213,7 +210,7 @@ class PassStore:
         ask = p.free + 1 if self._can_grow() else p.free
         if ask > 0 and not self._stopping and not self._draining:
             now = self._clock()
-            p.claimed = self.store.claim_available(ask, now, self._network_up(), pools=self.pools,
+            p.claimed = self.store.claim_available(ask, now, self.hooks.network_up(), pools=self.pools,
                                                    limits=self.limits, exclude=self._aside(now))
         # Every count is written once the pool goes idle (nothing runs, nothing was
         # claimed); while busy, once a second at most. Idle is decided after the claim:
@@ -265,11 +262,11 @@ class PassStore:
             if len(claimed) > max(0, p.free):
                 self._grow(now)
         if claimed:
-            self._on_claimed(claimed)
+            self.hooks.on_claimed(claimed)
         if self._draining and self._busy == 0:
             self._drained.set()
         if p.deferred_at is not None:
-            self._on_deferred(p.deferred_at)
+            self.hooks.on_deferred(p.deferred_at)
         if self._asked_while_full and self._threads_busy < self.workers:
             # Work was announced while this pass held every slot, perhaps after its claim:
             # a slot freed by any outcome (a cancelled run's, which the store ignores, too)
@@ -362,8 +359,8 @@ class PassStore:
     def _after_finish(self, finished: list[Outcome], report: Finished | None) -> None:
         log_pauses(report, self._clock())
         if report is not None and report.next_probe is not None:
-            self._on_probe_at(report.next_probe)
+            self.hooks.on_probe_at(report.next_probe)
         ok = sum(1 for o in finished if o.state == State.SUCCEEDED)
         self.completed += ok
         self.failed += len(finished) - ok
-        self._on_finished(finished)
+        self.hooks.on_finished(finished)

@@ -26,16 +26,15 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..core.job import Job, Outcome, State
-from ..core.policy.claim import NO_LIMITS, Limits
 from ..run.base import Runner, RunReport
 from ..run.loader import FunctionLoader
 from ..run.thread import ThreadRunner
-from ..settings import DEFAULT_SWEEP, DEFAULT_WORKERS
 from ..store import Store
 from . import pool_size
 from .job_run import judge, run_job
 from .memory_gate import MemoryGate
 from .passes import Pass, PassStore
+from .pool_config import DEFAULT_CONFIG, NO_HOOKS, PoolConfig, PoolHooks
 from .pool_size import PoolSize
 from .run_counts import RunCounts
 from .step_state import StepState
@@ -57,52 +56,31 @@ class WorkerPool(PassStore):
         self,
         store: Store,
         loader: FunctionLoader,
-        workers: int = DEFAULT_WORKERS,
+        config: PoolConfig = DEFAULT_CONFIG,
+        hooks: PoolHooks = NO_HOOKS,
         *,
         clock: Callable[[], float] = time.time,
-        sweep: float = DEFAULT_SWEEP,
-        network_checker: Callable[[], bool] = lambda: False,
-        network_up: Callable[[], bool] = lambda: True,
-        on_finished: Callable[[list[Outcome]], None] = lambda outcomes: None,
-        on_claimed: Callable[[list[Job]], None] = lambda jobs: None,
-        pause_after: int | None = None,
-        pause_cooldown: float | None = None,
-        on_probe_at: Callable[[float], None] = lambda t: None,
-        on_ran: Callable[[Job, Outcome, float], None] | None = None,
-        pools: list[str] | None = None,
         runner: Runner | None = None,
-        member: str | None = None,
-        limits: Limits = NO_LIMITS,
         memory: MemoryGate | None = None,
-        on_deferred: Callable[[float], None] = lambda run_at: None,
         size: PoolSize | None = None,
-        async_jobs: int = 0,
+        member: str | None = None,
     ) -> None:
-        if workers < 0 or async_jobs < 0:
-            raise ValueError("workers and async_jobs must be 0 or more")
         self.store = store
         self.loader = loader
         self.memory = memory  # which claimed jobs fit in memory; None: all start
-        self._on_deferred = on_deferred  # when the first job set aside for want of memory may start
         self._set_aside: dict[int, float] = {}  # those jobs (queued): id -> until when; under _dispatch_lock
         self.runner: Runner = runner if runner is not None else ThreadRunner(
             loader, measure=memory.measures_run if memory is not None else None)  # runs each job
         self.size = size if size is not None and size.adaptive else None  # None: a fixed size
-        self.workers = self.size.min if self.size is not None else workers  # threads now
-        self.async_jobs = async_jobs  # held jobs that may run on the runner's event loop besides (passes.py)
+        self.workers = self.size.min if self.size is not None else config.workers  # threads now
+        self.async_jobs = config.async_jobs  # held jobs that may run on the runner's event loop besides (passes.py)
         self._on_loop: set[int] = set()  # those that do (a subset of _held); under _dispatch_lock
         self._clock = clock
-        self._sweep = sweep
-        self._network_checker = network_checker  # is a checker there to release parked jobs?
-        self._network_up = network_up  # may jobs that need the network start now?
-        self._on_finished = on_finished
-        self._on_claimed = on_claimed
-        self._pause_after = pause_after or None  # 0: the breaker is off
-        self._pause_cooldown = pause_cooldown  # None: a pause lasts until resumed
-        self._on_probe_at = on_probe_at  # a pause's probe is due then: wake the pool at that time
-        self._on_ran = on_ran  # (job, outcome, seconds) from the worker thread: metrics
-        self.pools = pools  # the worker pools whose jobs it runs; None: every pool
-        self.limits = limits  # cost budgets and their patience, applied by each claim
+        self.hooks = hooks
+        self._pause_after = config.pause_after or None  # 0: the breaker is off
+        self._pause_cooldown = config.pause_cooldown
+        self.pools = config.pools
+        self.limits = config.limits  # cost budgets and their patience, applied by each claim
         self.step_state = StepState(store)  # step jobs stored without the run's state get it as they start
         # Set by anyone who may have made work available or freed a worker; cleared only
         # by the dispatcher before it looks, so no wake-up is lost.
@@ -146,6 +124,11 @@ class WorkerPool(PassStore):
         self.failed = 0
         self.member = member or member_name()
         self.counts = RunCounts(self.member, clock)  # runs per minute, written by the passes
+
+    def report_to(self, hooks: PoolHooks) -> None:
+        """Where the pool tells what happens: set by an assembly once the parts the hooks
+        reach are built, before start()."""
+        self.hooks = hooks
 
     @property
     def claims(self) -> bool:
@@ -462,8 +445,9 @@ class WorkerPool(PassStore):
         # An async job whose function the pass could not tell (not imported yet) is told
         # here, its function imported in this thread, and moved to the event loop if room.
         if not (len(self._on_loop) < self.async_jobs and self._started_on_loop(job, resolve=True)):
-            outcome, runtime, report = run_job(self.runner, job, self._clock, self._network_checker,
-                                               self._network_up, self.step_state.complete)
+            hooks = self.hooks
+            outcome, runtime, report = run_job(self.runner, job, self._clock, hooks.network_checker,
+                                               hooks.network_up, self.step_state.complete)
             self._ended(job, outcome, runtime, report)
         if self._stopping:
             self._wake.set()  # the dispatcher sees the pool idle and ends
@@ -477,7 +461,7 @@ class WorkerPool(PassStore):
     def _ran_on_loop(self, job: Job, report: RunReport) -> None:
         """An async job's run on the event loop has ended (on the loop's thread, which must
         not block: the dispatcher stores its outcome)."""
-        outcome, runtime = judge(job, report, self._clock, self._network_checker, self._network_up)
+        outcome, runtime = judge(job, report, self._clock, self.hooks.network_checker, self.hooks.network_up)
         self._ended(job, outcome, runtime, report)
         self._wake.set()
 
@@ -487,9 +471,10 @@ class WorkerPool(PassStore):
         if self.memory is not None and report is not None:
             self.memory.after_run(job, report.peak_memory, runtime, report.error_type == "memory_limit",
                                   report.peak_estimated)
-        if self._on_ran is not None:
+        on_ran = self.hooks.on_ran
+        if on_ran is not None:
             try:
-                self._on_ran(job, outcome, runtime)
+                on_ran(job, outcome, runtime)
             except Exception:  # counting must never keep an outcome from being recorded
                 log.exception("error counting job %d", job.id)
         self._done.put((outcome, job.attempts))

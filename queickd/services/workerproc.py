@@ -36,6 +36,7 @@ from .alarm import Alarm
 from .budgets import BudgetsInForce
 from .fleet import FleetMember
 from .memory_gate import MemoryGate
+from .pool_config import PoolConfig, PoolHooks
 from .pool_size import adaptive_size
 from .progress import ProgressWriter
 from .worker import WorkerPool
@@ -104,12 +105,13 @@ def run(config: WorkerConfig) -> int:
                 alarm.at(nxt)
 
         alarm = Alarm(wake_pool, name="queickd-pool-alarm")
-        pool = WorkerPool(store, loader, config.workers, sweep=config.sweep, pause_after=config.pause_after,
-                          pause_cooldown=config.pause_cooldown, on_probe_at=alarm.at, on_deferred=alarm.at,
-                          pools=list(config.pool), runner=runner,
+        pool = WorkerPool(store, loader,
+                          PoolConfig(config.workers, pools=list(config.pool), pause_after=config.pause_after,
+                                     pause_cooldown=config.pause_cooldown, limits=limits,
+                                     async_jobs=config.async_jobs),
+                          PoolHooks(on_probe_at=alarm.at, on_deferred=alarm.at), runner=runner,
                           memory=gate, size=adaptive_size(config.workers, config.min_workers,
-                                                          config.max_workers, config.idle_grace),
-                          limits=limits, async_jobs=config.async_jobs)
+                                                          config.max_workers, config.idle_grace))
         pool.progress = progress
         member = FleetMember(store, pool, kind="worker", heartbeat=config.heartbeat, sweep=config.sweep,
                              max_orphan_requeues=config.max_orphan_requeues, on_version_change=version_changed,
