@@ -2,12 +2,11 @@
 their defaults (the wire's port and line limit are the protocol's: core/protocol.py).
 Light on purpose: the CLI builds its flags from these, and a client command (`queick
 enqueue`, `queick jobs`) must not load the daemon to print them. The modules that use a
-default import it from here; the checks that need the daemon's parts are the daemon's
-(startcheck.validate) and the worker's (workerproc.validate)."""
+default import it from here; the checks, which need the daemon's parts, are
+startcheck.validate's."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -169,20 +168,12 @@ class WorkerConfig:
     job_user: str | None = None
     config: str | None = None  # the --config file: hidden from process jobs
 
+    @property
+    def resources(self) -> Resources:
+        """A worker's: the budgets of --config (job defaults are the daemons')."""
+        from .core.policy.resources import parse as parse_resources
 
-def check_shared(config: Config | WorkerConfig) -> None:
-    """The checks of the settings a daemon and a worker share; each checks its own in
-    startcheck.validate and workerproc.validate. Raises ValueError naming the setting."""
-    if config.pause_after < 0 or not config.pause_cooldown > 0:
-        raise ValueError("pause_after must not be negative (0: off), pause_cooldown must be positive")
-    if config.async_jobs < 0:
-        raise ValueError("async_jobs must be 0 or more (0: async jobs take worker threads)")
-    if not os.path.isdir(config.app_dir):
-        raise ValueError(f"app directory {config.app_dir!r} does not exist")
-    if config.job_user is not None:
-        from .run.isolate import job_user
-
-        job_user(config.job_user)  # ValueError: no such user, or a capability is missing
+        return parse_resources({}, self.budgets, self.budget_patience)
 
 
 def _read_secret(path: str | None) -> str | None:

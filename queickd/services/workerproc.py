@@ -26,11 +26,11 @@ from typing import Any
 
 from .. import __version__, collector, heap
 from ..core import sandbox
-from ..core.policy.resources import parse as parse_resources
 from ..run import isolate
 from ..run.loader import FunctionLoader
 from ..run.routing import make_runner
-from ..settings import EX_VERSION, WorkerConfig, check_shared
+from ..settings import EX_VERSION, WorkerConfig
+from ..startcheck import validate
 from ..store.fleetbase import FleetStore
 from .alarm import Alarm
 from .budgets import BudgetsInForce
@@ -42,22 +42,6 @@ from .progress import ProgressWriter
 from .worker import WorkerPool
 
 log = logging.getLogger("queickd.workerproc")
-
-
-def validate(config: WorkerConfig) -> None:
-    """Raises ValueError naming the first setting the worker cannot start with."""
-    if not config.store.startswith(("postgresql://", "postgres://")):
-        raise ValueError("queick worker needs a shared store: --store postgresql://...")
-    if config.workers < 1 or config.max_queued < 1:
-        raise ValueError("workers and max_queued must be at least 1")
-    check_shared(config)
-    adaptive_size(config.workers, config.min_workers, config.max_workers, config.idle_grace)
-    parse_resources({}, config.budgets, config.budget_patience)
-    if not config.heartbeat > 0 or not config.sweep > 0 or config.stop_timeout < 0:
-        raise ValueError("heartbeat and sweep must be positive, stop_timeout not negative")
-    if not config.pool or any(not p for p in config.pool):
-        raise ValueError("give at least one non-empty --pool")
-    sandbox.settings(config)
 
 
 def run(config: WorkerConfig) -> int:
@@ -73,7 +57,7 @@ def run(config: WorkerConfig) -> int:
             return refused
         # The database's budgets, which this worker's own (--config) replace if it has any.
         # (on_change runs on the listener thread, once the pool below exists.)
-        budgets = BudgetsInForce(store, parse_resources({}, config.budgets, config.budget_patience).limits,
+        budgets = BudgetsInForce(store, config.resources.limits,
                                  on_change=lambda new: setattr(pool, "limits", new))
         try:
             limits = budgets.adopt()
