@@ -1,13 +1,16 @@
 """The daemon: the wiring of store, committer, scheduler, pool and server.
 
-It wires and starts/stops; it decides nothing itself. What becomes of jobs waiting for
-the network is services/network.py's, retention services/retention.py's, the fleet's
-membership services/fleet.py's; the callbacks here only pass events between the parts.
+It wires and starts/stops; it decides nothing itself. The parts that run jobs are built as
+a worker's are (services/assembly.py); what becomes of jobs waiting for the network is
+services/network.py's, the periodic upkeep (orphans, retention, depth, ...) the services
+of services/maintenance/, run at the scheduler's sweep; the fleet's membership
+services/fleet.py's. The callbacks here only pass events between the parts.
 
-Start order: recover orphans, then the pool, scheduler, committer, and last the server,
-so nothing is accepted before it can be stored and run. Stop order is the reverse: stop
-accepting and send the replies owed, commit what was accepted, stop the timers, let the
-running jobs finish (bounded by stop_timeout), close the store.
+Build order: each part after those it uses; the pool gets its hooks last, once the parts
+they reach exist. Start order: recover orphans, then the pool, scheduler, committer, and
+last the server, so nothing is accepted before it can be stored and run. Stop order is the
+reverse: stop accepting and send the replies owed, commit what was accepted, stop the
+timers, let the running jobs finish (bounded by stop_timeout), close the store.
 """
 
 from __future__ import annotations
@@ -16,11 +19,11 @@ import faulthandler
 import logging
 import os
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from . import __version__, collector, heap
@@ -30,30 +33,28 @@ from .api.service import QueueService
 from .api.tls import server_context
 from .api.tokens import Tokens
 from .core import protocol
-from .core.job import NewJob, Outcome, State, Submitted
+from .core.job import Job, NewJob, Outcome, State, Submitted
 from .core.policy import outbox
 from .core.policy.claim import Limits
-from .run import isolate
 from .run.loader import FunctionLoader
-from .run.routing import make_runner
-from .services import sdnotify
+from .services import assembly, sdnotify
 from .services.batcher import SubmitBatcher
-from .services.budgets import BudgetsInForce
 from .services.fleet import FleetMember
-from .services.memory_gate import MemoryGate
+from .services.maintenance.depth import DepthSample
+from .services.maintenance.maintainer import Maintainer
+from .services.maintenance.orphans import OrphanRecovery
+from .services.maintenance.parking import ReleaseParked
+from .services.maintenance.probes import PauseProbes
+from .services.maintenance.retention import Retention
 from .services.netcheck import NetworkMonitor
 from .services.network import NetworkParking
-from .services.pool_config import PoolConfig, PoolHooks
-from .services.pool_size import PoolSize, adaptive_size
-from .services.progress import ProgressWriter
-from .services.retention import Retention
+from .services.pool_config import PoolHooks
 from .services.scheduler import Scheduler
-from .services.worker import WorkerPool
 from .settings import EX_VERSION, Config
 from .startcheck import validate
 from .store import Store, open_store
 from .store.fleetbase import FleetStore
-from .store.records import EventState, Minute, Recovered
+from .store.records import EventState
 from .ui.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -74,11 +75,6 @@ def _contents(path: str | None) -> bytes | None:
         return None
 
 
-def pool_size(config: Config, clock: Callable[[], float] = time.time) -> PoolSize:
-    """The pool's size: fixed (--workers) or adaptive between --min-workers and --max-workers."""
-    return adaptive_size(config.workers, config.min_workers, config.max_workers, config.idle_grace, clock)
-
-
 class Daemon:
     def __init__(self, config: Config, clock: Callable[[], float] = time.time) -> None:
         validate(config)
@@ -89,7 +85,6 @@ class Daemon:
         self.http: HttpServer | None = None
         self.metrics = Metrics(clock)
         self.network: NetworkMonitor | None = None
-        self.progress: ProgressWriter | None = None
         self._stop = threading.Event()
         self._stopped = False
         self._wakeup_w: int | None = None
@@ -104,10 +99,8 @@ class Daemon:
         c = self.config
         tokens = Tokens(c.token_file, self.clock) if c.token_file is not None else None
         http_token = c.read_http_token()
-        self.loader = loader = FunctionLoader(c.app_dir, c.allow)
-        self.on_reload.insert(0, loader.reload)
+        loader = FunctionLoader(c.app_dir, c.allow)
         hooks = parse_hooks(c.hooks)
-        resources = c.resources
         for hook in hooks.values():
             try:
                 if hook.workflow is None:
@@ -120,61 +113,50 @@ class Daemon:
         store.queue_cap = c.max_queued  # a paced fan-out's items wait under it like any enqueue
         try:
             store.take_ownership()
+            secrets = [c.token_file, c.http_token_file, c.tls_key,
+                       *(spec.get("secret_file") for spec in c.hooks.values())]  # parse_hooks checked them
+            self.parts = parts = assembly.build(store, loader, c, secrets=secrets, clock=self.clock)
         except BaseException:
             store.close()
             raise
-        # The budgets in force: this config's on SQLite; on PostgreSQL the store's, which this
-        # config replaces if it names any.
-        self.budgets = BudgetsInForce(store, resources.limits, on_change=self._budgets_changed)
-        try:
-            resources = replace(resources, limits=self.budgets.adopt())
-        except store.UNAVAILABLE as e:
-            store.close()
-            raise OSError(f"cannot read the budgets in force in {store.url}: {e}") from e
-        self._orphans_recovered = False
-        self._recover_orphans()
-        if c.ping_host is not None:
-            self.network = NetworkMonitor(c.ping_host, c.ping_interval, lambda up: self.parking.on_change(up),
-                                          clock=self.clock)
-        memory = MemoryGate(store, reserve_mb=c.memory_reserve, max_rss_mb=c.max_rss, root=c.memory_root)
-        secrets = [c.token_file, c.http_token_file, c.config, c.tls_key,
-                   *(spec.get("secret_file") for spec in c.hooks.values())]  # parse_hooks checked them
-        hidden = isolate.hidden_paths(c.store, secrets, [loader.app_dir, tempfile.gettempdir()])
-        self.runner = make_runner(loader, c.sandbox_settings, c.sandbox_env, measure=memory.measures_run,
-                                  hidden=hidden, namespaces=c.job_namespaces != "off", user=c.job_user)
-        self.on_reload.append(self.runner.reload)  # process jobs re-import the app too
-        self.metrics.sandbox = self.runner.stats
-        self.progress = ProgressWriter(store)  # what jobs say of their progress, in batches
-        self.runner.report_progress_to(self.progress.offer)
-        self.metrics.progress = self.progress.stats
-        self.parking = NetworkParking(store, self.network, lambda: self.pool.wake(), clock=self.clock)
-        self.retention = Retention(store, c.keep_finished, clock=self.clock)
+        self.pool = pool = parts.pool
+        self.on_reload[:0] = [loader.reload, parts.runner.reload]  # the job code first, then the rest
+        self.metrics.sandbox = parts.runner.stats
+        self.metrics.progress = parts.progress.stats
+        resources = replace(c.resources, limits=parts.budgets.limits)
+        self.orphans = OrphanRecovery(store, pool, max_requeues=c.max_orphan_requeues, interval=c.sweep,
+                                      clock=self.clock)
+        self.orphans.recover()
+        self.parking = NetworkParking.with_checker(store, c.ping_host, c.ping_interval, pool.wake, clock=self.clock)
+        self.network = self.parking.monitor
         if c.keep_finished < c.idempotency_ttl:  # the key lives on its job's row
             log.warning("keep_finished (%.0f s) is shorter than idempotency_ttl (%.0f s): a finished job's "
                         "idempotency key is forgotten when the job is deleted, and a repeat then makes a "
                         "new job", c.keep_finished, c.idempotency_ttl)
-        self.pool = WorkerPool(
-            store, loader,
-            PoolConfig(c.workers, pools=list(c.pool), pause_after=c.pause_after, pause_cooldown=c.pause_cooldown,
-                       limits=resources.limits, async_jobs=c.async_jobs),
-            PoolHooks(network_checker=lambda: self.parking.checker, network_up=self.parking.network_up,
-                      on_finished=self._on_finished,
-                      on_claimed=lambda jobs: self.service.waiters.notify([j.id for j in jobs]),
-                      on_probe_at=lambda t: self.scheduler.wake_at(t, "probes"), on_ran=self.metrics.on_ran,
-                      on_deferred=lambda at: self.scheduler.wake_at(at, "set_aside")),
-            clock=self.clock, memory=memory, size=pool_size(c, self.clock), runner=self.runner)
-        self.pool.progress = self.progress
-        self.scheduler = Scheduler(store, self.pool.wake, clock=self.clock, sweep=c.sweep,
-                                   on_sweep=self._on_sweep, timers={"events": self._deliver_events,
-                                                                    "probes": self._probes_due,
-                                                                    "set_aside": self._set_aside_due,
-                                                                    "files": self._watch_files})
+        self.maintainer = Maintainer([
+            self.orphans,
+            Retention(store, c.keep_finished, interval=c.sweep, clock=self.clock),
+            DepthSample(store, self.metrics.sample_depth, pool.member, interval=c.sweep, clock=self.clock),
+            ReleaseParked(self.parking, interval=c.sweep),
+            *parts.maintenance(),
+        ], tick=c.sweep)
+        self.probes = PauseProbes(store, pool)
+        self.scheduler = scheduler = Scheduler(
+            store, pool.wake, clock=self.clock, sweep=c.sweep, on_sweep=self.maintainer.run_due,
+            timers={"events": self._deliver_events, "probes": self.probes.due, "set_aside": self._set_aside_due,
+                    "files": self._watch_files})
         self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock, admission=c.admission,
-                                     dispatch=self.pool)
-        self.service = QueueService(store, self.batcher, loader, self.scheduler, self.pool,
+                                     dispatch=pool)
+        self.service = QueueService(store, self.batcher, loader, scheduler, pool,
                                     tokens=tokens, clock=self.clock, network=self.network,
                                     metrics=self.metrics, resources=resources,
                                     workflows=c.workflows, workflow_budget=c.workflow_budget)
+        parts.budgets.on_change.append(self._budgets_changed)
+        pool.report_to(PoolHooks(
+            on_claimed=self._on_claimed, on_finished=self._on_finished, on_ran=self.metrics.on_ran,
+            on_probe_at=partial(scheduler.wake_at, slot="probes"),
+            on_deferred=partial(scheduler.wake_at, slot="set_aside"),
+            network_checker=self.parking.checker, network_up=self.parking.network_up))
         for name in c.workflows:  # a declared workflow that could never start is a configuration error
             try:
                 self.service.resolve_definition(None, name)
@@ -186,7 +168,7 @@ class Daemon:
                              hello_timeout=c.hello_timeout, max_pending=c.max_pending,
                              tls=server_context(c.tls_cert, c.tls_key, c.tls_client_ca))
         if c.tls_cert is not None:
-            self.server.reload_tls = lambda: server_context(c.tls_cert, c.tls_key, c.tls_client_ca)
+            self.server.reload_tls = partial(server_context, c.tls_cert, c.tls_key, c.tls_client_ca)
         self.on_reload.append(self.server.reload_access)  # a renewed certificate, a revoked token
         if c.http is not None:
             # http.server and the status page (a sixth of the daemon's imports) only for a
@@ -211,21 +193,15 @@ class Daemon:
         if self.network is not None:
             self.network.start()
         if isinstance(store, FleetStore):  # shared with other workers: registry, heartbeats, LISTEN
-            self.fleet = FleetMember(store, self.pool, kind="daemon", heartbeat=c.heartbeat, sweep=c.sweep,
-                                     max_orphan_requeues=c.max_orphan_requeues,
-                                     on_finished_ids=self._on_finished_elsewhere,
-                                     on_scheduled=lambda run_at: self.scheduler.wake_at(run_at),
-                                     on_version_change=self._on_version_change,
-                                     on_budgets=self.budgets.refresh,
-                                     on_listening=self._waiters_look_again,
-                                     on_beat=self._read_served_pools, clock=self.clock)
+            self.fleet = parts.join_fleet(store, "daemon", on_finished_ids=self._on_finished_elsewhere,
+                                          on_scheduled=scheduler.wake_at, on_version_change=self._on_version_change,
+                                          on_listening=self._waiters_look_again, on_beat=self._read_served_pools)
             self.fleet.start()
             self._read_served_pools()
         else:  # this daemon is its store's only worker
-            self.service.served.set(c.pool if self.pool.claims else [])
-        self.runner.start()
-        self.pool.start()
-        self.scheduler.start()
+            self.service.served.set(c.pool if pool.claims else [])
+        parts.start()
+        scheduler.start()
 
     def announce(self) -> None:
         """Log the addresses served: the line that says the daemon is ready (scripts, tests
@@ -240,7 +216,7 @@ class Daemon:
             "queickd %s listening on %s:%d (store %s, %s, %s)",
             __version__, host, port, store.url, store.durability_said(), self.pool.size_said(),
         )
-        self.runner.announce()
+        self.parts.runner.announce()
 
     def _read_served_pools(self) -> None:
         """The pools the registry's live workers serve, for the enqueue check's warning
@@ -251,29 +227,6 @@ class Daemon:
                 log.debug("pools served by live workers: %s", ", ".join(served.pools) or "none")
         except Exception as e:  # the warning waits for the next beat; nothing else does
             log.debug("could not read the worker registry: %s", e)
-
-    def _recover_orphans(self) -> None:
-        """At start; while the store cannot be written (a full disk), again at each sweep."""
-        store = self.store
-        pool: WorkerPool | None = getattr(self, "pool", None)
-
-        def recover(running_here: frozenset[int]) -> Recovered:
-            return store.recover_orphans(self.config.max_orphan_requeues, self.clock(), running_here)  # type: ignore[union-attr]
-
-        try:
-            # Once the pool has started (a recovery put off by a full disk), the jobs it
-            # claimed meanwhile are running here: they are not the previous run's.
-            recovered = recover(frozenset()) if pool is None else pool.with_held(recover)
-        except store.UNAVAILABLE as e:  # type: ignore[union-attr]
-            log.warning("cannot recover jobs left running by a previous run yet (%s); trying again at "
-                        "each sweep", e)
-            return
-        self._orphans_recovered = True
-        if recovered.requeued or recovered.dead:
-            log.warning(
-                "recovered jobs left running by a previous run: %d re-queued, %d dead (orphaned)",
-                len(recovered.requeued), len(recovered.dead),
-            )
 
     def _on_version_change(self, reason: str) -> None:
         log.error("stopping: %s", reason)
@@ -306,29 +259,6 @@ class Daemon:
         come after a crash. It stops once the store has nothing left to lose."""
         return now + FILES_WATCH if self.store.watch_files() else None  # type: ignore[union-attr]
 
-    def _probes_due(self, now: float) -> float | None:
-        """The probe timer: a pause's probe time has come, so the pool claims (and lets the
-        probe through); returns the next probe time still ahead."""
-        self.pool.wake()
-        return min((p.probe_at for p in self.store.pauses()  # type: ignore[union-attr]
-                    if p.probe_at is not None and p.probe_at > now), default=None)
-
-    def _on_sweep(self) -> None:
-        if not self._orphans_recovered:
-            self._recover_orphans()
-        self.retention.prune()
-        counts = self.store.counts()  # type: ignore[union-attr]
-        depth = sum(counts[s] for s in State.PENDING)
-        self.metrics.sample_depth(depth)
-        # The depth kept in the store too, with the runs: the chart survives a restart.
-        self.store.add_minute(Minute(int(self.clock() // 60), self.pool.member, 0, 0, 0.0, depth))  # type: ignore[union-attr]
-        self.pool.flush_counts()
-        self.parking.on_sweep()
-        heap.trim()  # what a run's large state left free in the heaps goes back to the system
-        nxt = self._probes_due(self.clock())  # pauses begun by other hosts of a shared store
-        if nxt is not None:
-            self.scheduler.wake_at(nxt, "probes")
-
     def _on_committed(self, jobs: list[NewJob], submitted: list[Submitted]) -> None:
         self.metrics.on_committed(jobs, submitted)
         self.scheduler.wake_at(self.clock() + FILES_WATCH, "files")  # nothing if armed already
@@ -336,6 +266,9 @@ class Daemon:
         later = [j.run_at for j, s in zip(jobs, submitted, strict=True) if s.state == State.SCHEDULED and not s.duplicate]
         if later:
             self.scheduler.wake_at(min(later))
+
+    def _on_claimed(self, jobs: list[Job]) -> None:
+        self.service.waiters.notify([j.id for j in jobs])
 
     def _on_finished(self, outcomes: list[Outcome]) -> None:
         retries = [o.run_at for o in outcomes if o.state == State.SCHEDULED and o.run_at is not None]
@@ -349,8 +282,7 @@ class Daemon:
         """Another process wrote the budgets in force (listener thread): enqueue checks and
         claims take the new ones (on PostgreSQL claims read them themselves anyway)."""
         self.service.resources = replace(self.service.resources, limits=limits)
-        self.pool.limits = limits
-        self.pool.wake()
+        self.pool.wake()  # the pool took them already (assembly)
 
     def _waiters_look_again(self) -> None:
         """The listener (re)connected: a finish told while it was away was missed, so every
@@ -409,10 +341,7 @@ class Daemon:
                     step()
                 except Exception:
                     log.exception("error while stopping (%s); going on", step.__qualname__)
-        finished = self.pool.stop(self.config.stop_timeout)
-        self.runner.stop()
-        if self.progress is not None:
-            self.progress.stop()
+        finished = self.parts.stop(self.config.stop_timeout)
         if self.fleet is not None:
             self.fleet.stop()
         # Read once: a call that returns now changes neither what the store holds nor the exit.

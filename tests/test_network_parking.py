@@ -13,9 +13,9 @@ from store_contract import T0, job
 
 from queickd.core.job import Outcome, State
 from queickd.core.policy.admission import Admission
+from queickd.services.maintenance.retention import Retention
 from queickd.services.netcheck import NetworkMonitor
 from queickd.services.network import NetworkParking
-from queickd.services.retention import Retention
 from queickd.store.memory.store import MemoryStore
 from queickd.store.records import NewEvent
 
@@ -37,12 +37,12 @@ def _net_job(store: MemoryStore) -> int:
 
 def test_without_a_checker_network_jobs_may_start():
     parking, _ = _parking(MemoryStore(), checker=False)
-    assert (parking.checker, parking.network_up()) == (False, True)
+    assert (parking.checker(), parking.network_up()) == (False, True)
 
 
 def test_with_a_checker_that_has_not_spoken_network_jobs_wait():
     parking, _ = _parking(MemoryStore(), up=None)
-    assert (parking.checker, parking.network_up()) == (True, False)
+    assert (parking.checker(), parking.network_up()) == (True, False)
 
 
 def test_a_commit_while_the_network_is_down_parks_the_jobs_that_need_it():

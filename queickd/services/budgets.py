@@ -32,11 +32,12 @@ log = logging.getLogger("queickd.budgets")
 
 
 class BudgetsInForce:
-    def __init__(self, store: Store, configured: Limits,
-                 on_change: Callable[[Limits], None] = lambda limits: None) -> None:
+    def __init__(self, store: Store, configured: Limits) -> None:
         self.store = store
         self.configured = configured  # this process's config: budgets (if any) and patience
-        self._on_change = on_change  # (the budgets now in force) from the listener thread
+        # Told (the budgets now in force) from the listener thread, in order; the parts that
+        # follow the budgets add theirs once built.
+        self.on_change: list[Callable[[Limits], None]] = []
         self.limits = configured
 
     def adopt(self) -> Limits:
@@ -68,7 +69,8 @@ class BudgetsInForce:
             mine = " (this process's config differs: it writes its own again when it restarts)" if differs else ""
             log.warning("budgets: another process changed the budgets in force: %s%s",
                         "; ".join(map(str, changes)), mine)
-            self._on_change(new)
+            for tell in self.on_change:
+                tell(new)
             self._report_misfits(new)
 
     def _report_misfits(self, limits: Limits) -> None:

@@ -115,9 +115,10 @@ class Heartbeat:
     def __init__(self, store: FleetStore, *, interval: float, sweep: float, max_orphan_requeues: int,
                  wake: Callable[[], None], reregister: Callable[[], None],
                  on_version_change: Callable[[str], None], clock: Callable[[], float] = time.time,
-                 on_beat: Callable[[], None] = lambda: None) -> None:
+                 on_beat: Callable[[], None] = lambda: None, on_sweep: Callable[[], None] = lambda: None) -> None:
         self.store = store
         self._on_beat = on_beat  # after each beat written, in this thread
+        self._on_sweep = on_sweep  # at each sweep, in this thread: a worker's maintenance
         self.interval = interval
         self.sweep = sweep
         self.max_orphan_requeues = max_orphan_requeues
@@ -171,6 +172,7 @@ class Heartbeat:
                     next_sweep = time.monotonic() + self.sweep
                     self.store.forget_gone_workers(FORGET_AFTER)
                     self._wake()  # safety sweep: a lost wake-up costs at most this long
+                    self._on_sweep()
             except Exception:
                 log.exception("heartbeat: store error; trying again at the next beat")
 
@@ -187,6 +189,7 @@ class FleetMember:
                  on_budgets: Callable[[], None] = lambda: None,
                  on_listening: Callable[[], None] = lambda: None,
                  on_beat: Callable[[], None] = lambda: None,
+                 on_sweep: Callable[[], None] = lambda: None,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.pool = pool
@@ -204,7 +207,7 @@ class FleetMember:
         self.heartbeat = Heartbeat(store, interval=heartbeat, sweep=sweep,
                                    max_orphan_requeues=max_orphan_requeues, wake=pool.wake,
                                    reregister=self._register, on_version_change=on_version_change,
-                                   clock=clock, on_beat=on_beat)
+                                   clock=clock, on_beat=on_beat, on_sweep=on_sweep)
 
     def _register(self) -> None:
         pools = self.pool.pools if self.pool.pools is not None else ["*"]

@@ -32,7 +32,16 @@ class NetworkParking:
         self._clock = clock
         self._warned_no_checker = False
 
-    @property
+    @classmethod
+    def with_checker(cls, store: Store, target: str | None, interval: float, wake: Callable[[], None],
+                     *, clock: Callable[[], float] = time.time) -> NetworkParking:
+        """Parking and the network checker of `target` (none without one), which tells it
+        of each change. The checker starts with the daemon's other threads (start())."""
+        parking = cls(store, None, wake, clock=clock)
+        if target is not None:
+            parking.monitor = NetworkMonitor(target, interval, parking.on_change, clock=clock)
+        return parking
+
     def checker(self) -> bool:
         """Is a checker there to release parked jobs?"""
         return self.monitor is not None

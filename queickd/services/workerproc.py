@@ -18,28 +18,20 @@ import logging
 import os
 import signal
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import __version__, collector, heap
-from ..core import sandbox
-from ..run import isolate
 from ..run.loader import FunctionLoader
-from ..run.routing import make_runner
 from ..settings import EX_VERSION, WorkerConfig
 from ..startcheck import validate
 from ..store.fleetbase import FleetStore
+from . import assembly
 from .alarm import Alarm
-from .budgets import BudgetsInForce
-from .fleet import FleetMember
-from .memory_gate import MemoryGate
-from .pool_config import PoolConfig, PoolHooks
-from .pool_size import adaptive_size
-from .progress import ProgressWriter
-from .worker import WorkerPool
+from .maintenance.maintainer import Maintainer
+from .pool_config import PoolHooks
 
 log = logging.getLogger("queickd.workerproc")
 
@@ -55,14 +47,6 @@ def run(config: WorkerConfig) -> int:
         refused = _refusal(store, config)
         if refused is not None:
             return refused
-        # The database's budgets, which this worker's own (--config) replace if it has any.
-        # (on_change runs on the listener thread, once the pool below exists.)
-        budgets = BudgetsInForce(store, config.resources.limits,
-                                 on_change=lambda new: setattr(pool, "limits", new))
-        try:
-            limits = budgets.adopt()
-        except store.UNAVAILABLE as e:
-            raise OSError(f"cannot read the budgets in force in {store.url}: {e}") from e
         stop = threading.Event()
         status = {"code": 0}
 
@@ -71,14 +55,10 @@ def run(config: WorkerConfig) -> int:
             status["code"] = EX_VERSION
             stop.set()
 
-        loader = FunctionLoader(config.app_dir, config.allow)
-        gate = MemoryGate(store, reserve_mb=config.memory_reserve, max_rss_mb=config.max_rss,
-                          root=config.memory_root)
-        runner = make_runner(loader, sandbox.settings(config), config.sandbox_env, measure=gate.measures_run,
-                             hidden=isolate.hidden_paths(config.store, [config.config], [loader.app_dir, tempfile.gettempdir()]),
-                             namespaces=config.job_namespaces != "off", user=config.job_user)
-        progress = ProgressWriter(store)  # what jobs say of their progress, in batches
-        runner.report_progress_to(progress.offer)
+        # The budgets it claims under are the database's, which this worker's own (--config)
+        # replace if it has any.
+        parts = assembly.build(store, FunctionLoader(config.app_dir, config.allow), config)
+        pool = parts.pool
         # A pause begun here is probed after its cooldown, and a job set aside for want of
         # memory may start after its wait: the pool wakes then, not at its next sweep (the
         # daemon's scheduler does this for a daemon's pool).
@@ -89,34 +69,23 @@ def run(config: WorkerConfig) -> int:
                 alarm.at(nxt)
 
         alarm = Alarm(wake_pool, name="queickd-pool-alarm")
-        pool = WorkerPool(store, loader,
-                          PoolConfig(config.workers, pools=list(config.pool), pause_after=config.pause_after,
-                                     pause_cooldown=config.pause_cooldown, limits=limits,
-                                     async_jobs=config.async_jobs),
-                          PoolHooks(on_probe_at=alarm.at, on_deferred=alarm.at), runner=runner,
-                          memory=gate, size=adaptive_size(config.workers, config.min_workers,
-                                                          config.max_workers, config.idle_grace))
-        pool.progress = progress
-        member = FleetMember(store, pool, kind="worker", heartbeat=config.heartbeat, sweep=config.sweep,
-                             max_orphan_requeues=config.max_orphan_requeues, on_version_change=version_changed,
-                             on_budgets=budgets.refresh)
+        pool.report_to(PoolHooks(on_probe_at=alarm.at, on_deferred=alarm.at))
+        maintainer = Maintainer(parts.maintenance(), tick=config.sweep)
+        member = parts.join_fleet(store, "worker", on_version_change=version_changed, on_sweep=maintainer.run_due)
         member.start()
-        runner.start()
-        pool.start()
+        parts.start()
         pool.wake()
         collector.tune_for_server()  # set up: what it holds now lives as long as it does
         heap.return_large_blocks()  # a large state freed goes back to the system
         log.info("queickd %s worker serving pool(s) %s with %s (%s, heartbeat %.1f s, pid %d)",
                  __version__, ",".join(config.pool), pool.size_said(), store.durability_said(), config.heartbeat,
                  os.getpid())
-        runner.announce()
-        _wait_for_signal(stop, on_hup=lambda: (loader.reload(), runner.reload()))
+        parts.runner.announce()
+        _wait_for_signal(stop, on_hup=parts.reload)
         pool.stop_claiming()
         log.info("stopping: no new claims; waiting up to %.0f s for running jobs", config.stop_timeout)
-        finished = pool.stop(config.stop_timeout)
+        finished = parts.stop(config.stop_timeout)
         alarm.stop()
-        runner.stop()
-        progress.stop()
         member.stop()
         log.info("stopped" if finished else "stopped with jobs still running (re-queued by the fleet)")
         return status["code"]

@@ -2,7 +2,7 @@
 delivered outbox events whose job is gone with them, and the per-minute counters once older
 than a day.
 
-Called by the scheduler's safety sweep (no thread of its own). Deletes in small batches,
+A maintenance service of the daemon (no thread of its own). Deletes in small batches,
 each its own transaction, so a large backlog never holds the store's writer for long.
 Dead jobs are never pruned: they wait for an operator ('queick purge').
 """
@@ -13,7 +13,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from ..store import Store
+from ...settings import DEFAULT_SWEEP
+from ...store import Store
 
 log = logging.getLogger("queickd.daemon")  # the line was the daemon's; its logger stays
 
@@ -22,12 +23,19 @@ KEEP_MINUTES = 24 * 60  # per-minute counters kept (the status page shows the la
 
 
 class Retention:
-    def __init__(self, store: Store, keep_finished: float, *, clock: Callable[[], float] = time.time) -> None:
+    name = "retention"
+
+    def __init__(self, store: Store, keep_finished: float, *, interval: float = DEFAULT_SWEEP,
+                 clock: Callable[[], float] = time.time) -> None:
         if keep_finished < 0:
             raise ValueError("keep_finished must not be negative")
         self.store = store
         self.keep_finished = keep_finished
+        self.interval = interval
         self._clock = clock
+
+    def run(self) -> None:
+        self.prune()
 
     def prune(self) -> int:
         """Delete the finished jobs past their time; returns how many."""
