@@ -1,1 +1,1 @@
-"""Long-lived parts of a daemon or worker process, one each: committer, worker pool, scheduler, fleet membership, network checker, systemd notifications. Each has start() and an idempotent stop()."""
+"""Long-lived parts of a daemon or worker process, one each: committer, worker pool, scheduler, fleet membership, network checker, systemd notifications. Each has start() and an idempotent stop(). assembly.py builds the job-running ones for both kinds of process; maintenance/ holds the periodic upkeep."""

@@ -110,7 +110,8 @@ class Listener:
 
 
 class Heartbeat:
-    """Beats, sweeps orphans and wakes the pool for its safety sweep, from its own thread."""
+    """Beats, sweeps orphans and wakes the pool for its safety sweep (then calls on_sweep: a
+    worker's maintenance), from its own thread."""
 
     def __init__(self, store: FleetStore, *, interval: float, sweep: float, max_orphan_requeues: int,
                  wake: Callable[[], None], reregister: Callable[[], None],
