@@ -16,7 +16,7 @@ from queickd.core.job import Outcome, State
 def test_every_claim_function_is_planned_once_per_session(pg_store):
     """The claim's functions take parameters; PL/pgSQL plans such statements again on each
     call while a generic plan prices above the values' own, and the view's always did
-    (store/postgres/pass_sql.py, 14): a worker of one slot planned on every job. Each function of the
+    (store/postgres/claim_sql.PLANNED): a worker of one slot planned on every job. Each function of the
     claim's path says force_generic_plan, with the planner settings its plans rely on."""
     rows = pg_store._conn().execute(
         "SELECT proname, proconfig FROM pg_proc WHERE proname LIKE 'queickd\\_%' ORDER BY proname").fetchall()
@@ -90,7 +90,7 @@ def _finish_and_claim_both_ways(store, one_step: bool, outcomes, now):
 
 @pytest.mark.parametrize("one_step", [False, True], ids=["finish_then_claim", "one_statement"])
 def test_a_pass_in_one_statement_stores_what_the_finish_and_the_claim_store(pg, one_step):
-    # The steady state's pass restates finish_if_running for successes (store/postgres/pass_sql.py, 16):
+    # The steady state's pass restates finish_if_running for successes (store/postgres/pass_sql.py):
     # the rows, the streaks and pauses, and the notifications must be the same either way.
     from queickd.store.postgres.store import PostgresStore
 
@@ -124,7 +124,7 @@ def test_a_pass_in_one_statement_stores_what_the_finish_and_the_claim_store(pg, 
 @pytest.mark.parametrize("one_step", [False, True], ids=["finish_then_claim", "one_statement"])
 def test_a_pass_with_room_left_takes_due_probes_for_that_room_only(pg_store, one_step):
     # The pass claims with the fast path's statement, then hands the room left (not its
-    # whole limit) to queickd_claim when a pause's probe is due (store/postgres/pass_sql.py, 18).
+    # whole limit) to queickd_claim when a pause's probe is due (store/postgres/pass_sql.py).
     trip_bad(pg_store)  # m:bad and m:worse paused, their probes due at T0 + 60
     trip_bad(pg_store, "m:worse")
     pg_store.submit([job(func="m:g")], T0)

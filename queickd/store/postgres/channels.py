@@ -1,5 +1,5 @@
 """The PostgreSQL store's LISTEN/NOTIFY channels: named here once, for the Python side
-(fleet.py, services/fleet.py) and for the SQL functions that notify (claim_sql.py).
+(fleet.py, services/fleet.py) and for the SQL functions that notify (pass_sql.py).
 Nothing here imports psycopg."""
 
 CHANNEL = "queickd"  # the LISTEN/NOTIFY channel of wake-ups

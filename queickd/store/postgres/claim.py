@@ -39,7 +39,7 @@ _PAUSE_KINDS = frozenset({"key", "func", "pool"})  # the view's rows of pauses (
 # It takes no grouped job, and it never meets a budget: given the budget lock, it first
 # takes it shared and asks whether the selection must claim instead (a grouped job waits,
 # or a pool served has a budget); if so it claims nothing and returns one row of NULLs
-# (pass_sql.py, 15). Without the lock (NULL), the view has said no already.
+# (claim_sql.CLAIM). Without the lock (NULL), the view has said no already.
 _CLAIM = (f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(lock)s, %(now)s, %(worker)s, %(pools)s, %(net)s,"
           " %(limit)s)")
 _VIEW = "SELECT * FROM queickd_claim_view(%s, %s, %s, %s, %s, %s)"
