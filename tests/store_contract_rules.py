@@ -162,6 +162,14 @@ class RulesContract:
         assert [(p.kind, p.name, p.failures) for p in fin.paused] == [("func", "m:f", 2)]
         assert [(p.kind, p.name, p.failures) for p in store.pauses()] == [("func", "m:f", 2)]
 
+    def test_failures_finished_together_past_a_pause_they_begin_count_on_it(self, store):
+        store.submit([job() for _ in range(3)], T0)
+        err = {"type": "E", "message": "no"}
+        fin = store.finish_if_running([Outcome.dead(j.id, err) for j in store.claim_available(3, T0)], T0,
+                                      pause_after=2, pause_cooldown=60.0)
+        assert [(p.kind, p.name, p.failures) for p in fin.paused] == [("func", "m:f", 2)]
+        assert [(p.kind, p.name, p.failures, p.trips) for p in store.pauses()] == [("func", "m:f", 3, 1)]
+
     # --- the breaker: a pause lets one probe through after its cooldown ---------------------
     def _trip(self, store, cooldown=60.0, **waiting):
         """m:bad paused at T0 by 3 dead jobs, with its probe at T0 + cooldown; 3 more wait

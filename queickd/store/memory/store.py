@@ -280,7 +280,7 @@ class MemoryStore(MemoryOperatorOps, MemoryCronsEvents, MemoryResources, MemoryW
                 return Finished(changed, [])
             p = pz.plan(finished, now, pause_after, pz.Lookups(
                 lambda t: (self._streaks.get(t, (0, None))[0], t in self._pauses),
-                lambda t: (self._pauses[t].trips, self._pauses[t].probe_job)), pause_cooldown)
+                lambda t: (q.trips, q.probe_job) if (q := self._pauses.get(t)) else (0, None)), pause_cooldown)
             for t in p.reset:
                 self._streaks.pop(t, None)
             for t in p.resumed:
