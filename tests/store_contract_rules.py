@@ -1,21 +1,53 @@
 """The store contract for the run-queue rules (part of StoreContract: every store runs it):
 serial keys, admission (caps, conflicts, idempotency), pauses and their probes, pauses by
-hand, and what a claim with groups and budgets reads past."""
+hand, what a claim with groups and budgets reads past, and a random walk of claims, each
+held to core/policy/claim.py's choice."""
 
 from __future__ import annotations
 
+import dataclasses
+import random
 import threading
 
 import pytest
 from contract_jobs import T0, job
 
 from queickd.core.job import Outcome, State
+from queickd.core.policy import claim
 from queickd.core.policy.admission import Admission, Refusal
 from queickd.core.policy.claim import LOOK_AHEAD, Limits
 from queickd.store.records import RefusedError
 
 
+def _random_job(rnd: random.Random, now: float):
+    group = rnd.choice(["g0", "g1"]) if rnd.random() < 0.1 else None  # of pool "other" only
+    return job(func=rnd.choice(["m:f", "m:g", "m:f", "m:bad"]), key=rnd.choice([None, None, None, "a", "b", "c"]),
+               priority=rnd.choice([0, 0, 1, 5]), pool="other" if group else rnd.choice(["default", "default", "other"]),
+               retry_on_network=rnd.random() < 0.2, run_at=now - rnd.randint(0, 5),
+               concurrency_group=group, concurrency_limit=rnd.choice([1, 2]) if group else None)
+
+
+def _probes_last(queued: list, running: claim.Running, request: claim.Request) -> list[int]:
+    """What a claim that takes due probes after its other jobs, when room is left, starts
+    (PostgreSQL's fast path, claim_sql.CLAIM): the selection's choice with no probe due,
+    then the selection's choice of the rest for the room left, with those jobs running."""
+    first = claim.select(queued, request, dataclasses.replace(running, probes=frozenset()))
+    if len(first) >= request.limit or not running.probes:
+        return first
+    taken = set(first)
+    keys = running.keys | {c.key for c in queued if c.id in taken and c.key is not None}
+    rest = claim.select([c for c in queued if c.id not in taken],
+                        dataclasses.replace(request, limit=request.limit - len(first)),
+                        dataclasses.replace(running, keys=keys))
+    order = {c.id: i for i, c in enumerate(queued)}
+    return sorted(first + rest, key=order.__getitem__)
+
+
 class RulesContract:
+    # Whether a claim on the store's fast path (no group that could start a job waiting in
+    # a pool served) takes due probes after its other jobs: PostgreSQL's SQL claim does.
+    PROBES_AFTER_THE_REST = False
+
     # --- serial keys ----------------------------------------------------------------------
     def test_claim_takes_one_job_per_key_in_enqueue_order(self, store):
         a1, b1, a2, free = store.submit([job(key="a"), job(key="b"), job(key="a"), job()], T0)
@@ -308,3 +340,49 @@ class RulesContract:
         first, *_ = store.submit([job(concurrency_group="g", concurrency_limit=1)]
                                  + [job(concurrency_group="g", concurrency_limit=3) for _ in range(2)], T0)
         assert [j.id for j in store.claim_available(5, T0)] == [first.job_id]
+
+    # --- every claim as claim.select decides: a random walk ---------------------------------
+    def test_every_claim_of_a_random_walk_starts_what_the_selection_policy_picks(self, store):
+        # The same job sets offered to the store's claim and to core/policy/claim.py: keys,
+        # pauses (by hand and by failures, with their probes), pools, the network,
+        # priorities, groups full or not; PostgreSQL's claim and pass are SQL functions.
+        rnd, now = random.Random(26), T0
+        for step in range(200):
+            now += rnd.choice([0, 0, 1, 3])
+            if rnd.random() < 0.5:
+                store.submit([_random_job(rnd, now) for _ in range(rnd.randint(1, 5))], now)
+            if rnd.random() < 0.05:
+                store.pause(*rnd.choice([("func", "m:g"), ("key", "b"), ("pool", "other")]), now)
+            elif rnd.random() < 0.08 and store.pauses():
+                store.resume(*rnd.choice(sorted((p.kind, p.name) for p in store.pauses())))
+            queued = sorted(store.list_jobs(State.QUEUED, 10_000), key=lambda j: (j.priority, j.run_at, j.id))
+            ran = store.list_jobs(State.RUNNING, 10_000)
+            pauses = store.pauses()
+            running = claim.Running.of_jobs(
+                [(j.key, j.concurrency_group, None, j.concurrency_limit, j.pool, j.cost_units) for j in ran],
+                [(p.kind, p.name) for p in pauses],
+                [(p.kind, p.name) for p in pauses if p.probe_at is not None and p.probe_at <= now
+                 and p.probe_job not in {j.id for j in ran}])
+            pools = rnd.choice([None, ["default"], ["other"], ["default", "other"]])
+            request = claim.Request.of(rnd.randint(1, 6), rnd.random() < 0.8, pools)
+            # The fast path's claim unless a group that could start a job waits in a pool
+            # served (claim_sql.OPEN_GROUP_WAITS; every pool: any grouped job).
+            full = claim.Selection(request, running).out_groups
+            fast = not any(c.concurrency_group is not None and (pools is None or (
+                c.pool in pools and c.concurrency_group not in full)) for c in queued)
+            want = (_probes_last(queued, running, request) if self.PROBES_AFTER_THE_REST and fast
+                    else claim.select(queued, request, running))
+            heads = [c for c in queued if pools is None or c.pool in pools][:request.limit]
+            plain = claim.plain(heads, request, bool(pauses), running)
+            assert plain is None or plain == claim.select(queued, request, running), step
+            in_one = rnd.random() < 0.5  # by a pass (finish_and_claim) with nothing to finish
+            got = store.finish_and_claim([], now, request.limit, request.network_up, pools) if (
+                in_one and store.passes_in_one_call) else None
+            if got is None:
+                got = store.claim_available(request.limit, now, network_up=request.network_up, pools=pools)
+            assert [j.id for j in got] == want, step
+            err = {"type": "E", "message": "no"}
+            store.finish_if_running([Outcome.dead(j.id, err) if rnd.random() < (0.7 if j.func == "m:bad" else 0.1)
+                                     else Outcome.succeeded(j.id, None)
+                                     for j in store.list_jobs(State.RUNNING, 10_000) if rnd.random() < 0.5],
+                                    now, pause_after=2, pause_cooldown=4.0)

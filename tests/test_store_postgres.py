@@ -12,6 +12,8 @@ from queickd.core.job import Outcome, State
 
 
 class TestPostgresStore(StoreContract):
+    PROBES_AFTER_THE_REST = True
+
     @pytest.fixture
     def store(self, pg_store):
         return pg_store
