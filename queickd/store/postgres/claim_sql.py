@@ -1,7 +1,7 @@
 """The claim's SQL functions as they are now, each written once; schema.py's migrations
 create them from here. core/policy/claim.py's rules written in SQL where a claim must
 not cost a round trip more: the store contract holds the two together
-(test_claim_starts_what_the_selection_policy_picks and its random walk). Each function
+(test_every_claim_of_a_random_walk_starts_what_the_selection_policy_picks). Each function
 sets its own planner settings: with statistics taken while the queue was empty, the
 planner would sort or scan every queued job on each claim instead of walking the queue's
 indexes in order and stopping at the limit. PL/pgSQL, not SQL: its statements' plans
