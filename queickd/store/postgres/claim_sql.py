@@ -78,7 +78,7 @@ _SERVED_GROUPED = (
 
 # The settings of a function planned once per session, whose plans must walk the indexes.
 PLANNED = ("SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off\n"
-            "        SET jit = off SET plan_cache_mode = force_generic_plan")
+           "        SET jit = off SET plan_cache_mode = force_generic_plan")
 
 # --- the functions --------------------------------------------------------------------------
 # queickd_claim, the fast path: given the budget lock, it takes it shared and asks whether
