@@ -17,6 +17,8 @@ import sys
 import threading
 import time
 
+from queickd.core.policy.claim import Request
+
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -50,11 +52,11 @@ def passes(n: int, d: str) -> None:
     s, now = _store(d), time.time()
     for i in range(0, n + 1, 1000):
         s.submit(_jobs(min(1000, n + 1 - i), now), now)
-    held = s.claim_available(1, now)
+    held = s.claim_available(Request.of(1, now=now))
     for _ in range(n):
         with s.batch(bookkeeping=True):
             s.finish_if_running([Outcome.succeeded(j.id, None) for j in held], now)
-            held = s.claim_available(1, now)
+            held = s.claim_available(Request.of(1, now=now))
 
 
 def pool(n: int, d: str) -> None:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.processes import compile_sources, default_queickd_path
+from queickd.core.policy.claim import Request
 
 BENCH_DIR = Path(__file__).resolve().parent
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
@@ -178,7 +179,7 @@ def claim_cost(store_url: str, waiting: int, limits: Any, full: bool, rounds: in
 
         if full:
             s.submit([grouped(i) for i in range(2 * GROUPS)], now)
-            assert len(s.claim_available(2 * GROUPS, now, limits=limits)) == 2 * GROUPS
+            assert len(s.claim_available(Request.of(2 * GROUPS, limits=limits, now=now))) == 2 * GROUPS
         for i in range(0, waiting, 1000):
             s.submit([grouped(j) for j in range(i, min(waiting, i + 1000))], now)
         if full:
@@ -186,7 +187,7 @@ def claim_cost(store_url: str, waiting: int, limits: Any, full: bool, rounds: in
         times = []
         for _ in range(rounds):
             t0 = time.perf_counter()
-            got = s.claim_available(4, now, limits=limits)
+            got = s.claim_available(Request.of(4, limits=limits, now=now))
             times.append(time.perf_counter() - t0)
             claimed(got)
         buffers = []
@@ -194,7 +195,7 @@ def claim_cost(store_url: str, waiting: int, limits: Any, full: bool, rounds: in
             with s.batch():
                 c = s._conn()  # the batch's connection: the claim's backend
                 before = c.execute(_BLOCKS).fetchone()[0]
-                got = s.claim_available(4, now, limits=limits)
+                got = s.claim_available(Request.of(4, limits=limits, now=now))
                 buffers.append(c.execute(_BLOCKS).fetchone()[0] - before)
             claimed(got)
         return statistics.median(times) * 1e6, statistics.median(buffers) if buffers else None

@@ -56,6 +56,7 @@ from typing import Any
 from bench.peers import CELERY_VERSION, HUEY_VERSION, ensure_celery_venv, ensure_huey_venv
 from bench.processes import compile_sources, log, stop_group
 from bench.wfpeers import CELERY_BROKER, CELERY_RESULTS, CELERY_TARGET, celery, huey, with_ratios
+from queickd.core.policy.claim import Request
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
@@ -133,7 +134,7 @@ def _drive(store: Any, jobs: list[Any] | None = None, slots: int = 4) -> int:
     states = StepState(store)  # as the pool: a step job stored without its run's state gets it
     ran, held = 0, list(jobs or [])
     with store.batch(bookkeeping=True):
-        held += store.claim_available(slots, time.time())
+        held += store.claim_available(Request.of(slots, now=time.time()))
     while held:
         outcomes = []
         for j in map(states.complete, held):
@@ -143,7 +144,7 @@ def _drive(store: Any, jobs: list[Any] | None = None, slots: int = 4) -> int:
         ran += len(held)
         with store.batch(bookkeeping=True):
             store.finish_if_running(outcomes, time.time())
-            held = store.claim_available(slots, time.time())
+            held = store.claim_available(Request.of(slots, now=time.time()))
     return ran
 
 

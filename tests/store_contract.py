@@ -137,7 +137,7 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
     def test_claim_takes_priority_then_run_at_then_insertion_order(self, store):
         a, b, c, d = store.submit(
             [job(priority=1), job(run_at=T0 - 5), job(run_at=T0 - 5), job(priority=-1)], T0)
-        claimed = store.claim_available(10, T0)
+        claimed = store.claim_available(claim.Request.of(10, now=T0))
         assert [j.id for j in claimed] == [d.job_id, b.job_id, c.job_id, a.job_id]
 
     def test_claim_takes_jobs_with_and_without_a_group_in_one_queue_order(self, store):
@@ -145,41 +145,41 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
         subs = store.submit([job(priority=p, run_at=T0 - ago, concurrency_group=g, concurrency_limit=9 if g else None)
                              for p, g, ago in spec], T0)  # (priority, group, seconds before T0)
         queue_order = sorted(range(len(spec)), key=lambda i: (spec[i][0], -spec[i][2], subs[i].job_id))
-        claimed = [j.id for _ in spec for j in store.claim_available(1, T0)]
+        claimed = [j.id for _ in spec for j in store.claim_available(claim.Request.of(1, now=T0))]
         assert claimed == [subs[i].job_id for i in queue_order]
 
     def test_a_claim_that_passes_over_held_keys_keeps_one_queue_order_across_groups(self, store):
         store.submit([job(key="k")], T0)
-        store.claim_available(1, T0)  # k is held while its job runs: its queued jobs are passed over
+        store.claim_available(claim.Request.of(1, now=T0))  # k is held while its job runs: its queued jobs are passed over
         spec = [("k" if i % 3 == 0 else None, "g" if i % 2 else None, (i * 7) % 5, i % 4) for i in range(40)]
         subs = store.submit([job(key=k, concurrency_group=g, concurrency_limit=100 if g else None, priority=p,
                                  run_at=T0 - ago) for k, g, p, ago in spec], T0)
         free = sorted((i for i in range(len(spec)) if spec[i][0] is None),
                       key=lambda i: (spec[i][2], -spec[i][3], subs[i].job_id))
-        assert [j.id for j in store.claim_available(len(spec), T0)] == [subs[i].job_id for i in free]
+        assert [j.id for j in store.claim_available(claim.Request.of(len(spec), now=T0))] == [subs[i].job_id for i in free]
 
     def test_claim_respects_the_limit(self, store):
         store.submit([job() for _ in range(5)], T0)
-        assert len(store.claim_available(2, T0)) == 2
+        assert len(store.claim_available(claim.Request.of(2, now=T0))) == 2
         assert store.counts()[State.QUEUED] == 3
 
     def test_claim_marks_running_counts_the_attempt_and_sets_started_at(self, store):
         store.submit([job()], T0)
-        (j,) = store.claim_available(1, T0 + 2)
+        (j,) = store.claim_available(claim.Request.of(1, now=T0 + 2))
         assert (j.state, j.attempts, j.started_at) == (State.RUNNING, 1, T0 + 2)
         assert store.get(j.id).state == State.RUNNING
 
     def test_claim_skips_jobs_scheduled_in_the_future(self, store):
         store.submit([job(run_at=T0 + 60)], T0)
-        assert store.claim_available(5, T0 + 120) == []
+        assert store.claim_available(claim.Request.of(5, now=T0 + 120)) == []
 
     def test_claim_of_an_empty_queue_returns_nothing(self, store):
-        assert store.claim_available(4, T0) == []
+        assert store.claim_available(claim.Request.of(4, now=T0)) == []
 
     def test_a_claimed_job_is_not_claimed_again(self, store):
         store.submit([job()], T0)
-        assert len(store.claim_available(1, T0)) == 1
-        assert store.claim_available(1, T0) == []
+        assert len(store.claim_available(claim.Request.of(1, now=T0))) == 1
+        assert store.claim_available(claim.Request.of(1, now=T0)) == []
 
     # --- schedule -------------------------------------------------------------------------
     def test_promote_due_queues_only_jobs_whose_time_has_come(self, store):
@@ -197,14 +197,14 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
     # --- finish ---------------------------------------------------------------------------
     def test_finish_succeeded_stores_the_result(self, store):
         store.submit([job()], T0)
-        (j,) = store.claim_available(1, T0)
+        (j,) = store.claim_available(claim.Request.of(1, now=T0))
         assert store.finish_if_running([Outcome.succeeded(j.id, {"n": 1})], T0 + 1).changed == 1
         done = store.get(j.id)
         assert (done.state, done.result, done.finished_at) == (State.SUCCEEDED, {"n": 1}, T0 + 1)
 
     def test_finish_retry_reschedules_with_the_error(self, store):
         store.submit([job()], T0)
-        (j,) = store.claim_available(1, T0)
+        (j,) = store.claim_available(claim.Request.of(1, now=T0))
         err = {"type": "ValueError", "message": "x"}
         store.finish_if_running([Outcome.retry_at(j.id, T0 + 30, err)], T0 + 1)
         again = store.get(j.id)
@@ -213,7 +213,7 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
 
     def test_finish_dead_and_waiting_network_are_recorded(self, store):
         store.submit([job(), job()], T0)
-        a, b = store.claim_available(2, T0)
+        a, b = store.claim_available(claim.Request.of(2, now=T0))
         err = {"type": "E", "message": "m"}
         store.finish_if_running([Outcome.dead(a.id, err), Outcome.waiting_network(b.id, err)], T0)
         assert store.get(a.id).state == State.DEAD
@@ -230,7 +230,7 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
     # --- orphans --------------------------------------------------------------------------
     def test_recover_orphans_requeues_running_jobs(self, store):
         store.submit([job(), job()], T0)
-        claimed = store.claim_available(1, T0)
+        claimed = store.claim_available(claim.Request.of(1, now=T0))
         rec = store.recover_orphans(3, T0)
         assert rec.requeued == [claimed[0].id] and rec.dead == []
         j = store.get(claimed[0].id)
@@ -238,7 +238,7 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
 
     def test_recover_orphans_leaves_the_jobs_this_process_runs(self, store):
         store.submit([job(), job()], T0)
-        old, mine = store.claim_available(2, T0)
+        old, mine = store.claim_available(claim.Request.of(2, now=T0))
         rec = store.recover_orphans(3, T0, running_here={mine.id})
         assert rec.requeued == [old.id] and rec.dead == []
         assert store.get(mine.id).state == State.RUNNING and store.get(mine.id).orphaned == 0
@@ -246,9 +246,9 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
     def test_recover_orphans_gives_up_past_the_limit(self, store):
         store.submit([job()], T0)
         for _ in range(2):
-            store.claim_available(1, T0)
+            store.claim_available(claim.Request.of(1, now=T0))
             store.recover_orphans(2, T0)
-        (j,) = store.claim_available(1, T0)
+        (j,) = store.claim_available(claim.Request.of(1, now=T0))
         rec = store.recover_orphans(2, T0)
         assert rec.dead == [j.id]
         dead = store.get(j.id)
@@ -302,8 +302,8 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
     # --- network --------------------------------------------------------------------------
     def test_claim_while_the_network_is_down_passes_over_network_jobs(self, store):
         net, plain = store.submit([job(retry_on_network=True), job()], T0)
-        assert [j.id for j in store.claim_available(5, T0, network_up=False)] == [plain.job_id]
-        assert [j.id for j in store.claim_available(5, T0, network_up=True)] == [net.job_id]
+        assert [j.id for j in store.claim_available(claim.Request.of(5, network_up=False, now=T0))] == [plain.job_id]
+        assert [j.id for j in store.claim_available(claim.Request.of(5, network_up=True, now=T0))] == [net.job_id]
 
     def test_park_for_network_moves_only_queued_network_jobs(self, store):
         net, plain, later = store.submit(
@@ -311,19 +311,19 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
         assert store.park_for_network(T0) == 1
         assert [store.get(s.job_id).state for s in (net, plain, later)] == [
             State.WAITING_NETWORK, State.QUEUED, State.SCHEDULED]
-        assert [j.id for j in store.claim_available(5, T0)] == [plain.job_id]
+        assert [j.id for j in store.claim_available(claim.Request.of(5, now=T0))] == [plain.job_id]
 
     def test_release_network_waiting_requeues_in_enqueue_order(self, store):
         subs = store.submit([job(retry_on_network=True, run_at=T0 - i) for i in range(3)], T0)
         store.park_for_network(T0)
         assert store.release_network_waiting(T0 + 5) == 3
-        claimed = store.claim_available(5, T0 + 5)
+        claimed = store.claim_available(claim.Request.of(5, now=T0 + 5))
         assert [j.id for j in claimed] == [s.job_id for s in subs]
         assert {j.run_at for j in claimed} == {T0 + 5}
 
     def test_a_run_parked_for_the_network_gives_its_attempt_back(self, store):
         store.submit([job(retry_on_network=True)], T0)
-        (j,) = store.claim_available(1, T0)
+        (j,) = store.claim_available(claim.Request.of(1, now=T0))
         store.finish_if_running([Outcome.waiting_network(j.id, {"type": "E", "message": ""})], T0)
         parked = store.get(j.id)
         assert (parked.state, parked.attempts) == (State.WAITING_NETWORK, 0)
@@ -343,7 +343,7 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
             running = claim.Running.of([j.key for j in store.list_jobs(State.RUNNING, 1000)],
                                        [(p.kind, p.name) for p in store.pauses()])
             want = claim.select(queued, claim.Request.of(limit, net, pools), running)
-            got = store.claim_available(limit, T0, network_up=net, pools=pools)
+            got = store.claim_available(claim.Request.of(limit, network_up=net, pools=pools, now=T0))
             assert [j.id for j in got] == want
             done = store.list_jobs(State.RUNNING, 1000)[::2]
             store.finish_if_running([Outcome.succeeded(j.id, None) for j in done], T0)
@@ -351,24 +351,24 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
     # --- batch ----------------------------------------------------------------------------
     def test_calls_inside_a_batch_commit_together(self, store):
         (s,) = store.submit([job()], T0)
-        (j,) = store.claim_available(1, T0)
+        (j,) = store.claim_available(claim.Request.of(1, now=T0))
         store.submit([job()], T0)
         with store.batch(bookkeeping=True):
             store.finish_if_running([Outcome.succeeded(j.id, 1)], T0)
-            claimed = store.claim_available(5, T0)
+            claimed = store.claim_available(claim.Request.of(5, now=T0))
         assert store.get(s.job_id).state == State.SUCCEEDED
         assert [store.get(c.id).state for c in claimed] == [State.RUNNING]
 
     def test_a_bookkeeping_batch_that_raises_halfway_leaves_nothing_behind(self, store):
         ran, a, b = store.submit([job("m:bad", key="k"), job(), job()], T0)
-        store.claim_available(1, T0)
+        store.claim_available(claim.Request.of(1, now=T0))
         with pytest.raises(RuntimeError), store.batch(bookkeeping=True):
             store.finish_if_running([Outcome.dead(ran.job_id, {"type": "E", "message": "m"})], T0, pause_after=1)
-            assert len(store.claim_available(5, T0)) == 2
+            assert len(store.claim_available(claim.Request.of(5, now=T0))) == 2
             raise RuntimeError("the dispatcher failed before it could run them")
         assert store.counts()[State.QUEUED] == 2 and store.counts()[State.RUNNING] == 1
         assert store.get(ran.job_id).state == State.RUNNING and store.pauses() == []
-        assert [j.id for j in store.claim_available(5, T0)] == [a.job_id, b.job_id]
+        assert [j.id for j in store.claim_available(claim.Request.of(5, now=T0))] == [a.job_id, b.job_id]
 
     def test_a_large_submit_inside_a_batch_commits_with_it_or_not_at_all(self, store):
         many = [job(args=[i]) for i in range(100)]  # PostgreSQL sends it by COPY, in the batch's transaction

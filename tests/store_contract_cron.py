@@ -8,6 +8,7 @@ from contract_jobs import T0, job
 
 from queickd.core.job import Outcome, State
 from queickd.core.policy.admission import Admission
+from queickd.core.policy.claim import Request
 from queickd.store import CronRecord
 from queickd.store.records import NewEvent
 
@@ -74,14 +75,14 @@ class CronEventContract:
         assert store.get(fired.job_id).cron_until is None
         store.cron_fire_if_due("c", T0 + 120, T0 + 180, T0 + 120)
         store.cron_fire_if_due("c", T0 + 180, T0 + 240, T0 + 180)
-        (run,) = store.claim_available(5, T0 + 180)
+        (run,) = store.claim_available(Request.of(5, now=T0 + 180))
         assert (run.id, run.cron_until) == (fired.job_id, T0 + 180)
         assert store.get(fired.job_id).cron_until == T0 + 180
 
     def test_a_tick_after_its_run_was_claimed_is_not_recorded_on_it(self, store):
         store.cron_save(self._cron("c", T0 + 60))
         first = store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 60).submitted
-        store.claim_available(1, T0 + 60)
+        store.claim_available(Request.of(1, now=T0 + 60))
         second = store.cron_fire_if_due("c", T0 + 120, T0 + 180, T0 + 120).submitted
         store.cron_fire_if_due("c", T0 + 180, T0 + 240, T0 + 180)
         assert (store.get(first.job_id).cron_until, store.get(second.job_id).cron_until) == (None, T0 + 180)
@@ -89,7 +90,7 @@ class CronEventContract:
     def test_a_tick_while_the_previous_run_is_running_queues_one_run(self, store):
         store.cron_save(self._cron("c", T0 + 60))
         store.cron_fire_if_due("c", T0 + 60, T0 + 120, T0 + 60)
-        store.claim_available(1, T0 + 60)
+        store.claim_available(Request.of(1, now=T0 + 60))
         assert store.cron_fire_if_due("c", T0 + 120, T0 + 180, T0 + 120).outcome == "fired"
         assert store.cron_fire_if_due("c", T0 + 180, T0 + 240, T0 + 180).outcome == "folded"
         assert store.counts()[State.QUEUED] == 1 and store.counts()[State.RUNNING] == 1
@@ -113,7 +114,7 @@ class CronEventContract:
     def test_a_delivered_event_is_forgotten_once_its_job_is_pruned_and_not_before(self, store):
         done = store.accept_event(self._event("e1", key=None), T0, Admission())
         store.accept_event(self._event("e2", key=None), T0, Admission())  # its job still waits
-        (j,) = store.claim_available(1, T0)
+        (j,) = store.claim_available(Request.of(1, now=T0))
         assert j.id == done.job_id
         with store.batch(bookkeeping=True):
             store.finish_if_running([Outcome.succeeded(j.id, None)], T0 + 1)
@@ -141,7 +142,7 @@ class CronEventContract:
         assert [a.state for a in store.deliver_events(T0, full, 5, backoff)] == ["pending"]
         assert store.next_event_at() == T0 + 2
         assert store.deliver_events(T0 + 1, full, 5, backoff) == []  # not due yet
-        store.claim_available(1, T0)
+        store.claim_available(Request.of(1, now=T0))
         store.finish_if_running([Outcome.succeeded(first.job_id, None)], T0)
         (done,) = store.deliver_events(T0 + 2, full, 5, backoff)
         assert done.state == "delivered" and store.get(done.job_id).args == ["e1"]

@@ -9,6 +9,7 @@ from contract_jobs import T0, job
 
 from queickd.core.job import Outcome, State
 from queickd.core.policy.admission import Admission, Refusal
+from queickd.core.policy.claim import Request
 
 
 class OperatorContract:
@@ -17,11 +18,11 @@ class OperatorContract:
     def test_cancel_applies_to_waiting_jobs(self, store, run_at):
         (s,) = store.submit([job(run_at=run_at)], T0)
         assert store.cancel(s.job_id, T0).state == State.CANCELLED
-        assert store.claim_available(1, T0 + 120) == []
+        assert store.claim_available(Request.of(1, now=T0 + 120)) == []
 
     def test_cancel_leaves_a_running_job_alone(self, store):
         store.submit([job()], T0)
-        (j,) = store.claim_available(1, T0)
+        (j,) = store.claim_available(Request.of(1, now=T0))
         assert store.cancel(j.id, T0).state == State.RUNNING
 
     def test_cancel_of_an_unknown_job_returns_none(self, store):
@@ -29,11 +30,11 @@ class OperatorContract:
 
     def test_retry_dead_requeues_with_a_fresh_budget(self, store):
         store.submit([job()], T0)
-        (j,) = store.claim_available(1, T0)
+        (j,) = store.claim_available(Request.of(1, now=T0))
         store.finish_if_running([Outcome.dead(j.id, {"type": "E", "message": ""})], T0)
         again = store.retry_dead(j.id, T0 + 5)
         assert (again.state, again.attempts, again.run_at) == (State.QUEUED, 0, T0 + 5)
-        assert [c.id for c in store.claim_available(1, T0 + 5)] == [j.id]
+        assert [c.id for c in store.claim_available(Request.of(1, now=T0 + 5))] == [j.id]
 
     def test_retry_dead_leaves_other_states_alone(self, store):
         (s,) = store.submit([job()], T0)
@@ -43,12 +44,12 @@ class OperatorContract:
     # --- operator cancels -------------------------------------------------------------------
     def test_cancel_running_cancels_at_once_and_its_late_outcome_changes_nothing(self, store):
         store.submit([job(key="k"), job(key="k")], T0)
-        (running,) = store.claim_available(5, T0)
+        (running,) = store.claim_available(Request.of(5, now=T0))
         cancelled = store.cancel_running(running.id, T0 + 1)
         assert (cancelled.state, cancelled.finished_at) == (State.CANCELLED, T0 + 1)
         assert store.finish_if_running([Outcome.succeeded(running.id, 1)], T0 + 2).changed == 0
         assert store.get(running.id).state == State.CANCELLED
-        assert len(store.claim_available(5, T0 + 2)) == 1  # its key is free
+        assert len(store.claim_available(Request.of(5, now=T0 + 2))) == 1  # its key is free
 
     def test_cancel_running_leaves_a_job_that_is_not_running(self, store):
         (s,) = store.submit([job()], T0)
@@ -74,16 +75,16 @@ class OperatorContract:
         store.submit([job(run_at=T0 - 30, priority=9), job(run_at=T0 - 10, priority=0),
                       job(run_at=T0 + 60)], T0)  # the scheduled one is not waiting for a worker
         assert store.oldest_queued_at() == T0 - 30  # by run_at, whatever the priority
-        (first,) = store.claim_available(1, T0)
+        (first,) = store.claim_available(Request.of(1, now=T0))
         assert first.run_at == T0 - 10  # priority 0 ran first; the oldest waits on
         assert store.oldest_queued_at() == T0 - 30
-        store.claim_available(1, T0)
+        store.claim_available(Request.of(1, now=T0))
         assert store.oldest_queued_at() is None
 
     # --- dead letters and retention -------------------------------------------------------
     def _dead(self, store, n):
         store.submit([job() for _ in range(n)], T0)
-        jobs = store.claim_available(n, T0)
+        jobs = store.claim_available(Request.of(n, now=T0))
         store.finish_if_running([Outcome.dead(j.id, {"type": "E", "message": ""}) for j in jobs], T0)
         return jobs
 
@@ -115,7 +116,7 @@ class OperatorContract:
 
     def test_prune_finished_removes_old_succeeded_jobs_in_batches(self, store):
         store.submit([job() for _ in range(5)], T0)
-        jobs = store.claim_available(5, T0)
+        jobs = store.claim_available(Request.of(5, now=T0))
         store.finish_if_running([Outcome.succeeded(j.id, None) for j in jobs], T0)
         self._dead(store, 1)
         assert store.prune_finished(T0 + 1, 3) == 3
@@ -133,34 +134,34 @@ class OperatorContract:
 
     def test_claim_serves_only_the_given_pools(self, store):
         gpu, plain = store.submit([job(pool="gpu"), job()], T0)
-        assert [j.id for j in store.claim_available(5, T0, pools=["default"])] == [plain.job_id]
-        assert store.claim_available(5, T0, pools=["other"]) == []
-        (j,) = store.claim_available(5, T0, pools=["gpu", "other"])
+        assert [j.id for j in store.claim_available(Request.of(5, pools=["default"], now=T0))] == [plain.job_id]
+        assert store.claim_available(Request.of(5, pools=["other"], now=T0)) == []
+        (j,) = store.claim_available(Request.of(5, pools=["gpu", "other"], now=T0))
         assert (j.id, j.pool) == (gpu.job_id, "gpu")
 
     def test_a_claim_passes_over_the_jobs_it_sets_aside_and_their_keys_wait_behind_them(self, store):
         head, later, other = store.submit([job(key="k"), job(key="k"), job()], T0)
-        claimed = store.claim_available(5, T0, exclude=[head.job_id])
+        claimed = store.claim_available(Request.of(5, exclude=[head.job_id], now=T0))
         assert [j.id for j in claimed] == [other.job_id]
-        assert [j.id for j in store.claim_available(5, T0)] == [head.job_id]
+        assert [j.id for j in store.claim_available(Request.of(5, now=T0))] == [head.job_id]
 
     def test_a_claimed_job_released_unstarted_waits_where_it_waited_its_attempt_given_back(self, store):
         head, later = store.submit([job(key="k"), job(key="k")], T0)
-        (j,) = store.claim_available(1, T0)
+        (j,) = store.claim_available(Request.of(1, now=T0))
         assert store.release_unstarted([j.id]) == 1
         back = store.get(head.job_id)
         assert (back.state, back.attempts, back.started_at, back.run_at) == (State.QUEUED, 0, None, T0)
-        assert [c.id for c in store.claim_available(5, T0 + 1)] == [head.job_id]  # still the key's head
+        assert [c.id for c in store.claim_available(Request.of(5, now=T0 + 1))] == [head.job_id]  # still the key's head
         assert store.release_unstarted([later.job_id]) == 0  # not running: nothing to give back
 
     def test_a_key_head_waiting_for_another_pool_holds_its_key(self, store):
         head, later = store.submit([job(key="k", pool="gpu"), job(key="k")], T0)
-        assert store.claim_available(5, T0, pools=["default"]) == []
-        assert [j.id for j in store.claim_available(5, T0, pools=["gpu"])] == [head.job_id]
+        assert store.claim_available(Request.of(5, pools=["default"], now=T0)) == []
+        assert [j.id for j in store.claim_available(Request.of(5, pools=["gpu"], now=T0))] == [head.job_id]
 
     def test_set_pool_moves_a_keys_waiting_jobs_only(self, store):
         a, b, other = store.submit([job(key="k"), job(key="k"), job(key="x")], T0)
-        store.claim_available(1, T0)  # a runs: it stays where it is
+        store.claim_available(Request.of(1, now=T0))  # a runs: it stays where it is
         assert store.set_pool("key", "k", "gpu") == 1
         assert [store.get(s.job_id).pool for s in (a, b, other)] == ["default", "gpu", "default"]
         assert store.waiting_by_pool() == {"gpu": 1, "default": 1}
@@ -173,4 +174,4 @@ class OperatorContract:
 
     def test_a_claim_for_no_pool_at_all_takes_nothing(self, store):
         store.submit([job()], T0)
-        assert store.claim_available(5, T0, pools=[]) == []
+        assert store.claim_available(Request.of(5, pools=[], now=T0)) == []

@@ -5,6 +5,7 @@ its next finish; a thread run's outcome has none."""
 from __future__ import annotations
 
 from queickd.core.job import NewJob, Outcome, State
+from queickd.core.policy.claim import Request
 from queickd.run.watch import MAX_STORED_OUTPUT
 
 T0 = 1_700_000_000.0
@@ -16,7 +17,7 @@ LONG = ("é ligne\n" * (MAX_STORED_OUTPUT // 10))[:MAX_STORED_OUTPUT // 2] + "\n
 
 def _running(store, n: int = 1):
     store.submit([NewJob("m:f", run_at=T0) for _ in range(n)], T0)
-    return store.claim_available(n, T0)
+    return store.claim_available(Request.of(n, now=T0))
 
 
 class OutputContract:
@@ -52,7 +53,7 @@ class OutputContract:
         (j,) = _running(store)
         store.finish_if_running([Outcome.retry_at(j.id, T0, ERR, "first run")], T0)
         store.promote_due(T0 + 1)
-        (again,) = store.claim_available(1, T0 + 1)
+        (again,) = store.claim_available(Request.of(1, now=T0 + 1))
         assert again.output == "first run"  # while it runs, the job shows its last run's
         store.finish_if_running([Outcome.succeeded(j.id, 2)], T0 + 2)  # a run that wrote nothing
         assert (store.get(j.id).state, store.get(j.id).output) == (State.SUCCEEDED, None)

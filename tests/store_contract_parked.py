@@ -8,6 +8,7 @@ from __future__ import annotations
 from contract_jobs import T0, job
 
 from queickd.core.job import Outcome
+from queickd.core.policy.claim import Request
 
 
 def _parked(store, n: int = 30) -> list[int]:
@@ -19,12 +20,12 @@ def _parked(store, n: int = 30) -> list[int]:
 def _fill(store, group: str = "full") -> int:
     """A group of limit 1 whose slot a running job holds; returns that job's id."""
     (sub,) = store.submit([job(concurrency_group=group, concurrency_limit=1)], T0)
-    assert [j.id for j in store.claim_available(1, T0, pools=["default"])] == [sub.job_id]
+    assert [j.id for j in store.claim_available(Request.of(1, pools=["default"], now=T0))] == [sub.job_id]
     return sub.job_id
 
 
 def _ids(store, limit: int, pools: list[str] | None = ["default"]) -> list[int]:  # noqa: B006 - not mutated
-    return [j.id for j in store.claim_available(limit, T0, pools=pools)]
+    return [j.id for j in store.claim_available(Request.of(limit, pools=pools, now=T0))]
 
 
 class ParkedContract:

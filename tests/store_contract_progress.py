@@ -5,6 +5,7 @@ longer running that attempt is left alone."""
 from __future__ import annotations
 
 from queickd.core.job import NewJob, Outcome, State
+from queickd.core.policy.claim import Request
 
 T0 = 1_700_000_000.0
 ERR = {"type": "ValueError", "message": "no"}
@@ -16,7 +17,7 @@ def _p(done, total=None, note=None, at=T0, attempt=1):
 
 def _running(store, n: int = 1):
     store.submit([NewJob("m:f", run_at=T0) for _ in range(n)], T0)
-    return store.claim_available(n, T0)
+    return store.claim_available(Request.of(n, now=T0))
 
 
 class ProgressContract:
@@ -49,7 +50,7 @@ class ProgressContract:
         (j,) = _running(store)
         store.finish_if_running([Outcome.retry_at(j.id, T0, ERR)], T0)
         store.promote_due(T0 + 1)
-        (again,) = store.claim_available(1, T0 + 1)
+        (again,) = store.claim_available(Request.of(1, now=T0 + 1))
         assert again.attempts == 2
         assert store.set_progress_if_running([(j.id, 1, _p(9))]) == 0  # the first run's, late
         assert store.set_progress_if_running([(j.id, 2, _p(1, attempt=2))]) == 1

@@ -15,7 +15,7 @@ from contract_jobs import T0, job
 from queickd.core.job import Outcome, State
 from queickd.core.policy import claim
 from queickd.core.policy.admission import Admission, Refusal
-from queickd.core.policy.claim import LOOK_AHEAD, Limits
+from queickd.core.policy.claim import LOOK_AHEAD, Limits, Request
 from queickd.store.records import RefusedError
 
 
@@ -51,16 +51,16 @@ class RulesContract:
     # --- serial keys ----------------------------------------------------------------------
     def test_claim_takes_one_job_per_key_in_enqueue_order(self, store):
         a1, b1, a2, free = store.submit([job(key="a"), job(key="b"), job(key="a"), job()], T0)
-        claimed = store.claim_available(10, T0)
+        claimed = store.claim_available(Request.of(10, now=T0))
         assert [j.id for j in claimed] == [a1.job_id, b1.job_id, free.job_id]
         assert store.get(a2.job_id).state == State.QUEUED
 
     def test_a_key_with_a_running_job_waits_until_it_finishes(self, store):
         first, second = store.submit([job(key="k"), job(key="k")], T0)
-        store.claim_available(1, T0)
-        assert store.claim_available(5, T0) == []
+        store.claim_available(Request.of(1, now=T0))
+        assert store.claim_available(Request.of(5, now=T0)) == []
         store.finish_if_running([Outcome.succeeded(first.job_id, None)], T0)
-        assert [j.id for j in store.claim_available(5, T0)] == [second.job_id]
+        assert [j.id for j in store.claim_available(Request.of(5, now=T0))] == [second.job_id]
 
     # --- admission ------------------------------------------------------------------------
     def test_a_key_past_its_waiting_cap_is_refused_queue_full(self, store):
@@ -75,7 +75,7 @@ class RulesContract:
         store.submit([job(), job(run_at=T0 + 60)], T0)
         (refused,) = store.submit_requests([[job()]], T0, Admission(max_queued=2))
         assert isinstance(refused, Refusal) and refused.code == "queue_full"
-        store.claim_available(1, T0)  # a running job is no longer waiting
+        store.claim_available(Request.of(1, now=T0))  # a running job is no longer waiting
         (ok,) = store.submit_requests([[job()]], T0, Admission(max_queued=2))
         assert not isinstance(ok, Refusal)
 
@@ -129,7 +129,7 @@ class RulesContract:
     def _fail(self, store, n, **kw):
         for _ in range(n):
             (s,) = store.submit([job(**kw)], T0)
-            (j,) = store.claim_available(1, T0)
+            (j,) = store.claim_available(Request.of(1, now=T0))
             fin = store.finish_if_running([Outcome.dead(j.id, {"type": "E", "message": "no"})], T0, pause_after=3)
         return fin
 
@@ -143,14 +143,14 @@ class RulesContract:
         self._fail(store, 3, func="m:bad")
         (waiting,) = store.submit([job(func="m:bad")], T0)
         (other,) = store.submit([job(func="m:good")], T0)
-        assert [j.id for j in store.claim_available(5, T0)] == [other.job_id]
+        assert [j.id for j in store.claim_available(Request.of(5, now=T0))] == [other.job_id]
         assert store.resume("func", "m:bad") and not store.resume("func", "m:bad")
-        assert [j.id for j in store.claim_available(5, T0)] == [waiting.job_id]
+        assert [j.id for j in store.claim_available(Request.of(5, now=T0))] == [waiting.job_id]
 
     def test_a_success_resets_the_failure_streak(self, store):
         self._fail(store, 2)
         (s,) = store.submit([job()], T0)
-        (j,) = store.claim_available(1, T0)
+        (j,) = store.claim_available(Request.of(1, now=T0))
         store.finish_if_running([Outcome.succeeded(j.id, None)], T0, pause_after=3)
         assert self._fail(store, 2).paused == [] and store.pauses() == []
 
@@ -161,7 +161,7 @@ class RulesContract:
 
     def _four_running(self, store, **kw):
         store.submit([job(**kw) for _ in range(4)], T0)
-        jobs = store.claim_available(4, T0)
+        jobs = store.claim_available(Request.of(4, now=T0))
         err = {"type": "E", "message": "no"}
         store.finish_if_running([Outcome.dead(j.id, err) for j in jobs[:3]], T0, pause_after=3)
         return jobs[3]
@@ -182,13 +182,13 @@ class RulesContract:
     def test_a_run_parked_for_the_network_does_not_extend_a_streak(self, store):
         self._fail(store, 2)
         store.submit([job()], T0)
-        (j,) = store.claim_available(1, T0)
+        (j,) = store.claim_available(Request.of(1, now=T0))
         store.finish_if_running([Outcome.waiting_network(j.id, {"type": "N", "message": ""})], T0, pause_after=3)
         assert store.pauses() == []
 
     def test_failures_finished_together_count_one_by_one(self, store):
         store.submit([job(key="k"), job()], T0)
-        a, b = store.claim_available(2, T0)
+        a, b = store.claim_available(Request.of(2, now=T0))
         err = {"type": "E", "message": "no"}
         fin = store.finish_if_running([Outcome.dead(a.id, err), Outcome.dead(b.id, err)], T0, pause_after=2)
         assert [(p.kind, p.name, p.failures) for p in fin.paused] == [("func", "m:f", 2)]
@@ -207,7 +207,7 @@ class RulesContract:
         """m:bad paused at T0 by 3 dead jobs, with its probe at T0 + cooldown; 3 more wait
         (with the fields `waiting`)."""
         store.submit([job(func="m:bad") for _ in range(3)], T0)
-        ran = store.claim_available(3, T0)
+        ran = store.claim_available(Request.of(3, now=T0))
         fin = store.finish_if_running([Outcome.dead(j.id, {"type": "E", "message": "no"}) for j in ran], T0,
                                       pause_after=3, pause_cooldown=cooldown)
         return fin, [s.job_id for s in store.submit([job(func="m:bad", **waiting) for _ in range(3)], T0)]
@@ -220,48 +220,48 @@ class RulesContract:
 
     def test_a_pause_lets_no_job_through_before_its_probe_time(self, store):
         self._trip(store)
-        assert store.claim_available(5, T0 + 59) == []
+        assert store.claim_available(Request.of(5, now=T0 + 59)) == []
 
     def test_a_pause_lets_exactly_one_probe_through_at_its_probe_time(self, store):
         _, waiting = self._trip(store)
-        assert [j.id for j in store.claim_available(5, T0 + 60)] == waiting[:1]
-        assert store.claim_available(5, T0 + 61) == []  # the probe runs: no second one
+        assert [j.id for j in store.claim_available(Request.of(5, now=T0 + 60))] == waiting[:1]
+        assert store.claim_available(Request.of(5, now=T0 + 61)) == []  # the probe runs: no second one
         assert store.pauses()[0].probe_job == waiting[0]
 
     def test_a_pause_lets_exactly_one_probe_of_grouped_jobs_through(self, store):
         # Grouped jobs go through the selection (PostgreSQL's SQL claim leaves them out).
         _, waiting = self._trip(store, concurrency_group="g", concurrency_limit=5)
-        assert [j.id for j in store.claim_available(5, T0 + 60)] == waiting[:1]
-        assert store.claim_available(5, T0 + 61) == []
+        assert [j.id for j in store.claim_available(Request.of(5, now=T0 + 60))] == waiting[:1]
+        assert store.claim_available(Request.of(5, now=T0 + 61)) == []
         assert store.pauses()[0].probe_job == waiting[0]
 
     def test_the_probes_success_resumes_the_pause(self, store):
         _, waiting = self._trip(store)
-        (probe,) = store.claim_available(5, T0 + 60)
+        (probe,) = store.claim_available(Request.of(5, now=T0 + 60))
         store.finish_if_running([Outcome.succeeded(probe.id, None)], T0 + 61, pause_after=3, pause_cooldown=60.0)
         assert store.pauses() == []
-        assert [j.id for j in store.claim_available(5, T0 + 62)] == waiting[1:]
+        assert [j.id for j in store.claim_available(Request.of(5, now=T0 + 62))] == waiting[1:]
 
     def test_the_probes_failure_pauses_again_with_a_longer_cooldown(self, store):
         self._trip(store)
-        (probe,) = store.claim_available(5, T0 + 60)
+        (probe,) = store.claim_available(Request.of(5, now=T0 + 60))
         fin = store.finish_if_running([Outcome.dead(probe.id, {"type": "E", "message": "again"})], T0 + 61,
                                       pause_after=3, pause_cooldown=60.0)
         assert fin.paused == [] and fin.next_probe == T0 + 61 + 120
         (p,) = store.pauses()
         assert (p.paused_at, p.probe_at, p.trips, p.probe_job, p.failures) == (T0, T0 + 181, 2, None, 4)
-        assert store.claim_available(5, T0 + 180) == [] and len(store.claim_available(5, T0 + 181)) == 1
+        assert store.claim_available(Request.of(5, now=T0 + 180)) == [] and len(store.claim_available(Request.of(5, now=T0 + 181))) == 1
 
     def test_a_probe_that_stopped_running_lets_another_through(self, store):
         _, waiting = self._trip(store)
-        (probe,) = store.claim_available(5, T0 + 60)
+        (probe,) = store.claim_available(Request.of(5, now=T0 + 60))
         store.finish_if_running([Outcome.waiting_network(probe.id, {"type": "N", "message": ""})], T0 + 61,
                                 pause_after=3, pause_cooldown=60.0)  # parked: not a probe's answer
-        assert [j.id for j in store.claim_available(5, T0 + 62)] == waiting[1:2]
+        assert [j.id for j in store.claim_available(Request.of(5, now=T0 + 62))] == waiting[1:2]
 
     def test_a_scheduled_retry_does_not_count_toward_a_pause(self, store):
         store.submit([job() for _ in range(3)], T0)
-        ran = store.claim_available(3, T0)
+        ran = store.claim_available(Request.of(3, now=T0))
         fin = store.finish_if_running([Outcome.retry_at(j.id, T0 + 9, {"type": "E", "message": "no"}) for j in ran],
                                       T0, pause_after=1, pause_cooldown=60.0)
         assert fin.paused == [] and store.pauses() == []
@@ -270,46 +270,46 @@ class RulesContract:
     def test_a_pause_by_hand_holds_a_function_with_no_probe_until_resumed(self, store):
         assert store.pause("func", "m:f", T0) and not store.pause("func", "m:f", T0 + 1)
         (waiting,) = store.submit([job()], T0)
-        assert store.claim_available(5, T0 + 10 ** 6) == []
+        assert store.claim_available(Request.of(5, now=T0 + 10 ** 6)) == []
         assert [(p.kind, p.name, p.paused_at, p.probe_at, p.trips) for p in store.pauses()] == [
             ("func", "m:f", T0, None, 0)]
         assert store.resume("func", "m:f")
-        assert [j.id for j in store.claim_available(5, T0)] == [waiting.job_id]
+        assert [j.id for j in store.claim_available(Request.of(5, now=T0))] == [waiting.job_id]
 
     def test_a_pause_by_hand_takes_the_probe_away_from_a_breakers_pause(self, store):
         self._trip(store)
         store.pause("func", "m:bad", T0 + 1)
-        assert store.claim_available(5, T0 + 60) == [] and store.pauses()[0].probe_at is None
+        assert store.claim_available(Request.of(5, now=T0 + 60)) == [] and store.pauses()[0].probe_at is None
 
     def test_a_paused_pool_starts_none_of_its_jobs(self, store):
         store.pause("pool", "gpu", T0)
         (other,) = store.submit([job(pool="gpu"), job()], T0)[1:]
-        assert [j.id for j in store.claim_available(5, T0)] == [other.job_id]
+        assert [j.id for j in store.claim_available(Request.of(5, now=T0))] == [other.job_id]
 
     def test_a_paused_pool_starts_none_of_its_grouped_jobs(self, store):
         store.pause("pool", "gpu", T0)
         (other,) = store.submit([job(pool="gpu", concurrency_group="g", concurrency_limit=2),
                                  job(concurrency_group="g", concurrency_limit=2)], T0)[1:]
-        assert [j.id for j in store.claim_available(5, T0)] == [other.job_id]
+        assert [j.id for j in store.claim_available(Request.of(5, now=T0))] == [other.job_id]
 
     # --- concurrency groups and cost budgets: what a claim reads past ---------------------
     def test_a_backlog_of_a_group_whose_budget_is_used_up_does_not_hold_back_a_job_behind_it(self, store):
         limits = Limits(groups={"openai": 1})
         store.adopt_budgets(limits)  # in force (PostgreSQL keeps them; the others take the claim's)
         store.submit([job(concurrency_group="openai", concurrency_limit=100)], T0)
-        assert len(store.claim_available(1, T0, limits=limits)) == 1  # the budget is used up
+        assert len(store.claim_available(Request.of(1, limits=limits, now=T0))) == 1  # the budget is used up
         store.submit([job(concurrency_group="openai", concurrency_limit=100) for _ in range(LOOK_AHEAD + 64)], T0)
         (plain,) = store.submit([job()], T0)
-        assert [j.id for j in store.claim_available(1, T0, limits=limits)] == [plain.job_id]
+        assert [j.id for j in store.claim_available(Request.of(1, limits=limits, now=T0))] == [plain.job_id]
 
     def test_a_backlog_of_a_pool_whose_budget_is_used_up_does_not_hold_back_a_job_behind_it(self, store):
         limits = Limits(pools={"gpu": 1})
         store.adopt_budgets(limits)
         store.submit([job(pool="gpu")], T0)
-        assert len(store.claim_available(1, T0, pools=["default", "gpu"], limits=limits)) == 1
+        assert len(store.claim_available(Request.of(1, pools=["default", "gpu"], limits=limits, now=T0))) == 1
         store.submit([job(pool="gpu") for _ in range(LOOK_AHEAD + 64)], T0)
         (plain,) = store.submit([job()], T0)
-        assert [j.id for j in store.claim_available(1, T0, pools=["default", "gpu"], limits=limits)] == [plain.job_id]
+        assert [j.id for j in store.claim_available(Request.of(1, pools=["default", "gpu"], limits=limits, now=T0))] == [plain.job_id]
 
     def test_a_job_over_a_lowered_budget_does_not_hold_back_the_younger_jobs_of_its_pool(self, store):
         store.adopt_budgets(Limits(pools={"default": 4}))
@@ -318,7 +318,7 @@ class RulesContract:
         store.adopt_budgets(lowered)
         small = store.submit([job(cost_units=1, run_at=T0 + 5) for _ in range(3)], T0 + 5)
         # Long past its patience, it never fits 2: it holds nothing, two cheap ones start.
-        got = [j.id for j in store.claim_available(5, T0 + 60, limits=lowered)]
+        got = [j.id for j in store.claim_available(Request.of(5, limits=lowered, now=T0 + 60))]
         assert got == [s.job_id for s in small[:2]]
         assert store.get(big.job_id).state == State.QUEUED
 
@@ -332,14 +332,14 @@ class RulesContract:
 
     def test_a_group_runs_no_job_past_the_lowest_limit_of_its_running_jobs(self, store):
         store.submit([job(concurrency_group="g", concurrency_limit=1)], T0)
-        assert len(store.claim_available(5, T0)) == 1
+        assert len(store.claim_available(Request.of(5, now=T0))) == 1
         store.submit([job(concurrency_group="g", concurrency_limit=3) for _ in range(3)], T0)
-        assert store.claim_available(5, T0) == []
+        assert store.claim_available(Request.of(5, now=T0)) == []
 
     def test_a_job_claimed_with_a_lower_limit_caps_its_group_in_the_same_claim(self, store):
         first, *_ = store.submit([job(concurrency_group="g", concurrency_limit=1)]
                                  + [job(concurrency_group="g", concurrency_limit=3) for _ in range(2)], T0)
-        assert [j.id for j in store.claim_available(5, T0)] == [first.job_id]
+        assert [j.id for j in store.claim_available(Request.of(5, now=T0))] == [first.job_id]
 
     # --- every claim as claim.select decides: a random walk ---------------------------------
     def test_every_claim_of_a_random_walk_starts_what_the_selection_policy_picks(self, store):
@@ -379,7 +379,7 @@ class RulesContract:
             got = store.finish_and_claim([], now, request.limit, request.network_up, pools) if (
                 in_one and store.passes_in_one_call) else None
             if got is None:
-                got = store.claim_available(request.limit, now, network_up=request.network_up, pools=pools)
+                got = store.claim_available(Request.of(request.limit, request.network_up, pools, now=now))
             assert [j.id for j in got] == want, step
             err = {"type": "E", "message": "no"}
             store.finish_if_running([Outcome.dead(j.id, err) if rnd.random() < (0.7 if j.func == "m:bad" else 0.1)

@@ -9,6 +9,7 @@ import importlib
 
 from queickd.core import workflow as wf
 from queickd.core.job import NewJob, Outcome, State
+from queickd.core.policy.claim import Request
 from queickd.run import context
 from queickd.services.step_state import StepState
 
@@ -38,7 +39,7 @@ def drive(store, now=T0, rounds=10_000, only=None):
     states = StepState(store)
     held = []
     for _ in range(rounds):
-        jobs = store.claim_available(50, now)
+        jobs = store.claim_available(Request.of(50, now=now))
         if not jobs:
             break
         outcomes = []
@@ -88,7 +89,7 @@ class WorkflowContract:
         d = definition({"name": "fan", "kind": "for_each", "items": "xs", "func": S + "square"})
         store.workflow_start(d, {"xs": [1, 2, 3], "big": "x" * 20_000}, T0)
         fanout = StepState(store)
-        called = [fanout.complete(j).args for j in store.claim_available(10, T0)]
+        called = [fanout.complete(j).args for j in store.claim_available(Request.of(10, now=T0))]
         rest = {"big": "x" * 20_000}  # the list fanned out left out: each item has its own
         assert sorted(called, key=lambda a: a[0]) == [[1, rest], [2, rest], [3, rest]]
         assert fanout.reads == 1
@@ -212,7 +213,7 @@ class WorkflowContract:
     def test_workflow_a_step_job_orphaned_too_often_fails_its_run_naming_the_step(self, store):
         run, _ = store.workflow_start(definition({"name": "lost", "func": S + "mark"}), {}, T0)
         for _ in range(2):
-            assert store.claim_available(10, T0)
+            assert store.claim_available(Request.of(10, now=T0))
             store.recover_orphans(1, T0)
         run = store.workflow_get(run.id)
         assert (run.status, run.reason["step"], run.reason["error"]["type"]) == (
@@ -268,7 +269,7 @@ class WorkflowContract:
         faulty_engine(monkeypatch)
         good = [store.workflow_start(definition(*THREE_STEPS), {"n": 3}, T0)[0] for _ in range(2)]
         bad, _ = store.workflow_start(definition(*FAULTY), {"n": 0}, T0)
-        jobs = store.claim_available(10, T0)
+        jobs = store.claim_available(Request.of(10, now=T0))
         assert len(jobs) == 3
         with store.batch(bookkeeping=True):
             assert store.finish_if_running([run(j) for j in jobs], T0).changed == 3
@@ -313,7 +314,7 @@ class WorkflowContract:
         states, most = StepState(store), 0
         while True:
             most = max(most, sum(store.counts()[s] for s in State.PENDING))
-            jobs = store.claim_available(3, T0)
+            jobs = store.claim_available(Request.of(3, now=T0))
             if not jobs:
                 break
             with store.batch(bookkeeping=True):

@@ -13,6 +13,7 @@ from store_contract import T0, job
 
 from queickd.core.cron import Every, parse_schedule
 from queickd.core.job import Outcome, State
+from queickd.core.policy.claim import Request
 from queickd.services.batcher import SubmitBatcher
 from queickd.services.netcheck import NetworkMonitor
 from queickd.store.memory.store import MemoryStore
@@ -185,9 +186,9 @@ def test_a_key_whose_head_job_waits_is_not_overtaken(make):
     store = make()
     for _ in range(2):  # pause m:bad
         store.submit([job(func="m:bad")], T0)
-        (j,) = store.claim_available(1, T0)
+        (j,) = store.claim_available(Request.of(1, now=T0))
         store.finish_if_running([Outcome.dead(j.id, {"type": "E", "message": ""})], T0, pause_after=2)
     store.submit([job(func="m:bad", key="ledger"), job(func="m:good", key="ledger")], T0)
-    assert store.claim_available(5, T0) == []  # the head of "ledger" is paused, so is the key
+    assert store.claim_available(Request.of(5, now=T0)) == []  # the head of "ledger" is paused, so is the key
     store.submit([job(retry_on_network=True, key="k2"), job(key="k2")], T0)
-    assert store.claim_available(5, T0, network_up=False) == []
+    assert store.claim_available(Request.of(5, network_up=False, now=T0)) == []

@@ -13,6 +13,7 @@ from store_contract import T0, job
 
 from queickd.core.job import Outcome, State
 from queickd.core.policy.admission import Admission
+from queickd.core.policy.claim import Request
 from queickd.services.maintenance.retention import Retention
 from queickd.services.netcheck import NetworkMonitor
 from queickd.services.network import NetworkParking
@@ -113,7 +114,7 @@ def test_parked_jobs_are_released_when_the_network_returns_behind_a_hung_checker
 
 def _finished(store: MemoryStore, outcome, at: float) -> int:
     job_id = store.submit([job()], at)[0].job_id
-    store.claim_available(1, at)
+    store.claim_available(Request.of(1, now=at))
     store.finish_if_running([outcome(job_id)], at)
     return job_id
 
@@ -129,7 +130,7 @@ def test_retention_prunes_finished_jobs_older_than_keep_finished():
 def test_retention_forgets_the_delivered_events_whose_jobs_it_pruned():
     store = MemoryStore()
     acc = store.accept_event(NewEvent("tap-1", job()), T0, Admission())
-    store.claim_available(1, T0)
+    store.claim_available(Request.of(1, now=T0))
     store.finish_if_running([Outcome.succeeded(acc.job_id, None)], T0)
     assert Retention(store, 100.0, clock=lambda: T0 + 120).prune() == 1
     assert store.list_events(None, 10) == []

@@ -5,6 +5,7 @@ import time
 from store_contract import job
 
 from queickd.core.job import Outcome, State
+from queickd.core.policy.claim import Request
 from queickd.services.outcomes import store_one_by_one
 from queickd.store.memory.store import MemoryStore
 
@@ -29,7 +30,7 @@ class Refuses(MemoryStore):
 
 def _running(store, n):
     store.submit([job(func="m:f") for _ in range(n)], time.time())
-    return [j.id for j in store.claim_available(n, time.time())]
+    return [j.id for j in store.claim_available(Request.of(n, now=time.time()))]
 
 
 def test_an_outcome_the_store_cannot_take_is_stored_dead_and_the_others_as_they_are():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 from queickd.core.job import NewJob, Outcome
+from queickd.core.policy.claim import Request
 from queickd.services.progress import ProgressWriter, record
 from queickd.store import open_store
 
@@ -32,7 +33,7 @@ def test_a_value_being_written_as_the_run_ends_is_taken_with_its_outcome(tmp_pat
     store = open_store(f"sqlite:///{tmp_path / 'q.db'}")
     try:
         store.submit([NewJob("m:f", run_at=T0)], T0)
-        (job,) = store.claim_available(1, T0)
+        (job,) = store.claim_available(Request.of(1, now=T0))
         held = HeldWrites(store)
         writer = ProgressWriter(held)
         writer.offer(job.id, 1, 3, 3, "last", T0)  # the run's last value: its thread writes it

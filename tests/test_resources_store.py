@@ -49,42 +49,42 @@ def in_force(store, limits):
 
 def test_a_group_runs_at_most_its_limit_at_once(store):
     store.submit([grouped("api", 2) for _ in range(5)], T0)
-    assert len(store.claim_available(10, T0)) == 2
-    assert store.claim_available(10, T0) == []
+    assert len(store.claim_available(claim.Request.of(10, now=T0))) == 2
+    assert store.claim_available(claim.Request.of(10, now=T0)) == []
 
 
 def test_a_full_group_does_not_hold_back_jobs_of_another_group_or_none(store):
     subs = store.submit([grouped("api", 1), grouped("api", 1), grouped("db", 1), job()], T0)
-    got = [j.id for j in store.claim_available(10, T0)]
+    got = [j.id for j in store.claim_available(claim.Request.of(10, now=T0))]
     assert got == [subs[0].job_id, subs[2].job_id, subs[3].job_id]
 
 
 def test_a_finished_job_frees_its_group_slot(store):
     store.submit([grouped("api", 1) for _ in range(2)], T0)
-    (a,) = store.claim_available(5, T0)
-    assert store.claim_available(5, T0) == []
+    (a,) = store.claim_available(claim.Request.of(5, now=T0))
+    assert store.claim_available(claim.Request.of(5, now=T0)) == []
     store.finish_if_running([Outcome(a.id, State.SUCCEEDED)], T0 + 1)
-    assert len(store.claim_available(5, T0 + 1)) == 1
+    assert len(store.claim_available(claim.Request.of(5, now=T0 + 1))) == 1
 
 
 def test_an_orphan_recovered_frees_its_group_slot(store):
     store.submit([grouped("api", 1) for _ in range(2)], T0)
-    (a,) = store.claim_available(5, T0)
+    (a,) = store.claim_available(claim.Request.of(5, now=T0))
     store.recover_orphans(3, T0 + 1)  # nothing registered as its worker: it is an orphan
-    (again,) = store.claim_available(5, T0 + 1)
+    (again,) = store.claim_available(claim.Request.of(5, now=T0 + 1))
     assert again.id == a.id  # back at the head of the queue, and the slot is free for it
 
 
 def test_a_pool_budget_holds_the_running_cost(store):
     store.submit([job(cost_units=5), job(cost_units=5), job(cost_units=5)], T0)
     limits = in_force(store, Limits(pools={"default": 12}))
-    assert len(store.claim_available(10, T0, limits=limits)) == 2
-    assert store.claim_available(10, T0, limits=limits) == []
+    assert len(store.claim_available(claim.Request.of(10, limits=limits, now=T0))) == 2
+    assert store.claim_available(claim.Request.of(10, limits=limits, now=T0)) == []
 
 
 def test_a_job_over_the_budget_is_passed_over_for_a_cheaper_one(store):
     subs = store.submit([job(cost_units=8), job(cost_units=8), job(cost_units=2)], T0)
-    got = [j.id for j in store.claim_available(10, T0, limits=in_force(store, Limits(pools={"default": 12})))]
+    got = [j.id for j in store.claim_available(claim.Request.of(10, limits=in_force(store, Limits(pools={"default": 12})), now=T0))]
     assert got == [subs[0].job_id, subs[2].job_id]
 
 
@@ -92,43 +92,43 @@ def test_a_group_budget_counts_only_its_group(store):
     limits = in_force(store, Limits(groups={"openai": 3}))
     subs = store.submit([grouped("openai", 10, cost_units=2), grouped("openai", 10, cost_units=2),
                          job(cost_units=50)], T0)
-    got = [j.id for j in store.claim_available(10, T0, limits=limits)]
+    got = [j.id for j in store.claim_available(claim.Request.of(10, limits=limits, now=T0))]
     assert got == [subs[0].job_id, subs[2].job_id]
 
 
 def test_a_patient_job_reserves_its_budget_from_younger_ones(store):
     limits = in_force(store, Limits(pools={"default": 12}, patience=30))
     store.submit([job(cost_units=6)], T0)
-    store.claim_available(1, T0, limits=limits)  # 6 of 12 run
+    store.claim_available(claim.Request.of(1, limits=limits, now=T0))  # 6 of 12 run
     heavy, light = store.submit([job(cost_units=10), job(cost_units=1)], T0)
     # Not patient yet: the cheap one starts past it.
-    assert [j.id for j in store.claim_available(5, T0 + 10, limits=limits)] == [light.job_id]
+    assert [j.id for j in store.claim_available(claim.Request.of(5, limits=limits, now=T0 + 10))] == [light.job_id]
     store.submit([job(cost_units=1, run_at=T0 + 20)], T0 + 20)
     # Waited 30 s: it holds the budget, the younger cheap one waits behind it.
-    assert store.claim_available(5, T0 + 31, limits=limits) == []
+    assert store.claim_available(claim.Request.of(5, limits=limits, now=T0 + 31)) == []
 
 
 def test_a_claim_with_budgets_reads_a_bounded_look_ahead(store):
     limits = in_force(store, Limits(pools={"default": 5}))
     store.submit([job(cost_units=9) for _ in range(LOOK_AHEAD + 64)] + [job()], T0)
-    assert store.claim_available(1, T0, limits=limits) == []  # the cheap job is past the look-ahead
+    assert store.claim_available(claim.Request.of(1, limits=limits, now=T0)) == []  # the cheap job is past the look-ahead
 
 
 def test_any_number_of_jobs_of_a_full_group_do_not_hold_back_a_job_behind_them(store):
     store.submit([grouped("api", 1)], T0)
-    store.claim_available(1, T0)  # api is full
+    store.claim_available(claim.Request.of(1, now=T0))  # api is full
     store.submit([grouped("api", 1) for _ in range(LOOK_AHEAD + 64)], T0)
     (plain,) = store.submit([job()], T0)
     # The SQL stores leave full groups out of what they read.
-    assert [j.id for j in store.claim_available(1, T0)] == [plain.job_id]
+    assert [j.id for j in store.claim_available(claim.Request.of(1, now=T0))] == [plain.job_id]
 
 
 def test_a_keys_head_waiting_in_a_full_group_holds_its_key_for_the_jobs_behind_it(store):
     store.submit([grouped("api", 1)], T0)
-    assert len(store.claim_available(1, T0)) == 1  # the group's one slot is taken
+    assert len(store.claim_available(claim.Request.of(1, now=T0))) == 1  # the group's one slot is taken
     # Behind a backlog of the full group longer than any first page a store reads.
     store.submit([grouped("api", 1) for _ in range(40)] + [grouped("api", 1, key="k"), job(key="k"), job()], T0)
-    got = store.claim_available(10, T0 + 2)
+    got = store.claim_available(claim.Request.of(10, now=T0 + 2))
     # The key's second job must not overtake its head: only the plain job starts.
     assert [(j.key, j.concurrency_group) for j in got] == [(None, None)]
 
@@ -140,7 +140,7 @@ def test_a_claim_past_full_groups_starts_what_the_selection_policy_picks(store):
     groups = [f"g{i}" for i in range(6)]
     limits = [(g, 1 + i % 2) for i, g in enumerate(groups)]  # every job of a group says the same limit
     store.submit([grouped(g, n) for g, n in limits[:4] for _ in range(n)], T0)
-    store.claim_available(100, T0)  # g0..g3 full
+    store.claim_available(claim.Request.of(100, now=T0))  # g0..g3 full
     store.submit([job(priority=rnd.choice([0, 0, 1]), run_at=T0 - rnd.choice([0, 0, 1, 2]),
                       pool=rnd.choice(["default", "default", "other"]),
                       **(grouped_kw(*rnd.choice(limits)) if rnd.random() < 0.7
@@ -151,7 +151,7 @@ def test_a_claim_past_full_groups_starts_what_the_selection_policy_picks(store):
         running = claim.Running.of_jobs([(j.key, j.concurrency_group, None, j.concurrency_limit, j.pool, j.cost_units)
                                          for j in store.list_jobs(State.RUNNING, 1000)])
         want = claim.select(queued, claim.Request.of(limit, True, pools), running)
-        assert [j.id for j in store.claim_available(limit, T0, pools=pools)] == want
+        assert [j.id for j in store.claim_available(claim.Request.of(limit, pools=pools, now=T0))] == want
         done = [j for j in store.list_jobs(State.RUNNING, 1000) if j.concurrency_group not in groups[:4]]
         store.finish_if_running([Outcome(j.id, State.SUCCEEDED) for j in done[::2]], T0)
 
@@ -159,10 +159,10 @@ def test_a_claim_past_full_groups_starts_what_the_selection_policy_picks(store):
 def test_a_group_full_at_one_claim_and_free_at_the_next_starts_its_next_job(store):
     first, second = store.submit([grouped("api", 1), grouped("api", 1)], T0)
     (plain,) = store.submit([job()], T0)
-    assert [j.id for j in store.claim_available(5, T0)] == [first.job_id, plain.job_id]
-    assert store.claim_available(5, T0) == []  # api is full
+    assert [j.id for j in store.claim_available(claim.Request.of(5, now=T0))] == [first.job_id, plain.job_id]
+    assert store.claim_available(claim.Request.of(5, now=T0)) == []  # api is full
     store.finish_if_running([Outcome(first.job_id, State.SUCCEEDED)], T0 + 1)
-    assert [j.id for j in store.claim_available(5, T0 + 1)] == [second.job_id]
+    assert [j.id for j in store.claim_available(claim.Request.of(5, now=T0 + 1))] == [second.job_id]
 
 
 def test_claims_with_groups_and_budgets_start_what_the_selection_policy_picks(store):
@@ -182,7 +182,7 @@ def test_claims_with_groups_and_budgets_start_what_the_selection_policy_picks(st
         running = claim.Running.of_jobs([(j.key, j.concurrency_group, None, j.concurrency_limit, j.pool, j.cost_units)
                                          for j in store.list_jobs(State.RUNNING, 1000)])
         want = claim.select(queued, claim.Request.of(limit, True, None, limits, now), running)
-        assert [j.id for j in store.claim_available(limit, now, limits=limits)] == want
+        assert [j.id for j in store.claim_available(claim.Request.of(limit, limits=limits, now=now))] == want
         done = store.list_jobs(State.RUNNING, 1000)
         store.finish_if_running([Outcome(j.id, State.SUCCEEDED) for j in done if rnd.random() < 0.6], now)
         now += 1
@@ -196,14 +196,14 @@ def test_concurrent_postgres_claimers_never_exceed_a_group_limit(pg_url):
     others = [PostgresStore(store._dsn, migrate=False) for _ in range(4)]
     start, lock, claimed = threading.Barrier(4), threading.Lock(), []
 
-    def claim(s):
+    def take(s):
         start.wait()
         for _ in range(10):
-            got = s.claim_available(3, T0)
+            got = s.claim_available(claim.Request.of(3, now=T0))
             with lock:
                 claimed.extend(got)
 
-    threads = [threading.Thread(target=claim, args=(s,)) for s in others]
+    threads = [threading.Thread(target=take, args=(s,)) for s in others]
     for t in threads:
         t.start()
     for t in threads:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from queickd.core.cron import LATEST
 from queickd.core.job import NewJob, Outcome, State
+from queickd.core.policy.claim import Request
 from queickd.services.scheduler import Scheduler
 from queickd.store import CronRecord, open_store
 
@@ -115,7 +116,7 @@ def test_a_wait_is_never_longer_than_one_sweep():
 
 def test_each_cron_tick_fires_one_job():
     def run_what_is_queued():  # the pool's part, so that no run is waiting at the next tick
-        for j in store.claim_available(10, ft.now):
+        for j in store.claim_available(Request.of(10, now=ft.now)):
             store.finish_if_running([Outcome.succeeded(j.id, None)], ft.now)
         sch.wake_at(ft.now, "crons")  # a second look at the same tick fires nothing more
 

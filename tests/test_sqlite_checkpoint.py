@@ -13,6 +13,7 @@ import pytest
 from contract_jobs import T0, job
 
 from queickd.core.job import Outcome
+from queickd.core.policy.claim import Request
 from queickd.store.sqlite import checkpoint as sqlite_checkpoint
 from queickd.store.sqlite.checkpoint import BACKSTOP_PAGES, Checkpointer, frames_waiting
 from queickd.store.sqlite.store import SQLiteStore
@@ -35,11 +36,11 @@ def store(tmp_path):
 def _churn(s: SQLiteStore, passes: int) -> None:
     """Passes as the worker pool makes them: finish one job, claim the next, one commit."""
     s.submit([job() for _ in range(passes + 1)], T0)
-    running = s.claim_available(1, T0)
+    running = s.claim_available(Request.of(1, now=T0))
     for _ in range(passes):
         with s.batch(bookkeeping=True):
             s.finish_if_running([Outcome.succeeded(j.id, None) for j in running], T0)
-            running = s.claim_available(1, T0)
+            running = s.claim_available(Request.of(1, now=T0))
 
 
 def _wal_restarts(db: str) -> int:

@@ -10,6 +10,7 @@ import time
 import pytest
 from store_contract import T0, job
 
+from queickd.core.policy.claim import Request
 from queickd.store.records import NotDurableError
 from queickd.store.sqlite.store import SQLiteStore
 
@@ -67,7 +68,7 @@ def test_claims_and_finishes_are_not_flushed(store):
     s, disk = store
     s.submit([job()], T0)
     before = list(disk.calls)
-    s.claim_available(1, T0)
+    s.claim_available(Request.of(1, now=T0))
     assert disk.calls == before
 
 
@@ -85,7 +86,7 @@ def test_other_writers_go_on_while_a_commit_is_flushed(store):
     submitted = threading.Thread(target=s.submit, args=([job()], T0))
     submitted.start()
     assert disk.entered.acquire(timeout=10)  # the submit has committed and is flushing
-    claimed = s.claim_available(1, T0)  # a write transaction, not stuck behind the flush
+    claimed = s.claim_available(Request.of(1, now=T0))  # a write transaction, not stuck behind the flush
     assert [j.state for j in claimed] == ["running"]
     assert submitted.is_alive()  # and the submit still waits for its flush
     disk.hold.set()

@@ -10,6 +10,7 @@ import pytest
 
 from queickd.core.job import NewJob, Outcome, RetrySpec, new_record
 from queickd.core.policy import admission as adm
+from queickd.core.policy.claim import Request
 from queickd.store.sqlite import schema as sqlite_schema
 from queickd.store.sqlite.store import SCHEMA_VERSION, SchemaTooNewError, SQLiteStore
 
@@ -78,7 +79,7 @@ def test_a_file_of_an_earlier_release_keeps_its_queued_job_in_the_queue_order_th
     assert "jobs_queued" not in indexes and "jobs_queued_plain" not in indexes
     assert {"jobs_queued_pool_plain", "jobs_queued_pool_grouped", "jobs_queued_pool_group"} <= indexes
     assert old_store.oldest_queued_at() == old_store.get(7).run_at
-    assert [j.id for j in old_store.claim_available(5, T0 + 10)] == [7]
+    assert [j.id for j in old_store.claim_available(Request.of(5, now=T0 + 10))] == [7]
 
 
 def test_a_file_of_an_earlier_release_gets_the_output_column_null_for_every_job(old):

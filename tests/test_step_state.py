@@ -12,6 +12,7 @@ import pytest
 
 from queickd.core import workflow as wf
 from queickd.core.job import State
+from queickd.core.policy.claim import Request
 from queickd.core.workflow import engine
 from queickd.run.loader import FunctionLoader
 from queickd.run.thread import ThreadRunner
@@ -33,7 +34,7 @@ def store(tmp_path):
 
 def items(store, state):
     store.workflow_start(FAN, state, T0)
-    return sorted(store.claim_available(50, T0), key=lambda j: j.args[0])
+    return sorted(store.claim_available(Request.of(50, now=T0)), key=lambda j: j.args[0])
 
 
 def run(job, arguments):
@@ -65,7 +66,7 @@ def test_an_item_gets_the_state_without_the_list_fanned_out(store):
 def test_a_task_steps_job_is_called_as_stored(store):
     chain = wf.parse({"name": "chain", "steps": [{"name": "a", "func": "wfsteps:noop"}]})
     store.workflow_start(chain, {"x": 1}, T0)
-    (step,) = store.claim_available(1, T0)
+    (step,) = store.claim_available(Request.of(1, now=T0))
     fanout = StepState(store)
     assert fanout.complete(step) is step and step.args == [{"x": 1}]
     assert fanout.reads == 0
@@ -75,13 +76,13 @@ def test_a_task_step_over_the_inline_size_gets_the_state_its_job_does_not_store(
     chain = wf.parse({"name": "chain", "steps": [{"name": "a", "func": "wfsteps:noop"}]})
     state = {"pad": "x" * (engine.INLINE_STATE_BYTES + 1)}
     store.workflow_start(chain, state, T0)
-    (step,) = store.claim_available(1, T0)
+    (step,) = store.claim_available(Request.of(1, now=T0))
     assert step.args == [None]
     assert StepState(store).complete(step).args == [state]
 
 
 def test_a_plain_job_is_called_as_stored(store):
-    (plain,) = store.submit([__import__("store_contract").job("wfsteps:noop")], T0) and store.claim_available(1, T0)
+    (plain,) = store.submit([__import__("store_contract").job("wfsteps:noop")], T0) and store.claim_available(Request.of(1, now=T0))
     assert StepState(store).complete(plain) is plain
 
 
@@ -90,7 +91,7 @@ def test_an_item_started_after_its_fan_out_ended_gets_the_runs_state_as_it_is_th
                                                  "func": "wfsteps:square", "mode": "first_success",
                                                  "result": "found"}]})
     store.workflow_start(anyone, {"xs": [4, 6]}, T0)
-    first, second = sorted(store.claim_available(2, T0), key=lambda j: j.args[0])
+    first, second = sorted(store.claim_available(Request.of(2, now=T0)), key=lambda j: j.args[0])
     with store.batch(bookkeeping=True):
         store.finish_if_running([run(first, StepState(store).complete)], T0)
     assert StepState(store).complete(second).args == [6, {"found": 16}]

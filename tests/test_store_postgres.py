@@ -9,6 +9,7 @@ from helpers import run_together
 from store_contract import T0, StoreContract, job
 
 from queickd.core.job import Outcome, State
+from queickd.core.policy.claim import Request
 
 
 class TestPostgresStore(StoreContract):
@@ -44,7 +45,7 @@ def test_the_database_itself_refuses_a_second_running_job_for_a_key(pg_store):
     import psycopg
 
     a, b = pg_store.submit([job(key="k"), job(key="k")], T0)
-    pg_store.claim_available(1, T0)
+    pg_store.claim_available(Request.of(1, now=T0))
     with pytest.raises(psycopg.errors.UniqueViolation):
         pg_store._conn().execute("UPDATE jobs SET state = 'running' WHERE id = %s", (b.job_id,))
 
@@ -62,7 +63,7 @@ def test_concurrent_claimers_run_each_job_once_and_one_job_per_key_at_a_time(pg_
         s = PostgresStore(pg_url, migrate=False)
         try:
             while True:
-                jobs = s.claim_available(3, T0)
+                jobs = s.claim_available(Request.of(3, now=T0))
                 if not jobs and not s.counts()[State.QUEUED]:
                     return
                 with lock:
@@ -87,7 +88,7 @@ def test_failures_finished_at_once_on_several_connections_are_all_counted(pg_url
     from queickd.store.postgres.store import PostgresStore
 
     pg_store.submit([job() for _ in range(60)], T0)
-    jobs = pg_store.claim_available(60, T0)
+    jobs = pg_store.claim_available(Request.of(60, now=T0))
     start = threading.Barrier(3)
     err = {"type": "E", "message": "no"}
     paused = []
@@ -113,8 +114,8 @@ def test_orphans_are_only_jobs_of_workers_that_stopped_beating(pg_url, pg_store)
     other = PostgresStore(pg_url, migrate=False)
     other.register_worker("worker", ["default"], 1, heartbeat=0.2)
     pg_store.submit([job(), job()], T0)
-    (mine,) = other.claim_available(1, T0)
-    (nobodys,) = pg_store.claim_available(1, T0)  # claimed with no registered worker
+    (mine,) = other.claim_available(Request.of(1, now=T0))
+    (nobodys,) = pg_store.claim_available(Request.of(1, now=T0))  # claimed with no registered worker
     assert pg_store.recover_orphans(3, T0).requeued == [nobodys.id]
     assert pg_store.get(mine.id).state == State.RUNNING  # its worker is alive
     pg_store._conn().execute("UPDATE workers SET beat_at = beat_at - 1")  # 5 beats missed
@@ -150,7 +151,7 @@ def test_a_new_record_for_the_same_host_and_pid_retires_the_old_one_and_its_jobs
     before = PostgresStore(pg_url, migrate=False)  # this pid's previous life, say
     old_id = before.register_worker("worker", ["default"], 1, heartbeat=60)
     pg_store.submit([job()], T0)
-    (held,) = before.claim_available(1, T0)
+    (held,) = before.claim_available(Request.of(1, now=T0))
     assert pg_store.recover_orphans(3, T0).requeued == []  # its worker beats: not an orphan
     pg_store.register_worker("worker", ["default"], 1, heartbeat=60)
     assert [w["id"] for w in pg_store.workers()] == [pg_store.worker_id] != [old_id]
@@ -170,7 +171,7 @@ def test_enqueues_and_finishes_are_announced_at_commit_with_their_pool_or_ids(pg
     listener = psycopg.connect(pg_store._dsn, autocommit=True)
     listener.execute("LISTEN queickd; LISTEN queickd_queued; LISTEN queickd_finished")
     plain, keyed = pg_store.submit([job(pool="gpu"), job(key="k")], T0)
-    a, b = pg_store.claim_available(2, T0)
+    a, b = pg_store.claim_available(Request.of(2, now=T0))
     pg_store.watch_finish(plain.job_id)  # a client waits on it
     pg_store.finish_if_running([Outcome.succeeded(a.id, None)], T0)
     pg_store.finish_if_running([Outcome.succeeded(b.id, None)], T0)
@@ -192,11 +193,11 @@ def test_running_without_worker_counts_only_running_jobs_whose_worker_is_gone(pg
 
     pg_store.register_worker("worker", ["default"], 2, 10.0)
     pg_store.submit([job(), job(), job()], T0)
-    pg_store.claim_available(1, T0)  # held by a registered worker that beats
+    pg_store.claim_available(Request.of(1, now=T0))  # held by a registered worker that beats
     assert pg_store.running_without_worker() == 0
     unregistered = PostgresStore(pg_url)  # its claims carry no worker at all
     try:
-        unregistered.claim_available(1, T0)
+        unregistered.claim_available(Request.of(1, now=T0))
     finally:
         unregistered.close()
     assert pg_store.running_without_worker() == 1
@@ -220,7 +221,7 @@ def test_hosts_claiming_at_once_let_one_probe_through(pg_url, pg_store, grouped)
         try:
             start.wait(10)
             for _ in range(10):
-                got.extend(s.claim_available(5, T0 + 60))
+                got.extend(s.claim_available(Request.of(5, now=T0 + 60)))
         finally:
             s.close()
 
@@ -242,8 +243,8 @@ def test_a_probe_taken_by_a_claim_not_yet_committed_is_not_taken_again_by_the_ot
     got = []
     try:
         with pg_store.batch():
-            (probe,) = pg_store.claim_available(5, T0 + 60, pools=[first])
-            t = threading.Thread(target=lambda: got.extend(other.claim_available(5, T0 + 60, pools=[second])))
+            (probe,) = pg_store.claim_available(Request.of(5, pools=[first], now=T0 + 60))
+            t = threading.Thread(target=lambda: got.extend(other.claim_available(Request.of(5, pools=[second], now=T0 + 60))))
             t.start()
             t.join(10)  # the other claim must not wait for this one to decide
             assert not t.is_alive()
@@ -290,7 +291,7 @@ def test_child_runs_finishing_while_their_parents_are_cancelled_never_deadlock(p
     try:
         for _ in range(40):
             parent, _ = pg_store.workflow_start(d, {}, T0)
-            (job,) = pg_store.claim_available(1, T0)
+            (job,) = pg_store.claim_available(Request.of(1, now=T0))
             assert _race(partial(_finish, pg_store, job), partial(other.workflow_cancel, parent.id, T0)) == []
             parent = pg_store.workflow_get(parent.id)
             (child,) = pg_store.workflow_children(parent)
@@ -317,7 +318,7 @@ def test_a_step_job_cancelled_while_a_failure_ends_its_run_never_deadlocks(pg_ur
     try:
         for _ in range(40):
             run, _ = pg_store.workflow_start(d, {"xs": [1, 2]}, T0)
-            (failing,) = pg_store.claim_available(1, T0)  # item 0, whose 1 is odd: it fails
+            (failing,) = pg_store.claim_available(Request.of(1, now=T0))  # item 0, whose 1 is odd: it fails
             waiting = next(j for j in pg_store.workflow_jobs(run.id) if j.id != failing.id)
             assert _race(partial(_finish, pg_store, failing), partial(other.cancel, waiting.id, T0)) == []
             run = pg_store.workflow_get(run.id)
@@ -334,7 +335,7 @@ def test_a_heartbeat_sweeps_the_orphans_of_workers_that_stopped_beating(pg_url, 
     gone.register_worker("worker", ["default"], 1, heartbeat=0.2)
     pg_store.register_worker("daemon", ["default"], 1, heartbeat=60)
     pg_store.submit([job()], T0)
-    (held,) = gone.claim_available(1, T0)
+    (held,) = gone.claim_available(Request.of(1, now=T0))
     pg_store._conn().execute("UPDATE workers SET beat_at = beat_at - 1 WHERE id = %s", (gone.worker_id,))
     beat = pg_store.beat(3, T0)
     assert beat.found and beat.recovered is not None and beat.recovered.requeued == [held.id]

@@ -9,6 +9,7 @@ from pgfixtures import listen_for_queickd
 from store_contract import T0, job
 
 from queickd.core.job import Outcome, State
+from queickd.core.policy.claim import Request
 
 
 # --- which listener hears what -----------------------------------------------------------------
@@ -27,11 +28,11 @@ def test_a_worker_listener_hears_wake_ups_but_not_the_finishes_that_free_nothing
         assert listener.connected.wait(10)
     try:
         (plain,) = store.submit([job()], T0)
-        (one,) = store.claim_available(1, T0)
+        (one,) = store.claim_available(Request.of(1, now=T0))
         store.watch_finish(one.id)
         store.finish_if_running([Outcome.succeeded(one.id, None)], T0)
         (keyed,) = store.submit([job(key="k")], T0)
-        (two,) = store.claim_available(1, T0)
+        (two,) = store.claim_available(Request.of(1, now=T0))
         store.finish_if_running([Outcome.succeeded(two.id, None)], T0)
 
         def first(who: str, n: int) -> list[str]:
@@ -59,7 +60,7 @@ def test_a_listener_not_for_new_jobs_hears_the_finish_first(pg_fresh_database):
     try:
         assert listener.connected.wait(10)
         store.submit([job()], T0)
-        (one,) = store.claim_available(1, T0)
+        (one,) = store.claim_available(Request.of(1, now=T0))
         store.watch_finish(one.id)
         store.finish_if_running([Outcome.succeeded(one.id, None)], T0)
         assert heard.get(timeout=10) == f"f:{one.id}"  # delivered in commit order: no q: before it
@@ -86,7 +87,7 @@ def test_a_daemon_of_no_workers_does_not_hear_of_new_jobs(pg_fresh_database):
     try:
         assert front.listener.connected.wait(10)
         store.submit([job()], T0)
-        (one,) = store.claim_available(1, T0)
+        (one,) = store.claim_available(Request.of(1, now=T0))
         store.watch_finish(one.id)
         store.finish_if_running([Outcome.succeeded(one.id, None)], T0)
         assert heard.get(timeout=10) == f"f:{one.id}"  # the finish, for its waiting clients, and no q: before it
@@ -99,7 +100,7 @@ def test_a_daemon_of_no_workers_does_not_hear_of_new_jobs(pg_fresh_database):
 def test_jobs_running_under_our_claims_that_we_do_not_hold_go_back_to_wait(pg_store):
     pg_store.register_worker("worker", ["default"], 2, 10.0)
     pg_store.submit([job(), job()], T0)
-    held, lost = pg_store.claim_available(2, T0)
+    held, lost = pg_store.claim_available(Request.of(2, now=T0))
     assert pg_store.release_unheld({held.id}, T0 + 1) == 1
     assert pg_store.get(held.id).state == State.RUNNING
     back = pg_store.get(lost.id)
@@ -114,7 +115,7 @@ def test_jobs_another_process_claimed_are_not_given_back(pg_url, pg_store):
         other.register_worker("worker", ["default"], 1, 10.0)
         pg_store.register_worker("worker", ["default"], 1, 10.0)
         pg_store.submit([job()], T0)
-        (theirs,) = other.claim_available(1, T0)
+        (theirs,) = other.claim_available(Request.of(1, now=T0))
         assert pg_store.release_unheld(set(), T0) == 0
         assert pg_store.get(theirs.id).state == State.RUNNING
     finally:
@@ -139,7 +140,7 @@ def test_a_pass_still_running_in_the_server_after_its_connection_broke_is_ended_
     try:
         store.register_worker("worker", ["default"], 1, 10.0)
         store.submit([job(), job()], T0)
-        (first,) = store.claim_available(1, T0)
+        (first,) = store.claim_available(Request.of(1, now=T0))
         locker.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (first.id,))  # the finish will wait
         store._bookkeeping_conn()
         pid = store._bk_backend[0]

@@ -4,6 +4,8 @@ in that case are the store contract's (store_contract_parked.py)."""
 
 from store_contract import T0, job
 
+from queickd.core.policy.claim import Request
+
 _HEAD = (-(1 << 31), float("-inf"), 0)
 
 
@@ -50,7 +52,7 @@ def test_a_selection_page_does_not_grow_with_the_groups_of_a_pool_it_does_not_se
 def _fill(store, group: str = "full", pool: str = "default") -> None:
     """A group of limit 1 whose slot a running job holds, and a job of it waiting ahead of every other."""
     (holder,) = store.submit([job(concurrency_group=group, concurrency_limit=1, pool=pool, priority=-20)], T0)
-    assert [j.id for j in store.claim_available(1, T0, pools=[pool])] == [holder.job_id]
+    assert [j.id for j in store.claim_available(Request.of(1, pools=[pool], now=T0))] == [holder.job_id]
     store.submit([job(concurrency_group=group, concurrency_limit=1, pool=pool, priority=-10)], T0)
 
 
@@ -76,7 +78,7 @@ def _claim_reads(store, limit: int) -> tuple[int, int]:
         count = ("SELECT idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = 'jobs'"
                  " AND schemaname = current_schema()")
         before = c.execute(count).fetchone()[0]
-        got = store.claim_available(limit, T0, pools=["default"])
+        got = store.claim_available(Request.of(limit, pools=["default"], now=T0))
         return len(got), c.execute(count).fetchone()[0] - before
 
 

@@ -11,6 +11,7 @@ from pgfixtures import listen_for_queickd
 from store_contract import T0, job
 
 from queickd.core.job import Outcome, State
+from queickd.core.policy.claim import Request
 
 
 def test_every_claim_function_is_planned_once_per_session(pg_store):
@@ -48,7 +49,7 @@ def test_a_claim_with_no_group_or_budget_in_play_is_one_statement(pg_store, monk
     counting = _CountingConnection(pg_store._bookkeeping_conn())
     monkeypatch.setattr(pg_store, "_bookkeeping_conn", lambda: counting)
     with pg_store.batch(bookkeeping=True):
-        (claimed,) = pg_store.claim_available(1, T0)
+        (claimed,) = pg_store.claim_available(Request.of(1, now=T0))
     assert len(counting.sent) == 1 and pg_store.get(claimed.id).state == State.RUNNING
 
 
@@ -61,7 +62,7 @@ def test_the_fast_path_leaves_the_claim_to_the_selection_when_a_grouped_job_wait
         rows = c.execute("SELECT id, state FROM queickd_claim(%s, %s, 1, NULL, true, 5)", (_BUDGET_LOCK, T0)).fetchall()
         assert rows == [(None, None)]  # nothing claimed: the selection's turn
     assert pg_store.get(plain.job_id).state == State.QUEUED
-    got = pg_store.claim_available(5, T0)
+    got = pg_store.claim_available(Request.of(5, now=T0))
     assert sorted(j.id for j in got) == sorted([plain.job_id, grouped.job_id])
 
 
@@ -70,7 +71,7 @@ def test_the_fast_path_leaves_the_claim_to_the_selection_when_a_served_pool_has_
 
     pg_store.adopt_budgets(Limits(pools={"b": 2}))
     pg_store.submit([job(pool="b", cost_units=1.0) for _ in range(3)], T0)
-    got = pg_store.claim_available(5, T0, pools=["b"])
+    got = pg_store.claim_available(Request.of(5, pools=["b"], now=T0))
     assert len(got) == 2  # the budget held: the selection claimed, not the fast path
 
 
@@ -85,7 +86,7 @@ def _finish_and_claim_both_ways(store, one_step: bool, outcomes, now):
         return got
     with store.batch(bookkeeping=True):
         store.finish_if_running(outcomes, now)
-        return store.claim_available(2, now)
+        return store.claim_available(Request.of(2, now=now))
 
 
 @pytest.mark.parametrize("one_step", [False, True], ids=["finish_then_claim", "one_statement"])
@@ -99,10 +100,10 @@ def test_a_pass_in_one_statement_stores_what_the_finish_and_the_claim_store(pg, 
     try:
         trip_bad(store)  # m:bad paused, its probe due at T0 + 60; k:1 has a failure streak
         store.submit([job(func="m:f", key="k1")], T0)
-        (keyed,) = store.claim_available(1, T0)
+        (keyed,) = store.claim_available(Request.of(1, now=T0))
         store.finish_if_running([Outcome.dead(keyed.id, {"type": "E", "message": "no"})], T0)
         store.submit([job(func="m:bad"), job(func="m:f", key="k1"), job(func="m:g")], T0)
-        running = store.claim_available(5, T0 + 60)  # the probe, the keyed job, the plain one
+        running = store.claim_available(Request.of(5, now=T0 + 60))  # the probe, the keyed job, the plain one
         assert len(running) == 3
         store.submit([job(func="m:next") for _ in range(3)], T0 + 60)
         ears = listen_for_queickd(url)
@@ -128,7 +129,7 @@ def test_a_pass_with_room_left_takes_due_probes_for_that_room_only(pg_store, one
     trip_bad(pg_store)  # m:bad and m:worse paused, their probes due at T0 + 60
     trip_bad(pg_store, "m:worse")
     pg_store.submit([job(func="m:g")], T0)
-    (plain,) = pg_store.claim_available(1, T0)
+    (plain,) = pg_store.claim_available(Request.of(1, now=T0))
     pg_store.submit([job(func="m:bad"), job(func="m:worse"), job(func="m:h")], T0 + 60)
     claimed = _finish_and_claim_both_ways(pg_store, one_step, [Outcome.succeeded(plain.id, None)], T0 + 61)
     funcs = sorted(j.func for j in claimed)
@@ -148,9 +149,9 @@ def test_a_pass_lifts_no_pause_and_tells_no_finish_for_a_job_it_did_not_finish(p
     try:
         trip_bad(store)
         store.submit([job(func="m:g", key="k")], T0)
-        (keyed,) = store.claim_available(1, T0)
+        (keyed,) = store.claim_available(Request.of(1, now=T0))
         store.submit([job(func="m:bad")], T0 + 60)
-        (probe,) = store.claim_available(1, T0 + 60)
+        (probe,) = store.claim_available(Request.of(1, now=T0 + 60))
         assert store.release_unstarted([probe.id]) == 1
         ears = listen_for_queickd(url)
         outcomes = [Outcome.succeeded(keyed.id, None), Outcome.succeeded(probe.id, None)]
@@ -180,7 +181,7 @@ def running(pg):
     store = PostgresStore(url)
     try:
         store.submit([job()], T0)
-        (j,) = store.claim_available(1, T0)
+        (j,) = store.claim_available(Request.of(1, now=T0))
         yield url, admin, store, j
     finally:
         store.close()
@@ -231,7 +232,7 @@ def test_a_mark_made_while_the_finish_is_uncommitted_leaves_the_job_as_finished(
     import threading
 
     pg_store.submit([job()], T0)
-    (j,) = pg_store.claim_available(1, T0)
+    (j,) = pg_store.claim_available(Request.of(1, now=T0))
     with pg_store.batch(bookkeeping=True):
         pg_store.finish_if_running([Outcome.succeeded(j.id, None)], T0)
         marking = threading.Thread(target=pg_store.watch_finish, args=(j.id,))
@@ -245,7 +246,7 @@ def test_a_mark_made_while_the_finish_is_uncommitted_leaves_the_job_as_finished(
 @pytest.mark.parametrize("outcome", ["dead", "retry", "workflow_step"])
 def test_a_pass_in_one_statement_is_only_for_successes_outside_workflows(pg_store, outcome):
     pg_store.submit([job(), job()], T0)
-    j, _ = pg_store.claim_available(1, T0) + [None]
+    j, _ = pg_store.claim_available(Request.of(1, now=T0)) + [None]
     o = {"dead": lambda: Outcome.dead(j.id, {"type": "E", "message": "no"}),
          "retry": lambda: Outcome.retry_at(j.id, T0 + 5, {"type": "E", "message": "no"}),
          "workflow_step": lambda: Outcome.succeeded(j.id, None, workflow_run=1)}[outcome]()
@@ -255,7 +256,7 @@ def test_a_pass_in_one_statement_is_only_for_successes_outside_workflows(pg_stor
 
 def test_a_pass_in_one_statement_does_nothing_when_the_selection_must_claim(pg_store):
     pg_store.submit([job()], T0)
-    (j,) = pg_store.claim_available(1, T0)
+    (j,) = pg_store.claim_available(Request.of(1, now=T0))
     pg_store.submit([job(concurrency_group="g", concurrency_limit=1)], T0)
     assert pg_store.finish_and_claim([Outcome.succeeded(j.id, None)], T0, 1) is None
     assert pg_store.get(j.id).state == State.RUNNING and pg_store.counts()["queued"] == 1
@@ -281,7 +282,7 @@ def test_jobs_a_pass_in_one_statement_claimed_but_cannot_read_are_given_back(pg_
 
 def test_a_pass_keeps_its_cursor_unless_its_outcomes_were_large(pg_store):
     pg_store.submit([job() for _ in range(3)], T0)
-    (a,) = pg_store.claim_available(1, T0)
+    (a,) = pg_store.claim_available(Request.of(1, now=T0))
     (b,) = pg_store.finish_and_claim([Outcome.succeeded(a.id, 1)], T0, 1)
     kept = pg_store._pass_cursor
     (c,) = pg_store.finish_and_claim([Outcome.succeeded(b.id, 1, output="x" * 100_000)], T0, 1)

@@ -5,6 +5,7 @@ import pytest
 from store_contract import T0, StoreContract, job
 
 from queickd.core.job import State
+from queickd.core.policy.claim import Request
 from queickd.store import open_store, rows
 from queickd.store.sqlite.store import SCHEMA_VERSION, SQLiteStore
 
@@ -64,7 +65,7 @@ def test_claim_merges_the_served_pools_queue_order_walks_without_sorting(tmp_pat
     c.set_trace_callback(None)
     sql = []
     c.set_trace_callback(sql.append)
-    s.claim_available(1, T0)
+    s.claim_available(Request.of(1, now=T0))
     c.set_trace_callback(None)
     claim = next(q for q in sql if "state = 'queued'" in q and q.startswith("SELECT"))
     plan = " ".join(str(r) for r in c.execute("EXPLAIN QUERY PLAN " + claim))
@@ -86,7 +87,7 @@ def test_the_event_prune_reads_the_old_delivered_events_not_the_whole_outbox(tmp
     s.close()
 
 
-def _claim_steps(s, *args, **kw):
+def _claim_steps(s, request):
     """(jobs claimed, SQLite VM instructions the claim ran): the work it did, not its time."""
     c = s._writer()
     steps = [0]
@@ -97,7 +98,7 @@ def _claim_steps(s, *args, **kw):
 
     c.set_progress_handler(count, 1)
     try:
-        return s.claim_available(*args, **kw), steps[0]
+        return s.claim_available(request), steps[0]
     finally:
         c.set_progress_handler(None, 1)
 
@@ -107,10 +108,10 @@ def test_a_claim_with_every_group_full_reaches_the_jobs_behind_them_by_reading_n
     for waiting in (10, 2000):
         s = SQLiteStore(str(tmp_path / f"q{waiting}.db"))
         s.submit([job(concurrency_group=f"g{i}", concurrency_limit=1) for i in range(5)], T0)
-        assert len(s.claim_available(5, T0)) == 5  # every group is full
+        assert len(s.claim_available(Request.of(5, now=T0))) == 5  # every group is full
         s.submit([job(concurrency_group=f"g{i % 5}", concurrency_limit=1) for i in range(waiting)], T0)
         plain = s.submit([job() for _ in range(2)], T0)
-        got, steps[waiting] = _claim_steps(s, 2, T0)
+        got, steps[waiting] = _claim_steps(s, Request.of(2, now=T0))
         assert [j.id for j in got] == [p.job_id for p in plain]
         s.close()
     # The same work with 200 times the full groups' backlog: none of it was read.
@@ -123,13 +124,13 @@ def test_a_claim_after_one_that_met_a_full_group_reads_in_one_statement_as_witho
         s = SQLiteStore(str(tmp_path / f"q{full_group}.db"))
         if full_group:  # its slot taken, a job of it waiting ahead of every other
             s.submit([job(concurrency_group="full", concurrency_limit=1)], T0)
-            assert len(s.claim_available(1, T0, pools=["default"])) == 1
+            assert len(s.claim_available(Request.of(1, pools=["default"], now=T0))) == 1
             s.submit([job(concurrency_group="full", concurrency_limit=1, priority=-10)], T0)
         plain = s.submit([job() for _ in range(4)], T0)
-        assert len(s.claim_available(2, T0, pools=["default"])) == 2  # the one that met it
+        assert len(s.claim_available(Request.of(2, pools=["default"], now=T0))) == 2  # the one that met it
         sql = []
         s._writer().set_trace_callback(sql.append)
-        assert [j.id for j in s.claim_available(2, T0, pools=["default"])] == [p.job_id for p in plain[2:]]
+        assert [j.id for j in s.claim_available(Request.of(2, pools=["default"], now=T0))] == [p.job_id for p in plain[2:]]
         s._writer().set_trace_callback(None)
         reads[full_group] = [q for q in sql if q.startswith(("SELECT", "WITH"))]
         s.close()
@@ -215,7 +216,7 @@ def test_a_batch_that_raises_leaves_nothing_behind(tmp_path):
     s = SQLiteStore(str(tmp_path / "q.db"))
     s.submit([job(), job()], T0)
     with pytest.raises(RuntimeError), s.batch(bookkeeping=True):
-        assert len(s.claim_available(2, T0)) == 2
+        assert len(s.claim_available(Request.of(2, now=T0))) == 2
         raise RuntimeError("the dispatcher failed before it could run them")
     assert s.counts()[State.QUEUED] == 2 and s.counts()[State.RUNNING] == 0
     s.close()
@@ -225,7 +226,7 @@ def test_a_batch_that_raises_gives_the_writer_back_to_other_threads_and_to_its_o
     s = SQLiteStore(str(tmp_path / "q.db"))
     s.submit([job()], T0)
     with pytest.raises(RuntimeError), s.batch(bookkeeping=True):
-        s.claim_available(1, T0)
+        s.claim_available(Request.of(1, now=T0))
         raise RuntimeError("failed halfway")
     other = concurrent.futures.ThreadPoolExecutor(1)
     assert len(other.submit(s.submit, [job()], T0).result(timeout=10)) == 1  # the write lock is free
@@ -249,7 +250,7 @@ def test_a_version_1_file_gains_the_pool_column_and_keeps_its_jobs(tmp_path):
         c.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     again = SQLiteStore(path)
     assert again.get(sub.job_id).pool == "default"
-    assert [j.id for j in again.claim_available(5, T0, pools=["default"])] == [sub.job_id]
+    assert [j.id for j in again.claim_available(Request.of(5, pools=["default"], now=T0))] == [sub.job_id]
     assert again._conn().execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
     again.close()
 
@@ -338,10 +339,10 @@ def test_a_claims_work_does_not_grow_with_the_jobs_and_groups_of_a_pool_it_does_
         s.submit([job(pool="unserved", concurrency_group=f"parked-{i}") for i in range(parked)], T0)
         if full_group:  # its slot taken, a job of it waiting ahead of every other
             s.submit([job(concurrency_group="full", concurrency_limit=1)], T0)
-            assert len(s.claim_available(1, T0, pools=["default"])) == 1
+            assert len(s.claim_available(Request.of(1, pools=["default"], now=T0))) == 1
             s.submit([job(concurrency_group="full", concurrency_limit=1, priority=-10)], T0)
         s.submit([job() for _ in range(5)], T0)
-        s.claim_available(1, T0, pools=["default"])  # the claim after one that met the full group
-        steps.append(_claim_steps(s, 1, T0, pools=["default"])[1])
+        s.claim_available(Request.of(1, pools=["default"], now=T0))  # the claim after one that met the full group
+        steps.append(_claim_steps(s, Request.of(1, pools=["default"], now=T0))[1])
         s.close()
     assert steps[1] <= steps[0] * 1.1 + 10, steps

@@ -9,6 +9,7 @@ import pytest
 from store_contract import job
 
 from queickd.core.job import State
+from queickd.core.policy.claim import Request
 from queickd.run.loader import FunctionLoader
 from queickd.services.pool_config import DEFAULT_CONFIG, PoolConfig, PoolHooks
 from queickd.services.worker import WorkerPool
@@ -24,8 +25,8 @@ class ClaimWatch(MemoryStore):
         super().__init__()
         self.claimers: list[tuple[int, list[int]]] = []
 
-    def claim_available(self, limit, now, network_up=True, pools=None, **limits):
-        jobs = super().claim_available(limit, now, network_up, pools=pools, **limits)
+    def claim_available(self, request):
+        jobs = super().claim_available(request)
         if jobs:
             self.claimers.append((threading.get_ident(), [j.id for j in jobs]))
         return jobs
@@ -246,7 +247,7 @@ class OneStep(MemoryStore):
             raise OSError("connection lost")
         with self.batch():
             self.finish_if_running(outcomes, now)
-            claimed = self.claim_available(limit, now, network_up, pools=pools)
+            claimed = self.claim_available(Request.of(limit, network_up, pools=pools, now=now))
         self.one_step.append(([o.job_id for o in outcomes], [j.id for j in claimed]))
         return claimed
 

@@ -11,6 +11,7 @@ import pytest
 from queickd import QueueError
 from queickd.core import workflow as wf
 from queickd.core.job import Outcome
+from queickd.core.policy.claim import Request
 from queickd.services.step_state import StepState
 from queickd.store.sqlite.store import SQLiteStore
 
@@ -25,7 +26,7 @@ def _fan_out_items(path, n: int) -> tuple[list[str], list[int], SQLiteStore]:
     s.workflow_start(FAN, {"xs": list(range(n)), "factor": 3}, T0)
     states, handed, sql = StepState(s), [], []
     c = s._writer()
-    held = s.claim_available(10, T0)
+    held = s.claim_available(Request.of(10, now=T0))
     finished = 0
     while finished + len(held) < n:
         jobs = [states.complete(j) for j in held]
@@ -35,7 +36,7 @@ def _fan_out_items(path, n: int) -> tuple[list[str], list[int], SQLiteStore]:
             s.finish_if_running([Outcome.succeeded(j.id, j.args[0] ** 2, j.workflow_run) for j in jobs], T0)
             c.set_trace_callback(None)
             finished += len(held)
-            held = s.claim_available(10, T0)
+            held = s.claim_available(Request.of(10, now=T0))
     return sql, handed, s
 
 
@@ -57,12 +58,12 @@ def test_a_fan_out_completes_with_every_items_result_in_order(tmp_path):
     s = SQLiteStore(str(tmp_path / "q.db"))
     run, _ = s.workflow_start(FAN, {"xs": list(range(300))}, T0)
     states = StepState(s)
-    held = s.claim_available(50, T0)
+    held = s.claim_available(Request.of(50, now=T0))
     while held:
         jobs = [states.complete(j) for j in held]
         with s.batch(bookkeeping=True):
             s.finish_if_running([Outcome.succeeded(j.id, j.args[0] ** 2, j.workflow_run) for j in jobs], time.time())
-            held = s.claim_available(50, T0)
+            held = s.claim_available(Request.of(50, now=T0))
     done = s.workflow_get(run.id)
     assert done.status == "succeeded" and done.state["f"] == [i * i for i in range(300)]
     s.close()

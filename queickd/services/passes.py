@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..core.job import Job, Outcome, State
-from ..core.policy.claim import Limits
+from ..core.policy.claim import Limits, Request
 from ..run.base import Runner, RunReport
 from ..store import Store
 from ..store.records import Finished, Minute
@@ -210,8 +210,8 @@ class PassStore:
         ask = p.free + 1 if self._can_grow() else p.free
         if ask > 0 and not self._stopping and not self._draining:
             now = self._clock()
-            p.claimed = self.store.claim_available(ask, now, self.hooks.network_up(), pools=self.pools,
-                                                   limits=self.limits, exclude=self._aside(now))
+            p.claimed = self.store.claim_available(Request.of(ask, self.hooks.network_up(), self.pools, self.limits,
+                                                              now, self._aside(now)))
         # Every count is written once the pool goes idle (nothing runs, nothing was
         # claimed); while busy, once a second at most. Idle is decided after the claim:
         # a worker of one slot is "idle" between every two jobs of a backlog, and a

@@ -133,25 +133,27 @@ class Store(Protocol):
         ...
 
     # --- claim ------------------------------------------------------------------------
-    def claim_available(self, limit: int, now: float, network_up: bool = True,
-                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS,
-                        exclude: Collection[int] = ()) -> list[Job]:
-        """Atomically move up to `limit` `queued` jobs to `running`, in queue order.
+    def claim_available(self, request: claim.Request) -> list[Job]:
+        """Atomically move up to `request.limit` `queued` jobs to `running`, in queue order,
+        at `request.now`.
 
         Resource control (core/policy/claim.py): a grouped job whose group runs its
         concurrency_limit already, and a job over a budget in force, are passed over and
         hold nothing (a patient one, by `limits.patience`, reserves its budgets); exact
-        across hosts on PostgreSQL. The budgets in force are `limits`' own, except in a
-        store that keeps them (PostgreSQL: see adopt_budgets), which reads its own in the
-        claim's transaction. At most claim.LOOK_AHEAD candidates past the jobs taken are read.
+        across hosts on PostgreSQL. The budgets in force are `request.limits`' own, except
+        in a store that keeps them (PostgreSQL: see adopt_budgets), which reads
+        its own in the claim's transaction. At most claim.LOOK_AHEAD candidates past the
+        jobs taken are read.
 
         Passed over (they keep waiting): a job whose key already has a running job (and
         every job of a key after the first one taken in this claim), a job whose key or
-        function is paused, a job of a pool not in `pools` (None: every pool), a job in
-        `exclude` (the claimer's memory gate sent it back a moment ago), and, with
-        network_up False, a job that asked for network replay. A passed-over job at the
-        head of its key holds the key: its key's later jobs wait behind it. Each claimed job's attempts grows by one and started_at becomes now.
-        Returns the claimed jobs as they are after the claim; [] when nothing is claimable.
+        function is paused, a job of a pool not in `request.pools` (None: every pool), a
+        job in `request.exclude` (the claimer's memory gate sent it back a moment ago),
+        and, with `request.network_up` False, a job that asked for network replay. A
+        passed-over job at the head of its key holds the key: its key's later jobs wait
+        behind it. Each claimed job's attempts grows by one and started_at becomes now.
+        Returns the claimed jobs as they are after the claim, in queue order; [] when
+        nothing is claimable.
         """
         ...
 
@@ -196,7 +198,8 @@ class Store(Protocol):
                          pools: Sequence[str] | None = None) -> list[Job] | None:
         """A worker pool's pass in the steady state as one call, in a transaction of its
         own (never inside batch()): `outcomes`, all successes of jobs outside workflows, as
-        finish_if_running stores them, then claim_available(limit, ...); the claimed jobs.
+        finish_if_running stores them, then claim_available(...) of up to `limit` jobs; the
+        claimed jobs.
         None: nothing done, the pass goes the general way (a store that has no such call,
         or outcomes it does not take: a failure, a workflow step's job, too many for one
         notification; or a claim that resource control must make)."""

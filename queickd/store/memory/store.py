@@ -196,15 +196,14 @@ class MemoryStore(MemoryOperatorOps, MemoryCronsEvents, MemoryResources, MemoryW
             return None
 
     # --- claim ----------------------------------------------------------------------------
-    def claim_available(self, limit: int, now: float, network_up: bool = True,
-                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS,
-                        exclude: Collection[int] = ()) -> list[Job]:
+    def claim_available(self, request: claim.Request) -> list[Job]:
+        now = request.now
         out: list[Job] = []
         passed_over: list[tuple[int, float, int]] = []
         with self._lock:
             # _running is kept by _count: no scan of every job per claim.
             pick = claim.Selection(
-                claim.Request.of(limit, network_up, pools, limits, now, exclude),
+                request,
                 claim.Running.of_jobs([(j.key, j.concurrency_group, None, j.concurrency_limit, j.pool, j.cost_units)
                                        for j in self._running.values()], self._pauses, self._due_probes(now)))
             # Every queued job is offered; those the selection leaves out (full groups, used

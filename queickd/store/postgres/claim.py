@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 try:
@@ -109,13 +109,12 @@ class PgClaims:
         jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
         return jobs
 
-    def claim_available(self, limit: int, now: float, network_up: bool = True,
-                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS,
-                        exclude: Collection[int] = ()) -> list[Job]:
+    def claim_available(self, request: claim.Request) -> list[Job]:
+        limit, pools, limits = request.limit, request.pools, request.limits
         if limit <= 0:
             return []
-        params = {"now": now, "worker": self.worker_id, "pools": list(pools) if pools is not None else None,
-                  "net": network_up, "limit": limit, "exclude": frozenset(exclude)}
+        params = {"now": request.now, "worker": self.worker_id, "pools": list(pools) if pools is not None else None,
+                  "net": request.network_up, "limit": limit, "exclude": request.exclude}
         if getattr(self._local, "in_batch", False):
             # No savepoint here (two more round trips on every pass of the pool): a lost key
             # or slot race, which the claim's own conditions and its lock all but rule out,

@@ -18,7 +18,7 @@ import functools
 import heapq
 import operator
 import sqlite3
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator
 
 from ...core.job import Job
 from ...core.policy import claim
@@ -182,13 +182,10 @@ class SqliteClaims:
     _only_groups = True  # ... and only those of full groups
     _past = _PAST  # how many jobs to read past the first, for full groups' jobs among them
 
-    def claim_available(self, limit: int, now: float, network_up: bool = True,
-                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS,
-                        exclude: Collection[int] = ()) -> list[Job]:
-        served = None if pools is None else frozenset(pools)
+    def claim_available(self, request: claim.Request) -> list[Job]:
+        limit, now, limits, served = request.limit, request.now, request.limits, request.pools
         if served is not None and not served:
             return []
-        request = claim.Request(limit, network_up, served, limits, now, frozenset(exclude))
         # Inside the write transaction: SQLite serializes writers, so the selection is exact.
         with self._write(bookkeeping=True) as c:
             # The pools walked: those served, or every pool with a job queued. A claim that
