@@ -16,6 +16,7 @@ from queickd.core.job import Outcome, State
 from queickd.core.policy import claim
 from queickd.core.policy.admission import Admission, Refusal
 from queickd.core.policy.claim import LOOK_AHEAD, Limits, Request
+from queickd.store.contract.capabilities import PassInOneCall
 from queickd.store.records import RefusedError
 
 
@@ -377,7 +378,7 @@ class RulesContract:
             assert plain is None or plain == claim.select(queued, request, running), step
             in_one = rnd.random() < 0.5  # by a pass (finish_and_claim) with nothing to finish
             got = store.finish_and_claim([], now, request.limit, request.network_up, pools) if (
-                in_one and store.passes_in_one_call) else None
+                in_one and isinstance(store, PassInOneCall)) else None
             if got is None:
                 got = store.claim_available(Request.of(request.limit, request.network_up, pools, now=now))
             assert [j.id for j in got] == want, step

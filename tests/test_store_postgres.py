@@ -126,10 +126,11 @@ def test_orphans_are_only_jobs_of_workers_that_stopped_beating(pg_url, pg_store)
 
 def test_open_store_takes_postgresql_urls(pg_url):
     from queickd.store import open_store
+    from queickd.store.fleetbase import FleetStore
     from queickd.store.postgres.store import PostgresStore
 
     s = open_store(pg_url)
-    assert isinstance(s, PostgresStore) and s.supports_notify
+    assert isinstance(s, PostgresStore) and isinstance(s, FleetStore)  # a fleet's store: it LISTENs
     s.close()
 
 

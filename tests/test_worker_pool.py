@@ -230,9 +230,7 @@ def test_a_job_that_ends_before_its_submit_is_acknowledged_leaves_its_outcome_to
 # --- the pass as one store call (store.finish_and_claim) -------------------------------------
 class OneStep(MemoryStore):
     """A real memory store that also passes in one call, as PostgreSQL does: successes only;
-    `fail` calls raise as a lost connection would."""
-
-    passes_in_one_call = True
+    `fail` calls raise as a lost connection would (a PassInOneCall by its finish_and_claim)."""
 
     def __init__(self, fail: int = 0) -> None:
         super().__init__()

@@ -18,6 +18,7 @@ from store_contract import job
 from queickd.run.loader import FunctionLoader
 from queickd.services.pool_config import PoolConfig, PoolHooks
 from queickd.services.worker import WorkerPool
+from queickd.store.contract.capabilities import PassInOneCall
 
 JOBS = str(Path(__file__).parent / "jobs")
 
@@ -58,6 +59,8 @@ def _slipping(base: type) -> type:
             if slip is not None:
                 slip()
 
+    if not issubclass(base, PassInOneCall):  # a pass of this store is always a batch
+        del Slipping.finish_and_claim
     return Slipping
 
 

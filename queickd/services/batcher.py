@@ -42,6 +42,7 @@ from ..core.job import NewJob, State, Submitted
 from ..core.policy.admission import NO_LIMITS, Admission, Refusal
 from ..core.protocol import Code, QueueError
 from ..store import Store
+from ..store.contract.capabilities import ClaimsInSubmit
 from ..store.records import NotDurableError
 
 log = logging.getLogger("queickd.batcher")
@@ -93,7 +94,7 @@ class SubmitBatcher:
         self.store = store
         self._dispatch = dispatch  # told of stored jobs that may start; None: nobody runs them here
         # Claim in the submit's own transaction where one writer serves both (a commit less per job).
-        self._claim_inside = dispatch is not None and store.claims_in_submit
+        self._claim_inside = store if dispatch is not None and isinstance(store, ClaimsInSubmit) else None
         self.admission = admission
         self._on_committed = on_committed
         self._clock = clock
@@ -256,13 +257,14 @@ class SubmitBatcher:
         visible but, with a pass, not yet flushed: the caller ends the pass, then flushes.
         A pass that fails costs nothing but itself: the requests are submitted again
         without it."""
-        if not self._claim_inside:
+        one_writer = self._claim_inside
+        if one_writer is None:
             return self.store.submit_requests(requests, self._clock(), self.admission), None
         assert self._dispatch is not None
         ended: Callable[[bool], None] | None = None
         in_pass = False
         try:
-            with self.store.batch(defer_flush=True):
+            with one_writer.claiming_batch():
                 answers = self.store.submit_requests(requests, self._clock(), self.admission)
                 if _any_queued(answers):
                     in_pass = True

@@ -25,6 +25,7 @@ memory, held from every other worker."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -35,6 +36,7 @@ from ..core.job import Job, Outcome, State
 from ..core.policy.claim import Limits, Request
 from ..run.base import Runner, RunReport
 from ..store import Store
+from ..store.contract.capabilities import PassInOneCall
 from ..store.records import Finished, Minute
 from .memory_gate import MemoryGate
 from .outcomes import log_pauses, store_one_by_one
@@ -101,6 +103,11 @@ class PassStore:
     _ran_on_loop: Callable[[Job, RunReport], None]
     runner: Runner
 
+    @functools.cached_property
+    def _one_call(self) -> PassInOneCall | None:
+        """The store, where it takes a steady-state pass in one call (else None)."""
+        return self.store if isinstance(self.store, PassInOneCall) else None
+
     @property
     def _busy(self) -> int:
         """Jobs claimed and not yet finished in the store: the ones held."""
@@ -137,7 +144,8 @@ class PassStore:
         (jobs sent back for want of memory; the per-minute counts, left in p.count_after)
         takes transactions of its own, and never raises: the pass is applied whatever
         becomes of them."""
-        if (not self.store.passes_in_one_call or (self.memory is not None and self.memory.has_pending())
+        one_call = self._one_call
+        if (one_call is None or (self.memory is not None and self.memory.has_pending())
                 or (self._set_aside and self._aside(self._clock()))):  # the one call sets nothing aside
             return False
         unapplied = self._take_outcomes()
@@ -149,7 +157,7 @@ class PassStore:
             ask = 0
         if not unapplied and ask <= 0:
             return False
-        claimed = self.store.finish_and_claim(unapplied, self._clock(), ask, self.hooks.network_up(), pools=self.pools)
+        claimed = one_call.finish_and_claim(unapplied, self._clock(), ask, self.hooks.network_up(), pools=self.pools)
         if claimed is None:
             return False
         p.unapplied, p.free, p.claimed = unapplied, free, claimed

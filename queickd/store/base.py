@@ -41,14 +41,6 @@ from .records import (
 
 class Store(Protocol):
     url: str
-    # Capabilities. A store that cannot push wake-ups to other processes leaves this False
-    # and the core relies on its own in-process signals plus one slow safety sweep.
-    supports_notify: bool
-    # A submit and the worker pool's pass may share one transaction (one writer serves both).
-    claims_in_submit: bool
-    # finish_and_claim can take a pass (else it always answers None): a store whose round
-    # trips cost more than a pass's statements.
-    passes_in_one_call: bool
     # The exceptions by which the store says it is itself in trouble (a lost connection, a
     # full or failing disk), never the data a call carried; the next call may succeed.
     UNAVAILABLE: tuple[type[BaseException], ...]
@@ -192,17 +184,6 @@ class Store(Protocol):
         whose problem shows only now) has what it wrote undone and ends `failed`, its reason
         naming the step and the error; the job's finish and the rest of the batch stand.
         """
-        ...
-
-    def finish_and_claim(self, outcomes: Sequence[Outcome], now: float, limit: int, network_up: bool = True,
-                         pools: Sequence[str] | None = None) -> list[Job] | None:
-        """A worker pool's pass in the steady state as one call, in a transaction of its
-        own (never inside batch()): `outcomes`, all successes of jobs outside workflows, as
-        finish_if_running stores them, then claim_available(...) of up to `limit` jobs; the
-        claimed jobs.
-        None: nothing done, the pass goes the general way (a store that has no such call,
-        or outcomes it does not take: a failure, a workflow step's job, too many for one
-        notification; or a claim that resource control must make)."""
         ...
 
     def release_unheld(self, held: Collection[int], now: float) -> int:

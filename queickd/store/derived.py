@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from ..core.job import Job, NewJob, Outcome, State, Submitted
+from ..core.job import NewJob, State, Submitted
 from ..core.policy import claim
 from ..core.policy.admission import Refusal
 from ..core.policy.resources import BudgetChange
@@ -19,7 +19,6 @@ class StoreBase:
     # never the data a call carried: retried as they are, never blamed on a job.
     UNAVAILABLE: tuple[type[BaseException], ...] = ()
     NOT_WRITTEN: tuple[type[BaseException], ...] = ()  # see Store.NOT_WRITTEN
-    passes_in_one_call = False
     # --max-queued, for what the store enqueues on its own: a paced fan-out's items
     # (core/workflow/engine.py). None: no cap (a process that does not know it).
     queue_cap: int | None = None
@@ -44,10 +43,6 @@ class StoreBase:
 
     def adopt_budgets(self, limits: claim.Limits) -> list[BudgetChange]:
         return []  # one daemon's store: its config is the truth, nothing to keep
-
-    def finish_and_claim(self, outcomes: Sequence[Outcome], now: float, limit: int, network_up: bool = True,
-                         pools: Sequence[str] | None = None) -> list[Job] | None:
-        return None  # a pass in process costs no round trips: the general way is as cheap
 
     def release_unheld(self, held: Collection[int], now: float) -> int:
         return 0  # a pass that raised here did not commit: nothing it claimed is left running

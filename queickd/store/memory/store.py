@@ -29,9 +29,6 @@ from .workflows import MemoryWorkflows
 
 
 class MemoryStore(MemoryOperatorOps, MemoryCronsEvents, MemoryResources, MemoryWorkflows, StoreBase):
-    supports_notify = False
-    claims_in_submit = True
-
     def __init__(self, url: str = "memory://") -> None:
         self.url = url
         self._lock = threading.RLock()  # re-entrant: batch() holds it across several calls
@@ -60,6 +57,9 @@ class MemoryStore(MemoryOperatorOps, MemoryCronsEvents, MemoryResources, MemoryW
 
     def take_ownership(self) -> None:
         pass  # one process is the whole store
+
+    def claiming_batch(self) -> contextlib.AbstractContextManager[None]:
+        return self.batch(defer_flush=True)  # ClaimsInSubmit: one lock serves both
 
     @contextlib.contextmanager
     def batch(self, bookkeeping: bool = False, defer_flush: bool = False) -> Iterator[None]:

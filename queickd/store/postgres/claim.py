@@ -67,9 +67,8 @@ _SELECTION_LINGERS = 1.0
 
 
 class PgClaims:
-    """Claiming jobs (Store.claim_available, finish_and_claim) on PostgreSQL."""
+    """Claiming jobs (Store.claim_available, PassInOneCall.finish_and_claim) on PostgreSQL."""
 
-    passes_in_one_call = True
     _selection_until = 0.0  # monotonic: passes go the general way until then
     _pass_cursor: psycopg.RawCursor | None = None  # finish_and_claim's, on the bookkeeping connection
 

@@ -92,8 +92,6 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
     def _wf_submit(self, c: psycopg.Connection, jobs: list[NewJob], now: float) -> None:
         self._submit_unadmitted(c, jobs, now)  # no admission: submit.py says why
 
-    supports_notify = True
-    claims_in_submit = False
     # A killed or dropped connection (OperationalError: AdminShutdown, a reset socket...;
     # InterfaceError: a connection psycopg already knows is gone); the next call reconnects.
     UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)

@@ -10,6 +10,7 @@ triggers), so stats and the queue cap cost one row read, not a scan of a million
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import sqlite3
 from collections.abc import Collection, Sequence
@@ -44,8 +45,9 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
     _WF_LOCK = ""  # the one writing connection holds the file: no row lock to take
     _WF_BUDGET = "json_extract(meta, '$.reason.budget')"
     _WF_WAITING = f"SELECT coalesce(sum(n), 0) FROM state_counts WHERE state IN {WAITING_IN}"
-    supports_notify = False
-    claims_in_submit = True
+
+    def claiming_batch(self) -> contextlib.AbstractContextManager[None]:
+        return self.batch(defer_flush=True)  # ClaimsInSubmit: one writing connection serves both
 
     def _wf_submit(self, c: sqlite3.Connection, jobs: list[NewJob], now: float) -> None:
         self._submit_in(c, [jobs], now, adm.NO_LIMITS)
