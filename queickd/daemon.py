@@ -53,7 +53,7 @@ from .services.scheduler import Scheduler
 from .settings import EX_VERSION, Config
 from .startcheck import validate
 from .store import Store, open_store
-from .store.fleetbase import FleetStore
+from .store.contract.fleet import FleetStore
 from .store.records import EventState
 from .ui.metrics import Metrics
 

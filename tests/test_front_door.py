@@ -17,7 +17,7 @@ from queickd.services.batcher import SubmitBatcher
 from queickd.services.pool_config import PoolConfig
 from queickd.services.scheduler import Scheduler
 from queickd.services.worker import WorkerPool
-from queickd.store.fleetbase import FleetStore
+from queickd.store.contract.fleet import FleetStore
 from queickd.store.memory.store import MemoryStore
 
 JOBS = str(Path(__file__).parent / "jobs")

@@ -126,7 +126,7 @@ def test_orphans_are_only_jobs_of_workers_that_stopped_beating(pg_url, pg_store)
 
 def test_open_store_takes_postgresql_urls(pg_url):
     from queickd.store import open_store
-    from queickd.store.fleetbase import FleetStore
+    from queickd.store.contract.fleet import FleetStore
     from queickd.store.postgres.store import PostgresStore
 
     s = open_store(pg_url)

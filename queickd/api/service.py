@@ -32,7 +32,7 @@ from ..services.scheduler import Scheduler
 from ..services.served import ServedPools
 from ..services.worker import WorkerPool
 from ..store import CronRecord, Store
-from ..store.fleetbase import FleetStore
+from ..store.contract.fleet import FleetStore
 from ..store.records import EventState, NewEvent
 from ..ui import status
 from ..ui.metrics import Metrics

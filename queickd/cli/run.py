@@ -130,7 +130,7 @@ def check_worker(a: argparse.Namespace) -> int:
 
 def db_migrate(a: argparse.Namespace) -> int:
     from ..store import open_store
-    from ..store.fleetbase import FleetStore
+    from ..store.contract.fleet import FleetStore
 
     try:
         store = open_store(a.store)  # opening migrates
@@ -158,7 +158,7 @@ def db_clear_budgets(a: argparse.Namespace) -> int:
     claimer reads them in its next claim; the others are told at once)."""
     from ..core.policy.claim import Limits
     from ..store import open_store
-    from ..store.fleetbase import FleetStore
+    from ..store.contract.fleet import FleetStore
 
     try:
         store = open_store(a.store) if a.store.startswith(("postgres://", "postgresql://")) else None

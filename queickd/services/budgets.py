@@ -26,7 +26,7 @@ from collections.abc import Callable
 from ..core.policy.claim import Limits
 from ..core.policy.costs import never_fit
 from ..core.policy.resources import budget_changes, describe_budgets
-from ..store.base import Store
+from ..store import Store
 
 log = logging.getLogger("queickd.budgets")
 

@@ -14,7 +14,7 @@ the threads that run jobs, so a long or CPU-bound job never silences them:
   it wakes the pool once per `sweep` as a safety net, and notices a database migrated to
   another version.
 Nothing here imports psycopg at module import time; it is used only with a store that is a
-FleetStore (store/base.py: PostgreSQL).
+FleetStore (store/contract/fleet.py: PostgreSQL).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..settings import DEFAULT_HEARTBEAT, DEFAULT_MAX_ORPHAN_REQUEUES, DEFAULT_SWEEP
-from ..store.base import Store
-from ..store.fleetbase import FleetStore
+from ..store import Store
+from ..store.contract.fleet import FleetStore
 from .worker import WorkerPool
 
 log = logging.getLogger("queickd.fleet")

@@ -27,7 +27,7 @@ from .. import __version__, collector, heap
 from ..run.loader import FunctionLoader
 from ..settings import EX_VERSION, WorkerConfig
 from ..startcheck import validate
-from ..store.fleetbase import FleetStore
+from ..store.contract.fleet import FleetStore
 from . import assembly
 from .alarm import Alarm
 from .maintenance.maintainer import Maintainer

@@ -1,9 +1,9 @@
-"""Stores behind one contract (base.Store): memory://, sqlite:///path (default), postgresql://."""
+"""Stores behind one contract (contract.Store): memory://, sqlite:///path (default), postgresql://."""
 
 from __future__ import annotations
 
 from ..settings import DEFAULT_URL
-from .base import Store
+from .contract import Store
 from .records import CronRecord, Recovered
 
 __all__ = ["CronRecord", "Recovered", "Store", "DEFAULT_URL", "open_store"]

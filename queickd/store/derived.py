@@ -1,5 +1,5 @@
 """What every backend derives from the primitives it implements (the contract is
-base.py's `Store`): the defaults a store keeps unless it has a better way."""
+contract.Store): the defaults a store keeps unless it has a better way."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ class StoreBase:
     # Errors that say the store itself is in trouble (a lost connection, a failing disk),
     # never the data a call carried: retried as they are, never blamed on a job.
     UNAVAILABLE: tuple[type[BaseException], ...] = ()
-    NOT_WRITTEN: tuple[type[BaseException], ...] = ()  # see Store.NOT_WRITTEN
+    NOT_WRITTEN: tuple[type[BaseException], ...] = ()  # see contract.Backend.NOT_WRITTEN
     # --max-queued, for what the store enqueues on its own: a paced fan-out's items
     # (core/workflow/engine.py). None: no cap (a process that does not know it).
     queue_cap: int | None = None

@@ -1,4 +1,4 @@
-"""The records the store contract (store/base.py) speaks in besides jobs: crons, pauses,
+"""The records the store contract (store/contract/) speaks in besides jobs: crons, pauses,
 per-minute counts, what a finish did, events and their outbox states, what orphan
 recovery did, and the errors a store raises for a caller's reasons."""
 

@@ -9,7 +9,7 @@ from collections.abc import Collection
 from typing import Any
 
 from ..core.job import State
-from ..store.base import Store
+from ..store import Store
 from ..store.records import EventState, Minute, Pause
 from .metrics import HISTORY_MINUTES, Metrics
 

@@ -67,7 +67,7 @@ _SELECTION_LINGERS = 1.0
 
 
 class PgClaims:
-    """Claiming jobs (Store.claim_available, PassInOneCall.finish_and_claim) on PostgreSQL."""
+    """Claiming jobs (Queue.claim_available, PassInOneCall.finish_and_claim) on PostgreSQL."""
 
     _selection_until = 0.0  # monotonic: passes go the general way until then
     _pass_cursor: psycopg.RawCursor | None = None  # finish_and_claim's, on the bookkeeping connection

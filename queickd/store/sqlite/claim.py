@@ -1,4 +1,4 @@
-"""The SQLite store's claim (Store.claim_available): a mixin of SQLiteStore.
+"""The SQLite store's claim (Queue.claim_available): a mixin of SQLiteStore.
 
 A claim reads the queued jobs of the pools it serves, each pool walked on its own along
 the pool-first queue-order indexes (schema.py, 16) and the walks merged in queue
@@ -175,7 +175,7 @@ _HELD = (f"SELECT 'running', {claim.RUNNING_COLS.format(slot='NULL')} FROM jobs 
 
 
 class SqliteClaims:
-    """Claiming jobs (Store.claim_available) on SQLite."""
+    """Claiming jobs (Queue.claim_available) on SQLite."""
 
     _grouped_heads = False  # the last claim met a grouped job among its first ones
     _full_groups = False  # the last claim by the selection left jobs out (full groups, used up budgets)

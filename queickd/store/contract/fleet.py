@@ -1,5 +1,5 @@
-"""The contract of a store shared by a fleet of processes (PostgreSQL), on top of `Store`
-(base.py): the workers' registry and heartbeats, the schema versions every member must
+"""The contract of a store shared by a fleet of processes (PostgreSQL), on top of `Store`:
+the workers' registry and heartbeats, the schema versions every member must
 match, and a connection that LISTENs for wake-ups."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from .base import Store
-from .records import Beat
+from ..records import Beat
+from . import Store
 
 
 @runtime_checkable

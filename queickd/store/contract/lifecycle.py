@@ -1,0 +1,61 @@
+"""The store as a resource: who serves it, its transactions, its durability, its close."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+from .backend import Backend
+
+
+class Lifecycle(Backend, Protocol):
+    def take_ownership(self) -> None:
+        """Called by a daemon before it recovers orphans: make sure no other daemon serves
+        this store, or raise StoreInUseError. Held until close(). A no-op where that cannot
+        happen (memory) or is handled otherwise (PostgreSQL: workers beat hearts)."""
+        ...
+
+    def batch(self, bookkeeping: bool = False, defer_flush: bool = False) -> AbstractContextManager[None]:
+        """Store calls made on this thread inside the block form one transaction, committed
+        at its end, or rolled back if the block raises (every store, memory included: it
+        leaves nothing behind). A batch opened inside another joins it. Writers on other
+        threads may wait until it ends (SQLite and memory: all of them; PostgreSQL, with
+        bookkeeping: the other bookkeeping batches), so keep the block short.
+
+        With bookkeeping True, the commit may skip its own flush to disk (SQLite:
+        synchronous=NORMAL in WAL; PostgreSQL: synchronous_commit off): use it only for
+        changes whose loss in a power cut means a job runs again, never for acknowledging
+        a submit.
+
+        With defer_flush True, the commit may be visible (to claims, to readers) before it
+        is durable: the caller calls flush() before acknowledging anything it wrote. It
+        lets a job claimed with its submit start while the disk flushes (SQLite)."""
+        ...
+
+    def flush(self) -> None:
+        """Return once every commit made so far is durable (after batch(defer_flush=True)).
+        Stores whose commits are durable when they return do nothing."""
+        ...
+
+    def durability_said(self) -> str:
+        """What an acknowledged write's durability is, as the start log says it (SQLite: its
+        --durability; PostgreSQL: the server's synchronous_commit; memory: none). May read
+        the store."""
+        ...
+
+    def durability_lost(self) -> str | None:
+        """Why no write can be promised durable any more (a flush to disk failed: every
+        write since is answered "may have been stored"; a store file was deleted under the
+        daemon: every write since is refused), or None. Lasts until reopened."""
+        ...
+
+    def watch_files(self) -> bool:
+        """Look at the store's files between commits (a daemon's timer): one deleted or
+        replaced is noticed as at a commit. Whether to look again (False: nothing to watch,
+        or already noticed)."""
+        ...
+
+    def close(self) -> None:
+        """Release the store's connections and files (and the ownership taken). No call
+        after it."""
+        ...
