@@ -16,13 +16,14 @@ from typing import Any
 from ..core import arguments, protocol
 from ..core import workflow as wf
 from ..core.protocol import Code, QueueError
+from ..store.contract.workflows import Workflows
 
 
 class WorkflowOps:
     """Needs: store, loader, pool, clock, workflows (name -> declared definition),
     workflow_budget (the operator's budgets), run_waiters."""
 
-    store: Any
+    store: Workflows
     loader: Any
     pool: Any
     clock: Any

@@ -24,7 +24,7 @@ from ..run.loader import FunctionLoader
 from ..run.routing import make_runner
 from ..settings import Config, WorkerConfig
 from ..store import Store
-from ..store.fleetbase import FleetStore
+from ..store.contract.fleet import FleetStore
 from .budgets import BudgetsInForce
 from .fleet import FleetMember
 from .maintenance.heap_trim import TrimHeap

@@ -26,13 +26,13 @@ from collections.abc import Callable
 from ..core.policy.claim import Limits
 from ..core.policy.costs import never_fit
 from ..core.policy.resources import budget_changes, describe_budgets
-from ..store import Store
+from ..store.contract.resources import Resources
 
 log = logging.getLogger("queickd.budgets")
 
 
 class BudgetsInForce:
-    def __init__(self, store: Store, configured: Limits) -> None:
+    def __init__(self, store: Resources, configured: Limits) -> None:
         self.store = store
         self.configured = configured  # this process's config: budgets (if any) and patience
         # Told (the budgets now in force) from the listener thread, in order; the parts that

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..settings import DEFAULT_HEARTBEAT, DEFAULT_MAX_ORPHAN_REQUEUES, DEFAULT_SWEEP
-from ..store import Store
 from ..store.contract.fleet import FleetStore
+from ..store.contract.inspect import Inspect
 from .worker import WorkerPool
 
 log = logging.getLogger("queickd.fleet")
@@ -271,7 +271,7 @@ class FleetMember:
             self.pool.wake()
 
 
-def pools_view(store: Store, own_pools: list[str] | None, own_slots: int,
+def pools_view(store: Inspect, own_pools: list[str] | None, own_slots: int,
                registry: list[dict[str, Any]] | None = None) -> dict[str, dict[str, int]]:
     """Per pool: waiting jobs and live worker slots (from the worker registry of a shared
     store where given, else this daemon's own workers). A pool with waiting jobs and 0

@@ -30,6 +30,7 @@ from ..core.job import Job
 from ..core.policy import memory as mem
 from ..run import cgroup_v1
 from ..settings import DEFAULT_RESERVE_MB
+from ..store.contract.resources import Resources
 
 log = logging.getLogger("queickd.worker")
 
@@ -129,7 +130,7 @@ def room(root: str = "/") -> tuple[float, str]:
 class MemoryGate:
     """Which claimed jobs may start now; the rest go back to the queue for a short while."""
 
-    def __init__(self, store: Any, *, reserve_mb: float = DEFAULT_RESERVE_MB, max_rss_mb: float | None = None,
+    def __init__(self, store: Resources, *, reserve_mb: float = DEFAULT_RESERVE_MB, max_rss_mb: float | None = None,
                  root: str = "/", rng: random.Random | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store

@@ -17,14 +17,14 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..core.job import NewJob
-from ..store import Store
+from ..store.contract.schedule import Schedule
 from .netcheck import NetworkMonitor
 
 log = logging.getLogger("queickd.daemon")  # these lines were the daemon's; their logger stays
 
 
 class NetworkParking:
-    def __init__(self, store: Store, monitor: NetworkMonitor | None, wake: Callable[[], None],
+    def __init__(self, store: Schedule, monitor: NetworkMonitor | None, wake: Callable[[], None],
                  *, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.monitor = monitor  # None: no checker; such jobs follow their normal retry policy
@@ -33,7 +33,7 @@ class NetworkParking:
         self._warned_no_checker = False
 
     @classmethod
-    def with_checker(cls, store: Store, target: str | None, interval: float, wake: Callable[[], None],
+    def with_checker(cls, store: Schedule, target: str | None, interval: float, wake: Callable[[], None],
                      *, clock: Callable[[], float] = time.time) -> NetworkParking:
         """Parking and the network checker of `target` (none without one), which tells it
         of each change. The checker starts with the daemon's other threads (start())."""

@@ -7,13 +7,13 @@ import logging
 from collections.abc import Callable
 
 from ..core.job import Outcome
-from ..store import Store
+from ..store.contract.queue import Queue
 from ..store.records import Finished
 
 log = logging.getLogger("queickd.worker")
 
 
-def store_one_by_one(store: Store, outcomes: list[Outcome], clock: Callable[[], float],
+def store_one_by_one(store: Queue, outcomes: list[Outcome], clock: Callable[[], float],
                      pause_after: int | None, pause_cooldown: float | None,
                      ) -> tuple[list[tuple[Outcome, Finished | None]], list[Outcome]]:
     """After a failed batch: apply outcomes one by one, so that one the store cannot take

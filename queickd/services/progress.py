@@ -19,6 +19,8 @@ import logging
 import threading
 from typing import Any
 
+from ..store.contract.queue import Queue
+
 log = logging.getLogger("queickd.progress")
 
 INTERVAL = 0.25  # seconds between two writes: at most four a second, whatever the jobs say
@@ -32,7 +34,7 @@ def record(attempt: int, done: float, total: float | None, note: str | None, at:
 class ProgressWriter:
     """Any thread may offer; start() is implicit, stop() idempotent and safe before it."""
 
-    def __init__(self, store: Any, interval: float = INTERVAL) -> None:
+    def __init__(self, store: Queue, interval: float = INTERVAL) -> None:
         self.store = store
         self.interval = interval
         self.offered = 0  # values handed over by jobs (each a change: jobs drop repeats)

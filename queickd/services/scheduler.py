@@ -36,7 +36,8 @@ from typing import Protocol
 
 from ..core.cron import LATEST, Every, parse_schedule
 from ..settings import DEFAULT_SWEEP
-from ..store import CronRecord, Store
+from ..store import CronRecord
+from ..store.contract.schedule import Schedule
 
 log = logging.getLogger("queickd.scheduler")
 
@@ -77,7 +78,7 @@ class EventDelay:
 class Scheduler:
     def __init__(
         self,
-        store: Store,
+        store: Schedule,
         on_queued: Callable[[], None],
         *,
         clock: Callable[[], float] = time.time,

@@ -9,7 +9,7 @@ from collections.abc import Collection
 from typing import Any
 
 from ..core.job import State
-from ..store import Store
+from ..store.contract.inspect import Inspect
 from ..store.records import EventState, Minute, Pause
 from .metrics import HISTORY_MINUTES, Metrics
 
@@ -66,7 +66,7 @@ def history(now: float, minutes: list[Minute], mine: list[dict[str, Any]]) -> li
     return out
 
 
-def detail(store: Store, metrics: Metrics | None, now: float, counts: dict[str, int],
+def detail(store: Inspect, metrics: Metrics | None, now: float, counts: dict[str, int],
            minutes: list[Minute] | None = None) -> dict[str, Any]:
     """The extra fields of `stats` with detail=true; `counts` is the reply's jobs by state,
     `minutes` the store's per-minute counts of the last hour (read here if not given).
@@ -97,7 +97,7 @@ def detail(store: Store, metrics: Metrics | None, now: float, counts: dict[str, 
     return out
 
 
-def scheduled_split(store: Store) -> dict[str, Any]:
+def scheduled_split(store: Inspect) -> dict[str, Any]:
     """Scheduled jobs waiting out a retry (they have run) apart from those scheduled for
     later (never run yet), and the next retry's time. Reads at most SCHEDULED_READ of them
     (`scheduled_capped` says so)."""
@@ -108,7 +108,7 @@ def scheduled_split(store: Store) -> dict[str, Any]:
             "scheduled_capped": len(jobs) >= SCHEDULED_READ}
 
 
-def key_blocks(store: Store, pauses: list[Pause], keys: list[str]) -> dict[str, str]:
+def key_blocks(store: Inspect, pauses: list[Pause], keys: list[str]) -> dict[str, str]:
     """Why a key's queued jobs do not start, for the keys that are held: its own pause, or
     its head job's function paused (which holds every job of the key behind it)."""
     paused_keys = {p.name for p in pauses if p.kind == "key"}

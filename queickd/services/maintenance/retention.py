@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from ...settings import DEFAULT_SWEEP
-from ...store import Store
+from ...store.contract.operator import Operator
 
 log = logging.getLogger("queickd.daemon")  # the line was the daemon's; its logger stays
 
@@ -25,7 +25,7 @@ KEEP_MINUTES = 24 * 60  # per-minute counters kept (the status page shows the la
 class Retention:
     name = "retention"
 
-    def __init__(self, store: Store, keep_finished: float, *, interval: float = DEFAULT_SWEEP,
+    def __init__(self, store: Operator, keep_finished: float, *, interval: float = DEFAULT_SWEEP,
                  clock: Callable[[], float] = time.time) -> None:
         if keep_finished < 0:
             raise ValueError("keep_finished must not be negative")
