@@ -17,8 +17,6 @@ import sys
 import threading
 import time
 
-from queickd.core.policy.claim import Request
-
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -48,6 +46,7 @@ def submit_batch(n: int, d: str) -> None:
 
 def passes(n: int, d: str) -> None:
     from queickd.core.job import Outcome
+    from queickd.core.policy.claim import Request
 
     s, now = _store(d), time.time()
     for i in range(0, n + 1, 1000):

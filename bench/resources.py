@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.processes import compile_sources, default_queickd_path
-from queickd.core.policy.claim import Request
 
 BENCH_DIR = Path(__file__).resolve().parent
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
@@ -162,6 +161,7 @@ def claim_cost(store_url: str, waiting: int, limits: Any, full: bool, rounds: in
     None) with `waiting` jobs over 50 groups (limit 2); `full`: every group already runs its
     limit, and ungrouped jobs come last."""
     from queickd.core.job import NewJob, Outcome, State
+    from queickd.core.policy.claim import Request
     from queickd.store import open_store
 
     s = open_store(store_url)

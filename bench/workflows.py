@@ -56,7 +56,6 @@ from typing import Any
 from bench.peers import CELERY_VERSION, HUEY_VERSION, ensure_celery_venv, ensure_huey_venv
 from bench.processes import compile_sources, log, stop_group
 from bench.wfpeers import CELERY_BROKER, CELERY_RESULTS, CELERY_TARGET, celery, huey, with_ratios
-from queickd.core.policy.claim import Request
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
@@ -129,6 +128,7 @@ def _drive(store: Any, jobs: list[Any] | None = None, slots: int = 4) -> int:
     """The pool's pattern with `slots` workers: each pass finishes what ran and claims the
     next jobs in one transaction. Returns the jobs run."""
     from queickd.core.job import Outcome
+    from queickd.core.policy.claim import Request
     from queickd.services.step_state import StepState
 
     states = StepState(store)  # as the pool: a step job stored without its run's state gets it
