@@ -198,7 +198,7 @@ class RulesContract:
     def test_failures_finished_together_past_a_pause_they_begin_count_on_it(self, store):
         store.submit([job() for _ in range(3)], T0)
         err = {"type": "E", "message": "no"}
-        fin = store.finish_if_running([Outcome.dead(j.id, err) for j in store.claim_available(3, T0)], T0,
+        fin = store.finish_if_running([Outcome.dead(j.id, err) for j in store.claim_available(Request.of(3, now=T0))], T0,
                                       pause_after=2, pause_cooldown=60.0)
         assert [(p.kind, p.name, p.failures) for p in fin.paused] == [("func", "m:f", 2)]
         assert [(p.kind, p.name, p.failures, p.trips) for p in store.pauses()] == [("func", "m:f", 3, 1)]
