@@ -15,9 +15,10 @@ def open_store(url: str = DEFAULT_URL, durability: str = "full") -> Store:
     sqlite:///relative/path and sqlite:////absolute/path follow SQLAlchemy's spelling.
     """
     if url.startswith("memory://"):
-        from .memory.store import MemoryStore
+        from .sqlite.inmemory import IN_MEMORY
+        from .sqlite.store import SQLiteStore
 
-        return MemoryStore(url)
+        return SQLiteStore(IN_MEMORY)
     if url.startswith("sqlite://"):
         from .sqlite.store import SQLiteStore
 

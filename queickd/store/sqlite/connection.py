@@ -18,6 +18,8 @@ writing as at start, and each thread's connection is replaced on its next use.
 A database file or WAL deleted or replaced under the daemon is noticed at the next commit
 (files.py): what the deleted WAL holds is checkpointed into the database file, and
 every write after is refused (StoreFilesLostError, before it begins) until a restart.
+A store kept in memory (inmemory.py) has one connection, which every thread shares, and no
+file: none of the above that needs one applies to it.
 This module runs no query of the store's own; store.py does.
 """
 
@@ -42,6 +44,7 @@ from . import schema as sqlite_schema
 from .checkpoint import BACKSTOP_PAGES, Checkpointer
 from .files import FilesWatch
 from .flush import WalFlusher
+from .inmemory import IN_MEMORY, copy_migrated
 
 log = logging.getLogger("queickd.store")
 
@@ -110,7 +113,8 @@ class SQLiteFile:
     def __init__(self, path: str, durability: str = "full", busy_timeout: float = 30.0) -> None:
         if durability not in _SYNCHRONOUS:
             raise ValueError("durability must be 'full' or 'normal'")
-        self.url = f"sqlite:///{path}"  # as given: what the user named, in messages
+        self.in_memory = path == IN_MEMORY  # memory:// (inmemory.py): one connection, no file
+        self.url = "memory://" if self.in_memory else f"sqlite:///{path}"  # as given: what the user named
         self.path = path = sqlite_check.real_path(path)
         self.durability = durability
         self._busy_timeout = busy_timeout
@@ -120,9 +124,10 @@ class SQLiteFile:
         self._all_lock = threading.Lock()
         self._w: sqlite3.Connection | None = None  # see _writer
         # Durable commits are flushed apart from COMMIT; "normal" durability never flushes.
-        self._flusher = WalFlusher(path) if durability == "full" and path != ":memory:" else None
-        self._checkpointer = Checkpointer(path) if path != ":memory:" else None
-        self._files = FilesWatch(path) if path != ":memory:" else None
+        on_disk = not self.in_memory
+        self._flusher = WalFlusher(path) if durability == "full" and on_disk else None
+        self._checkpointer = Checkpointer(path) if on_disk else None
+        self._files = FilesWatch(path) if on_disk else None
         self._commits = self._commits_seen = 0  # commits made; of them, those watch_files saw
         self._lock_fd: int | None = None
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -130,7 +135,6 @@ class SQLiteFile:
         self._gen = 0  # bumped when every thread must replace its connection
         self._mode_lock = threading.Lock()
         self._next_try = 0.0  # monotonic time of the next attempt to leave read-only mode
-        on_disk = path != ":memory:"
         if on_disk:
             sqlite_check.check_file(path)  # DamagedStoreError before SQLite touches the file
         try:
@@ -147,12 +151,14 @@ class SQLiteFile:
     def _open_writable(self) -> None:
         """Check and migrate the file on this thread's connection, then write the marker.
         Leaves closing to the caller."""
-        on_disk = self.path != ":memory:"
+        on_disk = not self.in_memory
         try:
             with self._write_lock:
                 c = self._conn()
                 if on_disk:
                     sqlite_check.check_open(c, self.path)
+                else:
+                    copy_migrated(c)
                 sqlite_schema.migrate(c, self.path)
                 page = c.execute("PRAGMA page_size").fetchone()[0]
             if on_disk and page != SQLITE_PAGE:
@@ -218,6 +224,8 @@ class SQLiteFile:
 
     # --- connections ----------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
+        if self.in_memory:
+            return self._writer()
         c = getattr(self._local, "conn", None)
         if c is not None and self._local.gen != self._gen and c is not self._w:  # the store changed mode
             with self._all_lock:
@@ -252,8 +260,6 @@ class SQLiteFile:
         commit made the other connections drop theirs and read the pages back (a dozen
         pread calls per job). It commits at synchronous=NORMAL: _write flushes what must be
         durable once the write lock is released."""
-        if self.path == ":memory:":  # a second connection would be another, empty database
-            return self._conn()
         c = self._w  # made once, under _all_lock; read without it by every transaction
         if c is not None:
             return c
@@ -262,7 +268,8 @@ class SQLiteFile:
             if c is None:
                 c = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
                                     check_same_thread=False)
-                _into_wal(c, "NORMAL")
+                if not self.in_memory:
+                    _into_wal(c, "NORMAL")
                 if self._checkpointer is not None:  # checkpoints on a thread of their own; this one a backstop
                     c.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
                 if self._flusher is not None:
@@ -293,6 +300,8 @@ class SQLiteFile:
             self._flusher.flush()
 
     def durability_said(self) -> str:
+        if self.in_memory:
+            return "not durable: a memory store ends with its process"
         return f"durability {self.durability}"
 
     def durability_lost(self) -> str | None:
@@ -365,6 +374,8 @@ class SQLiteFile:
                                   "no write is accepted until the daemon is restarted (see its log)")
 
     def take_ownership(self) -> None:
+        if self.in_memory:
+            return  # one process is the whole store
         # An advisory lock beside the database, held for the daemon's life; the kernel
         # drops it when the process dies, kill -9 included, so no stale lock survives.
         fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -393,6 +404,8 @@ class SQLiteFile:
         return "\n".join(r[0] for r in rows)
 
     def close(self) -> None:
+        if self.in_memory:
+            return  # its connection is the database: a store used after close keeps its jobs
         checkpointer = self._checkpointer
         if checkpointer is not None:  # its thread before the connections: the last close checkpoints
             checkpointer.close()
