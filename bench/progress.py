@@ -12,7 +12,7 @@ and their writes alone. `noop` runs without a long job; `each` makes every job o
 `report_once` (one progress value per job: a row written per job, in batches). Each round
 runs the kinds in a rotated order; prints each run's rate, the medians and the ratios, then
 the call's own cost in this process (a thread job's CurrentJob over a ProgressWriter whose
-store is a MemoryStore). Figures go to bench/README.md.
+store is a memory store, memory://). Figures go to bench/README.md.
 """
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ def call_cost() -> tuple[float, float]:
     """µs per progress() call in a thread job: a repeat of the last value, and a change."""
     from queickd.run import context
     from queickd.services.progress import ProgressWriter
-    from queickd.store.memory.store import MemoryStore
+    from queickd.store import open_store
 
-    writer = ProgressWriter(MemoryStore())
+    writer = ProgressWriter(open_store("memory://"))
     job = context.CurrentJob(1, 1, None)
     job.progress_to = writer.offer
     token = context.set_job(job)

@@ -5,9 +5,9 @@ By default the youngest generation is collected every 700 net allocations of con
 objects. An `enqueue_many` of 1,000 jobs makes about 4,000 (the decoded request, a job and
 its argument containers each), all alive until its commit: every batch paid for some six
 young collections that freed nothing, its survivors were scanned again in the older
-generations, and now and then a full collection walked the whole heap: every module, and
-with the memory store every stored job. That was a sixth of a batch's CPU in the daemon
-on SQLite and half of it on the memory store (bench/README.md, "The collector").
+generations, and now and then a full collection walked the whole heap, every module
+included. That was a sixth of a batch's CPU in the daemon on SQLite (bench/README.md,
+"The collector").
 
 Two changes, nothing disabled, made once the process is set up (its store open, its app's
 modules loaded, its threads started): the young generation is collected every

@@ -56,7 +56,7 @@ from .services.pool_config import PoolConfig, PoolHooks
 from .services.scheduler import Scheduler
 from .services.worker import WorkerPool
 from .settings import Config
-from .store.memory.store import MemoryStore
+from .store import open_store
 
 log = logging.getLogger("queickd.immediate")
 
@@ -90,7 +90,7 @@ class ImmediateTransport:
         self._sleep = sleep
         self._retries: list[tuple[float, int]] = []  # (run_at, job id) of the retries scheduled
         self.loader = loader = FunctionLoader(app_dir, allow)
-        self.store = store = MemoryStore()
+        self.store = store = open_store("memory://")
         runner = ThreadRunner(loader)
         runner.progress = self._progress  # a job's queickd.progress(), stored as it comes
         self.pool = WorkerPool(store, loader, PoolConfig(1, pause_after=defaults.pause_after,

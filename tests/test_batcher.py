@@ -7,14 +7,16 @@ from store_contract import job
 from queickd.core.job import Submitted
 from queickd.core.protocol import QueueError
 from queickd.services.batcher import SubmitBatcher
-from queickd.store.memory.store import MemoryStore
+from queickd.store import open_store
+from queickd.store.sqlite.inmemory import IN_MEMORY
+from queickd.store.sqlite.store import SQLiteStore
 
 
-class HeldStore(MemoryStore):
+class HeldStore(SQLiteStore):
     """A real memory store whose first commit waits until the test lets it go."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(IN_MEMORY)
         self.entered = threading.Event()
         self.release = threading.Event()
         self.first = True
@@ -28,7 +30,7 @@ class HeldStore(MemoryStore):
 
 
 def test_a_lone_inline_request_is_committed_by_its_submitter_before_submit_returns():
-    b = SubmitBatcher(MemoryStore())  # no committer thread started at all
+    b = SubmitBatcher(open_store("memory://"))  # no committer thread started at all
     got = []
     b.submit([[job()]], lambda a: got.append((threading.get_ident(), a)), inline=True)
     assert len(got) == 1
@@ -104,8 +106,6 @@ def _stored(store) -> list[str]:
 
 def test_a_group_commit_whose_flush_fails_answers_each_may_have_been_stored_and_stores_each_once(
         tmp_path, monkeypatch):
-    from queickd.store.sqlite.store import SQLiteStore
-
     store = SQLiteStore(str(tmp_path / "q.db"), durability="full")
     _failing_disk(monkeypatch)
     answers: list = []
@@ -130,8 +130,6 @@ class BadGroupOnce:
 
 def test_a_request_committed_alone_after_its_group_failed_is_not_refused_when_its_flush_fails(
         tmp_path, monkeypatch):
-    from queickd.store.sqlite.store import SQLiteStore
-
     class BadDataOnce(BadGroupOnce, SQLiteStore):
         pass
 
@@ -144,14 +142,14 @@ def test_a_request_committed_alone_after_its_group_failed_is_not_refused_when_it
     store.close()
 
 
-class LostAfterCommit(MemoryStore):
+class LostAfterCommit(SQLiteStore):
     """A real store whose answer is lost after its commit took effect, as a PostgreSQL
     connection cut between COMMIT and its reply: the store's own unavailable error."""
 
     UNAVAILABLE = (ConnectionError,)
 
     def __init__(self, lose: int) -> None:
-        super().__init__()
+        super().__init__(IN_MEMORY)
         self.lose = lose  # answers still to lose
 
     def submit_requests(self, requests, now, admission):

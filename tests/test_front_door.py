@@ -17,15 +17,17 @@ from queickd.services.batcher import SubmitBatcher
 from queickd.services.pool_config import PoolConfig
 from queickd.services.scheduler import Scheduler
 from queickd.services.worker import WorkerPool
+from queickd.store import open_store
 from queickd.store.contract.fleet import FleetStore
-from queickd.store.memory.store import MemoryStore
+from queickd.store.sqlite.inmemory import IN_MEMORY
+from queickd.store.sqlite.store import SQLiteStore
 
 JOBS = str(Path(__file__).parent / "jobs")
 FULL = Refusal(Code.QUEUE_FULL, "the queue holds 1 waiting jobs, its limit", retry_after=2.5)
 TAKEN = Refusal(Code.CONFLICT, "key 'k' already has job 4 waiting or running", job_id=4)
 
 
-def _service(store: MemoryStore, batcher: SubmitBatcher) -> QueueService:
+def _service(store: SQLiteStore, batcher: SubmitBatcher) -> QueueService:
     loader = FunctionLoader(JOBS)
     pool = WorkerPool(store, loader, PoolConfig(0))
     return QueueService(store, batcher, loader, Scheduler(store, pool.wake), pool)
@@ -70,14 +72,14 @@ def test_a_commit_that_failed_is_http_503_asking_to_try_again():
 def test_a_commit_that_did_not_finish_in_time_over_http_says_the_job_may_have_been_stored():
     release, stored = threading.Event(), threading.Event()
 
-    class SlowStore(MemoryStore):  # a commit that outlasts the webhook's wait
+    class SlowStore(SQLiteStore):  # a commit that outlasts the webhook's wait
         def submit_requests(self, requests, now, admission):
             assert release.wait(10)
             answers = super().submit_requests(requests, now, admission)
             stored.set()
             return answers
 
-    store = SlowStore()
+    store = SlowStore(IN_MEMORY)
     batcher = SubmitBatcher(store)
     batcher.start()
     svc = _service(store, batcher)
@@ -99,7 +101,6 @@ def test_health_fails_once_the_disk_has_failed_to_flush_a_commit(tmp_path, monke
     import os
 
     from queickd.store.records import NotDurableError
-    from queickd.store.sqlite.store import SQLiteStore
 
     store = SQLiteStore(str(tmp_path / "q.db"), durability="full")
     svc = _service(store, SubmitBatcher(store))
@@ -134,7 +135,7 @@ def test_a_queick_client_reads_a_validation_error_with_its_code():
 
 
 def test_enqueue_wait_returns_the_answers_once_committed():
-    store = MemoryStore()
+    store = open_store("memory://")
     batcher = SubmitBatcher(store)
     batcher.start()
     try:
@@ -146,7 +147,7 @@ def test_enqueue_wait_returns_the_answers_once_committed():
 
 
 def test_enqueue_wait_answers_an_admission_refusal():
-    store = MemoryStore()
+    store = open_store("memory://")
     batcher = SubmitBatcher(store, admission=Admission(1, 100, 0))
     batcher.start()
     try:
@@ -159,7 +160,7 @@ def test_enqueue_wait_answers_an_admission_refusal():
 
 
 def test_enqueue_wait_raises_not_committed_once_the_committer_has_stopped():
-    store = MemoryStore()
+    store = open_store("memory://")
     batcher = SubmitBatcher(store)
     batcher.stop()
     svc = _service(store, batcher)
@@ -168,18 +169,18 @@ def test_enqueue_wait_raises_not_committed_once_the_committer_has_stopped():
 
 
 def test_prepare_job_refuses_a_function_outside_the_allowlist():
-    svc = _service(MemoryStore(), SubmitBatcher(MemoryStore()))
+    svc = _service(open_store("memory://"), SubmitBatcher(open_store("memory://")))
     with pytest.raises(QueueError) as e:
         svc.prepare_job({"func": "os:system", "args": ["true"]})
     assert e.value.code == Code.NOT_ALLOWED
 
 
 def test_the_service_reports_a_missing_job_as_not_found():
-    svc = _service(MemoryStore(), SubmitBatcher(MemoryStore()))
+    svc = _service(open_store("memory://"), SubmitBatcher(open_store("memory://")))
     with pytest.raises(QueueError) as e:
         svc.job(12345)
     assert e.value.code == Code.NOT_FOUND
 
 
 def test_a_single_daemon_store_is_not_a_fleet_store():
-    assert not isinstance(MemoryStore(), FleetStore)
+    assert not isinstance(open_store("memory://"), FleetStore)

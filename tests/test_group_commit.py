@@ -15,15 +15,17 @@ from test_batcher import HeldStore
 
 from queickd.core.job import Submitted
 from queickd.services.batcher import Gather, SubmitBatcher
-from queickd.store.memory.store import MemoryStore
+from queickd.store import open_store
+from queickd.store.sqlite.inmemory import IN_MEMORY
+from queickd.store.sqlite.store import SQLiteStore
 
 
-class SlowStore(MemoryStore):
+class SlowStore(SQLiteStore):
     """A real memory store whose every commit takes `seconds`, like a slow disk's, and which
     tells when it is writing."""
 
     def __init__(self, seconds: float) -> None:
-        super().__init__()
+        super().__init__(IN_MEMORY)
         self.seconds = seconds
         self.writing = threading.Event()
 
@@ -91,7 +93,7 @@ def test_concurrent_lone_clients_share_fsyncs_on_a_slow_disk(start_daemon, slow_
 
 
 def test_submissions_of_one_loop_pass_share_one_commit():
-    b = SubmitBatcher(MemoryStore())
+    b = SubmitBatcher(open_store("memory://"))
     b.start()
     passes: list = []
     gather = Gather(b.submit_all, passes.append)
@@ -114,7 +116,7 @@ def test_submissions_of_one_loop_pass_share_one_commit():
 
 
 def test_a_pass_with_one_small_submission_commits_it_on_the_loop_thread():
-    b = SubmitBatcher(MemoryStore())  # no committer thread: only an inline commit can answer
+    b = SubmitBatcher(open_store("memory://"))  # no committer thread: only an inline commit can answer
     passes: list = []
     gather = Gather(b.submit_all, passes.append)
     got = []
@@ -124,7 +126,7 @@ def test_a_pass_with_one_small_submission_commits_it_on_the_loop_thread():
 
 
 def test_the_only_submission_of_a_pass_with_nothing_left_in_it_is_handed_over_at_once():
-    b = SubmitBatcher(MemoryStore())  # no committer thread: only an inline commit can answer
+    b = SubmitBatcher(open_store("memory://"))  # no committer thread: only an inline commit can answer
     passes: list = []
     gather = Gather(b.submit_all, passes.append, pass_has_more=lambda: False)
     got = []
@@ -134,7 +136,7 @@ def test_the_only_submission_of_a_pass_with_nothing_left_in_it_is_handed_over_at
 
 
 def test_a_submission_with_more_of_the_pass_to_run_waits_for_the_pass_to_end():
-    b = SubmitBatcher(MemoryStore())
+    b = SubmitBatcher(open_store("memory://"))
     b.start()
     passes: list = []
     more = [True]

@@ -16,7 +16,7 @@ from queickd.core.job import Outcome, State
 from queickd.core.policy.claim import Request
 from queickd.services.batcher import SubmitBatcher
 from queickd.services.netcheck import NetworkMonitor
-from queickd.store.memory.store import MemoryStore
+from queickd.store import open_store
 from queickd.store.sqlite.store import SQLiteStore
 
 
@@ -77,7 +77,7 @@ def test_the_committer_survives_an_error_after_a_commit():
         if len(calls) == 1:
             raise RuntimeError("a hook failed")
 
-    b = SubmitBatcher(MemoryStore(), flaky)
+    b = SubmitBatcher(open_store("memory://"), flaky)
     b.start()
     answers = []
     for _ in range(2):
@@ -181,7 +181,7 @@ def test_a_bad_environment_value_is_a_usage_error():
     assert r.returncode == 2 and "QUEICKD_PORT" in r.stderr
 
 
-@pytest.mark.parametrize("make", [MemoryStore, lambda: SQLiteStore(":memory:")], ids=["memory", "sqlite"])
+@pytest.mark.parametrize("make", [lambda: open_store("memory://"), lambda: SQLiteStore(":memory:")], ids=["memory", "sqlite"])
 def test_a_key_whose_head_job_waits_is_not_overtaken(make):
     store = make()
     for _ in range(2):  # pause m:bad

@@ -13,7 +13,7 @@ from test_fate import make_job
 from queickd.core.job import State
 from queickd.core.policy import memory as mem
 from queickd.services import memory_gate as gate_mod
-from queickd.store.memory.store import MemoryStore
+from queickd.store import open_store
 
 MB = 1024 * 1024
 
@@ -109,7 +109,7 @@ def test_a_function_whose_peak_matters_is_measured_on_every_run():
 
 
 def test_the_gate_counts_each_function_s_runs_for_its_sample():
-    store = MemoryStore()
+    store = open_store("memory://")
     store.record_runs([("app:small", 0, 0.001, False, True)] * mem.LEARNING_RUNS, 0.0)
     store.record_runs([("app:big", 100 * MB, 1.0, False, False)], 0.0)
     gate = gate_mod.MemoryGate(store)
@@ -228,7 +228,7 @@ class _Clock:
 
 
 def _gate_with_a_100mb_function(tree: Path) -> tuple[gate_mod.MemoryGate, _Clock]:
-    store = MemoryStore()
+    store = open_store("memory://")
     store.record_runs([("app:big", 100 * MB, 1.0, False, False)], 0.0)
     clock = _Clock()
     return gate_mod.MemoryGate(store, reserve_mb=0, root=str(tree), clock=clock), clock
@@ -282,7 +282,7 @@ def test_a_started_job_s_expected_peak_counts_after_the_room_is_read_again_until
 def test_under_max_rss_a_started_job_s_expected_peak_counts_after_the_room_is_read_again(tmp_path):
     fake_tree(tmp_path, v2=(4000 * MB, 0, 0))
     (tmp_path / "proc/self/statm").write_text(f"0 {164 * MB // gate_mod._PAGE} 0 0 0 0 0\n")
-    store = MemoryStore()
+    store = open_store("memory://")
     store.record_runs([("app:big", 100 * MB, 1.0, False, False)], 0.0)
     clock = _Clock()
     gate = gate_mod.MemoryGate(store, reserve_mb=0, max_rss_mb=300, root=str(tmp_path), clock=clock)

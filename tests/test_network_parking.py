@@ -17,8 +17,9 @@ from queickd.core.policy.claim import Request
 from queickd.services.maintenance.retention import Retention
 from queickd.services.netcheck import NetworkMonitor
 from queickd.services.network import NetworkParking
-from queickd.store.memory.store import MemoryStore
+from queickd.store import open_store
 from queickd.store.records import NewEvent
+from queickd.store.sqlite.store import SQLiteStore
 
 
 def _monitor(up: bool | None) -> NetworkMonitor:
@@ -27,27 +28,27 @@ def _monitor(up: bool | None) -> NetworkMonitor:
     return m
 
 
-def _parking(store: MemoryStore, up: bool | None = None, checker: bool = True):
+def _parking(store: SQLiteStore, up: bool | None = None, checker: bool = True):
     woken = threading.Event()
     return NetworkParking(store, _monitor(up) if checker else None, woken.set, clock=lambda: T0), woken
 
 
-def _net_job(store: MemoryStore) -> int:
+def _net_job(store: SQLiteStore) -> int:
     return store.submit([job(retry_on_network=True)], T0)[0].job_id
 
 
 def test_without_a_checker_network_jobs_may_start():
-    parking, _ = _parking(MemoryStore(), checker=False)
+    parking, _ = _parking(open_store("memory://"), checker=False)
     assert (parking.checker(), parking.network_up()) == (False, True)
 
 
 def test_with_a_checker_that_has_not_spoken_network_jobs_wait():
-    parking, _ = _parking(MemoryStore(), up=None)
+    parking, _ = _parking(open_store("memory://"), up=None)
     assert (parking.checker(), parking.network_up()) == (True, False)
 
 
 def test_a_commit_while_the_network_is_down_parks_the_jobs_that_need_it():
-    store = MemoryStore()
+    store = open_store("memory://")
     parking, _ = _parking(store, up=False)
     new = job(retry_on_network=True)
     job_id = store.submit([new], T0)[0].job_id
@@ -56,7 +57,7 @@ def test_a_commit_while_the_network_is_down_parks_the_jobs_that_need_it():
 
 
 def test_a_commit_without_a_checker_parks_nothing():
-    store = MemoryStore()
+    store = open_store("memory://")
     parking, _ = _parking(store, checker=False)
     new = job(retry_on_network=True)
     job_id = store.submit([new], T0)[0].job_id
@@ -65,7 +66,7 @@ def test_a_commit_without_a_checker_parks_nothing():
 
 
 def test_the_network_going_down_parks_and_coming_back_releases_and_wakes_the_pool():
-    store = MemoryStore()
+    store = open_store("memory://")
     parking, woken = _parking(store, up=True)
     job_id = _net_job(store)
     parking.on_change(False)
@@ -75,7 +76,7 @@ def test_the_network_going_down_parks_and_coming_back_releases_and_wakes_the_poo
 
 
 def test_the_sweep_releases_a_job_parked_while_the_checker_says_up():
-    store = MemoryStore()
+    store = open_store("memory://")
     parking, _ = _parking(store, up=True)
     job_id = _net_job(store)
     store.park_for_network(T0)  # parked by its own failure, say
@@ -85,7 +86,7 @@ def test_the_sweep_releases_a_job_parked_while_the_checker_says_up():
 
 def test_parked_jobs_are_released_when_the_network_returns_behind_a_hung_checker():
     # A real checker probes a real listener; SIGSTOP hangs it while the network is down.
-    store, net, woken = MemoryStore(), Listener(), threading.Event()
+    store, net, woken = open_store("memory://"), Listener(), threading.Event()
     changes: dict[bool, threading.Event] = {True: threading.Event(), False: threading.Event()}
 
     def on_change(up: bool) -> None:
@@ -112,7 +113,7 @@ def test_parked_jobs_are_released_when_the_network_returns_behind_a_hung_checker
         net.close()
 
 
-def _finished(store: MemoryStore, outcome, at: float) -> int:
+def _finished(store: SQLiteStore, outcome, at: float) -> int:
     job_id = store.submit([job()], at)[0].job_id
     store.claim_available(Request.of(1, now=at))
     store.finish_if_running([outcome(job_id)], at)
@@ -120,7 +121,7 @@ def _finished(store: MemoryStore, outcome, at: float) -> int:
 
 
 def test_retention_prunes_finished_jobs_older_than_keep_finished():
-    store = MemoryStore()
+    store = open_store("memory://")
     old = _finished(store, lambda i: Outcome.succeeded(i, None), T0)
     recent = _finished(store, lambda i: Outcome.succeeded(i, None), T0 + 50)
     assert Retention(store, 100.0, clock=lambda: T0 + 120).prune() == 1
@@ -128,7 +129,7 @@ def test_retention_prunes_finished_jobs_older_than_keep_finished():
 
 
 def test_retention_forgets_the_delivered_events_whose_jobs_it_pruned():
-    store = MemoryStore()
+    store = open_store("memory://")
     acc = store.accept_event(NewEvent("tap-1", job()), T0, Admission())
     store.claim_available(Request.of(1, now=T0))
     store.finish_if_running([Outcome.succeeded(acc.job_id, None)], T0)
@@ -137,7 +138,7 @@ def test_retention_forgets_the_delivered_events_whose_jobs_it_pruned():
 
 
 def test_retention_keeps_dead_jobs():
-    store = MemoryStore()
+    store = open_store("memory://")
     dead = _finished(store, lambda i: Outcome.dead(i, {"type": "E", "message": "x"}), T0)
     assert Retention(store, 0.0, clock=lambda: T0 + 1000).prune() == 0
     assert store.get(dead).state == State.DEAD

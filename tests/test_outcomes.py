@@ -7,17 +7,18 @@ from store_contract import job
 from queickd.core.job import Outcome, State
 from queickd.core.policy.claim import Request
 from queickd.services.outcomes import store_one_by_one
-from queickd.store.memory.store import MemoryStore
+from queickd.store.sqlite.inmemory import IN_MEMORY
+from queickd.store.sqlite.store import SQLiteStore
 
 
-class Refuses(MemoryStore):
+class Refuses(SQLiteStore):
     """Refuses, as a bug would, any outcome carrying a result of "bad"; with `down`, is
     unavailable as a lost connection is."""
 
     UNAVAILABLE = (ConnectionError,)
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(IN_MEMORY)
         self.down = False
 
     def finish_if_running(self, outcomes, now, *a, **kw):

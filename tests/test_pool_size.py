@@ -14,7 +14,7 @@ from queickd.run.loader import FunctionLoader
 from queickd.services.pool_config import DEFAULT_CONFIG, PoolHooks
 from queickd.services.pool_size import PoolSize, adaptive_size
 from queickd.services.worker import WorkerPool
-from queickd.store.memory.store import MemoryStore
+from queickd.store import open_store
 
 JOBS = str(Path(__file__).parent / "jobs")
 
@@ -40,7 +40,7 @@ def test_flags_alone_give_a_fixed_size_and_bounds_an_adaptive_one():
 
 def test_the_pool_grows_to_its_maximum_under_a_backlog_and_back_to_its_minimum_after_the_grace(gate):
     clock = Clock()
-    store = MemoryStore()
+    store = open_store("memory://")
     finished = threading.Semaphore(0)
     pool = WorkerPool(store, FunctionLoader(JOBS), DEFAULT_CONFIG,
                       PoolHooks(on_finished=lambda outcomes: [finished.release() for _ in outcomes]),
@@ -71,7 +71,7 @@ def test_the_pool_grows_to_its_maximum_under_a_backlog_and_back_to_its_minimum_a
 
 def test_a_pool_at_its_minimum_keeps_no_timer():
     clock = Clock()
-    store = MemoryStore()
+    store = open_store("memory://")
     done = threading.Event()
     pool = WorkerPool(store, FunctionLoader(JOBS), DEFAULT_CONFIG, PoolHooks(on_finished=lambda outcomes: done.set()),
                       clock=clock, size=PoolSize(2, 4, 30, clock=clock))
@@ -107,7 +107,7 @@ def test_the_pool_does_not_grow_when_one_more_typical_job_would_not_fit(gate, tm
 
     fake_tree(tmp_path, v2=(1000 * MB, 900 * MB, 0))  # 100 MB free, 64 reserved
     clock = Clock()
-    store = MemoryStore()
+    store = open_store("memory://")
     store.record_runs([("testjobs:gate", 200 * MB, 1.0, False, False)], clock.now)  # a big function
     pool = WorkerPool(store, FunctionLoader(JOBS), clock=clock, size=PoolSize(1, 4, 30, clock=clock),
                       memory=MemoryGate(store, root=str(tmp_path)))

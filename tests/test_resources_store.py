@@ -17,9 +17,9 @@ from queickd.core.policy.claim import LOOK_AHEAD, Limits
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store(request, tmp_path):
     if request.param == "memory":
-        from queickd.store.memory.store import MemoryStore
+        from queickd.store import open_store
 
-        s = MemoryStore()
+        s = open_store("memory://")
     elif request.param == "sqlite":
         from queickd.store.sqlite.store import SQLiteStore
 

@@ -5,11 +5,11 @@ import time
 
 from queickd.api.server import Server
 from queickd.api.service import QueueService
-from queickd.store.memory.store import MemoryStore
+from queickd.store import open_store
 
 
 def test_a_connection_accepted_just_before_shutdown_is_closed_not_served(monkeypatch):
-    store = MemoryStore()
+    store = open_store("memory://")
     server = Server(QueueService(store, None, None, None, None, clock=time.time), "127.0.0.1", 0, hello_timeout=60)
     accept = server._accept
 

@@ -8,7 +8,6 @@ import pytest
 from queickd.store import contract
 from queickd.store.contract.capabilities import ClaimsInSubmit, PassInOneCall
 from queickd.store.contract.fleet import FleetStore
-from queickd.store.memory.store import MemoryStore
 from queickd.store.postgres.store import PostgresStore
 from queickd.store.sqlite.store import SQLiteStore
 
@@ -37,7 +36,7 @@ def test_each_method_of_the_contract_is_in_one_role():
     assert _own_methods(contract.Store) == {}  # the union of the roles, nothing of its own
 
 
-@pytest.mark.parametrize("backend", [MemoryStore, SQLiteStore, PostgresStore], ids=lambda b: b.__name__)
+@pytest.mark.parametrize("backend", [SQLiteStore, PostgresStore], ids=lambda b: b.__name__)
 def test_every_backend_implements_every_role(backend):
     wanted = {n for role in contract.Store.__mro__ if role is not object for n in _own_methods(role)}
     assert sorted(n for n in wanted if not callable(getattr(backend, n, None))) == []
@@ -45,5 +44,4 @@ def test_every_backend_implements_every_role(backend):
 
 def test_each_capability_is_implemented_where_it_is_one():
     assert issubclass(PostgresStore, PassInOneCall) and not issubclass(PostgresStore, ClaimsInSubmit)
-    for one_writer in (SQLiteStore, MemoryStore):
-        assert issubclass(one_writer, ClaimsInSubmit) and not issubclass(one_writer, PassInOneCall)
+    assert issubclass(SQLiteStore, ClaimsInSubmit) and not issubclass(SQLiteStore, PassInOneCall)

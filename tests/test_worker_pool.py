@@ -13,16 +13,18 @@ from queickd.core.policy.claim import Request
 from queickd.run.loader import FunctionLoader
 from queickd.services.pool_config import DEFAULT_CONFIG, PoolConfig, PoolHooks
 from queickd.services.worker import WorkerPool
-from queickd.store.memory.store import MemoryStore
+from queickd.store import open_store
+from queickd.store.sqlite.inmemory import IN_MEMORY
+from queickd.store.sqlite.store import SQLiteStore
 
 JOBS = str(Path(__file__).parent / "jobs")
 
 
-class ClaimWatch(MemoryStore):
+class ClaimWatch(SQLiteStore):
     """A real memory store that records which thread claimed each batch."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(IN_MEMORY)
         self.claimers: list[tuple[int, list[int]]] = []
 
     def claim_available(self, request):
@@ -56,7 +58,7 @@ def test_dispatch_now_claims_in_the_calling_thread_when_the_dispatcher_is_idle()
 
 
 def test_a_job_dispatched_now_runs_once_and_succeeds():
-    store = MemoryStore()
+    store = open_store("memory://")
     pool, finished = _pool(store)
     try:
         job_id = _submit(store)
@@ -102,8 +104,6 @@ class _SqlitePool:
 
     def __init__(self, tmp_path) -> None:
         from queickd.services.batcher import SubmitBatcher
-        from queickd.store.sqlite.store import SQLiteStore
-
         self.store = SQLiteStore(str(tmp_path / "q.db"))
         self.pool, self.finished = _pool(self.store, 2)
         self.commits: list[str] = []
@@ -228,12 +228,12 @@ def test_a_job_that_ends_before_its_submit_is_acknowledged_leaves_its_outcome_to
 
 
 # --- the pass as one store call (store.finish_and_claim) -------------------------------------
-class OneStep(MemoryStore):
+class OneStep(SQLiteStore):
     """A real memory store that also passes in one call, as PostgreSQL does: successes only;
     `fail` calls raise as a lost connection would (a PassInOneCall by its finish_and_claim)."""
 
     def __init__(self, fail: int = 0) -> None:
-        super().__init__()
+        super().__init__(IN_MEMORY)
         self.one_step: list[tuple[list[int], list[int]]] = []  # (finished ids, claimed ids) per call
         self.fail = fail
 
@@ -304,8 +304,6 @@ def test_a_one_call_pass_writes_the_per_minute_counts_when_the_pool_goes_idle():
 
 
 def test_a_job_that_ends_while_the_pool_is_counted_for_the_status_page_has_its_outcome_stored(tmp_path):
-    from queickd.store.sqlite.store import SQLiteStore
-
     store = SQLiteStore(str(tmp_path / "q.db"))
     stored = threading.Event()
     pool = WorkerPool(store, FunctionLoader(JOBS), PoolConfig(1), PoolHooks(on_finished=lambda outcomes: stored.set()))
@@ -332,7 +330,7 @@ def test_a_job_that_ends_while_the_pool_is_counted_for_the_status_page_has_its_o
 def test_jobs_claimed_for_a_worker_that_cannot_be_started_still_run():
     from queickd.services.pool_size import PoolSize
 
-    store = MemoryStore()
+    store = open_store("memory://")
     done = threading.Condition()
     finished: list[int] = []
 

@@ -15,7 +15,6 @@ from store_contract_workflows import drive
 
 from queickd.core import workflow as wf
 from queickd.store import open_store
-from queickd.store.memory.store import MemoryStore
 
 HEARTBEAT = 0.5  # a killed worker is gone after 3 missed beats: 1.5 s
 STEPS = [{"name": "plan", "func": "wfsteps:plan"},
@@ -32,7 +31,7 @@ def _state(i: int, where) -> dict:
 def _uninterrupted(states: list[dict], scratch) -> list[tuple[dict, list]]:
     """Each run's final state (without its dir) and its outputs' (step, item, loop), run
     without any crash on the memory store."""
-    store, out = MemoryStore(), []
+    store, out = open_store("memory://"), []
     scratch.mkdir()
     for s in states:
         run, _ = store.workflow_start(wf.parse(DEFINITION), {**s, "dir": str(scratch), "hold": 0}, 0.0)

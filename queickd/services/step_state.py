@@ -75,7 +75,7 @@ class StepState:
         self.kept_chars = kept_chars
         self._chars = 0  # of the texts in _states
         # (run, step, loop) -> the state's JSON; a run's id is never given again (SQLite's
-        # AUTOINCREMENT, PostgreSQL's identity, the memory store's counter), so a key names
+        # AUTOINCREMENT, PostgreSQL's identity), so a key names
         # one step visit for ever.
         self._states: OrderedDict[tuple[int, int, int], str] = OrderedDict()
         # Step visits being read now: the workers that start a fan-out's first items together
