@@ -72,10 +72,9 @@ class SubmitAll(Protocol):
 
 DEFAULT_MAX_BATCH = 4096
 DEFAULT_MAX_LINGER = 0.002  # seconds the committer may wait for acked clients to come back
-# A commit shorter than this wrote no disk flush (SQLite at normal durability, the memory
-# store: tens of µs) and is over before an acked client is back: no linger after it. A flush
-# takes 0.5-1 ms on a VM's SSD, milliseconds on an SD card. (From 1 ms, 0.6 ms flushes never
-# lingered: 16 clients split into cohorts, ~9.5 jobs a commit against ~13 lingering.)
+# A commit shorter than this wrote no disk flush (SQLite at normal durability, memory://)
+# and is over before an acked client is back: no linger after it. A commit that flushed to
+# disk (an SSD's or an SD card's) takes longer, and lingering then lets clients join the next.
 _LINGER_FROM = 0.0003
 
 

@@ -114,10 +114,8 @@ class WorkerPool(PassStore):
         self._idle = threading.Event()  # set when stopping and nothing is running
         self._thread: threading.Thread | None = None
         # Claimed jobs for the worker threads; None tells one thread to exit. Plain threads
-        # on a SimpleQueue: a ThreadPoolExecutor's Future per job costs more than a no-op job.
-        # (It wakes a second idle thread per put, which finds nothing: a lone job starts
-        # 0.1-0.2 ms later for it. A queue that woke one thread per job doubled the context
-        # switches per job under a backlog, 4.6 -> 9.5, and cost 15-20% of the batched rate.)
+        # on a SimpleQueue: a ThreadPoolExecutor's Future per job costs more than a no-op job,
+        # and a queue that woke one thread per job doubled the context switches under a backlog.
         self._runq: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self.completed = 0  # counters written by the dispatcher only
