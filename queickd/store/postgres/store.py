@@ -44,12 +44,15 @@ from ...core.job import Job, NewJob, Outcome, State
 from ...core.policy import orphans
 from ...core.policy import pauses as pz
 from .. import rows as dbrows
-from ..derived import StoreBase
 from ..pools import set_pool_sql
 from ..records import CronFire, CronRecord, Finished, Pause, Recovered
-from ..sqlshared import SharedSql, filters
+from ..sql import plans
+from ..sql import workflows as wfsql
+from ..sql.dialect import Dialect
+from ..sql.events import repair_key_order
+from ..sql.operator import filters
+from ..sql.store import SqlStore
 from ..sqlstates import WAITING_ANY, WAITING_IN
-from ..wfsql import SqlWorkflows
 from .channels import CHANNEL, FINISHED_CHANNEL, NOTIFY_IDS, QUEUED_CHANNEL
 from .claim import PgClaims
 from .connection import PgConnections
@@ -80,23 +83,69 @@ def _redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, SqlWorkflows, StoreBase):
-    MARK = "%s"  # the parameter marker of psycopg (SharedSql)
-    _RELEASE = ", worker_id = NULL"  # a job that leaves running is no worker's any more
+def _begin_pause(c: psycopg.Connection, t: pz.Target, at: float, failures: int, err: str | None) -> bool:
+    # The plan read the pauses before its streak row lock was granted: another host may
+    # have begun this pause meanwhile. Then it stays as begun there, with our count.
+    return c.execute(
+        "INSERT INTO pauses (kind, name, paused_at, failures, last_error) VALUES (%s, %s, %s, %s, %s)"
+        " ON CONFLICT (kind, name) DO UPDATE"
+        " SET failures = excluded.failures, last_error = excluded.last_error RETURNING (xmax = 0)",
+        (*t, at, failures, err)).fetchone()[0]
+
+
+def _put_streaks(c: psycopg.Connection, rows: list[tuple]) -> None:
+    # One statement for every streak of the finish (their rows exist: _lock_streaks made them).
+    c.execute("UPDATE streaks s SET failures = r.f, last_error = r.e FROM unnest(%s::text[], %s::text[],"
+              " %s::int[], %s::text[]) AS r(k, n, f, e) WHERE s.kind = r.k AND s.name = r.n",
+              [list(col) for col in zip(*rows, strict=True)])
+
+
+def _released(c: psycopg.Connection) -> None:
+    notify(c, "r")
+
+
+def _lock_outbox(c: psycopg.Connection) -> None:
+    c.execute("SELECT pg_advisory_xact_lock(%s)", (OUTBOX_LOCK,))
+
+
+def _lock_admission(c: psycopg.Connection) -> None:
+    c.execute("SELECT pg_advisory_xact_lock(%s)", (SUBMIT_LOCK,))
+
+
+DIALECT = Dialect(
+    mark="%s",
+    release=", worker_id = NULL",  # a job that leaves running is no worker's any more
+    # The due events, due first, then in the order accepted (seq: keyed accepts take the
+    # outbox's lock, so that order is theirs, whatever the hosts' clocks); read under the
+    # outbox's lock, so by one host at a time.
+    due_events=("SELECT event_id, job, attempts, key FROM events WHERE state = 'pending'"
+                " AND next_attempt_at <= %s ORDER BY next_attempt_at, seq LIMIT %s FOR UPDATE"),
+    event_order="seq",
     # Two hosts finishing items of one run at once take turns on its row: each sees the
     # other's counts, so the run is advanced exactly once per item.
-    _WF_LOCK = " FOR UPDATE"
-    _WF_BUDGET = "(meta::json)->'reason'->>'budget'"
-    _WF_WAITING = f"SELECT count(*) FROM jobs WHERE state IN {WAITING_IN}"
+    wf_lock=" FOR UPDATE",
+    wf_budget="(meta::json)->'reason'->>'budget'",
+    wf_waiting=f"SELECT count(*) FROM jobs WHERE state IN {WAITING_IN}",
+    # A killed or dropped connection (OperationalError: AdminShutdown, a reset socket...;
+    # InterfaceError: a connection psycopg already knows is gone); the next call reconnects.
+    unavailable=(psycopg.OperationalError, psycopg.InterfaceError),
+    begin_pause=_begin_pause,
+    put_streaks=_put_streaks,
+    released=_released,
+    lock_outbox=_lock_outbox,
+    lock_admission=_lock_admission,
+)
+
+
+class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SqlStore):
+    dialect = DIALECT
 
     def _wf_submit(self, c: psycopg.Connection, jobs: list[NewJob], now: float) -> None:
         self._submit_unadmitted(c, jobs, now)  # no admission: submit.py says why
 
     supports_notify = True
     claims_in_submit = False
-    # A killed or dropped connection (OperationalError: AdminShutdown, a reset socket...;
-    # InterfaceError: a connection psycopg already knows is gone); the next call reconnects.
-    UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)
+    UNAVAILABLE = DIALECT.unavailable
 
     def __init__(self, url: str, migrate: bool = True) -> None:
         self._dsn = url
@@ -208,7 +257,7 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
             if not rows:
                 return Finished(0, [])
             if steps:  # in the same transaction as the finish: one commits with the other
-                self._advance_in(c, [(r[0], *r[-4:], steps[r[0]].state == State.SUCCEEDED, steps[r[0]].result,
+                wfsql.advance_in(DIALECT, c, self._steps(), [(r[0], *r[-4:], steps[r[0]].state == State.SUCCEEDED, steps[r[0]].result,
                                       steps[r[0]].error) for r in rows if r[0] in steps], now)
             names = {r[0]: (r[1], r[2]) for r in rows}
             retries = [o.run_at for o in outcomes if o.state == State.SCHEDULED and o.job_id in names
@@ -222,9 +271,9 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
                 failed.append(pz.Finish(o.state, o.error, *names.pop(o.job_id), o.job_id))
             if failed:
                 known = self._lock_streaks(c, sorted({t for f in failed for t in pz.targets(f.key, f.func)}))
-                p = pz.plan(failed, now, pause_after, pz.Lookups(known.__getitem__, lambda t: self._pause_of(c, t)),
-                            pause_cooldown)
-                paused, next_probe = self._write_pauses(c, p), p.next_probe
+                p = pz.plan(failed, now, pause_after,
+                            pz.Lookups(known.__getitem__, lambda t: plans.pause_of(DIALECT, c, t)), pause_cooldown)
+                paused, next_probe = plans.write_pauses(DIALECT, c, p), p.next_probe
             if not inline and any(r[3] or r[4] for r in rows):
                 frees = any(r[3] for r in rows)
                 kind, channel = ("fk:", CHANNEL) if frees else ("f:", FINISHED_CHANNEL)
@@ -247,21 +296,6 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
             ([t[0] for t in targets], [t[1] for t in targets])).fetchall()
         return {(k, n): (f, p) for k, n, f, p in rows}
 
-    def _begin_pause(self, c: psycopg.Connection, t: pz.Target, at: float, failures: int, err: str | None) -> bool:
-        # The plan read the pauses before its streak row lock was granted: another host may
-        # have begun this pause meanwhile. Then it stays as begun there, with our count.
-        return c.execute(
-            "INSERT INTO pauses (kind, name, paused_at, failures, last_error) VALUES (%s, %s, %s, %s, %s)"
-            " ON CONFLICT (kind, name) DO UPDATE"
-            " SET failures = excluded.failures, last_error = excluded.last_error RETURNING (xmax = 0)",
-            (*t, at, failures, err)).fetchone()[0]
-
-    def _put_streaks(self, c: psycopg.Connection, rows: list[tuple]) -> None:
-        # One statement for every streak of the finish (their rows exist: _lock_streaks made them).
-        c.execute("UPDATE streaks s SET failures = r.f, last_error = r.e FROM unnest(%s::text[], %s::text[],"
-                  " %s::int[], %s::text[]) AS r(k, n, f, e) WHERE s.kind = r.k AND s.name = r.n",
-                  [list(col) for col in zip(*rows, strict=True)])
-
     def recover_orphans(self, max_requeues: int, now: float, running_here: Collection[int] = ()) -> Recovered:
         """Running jobs whose worker is gone (missed its beats, deregistered, or none was
         registered) are orphans; those of live workers are left alone, however long they
@@ -276,7 +310,7 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
             "SELECT id, orphaned FROM jobs WHERE state = 'running' AND (worker_id IS NULL OR NOT EXISTS"
             f" (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND {ALIVE})) FOR UPDATE SKIP LOCKED"
         ).fetchall(), max_requeues, running_here)
-        self._write_orphans(c, p, now)
+        plans.write_orphans(DIALECT, c, self._steps(), p, now)
         if p.requeue:
             notify(c, "r")
         return Recovered(p.requeue, p.dead)
@@ -290,21 +324,10 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
         """Move a waiting job (kind 'job', name its id), a key's waiting jobs, or a cron
         (its template and its waiting runs) to another pool. Returns jobs and crons moved."""
         with self._write() as c:
-            n = set_pool_sql(c.execute, kind, name, pool, self.MARK)
+            n = set_pool_sql(c.execute, kind, name, pool, DIALECT.mark)
             if n:
                 notify(c, "q:" + pool, QUEUED_CHANNEL)
         return n
-
-    def _released(self, c: psycopg.Connection) -> None:
-        notify(c, "r")
-
-    # --- pauses ---------------------------------------------------------------------------
-    def _resume_in(self, c: psycopg.Connection, kind: str, name: str) -> bool:
-        c.execute("DELETE FROM streaks WHERE kind = %s AND name = %s", (kind, name))
-        gone = c.execute("DELETE FROM pauses WHERE kind = %s AND name = %s", (kind, name)).rowcount > 0
-        if gone:
-            notify(c, "r")
-        return gone
 
     # --- operator actions -----------------------------------------------------------------
     def _update_one(self, sql: str, params: tuple, job_id: int, released: bool = False) -> Job | None:
@@ -321,7 +344,7 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
         with self._write() as c:
             # One statement: a job swept as an orphan meanwhile and claimed by another
             # worker is no longer under our id, and stays with that worker.
-            n = c.execute(self._q(f"{UNSTART}{self._RELEASE} WHERE state = 'running' AND worker_id = ?"
+            n = c.execute(DIALECT.q(f"{UNSTART}{DIALECT.release} WHERE state = 'running' AND worker_id = ?"
                                   " AND id <> ALL(?)"), (now, self.worker_id, list(held))).rowcount
             if n:
                 self._scheduled_at(c, now)
@@ -349,7 +372,7 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
 
     def cancel(self, job_id: int, now: float) -> Job | None:
         with self._write() as c:
-            self._cancel_in(c, job_id, now)
+            wfsql.cancel_in(DIALECT, c, self._steps(), job_id, now)
             row = c.execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
         return dbrows.row_to_job(row) if row else None
 
@@ -366,11 +389,11 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
             n = c.execute("WITH r AS (UPDATE jobs SET state = 'queued', run_at = %s, attempts = 0, orphaned = 0,"
                           f" finished_at = NULL WHERE state = 'dead' RETURNING 1) SELECT count({DRAW_ONE}) FROM r",
                           (now,)).fetchone()[0]  # a value drawn for each, as retry_dead says
-            self._lock_outbox(c)
+            _lock_outbox(c)
             n += (events := c.execute("UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = %s"
                                       " WHERE state = 'dead'", (now,)).rowcount)
             if events:
-                self._repair_key_order(c)
+                repair_key_order(DIALECT, c)
             if n:
                 notify(c, "r")
         return n
@@ -392,7 +415,7 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
     def list_jobs(self, state: str | None, limit: int, *, func: str | None = None, key: str | None = None,
                   pool: str | None = None) -> list[Job]:
         extra, fparams = filters(func, key, pool)
-        extra = self._q(extra)
+        extra = DIALECT.q(extra)
         if state is None:
             rows = self._conn().execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE true{extra} ORDER BY id DESC"
                                         " LIMIT %s", (*fparams, limit))
@@ -462,19 +485,6 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
             return self._fire_in(c, name, row[0], tick, next_tick, now, None if waiting is None else waiting[0])
 
     # --- events ---------------------------------------------------------------------------
-    # The due events, due first, then in the order accepted (seq: keyed accepts take the
-    # outbox's lock, so that order is theirs, whatever the hosts' clocks); read under the
-    # outbox's lock (_lock_outbox), so by one host at a time.
-    _EVENT_ORDER = "seq"
-    _DUE_EVENTS = ("SELECT event_id, job, attempts, key FROM events WHERE state = 'pending' AND next_attempt_at <= %s"
-                   " ORDER BY next_attempt_at, seq LIMIT %s FOR UPDATE")
-
-    def _lock_outbox(self, c: psycopg.Connection) -> None:
-        c.execute("SELECT pg_advisory_xact_lock(%s)", (OUTBOX_LOCK,))
-
-    def _lock_admission(self, c: psycopg.Connection) -> None:
-        c.execute("SELECT pg_advisory_xact_lock(%s)", (SUBMIT_LOCK,))
-
     def next_event_at(self) -> float | None:
         return self._conn().execute("SELECT min(next_attempt_at) FROM events WHERE state = 'pending'").fetchone()[0]
 

@@ -18,6 +18,7 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
 from ...core.job import NewJob, State, Submitted
 from ...core.policy import admission as adm
 from .. import rows as dbrows
+from ..sql import operator
 from ..sqlstates import UNFINISHED_ANY, UNFINISHED_IN, WAITING_IN
 from .channels import QUEUED_CHANNEL
 from .connection import KEPT_CURSOR_BYTES
@@ -349,7 +350,7 @@ class PgSubmit:
         manual = {(k, n) for _, _, j in p.inserts if j.manual for k, n in (("key", j.key), ("func", j.func))
                   if n is not None}
         for kind, name in manual:  # an operator's run lifts a pause
-            self._resume_in(c, kind, name)
+            operator.resume(self.dialect, c, kind, name)
         return adm.finish(p, requests, ids, now)
 
     # --- schedule -------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from collections.abc import Collection, Iterator, Sequence
 from ...core.job import Job
 from ...core.policy import claim
 from .. import rows as dbrows
+from ..sql.plans import stamp_probes
 
 # The two queue-order walks of a pool: its jobs without a group and those with one (each
 # queued job is in one of the two).
@@ -285,7 +286,7 @@ class SqliteClaims:
         if not pick.chosen:
             return []
         if pick.probes:
-            self._stamp_probes(c, pick.probes)
+            stamp_probes(self.dialect, c, pick.probes)  # type: ignore[attr-defined]
         return self._start(c, pick.chosen, request.now, _HEADS_ONLY if full and not heads else "")
 
     @staticmethod
