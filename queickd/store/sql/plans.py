@@ -27,11 +27,6 @@ def pause_of(d: Dialect, c: Any, t: pz.Target) -> tuple[int, int | None]:
     return (row[0], row[1]) if row else (0, None)
 
 
-def stamp_probes(d: Dialect, c: Any, probes: list[tuple[pz.Target, int]]) -> None:
-    """The claim let these jobs through as probes: no other probe until they finish."""
-    many(d, c, "UPDATE pauses SET probe_job = ? WHERE kind = ? AND name = ?", [(job_id, *t) for t, job_id in probes])
-
-
 def write_pauses(d: Dialect, c: Any, p: pz.Plan) -> list[Pause]:
     """Write a pauses plan; returns the pauses it begins."""
     if p.reset:

@@ -16,7 +16,7 @@ from collections.abc import Collection, Sequence
 
 from ...core.job import Job, NewJob, Outcome, State, Submitted
 from ...core.policy import admission as adm
-from ...core.policy import orphans
+from ...core.policy import claim, orphans
 from ...core.policy import pauses as pz
 from .. import rows as dbrows
 from ..pools import set_pool_sql
@@ -29,7 +29,7 @@ from ..sql.operator import filters
 from ..sql.plans import STREAK
 from ..sql.store import SqlStore
 from ..sqlstates import UNFINISHED_IN, WAITING_IN
-from .claim import SqliteClaims, queue_order
+from .claim import Claims, queue_order
 from .connection import SQLiteFile, insert_rows
 from .schema import SCHEMA_VERSION, SchemaTooNewError
 
@@ -70,10 +70,14 @@ DIALECT = Dialect(
 )
 
 
-class SQLiteStore(SqliteClaims, SQLiteFile, SqlStore):
+class SQLiteStore(SQLiteFile, SqlStore):
     dialect = DIALECT
     supports_notify = False
     claims_in_submit = True
+
+    def __init__(self, path: str, durability: str = "full", busy_timeout: float = 30.0) -> None:
+        self._claims = Claims()
+        super().__init__(path, durability, busy_timeout)
 
     def _wf_submit(self, c: sqlite3.Connection, jobs: list[NewJob], now: float) -> None:
         self._submit_in(c, [jobs], now, adm.NO_LIMITS)
@@ -130,6 +134,16 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SqlStore):
         for kind, name in manual:  # an operator's run lifts a pause
             operator.resume(DIALECT, c, kind, name)
         return adm.finish(p, requests, ids, now)
+
+    # --- claim ----------------------------------------------------------------------------
+    def claim_available(self, limit: int, now: float, network_up: bool = True,
+                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS,
+                        exclude: Collection[int] = ()) -> list[Job]:
+        request = claim.Request.of(limit, network_up, pools, limits, now, exclude)
+        if request.pools is not None and not request.pools:
+            return []
+        with self._write(bookkeeping=True) as c:
+            return self._claims.claim(c, request)
 
     # --- schedule -------------------------------------------------------------------------
     def promote_due(self, now: float) -> int:
