@@ -32,6 +32,7 @@ beats (database clock), so a long job is never rescued while its worker lives.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
@@ -40,9 +41,11 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
 
-from ...core.job import Job, NewJob, Outcome, State
-from ...core.policy import orphans
+from ...core.job import Job, NewJob, Outcome, State, Submitted
+from ...core.policy import admission as adm
+from ...core.policy import claim, orphans
 from ...core.policy import pauses as pz
+from ...core.policy.resources import BudgetChange
 from .. import rows as dbrows
 from ..pools import set_pool_sql
 from ..records import CronFire, CronRecord, Finished, Pause, Recovered
@@ -53,11 +56,11 @@ from ..sql.events import repair_key_order
 from ..sql.operator import filters
 from ..sql.store import SqlStore
 from ..sqlstates import WAITING_ANY, WAITING_IN
+from . import claim as pgclaim
 from .channels import CHANNEL, FINISHED_CHANNEL, NOTIFY_IDS, QUEUED_CHANNEL
-from .claim import PgClaims
 from .connection import PgConnections
 from .fleet import ALIVE, FleetRecords, notify
-from .submit import DRAW_ONE, SUBMIT_LOCK, Counted, PgSubmit
+from .submit import DRAW_ONE, SUBMIT_LOCK, Submitter
 
 # A claimed job of a worker that lost it (a pass whose answer never came) goes back to wait
 # at run_at (the parameter), its attempt given back; with _RELEASE after it.
@@ -137,22 +140,19 @@ DIALECT = Dialect(
 )
 
 
-class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SqlStore):
+class PostgresStore(PgConnections, FleetRecords, SqlStore):
     dialect = DIALECT
-
-    def _wf_submit(self, c: psycopg.Connection, jobs: list[NewJob], now: float) -> None:
-        self._submit_unadmitted(c, jobs, now)  # no admission: submit.py says why
-
     supports_notify = True
     claims_in_submit = False
+    passes_in_one_call = True
     UNAVAILABLE = DIALECT.unavailable
 
     def __init__(self, url: str, migrate: bool = True) -> None:
         self._dsn = url
         self.url = _redact(url)  # what logs and stats show: never a password
         self._init_connections()
-        self._counted: Counted | None = None  # see _waiting_total
-        self._inserted_since_count = 0
+        self._submitter = Submitter(DIALECT)
+        self._passes = pgclaim.Passes()
         self.worker_id: int | None = None  # set by register_worker; claims are recorded with it
         if migrate:
             try:
@@ -165,6 +165,23 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SqlStore):
         pass  # many daemons share one database; running jobs are guarded by heartbeats
 
     # --- submit ---------------------------------------------------------------------------
+    def submit_requests(
+        self, requests: Sequence[Sequence[NewJob]], now: float, admission: adm.Admission = adm.NO_LIMITS
+    ) -> list[list[Submitted] | adm.Refusal]:
+        if getattr(self._local, "in_batch", False):
+            c = self._conn()
+            _lock_admission(c)
+            return self._submitter.submit_in(c, requests, now, admission)
+        with self._lease() as c:  # the process's shared connection, this thread's until the commit
+            return self._submitter.alone(c, requests, now, admission)
+
+    def _submit_in(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
+                   admission: adm.Admission) -> list[list[Submitted] | adm.Refusal]:
+        return self._submitter.submit_in(c, requests, now, admission)
+
+    def _wf_submit(self, c: psycopg.Connection, jobs: list[NewJob], now: float) -> None:
+        self._submitter.unadmitted(c, jobs, now)  # no admission: submit.py says why
+
     def promote_due(self, now: float) -> int:
         with self._write() as c:
             pools = [r[0] for r in c.execute(
@@ -178,6 +195,56 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SqlStore):
         return self._conn().execute("SELECT min(run_at) FROM jobs WHERE state = 'scheduled'").fetchone()[0]
 
     # --- claim ----------------------------------------------------------------------------
+    def finish_and_claim(self, outcomes: Sequence[Outcome], now: float, limit: int, network_up: bool = True,
+                         pools: Sequence[str] | None = None) -> list[Job] | None:
+        if getattr(self._local, "in_batch", False) or not self._passes.may_pass(outcomes):
+            return None
+        with self._bk_lock:
+            rows = self._passes.pass_in(self._bookkeeping_conn(), self.worker_id, outcomes, now, limit,
+                                        network_up, pools)
+        if rows is None:
+            return None
+        try:
+            return pgclaim.jobs_of(rows)
+        except Exception:
+            # Claimed and committed, but not to be run from here: given back (their attempt
+            # not spent) before the error goes up, or they would stay `running` under a
+            # worker that beats on without them.
+            with contextlib.suppress(Exception):  # the error to report is the first one
+                self.release_unstarted([r[0] for r in rows])
+            raise
+
+    def claim_available(self, limit: int, now: float, network_up: bool = True,
+                        pools: Sequence[str] | None = None, limits: claim.Limits = claim.NO_LIMITS,
+                        exclude: Collection[int] = ()) -> list[Job]:
+        if limit <= 0:
+            return []
+        params = {"now": now, "worker": self.worker_id, "pools": list(pools) if pools is not None else None,
+                  "net": network_up, "limit": limit, "exclude": frozenset(exclude)}
+        if getattr(self._local, "in_batch", False):
+            # No savepoint here (two more round trips on every pass of the pool): a lost key
+            # or slot race, which the claim's own conditions and its lock all but rule out,
+            # fails the batch, and the pool applies its outcomes alone and claims again.
+            return pgclaim.jobs_of(pgclaim.claim_in(self._conn(), params, limits))
+        for attempt in range(pgclaim.CLAIM_RETRIES):
+            try:
+                with self._write() as c:
+                    rows = pgclaim.claim_in(c, params, limits)
+                break
+            except psycopg.errors.UniqueViolation:
+                # Another worker claimed a job of the same key, or the same slot of a group,
+                # meanwhile and committed; the next try sees it running.
+                if attempt == pgclaim.CLAIM_RETRIES - 1:
+                    raise
+        return pgclaim.jobs_of(rows)
+
+    def adopt_budgets(self, limits: claim.Limits) -> list[BudgetChange]:
+        with self._write() as c:
+            return pgclaim.adopt_budgets(c, limits)
+
+    def budgets_in_force(self, limits: claim.Limits) -> claim.Limits:
+        return pgclaim.budgets_in(self._conn(), limits)
+
     def _scheduled_at(self, c: psycopg.Connection, run_at: float) -> None:
         notify(c, f"s:{run_at!r}")  # the daemons' timers must know when to move them back to queued
 

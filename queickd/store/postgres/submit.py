@@ -1,6 +1,6 @@
 """The PostgreSQL store's submit path: admission read under the submit lock only when it
 must read, and the rows inserted, their ids returned and the pools woken in one statement.
-A mixin of PostgresStore (store.py), which provides the connections."""
+Submitter runs it on the connection the store hands it."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from ...core.job import NewJob, State, Submitted
 from ...core.policy import admission as adm
 from .. import rows as dbrows
 from ..sql import operator
+from ..sql.dialect import Dialect
 from ..sqlstates import UNFINISHED_ANY, UNFINISHED_IN, WAITING_IN
 from .channels import QUEUED_CHANNEL
 from .connection import KEPT_CURSOR_BYTES
@@ -118,24 +119,17 @@ def _insert_sql(rows: int, wake: bool, new_keys_only: bool = False, guard_keys: 
     return (f"WITH ins AS (INSERT INTO jobs ({cols}) VALUES {values}{skip} RETURNING id)"
             f" SELECT array_agg(id), {_NOTIFY_POOLS if wake else 'NULL'} FROM ins")
 
+class Submitter:
+    """A store's submits (Store.submit_requests), with what they keep between calls: the
+    last exact count of the waiting jobs and the insert's cursor."""
 
+    def __init__(self, d: Dialect) -> None:
+        self.d = d
+        self.cursor: psycopg.RawCursor | None = None  # _insert's, on the connection it last ran on
+        self._counted: Counted | None = None  # see _waiting_total
+        self._inserted_since_count = 0
 
-class PgSubmit:
-    """Submitting jobs (Store.submit_requests) on PostgreSQL."""
-
-    _submit_cursor: psycopg.RawCursor | None = None  # _insert's, on the connection it last ran on
-
-    def submit_requests(
-        self, requests: Sequence[Sequence[NewJob]], now: float, admission: adm.Admission = adm.NO_LIMITS
-    ) -> list[list[Submitted] | adm.Refusal]:
-        if getattr(self._local, "in_batch", False):
-            c = self._conn()
-            c.execute("SELECT pg_advisory_xact_lock(%s)", (SUBMIT_LOCK,))
-            return self._submit_in(c, requests, now, admission)
-        with self._lease() as c:  # the process's shared connection, this thread's until the commit
-            return self._submit_alone(c, requests, now, admission)
-
-    def _submit_alone(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
+    def alone(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
                       admission: adm.Admission) -> list[list[Submitted] | adm.Refusal]:
         begun = False
 
@@ -149,9 +143,9 @@ class PgSubmit:
             return c
 
         try:
-            answers = self._submit_unread(c, requests, now, admission, reading)
+            answers = self._unread(c, requests, now, admission, reading)
             if answers is None:  # it read, resumes a pause, or a key it took for new is held
-                answers = self._submit_in(reading(), requests, now, admission, reading)
+                answers = self.submit_in(reading(), requests, now, admission, reading)
                 c.execute("COMMIT")
         except BaseException:
             if not c.closed and not c.broken and c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
@@ -162,7 +156,7 @@ class PgSubmit:
                                           for s in a if not s.duplicate)
         return answers
 
-    def _submit_unread(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
+    def _unread(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
                        admission: adm.Admission, reading: Callable[[], psycopg.Connection],
                        ) -> list[list[Submitted] | adm.Refusal] | None:
         """The submit as one statement, when admission needs no read but its idempotency
@@ -209,7 +203,7 @@ class PgSubmit:
             return None
         return adm.finish(p, requests, ids, now)
 
-    def _submit_unadmitted(self, c: psycopg.Connection, jobs: list[NewJob], now: float) -> None:
+    def unadmitted(self, c: psycopg.Connection, jobs: list[NewJob], now: float) -> None:
         """Insert jobs that no admission rule applies to, in the caller's transaction: a
         workflow's, whose limit is its run's budget and whose idempotency keys
         (wf:RUN:STEP:ITEM:LOOP) are new by construction, since the transition that enqueues
@@ -225,7 +219,7 @@ class PgSubmit:
     def _copy(c: psycopg.Connection, p: adm.Plan, now: float) -> list[int]:
         """The planned inserts by COPY, in a transaction of their own (_copy_in)."""
         with c.transaction():
-            return PgSubmit._copy_in(c, p, now)
+            return Submitter._copy_in(c, p, now)
 
     @staticmethod
     def _copy_in(c: psycopg.Connection, p: adm.Plan, now: float) -> list[int]:
@@ -261,7 +255,7 @@ class PgSubmit:
         # A cursor kept for the connection (one thread at a time holds a connection, and the
         # check is on this local copy): a new one per statement looked up the dumpers of its
         # ~27 parameters again, ~30 us of CPU of a lone submit's ~150.
-        cur = self._submit_cursor
+        cur = self.cursor
         if cur is None or cur.connection is not c:
             cur = psycopg.RawCursor(c)
         width, n, ids = len(_NOT_ID), len(p.inserts), []
@@ -276,7 +270,7 @@ class PgSubmit:
         # Kept only after a small statement: a cursor holds its last parameters until its next
         # statement, and a large one saves no more than the same 30 us.
         small = n <= _KEPT_ROWS and sum(len(v) for v in flat if type(v) is str) <= KEPT_CURSOR_BYTES
-        self._submit_cursor = cur if small else None
+        self.cursor = cur if small else None
         return ids
 
     def _waiting_total(self, reading: Callable[[], psycopg.Connection], cap: int | None, now: float,
@@ -331,7 +325,7 @@ class PgSubmit:
             active_for_key=active,
         )
 
-    def _submit_in(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
+    def submit_in(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
                    admission: adm.Admission, reading: Callable[[], psycopg.Connection] | None = None,
                    p: adm.Plan | None = None) -> list[list[Submitted] | adm.Refusal]:
         if p is None:
@@ -350,7 +344,7 @@ class PgSubmit:
         manual = {(k, n) for _, _, j in p.inserts if j.manual for k, n in (("key", j.key), ("func", j.func))
                   if n is not None}
         for kind, name in manual:  # an operator's run lifts a pause
-            operator.resume(self.dialect, c, kind, name)
+            operator.resume(self.d, c, kind, name)
         return adm.finish(p, requests, ids, now)
 
     # --- schedule -------------------------------------------------------------------------
