@@ -1,5 +1,5 @@
 """The PostgreSQL store's connections and transactions: three per process, however many
-threads it has. A mixin of PostgresStore, which sets `_dsn` and calls _init_connections().
+threads it has; the base of PostgresStore, which runs its statements on them.
 
 - the fleet listener's (services/fleet.py: LISTEN, a connection of its own from connect());
 - the bookkeeping one: the pool's passes (claims and finishes, one transaction each) and
@@ -42,9 +42,8 @@ KEPT_CURSOR_BYTES = 65536
 
 
 class PgConnections:
-    _dsn: str
-
-    def _init_connections(self) -> None:
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
         self._local = threading.local()
         self._all: list[psycopg.Connection] = []
         self._all_lock = threading.Lock()

@@ -33,7 +33,9 @@ beats (database clock), so a long job is never rescued while its worker lives.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Collection, Sequence
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 try:
@@ -43,24 +45,23 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
 
 from ...core.job import Job, NewJob, Outcome, State, Submitted
 from ...core.policy import admission as adm
-from ...core.policy import claim, orphans
-from ...core.policy import pauses as pz
+from ...core.policy import claim
 from ...core.policy.resources import BudgetChange
 from .. import rows as dbrows
 from ..pools import set_pool_sql
-from ..records import CronFire, CronRecord, Finished, Pause, Recovered
-from ..sql import plans
+from ..records import Beat, CronFire, CronRecord, Finished, Recovered
 from ..sql import workflows as wfsql
-from ..sql.dialect import Dialect
 from ..sql.events import repair_key_order
 from ..sql.operator import filters
 from ..sql.store import SqlStore
 from ..sqlstates import WAITING_ANY, WAITING_IN
 from . import claim as pgclaim
-from .channels import CHANNEL, FINISHED_CHANNEL, NOTIFY_IDS, QUEUED_CHANNEL
+from . import finish, fleet
+from .channels import QUEUED_CHANNEL
 from .connection import PgConnections
-from .fleet import ALIVE, FleetRecords, notify
-from .submit import DRAW_ONE, SUBMIT_LOCK, Submitter
+from .dialect import DIALECT, lock_admission
+from .fleet import notify
+from .submit import DRAW_ONE, Submitter
 
 # A claimed job of a worker that lost it (a pass whose answer never came) goes back to wait
 # at run_at (the parameter), its attempt given back; with _RELEASE after it.
@@ -72,10 +73,6 @@ _COUNTS = ("".join(f"SELECT '{s}', count(*) FROM jobs WHERE state = '{s}' UNION 
            + "SELECT state, count(*) FROM jobs WHERE state IN ("
            + ", ".join(f"'{s}'" for s in State.ALL if s not in _MOVING) + ") GROUP BY state")
 
-# pg_advisory lock id (beside schema.MIGRATE_LOCK and the others): one delivery of the
-# outbox at a time, and a keyed event's place in it read under it.
-OUTBOX_LOCK = 0x71756963_6B640005
-
 
 def _redact(url: str) -> str:
     """The URL with any password replaced by ***."""
@@ -86,61 +83,7 @@ def _redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def _begin_pause(c: psycopg.Connection, t: pz.Target, at: float, failures: int, err: str | None) -> bool:
-    # The plan read the pauses before its streak row lock was granted: another host may
-    # have begun this pause meanwhile. Then it stays as begun there, with our count.
-    return c.execute(
-        "INSERT INTO pauses (kind, name, paused_at, failures, last_error) VALUES (%s, %s, %s, %s, %s)"
-        " ON CONFLICT (kind, name) DO UPDATE"
-        " SET failures = excluded.failures, last_error = excluded.last_error RETURNING (xmax = 0)",
-        (*t, at, failures, err)).fetchone()[0]
-
-
-def _put_streaks(c: psycopg.Connection, rows: list[tuple]) -> None:
-    # One statement for every streak of the finish (their rows exist: _lock_streaks made them).
-    c.execute("UPDATE streaks s SET failures = r.f, last_error = r.e FROM unnest(%s::text[], %s::text[],"
-              " %s::int[], %s::text[]) AS r(k, n, f, e) WHERE s.kind = r.k AND s.name = r.n",
-              [list(col) for col in zip(*rows, strict=True)])
-
-
-def _released(c: psycopg.Connection) -> None:
-    notify(c, "r")
-
-
-def _lock_outbox(c: psycopg.Connection) -> None:
-    c.execute("SELECT pg_advisory_xact_lock(%s)", (OUTBOX_LOCK,))
-
-
-def _lock_admission(c: psycopg.Connection) -> None:
-    c.execute("SELECT pg_advisory_xact_lock(%s)", (SUBMIT_LOCK,))
-
-
-DIALECT = Dialect(
-    mark="%s",
-    release=", worker_id = NULL",  # a job that leaves running is no worker's any more
-    # The due events, due first, then in the order accepted (seq: keyed accepts take the
-    # outbox's lock, so that order is theirs, whatever the hosts' clocks); read under the
-    # outbox's lock, so by one host at a time.
-    due_events=("SELECT event_id, job, attempts, key FROM events WHERE state = 'pending'"
-                " AND next_attempt_at <= %s ORDER BY next_attempt_at, seq LIMIT %s FOR UPDATE"),
-    event_order="seq",
-    # Two hosts finishing items of one run at once take turns on its row: each sees the
-    # other's counts, so the run is advanced exactly once per item.
-    wf_lock=" FOR UPDATE",
-    wf_budget="(meta::json)->'reason'->>'budget'",
-    wf_waiting=f"SELECT count(*) FROM jobs WHERE state IN {WAITING_IN}",
-    # A killed or dropped connection (OperationalError: AdminShutdown, a reset socket...;
-    # InterfaceError: a connection psycopg already knows is gone); the next call reconnects.
-    unavailable=(psycopg.OperationalError, psycopg.InterfaceError),
-    begin_pause=_begin_pause,
-    put_streaks=_put_streaks,
-    released=_released,
-    lock_outbox=_lock_outbox,
-    lock_admission=_lock_admission,
-)
-
-
-class PostgresStore(PgConnections, FleetRecords, SqlStore):
+class PostgresStore(PgConnections, SqlStore):
     dialect = DIALECT
     supports_notify = True
     claims_in_submit = False
@@ -148,9 +91,8 @@ class PostgresStore(PgConnections, FleetRecords, SqlStore):
     UNAVAILABLE = DIALECT.unavailable
 
     def __init__(self, url: str, migrate: bool = True) -> None:
-        self._dsn = url
+        super().__init__(url)
         self.url = _redact(url)  # what logs and stats show: never a password
-        self._init_connections()
         self._submitter = Submitter(DIALECT)
         self._passes = pgclaim.Passes()
         self.worker_id: int | None = None  # set by register_worker; claims are recorded with it
@@ -164,13 +106,64 @@ class PostgresStore(PgConnections, FleetRecords, SqlStore):
     def take_ownership(self) -> None:
         pass  # many daemons share one database; running jobs are guarded by heartbeats
 
+    # --- the fleet (fleetbase.FleetStore) -------------------------------------------------
+    def migrate(self) -> int:
+        with self._write() as c:
+            return fleet.migrate(c)
+
+    def versions(self) -> tuple[str | None, int]:
+        try:
+            return fleet.versions(self._conn())
+        except psycopg.OperationalError as e:
+            raise OSError(f"PostgreSQL store {self.url}: {e}".strip()) from e
+
+    def check_version(self) -> None:
+        fleet.check_version(*self.versions())
+
+    def register_worker(self, kind: str, pools: Sequence[str], slots: int, heartbeat: float,
+                        refused: str | None = None) -> int:
+        with self._write() as c:
+            worker_id = fleet.register(c, kind, pools, slots, heartbeat, refused)
+        if refused is None:
+            self.worker_id = worker_id  # its claims carry the id from now on
+            self.set_session_limits(heartbeat, fleet.MISSED_BEATS * heartbeat)
+        return worker_id
+
+    def beat(self, max_orphan_requeues: int | None = None, now: float | None = None) -> Beat:
+        def sweep(c: psycopg.Connection) -> Recovered:
+            return finish.recover_orphans_in(c, self._steps(), max_orphan_requeues,  # type: ignore[arg-type]
+                                             time.time() if now is None else now)
+
+        # On the bookkeeping connection, whose transactions are the pool's short passes: a
+        # long statement on the shared one (a huge submit) must not silence the beats.
+        with self.batch(bookkeeping=True), self._write() as c:
+            return fleet.beat(c, self.worker_id, None if max_orphan_requeues is None else sweep)
+
+    def deregister_worker(self) -> int:
+        if self.worker_id is None:
+            return 0
+        with self._write() as c:
+            held = fleet.deregister(c, self.worker_id)
+        self.worker_id = None
+        return held
+
+    def forget_gone_workers(self, older_than: float) -> int:
+        with self._write() as c:
+            return fleet.forget_gone_workers(c, older_than)
+
+    def workers(self) -> list[dict[str, Any]]:
+        return fleet.workers(self._conn())
+
+    def running_without_worker(self) -> int:
+        return fleet.running_without_worker(self._conn())
+
     # --- submit ---------------------------------------------------------------------------
     def submit_requests(
         self, requests: Sequence[Sequence[NewJob]], now: float, admission: adm.Admission = adm.NO_LIMITS
     ) -> list[list[Submitted] | adm.Refusal]:
         if getattr(self._local, "in_batch", False):
             c = self._conn()
-            _lock_admission(c)
+            lock_admission(c)
             return self._submitter.submit_in(c, requests, now, admission)
         with self._lease() as c:  # the process's shared connection, this thread's until the commit
             return self._submitter.alone(c, requests, now, admission)
@@ -266,121 +259,15 @@ class PostgresStore(PgConnections, FleetRecords, SqlStore):
                           pause_cooldown: float | None = None) -> Finished:
         if not outcomes:
             return Finished(0, [])
-        paused: list[Pause] = []
-        next_probe = None
-        cols: tuple[list, ...] = ([], [], [], [], [], [], [])
-        for o in outcomes:
-            for col, v in zip(cols, (o.job_id, o.state, o.run_at,
-                                     None if o.result is None else dbrows.dumps(o.result),
-                                     dbrows.dumps(o.error) if o.error else None,
-                                     now if o.state in State.FINAL else None, o.output), strict=True):
-                col.append(v)
-        # The finish notification rides in the same statement when its ids fit one payload.
-        # "fk": a key, a group's slot or a budgeted pool's units were freed, so workers look
-        # for the next job held back by it; "f" only tells waiting clients (sent only when
-        # one waits: watch_finish marked a job, or a workflow's run may end), on a channel that
-        # only daemons hear (a worker waking on every finish would be a claim query per
-        # worker per finish for nothing, and each delivery costs a backend and a thread).
-        # Finished jobs of workflow steps: their runs advance (locked, one after the other).
-        steps = {o.job_id: o for o in outcomes
-                 if o.workflow_run is not None and o.state in (State.SUCCEEDED, State.DEAD)}
-        inline = len(outcomes) <= NOTIFY_IDS
-        told = (f", told AS (SELECT CASE WHEN d.frees THEN pg_notify('{CHANNEL}', 'fk:' || ids)"
-                f" ELSE pg_notify('{FINISHED_CHANNEL}', 'f:' || ids) END"
-                " FROM (SELECT bool_or(frees) AS frees, bool_or(wanted) AS wanted,"
-                " string_agg(id::text, ',') AS ids FROM done) AS d"
-                " WHERE d.ids IS NOT NULL AND (d.frees OR d.wanted))"
-                ) if inline else ""
-        # Successes are the steady state: their finish, notification and streak resets are
-        # one statement. A failure's streak counting follows it in the same transaction.
         with self._write() as c:
-            # Only our own claims: a job re-queued as an orphan and claimed by another
-            # worker meanwhile is that worker's to finish.
-            rows = c.execute(
-                "WITH done AS (UPDATE jobs j SET state = o.state, run_at = coalesce(o.run_at, j.run_at),"
-                " result = o.result, error = o.error, finished_at = o.finished_at, worker_id = NULL,"
-                " attempts = j.attempts - (o.state = 'waiting_network')::int, output = o.output"
-                " FROM unnest(%s::bigint[], %s::text[], %s::float8[], %s::text[], %s::text[], %s::float8[],"
-                " %s::text[]) AS o(id, state, run_at, result, error, finished_at, output)"
-                " WHERE j.id = o.id AND j.state = 'running'"
-                " AND (%s::bigint IS NULL OR j.worker_id = %s::bigint) RETURNING j.id, j.key, j.func, o.state,"
-                # What its end frees for other claimers: a serial key, a group slot, a pool's budget.
-                " (j.key IS NOT NULL OR j.concurrency_group IS NOT NULL OR EXISTS (SELECT 1 FROM budgets b"
-                " WHERE b.kind = 'pool' AND b.name = j.pool)) AS frees,"
-                # Who is told of a finish that frees nothing: a client waiting on the job
-                # (watch_finish marked it), or a workflow's waiters (its run may have ended).
-                " j.waited OR j.workflow_run IS NOT NULL AS wanted,"
-                " j.workflow_run, j.workflow_step, j.workflow_item, j.workflow_loop)"
-                ", reset AS (DELETE FROM streaks s USING done d WHERE d.state = 'succeeded'"
-                " AND ((s.kind = 'key' AND s.name = d.key) OR (s.kind = 'func' AND s.name = d.func)))"
-                # A probe that succeeded lifts its pause (the breaker closes).
-                ", lifted AS (DELETE FROM pauses p USING done d WHERE d.state = 'succeeded' AND p.probe_job = d.id"
-                " RETURNING 1), woke AS (SELECT pg_notify('queickd', 'r') FROM (SELECT 1 FROM lifted LIMIT 1) x)"
-                + told +
-                " SELECT id, key, func, frees, wanted, (SELECT count(*) FROM woke)"
-                + (", (SELECT count(*) FROM told)" if inline else "")
-                + (", workflow_run, workflow_step, workflow_item, workflow_loop" if steps else "") + " FROM done",
-                (*cols, self.worker_id, self.worker_id)).fetchall()
-            if not rows:
-                return Finished(0, [])
-            if steps:  # in the same transaction as the finish: one commits with the other
-                wfsql.advance_in(DIALECT, c, self._steps(), [(r[0], *r[-4:], steps[r[0]].state == State.SUCCEEDED, steps[r[0]].result,
-                                      steps[r[0]].error) for r in rows if r[0] in steps], now)
-            names = {r[0]: (r[1], r[2]) for r in rows}
-            retries = [o.run_at for o in outcomes if o.state == State.SCHEDULED and o.job_id in names
-                       and o.run_at is not None]
-            if retries:  # the daemons' timers must know when to move them back to queued
-                notify(c, f"s:{min(retries)!r}")
-            failed = []
-            for o in outcomes:
-                if o.job_id not in names or o.blameless or o.state in (State.WAITING_NETWORK, State.SUCCEEDED):
-                    continue  # a success's streaks were reset by the statement above
-                failed.append(pz.Finish(o.state, o.error, *names.pop(o.job_id), o.job_id))
-            if failed:
-                known = self._lock_streaks(c, sorted({t for f in failed for t in pz.targets(f.key, f.func)}))
-                p = pz.plan(failed, now, pause_after,
-                            pz.Lookups(known.__getitem__, lambda t: plans.pause_of(DIALECT, c, t)), pause_cooldown)
-                paused, next_probe = plans.write_pauses(DIALECT, c, p), p.next_probe
-            if not inline and any(r[3] or r[4] for r in rows):
-                frees = any(r[3] for r in rows)
-                kind, channel = ("fk:", CHANNEL) if frees else ("f:", FINISHED_CHANNEL)
-                ids = [r[0] for r in rows]
-                for i in range(0, len(ids), NOTIFY_IDS):
-                    notify(c, kind + ",".join(map(str, ids[i:i + NOTIFY_IDS])), channel)
-        return Finished(len(rows), paused, next_probe)
-
-    @staticmethod
-    def _lock_streaks(c: psycopg.Connection, targets: list[pz.Target]) -> dict[pz.Target, tuple[int, bool]]:
-        """The targets' streaks and pauses (pauses.Lookups), read by an upsert that changes
-        no value but locks each streak row (made with 0 failures if new) until commit, in
-        one order (no deadlock): failures of one function on several hosts at once count one
-        after the other, never both from the same old count. (A SELECT ... FOR UPDATE cannot
-        lock a row that does not exist yet, and costs as much.)"""
-        rows = c.execute(
-            "INSERT INTO streaks SELECT k, n, 0, NULL FROM unnest(%s::text[], %s::text[]) AS t(k, n) ORDER BY k, n"
-            " ON CONFLICT (kind, name) DO UPDATE SET failures = streaks.failures RETURNING kind, name, failures,"
-            " EXISTS (SELECT 1 FROM pauses p WHERE p.kind = streaks.kind AND p.name = streaks.name)",
-            ([t[0] for t in targets], [t[1] for t in targets])).fetchall()
-        return {(k, n): (f, p) for k, n, f, p in rows}
+            return finish.finish_in(c, self._steps(), self.worker_id, outcomes, now, pause_after, pause_cooldown)
 
     def recover_orphans(self, max_requeues: int, now: float, running_here: Collection[int] = ()) -> Recovered:
         """Running jobs whose worker is gone (missed its beats, deregistered, or none was
         registered) are orphans; those of live workers are left alone, however long they
         have run. Safe to call from every daemon and worker at any time."""
         with self._write() as c:
-            return self._recover_orphans_in(c, max_requeues, now, running_here)
-
-    def _recover_orphans_in(self, c: psycopg.Connection, max_requeues: int, now: float,
-                            running_here: Collection[int] = ()) -> Recovered:
-        # Locked (SKIP LOCKED: another sweep has those) until the plan is written.
-        p = orphans.plan(c.execute(
-            "SELECT id, orphaned FROM jobs WHERE state = 'running' AND (worker_id IS NULL OR NOT EXISTS"
-            f" (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND {ALIVE})) FOR UPDATE SKIP LOCKED"
-        ).fetchall(), max_requeues, running_here)
-        plans.write_orphans(DIALECT, c, self._steps(), p, now)
-        if p.requeue:
-            notify(c, "r")
-        return Recovered(p.requeue, p.dead)
+            return finish.recover_orphans_in(c, self._steps(), max_requeues, now, running_here)
 
     def waiting_by_pool(self) -> dict[str, int]:
         rows = self._conn().execute(f"SELECT pool, count(*) FROM jobs WHERE {WAITING_ANY}"
@@ -456,7 +343,7 @@ class PostgresStore(PgConnections, FleetRecords, SqlStore):
             n = c.execute("WITH r AS (UPDATE jobs SET state = 'queued', run_at = %s, attempts = 0, orphaned = 0,"
                           f" finished_at = NULL WHERE state = 'dead' RETURNING 1) SELECT count({DRAW_ONE}) FROM r",
                           (now,)).fetchone()[0]  # a value drawn for each, as retry_dead says
-            _lock_outbox(c)
+            DIALECT.lock_outbox(c)
             n += (events := c.execute("UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = %s"
                                       " WHERE state = 'dead'", (now,)).rowcount)
             if events:
