@@ -170,7 +170,7 @@ class MemoryCronsEvents:
 
     def _repair_key_order(self, key: str | None = None) -> None:
         """Within each serial key (or only `key`'s), no pending event due before an earlier
-        one (sql/events.py; the dict keeps the order accepted)."""
+        one (sql/schedule.py; the dict keeps the order accepted)."""
         latest: dict[str, float] = {}
         for event_id, (e, job) in list(self._events.items()):
             if e.key is None or e.state != EventState.PENDING or (key is not None and e.key != key):

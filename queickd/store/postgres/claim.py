@@ -56,8 +56,8 @@ _START = (f"SELECT {dbrows.JOB_COLS} FROM queickd_start(%s, %s, %s::bigint[], %s
 # one statement (pass_sql.py, 16), which returns the row of NULLs when the selection must
 # claim (and then does nothing).
 # In PostgreSQL's own $n markers, sent by a cursor kept for it: a worker of one slot sends
-# it once per job, and a new cursor each time looked up the loaders of its ~30 columns and
-# the dumpers of its arrays again (a fifth of the worker's CPU in the pass).
+# it once per job, and a new cursor would look up its columns' loaders and its arrays'
+# dumpers again each time.
 _PASS = f"SELECT {dbrows.JOB_COLS} FROM queickd_pass($1, $2, $3, $4, $5, $6, $7, $8, $9)"
 # After the selection claimed, passes go the general way this long (seconds): asking
 # queickd_pass first would be a round trip more on every pass while groups or budgets are

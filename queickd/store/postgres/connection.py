@@ -37,7 +37,7 @@ TCP_SETTINGS: dict[str, int] = {"keepalives": 1, "keepalives_idle": 30, "keepali
 
 # The text a statement's parameters may hold for its cursor to be kept for the next one
 # (the submit's insert, the worker's pass): a cursor holds its last parameters until its
-# next statement, and keeping one saves ~30 µs of looking up its parameters' dumpers again.
+# next statement, and keeping one saves looking up its parameters' dumpers again.
 KEPT_CURSOR_BYTES = 65536
 
 

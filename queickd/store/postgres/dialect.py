@@ -9,7 +9,7 @@ from ...core.policy import pauses as pz
 from ..sql.dialect import Dialect
 from ..sqlstates import WAITING_IN
 from .fleet import notify
-from .submit import SUBMIT_LOCK
+from .submit import DRAW_ONE, SUBMIT_LOCK
 
 # pg_advisory lock id (beside schema.MIGRATE_LOCK and the others): one delivery of the
 # outbox at a time, and a keyed event's place in it read under it.
@@ -59,6 +59,9 @@ DIALECT = Dialect(
     wf_lock=" FOR UPDATE",
     wf_budget="(meta::json)->'reason'->>'budget'",
     wf_waiting=f"SELECT count(*) FROM jobs WHERE state IN {WAITING_IN}",
+    # A replayed job draws a value from the jobs' serial, as an insert would: the
+    # admission's bound of the waiting counts what joined them by the values drawn.
+    replayed=f" RETURNING {DRAW_ONE}",
     # A killed or dropped connection (OperationalError: AdminShutdown, a reset socket...;
     # InterfaceError: a connection psycopg already knows is gone); the next call reconnects.
     unavailable=(psycopg.OperationalError, psycopg.InterfaceError),

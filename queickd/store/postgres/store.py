@@ -50,9 +50,8 @@ from ...core.policy.resources import BudgetChange
 from .. import rows as dbrows
 from ..pools import set_pool_sql
 from ..records import Beat, CronFire, CronRecord, Finished, Recovered
-from ..sql import workflows as wfsql
-from ..sql.events import repair_key_order
 from ..sql.operator import filters
+from ..sql.schedule import repair_key_order
 from ..sql.store import SqlStore
 from ..sqlstates import WAITING_ANY, WAITING_IN
 from . import claim as pgclaim
@@ -284,13 +283,6 @@ class PostgresStore(PgConnections, SqlStore):
         return n
 
     # --- operator actions -----------------------------------------------------------------
-    def _update_one(self, sql: str, params: tuple, job_id: int, released: bool = False) -> Job | None:
-        with self._write() as c:
-            if c.execute(sql, params).rowcount and released:
-                notify(c, "r")
-            row = c.execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
-        return dbrows.row_to_job(row) if row else None
-
     def release_unheld(self, held: Collection[int], now: float) -> int:
         if self.worker_id is None:
             return 0  # its claims carry no id: ours cannot be told from others'
@@ -323,20 +315,6 @@ class PostgresStore(PgConnections, SqlStore):
                 # new one rather than failing the client's wait.
                 if attempt == 2 or not self._shared_lost():
                     raise
-
-    def cancel(self, job_id: int, now: float) -> Job | None:
-        with self._write() as c:
-            wfsql.cancel_in(DIALECT, c, self._steps(), job_id, now)
-            row = c.execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
-        return dbrows.row_to_job(row) if row else None
-
-    def retry_dead(self, job_id: int, now: float) -> Job | None:
-        # A replayed job draws a value from the jobs' serial, as an insert would: the
-        # admission's bound of the waiting counts what joined them by the values drawn.
-        return self._update_one(
-            "UPDATE jobs SET state = 'queued', run_at = %s, attempts = 0, orphaned = 0,"
-            f" finished_at = NULL WHERE id = %s AND state = 'dead' RETURNING {DRAW_ONE}", (now, job_id), job_id,
-            released=True)
 
     def retry_all_dead(self, now: float) -> int:
         with self._write() as c:
@@ -416,9 +394,6 @@ class PostgresStore(PgConnections, SqlStore):
                 (cron.name, dbrows.dumps(cron.schedule), dbrows.template_to_json(cron.template), cron.next_run_at,
                  cron.last_fired_at, cron.created_at, cron.folded))
         return cron
-
-    def crons_due(self, now: float) -> list[CronRecord]:
-        return [dbrows.row_to_cron(r) for r in self._conn().execute("SELECT * FROM crons WHERE next_run_at <= %s", (now,))]
 
     def cron_fire_if_due(self, name: str, tick: float, next_tick: float, now: float) -> CronFire | None:
         with self._write() as c:

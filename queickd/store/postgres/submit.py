@@ -26,8 +26,8 @@ from .connection import KEPT_CURSOR_BYTES
 
 SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
 # Seconds an exact count of the waiting jobs stands in (_waiting_total): far below the cap
-# as an estimate, near it as the base of an upper bound. A count reads every waiting job
-# (~100 ms at 950,000 on a 2-core VM), under the submit lock.
+# as an estimate, near it as the base of an upper bound. A count reads every waiting job,
+# under the submit lock.
 _COUNT_TTL = 1.0
 # One value drawn from the jobs' serial. Every job that joins the waiting or running ones
 # draws one: an insert its id, a dead job replayed (store.py) a value of its own; so the
@@ -37,9 +37,9 @@ _COUNT_TTL = 1.0
 DRAW_ONE = "nextval(pg_get_serial_sequence('jobs', 'id'))"
 _DRAWN = "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('jobs', 'id')::regclass), 0)"
 _COUNT = f"SELECT count(*) FILTER (WHERE state <> 'running'), count(*) FROM jobs WHERE {UNFINISHED_ANY}"
-# The rows of a submit are one multi-row VALUES of scalars (psycopg dumps scalars in C;
-# arrays of them cost it ~14 µs a job in Python); the serial draws the ids, RETURNING gives
-# them back, and the pools' wake-ups ride in the same statement.
+# The rows of a submit are one multi-row VALUES of scalars (psycopg dumps scalars in C,
+# arrays of them in Python); the serial draws the ids, RETURNING gives them back, and the
+# pools' wake-ups ride in the same statement.
 _NOT_ID = [c for c in dbrows.INSERT_COLS if c != "id"]
 _ID_AT = dbrows.INSERT_COLS.index("id")
 # Each column's scalar type: a guarded insert selects its rows from a VALUES list, where
@@ -48,19 +48,15 @@ _NOT_ID_TYPES = [t.removesuffix("[]") for c, t in zip(dbrows.INSERT_COLS, dbrows
                  if c != "id"]
 _ROWS_PER_INSERT = 65535 // len(_NOT_ID)  # the protocol's limit of parameters per statement
 _KEPT_ROWS = 8  # an insert of at most this many rows (and KEPT_CURSOR_BYTES) leaves its cursor kept
-# A batch of at least this many rows without idempotency keys is sent by COPY: the server
-# parses a VALUES list of 20,000 parameters at ~20 us a row more than it takes COPY's rows
-# (in process, 1,000 rows: 56.6 -> 34.7 us a job, wall; 14.0 -> 8.9 of the store's CPU).
-# Smaller batches keep the one-statement insert: COPY costs two more round trips (the ids,
-# the wake-up). Where the two meet was not measured; 64 is a guess on the safe side.
+# A batch of at least this many rows without idempotency keys is sent by COPY, which the
+# server takes faster than a long VALUES list. Smaller batches keep the one-statement
+# insert: COPY costs two more round trips (the ids, the wake-up).
 _COPY_FROM = 64
-# One COPY per shape the batch holds (rows.py): a job at its fields' defaults is 5 values to
-# format, not 26 (in process, 1,000 plain jobs a batch, 4 alternating runs: the store's CPU
-# 12.1-12.9 -> 10.5-12.8 us a job; the server's 20-23 us a row did not change).
+# One COPY per shape the batch holds (rows.py): a job at its fields' defaults is a few
+# values to format, not every column.
 _COPY_SQL = tuple(f"COPY jobs ({', '.join(cols)}) FROM STDIN" for cols in dbrows.SHAPES)
-# The ids, as one array: the sequence looked up once (pg_get_serial_sequence in the select
-# list ran for every id, 1.6 of the server's 2.0 us an id) and one value to load, not a row
-# an id (1,000 ids a draw: 2.7 -> 0.7 us an id, wall).
+# The ids, as one array: the sequence looked up once (not for every id) and one value to
+# load, not a row an id.
 _DRAW_IDS = ("WITH s AS MATERIALIZED (SELECT pg_get_serial_sequence('jobs', 'id')::regclass AS seq)"
              " SELECT array_agg(nextval(s.seq)) FROM s, generate_series(1, %s)")
 
@@ -253,8 +249,7 @@ class Submitter:
             flat += row[:_ID_AT]
             flat += row[_ID_AT + 1:]
         # A cursor kept for the connection (one thread at a time holds a connection, and the
-        # check is on this local copy): a new one per statement looked up the dumpers of its
-        # ~27 parameters again, ~30 us of CPU of a lone submit's ~150.
+        # check is on this local copy): a new one would look up its parameters' dumpers again.
         cur = self.cursor
         if cur is None or cur.connection is not c:
             cur = psycopg.RawCursor(c)
@@ -268,7 +263,7 @@ class Submitter:
             # One backend draws the ids in the order of the rows: ascending is that order.
             ids += sorted(row[0]) if row and row[0] else []
         # Kept only after a small statement: a cursor holds its last parameters until its next
-        # statement, and a large one saves no more than the same 30 us.
+        # statement, and a large one saves no more than a small one.
         small = n <= _KEPT_ROWS and sum(len(v) for v in flat if type(v) is str) <= KEPT_CURSOR_BYTES
         self.cursor = cur if small else None
         return ids

@@ -27,6 +27,7 @@ class Dialect:
     wf_lock: str  # how a run's row is locked for the rest of the transaction ("" where the writer holds all)
     wf_budget: str  # the SQL that reads a stopped run's budget from its meta JSON
     wf_waiting: str  # the SQL that counts the waiting jobs (a fan-out paced under queue_cap)
+    replayed: str  # what the update of a dead job replayed returns ("" or " RETURNING ...")
     unavailable: tuple[type[BaseException], ...]  # the store's Store.UNAVAILABLE
     # (c, pause target, paused at, failures, last error JSON): write a pause a plan begins;
     # False if it was there already.

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...core.job import Job, State
+from ...core.job import Job
 from .. import rows as dbrows
 from ..records import Pause
 from .dialect import Dialect
-from .workflows import STEP_OF_JOB, Steps, lock_step_roots, steps_cancelled_in
+from .workflows import STEP_OF_JOB, Steps, cancel_in, lock_step_roots, steps_cancelled_in
 
 # A claimed job that did not start, back where it waited; with the dialect's release after it.
 REQUEUE = "UPDATE jobs SET state = 'queued', attempts = attempts - 1, started_at = NULL"
@@ -72,9 +72,16 @@ def cancel_waiting(d: Dialect, c: Any, s: Steps, state: str, now: float, func: s
     return [r[0] for r in rows]
 
 
-def check_waiting(state: str) -> None:
-    if state not in State.PENDING:
-        raise ValueError(f"only waiting jobs are cancelled this way, not {state!r}")
+def cancel(d: Dialect, c: Any, s: Steps, job_id: int, now: float) -> Job | None:
+    cancel_in(d, c, s, job_id, now)
+    return get(d, c, job_id)
+
+
+def retry_dead(d: Dialect, c: Any, job_id: int, now: float) -> Job | None:
+    if c.execute(d.q("UPDATE jobs SET state = 'queued', run_at = ?, attempts = 0, orphaned = 0, finished_at = NULL"
+                     f" WHERE id = ? AND state = 'dead'{d.replayed}"), (now, job_id)).rowcount:
+        d.released(c)
+    return get(d, c, job_id)
 
 
 def release_unstarted(d: Dialect, c: Any, job_ids: list[int]) -> int:

@@ -5,18 +5,18 @@ of the backend besides (its submit, its insert of a step's jobs) is passed in th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar
 
-from ...core.job import Job, NewJob
+from ...core.job import Job, NewJob, State
 from ...core.policy import admission as adm
 from ...core.workflow import Definition, RunRecord
 from ..derived import StoreBase
 from ..records import CronFire, EventAccepted, NewEvent
-from . import crons, events, operator, stats
+from . import operator, schedule, stats
 from . import workflows as wfsql
-from .dialect import Dialect
+from .dialect import Dialect, Submit
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -48,14 +48,9 @@ class SqlStore(StoreBase):
     _write: Callable[[], AbstractContextManager[Any]]
     batch: Callable[..., AbstractContextManager[None]]
 
-    def _submit_in(self, c: Any, requests: Sequence[Sequence[NewJob]], now: float,
-                   admission: adm.Admission) -> list[Any]:
-        """The backend's submit, in the caller's transaction."""
-        raise NotImplementedError
-
-    def _wf_submit(self, c: Any, jobs: list[NewJob], now: float) -> None:
-        """The backend's insert of a workflow step's jobs (no admission), in the caller's transaction."""
-        raise NotImplementedError
+    # ... and their submit, and insert of a workflow step's jobs (no admission), in a transaction.
+    _submit_in: Submit
+    _wf_submit: Callable[[Any, list[NewJob], float], None]
 
     def _steps(self) -> wfsql.Steps:
         return wfsql.Steps(self._wf_submit, self.queue_cap)
@@ -65,6 +60,11 @@ class SqlStore(StoreBase):
     resume = _writes(operator.resume)
     pause = _writes(operator.pause)
     release_unstarted = _writes(operator.release_unstarted)
+    retry_dead = _writes(operator.retry_dead)
+
+    def cancel(self, job_id: int, now: float) -> Job | None:
+        with self._write() as c:
+            return operator.cancel(self.dialect, c, self._steps(), job_id, now)
 
     def cancel_running(self, job_id: int, now: float) -> Job | None:
         with self._write() as c:
@@ -72,7 +72,8 @@ class SqlStore(StoreBase):
 
     def cancel_waiting(self, state: str, now: float, *, func: str | None = None, key: str | None = None,
                        pool: str | None = None) -> list[int]:
-        operator.check_waiting(state)
+        if state not in State.PENDING:
+            raise ValueError(f"only waiting jobs are cancelled this way, not {state!r}")
         with self._write() as c:
             return operator.cancel_waiting(self.dialect, c, self._steps(), state, now, func, key, pool)
 
@@ -92,29 +93,30 @@ class SqlStore(StoreBase):
     footprints = _reads(stats.footprints)
     record_runs = _writes(stats.record_runs)
 
-    cron_list = _reads(crons.cron_list)
-    cron_delete = _writes(crons.cron_delete)
-    next_cron_at = _reads(crons.next_cron_at)
-    cron_move_if = _writes(crons.cron_move_if)
+    cron_list = _reads(schedule.cron_list)
+    crons_due = _reads(schedule.crons_due)
+    cron_delete = _writes(schedule.cron_delete)
+    next_cron_at = _reads(schedule.next_cron_at)
+    cron_move_if = _writes(schedule.cron_move_if)
 
     def _fire_in(self, c: Any, name: str, template: str, tick: float, next_tick: float, now: float,
                  waiting: int | None) -> CronFire:
-        return crons.fire_in(self.dialect, c, self._submit_in, name, template, tick, next_tick, now, waiting)
+        return schedule.fire_in(self.dialect, c, self._submit_in, name, template, tick, next_tick, now, waiting)
 
     def deliver_events(self, now: float, admission: adm.Admission, max_attempts: int,
                        backoff: Callable[[int], float], limit: int = 500) -> list[EventAccepted]:
         with self._write() as c:
-            return events.deliver_events(self.dialect, c, self._submit_in, now, admission, max_attempts, backoff,
+            return schedule.deliver_events(self.dialect, c, self._submit_in, now, admission, max_attempts, backoff,
                                          limit)
 
     def accept_event(self, event: NewEvent, now: float, admission: adm.Admission) -> EventAccepted:
         with self._write() as c:
-            return events.accept_event(self.dialect, c, self._submit_in, event, now, admission)
+            return schedule.accept_event(self.dialect, c, self._submit_in, event, now, admission)
 
-    retry_event = _writes(events.retry_event)
-    prune_events = _writes(events.prune_events)
-    event_counts = _reads(events.event_counts)
-    list_events = _reads(events.list_events)
+    retry_event = _writes(schedule.retry_event)
+    prune_events = _writes(schedule.prune_events)
+    event_counts = _reads(schedule.event_counts)
+    list_events = _reads(schedule.list_events)
 
     def workflow_start(self, spec: Definition, state: dict[str, Any], now: float,
                        idempotency_key: str | None = None) -> tuple[RunRecord, bool]:

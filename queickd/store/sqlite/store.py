@@ -24,9 +24,9 @@ from ..records import CronFire, CronRecord, Finished, Recovered
 from ..sql import operator, plans
 from ..sql import workflows as wfsql
 from ..sql.dialect import Dialect
-from ..sql.events import repair_key_order
 from ..sql.operator import filters
 from ..sql.plans import STREAK
+from ..sql.schedule import repair_key_order
 from ..sql.store import SqlStore
 from ..sqlstates import UNFINISHED_IN, WAITING_IN
 from .claim import Claims, queue_order
@@ -64,6 +64,7 @@ DIALECT = Dialect(
     wf_lock="",  # the one writing connection holds the file: no row lock to take
     wf_budget="json_extract(meta, '$.reason.budget')",
     wf_waiting=f"SELECT coalesce(sum(n), 0) FROM state_counts WHERE state IN {WAITING_IN}",
+    replayed="",
     unavailable=SQLiteFile.UNAVAILABLE,
     begin_pause=_begin_pause,
     put_streaks=_put_streaks,
@@ -235,25 +236,6 @@ class SQLiteStore(SQLiteFile, SqlStore):
         return Recovered(p.requeue, p.dead)
 
     # --- operator actions -----------------------------------------------------------------
-    def _update_one(self, sql: str, params: tuple, job_id: int) -> Job | None:
-        with self._write() as c:
-            c.execute(sql, params)
-            row = c.execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return dbrows.row_to_job(row) if row else None
-
-    def cancel(self, job_id: int, now: float) -> Job | None:
-        with self._write() as c:
-            wfsql.cancel_in(DIALECT, c, self._steps(), job_id, now)
-            row = c.execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return dbrows.row_to_job(row) if row else None
-
-    def retry_dead(self, job_id: int, now: float) -> Job | None:
-        return self._update_one(
-            "UPDATE jobs SET state = 'queued', run_at = ?, attempts = 0, orphaned = 0,"
-            " finished_at = NULL WHERE id = ? AND state = 'dead'",
-            (now, job_id), job_id,
-        )
-
     def retry_all_dead(self, now: float) -> int:
         with self._write() as c:
             n = c.execute(
@@ -332,10 +314,6 @@ class SQLiteStore(SQLiteFile, SqlStore):
                  cron.next_run_at, cron.last_fired_at, cron.created_at, cron.folded),
             )
         return cron
-
-    def crons_due(self, now: float) -> list[CronRecord]:
-        rows = self._conn().execute("SELECT * FROM crons WHERE next_run_at <= ?", (now,))
-        return [dbrows.row_to_cron(r) for r in rows]
 
     def cron_fire_if_due(self, name: str, tick: float, next_tick: float, now: float) -> CronFire | None:
         with self._write() as c:

@@ -1,5 +1,6 @@
-"""The outbox on the SQL stores (Store: accept_event, deliver_events, retry_event and
-their reads): what core/policy/outbox.py decides, written in the caller's transaction."""
+"""What the SQL stores schedule: crons (their due ticks fired as core/policy/crons.py
+decides) and the outbox's events (accepted, delivered, retried as core/policy/outbox.py
+decides), written in the caller's transaction."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import Any
 
 from ...core.job import Submitted
 from ...core.policy import admission as adm
-from ...core.policy import outbox
+from ...core.policy import crons, outbox
 from .. import rows as dbrows
-from ..records import Event, EventAccepted, EventState, NewEvent
+from ..records import CronFire, CronRecord, Event, EventAccepted, EventState, NewEvent
+from ..sqlstates import WAITING_IN
 from .dialect import Dialect, Submit
 
 # Within a serial key, no pending event is due before an earlier one (outbox.KeyOrder):
@@ -123,3 +125,41 @@ def list_events(d: Dialect, c: Any, state: str | None, limit: int) -> list[Event
     where, params = ("", (limit,)) if state is None else (" WHERE state = ?", (state, limit))
     rows = c.execute(d.q(f"SELECT {dbrows.EVENT_COLS} FROM events{where} ORDER BY created_at DESC LIMIT ?"), params)
     return [Event(*r) for r in rows]
+
+
+def cron_list(d: Dialect, c: Any) -> list[CronRecord]:
+    return [dbrows.row_to_cron(r) for r in c.execute("SELECT * FROM crons ORDER BY name")]
+
+
+def crons_due(d: Dialect, c: Any, now: float) -> list[CronRecord]:
+    return [dbrows.row_to_cron(r) for r in c.execute(d.q("SELECT * FROM crons WHERE next_run_at <= ?"), (now,))]
+
+
+def cron_delete(d: Dialect, c: Any, name: str) -> bool:
+    return c.execute(d.q("DELETE FROM crons WHERE name = ?"), (name,)).rowcount > 0
+
+
+def next_cron_at(d: Dialect, c: Any) -> float | None:
+    return c.execute("SELECT min(next_run_at) FROM crons").fetchone()[0]
+
+
+def cron_move_if(d: Dialect, c: Any, name: str, tick: float, new_tick: float) -> bool:
+    return c.execute(d.q("UPDATE crons SET next_run_at = ? WHERE name = ? AND next_run_at = ?"),
+                     (new_tick, name, tick)).rowcount > 0
+
+
+def fire_in(d: Dialect, c: Any, submit: Submit, name: str, template: str, tick: float, next_tick: float,
+            now: float, waiting: int | None) -> CronFire:
+    """Write what crons.fire decided for a due tick of `name` (its row read and locked).
+    `waiting`: the id of a run of it still waiting, which the tick is folded into (it
+    records the tick); if that run has been claimed since it was read (another host's
+    worker, between the two statements), the tick fires a run of its own instead."""
+    folds = waiting is not None and c.execute(d.q(
+        f"UPDATE jobs SET cron_until = ? WHERE id = ? AND state IN {WAITING_IN}"), (tick, waiting)).rowcount > 0
+    fire = crons.fire(name, dbrows.template_from_json(template), tick, now, folds)
+    c.execute(d.q("UPDATE crons SET next_run_at = ?, last_fired_at = ?, folded = folded + ? WHERE name = ?"),
+              (next_tick, tick, int(fire.folded), name))
+    if fire.job is None:
+        return CronFire("folded", None)
+    answer = submit(c, [[fire.job]], now, adm.NO_LIMITS)[0]
+    return CronFire("fired", answer[0])
