@@ -63,7 +63,7 @@ from .fleet import notify
 from .submit import DRAW_ONE, Submitter
 
 # A claimed job of a worker that lost it (a pass whose answer never came) goes back to wait
-# at run_at (the parameter), its attempt given back; with _RELEASE after it.
+# at run_at (the parameter), its attempt given back; with the dialect's release after it.
 UNSTART = "UPDATE jobs SET state = 'scheduled', run_at = ?, attempts = attempts - 1, started_at = NULL"
 # counts() in one statement: each state a job moves through counted along its own partial
 # index, the states a job rests in along jobs_settled (migration 24), which holds them all.
@@ -237,9 +237,6 @@ class PostgresStore(PgConnections, SqlStore):
     def budgets_in_force(self, limits: claim.Limits) -> claim.Limits:
         return pgclaim.budgets_in(self._conn(), limits)
 
-    def _scheduled_at(self, c: psycopg.Connection, run_at: float) -> None:
-        notify(c, f"s:{run_at!r}")  # the daemons' timers must know when to move them back to queued
-
     def park_for_network(self, now: float) -> int:
         with self._write() as c:
             return c.execute("UPDATE jobs SET state = 'waiting_network'"
@@ -292,8 +289,8 @@ class PostgresStore(PgConnections, SqlStore):
             # worker is no longer under our id, and stays with that worker.
             n = c.execute(DIALECT.q(f"{UNSTART}{DIALECT.release} WHERE state = 'running' AND worker_id = ?"
                                   " AND id <> ALL(?)"), (now, self.worker_id, list(held))).rowcount
-            if n:
-                self._scheduled_at(c, now)
+            if n:  # the daemons' timers must know when to move them back to queued
+                notify(c, f"s:{now!r}")
         return n
 
     def watch_finish(self, job_id: int) -> None:

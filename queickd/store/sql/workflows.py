@@ -20,7 +20,7 @@ from .. import workflows as wf
 from ..sqlstates import WAITING_IN
 from .dialect import Dialect
 
-# What an UPDATE of jobs returns for _steps_cancelled_in: the job and its workflow step, if any.
+# What an UPDATE of jobs returns for steps_cancelled_in: the job and its workflow step, if any.
 STEP_OF_JOB = "id, workflow_run, workflow_step, workflow_item, workflow_loop"
 # A run's row, without its state: the state has a table of its own (workflow_states), so
 # that a fan-out's item, which changes only the run's progress, neither reads nor rewrites
