@@ -284,9 +284,9 @@ def test_a_pass_keeps_its_cursor_unless_its_outcomes_were_large(pg_store):
     pg_store.submit([job() for _ in range(3)], T0)
     (a,) = pg_store.claim_available(Request.of(1, now=T0))
     (b,) = pg_store.finish_and_claim([Outcome.succeeded(a.id, 1)], T0, 1)
-    kept = pg_store._pass_cursor
+    kept = pg_store._passes.cursor
     (c,) = pg_store.finish_and_claim([Outcome.succeeded(b.id, 1, output="x" * 100_000)], T0, 1)
-    assert kept is not None and pg_store._pass_cursor is None  # it held the 100 KB output
+    assert kept is not None and pg_store._passes.cursor is None  # it held the 100 KB output
     pg_store.finish_and_claim([Outcome.succeeded(c.id, 1)], T0, 1)
-    assert pg_store._pass_cursor is not None
+    assert pg_store._passes.cursor is not None
     assert pg_store.get(b.id).output == "x" * 100_000

@@ -110,9 +110,9 @@ def test_a_bound_older_than_its_ttl_is_counted_again(pg_url, pg_store, exact_cou
 
 def test_a_lone_submit_keeps_its_cursor_for_the_next_one(pg_store):
     pg_store.submit([job()], T0)
-    kept = pg_store._submit_cursor
+    kept = pg_store._submitter.cursor
     pg_store.submit([job()], T0)
-    assert kept is not None and pg_store._submit_cursor is kept
+    assert kept is not None and pg_store._submitter.cursor is kept
 
 
 @pytest.mark.parametrize("large", ["many rows", "large arguments"])
@@ -120,9 +120,9 @@ def test_a_large_submit_keeps_no_cursor_holding_its_parameters(pg_store, large):
     pg_store.submit([job()], T0)
     jobs = [job(idempotency_key=f"k{i}") for i in range(20)] if large == "many rows" else [job(args=["x" * 100_000])]
     pg_store.submit(jobs, T0)
-    assert pg_store._submit_cursor is None
+    assert pg_store._submitter.cursor is None
     (s,) = pg_store.submit([job()], T0)  # and the next small one keeps one again
-    assert pg_store._submit_cursor is not None and pg_store.get(s.job_id).state == State.QUEUED
+    assert pg_store._submitter.cursor is not None and pg_store.get(s.job_id).state == State.QUEUED
 
 
 def test_the_ids_a_submit_returns_follow_the_order_of_its_jobs(pg_store):
@@ -206,11 +206,11 @@ def test_a_batch_sent_by_copy_wakes_the_pools_of_its_queued_jobs_at_commit(pg_st
 @pytest.mark.parametrize("why", ["a cap counted exactly", "an operator's manual run"])
 def test_a_batch_that_admission_reads_for_is_sent_by_copy_too(pg_store, monkeypatch, why):
     from queickd.core.policy.admission import NO_LIMITS, Admission
-    from queickd.store.postgres.submit import PgSubmit
+    from queickd.store.postgres.submit import Submitter
 
     statements = []  # the one-statement inserts made; the spy calls through
-    monkeypatch.setattr(PgSubmit, "_insert",
-                        lambda self, *a, _real=PgSubmit._insert, **k: statements.append(1) or _real(self, *a, **k))
+    monkeypatch.setattr(Submitter, "_insert",
+                        lambda self, *a, _real=Submitter._insert, **k: statements.append(1) or _real(self, *a, **k))
     batch = _copied_batch()
     admission = Admission(max_queued=10_000)  # a fresh store counts the waiting exactly
     if why == "an operator's manual run":

@@ -1,11 +1,11 @@
 """The PostgreSQL store's claim: the fast path (queickd_claim, one round trip) and the
 selection by core/policy/claim.py for grouped or budgeted jobs, with group slots under a
 unique index (a lost race is undone and tried again); and the budgets in force, which
-live in the table `budgets` for every claimer alike. A mixin of PostgresStore."""
+live in the table `budgets` for every claimer alike. Each runs on the connection the
+store hands it."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -13,7 +13,6 @@ from typing import Any
 
 try:
     import psycopg
-    from psycopg import errors as pgerrors
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
 
@@ -25,7 +24,7 @@ from .channels import NOTIFY_IDS
 from .connection import KEPT_CURSOR_BYTES
 from .fleet import notify
 
-_CLAIM_RETRIES = 8
+CLAIM_RETRIES = 8
 _CLAIM_LOCK = 0x71756963_6B640003  # advisory lock id held by each claim with groups or budgets
 # Held shared by every claim (from its first call to its commit), exclusively by a write of
 # the budgets: a budget comes into force after the claims that did not see it (schema.py, 8).
@@ -39,7 +38,7 @@ _PAUSE_KINDS = frozenset({"key", "func", "pool"})  # the view's rows of pauses (
 # It takes no grouped job, and it never meets a budget: given the budget lock, it first
 # takes it shared and asks whether the selection must claim instead (a grouped job waits,
 # or a pool served has a budget); if so it claims nothing and returns one row of NULLs
-# (claim_sql.CLAIM). Without the lock (NULL), the view has said no already.
+# (pass_sql.py, 15). Without the lock (NULL), the view has said no already.
 _CLAIM = (f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(lock)s, %(now)s, %(worker)s, %(pools)s, %(net)s,"
           " %(limit)s)")
 _VIEW = "SELECT * FROM queickd_claim_view(%s, %s, %s, %s, %s, %s)"
@@ -57,8 +56,8 @@ _START = (f"SELECT {dbrows.JOB_COLS} FROM queickd_start(%s, %s, %s::bigint[], %s
 # one statement (pass_sql.py, 16), which returns the row of NULLs when the selection must
 # claim (and then does nothing).
 # In PostgreSQL's own $n markers, sent by a cursor kept for it: a worker of one slot sends
-# it once per job, and a new cursor each time looked up the loaders of its ~30 columns and
-# the dumpers of its arrays again (a fifth of the worker's CPU in the pass).
+# it once per job, and a new cursor would look up its columns' loaders and its arrays'
+# dumpers again each time.
 _PASS = f"SELECT {dbrows.JOB_COLS} FROM queickd_pass($1, $2, $3, $4, $5, $6, $7, $8, $9)"
 # After the selection claimed, passes go the general way this long (seconds): asking
 # queickd_pass first would be a round trip more on every pass while groups or budgets are
@@ -66,175 +65,147 @@ _PASS = f"SELECT {dbrows.JOB_COLS} FROM queickd_pass($1, $2, $3, $4, $5, $6, $7,
 _SELECTION_LINGERS = 1.0
 
 
-class PgClaims:
-    """Claiming jobs (Queue.claim_available, PassInOneCall.finish_and_claim) on PostgreSQL."""
+class Passes:
+    """A store's passes in one statement (PassInOneCall.finish_and_claim), with what they keep
+    between calls: whether the selection claimed lately, and the pass's cursor."""
 
-    _selection_until = 0.0  # monotonic: passes go the general way until then
-    _pass_cursor: psycopg.RawCursor | None = None  # finish_and_claim's, on the bookkeeping connection
+    def __init__(self) -> None:
+        self._selection_until = 0.0  # monotonic: passes go the general way until then
+        self.cursor: psycopg.RawCursor | None = None  # on the bookkeeping connection
 
-    def finish_and_claim(self, outcomes: Sequence[Outcome], now: float, limit: int, network_up: bool = True,
-                         pools: Sequence[str] | None = None) -> list[Job] | None:
-        if (getattr(self._local, "in_batch", False) or len(outcomes) > NOTIFY_IDS
-                or time.monotonic() < self._selection_until
-                or any(o.state != State.SUCCEEDED or o.workflow_run is not None for o in outcomes)):
-            return None
+    def may_pass(self, outcomes: Sequence[Outcome]) -> bool:
+        """Whether a pass of these outcomes may be one statement: successes of no workflow
+        step, whose finish notification fits one payload, while the selection is not in play."""
+        return (len(outcomes) <= NOTIFY_IDS and time.monotonic() >= self._selection_until
+                and all(o.state == State.SUCCEEDED and o.workflow_run is None for o in outcomes))
+
+    def pass_in(self, c: psycopg.Connection, worker_id: int | None, outcomes: Sequence[Outcome], now: float,
+                limit: int, network_up: bool, pools: Sequence[str] | None) -> list[tuple] | None:
+        """The pass as one statement on `c` (autocommit: its own transaction, no BEGIN, no
+        COMMIT): the rows of the jobs it claimed, or None when the selection must claim."""
         results = [None if o.result is None else dbrows.dumps(o.result) for o in outcomes]
         outputs = [o.output for o in outcomes]
-        params = (_BUDGET_LOCK, now, self.worker_id, list(pools) if pools is not None else None, network_up,
+        params = (_BUDGET_LOCK, now, worker_id, list(pools) if pools is not None else None, network_up,
                   max(0, limit), [o.job_id for o in outcomes], results, outputs)
-        # Its own transaction (autocommit) on the bookkeeping connection: no BEGIN, no COMMIT.
-        with self._bk_lock:
-            c = self._bookkeeping_conn()
-            cur = self._pass_cursor
-            if cur is None or cur.connection is not c:
-                cur = psycopg.RawCursor(c)
-            rows = cur.execute(_PASS, params).fetchall()
-            # Kept only after a pass of small outcomes: a cursor holds its last parameters
-            # (the results and outputs) until its next statement, which an idle pool never sends.
-            small = sum(len(t) for t in (*results, *outputs) if t is not None) <= KEPT_CURSOR_BYTES
-            self._pass_cursor = cur if small else None
+        cur = self.cursor
+        if cur is None or cur.connection is not c:
+            cur = psycopg.RawCursor(c)
+        rows = cur.execute(_PASS, params).fetchall()
+        # Kept only after a pass of small outcomes: a cursor holds its last parameters
+        # (the results and outputs) until its next statement, which an idle pool never sends.
+        small = sum(len(t) for t in (*results, *outputs) if t is not None) <= KEPT_CURSOR_BYTES
+        self.cursor = cur if small else None
         if rows and rows[0][0] is None:
             self._selection_until = time.monotonic() + _SELECTION_LINGERS
             return None
-        try:
-            jobs = [dbrows.row_to_job(r) for r in rows]
-        except Exception:
-            # Claimed and committed, but not to be run from here: given back (their attempt
-            # not spent) before the error goes up, or they would stay `running` under a
-            # worker that beats on without them.
-            with contextlib.suppress(Exception):  # the error to report is the first one
-                self.release_unstarted([r[0] for r in rows])
-            raise
-        jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
-        return jobs
+        return rows
 
-    def claim_available(self, request: claim.Request) -> list[Job]:
-        limit, pools, limits = request.limit, request.pools, request.limits
-        if limit <= 0:
-            return []
-        params = {"now": request.now, "worker": self.worker_id, "pools": list(pools) if pools is not None else None,
-                  "net": request.network_up, "limit": limit, "exclude": request.exclude}
-        if getattr(self._local, "in_batch", False):
-            # No savepoint here (two more round trips on every pass of the pool): a lost key
-            # or slot race, which the claim's own conditions and its lock all but rule out,
-            # fails the batch, and the pool applies its outcomes alone and claims again.
-            rows = self._claim_in(self._conn(), params, limits)
-        for attempt in range(_CLAIM_RETRIES if not getattr(self._local, "in_batch", False) else 0):
-            try:
-                with self._write() as c:
-                    rows = self._claim_in(c, params, limits)
-                break
-            except pgerrors.UniqueViolation:
-                # Another worker claimed a job of the same key, or the same slot of a group,
-                # meanwhile and committed; the next try sees it running.
-                if attempt == _CLAIM_RETRIES - 1:
-                    raise
-        jobs = [dbrows.row_to_job(r) for r in rows]
-        jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))  # RETURNING order is unspecified
-        return jobs
 
-    def _claim_in(self, c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits) -> list[tuple]:
-        """One claim in the caller's transaction. Its first call, the fast path
-        (queickd_claim), takes the budget lock shared and claims, unless a grouped job
-        waits or a pool served has a budget: then it answers with a row of NULLs and the
-        selection claims, from what the view (queickd_claim_view) reads first. The view
-        may find the selection needless by then (the grouped jobs were taken meanwhile):
-        the fast path claims after all, under the lock the view holds. A claim that sets
-        jobs aside (`exclude`) is the selection's at once: the fast path knows no such jobs."""
-        force = bool(params["exclude"])
-        if not force:
-            rows = c.execute(_CLAIM, {**params, "lock": _BUDGET_LOCK}).fetchall()
-            if not rows or rows[0][0] is not None:
-                return rows
-        page = max(16, params["limit"] * 2)
-        view = c.execute(_VIEW, (_CLAIM_LOCK, _BUDGET_LOCK, params["pools"], page, params["now"], force)).fetchall()
-        if not view:
-            return c.execute(_CLAIM, {**params, "lock": None}).fetchall()
-        return self._claim_selected(c, params, limits, view, page)
+def jobs_of(rows: list[tuple]) -> list[Job]:
+    """Claimed rows as jobs, in queue order (RETURNING order is unspecified)."""
+    jobs = [dbrows.row_to_job(r) for r in rows]
+    jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))
+    return jobs
 
-    def _claim_selected(self, c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits,
-                        view: list[tuple], page: int) -> list[tuple]:
-        """The claim with groups or budgets: core/policy/claim.py's selection over the queued
-        jobs read page by page in queue order (bounded look-ahead), in the caller's
-        transaction, under one transaction lock taken before what runs is read (so what
-        runs against a budget is read after every earlier such claim has committed). Group
-        limits: the slot each job takes, under jobs_group_slot (a race is a unique violation).
-        The budgets are the table's, read in the view (only `limits.patience` is the caller's)."""
-        # The view, read after the lock these claims share: what runs, the pauses (with
-        # whether this claim holds a due probe's lock), the budgets in force and the first
-        # page of candidates. One round trip, plans cached.
-        running = [(r[2], r[7], r[10], r[8], r[4], r[9]) for r in view if r[0] == "running"]  # RUNNING_COLS
-        pauses = [(r[0], r[2]) for r in view if r[0] in _PAUSE_KINDS]
-        probes = [(r[0], r[2]) for r in view if r[0] in _PAUSE_KINDS and r[11]]
-        budgets = [(r[4], r[2], r[9]) for r in view if r[0] == "budget"]  # (kind, name, units)
-        limits = dataclasses.replace(limits, pools={n: u for k, n, u in budgets if k == "pool"},
-                                     groups={n: u for k, n, u in budgets if k == "group"})
-        first = [r[1:10] for r in view if r[0] == "queued"]
-        served = None if params["pools"] is None else frozenset(params["pools"])
-        pick = claim.Selection(claim.Request(params["limit"], params["net"], served, limits, params["now"],
-                                             params["exclude"]),
-                               claim.Running.of_jobs(running, pauses, probes))
-        full, out_pools = pick.out_groups, pick.out_pools
-        if served is not None and served <= out_pools:
-            return []  # the budget of every pool served is used up: nothing may start
-        # The first page came unfiltered, with what runs; the next ones leave out the jobs
-        # the selection leaves out (claim.Selection.left_out: of groups full before this
-        # claim or whose budget is used up; they hold nothing but a key), read by group
-        # (claim_sql.py, 11) so that such a group's backlog is not walked, and those of the
-        # pools served whose budget is used up but for their keyed jobs (every pool served:
-        # their jobs come back and are passed over uncounted). They start again from the
-        # head of the queue, and the rows the first page offered are dropped (the first
-        # page is the head of the queue: those are the first of the filtered rows).
-        pools = params["pools"] if served is None or not out_pools else sorted(served - out_pools)
-        pick.offer_all(map(claim.Row._make, first))
-        offered = {r[0] for r in first  # r[6]: concurrency_group, r[3]: pool, r[1]: key
-                   if r[6] not in full and (pools is None or r[3] in pools or r[1] is not None)}
-        after = _HEAD
-        more = len(first) == page
-        while more and not pick.done:
-            ask = page + len(offered)
-            rows = c.execute(_AFTER, (pools, sorted(full), ask, *after)).fetchall()
-            more = len(rows) == ask
-            if rows:
-                after = (rows[-1][0], rows[-1][6], rows[-1][1])  # (priority, run_at, id)
-            if offered:
-                rows = [r for r in rows if r[1] not in offered]
-                offered = set()
-            pick.offer_all(claim.Row._make(r[1:]) for r in rows)
-        if not pick.chosen:
-            return []
-        # A row another claim took meanwhile is no longer queued: it is left out here.
-        stamps = pick.probes
-        return c.execute(_START, (params["now"], params["worker"], pick.chosen, [pick.slot(i) for i in pick.chosen],
-                                  [t[0] for t, _ in stamps], [t[1] for t, _ in stamps],
-                                  [j for _, j in stamps])).fetchall()
 
-    # --- the budgets in force ---------------------------------------------------------
-    def adopt_budgets(self, limits: claim.Limits) -> list[BudgetChange]:
-        """The table made to hold exactly `limits`' budgets, under the budget lock (after
-        the claims in flight, before the next), and the others told (NOTIFY 'b')."""
-        with self._write() as c:
-            c.execute("SELECT pg_advisory_xact_lock(%s)", (_BUDGET_LOCK,))
-            changes = budget_changes(self._budgets_in(c, limits), limits)
-            if changes:
-                c.execute("DELETE FROM budgets")
-                rows = [("pool", n, u) for n, u in limits.pools.items()] + [
-                    ("group", n, u) for n, u in limits.groups.items()]
-                if rows:
-                    c.execute("INSERT INTO budgets SELECT * FROM unnest(%s::text[], %s::text[], %s::float8[])",
-                              [list(col) for col in zip(*rows, strict=True)])
-                notify(c, "b")
-        return changes
+def claim_in(c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits) -> list[tuple]:
+    """One claim in the caller's transaction. Its first call, the fast path
+    (queickd_claim), takes the budget lock shared and claims, unless a grouped job
+    waits or a pool served has a budget: then it answers with a row of NULLs and the
+    selection claims, from what the view (queickd_claim_view) reads first. The view
+    may find the selection needless by then (the grouped jobs were taken meanwhile):
+    the fast path claims after all, under the lock the view holds. A claim that sets
+    jobs aside (`exclude`) is the selection's at once: the fast path knows no such jobs."""
+    force = bool(params["exclude"])
+    if not force:
+        rows = c.execute(_CLAIM, {**params, "lock": _BUDGET_LOCK}).fetchall()
+        if not rows or rows[0][0] is not None:
+            return rows
+    page = max(16, params["limit"] * 2)
+    view = c.execute(_VIEW, (_CLAIM_LOCK, _BUDGET_LOCK, params["pools"], page, params["now"], force)).fetchall()
+    if not view:
+        return c.execute(_CLAIM, {**params, "lock": None}).fetchall()
+    return _claim_selected(c, params, limits, view, page)
 
-    def budgets_in_force(self, limits: claim.Limits) -> claim.Limits:
-        return self._budgets_in(self._conn(), limits)
 
-    @staticmethod
-    def _budgets_in(c: psycopg.Connection, limits: claim.Limits) -> claim.Limits:
-        pools: dict[str, float] = {}
-        groups: dict[str, float] = {}
-        for kind, name, units in c.execute("SELECT kind, name, units FROM budgets"):
-            (pools if kind == "pool" else groups)[name] = units
-        return dataclasses.replace(limits, pools=pools, groups=groups)
+def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits,
+                    view: list[tuple], page: int) -> list[tuple]:
+    """The claim with groups or budgets: core/policy/claim.py's selection over the queued
+    jobs read page by page in queue order (bounded look-ahead), in the caller's
+    transaction, under one transaction lock taken before what runs is read (so what
+    runs against a budget is read after every earlier such claim has committed). Group
+    limits: the slot each job takes, under jobs_group_slot (a race is a unique violation).
+    The budgets are the table's, read in the view (only `limits.patience` is the caller's)."""
+    # The view, read after the lock these claims share: what runs, the pauses (with
+    # whether this claim holds a due probe's lock), the budgets in force and the first
+    # page of candidates. One round trip, plans cached.
+    running = [(r[2], r[7], r[10], r[8], r[4], r[9]) for r in view if r[0] == "running"]  # RUNNING_COLS
+    pauses = [(r[0], r[2]) for r in view if r[0] in _PAUSE_KINDS]
+    probes = [(r[0], r[2]) for r in view if r[0] in _PAUSE_KINDS and r[11]]
+    budgets = [(r[4], r[2], r[9]) for r in view if r[0] == "budget"]  # (kind, name, units)
+    limits = dataclasses.replace(limits, pools={n: u for k, n, u in budgets if k == "pool"},
+                                 groups={n: u for k, n, u in budgets if k == "group"})
+    first = [r[1:10] for r in view if r[0] == "queued"]
+    served = None if params["pools"] is None else frozenset(params["pools"])
+    pick = claim.Selection(claim.Request(params["limit"], params["net"], served, limits, params["now"],
+                                         params["exclude"]),
+                           claim.Running.of_jobs(running, pauses, probes))
+    full, out_pools = pick.out_groups, pick.out_pools
+    if served is not None and served <= out_pools:
+        return []  # the budget of every pool served is used up: nothing may start
+    # The first page came unfiltered, with what runs; the next ones leave out the jobs
+    # the selection leaves out (claim.Selection.left_out: of groups full before this
+    # claim or whose budget is used up; they hold nothing but a key), read by group
+    # (claim_sql.py, 11) so that such a group's backlog is not walked, and those of the
+    # pools served whose budget is used up but for their keyed jobs (every pool served:
+    # their jobs come back and are passed over uncounted). They start again from the
+    # head of the queue, and the rows the first page offered are dropped (the first
+    # page is the head of the queue: those are the first of the filtered rows).
+    pools = params["pools"] if served is None or not out_pools else sorted(served - out_pools)
+    pick.offer_all(map(claim.Row._make, first))
+    offered = {r[0] for r in first  # r[6]: concurrency_group, r[3]: pool, r[1]: key
+               if r[6] not in full and (pools is None or r[3] in pools or r[1] is not None)}
+    after = _HEAD
+    more = len(first) == page
+    while more and not pick.done:
+        ask = page + len(offered)
+        rows = c.execute(_AFTER, (pools, sorted(full), ask, *after)).fetchall()
+        more = len(rows) == ask
+        if rows:
+            after = (rows[-1][0], rows[-1][6], rows[-1][1])  # (priority, run_at, id)
+        if offered:
+            rows = [r for r in rows if r[1] not in offered]
+            offered = set()
+        pick.offer_all(claim.Row._make(r[1:]) for r in rows)
+    if not pick.chosen:
+        return []
+    # A row another claim took meanwhile is no longer queued: it is left out here.
+    stamps = pick.probes
+    return c.execute(_START, (params["now"], params["worker"], pick.chosen, [pick.slot(i) for i in pick.chosen],
+                              [t[0] for t, _ in stamps], [t[1] for t, _ in stamps],
+                              [j for _, j in stamps])).fetchall()
 
-    # --- network --------------------------------------------------------------------------
+
+# --- the budgets in force ---------------------------------------------------------------
+def adopt_budgets(c: psycopg.Connection, limits: claim.Limits) -> list[BudgetChange]:
+    """The table made to hold exactly `limits`' budgets, under the budget lock (after
+    the claims in flight, before the next), and the others told (NOTIFY 'b')."""
+    c.execute("SELECT pg_advisory_xact_lock(%s)", (_BUDGET_LOCK,))
+    changes = budget_changes(budgets_in(c, limits), limits)
+    if changes:
+        c.execute("DELETE FROM budgets")
+        rows = [("pool", n, u) for n, u in limits.pools.items()] + [
+            ("group", n, u) for n, u in limits.groups.items()]
+        if rows:
+            c.execute("INSERT INTO budgets SELECT * FROM unnest(%s::text[], %s::text[], %s::float8[])",
+                      [list(col) for col in zip(*rows, strict=True)])
+        notify(c, "b")
+    return changes
+
+
+def budgets_in(c: psycopg.Connection, limits: claim.Limits) -> claim.Limits:
+    pools: dict[str, float] = {}
+    groups: dict[str, float] = {}
+    for kind, name, units in c.execute("SELECT kind, name, units FROM budgets"):
+        (pools if kind == "pool" else groups)[name] = units
+    return dataclasses.replace(limits, pools=pools, groups=groups)

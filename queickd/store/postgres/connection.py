@@ -1,5 +1,5 @@
 """The PostgreSQL store's connections and transactions: three per process, however many
-threads it has. A mixin of PostgresStore, which sets `_dsn` and calls _init_connections().
+threads it has; the base of PostgresStore, which runs its statements on them.
 
 - the fleet listener's (services/fleet.py: LISTEN, a connection of its own from connect());
 - the bookkeeping one: the pool's passes (claims and finishes, one transaction each) and
@@ -37,14 +37,13 @@ TCP_SETTINGS: dict[str, int] = {"keepalives": 1, "keepalives_idle": 30, "keepali
 
 # The text a statement's parameters may hold for its cursor to be kept for the next one
 # (the submit's insert, the worker's pass): a cursor holds its last parameters until its
-# next statement, and keeping one saves ~30 µs of looking up its parameters' dumpers again.
+# next statement, and keeping one saves looking up its parameters' dumpers again.
 KEPT_CURSOR_BYTES = 65536
 
 
 class PgConnections:
-    _dsn: str
-
-    def _init_connections(self) -> None:
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
         self._local = threading.local()
         self._all: list[psycopg.Connection] = []
         self._all_lock = threading.Lock()

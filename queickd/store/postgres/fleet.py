@@ -1,10 +1,10 @@
 """The PostgreSQL store's records of the fleet: schema migration and versions, and the
-worker registry (who serves which pools, and who still beats).
+worker registry (who serves which pools, and who still beats), each in the transaction
+or on the connection the store hands it.
 
-A mixin of PostgresStore, kept apart because none of it is the Store contract: it is what
-daemons and external workers on one database need to know about each other. It uses the
-store's `_write()`, `_conn()`, `batch()`, `url` and `worker_id`. Times of beats are the database's
-clock, so hosts whose clocks disagree still agree on who is alive.
+Kept apart because none of it is the Store contract: it is what daemons and external
+workers on one database need to know about each other (contract.fleet.FleetStore). Times of
+beats are the database's clock, so hosts whose clocks disagree still agree on who is alive.
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
 
 from ...version import __version__
-from ..records import Beat
+from ..records import Beat, Recovered
 from .channels import CHANNEL
 from .schema import MIGRATE_LOCK, MIGRATIONS, SCHEMA_VERSION, VersionMismatchError, parse_version
 
@@ -36,133 +35,113 @@ def notify(c: psycopg.Connection, payload: str, channel: str = CHANNEL) -> None:
     c.execute("SELECT pg_notify(%s, %s)", (channel, payload))
 
 
-class FleetRecords:
-    """Schema, versions and the worker registry; mixed into PostgresStore."""
+def migrate(c: psycopg.Connection) -> int:
+    """Bring the schema up to date in `c`'s transaction (idempotent; safe with several
+    daemons starting at once). Returns the schema version. Raises VersionMismatchError
+    when the database was migrated by a newer queickd."""
+    c.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
+    meta = c.execute("SELECT to_regclass('queickd_meta')").fetchone()[0]
+    current, version = 0, None
+    if meta is not None:
+        rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
+        current, version = int(rows.get("schema_version", 0)), rows.get("queickd_version")
+    if current > SCHEMA_VERSION or (version and parse_version(version) > parse_version(__version__)):
+        raise VersionMismatchError(
+            f"the database was migrated by queickd {version} (schema {current}); this is "
+            f"queickd {__version__} (schema {SCHEMA_VERSION}): upgrade this host")
+    for sql in MIGRATIONS[current:]:
+        c.execute(sql)
+    c.execute("INSERT INTO queickd_meta VALUES ('schema_version', %s), ('queickd_version', %s)"
+              " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(SCHEMA_VERSION), __version__))
+    return SCHEMA_VERSION
 
-    url: str
-    worker_id: int | None  # set by register_worker; the store's claims are recorded with it
 
-    # --- schema and versions ------------------------------------------------------------
-    def migrate(self) -> int:
-        """Bring the schema up to date (idempotent; safe with several daemons starting at
-        once). Returns the schema version. Raises VersionMismatchError when the database
-        was migrated by a newer queickd."""
-        with self._write() as c:
-            c.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
-            meta = c.execute("SELECT to_regclass('queickd_meta')").fetchone()[0]
-            current, version = 0, None
-            if meta is not None:
-                rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
-                current, version = int(rows.get("schema_version", 0)), rows.get("queickd_version")
-            if current > SCHEMA_VERSION or (version and parse_version(version) > parse_version(__version__)):
-                raise VersionMismatchError(
-                    f"the database was migrated by queickd {version} (schema {current}); this is "
-                    f"queickd {__version__} (schema {SCHEMA_VERSION}): upgrade this host")
-            for sql in MIGRATIONS[current:]:
-                c.execute(sql)
-            c.execute("INSERT INTO queickd_meta VALUES ('schema_version', %s), ('queickd_version', %s)"
-                      " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                      (str(SCHEMA_VERSION), __version__))
-        return SCHEMA_VERSION
+def versions(c: Any) -> tuple[str | None, int]:
+    """(queickd version, schema version) recorded by the last migration; (None, 0) if
+    the database was never migrated."""
+    if c.execute("SELECT to_regclass('queickd_meta')").fetchone()[0] is None:
+        return None, 0
+    rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
+    return rows.get("queickd_version"), int(rows.get("schema_version", 0))
 
-    def versions(self) -> tuple[str | None, int]:
-        """(queickd version, schema version) recorded by the last migration; (None, 0) if
-        the database was never migrated."""
+
+def check_version(version: str | None, schema: int) -> None:
+    """Raise VersionMismatchError unless the database was migrated by this very
+    version of queickd (both the package and the schema version must match)."""
+    if version != __version__ or schema != SCHEMA_VERSION:
+        raise VersionMismatchError(
+            f"database is at queickd {version} (schema {schema}), this worker is queickd "
+            f"{__version__} (schema {SCHEMA_VERSION})")
+
+
+def register(c: psycopg.Connection, kind: str, pools: Sequence[str], slots: int, heartbeat: float,
+             refused: str | None) -> int:
+    """Record this process as a worker serving `pools`; returns its id. A stale record of
+    the same host and pid (this pid's previous owner: pids are compared only on their own
+    host) is dropped, so its jobs become orphans."""
+    host, pid = socket.gethostname(), os.getpid()
+    c.execute("DELETE FROM workers WHERE host = %s AND pid = %s", (host, pid))
+    return c.execute(
+        "INSERT INTO workers (host, pid, pools, slots, version, schema_version, kind, started_at,"
+        f" beat_at, heartbeat, refused) VALUES (%s, %s, %s, %s, %s, %s, %s, {DB_NOW}, {DB_NOW}, %s, %s)"
+        " RETURNING id",
+        (host, pid, list(pools), slots, __version__, SCHEMA_VERSION, kind, heartbeat, refused),
+    ).fetchone()[0]
+
+
+def beat(c: psycopg.Connection, worker_id: int | None,
+         sweep: Callable[[psycopg.Connection], Recovered] | None) -> Beat:
+    """Heartbeat: our record was still there, and the database's queickd and schema
+    versions. A record that is gone (swept as dead after a long stall) is recreated by
+    the caller; the jobs it held were re-queued and are no longer ours. With `sweep`, the
+    orphan sweep rides in the same transaction, under a savepoint: a sweep that fails
+    leaves the beat written. One transaction every beat instead of two: an idle fleet's
+    load on the database."""
+    recovered = None
+    found = c.execute(f"UPDATE workers SET beat_at = {DB_NOW} WHERE id = %s RETURNING id",
+                      (worker_id,)).fetchone() is not None
+    rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
+    if sweep is not None:
         try:
-            c = self._conn()
-            if c.execute("SELECT to_regclass('queickd_meta')").fetchone()[0] is None:
-                return None, 0
-            rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
-        except psycopg.OperationalError as e:
-            raise OSError(f"PostgreSQL store {self.url}: {e}".strip()) from e
-        return rows.get("queickd_version"), int(rows.get("schema_version", 0))
+            with c.transaction():
+                recovered = sweep(c)
+        except Exception:
+            log.exception("orphan sweep failed; the beat stands, the next beat sweeps again")
+    return Beat(found, rows.get("queickd_version"), int(rows.get("schema_version", 0)), recovered)
 
-    def check_version(self) -> None:
-        """Raise VersionMismatchError unless the database was migrated by this very
-        version of queickd (both the package and the schema version must match)."""
-        version, schema = self.versions()
-        if version != __version__ or schema != SCHEMA_VERSION:
-            raise VersionMismatchError(
-                f"database is at queickd {version} (schema {schema}), this worker is queickd "
-                f"{__version__} (schema {SCHEMA_VERSION})")
 
-    # --- the worker registry --------------------------------------------------------------
-    def register_worker(self, kind: str, pools: Sequence[str], slots: int, heartbeat: float,
-                        refused: str | None = None) -> int:
-        """Record this process as a worker serving `pools`; its claims carry the id from
-        now on. A stale record of the same host and pid (this pid's previous owner: pids
-        are compared only on their own host) is dropped, so its jobs become orphans."""
-        host, pid = socket.gethostname(), os.getpid()
-        with self._write() as c:
-            c.execute("DELETE FROM workers WHERE host = %s AND pid = %s", (host, pid))
-            worker_id = c.execute(
-                "INSERT INTO workers (host, pid, pools, slots, version, schema_version, kind, started_at,"
-                f" beat_at, heartbeat, refused) VALUES (%s, %s, %s, %s, %s, %s, %s, {DB_NOW}, {DB_NOW}, %s, %s)"
-                " RETURNING id",
-                (host, pid, list(pools), slots, __version__, SCHEMA_VERSION, kind, heartbeat, refused),
-            ).fetchone()[0]
-        if refused is None:
-            self.worker_id = worker_id
-            self.set_session_limits(heartbeat, MISSED_BEATS * heartbeat)  # type: ignore[attr-defined]
-        return worker_id
+def deregister(c: psycopg.Connection, worker_id: int) -> int:
+    """Remove a worker's record. Returns how many jobs it still held running (they become
+    orphans: re-queued by the next sweep anywhere)."""
+    held = c.execute("SELECT count(*) FROM jobs WHERE state = 'running' AND worker_id = %s",
+                     (worker_id,)).fetchone()[0]
+    c.execute("DELETE FROM workers WHERE id = %s", (worker_id,))
+    if held:
+        notify(c, "r")
+    return held
 
-    def beat(self, max_orphan_requeues: int | None = None, now: float | None = None) -> Beat:
-        """Heartbeat: our record was still there, and the database's queickd and schema
-        versions. A record that is gone (swept as dead after a long stall) is recreated by
-        the caller; the jobs it held were re-queued and are no longer ours. With
-        max_orphan_requeues, the orphan sweep (recover_orphans) rides in the same
-        transaction, under a savepoint: a sweep that fails leaves the beat written. One
-        transaction every beat instead of two: an idle fleet's load on the database."""
-        # On the bookkeeping connection, whose transactions are the pool's short passes: a
-        # long statement on the shared one (a huge submit) must not silence the beats.
-        recovered = None
-        with self.batch(bookkeeping=True), self._write() as c:
-            found = c.execute(f"UPDATE workers SET beat_at = {DB_NOW} WHERE id = %s RETURNING id",
-                              (self.worker_id,)).fetchone() is not None
-            rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
-            if max_orphan_requeues is not None:
-                try:
-                    with c.transaction():
-                        recovered = self._recover_orphans_in(c, max_orphan_requeues,  # type: ignore[attr-defined]
-                                                             time.time() if now is None else now)
-                except Exception:
-                    log.exception("orphan sweep failed; the beat stands, the next beat sweeps again")
-        return Beat(found, rows.get("queickd_version"), int(rows.get("schema_version", 0)), recovered)
 
-    def deregister_worker(self) -> int:
-        """Remove this process's record. Returns how many jobs it still held running (they
-        become orphans: re-queued by the next sweep anywhere)."""
-        if self.worker_id is None:
-            return 0
-        with self._write() as c:
-            held = c.execute("SELECT count(*) FROM jobs WHERE state = 'running' AND worker_id = %s",
-                             (self.worker_id,)).fetchone()[0]
-            c.execute("DELETE FROM workers WHERE id = %s", (self.worker_id,))
-            if held:
-                notify(c, "r")
-        self.worker_id = None
-        return held
+def forget_gone_workers(c: psycopg.Connection, older_than: float) -> int:
+    """Delete records of workers silent for more than `older_than` seconds."""
+    return c.execute(f"DELETE FROM workers WHERE beat_at < {DB_NOW} - %s", (older_than,)).rowcount
 
-    def forget_gone_workers(self, older_than: float) -> int:
-        """Delete records of workers silent for more than `older_than` seconds."""
-        with self._write() as c:
-            return c.execute(f"DELETE FROM workers WHERE beat_at < {DB_NOW} - %s", (older_than,)).rowcount
 
-    def workers(self) -> list[dict[str, Any]]:
-        """Every registered worker, with `alive` and seconds since its last beat."""
-        rows = self._conn().execute(
-            f"SELECT w.id, w.host, w.pid, w.pools, w.slots, w.version, w.schema_version, w.kind, w.started_at,"
-            f" {DB_NOW} - w.beat_at, w.heartbeat, w.refused, {ALIVE},"
-            " (SELECT count(*) FROM jobs j WHERE j.state = 'running' AND j.worker_id = w.id)"
-            " FROM workers w ORDER BY w.id").fetchall()
-        keys = ("id", "host", "pid", "pools", "slots", "version", "schema_version", "kind", "started_at",
-                "silent_for", "heartbeat", "refused", "alive", "running")
-        return [dict(zip(keys, r, strict=True)) for r in rows]
+def workers(c: Any) -> list[dict[str, Any]]:
+    """Every registered worker, with `alive` and seconds since its last beat."""
+    rows = c.execute(
+        f"SELECT w.id, w.host, w.pid, w.pools, w.slots, w.version, w.schema_version, w.kind, w.started_at,"
+        f" {DB_NOW} - w.beat_at, w.heartbeat, w.refused, {ALIVE},"
+        " (SELECT count(*) FROM jobs j WHERE j.state = 'running' AND j.worker_id = w.id)"
+        " FROM workers w ORDER BY w.id").fetchall()
+    keys = ("id", "host", "pid", "pools", "slots", "version", "schema_version", "kind", "started_at",
+            "silent_for", "heartbeat", "refused", "alive", "running")
+    return [dict(zip(keys, r, strict=True)) for r in rows]
 
-    def running_without_worker(self) -> int:
-        """Running jobs whose worker is gone: no registered worker claimed them, or its
-        record is missing or has missed its beats. These are the jobs the next orphan
-        sweep re-queues; a job of a live worker never counts, however long it runs."""
-        return self._conn().execute(
-            "SELECT count(*) FROM jobs WHERE state = 'running' AND (worker_id IS NULL OR NOT EXISTS"
-            f" (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND {ALIVE}))").fetchone()[0]
+
+def running_without_worker(c: Any) -> int:
+    """Running jobs whose worker is gone: no registered worker claimed them, or its
+    record is missing or has missed its beats. These are the jobs the next orphan
+    sweep re-queues; a job of a live worker never counts, however long it runs."""
+    return c.execute(
+        "SELECT count(*) FROM jobs WHERE state = 'running' AND (worker_id IS NULL OR NOT EXISTS"
+        f" (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND {ALIVE}))").fetchone()[0]

@@ -17,7 +17,7 @@ Nothing here imports psycopg; fleet.py runs these statements.
 
 from __future__ import annotations
 
-from ..sqlshared import REPAIR_KEY_ORDER
+from ..sql.schedule import REPAIR_KEY_ORDER
 from . import claim_sql as pgclaimsql
 from . import pass_sql as pgpasssql
 
@@ -271,7 +271,7 @@ MIGRATIONS: list[str] = [
     """,
     # 20: events numbered in the order accepted (seq; the rows already there by created_at,
     # then id), which the outbox orders by instead of the hosts' clocks; and the pending
-    # events of each key made due in that order (sqlshared.REPAIR_KEY_ORDER).
+    # events of each key made due in that order (sql/schedule.py).
     """
     ALTER TABLE events ADD COLUMN IF NOT EXISTS seq bigint;
     UPDATE events SET seq = r.n FROM (SELECT event_id, row_number() OVER (ORDER BY created_at, event_id) AS n

@@ -32,7 +32,10 @@ beats (database clock), so a long job is never rescued while its worker lives.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Collection, Sequence
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 try:
@@ -40,24 +43,27 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
 
-from ...core.job import Job, NewJob, Outcome, State
-from ...core.policy import orphans
-from ...core.policy import pauses as pz
+from ...core.job import Job, NewJob, Outcome, State, Submitted
+from ...core.policy import admission as adm
+from ...core.policy import claim
+from ...core.policy.resources import BudgetChange
 from .. import rows as dbrows
-from ..derived import StoreBase
 from ..pools import set_pool_sql
-from ..records import CronFire, CronRecord, Finished, Pause, Recovered
-from ..sqlshared import SharedSql, filters
+from ..records import Beat, CronFire, CronRecord, Finished, Recovered
+from ..sql.operator import filters
+from ..sql.schedule import repair_key_order
+from ..sql.store import SqlStore
 from ..sqlstates import WAITING_ANY, WAITING_IN
-from ..wfsql import SqlWorkflows
-from .channels import CHANNEL, FINISHED_CHANNEL, NOTIFY_IDS, QUEUED_CHANNEL
-from .claim import PgClaims
+from . import claim as pgclaim
+from . import finish, fleet
+from .channels import QUEUED_CHANNEL
 from .connection import PgConnections
-from .fleet import ALIVE, FleetRecords, notify
-from .submit import DRAW_ONE, SUBMIT_LOCK, Counted, PgSubmit
+from .dialect import DIALECT, lock_admission
+from .fleet import notify
+from .submit import DRAW_ONE, Submitter
 
 # A claimed job of a worker that lost it (a pass whose answer never came) goes back to wait
-# at run_at (the parameter), its attempt given back; with _RELEASE after it.
+# at run_at (the parameter), its attempt given back; with the dialect's release after it.
 UNSTART = "UPDATE jobs SET state = 'scheduled', run_at = ?, attempts = attempts - 1, started_at = NULL"
 # counts() in one statement: each state a job moves through counted along its own partial
 # index, the states a job rests in along jobs_settled (migration 24), which holds them all.
@@ -65,10 +71,6 @@ _MOVING = (State.SCHEDULED, State.QUEUED, State.RUNNING)
 _COUNTS = ("".join(f"SELECT '{s}', count(*) FROM jobs WHERE state = '{s}' UNION ALL " for s in _MOVING)
            + "SELECT state, count(*) FROM jobs WHERE state IN ("
            + ", ".join(f"'{s}'" for s in State.ALL if s not in _MOVING) + ") GROUP BY state")
-
-# pg_advisory lock id (beside schema.MIGRATE_LOCK and the others): one delivery of the
-# outbox at a time, and a keyed event's place in it read under it.
-OUTBOX_LOCK = 0x71756963_6B640005
 
 
 def _redact(url: str) -> str:
@@ -80,28 +82,15 @@ def _redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, SqlWorkflows, StoreBase):
-    MARK = "%s"  # the parameter marker of psycopg (SharedSql)
-    _RELEASE = ", worker_id = NULL"  # a job that leaves running is no worker's any more
-    # Two hosts finishing items of one run at once take turns on its row: each sees the
-    # other's counts, so the run is advanced exactly once per item.
-    _WF_LOCK = " FOR UPDATE"
-    _WF_BUDGET = "(meta::json)->'reason'->>'budget'"
-    _WF_WAITING = f"SELECT count(*) FROM jobs WHERE state IN {WAITING_IN}"
-
-    def _wf_submit(self, c: psycopg.Connection, jobs: list[NewJob], now: float) -> None:
-        self._submit_unadmitted(c, jobs, now)  # no admission: submit.py says why
-
-    # A killed or dropped connection (OperationalError: AdminShutdown, a reset socket...;
-    # InterfaceError: a connection psycopg already knows is gone); the next call reconnects.
-    UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)
+class PostgresStore(PgConnections, SqlStore):
+    dialect = DIALECT
+    UNAVAILABLE = DIALECT.unavailable
 
     def __init__(self, url: str, migrate: bool = True) -> None:
-        self._dsn = url
+        super().__init__(url)
         self.url = _redact(url)  # what logs and stats show: never a password
-        self._init_connections()
-        self._counted: Counted | None = None  # see _waiting_total
-        self._inserted_since_count = 0
+        self._submitter = Submitter(DIALECT)
+        self._passes = pgclaim.Passes()
         self.worker_id: int | None = None  # set by register_worker; claims are recorded with it
         if migrate:
             try:
@@ -113,7 +102,75 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
     def take_ownership(self) -> None:
         pass  # many daemons share one database; running jobs are guarded by heartbeats
 
+    # --- the fleet (contract.fleet.FleetStore) -------------------------------------------------
+    def migrate(self) -> int:
+        with self._write() as c:
+            return fleet.migrate(c)
+
+    def versions(self) -> tuple[str | None, int]:
+        try:
+            return fleet.versions(self._conn())
+        except psycopg.OperationalError as e:
+            raise OSError(f"PostgreSQL store {self.url}: {e}".strip()) from e
+
+    def check_version(self) -> None:
+        fleet.check_version(*self.versions())
+
+    def register_worker(self, kind: str, pools: Sequence[str], slots: int, heartbeat: float,
+                        refused: str | None = None) -> int:
+        with self._write() as c:
+            worker_id = fleet.register(c, kind, pools, slots, heartbeat, refused)
+        if refused is None:
+            self.worker_id = worker_id  # its claims carry the id from now on
+            self.set_session_limits(heartbeat, fleet.MISSED_BEATS * heartbeat)
+        return worker_id
+
+    def beat(self, max_orphan_requeues: int | None = None, now: float | None = None) -> Beat:
+        def sweep(c: psycopg.Connection) -> Recovered:
+            return finish.recover_orphans_in(c, self._steps(), max_orphan_requeues,  # type: ignore[arg-type]
+                                             time.time() if now is None else now)
+
+        # On the bookkeeping connection, whose transactions are the pool's short passes: a
+        # long statement on the shared one (a huge submit) must not silence the beats.
+        with self.batch(bookkeeping=True), self._write() as c:
+            return fleet.beat(c, self.worker_id, None if max_orphan_requeues is None else sweep)
+
+    def deregister_worker(self) -> int:
+        if self.worker_id is None:
+            return 0
+        with self._write() as c:
+            held = fleet.deregister(c, self.worker_id)
+        self.worker_id = None
+        return held
+
+    def forget_gone_workers(self, older_than: float) -> int:
+        with self._write() as c:
+            return fleet.forget_gone_workers(c, older_than)
+
+    def workers(self) -> list[dict[str, Any]]:
+        return fleet.workers(self._conn())
+
+    def running_without_worker(self) -> int:
+        return fleet.running_without_worker(self._conn())
+
     # --- submit ---------------------------------------------------------------------------
+    def submit_requests(
+        self, requests: Sequence[Sequence[NewJob]], now: float, admission: adm.Admission = adm.NO_LIMITS
+    ) -> list[list[Submitted] | adm.Refusal]:
+        if getattr(self._local, "in_batch", False):
+            c = self._conn()
+            lock_admission(c)
+            return self._submitter.submit_in(c, requests, now, admission)
+        with self._lease() as c:  # the process's shared connection, this thread's until the commit
+            return self._submitter.alone(c, requests, now, admission)
+
+    def _submit_in(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
+                   admission: adm.Admission) -> list[list[Submitted] | adm.Refusal]:
+        return self._submitter.submit_in(c, requests, now, admission)
+
+    def _wf_submit(self, c: psycopg.Connection, jobs: list[NewJob], now: float) -> None:
+        self._submitter.unadmitted(c, jobs, now)  # no admission: submit.py says why
+
     def promote_due(self, now: float) -> int:
         with self._write() as c:
             pools = [r[0] for r in c.execute(
@@ -127,8 +184,54 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
         return self._conn().execute("SELECT min(run_at) FROM jobs WHERE state = 'scheduled'").fetchone()[0]
 
     # --- claim ----------------------------------------------------------------------------
-    def _scheduled_at(self, c: psycopg.Connection, run_at: float) -> None:
-        notify(c, f"s:{run_at!r}")  # the daemons' timers must know when to move them back to queued
+    def finish_and_claim(self, outcomes: Sequence[Outcome], now: float, limit: int, network_up: bool = True,
+                         pools: Sequence[str] | None = None) -> list[Job] | None:
+        if getattr(self._local, "in_batch", False) or not self._passes.may_pass(outcomes):
+            return None
+        with self._bk_lock:
+            rows = self._passes.pass_in(self._bookkeeping_conn(), self.worker_id, outcomes, now, limit,
+                                        network_up, pools)
+        if rows is None:
+            return None
+        try:
+            return pgclaim.jobs_of(rows)
+        except Exception:
+            # Claimed and committed, but not to be run from here: given back (their attempt
+            # not spent) before the error goes up, or they would stay `running` under a
+            # worker that beats on without them.
+            with contextlib.suppress(Exception):  # the error to report is the first one
+                self.release_unstarted([r[0] for r in rows])
+            raise
+
+    def claim_available(self, request: claim.Request) -> list[Job]:
+        limit, pools, limits = request.limit, request.pools, request.limits
+        if limit <= 0:
+            return []
+        params = {"now": request.now, "worker": self.worker_id, "pools": list(pools) if pools is not None else None,
+                  "net": request.network_up, "limit": limit, "exclude": request.exclude}
+        if getattr(self._local, "in_batch", False):
+            # No savepoint here (two more round trips on every pass of the pool): a lost key
+            # or slot race, which the claim's own conditions and its lock all but rule out,
+            # fails the batch, and the pool applies its outcomes alone and claims again.
+            return pgclaim.jobs_of(pgclaim.claim_in(self._conn(), params, limits))
+        for attempt in range(pgclaim.CLAIM_RETRIES):
+            try:
+                with self._write() as c:
+                    rows = pgclaim.claim_in(c, params, limits)
+                break
+            except psycopg.errors.UniqueViolation:
+                # Another worker claimed a job of the same key, or the same slot of a group,
+                # meanwhile and committed; the next try sees it running.
+                if attempt == pgclaim.CLAIM_RETRIES - 1:
+                    raise
+        return pgclaim.jobs_of(rows)
+
+    def adopt_budgets(self, limits: claim.Limits) -> list[BudgetChange]:
+        with self._write() as c:
+            return pgclaim.adopt_budgets(c, limits)
+
+    def budgets_in_force(self, limits: claim.Limits) -> claim.Limits:
+        return pgclaim.budgets_in(self._conn(), limits)
 
     def park_for_network(self, now: float) -> int:
         with self._write() as c:
@@ -148,136 +251,15 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
                           pause_cooldown: float | None = None) -> Finished:
         if not outcomes:
             return Finished(0, [])
-        paused: list[Pause] = []
-        next_probe = None
-        cols: tuple[list, ...] = ([], [], [], [], [], [], [])
-        for o in outcomes:
-            for col, v in zip(cols, (o.job_id, o.state, o.run_at,
-                                     None if o.result is None else dbrows.dumps(o.result),
-                                     dbrows.dumps(o.error) if o.error else None,
-                                     now if o.state in State.FINAL else None, o.output), strict=True):
-                col.append(v)
-        # The finish notification rides in the same statement when its ids fit one payload.
-        # "fk": a key, a group's slot or a budgeted pool's units were freed, so workers look
-        # for the next job held back by it; "f" only tells waiting clients (sent only when
-        # one waits: watch_finish marked a job, or a workflow's run may end), on a channel that
-        # only daemons hear (a worker waking on every finish would be a claim query per
-        # worker per finish for nothing, and each delivery costs a backend and a thread).
-        # Finished jobs of workflow steps: their runs advance (locked, one after the other).
-        steps = {o.job_id: o for o in outcomes
-                 if o.workflow_run is not None and o.state in (State.SUCCEEDED, State.DEAD)}
-        inline = len(outcomes) <= NOTIFY_IDS
-        told = (f", told AS (SELECT CASE WHEN d.frees THEN pg_notify('{CHANNEL}', 'fk:' || ids)"
-                f" ELSE pg_notify('{FINISHED_CHANNEL}', 'f:' || ids) END"
-                " FROM (SELECT bool_or(frees) AS frees, bool_or(wanted) AS wanted,"
-                " string_agg(id::text, ',') AS ids FROM done) AS d"
-                " WHERE d.ids IS NOT NULL AND (d.frees OR d.wanted))"
-                ) if inline else ""
-        # Successes are the steady state: their finish, notification and streak resets are
-        # one statement. A failure's streak counting follows it in the same transaction.
         with self._write() as c:
-            # Only our own claims: a job re-queued as an orphan and claimed by another
-            # worker meanwhile is that worker's to finish.
-            rows = c.execute(
-                "WITH done AS (UPDATE jobs j SET state = o.state, run_at = coalesce(o.run_at, j.run_at),"
-                " result = o.result, error = o.error, finished_at = o.finished_at, worker_id = NULL,"
-                " attempts = j.attempts - (o.state = 'waiting_network')::int, output = o.output"
-                " FROM unnest(%s::bigint[], %s::text[], %s::float8[], %s::text[], %s::text[], %s::float8[],"
-                " %s::text[]) AS o(id, state, run_at, result, error, finished_at, output)"
-                " WHERE j.id = o.id AND j.state = 'running'"
-                " AND (%s::bigint IS NULL OR j.worker_id = %s::bigint) RETURNING j.id, j.key, j.func, o.state,"
-                # What its end frees for other claimers: a serial key, a group slot, a pool's budget.
-                " (j.key IS NOT NULL OR j.concurrency_group IS NOT NULL OR EXISTS (SELECT 1 FROM budgets b"
-                " WHERE b.kind = 'pool' AND b.name = j.pool)) AS frees,"
-                # Who is told of a finish that frees nothing: a client waiting on the job
-                # (watch_finish marked it), or a workflow's waiters (its run may have ended).
-                " j.waited OR j.workflow_run IS NOT NULL AS wanted,"
-                " j.workflow_run, j.workflow_step, j.workflow_item, j.workflow_loop)"
-                ", reset AS (DELETE FROM streaks s USING done d WHERE d.state = 'succeeded'"
-                " AND ((s.kind = 'key' AND s.name = d.key) OR (s.kind = 'func' AND s.name = d.func)))"
-                # A probe that succeeded lifts its pause (the breaker closes).
-                ", lifted AS (DELETE FROM pauses p USING done d WHERE d.state = 'succeeded' AND p.probe_job = d.id"
-                " RETURNING 1), woke AS (SELECT pg_notify('queickd', 'r') FROM (SELECT 1 FROM lifted LIMIT 1) x)"
-                + told +
-                " SELECT id, key, func, frees, wanted, (SELECT count(*) FROM woke)"
-                + (", (SELECT count(*) FROM told)" if inline else "")
-                + (", workflow_run, workflow_step, workflow_item, workflow_loop" if steps else "") + " FROM done",
-                (*cols, self.worker_id, self.worker_id)).fetchall()
-            if not rows:
-                return Finished(0, [])
-            if steps:  # in the same transaction as the finish: one commits with the other
-                self._advance_in(c, [(r[0], *r[-4:], steps[r[0]].state == State.SUCCEEDED, steps[r[0]].result,
-                                      steps[r[0]].error) for r in rows if r[0] in steps], now)
-            names = {r[0]: (r[1], r[2]) for r in rows}
-            retries = [o.run_at for o in outcomes if o.state == State.SCHEDULED and o.job_id in names
-                       and o.run_at is not None]
-            if retries:  # the daemons' timers must know when to move them back to queued
-                notify(c, f"s:{min(retries)!r}")
-            failed = []
-            for o in outcomes:
-                if o.job_id not in names or o.blameless or o.state in (State.WAITING_NETWORK, State.SUCCEEDED):
-                    continue  # a success's streaks were reset by the statement above
-                failed.append(pz.Finish(o.state, o.error, *names.pop(o.job_id), o.job_id))
-            if failed:
-                known = self._lock_streaks(c, sorted({t for f in failed for t in pz.targets(f.key, f.func)}))
-                p = pz.plan(failed, now, pause_after, pz.Lookups(known.__getitem__, lambda t: self._pause_of(c, t)),
-                            pause_cooldown)
-                paused, next_probe = self._write_pauses(c, p), p.next_probe
-            if not inline and any(r[3] or r[4] for r in rows):
-                frees = any(r[3] for r in rows)
-                kind, channel = ("fk:", CHANNEL) if frees else ("f:", FINISHED_CHANNEL)
-                ids = [r[0] for r in rows]
-                for i in range(0, len(ids), NOTIFY_IDS):
-                    notify(c, kind + ",".join(map(str, ids[i:i + NOTIFY_IDS])), channel)
-        return Finished(len(rows), paused, next_probe)
-
-    @staticmethod
-    def _lock_streaks(c: psycopg.Connection, targets: list[pz.Target]) -> dict[pz.Target, tuple[int, bool]]:
-        """The targets' streaks and pauses (pauses.Lookups), read by an upsert that changes
-        no value but locks each streak row (made with 0 failures if new) until commit, in
-        one order (no deadlock): failures of one function on several hosts at once count one
-        after the other, never both from the same old count. (A SELECT ... FOR UPDATE cannot
-        lock a row that does not exist yet, and costs as much.)"""
-        rows = c.execute(
-            "INSERT INTO streaks SELECT k, n, 0, NULL FROM unnest(%s::text[], %s::text[]) AS t(k, n) ORDER BY k, n"
-            " ON CONFLICT (kind, name) DO UPDATE SET failures = streaks.failures RETURNING kind, name, failures,"
-            " EXISTS (SELECT 1 FROM pauses p WHERE p.kind = streaks.kind AND p.name = streaks.name)",
-            ([t[0] for t in targets], [t[1] for t in targets])).fetchall()
-        return {(k, n): (f, p) for k, n, f, p in rows}
-
-    def _begin_pause(self, c: psycopg.Connection, t: pz.Target, at: float, failures: int, err: str | None) -> bool:
-        # The plan read the pauses before its streak row lock was granted: another host may
-        # have begun this pause meanwhile. Then it stays as begun there, with our count.
-        return c.execute(
-            "INSERT INTO pauses (kind, name, paused_at, failures, last_error) VALUES (%s, %s, %s, %s, %s)"
-            " ON CONFLICT (kind, name) DO UPDATE"
-            " SET failures = excluded.failures, last_error = excluded.last_error RETURNING (xmax = 0)",
-            (*t, at, failures, err)).fetchone()[0]
-
-    def _put_streaks(self, c: psycopg.Connection, rows: list[tuple]) -> None:
-        # One statement for every streak of the finish (their rows exist: _lock_streaks made them).
-        c.execute("UPDATE streaks s SET failures = r.f, last_error = r.e FROM unnest(%s::text[], %s::text[],"
-                  " %s::int[], %s::text[]) AS r(k, n, f, e) WHERE s.kind = r.k AND s.name = r.n",
-                  [list(col) for col in zip(*rows, strict=True)])
+            return finish.finish_in(c, self._steps(), self.worker_id, outcomes, now, pause_after, pause_cooldown)
 
     def recover_orphans(self, max_requeues: int, now: float, running_here: Collection[int] = ()) -> Recovered:
         """Running jobs whose worker is gone (missed its beats, deregistered, or none was
         registered) are orphans; those of live workers are left alone, however long they
         have run. Safe to call from every daemon and worker at any time."""
         with self._write() as c:
-            return self._recover_orphans_in(c, max_requeues, now, running_here)
-
-    def _recover_orphans_in(self, c: psycopg.Connection, max_requeues: int, now: float,
-                            running_here: Collection[int] = ()) -> Recovered:
-        # Locked (SKIP LOCKED: another sweep has those) until the plan is written.
-        p = orphans.plan(c.execute(
-            "SELECT id, orphaned FROM jobs WHERE state = 'running' AND (worker_id IS NULL OR NOT EXISTS"
-            f" (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND {ALIVE})) FOR UPDATE SKIP LOCKED"
-        ).fetchall(), max_requeues, running_here)
-        self._write_orphans(c, p, now)
-        if p.requeue:
-            notify(c, "r")
-        return Recovered(p.requeue, p.dead)
+            return finish.recover_orphans_in(c, self._steps(), max_requeues, now, running_here)
 
     def waiting_by_pool(self) -> dict[str, int]:
         rows = self._conn().execute(f"SELECT pool, count(*) FROM jobs WHERE {WAITING_ANY}"
@@ -288,30 +270,12 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
         """Move a waiting job (kind 'job', name its id), a key's waiting jobs, or a cron
         (its template and its waiting runs) to another pool. Returns jobs and crons moved."""
         with self._write() as c:
-            n = set_pool_sql(c.execute, kind, name, pool, self.MARK)
+            n = set_pool_sql(c.execute, kind, name, pool, DIALECT.mark)
             if n:
                 notify(c, "q:" + pool, QUEUED_CHANNEL)
         return n
 
-    def _released(self, c: psycopg.Connection) -> None:
-        notify(c, "r")
-
-    # --- pauses ---------------------------------------------------------------------------
-    def _resume_in(self, c: psycopg.Connection, kind: str, name: str) -> bool:
-        c.execute("DELETE FROM streaks WHERE kind = %s AND name = %s", (kind, name))
-        gone = c.execute("DELETE FROM pauses WHERE kind = %s AND name = %s", (kind, name)).rowcount > 0
-        if gone:
-            notify(c, "r")
-        return gone
-
     # --- operator actions -----------------------------------------------------------------
-    def _update_one(self, sql: str, params: tuple, job_id: int, released: bool = False) -> Job | None:
-        with self._write() as c:
-            if c.execute(sql, params).rowcount and released:
-                notify(c, "r")
-            row = c.execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
-        return dbrows.row_to_job(row) if row else None
-
     def release_unheld(self, held: Collection[int], now: float) -> int:
         if self.worker_id is None:
             return 0  # its claims carry no id: ours cannot be told from others'
@@ -319,10 +283,10 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
         with self._write() as c:
             # One statement: a job swept as an orphan meanwhile and claimed by another
             # worker is no longer under our id, and stays with that worker.
-            n = c.execute(self._q(f"{UNSTART}{self._RELEASE} WHERE state = 'running' AND worker_id = ?"
+            n = c.execute(DIALECT.q(f"{UNSTART}{DIALECT.release} WHERE state = 'running' AND worker_id = ?"
                                   " AND id <> ALL(?)"), (now, self.worker_id, list(held))).rowcount
-            if n:
-                self._scheduled_at(c, now)
+            if n:  # the daemons' timers must know when to move them back to queued
+                notify(c, f"s:{now!r}")
         return n
 
     def watch_finish(self, job_id: int) -> None:
@@ -345,30 +309,16 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
                 if attempt == 2 or not self._shared_lost():
                     raise
 
-    def cancel(self, job_id: int, now: float) -> Job | None:
-        with self._write() as c:
-            self._cancel_in(c, job_id, now)
-            row = c.execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
-        return dbrows.row_to_job(row) if row else None
-
-    def retry_dead(self, job_id: int, now: float) -> Job | None:
-        # A replayed job draws a value from the jobs' serial, as an insert would: the
-        # admission's bound of the waiting counts what joined them by the values drawn.
-        return self._update_one(
-            "UPDATE jobs SET state = 'queued', run_at = %s, attempts = 0, orphaned = 0,"
-            f" finished_at = NULL WHERE id = %s AND state = 'dead' RETURNING {DRAW_ONE}", (now, job_id), job_id,
-            released=True)
-
     def retry_all_dead(self, now: float) -> int:
         with self._write() as c:
             n = c.execute("WITH r AS (UPDATE jobs SET state = 'queued', run_at = %s, attempts = 0, orphaned = 0,"
                           f" finished_at = NULL WHERE state = 'dead' RETURNING 1) SELECT count({DRAW_ONE}) FROM r",
                           (now,)).fetchone()[0]  # a value drawn for each, as retry_dead says
-            self._lock_outbox(c)
+            DIALECT.lock_outbox(c)
             n += (events := c.execute("UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = %s"
                                       " WHERE state = 'dead'", (now,)).rowcount)
             if events:
-                self._repair_key_order(c)
+                repair_key_order(DIALECT, c)
             if n:
                 notify(c, "r")
         return n
@@ -390,7 +340,7 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
     def list_jobs(self, state: str | None, limit: int, *, func: str | None = None, key: str | None = None,
                   pool: str | None = None) -> list[Job]:
         extra, fparams = filters(func, key, pool)
-        extra = self._q(extra)
+        extra = DIALECT.q(extra)
         if state is None:
             rows = self._conn().execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE true{extra} ORDER BY id DESC"
                                         " LIMIT %s", (*fparams, limit))
@@ -438,9 +388,6 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
                  cron.last_fired_at, cron.created_at, cron.folded))
         return cron
 
-    def crons_due(self, now: float) -> list[CronRecord]:
-        return [dbrows.row_to_cron(r) for r in self._conn().execute("SELECT * FROM crons WHERE next_run_at <= %s", (now,))]
-
     def cron_fire_if_due(self, name: str, tick: float, next_tick: float, now: float) -> CronFire | None:
         with self._write() as c:
             # The row lock makes a second daemon wait here, then find next_run_at moved on;
@@ -460,19 +407,6 @@ class PostgresStore(PgConnections, PgSubmit, PgClaims, FleetRecords, SharedSql, 
             return self._fire_in(c, name, row[0], tick, next_tick, now, None if waiting is None else waiting[0])
 
     # --- events ---------------------------------------------------------------------------
-    # The due events, due first, then in the order accepted (seq: keyed accepts take the
-    # outbox's lock, so that order is theirs, whatever the hosts' clocks); read under the
-    # outbox's lock (_lock_outbox), so by one host at a time.
-    _EVENT_ORDER = "seq"
-    _DUE_EVENTS = ("SELECT event_id, job, attempts, key FROM events WHERE state = 'pending' AND next_attempt_at <= %s"
-                   " ORDER BY next_attempt_at, seq LIMIT %s FOR UPDATE")
-
-    def _lock_outbox(self, c: psycopg.Connection) -> None:
-        c.execute("SELECT pg_advisory_xact_lock(%s)", (OUTBOX_LOCK,))
-
-    def _lock_admission(self, c: psycopg.Connection) -> None:
-        c.execute("SELECT pg_advisory_xact_lock(%s)", (SUBMIT_LOCK,))
-
     def next_event_at(self) -> float | None:
         return self._conn().execute("SELECT min(next_attempt_at) FROM events WHERE state = 'pending'").fetchone()[0]
 

@@ -1,6 +1,6 @@
 """The PostgreSQL store's submit path: admission read under the submit lock only when it
 must read, and the rows inserted, their ids returned and the pools woken in one statement.
-A mixin of PostgresStore (store.py), which provides the connections."""
+Submitter runs it on the connection the store hands it."""
 
 from __future__ import annotations
 
@@ -18,14 +18,16 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
 from ...core.job import NewJob, State, Submitted
 from ...core.policy import admission as adm
 from .. import rows as dbrows
+from ..sql import operator
+from ..sql.dialect import Dialect
 from ..sqlstates import UNFINISHED_ANY, UNFINISHED_IN, WAITING_IN
 from .channels import QUEUED_CHANNEL
 from .connection import KEPT_CURSOR_BYTES
 
 SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
 # Seconds an exact count of the waiting jobs stands in (_waiting_total): far below the cap
-# as an estimate, near it as the base of an upper bound. A count reads every waiting job
-# (~100 ms at 950,000 on a 2-core VM), under the submit lock.
+# as an estimate, near it as the base of an upper bound. A count reads every waiting job,
+# under the submit lock.
 _COUNT_TTL = 1.0
 # One value drawn from the jobs' serial. Every job that joins the waiting or running ones
 # draws one: an insert its id, a dead job replayed (store.py) a value of its own; so the
@@ -35,9 +37,9 @@ _COUNT_TTL = 1.0
 DRAW_ONE = "nextval(pg_get_serial_sequence('jobs', 'id'))"
 _DRAWN = "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('jobs', 'id')::regclass), 0)"
 _COUNT = f"SELECT count(*) FILTER (WHERE state <> 'running'), count(*) FROM jobs WHERE {UNFINISHED_ANY}"
-# The rows of a submit are one multi-row VALUES of scalars (psycopg dumps scalars in C;
-# arrays of them cost it ~14 µs a job in Python); the serial draws the ids, RETURNING gives
-# them back, and the pools' wake-ups ride in the same statement.
+# The rows of a submit are one multi-row VALUES of scalars (psycopg dumps scalars in C,
+# arrays of them in Python); the serial draws the ids, RETURNING gives them back, and the
+# pools' wake-ups ride in the same statement.
 _NOT_ID = [c for c in dbrows.INSERT_COLS if c != "id"]
 _ID_AT = dbrows.INSERT_COLS.index("id")
 # Each column's scalar type: a guarded insert selects its rows from a VALUES list, where
@@ -46,19 +48,15 @@ _NOT_ID_TYPES = [t.removesuffix("[]") for c, t in zip(dbrows.INSERT_COLS, dbrows
                  if c != "id"]
 _ROWS_PER_INSERT = 65535 // len(_NOT_ID)  # the protocol's limit of parameters per statement
 _KEPT_ROWS = 8  # an insert of at most this many rows (and KEPT_CURSOR_BYTES) leaves its cursor kept
-# A batch of at least this many rows without idempotency keys is sent by COPY: the server
-# parses a VALUES list of 20,000 parameters at ~20 us a row more than it takes COPY's rows
-# (in process, 1,000 rows: 56.6 -> 34.7 us a job, wall; 14.0 -> 8.9 of the store's CPU).
-# Smaller batches keep the one-statement insert: COPY costs two more round trips (the ids,
-# the wake-up). Where the two meet was not measured; 64 is a guess on the safe side.
+# A batch of at least this many rows without idempotency keys is sent by COPY, which the
+# server takes faster than a long VALUES list. Smaller batches keep the one-statement
+# insert: COPY costs two more round trips (the ids, the wake-up).
 _COPY_FROM = 64
-# One COPY per shape the batch holds (rows.py): a job at its fields' defaults is 5 values to
-# format, not 26 (in process, 1,000 plain jobs a batch, 4 alternating runs: the store's CPU
-# 12.1-12.9 -> 10.5-12.8 us a job; the server's 20-23 us a row did not change).
+# One COPY per shape the batch holds (rows.py): a job at its fields' defaults is a few
+# values to format, not every column.
 _COPY_SQL = tuple(f"COPY jobs ({', '.join(cols)}) FROM STDIN" for cols in dbrows.SHAPES)
-# The ids, as one array: the sequence looked up once (pg_get_serial_sequence in the select
-# list ran for every id, 1.6 of the server's 2.0 us an id) and one value to load, not a row
-# an id (1,000 ids a draw: 2.7 -> 0.7 us an id, wall).
+# The ids, as one array: the sequence looked up once (not for every id) and one value to
+# load, not a row an id.
 _DRAW_IDS = ("WITH s AS MATERIALIZED (SELECT pg_get_serial_sequence('jobs', 'id')::regclass AS seq)"
              " SELECT array_agg(nextval(s.seq)) FROM s, generate_series(1, %s)")
 
@@ -117,24 +115,17 @@ def _insert_sql(rows: int, wake: bool, new_keys_only: bool = False, guard_keys: 
     return (f"WITH ins AS (INSERT INTO jobs ({cols}) VALUES {values}{skip} RETURNING id)"
             f" SELECT array_agg(id), {_NOTIFY_POOLS if wake else 'NULL'} FROM ins")
 
+class Submitter:
+    """A store's submits (Store.submit_requests), with what they keep between calls: the
+    last exact count of the waiting jobs and the insert's cursor."""
 
+    def __init__(self, d: Dialect) -> None:
+        self.d = d
+        self.cursor: psycopg.RawCursor | None = None  # _insert's, on the connection it last ran on
+        self._counted: Counted | None = None  # see _waiting_total
+        self._inserted_since_count = 0
 
-class PgSubmit:
-    """Submitting jobs (Store.submit_requests) on PostgreSQL."""
-
-    _submit_cursor: psycopg.RawCursor | None = None  # _insert's, on the connection it last ran on
-
-    def submit_requests(
-        self, requests: Sequence[Sequence[NewJob]], now: float, admission: adm.Admission = adm.NO_LIMITS
-    ) -> list[list[Submitted] | adm.Refusal]:
-        if getattr(self._local, "in_batch", False):
-            c = self._conn()
-            c.execute("SELECT pg_advisory_xact_lock(%s)", (SUBMIT_LOCK,))
-            return self._submit_in(c, requests, now, admission)
-        with self._lease() as c:  # the process's shared connection, this thread's until the commit
-            return self._submit_alone(c, requests, now, admission)
-
-    def _submit_alone(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
+    def alone(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
                       admission: adm.Admission) -> list[list[Submitted] | adm.Refusal]:
         begun = False
 
@@ -148,9 +139,9 @@ class PgSubmit:
             return c
 
         try:
-            answers = self._submit_unread(c, requests, now, admission, reading)
+            answers = self._unread(c, requests, now, admission, reading)
             if answers is None:  # it read, resumes a pause, or a key it took for new is held
-                answers = self._submit_in(reading(), requests, now, admission, reading)
+                answers = self.submit_in(reading(), requests, now, admission, reading)
                 c.execute("COMMIT")
         except BaseException:
             if not c.closed and not c.broken and c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
@@ -161,7 +152,7 @@ class PgSubmit:
                                           for s in a if not s.duplicate)
         return answers
 
-    def _submit_unread(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
+    def _unread(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
                        admission: adm.Admission, reading: Callable[[], psycopg.Connection],
                        ) -> list[list[Submitted] | adm.Refusal] | None:
         """The submit as one statement, when admission needs no read but its idempotency
@@ -208,7 +199,7 @@ class PgSubmit:
             return None
         return adm.finish(p, requests, ids, now)
 
-    def _submit_unadmitted(self, c: psycopg.Connection, jobs: list[NewJob], now: float) -> None:
+    def unadmitted(self, c: psycopg.Connection, jobs: list[NewJob], now: float) -> None:
         """Insert jobs that no admission rule applies to, in the caller's transaction: a
         workflow's, whose limit is its run's budget and whose idempotency keys
         (wf:RUN:STEP:ITEM:LOOP) are new by construction, since the transition that enqueues
@@ -224,7 +215,7 @@ class PgSubmit:
     def _copy(c: psycopg.Connection, p: adm.Plan, now: float) -> list[int]:
         """The planned inserts by COPY, in a transaction of their own (_copy_in)."""
         with c.transaction():
-            return PgSubmit._copy_in(c, p, now)
+            return Submitter._copy_in(c, p, now)
 
     @staticmethod
     def _copy_in(c: psycopg.Connection, p: adm.Plan, now: float) -> list[int]:
@@ -258,9 +249,8 @@ class PgSubmit:
             flat += row[:_ID_AT]
             flat += row[_ID_AT + 1:]
         # A cursor kept for the connection (one thread at a time holds a connection, and the
-        # check is on this local copy): a new one per statement looked up the dumpers of its
-        # ~27 parameters again, ~30 us of CPU of a lone submit's ~150.
-        cur = self._submit_cursor
+        # check is on this local copy): a new one would look up its parameters' dumpers again.
+        cur = self.cursor
         if cur is None or cur.connection is not c:
             cur = psycopg.RawCursor(c)
         width, n, ids = len(_NOT_ID), len(p.inserts), []
@@ -273,9 +263,9 @@ class PgSubmit:
             # One backend draws the ids in the order of the rows: ascending is that order.
             ids += sorted(row[0]) if row and row[0] else []
         # Kept only after a small statement: a cursor holds its last parameters until its next
-        # statement, and a large one saves no more than the same 30 us.
+        # statement, and a large one saves no more than a small one.
         small = n <= _KEPT_ROWS and sum(len(v) for v in flat if type(v) is str) <= KEPT_CURSOR_BYTES
-        self._submit_cursor = cur if small else None
+        self.cursor = cur if small else None
         return ids
 
     def _waiting_total(self, reading: Callable[[], psycopg.Connection], cap: int | None, now: float,
@@ -330,7 +320,7 @@ class PgSubmit:
             active_for_key=active,
         )
 
-    def _submit_in(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
+    def submit_in(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
                    admission: adm.Admission, reading: Callable[[], psycopg.Connection] | None = None,
                    p: adm.Plan | None = None) -> list[list[Submitted] | adm.Refusal]:
         if p is None:
@@ -349,7 +339,7 @@ class PgSubmit:
         manual = {(k, n) for _, _, j in p.inserts if j.manual for k, n in (("key", j.key), ("func", j.func))
                   if n is not None}
         for kind, name in manual:  # an operator's run lifts a pause
-            self._resume_in(c, kind, name)
+            operator.resume(self.d, c, kind, name)
         return adm.finish(p, requests, ids, now)
 
     # --- schedule -------------------------------------------------------------------------

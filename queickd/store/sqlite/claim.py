@@ -1,4 +1,4 @@
-"""The SQLite store's claim (Queue.claim_available): a mixin of SQLiteStore.
+"""The SQLite store's claim (Queue.claim_available), in the caller's write transaction.
 
 A claim reads the queued jobs of the pools it serves, each pool walked on its own along
 the pool-first queue-order indexes (schema.py, 16) and the walks merged in queue
@@ -174,72 +174,70 @@ _HELD = (f"SELECT 'running', {claim.RUNNING_COLS.format(slot='NULL')} FROM jobs 
          " FROM pauses")
 
 
-class SqliteClaims:
-    """Claiming jobs (Queue.claim_available) on SQLite."""
+class Claims:
+    """A store's claims, with what the last one met (which way the next one reads first)."""
 
-    _grouped_heads = False  # the last claim met a grouped job among its first ones
-    _full_groups = False  # the last claim by the selection left jobs out (full groups, used up budgets)
-    _only_groups = True  # ... and only those of full groups
-    _past = _PAST  # how many jobs to read past the first, for full groups' jobs among them
+    def __init__(self) -> None:
+        self._grouped_heads = False  # the last claim met a grouped job among its first ones
+        self._full_groups = False  # the last claim by the selection left jobs out (full groups, used up budgets)
+        self._only_groups = True  # ... and only those of full groups
+        self._past = _PAST  # how many jobs to read past the first, for full groups' jobs among them
 
-    def claim_available(self, request: claim.Request) -> list[Job]:
-        limit, now, limits, served = request.limit, request.now, request.limits, request.pools
-        if served is not None and not served:
+    def claim(self, c: sqlite3.Connection, request: claim.Request) -> list[Job]:
+        """Claim in `c`'s write transaction (SQLite serializes writers, so the selection is exact)."""
+        served, limits, limit, now = request.pools, request.limits, request.limit, request.now
+        # The pools walked: those served, or every pool with a job queued. A claim that
+        # does not walk every pool reads only the heads of keys (_HEAD_OF_KEY).
+        walk = tuple(sorted(served)) if served is not None else tuple(
+            sorted(r[0] for r in c.execute(_WAITING_POOLS)))
+        if not walk:
             return []
-        # Inside the write transaction: SQLite serializes writers, so the selection is exact.
-        with self._write(bookkeeping=True) as c:
-            # The pools walked: those served, or every pool with a job queued. A claim that
-            # does not walk every pool reads only the heads of keys (_HEAD_OF_KEY).
-            walk = tuple(sorted(served)) if served is not None else tuple(
-                sorted(r[0] for r in c.execute(_WAITING_POOLS)))
-            if not walk:
-                return []
-            heads_of_keys = "" if served is None else _HEAD_OF_KEY
-            past_full = self._full_groups and self._only_groups
-            if self._full_groups and not past_full:
-                # The last claim met used up budgets: this one likely will too, and would read
-                # past them what it read first. The selection at once, as before the heads.
+        heads_of_keys = "" if served is None else _HEAD_OF_KEY
+        past_full = self._full_groups and self._only_groups
+        if self._full_groups and not past_full:
+            # The last claim met used up budgets: this one likely will too, and would read
+            # past them what it read first. The selection at once, as before the heads.
+            return self._select(c, request, self._held(c, now), None, walk)
+        # The common claim (claim.plain): the queue's first jobs and whether anything is
+        # paused, in one statement; when no rule applies to them, they start. While
+        # budgets are in force, or the last claim met a grouped job, the statement also
+        # reads what runs in total (claim.Totals: three aggregates over the running
+        # index, no row per running job): the heads start if each fits its group and its
+        # budgets even with all of that in them. Else what runs is read (a handful of
+        # rows), and they start if each is within its group and its budgets.
+        totalled = limits.any or self._grouped_heads
+        sql = _heads_sql(totalled, len(walk), heads_of_keys, past_full)
+        # The parameters of each walk: the budgets' flag of its columns, then its pool.
+        params = [v for p in walk for v in ((limits.any, p, limits.any, p) if totalled else (p, p))]
+        read = limit + self._past if past_full else limit
+        heads = c.execute(sql, (*params, read)).fetchall()
+        if not heads:
+            return []
+        paused = bool(heads[0][10])
+        if past_full:  # the jobs of full groups left out (claim.Selection.left_out)
+            kept = [r for r in heads if not r[-1]]
+            self._full_groups = len(kept) < len(heads)
+            self._past = min(_PAST, max(1, len(heads) - len(kept)))
+            if paused or (len(kept) < limit and len(heads) == read):
+                # More full groups' jobs among the first than were read past: the selection.
                 return self._select(c, request, self._held(c, now), None, walk)
-            # The common claim (claim.plain): the queue's first jobs and whether anything is
-            # paused, in one statement; when no rule applies to them, they start. While
-            # budgets are in force, or the last claim met a grouped job, the statement also
-            # reads what runs in total (claim.Totals: three aggregates over the running
-            # index, no row per running job): the heads start if each fits its group and its
-            # budgets even with all of that in them. Else what runs is read (a handful of
-            # rows), and they start if each is within its group and its budgets.
-            totalled = limits.any or self._grouped_heads
-            sql = _heads_sql(totalled, len(walk), heads_of_keys, past_full)
-            # The parameters of each walk: the budgets' flag of its columns, then its pool.
-            params = [v for p in walk for v in ((limits.any, p, limits.any, p) if totalled else (p, p))]
-            read = limit + self._past if past_full else limit
-            heads = c.execute(sql, (*params, read)).fetchall()
-            if not heads:
-                return []
-            paused = bool(heads[0][10])
-            if past_full:  # the jobs of full groups left out (claim.Selection.left_out)
-                kept = [r for r in heads if not r[-1]]
-                self._full_groups = len(kept) < len(heads)
-                self._past = min(_PAST, max(1, len(heads) - len(kept)))
-                if paused or (len(kept) < limit and len(heads) == read):
-                    # More full groups' jobs among the first than were read past: the selection.
-                    return self._select(c, request, self._held(c, now), None, walk)
-                if not kept:
-                    return []  # only full groups' jobs wait: nothing may start
-                heads = kept[:limit]
-            first = [claim.Row._make(r[1:10]) for r in heads]
-            ids = claim.plain(first, request, paused, claim.Totals(*heads[0][11:14]) if totalled else None)
+            if not kept:
+                return []  # only full groups' jobs wait: nothing may start
+            heads = kept[:limit]
+        first = [claim.Row._make(r[1:10]) for r in heads]
+        ids = claim.plain(first, request, paused, claim.Totals(*heads[0][11:14]) if totalled else None)
+        if ids is not None:
+            self._grouped_heads = totalled and any(r.concurrency_group is not None for r in first)
+            return self._start(c, ids, now, "")
+        self._grouped_heads = any(r.concurrency_group is not None for r in first)
+        if paused:
+            running = self._held(c, now)
+        else:
+            running = claim.Running.of_jobs(c.execute(_RUNNING).fetchall())
+            ids = claim.plain(first, request, False, running)
             if ids is not None:
-                self._grouped_heads = totalled and any(r.concurrency_group is not None for r in first)
                 return self._start(c, ids, now, "")
-            self._grouped_heads = any(r.concurrency_group is not None for r in first)
-            if paused:
-                running = self._held(c, now)
-            else:
-                running = claim.Running.of_jobs(c.execute(_RUNNING).fetchall())
-                ids = claim.plain(first, request, False, running)
-                if ids is not None:
-                    return self._start(c, ids, now, "")
-            return self._select(c, request, running, None if self._full_groups else first, walk)
+        return self._select(c, request, running, None if self._full_groups else first, walk)
 
     @staticmethod
     def _held(c: sqlite3.Connection, now: float) -> claim.Running:
@@ -282,7 +280,8 @@ class SqliteClaims:
         if not pick.chosen:
             return []
         if pick.probes:
-            self._stamp_probes(c, pick.probes)
+            c.executemany("UPDATE pauses SET probe_job = ? WHERE kind = ? AND name = ?",
+                          [(job_id, *t) for t, job_id in pick.probes])  # no other probe until they finish
         return self._start(c, pick.chosen, request.now, _HEADS_ONLY if full and not heads else "")
 
     @staticmethod

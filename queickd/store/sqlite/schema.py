@@ -280,7 +280,7 @@ def _v11(c: sqlite3.Connection) -> None:
 def _v12(c: sqlite3.Connection) -> None:
     """The pending events of each serial key made due in the order they were accepted
     (rowid): rows an earlier version wrote may have a later event due before an earlier."""
-    from ..sqlshared import REPAIR_KEY_ORDER
+    from ..sql.schedule import REPAIR_KEY_ORDER
 
     c.execute(REPAIR_KEY_ORDER.format(order="rowid"))
 

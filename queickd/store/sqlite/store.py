@@ -17,16 +17,20 @@ from collections.abc import Collection, Sequence
 
 from ...core.job import Job, NewJob, Outcome, State, Submitted
 from ...core.policy import admission as adm
-from ...core.policy import orphans
+from ...core.policy import claim, orphans
 from ...core.policy import pauses as pz
 from .. import rows as dbrows
-from ..derived import StoreBase
 from ..pools import set_pool_sql
 from ..records import CronFire, CronRecord, Finished, Recovered
-from ..sqlshared import STREAK, SharedSql, filters
+from ..sql import operator, plans
+from ..sql import workflows as wfsql
+from ..sql.dialect import Dialect
+from ..sql.operator import filters
+from ..sql.plans import STREAK
+from ..sql.schedule import repair_key_order
+from ..sql.store import SqlStore
 from ..sqlstates import UNFINISHED_IN, WAITING_IN
-from ..wfsql import SqlWorkflows
-from .claim import SqliteClaims, queue_order
+from .claim import Claims, queue_order
 from .connection import SQLiteFile, insert_rows
 from .schema import SCHEMA_VERSION, SchemaTooNewError
 
@@ -39,15 +43,44 @@ _INSERTS = tuple(((f"INSERT INTO jobs ({', '.join(cols)}) VALUES ", len(cols)), 
 _RARE = frozenset({State.RUNNING, State.DEAD, State.WAITING_NETWORK, State.CANCELLED})  # own indexes
 
 
-class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
-    MARK = "?"  # the parameter marker of sqlite3 (SharedSql)
-    _RELEASE = ""  # a running job's row holds nothing else
-    _WF_LOCK = ""  # the one writing connection holds the file: no row lock to take
-    _WF_BUDGET = "json_extract(meta, '$.reason.budget')"
-    _WF_WAITING = f"SELECT coalesce(sum(n), 0) FROM state_counts WHERE state IN {WAITING_IN}"
+def _begin_pause(c: sqlite3.Connection, t: pz.Target, at: float, failures: int, err: str | None) -> bool:
+    c.execute("INSERT INTO pauses (kind, name, paused_at, failures, last_error) VALUES (?, ?, ?, ?, ?)",
+              (*t, at, failures, err))
+    return True  # the one writer: no other could have begun it meanwhile
+
+
+def _put_streaks(c: sqlite3.Connection, rows: list[tuple]) -> None:
+    c.executemany("INSERT INTO streaks VALUES (?, ?, ?, ?) ON CONFLICT (kind, name) DO UPDATE"
+                  " SET failures = excluded.failures, last_error = excluded.last_error", rows)
+
+
+DIALECT = Dialect(
+    mark="?",
+    release="",  # a running job's row holds nothing else
+    # Due first, then in the order accepted (a key's events: see outbox.KeyOrder): by rowid,
+    # not created_at, which a clock stepped back would turn round.
+    due_events=("SELECT event_id, job, attempts, key FROM events INDEXED BY events_pending"
+                " WHERE state = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at, rowid LIMIT ?"),
+    event_order="rowid",
+    wf_lock="",  # the one writing connection holds the file: no row lock to take
+    wf_budget="json_extract(meta, '$.reason.budget')",
+    wf_waiting=f"SELECT coalesce(sum(n), 0) FROM state_counts WHERE state IN {WAITING_IN}",
+    replayed="",
+    unavailable=SQLiteFile.UNAVAILABLE,
+    begin_pause=_begin_pause,
+    put_streaks=_put_streaks,
+)
+
+
+class SQLiteStore(SQLiteFile, SqlStore):
+    dialect = DIALECT
 
     def claiming_batch(self) -> contextlib.AbstractContextManager[None]:
         return self.batch(defer_flush=True)  # ClaimsInSubmit: one writing connection serves both
+
+    def __init__(self, path: str, durability: str = "full", busy_timeout: float = 30.0) -> None:
+        self._claims = Claims()
+        super().__init__(path, durability, busy_timeout)
 
     def _wf_submit(self, c: sqlite3.Connection, jobs: list[NewJob], now: float) -> None:
         self._submit_in(c, [jobs], now, adm.NO_LIMITS)
@@ -102,8 +135,15 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
         manual = {(k, n) for _, _, j in p.inserts if j.manual for k, n in (("key", j.key), ("func", j.func))
                   if n is not None}
         for kind, name in manual:  # an operator's run lifts a pause
-            self._resume_in(c, kind, name)
+            operator.resume(DIALECT, c, kind, name)
         return adm.finish(p, requests, ids, now)
+
+    # --- claim ----------------------------------------------------------------------------
+    def claim_available(self, request: claim.Request) -> list[Job]:
+        if request.pools is not None and not request.pools:
+            return []
+        with self._write(bookkeeping=True) as c:
+            return self._claims.claim(c, request)
 
     # --- schedule -------------------------------------------------------------------------
     def promote_due(self, now: float) -> int:
@@ -173,7 +213,7 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
                     steps.append((o.job_id, o.workflow_run, *row[2:], o.state == State.SUCCEEDED, o.result,
                                   o.error))
             if steps:  # in the same transaction as the finish: one commits with the other
-                self._advance_in(c, steps, now)
+                wfsql.advance_in(DIALECT, c, self._steps(), steps, now)
             if not finished:
                 return Finished(changed, [])
 
@@ -183,41 +223,18 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
                 n, paused = c.execute(STREAK, (*t, *t)).fetchone()
                 return n, bool(paused)
 
-            p = pz.plan(finished, now, pause_after, pz.Lookups(streak, lambda t: self._pause_of(c, t)), pause_cooldown)
-            return Finished(changed, self._write_pauses(c, p), p.next_probe)
+            p = pz.plan(finished, now, pause_after, pz.Lookups(streak, lambda t: plans.pause_of(DIALECT, c, t)),
+                        pause_cooldown)
+            return Finished(changed, plans.write_pauses(DIALECT, c, p), p.next_probe)
 
     def recover_orphans(self, max_requeues: int, now: float, running_here: Collection[int] = ()) -> Recovered:
         with self._write() as c:
             p = orphans.plan(c.execute("SELECT id, orphaned FROM jobs INDEXED BY jobs_running"
                                        " WHERE state = 'running'").fetchall(), max_requeues, running_here)
-            self._write_orphans(c, p, now)
+            plans.write_orphans(DIALECT, c, self._steps(), p, now)
         return Recovered(p.requeue, p.dead)
 
-    # --- pauses ---------------------------------------------------------------------------
-    def _resume_in(self, c: sqlite3.Connection, kind: str, name: str) -> bool:
-        c.execute("DELETE FROM streaks WHERE kind = ? AND name = ?", (kind, name))
-        return c.execute("DELETE FROM pauses WHERE kind = ? AND name = ?", (kind, name)).rowcount > 0
-
     # --- operator actions -----------------------------------------------------------------
-    def _update_one(self, sql: str, params: tuple, job_id: int) -> Job | None:
-        with self._write() as c:
-            c.execute(sql, params)
-            row = c.execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return dbrows.row_to_job(row) if row else None
-
-    def cancel(self, job_id: int, now: float) -> Job | None:
-        with self._write() as c:
-            self._cancel_in(c, job_id, now)
-            row = c.execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return dbrows.row_to_job(row) if row else None
-
-    def retry_dead(self, job_id: int, now: float) -> Job | None:
-        return self._update_one(
-            "UPDATE jobs SET state = 'queued', run_at = ?, attempts = 0, orphaned = 0,"
-            " finished_at = NULL WHERE id = ? AND state = 'dead'",
-            (now, job_id), job_id,
-        )
-
     def retry_all_dead(self, now: float) -> int:
         with self._write() as c:
             n = c.execute(
@@ -227,7 +244,7 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
                 "UPDATE events SET state = 'pending', attempts = 0, next_attempt_at = ?"
                 " WHERE state = 'dead'", (now,)).rowcount)
             if events:
-                self._repair_key_order(c)
+                repair_key_order(DIALECT, c)
         return n
 
     def purge(self, states: Sequence[str], finished_before: float, limit: int) -> int:
@@ -281,7 +298,7 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
 
     def set_pool(self, kind: str, name: str, pool: str) -> int:
         with self._write() as c:
-            return set_pool_sql(c.execute, kind, name, pool, self.MARK)
+            return set_pool_sql(c.execute, kind, name, pool, DIALECT.mark)
 
     def waiting_by_pool(self) -> dict[str, int]:
         return dict(self._conn().execute(
@@ -297,10 +314,6 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
             )
         return cron
 
-    def crons_due(self, now: float) -> list[CronRecord]:
-        rows = self._conn().execute("SELECT * FROM crons WHERE next_run_at <= ?", (now,))
-        return [dbrows.row_to_cron(r) for r in rows]
-
     def cron_fire_if_due(self, name: str, tick: float, next_tick: float, now: float) -> CronFire | None:
         with self._write() as c:
             row = c.execute(
@@ -314,12 +327,6 @@ class SQLiteStore(SqliteClaims, SQLiteFile, SharedSql, SqlWorkflows, StoreBase):
             return self._fire_in(c, name, row[0], tick, next_tick, now, None if waiting is None else waiting[0])
 
     # --- events ---------------------------------------------------------------------------
-    # Due first, then in the order accepted (a key's events: see outbox.KeyOrder): by rowid,
-    # not created_at, which a clock stepped back would turn round.
-    _EVENT_ORDER = "rowid"
-    _DUE_EVENTS = ("SELECT event_id, job, attempts, key FROM events INDEXED BY events_pending"
-                   " WHERE state = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at, rowid LIMIT ?")
-
     def next_event_at(self) -> float | None:
         return self._conn().execute(
             "SELECT min(next_attempt_at) FROM events INDEXED BY events_pending WHERE state = 'pending'"

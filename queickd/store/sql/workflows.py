@@ -1,12 +1,7 @@
 """The SQL stores' workflow tables (workflow_runs, workflow_outputs) and their WorkflowTx,
-written once for SQLite and PostgreSQL (queries with `?`, turned into the store's marker).
-
-A store mixes SqlWorkflows in and provides, besides what SharedSql needs, _WF_LOCK (how a
-run's row is locked for the rest of the transaction: PostgreSQL's FOR UPDATE, nothing on
-SQLite, whose one writer holds the whole file), _WF_BUDGET (the SQL that reads a stopped
-run's budget from its meta JSON), _WF_WAITING (the SQL that counts the waiting jobs, for a
-fan-out paced under queue_cap) and _wf_submit(c, jobs, now). It decides nothing: plans
-come from core/workflow, sequenced by store/workflows.py, inside the store's transaction.
+written once for SQLite and PostgreSQL: functions of the store's Dialect, the caller's
+transaction and, where runs may advance, its Steps. It decides nothing: plans come from
+core/workflow, sequenced by store/workflows.py, inside the store's transaction.
 """
 
 from __future__ import annotations
@@ -14,17 +9,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from ..core.job import Job, NewJob
-from ..core.workflow import Definition, Output, RunRecord, RunState
-from . import rows as dbrows
-from . import workflows as wf
-from .sqlstates import WAITING_IN
+from ...core.job import Job, NewJob
+from ...core.workflow import Definition, Output, RunRecord, RunState
+from .. import rows as dbrows
+from .. import workflows as wf
+from ..sqlstates import WAITING_IN
+from .dialect import Dialect
 
-# What an UPDATE of jobs returns for _steps_cancelled_in: the job and its workflow step, if any.
+# What an UPDATE of jobs returns for steps_cancelled_in: the job and its workflow step, if any.
 STEP_OF_JOB = "id, workflow_run, workflow_step, workflow_item, workflow_loop"
 # A run's row, without its state: the state has a table of its own (workflow_states), so
 # that a fan-out's item, which changes only the run's progress, neither reads nor rewrites
@@ -82,17 +78,27 @@ def _run_values(run: RunRecord) -> tuple:
             run.idempotency_key, run.definition, "", dbrows.dumps(run.meta()), run.created_at, run.finished_at)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Steps:
+    """What a transaction that may advance runs needs of its store besides the dialect:
+    how it inserts a step's jobs (no admission: the engine asked room() first) and the
+    store's queue cap (--max-queued) now."""
+
+    submit: Callable[[Any, list[NewJob], float], None]  # (c, jobs, now)
+    queue_cap: int | None
+
+
 class _Tx:
-    def __init__(self, store: SqlWorkflows, c: Any) -> None:
-        self.s, self.c = store, c
-        self.unavailable = store.UNAVAILABLE
+    def __init__(self, d: Dialect, c: Any, steps: Steps) -> None:
+        self.d, self.c, self.steps = d, c, steps
+        self.unavailable = d.unavailable
         # Runs as lock_roots read them, each until this transaction writes it (then it is
         # read again: what was written may differ in type from what a read gives back,
         # a tuple for a list). Saves a chain's step its read of the run.
         self._locked: dict[int, RunRecord] = {}
 
     def _x(self, sql: str, params: tuple | list = ()) -> Any:
-        return self.c.execute(self.s._q(sql), params)
+        return self.c.execute(self.d.q(sql), params)
 
     @contextlib.contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -111,17 +117,17 @@ class _Tx:
 
     def lock_roots(self, run_ids: Iterable[int]) -> None:
         ids = sorted(run_ids)
-        if not self.s._WF_LOCK or not ids:
+        if not self.d.wf_lock or not ids:
             return
         marks = ",".join("?" * len(ids))
         rows = self._x(f"SELECT {RUN_COLS} FROM workflow_runs WHERE id IN (SELECT coalesce(root, id) FROM workflow_runs"
-                       f" WHERE id IN ({marks})) ORDER BY id{self.s._WF_LOCK}", ids).fetchall()
+                       f" WHERE id IN ({marks})) ORDER BY id{self.d.wf_lock}", ids).fetchall()
         self._locked.update((r[0], row_to_run(r)) for r in rows)
 
     def run_get(self, run_id: int, state: bool = True) -> RunRecord | None:
         run = self._locked.get(run_id)
         if run is None:
-            row = self._x(f"SELECT {RUN_COLS} FROM workflow_runs WHERE id = ?{self.s._WF_LOCK}",
+            row = self._x(f"SELECT {RUN_COLS} FROM workflow_runs WHERE id = ?{self.d.wf_lock}",
                           (run_id,)).fetchone()
             if row is None:
                 return None
@@ -163,11 +169,11 @@ class _Tx:
         return [(i, bool(ok), None if v is None else json.loads(v)) for i, ok, v in rows]
 
     def submit(self, jobs: Sequence[NewJob], now: float) -> None:
-        self.s._wf_submit(self.c, list(jobs), now)
+        self.steps.submit(self.c, list(jobs), now)
 
     def room(self) -> int | None:
-        cap = self.s.queue_cap
-        return None if cap is None else cap - self._x(self.s._WF_WAITING).fetchone()[0]
+        cap = self.steps.queue_cap
+        return None if cap is None else cap - self._x(self.d.wf_waiting).fetchone()[0]
 
     def discard_jobs(self, run_id: int, now: float) -> int:
         return self._x("UPDATE jobs SET state = 'cancelled', finished_at = ? WHERE workflow_run = ?"
@@ -179,96 +185,89 @@ class _Tx:
         return [row_to_run(r) for r in rows.fetchall()]
 
 
-class SqlWorkflows:
-    UNAVAILABLE: tuple[type[BaseException], ...]
-    _WF_LOCK: str
-    _WF_BUDGET: str
-    _WF_WAITING: str  # the SQL that counts the waiting jobs (for room())
-    queue_cap: int | None
-    _q: Any
-    _conn: Any
-    _write: Any
-    _wf_submit: Any
+def advance_in(d: Dialect, c: Any, s: Steps, done: list[tuple], now: float) -> None:
+    """Advance the runs of finished step jobs: (job id, run, step, item, loop, ok, result,
+    error) each (store/workflows.py: their roots locked first, one run's failure its own)."""
+    wf.advance(_Tx(d, c, s), [wf.step_done(*x) for x in done], now)
 
-    def _advance_in(self, c: Any, done: list[tuple], now: float) -> None:
-        """Advance the runs of finished step jobs: (job id, run, step, item, loop, ok, result,
-        error) each (store/workflows.py: their roots locked first, one run's failure its own)."""
-        wf.advance(_Tx(self, c), [wf.step_done(*d) for d in done], now)
 
-    def _cancel_in(self, c: Any, job_id: int, now: float) -> None:
-        """Cancel a waiting job; a workflow step's job ends its item as failed, in the same transaction."""
-        self._lock_step_roots(c, "j.id = ?", (job_id,))
-        row = c.execute(self._q(
-            "UPDATE jobs SET state = 'cancelled', finished_at = ? WHERE id = ?"
-            f" AND state IN {WAITING_IN} RETURNING {STEP_OF_JOB}"),
-            (now, job_id)).fetchone()
-        if row is not None:
-            self._steps_cancelled_in(c, [row], now)
+def cancel_in(d: Dialect, c: Any, s: Steps, job_id: int, now: float) -> None:
+    """Cancel a waiting job; a workflow step's job ends its item as failed, in the same transaction."""
+    lock_step_roots(d, c, "j.id = ?", (job_id,))
+    row = c.execute(d.q("UPDATE jobs SET state = 'cancelled', finished_at = ? WHERE id = ?"
+                        f" AND state IN {WAITING_IN} RETURNING {STEP_OF_JOB}"), (now, job_id)).fetchone()
+    if row is not None:
+        steps_cancelled_in(d, c, s, [row], now)
 
-    def _lock_step_roots(self, c: Any, where: str, params: tuple | list) -> None:
-        """Where runs are locked (PostgreSQL): the roots of the step jobs `where` selects
-        (alias j), before those jobs' rows, in the order a finish takes them."""
-        if self._WF_LOCK:
-            c.execute(self._q(
-                "SELECT id FROM workflow_runs WHERE id IN (SELECT coalesce(r.root, r.id) FROM jobs j"
-                f" JOIN workflow_runs r ON r.id = j.workflow_run WHERE {where}) ORDER BY id{self._WF_LOCK}"),
-                params).fetchall()
 
-    def _steps_cancelled_in(self, c: Any, rows: Sequence[Sequence[Any]], now: float) -> None:
-        """Jobs cancelled outside a finish, as rows of STEP_OF_JOB: the workflow steps' among
-        them end their items as failed ("cancelled"), in the same transaction."""
-        done = [(r[0], *r[1:5], False, None, dict(wf.CANCELLED)) for r in rows if r[1] is not None]
-        if done:
-            self._advance_in(c, done, now)
+def lock_step_roots(d: Dialect, c: Any, where: str, params: tuple | list) -> None:
+    """Where runs are locked (PostgreSQL): the roots of the step jobs `where` selects
+    (alias j), before those jobs' rows, in the order a finish takes them."""
+    if d.wf_lock:
+        c.execute(d.q("SELECT id FROM workflow_runs WHERE id IN (SELECT coalesce(r.root, r.id) FROM jobs j"
+                      f" JOIN workflow_runs r ON r.id = j.workflow_run WHERE {where}) ORDER BY id{d.wf_lock}"),
+                  params).fetchall()
 
-    def _advance_dead_in(self, c: Any, job_ids: list[int], error: dict, now: float) -> None:
-        """Jobs made dead outside a finish (orphaned too often): their runs advance as for a failure."""
-        marks = ",".join("?" * len(job_ids))
-        rows = c.execute(self._q(f"SELECT id, workflow_run, workflow_step, workflow_item, workflow_loop FROM jobs"
-                                 f" WHERE id IN ({marks}) AND workflow_run IS NOT NULL"), job_ids).fetchall()
-        if rows:
-            self._advance_in(c, [(*r, False, None, error) for r in rows], now)
 
-    def workflow_start(self, spec: Definition, state: dict[str, Any], now: float,
-                       idempotency_key: str | None = None) -> tuple[RunRecord, bool]:
-        with self._write() as c:
-            return wf.start(_Tx(self, c), spec, state, now, idempotency_key)
+def steps_cancelled_in(d: Dialect, c: Any, s: Steps, rows: Sequence[Sequence[Any]], now: float) -> None:
+    """Jobs cancelled outside a finish, as rows of STEP_OF_JOB: the workflow steps' among
+    them end their items as failed ("cancelled"), in the same transaction."""
+    done = [(r[0], *r[1:5], False, None, dict(wf.CANCELLED)) for r in rows if r[1] is not None]
+    if done:
+        advance_in(d, c, s, done, now)
 
-    def workflow_get(self, run_id: int) -> RunRecord | None:
-        row = self._conn().execute(self._q(f"{RUN_WITH_STATE} WHERE r.id = ?"), (run_id,)).fetchone()
-        return row_to_run(row) if row else None
 
-    def workflow_jobs(self, run_id: int) -> list[Job]:
-        rows = self._conn().execute(self._q(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE workflow_run = ?"
-                                            " ORDER BY id"), (run_id,)).fetchall()
-        return [dbrows.row_to_job(r) for r in rows]
+def advance_dead_in(d: Dialect, c: Any, s: Steps, job_ids: list[int], error: dict, now: float) -> None:
+    """Jobs made dead outside a finish (orphaned too often): their runs advance as for a failure."""
+    marks = ",".join("?" * len(job_ids))
+    rows = c.execute(d.q(f"SELECT id, workflow_run, workflow_step, workflow_item, workflow_loop FROM jobs"
+                         f" WHERE id IN ({marks}) AND workflow_run IS NOT NULL"), job_ids).fetchall()
+    if rows:
+        advance_in(d, c, s, [(*r, False, None, error) for r in rows], now)
 
-    def workflow_outputs(self, run_id: int) -> list[dict[str, Any]]:
-        rows = self._conn().execute(self._q(
-            "SELECT step, item, loop_no, ok, value, job_id FROM workflow_outputs WHERE run = ?"
-            " ORDER BY step, item, loop_no"), (run_id,)).fetchall()
-        return [{"step": s, "item": i, "loop": lp, "ok": bool(ok), "value": None if v is None else json.loads(v),
-                 "job_id": j} for s, i, lp, ok, v, j in rows]
 
-    def workflow_list(self, state: str | None, limit: int) -> list[RunRecord]:
-        where, params = ("", (limit,)) if state is None else (" WHERE r.status = ?", (state, limit))
-        rows = self._conn().execute(self._q(f"{RUN_WITH_STATE}{where} ORDER BY r.id DESC LIMIT ?"),
-                                    params).fetchall()
-        return [row_to_run(r) for r in rows]
+def start(d: Dialect, c: Any, s: Steps, spec: Definition, state: dict[str, Any], now: float,
+          idempotency_key: str | None = None) -> tuple[RunRecord, bool]:
+    return wf.start(_Tx(d, c, s), spec, state, now, idempotency_key)
 
-    def workflow_children(self, run: RunRecord) -> list[RunRecord]:
-        rows = self._conn().execute(self._q(f"{RUN_WITH_STATE} WHERE r.root = ? AND r.parent = ?"
-                                            " ORDER BY r.id"), (run.root or run.id, run.id)).fetchall()
-        return [row_to_run(r) for r in rows]
 
-    def workflow_cancel(self, run_id: int, now: float) -> RunRecord | None:
-        with self._write() as c:
-            return wf.cancel(_Tx(self, c), run_id, now)
+def cancel(d: Dialect, c: Any, s: Steps, run_id: int, now: float) -> RunRecord | None:
+    return wf.cancel(_Tx(d, c, s), run_id, now)
 
-    def workflow_counts(self) -> dict[str, Any]:
-        c = self._conn()
-        by_state = dict.fromkeys(RunState.ALL, 0)
-        by_state.update(c.execute("SELECT status, count(*) FROM workflow_runs GROUP BY status").fetchall())
-        stops = dict(c.execute(f"SELECT {self._WF_BUDGET}, count(*) FROM workflow_runs"
-                               " WHERE status = 'budget_exceeded' GROUP BY 1").fetchall())
-        return {"runs": by_state, "budget_stops": {k: v for k, v in stops.items() if k is not None}}
+
+def get(d: Dialect, c: Any, run_id: int) -> RunRecord | None:
+    row = c.execute(d.q(f"{RUN_WITH_STATE} WHERE r.id = ?"), (run_id,)).fetchone()
+    return row_to_run(row) if row else None
+
+
+def jobs(d: Dialect, c: Any, run_id: int) -> list[Job]:
+    rows = c.execute(d.q(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE workflow_run = ? ORDER BY id"),
+                     (run_id,)).fetchall()
+    return [dbrows.row_to_job(r) for r in rows]
+
+
+def outputs(d: Dialect, c: Any, run_id: int) -> list[dict[str, Any]]:
+    rows = c.execute(d.q("SELECT step, item, loop_no, ok, value, job_id FROM workflow_outputs WHERE run = ?"
+                         " ORDER BY step, item, loop_no"), (run_id,)).fetchall()
+    return [{"step": s, "item": i, "loop": lp, "ok": bool(ok), "value": None if v is None else json.loads(v),
+             "job_id": j} for s, i, lp, ok, v, j in rows]
+
+
+def runs(d: Dialect, c: Any, state: str | None, limit: int) -> list[RunRecord]:
+    where, params = ("", (limit,)) if state is None else (" WHERE r.status = ?", (state, limit))
+    rows = c.execute(d.q(f"{RUN_WITH_STATE}{where} ORDER BY r.id DESC LIMIT ?"), params).fetchall()
+    return [row_to_run(r) for r in rows]
+
+
+def children(d: Dialect, c: Any, run: RunRecord) -> list[RunRecord]:
+    rows = c.execute(d.q(f"{RUN_WITH_STATE} WHERE r.root = ? AND r.parent = ? ORDER BY r.id"),
+                     (run.root or run.id, run.id)).fetchall()
+    return [row_to_run(r) for r in rows]
+
+
+def counts(d: Dialect, c: Any) -> dict[str, Any]:
+    by_state = dict.fromkeys(RunState.ALL, 0)
+    by_state.update(c.execute("SELECT status, count(*) FROM workflow_runs GROUP BY status").fetchall())
+    stops = dict(c.execute(f"SELECT {d.wf_budget}, count(*) FROM workflow_runs"
+                           " WHERE status = 'budget_exceeded' GROUP BY 1").fetchall())
+    return {"runs": by_state, "budget_stops": {k: v for k, v in stops.items() if k is not None}}

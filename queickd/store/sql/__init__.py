@@ -1,0 +1,1 @@
+"""The SQL both SQL stores run, written once, as functions of a Dialect and a transaction."""

@@ -1,0 +1,135 @@
+"""SqlStore: the Store methods both SQL stores answer with the same SQL. Each opens its
+transaction (the backend's `_write()`) or takes its reading connection (`_conn()`) and
+runs the shared function (this package) with the backend's Dialect; what a function needs
+of the backend besides (its submit, its insert of a step's jobs) is passed in the call."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar
+
+from ...core.job import Job, NewJob, State
+from ...core.policy import admission as adm
+from ...core.workflow import Definition, RunRecord
+from ..derived import StoreBase
+from ..records import CronFire, EventAccepted, NewEvent
+from . import operator, schedule, stats
+from . import workflows as wfsql
+from .dialect import Dialect, Submit
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _reads(fn: Callable[Concatenate[Dialect, Any, P], R]) -> Callable[Concatenate[SqlStore, P], R]:
+    """A store method that runs `fn` on the store's reading connection."""
+    def method(self: SqlStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return fn(self.dialect, self._conn(), *args, **kwargs)
+    method.__name__, method.__doc__ = fn.__name__, fn.__doc__
+    return method
+
+
+def _writes(fn: Callable[Concatenate[Dialect, Any, P], R]) -> Callable[Concatenate[SqlStore, P], R]:
+    """A store method that runs `fn` in a write transaction of its own (or the batch's)."""
+    def method(self: SqlStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self._write() as c:
+            return fn(self.dialect, c, *args, **kwargs)
+    method.__name__, method.__doc__ = fn.__name__, fn.__doc__
+    return method
+
+
+class SqlStore(StoreBase):
+    """The base of SQLiteStore and PostgresStore (each with its connections' class)."""
+
+    dialect: ClassVar[Dialect]
+    # The backend's connections (sqlite/connection.py, postgres/connection.py) provide these.
+    _conn: Callable[[], Any]
+    _write: Callable[[], AbstractContextManager[Any]]
+    batch: Callable[..., AbstractContextManager[None]]
+
+    # ... and their submit, and insert of a workflow step's jobs (no admission), in a transaction.
+    _submit_in: Submit
+    _wf_submit: Callable[[Any, list[NewJob], float], None]
+
+    def _steps(self) -> wfsql.Steps:
+        return wfsql.Steps(self._wf_submit, self.queue_cap)
+
+    get = _reads(operator.get)
+    pauses = _reads(operator.pauses)
+    resume = _writes(operator.resume)
+    pause = _writes(operator.pause)
+    release_unstarted = _writes(operator.release_unstarted)
+    retry_dead = _writes(operator.retry_dead)
+
+    def cancel(self, job_id: int, now: float) -> Job | None:
+        with self._write() as c:
+            return operator.cancel(self.dialect, c, self._steps(), job_id, now)
+
+    def cancel_running(self, job_id: int, now: float) -> Job | None:
+        with self._write() as c:
+            return operator.cancel_running(self.dialect, c, self._steps(), job_id, now)
+
+    def cancel_waiting(self, state: str, now: float, *, func: str | None = None, key: str | None = None,
+                       pool: str | None = None) -> list[int]:
+        if state not in State.PENDING:
+            raise ValueError(f"only waiting jobs are cancelled this way, not {state!r}")
+        with self._write() as c:
+            return operator.cancel_waiting(self.dialect, c, self._steps(), state, now, func, key, pool)
+
+    def set_progress_if_running(self, updates: list[tuple[int, int, dict[str, Any]]]) -> int:
+        """One statement for the batch (Store.set_progress_if_running); losing it in a power
+        cut loses a progress note, so it is bookkeeping (no flush of its own)."""
+        if not updates:
+            return 0
+        with self.batch(bookkeeping=True), self._write() as c:
+            return operator.set_progress_if_running(self.dialect, c, updates)
+
+    add_minute = _writes(stats.add_minute)
+    minutes = _reads(stats.minutes)
+    prune_minutes = _writes(stats.prune_minutes)
+    waiting_over_budgets = _reads(stats.waiting_over_budgets)
+    budget_usage = _reads(stats.budget_usage)
+    footprints = _reads(stats.footprints)
+    record_runs = _writes(stats.record_runs)
+
+    cron_list = _reads(schedule.cron_list)
+    crons_due = _reads(schedule.crons_due)
+    cron_delete = _writes(schedule.cron_delete)
+    next_cron_at = _reads(schedule.next_cron_at)
+    cron_move_if = _writes(schedule.cron_move_if)
+
+    def _fire_in(self, c: Any, name: str, template: str, tick: float, next_tick: float, now: float,
+                 waiting: int | None) -> CronFire:
+        return schedule.fire_in(self.dialect, c, self._submit_in, name, template, tick, next_tick, now, waiting)
+
+    def deliver_events(self, now: float, admission: adm.Admission, max_attempts: int,
+                       backoff: Callable[[int], float], limit: int = 500) -> list[EventAccepted]:
+        with self._write() as c:
+            return schedule.deliver_events(self.dialect, c, self._submit_in, now, admission, max_attempts, backoff,
+                                         limit)
+
+    def accept_event(self, event: NewEvent, now: float, admission: adm.Admission) -> EventAccepted:
+        with self._write() as c:
+            return schedule.accept_event(self.dialect, c, self._submit_in, event, now, admission)
+
+    retry_event = _writes(schedule.retry_event)
+    prune_events = _writes(schedule.prune_events)
+    event_counts = _reads(schedule.event_counts)
+    list_events = _reads(schedule.list_events)
+
+    def workflow_start(self, spec: Definition, state: dict[str, Any], now: float,
+                       idempotency_key: str | None = None) -> tuple[RunRecord, bool]:
+        with self._write() as c:
+            return wfsql.start(self.dialect, c, self._steps(), spec, state, now, idempotency_key)
+
+    def workflow_cancel(self, run_id: int, now: float) -> RunRecord | None:
+        with self._write() as c:
+            return wfsql.cancel(self.dialect, c, self._steps(), run_id, now)
+
+    workflow_get = _reads(wfsql.get)
+    workflow_jobs = _reads(wfsql.jobs)
+    workflow_outputs = _reads(wfsql.outputs)
+    workflow_list = _reads(wfsql.runs)
+    workflow_children = _reads(wfsql.children)
+    workflow_counts = _reads(wfsql.counts)
