@@ -81,7 +81,9 @@ def _settle(url: str) -> None:
     autovacuum leaves a table that stays put; else it does that work during the timed run."""
     import psycopg
 
-    with psycopg.connect(url, autocommit=True) as c:
+    from queickd.store.postgres.namespace import split_url
+
+    with psycopg.connect(split_url(url)[0], autocommit=True) as c:  # in the queue's schema
         c.execute("VACUUM ANALYZE jobs")
 
 

@@ -286,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
 def _truncate(url: str | None) -> None:
     import psycopg
 
-    with psycopg.connect(url, autocommit=True) as c:
+    from queickd.store.postgres.namespace import split_url
+
+    with psycopg.connect(split_url(url)[0], autocommit=True) as c:  # in the queue's schema
         exists = c.execute("SELECT to_regclass('jobs') IS NOT NULL").fetchone()[0]
         if exists:
             c.execute("TRUNCATE jobs, footprints, streaks, pauses")

@@ -86,11 +86,18 @@ def pg_fresh_database(pg_database):
 @pytest.fixture
 def pg(pg_fresh_database):
     """(URL, an autocommit connection to it): a database of its own, and a way in to look
-    at it (pg_stat_activity, tables) beside what the test runs on it."""
+    at it (pg_stat_activity, the queue's tables) beside what the test runs on it."""
     import psycopg
 
-    with psycopg.connect(pg_fresh_database, autocommit=True) as c:
+    with psycopg.connect(conninfo(pg_fresh_database), autocommit=True) as c:
         yield pg_fresh_database, c
+
+
+def conninfo(url: str) -> str:
+    """What the store connects with for this URL: its queue's schema on the search_path."""
+    from queickd.store.postgres.namespace import split_url
+
+    return split_url(url)[0]
 
 
 def listen_for_queickd(url: str):

@@ -5,7 +5,7 @@ connection or a reconnecting listener (skips without a server)."""
 
 import threading
 
-from pgfixtures import listen_for_queickd
+from pgfixtures import conninfo, listen_for_queickd
 from store_contract import T0, job
 
 from queickd.core.job import Outcome, State
@@ -136,7 +136,7 @@ def test_a_pass_still_running_in_the_server_after_its_connection_broke_is_ended_
 
     url, admin = pg
     store = PostgresStore(url)
-    locker = psycopg.connect(url)
+    locker = psycopg.connect(conninfo(url))
     try:
         store.register_worker("worker", ["default"], 1, 10.0)
         store.submit([job(), job()], T0)

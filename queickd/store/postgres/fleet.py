@@ -19,6 +19,7 @@ import psycopg
 
 from ...version import __version__
 from ..records import Beat, Recovered
+from . import namespace
 from .channels import CHANNEL
 from .schema import MIGRATE_LOCK, MIGRATIONS, SCHEMA_VERSION, VersionMismatchError, parse_version
 
@@ -35,11 +36,13 @@ def notify(c: psycopg.Connection, payload: str, channel: str = CHANNEL) -> None:
     c.execute("SELECT pg_notify(%s, %s)", (channel, payload))
 
 
-def migrate(c: psycopg.Connection) -> int:
+def migrate(c: psycopg.Connection, schema: str) -> int:
     """Bring the schema up to date in `c`'s transaction (idempotent; safe with several
-    daemons starting at once). Returns the schema version. Raises VersionMismatchError
-    when the database was migrated by a newer queickd."""
+    daemons starting at once), the queue's objects in `schema` (namespace.py). Returns the
+    schema version. Raises VersionMismatchError when the database was migrated by a newer
+    queickd."""
     c.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
+    legacy = namespace.enter(c, schema)  # objects not yet in the schema: their place
     meta = c.execute("SELECT to_regclass('queickd_meta')").fetchone()[0]
     current, version = 0, None
     if meta is not None:
@@ -49,8 +52,11 @@ def migrate(c: psycopg.Connection) -> int:
         raise VersionMismatchError(
             f"the database was migrated by queickd {version} (schema {current}); this is "
             f"queickd {__version__} (schema {SCHEMA_VERSION}): upgrade this host")
-    for sql in MIGRATIONS[current:]:
+    for at, sql in enumerate(MIGRATIONS[current:], current):
+        if legacy and at == namespace.MOVE:
+            namespace.leave(c, schema)
         c.execute(sql)
+    c.execute(namespace.PIN_FUNCTIONS)  # a function a migration (re)created included
     c.execute("INSERT INTO queickd_meta VALUES ('schema_version', %s), ('queickd_version', %s)"
               " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(SCHEMA_VERSION), __version__))
     return SCHEMA_VERSION

@@ -17,8 +17,11 @@ Nothing here imports psycopg; fleet.py runs these statements.
 
 from __future__ import annotations
 
+import re
+
 from ..sql.schedule import REPAIR_KEY_ORDER
 from . import claim_sql as pgclaimsql
+from . import namespace
 from . import pass_sql as pgpasssql
 
 MIGRATE_LOCK = 0x71756963_6B640001  # pg_advisory lock id: "quickd" + 1, held while migrating
@@ -331,6 +334,10 @@ MIGRATIONS: list[str] = [
     # 28: full groups alone leave the claim on the fast path (claim_sql.OPEN_GROUP_WAITS).
     pgclaimsql.CLAIM + pgpasssql.PASS,
 ]
+# 29: the queue's objects in a schema of their own (namespace.py): moved there from where
+# the default search_path had put them, the tables the migrations so far created.
+MIGRATIONS.append(namespace.move_migration(
+    sorted({m for sql in MIGRATIONS for m in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", sql)})))
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

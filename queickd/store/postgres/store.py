@@ -60,6 +60,7 @@ from .channels import QUEUED_CHANNEL
 from .connection import PgConnections
 from .dialect import DIALECT, lock_admission
 from .fleet import notify
+from .namespace import split_url
 from .submit import DRAW_ONE, Submitter
 
 # A claimed job of a worker that lost it (a pass whose answer never came) goes back to wait
@@ -87,7 +88,8 @@ class PostgresStore(PgConnections, SqlStore):
     UNAVAILABLE = DIALECT.unavailable
 
     def __init__(self, url: str, migrate: bool = True) -> None:
-        super().__init__(url)
+        dsn, self.schema = split_url(url)  # the conninfo names the queue's schema
+        super().__init__(dsn)
         self.url = _redact(url)  # what logs and stats show: never a password
         self._submitter = Submitter(DIALECT)
         self._passes = pgclaim.Passes()
@@ -105,7 +107,7 @@ class PostgresStore(PgConnections, SqlStore):
     # --- the fleet (contract.fleet.FleetStore) -------------------------------------------------
     def migrate(self) -> int:
         with self._write() as c:
-            return fleet.migrate(c)
+            return fleet.migrate(c, self.schema)
 
     def versions(self) -> tuple[str | None, int]:
         try:
