@@ -197,6 +197,7 @@ class Daemon:
                                           on_scheduled=scheduler.wake_at, on_version_change=self._on_version_change,
                                           on_listening=self._waiters_look_again, on_beat=self._read_served_pools)
             self.fleet.start()
+            store.publish_admission(c.admission)  # for jobs enqueued in applications' transactions
             self._read_served_pools()
         else:  # this daemon is its store's only worker
             self.service.served.set(c.pool if pool.claims else [])

@@ -23,6 +23,11 @@ class FleetStore(Store, Protocol):
         driver's (keepalives=1, ...)."""
         ...
 
+    def publish_admission(self, limits: Any) -> None:
+        """Record the admission limits (core/policy/admission.Admission) this daemon applies,
+        for the jobs other connections enqueue in their own transactions."""
+        ...
+
     def versions(self) -> tuple[str | None, int]:
         """(queickd version, schema version) the database was migrated by."""
         ...

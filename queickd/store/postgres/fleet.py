@@ -9,6 +9,8 @@ beats are the database's clock, so hosts whose clocks disagree still agree on wh
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import socket
@@ -17,6 +19,7 @@ from typing import Any
 
 import psycopg
 
+from ...core.policy.admission import Admission
 from ...version import __version__
 from ..records import Beat, Recovered
 from . import namespace
@@ -69,6 +72,14 @@ def versions(c: Any) -> tuple[str | None, int]:
         return None, 0
     rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
     return rows.get("queickd_version"), int(rows.get("schema_version", 0))
+
+
+def publish_admission(c: psycopg.Connection, limits: Admission) -> None:
+    """Record the limits this daemon admits jobs under, for the jobs enqueued by other
+    connections' transactions (enqueue_sql.py): the daemon started last is the one whose
+    limits they meet."""
+    c.execute("INSERT INTO queickd_meta VALUES ('admission', %s)"
+              " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (json.dumps(dataclasses.asdict(limits)),))
 
 
 def check_version(version: str | None, schema: int) -> None:

@@ -21,6 +21,7 @@ import re
 
 from ..sql.schedule import REPAIR_KEY_ORDER
 from . import claim_sql as pgclaimsql
+from . import enqueue_sql as pgenqueuesql
 from . import namespace
 from . import pass_sql as pgpasssql
 
@@ -338,6 +339,8 @@ MIGRATIONS: list[str] = [
 # the default search_path had put them, the tables the migrations so far created.
 MIGRATIONS.append(namespace.move_migration(
     sorted({m for sql in MIGRATIONS for m in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", sql)})))
+# 30: enqueue(func, args, options), a job enqueued by the caller's own transaction (enqueue_sql.py).
+MIGRATIONS.append(pgenqueuesql.ENQUEUE)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -118,6 +118,10 @@ class PostgresStore(PgConnections, SqlStore):
     def check_version(self) -> None:
         fleet.check_version(*self.versions())
 
+    def publish_admission(self, limits: adm.Admission) -> None:
+        with self._write() as c:
+            fleet.publish_admission(c, limits)
+
     def register_worker(self, kind: str, pools: Sequence[str], slots: int, heartbeat: float,
                         refused: str | None = None) -> int:
         with self._write() as c:

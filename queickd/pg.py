@@ -1,0 +1,91 @@
+"""Enqueue in the application's own PostgreSQL transaction: the job exists if and only if the
+application's write commits, and idle workers hear of it at that commit (NOTIFY rides on
+the commit; a rolled-back transaction wakes nobody).
+
+    with conn.transaction():
+        conn.execute("INSERT INTO orders ...")
+        job_id = queickd.pg.enqueue(conn, "app.tasks:ship", args=[order_id], key=f"order-{order_id}")
+
+`conn` is a psycopg 3 connection (from SQLAlchemy: `Connection.connection.driver_connection`;
+from Django: `django.db.connection.connection` inside `transaction.atomic()`). The options
+are the wire protocol's enqueue fields (kwargs, delay, run_at, priority, retry, key,
+idempotency_key, pool, ...), checked as the daemon checks them. Both calls run the SQL
+function `<schema>.enqueue` (store/postgres/enqueue_sql.py), so a job enqueued from Python,
+from psql or from a trigger meets the same rules, the ones the daemons published.
+
+A refusal (`queue_full`, `conflict`) or a bad job raises QueueError with the wire
+protocol's code. Like any failed statement it leaves the transaction failed: run the call
+inside `with conn.transaction():` (a savepoint) to go on with the transaction after one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .core import jsontext
+from .core.protocol import Code, QueueError, bad, parse_job
+from .store.postgres.enqueue_sql import ERRORS
+from .store.postgres.namespace import DEFAULT_SCHEMA, missing_schema_hint
+
+try:
+    import psycopg
+    from psycopg import sql
+except ImportError as e:  # pragma: no cover - depends on the installed extras
+    raise ImportError("queickd.pg needs psycopg 3: pip install 'queickd[postgres]'") from e
+
+_MISSING = ("3F000", "42883", "42P01")  # no such schema, function or table
+
+
+def enqueue(conn: psycopg.Connection, func: str, args: Sequence[Any] | None = None, *,
+            schema: str = DEFAULT_SCHEMA, **options: Any) -> int:
+    """Enqueue one job in `conn`'s transaction (or, in autocommit with none open, as one of
+    its own); returns its id (an existing job's, for a live idempotency key)."""
+    return enqueue_many(conn, [{"func": func, "args": args, **options}], schema=schema)[0]
+
+
+def enqueue_many(conn: psycopg.Connection, jobs: Iterable[Mapping[str, Any]], *,
+                 schema: str = DEFAULT_SCHEMA) -> list[int]:
+    """Enqueue jobs (each a mapping of `func`, `args` and the options) in `conn`'s
+    transaction, all or none, as one `enqueue_many` request is admitted; one statement.
+    Returns their ids in order."""
+    specs = [dict(j) for j in jobs]
+    if not specs:
+        return []
+    now = time.time()
+    payload = []
+    for i, spec in enumerate(specs):
+        try:
+            parse_job(spec, now)  # the wire protocol's checks, with its messages
+        except QueueError as e:
+            raise bad(f"jobs[{i}]: {e.message}" if len(specs) > 1 else e.message) from None
+        options = {k: v for k, v in spec.items() if k not in ("func", "args") and v is not None}
+        payload.append({"func": spec["func"], "args": spec.get("args") or [], "options": options})
+    try:
+        text = jsontext.dumps(payload)
+    except (TypeError, ValueError) as e:
+        raise bad(f"the job's arguments are not JSON: {e}") from None
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+        raise bad("the connection's transaction has failed: roll it back (or to a savepoint) first")
+    query = sql.SQL("SELECT {}.enqueue(j->>'func', j->'args', j->'options')"
+                    " FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS t(j, n) ORDER BY n"
+                    ).format(sql.Identifier(schema))
+    try:
+        return [row[0] for row in conn.execute(query, (text,)).fetchall()]
+    except psycopg.Error as e:
+        raise _queue_error(e, schema) from e
+
+
+def _queue_error(e: psycopg.Error, schema: str) -> Exception:
+    state = e.sqlstate or ""
+    if state in ERRORS:
+        diag = e.diag
+        code = ERRORS[state]
+        message = (diag.message_primary or str(e)).removeprefix(code + ": ")
+        job_id = int(diag.message_detail) if code == Code.CONFLICT and diag.message_detail else None
+        retry_after = float(diag.message_hint) if code == Code.QUEUE_FULL and diag.message_hint else None
+        return QueueError(code, message, retry_after=retry_after, job_id=job_id)
+    if state in _MISSING:
+        return QueueError(Code.NOT_FOUND, missing_schema_hint(schema))
+    return e

@@ -1,0 +1,225 @@
+"""queickd.pg and the SQL function enqueue(): a job enqueued in the application's own
+transaction exists if and only if that transaction commits, and wakes the workers then."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from queickd.core.job import State
+from queickd.core.policy.admission import Admission
+from queickd.core.protocol import Code, QueueError
+
+psycopg = pytest.importorskip("psycopg")
+qpg = pytest.importorskip("queickd.pg")
+
+
+@pytest.fixture
+def app(pg_database, pg_store):
+    """(the application's connection, the queue's schema): the connection has the
+    database's default search_path, not the queue's, as an application's would."""
+    c = psycopg.connect(pg_database)
+    yield c, pg_store.schema
+    c.close()
+
+
+def _jobs(store, **where) -> list:
+    cond = " AND ".join(f"{k} = %s" for k in where) or "true"
+    return store._conn().execute(f"SELECT id, state, func, args FROM jobs WHERE {cond} ORDER BY id",
+                                 tuple(where.values())).fetchall()
+
+
+def test_a_rolled_back_transaction_leaves_no_job(app, pg_store):
+    c, schema = app
+    job_id = qpg.enqueue(c, "m:f", [1], schema=schema)
+    assert _jobs(pg_store) == []  # not visible before the commit
+    c.rollback()
+    assert _jobs(pg_store) == []
+    assert qpg.enqueue(c, "m:f", [2], schema=schema) > job_id  # the connection goes on
+    c.commit()
+    assert [(s, a) for _, s, _, a in _jobs(pg_store)] == [(State.QUEUED, "[2]")]
+
+
+def test_a_savepoint_rolled_back_inside_a_committed_transaction_leaves_its_job_out(app, pg_store):
+    c, schema = app
+    with c.transaction():
+        kept = qpg.enqueue(c, "m:kept", schema=schema)
+        with pytest.raises(RuntimeError), c.transaction():
+            qpg.enqueue(c, "m:dropped", schema=schema)
+            raise RuntimeError("the application gives this part up")
+    assert [(i, f) for i, _, f, _ in _jobs(pg_store)] == [(kept, "m:kept")]
+
+
+def test_an_idempotency_key_in_two_transactions_makes_one_job(app, pg_store, pg_database):
+    c, schema = app
+    first = qpg.enqueue(c, "m:f", idempotency_key="order-1", schema=schema)
+    c.commit()
+    assert qpg.enqueue(c, "m:f", idempotency_key="order-1", schema=schema) == first
+    c.commit()
+    # Two open at once: the second waits for the first's commit and answers with its job.
+    third = qpg.enqueue(c, "m:f", idempotency_key="order-2", schema=schema)
+    got: list = []
+    with psycopg.connect(pg_database) as other:
+        t = threading.Thread(target=lambda: got.append(qpg.enqueue(other, "m:f", idempotency_key="order-2",
+                                                                   schema=schema)))
+        t.start()
+        c.commit()
+        t.join(30)
+        other.commit()
+    assert got == [third]
+    assert len(_jobs(pg_store)) == 2
+
+
+def test_a_refusal_inside_the_applications_transaction_leaves_it_free_to_go_on(app, pg_store):
+    c, schema = app
+    pg_store.publish_admission(Admission(max_queued_per_key=1))
+    c.execute(f"CREATE TABLE {schema}.orders_app (n int)")  # the application's own table
+    c.execute(f"INSERT INTO {schema}.orders_app VALUES (1)")
+    qpg.enqueue(c, "m:f", key="k", schema=schema)
+    with pytest.raises(QueueError) as refused, c.transaction():  # a savepoint: the refusal undoes it only
+        qpg.enqueue(c, "m:f", key="k", schema=schema)
+    assert (refused.value.code, refused.value.retry_after) == (Code.QUEUE_FULL, 1.0)
+    c.execute(f"INSERT INTO {schema}.orders_app VALUES (2)")
+    c.commit()
+    assert c.execute(f"SELECT count(*) FROM {schema}.orders_app").fetchone()[0] == 2
+    assert len(_jobs(pg_store)) == 1
+    # Without a savepoint the transaction has failed, as after any failed statement: said
+    # so, and usable again after a rollback.
+    with pytest.raises(QueueError, match="queue_full"):
+        qpg.enqueue(c, "m:f", key="k", schema=schema)
+    with pytest.raises(QueueError, match="roll it back"):
+        qpg.enqueue(c, "m:g", schema=schema)
+    c.rollback()
+    assert qpg.enqueue(c, "m:g", schema=schema) > 0
+
+
+def test_a_manual_run_conflicts_with_its_keys_waiting_job_naming_it(app, pg_store):
+    c, schema = app
+    waiting = qpg.enqueue(c, "m:f", key="k", schema=schema)
+    with pytest.raises(QueueError) as e:
+        qpg.enqueue(c, "m:f", key="k", manual=True, schema=schema)
+    assert (e.value.code, e.value.job_id) == (Code.CONFLICT, waiting)
+
+
+def test_bad_jobs_are_refused_with_bad_request_and_nothing_is_inserted(app, pg_store):
+    c, schema = app
+    for func, args, options, says in [
+            ("m:f", [object()], {}, "not JSON"),
+            ("m:f", [], {"colour": "red"}, "unknown job field"),
+            ("nonsense", [], {}, "func must be"),
+            ("m:f", [], {"priority": "high"}, "priority"),
+            ("m:f", [], {"delay": 1, "run_at": 5}, "run_at or delay")]:
+        with pytest.raises(QueueError, match=says) as e:
+            qpg.enqueue(c, func, args, schema=schema, **options)
+        assert e.value.code == Code.BAD_REQUEST
+        c.rollback()
+    with pytest.raises(QueueError, match=r"jobs\[1\]"):
+        qpg.enqueue_many(c, [{"func": "m:f"}, {"func": "m:f", "kwargs": 3}], schema=schema)
+    assert _jobs(pg_store) == []
+
+
+def test_the_sql_function_refuses_with_a_stable_sqlstate(app):
+    c, schema = app
+    with pytest.raises(psycopg.Error) as e:
+        c.execute(f"SELECT {schema}.enqueue('m:f', '[]', '{{\"colour\": 1}}')")
+    assert e.value.sqlstate == "QD400" and str(e.value).startswith("bad_request: unknown job field(s): colour")
+
+
+def test_enqueue_many_is_all_or_nothing_and_answers_a_repeated_key_with_the_first_job(app, pg_store):
+    c, schema = app
+    pg_store.publish_admission(Admission(max_queued_per_key=2))
+    ids = qpg.enqueue_many(c, [{"func": "m:a", "args": [1], "idempotency_key": "x"},
+                               {"func": "m:b", "delay": 3600},
+                               {"func": "m:a", "idempotency_key": "x"}], schema=schema)
+    assert ids[0] == ids[2] and ids[1] != ids[0]
+    with pytest.raises(QueueError, match="queue_full"), c.transaction():
+        qpg.enqueue_many(c, [{"func": "m:k", "key": "k"}] * 3, schema=schema)
+    c.commit()
+    assert [s for _, s, _, _ in _jobs(pg_store)] == [State.QUEUED, State.SCHEDULED]
+
+
+def test_a_database_without_the_queue_says_to_migrate(pg_fresh_database):
+    with psycopg.connect(pg_fresh_database) as c, pytest.raises(QueueError, match="queick db migrate"):
+        qpg.enqueue(c, "m:f")
+
+
+def test_a_trigger_enqueues_a_job_for_each_inserted_row(pg):
+    from queickd.store.postgres.store import PostgresStore
+
+    url, admin = pg
+    PostgresStore(url).close()  # migrated
+    with psycopg.connect(url) as c:
+        c.execute("""
+            CREATE TABLE public.orders (id bigint PRIMARY KEY, total numeric);
+            CREATE FUNCTION public.ship_order() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                PERFORM queickd.enqueue('app.tasks:ship', jsonb_build_array(NEW.id),
+                                        jsonb_build_object('key', 'order-' || NEW.id));
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER orders_ship AFTER INSERT ON public.orders
+                FOR EACH ROW EXECUTE FUNCTION public.ship_order();
+            INSERT INTO public.orders VALUES (7, 10), (8, 20);""")
+    assert admin.execute("SELECT func, args, key, state FROM jobs ORDER BY id").fetchall() == [
+        ("app.tasks:ship", "[7]", "order-7", State.QUEUED), ("app.tasks:ship", "[8]", "order-8", State.QUEUED)]
+
+
+def test_the_wake_up_is_sent_at_the_commit_and_never_for_a_rollback(pg):
+    from pgfixtures import listen_for_queickd
+
+    from queickd.store.postgres.channels import QUEUED_CHANNEL
+    from queickd.store.postgres.store import PostgresStore
+
+    url, _ = pg
+    PostgresStore(url).close()
+    listener = listen_for_queickd(url)
+    listener.execute(f"LISTEN {QUEUED_CHANNEL}")
+    try:
+        with psycopg.connect(url) as c:
+            qpg.enqueue(c, "m:f", pool="rolled_back")
+            c.rollback()
+            qpg.enqueue(c, "m:f", pool="committed")
+            c.commit()
+        heard = next(listener.notifies(timeout=30))
+        assert (heard.channel, heard.payload) == (QUEUED_CHANNEL, "q:committed")
+    finally:
+        listener.close()
+
+
+def test_a_committed_job_runs_once_promptly_on_an_idle_worker_and_a_rolled_back_one_never(
+        pg, start_daemon, tmp_path):
+    url, admin = pg
+    d = start_daemon(url, "--heartbeat", "0.5", workers=1)
+    out = tmp_path / "runs.txt"
+    with psycopg.connect(url) as c:
+        c.execute("CREATE TABLE public.orders (id int)")
+        c.commit()
+        c.execute("INSERT INTO public.orders VALUES (1)")
+        qpg.enqueue(c, "testjobs:append", [str(out), "rolled-back"])
+        c.rollback()
+        c.execute("INSERT INTO public.orders VALUES (2)")
+        job_id = qpg.enqueue(c, "testjobs:append", [str(out), "committed"])
+        c.commit()
+        committed_at = time.time()
+    with d.client() as q:
+        job = q.wait(job_id, 30)
+    assert job["state"] == State.SUCCEEDED and job["attempts"] == 1
+    assert out.read_text().split() == ["committed"]
+    # Started on the commit's wake-up, not at a later poll.
+    assert job["started_at"] - committed_at < 2.0
+    assert admin.execute("SELECT count(*) FROM jobs").fetchone()[0] == 1
+
+
+def test_sqlalchemy_hands_its_psycopg_connection_over(pg):
+    sqlalchemy = pytest.importorskip(
+        "sqlalchemy", reason="SQLAlchemy is not installed here (the docs' example is not run)")
+    from queickd.store.postgres.store import PostgresStore
+
+    url, admin = pg
+    PostgresStore(url).close()
+    engine = sqlalchemy.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    with engine.begin() as conn:
+        job_id = qpg.enqueue(conn.connection.driver_connection, "m:f", [1])
+    assert admin.execute("SELECT id FROM jobs").fetchall() == [(job_id,)]
