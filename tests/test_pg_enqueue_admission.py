@@ -5,6 +5,7 @@ answered with the same ids. A rule changed in one place and not the other fails 
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -104,3 +105,69 @@ def test_the_sql_function_admits_and_refuses_as_the_policy_does(pg_database, pg_
     assert {"new", "duplicate of", "refused"} | ({"same as"} if limits is LIMITS else set()) <= outcomes
     assert {p[1] for _, p, _ in decided if p[0] == "refused"} >= {"queue_full", "conflict"}
     assert pg_store.counts()[State.QUEUED] == 3  # the function's jobs were all undone
+
+
+# The checks of a job's fields: what the wire protocol refuses, the function refuses; what
+# it accepts, the function stores as the daemon's insert would.
+VALID = [{}, {"args": [1, "a", None, 2.5, {"x": [True]}]}, {"kwargs": {"b": [1], "a": "z"}}, {"priority": -3},
+         {"delay": 60}, {"run_at": 1.0}, {"retry": True}, {"retry": {"policy": "constant", "max_attempts": 3}},
+         {"retry": {"interval": 2, "max_interval": 10}}, {"retry": False}, {"retry_on_network": True},
+         {"key": "k"}, {"idempotency_key": "i"}, {"pool": "gpu"}, {"manual": True, "key": "m"},
+         {"concurrency_group": "g", "concurrency_limit": 2, "cost_units": 1.5},
+         {"isolation": "process", "timeout": 30, "memory_mb": 64, "output_kb": 10},
+         {"isolation": "thread", "timeout": 5}, {"func": "pkg.mod.fn"}]
+INVALID = [{"colour": 1}, {"args": {"a": 1}}, {"kwargs": [1]}, {"priority": 1.5}, {"priority": 2.0}, {"priority": "1"},
+           {"retry": {"max_attempts": 2.0}},
+           {"delay": -1}, {"delay": 1, "run_at": 2}, {"run_at": -1}, {"run_at": 1e13}, {"retry": "yes"},
+           {"retry": {"policy": "x"}}, {"retry": {"interval": 0}}, {"retry": {"max_attempts": 0}},
+           {"retry": {"speed": 1}}, {"retry": {"interval": "1"}}, {"retry_on_network": 1}, {"key": ""},
+           {"key": "x" * 201}, {"idempotency_key": 5}, {"pool": ""}, {"concurrency_limit": 0},
+           {"cost_units": 0}, {"isolation": "vm"}, {"timeout": 0}, {"timeout": 90000}, {"memory_mb": 8},
+           {"output_kb": 0}, {"isolation": "thread", "memory_mb": 64}, {"func": "nocolon"}, {"func": "a:b:c"},
+           {"manual": "yes"}]
+
+
+def _call(c, spec: dict):
+    spec = {"func": "m:f", **spec}
+    options = {k: v for k, v in spec.items() if k not in ("func", "args")}
+    return c.execute("SELECT enqueue(%s, %s::jsonb, %s::jsonb)",
+                     (spec["func"], json.dumps(spec.get("args", [])), json.dumps(options))).fetchone()[0]
+
+
+@pytest.mark.parametrize("spec", INVALID, ids=lambda s: json.dumps(s)[:40])
+def test_the_sql_function_refuses_what_the_wire_protocol_refuses(pg_store, spec):
+    with pytest.raises(QueueError) as wire:
+        parse_job({"func": "m:f", **spec}, time.time())
+    c = pg_store.connect()
+    try:
+        with pytest.raises(psycopg.Error) as sql:
+            _call(c, spec)
+    finally:
+        c.close()
+    assert (wire.value.code, sql.value.sqlstate) == ("bad_request", "QD400"), str(sql.value)
+
+
+def test_the_sql_function_stores_a_job_as_the_daemons_insert_does(pg_store):
+    from queickd.core import retry as retry_mod
+    from queickd.store import rows as dbrows
+
+    c = pg_store.connect()
+    cols = dbrows.INSERT_COLS
+    try:
+        for spec in VALID:
+            now = time.time()
+            job_id = _call(c, spec)
+            stored = dict(zip(cols, c.execute(f"SELECT {', '.join(cols)} FROM jobs WHERE id = %s",
+                                              (job_id,)).fetchone(), strict=True))
+            j = parse_job({"func": "m:f", **spec}, now)
+            expected = dict(zip(cols, dbrows.insert_values(job_id, State.QUEUED if j.run_at <= now else State.SCHEDULED,
+                                                           now, j), strict=True))
+            for name in ("args", "kwargs"):
+                stored[name], expected[name] = (json.loads(x) if x else None for x in (stored[name], expected[name]))
+            stored["retry"], expected["retry"] = (retry_mod.spec_from_dict(json.loads(x)) if x else None
+                                                  for x in (stored["retry"], expected["retry"]))
+            assert abs((stored.pop("run_at") - stored.pop("created_at"))
+                       - (expected.pop("run_at") - expected.pop("created_at"))) < 5 or "run_at" in spec, spec
+            assert stored == expected, spec
+    finally:
+        c.close()

@@ -22,11 +22,12 @@ HINT the seconds to wait before trying again.
 
 from __future__ import annotations
 
-from ...core import fields
+from ...core import fields, sandbox
 from ...core import retry as retry_mod
+from ...core.cron import LATEST
 from ...core.job import DEFAULT_POOL, State
 from ...core.policy.admission import RETRY_AFTER_DEFAULT
-from ...core.protocol import MAX_INT, MAX_KEY_LEN, Code
+from ...core.protocol import MAX_COST_UNITS, MAX_INT, MAX_KEY_LEN, Code
 from ..sqlstates import UNFINISHED_IN, WAITING_IN
 from .channels import CHANNEL, QUEUED_CHANNEL
 
@@ -54,7 +55,7 @@ def _checks() -> str:
                         f"'{name} must be a non-empty string of at most {MAX_KEY_LEN} characters'"))
     for name in _INTS:
         out.append(_bad(f"o ? '{name}' AND jsonb_typeof(o->'{name}') <> 'null' AND CASE jsonb_typeof(o->'{name}')"
-                        f" WHEN 'number' THEN (o->>'{name}')::numeric <> trunc((o->>'{name}')::numeric)"
+                        f" WHEN 'number' THEN o->>'{name}' !~ '^-?[0-9]+$'"
                         f" OR abs((o->>'{name}')::numeric) > {MAX_INT} ELSE true END",
                         f"'{name} must be an integer'"))
     for name in (*_NUMBERS, "delay", "run_at"):
@@ -63,6 +64,22 @@ def _checks() -> str:
     for name in ("retry_on_network", "manual"):
         out.append(_bad(f"o ? '{name}' AND jsonb_typeof(o->'{name}') NOT IN ('boolean', 'null')",
                         f"'{name} must be true or false'"))
+    iso = ", ".join(f"'{i}'" for i in sandbox.ISOLATIONS)
+    out += [
+        _bad(f"o->>'isolation' NOT IN ({iso})", f"'isolation must be one of {iso.replace(chr(39), '')}'"),
+        _bad(f"(o->>'timeout')::float8 <= 0 OR (o->>'timeout')::float8 > {sandbox.MAX_TIMEOUT}",
+             f"'timeout must be seconds above 0 and at most {sandbox.MAX_TIMEOUT:.0f} (a day)'"),
+        _bad(f"(o->>'memory_mb')::numeric NOT BETWEEN {sandbox.MIN_MEMORY_MB} AND {sandbox.MAX_MEMORY_MB}",
+             f"'memory_mb must be an integer from {sandbox.MIN_MEMORY_MB} to {sandbox.MAX_MEMORY_MB}'"),
+        _bad(f"(o->>'output_kb')::numeric NOT BETWEEN 1 AND {sandbox.MAX_OUTPUT_KB}",
+             f"'output_kb must be an integer from 1 to {sandbox.MAX_OUTPUT_KB}'"),
+        _bad(f"o->>'isolation' = '{sandbox.THREAD}' AND ("
+             + " OR ".join(f"o->>'{k}' IS NOT NULL" for k in sandbox.PROCESS_LIMITS) + ")",
+             "'a job with memory_mb or output_kb runs in a process'"),
+        _bad("(o->>'concurrency_limit')::numeric < 1", "'concurrency_limit must be at least 1'"),
+        _bad(f"(o->>'cost_units')::float8 <= 0 OR (o->>'cost_units')::float8 > {MAX_COST_UNITS:.0f}",
+             "'cost_units must be above 0'"),
+    ]
     return "\n        ".join(out)
 
 
@@ -106,6 +123,7 @@ ENQUEUE = f"""
         {_bad("(o->>'delay')::float8 < 0", "'delay must not be negative'")}
         {_bad("(o->>'run_at')::float8 < 0", "'run_at must be unix seconds: a finite number, 0 or later'")}
         at := coalesce((o->>'run_at')::float8, now_ + (o->>'delay')::float8, now_);
+        {_bad(f"at > {LATEST:.0f}", "'the job would run after the year 9999: run_at is unix seconds, not milliseconds'")}
         IF r = 'false' THEN
             r := NULL;
         ELSIF r = 'true' THEN
@@ -115,6 +133,11 @@ ENQUEUE = f"""
             {_bad("jsonb_typeof(r) <> 'object'", "'retry must be an object, true or false'")}
             {_bad("EXISTS (SELECT 1 FROM jsonb_object_keys(r) x WHERE x NOT IN "
                   "('policy', 'interval', 'max_interval', 'max_attempts'))", "'unknown retry field(s)'")}
+            {_bad("jsonb_typeof(r->'policy') NOT IN ('string', 'null') OR EXISTS (SELECT 1 FROM jsonb_each(r) x"
+                  " WHERE x.key <> 'policy' AND jsonb_typeof(x.value) NOT IN ('number', 'null'))",
+                  "'retry interval, max_interval and max_attempts must be numbers'")}
+            {_bad("r->>'max_attempts' !~ '^-?[0-9]+$'",
+                  "'retry.max_attempts must be an integer'")}
             r := jsonb_strip_nulls(r);
             r := jsonb_build_object('policy', coalesce(r->>'policy', '{retry_mod.DEFAULT_POLICY}'));
             r := r || jsonb_build_object(
