@@ -48,39 +48,50 @@ def _bad(condition: str, message: str) -> str:
 
 
 def _checks() -> str:
-    out = []
+    """Each option the job gives, checked as the wire protocol checks it (core/protocol.py):
+    a loop over the keys given, so a job pays for the options it has."""
+    by_name: dict[str, list[str]] = {}
+
+    def check(name: str, condition: str, message: str) -> None:
+        by_name.setdefault(name, []).append(_bad(condition, message))
+
     for name in _TEXT:
-        out.append(_bad(f"o ? '{name}' AND jsonb_typeof(o->'{name}') <> 'null' AND (jsonb_typeof(o->'{name}')"
-                        f" <> 'string' OR o->>'{name}' = '' OR length(o->>'{name}') > {MAX_KEY_LEN})",
-                        f"'{name} must be a non-empty string of at most {MAX_KEY_LEN} characters'"))
+        check(name, f"jsonb_typeof(o->'{name}') <> 'null' AND (jsonb_typeof(o->'{name}') <> 'string'"
+              f" OR o->>'{name}' = '' OR length(o->>'{name}') > {MAX_KEY_LEN})",
+              f"'{name} must be a non-empty string of at most {MAX_KEY_LEN} characters'")
     for name in _INTS:
-        out.append(_bad(f"o ? '{name}' AND jsonb_typeof(o->'{name}') <> 'null' AND CASE jsonb_typeof(o->'{name}')"
-                        f" WHEN 'number' THEN o->>'{name}' !~ '^-?[0-9]+$'"
-                        f" OR abs((o->>'{name}')::numeric) > {MAX_INT} ELSE true END",
-                        f"'{name} must be an integer'"))
+        check(name, f"jsonb_typeof(o->'{name}') NOT IN ('number', 'null')", f"'{name} must be an integer'")
+        check(name, f"o->>'{name}' !~ '^-?[0-9]+$' OR abs((o->>'{name}')::numeric) > {MAX_INT}",
+              f"'{name} must be an integer'")
     for name in (*_NUMBERS, "delay", "run_at"):
-        out.append(_bad(f"o ? '{name}' AND jsonb_typeof(o->'{name}') NOT IN ('number', 'null')",
-                        f"'{name} must be a number'"))
+        check(name, f"jsonb_typeof(o->'{name}') NOT IN ('number', 'null')", f"'{name} must be a number'")
     for name in ("retry_on_network", "manual"):
-        out.append(_bad(f"o ? '{name}' AND jsonb_typeof(o->'{name}') NOT IN ('boolean', 'null')",
-                        f"'{name} must be true or false'"))
+        check(name, f"jsonb_typeof(o->'{name}') NOT IN ('boolean', 'null')", f"'{name} must be true or false'")
     iso = ", ".join(f"'{i}'" for i in sandbox.ISOLATIONS)
-    out += [
-        _bad(f"o->>'isolation' NOT IN ({iso})", f"'isolation must be one of {iso.replace(chr(39), '')}'"),
-        _bad(f"(o->>'timeout')::float8 <= 0 OR (o->>'timeout')::float8 > {sandbox.MAX_TIMEOUT}",
-             f"'timeout must be seconds above 0 and at most {sandbox.MAX_TIMEOUT:.0f} (a day)'"),
-        _bad(f"(o->>'memory_mb')::numeric NOT BETWEEN {sandbox.MIN_MEMORY_MB} AND {sandbox.MAX_MEMORY_MB}",
-             f"'memory_mb must be an integer from {sandbox.MIN_MEMORY_MB} to {sandbox.MAX_MEMORY_MB}'"),
-        _bad(f"(o->>'output_kb')::numeric NOT BETWEEN 1 AND {sandbox.MAX_OUTPUT_KB}",
-             f"'output_kb must be an integer from 1 to {sandbox.MAX_OUTPUT_KB}'"),
-        _bad(f"o->>'isolation' = '{sandbox.THREAD}' AND ("
-             + " OR ".join(f"o->>'{k}' IS NOT NULL" for k in sandbox.PROCESS_LIMITS) + ")",
-             "'a job with memory_mb or output_kb runs in a process'"),
-        _bad("(o->>'concurrency_limit')::numeric < 1", "'concurrency_limit must be at least 1'"),
-        _bad(f"(o->>'cost_units')::float8 <= 0 OR (o->>'cost_units')::float8 > {MAX_COST_UNITS:.0f}",
-             "'cost_units must be above 0'"),
-    ]
-    return "\n        ".join(out)
+    check("isolation", f"o->>'isolation' NOT IN ({iso})", f"'isolation must be one of {iso.replace(chr(39), '')}'")
+    check("timeout", f"(o->>'timeout')::float8 <= 0 OR (o->>'timeout')::float8 > {sandbox.MAX_TIMEOUT}",
+          f"'timeout must be seconds above 0 and at most {sandbox.MAX_TIMEOUT:.0f} (a day)'")
+    check("memory_mb", f"(o->>'memory_mb')::numeric NOT BETWEEN {sandbox.MIN_MEMORY_MB} AND {sandbox.MAX_MEMORY_MB}",
+          f"'memory_mb must be an integer from {sandbox.MIN_MEMORY_MB} to {sandbox.MAX_MEMORY_MB}'")
+    check("output_kb", f"(o->>'output_kb')::numeric NOT BETWEEN 1 AND {sandbox.MAX_OUTPUT_KB}",
+          f"'output_kb must be an integer from 1 to {sandbox.MAX_OUTPUT_KB}'")
+    check("isolation", f"o->>'isolation' = '{sandbox.THREAD}' AND ("
+          + " OR ".join(f"o->>'{k}' IS NOT NULL" for k in sandbox.PROCESS_LIMITS) + ")",
+          "'a job with memory_mb or output_kb runs in a process'")
+    check("concurrency_limit", "(o->>'concurrency_limit')::numeric < 1", "'concurrency_limit must be at least 1'")
+    check("cost_units", f"(o->>'cost_units')::float8 <= 0 OR (o->>'cost_units')::float8 > {MAX_COST_UNITS:.0f}",
+          "'cost_units must be above 0'")
+    check("delay", "(o->>'delay')::float8 < 0", "'delay must not be negative'")
+    check("delay", "jsonb_typeof(o->'run_at') = 'number' AND jsonb_typeof(o->'delay') = 'number'",
+          "'give run_at or delay, not both'")
+    check("run_at", "(o->>'run_at')::float8 < 0", "'run_at must be unix seconds: a finite number, 0 or later'")
+    branches = "".join(f"\n                WHEN '{name}' THEN\n                    " + "\n                    ".join(checks)
+                       for name, checks in sorted(by_name.items()))
+    return f"""FOR given IN SELECT jsonb_object_keys(o) LOOP
+            CASE given{branches}
+                ELSE NULL;
+            END CASE;
+        END LOOP;"""
 
 
 _ALLOWED = ", ".join(f"'{k}'" for k in OPTIONS)
@@ -98,13 +109,14 @@ ENQUEUE = f"""
         k text := o->>'key';
         ik text := o->>'idempotency_key';
         pool_ text := coalesce(o->>'pool', '{DEFAULT_POOL}');
-        manual boolean := coalesce((o->>'manual')::boolean, false);
+        manual boolean;
         r jsonb := nullif(o->'retry', 'null');
         limits jsonb;
         old record;
         other bigint;
         new_id bigint;
         unknown text;
+        given text;
     BEGIN
         {_bad("f IS NULL OR f !~ '^[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)*[:.][A-Za-z_][A-Za-z0-9_]*$'",
               "'func must be ''module:function'' (or ''module.function'')'")}
@@ -118,10 +130,7 @@ ENQUEUE = f"""
         {_bad("jsonb_typeof(a) <> 'array'", "'args must be a JSON array'")}
         {_bad("jsonb_typeof(kw) <> 'object'", "'kwargs must be a JSON object'")}
         {_checks()}
-        {_bad("o ? 'run_at' AND o ? 'delay' AND o->'run_at' <> 'null' AND o->'delay' <> 'null'",
-              "'give run_at or delay, not both'")}
-        {_bad("(o->>'delay')::float8 < 0", "'delay must not be negative'")}
-        {_bad("(o->>'run_at')::float8 < 0", "'run_at must be unix seconds: a finite number, 0 or later'")}
+        manual := coalesce((o->>'manual')::boolean, false);
         at := coalesce((o->>'run_at')::float8, now_ + (o->>'delay')::float8, now_);
         {_bad(f"at > {LATEST:.0f}", "'the job would run after the year 9999: run_at is unix seconds, not milliseconds'")}
         IF r = 'false' THEN
