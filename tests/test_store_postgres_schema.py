@@ -22,6 +22,8 @@ def test_the_schema_is_queickd_unless_the_url_names_one_and_leaves_the_conninfo(
     # A URL that set a search_path in its options before: that schema is the queue's.
     dsn, schema = split_url("postgresql://u@h/db?options=-csearch_path%3Dt_1%20-c%20work_mem%3D8MB")
     assert schema == "t_1" and dsn.count("search_path") == 1 and "work_mem" in dsn
+    dsn, schema = split_url("postgresql://u@h/db?options=-c%20search_path%3Dapp_q%2Cpublic")
+    assert schema == "app_q" and "public" not in dsn
     for bad in ("Upper", "a-b", "x;drop", ""):
         with pytest.raises(ValueError, match="schema"):
             split_url(f"postgresql://u@h/db?schema={bad}")

@@ -23,7 +23,7 @@ from psycopg import sql
 DEFAULT_SCHEMA = "queickd"
 MOVE = 28  # the index in MIGRATIONS (schema.py) of the move: schema version 29
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-_SEARCH_PATH = re.compile(r"-c\s*search_path\s*=\s*([^\s,]+)")
+_SEARCH_PATH = re.compile(r"-c\s*search_path\s*=\s*(\S+)")
 
 # The schema a database migrated before MOVE keeps its objects in: the one of the default
 # search_path ("$user", public) that holds queickd_meta, if it is not the schema itself.
@@ -92,7 +92,7 @@ def split_url(url: str) -> tuple[str, str]:
     options = " ".join(v for k, v in query if k == "options")
     query = [(k, v) for k, v in query if k != "options"]
     found = _SEARCH_PATH.search(options)
-    schema = given[-1] if given else found.group(1).strip('"') if found else DEFAULT_SCHEMA
+    schema = given[-1] if given else found.group(1).split(",")[0].strip('"') if found else DEFAULT_SCHEMA
     if not _NAME.fullmatch(schema):
         raise ValueError(f"the store's schema must be a lower-case SQL name (a-z, 0-9, _), not {schema!r}")
     options = _SEARCH_PATH.sub("", options).strip()
