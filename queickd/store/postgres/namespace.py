@@ -7,6 +7,8 @@ so the store's SQL stays unqualified and prepared statements need nothing more. 
 functions installed in the schema carry their own search_path (pin_functions): they work
 whatever the caller's is, an application's connection or a trigger.
 
+Imports no psycopg (schema.py, which the CLI imports, uses it); `c` is a psycopg connection.
+
 A database migrated before the schema existed keeps its objects where the default
 search_path put them (the role's own schema, or public); the migration that moves them
 (MOVE) runs the versions before it there, then moves every queickd object into the schema.
@@ -15,10 +17,8 @@ search_path put them (the role's own schema, or public); the migration that move
 from __future__ import annotations
 
 import re
+from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
-
-import psycopg
-from psycopg import sql
 
 DEFAULT_SCHEMA = "queickd"
 MOVE = 28  # the index in MIGRATIONS (schema.py) of the move: schema version 29
@@ -100,30 +100,33 @@ def split_url(url: str) -> tuple[str, str]:
     return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote))), schema
 
 
-def enter(c: psycopg.Connection, schema: str) -> str | None:
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def enter(c: Any, schema: str) -> str | None:
     """In the caller's transaction: the schema created if missing; if the database's objects
     are still where the default search_path put them (before MOVE), the transaction's
     search_path is that schema, whose name is returned, else None."""
     if c.execute("SELECT to_regnamespace(%s)", (schema,)).fetchone()[0] is None:
-        c.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        c.execute(f"CREATE SCHEMA {_ident(schema)}")
     if c.execute("SELECT to_regclass('queickd_meta')").fetchone()[0] is not None:
         return None
     row = c.execute(_LEGACY).fetchone()
     if row is None:
         return None
     legacy = row[0]
-    version = c.execute(sql.SQL("SELECT value FROM {}.queickd_meta WHERE key = 'schema_version'")
-                        .format(sql.Identifier(legacy))).fetchone()
+    version = c.execute(f"SELECT value FROM {_ident(legacy)}.queickd_meta WHERE key = 'schema_version'").fetchone()
     if version is not None and int(version[0]) > MOVE:
         return None  # moved already: that one is another queue's schema
     leave(c, legacy)
     return legacy
 
 
-def leave(c: psycopg.Connection, schema: str) -> None:
+def leave(c: Any, schema: str) -> None:
     """The transaction's search_path set to `schema` (SET LOCAL: the session's comes back at
     its end)."""
-    c.execute(sql.SQL("SET LOCAL search_path = {}").format(sql.Identifier(schema)))
+    c.execute(f"SET LOCAL search_path = {_ident(schema)}")
 
 
 def missing_schema_hint(schema: str) -> str:
