@@ -47,7 +47,8 @@ def _catalog(url: str) -> dict[tuple[str, str], str]:
 
     with psycopg.connect(url) as c:
         schema = c.execute("SELECT current_schema()").fetchone()[0]
-        return {(kind, name): text.replace(f"{schema}.", "<schema>.")
+        # Named wherever it stands: qualifying a name, in a function's pinned search_path.
+        return {(kind, name): text.replace(schema, "<schema>")
                 for kind, sql in _CATALOG.items() for name, text in c.execute(sql).fetchall()}
 
 
