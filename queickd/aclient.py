@@ -27,7 +27,6 @@ library only.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -35,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from . import clientops, tasks
 from .clientflow import WorkflowBuilder
 from .clientops import one
-from .clientwire import RequestLostError, _token_from_env, func_name, reply_error, tls_context
+from .clientwire import RequestLostError, endpoint, func_name, reply_error
 from .core import protocol
 from .core.cron import SchedulingTime
 from .core.protocol import QueueError
@@ -186,12 +185,9 @@ class AsyncJobQueue:
                  tls: bool | str | ssl.SSLContext | None = None) -> None:
         """As JobQueue's: `timeout` is how long a sent request may wait for its reply; `tls`
         as JobQueue's (True, a CA file's path, an ssl.SSLContext; None: $QUEICKD_TLS_CA)."""
-        self.host = host or os.environ.get("QUEICKD_HOST", "127.0.0.1")
-        self.port = int(port or os.environ.get("QUEICKD_PORT", protocol.DEFAULT_PORT))
-        self.token = token if token is not None else _token_from_env()
+        self.host, self.port, self.token, self.tls = endpoint(host, port, token, tls)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
-        self.tls = tls_context(tls)
         self.server_info: dict[str, Any] | None = None
         self._conn: _Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop our connections belong to
@@ -267,12 +263,8 @@ class AsyncJobQueue:
         A request goes out on the shared connection from here, not from a coroutine of its
         own: one enqueue is one such request, and a coroutine more per request was a tenth
         of the client's CPU."""
-        outcome: Any = None
-        while True:
-            try:
-                step = plan.throw(outcome) if isinstance(outcome, BaseException) else plan.send(outcome)
-            except StopIteration as done:
-                return done.value
+        steps = clientops.Steps(plan)
+        for step in steps:
             try:
                 if self._transport is not None and type(step) in (dict, list):  # an immediate queue's twin
                     replies = self._transport.exchange([step] if type(step) is dict else step)
@@ -301,6 +293,8 @@ class AsyncJobQueue:
                     outcome = await asyncio.sleep(step)
             except Exception as e:  # the plan decides: resend, wait and retry, or raise it
                 outcome = e
+            steps.outcome = outcome
+        return steps.result
 
     async def close(self) -> None:
         if self._loop is not asyncio.get_running_loop():
@@ -401,9 +395,7 @@ class AsyncJobQueue:
 
     # --- tasks ---------------------------------------------------------------------------------
     task = tasks.queue_task
-    """`@q.task` or `@q.task(**options)` on a function at the top level of a module: a Task,
-    still the function when called, whose .enqueue(...) queues a call of it with these
-    options (any of enqueue's). Connects to nothing."""
+    """As JobQueue.task; the Task enqueues with `await task.aenqueue(...)`."""
 
     def _async_queue(self) -> AsyncJobQueue:
         return self

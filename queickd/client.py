@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from . import clientops, clientwire, tasks
 from .clientflow import WorkflowBuilder
 from .clientops import one
-from .clientwire import RequestLostError, _token_from_env, func_name, reply_error, tls_context
+from .clientwire import RequestLostError, endpoint, func_name, reply_error
 from .core import protocol
 from .core.cron import SchedulingTime
 from .core.protocol import QueueError
@@ -73,12 +73,9 @@ class JobQueue:
     ) -> None:
         """`tls`: True (trusting the system's CAs), a CA file's path, or an ssl.SSLContext
         (with a client certificate for mutual TLS); None: plaintext, or $QUEICKD_TLS_CA."""
-        self.host = host or os.environ.get("QUEICKD_HOST", "127.0.0.1")
-        self.port = int(port or os.environ.get("QUEICKD_PORT", protocol.DEFAULT_PORT))
-        self.token = token if token is not None else _token_from_env()
+        self.host, self.port, self.token, self.tls = endpoint(host, port, token, tls)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
-        self.tls = tls_context(tls)
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._rfile: Any = None
@@ -219,12 +216,8 @@ class JobQueue:
     def _run(self, plan: clientops.Plan[Any]) -> Any:
         """Carry out a plan of clientops: send its requests, pause its pauses, hand it the
         replies (a refused one or a lost connection thrown into it), return its result."""
-        outcome: Any = None
-        while True:
-            try:
-                step = plan.throw(outcome) if isinstance(outcome, BaseException) else plan.send(outcome)
-            except StopIteration as done:
-                return done.value
+        steps = clientops.Steps(plan)
+        for step in steps:
             try:
                 if type(step) is dict:
                     outcome = self._call(step)
@@ -234,6 +227,8 @@ class JobQueue:
                     outcome = time.sleep(step)
             except Exception as e:  # the plan decides: resend, wait and retry, or raise it
                 outcome = e
+            steps.outcome = outcome
+        return steps.result
 
     def close(self) -> None:
         if self._sock is not None:

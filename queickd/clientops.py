@@ -47,6 +47,30 @@ class Pause(float):
     """Yielded by a plan: resume it after this many seconds."""
 
 
+class Steps:
+    """A client's driver loop, the part every transport shares: iterate for the plan's
+    steps, setting `outcome` to each one's outcome (an exception is thrown into the plan);
+    `result` is what the plan returned."""
+
+    __slots__ = ("plan", "outcome", "result")
+
+    def __init__(self, plan: Plan[Any]) -> None:
+        self.plan = plan
+        self.outcome: Any = None
+        self.result: Any = None
+
+    def __iter__(self) -> Steps:
+        return self
+
+    def __next__(self) -> Any:
+        outcome = self.outcome
+        try:
+            return self.plan.throw(outcome) if isinstance(outcome, BaseException) else self.plan.send(outcome)
+        except StopIteration as done:
+            self.result = done.value
+            raise StopIteration from None
+
+
 def job(
     func: FuncLike,
     args: Iterable[Any] | None = None,

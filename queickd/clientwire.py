@@ -87,6 +87,15 @@ def reply_error(reply: dict[str, Any]) -> QueueError:
     return QueueError.from_reply(reply)
 
 
+def endpoint(host: str | None, port: int | None, token: str | None,
+             tls: bool | str | ssl.SSLContext | None) -> tuple[str, int, str | None, ssl.SSLContext | None]:
+    """A client's (host, port, token, TLS context): as given, else from the environment
+    (QUEICKD_HOST, QUEICKD_PORT, QUEICKD_TOKEN or QUEICKD_TOKEN_FILE, QUEICKD_TLS_CA)."""
+    return (host or os.environ.get("QUEICKD_HOST", "127.0.0.1"),
+            int(port or os.environ.get("QUEICKD_PORT", protocol.DEFAULT_PORT)),
+            token if token is not None else _token_from_env(), tls_context(tls))
+
+
 def _token_from_env() -> str | None:
     token = os.environ.get("QUEICKD_TOKEN")
     path = os.environ.get("QUEICKD_TOKEN_FILE")
