@@ -15,7 +15,6 @@ read just before it exits. It never unpickles anything and never returns to its 
 
 from __future__ import annotations
 
-import _signal
 import ctypes
 import json
 import os
@@ -96,7 +95,7 @@ def _lock_in(req: dict[str, Any], out_fd: int, rep_fd: int) -> None:
     os.setpgid(0, 0)
     signal.set_wakeup_fd(-1)
     for sig in _DEFAULT_SIGNALS:
-        _signal.signal(sig, _SIG_DFL)
+        signal.signal(sig, _SIG_DFL)
     _term_after(req.get("deadline"))
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     prctl(PR_SET_CHILD_SUBREAPER, 1)
@@ -139,10 +138,10 @@ def _term_after(deadline: float | None) -> None:
         if deadline is not None and time.monotonic() >= deadline:
             if os.getpid() == 1:  # its namespace's init ignores its own default-action signals
                 os._exit(128 + signum)
-            _signal.signal(signum, _SIG_DFL)
+            signal.signal(signum, _SIG_DFL)
             os.kill(os.getpid(), signum)
 
-    _signal.signal(int(signal.SIGTERM), on_term)
+    signal.signal(int(signal.SIGTERM), on_term)
 
 
 def _judge(report: RunReport, value: Any, max_result: int) -> RunReport:
