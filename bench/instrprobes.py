@@ -53,9 +53,9 @@ def passes(n: int, d: str) -> None:
         s.submit(_jobs(min(1000, n + 1 - i), now), now)
     held = s.claim_available(Request.of(1, now=now))
     for _ in range(n):
-        with s.batch(bookkeeping=True):
-            s.finish_if_running([Outcome.succeeded(j.id, None) for j in held], now)
-            held = s.claim_available(Request.of(1, now=now))
+        with s.transaction(bookkeeping=True) as tx:
+            tx.finish_if_running([Outcome.succeeded(j.id, None) for j in held], now)
+            held = tx.claim_available(Request.of(1, now=now))
 
 
 def pool(n: int, d: str) -> None:

@@ -192,10 +192,10 @@ def claim_cost(store_url: str, waiting: int, limits: Any, full: bool, rounds: in
             claimed(got)
         buffers = []
         for _ in range(BUFFER_CLAIMS if pg else 0):  # untimed: the counters' reads are round trips more
-            with s.batch():
-                c = s._conn()  # the batch's connection: the claim's backend
+            with s.transaction() as tx:
+                c = tx.conn  # the transaction's connection: the claim's backend
                 before = c.execute(_BLOCKS).fetchone()[0]
-                got = s.claim_available(Request.of(4, limits=limits, now=now))
+                got = tx.claim_available(Request.of(4, limits=limits, now=now))
                 buffers.append(c.execute(_BLOCKS).fetchone()[0] - before)
             claimed(got)
         return statistics.median(times) * 1e6, statistics.median(buffers) if buffers else None

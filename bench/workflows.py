@@ -133,8 +133,8 @@ def _drive(store: Any, jobs: list[Any] | None = None, slots: int = 4) -> int:
 
     states = StepState(store)  # as the pool: a step job stored without its run's state gets it
     ran, held = 0, list(jobs or [])
-    with store.batch(bookkeeping=True):
-        held += store.claim_available(Request.of(slots, now=time.time()))
+    with store.transaction(bookkeeping=True) as tx:
+        held += tx.claim_available(Request.of(slots, now=time.time()))
     while held:
         outcomes = []
         for j in map(states.complete, held):
@@ -142,9 +142,9 @@ def _drive(store: Any, jobs: list[Any] | None = None, slots: int = 4) -> int:
             outcomes.append(Outcome.succeeded(j.id, getattr(importlib.import_module(mod), fn)(*j.args),
                                               j.workflow_run))
         ran += len(held)
-        with store.batch(bookkeeping=True):
-            store.finish_if_running(outcomes, time.time())
-            held = store.claim_available(Request.of(slots, now=time.time()))
+        with store.transaction(bookkeeping=True) as tx:
+            tx.finish_if_running(outcomes, time.time())
+            held = tx.claim_available(Request.of(slots, now=time.time()))
     return ran
 
 

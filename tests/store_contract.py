@@ -19,9 +19,8 @@ from store_contract_workflows import WorkflowContract
 
 from queickd.core.job import Outcome, State
 from queickd.core.policy import claim
-from queickd.core.policy.admission import Admission
 from queickd.core.retry import make_spec
-from queickd.store.records import EventState
+from queickd.store.records import Minute
 
 
 class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesContract, OperatorContract,
@@ -348,49 +347,47 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
             done = store.list_jobs(State.RUNNING, 1000)[::2]
             store.finish_if_running([Outcome.succeeded(j.id, None) for j in done], T0)
 
-    # --- batch ----------------------------------------------------------------------------
-    def test_calls_inside_a_batch_commit_together(self, store):
+    # --- transaction ----------------------------------------------------------------------------
+    def test_calls_inside_a_transaction_commit_together(self, store):
         (s,) = store.submit([job()], T0)
         (j,) = store.claim_available(claim.Request.of(1, now=T0))
         store.submit([job()], T0)
-        with store.batch(bookkeeping=True):
-            store.finish_if_running([Outcome.succeeded(j.id, 1)], T0)
-            claimed = store.claim_available(claim.Request.of(5, now=T0))
+        with store.transaction(bookkeeping=True) as tx:
+            tx.finish_if_running([Outcome.succeeded(j.id, 1)], T0)
+            claimed = tx.claim_available(claim.Request.of(5, now=T0))
         assert store.get(s.job_id).state == State.SUCCEEDED
         assert [store.get(c.id).state for c in claimed] == [State.RUNNING]
 
-    def test_a_bookkeeping_batch_that_raises_halfway_leaves_nothing_behind(self, store):
+    def test_a_bookkeeping_transaction_that_raises_halfway_leaves_nothing_behind(self, store):
         ran, a, b = store.submit([job("m:bad", key="k"), job(), job()], T0)
         store.claim_available(claim.Request.of(1, now=T0))
-        with pytest.raises(RuntimeError), store.batch(bookkeeping=True):
-            store.finish_if_running([Outcome.dead(ran.job_id, {"type": "E", "message": "m"})], T0, pause_after=1)
-            assert len(store.claim_available(claim.Request.of(5, now=T0))) == 2
+        with pytest.raises(RuntimeError), store.transaction(bookkeeping=True) as tx:
+            tx.finish_if_running([Outcome.dead(ran.job_id, {"type": "E", "message": "m"})], T0, pause_after=1)
+            assert len(tx.claim_available(claim.Request.of(5, now=T0))) == 2
             raise RuntimeError("the dispatcher failed before it could run them")
         assert store.counts()[State.QUEUED] == 2 and store.counts()[State.RUNNING] == 1
         assert store.get(ran.job_id).state == State.RUNNING and store.pauses() == []
         assert [j.id for j in store.claim_available(claim.Request.of(5, now=T0))] == [a.job_id, b.job_id]
 
-    def test_a_large_submit_inside_a_batch_commits_with_it_or_not_at_all(self, store):
-        many = [job(args=[i]) for i in range(100)]  # PostgreSQL sends it by COPY, in the batch's transaction
-        with pytest.raises(RuntimeError), store.batch():
-            store.submit(many, T0)
+    def test_a_large_submit_inside_a_transaction_commits_with_it_or_not_at_all(self, store):
+        many = [job(args=[i]) for i in range(100)]  # PostgreSQL sends it by COPY, in the open transaction
+        with pytest.raises(RuntimeError), store.transaction() as tx:
+            tx.submit(many, T0)
             raise RuntimeError("failed after the submit")
         assert store.counts()[State.QUEUED] == 0
-        with store.batch():
-            stored = store.submit(many, T0)
+        with store.transaction() as tx:
+            stored = tx.submit(many, T0)
         assert store.counts()[State.QUEUED] == 100
         assert [store.get(s.job_id).args for s in stored] == [[i] for i in range(100)]
 
-    def test_a_batch_that_raises_halfway_leaves_nothing_behind(self, store):
+    def test_a_transaction_that_raises_halfway_leaves_nothing_behind(self, store):
         (kept,) = store.submit([job(run_at=T0 + 60)], T0)
-        with pytest.raises(RuntimeError), store.batch():
-            store.submit([job(idempotency_key="once"), job(run_at=T0 + 30)], T0)
-            store.promote_due(T0 + 60)
-            store.cron_save(self._cron("c"))
-            store.accept_event(self._event("e1"), T0, Admission())
+        with pytest.raises(RuntimeError), store.transaction() as tx:
+            tx.submit([job(idempotency_key="once"), job(run_at=T0 + 30)], T0)
+            assert len(tx.claim_available(claim.Request.of(5, now=T0))) == 1
+            tx.add_minute(Minute(100, "a:1", 1, 0, 0.5))
             raise RuntimeError("failed after some store calls")
         assert store.counts() == {**dict.fromkeys(State.ALL, 0), State.SCHEDULED: 1}
         assert store.get(kept.job_id).state == State.SCHEDULED and store.next_scheduled_at() == T0 + 60
-        assert store.cron_list() == [] and store.event_counts()[EventState.PENDING] == 0
-        assert store.list_events(None, 10) == []
+        assert store.minutes(0) == []
         assert not store.submit([job(idempotency_key="once")], T0)[0].duplicate

@@ -116,8 +116,8 @@ class CronEventContract:
         store.accept_event(self._event("e2", key=None), T0, Admission())  # its job still waits
         (j,) = store.claim_available(Request.of(1, now=T0))
         assert j.id == done.job_id
-        with store.batch(bookkeeping=True):
-            store.finish_if_running([Outcome.succeeded(j.id, None)], T0 + 1)
+        with store.transaction(bookkeeping=True) as tx:
+            tx.finish_if_running([Outcome.succeeded(j.id, None)], T0 + 1)
         assert store.prune_events(T0 + 10, 10) == 0  # its job is still there
         assert store.prune_finished(T0 + 10, 10) == 1
         assert store.prune_events(T0, 10) == 0  # not accepted before that time

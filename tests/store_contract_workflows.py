@@ -48,8 +48,8 @@ def drive(store, now=T0, rounds=10_000, only=None):
                 held.append(j)
                 continue
             outcomes.append(run(states.complete(j)))
-        with store.batch(bookkeeping=True):
-            store.finish_if_running(outcomes, now)
+        with store.transaction(bookkeeping=True) as tx:
+            tx.finish_if_running(outcomes, now)
     return held
 
 
@@ -234,8 +234,8 @@ class WorkflowContract:
         after = store.workflow_get(run.id)
         assert (after.status, after.reason["step"], after.reason["error"]["type"]) == (
             wf.RunState.FAILED, "long", "cancelled")
-        with store.batch(bookkeeping=True):  # the function returns after all: discarded
-            assert store.finish_if_running([Outcome.succeeded(job.id, {"marks": 1}, run.id)], T0).changed == 0
+        with store.transaction(bookkeeping=True) as tx:  # the function returns after all: discarded
+            assert tx.finish_if_running([Outcome.succeeded(job.id, {"marks": 1}, run.id)], T0).changed == 0
         assert store.workflow_get(run.id).status == wf.RunState.FAILED
 
     def test_workflow_a_bulk_cancel_of_waiting_step_jobs_fails_each_of_their_runs(self, store):
@@ -271,8 +271,8 @@ class WorkflowContract:
         bad, _ = store.workflow_start(definition(*FAULTY), {"n": 0}, T0)
         jobs = store.claim_available(Request.of(10, now=T0))
         assert len(jobs) == 3
-        with store.batch(bookkeeping=True):
-            assert store.finish_if_running([run(j) for j in jobs], T0).changed == 3
+        with store.transaction(bookkeeping=True) as tx:
+            assert tx.finish_if_running([run(j) for j in jobs], T0).changed == 3
         failed = store.workflow_get(bad.id)
         assert (failed.status, failed.reason["step"], failed.reason["error"]["type"]) == (
             wf.RunState.FAILED, "plan", "RuntimeError")
@@ -317,8 +317,8 @@ class WorkflowContract:
             jobs = store.claim_available(Request.of(3, now=T0))
             if not jobs:
                 break
-            with store.batch(bookkeeping=True):
-                store.finish_if_running([run(states.complete(j)) for j in jobs], T0)
+            with store.transaction(bookkeeping=True) as tx:
+                tx.finish_if_running([run(states.complete(j)) for j in jobs], T0)
         done = store.workflow_get(started.id)
         assert (done.status, done.state["fan"]) == (wf.RunState.SUCCEEDED, [x * x for x in range(45)])
         assert most == 10  # enqueued as room came, never past the cap

@@ -202,9 +202,9 @@ def test_a_registered_member_limits_its_sessions_to_the_heartbeat_window(pg_fres
     store = open_store(pg_fresh_database, "full")
     try:
         store.register_worker("worker", ["default"], 1, 0.5)
-        with store.batch(bookkeeping=True):
-            bk = store._conn().execute("SELECT current_setting('lock_timeout'),"
-                                       " current_setting('idle_in_transaction_session_timeout')").fetchone()
+        with store.transaction(bookkeeping=True) as tx:
+            bk = tx.conn.execute("SELECT current_setting('lock_timeout'),"
+                                 " current_setting('idle_in_transaction_session_timeout')").fetchone()
         shared = store._conn().execute("SELECT current_setting('idle_in_transaction_session_timeout')").fetchone()
         assert (bk, shared) == (("500ms", "1500ms"), ("1500ms",))
     finally:

@@ -66,8 +66,8 @@ def test_a_read_from_another_thread_waits_for_an_open_transaction_instead_of_joi
             seen.append(store.get(job_id))
 
         with pytest.raises(UndoError):
-            with store.batch():
-                job_id = store.submit([NewJob(func="testjobs:noop", run_at=0.0)], 0.0)[0].job_id
+            with store.transaction() as tx:
+                job_id = tx.submit([NewJob(func="testjobs:noop", run_at=0.0)], 0.0)[0].job_id
                 t = threading.Thread(target=reader, args=(job_id,))
                 t.start()
                 # Nothing to wait for: the reader blocks where no event can tell. In this time
@@ -88,7 +88,7 @@ def test_every_connection_of_the_store_notices_a_dead_link_in_a_minute(pg_fresh_
     store = open_store(pg_fresh_database, "full")
     try:
         store.counts()  # the shared connection opened
-        with store.batch(bookkeeping=True):
+        with store.transaction(bookkeeping=True):
             pass  # the bookkeeping one too
         conns = [store._shared, store._bk, store.connect()]
         for c in conns:

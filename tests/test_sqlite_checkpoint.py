@@ -38,9 +38,9 @@ def _churn(s: SQLiteStore, passes: int) -> None:
     s.submit([job() for _ in range(passes + 1)], T0)
     running = s.claim_available(Request.of(1, now=T0))
     for _ in range(passes):
-        with s.batch(bookkeeping=True):
-            s.finish_if_running([Outcome.succeeded(j.id, None) for j in running], T0)
-            running = s.claim_available(Request.of(1, now=T0))
+        with s.transaction(bookkeeping=True) as tx:
+            tx.finish_if_running([Outcome.succeeded(j.id, None) for j in running], T0)
+            running = tx.claim_available(Request.of(1, now=T0))
 
 
 def _wal_restarts(db: str) -> int:

@@ -92,8 +92,8 @@ def test_an_item_started_after_its_fan_out_ended_gets_the_runs_state_as_it_is_th
                                                  "result": "found"}]})
     store.workflow_start(anyone, {"xs": [4, 6]}, T0)
     first, second = sorted(store.claim_available(Request.of(2, now=T0)), key=lambda j: j.args[0])
-    with store.batch(bookkeeping=True):
-        store.finish_if_running([run(first, StepState(store).complete)], T0)
+    with store.transaction(bookkeeping=True) as tx:
+        tx.finish_if_running([run(first, StepState(store).complete)], T0)
     assert StepState(store).complete(second).args == [6, {"found": 16}]
 
 

@@ -182,8 +182,8 @@ def test_enqueues_and_finishes_are_announced_at_commit_with_their_pool_or_ids(pg
     # (when a client waits on it).
     told = {j.id: ("queickd", f"fk:{j.id}") if j.key else ("queickd_finished", f"f:{j.id}") for j in (a, b)}
     assert heard == [("queickd_queued", "q:default"), ("queickd_queued", "q:gpu"), told[a.id], told[b.id]]
-    with pg_store.batch():
-        pg_store.submit([job()], T0)
+    with pg_store.transaction() as tx:
+        tx.submit([job()], T0)
         assert list(listener.notifies(timeout=0.2)) == []  # not before the commit
     assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["q:default"]
     listener.close()
@@ -243,8 +243,8 @@ def test_a_probe_taken_by_a_claim_not_yet_committed_is_not_taken_again_by_the_ot
     other, second = PostgresStore(pg_url, migrate=False), "b" if first == "default" else "default"
     got = []
     try:
-        with pg_store.batch():
-            (probe,) = pg_store.claim_available(Request.of(5, pools=[first], now=T0 + 60))
+        with pg_store.transaction() as tx:
+            (probe,) = tx.claim_available(Request.of(5, pools=[first], now=T0 + 60))
             t = threading.Thread(target=lambda: got.extend(other.claim_available(Request.of(5, pools=[second], now=T0 + 60))))
             t.start()
             t.join(10)  # the other claim must not wait for this one to decide
@@ -273,8 +273,8 @@ def _race(first, second):
 def _finish(store, job):
     from store_contract_workflows import run
 
-    with store.batch(bookkeeping=True):
-        store.finish_if_running([run(job)], T0)
+    with store.transaction(bookkeeping=True) as tx:
+        tx.finish_if_running([run(job)], T0)
 
 
 def test_child_runs_finishing_while_their_parents_are_cancelled_never_deadlock(pg_url, pg_store):
@@ -371,8 +371,8 @@ def test_an_events_delivery_waits_for_another_hosts_submit_so_the_key_cap_holds(
     host1, host2 = PostgresStore(pg_url), PostgresStore(pg_url)
     try:
         accepted = {}
-        with host2.batch():  # a group commit: one job of key k admitted, not committed yet
-            host2.submit_requests([[job(key="k")]], T0, cap)
+        with host2.transaction() as tx:  # a group commit: one job of key k admitted, not committed yet
+            tx.submit_requests([[job(key="k")]], T0, cap)
             t = threading.Thread(target=lambda: accepted.setdefault(
                 "event", host1.accept_event(NewEvent("e1", job(func="m:tap", key="k")), T0, cap)))
             t.start()

@@ -73,12 +73,12 @@ def test_the_fast_path_gives_way_to_a_group_with_a_slot_free_behind_a_full_one(p
 def _claim_reads(store, limit: int) -> tuple[int, int]:
     """(jobs claimed, index entries of the jobs table the claim fetched): counted by
     PostgreSQL in the claim's transaction (pg_stat_xact_user_tables), not timed."""
-    with store.batch(bookkeeping=True):
+    with store.transaction(bookkeeping=True) as tx:
         c = store._bookkeeping_conn()
         count = ("SELECT idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = 'jobs'"
                  " AND schemaname = current_schema()")
         before = c.execute(count).fetchone()[0]
-        got = store.claim_available(Request.of(limit, pools=["default"], now=T0))
+        got = tx.claim_available(Request.of(limit, pools=["default"], now=T0))
         return len(got), c.execute(count).fetchone()[0] - before
 
 

@@ -48,8 +48,8 @@ def test_a_claim_with_no_group_or_budget_in_play_is_one_statement(pg_store, monk
     pg_store.submit([job(), job()], T0)
     counting = _CountingConnection(pg_store._bookkeeping_conn())
     monkeypatch.setattr(pg_store, "_bookkeeping_conn", lambda: counting)
-    with pg_store.batch(bookkeeping=True):
-        (claimed,) = pg_store.claim_available(Request.of(1, now=T0))
+    with pg_store.transaction(bookkeeping=True) as tx:
+        (claimed,) = tx.claim_available(Request.of(1, now=T0))
     assert len(counting.sent) == 1 and pg_store.get(claimed.id).state == State.RUNNING
 
 
@@ -84,9 +84,9 @@ def _finish_and_claim_both_ways(store, one_step: bool, outcomes, now):
         got = store.finish_and_claim(outcomes, now, 2)
         assert got is not None
         return got
-    with store.batch(bookkeeping=True):
-        store.finish_if_running(outcomes, now)
-        return store.claim_available(Request.of(2, now=now))
+    with store.transaction(bookkeeping=True) as tx:
+        tx.finish_if_running(outcomes, now)
+        return tx.claim_available(Request.of(2, now=now))
 
 
 @pytest.mark.parametrize("one_step", [False, True], ids=["finish_then_claim", "one_statement"])
@@ -233,8 +233,8 @@ def test_a_mark_made_while_the_finish_is_uncommitted_leaves_the_job_as_finished(
 
     pg_store.submit([job()], T0)
     (j,) = pg_store.claim_available(Request.of(1, now=T0))
-    with pg_store.batch(bookkeeping=True):
-        pg_store.finish_if_running([Outcome.succeeded(j.id, None)], T0)
+    with pg_store.transaction(bookkeeping=True) as tx:
+        tx.finish_if_running([Outcome.succeeded(j.id, None)], T0)
         marking = threading.Thread(target=pg_store.watch_finish, args=(j.id,))
         marking.start()
         marking.join(0.5)

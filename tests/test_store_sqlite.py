@@ -212,26 +212,26 @@ def test_unusable_store_urls_are_refused_clearly(url):
         open_store(url)
 
 
-def test_a_batch_that_raises_leaves_nothing_behind(tmp_path):
+def test_a_transaction_that_raises_leaves_nothing_behind(tmp_path):
     s = SQLiteStore(str(tmp_path / "q.db"))
     s.submit([job(), job()], T0)
-    with pytest.raises(RuntimeError), s.batch(bookkeeping=True):
-        assert len(s.claim_available(Request.of(2, now=T0))) == 2
+    with pytest.raises(RuntimeError), s.transaction(bookkeeping=True) as tx:
+        assert len(tx.claim_available(Request.of(2, now=T0))) == 2
         raise RuntimeError("the dispatcher failed before it could run them")
     assert s.counts()[State.QUEUED] == 2 and s.counts()[State.RUNNING] == 0
     s.close()
 
 
-def test_a_batch_that_raises_gives_the_writer_back_to_other_threads_and_to_its_own(tmp_path):
+def test_a_transaction_that_raises_gives_the_writer_back_to_other_threads_and_to_its_own(tmp_path):
     s = SQLiteStore(str(tmp_path / "q.db"))
     s.submit([job()], T0)
-    with pytest.raises(RuntimeError), s.batch(bookkeeping=True):
-        s.claim_available(Request.of(1, now=T0))
+    with pytest.raises(RuntimeError), s.transaction(bookkeeping=True) as tx:
+        tx.claim_available(Request.of(1, now=T0))
         raise RuntimeError("failed halfway")
     other = concurrent.futures.ThreadPoolExecutor(1)
     assert len(other.submit(s.submit, [job()], T0).result(timeout=10)) == 1  # the write lock is free
     other.shutdown()
-    s.submit([job()], T0)  # this thread is no longer inside the batch: its write commits on its own
+    s.submit([job()], T0)  # outside the transaction: this thread's write commits on its own
     reader = SQLiteStore(str(tmp_path / "q.db"))
     assert reader.counts()[State.QUEUED] == 3
     reader.close()

@@ -27,8 +27,8 @@ class ClaimWatch(SQLiteStore):
         super().__init__(IN_MEMORY)
         self.claimers: list[tuple[int, list[int]]] = []
 
-    def claim_available(self, request):
-        jobs = super().claim_available(request)
+    def _claim_in(self, c, request):  # the claim of every pass: each is made in a transaction
+        jobs = super()._claim_in(c, request)
         if jobs:
             self.claimers.append((threading.get_ident(), [j.id for j in jobs]))
         return jobs
@@ -145,7 +145,7 @@ def test_a_lone_submit_and_the_claim_of_its_job_share_one_commit(sq):
 
 def test_a_claim_that_fails_inside_a_submit_leaves_the_submit_stored_and_the_job_to_the_dispatcher(sq):
     store, finished, batcher = sq.store, sq.finished, sq.batcher
-    real = store.claim_available
+    real = store._claim_in  # the claim of every pass: each is made in a transaction
     calls = []
 
     def fails_once(*a, **kw):
@@ -155,7 +155,7 @@ def test_a_claim_that_fails_inside_a_submit_leaves_the_submit_stored_and_the_job
             raise RuntimeError("a claim that breaks")
         return real(*a, **kw)
 
-    store.claim_available = fails_once
+    store._claim_in = fails_once
     job_id = _submit_through(batcher)
     assert finished.wait(10)  # claimed by a later pass
     job_now = store.get(job_id)
@@ -176,9 +176,9 @@ def test_a_submit_that_finds_a_pass_running_leaves_its_claim_to_that_pass(sq):
 
 def test_the_claim_inside_a_submit_leaves_waiting_outcomes_to_a_pass_after_its_commit(sq, tmp_path):
     store, pool, batcher, commits = sq.store, sq.pool, sq.batcher, sq.commits
-    real = store.finish_if_running
+    real = store._finish_in  # the finish of every pass: each is made in a transaction
     finishes: list[tuple[int, int]] = []  # (thread, commits made) when each finish began
-    store.finish_if_running = lambda *a, **kw: finishes.append((threading.get_ident(), len(commits))) or real(
+    store._finish_in = lambda *a, **kw: finishes.append((threading.get_ident(), len(commits))) or real(
         *a, **kw)
     first = _submit_through(batcher, args=[str(tmp_path / "out"), "a", 0.3], func="testjobs:span")
     with pool._dispatch_lock:  # its worker cannot store its outcome: it leaves it waiting
@@ -208,8 +208,8 @@ def test_a_job_that_ends_before_its_submit_is_acknowledged_leaves_its_outcome_to
 
     monkeypatch.setattr(os, "fdatasync", slow_flush)
     finishers: list[int] = []
-    real_finish = store.finish_if_running
-    store.finish_if_running = lambda *a, **kw: finishers.append(threading.get_ident()) or real_finish(*a, **kw)
+    real_finish = store._finish_in  # the finish of every pass
+    store._finish_in = lambda *a, **kw: finishers.append(threading.get_ident()) or real_finish(*a, **kw)
     out = tmp_path / "ran"
     got: list = []
     submitter = threading.Thread(target=lambda: got.append(_submit_through(
@@ -243,9 +243,9 @@ class OneStep(SQLiteStore):
         if self.fail:
             self.fail -= 1
             raise OSError("connection lost")
-        with self.batch():
-            self.finish_if_running(outcomes, now)
-            claimed = self.claim_available(Request.of(limit, network_up, pools=pools, now=now))
+        with self.transaction() as tx:
+            tx.finish_if_running(outcomes, now)
+            claimed = tx.claim_available(Request.of(limit, network_up, pools=pools, now=now))
         self.one_step.append(([o.job_id for o in outcomes], [j.id for j in claimed]))
         return claimed
 

@@ -37,15 +37,15 @@ def _slipping(base: type) -> type:
             self._depth = threading.local()
 
         @contextlib.contextmanager
-        def batch(self, *a, **kw):
+        def transaction(self, *a, **kw):
             depth = getattr(self._depth, "n", 0)
             self._depth.n = depth + 1
             try:
-                with super().batch(*a, **kw):
-                    yield
+                with super().transaction(*a, **kw) as tx:
+                    yield tx
             finally:
                 self._depth.n = depth
-            if depth == 0:  # the outermost batch has committed
+            if depth == 0:  # the outermost transaction has committed
                 self._slipped()
 
         def finish_and_claim(self, *a, **kw):

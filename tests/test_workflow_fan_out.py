@@ -32,11 +32,11 @@ def _fan_out_items(path, n: int) -> tuple[list[str], list[int], SQLiteStore]:
         jobs = [states.complete(j) for j in held]
         handed += [len(str(j.args[1])) for j in jobs]
         c.set_trace_callback(sql.append)
-        with s.batch(bookkeeping=True):
-            s.finish_if_running([Outcome.succeeded(j.id, j.args[0] ** 2, j.workflow_run) for j in jobs], T0)
+        with s.transaction(bookkeeping=True) as tx:
+            tx.finish_if_running([Outcome.succeeded(j.id, j.args[0] ** 2, j.workflow_run) for j in jobs], T0)
             c.set_trace_callback(None)
             finished += len(held)
-            held = s.claim_available(Request.of(10, now=T0))
+            held = tx.claim_available(Request.of(10, now=T0))
     return sql, handed, s
 
 
@@ -61,9 +61,9 @@ def test_a_fan_out_completes_with_every_items_result_in_order(tmp_path):
     held = s.claim_available(Request.of(50, now=T0))
     while held:
         jobs = [states.complete(j) for j in held]
-        with s.batch(bookkeeping=True):
-            s.finish_if_running([Outcome.succeeded(j.id, j.args[0] ** 2, j.workflow_run) for j in jobs], time.time())
-            held = s.claim_available(Request.of(50, now=T0))
+        with s.transaction(bookkeeping=True) as tx:
+            tx.finish_if_running([Outcome.succeeded(j.id, j.args[0] ** 2, j.workflow_run) for j in jobs], time.time())
+            held = tx.claim_available(Request.of(50, now=T0))
     done = s.workflow_get(run.id)
     assert done.status == "succeeded" and done.state["f"] == [i * i for i in range(300)]
     s.close()

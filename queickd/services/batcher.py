@@ -43,6 +43,7 @@ from ..core.policy.admission import NO_LIMITS, Admission, Refusal
 from ..core.protocol import Code, QueueError
 from ..store import Store
 from ..store.contract.capabilities import ClaimsInSubmit
+from ..store.contract.transaction import Transaction
 from ..store.records import NotDurableError
 
 log = logging.getLogger("queickd.batcher")
@@ -59,7 +60,7 @@ class Dispatch(Protocol):
 
     def dispatch_now(self) -> None: ...
 
-    def pass_inside(self) -> Callable[[bool], None] | None: ...
+    def pass_inside(self, tx: Transaction) -> Callable[[bool], None] | None: ...
 
     def dispatch_left(self) -> None: ...
 
@@ -263,12 +264,12 @@ class SubmitBatcher:
         ended: Callable[[bool], None] | None = None
         in_pass = False
         try:
-            with one_writer.claiming_batch():
-                answers = self.store.submit_requests(requests, self._clock(), self.admission)
+            with one_writer.claiming_transaction() as tx:
+                answers = tx.submit_requests(requests, self._clock(), self.admission)
                 if _any_queued(answers):
                     in_pass = True
                     # None: the pool asked for its pass elsewhere; nothing is left to do here.
-                    ended = self._dispatch.pass_inside() or _asked_elsewhere
+                    ended = self._dispatch.pass_inside(tx) or _asked_elsewhere
                     in_pass = False
         except Exception:
             if ended is not None:

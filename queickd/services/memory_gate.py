@@ -31,6 +31,7 @@ from ..core.policy import memory as mem
 from ..run import cgroup_v1
 from ..settings import DEFAULT_RESERVE_MB
 from ..store.contract.resources import Resources
+from ..store.contract.transaction import Transaction
 
 log = logging.getLogger("queickd.worker")
 
@@ -285,12 +286,12 @@ class MemoryGate:
         """Runs measured and not yet written (the next pass's flush writes them)."""
         return bool(self._pending)
 
-    def flush(self, now: float) -> None:
-        """Write the runs measured since the last flush (in the pool's transaction)."""
+    def flush(self, now: float, tx: Transaction) -> None:
+        """Write the runs measured since the last flush, in `tx` (the pool's transaction)."""
         with self._lock:
             pending, self._pending = self._pending, []
         if pending:
-            self.store.record_runs(pending, now)
+            tx.record_runs(pending, now)
 
     def snapshot(self) -> dict[str, Any]:
         self.source = room(self.root)[1]

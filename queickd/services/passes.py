@@ -37,6 +37,7 @@ from ..core.policy.claim import Limits, Request
 from ..run.base import Runner, RunReport
 from ..store import Store
 from ..store.contract.capabilities import PassInOneCall
+from ..store.contract.transaction import Transaction
 from ..store.records import Finished, Minute
 from .memory_gate import MemoryGate
 from .outcomes import log_pauses, store_one_by_one
@@ -166,7 +167,7 @@ class PassStore:
             p.count_after = self.counts.take(force=self._busy == len(unapplied) and not claimed)
         if self.memory is not None and claimed:
             try:
-                p.claimed, p.deferred_at = self._fit(claimed, self._busy - len(unapplied))
+                p.claimed, p.deferred_at = self._fit(claimed, self._busy - len(unapplied), self.store)
             except Exception:
                 log.warning("could not send back the claimed jobs that may not fit in memory; they start",
                             exc_info=True)
@@ -178,9 +179,9 @@ class PassStore:
         if not counted:
             return
         try:
-            with self.store.batch(bookkeeping=True):
+            with self.store.transaction(bookkeeping=True) as tx:
                 for m in counted:
-                    self.store.add_minute(m)
+                    tx.add_minute(m)
         except Exception:
             self.counts.put_back(counted)
             log.warning("could not write the per-minute counts; they go with the next ones", exc_info=True)
@@ -202,24 +203,23 @@ class PassStore:
             self._unapplied.append(outcome)
         return self._unapplied
 
-    def _pass_store(self, p: Pass, finish: bool = True) -> None:
-        """A pass's store calls, inside the caller's transaction; records them in `p`.
+    def _pass_store(self, p: Pass, tx: Transaction, finish: bool = True) -> None:
+        """A pass's store calls, in the caller's transaction `tx`; records them in `p`.
         Without `finish` it only claims, leaving every outcome to the next pass."""
         unapplied = self._take_outcomes() if finish else []
         p.unapplied = unapplied
         if unapplied:
             if self.progress is not None and (last := self.progress.take([o.job_id for o in unapplied])):
-                self.store.set_progress_if_running(last)  # while they still run
-            p.report = self.store.finish_if_running(unapplied, self._clock(), self._pause_after,
-                                                    self._pause_cooldown)
+                tx.set_progress_if_running(last)  # while they still run
+            p.report = tx.finish_if_running(unapplied, self._clock(), self._pause_after, self._pause_cooldown)
         p.free = self._free_threads(unapplied)
         # One job more than the free workers when the pool may grow: getting it is the
         # sign that work waits with every worker busy (no polling for it).
         ask = p.free + 1 if self._can_grow() else p.free
         if ask > 0 and not self._stopping and not self._draining:
             now = self._clock()
-            p.claimed = self.store.claim_available(Request.of(ask, self.hooks.network_up(), self.pools, self.limits,
-                                                              now, self._aside(now)))
+            p.claimed = tx.claim_available(Request.of(ask, self.hooks.network_up(), self.pools, self.limits,
+                                                      now, self._aside(now)))
         # Every count is written once the pool goes idle (nothing runs, nothing was
         # claimed); while busy, once a second at most. Idle is decided after the claim:
         # a worker of one slot is "idle" between every two jobs of a backlog, and a
@@ -227,11 +227,11 @@ class PassStore:
         if unapplied:
             p.counted = self.counts.take(force=self._busy == len(unapplied) and not p.claimed)
             for m in p.counted:
-                self.store.add_minute(m)
+                tx.add_minute(m)
         if self.memory is not None:
-            self.memory.flush(self._clock())
+            self.memory.flush(self._clock(), tx)
             if p.claimed:
-                p.claimed, p.deferred_at = self._fit(p.claimed, self._busy - len(unapplied))
+                p.claimed, p.deferred_at = self._fit(p.claimed, self._busy - len(unapplied), tx)
 
     def _give_back_unheld(self) -> None:
         """After a pass that failed with the store unreachable (it may have committed):
@@ -338,17 +338,17 @@ class PassStore:
         self.size.start_timer(self.shrink_if_idle)
         self._wake.set()  # look again at once: more may wait, for one more worker
 
-    def _fit(self, claimed: list[Job], running_here: int) -> tuple[list[Job], float | None]:
+    def _fit(self, claimed: list[Job], running_here: int, tx: Transaction) -> tuple[list[Job], float | None]:
         """The claimed jobs that fit in memory; the others go back to where they waited,
-        their attempt not spent (in the pass's transaction), set aside here a little.
-        -> (to start, when the first may be claimed again)."""
+        their attempt not spent (in `tx`: the pass's transaction, or the store), set aside
+        here a little. -> (to start, when the first may be claimed again)."""
         assert self.memory is not None
         start, later = self.memory.split(claimed, running_here)
         if not later:
             return start, None
         now = self._clock()
         untils = [now + w for w in self.memory.backoffs(later)]
-        self.store.release_unstarted([j.id for j in later])
+        tx.release_unstarted([j.id for j in later])
         for job, until in zip(later, untils, strict=True):
             self._set_aside[job.id] = until
             log.info("job %d %s deferred: it may not fit in memory now (%s)", job.id, job.func, self.memory.source)

@@ -30,6 +30,7 @@ from ..run.base import Runner, RunReport
 from ..run.loader import FunctionLoader
 from ..run.thread import ThreadRunner
 from ..store import Store
+from ..store.contract.transaction import Transaction
 from . import pool_size
 from .job_run import judge, run_job
 from .memory_gate import MemoryGate
@@ -355,8 +356,8 @@ class WorkerPool(PassStore):
             if self._unsure:
                 self._give_back_unheld()
             if not self._pass_in_one(p):
-                with self.store.batch(bookkeeping=True):
-                    self._pass_store(p)
+                with self.store.transaction(bookkeeping=True) as tx:
+                    self._pass_store(p, tx)
         except BaseException as e:
             self.counts.put_back(p.counted)
             if isinstance(e, self.store.UNAVAILABLE):
@@ -366,8 +367,8 @@ class WorkerPool(PassStore):
         self._write_counts(p.count_after)  # never raises
         return ended
 
-    def pass_inside(self) -> Callable[[bool], None] | None:
-        """A claim made inside the caller's open transaction (a submit's): one commit for
+    def pass_inside(self, tx: Transaction) -> Callable[[bool], None] | None:
+        """A claim made in the caller's open transaction `tx` (a submit's): one commit for
         both. Returns what to call once that transaction has ended (True: committed), or
         None when dispatch_now would not pass here either (it has asked elsewhere). It
         stores no outcome: the submit's acks wait for its commit, outcomes for the next
@@ -383,7 +384,7 @@ class WorkerPool(PassStore):
         self._asked_while_full = False  # this pass's claim sees what such a wake announced
         p = Pass()
         try:
-            self._pass_store(p, finish=False)  # outcomes wait for the next pass: the ack does not
+            self._pass_store(p, tx, finish=False)  # outcomes wait for the next pass: the ack does not
         except BaseException:
             self._pass_undone(p)
             raise

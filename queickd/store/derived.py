@@ -12,6 +12,13 @@ from ..core.policy.resources import BudgetChange
 from .records import RefusedError
 
 
+def accepted(answer: list[Submitted] | Refusal) -> list[Submitted]:
+    """A request's answer as Queue.submit gives it: the jobs, or RefusedError."""
+    if isinstance(answer, Refusal):
+        raise RefusedError(answer)
+    return answer
+
+
 class StoreBase:
     """What every backend derives from the primitives it implements."""
 
@@ -33,10 +40,7 @@ class StoreBase:
         return False  # no file of its own that could be deleted under it
 
     def submit(self, jobs: Sequence[NewJob], now: float) -> list[Submitted]:
-        answer = self.submit_requests([jobs], now)[0]  # type: ignore[attr-defined]
-        if isinstance(answer, Refusal):
-            raise RefusedError(answer)
-        return answer
+        return accepted(self.submit_requests([jobs], now)[0])  # type: ignore[attr-defined]
 
     def prune_finished(self, finished_before: float, limit: int) -> int:
         return self.purge((State.SUCCEEDED, State.CANCELLED), finished_before, limit)  # type: ignore[attr-defined]

@@ -1,7 +1,8 @@
 """The store contract, by role: every backend (memory, SQLite, PostgreSQL) implements
 `Store`, the union of the roles; a service asks for the roles it uses.
 
-- lifecycle.Lifecycle: ownership, transactions (batch), durability, close.
+- lifecycle.Lifecycle: ownership, transactions (transaction(), whose handle is a
+  transaction.Transaction), durability, close.
 - queue.Queue: submit, claim, finish, and giving claimed jobs back.
 - schedule.Schedule: scheduled jobs coming due, network parking, crons, outbox delivery.
 - operator.Operator: pauses, cancels, retries, purges and retention, pools.
@@ -15,7 +16,7 @@ A capability or the fleet is a protocol a store implements: test for it with isi
 Rules that hold for every method unless its docstring says otherwise:
 - Each call is one transaction: it happens entirely or not at all, and when it returns
   the change is as durable as the backend promises (SQLite: on disk per --durability;
-  memory: until the process exits). batch() makes several calls one transaction.
+  memory: until the process exits). transaction() makes several calls one transaction.
 - Methods are safe to call from any thread, concurrently.
 - Order among waiting jobs is priority (smaller first), then run_at, then id (insertion).
 - Times are unix seconds (wall clock) and are passed in by the caller (`now`), so tests

@@ -8,6 +8,7 @@ from contextlib import AbstractContextManager
 from typing import Protocol, runtime_checkable
 
 from ...core.job import Job, Outcome
+from .transaction import Transaction
 
 
 @runtime_checkable
@@ -18,7 +19,7 @@ class PassInOneCall(Protocol):
     def finish_and_claim(self, outcomes: Sequence[Outcome], now: float, limit: int, network_up: bool = True,
                          pools: Sequence[str] | None = None) -> list[Job] | None:
         """A worker pool's pass in the steady state as one call, in a transaction of its
-        own (never inside batch()): `outcomes`, all successes of jobs outside workflows, as
+        own (never inside transaction()): `outcomes`, all successes of jobs outside workflows, as
         finish_if_running stores them, then claim_available(...) of up to `limit` jobs; the
         claimed jobs, in queue order. None: nothing done, the pass goes the general way
         (outcomes it does not take: a failure, a workflow step's job, too many for one
@@ -28,12 +29,12 @@ class PassInOneCall(Protocol):
 
 @runtime_checkable
 class ClaimsInSubmit(Protocol):
-    """A store served by one writer (SQLite, memory): a submit and the worker pool's pass
-    may share one transaction, a commit less per job."""
+    """A store whose submit and claim can share one transaction (SQLite: one writer serves
+    both): a submit and the worker pool's pass in one, a commit less per job."""
 
-    def claiming_batch(self) -> AbstractContextManager[None]:
-        """batch(defer_flush=True), for submit_requests followed by a worker pool's pass
-        (finish_if_running, claim_available) in its order: one transaction, committed at
-        the block's end, visible to claims before it is durable; the caller calls flush()
-        before acknowledging a submit."""
+    def claiming_transaction(self) -> AbstractContextManager[Transaction]:
+        """transaction(defer_flush=True), for submit_requests followed by a worker pool's
+        pass (finish_if_running, claim_available) made through its handle, in that order:
+        one transaction, committed at the block's end, visible to claims before it is
+        durable; the caller calls flush() before acknowledging a submit."""
         ...

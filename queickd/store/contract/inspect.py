@@ -49,7 +49,7 @@ class Inspect(Backend, Protocol):
     # --- per-minute counters --------------------------------------------------------------
     def add_minute(self, m: Minute) -> None:
         """Add a member's counts to its row of that minute (made if new); a depth given
-        replaces the row's. Joins an enclosing batch (the pool writes it with a finish)."""
+        replaces the row's. A transaction's too (the pool writes it with a finish)."""
         ...
 
     def minutes(self, since: int) -> list[Minute]:

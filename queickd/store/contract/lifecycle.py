@@ -6,6 +6,7 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from .backend import Backend
+from .transaction import Transaction
 
 
 class Lifecycle(Backend, Protocol):
@@ -15,12 +16,16 @@ class Lifecycle(Backend, Protocol):
         happen (memory) or is handled otherwise (PostgreSQL: workers beat hearts)."""
         ...
 
-    def batch(self, bookkeeping: bool = False, defer_flush: bool = False) -> AbstractContextManager[None]:
-        """Store calls made on this thread inside the block form one transaction, committed
-        at its end, or rolled back if the block raises (every store, memory included: it
-        leaves nothing behind). A batch opened inside another joins it. Writers on other
-        threads may wait until it ends (SQLite and memory: all of them; PostgreSQL, with
-        bookkeeping: the other bookkeeping batches), so keep the block short.
+    def transaction(self, bookkeeping: bool = False, defer_flush: bool = False) -> AbstractContextManager[Transaction]:
+        """One transaction, open for the block: `with store.transaction() as tx:`, the calls
+        made through `tx` (transaction.Transaction: the calls that may share one) run in it;
+        it commits at the block's end, or rolls back if the block raises (it leaves nothing
+        behind). Calls made on the store itself, and another transaction, stay transactions
+        of their own, which may wait for this one to end (SQLite: any write; PostgreSQL: any
+        call on the connection this one holds): inside the block, call the store through
+        `tx` only. Writers on other threads may wait until it ends (SQLite: all of them;
+        PostgreSQL, with bookkeeping: the other bookkeeping transactions), so keep the block
+        short. `tx` is not to be used after it.
 
         With bookkeeping True, the commit may skip its own flush to disk (SQLite:
         synchronous=NORMAL in WAL; PostgreSQL: synchronous_commit off): use it only for
@@ -33,7 +38,7 @@ class Lifecycle(Backend, Protocol):
         ...
 
     def flush(self) -> None:
-        """Return once every commit made so far is durable (after batch(defer_flush=True)).
+        """Return once every commit made so far is durable (after transaction(defer_flush=True)).
         Stores whose commits are durable when they return do nothing."""
         ...
 

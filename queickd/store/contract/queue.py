@@ -1,6 +1,6 @@
 """The queue: jobs submitted, claimed by a worker pool, finished. Every call here is one
-transaction (joining an enclosing batch()) unless its docstring says otherwise; queue order
-is priority, then run_at, then id."""
+transaction (or, made through a transaction's handle, runs in that one) unless its
+docstring says otherwise; queue order is priority, then run_at, then id."""
 
 from __future__ import annotations
 

@@ -5,9 +5,11 @@ threads it has; the base of PostgresStore, which runs its statements on them.
 - the bookkeeping one: the pool's passes (claims and finishes, one transaction each) and
   the heartbeat, under _bk_lock, with synchronous_commit off;
 - one shared by every other thread: a thread leases it for a transaction (or a submit),
-  and a thread that holds no lease reads through _Reads, one statement at a time, which
-  waits for a lease in flight, so no statement ever lands inside another thread's
-  transaction.
+  and reads go through _Reads, one statement at a time, which waits for a lease in
+  flight, so no statement ever lands inside another thread's transaction.
+A transaction is its connection, passed explicitly (transaction() yields a handle that
+holds it): no call joins one by being made on the same thread, and a call made on the
+store inside a transaction's block waits for that transaction's lock like any other.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
 
+from ..sql.transaction import SqlTransaction
 
 # Every connection's TCP settings (libpq's; ignored on a Unix socket). Keepalives find a
 # connection the network dropped silently (a router rebooted, the server's host lost) while
@@ -44,7 +47,6 @@ KEPT_CURSOR_BYTES = 65536
 class PgConnections:
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
-        self._local = threading.local()
         self._all: list[psycopg.Connection] = []
         self._all_lock = threading.Lock()
         self._bk: psycopg.Connection | None = None  # bookkeeping (claims, finishes), under _bk_lock
@@ -65,14 +67,9 @@ class PgConnections:
         options.setdefault("application_name", f"queickd-{os.getpid()}")
         return psycopg.connect(self._dsn, autocommit=True, connect_timeout=10, **{**TCP_SETTINGS, **options})
 
-    def _conn(self) -> psycopg.Connection | _Reads:
-        """What this thread's statements go to: the bookkeeping connection inside a
-        bookkeeping batch, the shared connection while this thread leases it, else the
-        shared connection one statement at a time (_Reads: execute() only)."""
-        if getattr(self._local, "bookkeeping", False):
-            return self._bookkeeping_conn()
-        if getattr(self._local, "leased", False):
-            return self._shared_conn()
+    def _conn(self) -> _Reads:
+        """What a read outside any transaction goes to: the shared connection, one statement
+        at a time (_Reads: execute() only)."""
         return self._reads
 
     def _open(self, application: str) -> psycopg.Connection:
@@ -155,56 +152,38 @@ class PgConnections:
 
     @contextlib.contextmanager
     def _lease(self) -> Iterator[psycopg.Connection]:
-        """The shared connection for this thread alone until the block ends (reentrant)."""
-        if getattr(self._local, "leased", False):
-            yield self._shared_conn()
-            return
+        """The shared connection for the caller alone until the block ends."""
         with self._shared_lock:
-            self._local.leased = True
-            try:
-                yield self._shared_conn()
-            finally:
-                self._local.leased = False
+            yield self._shared_conn()
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[psycopg.Connection]:
-        if getattr(self._local, "in_batch", False):
-            yield self._conn()  # type: ignore[misc]  # a batch holds its connection
+    def _write(self, bookkeeping: bool = False) -> Iterator[psycopg.Connection]:
+        """One transaction, on the shared connection or (`bookkeeping`) on the bookkeeping
+        one. The pool's claims and outcomes run on a connection of their own, in one
+        transaction per pass, as the contract says (the finish and the claim of a pass
+        stand or fall together). Its session has synchronous_commit off: a server crash
+        may undo the last of these commits, and the only effect is that a job runs again
+        (at-least-once); acked submits, on the other connections, always wait for the
+        WAL flush."""
+        if bookkeeping:
+            with self._bk_lock:
+                c = self._bookkeeping_conn()
+                with c.transaction():
+                    yield c
             return
         with self._lease() as c, c.transaction():
             yield c
 
     @contextlib.contextmanager
-    def batch(self, bookkeeping: bool = False, defer_flush: bool = False) -> Iterator[None]:
-        if getattr(self._local, "in_batch", False):
-            yield
-            return
-        if not bookkeeping:
-            with self._write():
-                self._local.in_batch = True
-                try:
-                    yield
-                finally:
-                    self._local.in_batch = False
-            return
-        # The pool's claims and outcomes run on a connection of their own, in one
-        # transaction per pass, as the contract says (the finish and the claim of a pass
-        # stand or fall together). Its session has synchronous_commit off: a server crash
-        # may undo the last of these commits, and the only effect is that a job runs again
-        # (at-least-once); acked submits, on the other connections, always wait for the
-        # WAL flush.
-        with self._bk_lock, self._bookkeeping_conn().transaction():
-            self._local.bookkeeping = True
-            self._local.in_batch = True
-            try:
-                yield
-            finally:
-                self._local.bookkeeping = False
-                self._local.in_batch = False
+    def transaction(self, bookkeeping: bool = False, defer_flush: bool = False) -> Iterator[SqlTransaction]:
+        """Lifecycle.transaction: _write's transaction and a handle on its connection
+        (commits here are durable when they return: nothing is deferred)."""
+        with self._write(bookkeeping) as c:
+            yield SqlTransaction(self, c)
 
     def durability_said(self) -> str:
         # --durability is SQLite's; here the server decides when a commit is on disk (the
-        # bookkeeping session's own `off` aside, see batch()).
+        # bookkeeping session's own `off` aside, see _write()).
         try:
             (value,) = self._reads.execute("SHOW synchronous_commit").fetchone()
         except psycopg.Error as e:  # the start goes on; the next statement tries the server again
@@ -217,13 +196,12 @@ class PgConnections:
                 with contextlib.suppress(Exception):
                     c.close()
             self._all.clear()
-        self._local = threading.local()
 
 
 
 
 class _Reads:
-    """The shared connection for a thread that holds no lease: each statement waits for
+    """The shared connection for reads outside a transaction: each statement waits for
     the lease in flight and runs alone. Results are read in full by execute() (client-side
     cursors), so the cursor it returns is read after the lease is let go."""
 

@@ -1,8 +1,8 @@
 """PostgreSQL store (`postgresql://user@host/db`): one queue shared by many hosts.
 
 Needs the `postgres` extra (psycopg 3). Three connections per process, however many
-threads it has (connection.py); a call is one explicit transaction, or joins the one batch()
-opened on its thread.
+threads it has (connection.py); a call is one transaction, or runs in the one whose handle
+(transaction()) it was made through.
 
 What the database guarantees, not luck:
 - claims are `UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING` (the
@@ -58,7 +58,7 @@ from . import claim as pgclaim
 from . import finish, fleet
 from .channels import QUEUED_CHANNEL
 from .connection import PgConnections
-from .dialect import DIALECT, lock_admission
+from .dialect import DIALECT
 from .fleet import notify
 from .namespace import split_url
 from .submit import DRAW_ONE, Submitter
@@ -138,7 +138,7 @@ class PostgresStore(PgConnections, SqlStore):
 
         # On the bookkeeping connection, whose transactions are the pool's short passes: a
         # long statement on the shared one (a huge submit) must not silence the beats.
-        with self.batch(bookkeeping=True), self._write() as c:
+        with self._write(bookkeeping=True) as c:
             return fleet.beat(c, self.worker_id, None if max_orphan_requeues is None else sweep)
 
     def deregister_worker(self) -> int:
@@ -163,10 +163,6 @@ class PostgresStore(PgConnections, SqlStore):
     def submit_requests(
         self, requests: Sequence[Sequence[NewJob]], now: float, admission: adm.Admission = adm.NO_LIMITS
     ) -> list[list[Submitted] | adm.Refusal]:
-        if getattr(self._local, "in_batch", False):
-            c = self._conn()
-            lock_admission(c)
-            return self._submitter.submit_in(c, requests, now, admission)
         with self._lease() as c:  # the process's shared connection, this thread's until the commit
             return self._submitter.alone(c, requests, now, admission)
 
@@ -192,7 +188,7 @@ class PostgresStore(PgConnections, SqlStore):
     # --- claim ----------------------------------------------------------------------------
     def finish_and_claim(self, outcomes: Sequence[Outcome], now: float, limit: int, network_up: bool = True,
                          pools: Sequence[str] | None = None) -> list[Job] | None:
-        if getattr(self._local, "in_batch", False) or not self._passes.may_pass(outcomes):
+        if not self._passes.may_pass(outcomes):
             return None
         with self._bk_lock:
             rows = self._passes.pass_in(self._bookkeeping_conn(), self.worker_id, outcomes, now, limit,
@@ -210,20 +206,13 @@ class PostgresStore(PgConnections, SqlStore):
             raise
 
     def claim_available(self, request: claim.Request) -> list[Job]:
-        limit, pools, limits = request.limit, request.pools, request.limits
-        if limit <= 0:
+        if request.limit <= 0:
             return []
-        params = {"now": request.now, "worker": self.worker_id, "pools": list(pools) if pools is not None else None,
-                  "net": request.network_up, "limit": limit, "exclude": request.exclude}
-        if getattr(self._local, "in_batch", False):
-            # No savepoint here (two more round trips on every pass of the pool): a lost key
-            # or slot race, which the claim's own conditions and its lock all but rule out,
-            # fails the batch, and the pool applies its outcomes alone and claims again.
-            return pgclaim.jobs_of(pgclaim.claim_in(self._conn(), params, limits))
+        params = self._claim_params(request)
         for attempt in range(pgclaim.CLAIM_RETRIES):
             try:
                 with self._write() as c:
-                    rows = pgclaim.claim_in(c, params, limits)
+                    rows = pgclaim.claim_in(c, params, request.limits)
                 break
             except psycopg.errors.UniqueViolation:
                 # Another worker claimed a job of the same key, or the same slot of a group,
@@ -231,6 +220,20 @@ class PostgresStore(PgConnections, SqlStore):
                 if attempt == pgclaim.CLAIM_RETRIES - 1:
                     raise
         return pgclaim.jobs_of(rows)
+
+    def _claim_in(self, c: psycopg.Connection, request: claim.Request) -> list[Job]:
+        """A transaction's claim. No retry and no savepoint here (two more round trips on
+        every pass of the pool): a lost key or slot race, which the claim's own conditions
+        and its lock all but rule out, fails the transaction, and the pool applies its
+        outcomes alone and claims again."""
+        if request.limit <= 0:
+            return []
+        return pgclaim.jobs_of(pgclaim.claim_in(c, self._claim_params(request), request.limits))
+
+    def _claim_params(self, request: claim.Request) -> dict[str, Any]:
+        pools = request.pools
+        return {"now": request.now, "worker": self.worker_id, "pools": list(pools) if pools is not None else None,
+                "net": request.network_up, "limit": request.limit, "exclude": request.exclude}
 
     def adopt_budgets(self, limits: claim.Limits) -> list[BudgetChange]:
         with self._write() as c:
@@ -258,7 +261,11 @@ class PostgresStore(PgConnections, SqlStore):
         if not outcomes:
             return Finished(0, [])
         with self._write() as c:
-            return finish.finish_in(c, self._steps(), self.worker_id, outcomes, now, pause_after, pause_cooldown)
+            return self._finish_in(c, outcomes, now, pause_after, pause_cooldown)
+
+    def _finish_in(self, c: psycopg.Connection, outcomes: Sequence[Outcome], now: float, pause_after: int | None,
+                   pause_cooldown: float | None) -> Finished:
+        return finish.finish_in(c, self._steps(), self.worker_id, outcomes, now, pause_after, pause_cooldown)
 
     def recover_orphans(self, max_requeues: int, now: float, running_here: Collection[int] = ()) -> Recovered:
         """Running jobs whose worker is gone (missed its beats, deregistered, or none was

@@ -5,15 +5,16 @@ of the backend besides (its submit, its insert of a step's jobs) is passed in th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar
 
-from ...core.job import Job, NewJob, State
+from ...core.job import Job, NewJob, Outcome, State
 from ...core.policy import admission as adm
+from ...core.policy import claim
 from ...core.workflow import Definition, RunRecord
 from ..derived import StoreBase
-from ..records import CronFire, EventAccepted, NewEvent
+from ..records import CronFire, EventAccepted, Finished, NewEvent
 from . import operator, schedule, stats
 from . import workflows as wfsql
 from .dialect import Dialect, Submit
@@ -31,7 +32,7 @@ def _reads(fn: Callable[Concatenate[Dialect, Any, P], R]) -> Callable[Concatenat
 
 
 def _writes(fn: Callable[Concatenate[Dialect, Any, P], R]) -> Callable[Concatenate[SqlStore, P], R]:
-    """A store method that runs `fn` in a write transaction of its own (or the batch's)."""
+    """A store method that runs `fn` in a write transaction of its own."""
     def method(self: SqlStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
         with self._write() as c:
             return fn(self.dialect, c, *args, **kwargs)
@@ -45,12 +46,14 @@ class SqlStore(StoreBase):
     dialect: ClassVar[Dialect]
     # The backend's connections (sqlite/connection.py, postgres/connection.py) provide these.
     _conn: Callable[[], Any]
-    _write: Callable[[], AbstractContextManager[Any]]
-    batch: Callable[..., AbstractContextManager[None]]
+    _write: Callable[..., AbstractContextManager[Any]]  # (bookkeeping=False): a transaction's connection
 
-    # ... and their submit, and insert of a workflow step's jobs (no admission), in a transaction.
+    # ... and their submit, and insert of a workflow step's jobs (no admission), in a transaction;
+    # with their claim and finish there, what a transaction's (transaction.py) run.
     _submit_in: Submit
     _wf_submit: Callable[[Any, list[NewJob], float], None]
+    _claim_in: Callable[[Any, claim.Request], list[Job]]
+    _finish_in: Callable[[Any, Sequence[Outcome], float, int | None, float | None], Finished]
 
     def _steps(self) -> wfsql.Steps:
         return wfsql.Steps(self._wf_submit, self.queue_cap)
@@ -82,7 +85,7 @@ class SqlStore(StoreBase):
         cut loses a progress note, so it is bookkeeping (no flush of its own)."""
         if not updates:
             return 0
-        with self.batch(bookkeeping=True), self._write() as c:
+        with self._write(bookkeeping=True) as c:
             return operator.set_progress_if_running(self.dialect, c, updates)
 
     add_minute = _writes(stats.add_minute)

@@ -36,9 +36,11 @@ import sqlite3
 import threading
 import time
 import urllib.parse
+from typing import Any
 
 from ...settings import SQLITE_PAGE
 from ..records import NotDurableError, StoreInUseError
+from ..sql.transaction import SqlTransaction
 from . import check as sqlite_check
 from . import schema as sqlite_schema
 from .checkpoint import BACKSTOP_PAGES, Checkpointer
@@ -288,9 +290,6 @@ class SQLiteFile:
         submits above all, is flushed at the store's durability before this returns,
         outside the write lock (`defer_flush`: left to the caller's flush()); the flush
         also makes every earlier bookkeeping commit durable."""
-        inside = getattr(self._local, "batch_conn", None)
-        if inside is not None:  # inside batch(): its transaction is ours (a pass makes several calls)
-            return contextlib.nullcontext(inside)
         return _Transaction(self, bookkeeping, defer_flush, False)
 
     def flush(self) -> None:
@@ -393,9 +392,9 @@ class SQLiteFile:
             pass  # a full disk: the lock holds all the same, only the pid is not shown
         self._lock_fd = fd
 
-    def batch(self, bookkeeping: bool = False, defer_flush: bool = False) -> contextlib.AbstractContextManager[None]:
-        if getattr(self._local, "batch_conn", None) is not None:
-            return contextlib.nullcontext()
+    def transaction(self, bookkeeping: bool = False,
+                    defer_flush: bool = False) -> contextlib.AbstractContextManager[SqlTransaction]:
+        """Lifecycle.transaction: _write's transaction, entered as its handle."""
         return _Transaction(self, bookkeeping, defer_flush, True)
 
     def integrity_check(self) -> str:
@@ -426,24 +425,25 @@ class SQLiteFile:
             self._lock_fd = None
 
 
-class _Transaction:
-    """SQLiteFile's write transaction (see _write; `batch`: the calls made inside it on this
-    thread join it). Under the write lock: BEGIN IMMEDIATE, the body, COMMIT, or on any
-    error a rollback (SQLite may already have rolled back: disk full, I/O error) with the
-    first error raised. A class, not generators: a pass or a commit of submits enters it
-    every time, and the four nested generator context managers it replaced cost more than
-    BEGIN and COMMIT of a small transaction together."""
+class _Transaction(SqlTransaction):
+    """SQLiteFile's write transaction (see _write), which is also its handle when entered
+    from transaction() (`handle`: entering gives the handle, else the connection): one
+    object per transaction. Under the write lock: BEGIN IMMEDIATE, the body, COMMIT, or on
+    any error a rollback (SQLite may already have rolled back: disk full, I/O error) with
+    the first error raised. A class, not generators: a pass or a commit of submits enters
+    it every time, and nested generator context managers cost more than BEGIN and COMMIT
+    of a small transaction together."""
 
-    __slots__ = ("file", "bookkeeping", "defer_flush", "batch", "conn")
+    __slots__ = ("bookkeeping", "defer_flush", "handle")
 
-    def __init__(self, file: SQLiteFile, bookkeeping: bool, defer_flush: bool, batch: bool) -> None:
-        self.file = file
+    def __init__(self, file: SQLiteFile, bookkeeping: bool, defer_flush: bool, handle: bool) -> None:
+        self.store = file  # the SQLiteStore whose SQLiteFile this is
         self.bookkeeping = bookkeeping
         self.defer_flush = defer_flush
-        self.batch = batch
+        self.handle = handle
 
-    def __enter__(self) -> sqlite3.Connection:
-        f = self.file
+    def __enter__(self) -> Any:
+        f: SQLiteFile = self.store
         if f.read_only:
             f._leave_read_only()  # DiskFullError while there is no room
         if f._files is not None and f._files.lost is not None:
@@ -455,15 +455,12 @@ class _Transaction:
         except BaseException:
             f._write_lock.release()
             raise
-        if self.batch:
-            f._local.batch_conn = c
-        return c
+        return self if self.handle else c
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
-        f, c = self.file, self.conn
+        f: SQLiteFile = self.store
+        c = self.conn
         try:
-            if self.batch:
-                f._local.batch_conn = None
             if kind is None:
                 try:
                     c.execute("COMMIT")

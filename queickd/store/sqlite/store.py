@@ -29,6 +29,7 @@ from ..sql.operator import filters
 from ..sql.plans import STREAK
 from ..sql.schedule import repair_key_order
 from ..sql.store import SqlStore
+from ..sql.transaction import SqlTransaction
 from ..sqlstates import UNFINISHED_IN, WAITING_IN
 from .claim import Claims, queue_order
 from .connection import SQLiteFile, insert_rows
@@ -75,8 +76,8 @@ DIALECT = Dialect(
 class SQLiteStore(SQLiteFile, SqlStore):
     dialect = DIALECT
 
-    def claiming_batch(self) -> contextlib.AbstractContextManager[None]:
-        return self.batch(defer_flush=True)  # ClaimsInSubmit: one writing connection serves both
+    def claiming_transaction(self) -> contextlib.AbstractContextManager[SqlTransaction]:
+        return self.transaction(defer_flush=True)  # ClaimsInSubmit: one writing connection serves both
 
     def __init__(self, path: str, durability: str = "full", busy_timeout: float = 30.0) -> None:
         self._claims = Claims()
@@ -145,6 +146,9 @@ class SQLiteStore(SQLiteFile, SqlStore):
         with self._write(bookkeeping=True) as c:
             return self._claims.claim(c, request)
 
+    def _claim_in(self, c: sqlite3.Connection, request: claim.Request) -> list[Job]:
+        return self._claims.claim(c, request)
+
     # --- schedule -------------------------------------------------------------------------
     def promote_due(self, now: float) -> int:
         with self._write(bookkeeping=True) as c:
@@ -176,56 +180,60 @@ class SQLiteStore(SQLiteFile, SqlStore):
     # --- finish ---------------------------------------------------------------------------
     def finish_if_running(self, outcomes: Sequence[Outcome], now: float, pause_after: int | None = None,
                           pause_cooldown: float | None = None) -> Finished:
+        with self._write(bookkeeping=True) as c:
+            return self._finish_in(c, outcomes, now, pause_after, pause_cooldown)
+
+    def _finish_in(self, c: sqlite3.Connection, outcomes: Sequence[Outcome], now: float, pause_after: int | None,
+                   pause_cooldown: float | None) -> Finished:
         changed = 0
         finished: list[pz.Finish] = []
         steps: list[tuple] = []  # finished jobs of workflow steps: their runs advance
-        with self._write(bookkeeping=True) as c:
-            # Usually nothing is failing: then a success has no streak to reset, nor a probe
-            # whose success would lift its pause (one statement for both).
-            any_streak, probing = c.execute(
-                "SELECT EXISTS (SELECT 1 FROM streaks), EXISTS (SELECT 1 FROM pauses WHERE probe_job IS NOT NULL)"
+        # Usually nothing is failing: then a success has no streak to reset, nor a probe
+        # whose success would lift its pause (one statement for both).
+        any_streak, probing = c.execute(
+            "SELECT EXISTS (SELECT 1 FROM streaks), EXISTS (SELECT 1 FROM pauses WHERE probe_job IS NOT NULL)"
+        ).fetchone()
+        if not any_streak and not probing and all(o.state == State.SUCCEEDED and o.workflow_run is None
+                                                  for o in outcomes):
+            # The steady state: successes with no streak to reset need no RETURNING.
+            cur = c.executemany(
+                "UPDATE jobs SET state = 'succeeded', result = ?, error = NULL, output = ?, finished_at = ?"
+                " WHERE id = ? AND state = 'running'",
+                [(None if o.result is None else dbrows.dumps(o.result), o.output, now, o.job_id)
+                 for o in outcomes])
+            return Finished(cur.rowcount, [])
+        for o in outcomes:
+            row = c.execute(
+                "UPDATE jobs SET state = ?1, run_at = coalesce(?2, run_at), result = ?3, error = ?4,"
+                " finished_at = ?5, attempts = attempts - (?1 = 'waiting_network'), output = ?7"
+                " WHERE id = ?6 AND state = 'running' RETURNING key, func, workflow_step, workflow_item,"
+                " workflow_loop",
+                (o.state, o.run_at, None if o.result is None else dbrows.dumps(o.result),
+                 dbrows.dumps(o.error) if o.error else None, now if o.state in State.FINAL else None,
+                 o.job_id, o.output),
             ).fetchone()
-            if not any_streak and not probing and all(o.state == State.SUCCEEDED and o.workflow_run is None
-                                                      for o in outcomes):
-                # The steady state: successes with no streak to reset need no RETURNING.
-                cur = c.executemany(
-                    "UPDATE jobs SET state = 'succeeded', result = ?, error = NULL, output = ?, finished_at = ?"
-                    " WHERE id = ? AND state = 'running'",
-                    [(None if o.result is None else dbrows.dumps(o.result), o.output, now, o.job_id)
-                     for o in outcomes])
-                return Finished(cur.rowcount, [])
-            for o in outcomes:
-                row = c.execute(
-                    "UPDATE jobs SET state = ?1, run_at = coalesce(?2, run_at), result = ?3, error = ?4,"
-                    " finished_at = ?5, attempts = attempts - (?1 = 'waiting_network'), output = ?7"
-                    " WHERE id = ?6 AND state = 'running' RETURNING key, func, workflow_step, workflow_item,"
-                    " workflow_loop",
-                    (o.state, o.run_at, None if o.result is None else dbrows.dumps(o.result),
-                     dbrows.dumps(o.error) if o.error else None, now if o.state in State.FINAL else None,
-                     o.job_id, o.output),
-                ).fetchone()
-                if row is None:
-                    continue
-                changed += 1
-                if not o.blameless:  # the host failed it: counts for nothing
-                    finished.append(pz.Finish(o.state, o.error, row[0], row[1], o.job_id))
-                if o.workflow_run is not None and o.state in (State.SUCCEEDED, State.DEAD):
-                    steps.append((o.job_id, o.workflow_run, *row[2:], o.state == State.SUCCEEDED, o.result,
-                                  o.error))
-            if steps:  # in the same transaction as the finish: one commits with the other
-                wfsql.advance_in(DIALECT, c, self._steps(), steps, now)
-            if not finished:
-                return Finished(changed, [])
+            if row is None:
+                continue
+            changed += 1
+            if not o.blameless:  # the host failed it: counts for nothing
+                finished.append(pz.Finish(o.state, o.error, row[0], row[1], o.job_id))
+            if o.workflow_run is not None and o.state in (State.SUCCEEDED, State.DEAD):
+                steps.append((o.job_id, o.workflow_run, *row[2:], o.state == State.SUCCEEDED, o.result,
+                              o.error))
+        if steps:  # in the same transaction as the finish: one commits with the other
+            wfsql.advance_in(DIALECT, c, self._steps(), steps, now)
+        if not finished:
+            return Finished(changed, [])
 
-            def streak(t: pz.Target) -> tuple[int, bool]:
-                if not any_streak:  # no streak anywhere before this finish: only the pause to read
-                    return 0, c.execute("SELECT 1 FROM pauses WHERE kind = ? AND name = ?", t).fetchone() is not None
-                n, paused = c.execute(STREAK, (*t, *t)).fetchone()
-                return n, bool(paused)
+        def streak(t: pz.Target) -> tuple[int, bool]:
+            if not any_streak:  # no streak anywhere before this finish: only the pause to read
+                return 0, c.execute("SELECT 1 FROM pauses WHERE kind = ? AND name = ?", t).fetchone() is not None
+            n, paused = c.execute(STREAK, (*t, *t)).fetchone()
+            return n, bool(paused)
 
-            p = pz.plan(finished, now, pause_after, pz.Lookups(streak, lambda t: plans.pause_of(DIALECT, c, t)),
-                        pause_cooldown)
-            return Finished(changed, plans.write_pauses(DIALECT, c, p), p.next_probe)
+        p = pz.plan(finished, now, pause_after, pz.Lookups(streak, lambda t: plans.pause_of(DIALECT, c, t)),
+                    pause_cooldown)
+        return Finished(changed, plans.write_pauses(DIALECT, c, p), p.next_probe)
 
     def recover_orphans(self, max_requeues: int, now: float, running_here: Collection[int] = ()) -> Recovered:
         with self._write() as c:
