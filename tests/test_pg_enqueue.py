@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from store_contract import job
 
 from queickd.core.job import State
 from queickd.core.policy.admission import Admission
@@ -223,3 +224,29 @@ def test_sqlalchemy_hands_its_psycopg_connection_over(pg):
     with engine.begin() as conn:
         job_id = qpg.enqueue(conn.connection.driver_connection, "m:f", [1])
     assert admin.execute("SELECT id FROM jobs").fetchall() == [(job_id,)]
+
+
+def test_the_store_counts_the_jobs_applications_enqueued_by_state(app, pg_store):
+    c, schema = app
+    qpg.enqueue(c, "m:now", schema=schema)
+    qpg.enqueue(c, "m:later", delay=3600, schema=schema)
+    c.commit()
+    pg_store.submit([job()], time.time())  # through a daemon's submit: not counted
+    assert pg_store.direct_counts() == {State.QUEUED: 1, State.SCHEDULED: 1}
+
+
+def test_status_shows_the_jobs_by_origin(pg, start_daemon):
+    import subprocess
+    import sys
+
+    url, _ = pg
+    d = start_daemon(url, workers=0)
+    with psycopg.connect(url) as c:
+        qpg.enqueue(c, "testjobs:noop")
+        c.commit()
+    with d.client() as q:
+        q.enqueue("testjobs:noop")
+        assert q.stats()["direct"] == {State.QUEUED: 1}
+    out = subprocess.run([sys.executable, "-m", "queickd", "status", "--port", str(d.port)],
+                         capture_output=True, text=True, timeout=60).stdout
+    assert "jobs     by origin: 1 through a daemon, 1 in applications' transactions   direct queued 1" in out

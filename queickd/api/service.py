@@ -392,6 +392,8 @@ class QueueService(WorkflowOps):
             "tokens": self.tokens.snapshot() if self.tokens is not None else None,
         }
         reply.update(self._fleet_stats(reply["counts"]))
+        if isinstance(self.store, FleetStore):  # the jobs applications enqueued themselves
+            reply["direct"] = self.store.direct_counts()
         minutes = self.store.minutes(status.first_minute(now))  # whoever ran them: the fleet's
         # A single-host store's only member is this daemon: the others in its counts are
         # this store's earlier daemons, gone (their runs count in the totals alone).

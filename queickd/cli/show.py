@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..ui import statusview
 from ..ui.text import ERROR_SHOWN, local_time, one_line, pause_cause, progress_text, unserved
 
 
@@ -116,6 +117,9 @@ def print_stats(s: dict[str, Any]) -> None:
         print(f"collector: young generation every {gc['thresholds'][0]} allocations, {gc['frozen']} objects frozen,"
               f" collections {'/'.join(map(str, gc['collections']))} (young/middle/oldest)")
     print("jobs: " + "  ".join(f"{k} {v}" for k, v in s["counts"].items()))
+    origin = statusview.origin_line(s)
+    if origin is not None:
+        print("  " + origin)
     ev = s["events"]
     print(f"events: pending {ev['pending']}  dead {ev['dead']}   refused requests {s['refused']}"
           f"   cron ticks folded {s['crons_folded']}")

@@ -30,6 +30,17 @@ def sparkline(values: list[int]) -> str:
     return "".join(_SPARK[min(len(_SPARK) - 1, -(-v * (len(_SPARK) - 1) // top))] for v in values)
 
 
+def origin_line(s: dict[str, Any]) -> str | None:
+    """Who enqueued the jobs, on a store where applications enqueue in their own
+    transactions (PostgreSQL: the `stats` reply's `direct`); None elsewhere."""
+    direct = s.get("direct")
+    if direct is None:
+        return None
+    return (f"by origin: {sum(s['counts'].values()) - sum(direct.values())} through a daemon, "
+            f"{sum(direct.values())} in applications' transactions"
+            + "".join(f"   direct {k} {v}" for k, v in direct.items()))
+
+
 def lines(s: dict[str, Any], width: int = 100) -> list[str]:
     """The status picture as text lines, most important first."""
     now = s.get("now") or time.time()
@@ -65,6 +76,9 @@ def lines(s: dict[str, Any], width: int = 100) -> list[str]:
     out.extend(member_lines(s.get("last_hour")))
     out.append(f"totals   enqueued {s['enqueued']}  completed {s['completed']}  failed runs {s['failed']}  "
                f"refused {s['refused']}")
+    origin = origin_line(s)
+    if origin is not None:
+        out.append(f"jobs     {origin}")
     pools = s.get("pools") or {}
     if pools:
         out.append("")

@@ -28,6 +28,12 @@ class FleetStore(Store, Protocol):
         for the jobs other connections enqueue in their own transactions."""
         ...
 
+    def direct_counts(self) -> dict[str, int]:
+        """Jobs enqueued by applications' own transactions (enqueue(), queickd.pg), by
+        state (states with none absent); every other job came through a daemon. Read
+        from their own small index."""
+        ...
+
     def versions(self) -> tuple[str | None, int]:
         """(queickd version, schema version) the database was migrated by."""
         ...

@@ -31,6 +31,9 @@ from ...core.protocol import MAX_COST_UNITS, MAX_INT, MAX_KEY_LEN, Code
 from ..sqlstates import UNFINISHED_IN, WAITING_IN
 from .channels import CHANNEL, QUEUED_CHANNEL
 
+# A job's `origin` when this function inserted it (a daemon's submit leaves it NULL), so an
+# operator's status tells the two apart (PostgresStore.direct_counts).
+DIRECT = "direct"
 # SQLSTATE -> the wire protocol's code (class QD: queickd's own, no standard class).
 ERRORS = {"QD400": Code.BAD_REQUEST, "QD409": Code.CONFLICT, "QD429": Code.QUEUE_FULL}
 _STATE = {code: state for state, code in ERRORS.items()}
@@ -193,13 +196,14 @@ ENQUEUE = f"""
 
         INSERT INTO jobs (state, func, args, kwargs, priority, run_at, created_at, max_attempts, retry,
                           retry_on_network, key, idempotency_key, pool, concurrency_group, concurrency_limit,
-                          cost_units, isolation, timeout, memory_mb, output_kb)
+                          cost_units, isolation, timeout, memory_mb, output_kb, origin)
         VALUES (CASE WHEN at <= now_ THEN '{State.QUEUED}' ELSE '{State.SCHEDULED}' END, f,
                 CASE WHEN a = '[]' THEN NULL ELSE a::text END, CASE WHEN kw = '{{}}' THEN NULL ELSE kw::text END,
                 coalesce((o->>'priority')::numeric::int, 0), at, now_, coalesce((r->>'max_attempts')::int, 1), r::text,
                 coalesce((o->>'retry_on_network')::boolean, false), k, ik, pool_, o->>'concurrency_group',
                 (o->>'concurrency_limit')::numeric::int, (o->>'cost_units')::float8, o->>'isolation',
-                (o->>'timeout')::float8, (o->>'memory_mb')::numeric::int, (o->>'output_kb')::numeric::int)
+                (o->>'timeout')::float8, (o->>'memory_mb')::numeric::int, (o->>'output_kb')::numeric::int,
+                '{DIRECT}')
         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING id INTO new_id;
         IF new_id IS NULL THEN  -- a transaction that committed meanwhile took the key: its job

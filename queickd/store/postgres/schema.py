@@ -341,6 +341,12 @@ MIGRATIONS.append(namespace.move_migration(
     sorted({m for sql in MIGRATIONS for m in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", sql)})))
 # 30: enqueue(func, args, options), a job enqueued by the caller's own transaction (enqueue_sql.py).
 MIGRATIONS.append(pgenqueuesql.ENQUEUE)
+# 31: a job's origin, 'direct' when enqueue() inserted it (NULL: a daemon's submit), counted
+# by its own small index; enqueue() marks its jobs from here on.
+MIGRATIONS.append("""
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS origin text;
+    CREATE INDEX IF NOT EXISTS jobs_direct ON jobs (state) WHERE origin IS NOT NULL;
+    """ + pgenqueuesql.ENQUEUE)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

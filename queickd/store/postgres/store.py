@@ -118,6 +118,10 @@ class PostgresStore(PgConnections, SqlStore):
     def check_version(self) -> None:
         fleet.check_version(*self.versions())
 
+    def direct_counts(self) -> dict[str, int]:
+        return dict(self._conn().execute(
+            "SELECT state, count(*) FROM jobs WHERE origin IS NOT NULL GROUP BY state").fetchall())
+
     def publish_admission(self, limits: adm.Admission) -> None:
         with self._write() as c:
             fleet.publish_admission(c, limits)
