@@ -11,7 +11,20 @@ from typing import TYPE_CHECKING
 
 from bench.manyclients import RATE
 from bench.peers import HUEY, QUEICK, QUEICKD_MEMORY, QUEICKD_SQLITE
-from bench.pgsetup import PGQUEUER, QUEICKD_ENQUEUE, RAW_LOOPBACK, RAW_ROWS, queickd_target
+from bench.pgsetup import (
+    APP_CPU,
+    APP_ENQUEUE,
+    APP_INSERT,
+    APP_ROW,
+    APP_ROW_JOB,
+    APP_WALL,
+    PGQUEUER,
+    QUEICKD_DIRECT,
+    QUEICKD_ENQUEUE,
+    RAW_LOOPBACK,
+    RAW_ROWS,
+    queickd_target,
+)
 from bench.running import E2E_MANY, E2E_SINGLE
 from bench.scenarios import RAW_LONE, RAW_LONE_TCP
 
@@ -141,6 +154,31 @@ def pg_serial_floor(res: Results) -> float | None:
     return 1e6 / (trip + 1e6 / rows) if trip and rows else None
 
 
+def _added_by_enqueue(label: str) -> Callable[[Results], float | None]:
+    """What enqueueing a job adds to an application's transaction that inserts its own
+    row: the transaction with the job less the one without, per transaction."""
+    def value(res: Results) -> float | None:
+        with_job, alone = res.median(("app-tx", APP_ROW_JOB, label)), res.median(("app-tx", APP_ROW, label))
+        return None if with_job is None or alone is None else with_job - alone
+    return value
+
+
+def _app_tx_text(res: Results) -> list[str]:
+    """The app transaction's parts, each statement timed alone by the client."""
+    insert, enqueue = res.median(("app-tx", APP_ROW_JOB, APP_INSERT)), res.median(("app-tx", APP_ROW_JOB, APP_ENQUEUE))
+    wall, cpu = _added_by_enqueue(APP_WALL)(res), _added_by_enqueue(APP_CPU)(res)
+    alone_wall, alone_cpu = res.median(("app-tx", APP_ROW, APP_WALL)), res.median(("app-tx", APP_ROW, APP_CPU))
+    out = []
+    if wall is not None and cpu is not None and alone_wall and alone_cpu:
+        out.append(f"in an app transaction: the enqueue adds {wall:.0f} µs of wall time and {cpu:.0f} µs of client+"
+                   f"server CPU to a transaction of the app's INSERT alone ({alone_wall:.0f} µs, {alone_cpu:.0f} µs "
+                   "of CPU, its COMMIT included)")
+    if insert and enqueue is not None:
+        out.append(f"in an app transaction, statements alone: the enqueue call {enqueue:.0f} µs of wall time, the "
+                   f"app's INSERT {insert:.0f} µs ({enqueue / insert:.2f}x)")
+    return out
+
+
 def _pg_floor_text(res: Results) -> list[str]:
     """What the floors of this run allow against pgqueuer: where an aim is past them."""
     peer_one = res.median(("enqueue-single", PGQUEUER, PG_ENQ))
@@ -179,6 +217,16 @@ PG_GOALS = [
          pg_serial_floor, 0.6),
     Goal("1,000 per request: queickd pg >= 2x pgqueuer", ("enqueue-batch", QUEICKD_ENQUEUE, PG_ENQ),
          ("enqueue-batch", PGQUEUER, PG_ENQ), 2.0),
+    Goal("one enqueue at a time, queickd.pg on the app's connection: >= 1.1x pgqueuer",
+         ("enqueue-single", QUEICKD_DIRECT, PG_ENQ), ("enqueue-single", PGQUEUER, PG_ENQ), 1.1),
+    Goal("one enqueue at a time, queickd.pg on the app's connection: >= 0.8x bare rows, one per statement",
+         ("enqueue-single", QUEICKD_DIRECT, PG_ENQ), ("raw", RAW_ROWS, "rows/s, one per statement"), 0.8),
+    Goal("1,000 per call, queickd.pg on the app's connection: >= 1.5x pgqueuer",
+         ("enqueue-batch", QUEICKD_DIRECT, PG_ENQ), ("enqueue-batch", PGQUEUER, PG_ENQ), 1.5),
+    Goal("in an app transaction: client+server CPU the enqueue adds <= 1.3x the app's INSERT transaction's",
+         _added_by_enqueue(APP_CPU), ("app-tx", APP_ROW, APP_CPU), 1.3, at_least=False),
+    Goal("in an app transaction: wall time the enqueue adds <= 1.3x the app's INSERT transaction's",
+         _added_by_enqueue(APP_WALL), ("app-tx", APP_ROW, APP_WALL), 1.3, at_least=False),
     Goal("idle, daemon + 1 worker: transactions/min per process <= pgqueuer's", _per_process("idle", PG_IDLE_TX, 1),
          ("idle", PGQUEUER, PG_IDLE_TX), 1.0, at_least=False),
     Goal("idle, daemon + 4 workers: transactions/min per process <= pgqueuer's",
@@ -196,4 +244,5 @@ PG_GOALS = [
 def pg_goal_lines(res: Results) -> list[str]:
     """One line per PostgreSQL goal whose value was measured in this run, then what the
     floors of this run allow."""
-    return [g.check(res) for g in PG_GOALS if g.measured(res) is not None] + _pg_floor_text(res)
+    return ([g.check(res) for g in PG_GOALS if g.measured(res) is not None] + _pg_floor_text(res)
+            + _app_tx_text(res))

@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmark queickd's PostgreSQL store (1, 2 and 4 external worker processes) against pgqueuer "
         "and procrastinate on the same local PostgreSQL: enqueue rate, end-to-end jobs/s, idle transactions per "
         "minute, kill -9 of the workers. Targets alternate over the rounds, each on a fresh database.",
-        epilog="Scenarios: enqueue-single, enqueue-batch, e2e, idle, crash. The peers' venvs are created on "
+        epilog="Scenarios: enqueue-single, enqueue-batch, raw, app-tx, e2e, idle, crash. The peers' venvs are created on "
         "first use (see the top of bench/pg.py and bench/README.md).",
     )
     p.add_argument("--rounds", type=int, default=None, help="rounds per scenario (default: 3; 1 with --quick)")

@@ -6,8 +6,11 @@ bench/pg.py.
 KIND is SYSTEM-WHAT: SYSTEM is queickd (runs under this project's Python and talks to the
 daemon's port), pgqueuer (runs under the pgqueuer virtualenv's Python: asyncpg) or
 procrastinate (under the procrastinate virtualenv's Python: psycopg) or raw (bare rows, no
-queue, this project's Python: psycopg); WHAT is enqueue, e2e or crash-client. Standard
-library only at import time; each kind imports its client lazily.
+queue, this project's Python: psycopg), direct (queickd.pg on the probe's own psycopg
+connection, no daemon in the way), approw / approwjob (an application's transaction
+inserting its own row, without / with a queickd.pg enqueue beside it); WHAT is enqueue,
+e2e or crash-client. Standard library only at import time; each kind imports its client
+lazily.
 Peer probes run in the run's temp dir, which holds benchjobs.py and the peer's app module
 (pgqueuer_app.py / procrastinate_app.py), so they enqueue exactly what the peer's workers run.
 Every loop is bounded by a count and a deadline.
@@ -39,6 +42,18 @@ def _emit(result: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def _backend_cpu(pids: list[int]) -> float | None:
+    """CPU seconds of these server backends so far (/proc, same machine), None with none."""
+    if not pids:
+        return None
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # from the state (field 3) on
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def _chunks(n: int, size: int) -> list[int]:
     return [min(size, n - start) for start in range(0, n, size)]
 
@@ -50,6 +65,14 @@ class Client:
     async def open(self, a: argparse.Namespace) -> None: ...
 
     async def close(self) -> None: ...
+
+    async def backend_pids(self) -> list[int]:
+        """The server backends this client's requests run on, when it holds them itself."""
+        return []
+
+    def timings(self) -> dict[str, Any]:
+        """What the client timed itself, beyond the measurement's own clock."""
+        return {}
 
     async def noop(self, n: int) -> int:
         """Enqueue n no-op jobs in one request (n == 1: the system's one-job call)."""
@@ -126,6 +149,9 @@ class PgqueuerClient(Client):
     async def close(self) -> None:
         await self.conn.close()
 
+    async def backend_pids(self) -> list[int]:
+        return [int(await self.conn.fetchval("SELECT pg_backend_pid()"))]
+
     async def noop(self, n: int) -> int:
         if n == 1:
             return len(await self.q.enqueue("noop", None))
@@ -192,22 +218,39 @@ class ProcrastinateClient(Client):
         return {r["s"]: int(r["n"]) for r in rows}
 
 
+class OwnConnection(Client):
+    """A client writing through one psycopg connection of its own, in autocommit (the
+    probe reads its server backend's CPU); it enqueues jobs nothing runs."""
+
+    def connect(self, a: argparse.Namespace) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(a.dsn, autocommit=True, connect_timeout=int(CLIENT_TIMEOUT))
+
+    async def close(self) -> None:
+        self.conn.close()
+
+    async def backend_pids(self) -> list[int]:
+        return [self.conn.info.backend_pid]
+
+    async def append_byte(self, path: str, n: int) -> None:
+        raise NotImplementedError("enqueue only: nothing runs these jobs")
+
+    async def append_line_after(self, path: str, token: str, seconds: float) -> None:
+        raise NotImplementedError("enqueue only: nothing runs these jobs")
+
+    async def states(self) -> dict[str, int]:
+        return {"rows": await self.unfinished()}
 
 
-# --- measurements ---------------------------------------------------------------------------------
-class RawClient(Client):
+class RawClient(OwnConnection):
     """No queue: bare rows (a bigserial id and a short text) inserted into a table of their
     own by psycopg in autocommit, one statement per request, the way a queue's client
     that writes to the database itself would at the least. The floor under any of them."""
 
     async def open(self, a: argparse.Namespace) -> None:
-        import psycopg
-
-        self.conn = psycopg.connect(a.dsn, autocommit=True, connect_timeout=int(CLIENT_TIMEOUT))
+        self.connect(a)
         self.conn.execute("CREATE TABLE IF NOT EXISTS raw_rows (id bigserial PRIMARY KEY, v text)")
-
-    async def close(self) -> None:
-        self.conn.close()
 
     async def noop(self, n: int) -> int:
         if n == 1:
@@ -215,37 +258,101 @@ class RawClient(Client):
             return 1
         return self.conn.execute("INSERT INTO raw_rows (v) SELECT unnest(%s::text[])", (["noop"] * n,)).rowcount
 
-    async def append_byte(self, path: str, n: int) -> None:
-        raise NotImplementedError("raw rows run nothing")
-
-    async def append_line_after(self, path: str, token: str, seconds: float) -> None:
-        raise NotImplementedError("raw rows run nothing")
-
     async def unfinished(self) -> int:
         return int(self.conn.execute("SELECT count(*) FROM raw_rows").fetchone()[0])
 
-    async def states(self) -> dict[str, int]:
-        return {"rows": await self.unfinished()}
+
+def _queickd_pg() -> tuple[Any, str]:
+    """queickd.pg, and the no-op job's function name as queickd spells it."""
+    import benchjobs
+
+    import queickd.pg
+    from queickd.client import func_name
+
+    return queickd.pg, func_name(benchjobs.noop)
+
+
+class DirectClient(OwnConnection):
+    """queickd.pg on the application's own psycopg connection, no daemon in the way: one
+    job is one autocommit `enqueue` (a transaction of its own), a batch one `enqueue_many`
+    in a transaction of its own. A daemon migrated the schema and published its rules."""
+
+    async def open(self, a: argparse.Namespace) -> None:
+        self.pg, self.func = _queickd_pg()
+        self.connect(a)
+
+    async def noop(self, n: int) -> int:
+        if n == 1:
+            self.pg.enqueue(self.conn, self.func)
+            return 1
+        with self.conn.transaction():
+            return len(self.pg.enqueue_many(self.conn, [{"func": self.func}] * n))
+
+    async def unfinished(self) -> int:
+        from queickd.store.postgres.namespace import DEFAULT_SCHEMA
+
+        return int(self.conn.execute(f"SELECT count(*) FROM {DEFAULT_SCHEMA}.jobs").fetchone()[0])
+
+
+class AppRowClient(OwnConnection):
+    """An application's transaction: its own row (an order) inserted, and with with_job a
+    job enqueued beside it by queickd.pg, then the commit. Each statement is timed apart."""
+
+    with_job = False
+
+    async def open(self, a: argparse.Namespace) -> None:
+        self.pg, self.func = _queickd_pg()
+        self.connect(a)
+        self.conn.execute("CREATE TABLE IF NOT EXISTS app_orders (id bigserial PRIMARY KEY, customer text NOT NULL,"
+                          " created_at timestamptz NOT NULL DEFAULT now())")
+        self.insert_s = self.enqueue_s = 0.0
+
+    def timings(self) -> dict[str, Any]:
+        return {"insert_s": self.insert_s, "enqueue_s": self.enqueue_s}
+
+    async def noop(self, n: int) -> int:
+        for _ in range(n):
+            with self.conn.transaction():
+                t0 = time.perf_counter()
+                order = self.conn.execute("INSERT INTO app_orders (customer) VALUES (%s) RETURNING id",
+                                          ("c-1",)).fetchone()[0]
+                t1 = time.perf_counter()
+                if self.with_job:
+                    self.pg.enqueue(self.conn, self.func, args=[order])
+                    self.enqueue_s += time.perf_counter() - t1
+                self.insert_s += t1 - t0
+        return n
+
+    async def unfinished(self) -> int:
+        return int(self.conn.execute("SELECT count(*) FROM app_orders").fetchone()[0])
+
+
+class AppRowJobClient(AppRowClient):
+    with_job = True
 
 
 CLIENTS: dict[str, type[Client]] = {
     "queickd": QueickdClient, "pgqueuer": PgqueuerClient, "procrastinate": ProcrastinateClient, "raw": RawClient,
+    "direct": DirectClient, "approw": AppRowClient, "approwjob": AppRowJobClient,
 }
 
 
+# --- measurements ---------------------------------------------------------------------------------
 async def enqueue(c: Client, a: argparse.Namespace) -> dict[str, Any]:
     """N no-op jobs: one per request (--mode single) or --chunk per request (--mode batch)."""
     sizes = [1] * a.n if a.mode == "single" else _chunks(a.n, a.chunk)
     stored = 0
-    cpu0, t0 = _cpu_seconds(), time.perf_counter()
+    pids = await c.backend_pids()
+    be0, cpu0, t0 = _backend_cpu(pids), _cpu_seconds(), time.perf_counter()
     for size in sizes:
         stored += await c.noop(size)
     elapsed = time.perf_counter() - t0
-    cpu = _cpu_seconds() - cpu0
+    cpu, be1 = _cpu_seconds() - cpu0, _backend_cpu(pids)
     waiting = await c.unfinished()
     if stored != a.n or waiting != a.n:
         raise SystemExit(f"expected {a.n} stored and waiting jobs, got {stored} stored, {waiting} waiting")
-    return {"n": a.n, "seconds": elapsed, "rate": a.n / elapsed, "client_cpu_s": cpu}
+    return {"n": a.n, "seconds": elapsed, "rate": a.n / elapsed, "client_cpu_s": cpu,
+            "backend_cpu_s": None if be0 is None or be1 is None else be1 - be0, **c.timings()}
 
 
 async def _wait_size(path: str, n: int, deadline: float) -> int:

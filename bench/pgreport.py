@@ -122,7 +122,17 @@ def notes(s: Settings, names: set[str]) -> list[str]:
         out.append("enqueue: nothing consumes the jobs. queickd's client talks to the daemon (--workers 0), which "
                    "writes to PostgreSQL; the peers' clients write to PostgreSQL themselves (pgqueuer: Queries.enqueue "
                    "on one asyncpg connection; procrastinate: defer_async / batch_defer_async on its psycopg pool). "
-                   "CPU is the client's plus the daemon's (the peers have no daemon).")
+                   "queickd pg (direct) writes past the daemon with queickd.pg on one psycopg connection: enqueue in "
+                   "autocommit (one transaction a job), enqueue_many in a transaction a chunk; its daemon is up (it "
+                   "migrated the schema and published the rules) and not counted. CPU is the client's plus the "
+                   "daemon's (the peers and the direct client have none). Server backends' CPU: the daemon's "
+                   "connections, or the backend of a client's own single connection, read by the probe (not "
+                   "procrastinate's pool).")
+    if "app-tx" in names:
+        out.append("app-tx: one psycopg connection, per transaction BEGIN, INSERT the app's row (RETURNING id), with "
+                   "the job target queickd.pg.enqueue(conn, noop, args=[id]), COMMIT; on a schema a queickd daemon "
+                   "migrated. What the enqueue adds = the median with the job less the median without; CPU is the "
+                   "client's and its backend's. The statements alone are timed by the client around each call.")
     if "e2e" in names:
         out.append(f"e2e: jobs append one byte to a file (a no-op with a trace); the clock stops when the file holds N "
                    f"bytes and the system's own tables show no unfinished job (queickd: stats; pgqueuer: rows left in "

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.pgsetup import (
+    DIRECT_PROBES,
     PGQUEUER,
     PGQUEUER_APP,
     PROBES,
@@ -97,6 +98,7 @@ class Served:
     workers: list[Proc] = field(default_factory=list)
     worker_cmds: list[list[str]] = field(default_factory=list)
     port: int = 0
+    client: str = ""  # the probes' client when it is not the system's own (queickd.pg's)
 
     @property
     def python(self) -> Path | str:
@@ -110,7 +112,8 @@ class Served:
 
     def probe(self, what: str, *args: str, timeout: float) -> dict[str, Any]:
         base = ["--dsn", self.db.dsn, "--port", str(self.port), "--dir", str(self.d)]
-        return run_probe(self.python, f"{self.system}-{what}", base + list(args), self.d, self.env, timeout)
+        return run_probe(self.python, f"{self.client or self.system}-{what}", base + list(args), self.d, self.env,
+                         timeout)
 
     def start_workers(self, warm_up: bool = True) -> None:
         self.workers = [Proc.start(cmd, self.d, self.env) for cmd in self.worker_cmds]
@@ -146,12 +149,14 @@ class Served:
 @contextlib.contextmanager
 def serve(s: Settings, target: str, db: Database, d: Path, with_workers: bool) -> Iterator[Served]:
     """Start target on db (queickd: its daemon, which migrates the schema; peers: their
-    schema installed by their own CLI), and its workers if with_workers; killed on leaving."""
-    if target == QUEICKD_ENQUEUE or target.startswith("queickd pg,"):
+    schema installed by their own CLI), and its workers if with_workers; killed on leaving.
+    The queickd.pg targets get the daemon too: it migrates the schema and publishes the
+    rules their enqueues apply, as in a deployment; their probes write past it."""
+    if target in (QUEICKD_ENQUEUE, *DIRECT_PROBES) or target.startswith("queickd pg,"):
         if s.queickd_skip:
             raise TargetSkippedError(s.queickd_skip)
-        srv = Served(target, "queickd", s, db, d)
-        k = int(target.split(", ")[1].split()[0]) if target != QUEICKD_ENQUEUE else 0
+        srv = Served(target, "queickd", s, db, d, client=DIRECT_PROBES.get(target, ""))
+        k = int(target.split(", ")[1].split()[0]) if target.startswith("queickd pg,") else 0
         common = ["--store", db.dsn, "--app-dir", str(BENCH_DIR), "--log-level", "info"]
         srv.worker_cmds = [[sys.executable, "-m", "queickd", "worker", "--workers", str(w), *common]
                            for w in split(s.concurrency, k)] if k else []

@@ -33,6 +33,14 @@ PGQUEUER = f"pgqueuer {PGQUEUER_PINS['pgqueuer']}"
 PROCRASTINATE = f"procrastinate {PROCRASTINATE_PINS['procrastinate']}"
 PEERS = (PGQUEUER, PROCRASTINATE)
 QUEICKD_ENQUEUE = "queickd pg (daemon)"
+QUEICKD_DIRECT = "queickd pg (direct)"  # queickd.pg on the client's own connection
+APP_ROW = "app row alone"  # an application's transaction: its INSERT, then COMMIT
+APP_ROW_JOB = "app row + queickd.pg.enqueue"  # the same with a job enqueued beside it
+# targets whose probe writes through queickd.pg on a schema a daemon migrated: their probe's name
+# the app-tx scenario's metrics, per transaction
+APP_WALL, APP_CPU = "wall time per transaction", "client+server CPU per transaction"
+APP_INSERT, APP_ENQUEUE = "the INSERT statement alone, wall", "the enqueue call alone, wall"
+DIRECT_PROBES = {QUEICKD_DIRECT: "direct", APP_ROW: "approw", APP_ROW_JOB: "approwjob"}
 RAW_ROWS = "bare rows, psycopg (no queue)"  # the floors: no queue at all
 RAW_LOOPBACK = "loopback TCP, 2 processes"
 WORKER_UP = re.compile(r"worker serving pool")

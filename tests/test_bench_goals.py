@@ -5,7 +5,19 @@ from __future__ import annotations
 
 from bench.goals import goal_lines, pg_goal_lines
 from bench.peers import HUEY, QUEICK, QUEICKD_MEMORY, QUEICKD_SQLITE
-from bench.pgsetup import PGQUEUER, QUEICKD_ENQUEUE, queickd_target
+from bench.pgsetup import (
+    APP_CPU,
+    APP_ENQUEUE,
+    APP_INSERT,
+    APP_ROW,
+    APP_ROW_JOB,
+    APP_WALL,
+    PGQUEUER,
+    QUEICKD_DIRECT,
+    QUEICKD_ENQUEUE,
+    RAW_ROWS,
+    queickd_target,
+)
 from bench.report import Results
 from bench.running import E2E_MANY, E2E_SINGLE
 
@@ -54,6 +66,27 @@ def test_postgres_lines_set_the_batch_aim_beside_the_servers_cpu_per_row():
                for line in lines)
     assert ("end to end: server CPU per transaction 300 µs with 1 worker process, 280 with 4; at the same cost a "
             "transaction, 4 processes of 1 slot spend 2.00x the database CPU a job of 1 of 4 slots") in lines
+
+
+def test_postgres_direct_enqueue_goals_read_pgqueuer_the_floor_and_the_app_transaction():
+    res = results(("enqueue-single", PGQUEUER, "enqueue rate", 3_000.0),
+                  ("enqueue-single", QUEICKD_DIRECT, "enqueue rate", 3_600.0),
+                  ("raw", RAW_ROWS, "rows/s, one per statement", 4_000.0),
+                  ("enqueue-batch", PGQUEUER, "enqueue rate", 60_000.0),
+                  ("enqueue-batch", QUEICKD_DIRECT, "enqueue rate", 60_000.0),
+                  ("app-tx", APP_ROW, APP_WALL, 300.0), ("app-tx", APP_ROW_JOB, APP_WALL, 450.0),
+                  ("app-tx", APP_ROW, APP_CPU, 100.0), ("app-tx", APP_ROW_JOB, APP_CPU, 250.0),
+                  ("app-tx", APP_ROW_JOB, APP_INSERT, 80.0), ("app-tx", APP_ROW_JOB, APP_ENQUEUE, 160.0))
+    lines = pg_goal_lines(res)
+    assert "one enqueue at a time, queickd.pg on the app's connection: >= 1.1x pgqueuer: 1.20x  holds" in lines
+    assert ("one enqueue at a time, queickd.pg on the app's connection: >= 0.8x bare rows, one per statement: "
+            "0.90x  holds") in lines
+    assert "1,000 per call, queickd.pg on the app's connection: >= 1.5x pgqueuer: 1.00x  MISSES" in lines
+    assert ("in an app transaction: client+server CPU the enqueue adds <= 1.3x the app's INSERT transaction's: "
+            "1.50x  MISSES") in lines
+    assert "in an app transaction: wall time the enqueue adds <= 1.3x the app's INSERT transaction's: 0.50x  holds" in lines
+    assert ("in an app transaction, statements alone: the enqueue call 160 µs of wall time, the app's INSERT 80 µs "
+            "(2.00x)") in lines
 
 
 def test_targets_keeps_the_named_targets_and_sets_up_no_peer_left_out():
