@@ -290,3 +290,39 @@ def test_under_max_rss_a_started_job_s_expected_peak_counts_after_the_room_is_re
     clock.now += 4 * gate_mod.ROOM_FRESH
     assert gate.split([_big(2)], running_here=1) == ([], [_big(2)])
     assert gate.snapshot()["deferred"] == {"max_rss": 1}
+
+
+def test_a_pass_reads_footprints_in_its_transaction_while_a_writer_waits_on_its_claimed_rows(pg_url):
+    # A pass that claimed a job holds its row; a client's wait on that job marks the row from
+    # the shared connection and waits for it. The pass's footprint read must not wait for
+    # that connection in turn: it reads in the pass's own transaction.
+    import threading
+
+    import psycopg
+    from store_contract import T0, job
+
+    from queickd.core.policy.claim import Request
+    from queickd.store.postgres.store import PostgresStore
+
+    store = PostgresStore(pg_url)
+    watching = psycopg.connect(pg_url, autocommit=True)
+    try:
+        store.submit([job()], T0)
+        gate = gate_mod.MemoryGate(store)
+        with store.transaction(bookkeeping=True) as tx:
+            claimed = tx.claim_available(Request.of(1, now=T0))
+            waiter = threading.Thread(target=store.watch_finish, args=(claimed[0].id,), daemon=True)
+            waiter.start()
+            for _ in range(2000):  # until the mark waits for the claimed row's lock
+                if watching.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                    " AND query LIKE 'UPDATE jobs SET waited%%'").fetchone()[0]:
+                    break
+                waiter.join(0.005)
+            else:
+                pytest.fail("the client's mark never waited for the claimed row")
+            assert gate.split(claimed, 0, tx) == (claimed, [])
+        waiter.join(10)
+        assert not waiter.is_alive()
+    finally:
+        watching.close()
+        store.close()

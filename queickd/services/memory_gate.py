@@ -162,11 +162,12 @@ class MemoryGate:
                 self._runs.clear()
             return mem.worth_measuring(self._known.get(func), nth)
 
-    def footprint(self, func: str) -> mem.Footprint | None:
+    def footprint(self, func: str, reader: Transaction | None = None) -> mem.Footprint | None:
+        """Its footprint, read once (through `reader`, a pass's open transaction, if given)."""
         with self._lock:
             if func in self._known:
                 return self._known[func]
-        fp = self.store.footprints([func]).get(func)
+        fp = (reader or self.store).footprints([func]).get(func)
         with self._lock:
             self._known.setdefault(func, fp)
             return self._known[func]
@@ -183,8 +184,10 @@ class MemoryGate:
         free, self.source = room(self.root)
         return need <= free - self.reserve
 
-    def split(self, jobs: list[Job], running_here: int) -> tuple[list[Job], list[Job]]:
-        """(may start, deferred) among claimed jobs, in their order."""
+    def split(self, jobs: list[Job], running_here: int,
+              reader: Transaction | None = None) -> tuple[list[Job], list[Job]]:
+        """(may start, deferred) among claimed jobs, in their order; footprints not known yet
+        are read through `reader` (the pass's transaction that claimed them), else the store."""
         start: list[Job] = []
         later: list[Job] = []
         free: float | None = None
@@ -196,7 +199,7 @@ class MemoryGate:
             with self._lock:  # none of them runs (one whose start was undone is forgotten here)
                 self._running.clear()
         for job in jobs:
-            fp = self.footprint(job.func)
+            fp = self.footprint(job.func, reader)
             need = fp.peak if fp is not None else 0.0
             if not mem.matters(need):
                 start.append(job)

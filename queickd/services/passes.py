@@ -343,7 +343,7 @@ class PassStore:
         their attempt not spent (in `tx`: the pass's transaction, or the store), set aside
         here a little. -> (to start, when the first may be claimed again)."""
         assert self.memory is not None
-        start, later = self.memory.split(claimed, running_here)
+        start, later = self.memory.split(claimed, running_here, tx)
         if not later:
             return start, None
         now = self._clock()

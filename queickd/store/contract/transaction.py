@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from ...core.job import Job, NewJob, Outcome, Submitted
 from ...core.policy import claim
 from ...core.policy.admission import NO_LIMITS, Admission, Refusal
+from ...core.policy.memory import Footprint
 from ..records import Finished, Minute
 
 
@@ -38,3 +39,7 @@ class Transaction(Protocol):
     def record_runs(self, runs: list[tuple[str, int | None, float, bool, bool]], now: float) -> None: ...
 
     def release_unstarted(self, job_ids: list[int]) -> int: ...
+
+    # A read in the transaction, on its connection: a read on the store's own connections
+    # could wait for a writer that waits for this transaction's row locks.
+    def footprints(self, funcs: list[str]) -> dict[str, Footprint]: ...

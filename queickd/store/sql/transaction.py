@@ -11,6 +11,7 @@ from typing import Any
 from ...core.job import Job, NewJob, Outcome, Submitted
 from ...core.policy import admission as adm
 from ...core.policy import claim
+from ...core.policy.memory import Footprint
 from ..derived import accepted
 from ..records import Finished, Minute
 from . import operator, stats
@@ -58,3 +59,6 @@ class SqlTransaction:
 
     def release_unstarted(self, job_ids: list[int]) -> int:
         return operator.release_unstarted(self.store.dialect, self.conn, job_ids)
+
+    def footprints(self, funcs: list[str]) -> dict[str, Footprint]:
+        return stats.footprints(self.store.dialect, self.conn, funcs)
