@@ -308,7 +308,7 @@ class PostgresStore(PgConnections, SqlStore):
 
     def watch_finish(self, job_id: int) -> None:
         # Marks the row its finish updates: whichever of the two commits second sees the
-        # other (migration 17 in pass_sql.py). A final job is left alone: nothing to tell.
+        # other (pass_sql.py; schema migration 17). A final job is left alone: nothing to tell.
         # The mark holds the row's lock until it commits, and a claim skips locked rows: a
         # job still queued is announced again, so a pool that skipped it looks once more.
         for attempt in (1, 2):
