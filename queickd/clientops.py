@@ -97,10 +97,12 @@ def job(
     timeout: float | None = None,  # seconds of wall time (runs it in a process)
     memory_mb: int | None = None,  # peak resident memory (runs it in a process)
     output_kb: int | None = None,  # captured stdout+stderr and result (runs it in a process)
+    rate_limit: tuple[str, int, float] | dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The wire form of one job, for enqueue_many. concurrency_group/concurrency_limit:
     at most that many jobs of the group run at once; cost_units: what it takes of its
-    pool's and group's budgets (default 1)."""
+    pool's and group's budgets (default 1); rate_limit: (key, limit, per) or
+    {"key", "limit", "per"}, at most `limit` jobs of the key start per `per` seconds."""
     spec: dict[str, Any] = {"func": func_name(func)}
     if args:
         spec["args"] = list(args)
@@ -118,6 +120,9 @@ def job(
         spec["manual"] = True
     if delay is not None:
         spec["delay"] = delay
+    if rate_limit is not None:
+        spec["rate_limit"] = (dict(zip(("key", "limit", "per"), rate_limit, strict=True))
+                              if isinstance(rate_limit, tuple | list) else rate_limit)
     # Keywords sent as given, when given, in _PLAIN_ORDER (checked against CLIENT_PLAIN at
     # import; this tuple against the wire form by test_fields). A tuple compared with
     # all-None, not locals() and a lookup each: a third of the cost of building the

@@ -13,7 +13,7 @@ import pytest
 from contract_jobs import T0, job
 
 from queickd.core.job import Outcome, State
-from queickd.core.policy import claim
+from queickd.core.policy import claim, rates
 from queickd.core.policy.admission import Admission, Refusal
 from queickd.core.policy.claim import LOOK_AHEAD, Limits, Request
 from queickd.store.contract.capabilities import PassInOneCall
@@ -25,7 +25,9 @@ def _random_job(rnd: random.Random, now: float):
     return job(func=rnd.choice(["m:f", "m:g", "m:f", "m:bad"]), key=rnd.choice([None, None, None, "a", "b", "c"]),
                priority=rnd.choice([0, 0, 1, 5]), pool="other" if group else rnd.choice(["default", "default", "other"]),
                retry_on_network=rnd.random() < 0.2, run_at=now - rnd.randint(0, 5),
-               concurrency_group=group, concurrency_limit=rnd.choice([1, 2]) if group else None)
+               concurrency_group=group, concurrency_limit=rnd.choice([1, 2]) if group else None,
+               rate_limit={"key": rnd.choice(["r1", "r2"]), "limit": rnd.choice([1, 2]), "per": rnd.choice([2.0, 5.0])}
+               if rnd.random() < 0.15 else None)
 
 
 def _probes_last(queued: list, running: claim.Running, request: claim.Request) -> list[int]:
@@ -348,6 +350,7 @@ class RulesContract:
         # pauses (by hand and by failures, with their probes), pools, the network,
         # priorities, groups full or not; PostgreSQL's claim and pass are SQL functions.
         rnd, now = random.Random(26), T0
+        windows: dict = {}  # the rate keys' windows, from the starts the store made
         for step in range(200):
             now += rnd.choice([0, 0, 1, 3])
             if rnd.random() < 0.5:
@@ -364,13 +367,15 @@ class RulesContract:
                 [(p.kind, p.name) for p in pauses],
                 [(p.kind, p.name) for p in pauses if p.probe_at is not None and p.probe_at <= now
                  and p.probe_job not in {j.id for j in ran}])
+            running.rates = windows
             pools = rnd.choice([None, ["default"], ["other"], ["default", "other"]])
-            request = claim.Request.of(rnd.randint(1, 6), rnd.random() < 0.8, pools)
+            request = claim.Request.of(rnd.randint(1, 6), rnd.random() < 0.8, pools, now=now)
             # The fast path's claim unless a group that could start a job waits in a pool
             # served (claim_sql.OPEN_GROUP_WAITS; every pool: any grouped job).
             full = claim.Selection(request, running).out_groups
             fast = not any(c.concurrency_group is not None and (pools is None or (
-                c.pool in pools and c.concurrency_group not in full)) for c in queued)
+                c.pool in pools and c.concurrency_group not in full)) for c in queued) and not any(
+                c.rate_limit is not None and (pools is None or c.pool in pools) for c in queued)
             want = (_probes_last(queued, running, request) if self.PROBES_AFTER_THE_REST and fast
                     else claim.select(queued, request, running))
             heads = [c for c in queued if pools is None or c.pool in pools][:request.limit]
@@ -382,6 +387,10 @@ class RulesContract:
             if got is None:
                 got = store.claim_available(Request.of(request.limit, request.network_up, pools, now=now))
             assert [j.id for j in got] == want, step
+            log = rates.RateLimits(windows, now)
+            for j in got:
+                log.started(j)
+            windows = log.windows
             err = {"type": "E", "message": "no"}
             store.finish_if_running([Outcome.dead(j.id, err) if rnd.random() < (0.7 if j.func == "m:bad" else 0.1)
                                      else Outcome.succeeded(j.id, None)

@@ -384,3 +384,27 @@ def test_an_events_delivery_waits_for_another_hosts_submit_so_the_key_cap_holds(
     finally:
         host1.close()
         host2.close()
+
+
+def test_claimers_of_a_fleet_start_no_more_than_a_rate_keys_limit(pg_store):
+    from queickd.store.postgres.store import PostgresStore
+
+    rl = {"key": "slack", "limit": 3, "per": 1000.0}
+    pg_store.submit([job(rate_limit=rl) for _ in range(30)] + [job() for _ in range(30)], T0)
+    hosts = [PostgresStore(pg_store._dsn, migrate=False) for _ in range(4)]
+    started: list = []
+    lock = threading.Lock()
+
+    def claim(store):
+        for _ in range(12):
+            got = store.claim_available(Request.of(2, now=T0))
+            with lock:
+                started.extend(got)
+
+    try:
+        run_together(*[partial(claim, h) for h in hosts])
+    finally:
+        for h in hosts:
+            h.close()
+    assert sum(j.rate_limit is not None for j in started) == 3
+    assert sum(j.rate_limit is None for j in started) == 30

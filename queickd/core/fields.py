@@ -106,6 +106,9 @@ FIELDS: tuple[Field, ...] = (
           **_NEW),
     Field("cost_units", "float | None", None, enqueue=True, client=True, template=True, sql="REAL",
           **_NEW),  # what it takes of its pool's and group's budgets
+    # {"key", "limit", "per"}: at most `limit` jobs of the key start per `per` seconds
+    # (core/policy/rates.py); None: the function's configured default, if any, else none.
+    Field("rate_limit", "dict | None", None, enqueue=True, template=True, sql="TEXT", codec="json", **_NEW),
     # Where it runs and its limits (core/sandbox.py); None: the function's or daemon's setting.
     Field("isolation", "str | None", None, enqueue=True, client=True, template=True, sql="TEXT", **_NEW),
     Field("timeout", "float | None", None, enqueue=True, client=True, template=True, sql="REAL", **_NEW),

@@ -131,6 +131,10 @@ class Outcome:
     # The run's captured output (a process run's; None for a thread run or none written):
     # stored as the job's `output`, replacing the previous run's.
     output: str | None = None
+    # A run its service refused for its rate (an HTTP 429, queickd.RateLimited): its key
+    # starts nothing before this time (core/policy/rates.py); the job waits again, queued
+    # in its place, the attempt not counted.
+    rate_until: float | None = None
 
     @classmethod
     def succeeded(cls, job_id: int, result: Any, workflow_run: int | None = None,
@@ -155,3 +159,9 @@ class Outcome:
     @classmethod
     def waiting_network(cls, job_id: int, error: dict, output: str | None = None) -> Outcome:
         return cls(job_id, State.WAITING_NETWORK, error=error, output=output)
+
+    @classmethod
+    def rate_limited(cls, job_id: int, until: float, error: dict, output: str | None = None) -> Outcome:
+        """A run refused for its rate key's sake: queued again in its place (its run_at kept),
+        its attempt refunded, its key blocked until `until`. Blameless: no failure streak."""
+        return cls(job_id, State.QUEUED, error=error, blameless=True, output=output, rate_until=until)

@@ -18,6 +18,7 @@ from . import retry as retry_mod
 from .cron import LATEST, parse_schedule, schedule_to_dict
 from .job import DEFAULT_POOL, NewJob
 from .numbers import in_range
+from .policy import rates
 
 VERSION = 1
 DEFAULT_PORT = 9999
@@ -318,6 +319,22 @@ def _cost_units(v: Any) -> float | None:
     return None if v is None else ranged("cost_units", v, 0, MAX_COST_UNITS, above=True)
 
 
+def rate_limit(v: Any) -> dict[str, Any] | None:
+    """{"key", "limit", "per"} (or [key, limit, per]) -> its stored form; a limit of at
+    least one start, a window of a millisecond to a day (rates.py)."""
+    if v is None:
+        return None
+    if isinstance(v, list | tuple) and len(v) == 3:
+        v = dict(zip(("key", "limit", "per"), v, strict=True))
+    if not isinstance(v, dict) or v.keys() != {"key", "limit", "per"}:
+        raise bad('rate_limit must be {"key": text, "limit": starts, "per": seconds}')
+    key = v["key"]
+    if not isinstance(key, str) or not key or len(key.encode()) > MAX_KEY_LEN:
+        raise bad(f"rate_limit.key must be a non-empty string of at most {MAX_KEY_LEN} bytes")
+    return {"key": key, "limit": ranged("rate_limit.limit", v["limit"], 1, rates.MAX_LIMIT, integer=True),
+            "per": float(ranged("rate_limit.per", v["per"], rates.MIN_PER, rates.MAX_PER))}
+
+
 def _sandbox(name: str) -> Any:
     def check(v: Any) -> Any:
         try:
@@ -344,6 +361,7 @@ _CHECKS: dict[str, Any] = {
     "concurrency_group": _group,
     "concurrency_limit": _concurrency_limit,
     "cost_units": _cost_units,
+    "rate_limit": rate_limit,
     **{name: _sandbox(name) for name in ("isolation", *sandbox.LIMITS)},
 }
 if _CHECKS.keys() | {"func", "run_at"} != fields.ENQUEUE_WIRE:  # a new settable field needs its check

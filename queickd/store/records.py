@@ -175,3 +175,27 @@ class Beat:
     version: str | None
     schema: int
     recovered: Recovered | None = None
+
+
+class Claimed(list):  # type: ignore[type-arg]
+    """The jobs a claim started (a list of Job), and when a job it passed over for its rate
+    key may start (`rate_at`, None: none was): the claimer's timer (core/policy/rates.py)."""
+
+    rate_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RateKey:
+    """A rate key as operators see it: its limit and window, the starts within the window
+    that ends now, when its next job may start and until when it is blocked (None: not)."""
+
+    key: str
+    limit: int
+    per: float
+    used: int
+    next_start: float
+    blocked_until: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "limit": self.limit, "per": self.per, "used": self.used,
+                "next_start": self.next_start, "blocked_until": self.blocked_until}

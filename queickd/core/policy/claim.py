@@ -19,6 +19,8 @@ are small classes with the same three methods (`Rule`), applied in order; the fi
   group may disagree: none starts past any running job's limit); a job passed over for
   its group holds nothing (skip, not block): the next job of another group, or of none,
   may start.
+- `RateLimits` (rates.py): at most `limit` starts of a rate key per `per` seconds; a job
+  over it is skipped, holding nothing; `Selection.rates.next_at()` says when it may start.
 - `CostBudgets` (costs.py): the `cost_units` running in a job's pool and in its group,
   plus its own, stay within each budget of `Limits`; a job over a budget is passed over
   and holds nothing, unless it has waited `Limits.patience` seconds: then it reserves the
@@ -51,10 +53,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 # Limits and NO_LIMITS are imported from here by the stores and services.
 from .costs import BUDGET_EPS, NO_LIMITS, CostBudgets, Limits, used_up
+from .rates import RateLimits, Window
 
 
 class Candidate(Protocol):
@@ -78,6 +81,8 @@ class Candidate(Protocol):
     def concurrency_limit(self) -> int | None: ...
     @property
     def cost_units(self) -> float | None: ...
+    @property
+    def rate_limit(self) -> Any: ...  # rates.parse reads it: None, a dict, or its JSON text
 
 
 class Row(NamedTuple):
@@ -93,9 +98,11 @@ class Row(NamedTuple):
     concurrency_group: str | None = None
     concurrency_limit: int | None = None
     cost_units: float | None = None
+    rate_limit: str | None = None
 
 
-ROW_COLS = "id, key, func, pool, retry_on_network, run_at, concurrency_group, concurrency_limit, cost_units"
+ROW_COLS = ("id, key, func, pool, retry_on_network, run_at, concurrency_group, concurrency_limit, cost_units,"
+            " rate_limit")
 # What the stores read of each running job for Running.of: (key, group, slot, pool, cost).
 RUNNING_COLS = "key, concurrency_group, {slot}, concurrency_limit, pool, cost_units"
 
@@ -115,6 +122,7 @@ class Running:
     pool_cost: dict[str, float] = dataclasses.field(default_factory=dict)  # running cost per pool
     group_cost: dict[str, float] = dataclasses.field(default_factory=dict)  # and per group
     group_limit: dict[str, int] = dataclasses.field(default_factory=dict)  # as its running jobs say
+    rates: dict[str, Window] | None = None  # rate key -> its window (rates.py); None: none logged
 
     @staticmethod
     def of(running_keys: Iterable[str | None], pauses: Iterable[tuple[str, str]] = (),
@@ -171,7 +179,8 @@ class Request:
 
 
 class Rule(Protocol):
-    """A rule about what runs together (serial keys; next, concurrency groups, budgets)."""
+    """A rule about what runs together (serial keys; next, concurrency groups, rate limits,
+    budgets)."""
 
     def admits(self, c: Candidate) -> bool:
         """May this candidate start, as far as this rule knows?"""
@@ -239,7 +248,7 @@ class ConcurrencyGroups:
 class Selection:
     """Offer candidates in queue order; `offer` says whether each may start."""
 
-    __slots__ = ("limit", "chosen", "rules", "groups", "look_ahead", "read", "out_groups", "out_pools",
+    __slots__ = ("limit", "chosen", "rules", "groups", "rates", "look_ahead", "read", "out_groups", "out_pools",
                  "probes", "_net", "_pools", "_paused_funcs", "_paused_keys", "_paused_pools", "_open", "_exclude")
 
     def __init__(self, request: Request, running: Running) -> None:
@@ -247,6 +256,8 @@ class Selection:
         self.chosen: list[int] = []
         self.groups = ConcurrencyGroups(running.slots, running.group_limit)
         rules: list[Rule] = [SerialKeys(running.keys), self.groups]
+        self.rates = RateLimits({} if running.rates is None else running.rates, request.now)
+        rules.append(self.rates)
         # Candidates counted (`read`) before the claim stops. Unbounded without budgets, as
         # before them: what is passed over then is held keys, and what is left out.
         self.look_ahead, self.read = 1 << 62, 0
@@ -376,7 +387,7 @@ def plain(heads: Sequence[Candidate], request: Request, paused: bool,
     net, pools, exclude = request.network_up, request.pools, request.exclude
     grouped = False
     for c in heads:
-        if (c.key is not None or (c.retry_on_network and not net)
+        if (c.key is not None or c.rate_limit is not None or (c.retry_on_network and not net)
                 or (pools is not None and c.pool not in pools) or (exclude and c.id in exclude)):
             return None
         if c.concurrency_group is not None:

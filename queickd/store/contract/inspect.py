@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ...core.job import Job
-from ..records import Event, Minute, Pause
+from ..records import Event, Minute, Pause, RateKey
 from .backend import Backend
 
 
@@ -28,6 +28,11 @@ class Inspect(Backend, Protocol):
 
     def pauses(self) -> list[Pause]:
         """Every pause in force, by when it was paused, then kind and name."""
+        ...
+
+    def rate_keys(self, now: float) -> list[RateKey]:
+        """Every rate key (core/policy/rates.py) by key: its limit and window, the starts in
+        the window that ends at `now`, its next start and until when it is blocked."""
         ...
 
     def waiting_by_pool(self) -> dict[str, int]:

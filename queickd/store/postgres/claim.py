@@ -20,6 +20,8 @@ from ...core.job import Job, Outcome, State
 from ...core.policy import claim
 from ...core.policy.resources import BudgetChange, budget_changes
 from .. import rows as dbrows
+from ..records import Claimed
+from ..sql import rates as sqlrates
 from .channels import NOTIFY_IDS
 from .connection import KEPT_CURSOR_BYTES
 from .fleet import notify
@@ -103,8 +105,9 @@ class Passes:
 
 def jobs_of(rows: list[tuple]) -> list[Job]:
     """Claimed rows as jobs, in queue order (RETURNING order is unspecified)."""
-    jobs = [dbrows.row_to_job(r) for r in rows]
+    jobs = Claimed(dbrows.row_to_job(r) for r in rows)
     jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))
+    jobs.rate_at = getattr(rows, "rate_at", None)
     return jobs
 
 
@@ -145,11 +148,14 @@ def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim
     budgets = [(r[4], r[2], r[9]) for r in view if r[0] == "budget"]  # (kind, name, units)
     limits = dataclasses.replace(limits, pools={n: u for k, n, u in budgets if k == "pool"},
                                  groups={n: u for k, n, u in budgets if k == "group"})
-    first = [r[1:10] for r in view if r[0] == "queued"]
+    first = [(*r[1:10], r[12]) for r in view if r[0] == "queued"]  # claim.ROW_COLS
     served = None if params["pools"] is None else frozenset(params["pools"])
+    held = claim.Running.of_jobs(running, pauses, probes)
+    # Read after the view's lock, which every claim that may start a rate-limited job
+    # takes (the fast path leaves them alone): one claim at a time, across hosts.
+    held.rates = sqlrates.windows(c)
     pick = claim.Selection(claim.Request(params["limit"], params["net"], served, limits, params["now"],
-                                         params["exclude"]),
-                           claim.Running.of_jobs(running, pauses, probes))
+                                         params["exclude"]), held)
     full, out_pools = pick.out_groups, pick.out_pools
     if served is not None and served <= out_pools:
         return []  # the budget of every pool served is used up: nothing may start
@@ -178,12 +184,13 @@ def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim
             offered = set()
         pick.offer_all(claim.Row._make(r[1:]) for r in rows)
     if not pick.chosen:
-        return []
+        return sqlrates.claimed((), pick.rates)
+    sqlrates.write(c, pick.rates)
     # A row another claim took meanwhile is no longer queued: it is left out here.
     stamps = pick.probes
-    return c.execute(_START, (params["now"], params["worker"], pick.chosen, [pick.slot(i) for i in pick.chosen],
+    return sqlrates.claimed(c.execute(_START, (params["now"], params["worker"], pick.chosen, [pick.slot(i) for i in pick.chosen],
                               [t[0] for t, _ in stamps], [t[1] for t, _ in stamps],
-                              [j for _, j in stamps])).fetchall()
+                              [j for _, j in stamps])).fetchall(), pick.rates)
 
 
 # --- the budgets in force ---------------------------------------------------------------

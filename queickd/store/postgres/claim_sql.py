@@ -13,9 +13,10 @@ from __future__ import annotations
 MARK_RUNNING = "UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = p_now, worker_id = p_worker"
 
 # A queued job the fast path may take, but for its function's and key's pauses and its key:
-# no group (the selection's), of a pool served and not paused, its network up if it needs one.
+# no group and no rate limit (the selection's), of a pool served and not paused, its network up if it needs one.
 _FAST_PATH_JOB = """        WHERE q.state = 'queued'
           AND q.concurrency_group IS NULL
+          AND q.rate_limit IS NULL
           AND (p_pools IS NULL OR q.pool = ANY(p_pools))
           AND (p_net OR NOT q.retry_on_network)
           AND NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'pool' AND p.name = q.pool)
@@ -76,6 +77,27 @@ _SERVED_GROUPED = (
     " CROSS JOIN LATERAL (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL"
     " AND q.pool = s.name ORDER BY q.concurrency_group LIMIT 1) x) END)")
 
+# "Must the selection claim?", of rate limits: a rate-limited job waits in a pool served
+# whose key's window has room now (rate_keys, core/policy/rates.py: not blocked, and fewer
+# than its limit of starts in the last `per` seconds). The keys waiting are found by a skip
+# scan of jobs_queued_rated (one descent each, stopping at the first with room), so a
+# backlog of a full key leaves the claim on the fast path, which never takes such a job.
+RATE_KEY = "(q.rate_limit::json ->> 'key')"
+RATE_ROOM = """NOT EXISTS (SELECT 1 FROM rate_keys r WHERE r.key = {key} AND (r.blocked_until > p_now
+                   OR (json_array_length(r.starts::json) >= r.lim
+                       AND (r.starts::json ->> (json_array_length(r.starts::json) - r.lim))::float8 + r.per > p_now)))"""
+OPEN_RATE_WAITS = f"""EXISTS (
+        WITH RECURSIVE k (name) AS (
+            (SELECT {RATE_KEY} FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL
+             ORDER BY {RATE_KEY} LIMIT 1)
+            UNION ALL
+            SELECT (SELECT {RATE_KEY} FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL
+                    AND {RATE_KEY} > k.name ORDER BY {RATE_KEY} LIMIT 1)
+            FROM k WHERE k.name IS NOT NULL)
+        SELECT 1 FROM k WHERE k.name IS NOT NULL AND {RATE_ROOM.format(key="k.name")}
+          AND (p_pools IS NULL OR EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL
+                                          AND {RATE_KEY} = k.name AND q.pool = ANY(p_pools))))"""
+
 # The settings of a function planned once per session, whose plans must walk the indexes.
 PLANNED = ("SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off\n"
            "        SET jit = off SET plan_cache_mode = force_generic_plan")
@@ -101,6 +123,7 @@ CLAIM = f"""
         PERFORM pg_advisory_xact_lock_shared(p_budget_lock);
         IF {OPEN_GROUP_WAITS}
            OR {POOL_BUDGETED}
+           OR {OPEN_RATE_WAITS}
         THEN
             RETURN NEXT j;  -- all NULL: the selection's turn (queickd_claim_view)
             RETURN;
@@ -175,7 +198,7 @@ VIEW = f"""
                                                   p_page integer, p_now double precision, p_force boolean)
     RETURNS TABLE (kind text, id bigint, key text, func text, pool text, retry_on_network boolean,
                    run_at double precision, concurrency_group text, concurrency_limit integer,
-                   cost_units double precision, slot integer, probe boolean)
+                   cost_units double precision, slot integer, probe boolean, rate_limit text)
     LANGUAGE plpgsql VOLATILE {PLANNED} AS $$
     DECLARE
         selection boolean;
@@ -184,6 +207,7 @@ VIEW = f"""
     PERFORM pg_advisory_xact_lock_shared(p_budget_lock);
     SELECT {_SERVED_GROUPED}
         OR {POOL_BUDGETED}
+        OR {OPEN_RATE_WAITS}
         INTO selection;
     IF NOT selection AND NOT p_force THEN
         RETURN;
@@ -191,23 +215,26 @@ VIEW = f"""
     PERFORM pg_advisory_xact_lock(p_lock);
     RETURN QUERY SELECT 'selection'::text, NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::boolean,
                         NULL::double precision, NULL::text, NULL::integer, NULL::double precision,
-                        NULL::integer, NULL::boolean;
+                        NULL::integer, NULL::boolean, NULL::text;
     SELECT array_agg(x.kind || ':' || x.name) INTO locked FROM (
         SELECT p.kind, p.name FROM pauses p WHERE p.probe_at <= p_now ORDER BY p.kind, p.name
         FOR UPDATE SKIP LOCKED) x;
     RETURN QUERY SELECT 'running'::text, r.id, r.key, r.func, r.pool, r.retry_on_network, r.run_at,
-                        r.concurrency_group, r.concurrency_limit, r.cost_units, r.slot, NULL::boolean
+                        r.concurrency_group, r.concurrency_limit, r.cost_units, r.slot, NULL::boolean, NULL::text
     FROM jobs r WHERE r.state = 'running';
     RETURN QUERY SELECT p.kind, NULL::bigint, p.name, NULL::text, NULL::text, NULL::boolean,
                         NULL::double precision, NULL::text, NULL::integer, NULL::double precision, NULL::integer,
                         coalesce(p.kind || ':' || p.name = ANY(locked), false)
-                        AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.id = p.probe_job AND r.state = 'running')
+                        AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.id = p.probe_job AND r.state = 'running'),
+                        NULL::text
     FROM pauses p;
     RETURN QUERY SELECT 'budget'::text, NULL::bigint, b.name, NULL::text, b.kind, NULL::boolean,
-                        NULL::double precision, NULL::text, NULL::integer, b.units, NULL::integer, NULL::boolean
+                        NULL::double precision, NULL::text, NULL::integer, b.units, NULL::integer, NULL::boolean,
+                        NULL::text
     FROM budgets b;
     RETURN QUERY SELECT 'queued'::text, c.id, c.key, c.func, c.pool, c.retry_on_network, c.run_at,
-                        c.concurrency_group, c.concurrency_limit, c.cost_units, NULL::integer, NULL::boolean
+                        c.concurrency_group, c.concurrency_limit, c.cost_units, NULL::integer, NULL::boolean,
+                        c.rate_limit
     FROM queickd_candidates_after(p_pools, '{{}}', p_page, -2147483648, '-infinity', 0) c;
     END
     $$;
@@ -261,7 +288,7 @@ CANDIDATES_AFTER = f"""
                                                         p_priority integer, p_run_at double precision, p_id bigint)
     RETURNS TABLE (priority integer, id bigint, key text, func text, pool text, retry_on_network boolean,
                    run_at double precision, concurrency_group text, concurrency_limit integer,
-                   cost_units double precision)
+                   cost_units double precision, rate_limit text)
     LANGUAGE plpgsql STABLE {PLANNED} AS $$
     DECLARE
         walked text[] := p_pools;
@@ -291,7 +318,7 @@ CANDIDATES_AFTER = f"""
         FROM waiting w WHERE w.name IS NOT NULL OR w.i < cardinality(walked))
     SELECT c.* FROM (
         (SELECT q.priority, q.id, q.key, q.func, q.pool, q.retry_on_network, q.run_at, q.concurrency_group,
-                q.concurrency_limit, q.cost_units
+                q.concurrency_limit, q.cost_units, q.rate_limit
          FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NULL
            AND (q.priority, q.run_at, q.id) > (p_priority, p_run_at, p_id)
            AND (p_pools IS NULL OR q.pool = ANY(p_pools) OR q.key IS NOT NULL)
@@ -300,7 +327,7 @@ CANDIDATES_AFTER = f"""
         UNION ALL
         SELECT x.* FROM waiting w CROSS JOIN LATERAL (
             SELECT q.priority, q.id, q.key, q.func, q.pool, q.retry_on_network, q.run_at, q.concurrency_group,
-                   q.concurrency_limit, q.cost_units
+                   q.concurrency_limit, q.cost_units, q.rate_limit
             FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL
               AND q.pool = walked[w.i] AND q.concurrency_group = w.name
               AND (q.priority, q.run_at, q.id) > (p_priority, p_run_at, p_id)

@@ -26,6 +26,7 @@ from ...core import fields, sandbox
 from ...core import retry as retry_mod
 from ...core.cron import LATEST
 from ...core.job import DEFAULT_POOL, State
+from ...core.policy import rates
 from ...core.policy.admission import RETRY_AFTER_DEFAULT
 from ...core.protocol import MAX_COST_UNITS, MAX_INT, MAX_KEY_LEN, Code
 from ..sqlstates import UNFINISHED_IN, WAITING_IN
@@ -84,6 +85,20 @@ def _checks() -> str:
     check("concurrency_limit", "(o->>'concurrency_limit')::numeric < 1", "'concurrency_limit must be at least 1'")
     check("cost_units", f"(o->>'cost_units')::float8 <= 0 OR (o->>'cost_units')::float8 > {MAX_COST_UNITS:.0f}",
           "'cost_units must be above 0'")
+    # rate_limit: {"key", "limit", "per"} as protocol.rate_limit checks it, each part in turn.
+    rl, shape = "o->'rate_limit'", "'rate_limit must be {\"key\": text, \"limit\": starts, \"per\": seconds}'"
+    check("rate_limit", f"jsonb_typeof({rl}) NOT IN ('object', 'null')", shape)
+    check("rate_limit", f"jsonb_typeof({rl}) = 'object' AND (SELECT array_agg(x ORDER BY x)"
+          f" FROM jsonb_object_keys({rl}) x) <> ARRAY['key', 'limit', 'per']", shape)
+    check("rate_limit", f"jsonb_typeof({rl}->'key') <> 'string' OR {rl}->>'key' = ''"
+          f" OR octet_length({rl}->>'key') > {MAX_KEY_LEN}",
+          f"'rate_limit.key must be a non-empty string of at most {MAX_KEY_LEN} bytes'")
+    check("rate_limit", f"jsonb_typeof({rl}->'limit') <> 'number' OR {rl}->>'limit' !~ '^[0-9]+$'"
+          f" OR ({rl}->>'limit')::numeric NOT BETWEEN 1 AND {rates.MAX_LIMIT}",
+          f"'rate_limit.limit must be an integer from 1 to {rates.MAX_LIMIT}'")
+    check("rate_limit", f"jsonb_typeof({rl}->'per') <> 'number'"
+          f" OR ({rl}->>'per')::numeric NOT BETWEEN {rates.MIN_PER} AND {rates.MAX_PER:.0f}",
+          f"'rate_limit.per must be a number from {rates.MIN_PER} to {rates.MAX_PER:.0f}'")
     check("delay", "(o->>'delay')::float8 < 0", "'delay must not be negative'")
     check("delay", "jsonb_typeof(o->'run_at') = 'number' AND jsonb_typeof(o->'delay') = 'number'",
           "'give run_at or delay, not both'")
@@ -196,13 +211,16 @@ ENQUEUE = f"""
 
         INSERT INTO jobs (state, func, args, kwargs, priority, run_at, created_at, max_attempts, retry,
                           retry_on_network, key, idempotency_key, pool, concurrency_group, concurrency_limit,
-                          cost_units, isolation, timeout, memory_mb, output_kb, origin)
+                          cost_units, isolation, timeout, memory_mb, output_kb, rate_limit, origin)
         VALUES (CASE WHEN at <= now_ THEN '{State.QUEUED}' ELSE '{State.SCHEDULED}' END, f,
                 CASE WHEN a = '[]' THEN NULL ELSE a::text END, CASE WHEN kw = '{{}}' THEN NULL ELSE kw::text END,
                 coalesce((o->>'priority')::numeric::int, 0), at, now_, coalesce((r->>'max_attempts')::int, 1), r::text,
                 coalesce((o->>'retry_on_network')::boolean, false), k, ik, pool_, o->>'concurrency_group',
                 (o->>'concurrency_limit')::numeric::int, (o->>'cost_units')::float8, o->>'isolation',
                 (o->>'timeout')::float8, (o->>'memory_mb')::numeric::int, (o->>'output_kb')::numeric::int,
+                CASE WHEN jsonb_typeof(o->'rate_limit') = 'object' THEN jsonb_build_object(
+                    'key', o->'rate_limit'->>'key', 'limit', (o->'rate_limit'->>'limit')::int,
+                    'per', (o->'rate_limit'->>'per')::float8)::text END,
                 '{DIRECT}')
         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING id INTO new_id;

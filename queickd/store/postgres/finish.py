@@ -14,6 +14,7 @@ from ...core.policy import pauses as pz
 from .. import rows as dbrows
 from ..records import Finished, Pause, Recovered
 from ..sql import plans
+from ..sql import rates as sqlrates
 from ..sql import workflows as wfsql
 from .channels import CHANNEL, FINISHED_CHANNEL, NOTIFY_IDS
 from .dialect import DIALECT
@@ -54,7 +55,7 @@ def finish_in(c: psycopg.Connection, s: wfsql.Steps, worker_id: int | None, outc
     rows = c.execute(
         "WITH done AS (UPDATE jobs j SET state = o.state, run_at = coalesce(o.run_at, j.run_at),"
         " result = o.result, error = o.error, finished_at = o.finished_at, worker_id = NULL,"
-        " attempts = j.attempts - (o.state = 'waiting_network')::int, output = o.output"
+        " attempts = j.attempts - (o.state IN ('waiting_network', 'queued'))::int, output = o.output"
         " FROM unnest(%s::bigint[], %s::text[], %s::float8[], %s::text[], %s::text[], %s::float8[],"
         " %s::text[]) AS o(id, state, run_at, result, error, finished_at, output)"
         " WHERE j.id = o.id AND j.state = 'running'"
@@ -86,6 +87,10 @@ def finish_in(c: psycopg.Connection, s: wfsql.Steps, worker_id: int | None, outc
                and o.run_at is not None]
     if retries:  # the daemons' timers must know when to move them back to queued
         notify(c, f"s:{min(retries)!r}")
+    blocks = [(o.job_id, o.rate_until) for o in outcomes if o.rate_until is not None and o.job_id in names]
+    if blocks:  # told to wait: their keys start nothing before then, on any host
+        stored = dict(c.execute("SELECT id, rate_limit FROM jobs WHERE id = ANY(%s)", ([i for i, _ in blocks],)))
+        sqlrates.tighten(c, [(stored.get(i), until) for i, until in blocks])
     failed = []
     for o in outcomes:
         if o.job_id not in names or o.blameless or o.state in (State.WAITING_NETWORK, State.SUCCEEDED):

@@ -247,7 +247,7 @@ MIGRATIONS: list[str] = [
     CREATE INDEX IF NOT EXISTS jobs_queued_group ON jobs (concurrency_group, priority, run_at, id)
         WHERE state = 'queued' AND concurrency_group IS NOT NULL;
     DROP INDEX IF EXISTS jobs_queued_grouped;
-    """ + pgclaimsql.CANDIDATES_AFTER,
+    """,  # and the pages' function, which 32 creates as it is now
     # 12: the view's first page planned once per session, as the other claim functions are.
     """
     ALTER FUNCTION queickd_candidates(text[], text[], integer, integer) SET plan_cache_mode = force_generic_plan;
@@ -292,7 +292,7 @@ MIGRATIONS: list[str] = [
     # 22: the view with p_force: the claimer asks for the selection whatever waits (its
     # claim sets jobs aside: claim.py).
     "\n    DROP FUNCTION IF EXISTS queickd_claim_view(bigint, bigint, text[], integer, double precision);"
-    + pgclaimsql.VIEW,
+    + "\n    -- the view, which 32 creates as it is now\n",
     # 23: the delivered events by when they were accepted: retention's prune of those whose
     # job is gone reads the old ones only, not the whole outbox once a sweep.
     """
@@ -326,7 +326,7 @@ MIGRATIONS: list[str] = [
     CREATE INDEX IF NOT EXISTS jobs_queued_pool_group ON jobs (pool, concurrency_group, priority, run_at, id)
         WHERE state = 'queued' AND concurrency_group IS NOT NULL;
     DROP INDEX IF EXISTS jobs_queued_group;
-    """ + pgclaimsql.CANDIDATES_AFTER + pgclaimsql.CLAIM + pgpasssql.PASS + pgclaimsql.VIEW,
+    """ + pgclaimsql.CLAIM + pgpasssql.PASS,  # and the pages and the view, which 32 creates
     # 27: what a running job last said of its progress (NULL: nothing). The claim and pass
     # functions return SETOF jobs: they carry it.
     """
@@ -347,6 +347,25 @@ MIGRATIONS.append("""
     ALTER TABLE jobs ADD COLUMN IF NOT EXISTS origin text;
     CREATE INDEX IF NOT EXISTS jobs_direct ON jobs (state) WHERE origin IS NOT NULL;
     """ + pgenqueuesql.ENQUEUE)
+# 32: rate limits (core/policy/rates.py): a job's rate_limit (JSON {"key", "limit", "per"}),
+# each rate key's window (rate_keys: its latest starts, JSON, and blocked_until), the queued
+# rate-limited jobs by key and pool for the fast path's question (claim_sql.OPEN_RATE_WAITS);
+# the selection's pages and view carry rate_limit (a new row type: dropped and made again),
+# the fast path and the pass leave such jobs to the selection, enqueue() takes them.
+MIGRATIONS.append("""
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS rate_limit text;
+    CREATE TABLE IF NOT EXISTS rate_keys (
+        key text PRIMARY KEY,
+        lim integer NOT NULL,
+        per double precision NOT NULL,
+        blocked_until double precision,
+        starts text NOT NULL DEFAULT '[]'
+    );
+    CREATE INDEX IF NOT EXISTS jobs_queued_rated ON jobs ((rate_limit::json ->> 'key'), pool)
+        WHERE state = 'queued' AND rate_limit IS NOT NULL;
+    DROP FUNCTION IF EXISTS queickd_claim_view(bigint, bigint, text[], integer, double precision, boolean);
+    DROP FUNCTION IF EXISTS queickd_candidates_after(text[], text[], integer, integer, double precision, bigint);
+    """ + pgclaimsql.CANDIDATES_AFTER + pgclaimsql.VIEW + pgclaimsql.CLAIM + pgpasssql.PASS + pgenqueuesql.ENQUEUE)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

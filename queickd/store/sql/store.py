@@ -14,8 +14,9 @@ from ...core.policy import admission as adm
 from ...core.policy import claim
 from ...core.workflow import Definition, RunRecord
 from ..derived import StoreBase
-from ..records import CronFire, EventAccepted, Finished, NewEvent
+from ..records import CronFire, EventAccepted, Finished, NewEvent, RateKey
 from . import operator, schedule, stats
+from . import rates as sqlrates
 from . import workflows as wfsql
 from .dialect import Dialect, Submit
 
@@ -60,6 +61,9 @@ class SqlStore(StoreBase):
 
     get = _reads(operator.get)
     pauses = _reads(operator.pauses)
+
+    def rate_keys(self, now: float) -> list[RateKey]:
+        return sqlrates.keys(self._conn(), now)
     resume = _writes(operator.resume)
     pause = _writes(operator.pause)
     release_unstarted = _writes(operator.release_unstarted)

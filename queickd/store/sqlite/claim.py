@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from ...core.job import Job
 from ...core.policy import claim
 from .. import rows as dbrows
+from ..sql import rates as sqlrates
 
 # The two queue-order walks of a pool: its jobs without a group and those with one (each
 # queued job is in one of the two).
@@ -213,7 +214,7 @@ class Claims:
         heads = c.execute(sql, (*params, read)).fetchall()
         if not heads:
             return []
-        paused = bool(heads[0][10])
+        paused = bool(heads[0][11])
         if past_full:  # the jobs of full groups left out (claim.Selection.left_out)
             kept = [r for r in heads if not r[-1]]
             self._full_groups = len(kept) < len(heads)
@@ -224,8 +225,8 @@ class Claims:
             if not kept:
                 return []  # only full groups' jobs wait: nothing may start
             heads = kept[:limit]
-        first = [claim.Row._make(r[1:10]) for r in heads]
-        ids = claim.plain(first, request, paused, claim.Totals(*heads[0][11:14]) if totalled else None)
+        first = [claim.Row._make(r[1:11]) for r in heads]
+        ids = claim.plain(first, request, paused, claim.Totals(*heads[0][12:15]) if totalled else None)
         if ids is not None:
             self._grouped_heads = totalled and any(r.concurrency_group is not None for r in first)
             return self._start(c, ids, now, "")
@@ -252,6 +253,7 @@ class Claims:
                 first: list[claim.Row] | None, walk: tuple[str, ...]) -> list[Job]:
         """The claim by the selection, offered the queued jobs of the pools `walk` in queue
         order (`first`: the heads, read already)."""
+        running.rates = sqlrates.windows(c)  # under the writer's lock: exact
         pick = claim.Selection(request, running)
         full, out_pools = pick.out_groups, pick.out_pools
         page = max(16, request.limit * 2)
@@ -278,11 +280,13 @@ class Claims:
                 more = len(rows) == page
                 offset += page
         if not pick.chosen:
-            return []
+            return sqlrates.claimed((), pick.rates)
+        sqlrates.write(c, pick.rates)
         if pick.probes:
             c.executemany("UPDATE pauses SET probe_job = ? WHERE kind = ? AND name = ?",
                           [(job_id, *t) for t, job_id in pick.probes])  # no other probe until they finish
-        return self._start(c, pick.chosen, request.now, _HEADS_ONLY if full and not heads else "")
+        return sqlrates.claimed(self._start(c, pick.chosen, request.now, _HEADS_ONLY if full and not heads else ""),
+                                pick.rates)
 
     @staticmethod
     def _start(c: sqlite3.Connection, ids: list[int], now: float, only: str) -> list[Job]:

@@ -338,10 +338,28 @@ def _v18(c: sqlite3.Connection) -> None:
     _add_column(c, "jobs", "progress", "TEXT")
 
 
+RATE_KEYS = """
+    CREATE TABLE IF NOT EXISTS rate_keys (
+        key TEXT PRIMARY KEY,
+        lim INTEGER NOT NULL,                  -- as the key's latest started job carried it
+        per REAL NOT NULL,
+        blocked_until REAL,                    -- no job of the key starts before (a 429's Retry-After)
+        starts TEXT NOT NULL DEFAULT '[]'      -- JSON: the latest start times, at most lim
+    ) WITHOUT ROWID;
+"""
+
+
+def _v19(c: sqlite3.Connection) -> None:
+    """jobs.rate_limit (JSON {"key", "limit", "per"}; NULL: none, and for every older job)
+    and rate_keys, each rate key's window: its latest starts and when it is blocked until."""
+    _add_column(c, "jobs", "rate_limit", "TEXT")
+    _run(c, RATE_KEYS)
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
                                                           _v11, _v12, _v13, _v14, _v15, _v16, _v17,
-                                                          _v18]
+                                                          _v18, _v19]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

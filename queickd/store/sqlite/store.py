@@ -23,6 +23,7 @@ from .. import rows as dbrows
 from ..pools import set_pool_sql
 from ..records import CronFire, CronRecord, Finished, Recovered
 from ..sql import operator, plans
+from ..sql import rates as sqlrates
 from ..sql import workflows as wfsql
 from ..sql.dialect import Dialect
 from ..sql.operator import filters
@@ -205,9 +206,9 @@ class SQLiteStore(SQLiteFile, SqlStore):
         for o in outcomes:
             row = c.execute(
                 "UPDATE jobs SET state = ?1, run_at = coalesce(?2, run_at), result = ?3, error = ?4,"
-                " finished_at = ?5, attempts = attempts - (?1 = 'waiting_network'), output = ?7"
+                " finished_at = ?5, attempts = attempts - (?1 IN ('waiting_network', 'queued')), output = ?7"
                 " WHERE id = ?6 AND state = 'running' RETURNING key, func, workflow_step, workflow_item,"
-                " workflow_loop",
+                " workflow_loop, rate_limit",
                 (o.state, o.run_at, None if o.result is None else dbrows.dumps(o.result),
                  dbrows.dumps(o.error) if o.error else None, now if o.state in State.FINAL else None,
                  o.job_id, o.output),
@@ -215,10 +216,12 @@ class SQLiteStore(SQLiteFile, SqlStore):
             if row is None:
                 continue
             changed += 1
+            if o.rate_until is not None:  # told to wait: its key starts nothing before then
+                sqlrates.tighten(c, [(row[5], o.rate_until)])
             if not o.blameless:  # the host failed it: counts for nothing
                 finished.append(pz.Finish(o.state, o.error, row[0], row[1], o.job_id))
             if o.workflow_run is not None and o.state in (State.SUCCEEDED, State.DEAD):
-                steps.append((o.job_id, o.workflow_run, *row[2:], o.state == State.SUCCEEDED, o.result,
+                steps.append((o.job_id, o.workflow_run, *row[2:5], o.state == State.SUCCEEDED, o.result,
                               o.error))
         if steps:  # in the same transaction as the finish: one commits with the other
             wfsql.advance_in(DIALECT, c, self._steps(), steps, now)

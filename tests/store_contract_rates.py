@@ -1,0 +1,106 @@
+"""The store contract for rate limits (part of StoreContract: every store runs it): at most
+`limit` starts of a rate key per window of `per` seconds, on every claim path, without a
+rate-limited job holding back the jobs behind it, with the time its key may start next
+known to the claimer, and a key tightened by a run its service refused."""
+
+from __future__ import annotations
+
+import threading
+
+from contract_jobs import T0, job
+from helpers import run_together
+
+from queickd.core.job import Outcome, State
+from queickd.core.policy.claim import Request
+
+
+def rated(key: str = "k", limit: int = 1, per: float = 10.0, **kw):
+    return job(rate_limit={"key": key, "limit": limit, "per": per}, **kw)
+
+
+def _ids(jobs) -> list[int]:
+    return [j.id for j in jobs]
+
+
+class RatesContract:
+    def test_a_rate_key_starts_at_most_its_limit_per_window(self, store):
+        subs = store.submit([rated(limit=2) for _ in range(5)], T0)
+        assert _ids(store.claim_available(Request.of(10, now=T0))) == [s.job_id for s in subs[:2]]
+        assert store.claim_available(Request.of(10, now=T0 + 9.9)) == []
+        assert _ids(store.claim_available(Request.of(10, now=T0 + 10))) == [s.job_id for s in subs[2:4]]
+
+    def test_the_window_slides_from_each_start(self, store):
+        subs = store.submit([rated(limit=2) for _ in range(4)], T0)
+        store.claim_available(Request.of(1, now=T0))
+        store.claim_available(Request.of(1, now=T0 + 6))
+        assert store.claim_available(Request.of(10, now=T0 + 9)) == []
+        assert _ids(store.claim_available(Request.of(10, now=T0 + 10))) == [subs[2].job_id]
+        assert store.claim_available(Request.of(10, now=T0 + 15.5)) == []
+        assert _ids(store.claim_available(Request.of(10, now=T0 + 16))) == [subs[3].job_id]
+
+    def test_a_claim_that_fills_a_rate_keys_window_says_when_it_opens(self, store):
+        # The claimer's timer. The claims after it may leave the key's jobs unread (the
+        # PostgreSQL fast path) until then.
+        store.submit([rated(limit=1, per=2.5) for _ in range(2)], T0)
+        assert store.claim_available(Request.of(10, now=T0)).rate_at == T0 + 2.5
+
+    def test_a_claim_that_fills_no_window_sets_no_timer(self, store):
+        store.submit([rated(limit=3, per=2.5), job()], T0)
+        assert store.claim_available(Request.of(10, now=T0)).rate_at is None
+
+    def test_a_rate_limited_job_does_not_hold_back_the_jobs_behind_it(self, store):
+        first, held, other_key, plain = store.submit(
+            [rated(), rated(), rated(key="other"), job()], T0)
+        assert _ids(store.claim_available(Request.of(10, now=T0))) == [first.job_id, other_key.job_id,
+                                                                       plain.job_id]
+        store.submit([job()], T0)
+        assert held.job_id not in _ids(store.claim_available(Request.of(10, now=T0 + 1)))
+
+    def test_a_rate_keys_jobs_start_in_queue_order(self, store):
+        subs = store.submit([rated(priority=p) for p in (5, 0, 1)], T0)
+        starts = [_ids(store.claim_available(Request.of(10, now=T0 + 10 * i))) for i in range(3)]
+        assert starts == [[subs[1].job_id], [subs[2].job_id], [subs[0].job_id]]
+
+    def test_keys_count_apart(self, store):
+        a, b = store.submit([rated(key="a"), rated(key="b")], T0)
+        assert _ids(store.claim_available(Request.of(10, now=T0))) == [a.job_id, b.job_id]
+
+    def test_a_run_told_to_wait_blocks_its_key_and_keeps_its_place_and_attempt(self, store):
+        told, later = store.submit([rated(limit=100, per=1.0), rated(limit=100, per=1.0)], T0)
+        (ran,) = store.claim_available(Request.of(1, now=T0))
+        err = {"type": "RateLimited", "message": "429"}
+        store.finish_if_running([Outcome.rate_limited(ran.id, T0 + 30, err)], T0 + 1, pause_after=1)
+        back = store.get(told.job_id)
+        assert (back.state, back.attempts, back.run_at) == (State.QUEUED, 0, T0)
+        assert store.claim_available(Request.of(10, now=T0 + 29)) == []
+        assert store.pauses() == []  # blameless: no streak, no pause
+        assert _ids(store.claim_available(Request.of(10, now=T0 + 30))) == [told.job_id, later.job_id]
+
+    def test_a_later_block_is_not_shortened_by_an_earlier_one(self, store):
+        a, b = store.submit([rated(limit=100), rated(limit=100)], T0)
+        ran = store.claim_available(Request.of(2, now=T0))
+        err = {"type": "RateLimited", "message": "429"}
+        store.finish_if_running([Outcome.rate_limited(ran[0].id, T0 + 60, err)], T0)
+        store.finish_if_running([Outcome.rate_limited(ran[1].id, T0 + 5, err)], T0)
+        assert store.claim_available(Request.of(10, now=T0 + 59)) == []
+        assert len(store.claim_available(Request.of(10, now=T0 + 60))) == 2
+
+    def test_operators_see_each_keys_limit_use_and_next_start(self, store):
+        store.submit([rated(key="slack", limit=2, per=10.0) for _ in range(3)], T0)
+        store.claim_available(Request.of(10, now=T0))
+        (k,) = store.rate_keys(T0 + 1)
+        assert (k.key, k.limit, k.per, k.used, k.next_start, k.blocked_until) == ("slack", 2, 10.0, 2, T0 + 10, None)
+
+    def test_concurrent_claims_start_no_more_than_a_keys_limit(self, store):
+        store.submit([rated(limit=5, per=1000.0) for _ in range(40)] + [job() for _ in range(20)], T0)
+        started, lock = [], threading.Lock()
+
+        def claim():
+            for _ in range(15):
+                got = store.claim_available(Request.of(2, now=T0))
+                with lock:
+                    started.extend(got)
+
+        run_together(*[claim] * 4)
+        assert sum(j.rate_limit is not None for j in started) == 5
+        assert sum(j.rate_limit is None for j in started) == 20
