@@ -9,6 +9,7 @@ from .core.retry import RETRY_TYPE
 from .run.context import (
     CurrentJob,
     JobInterrupted,
+    RateLimited,
     cron_last_tick,
     cron_tick,
     current_job,
@@ -20,7 +21,7 @@ from .version import __version__
 
 __all__ = ["JobQueue", "AsyncJobQueue", "QueueError", "JobFailed", "JobCancelled", "JobHandle", "AsyncJobHandle",
            "Task", "SchedulingTime", "RETRY_TYPE", "__version__", "cron_tick", "cron_last_tick", "workflow_key",
-           "current_job", "CurrentJob", "JobInterrupted", "progress"]
+           "current_job", "CurrentJob", "JobInterrupted", "RateLimited", "progress"]
 
 
 def __getattr__(name: str) -> object:

@@ -38,6 +38,7 @@ from .core.policy import outbox
 from .core.policy.claim import Limits
 from .run.loader import FunctionLoader
 from .services import assembly, sdnotify
+from .services.alarm import Alarm
 from .services.batcher import SubmitBatcher
 from .services.fleet import FleetMember
 from .services.maintenance.depth import DepthSample
@@ -152,10 +153,14 @@ class Daemon:
                                     metrics=self.metrics, resources=resources,
                                     workflows=c.workflows, workflow_budget=c.workflow_budget)
         parts.budgets.on_change.append(self._budgets_changed)
+        # Each time a rate key may start a job again (its window opens, its block ends): the
+        # pool claims then. Every time is kept: several keys may wait at once.
+        self.rate_alarm = Alarm(pool.wake, clock=self.clock, name="queickd-rate-alarm")
         pool.report_to(PoolHooks(
             on_claimed=self._on_claimed, on_finished=self._on_finished, on_ran=self.metrics.on_ran,
             on_probe_at=partial(scheduler.wake_at, slot="probes"),
             on_deferred=partial(scheduler.wake_at, slot="set_aside"),
+            on_rate_at=self.rate_alarm.at,
             network_checker=self.parking.checker, network_up=self.parking.network_up))
         for name in c.workflows:  # a declared workflow that could never start is a configuration error
             try:
@@ -336,6 +341,7 @@ class Daemon:
         # Each step runs even if an earlier one failed: a stuck connection must not keep
         # accepted jobs from being committed or running jobs from finishing.
         for step in (self.http.stop if self.http is not None else None, self.server.stop, self.batcher.stop, self.scheduler.stop,  # type: ignore[union-attr]
+                     self.rate_alarm.stop,
                      self.network.stop if self.network is not None else None):
             if step is not None:
                 try:

@@ -347,3 +347,35 @@ def test_an_fd_limit_failure_gives_up_blameless_after_its_runs():
 def test_a_missing_file_is_still_the_jobs_fault():
     o = after_failure(make_job(retry=None, max_attempts=1), failed(raised(FileNotFoundError(2, "gone"))), NOW)
     assert (o.state, o.blameless) == (State.DEAD, False)
+
+
+# --- rate limits ------------------------------------------------------------------------
+_RATED = {"key": "slack:#general", "limit": 1, "per": 1.0}
+
+
+def test_a_rate_limited_job_told_to_wait_goes_back_to_its_place_with_its_key_blocked():
+    from queickd import RateLimited
+
+    job = make_job(rate_limit=_RATED, attempts=3)  # its last attempt by its policy
+    out = after_failure(job, capture.failed(RateLimited(retry_after=2.5), 0.1), NOW)
+    assert (out.state, out.rate_until, out.blameless, out.run_at) == (State.QUEUED, NOW + 2.5, True, None)
+
+
+def test_a_429s_retry_after_on_any_exception_blocks_a_rate_limited_jobs_key():
+    class TooManyRequestsError(Exception):
+        retry_after = 30
+
+    out = after_failure(make_job(rate_limit=_RATED), capture.failed(TooManyRequestsError("429"), 0.1), NOW)
+    assert out.state == State.QUEUED and out.rate_until == NOW + 30
+
+
+def test_a_job_without_a_rate_limit_told_to_wait_is_retried_by_its_policy():
+    from queickd import RateLimited
+
+    out = after_failure(make_job(), capture.failed(RateLimited(retry_after=2.5), 0.1), NOW)
+    assert (out.state, out.run_at, out.rate_until) == (State.SCHEDULED, NOW + 2.5, None)
+
+
+def test_a_rate_limited_job_failing_without_a_retry_after_follows_its_policy():
+    out = after_failure(make_job(rate_limit=_RATED), capture.failed(ValueError("no"), 0.1), NOW)
+    assert (out.state, out.run_at, out.rate_until) == (State.SCHEDULED, NOW + 10.0, None)

@@ -35,6 +35,7 @@ RESOURCE_DELAY = 30.0  # seconds before such a run is tried again, times the att
 # runs again, its attempt spent, at least this many runs in all whatever its policy...
 NETWORK_ATTEMPTS = 10
 NETWORK_DELAY = 60.0  # ... this many seconds apart without a policy (a safety sweep's default)
+RATE_WAIT_MAX = 86400.0  # seconds a rate key may be told to wait (a longer Retry-After is no rate)
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
 
 _NETWORK_ERRNOS = frozenset(
@@ -181,6 +182,10 @@ def after_failure(
     retry policy) and its outcome is blameless, so it never grows a failure streak nor
     pauses the job's key or function.
 
+    A job with a rate_limit whose run says `retry_after` (queickd.RateLimited, an HTTP
+    429's Retry-After) was refused for its key's rate: it waits again in its place, queued,
+    its attempt not counted, and its key starts nothing before then (core/policy/rates.py).
+
     A run an operator's cancel stopped (error type CANCELLED) is cancelled: its job was
     made so in the store before the run was stopped, and neither retries nor dies.
 
@@ -193,6 +198,9 @@ def after_failure(
         return dataclasses.replace(_after_resource_failure(job, err, now, out), blameless=True)
     if report.permanent:
         return Outcome.dead(job.id, err, job.workflow_run, out)
+    if job.rate_limit is not None and report.retry_after is not None and 0 <= report.retry_after <= RATE_WAIT_MAX:
+        # Its service's rate, not the job's failure: its key waits, the job keeps its place.
+        return Outcome.rate_limited(job.id, now + report.retry_after, err, out)
     if job.retry_on_network and network_checker and report.network:
         if not network_up:
             return Outcome.waiting_network(job.id, err, out)

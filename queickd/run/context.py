@@ -32,6 +32,18 @@ class JobInterrupted(BaseException):
     every second until the job's call returns)."""
 
 
+class RateLimited(Exception):  # noqa: N818 - the name the issue and the docs promise
+    """Raised by a job that the service it calls refused for its rate (an HTTP 429):
+    `retry_after` seconds (its Retry-After) before any job of the job's rate key may start
+    again, on every host. The job waits again in its place, the attempt not counted toward
+    max_attempts nor toward a pause. A job without a rate_limit is retried after
+    `retry_after` by its retry policy."""
+
+    def __init__(self, retry_after: float, message: str = "") -> None:
+        super().__init__(message or f"rate limited: retry after {retry_after:g} s")
+        self.retry_after = retry_after
+
+
 class CurrentJob:
     """The job being run here, as queickd.current_job() returns it: `id`, `attempt` (1 on
     its first run), `deadline` (unix time its timeout ends at; None without a timeout) and

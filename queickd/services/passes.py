@@ -61,6 +61,7 @@ class Pass:
     counted: list[Minute] = field(default_factory=list)  # per-minute counts it wrote
     count_after: list[Minute] = field(default_factory=list)  # counts to write once it is applied
     deferred_at: float | None = None  # when the first job sent back for want of memory returns
+    rate_at: float | None = None  # when a rate key its claim passed over or filled may start again
 
 
 class PassStore:
@@ -162,6 +163,7 @@ class PassStore:
         if claimed is None:
             return False
         p.unapplied, p.free, p.claimed = unapplied, free, claimed
+        p.rate_at = getattr(claimed, "rate_at", None)
         if unapplied:
             # Written once the pass is applied (_write_counts): its jobs start first.
             p.count_after = self.counts.take(force=self._busy == len(unapplied) and not claimed)
@@ -220,6 +222,7 @@ class PassStore:
             now = self._clock()
             p.claimed = tx.claim_available(Request.of(ask, self.hooks.network_up(), self.pools, self.limits,
                                                       now, self._aside(now)))
+            p.rate_at = getattr(p.claimed, "rate_at", None)
         # Every count is written once the pool goes idle (nothing runs, nothing was
         # claimed); while busy, once a second at most. Idle is decided after the claim:
         # a worker of one slot is "idle" between every two jobs of a backlog, and a
@@ -275,6 +278,11 @@ class PassStore:
             self._drained.set()
         if p.deferred_at is not None:
             self.hooks.on_deferred(p.deferred_at)
+        # No one polls a rate key: the claim that filled or passed over one, and the finish
+        # that blocked one (a 429), set the time to look again.
+        waits = [t for t in (p.rate_at, *(o.rate_until for o in finished)) if t is not None]
+        if waits:
+            self.hooks.on_rate_at(min(waits))
         if self._asked_while_full and self._threads_busy < self.workers:
             # Work was announced while this pass held every slot, perhaps after its claim:
             # a slot freed by any outcome (a cancelled run's, which the store ignores, too)

@@ -50,6 +50,7 @@ class PoolHooks:
     on_ran: Callable[[Job, Outcome, float], None] | None = None  # (job, outcome, seconds): metrics
     on_probe_at: Callable[[float], None] = _ignore  # a pause's probe is due then: wake the pool
     on_deferred: Callable[[float], None] = _ignore  # a job set aside for memory may start then
+    on_rate_at: Callable[[float], None] = _ignore  # a rate key may start a job then
     network_checker: Callable[[], bool] = _no_checker  # is a checker there to release parked jobs?
     network_up: Callable[[], bool] = _always_up  # may jobs that need the network start now?
 

@@ -69,7 +69,7 @@ def run(config: WorkerConfig) -> int:
                 alarm.at(nxt)
 
         alarm = Alarm(wake_pool, name="queickd-pool-alarm")
-        pool.report_to(PoolHooks(on_probe_at=alarm.at, on_deferred=alarm.at))
+        pool.report_to(PoolHooks(on_probe_at=alarm.at, on_deferred=alarm.at, on_rate_at=alarm.at))
         maintainer = Maintainer(parts.maintenance(), tick=config.sweep)
         member = parts.join_fleet(store, "worker", on_version_change=version_changed, on_sweep=maintainer.run_due)
         member.start()

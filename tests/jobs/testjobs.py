@@ -226,3 +226,15 @@ def spin_for(seconds):
     while time.monotonic() < end:
         turns += 1
     return turns
+
+
+def refused_once(path, retry_after):
+    """Refused for its rate on its first run (as by an HTTP 429), then done."""
+    import os
+
+    from queickd import RateLimited
+
+    if not os.path.exists(path):
+        open(path, "w").close()
+        raise RateLimited(retry_after=retry_after)
+    return "posted"

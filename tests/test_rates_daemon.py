@@ -1,0 +1,107 @@
+"""Rate limits against a real daemon (SQLite and PostgreSQL): starts measured from the jobs'
+own start times, a run refused for its rate (queickd.RateLimited) waiting without burning
+an attempt, function defaults, what operators see, and bad input refused naming the field."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from test_resources_daemon import config
+
+from queickd.core.job import State
+from queickd.core.protocol import QueueError
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'queue.db'}"
+    return request.getfixturevalue("pg_fresh_database")
+
+
+def most_in_a_window(starts: list[float], per: float) -> int:
+    starts = sorted(starts)
+    return max(sum(1 for t in starts[i:] if t < s + per) for i, s in enumerate(starts))
+
+
+def test_a_rate_key_starts_no_more_than_its_limit_per_window_and_others_pass_it(start_daemon, store_url, tmp_path):
+    d = start_daemon(store_url, workers=4)
+    with d.client() as q:
+        limited = [q.enqueue("testjobs:noop", rate_limit=("slack", 2, 0.5)) for _ in range(8)]
+        free = [q.enqueue("testjobs:noop") for _ in range(4)]
+        for i in [*limited, *free]:
+            assert q.wait(i, 30)["state"] == State.SUCCEEDED
+        slack = [q.get(i)["started_at"] for i in limited]  # as the claims stamped them
+        others = [q.get(i)["started_at"] for i in free]
+    assert most_in_a_window(slack, 0.5) <= 2
+    assert slack == sorted(slack)  # in enqueue order
+    assert max(others) < max(slack)  # not held behind them
+    assert max(slack) - min(slack) < 1.5 + 2.0  # 3 windows to wait; woken by timers, not a sweep
+
+
+def test_a_job_refused_for_its_rate_waits_its_retry_after_and_burns_no_attempt(start_daemon, store_url, tmp_path):
+    d = start_daemon(store_url, workers=2)
+    with d.client() as q:
+        # One attempt in all (no retry policy): a counted refusal would make it dead.
+        told = q.enqueue("testjobs:refused_once", [str(tmp_path / "told"), 0.6], rate_limit=("api", 100, 1.0))
+        done = q.wait(told, 30)
+        assert (done["state"], done["attempts"], done["result"]) == (State.SUCCEEDED, 1, "posted")
+    refused_at = os.path.getmtime(tmp_path / "told")
+    assert done["started_at"] >= refused_at + 0.6 - 0.01  # its key started nothing before the Retry-After
+
+
+def test_a_functions_configured_rate_limit_applies_to_its_jobs(start_daemon, tmp_path):
+    cfg = config(tmp_path, '[functions."testjobs:noop"]\nrate_limit = { key = "api", limit = 5, per = 1.5 }\n')
+    d = start_daemon(None, "--config", cfg)
+    with d.client() as q:
+        assert q.get(q.enqueue("testjobs:noop"))["rate_limit"] == {"key": "api", "limit": 5, "per": 1.5}
+
+
+@pytest.mark.parametrize(("rate_limit", "named"), [
+    (("k", 0, 1.0), "rate_limit.limit"),
+    (("k", -1, 1.0), "rate_limit.limit"),
+    (("k", 10**9, 1.0), "rate_limit.limit"),
+    (("k", 1.5, 1.0), "rate_limit.limit"),
+    (("k", 1, 0), "rate_limit.per"),
+    (("k", 1, -2.0), "rate_limit.per"),
+    (("k", 1, float("nan")), "rate_limit.per"),
+    (("k", 1, 1e12), "rate_limit.per"),
+    (("", 1, 1.0), "rate_limit.key"),
+    ({"key": "k", "limit": 1}, "rate_limit"),
+    ("k", "rate_limit"),
+])
+def test_bad_rate_limits_are_refused_at_enqueue_naming_the_field(client, rate_limit, named):
+    with pytest.raises(QueueError) as e:
+        client.enqueue("testjobs:noop", rate_limit=rate_limit)
+    assert e.value.code == "bad_request" and named in e.value.message
+
+
+def test_a_bad_rate_limit_in_the_config_file_exits_78_naming_it(tmp_path):
+    cfg = config(tmp_path, '[functions."testjobs:noop"]\nrate_limit = { key = "api", limit = 0, per = 1 }\n')
+    r = subprocess.run([sys.executable, "-m", "queickd", "run", "--config", cfg, "--port", "0",
+                        "--store", f"sqlite:///{tmp_path / 'q.db'}"], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ), stdin=subprocess.DEVNULL)
+    assert r.returncode == 78 and "rate_limit.limit" in r.stderr, r.stderr
+
+
+def test_the_sql_enqueue_refuses_a_bad_rate_limit_naming_it(pg_store):
+    import psycopg
+
+    c = psycopg.connect(pg_store._dsn)
+    for bad, named in (({"key": "k", "limit": 0, "per": 1}, "rate_limit.limit"),
+                       ({"key": "k", "limit": 1, "per": "NaN"}, "rate_limit"),
+                       ({"key": "k", "limit": 1}, "rate_limit")):
+        with pytest.raises(psycopg.Error) as e:
+            c.execute("SELECT enqueue('m:f', '[]', %s)", (psycopg.types.json.Jsonb({"rate_limit": bad}),))
+        assert e.value.sqlstate == "QD400" and named in str(e.value)
+        c.rollback()
+    (job_id,) = c.execute("SELECT enqueue('m:f', '[]', %s)", (psycopg.types.json.Jsonb(
+        {"rate_limit": {"key": "k", "limit": 2, "per": 1.5}}),)).fetchone()
+    c.commit()
+    c.close()
+    assert pg_store.get(job_id).rate_limit == {"key": "k", "limit": 2, "per": 1.5}
+
+
