@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from test_resources_daemon import config
@@ -105,3 +106,24 @@ def test_the_sql_enqueue_refuses_a_bad_rate_limit_naming_it(pg_store):
     assert pg_store.get(job_id).rate_limit == {"key": "k", "limit": 2, "per": 1.5}
 
 
+
+
+def test_operators_see_each_rate_keys_limit_window_use_and_next_start(start_daemon, tmp_path):
+    from httphelpers import scrape, start_web
+    from test_operator_cli import queick
+
+    web = start_web(start_daemon, tmp_path, workers=2)
+    with web.daemon.client() as q:
+        ids = [q.enqueue("testjobs:noop", rate_limit=("slack:#general", 1, 3600.0)) for _ in range(2)]
+        assert q.wait(ids[0], 20)["state"] == State.SUCCEEDED
+        (key,) = q.stats()["rate_keys"]
+    assert (key["key"], key["limit"], key["per"], key["used"]) == ("slack:#general", 1, 3600.0, 1)
+    assert key["next_start"] > time.time() + 3000
+    m = scrape(web)
+    label = (("key", "slack:#general"),)
+    assert m[("queickd_rate_limit_starts", label)] == 1 and m[("queickd_rate_window_used_starts", label)] == 1
+    assert m[("queickd_rate_next_start_timestamp_seconds", label)] == key["next_start"]
+    line = next(x for x in queick(web.daemon.port, "status").stdout.splitlines() if x.startswith("slack:#general"))
+    assert line.split()[1:4] == ["1/1", "3600s", "in"]
+    page = web.get("/").body.decode()
+    assert "Rate limits" in page and "slack:#general" in page and "1 per 3600 s" in page

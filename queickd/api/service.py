@@ -44,6 +44,8 @@ from .wfops import WorkflowOps
 log = logging.getLogger("queickd.service")
 
 
+RATE_KEYS_SHOWN = 50  # rate keys a stats reply lists (core/policy/rates.py), by key
+
 class Waiters:
     """Callbacks waiting for jobs to reach a final state. Thread-safe."""
 
@@ -385,6 +387,7 @@ class QueueService(WorkflowOps):
             "workflows": self.store.workflow_counts(),  # runs by state, budget stops by budget
             "network": self.network.snapshot() if self.network is not None else None,
             "budgets": self.budgets(),
+            "rate_keys": [k.to_dict() for k in self.store.rate_keys(now)[:RATE_KEYS_SHOWN]],
             "memory": self.pool.memory.snapshot() if self.pool.memory is not None else None,
             "sandbox": self.metrics.sandbox_stats() if self.metrics is not None else None,
             "progress": self.metrics.progress_stats() if self.metrics is not None else None,

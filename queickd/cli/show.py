@@ -71,6 +71,13 @@ def print_budgets(budgets: list[dict[str, Any]]) -> None:
               f" ({b['running_jobs']} jobs), {b['waiting']:g} waiting ({b['waiting_jobs']} jobs)")
 
 
+def print_rate_keys(keys: list[dict[str, Any]], now: float | None) -> None:
+    for k in keys:
+        blocked = f", blocked until {local_time(k['blocked_until'])}" if k.get("blocked_until") else ""
+        due = "now" if now is not None and k["next_start"] <= now else local_time(k["next_start"])
+        print(f"rate {k['key']}: {k['used']}/{k['limit']} starts in {k['per']:g} s, next start {due}{blocked}")
+
+
 def print_stats(s: dict[str, Any]) -> None:
     print(f"queickd {s['version']}  store {s['store']}  up {s['uptime']:.0f} s")
     w = s["workers"]
@@ -130,6 +137,7 @@ def print_stats(s: dict[str, Any]) -> None:
         alarm = "   NO WORKERS: its jobs wait" if unserved(p) else ""
         print(f"pool {name}: {p['waiting']} waiting, {p['workers']} worker slot(s) alive{alarm}")
     print_budgets(s.get("budgets") or [])
+    print_rate_keys(s.get("rate_keys") or [], s.get("now"))
     m = s.get("memory")
     if m:
         deferred = ", ".join(f"{r} {n}" for r, n in sorted(m["deferred"].items())) or "none"

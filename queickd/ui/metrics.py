@@ -167,6 +167,17 @@ class Metrics:
                 ("queickd_budget_running_units", "running", "Cost units running against each budget."),
                 ("queickd_budget_waiting_units", "waiting", "Cost units of the jobs waiting for each budget.")):
             family(metric, "gauge", help_text, [({"kind": b["kind"], "name": b["name"]}, b[what]) for b in budgets])
+        rated = stats.get("rate_keys") or []
+        for metric, what, help_text in (
+                ("queickd_rate_limit_starts", "limit", "Each rate key's limit: starts per window."),
+                ("queickd_rate_window_seconds", "per", "Each rate key's window (seconds)."),
+                ("queickd_rate_window_used_starts", "used", "Starts of each rate key in the window that ends now."),
+                ("queickd_rate_next_start_timestamp_seconds", "next_start",
+                 "When each rate key may start its next job (unix time; now when it has room).")):
+            family(metric, "gauge", help_text, [({"key": k["key"]}, k[what]) for k in rated])
+        family("queickd_rate_blocked_until_timestamp_seconds", "gauge",
+               "Until when a rate key starts nothing, told by its service (an HTTP 429's Retry-After).",
+               [({"key": k["key"]}, k["blocked_until"]) for k in rated if k.get("blocked_until") is not None])
         memory = stats.get("memory") or {}
         family("queickd_deferred_total", "counter", "Claimed jobs sent back to wait, by reason (memory: "
                "they may not fit in the memory left; max_rss: in what --max-rss leaves).",

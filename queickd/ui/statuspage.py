@@ -143,6 +143,11 @@ def render(s: dict[str, Any]) -> str:
     budgets = _table(["budget", "limit", "running", "waiting"],
                      [[f"{b['kind']} {b['name']}", f"{b['limit']:g}", f"{b['running']:g} ({b['running_jobs']} jobs)",
                        f"{b['waiting']:g} ({b['waiting_jobs']} jobs)"] for b in s.get("budgets") or []], "")
+    rates = _table(["rate key", "limit", "in the window", "next start", "blocked until"],
+                   [[k["key"], f"{k['limit']} per {k['per']:g} s", k["used"],
+                     "now" if k["next_start"] <= now else "in " + ago(k["next_start"], now),
+                     local_time(k["blocked_until"]) if k.get("blocked_until") else ""]
+                    for k in s.get("rate_keys") or []], "")
     blocks = s.get("key_blocks") or {}
     keys = _table(["key", "waiting", "oldest due", "held"],
                   [[k["key"], k["waiting"], ago(now, k["oldest_run_at"]) + " ago"
@@ -185,6 +190,7 @@ def render(s: dict[str, Any]) -> str:
  · failed runs {s['failed']} · refused {s['refused']} · outbox pending {s['events']['pending']}</p>
 <h2>Pools</h2>{pools}{fleet if s.get("fleet") else ""}
 {"<h2>Budgets</h2>" + budgets if s.get("budgets") else ""}
+{"<h2>Rate limits</h2>" + rates if s.get("rate_keys") else ""}
 <h2>Waiting per key</h2>{keys}
 <h2>Paused</h2>{paused}
 <h2>Running</h2>{running}

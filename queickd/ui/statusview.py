@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .text import ago, one_line, pause_cause, probe_text, progress_text, unserved
+from .text import ago, local_time, one_line, pause_cause, probe_text, progress_text, unserved
 
 
 def _terse_ago(now: float, t: float | None) -> str:
@@ -99,6 +99,13 @@ def lines(s: dict[str, Any], width: int = 100) -> list[str]:
             when = f"{_terse_ago(now, due)} ago" if due <= now else f"in {_terse_ago(due, now)}"
             held = s.get("key_blocks", {}).get(k["key"])
             out.append(f"{k['key'][:30]:<30} {k['waiting']:>8}  {when}" + (f"  HELD: {held}" if held else ""))
+    if s.get("rate_keys"):
+        out.append("")
+        out.append(f"{'RATE KEY':<30} {'USED':>6}/{'LIMIT':<6} {'PER':>8}  NEXT START")
+        for k in s["rate_keys"]:
+            nxt = "now" if k["next_start"] <= now else f"in {_terse_ago(k['next_start'], now)}"
+            blocked = f"  BLOCKED until {local_time(k['blocked_until'])}" if k.get("blocked_until") else ""
+            out.append(f"{k['key'][:30]:<30} {k['used']:>6}/{k['limit']:<6} {k['per']:>7g}s  {nxt}{blocked}")
     if s["paused"]:
         out.append("")
         for p in s["paused"]:
