@@ -10,7 +10,9 @@ same way, so the client never learns that it went through. Only posts that Slack
 accepted count as posted (`posted`, with their metadata); every request is recorded
 (`requests`). conversations.history answers from the posted messages, newest first, in
 pages, with their metadata only if include_all_metadata is asked for; `history_error`
-makes it answer ok:false instead. `wait_posted(n)` blocks until n messages were posted.
+makes it answer ok:false instead. `post_every` makes it answer 429 to a post that comes
+too soon after the last it took, as Slack does. `wait_posted(n)` blocks until n messages
+were posted.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ class SlackStub:
         self._release = threading.Event()
         self._last_ts = 0.0
         self.history_error: str | None = None  # e.g. "missing_scope": history answers ok:false with it
+        # Seconds between two posts Slack takes: a post sooner than that after the last one it
+        # took is answered 429 with the rest of the pause as Retry-After (None: no limit).
+        self.post_every: float | None = None
         self.server: ThreadingHTTPServer | None = None
         self.port = 0
 
@@ -132,6 +137,8 @@ class SlackStub:
         webhook = path.startswith("/services/")
         if path == "/api/conversations.history" and answer is None:
             answer = self._history(payload)
+        elif answer is None and path != "/api/conversations.history" and (wait := self._too_soon()) is not None:
+            answer = (429, {"ok": False, "error": "ratelimited"}, {"Retry-After": f"{wait:.3f}"})
         elif answer is None or answer == STALL:
             self._accept(req, webhook)
             if answer == STALL:
@@ -148,6 +155,16 @@ class SlackStub:
             h.send_header(k, str(v))
         h.end_headers()
         h.wfile.write(data)
+
+    def _too_soon(self) -> float | None:
+        """With post_every: the rest of the pause, if a post now would come too soon."""
+        if self.post_every is None:
+            return None
+        with self._lock:
+            last = max((float(m["at"]) for m in self.posted), default=None)
+        if last is None or time.time() >= last + self.post_every:
+            return None
+        return last + self.post_every - time.time()
 
     def _hold(self, h: BaseHTTPRequestHandler) -> None:
         self._release.wait(60)

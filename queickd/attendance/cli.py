@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     _opt(run, "--slack-webhook-file", "file holding an incoming-webhook URL, instead of a token")
     _opt(run, "--slack-base-url", "Slack Web API base URL, ending in '/' (for a local stand-in)")
     _opt(run, "--late-after", "seconds after which a post says how late it is", _D.late_after, type=float)
+    _opt(run, "--slack-rate", "posts a second to one channel at most (Slack allows about one); the queue keeps "
+         "the pace", _D.slack_rate, type=float)
     _opt(run, "--daily-summary", "post the day's hours on this cron schedule, e.g. '0 19 * * *'")
     _opt(run, "--log-level", "log level", "info", choices=log.LEVELS)
 

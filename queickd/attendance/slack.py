@@ -9,10 +9,11 @@ Every Slack answer maps onto what the queue knows how to do:
     SlackRejectedError, `permanent`, a dead letter at once with Slack's error in it;
   - any other error: SlackError, which follows the job's retry policy.
 slack-sdk's own retry handlers are off: a retry inside a job would hold a worker and hide
-the outage from the queue. A rate limit is the one thing a post waits out itself (up to
-RATE_LIMIT_PATIENCE s of Retry-After): the posts share one serial key, and a post that went
-back to the queue would free it, so the next post would meet the same limit, and a burst of
-taps (a shift change, the network back) would spend its attempts on 429s, out of tap order.
+the outage from the queue. Nor does a post wait out a rate limit itself: the post jobs carry
+a rate limit of their channel (`SlackTarget.rate_key`, about one post a second by default, as
+Slack allows), so the queue starts them no faster, and a 429's Retry-After blocks the key on
+every worker: the refused post waits in its place, queued, no attempt spent, and the posts
+behind it (one serial key: tap order) wait behind it, holding no worker meanwhile.
 
 Secrets never travel in job arguments: a job names a token (or webhook URL) file, or
 none, and then reads the systemd credential `slack-token` (or `slack-webhook`) of the
@@ -58,7 +59,6 @@ PERMANENT_ERRORS = frozenset({
     "posting_to_general_channel_denied", "invalid_payload", "user_not_found",
 })
 # ok:false errors that are Slack having a bad moment.
-RATE_LIMIT_PATIENCE = 30.0  # seconds of Retry-After a post waits out itself; longer ones go back to the queue
 UNAVAILABLE_ERRORS = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout"})
 TOKEN_CREDENTIAL, WEBHOOK_CREDENTIAL = "slack-token", "slack-webhook"
 # conversations.history errors that mean "this token may not read the channel": the post
@@ -106,6 +106,15 @@ class SlackTarget:
     base_url: str | None = None  # Web API base, ends in '/'; tests point it at a local server
     timeout: float = 10.0
     late_after: float = DEFAULT_LATE_AFTER
+
+    @property
+    def rate_key(self) -> str:
+        """The rate key of the posts to this target: its channel's (a webhook posts to one)."""
+        return f"slack:{self.channel}" if self.channel and not self.webhook_file else "slack:webhook"
+
+    def rate_limit(self, per_second: float = 1.0) -> tuple[str, int, float]:
+        """The post jobs' rate_limit: one post per 1/per_second seconds."""
+        return (self.rate_key, 1, 1.0 / per_second)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -169,23 +178,14 @@ def _classify(status: int, headers: dict[str, Any], error: str, method: str = "c
 
 def send(target: SlackTarget, text: str, metadata: dict[str, Any] | None = None) -> str | None:
     """Post text (with message metadata through the Web API; a webhook drops it); returns
-    the message ts (None through a webhook). A rate limit is waited out here, up to
-    RATE_LIMIT_PATIENCE s in all; raises the errors above."""
+    the message ts (None through a webhook). Raises the errors above; a rate limit's
+    (SlackRateLimitedError, with Slack's retry_after) goes back to the queue at once."""
     webhook = _webhook(target)
-    waited = 0.0
-    while True:
-        try:
-            with _calling_slack():
-                if webhook is not None:
-                    return _send_webhook(webhook, target, text)
-                reply = _api(target, "chat_postMessage", channel=target.channel, text=text, metadata=metadata)
-                return reply.get("ts")
-        except SlackRateLimitedError as e:  # nothing was posted: Slack asks for a pause
-            if waited + e.retry_after > RATE_LIMIT_PATIENCE:
-                raise
-            log.info("Slack rate limit: posting again in %g s", e.retry_after)
-            time.sleep(e.retry_after)
-            waited += e.retry_after
+    with _calling_slack():
+        if webhook is not None:
+            return _send_webhook(webhook, target, text)
+        reply = _api(target, "chat_postMessage", channel=target.channel, text=text, metadata=metadata)
+        return reply.get("ts")
 
 
 def find_punch(target: SlackTarget, punch_id: str, since: float) -> str | None:

@@ -50,7 +50,8 @@ SUMMARY_FUNC = "queickd.attendance.slack:post_daily_summary"
 SUMMARY_CRON = "attendance:daily-summary"
 POST_KEY = "attendance"  # one post at a time, in tap order
 # The post job's retries. A network-class failure parks it for the network instead
-# (retry_on_network), and an HTTP 429 waits its Retry-After.
+# (retry_on_network); an HTTP 429 blocks the post's rate key (TerminalConfig.slack_rate) for its
+# Retry-After, no attempt spent.
 POST_RETRY = {"retry": True, "retry_type": "exponential", "retry_interval": 2.0,
               "max_retry_interval": 600.0, "max_attempts": 20}
 
@@ -74,6 +75,7 @@ class TerminalConfig:
     slack_webhook_file: str | None = None
     slack_base_url: str | None = None
     late_after: float = DEFAULT_LATE_AFTER
+    slack_rate: float = 1.0  # posts a second to one channel, at most (the posts' rate_limit)
     daily_summary: str | None = None  # a cron expression, e.g. '0 19 * * *'
 
     @property
@@ -95,6 +97,8 @@ class TerminalConfig:
             CronExpr.parse(self.daily_summary)  # ValueError names what is wrong
         if self.debounce < 0 or self.late_after < 0:
             raise ValueError("debounce and late_after must not be negative")
+        if not 0.001 <= self.slack_rate <= 1000:
+            raise ValueError("slack_rate must be posts a second from 0.001 to 1000")
         self.slack.validate()
 
     def read_token(self) -> str | None:
@@ -125,6 +129,7 @@ class Dispatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._slack = config.slack.to_dict()
+        self._rate_limit = config.slack.rate_limit(config.slack_rate)  # Slack's pace, kept by the queue
         self._db = os.path.abspath(config.db)
 
     @property
@@ -172,7 +177,7 @@ class Dispatcher:
             try:
                 self.queue.cron(self.config.daily_summary, SUMMARY_FUNC, args=[self._db, self._slack,
                                 parse_day_boundary(self.config.day_boundary)], name=SUMMARY_CRON, **POST_RETRY,
-                                retry_on_network_available=True)
+                                retry_on_network_available=True, rate_limit=self._rate_limit)
                 log.info("daily summary registered with queickd (%s)", self.config.daily_summary)
             except QueueError as e:
                 if e.code != Code.BAD_REQUEST:
@@ -186,7 +191,7 @@ class Dispatcher:
             for p in batch:
                 job_id = self.queue.enqueue(POST_FUNC, [p.to_dict(), self._slack, self._db], key=POST_KEY,
                                             idempotency_key=p.punch_id, retry_on_network_available=True,
-                                            **POST_RETRY)
+                                            rate_limit=self._rate_limit, **POST_RETRY)
                 self.plog.mark_enqueued(p.punch_id, job_id)
                 with self._sent_cv:
                     self.sent += 1

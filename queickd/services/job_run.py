@@ -6,6 +6,7 @@ fails makes the job dead with a plain error, never a job stuck in `running`."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from ..core import fate
@@ -55,6 +56,10 @@ def _logged(job: Job, outcome: Outcome, runtime: float) -> Outcome:
     if outcome.state == State.CANCELLED:
         log.info("job %d %s cancelled: its run ended %.1f s after it began (attempt %d/%d)", job.id, job.func,
                  runtime, job.attempts, job.max_attempts)
+    elif outcome.rate_until is not None:
+        log.info("job %d %s refused for its rate: %s: %s -> rate key %s starts nothing until %s; the job waits"
+                 " in its place, no attempt spent", job.id, job.func, outcome.error["type"], outcome.error["message"],
+                 job.rate_limit["key"], time.strftime("%H:%M:%S", time.localtime(outcome.rate_until)))
     elif outcome.state != State.SUCCEEDED:
         log.info(
             "job %d %s failed (attempt %d/%d): %s: %s -> %s", job.id, job.func, job.attempts,
