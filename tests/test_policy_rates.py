@@ -57,10 +57,20 @@ def test_a_claim_that_fills_a_window_says_when_it_opens():
 
 
 def test_the_log_keeps_only_the_newest_limit_starts_and_the_given_windows_are_left_alone():
-    given = {"k": rates.Window(2, 1.0, [90.0, 91.0])}
-    s = pick([row(1, ("k", 2, 1.0))], given, now=100.0)
+    given = {"k": rates.Window(2, 9.5, [90.0, 91.0])}
+    s = pick([row(1, ("k", 2, 9.5))], given, now=100.0)
     assert s.rates.windows["k"].starts == [91.0, 100.0] and given["k"].starts == [90.0, 91.0]
+
+
+def test_the_log_forgets_starts_that_left_the_window():
+    s = pick([row(1, ("k", 5, 1.0))], {"k": rates.Window(5, 1.0, [90.0, 99.5])}, now=100.0)
+    assert s.rates.windows["k"].starts == [99.5, 100.0]
 
 
 def test_plain_leaves_a_rate_limited_head_to_the_selection():
     assert claim.plain([row(1, ("k", 5, 1.0))], Request.of(1), False) is None
+
+
+def test_a_claim_that_starts_several_jobs_of_a_key_logs_each_start():
+    s = pick([row(i, ("k", 5, 1000.0)) for i in range(4)], {"k": rates.Window(5, 1000.0, [99.0])}, now=100.0)
+    assert s.chosen == [0, 1, 2, 3] and s.rates.started_windows["k"].starts == [99.0, 100.0, 100.0, 100.0, 100.0]

@@ -57,7 +57,7 @@ from typing import Any, NamedTuple, Protocol
 
 # Limits and NO_LIMITS are imported from here by the stores and services.
 from .costs import BUDGET_EPS, NO_LIMITS, CostBudgets, Limits, used_up
-from .rates import RateLimits, Window
+from .rates import RateLimits, Windows
 
 
 class Candidate(Protocol):
@@ -122,7 +122,7 @@ class Running:
     pool_cost: dict[str, float] = dataclasses.field(default_factory=dict)  # running cost per pool
     group_cost: dict[str, float] = dataclasses.field(default_factory=dict)  # and per group
     group_limit: dict[str, int] = dataclasses.field(default_factory=dict)  # as its running jobs say
-    rates: dict[str, Window] | None = None  # rate key -> its window (rates.py); None: none logged
+    rates: Windows | None = None  # rate key -> its window (rates.py); None: none logged
 
     @staticmethod
     def of(running_keys: Iterable[str | None], pauses: Iterable[tuple[str, str]] = (),

@@ -24,7 +24,7 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 MAX_LIMIT = 10_000  # starts per window: the log kept per key is at most this long
 MIN_PER, MAX_PER = 0.001, 86_400.0  # seconds: a millisecond to a day
@@ -87,23 +87,43 @@ def window_of(limit: int, per: float, starts: Iterable[float], blocked_until: fl
     return Window(limit, per, sorted(starts)[-limit:], blocked_until or 0.0)
 
 
+class Windows(Protocol):
+    """Where the rule reads a key's window: a dict, or a store's reader of one key at a time."""
+
+    def get(self, key: str, /) -> Window | None: ...
+
+
 class RateLimits:
     """The rule (claim.Rule): at most `limit` starts of a key per `per` seconds."""
 
-    __slots__ = ("windows", "now", "changed", "refused")
+    __slots__ = ("given", "started_windows", "now", "refused")
 
-    def __init__(self, windows: dict[str, Window], now: float) -> None:
-        self.windows = dict(windows)  # key -> its window; a started key's is a new one
+    def __init__(self, windows: Windows, now: float) -> None:
+        self.given = windows  # key -> its window before this claim; never changed here
+        self.started_windows: dict[str, Window] = {}  # the windows of keys started here, as they are now
         self.now = now
-        self.changed: set[str] = set()  # keys with a start logged here
         self.refused: dict[str, float] = {}  # key -> when a job refused here may start
+
+    @property
+    def changed(self) -> list[str]:
+        """Keys with a start logged here."""
+        return sorted(self.started_windows)
+
+    @property
+    def windows(self) -> dict[str, Window]:
+        """The windows given (a dict) with those of the keys started here."""
+        return {**self.given, **self.started_windows}  # type: ignore[dict-item]
+
+    def window(self, key: str) -> Window | None:
+        w = self.started_windows.get(key)
+        return w if w is not None else self.given.get(key)
 
     def admits(self, c: Any) -> bool:
         raw = c.rate_limit
         if raw is None:
             return True
         r = parse(raw)
-        w = self.windows.get(r.key)  # type: ignore[union-attr]
+        w = self.window(r.key)  # type: ignore[union-attr]
         if w is None:
             return True
         t = w.next_at(r.limit, r.per)  # type: ignore[union-attr]
@@ -118,11 +138,13 @@ class RateLimits:
             return
         r = parse(raw)
         assert r is not None
-        w = self.windows.get(r.key)
-        # As its latest job says; the one given is left as it was (the caller's).
-        self.windows[r.key] = Window(r.limit, r.per, [*([] if w is None else w.starts), self.now][-r.limit:],
-                                     0.0 if w is None else w.blocked_until)
-        self.changed.add(r.key)
+        w = self.window(r.key)
+        # As its latest job says. Only the starts still in the window are kept: the log
+        # stays as short as the key is busy.
+        edge = self.now - r.per
+        kept = [] if w is None else [t for t in w.starts[-r.limit:] if t > edge]
+        self.started_windows[r.key] = Window(r.limit, r.per, [*kept[max(0, len(kept) + 1 - r.limit):], self.now],
+                                             0.0 if w is None else w.blocked_until)
 
     def passed(self, c: Any) -> None:
         pass  # skip, not block: what waits behind it may start
@@ -131,7 +153,7 @@ class RateLimits:
         """When the first key refused here, or filled here, may start a job next: the
         claimer's timer (a claim that fills a key's window may not be offered its next job,
         and the claims after it may leave the key's jobs unread until then)."""
-        filled = (w.next_at(w.limit, w.per) for k in self.changed for w in (self.windows[k],))
+        filled = (w.next_at(w.limit, w.per) for w in self.started_windows.values())
         return min((*self.refused.values(), *(t for t in filled if t > self.now)), default=None)
 
 

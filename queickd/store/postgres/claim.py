@@ -151,9 +151,10 @@ def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim
     first = [(*r[1:10], r[12]) for r in view if r[0] == "queued"]  # claim.ROW_COLS
     served = None if params["pools"] is None else frozenset(params["pools"])
     held = claim.Running.of_jobs(running, pauses, probes)
-    # Read after the view's lock, which every claim that may start a rate-limited job
-    # takes (the fast path leaves them alone): one claim at a time, across hosts.
-    held.rates = sqlrates.windows(c)
+    # The rate keys' windows, read by the view after its lock, which every claim that may
+    # start a rate-limited job takes (the fast path leaves them alone): one such claim at
+    # a time, across hosts.
+    held.rates = sqlrates.windows_of([(r[2], r[8], r[9], r[6], r[12]) for r in view if r[0] == "rate"])
     pick = claim.Selection(claim.Request(params["limit"], params["net"], served, limits, params["now"],
                                          params["exclude"]), held)
     full, out_pools = pick.out_groups, pick.out_pools

@@ -190,8 +190,8 @@ CANDIDATES = """
 # whether the selection claims (or is asked to by p_force: the claim sets jobs aside); if
 # not it returns no rows. Else, under the lock the selection's claims take turns under, it
 # returns the row 'selection', what runs, the pauses (with whether this claim may take
-# each one's probe: the due pauses locked as queickd_claim locks them), the budgets and the
-# first page of candidates, each by a statement of its own (VOLATILE: a snapshot each,
+# each one's probe: the due pauses locked as queickd_claim locks them), the rate keys'
+# windows (core/policy/rates.py), the budgets and the first page of candidates, each by a statement of its own (VOLATILE: a snapshot each,
 # after the lock), so what runs is what every earlier such claim committed.
 VIEW = f"""
     CREATE OR REPLACE FUNCTION queickd_claim_view(p_lock bigint, p_budget_lock bigint, p_pools text[],
@@ -228,6 +228,9 @@ VIEW = f"""
                         AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.id = p.probe_job AND r.state = 'running'),
                         NULL::text
     FROM pauses p;
+    RETURN QUERY SELECT 'rate'::text, NULL::bigint, k.key, NULL::text, NULL::text, NULL::boolean, k.blocked_until,
+                        NULL::text, k.lim, k.per, NULL::integer, NULL::boolean, k.starts
+    FROM rate_keys k;
     RETURN QUERY SELECT 'budget'::text, NULL::bigint, b.name, NULL::text, b.kind, NULL::boolean,
                         NULL::double precision, NULL::text, NULL::integer, b.units, NULL::integer, NULL::boolean,
                         NULL::text

@@ -17,6 +17,9 @@ from ..records import Claimed, RateKey
 _READ = "SELECT key, lim, per, blocked_until, starts FROM rate_keys"
 _WRITE = ("INSERT INTO rate_keys (key, lim, per, blocked_until, starts) VALUES (?, ?, ?, NULL, ?)"
           " ON CONFLICT (key) DO UPDATE SET lim = excluded.lim, per = excluded.per, starts = excluded.starts")
+_WRITE_MANY = ("INSERT INTO rate_keys (key, lim, per, blocked_until, starts)"
+               " SELECT k, l, p, NULL, s FROM unnest(%s::text[], %s::int[], %s::float8[], %s::text[]) AS t(k, l, p, s)"
+               " ON CONFLICT (key) DO UPDATE SET lim = excluded.lim, per = excluded.per, starts = excluded.starts")
 _TIGHTEN = ("INSERT INTO rate_keys (key, lim, per, blocked_until) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (key) DO UPDATE SET blocked_until ="
             " CASE WHEN rate_keys.blocked_until > excluded.blocked_until THEN rate_keys.blocked_until"
@@ -30,15 +33,41 @@ def _q(c: Any, sql: str) -> str:
 
 def windows(c: Any) -> dict[str, rates.Window]:
     """Every rate key's window."""
-    return {k: rates.window_of(lim, per, json.loads(starts), blocked)
-            for k, lim, per, blocked, starts in c.execute(_q(c, _READ)).fetchall()}
+    return windows_of(c.execute(_q(c, _READ)).fetchall())
+
+
+class Reader:
+    """The windows of the keys a claim meets, read one key at a time as it meets them (a
+    claim meets few of the keys; reading them all would cost a read of every key's log)."""
+
+    __slots__ = ("c", "read")
+
+    def __init__(self, c: Any) -> None:
+        self.c = c
+        self.read: dict[str, rates.Window | None] = {}
+
+    def get(self, key: str, /) -> rates.Window | None:
+        if key in self.read:
+            return self.read[key]
+        row = self.c.execute(_q(self.c, _READ + " WHERE key = ?"), (key,)).fetchone()
+        w = self.read[key] = None if row is None else windows_of([row])[key]
+        return w
+
+
+def windows_of(rows: Iterable[tuple]) -> dict[str, rates.Window]:
+    """Windows from rows of (key, lim, per, blocked_until, starts) as the table holds them."""
+    return {k: rates.window_of(lim, per, json.loads(starts), blocked) for k, lim, per, blocked, starts in rows}
 
 
 def write(c: Any, rule: rates.RateLimits) -> None:
     """The starts a claim's selection made, logged (its transaction commits them with the starts)."""
-    if rule.changed:
-        c.cursor().executemany(_q(c, _WRITE), [(k, w.limit, w.per, json.dumps(w.starts))
-                                    for k in sorted(rule.changed) for w in (rule.windows[k],)])
+    if not rule.started_windows:
+        return
+    rows = [(k, w.limit, w.per, json.dumps(w.starts)) for k, w in sorted(rule.started_windows.items())]
+    if isinstance(c, sqlite3.Connection):
+        c.executemany(_WRITE, rows)
+    else:  # one statement, one round trip
+        c.execute(_WRITE_MANY, [list(col) for col in zip(*rows, strict=True)])
 
 
 def claimed(jobs: Iterable[Any], rule: rates.RateLimits | None) -> Claimed:

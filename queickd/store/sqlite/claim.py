@@ -253,7 +253,7 @@ class Claims:
                 first: list[claim.Row] | None, walk: tuple[str, ...]) -> list[Job]:
         """The claim by the selection, offered the queued jobs of the pools `walk` in queue
         order (`first`: the heads, read already)."""
-        running.rates = sqlrates.windows(c)  # under the writer's lock: exact
+        running.rates = sqlrates.Reader(c)  # under the writer's lock: exact
         pick = claim.Selection(request, running)
         full, out_pools = pick.out_groups, pick.out_pools
         page = max(16, request.limit * 2)

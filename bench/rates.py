@@ -1,0 +1,171 @@
+"""Rate limits' costs, on SQLite and PostgreSQL:
+- end to end with every job under a rate limit that never binds, against the same run
+  without them (target >= 0.9x);
+- a binding limit of 100 starts a second on one key with 10,000 of its jobs waiting ahead
+  of 1,000 others: the others' end-to-end rate against theirs alone (target >= 0.9x), and
+  the limited key's starts a second over 20 s (target 100 +- 5); PostgreSQL with two
+  worker processes (two daemons on one database).
+
+    python -m bench.rates                     # everything, a few minutes
+    python -m bench.rates --quick             # smaller end-to-end runs, one round
+    python -m bench.rates --only binding --pg ''   # the binding row alone, SQLite only
+
+PostgreSQL runs use a scratch database made (and dropped) on --pg's server; without a
+reachable server they are skipped and say so. Every process started here is killed at the
+end; only loopback addresses are used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.processes import compile_sources, default_queickd_path
+from bench.resources import Daemon, _truncate, pg_database
+
+KEYS = 50  # rate keys of the non-binding run
+ROWS = ("e2e", "binding")
+HOT_LIMIT, HOT_WAITING, OTHERS, WINDOW = 100, 10_000, 1_000, 20.0
+
+
+def _until_succeeded(q, n: int, timeout: float = 900.0) -> None:
+    deadline = time.monotonic() + timeout
+    while q.stats()["counts"]["succeeded"] < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{n} jobs did not all succeed in {timeout:.0f} s")
+        time.sleep(0.01)
+
+
+def e2e(store: str, n: int, limited: bool) -> float:
+    """Jobs per second from the first enqueue to the last success; `limited`: each job under
+    one of KEYS rate limits that never binds (10,000 starts a second)."""
+    with Daemon(store) as daemon, daemon.client() as q:
+        specs = [q.job("benchjobs:noop", **({"rate_limit": (f"k{i % KEYS}", 10_000, 1.0)} if limited else {}))
+                 for i in range(n)]
+        began = time.perf_counter()
+        for i in range(0, n, 500):
+            q.enqueue_many(specs[i:i + 500])
+        _until_succeeded(q, n)
+        return n / (time.perf_counter() - began)
+
+
+def _read(store: str, sql: str) -> list[tuple]:
+    if store.startswith("sqlite:///"):
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(store[len("sqlite:///"):])) as c:
+            return c.execute(sql).fetchall()
+    import psycopg
+
+    from queickd.store.postgres.namespace import split_url
+
+    with psycopg.connect(split_url(store)[0]) as c:
+        return c.execute(sql).fetchall()
+
+
+def _hot_starts(store: str) -> list[float]:
+    """The start times of the hot key's jobs, as the claims stamped them."""
+    return [r[0] for r in _read(store, "SELECT started_at FROM jobs WHERE started_at IS NOT NULL"
+                                       " AND rate_limit IS NOT NULL ORDER BY started_at")]
+
+
+def _others_done(store: str) -> int:
+    return _read(store, "SELECT count(*) FROM jobs WHERE rate_limit IS NULL AND state = 'succeeded'")[0][0]
+
+
+def _clear(pg: str) -> None:
+    """A fresh queue on the scratch database, rate keys included."""
+    import psycopg
+
+    from queickd.store.postgres.namespace import split_url
+
+    _truncate(pg)
+    with psycopg.connect(split_url(pg)[0], autocommit=True) as c:
+        if c.execute("SELECT to_regclass('rate_keys') IS NOT NULL").fetchone()[0]:
+            c.execute("TRUNCATE rate_keys")
+
+
+def binding(store: str, daemons: int, with_hot: bool) -> tuple[float, float | None]:
+    """(the others' jobs a second, enqueue to last success; the hot key's starts a second
+    over WINDOW s, None without it). The hot key's jobs are enqueued first: ahead of the
+    others in the queue."""
+    with contextlib.ExitStack() as stack:
+        ds = [stack.enter_context(Daemon(store)) for _ in range(daemons)]
+        q = stack.enter_context(ds[0].client())
+        if with_hot:
+            hot = [q.job("benchjobs:noop", rate_limit=("hot", HOT_LIMIT, 1.0)) for _ in range(HOT_WAITING)]
+            for i in range(0, len(hot), 500):
+                q.enqueue_many(hot[i:i + 500])
+        began = time.perf_counter()
+        q.enqueue_many([q.job("benchjobs:noop") for _ in range(OTHERS)])
+        deadline = time.monotonic() + 600
+        while _others_done(store) < OTHERS:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the others did not all succeed")
+            time.sleep(0.01)
+        others = OTHERS / (time.perf_counter() - began)
+        if not with_hot:
+            return others, None
+        starts = _hot_starts(store)
+        while starts[-1] - starts[0] < WINDOW + 1:  # enough starts for the window
+            time.sleep(0.5)
+            starts = _hot_starts(store)
+        first = starts[0] + 1.0  # past the first window's burst
+        return others, sum(1 for t in starts if first <= t < first + WINDOW) / WINDOW
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.rates", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="smaller end-to-end runs, one round")
+    p.add_argument("--pg", default=os.environ.get("QUEICKD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"),
+                   help="a PostgreSQL server URL for the PostgreSQL rows ('' to skip them)")
+    p.add_argument("--rounds", type=int, default=None, help="end-to-end rounds (alternating); default 3, quick 1")
+    p.add_argument("--only", default=",".join(ROWS), help=f"the rows to run, of {', '.join(ROWS)} (default: all)")
+    a = p.parse_args(argv)
+    compile_sources(default_queickd_path())
+    only = set(a.only.split(","))
+    if not only <= set(ROWS):
+        p.error(f"--only takes {', '.join(ROWS)}")
+    rounds = a.rounds or (1 if a.quick else 3)
+    n = 2000 if a.quick else 10000
+    print("| measure | store | result |")
+    print("|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="queickd-bench-rates-") as tmp, pg_database(a.pg) as pg:
+        d = Path(tmp)
+        stores = [("SQLite", lambda k: f"sqlite:///{d / f'{k}.db'}", 1)]
+        if pg:
+            stores.append(("PostgreSQL", lambda k: pg, 2))
+        for name, url, _ in stores if "e2e" in only else ():
+            plain, limited = [], []
+            for r in range(rounds):  # alternating, each run on a fresh store
+                for runs, flag in ((plain, False), (limited, True)):
+                    if name == "PostgreSQL":
+                        _clear(pg)
+                    runs.append(e2e(url(f"e{r}{flag}"), n, flag))
+            a_, b_ = statistics.median(plain), statistics.median(limited)
+            print(f"| end to end, {n} jobs: no rate limits | {name} | {a_:,.0f} jobs/s |")
+            print(f"| end to end: {KEYS} rate keys, none binding | {name} | {b_:,.0f} jobs/s"
+                  f" ({b_ / a_:.2f}x; target >= 0.9x) |")
+        for name, url, daemons in stores if "binding" in only else ():
+            if name == "PostgreSQL":
+                _clear(pg)
+            alone, _ = binding(url("alone"), daemons, False)
+            if name == "PostgreSQL":
+                _clear(pg)
+            others, rate = binding(url("hot"), daemons, True)
+            procs = f", {daemons} worker processes" if daemons > 1 else ""
+            print(f"| {OTHERS} jobs alone{procs} | {name} | {alone:,.0f} jobs/s |")
+            print(f"| the same behind {HOT_WAITING:,} jobs of a key limited to {HOT_LIMIT}/s{procs} | {name} |"
+                  f" {others:,.0f} jobs/s ({others / alone:.2f}x; target >= 0.9x); the key: {rate:.1f} starts/s"
+                  f" over {WINDOW:.0f} s (target {HOT_LIMIT} +- 5) |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
