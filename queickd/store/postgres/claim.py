@@ -186,12 +186,17 @@ def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim
         pick.offer_all(claim.Row._make(r[1:]) for r in rows)
     if not pick.chosen:
         return sqlrates.claimed((), pick.rates)
-    sqlrates.write(c, pick.rates)
-    # A row another claim took meanwhile is no longer queued: it is left out here.
+    # A row another claim took meanwhile is no longer queued: it is left out here. The
+    # starts logged for the rate keys go in the same round trip (a pipeline).
     stamps = pick.probes
-    return sqlrates.claimed(c.execute(_START, (params["now"], params["worker"], pick.chosen, [pick.slot(i) for i in pick.chosen],
-                              [t[0] for t, _ in stamps], [t[1] for t, _ in stamps],
-                              [j for _, j in stamps])).fetchall(), pick.rates)
+    start = (params["now"], params["worker"], pick.chosen, [pick.slot(i) for i in pick.chosen],
+             [t[0] for t, _ in stamps], [t[1] for t, _ in stamps], [j for _, j in stamps])
+    if not pick.rates.started_windows:
+        return sqlrates.claimed(c.execute(_START, start).fetchall(), pick.rates)
+    with c.pipeline():
+        sqlrates.write(c, pick.rates)
+        cur = c.execute(_START, start)
+    return sqlrates.claimed(cur.fetchall(), pick.rates)
 
 
 # --- the budgets in force ---------------------------------------------------------------
