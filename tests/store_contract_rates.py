@@ -104,3 +104,12 @@ class RatesContract:
         run_together(*[claim] * 4)
         assert sum(j.rate_limit is not None for j in started) == 5
         assert sum(j.rate_limit is None for j in started) == 20
+
+    def test_a_job_of_a_full_rate_key_still_holds_its_serial_key(self, store):
+        store.submit([rated(limit=1, per=100.0)], T0)
+        store.claim_available(Request.of(1, now=T0))  # the rate key's window is full
+        rl = {"key": "k", "limit": 1, "per": 100.0}
+        held, behind, free = store.submit([job(key="s", rate_limit=rl), job(key="s"), job()], T0)
+        assert _ids(store.claim_available(Request.of(10, now=T0 + 1))) == [free.job_id]
+        assert _ids(store.claim_available(Request.of(10, now=T0 + 100))) == [held.job_id]
+        assert store.get(behind.job_id).state == State.QUEUED

@@ -19,6 +19,10 @@ from queickd.core.policy.claim import LOOK_AHEAD, Limits, Request
 from queickd.store.contract.capabilities import PassInOneCall
 from queickd.store.records import RefusedError
 
+# A key's jobs agree on their limit and window (the stores judge a key full by its last
+# started job's: rates.RateLimits.full).
+_RATES = ({"key": "r1", "limit": 1, "per": 2.0}, {"key": "r2", "limit": 2, "per": 5.0})
+
 
 def _random_job(rnd: random.Random, now: float):
     group = rnd.choice(["g0", "g1"]) if rnd.random() < 0.1 else None  # of pool "other" only
@@ -26,8 +30,7 @@ def _random_job(rnd: random.Random, now: float):
                priority=rnd.choice([0, 0, 1, 5]), pool="other" if group else rnd.choice(["default", "default", "other"]),
                retry_on_network=rnd.random() < 0.2, run_at=now - rnd.randint(0, 5),
                concurrency_group=group, concurrency_limit=rnd.choice([1, 2]) if group else None,
-               rate_limit={"key": rnd.choice(["r1", "r2"]), "limit": rnd.choice([1, 2]), "per": rnd.choice([2.0, 5.0])}
-               if rnd.random() < 0.15 else None)
+               rate_limit=rnd.choice(_RATES) if rnd.random() < 0.15 else None)
 
 
 def _probes_last(queued: list, running: claim.Running, request: claim.Request) -> list[int]:

@@ -244,7 +244,7 @@ def test_a_version_1_file_gains_the_pool_column_and_keeps_its_jobs(tmp_path):
     (sub,) = s.submit([job(args=[1])], T0)
     s.close()
     with sqlite3.connect(path) as c:  # what a queickd of schema 1 left behind
-        for name in ("plain", "grouped", "group"):  # the indexes that name the pool came later
+        for name in ("plain", "grouped", "group", "rated", "rate_key"):  # the indexes that name the pool came later
             c.execute(f"DROP INDEX jobs_queued_pool_{name}")
         c.execute("ALTER TABLE jobs DROP COLUMN pool")
         c.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")

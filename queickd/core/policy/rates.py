@@ -149,6 +149,16 @@ class RateLimits:
     def passed(self, c: Any) -> None:
         pass  # skip, not block: what waits behind it may start
 
+    def full(self, key: str) -> bool:
+        """Does `key` admit no job now, by the limit and window its last started job carried?
+        A store may leave such a key's jobs unread (they would be refused: the same when a
+        key's jobs agree on their limit); it is counted as refused for next_at()."""
+        w = self.window(key)
+        if w is None or w.next_at(w.limit, w.per) <= self.now:
+            return False
+        self.refused[key] = min(self.refused.get(key, math.inf), w.next_at(w.limit, w.per))
+        return True
+
     def next_at(self) -> float | None:
         """When the first key refused here, or filled here, may start a job next: the
         claimer's timer (a claim that fills a key's window may not be offered its next job,

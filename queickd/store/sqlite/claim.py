@@ -22,22 +22,27 @@ from collections.abc import Iterator
 
 from ...core.job import Job
 from ...core.policy import claim
+from ...core.policy.rates import RateLimits
 from .. import rows as dbrows
 from ..sql import rates as sqlrates
+from .schema import RATE_KEY
 
-# The two queue-order walks of a pool: its jobs without a group and those with one (each
-# queued job is in one of the two).
-_WALKS = (("jobs_queued_pool_plain", "IS NULL"), ("jobs_queued_pool_grouped", "IS NOT NULL"))
+# The queue-order walks of a pool: its jobs without a group or a rate limit, those with a
+# group, and those with a rate limit and no group (each queued job is in one of them).
+_PLAIN, _GROUPED = "concurrency_group IS NULL AND rate_limit IS NULL", "concurrency_group IS NOT NULL"
+_RATED = "concurrency_group IS NULL AND rate_limit IS NOT NULL"
+_WALKS = (("jobs_queued_pool_plain", _PLAIN), ("jobs_queued_pool_grouped", _GROUPED),
+          ("jobs_queued_pool_rated", _RATED))
 
 # The pools with a job queued, when the claim serves every pool: a skip scan of each walk's
 # index, one seek per pool.
 _WAITING_POOLS = "WITH RECURSIVE " + ", ".join(
     f"{w} (name) AS (SELECT (SELECT pool FROM jobs INDEXED BY {index} WHERE state = 'queued'"
-    f" AND concurrency_group {grouped} ORDER BY pool LIMIT 1) UNION ALL SELECT (SELECT pool FROM jobs"
-    f" INDEXED BY {index} WHERE state = 'queued' AND concurrency_group {grouped} AND pool > {w}.name"
+    f" AND {which} ORDER BY pool LIMIT 1) UNION ALL SELECT (SELECT pool FROM jobs"
+    f" INDEXED BY {index} WHERE state = 'queued' AND {which} AND pool > {w}.name"
     f" ORDER BY pool LIMIT 1) FROM {w} WHERE {w}.name IS NOT NULL)"
-    for w, (index, grouped) in zip(("a", "b"), _WALKS, strict=True)
-) + " SELECT name FROM a WHERE name IS NOT NULL UNION SELECT name FROM b WHERE name IS NOT NULL"
+    for w, (index, which) in zip(("a", "b", "c"), _WALKS, strict=True)
+) + " UNION ".join(f" SELECT name FROM {w} WHERE name IS NOT NULL" for w in ("a", "b", "c"))
 
 # Of the keyed jobs, their key's head only (its first queued job in queue order, of any
 # pool), for a claim that does not read every pool: a key's head in a pool it does not
@@ -61,10 +66,20 @@ _WAITING_GROUPS = (
     " AND concurrency_group IS NOT NULL AND pool = ?1 AND concurrency_group > w.name ORDER BY concurrency_group"
     " LIMIT 1) FROM w WHERE w.name IS NOT NULL) SELECT name FROM w WHERE name IS NOT NULL")
 _STREAMS = (f"SELECT priority, {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued_pool_plain WHERE state = 'queued'"
-            " AND concurrency_group IS NULL AND pool = ?{heads}{after} ORDER BY priority, run_at, id LIMIT ?",
+            f" AND {_PLAIN} AND pool = ?{{heads}}{{after}} ORDER BY priority, run_at, id LIMIT ?",
             f"SELECT priority, {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued_pool_group WHERE state = 'queued'"
             " AND concurrency_group IS NOT NULL AND pool = ? AND concurrency_group = ?{heads}{after}"
-            " ORDER BY priority, run_at, id LIMIT ?")
+            " ORDER BY priority, run_at, id LIMIT ?",
+            f"SELECT priority, {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued_pool_rate_key WHERE state = 'queued'"
+            f" AND {_RATED} AND pool = ? AND {RATE_KEY} = ?{{heads}}{{after}} ORDER BY priority, run_at, id LIMIT ?")
+# The rate keys with a job waiting in a pool (without a group), by a skip scan of
+# jobs_queued_pool_rate_key: one seek per key.
+_WAITING_RATE_KEYS = (
+    f"WITH RECURSIVE w (name) AS (SELECT (SELECT {RATE_KEY} FROM jobs INDEXED BY jobs_queued_pool_rate_key"
+    f" WHERE state = 'queued' AND {_RATED} AND pool = ?1 ORDER BY {RATE_KEY} LIMIT 1)"
+    f" UNION ALL SELECT (SELECT {RATE_KEY} FROM jobs INDEXED BY jobs_queued_pool_rate_key WHERE state = 'queued'"
+    f" AND {_RATED} AND pool = ?1 AND {RATE_KEY} > w.name ORDER BY {RATE_KEY} LIMIT 1)"
+    " FROM w WHERE w.name IS NOT NULL) SELECT name FROM w WHERE name IS NOT NULL")
 _SAME_AT, _PAST_AT = " AND priority = ? AND run_at = ? AND id > ?", " AND (priority, run_at) > (?, ?)"
 _POSITION = operator.itemgetter(0, 6, 1)  # (priority, run_at, id) of a stream's row
 
@@ -89,16 +104,29 @@ def _stream(c: sqlite3.Connection, sql: str, head: tuple, page: int) -> Iterator
 _HEADS_ONLY = _HEAD_OF_KEY
 
 
+def _while_open(rows: Iterator[tuple], key: str, rule: RateLimits) -> Iterator[tuple]:
+    """A rate key's stream, ended once its window is full: the rest of its backlog would be
+    refused (rates.RateLimits.full), and is not read."""
+    for r in rows:
+        yield r
+        if rule.full(key):
+            return
+
+
 def _past_full(c: sqlite3.Connection, walk: tuple[str, ...], heads: str, full: frozenset[str],
-               page: int) -> Iterator[tuple]:
+               page: int, rule: RateLimits) -> Iterator[tuple]:
     """The candidates of the pools `walk` in queue order, as claim.ROW_COLS, leaving out
-    the jobs of `full` groups (claim.Selection.out_groups)."""
-    plain, grouped = (sql.replace("{heads}", heads) for sql in _STREAMS)
+    the jobs of `full` groups (claim.Selection.out_groups) and, of the jobs without a group,
+    those of the rate keys whose window is full (`rule`: they would be refused), before or
+    once the selection fills it."""
+    plain, grouped, rated = (sql.replace("{heads}", heads) for sql in _STREAMS)
     streams = []
     for pool in walk:
         streams.append(_stream(c, plain, (pool,), page))
         streams += [_stream(c, grouped, (pool, g), page)
                     for (g,) in c.execute(_WAITING_GROUPS, (pool,)).fetchall() if g not in full]
+        streams += [_while_open(_stream(c, rated, (pool, k), page), k, rule)
+                    for (k,) in c.execute(_WAITING_RATE_KEYS, (pool,)).fetchall() if not rule.full(k)]
     rows = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=_POSITION)
     return (r[1:] for r in rows)
 
@@ -108,7 +136,7 @@ def queue_order(cols: str, where: str = "") -> str:
     queue-order indexes' walks (each queued job is in one of the two). `where`: a further
     condition on both."""
     return " UNION ALL ".join(f"SELECT {cols} FROM jobs INDEXED BY {index} WHERE state = 'queued'"
-                              f" AND concurrency_group {grouped}{where}" for index, grouped in _WALKS)
+                              f" AND {which}{where}" for index, which in _WALKS)
 
 
 def served_order(cols: str, pools: int, where: str = "") -> str:
@@ -117,8 +145,8 @@ def served_order(cols: str, pools: int, where: str = "") -> str:
     (the pool a parameter of each, after those of `cols`), which SQLite merges walk by walk
     without sorting. `where`: a further condition on each."""
     return " UNION ALL ".join(f"SELECT {cols} FROM jobs INDEXED BY {index} WHERE state = 'queued'"
-                              f" AND concurrency_group {grouped} AND pool = ?{where}"
-                              for _ in range(pools) for index, grouped in _WALKS)
+                              f" AND {which} AND pool = ?{where}"
+                              for _ in range(pools) for index, which in _WALKS)
 
 
 # The claim's first statement: the queue's first jobs (priority, claim.ROW_COLS) and whether
@@ -209,7 +237,7 @@ class Claims:
         totalled = limits.any or self._grouped_heads
         sql = _heads_sql(totalled, len(walk), heads_of_keys, past_full)
         # The parameters of each walk: the budgets' flag of its columns, then its pool.
-        params = [v for p in walk for v in ((limits.any, p, limits.any, p) if totalled else (p, p))]
+        params = [v for p in walk for _ in _WALKS for v in ((limits.any, p) if totalled else (p,))]
         read = limit + self._past if past_full else limit
         heads = c.execute(sql, (*params, read)).fetchall()
         if not heads:
@@ -265,8 +293,14 @@ class Claims:
             return []  # the budget of every pool walked is used up: nothing may start
         heads = _HEAD_OF_KEY if request.pools is not None or len(left) < len(walk) else ""
         self._full_groups, self._only_groups, self._past = bool(full or out_pools), not out_pools, _PAST
-        if full or out_pools:  # read by group, past the full ones
-            pick.offer_all(map(claim.Row._make, _past_full(c, left, heads, full, page)))
+        # With rate-limited jobs waiting, each key is read on its own, and not past its
+        # window's filling: a key's backlog is not walked.
+        rated = any(c.execute(f"SELECT 1 FROM jobs INDEXED BY jobs_queued_pool_rated WHERE state = 'queued'"
+                              f" AND {_RATED} AND pool = ? LIMIT 1", (p,)).fetchone() for p in left)
+        if full or out_pools or rated:  # read by group and rate key, past the full ones
+            if rated and not heads:
+                heads = _HEAD_OF_KEY  # a serial key's head left unread holds its key
+            pick.offer_all(map(claim.Row._make, _past_full(c, left, heads, full, page, pick.rates)))
         else:  # the heads first if read, then the queue after them a page at a time
             offset, more = 0, True
             if first is not None:

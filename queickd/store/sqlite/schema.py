@@ -338,6 +338,7 @@ def _v18(c: sqlite3.Connection) -> None:
     _add_column(c, "jobs", "progress", "TEXT")
 
 
+RATE_KEY = "json_extract(rate_limit, '$.key')"  # a queued job's rate key, as jobs_queued_pool_rate_key holds it
 RATE_KEYS = """
     CREATE TABLE IF NOT EXISTS rate_keys (
         key TEXT PRIMARY KEY,
@@ -351,9 +352,19 @@ RATE_KEYS = """
 
 def _v19(c: sqlite3.Connection) -> None:
     """jobs.rate_limit (JSON {"key", "limit", "per"}; NULL: none, and for every older job)
-    and rate_keys, each rate key's window: its latest starts and when it is blocked until."""
+    and rate_keys, each rate key's window: its latest starts and when it is blocked until.
+    The queued jobs without a group are walked in two parts, without a rate limit
+    (jobs_queued_pool_plain, made again without them) and with one (jobs_queued_pool_rated),
+    and the latter also by rate key (jobs_queued_pool_rate_key): a claim reads past a full
+    key's backlog by key, as past a full group's. Each queued job is still in one walk."""
     _add_column(c, "jobs", "rate_limit", "TEXT")
     _run(c, RATE_KEYS)
+    c.execute("DROP INDEX IF EXISTS jobs_queued_pool_plain")
+    for name, cols, rated in (("plain", "pool, priority, run_at, id", "IS NULL"),
+                              ("rated", "pool, priority, run_at, id", "IS NOT NULL"),
+                              ("rate_key", f"pool, {RATE_KEY}, priority, run_at, id", "IS NOT NULL")):
+        c.execute(f"CREATE INDEX IF NOT EXISTS jobs_queued_pool_{name} ON jobs ({cols})"
+                  f" WHERE state = 'queued' AND concurrency_group IS NULL AND rate_limit {rated}")
 
 
 # MIGRATIONS[i] brings a file from version i to i + 1.
