@@ -17,7 +17,7 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
 
 from ...core.job import Job, Outcome, State
-from ...core.policy import claim
+from ...core.policy import claim, rates
 from ...core.policy.resources import BudgetChange, budget_changes
 from .. import rows as dbrows
 from ..records import Claimed
@@ -46,7 +46,7 @@ _CLAIM = (f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(lock)s, %(now)s, %(wor
 _VIEW = "SELECT * FROM queickd_claim_view(%s, %s, %s, %s, %s, %s)"
 # The selection's pages after its first: queued jobs in queue order after a position,
 # leaving out full groups (claim_sql.py, 11); _HEAD is before every job.
-_AFTER = "SELECT * FROM queickd_candidates_after(%s, %s::text[], %s, %s, %s, %s)"
+_AFTER = "SELECT * FROM queickd_candidates_after(%s, %s::text[], %s, %s, %s, %s, %s::text[])"
 _HEAD = (-(1 << 31), float("-inf"), 0)
 # The selection's jobs marked running and, for those it let through as probes (and only if
 # they are claimed here), their pauses stamped: one call (claim_sql.py, 10).
@@ -170,13 +170,16 @@ def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim
     # page is the head of the queue: those are the first of the filtered rows).
     pools = params["pools"] if served is None or not out_pools else sorted(served - out_pools)
     pick.offer_all(map(claim.Row._make, first))
-    offered = {r[0] for r in first  # r[6]: concurrency_group, r[3]: pool, r[1]: key
-               if r[6] not in full and (pools is None or r[3] in pools or r[1] is not None)}
+    # The rate keys whose window is full (a job of theirs was refused) are read no further.
+    rates_full = set(pick.rates.refused)
+    offered = {r[0] for r in first  # r[6]: concurrency_group, r[3]: pool, r[1]: key, r[9]: rate_limit
+               if r[6] not in full and (pools is None or r[3] in pools or r[1] is not None)
+               and (r[9] is None or r[6] is not None or rates.parse(r[9]).key not in rates_full)}
     after = _HEAD
     more = len(first) == page
     while more and not pick.done:
         ask = page + len(offered)
-        rows = c.execute(_AFTER, (pools, sorted(full), ask, *after)).fetchall()
+        rows = c.execute(_AFTER, (pools, sorted(full), ask, *after, sorted(rates_full))).fetchall()
         more = len(rows) == ask
         if rows:
             after = (rows[-1][0], rows[-1][6], rows[-1][1])  # (priority, run_at, id)
@@ -184,6 +187,7 @@ def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim
             rows = [r for r in rows if r[1] not in offered]
             offered = set()
         pick.offer_all(claim.Row._make(r[1:]) for r in rows)
+        rates_full = set(pick.rates.refused)
     if not pick.chosen:
         return sqlrates.claimed((), pick.rates)
     # A row another claim took meanwhile is no longer queued: it is left out here. The

@@ -82,6 +82,8 @@ _SERVED_GROUPED = (
 # than its limit of starts in the last `per` seconds). The keys waiting are found by a skip
 # scan of jobs_queued_rated (one descent each, stopping at the first with room), so a
 # backlog of a full key leaves the claim on the fast path, which never takes such a job.
+# (Each key's look for a job in a pool served is a lateral one, LIMIT 1: as an EXISTS,
+# the planner hashed every queued rate-limited job's key instead.)
 RATE_KEY = "(q.rate_limit::json ->> 'key')"
 RATE_ROOM = """NOT EXISTS (SELECT 1 FROM rate_keys r WHERE r.key = {key} AND (r.blocked_until > p_now
                    OR (json_array_length(r.starts::json) >= r.lim
@@ -94,9 +96,10 @@ OPEN_RATE_WAITS = f"""EXISTS (
             SELECT (SELECT {RATE_KEY} FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL
                     AND {RATE_KEY} > k.name ORDER BY {RATE_KEY} LIMIT 1)
             FROM k WHERE k.name IS NOT NULL)
-        SELECT 1 FROM k WHERE k.name IS NOT NULL AND {RATE_ROOM.format(key="k.name")}
-          AND (p_pools IS NULL OR EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL
-                                          AND {RATE_KEY} = k.name AND q.pool = ANY(p_pools))))"""
+        SELECT 1 FROM k CROSS JOIN LATERAL (
+            SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL
+            AND {RATE_KEY} = k.name AND (p_pools IS NULL OR q.pool = ANY(p_pools)) LIMIT 1) x
+        WHERE k.name IS NOT NULL AND {RATE_ROOM.format(key="k.name")})"""
 
 # The settings of a function planned once per session, whose plans must walk the indexes.
 PLANNED = ("SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off\n"
@@ -238,7 +241,7 @@ VIEW = f"""
     RETURN QUERY SELECT 'queued'::text, c.id, c.key, c.func, c.pool, c.retry_on_network, c.run_at,
                         c.concurrency_group, c.concurrency_limit, c.cost_units, NULL::integer, NULL::boolean,
                         c.rate_limit
-    FROM queickd_candidates_after(p_pools, '{{}}', p_page, -2147483648, '-infinity', 0) c;
+    FROM queickd_candidates_after(p_pools, '{{}}', p_page, -2147483648, '-infinity', 0, '{{}}') c;
     END
     $$;
 """
@@ -280,15 +283,18 @@ _HEAD_OF_KEY = """(q.key IS NULL OR NOT EXISTS (SELECT 1 FROM jobs e WHERE e.key
                                     AND (e.priority, e.run_at, e.id) < (q.priority, q.run_at, q.id)))"""
 
 # queickd_candidates_after, the selection's next pages: queued jobs in queue order after a
-# (priority, run_at, id), as the merge of the ungrouped ones and, for each group waiting
-# that is not in p_full, that group's first ones, so a full group's backlog is not walked.
+# (priority, run_at, id), as the merge of the ungrouped ones without a rate limit, for each
+# group waiting that is not in p_full, that group's first ones, and for each rate key
+# waiting (of jobs without a group) that is not in p_rates_full, that key's first ones
+# (jobs_queued_rate_key): a full group's or key's backlog is not walked.
 # The groups waiting are found by a skip scan of jobs_queued_pool_group within each pool
 # served (each pool with a grouped job waiting, when p_pools is NULL): (i, name) is the
 # i-th pool's group, NULL past its last. Every stream is an index walk from the page's
 # start, at most p_limit rows each.
 CANDIDATES_AFTER = f"""
     CREATE OR REPLACE FUNCTION queickd_candidates_after(p_pools text[], p_full text[], p_limit integer,
-                                                        p_priority integer, p_run_at double precision, p_id bigint)
+                                                        p_priority integer, p_run_at double precision, p_id bigint,
+                                                        p_rates_full text[])
     RETURNS TABLE (priority integer, id bigint, key text, func text, pool text, retry_on_network boolean,
                    run_at double precision, concurrency_group text, concurrency_limit integer,
                    cost_units double precision, rate_limit text)
@@ -318,11 +324,18 @@ CANDIDATES_AFTER = f"""
                     ELSE (SELECT q.concurrency_group FROM jobs q WHERE q.state = 'queued'
                           AND q.concurrency_group IS NOT NULL AND q.pool = walked[w.i] AND q.concurrency_group > w.name
                           ORDER BY q.concurrency_group LIMIT 1) END
-        FROM waiting w WHERE w.name IS NOT NULL OR w.i < cardinality(walked))
+        FROM waiting w WHERE w.name IS NOT NULL OR w.i < cardinality(walked)),
+    rated (name) AS (
+        (SELECT {RATE_KEY} FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NULL
+         AND q.rate_limit IS NOT NULL ORDER BY {RATE_KEY} LIMIT 1)
+        UNION ALL
+        SELECT (SELECT {RATE_KEY} FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NULL
+                AND q.rate_limit IS NOT NULL AND {RATE_KEY} > r.name ORDER BY {RATE_KEY} LIMIT 1)
+        FROM rated r WHERE r.name IS NOT NULL)
     SELECT c.* FROM (
         (SELECT q.priority, q.id, q.key, q.func, q.pool, q.retry_on_network, q.run_at, q.concurrency_group,
                 q.concurrency_limit, q.cost_units, q.rate_limit
-         FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NULL
+         FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NULL AND q.rate_limit IS NULL
            AND (q.priority, q.run_at, q.id) > (p_priority, p_run_at, p_id)
            AND (p_pools IS NULL OR q.pool = ANY(p_pools) OR q.key IS NOT NULL)
            AND {_HEAD_OF_KEY}
@@ -336,7 +349,18 @@ CANDIDATES_AFTER = f"""
               AND (q.priority, q.run_at, q.id) > (p_priority, p_run_at, p_id)
               AND {_HEAD_OF_KEY}
             ORDER BY q.priority, q.run_at, q.id LIMIT p_limit) x
-        WHERE w.name IS NOT NULL AND NOT w.name = ANY(p_full)) c
+        WHERE w.name IS NOT NULL AND NOT w.name = ANY(p_full)
+        UNION ALL
+        SELECT x.* FROM rated r CROSS JOIN LATERAL (
+            SELECT q.priority, q.id, q.key, q.func, q.pool, q.retry_on_network, q.run_at, q.concurrency_group,
+                   q.concurrency_limit, q.cost_units, q.rate_limit
+            FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NULL AND q.rate_limit IS NOT NULL
+              AND {RATE_KEY} = r.name
+              AND (q.priority, q.run_at, q.id) > (p_priority, p_run_at, p_id)
+              AND (p_pools IS NULL OR q.pool = ANY(p_pools) OR q.key IS NOT NULL)
+              AND {_HEAD_OF_KEY}
+            ORDER BY q.priority, q.run_at, q.id LIMIT p_limit) x
+        WHERE r.name IS NOT NULL AND NOT r.name = ANY(p_rates_full)) c
     ORDER BY c.priority, c.run_at, c.id LIMIT p_limit;
     END
     $$;

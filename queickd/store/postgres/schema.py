@@ -349,7 +349,9 @@ MIGRATIONS.append("""
     """ + pgenqueuesql.ENQUEUE)
 # 32: rate limits (core/policy/rates.py): a job's rate_limit (JSON {"key", "limit", "per"}),
 # each rate key's window (rate_keys: its latest starts, JSON, and blocked_until), the queued
-# rate-limited jobs by key and pool for the fast path's question (claim_sql.OPEN_RATE_WAITS);
+# rate-limited jobs by key and pool for the fast path's question (claim_sql.OPEN_RATE_WAITS),
+# the ungrouped ones apart from the others (jobs_queued_unrated in place of jobs_queued_plain)
+# and by key (jobs_queued_rate_key), so the selection's pages read past a full key's backlog;
 # the selection's pages and view carry rate_limit (a new row type: dropped and made again),
 # the fast path and the pass leave such jobs to the selection, enqueue() takes them.
 MIGRATIONS.append("""
@@ -363,6 +365,11 @@ MIGRATIONS.append("""
     );
     CREATE INDEX IF NOT EXISTS jobs_queued_rated ON jobs ((rate_limit::json ->> 'key'), pool)
         WHERE state = 'queued' AND rate_limit IS NOT NULL;
+    DROP INDEX IF EXISTS jobs_queued_plain;
+    CREATE INDEX IF NOT EXISTS jobs_queued_unrated ON jobs (priority, run_at, id)
+        WHERE state = 'queued' AND concurrency_group IS NULL AND rate_limit IS NULL;
+    CREATE INDEX IF NOT EXISTS jobs_queued_rate_key ON jobs ((rate_limit::json ->> 'key'), priority, run_at, id)
+        WHERE state = 'queued' AND concurrency_group IS NULL AND rate_limit IS NOT NULL;
     DROP FUNCTION IF EXISTS queickd_claim_view(bigint, bigint, text[], integer, double precision, boolean);
     DROP FUNCTION IF EXISTS queickd_candidates_after(text[], text[], integer, integer, double precision, bigint);
     """ + pgclaimsql.CANDIDATES_AFTER + pgclaimsql.VIEW + pgclaimsql.CLAIM + pgpasssql.PASS + pgenqueuesql.ENQUEUE)
