@@ -80,6 +80,10 @@ _WAITING_RATE_KEYS = (
     f" UNION ALL SELECT (SELECT {RATE_KEY} FROM jobs INDEXED BY jobs_queued_pool_rate_key WHERE state = 'queued'"
     f" AND {_RATED} AND pool = ?1 AND {RATE_KEY} > w.name ORDER BY {RATE_KEY} LIMIT 1)"
     " FROM w WHERE w.name IS NOT NULL) SELECT name FROM w WHERE name IS NOT NULL")
+# The rate keys whose window is full now (core/policy/rates.py: blocked, or `lim` starts in
+# the last `per` seconds), read from their rows without decoding their logs in Python.
+_FULL_RATE_KEYS = ("SELECT key FROM rate_keys WHERE blocked_until > ?1 OR (json_array_length(starts) >= lim"
+                   " AND json_extract(starts, '$[' || (json_array_length(starts) - lim) || ']') + per > ?2)")
 _SAME_AT, _PAST_AT = " AND priority = ? AND run_at = ? AND id > ?", " AND (priority, run_at) > (?, ?)"
 _POSITION = operator.itemgetter(0, 6, 1)  # (priority, run_at, id) of a stream's row
 
@@ -293,24 +297,33 @@ class Claims:
             return []  # the budget of every pool walked is used up: nothing may start
         heads = _HEAD_OF_KEY if request.pools is not None or len(left) < len(walk) else ""
         self._full_groups, self._only_groups, self._past = bool(full or out_pools), not out_pools, _PAST
-        # With rate-limited jobs waiting, each key is read on its own, and not past its
-        # window's filling: a key's backlog is not walked.
-        rated = any(c.execute(f"SELECT 1 FROM jobs INDEXED BY jobs_queued_pool_rated WHERE state = 'queued'"
-                              f" AND {_RATED} AND pool = ? LIMIT 1", (p,)).fetchone() for p in left)
-        if full or out_pools or rated:  # read by group and rate key, past the full ones
-            if rated and not heads:
+        # While a rate key's window is full, each key is read on its own, and not past its
+        # window's filling: a full key's backlog is not walked. Else the queue in order,
+        # until a key fills during the claim: from there, key by key too.
+        full_rates = [k for (k,) in c.execute(_FULL_RATE_KEYS, (request.now, request.now)) if pick.rates.full(k)]
+        if full or out_pools or full_rates:  # read by group and rate key, past the full ones
+            if full_rates and not heads:
                 heads = _HEAD_OF_KEY  # a serial key's head left unread holds its key
             pick.offer_all(map(claim.Row._make, _past_full(c, left, heads, full, page, pick.rates)))
         else:  # the heads first if read, then the queue after them a page at a time
             offset, more = 0, True
+            offered: set[int] = set()
             if first is not None:
                 pick.offer_all(first)
+                offered.update(r.id for r in first)
                 offset = len(first)
                 more = offset == request.limit
             params = [p for p in left for _ in _WALKS]
             while more and not pick.done:
-                rows = c.execute(_page_sql(len(left), heads), (*params, page, offset)).fetchall()
-                pick.offer_all(claim.Row._make(r[1:]) for r in rows)
+                if pick.rates.refused:  # a key filled: the rest key by key, past what was offered
+                    rest = _past_full(c, left, heads or _HEAD_OF_KEY, full, page, pick.rates)
+                    pick.offer_all(claim.Row._make(r) for r in rest if r[0] not in offered)
+                    heads = heads or _HEAD_OF_KEY
+                    break
+                rows = [claim.Row._make(r[1:]) for r in
+                        c.execute(_page_sql(len(left), heads), (*params, page, offset)).fetchall()]
+                pick.offer_all(rows)
+                offered.update(r.id for r in rows)
                 more = len(rows) == page
                 offset += page
         if not pick.chosen:
