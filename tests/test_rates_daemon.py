@@ -127,3 +127,26 @@ def test_operators_see_each_rate_keys_limit_window_use_and_next_start(start_daem
     assert line.split()[1:4] == ["1/1", "3600s", "in"]
     page = web.get("/").body.decode()
     assert "Rate limits" in page and "slack:#general" in page and "1 per 3600 s" in page
+
+
+def test_the_clients_take_a_rate_limit_as_a_tuple_or_the_wire_dict(daemon):
+    from queickd import JobQueue
+
+    wire = {"key": "api", "limit": 3, "per": 2.0}
+    assert JobQueue.job("testjobs:noop", rate_limit=("api", 3, 2.0))["rate_limit"] == wire
+    assert JobQueue.job("testjobs:noop", rate_limit=wire)["rate_limit"] == wire
+    with daemon.client() as q:
+        task = q.task(rate_limit=("api", 3, 2.0))(__import__("testjobs").noop)
+        assert q.get(task.enqueue().id)["rate_limit"] == wire
+
+
+def test_the_async_client_takes_a_rate_limit(daemon):
+    import asyncio
+
+    from queickd import AsyncJobQueue
+
+    async def go() -> dict:
+        async with AsyncJobQueue(port=daemon.port) as q:
+            return await q.get(await q.enqueue("testjobs:noop", rate_limit=("api", 3, 2.0)))
+
+    assert asyncio.run(go())["rate_limit"] == {"key": "api", "limit": 3, "per": 2.0}
