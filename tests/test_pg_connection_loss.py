@@ -40,11 +40,27 @@ def test_no_succeeded_job_is_recorded_dead_when_the_daemons_connections_are_kill
             stop.set()
             killer.join()
         assert sum(kills) > 0
-        jobs = [q.wait(job_id, 60) for job_id in acked]
+        jobs = []
+        for job_id in acked:
+            try:
+                jobs.append(q.wait(job_id, 60))
+            except TimeoutError:
+                raise AssertionError(f"job {q.get(job_id)} never ended:\n{database_view(admin)}\n"
+                                     f"{d.stacks()}") from None
     ran = {line.split()[0] for line in done.read_text().splitlines()}
     succeeded_but_dead = [(j["id"], j["error"]) for j in jobs if j["state"] == "dead" and j["args"][1] in ran]
     assert succeeded_but_dead == []
     assert {j["state"] for j in jobs} == {"succeeded"}
+
+
+def database_view(admin) -> str:
+    """The queue's backends and the locks they hold or wait for."""
+    rows = admin.execute(
+        "SELECT a.pid, a.state, a.wait_event_type, a.wait_event, now() - a.xact_start, left(a.query, 120),"
+        " (SELECT string_agg(l.locktype || ' ' || l.mode || CASE WHEN l.granted THEN '' ELSE ' (waits)' END, ', ')"
+        "  FROM pg_locks l WHERE l.pid = a.pid AND l.locktype <> 'virtualxid')"
+        " FROM pg_stat_activity a WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()").fetchall()
+    return "\n".join(map(str, rows))
 
 
 def test_a_job_claimed_by_a_pass_whose_answer_was_lost_goes_back_and_runs(pg_fresh_database):
