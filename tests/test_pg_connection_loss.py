@@ -91,7 +91,10 @@ def test_a_job_claimed_by_a_pass_whose_answer_was_lost_goes_back_and_runs(pg_fre
 
     store = AnswerLost(pg_fresh_database)
     store.register_worker("worker", ["default"], 1, 10.0)
-    ids = [s.job_id for s in store.submit([job(func="testjobs:noop") for _ in range(3)], time.time())]
+    # One serial key: the next job is claimable only once the last is finished, so the
+    # pass that finishes one claims the next (a pass that only claims finds nothing).
+    ids = [s.job_id for s in store.submit([job(func="testjobs:noop", key="one-at-a-time") for _ in range(3)],
+                                          time.time())]
     left, all_done = set(ids), threading.Event()
 
     def finished(outcomes) -> None:
