@@ -10,8 +10,9 @@ the commit; a rolled-back transaction wakes nobody).
 from Django: `django.db.connection.connection` inside `transaction.atomic()`). The options
 are the wire protocol's enqueue fields (kwargs, delay, run_at, priority, retry, key,
 idempotency_key, pool, ...), checked as the daemon checks them. Both calls run the SQL
-function `<schema>.enqueue` (store/postgres/enqueue_sql.py), so a job enqueued from Python,
-from psql or from a trigger meets the same rules, the ones the daemons published.
+function `<schema>.enqueue_many` (store/postgres/enqueue_sql.py), as `<schema>.enqueue`
+does, so a job enqueued from Python, from psql or from a trigger meets the same rules, the
+ones the daemons published.
 
 A refusal (`queue_full`, `conflict`) or a bad job raises QueueError with the wire
 protocol's code. Like any failed statement it leaves the transaction failed: run the call
@@ -48,8 +49,9 @@ def enqueue(conn: psycopg.Connection, func: str, args: Sequence[Any] | None = No
 def enqueue_many(conn: psycopg.Connection, jobs: Iterable[Mapping[str, Any]], *,
                  schema: str = DEFAULT_SCHEMA) -> list[int]:
     """Enqueue jobs (each a mapping of `func`, `args` and the options) in `conn`'s
-    transaction, all or none, as one `enqueue_many` request is admitted; one statement.
-    Returns their ids in order."""
+    transaction, all or none, as the daemon admits one `enqueue_many` request: a refusal of
+    any job (`queue_full`, `conflict`, a bad job) raises and inserts none of them. One
+    statement, `<schema>.enqueue_many`. Returns their ids in order."""
     specs = [dict(j) for j in jobs]
     if not specs:
         return []
@@ -60,19 +62,17 @@ def enqueue_many(conn: psycopg.Connection, jobs: Iterable[Mapping[str, Any]], *,
             parse_job(spec, now)  # the wire protocol's checks, with its messages
         except QueueError as e:
             raise bad(f"jobs[{i}]: {e.message}" if len(specs) > 1 else e.message) from None
-        options = {k: v for k, v in spec.items() if k not in ("func", "args") and v is not None}
-        payload.append({"func": spec["func"], "args": spec.get("args") or [], "options": options})
+        payload.append({k: v for k, v in spec.items() if v is not None})
     try:
         text = jsontext.dumps(payload)
     except (TypeError, ValueError) as e:
         raise bad(f"the job's arguments are not JSON: {e}") from None
     if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
         raise bad("the connection's transaction has failed: roll it back (or to a savepoint) first")
-    query = sql.SQL("SELECT {}.enqueue(j->>'func', j->'args', j->'options')"
-                    " FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS t(j, n) ORDER BY n"
-                    ).format(sql.Identifier(schema))
+    # Prepared from the first call: the statement is the same for every batch.
+    query = sql.SQL("SELECT {}.enqueue_many(%s::jsonb)").format(sql.Identifier(schema))
     try:
-        return [row[0] for row in conn.execute(query, (text,)).fetchall()]
+        return list(conn.execute(query, (text,), prepare=True).fetchone()[0])
     except psycopg.Error as e:
         raise _queue_error(e, schema) from e
 

@@ -347,6 +347,9 @@ MIGRATIONS.append("""
     ALTER TABLE jobs ADD COLUMN IF NOT EXISTS origin text;
     CREATE INDEX IF NOT EXISTS jobs_direct ON jobs (state) WHERE origin IS NOT NULL;
     """ + pgenqueuesql.ENQUEUE)
+# 32: enqueue_many(jobs), a batch admitted and inserted as a whole, one statement per step;
+# enqueue() is a batch of one.
+MIGRATIONS.append(pgenqueuesql.ENQUEUE_MANY + pgenqueuesql.ENQUEUE)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
