@@ -30,6 +30,7 @@ trying again.
 
 from __future__ import annotations
 
+from ...core.job import State
 from ...core.policy.admission import RETRY_AFTER_DEFAULT
 from ...core.protocol import Code
 from ..sqlstates import UNFINISHED_IN, WAITING_IN
@@ -67,10 +68,11 @@ ENQUEUE_MANY = f"""
         expired text[];
         new_count int;
         r record;
-        ns int[];
-        ids bigint[];
-        inserted int;
-        woken bigint;
+        ids bigint[];  -- the new jobs', in their order
+        iks text[];  -- their idempotency keys
+        later double precision;  -- when the first of them that waits is due
+        k int;
+        ik text;
     BEGIN
         IF jsonb_typeof(batch) IS DISTINCT FROM 'array' THEN
             RAISE EXCEPTION USING ERRCODE = '{_BAD}', MESSAGE = 'bad_request: jobs must be a JSON array';
@@ -79,21 +81,25 @@ ENQUEUE_MANY = f"""
         IF total = 0 THEN
             RETURN '{{}}';
         END IF;
-        -- What every job has checked, what admission will need to read, and the limits.
-        SELECT min(n) FILTER (WHERE {checks.BASIC_FAILS}), bool_or({checks.HAS_OPTIONS}),
-               bool_or(j->>'idempotency_key' IS NOT NULL), bool_or(j->>'key' IS NOT NULL),
-               bool_or(j->'manual' = 'true'), (SELECT value::jsonb FROM queickd_meta WHERE key = 'admission')
-        INTO bad_n, has_options, has_ik, has_key, has_manual, limits
-        FROM {_JOBS};
-        IF has_options OR bad_n IS NOT NULL THEN  -- every check, up to the first job that fails one
-            SELECT min(n) INTO bad_n FROM {_JOBS}
-            WHERE n <= coalesce(bad_n, total) AND {checks.FIRST_FAILURE} IS NOT NULL;
+        -- The common batch, jobs of func, args and kwargs alone, is checked by a light
+        -- statement; one with options, or a job that fails, by all the checks.
+        SELECT n INTO bad_n FROM {_JOBS} WHERE {checks.BASIC_FAILS} OR {checks.HAS_OPTIONS} LIMIT 1;
+        has_options := bad_n IS NOT NULL;
+        has_ik := false;
+        has_key := false;
+        has_manual := false;
+        IF has_options THEN
+            SELECT min(n) FILTER (WHERE {checks.FIRST_FAILURE} IS NOT NULL), bool_or(j->>'idempotency_key' IS NOT NULL),
+                   bool_or(j->>'key' IS NOT NULL), bool_or(j->'manual' = 'true')
+            INTO bad_n, has_ik, has_key, has_manual
+            FROM {_JOBS};
         END IF;
         IF bad_n IS NOT NULL THEN
             SELECT {checks.FIRST_FAILURE} INTO bad FROM {_JOBS} WHERE n = bad_n;
             RAISE EXCEPTION USING ERRCODE = '{_BAD}', MESSAGE = 'bad_request: '
                 || CASE WHEN total > 1 THEN format('jobs[%s]: ', bad_n - 1) ELSE '' END || bad;
         END IF;
+        SELECT value::jsonb INTO limits FROM queickd_meta WHERE key = 'admission';
 
         IF has_ik THEN  -- a key held by a live job answers with it; its repeats, with its first job
             SELECT array_agg(CASE WHEN b.n = b.first AND o.id IS NOT NULL AND o.live THEN o.id END ORDER BY b.n),
@@ -147,33 +153,29 @@ ENQUEUE_MANY = f"""
         END IF;
         IF (limits->>'max_queued') IS NOT NULL AND new_count > 0
            AND greatest((SELECT reltuples FROM pg_class WHERE oid = 'jobs'::regclass), 0) + new_count
-               >= (limits->>'max_queued')::float8 / 2
-           AND (SELECT count(*) FROM jobs WHERE state IN {WAITING_IN}) + new_count > (limits->>'max_queued')::bigint THEN
-            RAISE EXCEPTION USING {_FULL},
-                MESSAGE = format('queue_full: the queue holds %s waiting jobs, its limit', limits->>'max_queued');
+               >= (limits->>'max_queued')::float8 / 2 THEN
+            IF (SELECT count(*) FROM jobs WHERE state IN {WAITING_IN}) + new_count > (limits->>'max_queued')::bigint THEN
+                RAISE EXCEPTION USING {_FULL},
+                    MESSAGE = format('queue_full: the queue holds %s waiting jobs, its limit', limits->>'max_queued');
+            END IF;
         END IF;
 
         IF expired IS NOT NULL THEN
             UPDATE jobs SET idempotency_key = NULL WHERE idempotency_key = ANY (expired);
         END IF;
-        -- The new jobs, their ids drawn in their order (a volatile target is computed after
-        -- the sort; d's scan keeps it, and the aggregates take it from there: an aggregate's
-        -- own ORDER BY would cost a sort each), and the pools of the queued ones woken, the
-        -- scheduled ones' daemons' timers set: one statement. A key a transaction committed
-        -- meanwhile leaves its job out.
-        WITH b AS (SELECT n, j, {checks.AT} AS at FROM {_JOBS} WHERE {_NEW}),
-        seq AS MATERIALIZED (SELECT pg_get_serial_sequence('jobs', 'id')::regclass AS s),
-        d AS MATERIALIZED (SELECT n, nextval(seq.s) AS id, j, at FROM b, seq ORDER BY n),
-        ins AS (INSERT INTO jobs (id, {checks.COLUMNS}, origin)
-                SELECT id, {checks.VALUES}, '{DIRECT}' FROM d
-                ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING 1)
-        SELECT array_agg(n), array_agg(id), (SELECT count(*) FROM ins),
-               (SELECT count(pg_notify('{QUEUED_CHANNEL}', 'q:' || p))
-                FROM (SELECT DISTINCT {checks.POOL} AS p FROM d WHERE at <= now_) x),
-               (SELECT count(*) FROM (SELECT pg_notify('{CHANNEL}', 's:' || min(at)) FROM d WHERE at > now_
-                                      HAVING count(*) > 0) s)
-        INTO ns, ids, inserted, woken, woken
-        FROM d;
+        -- The new jobs inserted in their order, which RETURNING keeps (a job its key's
+        -- holder, committed meanwhile, left out), each queued one waking its pool (PostgreSQL
+        -- sends a notification once however many times a transaction gives it): one statement.
+        WITH ins AS (INSERT INTO jobs ({checks.COLUMNS}, origin)
+                     SELECT {checks.VALUES}, '{DIRECT}' FROM (SELECT j, {checks.AT} AS at FROM {_JOBS} WHERE {_NEW}) b
+                     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+                     RETURNING id, idempotency_key, run_at,
+                               CASE WHEN state = '{State.QUEUED}' THEN pg_notify('{QUEUED_CHANNEL}', 'q:' || pool) END)
+        SELECT array_agg(id), array_agg(idempotency_key), min(run_at) FILTER (WHERE run_at > now_)
+        INTO ids, iks, later FROM ins;
+        IF later IS NOT NULL THEN  -- the daemons' timers
+            PERFORM pg_notify('{CHANNEL}', 's:' || later);
+        END IF;
         IF has_manual THEN  -- an operator's run lifts the pauses of its key and function
             DELETE FROM streaks s USING (SELECT kind, name FROM {_JOBS}, LATERAL (VALUES ('key', j->>'key'),
                 ('func', {checks.FUNC})) AS v (kind, name) WHERE j->'manual' = 'true' AND {_NEW}) v
@@ -188,14 +190,18 @@ ENQUEUE_MANY = f"""
         IF NOT has_ik THEN
             RETURN ids;
         END IF;
-        IF inserted < coalesce(array_length(ids, 1), 0) THEN  -- keys taken meanwhile: their jobs
-            SELECT array_agg(CASE WHEN EXISTS (SELECT 1 FROM jobs WHERE id = x.id) THEN x.id
-                                  ELSE (SELECT id FROM jobs WHERE idempotency_key = batch->(x.n - 1)->>'idempotency_key')
-                                  END ORDER BY x.i) INTO ids
-            FROM unnest(ns, ids) WITH ORDINALITY AS x (n, id, i);
-        END IF;
-        FOR i IN 1 .. coalesce(array_length(ns, 1), 0) LOOP
-            answer[ns[i]] := ids[i];
+        -- By position: the new jobs' ids, in order (one the insert left out, the id of the job
+        -- holding its key), then each repeated key's first job's.
+        k := 1;
+        FOR i IN 1 .. total LOOP
+            CONTINUE WHEN answer[i] IS NOT NULL OR first[i] IS NOT NULL;
+            ik := batch->(i - 1)->>'idempotency_key';
+            IF ik IS NULL OR iks[k] = ik THEN
+                answer[i] := ids[k];
+                k := k + 1;
+            ELSE
+                SELECT id INTO answer[i] FROM jobs WHERE idempotency_key = ik;
+            END IF;
         END LOOP;
         FOR i IN 1 .. total LOOP
             IF first[i] IS NOT NULL THEN
