@@ -21,6 +21,7 @@ inside `with conn.transaction():` (a savepoint) to go on with the transaction af
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -28,11 +29,10 @@ from typing import Any
 from .core import jsontext
 from .core.protocol import Code, QueueError, bad, parse_job
 from .store.postgres.enqueue_sql import ERRORS
-from .store.postgres.namespace import DEFAULT_SCHEMA, missing_schema_hint
+from .store.postgres.namespace import DEFAULT_SCHEMA, ident, missing_schema_hint
 
 try:
     import psycopg
-    from psycopg import sql
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ImportError("queickd.pg needs psycopg 3: pip install 'queickd[postgres]'") from e
 
@@ -69,12 +69,17 @@ def enqueue_many(conn: psycopg.Connection, jobs: Iterable[Mapping[str, Any]], *,
         raise bad(f"the job's arguments are not JSON: {e}") from None
     if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
         raise bad("the connection's transaction has failed: roll it back (or to a savepoint) first")
-    # Prepared from the first call: the statement is the same for every batch.
-    query = sql.SQL("SELECT {}.enqueue_many(%s::jsonb)").format(sql.Identifier(schema))
     try:
-        return list(conn.execute(query, (text,), prepare=True).fetchone()[0])
+        return list(conn.execute(_call(schema), (text,), prepare=True).fetchone()[0])
     except psycopg.Error as e:
         raise _queue_error(e, schema) from e
+
+
+@functools.lru_cache(maxsize=16)
+def _call(schema: str) -> str:
+    """The one statement of every batch: its text built once, prepared on the connection
+    from the first call."""
+    return f"SELECT {ident(schema)}.enqueue_many(%s::jsonb)"
 
 
 def _queue_error(e: psycopg.Error, schema: str) -> Exception:
