@@ -58,7 +58,8 @@ ENQUEUE_MANY = f"""
         total int;
         bad_n bigint;
         bad text;
-        has_options boolean;
+        check_all boolean;
+        estimated real;
         has_ik boolean;
         has_key boolean;
         has_manual boolean;
@@ -82,13 +83,17 @@ ENQUEUE_MANY = f"""
             RETURN '{{}}';
         END IF;
         -- The common batch, jobs of func, args and kwargs alone, is checked by a light
-        -- statement; one with options, or a job that fails, by all the checks.
-        SELECT n INTO bad_n FROM {_JOBS} WHERE {checks.BASIC_FAILS} OR {checks.HAS_OPTIONS} LIMIT 1;
-        has_options := bad_n IS NOT NULL;
+        -- query; one with options, or a job that fails, by all the checks. With what every
+        -- batch reads, in one statement: the limits, and the table's estimated rows.
+        SELECT (SELECT n FROM {_JOBS} WHERE {checks.BASIC_FAILS} OR {checks.HAS_OPTIONS} LIMIT 1),
+               (SELECT value::jsonb FROM queickd_meta WHERE key = 'admission'),
+               (SELECT reltuples FROM pg_class WHERE oid = 'jobs'::regclass)
+        INTO bad_n, limits, estimated;
+        check_all := bad_n IS NOT NULL;
         has_ik := false;
         has_key := false;
         has_manual := false;
-        IF has_options THEN
+        IF check_all THEN
             SELECT min(n) FILTER (WHERE {checks.FIRST_FAILURE} IS NOT NULL), bool_or(j->>'idempotency_key' IS NOT NULL),
                    bool_or(j->>'key' IS NOT NULL), bool_or(j->'manual' = 'true')
             INTO bad_n, has_ik, has_key, has_manual
@@ -99,7 +104,6 @@ ENQUEUE_MANY = f"""
             RAISE EXCEPTION USING ERRCODE = '{_BAD}', MESSAGE = 'bad_request: '
                 || CASE WHEN total > 1 THEN format('jobs[%s]: ', bad_n - 1) ELSE '' END || bad;
         END IF;
-        SELECT value::jsonb INTO limits FROM queickd_meta WHERE key = 'admission';
 
         IF has_ik THEN  -- a key held by a live job answers with it; its repeats, with its first job
             SELECT array_agg(CASE WHEN b.n = b.first AND o.id IS NOT NULL AND o.live THEN o.id END ORDER BY b.n),
@@ -152,8 +156,7 @@ ENQUEUE_MANY = f"""
             new_count := (SELECT count(*) FROM generate_series(1, total) n WHERE {_NEW});
         END IF;
         IF (limits->>'max_queued') IS NOT NULL AND new_count > 0
-           AND greatest((SELECT reltuples FROM pg_class WHERE oid = 'jobs'::regclass), 0) + new_count
-               >= (limits->>'max_queued')::float8 / 2 THEN
+           AND greatest(estimated, 0) + new_count >= (limits->>'max_queued')::float8 / 2 THEN
             IF (SELECT count(*) FROM jobs WHERE state IN {WAITING_IN}) + new_count > (limits->>'max_queued')::bigint THEN
                 RAISE EXCEPTION USING {_FULL},
                     MESSAGE = format('queue_full: the queue holds %s waiting jobs, its limit', limits->>'max_queued');
