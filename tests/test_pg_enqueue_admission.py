@@ -194,6 +194,20 @@ def test_the_sql_function_refuses_what_the_wire_protocol_refuses(pg_store, spec)
     assert (wire.value.code, sql.value.sqlstate) == ("bad_request", "QD400"), str(sql.value)
 
 
+@pytest.mark.parametrize("spec", INVALID, ids=lambda s: json.dumps(s)[:40])
+def test_a_batch_with_a_bad_job_is_refused_whole_naming_the_job(pg_store, spec):
+    c = pg_store.connect()
+    try:
+        with pytest.raises(psycopg.Error) as sql:
+            c.execute("SELECT enqueue_many(%s::jsonb)", (json.dumps([{"func": "m:f"}, {"func": "m:f", **spec}]),))
+        c.rollback()
+        left = c.execute("SELECT count(*) FROM jobs").fetchone()[0]
+    finally:
+        c.close()
+    assert (sql.value.sqlstate, sql.value.diag.message_primary.startswith("bad_request: jobs[1]: "), left) == (
+        "QD400", True, 0), str(sql.value)
+
+
 def test_the_sql_function_stores_a_job_as_the_daemons_insert_does(pg_store):
     from queickd.core import retry as retry_mod
     from queickd.store import rows as dbrows

@@ -43,7 +43,6 @@ DIRECT = "direct"
 # SQLSTATE -> the wire protocol's code (class QD: queickd's own, no standard class).
 ERRORS = {"QD400": Code.BAD_REQUEST, "QD409": Code.CONFLICT, "QD429": Code.QUEUE_FULL}
 _STATE = {code: state for state, code in ERRORS.items()}
-OPTIONS = checks.OPTIONS
 _BAD = _STATE[Code.BAD_REQUEST]
 _FULL = f"ERRCODE = '{_STATE[Code.QUEUE_FULL]}', HINT = '{RETRY_AFTER_DEFAULT}'"
 _JOBS = "jsonb_array_elements(batch) WITH ORDINALITY AS t(j, n)"
