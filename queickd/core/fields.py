@@ -122,6 +122,10 @@ FIELDS: tuple[Field, ...] = (
     # What the running job last said of its progress (queickd.progress): {"done", "total",
     # "note", "at", "attempt"}; None until it says any. Kept after the run ends.
     Field("progress", "dict | None", None, new=False, sql="TEXT", codec="json"),
+    # An edge daemon's job for its upstream: stored `held` (never run here) when set, by the
+    # daemon (services/forwarder/), never by a client; its id on the upstream once forwarded.
+    Field("held", "bool", False, job=False),
+    Field("upstream_id", "int | None", None, new=False, sql="BIGINT"),
 )
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}

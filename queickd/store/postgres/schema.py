@@ -350,6 +350,13 @@ MIGRATIONS.append("""
 # 32: enqueue_many(jobs), a batch admitted and inserted as a whole, one statement per step;
 # enqueue() is a batch of one.
 MIGRATIONS.append(pgenqueuesql.ENQUEUE_MANY + pgenqueuesql.ENQUEUE)
+# 33: an edge daemon's jobs for its upstream: their id there (NULL for every other job), and
+# one small index per state of theirs, held (read oldest first) and forwarded.
+MIGRATIONS.append("""
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS upstream_id bigint;
+    CREATE INDEX IF NOT EXISTS jobs_held ON jobs (id) WHERE state = 'held';
+    CREATE INDEX IF NOT EXISTS jobs_forwarded ON jobs (id) WHERE state = 'forwarded';
+    """)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -338,10 +338,19 @@ def _v18(c: sqlite3.Connection) -> None:
     _add_column(c, "jobs", "progress", "TEXT")
 
 
+def _v19(c: sqlite3.Connection) -> None:
+    """An edge daemon's jobs for its upstream: jobs.upstream_id (their id there, NULL for
+    every other job) and one small index per state of theirs, held (read oldest first by
+    the forwarder) and forwarded."""
+    _add_column(c, "jobs", "upstream_id", "INTEGER")
+    c.execute("CREATE INDEX IF NOT EXISTS jobs_held ON jobs (id) WHERE state = 'held'")
+    c.execute("CREATE INDEX IF NOT EXISTS jobs_forwarded ON jobs (id) WHERE state = 'forwarded'")
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
                                                           _v11, _v12, _v13, _v14, _v15, _v16, _v17,
-                                                          _v18]
+                                                          _v18, _v19]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
