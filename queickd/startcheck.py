@@ -69,6 +69,9 @@ def _daemon_serves(config: Config) -> None:
     # The listeners' modules only here: a worker opens no port.
     from .api.hooks import parse_hooks
     from .api.tls import server_context
+    from .services.forwarder.settings import parse as parse_upstream
+
+    parse_upstream(config.upstream)  # ValueError naming the bad setting of [upstream]
     from .services.netcheck import parse_target
 
     if min(config.max_queued, config.max_queued_per_key, config.event_max_attempts) < 1:

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import collector
 from ..core import arguments, protocol
@@ -40,6 +40,9 @@ from ..version import __version__
 from .replies import NotCommittedError
 from .tokens import Tokens
 from .wfops import WorkflowOps
+
+if TYPE_CHECKING:
+    from .edge import Edge
 
 log = logging.getLogger("queickd.service")
 
@@ -117,6 +120,7 @@ class QueueService(WorkflowOps):
         self.started_at = clock()
         # The pools a live worker serves, as last seen (the daemon keeps it current).
         self.served = ServedPools()
+        self.edge: Edge | None = None  # with an [upstream]: the jobs routed there (api/edge.py)
 
     # --- in the event loop: cheap, no store access ------------------------------------------
     def hello(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -133,8 +137,11 @@ class QueueService(WorkflowOps):
         """Validate an enqueue/enqueue_many request and check the allowlist."""
         now = self.clock()
         jobs = [protocol.parse_job(req, now)] if req["op"] == "enqueue" else protocol.parse_jobs(req, now)
+        if self.edge is not None:
+            jobs = self.edge.route(jobs)
         for j in jobs:
-            self.loader.check(j.func)
+            if not j.held:  # a held job runs upstream, which checks it
+                self.loader.check(j.func)
         if self.resources.active:
             jobs = self._resourced(jobs)
         return jobs
@@ -164,7 +171,10 @@ class QueueService(WorkflowOps):
     def prepare_job(self, spec: dict[str, Any]) -> NewJob:
         """Validate one job's fields (an enqueue request without its op) and check the allowlist."""
         job = protocol.parse_job(spec, self.clock())
-        self.loader.check(job.func)
+        if self.edge is not None:
+            (job,) = self.edge.route([job])
+        if not job.held:
+            self.loader.check(job.func)
         return self.resources.apply(job)
 
     # --- submitting: the one way jobs come in ------------------------------------------------
@@ -227,7 +237,10 @@ class QueueService(WorkflowOps):
         self.store.watch_finish(job_id)
 
     def op_get(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": True, "job": self.job(arguments.job_id(req)).to_dict()}
+        job = self.job(arguments.job_id(req))
+        if job.state == State.FORWARDED and self.edge is not None:
+            return {"ok": True, "job": self.edge.show(job)}
+        return {"ok": True, "job": job.to_dict()}
 
     def op_cancel(self, req: dict[str, Any]) -> dict[str, Any]:
         if req.get("job_id") is None and req.get("state") is not None:
@@ -390,6 +403,7 @@ class QueueService(WorkflowOps):
             "progress": self.metrics.progress_stats() if self.metrics is not None else None,
             "collector": collector.snapshot(),
             "tokens": self.tokens.snapshot() if self.tokens is not None else None,
+            "upstream": self.edge.snapshot() if self.edge is not None else None,
         }
         reply.update(self._fleet_stats(reply["counts"]))
         if isinstance(self.store, FleetStore):  # the jobs applications enqueued themselves

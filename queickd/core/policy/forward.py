@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..fields import FIELDS
+from ..jsontext import dumps
 from ..protocol import Code
 
 # Every forwarded job's idempotency key starts so: `<prefix><edge identity>:<local id>:<its
@@ -78,8 +79,9 @@ def request(job: Any, identity: str, now: float) -> dict[str, Any]:
 
 
 def size(job: Any) -> int:
-    """A held job's bytes, as the backlog and the pacing count them: its function and arguments."""
-    return len(job.func) + len(repr(job.args)) + len(repr(job.kwargs))
+    """A held job's bytes, as the backlog and the pacing count them (and the SQL stores'
+    held_backlog): its function's and its arguments' JSON text's length."""
+    return len(job.func) + len(dumps(job.args)) + len(dumps(job.kwargs))
 
 
 @dataclass

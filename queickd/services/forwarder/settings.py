@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from ... import tokenfile
 from ...core.policy.forward import Route
 
 SCHEMES = {"queickd": False, "queickd+tls": True}  # scheme: TLS
@@ -45,10 +46,7 @@ class UpstreamSettings:
 
     def read_token(self) -> str | None:
         """The token file's token, read at each connect (a renewed token is used at once)."""
-        if self.token_file is None:
-            return None
-        with open(self.token_file, encoding="utf-8") as f:
-            return f.read().strip() or None
+        return None if self.token_file is None else tokenfile.first_token(self.token_file)
 
 
 def parse(section: dict[str, Any]) -> UpstreamSettings | None:
