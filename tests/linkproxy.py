@@ -16,7 +16,8 @@ class LinkProxy:
     def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
         self.target = (target_host, target_port)
         self.mode = PASS
-        self.cut_replies = 0  # replies still to cut: each cuts its connection instead of passing
+        self.cut_replies = 0  # enqueue replies still to cut: each cuts its connection instead of passing
+        self.blackhole_at_reply = False  # the next enqueue reply turns the link into a blackhole
         self.replies_cut = threading.Event()  # set once cut_replies reached 0 by cutting
         self.connections = 0
         self._lock = threading.Lock()
@@ -84,7 +85,10 @@ class LinkProxy:
                     break
                 if self.mode == BLACKHOLE:
                     continue  # taken and dropped: the sender sees no reset, no reply
-                if replies and self.cut_replies > 0:
+                if replies and self.blackhole_at_reply and b'"job_id"' in data:
+                    self.blackhole_at_reply, self.mode = False, BLACKHOLE
+                    continue
+                if replies and self.cut_replies > 0 and b'"job_id"' in data:  # not a hello's
                     with self._lock:
                         self.cut_replies -= 1
                         if self.cut_replies == 0:
