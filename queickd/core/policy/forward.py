@@ -28,7 +28,9 @@ REFUSED = "refused"  # the upstream will never take it: it is dead here, with th
 STOP = "stop"  # the upstream refuses us (a revoked token): hold everything, say so loudly
 LATER = "later"  # the upstream cannot take it now (full, or failing): try again later
 
-REFUSING = frozenset({Code.NOT_ALLOWED, Code.BAD_REQUEST})
+# An enqueue refused so is refused again when resent: the function is not allowed or not
+# defined there, or the job is malformed for it.
+REFUSING = frozenset({Code.NOT_ALLOWED, Code.BAD_REQUEST, Code.NOT_FOUND})
 
 # The fields of an enqueue a forwarded job carries: what a client could have said, less
 # the edge's own idempotency key (the forward's key replaces it), its run_at (sent as the
