@@ -10,10 +10,10 @@ import threading
 import pytest
 from contract_jobs import T0, job
 from store_contract_cron import CronEventContract
+from store_contract_forward import ForwardContract
 from store_contract_operator import OperatorContract
 from store_contract_output import OutputContract
 from store_contract_parked import ParkedContract
-from store_contract_forward import ForwardContract
 from store_contract_progress import ProgressContract
 from store_contract_rules import RulesContract
 from store_contract_workflows import WorkflowContract

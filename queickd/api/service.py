@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import collector
 from ..core import arguments, protocol
@@ -40,9 +40,6 @@ from ..version import __version__
 from .replies import NotCommittedError
 from .tokens import Tokens
 from .wfops import WorkflowOps
-
-if TYPE_CHECKING:
-    from .edge import Edge
 
 log = logging.getLogger("queickd.service")
 
@@ -120,7 +117,9 @@ class QueueService(WorkflowOps):
         self.started_at = clock()
         # The pools a live worker serves, as last seen (the daemon keeps it current).
         self.served = ServedPools()
-        self.edge: Edge | None = None  # with an [upstream]: the jobs routed there (api/edge.py)
+        # With an [upstream]: api/edge.py's Edge, the jobs routed there (not imported here: it
+        # reaches the Python client, which imports this module for its immediate mode).
+        self.edge: Any = None
 
     # --- in the event loop: cheap, no store access ------------------------------------------
     def hello(self, req: dict[str, Any]) -> dict[str, Any]:
