@@ -11,12 +11,12 @@ NONE_HELD = r"forwarded \d+ job\(s\) to .*; none held"
 
 
 def edge_config(path: Path, proxy: LinkProxy, *, functions=("testjobs:*",), extra: str = "",
-                scheme: str = "queickd") -> str:
+                scheme: str = "queickd", identity: str = "edge-1") -> str:
     path.write_text(
         "[upstream]\n"
         f'url = "{scheme}://127.0.0.1:{proxy.port}"\n'
         f"functions = [{', '.join(repr(f).replace(chr(39), chr(34)) for f in functions)}]\n"
-        'identity = "edge-1"\n'
+        f'identity = "{identity}"\n'
         "timeout = 2.0\n"
         "retry_max = 1.0\n"  # tests: a returned link is found within a second
         "settle_every = 1.0\n" + extra)

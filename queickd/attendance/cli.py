@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     _opt(run, "--slack-base-url", "Slack Web API base URL, ending in '/' (for a local stand-in)")
     _opt(run, "--late-after", "seconds after which a post says how late it is", _D.late_after, type=float)
     _opt(run, "--daily-summary", "post the day's hours on this cron schedule, e.g. '0 19 * * *'")
+    _opt(run, "--post-key", "the serial key of this terminal's posts: its punches post one at a time, in tap "
+         "order; give each terminal of a fleet its own (attendance:office-3) where they forward to one "
+         "central daemon", _D.post_key)
     _opt(run, "--log-level", "log level", "info", choices=log.LEVELS)
 
     reg = sub.add_parser("register", help="register a card for a person", description=(
