@@ -122,10 +122,9 @@ FIELDS: tuple[Field, ...] = (
     # What the running job last said of its progress (queickd.progress): {"done", "total",
     # "note", "at", "attempt"}; None until it says any. Kept after the run ends.
     Field("progress", "dict | None", None, new=False, sql="TEXT", codec="json"),
-    # An edge daemon's job for its upstream: stored `held` (never run here) when set, by the
-    # daemon (services/forwarder/), never by a client; its id on the upstream once forwarded.
-    Field("held", "bool", False, job=False),
-    Field("upstream_id", "int | None", None, new=False, sql="BIGINT"),
+    Field("held", "bool", False, job=False),  # an edge daemon's job for its upstream, set by the daemon
+    #                                           (never a client): stored `held`, forwarded, not run here
+    Field("upstream_id", "int | None", None, new=False, sql="BIGINT"),  # a forwarded job's id upstream
 )
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}

@@ -19,8 +19,26 @@ DEFAULT_TIMEOUT = 10.0  # seconds without a reply before the link counts as down
 DEFAULT_RETRY_MAX = 60.0  # the longest pause between reconnect attempts
 DEFAULT_SETTLE_EVERY = 60.0  # seconds between reads of forwarded jobs' upstream state
 
-_KNOWN = {"url", "token_file", "ca_file", "functions", "identity", "batch_jobs", "bytes_per_second",
-          "max_backlog_jobs", "max_backlog_bytes", "timeout", "retry_max", "settle_every"}
+# Every key of [upstream], with what it means (the config reference is made from this).
+KEYS = {
+    "url": "the upstream daemon: queickd+tls://HOST:PORT (TLS) or queickd://HOST:PORT (plaintext, for a tunnel)",
+    "functions": 'the jobs that go upstream: fnmatch patterns of their functions, as ["app:*"]; '
+                 "the others run here",
+    "token_file": "the token this edge sends upstream (a file of one token, or name:token lines: the first)",
+    "ca_file": "the CA that signed the upstream's certificate (default: the system's CAs)",
+    "identity": "this edge's name in its forwarded jobs' idempotency keys (default: the host name); "
+                "unique in the fleet",
+    "batch_jobs": f"jobs per batch (default {DEFAULT_BATCH_JOBS})",
+    "bytes_per_second": "the most bytes of jobs (functions and arguments) sent a second (default 0: no cap)",
+    "max_backlog_jobs": f"the most jobs held for the upstream; past it an enqueue gets queue_full "
+                        f"(default {DEFAULT_BACKLOG_JOBS:,})",
+    "max_backlog_bytes": f"the most bytes of jobs held; past it, queue_full (default {DEFAULT_BACKLOG_BYTES:,})",
+    "timeout": f"seconds without a reply before the link counts as down and the batch is sent again "
+               f"(default {DEFAULT_TIMEOUT:g})",
+    "retry_max": f"the longest pause between reconnects, which double from 1 s (default {DEFAULT_RETRY_MAX:g})",
+    "settle_every": f"seconds between reads of the upstream state of forwarded jobs not final yet "
+                    f"(default {DEFAULT_SETTLE_EVERY:g})",
+}
 
 
 @dataclass(frozen=True)
@@ -53,9 +71,9 @@ def parse(section: dict[str, Any]) -> UpstreamSettings | None:
     """The settings of an `[upstream]` table (None for an empty one); ValueError for a bad one."""
     if not section:
         return None
-    unknown = set(section) - _KNOWN
+    unknown = set(section) - set(KEYS)
     if unknown:
-        raise ValueError(f"upstream: unknown setting(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(_KNOWN))})")
+        raise ValueError(f"upstream: unknown setting(s) {', '.join(sorted(unknown))} (known: {', '.join(KEYS)})")
     url = section.get("url")
     if not isinstance(url, str):
         raise ValueError('upstream: url is required, as url = "queickd+tls://central:9999"')
