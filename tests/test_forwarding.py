@@ -56,3 +56,27 @@ def test_jobs_enqueued_while_the_link_is_down_are_held_then_forwarded_once_in_or
     assert copies == dict.fromkeys(ids, 1)
     assert central_order(tmp_path / "central.db") == ids
     assert set(edge_ids(tmp_path / "edge.db").values()) <= {"forwarded", "succeeded"}
+
+
+def test_a_forwarded_job_shows_the_centrals_state_in_get_and_queick_show(edge, central):
+    import subprocess
+    import sys
+
+    with edge.client() as q:
+        job_id = q.enqueue("testjobs:noop", delay=3600)  # waits on the central, scheduled
+        job = q.wait(job_id, timeout=20, states=["scheduled"])
+    assert job["state"] == "scheduled" and job["upstream"]["state"] == "scheduled"
+    with central.client() as c:
+        assert c.get(job["upstream"]["id"])["run_at"] == pytest.approx(job["run_at"], abs=1)
+    out = subprocess.run([sys.executable, "-m", "queickd", "show", str(job_id), "--port", str(edge.port)],
+                         capture_output=True, text=True, timeout=30).stdout
+    assert "state: scheduled" in out and f'"id": {job["upstream"]["id"]}' in out
+
+
+def test_a_job_dead_on_the_central_is_dead_on_the_edge_with_its_error(edge):
+    with edge.client() as q:
+        job_id = q.enqueue("testjobs:fail", ("no ink",))
+        job = q.wait(job_id, timeout=20)
+        listed = q.jobs("dead")
+    assert (job["state"], job["error"]["type"], job["error"]["message"]) == ("dead", "ValueError", "no ink")
+    assert [j["id"] for j in listed] == [job_id]  # settled here: listed without asking the central
