@@ -118,10 +118,9 @@ def idle(warmup: float, seconds: float) -> dict[str, tuple[float, float, float |
             out = {}
             for name, (port, proc, _) in procs.items():
                 usage = group_usage(proc.pid)
-                wakes = None
-                if name != "plain":
-                    with JobQueue("127.0.0.1", port, timeout=60.0) as q:
-                        wakes = q.stats()["upstream"]["wakeups"]
+                with JobQueue("127.0.0.1", port, timeout=60.0) as q:  # every daemon asked alike
+                    up = q.stats()["upstream"]
+                wakes = None if up is None else up["wakeups"]
                 out[name] = (sum(u[0] for u in usage.values()), sum(u[1] for u in usage.values()), wakes)
             return out
 
@@ -144,30 +143,39 @@ def main(argv: list[str] | None = None) -> int:
                    "(the unreachable edge's back-off reaches its minute after about 63 s)")
     p.add_argument("--idle-seconds", type=float, default=60.0)
     p.add_argument("--skip-idle", action="store_true")
+    p.add_argument("--skip-rate", action="store_true")
     a = p.parse_args(argv)
     fwd, direct = [], []
-    for rnd in range(a.rounds):
+    for rnd in range(0 if a.skip_rate else a.rounds):
         fwd.append(forward_rate(a.jobs, a.batch))
         direct.append(direct_rate(a.jobs, a.batch))
         log(f"round {rnd + 1}: forwarded {fwd[-1]:,.0f} jobs/s, direct enqueue_many x{a.batch} {direct[-1]:,.0f} jobs/s")
-    f, dr = statistics.median(fwd), statistics.median(direct)
+    if fwd:
+        _print_rate(a, statistics.median(fwd), statistics.median(direct))
+    if not a.skip_idle:
+        _print_idle(a)
+    return 0
+
+
+def _print_rate(a: argparse.Namespace, f: float, dr: float) -> None:
     print(f"\n{a.jobs:,} no-op jobs held on an edge, then forwarded on loopback in batches of {a.batch}; "
           f"median of {a.rounds} round(s)")
     print(f"{'':34}{'jobs/s':>10}{'vs direct':>11}")
     print(f"{'forwarded after a partition':34}{f:10,.0f}{f / dr:11.2f}   goal >= 5,000 jobs/s: "
           f"{'holds' if f >= 5000 else 'MISSED'}")
     print(f"{'direct enqueue_many to the central':34}{dr:10,.0f}{1.0:11.2f}")
-    if not a.skip_idle:
-        res = idle(a.idle_warmup, a.idle_seconds)
-        base_cpu, base_cs = res["plain"][0], res["plain"][1]
-        print(f"\nidle, {a.idle_seconds:g} s after {a.idle_warmup:g} s, nothing pending")
-        print(f"{'daemon':14}{'CPU ms/min':>12}{'vs plain':>10}{'ctx sw/min':>12}{'vs plain':>10}{'fwd wakes/min':>15}")
-        for n, (cpu, cs, wakes) in res.items():
-            print(f"{n:14}{cpu:12.1f}{cpu / base_cpu if base_cpu else float('nan'):10.2f}{cs:12.1f}"
-                  f"{cs / base_cs if base_cs else float('nan'):10.2f}{'-' if wakes is None else f'{wakes:.1f}':>15}")
-        print("goal: at most 1 forwarder wake-up a minute beyond the plain daemon's idle: "
-              + ("holds" if all(w is None or w <= 1.0 for _, _, w in res.values()) else "MISSED"))
-    return 0
+
+
+def _print_idle(a: argparse.Namespace) -> None:
+    res = idle(a.idle_warmup, a.idle_seconds)
+    base_cpu, base_cs = res["plain"][0], res["plain"][1]
+    print(f"\nidle, {a.idle_seconds:g} s after {a.idle_warmup:g} s, nothing pending")
+    print(f"{'daemon':14}{'CPU ms/min':>12}{'vs plain':>10}{'ctx sw/min':>12}{'vs plain':>10}{'fwd wakes/min':>15}")
+    for n, (cpu, cs, wakes) in res.items():
+        print(f"{n:14}{cpu:12.1f}{cpu / base_cpu if base_cpu else float('nan'):10.2f}{cs:12.1f}"
+              f"{cs / base_cs if base_cs else float('nan'):10.2f}{'-' if wakes is None else f'{wakes:.1f}':>15}")
+    print("goal: at most 1 forwarder wake-up a minute beyond the plain daemon's idle: "
+          + ("holds" if all(w is None or w <= 1.0 for _, _, w in res.values()) else "MISSED"))
 
 
 if __name__ == "__main__":
