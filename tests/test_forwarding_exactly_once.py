@@ -65,7 +65,9 @@ def test_five_kills_of_the_edge_while_it_forwards_lose_and_repeat_nothing(start_
     for _ in range(5):
         edge.wait_for_line(r"upstream .* reachable; forwarding", timeout=20)
         edge.kill()
+        sent = len(central_keys(tmp_path / "central.db"))
         edge.start()
+    assert 0 < sent < len(ids)  # the kills came while the forwarding was under way
     edge.wait_for_line(NONE_HELD, timeout=30)
     _exactly_once(tmp_path, ids)
 
