@@ -40,6 +40,12 @@ class ForwardContract:
         assert (n, oldest) == (3, T0)
         assert size >= 3 * len("app:punch")
 
+    def test_a_cancelled_held_job_is_never_read_as_held(self, store):
+        a, b = _held(store, 2)
+        assert store.cancel(a, T0 + 1).state == State.CANCELLED
+        assert [j.id for j in store.held_jobs(10)] == [b]
+        assert store.mark_forwarded([(a, 9)]) == 0
+
     def test_a_forwarded_job_keeps_its_upstream_id_and_leaves_the_held(self, store):
         a, b = _held(store, 2)
         assert store.mark_forwarded([(a, 700)]) == 1
