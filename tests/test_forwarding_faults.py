@@ -10,6 +10,8 @@ from forwardhelpers import NONE_HELD, central_keys, edge_config
 from linkproxy import LinkProxy
 from tlshelpers import make_certs
 
+from queickd.core.protocol import QueueError
+
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
@@ -54,6 +56,8 @@ def test_a_job_the_central_refuses_is_dead_on_the_edge_with_its_reason_and_the_r
         job = q.get(refused)
     assert (job["state"], job["error"]["type"]) == ("dead", "not_allowed")
     assert sorted(central_keys(tmp_path / "central.db")) == [before, after]
+    with edge.client() as q, pytest.raises(QueueError, match="for the upstream"):
+        q.retry(refused)  # it would run here, where it never runs
     proxy.close()
 
 

@@ -360,6 +360,8 @@ class QueueService(WorkflowOps):
         before = self.job(job_id)
         if before.state != State.DEAD:
             raise QueueError(Code.CONFLICT, f"job {job_id} is {before.state}; only dead jobs are retried")
+        if self.edge is not None and self.edge.forwarder.route(before.func):  # it never runs here
+            raise QueueError(Code.CONFLICT, f"job {job_id} is for the upstream: enqueue it again, or retry it there")
         job = self.store.retry_dead(job_id, self.clock())
         self.waiters.notify([job_id])
         self.pool.wake()
