@@ -272,6 +272,16 @@ class JobQueue:
         Raises the first error after reading every reply (the other jobs are stored)."""
         return self._run(clientops.enqueue_pipelined(jobs))
 
+    def enqueue_each(self, jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each job (a job() dict) its own enqueue, pipelined on one connection: the replies,
+        one per job in order, each ok with its `job_id` or refused with its `error`. A lost
+        connection raises (any of them may have been committed: give them idempotency keys)."""
+        return self._run(clientops.each([{"op": "enqueue", **j} for j in jobs]))
+
+    def get_each(self, job_ids: Sequence[int]) -> list[dict[str, Any]]:
+        """`get` of each job, pipelined: the replies as they are (ok with `job`, or an error)."""
+        return self._run(clientops.each([{"op": "get", "job_id": i} for i in job_ids]))
+
     def cron(self, schedule: SchedulingTime | str, func: Callable[..., Any] | str,
              args: Iterable[Any] | None = None, *, name: str | None = None, **options: Any) -> dict[str, Any]:
         """Run func on a schedule: a SchedulingTime, or a 5-field cron expression string.

@@ -231,6 +231,11 @@ def enqueue_pipelined(jobs: Sequence[dict[str, Any]]) -> Plan[list[int]]:
     return [_warned(r)["job_id"] for r in replies]
 
 
+def each(reqs: Sequence[dict[str, Any]]) -> Plan[list[dict[str, Any]]]:
+    """Send the requests pipelined; their replies as they are, each accepted or refused on its own."""
+    return (yield list(reqs))
+
+
 def cron(schedule: SchedulingTime | str, func: FuncLike, args: Iterable[Any] | None, name: str | None,
          options: dict[str, Any]) -> Plan[dict[str, Any]]:
     req: dict[str, Any] = {"op": "cron", **job(func, args, **options)}

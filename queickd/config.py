@@ -5,7 +5,8 @@ A top-level key is a flag's name with dashes or underscores (`max-queued = 50` o
 `[functions."module:func"]` tables a function's job defaults (core/policy/resources.py
 checks them) and its isolation, limits and credentials (core/sandbox.py checks those),
 `[budgets.pools]` / `[budgets.groups]` the cost budgets, and `[workflows.NAME]` workflow
-definitions (steps, budget) started by name. The file is a
+definitions (steps, budget) started by name, and `[upstream]` the daemon a device forwards
+jobs to (services/forwarder/settings.py). The file is a
 layer of defaults: an environment variable beats it, and a command-line flag beats both.
 Reads TOML with the standard library's tomllib; does no other I/O.
 """
@@ -16,7 +17,8 @@ import tomllib
 from collections.abc import Iterable
 from typing import Any
 
-TABLES = ("hooks", "functions", "budgets", "workflows")  # tables of tables, passed on as they are read
+TABLES = ("hooks", "functions", "budgets", "workflows", "upstream")  # tables, passed on as they are read
+SECTIONS = ("upstream",)  # ... of them, those of values rather than of tables
 
 
 class ConfigFileError(ValueError):
@@ -38,7 +40,10 @@ def load(path: str, known: Iterable[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for raw, value in data.items():
         name = raw.replace("-", "_")
-        if name in TABLES:
+        if name in SECTIONS:
+            if not isinstance(value, dict):
+                raise ConfigFileError(f"{path}: {name} must be a table, [{name}]")
+        elif name in TABLES:
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
                 raise ConfigFileError(f"{path}: {name} must be tables, [{name}.NAME]")
         elif name not in known or name in ("config", "help"):

@@ -60,6 +60,7 @@ from .ui.metrics import Metrics
 
 if TYPE_CHECKING:
     from .api.httpd import HttpServer
+    from .services.forwarder.forwarder import Forwarder
 
 log = logging.getLogger("queickd.daemon")
 FILES_WATCH = 1.0  # seconds between two looks at the store's files while commits come
@@ -90,6 +91,7 @@ class Daemon:
         self._stopped = False
         self._wakeup_w: int | None = None
         self.fleet: FleetMember | None = None  # with a shared store: registry, heartbeats, LISTEN
+        self.forwarder: Forwarder | None = None  # with an [upstream]: sends its jobs there
         self.exit_status = 0
         # Called in order on SIGHUP (reload()), on the main thread: the loader's re-import
         # first; other parts that hold job code (a runner's zygote) add theirs.
@@ -168,6 +170,11 @@ class Daemon:
             except protocol.QueueError as e:
                 store.close()
                 raise ValueError(f"workflows.{name}: {e.message}") from None
+        self.forwarder = assembly.forwarder(store, c.upstream, self.service.waiters.notify, clock=self.clock)
+        if self.forwarder is not None:  # an edge daemon: the front door routes jobs upstream
+            from .api.edge import Edge
+
+            self.service.edge = Edge(self.forwarder)
         self.server = Server(self.service, c.bind, c.port, max_line=c.max_line,
                              accept_queick_clients=c.accept_queick_clients, max_connections=c.max_connections,
                              hello_timeout=c.hello_timeout, max_pending=c.max_pending,
@@ -197,6 +204,8 @@ class Daemon:
             raise
         if self.network is not None:
             self.network.start()
+        if self.forwarder is not None:
+            self.forwarder.start()
         if isinstance(store, FleetStore):  # shared with other workers: registry, heartbeats, LISTEN
             self.fleet = parts.join_fleet(store, "daemon", on_finished_ids=self._on_finished_elsewhere,
                                           on_scheduled=scheduler.wake_at, on_version_change=self._on_version_change,
@@ -269,6 +278,8 @@ class Daemon:
         self.metrics.on_committed(jobs, submitted)
         self.scheduler.wake_at(self.clock() + FILES_WATCH, "files")  # nothing if armed already
         self.parking.on_committed(jobs)
+        if self.service.edge is not None:
+            self.service.edge.committed(jobs, [not s.duplicate for s in submitted])
         later = [j.run_at for j, s in zip(jobs, submitted, strict=True) if s.state == State.SCHEDULED and not s.duplicate]
         if later:
             self.scheduler.wake_at(min(later))
@@ -342,7 +353,8 @@ class Daemon:
         # accepted jobs from being committed or running jobs from finishing.
         for step in (self.http.stop if self.http is not None else None, self.server.stop, self.batcher.stop, self.scheduler.stop,  # type: ignore[union-attr]
                      self.rate_alarm.stop,
-                     self.network.stop if self.network is not None else None):
+                     self.network.stop if self.network is not None else None,
+                     self.forwarder.stop if self.forwarder is not None else None):
             if step is not None:
                 try:
                     step()

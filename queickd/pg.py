@@ -10,8 +10,9 @@ the commit; a rolled-back transaction wakes nobody).
 from Django: `django.db.connection.connection` inside `transaction.atomic()`). The options
 are the wire protocol's enqueue fields (kwargs, delay, run_at, priority, retry, key,
 idempotency_key, pool, ...), checked as the daemon checks them. Both calls run the SQL
-function `<schema>.enqueue` (store/postgres/enqueue_sql.py), so a job enqueued from Python,
-from psql or from a trigger meets the same rules, the ones the daemons published.
+function `<schema>.enqueue_many` (store/postgres/enqueue_sql.py), as `<schema>.enqueue`
+does, so a job enqueued from Python, from psql or from a trigger meets the same rules, the
+ones the daemons published.
 
 A refusal (`queue_full`, `conflict`) or a bad job raises QueueError with the wire
 protocol's code. Like any failed statement it leaves the transaction failed: run the call
@@ -20,6 +21,7 @@ inside `with conn.transaction():` (a savepoint) to go on with the transaction af
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -27,11 +29,10 @@ from typing import Any
 from .core import jsontext
 from .core.protocol import Code, QueueError, bad, parse_job
 from .store.postgres.enqueue_sql import ERRORS
-from .store.postgres.namespace import DEFAULT_SCHEMA, missing_schema_hint
+from .store.postgres.namespace import DEFAULT_SCHEMA, ident, missing_schema_hint
 
 try:
     import psycopg
-    from psycopg import sql
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ImportError("queickd.pg needs psycopg 3: pip install 'queickd[postgres]'") from e
 
@@ -48,8 +49,9 @@ def enqueue(conn: psycopg.Connection, func: str, args: Sequence[Any] | None = No
 def enqueue_many(conn: psycopg.Connection, jobs: Iterable[Mapping[str, Any]], *,
                  schema: str = DEFAULT_SCHEMA) -> list[int]:
     """Enqueue jobs (each a mapping of `func`, `args` and the options) in `conn`'s
-    transaction, all or none, as one `enqueue_many` request is admitted; one statement.
-    Returns their ids in order."""
+    transaction, all or none, as the daemon admits one `enqueue_many` request: a refusal of
+    any job (`queue_full`, `conflict`, a bad job) raises and inserts none of them. One
+    statement, `<schema>.enqueue_many`. Returns their ids in order."""
     specs = [dict(j) for j in jobs]
     if not specs:
         return []
@@ -60,21 +62,24 @@ def enqueue_many(conn: psycopg.Connection, jobs: Iterable[Mapping[str, Any]], *,
             parse_job(spec, now)  # the wire protocol's checks, with its messages
         except QueueError as e:
             raise bad(f"jobs[{i}]: {e.message}" if len(specs) > 1 else e.message) from None
-        options = {k: v for k, v in spec.items() if k not in ("func", "args") and v is not None}
-        payload.append({"func": spec["func"], "args": spec.get("args") or [], "options": options})
+        payload.append({k: v for k, v in spec.items() if v is not None})
     try:
         text = jsontext.dumps(payload)
     except (TypeError, ValueError) as e:
         raise bad(f"the job's arguments are not JSON: {e}") from None
     if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
         raise bad("the connection's transaction has failed: roll it back (or to a savepoint) first")
-    query = sql.SQL("SELECT {}.enqueue(j->>'func', j->'args', j->'options')"
-                    " FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS t(j, n) ORDER BY n"
-                    ).format(sql.Identifier(schema))
     try:
-        return [row[0] for row in conn.execute(query, (text,)).fetchall()]
+        return list(conn.execute(_call(schema), (text,), prepare=True).fetchone()[0])
     except psycopg.Error as e:
         raise _queue_error(e, schema) from e
+
+
+@functools.lru_cache(maxsize=16)
+def _call(schema: str) -> str:
+    """The one statement of every batch: its text built once, prepared on the connection
+    from the first call."""
+    return f"SELECT {ident(schema)}.enqueue_many(%s::jsonb)"
 
 
 def _queue_error(e: psycopg.Error, schema: str) -> Exception:

@@ -91,6 +91,8 @@ class Config:
     # isolation, limits and credentials (core/sandbox.py)
     functions: dict = field(default_factory=dict)
     budgets: dict = field(default_factory=dict)  # [budgets.pools] and [budgets.groups]
+    # [upstream]: the daemon this one forwards matching jobs to (services/forwarder/settings.py)
+    upstream: dict = field(default_factory=dict)
     budget_patience: float = DEFAULT_BUDGET_PATIENCE
     memory_reserve: float = DEFAULT_RESERVE_MB  # MB kept free by the memory-aware start
     max_rss: float | None = None  # MB this process may grow to, jobs included

@@ -69,6 +69,12 @@ def _daemon_serves(config: Config) -> None:
     # The listeners' modules only here: a worker opens no port.
     from .api.hooks import parse_hooks
     from .api.tls import server_context
+    from .services.forwarder.settings import parse as parse_upstream
+
+    # ValueError naming the bad setting of [upstream]; an edge's held jobs are its own, and
+    # several daemons sharing one store would each forward them, under keys of their own.
+    if parse_upstream(config.upstream) is not None and config.store.startswith(("postgresql:", "postgres:")):
+        raise ValueError("[upstream] needs a store of this daemon's own (sqlite:///...), not a shared PostgreSQL one")
     from .services.netcheck import parse_target
 
     if min(config.max_queued, config.max_queued_per_key, config.event_max_attempts) < 1:

@@ -173,7 +173,12 @@ def config_page() -> str:
         out.append(f"| `{a.dest.replace('_', '-')}` | {_default(a)} | {_code(flag)} | "
                    f"{_code(env) if env else ''} | {_cell(text)} |")
     out += ["", "**Tables** (passed on as they are read; each is checked where it is used):", ""]
-    out += [f"- `[{t}.NAME]`" for t in config_file.TABLES]
+    out += [f"- `[{t}]`" if t in config_file.SECTIONS else f"- `[{t}.NAME]`" for t in config_file.TABLES]
+    from queickd.services.forwarder.settings import KEYS
+
+    out += ["", "**`[upstream]`**: the daemon this one forwards jobs to (an edge daemon), from "
+            "queickd/services/forwarder/settings.py:", "", "| Key | Description |", "|---|---|"]
+    out += [f"| `{k}` | {_cell(v)} |" for k, v in KEYS.items()]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -271,6 +276,8 @@ def _every_family_stats() -> dict:
         "sandbox": {"runs": {"thread": 1}, "kills": {"timeout": 1}, "crashed": 0,
                     "zygote": {"alive": True, "restarts": 0}, "limits": {"memory": "rss"}},
         "progress": {"offered": 0, "written": 0, "batches": 0}, "refused": 0, "uptime": 1.0,
+        "upstream": {"link": "up", "held": 0, "held_bytes": 0, "oldest_held_age": None, "last_forward_at": None,
+                     "forwarded": 0, "refused": 0, "wakeups": 0},
     }
 
 

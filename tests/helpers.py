@@ -93,6 +93,20 @@ class DaemonProcess:
     def client(self, **kw) -> JobQueue:
         return JobQueue("127.0.0.1", self.port, **kw)
 
+    def stacks(self) -> str:
+        """Every thread's stack (faulthandler, on SIGUSR1) after the log's last 200 lines:
+        what a test that finds the daemon stuck puts in its failure message."""
+        assert self.proc is not None
+        before = len(self.lines)
+        self.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 5
+        try:  # the dump comes in one write: read until the daemon is quiet a moment (or 5 s)
+            while self._lines_q.get(timeout=1.0) is not None and time.monotonic() < deadline:
+                pass
+        except queue.Empty:
+            pass
+        return "".join(self.lines[max(0, before - 200):])
+
     def terminate(self, timeout: float = 30.0) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)

@@ -10,6 +10,7 @@ import threading
 import pytest
 from contract_jobs import T0, job
 from store_contract_cron import CronEventContract
+from store_contract_forward import ForwardContract
 from store_contract_operator import OperatorContract
 from store_contract_output import OutputContract
 from store_contract_parked import ParkedContract
@@ -25,7 +26,7 @@ from queickd.store.records import Minute
 
 
 class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesContract, OperatorContract,
-                    ParkedContract, ProgressContract, RatesContract):
+                    ParkedContract, ProgressContract, ForwardContract, RatesContract):
     @pytest.fixture
     def store(self):  # pragma: no cover - each backend overrides
         raise NotImplementedError

@@ -13,6 +13,7 @@ import pytest
 from queickd.core.job import State
 from queickd.core.policy import admission as adm
 from queickd.core.protocol import QueueError, parse_job
+from queickd.store.postgres.enqueue_sql import ERRORS
 
 psycopg = pytest.importorskip("psycopg")
 qpg = pytest.importorskip("queickd.pg")
@@ -40,6 +41,18 @@ REQUESTS = [
     [{"idempotency_key": "z"}, {}, {"idempotency_key": "z"}],
     [{"key": "new", "manual": True}, {"key": "new"}],
     [{}, {}],
+    # Batches that mix jobs the policy would admit with one it refuses: refused whole.
+    [{"key": "new"}, {"key": "full"}],
+    [{}, {"key": "new"}, {"key": "busy", "manual": True}],
+    [{"key": "new"}, {"key": "new", "manual": True}],
+    [{"key": "full"}, {"key": "busy", "manual": True}],  # the conflict comes first, as in the policy
+    [{"key": "one"}, {"key": "full"}, {"key": "one"}],
+    [{"idempotency_key": "live", "key": "full"}, {"key": "one"}],
+    [{"idempotency_key": "old"}, {"idempotency_key": "old"}, {"key": "full"}],
+    [{"idempotency_key": "old"}, {"idempotency_key": "old"}],
+    [{"idempotency_key": "live"}, {"idempotency_key": "live"}, {"idempotency_key": "n1"}],
+    [{"idempotency_key": "z", "key": "one"}, {"idempotency_key": "z", "key": "one"}, {"key": "one"}],
+    [{}] * 6,
 ]
 
 
@@ -65,13 +78,21 @@ def _by_policy(store, c, specs: list[dict], limits: adm.Admission, now: float) -
                  else ("duplicate of", a.job_id) if a is not None else "new" for i, a in enumerate(answer))
 
 
-def _by_function(c, schema: str, specs: list[dict], existing: set[int]) -> tuple:
+def _by_function(c, schema: str, specs: list[dict], existing: set[int], path: str) -> tuple:
+    """The request decided by the SQL function: a batch by enqueue_many (what queickd.pg
+    calls), one job by enqueue() as psql or a trigger calls it. Undone after, as refused."""
     try:
         with c.transaction():
-            ids = qpg.enqueue_many(c, [{"func": "m:f", **s} for s in specs], schema=schema)
+            if path == "enqueue":
+                ids = [c.execute(f"SELECT {schema}.enqueue('m:f', '[]', %s::jsonb)",
+                                 (json.dumps(specs[0]),)).fetchone()[0]]
+            else:
+                ids = qpg.enqueue_many(c, [{"func": "m:f", **s} for s in specs], schema=schema)
             raise _UndoneError(ids)
     except QueueError as e:
         return ("refused", e.code)
+    except psycopg.Error as e:  # from SQL, the code is the SQLSTATE's
+        return ("refused", ERRORS.get(e.sqlstate, e.sqlstate))
     except _UndoneError as undone:
         ids = undone.ids
     return tuple(("duplicate of", job_id) if job_id in existing
@@ -84,27 +105,53 @@ class _UndoneError(Exception):
         self.ids = ids
 
 
+@pytest.mark.parametrize("path", ["enqueue_many", "enqueue"])
 @pytest.mark.parametrize("limits", [LIMITS, TIGHT], ids=["room", "tight"])
-def test_the_sql_function_admits_and_refuses_as_the_policy_does(pg_database, pg_store, limits):
+def test_the_sql_functions_admit_and_refuse_as_the_policy_does(pg_database, pg_store, limits, path):
     now = time.time()
     c = pg_store.connect()
     _existing(c, now)
     pg_store.publish_admission(limits)
     existing = {i for (i,) in c.execute("SELECT id FROM jobs")}
+    requests = [r for r in REQUESTS if path == "enqueue_many" or len(r) == 1]
     app = psycopg.connect(pg_database)
     try:
         decided = [(specs, _by_policy(pg_store, c, specs, limits, now), _by_function(app, pg_store.schema, specs,
-                                                                                 existing))
-                   for specs in REQUESTS]
+                                                                                 existing, path))
+                   for specs in requests]
     finally:
         app.close()
         c.close()
     assert [(s, p) for s, p, f in decided if p != f] == [], [(s, p, f) for s, p, f in decided if p != f]
     # Every outcome is met: new jobs, duplicates, repeats in one request, and each refusal.
     outcomes = {x if isinstance(x, str) else x[0] for _, p, _ in decided for x in (p if p[0] != "refused" else [p])}
-    assert {"new", "duplicate of", "refused"} | ({"same as"} if limits is LIMITS else set()) <= outcomes
+    assert {"new", "duplicate of", "refused"} | ({"same as"} if path == "enqueue_many" else set()) <= outcomes
     assert {p[1] for _, p, _ in decided if p[0] == "refused"} >= {"queue_full", "conflict"}
+    if path == "enqueue_many":  # a batch refused for one job, of others the policy would admit
+        assert any(p[0] == "refused" and len(s) > 1 and _by_policy_alone(s, limits) for s, p, _ in decided)
     assert pg_store.counts()[State.QUEUED] == 3  # the function's jobs were all undone
+
+
+def _by_policy_alone(specs: list[dict], limits: adm.Admission) -> bool:
+    """Whether the policy admits the request's first job on its own, on an empty queue."""
+    none = adm.Lookups(lambda k: None, lambda k: 0, lambda: 0, lambda k: None)
+    return not isinstance(adm.plan([[parse_job({"func": "m:f", **specs[0]}, 0.0)]], 0.0, limits, none).answers[0],
+                          adm.Refusal)
+
+
+def test_a_refused_batch_inserts_none_of_its_jobs(pg_database, pg_store):
+    c = pg_store.connect()
+    pg_store.publish_admission(adm.Admission(max_queued_per_key=1))
+    app = psycopg.connect(pg_database, autocommit=True)
+    try:
+        with pytest.raises(QueueError) as refused:
+            qpg.enqueue_many(app, [{"func": "m:f"}, {"func": "m:f", "key": "k"}, {"func": "m:f", "key": "k"}],
+                             schema=pg_store.schema)
+        assert refused.value.code == "queue_full"
+        assert c.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
+    finally:
+        app.close()
+        c.close()
 
 
 # The checks of a job's fields: what the wire protocol refuses, the function refuses; what
@@ -145,6 +192,20 @@ def test_the_sql_function_refuses_what_the_wire_protocol_refuses(pg_store, spec)
     finally:
         c.close()
     assert (wire.value.code, sql.value.sqlstate) == ("bad_request", "QD400"), str(sql.value)
+
+
+@pytest.mark.parametrize("spec", INVALID, ids=lambda s: json.dumps(s)[:40])
+def test_a_batch_with_a_bad_job_is_refused_whole_naming_the_job(pg_store, spec):
+    c = pg_store.connect()
+    try:
+        with pytest.raises(psycopg.Error) as sql:
+            c.execute("SELECT enqueue_many(%s::jsonb)", (json.dumps([{"func": "m:f"}, {"func": "m:f", **spec}]),))
+        c.rollback()
+        left = c.execute("SELECT count(*) FROM jobs").fetchone()[0]
+    finally:
+        c.close()
+    assert (sql.value.sqlstate, sql.value.diag.message_primary.startswith("bad_request: jobs[1]: "), left) == (
+        "QD400", True, 0), str(sql.value)
 
 
 def test_the_sql_function_stores_a_job_as_the_daemons_insert_does(pg_store):

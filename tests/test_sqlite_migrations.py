@@ -47,7 +47,7 @@ def test_a_file_of_an_earlier_release_keeps_every_job(old):
     assert (jobs[7].args, jobs[7].idempotency_key, jobs[7].attempts) == (["é"], "once-1", 1)
     assert all(j.created_at == T0 for j in jobs.values())
     assert old_store.counts() == {"scheduled": 1, "queued": 1, "running": 1, "succeeded": 1, "dead": 1,
-                                  "waiting_network": 1, "cancelled": 1}
+                                  "waiting_network": 1, "cancelled": 1, "held": 0, "forwarded": 0}
 
 
 def test_a_file_of_an_earlier_release_keeps_its_cron_pauses_and_outbox_event(old):

@@ -14,7 +14,7 @@ from queickd.core.policy.admission import Admission
 from queickd.core.policy.costs import Limits
 
 MIX = {State.SUCCEEDED: 20_000, State.QUEUED: 2_000, State.SCHEDULED: 500, State.RUNNING: 50,
-       State.DEAD: 50, State.WAITING_NETWORK: 20, State.CANCELLED: 20}
+       State.DEAD: 50, State.WAITING_NETWORK: 20, State.CANCELLED: 20, State.HELD: 20, State.FORWARDED: 20}
 
 
 class Explaining(psycopg.Cursor):

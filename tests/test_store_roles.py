@@ -12,7 +12,7 @@ from queickd.store.postgres.store import PostgresStore
 from queickd.store.sqlite.store import SQLiteStore
 
 ROLES = (contract.Lifecycle, contract.Queue, contract.Schedule, contract.Operator, contract.Inspect,
-         contract.Resources, contract.Workflows, FleetStore, PassInOneCall, ClaimsInSubmit)
+         contract.Resources, contract.Workflows, contract.Forwarding, FleetStore, PassInOneCall, ClaimsInSubmit)
 MOST_METHODS = 15
 
 

@@ -119,6 +119,9 @@ class QueueService(WorkflowOps):
         self.started_at = clock()
         # The pools a live worker serves, as last seen (the daemon keeps it current).
         self.served = ServedPools()
+        # With an [upstream]: api/edge.py's Edge, the jobs routed there (not imported here: it
+        # reaches the Python client, which imports this module for its immediate mode).
+        self.edge: Any = None
 
     # --- in the event loop: cheap, no store access ------------------------------------------
     def hello(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -135,8 +138,11 @@ class QueueService(WorkflowOps):
         """Validate an enqueue/enqueue_many request and check the allowlist."""
         now = self.clock()
         jobs = [protocol.parse_job(req, now)] if req["op"] == "enqueue" else protocol.parse_jobs(req, now)
+        if self.edge is not None:
+            jobs = self.edge.route(jobs)
         for j in jobs:
-            self.loader.check(j.func)
+            if not j.held:  # a held job runs upstream, which checks it
+                self.loader.check(j.func)
         if self.resources.active:
             jobs = self._resourced(jobs)
         return jobs
@@ -166,7 +172,10 @@ class QueueService(WorkflowOps):
     def prepare_job(self, spec: dict[str, Any]) -> NewJob:
         """Validate one job's fields (an enqueue request without its op) and check the allowlist."""
         job = protocol.parse_job(spec, self.clock())
-        self.loader.check(job.func)
+        if self.edge is not None:
+            (job,) = self.edge.route([job])
+        if not job.held:
+            self.loader.check(job.func)
         return self.resources.apply(job)
 
     # --- submitting: the one way jobs come in ------------------------------------------------
@@ -229,7 +238,10 @@ class QueueService(WorkflowOps):
         self.store.watch_finish(job_id)
 
     def op_get(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": True, "job": self.job(arguments.job_id(req)).to_dict()}
+        job = self.job(arguments.job_id(req))
+        if job.state == State.FORWARDED and self.edge is not None:
+            return {"ok": True, "job": self.edge.show(job)}
+        return {"ok": True, "job": job.to_dict()}
 
     def op_cancel(self, req: dict[str, Any]) -> dict[str, Any]:
         if req.get("job_id") is None and req.get("state") is not None:
@@ -350,6 +362,8 @@ class QueueService(WorkflowOps):
         before = self.job(job_id)
         if before.state != State.DEAD:
             raise QueueError(Code.CONFLICT, f"job {job_id} is {before.state}; only dead jobs are retried")
+        if self.edge is not None and self.edge.forwarder.route(before.func):  # it never runs here
+            raise QueueError(Code.CONFLICT, f"job {job_id} is for the upstream: enqueue it again, or retry it there")
         job = self.store.retry_dead(job_id, self.clock())
         self.waiters.notify([job_id])
         self.pool.wake()
@@ -393,6 +407,7 @@ class QueueService(WorkflowOps):
             "progress": self.metrics.progress_stats() if self.metrics is not None else None,
             "collector": collector.snapshot(),
             "tokens": self.tokens.snapshot() if self.tokens is not None else None,
+            "upstream": self.edge.snapshot() if self.edge is not None else None,
         }
         reply.update(self._fleet_stats(reply["counts"]))
         if isinstance(self.store, FleetStore):  # the jobs applications enqueued themselves

@@ -14,6 +14,7 @@ from ..core import arguments, protocol
 from .service import QueueService
 
 WAIT_MAX = 3600.0  # seconds a wait may ask for
+FORWARDED_POLL = 0.5  # seconds between looks upstream while a client waits on an edge daemon's job
 
 
 def timeout_of(req: dict[str, Any]) -> float:
@@ -35,7 +36,9 @@ async def for_job(svc: QueueService, io: Executor, req: dict[str, Any]) -> dict[
         got.update(svc.op_get({"job_id": job_id}))
         return got["job"]["state"] in states
 
-    got["timed_out"] = not await until(io, svc.waiters, job_id, ready, timeout_of(req))
+    # A forwarded job's state is its upstream copy's, which no finish here tells: looked at again.
+    poll = FORWARDED_POLL if svc.edge is not None else None
+    got["timed_out"] = not await until(io, svc.waiters, job_id, ready, timeout_of(req), poll)
     return got
 
 

@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     _opt(run, "--slack-rate", "posts a second to one channel at most (Slack allows about one); the queue keeps "
          "the pace", _D.slack_rate, type=float)
     _opt(run, "--daily-summary", "post the day's hours on this cron schedule, e.g. '0 19 * * *'")
+    _opt(run, "--post-key", "the serial key of this terminal's posts: its punches post one at a time, in tap "
+         "order; give each terminal of a fleet its own (attendance:office-3) where they forward to one "
+         "central daemon", _D.post_key)
     _opt(run, "--log-level", "log level", "info", choices=log.LEVELS)
 
     reg = sub.add_parser("register", help="register a card for a person", description=(

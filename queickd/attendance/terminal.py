@@ -77,6 +77,9 @@ class TerminalConfig:
     late_after: float = DEFAULT_LATE_AFTER
     slack_rate: float = 1.0  # posts a second to one channel, at most (the posts' rate_limit)
     daily_summary: str | None = None  # a cron expression, e.g. '0 19 * * *'
+    # The posts' serial key: one post at a time, in tap order. A fleet's terminals that
+    # forward to one central daemon each take their own, so one's outage holds no other's.
+    post_key: str = POST_KEY
 
     @property
     def slack(self) -> SlackTarget:
@@ -189,7 +192,7 @@ class Dispatcher:
             if not batch:
                 return
             for p in batch:
-                job_id = self.queue.enqueue(POST_FUNC, [p.to_dict(), self._slack, self._db], key=POST_KEY,
+                job_id = self.queue.enqueue(POST_FUNC, [p.to_dict(), self._slack, self._db], key=self.config.post_key,
                                             idempotency_key=p.punch_id, retry_on_network_available=True,
                                             rate_limit=self._rate_limit, **POST_RETRY)
                 self.plog.mark_enqueued(p.punch_id, job_id)

@@ -125,6 +125,9 @@ FIELDS: tuple[Field, ...] = (
     # What the running job last said of its progress (queickd.progress): {"done", "total",
     # "note", "at", "attempt"}; None until it says any. Kept after the run ends.
     Field("progress", "dict | None", None, new=False, sql="TEXT", codec="json"),
+    Field("held", "bool", False, job=False),  # an edge daemon's job for its upstream, set by the daemon
+    #                                           (never a client): stored `held`, forwarded, not run here
+    Field("upstream_id", "int | None", None, new=False, sql="BIGINT"),  # a forwarded job's id upstream
 )
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}

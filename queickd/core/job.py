@@ -14,7 +14,7 @@ from typing import Any
 from . import fields
 from .fields import DEFAULT_POOL
 
-__all__ = ["DEFAULT_POOL", "Job", "NewJob", "Outcome", "RetrySpec", "State", "Submitted", "new_record"]
+__all__ = ["DEFAULT_POOL", "Job", "NewJob", "Outcome", "RetrySpec", "State", "Submitted", "insert_state", "new_record"]
 
 
 class State:
@@ -27,11 +27,21 @@ class State:
     DEAD = "dead"  # attempts exhausted, orphaned too often, or not allowed to run
     WAITING_NETWORK = "waiting_network"  # parked until the network checker sees the network
     CANCELLED = "cancelled"
+    # An edge daemon's job for its upstream (services/forwarder/): accepted and stored here,
+    # not run here; `held` until the upstream has it, then `forwarded` (its id there in
+    # upstream_id) until its final state there is copied back.
+    HELD = "held"
+    FORWARDED = "forwarded"
 
-    ALL = (SCHEDULED, QUEUED, RUNNING, SUCCEEDED, DEAD, WAITING_NETWORK, CANCELLED)
+    ALL = (SCHEDULED, QUEUED, RUNNING, SUCCEEDED, DEAD, WAITING_NETWORK, CANCELLED, HELD, FORWARDED)
     # States a job can still leave by itself; cancel applies only to those not running.
     PENDING = (SCHEDULED, QUEUED, WAITING_NETWORK)
     FINAL = (SUCCEEDED, DEAD, CANCELLED)
+
+
+def insert_state(held: bool, run_at: float, now: float) -> str:
+    """The state a new job is stored in (the SQL stores' generated insert says the same)."""
+    return State.HELD if held else State.QUEUED if run_at <= now else State.SCHEDULED
 
 
 @dataclass(frozen=True, slots=True)

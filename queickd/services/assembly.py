@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..core import sandbox
 from ..core.policy.claim import Limits
@@ -35,6 +36,9 @@ from .pool_config import PoolConfig
 from .pool_size import adaptive_size
 from .progress import ProgressWriter
 from .worker import WorkerPool
+
+if TYPE_CHECKING:
+    from .forwarder.forwarder import Forwarder
 
 log = logging.getLogger("queickd.assembly")
 
@@ -115,3 +119,16 @@ def build(store: Store, loader: FunctionLoader, config: Config | WorkerConfig, *
     parts = JobParts(store, config, loader, budgets, memory, runner, progress, pool, clock)
     budgets.on_change.append(parts._budgets_changed)
     return parts
+
+
+def forwarder(store: Store, upstream: dict, on_settled: Callable[[list[int]], None], *,
+              clock: Callable[[], float] = time.time) -> Forwarder | None:
+    """An edge daemon's forwarder (not started) for its `[upstream]` section; None without
+    one. ValueError for a section that does not parse."""
+    from .forwarder.forwarder import Forwarder
+    from .forwarder.settings import parse
+
+    settings = parse(upstream)
+    if settings is None:
+        return None
+    return Forwarder(store, settings, clock=clock, on_settled=on_settled)

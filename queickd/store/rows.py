@@ -83,7 +83,7 @@ def insert_splitter(*shapes: tuple[str, ...]) -> Any:
     INSERT_COLS. One generated loop: a call or two per job would cost a few percent of the
     insert."""
     by_name = {f.name: f for f in fields.INSERTED}
-    ns = {**_NS, "QUEUED": State.QUEUED, "SCHEDULED": State.SCHEDULED}
+    ns = {**_NS, "QUEUED": State.QUEUED, "SCHEDULED": State.SCHEDULED, "HELD": State.HELD}
     lists = [f"s{k}" for k in range(len(shapes))]
     branches = []
     for k, cols in enumerate(shapes):
@@ -103,7 +103,7 @@ def insert_splitter(*shapes: tuple[str, ...]) -> Any:
     src = ("def split(ids, inserts, now):\n"
            + "".join(f"    {name} = []\n" for name in lists) + "    full = []\n"
            "    for job_id, (_, _, j) in zip(ids, inserts, strict=True):\n"
-           "        state = QUEUED if j.run_at <= now else SCHEDULED\n"
+           "        state = HELD if j.held else QUEUED if j.run_at <= now else SCHEDULED\n"  # job.insert_state
            + "".join(branches)
            + f"        else:\n            full.append(({full},))\n"
            f"    return {', '.join(lists)}, full\n")

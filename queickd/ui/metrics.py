@@ -231,6 +231,23 @@ class Metrics:
                [({}, 1 if net and net["checker_alive"] else 0)])
         family("queickd_network_up", "gauge", "1 network up, 0 down, NaN unknown or no checker.",
                [({}, {"up": 1, "down": 0}.get(net["state"], math.nan) if net else math.nan)])
+        up = stats.get("upstream")
+        if up is not None:  # an edge daemon's forwarding: slow (held shrinks) or stuck (oldest grows)
+            family("queickd_upstream_up", "gauge", "1 while the upstream takes forwarded jobs; 0 unreachable, "
+                   "refusing our token or certificate; NaN not tried yet.",
+                   [({"link": up["link"]}, {"up": 1, "idle": math.nan}.get(up["link"], 0))])
+            family("queickd_upstream_held_jobs", "gauge", "Jobs held for the upstream, not yet forwarded.",
+                   [({}, up["held"])])
+            family("queickd_upstream_held_bytes", "gauge", "Bytes of the jobs held for the upstream.",
+                   [({}, up["held_bytes"])])
+            family("queickd_upstream_oldest_held_age_seconds", "gauge",
+                   "Age of the oldest job held for the upstream (0 when none is).", [({}, up["oldest_held_age"] or 0)])
+            family("queickd_upstream_last_forward_timestamp_seconds", "gauge",
+                   "When the upstream last took jobs (unix time; 0 never).", [({}, up["last_forward_at"] or 0)])
+            family("queickd_upstream_forwarded_total", "counter", "Jobs the upstream took.", [({}, up["forwarded"])])
+            family("queickd_upstream_refused_total", "counter", "Jobs the upstream refused (dead here).",
+                   [({}, up["refused"])])
+            family("queickd_upstream_wakeups_total", "counter", "Times the forwarder woke.", [({}, up["wakeups"])])
         pr = stats.get("progress")
         if pr is not None:
             family("queickd_progress_updates_total", "counter", "Progress values jobs reported "

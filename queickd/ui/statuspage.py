@@ -100,6 +100,16 @@ def _sandbox_card(sb: dict[str, Any] | None) -> str:
     return _card("process jobs", text, "bad" if z["restarts"] else "", metric="sandbox")
 
 
+def _upstream_card(up: dict[str, Any] | None, now: float) -> str:
+    """An edge daemon's forwarding: the link, the held backlog and its oldest, the last forward."""
+    if up is None:
+        return ""
+    last = ago(now, up["last_forward_at"]) + " ago" if up["last_forward_at"] else "never"
+    oldest = f", oldest {ago(now, now - up['oldest_held_age'])}" if up["oldest_held_age"] is not None else ""
+    text = f"{up['link']}: {up['held']} held{oldest}; last forward {last}"
+    return _card("upstream", text, "ok" if up["link"] in ("up", "idle") else "bad", metric="upstream")
+
+
 def render(s: dict[str, Any]) -> str:
     now = s.get("now") or time.time()
     w, counts, net, sch = s["workers"], s["counts"], s.get("network"), s["scheduler"]
@@ -131,6 +141,7 @@ def render(s: dict[str, Any]) -> str:
               metric="scheduler"),
         _card("pools without workers", len(stuck), "bad" if stuck else "", metric="unserved-pools"),
         _sandbox_card(s.get("sandbox")),
+        _upstream_card(s.get("upstream"), now),
     ])
     pools = _table(["pool", "waiting", "live worker slots", "state"],
                    [[name, p["waiting"], p["workers"], "NO LIVE WORKER: its jobs wait" if unserved(p) else ""]

@@ -66,6 +66,7 @@ def lines(s: dict[str, Any], width: int = 100) -> list[str]:
         if net.get("error"):
             error = one_line(net["error"])
             out.append(f"network  {error.upper()[:1]}{error[1:]}")
+    out.extend(upstream_lines(s.get("upstream"), now))
     history = s.get("history") or []
     if history:
         done = [h["completed"] + h["failed"] for h in history]
@@ -182,4 +183,19 @@ def token_lines(tokens: list[dict[str, Any]] | None, now: float) -> list[str]:
         seen = f"{_terse_ago(now, t['last_seen'])} ago" if t["last_seen"] else "never"
         out.append(f"{t['name'][:30]:<30} {t['connections']:>11} {t['enqueued']:>8}  {seen}"
                    + ("  REVOKED" if t["revoked"] else ""))
+    return out
+
+
+def upstream_lines(up: dict[str, Any] | None, now: float) -> list[str]:
+    """An edge daemon's forwarding: the link, the held backlog (slow: it shrinks; stuck: its
+    oldest grows and the last forward ages) and what the link last said."""
+    if up is None:
+        return []
+    last = f"{_terse_ago(now, up['last_forward_at'])} ago" if up["last_forward_at"] else "never"
+    oldest = "-" if up["oldest_held_age"] is None else _terse_ago(now, now - up["oldest_held_age"])
+    out = [f"upstream {up['link'].upper() if up['link'] not in ('up', 'idle') else up['link']} {up['url']}   "
+           f"held {up['held']} ({up['held_bytes']} B of {up['max_held_bytes']})   oldest {oldest}   "
+           f"last forward {last}   forwarded {up['forwarded']}  refused {up['refused']}"]
+    if up.get("last_error"):
+        out.append(f"upstream {one_line(up['last_error'])}")
     return out

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..job import NewJob, State, Submitted
+from ..job import NewJob, Submitted, insert_state
+from .forward import is_forward_key
 
 RETRY_AFTER_DEFAULT = 1.0  # seconds a refused sender is told to wait before trying again
 
@@ -114,7 +115,9 @@ def plan(requests: Sequence[Sequence[NewJob]], now: float, limits: Admission, lo
                     continue
                 old = look.by_idempotency_key(ik)
                 if old is not None:
-                    if limits.idempotency_ttl is None or now - old.created_at < limits.idempotency_ttl:
+                    # A forwarded job's key lasts as long as its job (policy/forward.py).
+                    if (limits.idempotency_ttl is None or now - old.created_at < limits.idempotency_ttl
+                            or is_forward_key(ik)):
                         out[i] = Submitted(old.job_id, old.state, duplicate=True)
                         continue
                     expired.append(ik)
@@ -166,7 +169,7 @@ def finish(p: Plan, requests: Sequence[Sequence[NewJob]], ids: Sequence[int], no
     first: dict[str, Submitted] = {}
     answers = p.answers
     for (r, i, j), job_id in zip(p.inserts, ids, strict=True):
-        sub = Submitted(job_id, State.QUEUED if j.run_at <= now else State.SCHEDULED)
+        sub = Submitted(job_id, insert_state(j.held, j.run_at, now))
         answers[r][i] = sub  # type: ignore[index]
         if j.idempotency_key is not None:
             first[j.idempotency_key] = sub

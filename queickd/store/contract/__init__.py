@@ -9,6 +9,7 @@
 - inspect.Inspect: jobs, counts, pauses, events and per-minute counters, read.
 - resources.Resources: memory footprints and cost budgets.
 - workflows.Workflows: workflow runs.
+- forward.Forwarding: an edge daemon's jobs for its upstream, held and forwarded.
 - fleet.FleetStore: a store shared by a fleet of worker processes (PostgreSQL).
 - capabilities: what only some stores do (PassInOneCall, ClaimsInSubmit).
 A capability or the fleet is a protocol a store implements: test for it with isinstance.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from .forward import Forwarding
 from .inspect import Inspect
 from .lifecycle import Lifecycle
 from .operator import Operator
@@ -39,8 +41,8 @@ from .resources import Resources
 from .schedule import Schedule
 from .workflows import Workflows
 
-__all__ = ["Inspect", "Lifecycle", "Operator", "Queue", "Resources", "Schedule", "Store", "Workflows"]
+__all__ = ["Forwarding", "Inspect", "Lifecycle", "Operator", "Queue", "Resources", "Schedule", "Store", "Workflows"]
 
 
-class Store(Lifecycle, Queue, Schedule, Operator, Inspect, Resources, Workflows, Protocol):
+class Store(Lifecycle, Queue, Schedule, Operator, Inspect, Resources, Workflows, Forwarding, Protocol):
     """Every role: what every backend implements."""

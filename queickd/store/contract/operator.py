@@ -26,7 +26,7 @@ class Operator(Backend, Protocol):
 
     # --- cancel ---------------------------------------------------------------------------
     def cancel(self, job_id: int, now: float) -> Job | None:
-        """Cancel a job that is scheduled, queued or waiting_network. Returns the job as
+        """Cancel a job that is scheduled, queued, waiting_network or held. Returns the job as
         it is after the call (unchanged if it was in another state), None if unknown."""
         ...
 

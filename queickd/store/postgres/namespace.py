@@ -100,7 +100,8 @@ def split_url(url: str) -> tuple[str, str]:
     return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote))), schema
 
 
-def _ident(name: str) -> str:
+def ident(name: str) -> str:
+    """NAME quoted as an SQL identifier."""
     return '"' + name.replace('"', '""') + '"'
 
 
@@ -109,14 +110,14 @@ def enter(c: Any, schema: str) -> str | None:
     are still where the default search_path put them (before MOVE), the transaction's
     search_path is that schema, whose name is returned, else None."""
     if c.execute("SELECT to_regnamespace(%s)", (schema,)).fetchone()[0] is None:
-        c.execute(f"CREATE SCHEMA {_ident(schema)}")
+        c.execute(f"CREATE SCHEMA {ident(schema)}")
     if c.execute("SELECT to_regclass('queickd_meta')").fetchone()[0] is not None:
         return None
     row = c.execute(_LEGACY).fetchone()
     if row is None:
         return None
     legacy = row[0]
-    version = c.execute(f"SELECT value FROM {_ident(legacy)}.queickd_meta WHERE key = 'schema_version'").fetchone()
+    version = c.execute(f"SELECT value FROM {ident(legacy)}.queickd_meta WHERE key = 'schema_version'").fetchone()
     if version is not None and int(version[0]) > MOVE:
         return None  # moved already: that one is another queue's schema
     leave(c, legacy)
@@ -126,7 +127,7 @@ def enter(c: Any, schema: str) -> str | None:
 def leave(c: Any, schema: str) -> None:
     """The transaction's search_path set to `schema` (SET LOCAL: the session's comes back at
     its end)."""
-    c.execute(f"SET LOCAL search_path = {_ident(schema)}")
+    c.execute(f"SET LOCAL search_path = {ident(schema)}")
 
 
 def missing_schema_hint(schema: str) -> str:

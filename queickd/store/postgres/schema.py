@@ -347,13 +347,23 @@ MIGRATIONS.append("""
     ALTER TABLE jobs ADD COLUMN IF NOT EXISTS origin text;
     CREATE INDEX IF NOT EXISTS jobs_direct ON jobs (state) WHERE origin IS NOT NULL;
     """ + pgenqueuesql.ENQUEUE)
-# 32: rate limits (core/policy/rates.py): a job's rate_limit (JSON {"key", "limit", "per"}),
+# 32: enqueue_many(jobs), a batch admitted and inserted as a whole, one statement per step;
+# enqueue() is a batch of one.
+MIGRATIONS.append(pgenqueuesql.ENQUEUE_MANY + pgenqueuesql.ENQUEUE)
+# 33: an edge daemon's jobs for its upstream: their id there (NULL for every other job), and
+# one small index per state of theirs, held (read oldest first) and forwarded.
+MIGRATIONS.append("""
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS upstream_id bigint;
+    CREATE INDEX IF NOT EXISTS jobs_held ON jobs (id) WHERE state = 'held';
+    CREATE INDEX IF NOT EXISTS jobs_forwarded ON jobs (id) WHERE state = 'forwarded';
+    """)
+# 34: rate limits (core/policy/rates.py): a job's rate_limit (JSON {"key", "limit", "per"}),
 # each rate key's window (rate_keys: its latest starts, JSON, and blocked_until), the queued
 # rate-limited jobs by key and pool for the fast path's question (claim_sql.OPEN_RATE_WAITS),
 # the ungrouped ones apart from the others (jobs_queued_unrated in place of jobs_queued_plain)
 # and by key (jobs_queued_rate_key), so the selection's pages read past a full key's backlog;
 # the selection's pages and view carry rate_limit (a new row type: dropped and made again),
-# the fast path and the pass leave such jobs to the selection, enqueue() takes them.
+# the fast path and the pass leave such jobs to the selection, enqueue_many() takes them.
 MIGRATIONS.append("""
     ALTER TABLE jobs ADD COLUMN IF NOT EXISTS rate_limit text;
     CREATE TABLE IF NOT EXISTS rate_keys (
@@ -372,7 +382,8 @@ MIGRATIONS.append("""
         WHERE state = 'queued' AND concurrency_group IS NULL AND rate_limit IS NOT NULL;
     DROP FUNCTION IF EXISTS queickd_claim_view(bigint, bigint, text[], integer, double precision, boolean);
     DROP FUNCTION IF EXISTS queickd_candidates_after(text[], text[], integer, integer, double precision, bigint);
-    """ + pgclaimsql.CANDIDATES_AFTER + pgclaimsql.VIEW + pgclaimsql.CLAIM + pgpasssql.PASS + pgenqueuesql.ENQUEUE)
+    """ + pgclaimsql.CANDIDATES_AFTER + pgclaimsql.VIEW + pgclaimsql.CLAIM + pgpasssql.PASS
+                  + pgenqueuesql.ENQUEUE_MANY + pgenqueuesql.ENQUEUE)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -68,7 +68,7 @@ from .submit import DRAW_ONE, Submitter
 UNSTART = "UPDATE jobs SET state = 'scheduled', run_at = ?, attempts = attempts - 1, started_at = NULL"
 # counts() in one statement: each state a job moves through counted along its own partial
 # index, the states a job rests in along jobs_settled (migration 24), which holds them all.
-_MOVING = (State.SCHEDULED, State.QUEUED, State.RUNNING)
+_MOVING = (State.SCHEDULED, State.QUEUED, State.RUNNING, State.HELD, State.FORWARDED)  # held, forwarded: migration 32
 _COUNTS = ("".join(f"SELECT '{s}', count(*) FROM jobs WHERE state = '{s}' UNION ALL " for s in _MOVING)
            + "SELECT state, count(*) FROM jobs WHERE state IN ("
            + ", ".join(f"'{s}'" for s in State.ALL if s not in _MOVING) + ") GROUP BY state")

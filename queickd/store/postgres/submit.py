@@ -15,7 +15,7 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
 
-from ...core.job import NewJob, State, Submitted
+from ...core.job import NewJob, State, Submitted, insert_state
 from ...core.policy import admission as adm
 from .. import rows as dbrows
 from ..sql import operator
@@ -242,7 +242,7 @@ class Submitter:
         flat: list[Any] = []
         pools = set()
         for _, _, j in p.inserts:
-            state = State.QUEUED if j.run_at <= now else State.SCHEDULED
+            state = insert_state(j.held, j.run_at, now)
             if state == State.QUEUED:
                 pools.add(j.pool)
             row = dbrows.insert_values(0, state, now, j)

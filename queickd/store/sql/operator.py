@@ -73,7 +73,10 @@ def cancel_waiting(d: Dialect, c: Any, s: Steps, state: str, now: float, func: s
 
 
 def cancel(d: Dialect, c: Any, s: Steps, job_id: int, now: float) -> Job | None:
-    cancel_in(d, c, s, job_id, now)
+    # An edge daemon's held job has not left the device: cancelled, it is never forwarded.
+    if not c.execute(d.q("UPDATE jobs SET state = 'cancelled', finished_at = ? WHERE id = ? AND state = 'held'"),
+                     (now, job_id)).rowcount:
+        cancel_in(d, c, s, job_id, now)
     return get(d, c, job_id)
 
 

@@ -15,7 +15,7 @@ from ...core.policy import claim
 from ...core.workflow import Definition, RunRecord
 from ..derived import StoreBase
 from ..records import CronFire, EventAccepted, Finished, NewEvent, RateKey
-from . import operator, schedule, stats
+from . import forward, operator, schedule, stats
 from . import rates as sqlrates
 from . import workflows as wfsql
 from .dialect import Dialect, Submit
@@ -91,6 +91,13 @@ class SqlStore(StoreBase):
             return 0
         with self._write(bookkeeping=True) as c:
             return operator.set_progress_if_running(self.dialect, c, updates)
+
+    held_jobs = _reads(forward.held_jobs)
+    held_backlog = _reads(forward.held_backlog)
+    mark_forwarded = _writes(forward.mark_forwarded)
+    refuse_held = _writes(forward.refuse_held)
+    settle_forwarded = _writes(forward.settle_forwarded)
+    forwarded_jobs = _reads(forward.forwarded_jobs)
 
     add_minute = _writes(stats.add_minute)
     minutes = _reads(stats.minutes)
