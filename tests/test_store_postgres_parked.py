@@ -36,7 +36,7 @@ def _page_scans(url: str, pools: list[str] | None) -> int:
         count = ("SELECT idx_scan FROM pg_stat_xact_user_tables WHERE relname = 'jobs'"
                  " AND schemaname = current_schema()")
         before = c.execute(count).fetchone()[0]
-        c.execute("SELECT * FROM queickd_candidates_after(%s, '{}', 32, %s, %s, %s)", (pools, *_HEAD)).fetchall()
+        c.execute("SELECT * FROM queickd_candidates_after(%s, '{}', 32, %s, %s, %s, '{}')", (pools, *_HEAD)).fetchall()
         return c.execute(count).fetchone()[0] - before
 
 
