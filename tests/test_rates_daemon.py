@@ -150,3 +150,17 @@ def test_the_async_client_takes_a_rate_limit(daemon):
             return await q.get(await q.enqueue("testjobs:noop", rate_limit=("api", 3, 2.0)))
 
     assert asyncio.run(go())["rate_limit"] == {"key": "api", "limit": 3, "per": 2.0}
+
+
+def test_a_webhooks_deliveries_carry_its_rate_limit(start_daemon, tmp_path):
+    from httphelpers import start_web
+
+    web = start_web(start_daemon, tmp_path, '[hooks.gh]\nfunc = "webjobs:echo"\n'
+                    'rate_limit = { key = "github", limit = 5, per = 1.0 }\n')
+    reply = web.post_json("/hooks/gh", {"n": 1})
+    assert reply.status == 202
+    import json
+
+    with web.daemon.client() as q:
+        job = q.get(json.loads(reply.body)["job_id"])
+    assert job["rate_limit"] == {"key": "github", "limit": 5, "per": 1.0}

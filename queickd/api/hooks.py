@@ -34,7 +34,7 @@ DELIVERY_HEADERS = ("X-Delivery-Id", "X-GitHub-Delivery", "Idempotency-Key")
 CREDENTIAL_WORDS = ("auth", "token", "secret", "key", "signature", "password", "cookie")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 # Job fields a hook may give its deliveries' jobs, as a job gives them (checked the same way).
-JOB_FIELDS = ("concurrency_group", "concurrency_limit", "cost_units")
+JOB_FIELDS = ("concurrency_group", "concurrency_limit", "cost_units", "rate_limit")
 _FIELDS = frozenset({"func", "workflow", "key", "secret_file", "idempotency_header", "max_body",
                      "signature_header", *JOB_FIELDS})
 
