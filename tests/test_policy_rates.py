@@ -74,3 +74,10 @@ def test_plain_leaves_a_rate_limited_head_to_the_selection():
 def test_a_claim_that_starts_several_jobs_of_a_key_logs_each_start():
     s = pick([row(i, ("k", 5, 1000.0)) for i in range(4)], {"k": rates.Window(5, 1000.0, [99.0])}, now=100.0)
     assert s.chosen == [0, 1, 2, 3] and s.rates.started_windows["k"].starts == [99.0, 100.0, 100.0, 100.0, 100.0]
+
+
+def test_the_common_claim_takes_rate_limited_heads_only_if_their_keys_admit_every_one():
+    heads = [row(1, ("k", 2, 1.0)), row(2, ("k", 2, 1.0)), row(3)]
+    assert rates.admit_all(heads, {}, now=100.0) is not None
+    assert claim.plain(heads, Request.of(3), False, rated=True) == [1, 2, 3]
+    assert rates.admit_all(heads, {"k": rates.Window(2, 1.0, [99.5])}, now=100.0) is None

@@ -368,7 +368,7 @@ _EPS = 2.220446049250313e-16  # sys.float_info.epsilon
 
 
 def plain(heads: Sequence[Candidate], request: Request, paused: bool,
-          running: Running | Totals | None = None) -> list[int] | None:
+          running: Running | Totals | None = None, rated: bool = False) -> list[int] | None:
     """The selection's choice without the selection, for the common claim. `heads`: the
     first request.limit queued jobs in queue order of the pools served (fewer if no more
     wait), `paused`: whether any pause exists, `running`: what runs, or bounds of it (None:
@@ -381,13 +381,15 @@ def plain(heads: Sequence[Candidate], request: Request, paused: bool,
 
     A head of a group that what runs fills (by the lowest limit of its running jobs), or of
     a pool or group whose budget what runs has used up, is passed over by the selection:
-    None, and the store then leaves such jobs out of what it reads (Selection.left_out)."""
+    None, and the store then leaves such jobs out of what it reads (Selection.left_out).
+    A head with a rate limit: None, unless `rated` (the store found that the rate rule
+    admits every head: rates.admit_all)."""
     if paused:
         return None
     net, pools, exclude = request.network_up, request.pools, request.exclude
     grouped = False
     for c in heads:
-        if (c.key is not None or c.rate_limit is not None or (c.retry_on_network and not net)
+        if (c.key is not None or (c.rate_limit is not None and not rated) or (c.retry_on_network and not net)
                 or (pools is not None and c.pool not in pools) or (exclude and c.id in exclude)):
             return None
         if c.concurrency_group is not None:

@@ -167,6 +167,17 @@ class RateLimits:
         return min((*self.refused.values(), *(t for t in filled if t > self.now)), default=None)
 
 
+def admit_all(heads: Iterable[Any], windows: Windows, now: float) -> RateLimits | None:
+    """The rule after it admitted and started each of `heads` in turn, or None if it refuses
+    one: for the common claim (claim.plain with `rated`), whose heads all start or none."""
+    rule = RateLimits(windows, now)
+    for c in heads:
+        if not rule.admits(c):
+            return None
+        rule.started(c)
+    return rule
+
+
 def tightened(w: Window | None, until: float) -> float:
     """A key's blocked_until after a job of it was told to wait until `until`."""
     return until if w is None else max(w.blocked_until, until)

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 from ...core.job import Job
 from ...core.policy import claim
-from ...core.policy.rates import RateLimits
+from ...core.policy.rates import RateLimits, admit_all
 from .. import rows as dbrows
 from ..sql import rates as sqlrates
 from .schema import RATE_KEY
@@ -258,10 +258,18 @@ class Claims:
                 return []  # only full groups' jobs wait: nothing may start
             heads = kept[:limit]
         first = [claim.Row._make(r[1:11]) for r in heads]
-        ids = claim.plain(first, request, paused, claim.Totals(*heads[0][12:15]) if totalled else None)
+        totals = claim.Totals(*heads[0][12:15]) if totalled else None
+        ids = claim.plain(first, request, paused, totals)
         if ids is not None:
             self._grouped_heads = totalled and any(r.concurrency_group is not None for r in first)
             return self._start(c, ids, now, "")
+        if not paused and any(r.rate_limit is not None for r in first):
+            # Rate-limited heads: the common claim still, if their keys admit every one.
+            rule = admit_all(first, sqlrates.Reader(c), now)
+            ids = None if rule is None else claim.plain(first, request, False, totals, rated=True)
+            if ids is not None:
+                sqlrates.write(c, rule)
+                return sqlrates.claimed(self._start(c, ids, now, ""), rule)
         self._grouped_heads = any(r.concurrency_group is not None for r in first)
         if paused:
             running = self._held(c, now)
