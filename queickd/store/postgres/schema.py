@@ -357,6 +357,13 @@ MIGRATIONS.append("""
     CREATE INDEX IF NOT EXISTS jobs_held ON jobs (id) WHERE state = 'held';
     CREATE INDEX IF NOT EXISTS jobs_forwarded ON jobs (id) WHERE state = 'forwarded';
     """)
+# 34: a job's liveness (core/policy/liveness.py): stalled_after and on_stall, which enqueue()
+# accepts from here on, and the mark its worker sets while it is stalled (NULL: not).
+MIGRATIONS.append("""
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS stalled_after double precision;
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS on_stall text;
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS stalled_at double precision;
+    """ + pgenqueuesql.ENQUEUE_MANY + pgenqueuesql.ENQUEUE)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
