@@ -71,3 +71,17 @@ def test_a_functions_bad_stalled_after_in_the_config_file_exits_78_naming_it(tmp
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == EX_CONFIG
     assert "stalled_after" in r.stderr
+
+
+def test_queick_enqueue_sends_its_liveness_flags_and_the_daemon_checks_them(daemon):
+    def enqueue(*flags):
+        return subprocess.run([sys.executable, "-m", "queickd", "enqueue", "testjobs:noop", "--port",
+                               str(daemon.port), *flags], capture_output=True, text=True, timeout=60)
+
+    ok = enqueue("--stalled-after", "2m", "--on-stall", "kill")
+    assert ok.returncode == 0, ok.stderr
+    with daemon.client() as q:
+        job = q.get(int(ok.stdout))
+    assert (job["stalled_after"], job["on_stall"]) == (120.0, "kill")
+    bad = enqueue("--stalled-after", "0.5")
+    assert bad.returncode != 0 and "stalled_after must be seconds from 1" in bad.stderr

@@ -56,10 +56,11 @@ class _Run:
 
 class LivenessWatch:
     """began/ended/sink from any thread (never blocking on the store); start() implicit,
-    stop() idempotent. `clock` is monotonic (when runs are due), `wall` unix time (marks)."""
+    stop() idempotent. `clock` is monotonic (when runs are due), `wall` unix time (marks);
+    `thread` False leaves the looks to tick() (tests with their clocks)."""
 
     def __init__(self, store: Queue, runner: Stoppable, *, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, thread: bool = True) -> None:
         self.store = store
         self.runner = runner
         self._clock = clock
@@ -68,6 +69,7 @@ class LivenessWatch:
         self._clears: list[tuple[int, int]] = []  # (job id, attempt) marks to clear
         self._cond = threading.Condition()  # guards the above; notified when one changes
         self._thread: threading.Thread | None = None
+        self._threaded = thread  # False: no thread of its own; the caller calls tick()
         self._stopping = False
         self._failing = False  # the last write failed (written by the watch's thread only)
         self.stalls = dict.fromkeys(liveness.ON_STALL, 0)  # runs found stalled, by on_stall
@@ -80,7 +82,7 @@ class LivenessWatch:
             self._runs[job.id] = run
             if job.stalled_at is not None:  # a mark left by a run its daemon never ended
                 self._clears.append((job.id, job.attempts))
-            if self._thread is None and not self._stopping:
+            if self._thread is None and self._threaded and not self._stopping:
                 self._thread = threading.Thread(target=self._loop, name="queickd-liveness", daemon=True)
                 self._thread.start()
             self._cond.notify()
@@ -125,27 +127,34 @@ class LivenessWatch:
                     "stalls": dict(self.stalls)}
 
     # --- the watch's thread ----------------------------------------------------------------
+    def tick(self) -> None:
+        """One look, in the calling thread: the runs due judged (marked, killed, unmarked)
+        and the marks of ended runs cleared. The watch's thread calls it when a run is due
+        or a clear waits; a test calls it after moving its clock."""
+        with self._cond:
+            now = self._clock()
+            due = [r for r in self._runs.values() if r.due <= now]
+            clears, self._clears = self._clears, []
+        found = self._look(due)
+        self._write([(j, a, None) for j, a in clears])
+        if found:
+            self._act(found)
+
     def _loop(self) -> None:
         while True:
-            due: list[_Run] = []
             with self._cond:
-                while True:
-                    if self._stopping:
-                        clears, self._clears = self._clears, []
-                        break
+                while not self._stopping:
                     now = self._clock()
-                    due = [r for r in self._runs.values() if r.due <= now]
-                    if due or self._clears:
-                        clears, self._clears = self._clears, []
+                    if self._clears or any(r.due <= now for r in self._runs.values()):
                         break
                     nxt = min((r.due for r in self._runs.values()), default=None)
                     self._cond.wait(None if nxt is None else nxt - now)
-            found = self._look(due)
-            self._write([(j, a, None) for j, a in clears])
+                if self._stopping:
+                    clears, self._clears = self._clears, []
             if self._stopping:
+                self._write([(j, a, None) for j, a in clears])
                 return
-            if found:
-                self._act(found)
+            self.tick()
 
     def _look(self, due: list[_Run]) -> list[tuple[_Run, int]]:
         """The due runs' CPU time read (outside the lock: a /proc walk), then each judged:
