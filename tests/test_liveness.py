@@ -98,11 +98,9 @@ def test_a_stalled_job_is_shown_in_queick_jobs_show_and_the_metrics(start_daemon
 def test_on_stall_kill_kills_a_quiet_process_job_which_is_retried_and_counted(start_daemon, tmp_path):
     web = start_web(start_daemon, tmp_path)
     with web.daemon.client() as q:
-        began = time.monotonic()
         job = q.enqueue("livejobs:hang", isolation="process", stalled_after=1, on_stall="kill",
                         retry=True, retry_interval=0.1, max_attempts=2)
-        done = q.wait(job, 60)
-    assert time.monotonic() - began < 2 * (1 + MARGIN) + 5  # two runs killed, not two waits of 300 s
+        done = q.wait(job, 60)  # two runs killed: not two sleeps of 300 s
     assert done["state"] == State.DEAD and done["attempts"] == 2
     assert done["error"]["type"] == "stalled"
     assert "no progress and used no CPU time for 1 s" in done["error"]["message"]
@@ -115,10 +113,8 @@ def test_on_stall_kill_kills_a_quiet_process_job_which_is_retried_and_counted(st
 def test_on_stall_kill_cancels_a_quiet_async_job(daemon, tmp_path):
     path = tmp_path / "attempts"
     with daemon.client() as q:
-        began = time.monotonic()
         job = q.enqueue("livejobs:ahang", (str(path),), stalled_after=1, on_stall="kill")
-        done = q.wait(job, 30)
-    assert time.monotonic() - began < 1 + MARGIN + 5
+        done = q.wait(job, 30)  # cancelled: not a sleep of 300 s
     assert done["state"] == State.DEAD and done["error"]["type"] == "stalled"
     assert "its task was cancelled" in done["error"]["message"]
 

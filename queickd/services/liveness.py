@@ -70,6 +70,7 @@ class LivenessWatch:
         self._cond = threading.Condition()  # guards the above; notified when one changes
         self._thread: threading.Thread | None = None
         self._threaded = thread  # False: no thread of its own; the caller calls tick()
+        self._waking: float | None = None  # when the thread's wait ends (None: not before a notify)
         self._stopping = False
         self._failing = False  # the last write failed (written by the watch's thread only)
         self.stalls = dict.fromkeys(liveness.ON_STALL, 0)  # runs found stalled, by on_stall
@@ -85,7 +86,8 @@ class LivenessWatch:
             if self._thread is None and self._threaded and not self._stopping:
                 self._thread = threading.Thread(target=self._loop, name="queickd-liveness", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if job.stalled_at is not None or self._waking is None or run.due < self._waking:
+                self._cond.notify()  # else its wait ends before this run is due: no wake per run
 
     def ended(self, job: Job) -> None:
         """Its run has ended: not watched any more, its mark cleared."""
@@ -98,17 +100,17 @@ class LivenessWatch:
     def sink(self, offer: context.ProgressSink) -> context.ProgressSink:
         """The progress sink to give the runner: each value says its run is alive, then goes
         to `offer` (the progress writer, whose write clears a mark)."""
-        runs = self._runs
+        runs, clock = self._runs, self._clock
 
         def alive(job_id: int, attempt: int, done: float, total: float | None, note: str | None,
                   at: float) -> None:
-            if job_id in runs:  # a dict look for a job not watched
-                with self._cond:
-                    run = runs.get(job_id)
-                    if run is not None:
-                        run.alive_at = self._clock()
-                        run.said += 1
-                        run.marked = False  # the write of this value clears it
+            # No lock: one thread reports for a run, and a look that judged it meanwhile sees
+            # `said` moved once its mark is written, and takes the mark back (_act).
+            run = runs.get(job_id)
+            if run is not None:
+                run.alive_at = clock()
+                run.said += 1
+                run.marked = False  # the write of this value clears it
             offer(job_id, attempt, done, total, note, at)
 
         return alive
@@ -147,8 +149,9 @@ class LivenessWatch:
                     now = self._clock()
                     if self._clears or any(r.due <= now for r in self._runs.values()):
                         break
-                    nxt = min((r.due for r in self._runs.values()), default=None)
-                    self._cond.wait(None if nxt is None else nxt - now)
+                    self._waking = min((r.due for r in self._runs.values()), default=None)
+                    self._cond.wait(None if self._waking is None else self._waking - now)
+                    self._waking = None
                 if self._stopping:
                     clears, self._clears = self._clears, []
             if self._stopping:
@@ -190,8 +193,9 @@ class LivenessWatch:
         undone = []
         with self._cond:
             for r, said in found:
-                if r.said != said:  # it reported while the mark was being written: the
+                if r.said != said:  # it reported while it was judged or its mark written: the
                     undone.append((r.job_id, r.attempt, None))  # progress write may have come first
+                    r.marked = False
         self._write(undone)
         for r, _ in found:
             what = "killed" if r.kill else "marked stalled"
