@@ -131,6 +131,23 @@ def test_on_stall_kill_stops_the_run_through_the_runner(watch):
     assert watch.stats()["stalls"] == {"mark": 0, "kill": 1}
 
 
+def test_a_report_while_the_mark_is_written_takes_it_back_and_spares_the_kill(watch):
+    watch.began(_job(on_stall="kill"), False)
+    writes = watch.fake_store.writes
+
+    def set_stalled(updates):
+        writes.append(list(updates))
+        if len(writes) == 1:
+            _said(watch)  # the job reports just as its mark goes to the store
+        return len(updates)
+
+    watch.fake_store.set_stalled = set_stalled
+    watch.clock.now += 10
+    watch.tick()
+    assert writes == [[(1, 1, WALL)], [(1, 1, None)]]
+    assert watch.fake_runner.stalled == [] and watch.stats()["stalls"] == {"mark": 0, "kill": 0}
+
+
 def test_cpu_time_keeps_a_process_run_alive(watch):
     watch.began(_job(on_stall="kill"), True)
     for used in (0.5, 1.0, 1.5):

@@ -169,6 +169,7 @@ class LivenessWatch:
             for r in due:
                 if self._runs.get(r.job_id) is not r:
                     continue  # ended meanwhile
+                said = r.said  # before alive_at: a report that comes after shows in one or the other
                 seen = cpu.get(r.job_id)
                 if r.process and liveness.cpu_alive(r.cpu, seen):
                     r.alive_at = now
@@ -179,8 +180,7 @@ class LivenessWatch:
                     r.cpu = seen
                 if liveness.stalled(r.alive_at, r.after, now) and not r.marked:
                     r.marked = True
-                    self.stalls[liveness.KILL if r.kill else liveness.MARK] += 1
-                    found.append((r, r.said))
+                    found.append((r, said))
                 # Marked: due again only to see a process job's CPU time grow; a report unmarks it.
                 r.due = liveness.due(max(r.alive_at, now) if r.marked else r.alive_at, r.after)
         if resumed:
@@ -190,14 +190,17 @@ class LivenessWatch:
     def _act(self, found: list[tuple[_Run, int]]) -> None:
         at = self._wall()
         self._write([(r.job_id, r.attempt, at) for r, _ in found])
-        undone = []
+        undone, stalled = [], []
         with self._cond:
             for r, said in found:
                 if r.said != said:  # it reported while it was judged or its mark written: the
                     undone.append((r.job_id, r.attempt, None))  # progress write may have come first
                     r.marked = False
+                else:
+                    stalled.append(r)
+                    self.stalls[liveness.KILL if r.kill else liveness.MARK] += 1
         self._write(undone)
-        for r, _ in found:
+        for r in stalled:
             what = "killed" if r.kill else "marked stalled"
             log.warning("job %d: no progress%s for %g s (stalled_after): %s", r.job_id,
                         " nor CPU time" if r.process else "", r.after, what)
