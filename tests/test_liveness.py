@@ -71,7 +71,8 @@ def test_a_quiet_job_is_marked_stalled_within_stalled_after_and_unmarked_when_it
         assert q.wait(job, 30)["state"] == State.SUCCEEDED
 
 
-def test_a_stalled_job_is_shown_in_queick_jobs_show_and_the_metrics(start_daemon, tmp_path, gate):
+def test_a_stalled_job_is_shown_in_queick_jobs_show_status_the_status_page_and_the_metrics(
+        start_daemon, tmp_path, gate):
     web = start_web(start_daemon, tmp_path)
     port = str(web.daemon.port)
     with web.daemon.client() as q:
@@ -81,6 +82,8 @@ def test_a_stalled_job_is_shown_in_queick_jobs_show_and_the_metrics(start_daemon
         _until(q, job, lambda j: j["stalled_at"] is not None)
         listed = _queick("jobs", "--state", "running", "--port", port)
         shown = _queick("show", str(job), "--port", port)
+        status = _queick("status", "--port", port)
+        page = web.get("/").body.decode()
         metrics = scrape(web)
         gate.release_first()
         assert gate.arrival() == "reported"
@@ -90,6 +93,8 @@ def test_a_stalled_job_is_shown_in_queick_jobs_show_and_the_metrics(start_daemon
     (row,) = [line for line in listed.splitlines() if line.strip().startswith(str(job))]
     assert re.search(rf"^\s*{job}\s+stalled\s", row) and "(STALLED since " in row
     assert "stalled_at: " in shown and "(running, stalled" in shown
+    assert re.search(rf"^\s*{job}\s.*livejobs:quiet_then_report\s+STALLED since ", status, re.M)
+    assert "<td>STALLED since " in page
     assert metrics[("queickd_jobs_stalled", ())] == 1
     assert metrics[("queickd_stalls_total", (("on_stall", "mark"),))] == 1
     assert after[("queickd_jobs_stalled", ())] == 0
