@@ -126,6 +126,7 @@ class Daemon:
         self.on_reload[:0] = [loader.reload, parts.runner.reload]  # the job code first, then the rest
         self.metrics.sandbox = parts.runner.stats
         self.metrics.progress = parts.progress.stats
+        self.metrics.liveness = parts.liveness.stats
         resources = replace(c.resources, limits=parts.budgets.limits)
         self.orphans = OrphanRecovery(store, pool, max_requeues=c.max_orphan_requeues, interval=c.sweep,
                                       clock=self.clock)

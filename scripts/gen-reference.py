@@ -278,6 +278,7 @@ def _every_family_stats() -> dict:
         "progress": {"offered": 0, "written": 0, "batches": 0}, "refused": 0, "uptime": 1.0,
         "upstream": {"link": "up", "held": 0, "held_bytes": 0, "oldest_held_age": None, "last_forward_at": None,
                      "forwarded": 0, "refused": 0, "wakeups": 0},
+        "liveness": {"stalled": 0, "watched": 0, "stalls": {"mark": 0, "kill": 0}},
     }
 
 

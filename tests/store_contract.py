@@ -14,7 +14,7 @@ from store_contract_forward import ForwardContract
 from store_contract_operator import OperatorContract
 from store_contract_output import OutputContract
 from store_contract_parked import ParkedContract
-from store_contract_progress import ProgressContract
+from store_contract_progress import ProgressContract, StalledContract
 from store_contract_rates import RatesContract
 from store_contract_rules import RulesContract
 from store_contract_workflows import WorkflowContract
@@ -26,7 +26,7 @@ from queickd.store.records import Minute
 
 
 class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesContract, OperatorContract,
-                    ParkedContract, ProgressContract, ForwardContract, RatesContract):
+                    ParkedContract, ProgressContract, ForwardContract, StalledContract, RatesContract):
     @pytest.fixture
     def store(self):  # pragma: no cover - each backend overrides
         raise NotImplementedError

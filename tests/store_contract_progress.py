@@ -59,3 +59,43 @@ class ProgressContract:
     def test_progress_of_an_unknown_job_changes_nothing(self, store):
         assert store.set_progress_if_running([(424242, 1, _p(1))]) == 0
         assert store.set_progress_if_running([]) == 0
+
+
+class StalledContract:
+    """set_stalled marks a running attempt stalled and clears that attempt's mark; progress
+    clears it too; count_stalled counts the running jobs marked."""
+
+    def test_a_mark_on_a_running_job_is_stored_and_counted(self, store):
+        a, b = _running(store, 2)
+        assert store.set_stalled([(a.id, 1, T0 + 5)]) == 1
+        assert (store.get(a.id).stalled_at, store.get(b.id).stalled_at) == (T0 + 5, None)
+        assert store.count_stalled() == 1
+
+    def test_a_clear_removes_the_mark(self, store):
+        (j,) = _running(store)
+        store.set_stalled([(j.id, 1, T0 + 5)])
+        assert store.set_stalled([(j.id, 1, None)]) == 1
+        assert store.get(j.id).stalled_at is None and store.count_stalled() == 0
+
+    def test_progress_clears_the_mark(self, store):
+        (j,) = _running(store)
+        store.set_stalled([(j.id, 1, T0 + 5)])
+        store.set_progress_if_running([(j.id, 1, _p(1))])
+        assert store.get(j.id).stalled_at is None
+
+    def test_no_mark_on_a_job_no_longer_running_that_attempt(self, store):
+        (j,) = _running(store)
+        store.finish_if_running([Outcome.retry_at(j.id, T0, ERR)], T0)
+        assert store.set_stalled([(j.id, 1, T0 + 5)]) == 0
+        store.promote_due(T0 + 1)
+        store.claim_available(Request.of(1, now=T0 + 1))
+        assert store.set_stalled([(j.id, 1, T0 + 5)]) == 0  # the first run's, late
+        assert store.get(j.id).stalled_at is None
+
+    def test_a_clear_after_the_run_was_stored_still_clears_its_mark(self, store):
+        (j,) = _running(store)
+        store.set_stalled([(j.id, 1, T0 + 5)])
+        store.finish_if_running([Outcome.dead(j.id, ERR)], T0 + 6)
+        assert store.count_stalled() == 0  # only running jobs count
+        assert store.set_stalled([(j.id, 1, None)]) == 1
+        assert store.get(j.id).stalled_at is None

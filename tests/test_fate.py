@@ -349,6 +349,21 @@ def test_a_missing_file_is_still_the_jobs_fault():
     assert (o.state, o.blameless) == (State.DEAD, False)
 
 
+@pytest.mark.parametrize("stopped", ["timeout", "stalled"])
+def test_a_run_stopped_by_its_timeout_or_stall_retries_per_its_policy_whatever_it_raised(stopped):
+    job = make_job()
+    report = RunReport(False, None, stopped, "stopped", None, permanent=True, retry_after=999.0, network=True)
+    out = after_failure(job, report, NOW, network_checker=True)
+    assert out.state == State.SCHEDULED and out.run_at == NOW + 10.0
+    assert out.error["type"] == stopped
+
+
+def test_a_stalled_run_with_its_attempts_spent_is_dead():
+    job = make_job(attempts=3)
+    out = after_failure(job, RunReport(False, None, "stalled", "stopped", None), NOW)
+    assert out.state == State.DEAD and out.error["type"] == "stalled"
+
+
 # --- rate limits ------------------------------------------------------------------------
 _RATED = {"key": "slack:#general", "limit": 1, "per": 1.0}
 

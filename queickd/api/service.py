@@ -405,6 +405,9 @@ class QueueService(WorkflowOps):
             "memory": self.pool.memory.snapshot() if self.pool.memory is not None else None,
             "sandbox": self.metrics.sandbox_stats() if self.metrics is not None else None,
             "progress": self.metrics.progress_stats() if self.metrics is not None else None,
+            # Running jobs marked stalled, whichever host runs them; this process's own finds.
+            "liveness": {"stalled": self.store.count_stalled(),
+                         **((self.metrics.liveness_stats() if self.metrics is not None else None) or {})},
             "collector": collector.snapshot(),
             "tokens": self.tokens.snapshot() if self.tokens is not None else None,
             "upstream": self.edge.snapshot() if self.edge is not None else None,

@@ -21,7 +21,8 @@ def enqueue(a: argparse.Namespace, q: JobQueue) -> int:
                                "concurrency_group": a.concurrency_group,
                                "concurrency_limit": a.concurrency_limit, "cost_units": a.cost_units,
                                "isolation": a.isolation, "timeout": a.timeout, "memory_mb": a.memory_mb,
-                               "output_kb": a.output_kb}
+                               "output_kb": a.output_kb, "stalled_after": a.stalled_after,
+                               "on_stall": a.on_stall}
     if a.retry:
         options.update(retry=True, retry_type=a.retry, max_attempts=a.max_attempts)
     job_id = q.enqueue(a.func, a.args, **options)

@@ -14,6 +14,7 @@ from .. import __version__, log
 from .. import config as config_file
 from ..core import sandbox
 from ..core.job import State
+from ..core.policy import liveness
 from ..core.retry import POLICIES
 from ..settings import EX_VERSION
 from . import dbparser, ops, queickflags, runflags
@@ -182,6 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument("--timeout", type=duration, help="seconds of wall time (runs it in a process)")
     enq.add_argument("--memory-mb", type=int, help="peak resident memory (runs it in a process)")
     enq.add_argument("--output-kb", type=int, help="stdout+stderr and result kept (runs it in a process)")
+    enq.add_argument("--stalled-after", type=duration, help="seconds without progress (a process job: nor "
+                     "CPU time) after which the running job is stalled")
+    enq.add_argument("--on-stall", choices=liveness.ON_STALL,
+                     help="what a stalled job gets: mark (the default: shown as stalled) or kill (stopped, "
+                     "retried per its policy)")
     enq.add_argument("--wait", type=number, metavar="SECONDS", help="wait for the job to finish and print its result (JSON; --json: the whole job); "
                      "exit 1 if it did not succeed")
     _talks(enq, jobs_cmd.enqueue)

@@ -7,7 +7,16 @@ import json
 from typing import Any
 
 from ..ui import statusview
-from ..ui.text import ERROR_SHOWN, local_time, one_line, pause_cause, progress_text, unserved
+from ..ui.text import (
+    ERROR_SHOWN,
+    STALLED,
+    local_time,
+    one_line,
+    pause_cause,
+    progress_text,
+    stalled_text,
+    unserved,
+)
 
 
 def print_jobs(jobs: list[dict[str, Any]]) -> None:
@@ -18,7 +27,11 @@ def print_jobs(jobs: list[dict[str, Any]]) -> None:
         tries, note = _tries(j)
         if j["state"] == "running" and j.get("progress"):  # how far the run has got
             note += f"  {progress_text(j['progress'], 40)}"
-        print(f"{j['id']:>8}  {j['state']:<15} {tries:>5}  {local_time(j['run_at']):<19}  {j['func']}{note}{tail}")
+        stalled = stalled_text(j)  # running, but no sign of life for its stalled_after
+        if stalled:
+            note += f"  ({stalled})"
+        state = STALLED if stalled else j["state"]
+        print(f"{j['id']:>8}  {state:<15} {tries:>5}  {local_time(j['run_at']):<19}  {j['func']}{note}{tail}")
 
 
 def _tries(j: dict[str, Any]) -> tuple[str, str]:
@@ -59,6 +72,9 @@ def print_job(job: dict[str, Any]) -> None:
             _block(v)
         elif k == "progress" and v:
             print(f"{'progress':>16}: {progress_text(v)}  (said {local_time(v.get('at'))}, attempt {v.get('attempt')})")
+        elif k == "stalled_at" and v is not None:
+            print(f"{k:>16}: {local_time(v)}" + ("  (running, stalled: no progress for its stalled_after)"
+                                                if job.get("state") == "running" else ""))
         elif k in ("run_at", "created_at", "started_at", "finished_at", "cron_until"):
             print(f"{k:>16}: {local_time(v)}")
         else:

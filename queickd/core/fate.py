@@ -20,12 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 from . import retry as retry_mod
 from .job import Job, Outcome
+from .policy import liveness
 from .protocol import MAX_DEPTH, too_deep
 
 if TYPE_CHECKING:
     from ..run.base import RunReport
 
 CANCELLED = "cancelled"  # the error type of a run an operator's cancel stopped (thread or process)
+# The error types of a run stopped by its own limits: its timeout, or found stalled.
+STOPPED = frozenset({"timeout", liveness.STALLED})
 MAX_RESULT_BYTES = 64 * 1024
 MAX_TRACEBACK_CHARS = 8 * 1024
 RESOURCE_ATTEMPTS = 5  # runs in all a job failed only by the host's fd limit gets, whatever its policy
@@ -189,11 +192,20 @@ def after_failure(
     A run an operator's cancel stopped (error type CANCELLED) is cancelled: its job was
     made so in the store before the run was stopped, and neither retries nor dies.
 
+    A run stopped at its timeout or found stalled by its liveness watch (error types in
+    STOPPED: policy/liveness.py's `stalled` is judged as a timeout) follows its retry
+    policy alone: what the job raised as it was stopped says nothing of it (no
+    `permanent`, `retry_after` or network hint is read).
+
     Whatever the fate, the run's captured output (report.output) goes with it.
     """
     err, out = report.error(), report.output
     if report.error_type == CANCELLED:
         return Outcome.cancelled(job.id, err, out)
+    if report.error_type in STOPPED:
+        if job.retry is not None and _spent(job) < job.max_attempts:
+            return Outcome.retry_at(job.id, now + _retry_delay(job, None, rand), err, out)
+        return Outcome.dead(job.id, err, job.workflow_run, out)
     if report.resource and not report.permanent:
         return dataclasses.replace(_after_resource_failure(job, err, now, out), blameless=True)
     if report.permanent:

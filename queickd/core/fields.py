@@ -128,6 +128,14 @@ FIELDS: tuple[Field, ...] = (
     Field("held", "bool", False, job=False),  # an edge daemon's job for its upstream, set by the daemon
     #                                           (never a client): stored `held`, forwarded, not run here
     Field("upstream_id", "int | None", None, new=False, sql="BIGINT"),  # a forwarded job's id upstream
+    # Liveness (core/policy/liveness.py): stalled once it has said no progress (nor, in a
+    # process, used CPU time) for stalled_after seconds; on_stall "mark" (None) or "kill".
+    # None: the function's configured default, if any, else never watched.
+    Field("stalled_after", "float | None", None, enqueue=True, client=True, template=True, sql="REAL", **_NEW),
+    Field("on_stall", "str | None", None, enqueue=True, client=True, template=True, sql="TEXT", **_NEW),
+    # When the worker running it found it stalled (None: it is not). Written by that worker
+    # (services/liveness.py); cleared when it says progress again and when its run ends.
+    Field("stalled_at", "float | None", None, new=False, sql="REAL"),
 )
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}

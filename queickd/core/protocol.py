@@ -18,7 +18,7 @@ from . import retry as retry_mod
 from .cron import LATEST, parse_schedule, schedule_to_dict
 from .job import DEFAULT_POOL, NewJob
 from .numbers import in_range
-from .policy import rates
+from .policy import liveness, rates
 
 VERSION = 1
 DEFAULT_PORT = 9999
@@ -344,6 +344,15 @@ def _sandbox(name: str) -> Any:
     return check
 
 
+def _liveness(check: Any) -> Any:
+    def checked(v: Any) -> Any:
+        try:
+            return check(v)
+        except ValueError as e:
+            raise bad(str(e)) from None
+    return checked
+
+
 _pool_text = text_field("pool")
 # Each settable field's own check, by wire name: the value given -> the value stored, or
 # QueueError. Called only for the fields a request gives; the others keep their defaults.
@@ -363,6 +372,8 @@ _CHECKS: dict[str, Any] = {
     "cost_units": _cost_units,
     "rate_limit": rate_limit,
     **{name: _sandbox(name) for name in ("isolation", *sandbox.LIMITS)},
+    "stalled_after": _liveness(liveness.check_stalled_after),
+    "on_stall": _liveness(liveness.check_on_stall),
 }
 if _CHECKS.keys() | {"func", "run_at"} != fields.ENQUEUE_WIRE:  # a new settable field needs its check
     raise ImportError(f"protocol checks differ from the job fields: {sorted(_CHECKS.keys() ^ fields.ENQUEUE_WIRE)}")

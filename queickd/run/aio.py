@@ -31,6 +31,7 @@ from typing import Any
 
 from ..core.fate import CANCELLED
 from ..core.job import Job
+from ..core.policy.liveness import STALLED
 from . import capture, context
 from .base import RunReport
 from .interrupt import RESEND, TIMEOUT
@@ -41,7 +42,7 @@ log = logging.getLogger("queickd.async")
 class LoopRun(context.CurrentJob):
     """One async job's run on the loop: what queickd.current_job() returns in its task."""
 
-    __slots__ = ("timeout", "began", "why", "task", "started", "ended", "timer")
+    __slots__ = ("timeout", "began", "why", "task", "started", "ended", "timer", "stalled_after")
 
     def __init__(self, job: Job, timeout: float | None, began: float) -> None:
         super().__init__(job.id, job.attempts,
@@ -51,11 +52,12 @@ class LoopRun(context.CurrentJob):
                                                                         job.cron_until))
         self.timeout = timeout
         self.began = began  # monotonic: when the run began (a thread may have called its function)
-        self.why: str | None = None  # TIMEOUT or CANCELLED once it was told to stop
+        self.why: str | None = None  # TIMEOUT, STALLED or CANCELLED once it was told to stop
         self.task: asyncio.Task | None = None
         self.started = False  # its task has taken its first step (a task cancelled before never runs)
         self.ended = False
         self.timer: asyncio.TimerHandle | None = None
+        self.stalled_after = job.stalled_after  # what a stall's report says
 
 
 class LoopRunner:
@@ -101,6 +103,15 @@ class LoopRunner:
             return False
         run.cancelled = True
         self._started().call_soon_threadsafe(self._stop, run, CANCELLED)
+        return True
+
+    def stall(self, job_id: int) -> bool:
+        """The job's liveness watch found it stalled (on_stall = kill): its task is
+        cancelled, as at its timeout. False when it does not run here."""
+        run = self._runs.get(job_id)
+        if run is None:
+            return False
+        self._started().call_soon_threadsafe(self._stop, run, STALLED)
         return True
 
     def stopping(self) -> frozenset[int]:
@@ -170,7 +181,8 @@ class LoopRunner:
             # could not fire before it ended. Past its timeout is a timeout, as in a thread.
             run.why = TIMEOUT
         if run.why is not None:
-            report = capture.stopped(run.why, error, runtime, run.timeout, "its task was cancelled")
+            report = capture.stopped(run.why, error, runtime, run.timeout, "its task was cancelled",
+                                     run.stalled_after)
         elif error is not None:
             report = capture.failed(error, runtime)
         else:

@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from ..core.fate import CANCELLED, error_info, is_network_error, is_resource_exhaustion, storable_result
+from ..core.policy.liveness import STALLED
 from .base import RunReport
 
 MAX_TEXT = 16 * 1024  # characters of a process run's error message (and traceback) kept
@@ -48,16 +49,21 @@ def unawaited(value: Any, runtime: float) -> RunReport:
                      "not awaited; it is not stored as a result", None, permanent=True, runtime=runtime)
 
 
-def stopped(why: str, error: BaseException | None, runtime: float, timeout: float | None, how: str) -> RunReport:
-    """The report of a run told to stop (`why`: fate.CANCELLED or "timeout") that has ended,
-    for a thread's run and an async task's alike; `how` says how it was stopped."""
+def stopped(why: str, error: BaseException | None, runtime: float, timeout: float | None, how: str,
+            stalled_after: float | None = None) -> RunReport:
+    """The report of a run told to stop (`why`: fate.CANCELLED, "timeout" or liveness
+    STALLED) that has ended, for a thread's run and an async task's alike; `how` says how
+    it was stopped."""
     report = failed(error, runtime) if error is not None else RunReport(False, runtime=runtime)
     if why == CANCELLED:
         report.error_type, report.error_message = CANCELLED, "cancelled by an operator while it ran"
         return report
     report.error_type = why
-    report.error_message = (f"the job ran past its timeout of {timeout or 0:g} s and {how} "
-                            f"(it ended after {runtime:.1f} s)")
+    if why == STALLED:
+        report.error_message = (f"{stall_text(stalled_after)} and {how} (it ended after {runtime:.1f} s)")
+    else:
+        report.error_message = (f"the job ran past its timeout of {timeout or 0:g} s and {how} "
+                                f"(it ended after {runtime:.1f} s)")
     report.permanent = report.network = report.resource = False
     report.retry_after = None
     return report
@@ -95,3 +101,9 @@ def _retry_hint(v: object) -> float | None:
     if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
         return float(v)
     return None
+
+
+def stall_text(stalled_after: float | None, cpu: bool = False) -> str:
+    """Why a stalled run was stopped, the start of its error message."""
+    said = "reported no progress and used no CPU time" if cpu else "reported no progress"
+    return f"the job was stalled: it {said} for {stalled_after or 0:g} s (its stalled_after)"

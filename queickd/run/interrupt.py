@@ -22,6 +22,7 @@ import threading
 import time
 
 from ..core.fate import CANCELLED
+from ..core.policy.liveness import STALLED
 from .base import CANCEL_KEPT
 from .context import CurrentJob, JobInterrupted, Ticks
 
@@ -57,7 +58,7 @@ class ThreadRun(CurrentJob):
         self.ident = threading.get_ident()  # made by the thread that runs it
         self.timeout = timeout
         self.ends = None if timeout is None else began + timeout  # monotonic
-        self.why: str | None = None  # TIMEOUT or CANCELLED once the run was told to stop
+        self.why: str | None = None  # TIMEOUT, STALLED or CANCELLED once the run was told to stop
         # `leaving` is set by the run's thread once the job's call has returned, `sending`
         # by the stopping thread before it looks at `leaving` (under Stops._send_lock): one
         # of them sees the other's, so a run whose thread saw no `sending` gets no send.
@@ -131,6 +132,21 @@ class Stops:
                     self._early[job_id] = now
                 return False
             self._cancel(run)
+        return True
+
+    def stall(self, job_id: int) -> bool:
+        """The job's liveness watch found it stalled (core/policy/liveness.py, on_stall =
+        kill): JobInterrupted is sent to its thread now, as at its timeout. False when no
+        thread runs it here."""
+        with self._cond:
+            run = self._runs.get(job_id)
+            if run is None:
+                return False
+            if run.why is None:  # a timeout or a cancel that came first stands
+                run.why, run.next_send = STALLED, self._clock()
+                self._due.add(run)
+                self._start()
+                self._cond.notify()
         return True
 
     def _cancel(self, run: ThreadRun) -> None:  # holds _cond

@@ -30,11 +30,12 @@ from typing import Any
 
 from ..core.fate import CANCELLED
 from ..core.job import Job
+from ..core.policy.liveness import STALLED
 from ..core.sandbox import Limits
 from . import capture, cgroup, cgroup_v1, context, credentials, isolate
 from .base import CANCEL_KEPT, RunReport
 from .supervisor import ZygoteSupervisor, ZygoteUnavailableError
-from .watch import Watch
+from .watch import Watch, tree_cpu
 
 log = logging.getLogger("queickd.sandbox")
 
@@ -43,7 +44,7 @@ FSIZE_LIMIT = 1 << 30  # bytes: the largest file a process job may write
 NOFILE_LIMIT = 1024
 INLINE_ARGS = 64 * 1024  # bytes of arguments sent in the request; more go through a file
 _PASSED_ENV = ("PATH", "LANG", "TZ")
-LIMIT_KINDS = ("timeout", "memory_limit", "output_limit")
+LIMIT_KINDS = ("timeout", "memory_limit", "output_limit", STALLED)
 _JOB_DIR = re.compile(r"queickd-job-\d+-(\d+)-\d+")  # _job_dir's names: job id, daemon pid, counter
 
 
@@ -151,6 +152,26 @@ class ProcessRunner:
                 self._cancelled[job_id] = now
         if watch is not None:
             watch.kill(CANCELLED, "cancelled by an operator while it ran", signal.SIGKILL)
+
+    def stall(self, job_id: int, message: str) -> bool:
+        """Runner.stall: the job's process group is killed (SIGKILL, as a cancel's: it comes
+        from another thread than the watch's, which would not wake for a grace's end); the
+        run fails as `stalled`. False when it is not watched here."""
+        with self._count_lock:
+            watch = self._watches.get(job_id)
+        if watch is None:
+            return False
+        if watch.killed is None:  # a limit or a cancel that came first stands
+            watch.kill(STALLED, message, signal.SIGKILL)
+        return True
+
+    def cpu_time(self, job_id: int) -> float | None:
+        """Seconds of CPU time the job's process tree has used so far; None when it does not
+        run here (or its pid is not known yet)."""
+        with self._count_lock:
+            watch = self._watches.get(job_id)
+        pid = None if watch is None else watch.pid
+        return None if pid is None else tree_cpu(pid)
 
     def stopping(self) -> frozenset[int]:
         """Runner.stopping: the jobs whose child was told to die (a limit, a cancel) and

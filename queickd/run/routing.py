@@ -9,6 +9,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from ..core import sandbox
 from ..core.job import Job
@@ -22,6 +23,15 @@ from .thread import ThreadRunner
 log = logging.getLogger("queickd.sandbox")
 
 
+class Liveness(Protocol):
+    """What watches the runs of jobs with a stalled_after (services/liveness.py): told as
+    each begins (`process`: in a process, whose CPU time counts as alive) and ends."""
+
+    def began(self, job: Job, process: bool) -> None: ...
+
+    def ended(self, job: Job) -> None: ...
+
+
 class RoutingRunner:
     def __init__(self, thread: ThreadRunner, process: ProcessRunner | None, defaults: sandbox.Defaults) -> None:
         self.thread = thread
@@ -30,6 +40,7 @@ class RoutingRunner:
         self.runs = dict.fromkeys(sandbox.ISOLATIONS, 0)
         self._lock = threading.Lock()
         self.dumpable: str | None = None  # why this process is still dumpable (None: it is not)
+        self.liveness: Liveness | None = None  # told of the runs of jobs with a stalled_after
 
     @property
     def supervisor(self) -> ZygoteSupervisor | None:
@@ -104,6 +115,18 @@ class RoutingRunner:
         if self.process is not None:
             self.process.cancel(job_id, held)
 
+    def stall(self, job_id: int, message: str) -> bool:
+        """Stop a stalled run (on_stall = kill) as its timeout would: a process job is
+        killed, an async job's task cancelled, a thread job interrupted (a call blocked in C
+        only as it returns). The run reports `stalled`. False when it does not run here."""
+        if self.process is not None and self.process.stall(job_id, message):
+            return True
+        return self.thread.stall(job_id, message)
+
+    def cpu_time(self, job_id: int) -> float | None:
+        """Seconds of CPU time a process job's tree has used so far; None for any other."""
+        return self.process.cpu_time(job_id) if self.process is not None else None
+
     def stopping(self) -> frozenset[int]:
         return self.thread.stopping() | (self.process.stopping() if self.process is not None else frozenset())
 
@@ -135,7 +158,18 @@ class RoutingRunner:
         limits = sandbox.decide(job, self.defaults)
         if limits is not None and limits.isolation != sandbox.THREAD:
             return False
+        watch = self.liveness if job.stalled_after is not None else None
+        if watch is not None:
+            told = done
+
+            def done(report: RunReport) -> None:
+                watch.ended(job)
+                told(report)
+
+            watch.began(job, False)
         if not self.thread.start_on_loop(job, None if limits is None else limits.timeout, done):
+            if watch is not None:
+                watch.ended(job)
             return False
         with self._lock:
             self.runs[sandbox.THREAD] += 1
@@ -146,6 +180,16 @@ class RoutingRunner:
         isolation = sandbox.THREAD if limits is None else limits.isolation
         with self._lock:
             self.runs[isolation] += 1
+        watch = self.liveness
+        if watch is None or job.stalled_after is None:
+            return self._run(job, limits, isolation)
+        watch.began(job, isolation == sandbox.PROCESS and self.process is not None)
+        try:
+            return self._run(job, limits, isolation)
+        finally:
+            watch.ended(job)
+
+    def _run(self, job: Job, limits: sandbox.Limits | None, isolation: str) -> RunReport:
         if limits is None:
             return self.thread.run(job)
         if isolation == sandbox.THREAD:  # a thread job with a timeout

@@ -125,7 +125,8 @@ class ThreadRunner:
         context.reset_job(token)
         runtime = time.monotonic() - began
         if run.why is not None:
-            return capture.stopped(run.why, error, runtime, timeout, "was interrupted in its thread")
+            return capture.stopped(run.why, error, runtime, timeout, "was interrupted in its thread",
+                                   job.stalled_after)
         if error is not None:
             return capture.failed(error, runtime)
         if capture.awaitable(value):  # a plain function's awaitable: awaited, this thread waiting
@@ -156,6 +157,11 @@ class ThreadRunner:
             return False
         self.loop.start(job, lambda: fn(*job.args, **job.kwargs), timeout, done)
         return True
+
+    def stall(self, job_id: int, message: str) -> bool:
+        """Runner.stall: JobInterrupted in its thread, or its async task cancelled, as at a
+        timeout. False when it does not run here."""
+        return self.stops.stall(job_id) or self.loop.stall(job_id)
 
     def cancel(self, job_id: int, held: bool = False) -> None:
         """Runner.cancel: JobInterrupted is raised in the thread running the job (again

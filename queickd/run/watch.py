@@ -93,6 +93,38 @@ def tree_memory(pid: int, follower: bool = False) -> int | None:
     return total
 
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu(pid: int) -> float | None:
+    """Seconds of CPU time of one process and of its children it has reaped (utime, stime,
+    cutime, cstime of /proc/PID/stat); None: it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(b")") + 2:].split()  # after the name, which may hold spaces
+        return sum(int(x) for x in fields[11:15]) / _TICK
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def tree_cpu(pid: int) -> float | None:
+    """Seconds of CPU time the job's process tree has used (its living processes', and what
+    they reaped): what its liveness watch reads between two looks. None: the job is gone."""
+    total = _cpu(pid)
+    if total is None:
+        return None
+    todo, seen = _children(pid), {pid}
+    while todo and len(seen) < 4096:  # as tree_memory's bound
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        total += _cpu(p) or 0.0
+        todo += _children(p)
+    return total
+
+
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 

@@ -1,5 +1,6 @@
 """The parts that run jobs, a daemon's and a `queick worker`'s alike, built once and in
-order: the budgets in force, the memory gate, the runner, the progress writer and the pool;
+order: the budgets in force, the memory gate, the runner, the progress writer, the liveness
+watch and the pool;
 then, on a shared store, the fleet membership, and the maintenance both run.
 
 Each caller opens its store and makes its loader first (a daemon checks its hooks with it
@@ -28,6 +29,7 @@ from ..store import Store
 from ..store.contract.fleet import FleetStore
 from .budgets import BudgetsInForce
 from .fleet import FleetMember
+from .liveness import LivenessWatch
 from .maintenance.heap_trim import TrimHeap
 from .maintenance.maintainer import Service
 from .maintenance.minute_counts import FlushMinuteCounts
@@ -54,6 +56,7 @@ class JobParts:
     memory: MemoryGate
     runner: Runner
     progress: ProgressWriter
+    liveness: LivenessWatch
     pool: WorkerPool
     clock: Callable[[], float]
 
@@ -85,6 +88,7 @@ class JobParts:
         the runner and write the progress still held."""
         finished = self.pool.stop(timeout)
         self.runner.stop()
+        self.liveness.stop()
         self.progress.stop()
         return finished
 
@@ -108,7 +112,9 @@ def build(store: Store, loader: FunctionLoader, config: Config | WorkerConfig, *
     runner = make_runner(loader, sandbox.settings(config), config.sandbox_env, measure=memory.measures_run,
                          hidden=hidden, namespaces=config.job_namespaces != "off", user=config.job_user)
     progress = ProgressWriter(store)  # what jobs say of their progress, in batches
-    runner.report_progress_to(progress.offer)
+    watch = LivenessWatch(store, runner)  # which runs with a stalled_after are stalled
+    runner.liveness = watch
+    runner.report_progress_to(watch.sink(progress.offer))
     pool = WorkerPool(
         store, loader,
         PoolConfig(config.workers, pools=list(config.pool), pause_after=config.pause_after,
@@ -116,7 +122,7 @@ def build(store: Store, loader: FunctionLoader, config: Config | WorkerConfig, *
         clock=clock, runner=runner, memory=memory,
         size=adaptive_size(config.workers, config.min_workers, config.max_workers, config.idle_grace, clock))
     pool.progress = progress
-    parts = JobParts(store, config, loader, budgets, memory, runner, progress, pool, clock)
+    parts = JobParts(store, config, loader, budgets, memory, runner, progress, watch, pool, clock)
     budgets.on_change.append(parts._budgets_changed)
     return parts
 

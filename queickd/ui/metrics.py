@@ -55,12 +55,17 @@ class Metrics:
         self.sandbox: Callable[[], dict[str, Any]] | None = None
         # The progress writer's counts (services/progress.py stats()), read the same way.
         self.progress: Callable[[], dict[str, int]] | None = None
+        # The liveness watch's counts (services/liveness.py stats()), read the same way.
+        self.liveness: Callable[[], dict[str, Any]] | None = None
 
     def sandbox_stats(self) -> dict[str, Any] | None:
         return self.sandbox() if self.sandbox is not None else None
 
     def progress_stats(self) -> dict[str, int] | None:
         return self.progress() if self.progress is not None else None
+
+    def liveness_stats(self) -> dict[str, Any] | None:
+        return self.liveness() if self.liveness is not None else None
 
     def _bucket(self, now: float) -> list[Any]:
         minute = int(now // 60)
@@ -254,6 +259,14 @@ class Metrics:
                    "(queickd.progress), a repeat of a job's last value not counted.", [({}, pr["offered"])])
             family("queickd_progress_writes_total", "counter", "Jobs' progress rows written to the store "
                    "(the latest value of each job, at most a few times a second).", [({}, pr["written"])])
+        lv = stats.get("liveness")
+        if lv is not None:
+            family("queickd_jobs_stalled", "gauge", "Running jobs marked stalled: no progress (nor, in a "
+                   "process, CPU time) for their stalled_after, whichever host runs them.", [({}, lv["stalled"])])
+            if "stalls" in lv:
+                family("queickd_stalls_total", "counter", "Runs this process found stalled, by their "
+                       "on_stall (mark: shown as stalled; kill: stopped and retried per their policy).",
+                       [({"on_stall": k}, n) for k, n in lv["stalls"].items()])
         sb = stats.get("sandbox")
         if sb is not None:
             family("queickd_runs_total", "counter", "Job runs by isolation (thread or process).",

@@ -78,7 +78,7 @@ def detail(store: Inspect, metrics: Metrics | None, now: float, counts: dict[str
         "oldest_queued_at": store.oldest_queued_at(),
         "outbox_oldest_pending_at": store.oldest_pending_event_at(),
         "running": [{"id": j.id, "func": j.func, "key": j.key, "started_at": j.started_at,
-                     "attempts": j.attempts, "progress": j.progress} for j in running],
+                     "attempts": j.attempts, "progress": j.progress, "stalled_at": j.stalled_at} for j in running],
         "dead_jobs": [{"id": j.id, "func": j.func, "key": j.key, "finished_at": j.finished_at,
                        "error": {"type": (j.error or {}).get("type"), "message": (j.error or {}).get("message")}}
                       for j in dead],

@@ -9,7 +9,7 @@ import time
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from .text import ago, local_time, probe_text, progress_text, unserved
+from .text import ago, local_time, probe_text, progress_text, stalled_text, unserved
 
 if TYPE_CHECKING:
     from ..api.service import QueueService
@@ -173,7 +173,8 @@ def render(s: dict[str, Any]) -> str:
                      for p in s["paused"]], "nothing paused")
     running = _table(["job", "function", "key", "running for", "progress"],
                      [[j["id"], j["func"], j["key"] or "", ago(now, j["started_at"]),
-                       progress_text(j.get("progress"), 80)] for j in s.get("running", [])],
+                       " · ".join(t for t in (stalled_text(j), progress_text(j.get("progress"), 80)) if t)]
+                      for j in s.get("running", [])],
                      "nothing running")
     dead = _table(["job", "function", "died", "error"],
                   [[j["id"], j["func"], local_time(j["finished_at"]),

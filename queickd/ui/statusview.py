@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .text import ago, local_time, one_line, pause_cause, probe_text, progress_text, unserved
+from .text import ago, local_time, one_line, pause_cause, probe_text, progress_text, stalled_text, unserved
 
 
 def _terse_ago(now: float, t: float | None) -> str:
@@ -117,7 +117,7 @@ def lines(s: dict[str, Any], width: int = 100) -> list[str]:
         out.append(f"{'RUNNING':>8}  {'FOR':>6}  FUNC [KEY]")
         for j in s["running"]:
             key = f" [{j['key']}]" if j["key"] else ""
-            said = progress_text(j.get("progress"), 40)
+            said = "  ".join(t for t in (stalled_text(j), progress_text(j.get("progress"), 40)) if t)
             out.append(f"{j['id']:>8}  {_terse_ago(now, j['started_at']):>6}  {j['func']}{key}"
                        + (f"  {said}" if said else ""))
     if s.get("dead_jobs") or s.get("dead_events"):

@@ -85,3 +85,14 @@ def progress_text(p: dict[str, Any] | None, limit: int | None = None) -> str:
     if note:
         text += f" {one_line(note, limit)}"
     return text
+
+
+STALLED = "stalled"  # what a running job with a stalled mark shows (core/policy/liveness.py)
+
+
+def stalled_text(j: dict[str, Any]) -> str:
+    """'STALLED since 12:03:04' for a running job its worker marked stalled, else ''."""
+    at = j.get("stalled_at")
+    if at is None or j.get("state", "running") != "running":
+        return ""
+    return f"STALLED since {local_time(at)}"

@@ -51,6 +51,10 @@ class Inspect(Backend, Protocol):
         Served by the queued-jobs index; cheap enough to call on every scrape."""
         ...
 
+    def count_stalled(self) -> int:
+        """Jobs running with a stalled mark (Queue.set_stalled), whichever worker runs them."""
+        ...
+
     # --- per-minute counters --------------------------------------------------------------
     def add_minute(self, m: Minute) -> None:
         """Add a member's counts to its row of that minute (made if new); a depth given

@@ -92,6 +92,13 @@ class Queue(Backend, Protocol):
         how many jobs it changed."""
         ...
 
+    def set_stalled(self, updates: Sequence[tuple[int, int, float | None]]) -> int:
+        """Each (job id, attempt, stalled_at): a time marks that job stalled where it is still
+        `running` that attempt (core/policy/liveness.py); None clears the mark of that attempt
+        whatever its state. A progress write (set_progress_if_running) clears it too. One
+        transaction (bookkeeping). Returns how many jobs it changed."""
+        ...
+
     def release_unstarted(self, job_ids: list[int]) -> int:
         """Claimed jobs that were not started go back to `queued`, to their place in the
         queue and at the head of their key (their run_at unchanged), with the attempt the

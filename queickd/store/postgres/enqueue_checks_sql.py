@@ -17,14 +17,14 @@ from ...core import fields, sandbox
 from ...core import retry as retry_mod
 from ...core.cron import LATEST
 from ...core.job import DEFAULT_POOL, State
-from ...core.policy import rates
+from ...core.policy import liveness, rates
 from ...core.protocol import MAX_COST_UNITS, MAX_INT, MAX_KEY_LEN
 
 OPTIONS = sorted(fields.ENQUEUE_WIRE - {"func", "args"} | {"delay"})  # what a job may hold beside them
 _FIELDS = "ARRAY[" + ", ".join(f"'{k}'" for k in ("func", "args", *OPTIONS)) + "]"
-_TEXT = ("key", "idempotency_key", "pool", "concurrency_group", "isolation")
+_TEXT = ("key", "idempotency_key", "pool", "concurrency_group", "isolation", "on_stall")
 _INTS = ("priority", "concurrency_limit", "memory_mb", "output_kb")
-_NUMBERS = ("cost_units", "timeout")
+_NUMBERS = ("cost_units", "timeout", "stalled_after")
 _RL_SHAPE = "'rate_limit must be {\"key\": text, \"limit\": starts, \"per\": seconds}'"
 _RETRY_FIELDS = ("policy", "interval", "max_interval", "max_attempts")
 _POLICIES = ", ".join(f"'{p}'" for p in retry_mod.POLICIES)
@@ -56,7 +56,7 @@ RATE_LIMIT = (f"CASE WHEN jsonb_typeof({_RL}) = 'object' THEN jsonb_build_object
 # Every column of the daemon's insert (store/rows.py), in this order.
 COLUMNS = ("state, func, args, kwargs, priority, run_at, created_at, max_attempts, retry, retry_on_network, key,"
            " idempotency_key, pool, concurrency_group, concurrency_limit, cost_units, isolation, timeout,"
-           " memory_mb, output_kb, rate_limit")
+           " memory_mb, output_kb, rate_limit, stalled_after, on_stall")
 VALUES = (f"CASE WHEN at <= now_ THEN '{State.QUEUED}' ELSE '{State.SCHEDULED}' END, {FUNC},"
           " CASE WHEN coalesce(j->'args', '[]') IN ('[]', 'null') THEN NULL ELSE (j->'args')::text END,"
           " CASE WHEN coalesce(j->'kwargs', '{}') IN ('{}', 'null') THEN NULL ELSE (j->'kwargs')::text END,"
@@ -65,7 +65,7 @@ VALUES = (f"CASE WHEN at <= now_ THEN '{State.QUEUED}' ELSE '{State.SCHEDULED}' 
           " j->>'concurrency_group', (j->>'concurrency_limit')::numeric::int, (j->>'cost_units')::float8,"
           " j->>'isolation', (j->>'timeout')::float8, (j->>'memory_mb')::numeric::int,"
           " (j->>'output_kb')::numeric::int,"
-          f" {RATE_LIMIT}")
+          f" {RATE_LIMIT}, (j->>'stalled_after')::float8, j->>'on_stall'")
 
 
 def _basic() -> list[tuple[str, str]]:
@@ -110,6 +110,9 @@ def _options() -> list[tuple[str, str]]:
          f"'memory_mb must be an integer from {sandbox.MIN_MEMORY_MB} to {sandbox.MAX_MEMORY_MB}'"),
         (f"(j->>'output_kb')::numeric NOT BETWEEN 1 AND {sandbox.MAX_OUTPUT_KB}",
          f"'output_kb must be an integer from 1 to {sandbox.MAX_OUTPUT_KB}'"),
+        (f"NOT (j->>'stalled_after')::float8 BETWEEN {liveness.MIN_STALLED_AFTER:g}"
+         f" AND {liveness.MAX_STALLED_AFTER:.0f}", f"'{liveness.STALLED_AFTER_MESSAGE}'"),
+        (f"j->>'on_stall' NOT IN ({', '.join(repr(v) for v in liveness.ON_STALL)})", f"'{liveness.ON_STALL_MESSAGE}'"),
         (f"j->>'isolation' = '{sandbox.THREAD}' AND ("
          + " OR ".join(f"j->>'{k}' IS NOT NULL" for k in sandbox.PROCESS_LIMITS) + ")",
          "'a job with memory_mb or output_kb runs in a process'"),

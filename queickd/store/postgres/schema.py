@@ -357,7 +357,14 @@ MIGRATIONS.append("""
     CREATE INDEX IF NOT EXISTS jobs_held ON jobs (id) WHERE state = 'held';
     CREATE INDEX IF NOT EXISTS jobs_forwarded ON jobs (id) WHERE state = 'forwarded';
     """)
-# 34: rate limits (core/policy/rates.py): a job's rate_limit (JSON {"key", "limit", "per"}),
+# 34: a job's liveness (core/policy/liveness.py): stalled_after and on_stall, which enqueue()
+# accepts from here on, and the mark its worker sets while it is stalled (NULL: not).
+MIGRATIONS.append("""
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS stalled_after double precision;
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS on_stall text;
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS stalled_at double precision;
+    """ + pgenqueuesql.ENQUEUE_MANY + pgenqueuesql.ENQUEUE)
+# 35: rate limits (core/policy/rates.py): a job's rate_limit (JSON {"key", "limit", "per"}),
 # each rate key's window (rate_keys: its latest starts, JSON, and blocked_until), the queued
 # rate-limited jobs by key and pool for the fast path's question (claim_sql.OPEN_RATE_WAITS),
 # the ungrouped ones apart from the others (jobs_queued_unrated in place of jobs_queued_plain)

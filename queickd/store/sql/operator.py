@@ -3,6 +3,7 @@ resume, cancel_running, cancel_waiting, release_unstarted), in the caller's tran
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ...core.job import Job
@@ -99,7 +100,31 @@ def release_unstarted(d: Dialect, c: Any, job_ids: list[int]) -> int:
 
 
 def set_progress_if_running(d: Dialect, c: Any, updates: list[tuple[int, int, dict[str, Any]]]) -> int:
+    # A job that says progress is alive: its stalled mark, if any, goes with the same write.
     cur = c.cursor()
-    cur.executemany(d.q("UPDATE jobs SET progress = ? WHERE id = ? AND state = 'running' AND attempts = ?"),
+    cur.executemany(d.q("UPDATE jobs SET progress = ?, stalled_at = NULL WHERE id = ? AND state = 'running'"
+                        " AND attempts = ?"),
                     [(dbrows.dumps(p), job_id, attempt) for job_id, attempt, p in updates])
     return max(0, cur.rowcount)
+
+
+def set_stalled(d: Dialect, c: Any, updates: Sequence[tuple[int, int, float | None]]) -> int:
+    """A mark (a time) is set on a job still running that attempt; a clear (None) goes on that
+    attempt whatever its state now (a run that ended may have been stored first)."""
+    marks = [(at, job_id, attempt) for job_id, attempt, at in updates if at is not None]
+    clears = [(job_id, attempt) for job_id, attempt, at in updates if at is None]
+    n = 0
+    cur = c.cursor()
+    if marks:
+        cur.executemany(d.q("UPDATE jobs SET stalled_at = ? WHERE id = ? AND state = 'running' AND attempts = ?"),
+                        marks)
+        n += max(0, cur.rowcount)
+    if clears:
+        cur.executemany(d.q("UPDATE jobs SET stalled_at = NULL WHERE id = ? AND attempts = ?"
+                            " AND stalled_at IS NOT NULL"), clears)
+        n += max(0, cur.rowcount)
+    return n
+
+
+def count_stalled(d: Dialect, c: Any) -> int:
+    return c.execute("SELECT count(*) FROM jobs WHERE state = 'running' AND stalled_at IS NOT NULL").fetchone()[0]

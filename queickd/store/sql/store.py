@@ -99,6 +99,15 @@ class SqlStore(StoreBase):
     settle_forwarded = _writes(forward.settle_forwarded)
     forwarded_jobs = _reads(forward.forwarded_jobs)
 
+    def set_stalled(self, updates: list[tuple[int, int, float | None]]) -> int:
+        """Store.set_stalled: one transaction, bookkeeping (a mark lost to a power cut is
+        set again by the watch of the next run)."""
+        if not updates:
+            return 0
+        with self._write(bookkeeping=True) as c:
+            return operator.set_stalled(self.dialect, c, updates)
+
+    count_stalled = _reads(operator.count_stalled)
     add_minute = _writes(stats.add_minute)
     minutes = _reads(stats.minutes)
     prune_minutes = _writes(stats.prune_minutes)

@@ -345,6 +345,13 @@ def _v19(c: sqlite3.Connection) -> None:
     _add_column(c, "jobs", "upstream_id", "INTEGER")
     c.execute("CREATE INDEX IF NOT EXISTS jobs_held ON jobs (id) WHERE state = 'held'")
     c.execute("CREATE INDEX IF NOT EXISTS jobs_forwarded ON jobs (id) WHERE state = 'forwarded'")
+def _v20(c: sqlite3.Connection) -> None:
+    """jobs.stalled_after, on_stall and stalled_at: a job's liveness (core/policy/liveness.py)
+    and the mark its worker sets while it is stalled (NULL: not watched, not stalled, and
+    for every older job)."""
+    _add_column(c, "jobs", "stalled_after", "REAL")
+    _add_column(c, "jobs", "on_stall", "TEXT")
+    _add_column(c, "jobs", "stalled_at", "REAL")
 
 
 RATE_KEY = "json_extract(rate_limit, '$.key')"  # a queued job's rate key, as jobs_queued_pool_rate_key holds it
@@ -359,7 +366,7 @@ RATE_KEYS = """
 """
 
 
-def _v20(c: sqlite3.Connection) -> None:
+def _v21(c: sqlite3.Connection) -> None:
     """jobs.rate_limit (JSON {"key", "limit", "per"}; NULL: none, and for every older job)
     and rate_keys, each rate key's window: its latest starts and when it is blocked until.
     The queued jobs without a group are walked in two parts, without a rate limit
@@ -379,7 +386,7 @@ def _v20(c: sqlite3.Connection) -> None:
 # MIGRATIONS[i] brings a file from version i to i + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
                                                           _v11, _v12, _v13, _v14, _v15, _v16, _v17,
-                                                          _v18, _v19, _v20]
+                                                          _v18, _v19, _v20, _v21]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
