@@ -33,7 +33,8 @@ _RESENDS = 2  # times a request whose outcome is unknown is sent again (with its
 _RESEND_PAUSE = 0.5  # seconds before a resend, times the resends so far: a failing store may recover
 # job()'s keywords sent as given: its `plain` tuple lists them in this order.
 _PLAIN_ORDER = ("run_at", "key", "idempotency_key", "pool", "concurrency_group", "concurrency_limit",
-                "cost_units", "isolation", "timeout", "memory_mb", "output_kb", "stalled_after", "on_stall")
+                "cost_units", "fair_by", "isolation", "timeout", "memory_mb", "output_kb", "stalled_after",
+                "on_stall")
 if tuple(name for name, _ in fields.CLIENT_PLAIN) != _PLAIN_ORDER:
     raise ImportError("JobQueue.job's plain keywords no longer match fields.CLIENT_PLAIN")
 _PLAIN_WIRE = tuple(wire for _, wire in fields.CLIENT_PLAIN)
@@ -93,6 +94,7 @@ def job(
     concurrency_group: str | None = None,
     concurrency_limit: int | None = None,
     cost_units: float | None = None,
+    fair_by: str | None = None,
     isolation: str | None = None,  # "thread" or "process"
     timeout: float | None = None,  # seconds of wall time (runs it in a process)
     memory_mb: int | None = None,  # peak resident memory (runs it in a process)
@@ -103,7 +105,8 @@ def job(
 ) -> dict[str, Any]:
     """The wire form of one job, for enqueue_many. concurrency_group/concurrency_limit:
     at most that many jobs of the group run at once; cost_units: what it takes of its
-    pool's and group's budgets (default 1). stalled_after/on_stall: a running job that
+    pool's and group's budgets (default 1). fair_by: the fair key (a tenant) it shares its
+    pool's claims by. stalled_after/on_stall: a running job that
     says no progress for that long (a process job: nor uses CPU time) is marked stalled,
     or with on_stall="kill" stopped and retried per its policy. rate_limit: (key, limit,
     per) or {"key", "limit", "per"}, at most `limit` jobs of the key start per `per` seconds."""
@@ -132,7 +135,7 @@ def job(
     # all-None, not locals() and a lookup each: a third of the cost of building the
     # common job, which enqueue_many callers do per job.
     plain = (run_at, key, idempotency_key, pool, concurrency_group, concurrency_limit, cost_units,
-             isolation, timeout, memory_mb, output_kb, stalled_after, on_stall)
+             fair_by, isolation, timeout, memory_mb, output_kb, stalled_after, on_stall)
     if plain != _NO_PLAIN:
         for wire, value in zip(_PLAIN_WIRE, plain, strict=True):
             if value is not None:

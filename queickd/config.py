@@ -4,9 +4,10 @@ A top-level key is a flag's name with dashes or underscores (`max-queued = 50` o
 `max_queued = 50`); `[hooks.NAME]` tables declare webhooks (see hooks.py),
 `[functions."module:func"]` tables a function's job defaults (core/policy/resources.py
 checks them) and its isolation, limits and credentials (core/sandbox.py checks those),
-`[budgets.pools]` / `[budgets.groups]` the cost budgets, and `[workflows.NAME]` workflow
-definitions (steps, budget) started by name, and `[upstream]` the daemon a device forwards
-jobs to (services/forwarder/settings.py). The file is a
+`[budgets.pools]` / `[budgets.groups]` the cost budgets, `[fair_shares]` the fair keys'
+weights (fair key = weight), `[workflows.NAME]` workflow definitions (steps, budget) started
+by name, and `[upstream]` the daemon a device forwards jobs to (services/forwarder/settings.py).
+The file is a
 layer of defaults: an environment variable beats it, and a command-line flag beats both.
 Reads TOML with the standard library's tomllib; does no other I/O.
 """
@@ -17,8 +18,8 @@ import tomllib
 from collections.abc import Iterable
 from typing import Any
 
-TABLES = ("hooks", "functions", "budgets", "workflows", "upstream")  # tables, passed on as they are read
-SECTIONS = ("upstream",)  # ... of them, those of values rather than of tables
+TABLES = ("hooks", "functions", "budgets", "workflows", "upstream", "fair_shares")  # tables, passed on as read
+SECTIONS = ("upstream", "fair_shares")  # ... of them, those of values rather than of tables
 
 
 class ConfigFileError(ValueError):

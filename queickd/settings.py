@@ -94,6 +94,7 @@ class Config:
     # [upstream]: the daemon this one forwards matching jobs to (services/forwarder/settings.py)
     upstream: dict = field(default_factory=dict)
     budget_patience: float = DEFAULT_BUDGET_PATIENCE
+    fair_shares: dict = field(default_factory=dict)  # [fair_shares]: fair key = weight (core/policy/fair.py)
     memory_reserve: float = DEFAULT_RESERVE_MB  # MB kept free by the memory-aware start
     max_rss: float | None = None  # MB this process may grow to, jobs included
     memory_root: str = "/"  # where /proc and /sys/fs/cgroup are read (tests point it elsewhere)
@@ -130,7 +131,7 @@ class Config:
     def resources(self) -> Resources:
         from .core.policy.resources import parse as parse_resources
 
-        return parse_resources(self.functions, self.budgets, self.budget_patience)
+        return parse_resources(self.functions, self.budgets, self.budget_patience, self.fair_shares)
 
     def read_http_token(self) -> str | None:
         return _read_secret(self.http_token_file)
@@ -160,6 +161,7 @@ class WorkerConfig:
     idle_grace: float = DEFAULT_IDLE_GRACE
     budgets: dict = field(default_factory=dict)  # [budgets.pools] / [budgets.groups] of --config
     budget_patience: float = DEFAULT_BUDGET_PATIENCE
+    fair_shares: dict = field(default_factory=dict)  # [fair_shares] of --config
     max_queued: int = Config.max_queued  # the daemons': a paced fan-out's items wait under it here too
     isolation: str = sandbox.THREAD  # as the daemon's flags: where jobs run, limits for all
     timeout: float | None = None
@@ -175,7 +177,7 @@ class WorkerConfig:
         """A worker's: the budgets of --config (job defaults are the daemons')."""
         from .core.policy.resources import parse as parse_resources
 
-        return parse_resources({}, self.budgets, self.budget_patience)
+        return parse_resources({}, self.budgets, self.budget_patience, self.fair_shares)
 
 
 def _read_secret(path: str | None) -> str | None:

@@ -10,6 +10,7 @@ import threading
 import pytest
 from contract_jobs import T0, job
 from store_contract_cron import CronEventContract
+from store_contract_fair import FairContract
 from store_contract_forward import ForwardContract
 from store_contract_operator import OperatorContract
 from store_contract_output import OutputContract
@@ -26,7 +27,8 @@ from queickd.store.records import Minute
 
 
 class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesContract, OperatorContract,
-                    ParkedContract, ProgressContract, ForwardContract, StalledContract, RatesContract):
+                    ParkedContract, ProgressContract, ForwardContract, StalledContract, RatesContract,
+                    FairContract):
     @pytest.fixture
     def store(self):  # pragma: no cover - each backend overrides
         raise NotImplementedError

@@ -144,7 +144,8 @@ def test_a_grouped_job_with_its_other_fields_at_their_defaults_is_inserted_with_
     short, other = s.submit([job(concurrency_group="api", concurrency_limit=3, cost_units=2.5),
                              job(concurrency_group="api", priority=4)], T0)
     s._writer().set_trace_callback(None)
-    inserts = [q for q in sql if q.startswith("INSERT INTO jobs")]
+    # dict.fromkeys: a statement that enters a trigger (fair keys': schema.py) is traced again.
+    inserts = list(dict.fromkeys(q for q in sql if q.startswith("INSERT INTO jobs")))
     assert [q.split(")")[0].count(",") + 1 for q in inserts] == [8, len(rows.INSERT_COLS)]
     a, b = s.get(short.job_id), s.get(other.job_id)
     assert (a.concurrency_group, a.concurrency_limit, a.cost_units, a.priority, a.state) == ("api", 3, 2.5, 0, "queued")
@@ -246,6 +247,9 @@ def test_a_version_1_file_gains_the_pool_column_and_keeps_its_jobs(tmp_path):
     with sqlite3.connect(path) as c:  # what a queickd of schema 1 left behind
         for name in ("plain", "grouped", "group", "rated", "rate_key"):  # the indexes that name the pool came later
             c.execute(f"DROP INDEX jobs_queued_pool_{name}")
+        c.execute("DROP INDEX jobs_queued_fair")  # and fair keys' index and triggers
+        for name in ("insert", "update", "delete"):
+            c.execute(f"DROP TRIGGER jobs_fair_{name}")
         c.execute("ALTER TABLE jobs DROP COLUMN pool")
         c.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     again = SQLiteStore(path)

@@ -86,6 +86,7 @@ def run_worker(a: argparse.Namespace) -> int:
         if a.config:  # the daemons' file: its [budgets] (made the database's) and budget-patience
             values = config_file.load(a.config, {f.name for f in dataclasses.fields(Config)})
             config.budgets = values.get("budgets", {})
+            config.fair_shares = values.get("fair_shares", {})
             try:
                 config.budget_patience = duration(str(values.get("budget_patience", config.budget_patience)))
             except argparse.ArgumentTypeError as e:

@@ -109,6 +109,10 @@ FIELDS: tuple[Field, ...] = (
     # {"key", "limit", "per"}: at most `limit` jobs of the key start per `per` seconds
     # (core/policy/rates.py); None: the function's configured default, if any, else none.
     Field("rate_limit", "dict | None", None, enqueue=True, template=True, sql="TEXT", codec="json", **_NEW),
+    # Fair shares within its pool (core/policy/fair.py): the claim takes jobs round-robin
+    # across the fair keys with work waiting, weighted by [fair_shares]; None: the pool's
+    # jobs without one, which share as one key of their own.
+    Field("fair_by", "str | None", None, enqueue=True, client=True, template=True, sql="TEXT", **_NEW),
     # Where it runs and its limits (core/sandbox.py); None: the function's or daemon's setting.
     Field("isolation", "str | None", None, enqueue=True, client=True, template=True, sql="TEXT", **_NEW),
     Field("timeout", "float | None", None, enqueue=True, client=True, template=True, sql="REAL", **_NEW),

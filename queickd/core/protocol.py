@@ -311,6 +311,12 @@ def _group(v: Any) -> str | None:
     return v
 
 
+def _fair_by(v: Any) -> str | None:
+    if v is not None and (not isinstance(v, str) or not v or len(v.encode()) > MAX_KEY_LEN):
+        raise bad(f"fair_by must be a non-empty string of at most {MAX_KEY_LEN} bytes")
+    return v
+
+
 def _concurrency_limit(v: Any) -> int | None:
     return None if v is None else ranged("concurrency_limit", v, 1, MAX_INT, integer=True)
 
@@ -371,6 +377,7 @@ _CHECKS: dict[str, Any] = {
     "concurrency_limit": _concurrency_limit,
     "cost_units": _cost_units,
     "rate_limit": rate_limit,
+    "fair_by": _fair_by,
     **{name: _sandbox(name) for name in ("isolation", *sandbox.LIMITS)},
     "stalled_after": _liveness(liveness.check_stalled_after),
     "on_stall": _liveness(liveness.check_on_stall),

@@ -199,3 +199,19 @@ class RateKey:
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "limit": self.limit, "per": self.per, "used": self.used,
                 "next_start": self.next_start, "blocked_until": self.blocked_until}
+
+
+@dataclass(frozen=True, slots=True)
+class FairKey:
+    """A fair key of a pool (core/policy/fair.py) as operators see it: its jobs queued, its
+    standing (1 / weight more per job started) and its last start (0: none yet)."""
+
+    pool: str
+    key: str
+    waiting: int
+    vtime: float
+    last_start: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pool": self.pool, "key": self.key, "waiting": self.waiting, "vtime": self.vtime,
+                "last_start": self.last_start}

@@ -56,6 +56,9 @@ class Limits:
     pools: dict[str, float] = dataclasses.field(default_factory=dict)
     groups: dict[str, float] = dataclasses.field(default_factory=dict)
     patience: float = 30.0
+    # Fair keys' weights (`[fair_shares]`: fair.py), each process's own like patience; they
+    # order what a claim offers, they budget nothing.
+    fair: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def any(self) -> bool:

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from .. import fields, protocol, sandbox
 from ..job import NewJob
+from . import fair
 from .claim import NO_LIMITS, Limits
 
 BUDGET_KINDS = ("pools", "groups")
@@ -115,7 +116,8 @@ def budget_view(limits: Limits, usage: dict[tuple[str, str], tuple[float, int, f
     return out
 
 
-def parse(functions: dict[str, Any], budgets: dict[str, Any], patience: float) -> Resources:
+def parse(functions: dict[str, Any], budgets: dict[str, Any], patience: float,
+          fair_shares: dict[str, Any] | None = None) -> Resources:
     """The config file's tables -> Resources. ValueError naming the table and field."""
     defaults: dict[str, dict[str, Any]] = {}
     for func, table in functions.items():
@@ -156,7 +158,8 @@ def parse(functions: dict[str, Any], budgets: dict[str, Any], patience: float) -
         out[kind] = {str(n): float(v) for n, v in table.items()}
     if not patience >= 0:
         raise ValueError("budget_patience must not be negative")
-    return Resources(defaults, Limits(out["pools"], out["groups"], float(patience)))
+    weights = fair.check_weights(fair_shares or {})
+    return Resources(defaults, Limits(out["pools"], out["groups"], float(patience), weights))
 
 
 NO_RESOURCES = Resources()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ...core.job import Job
-from ..records import Event, Minute, Pause, RateKey
+from ..records import Event, FairKey, Minute, Pause, RateKey
 from .backend import Backend
 
 
@@ -33,6 +33,11 @@ class Inspect(Backend, Protocol):
     def rate_keys(self, now: float) -> list[RateKey]:
         """Every rate key (core/policy/rates.py) by key: its limit and window, the starts in
         the window that ends at `now`, its next start and until when it is blocked."""
+        ...
+
+    def fair_keys(self, limit: int = 50) -> list[FairKey]:
+        """The fair keys with jobs queued (core/policy/fair.py), most waiting first, at most
+        `limit`, and the standing of the pools' jobs without one (key '')."""
         ...
 
     def waiting_by_pool(self) -> dict[str, int]:

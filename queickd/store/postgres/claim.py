@@ -17,10 +17,11 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ValueError("the PostgreSQL store needs psycopg 3: pip install 'queickd[postgres]'") from e
 
 from ...core.job import Job, Outcome, State
-from ...core.policy import claim, rates
+from ...core.policy import claim, fair, rates
 from ...core.policy.resources import BudgetChange, budget_changes
 from .. import rows as dbrows
 from ..records import Claimed
+from ..sql import fair as sqlfair
 from ..sql import rates as sqlrates
 from .channels import NOTIFY_IDS
 from .connection import KEPT_CURSOR_BYTES
@@ -157,6 +158,8 @@ def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim
     held.rates = sqlrates.windows_of([(r[2], r[8], r[9], r[6], r[12]) for r in view if r[0] == "rate"])
     pick = claim.Selection(claim.Request(params["limit"], params["net"], served, limits, params["now"],
                                          params["exclude"]), held)
+    if sqlfair.waits(c):  # fair keys wait: the order of fair shares (under the same lock)
+        return _claim_fair(c, params, limits, pick, page)
     full, out_pools = pick.out_groups, pick.out_pools
     if served is not None and served <= out_pools:
         return []  # the budget of every pool served is used up: nothing may start
@@ -201,6 +204,43 @@ def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim
         sqlrates.write(c, pick.rates)
         cur = c.execute(_START, start)
     return sqlrates.claimed(cur.fetchall(), pick.rates)
+
+
+# A pool's queued jobs without a fair key, keys' heads only, in queue order, a page after an
+# offset: one walk of the ungrouped jobs and one of the grouped, merged (jobs_queued_pool_*).
+_UNFAIR = (f"SELECT {claim.ROW_COLS} FROM jobs WHERE state = 'queued' AND pool = %s AND fair_by IS NULL"
+           f"{sqlfair.HEAD_OF_KEY.replace('?', '%s')} ORDER BY priority, run_at, id LIMIT %s OFFSET %s")
+# The pools with a job queued (a skip scan of each queue-order walk, one descent per pool).
+_WALKED = "WITH RECURSIVE " + ", ".join(
+    f"{w} (name) AS ((SELECT pool FROM jobs WHERE state = 'queued' AND concurrency_group {grouped}"
+    f" ORDER BY pool LIMIT 1) UNION ALL SELECT (SELECT pool FROM jobs WHERE state = 'queued'"
+    f" AND concurrency_group {grouped} AND pool > {w}.name ORDER BY pool LIMIT 1) FROM {w}"
+    f" WHERE {w}.name IS NOT NULL)" for w, grouped in (("a", "IS NULL"), ("b", "IS NOT NULL"))
+) + " SELECT name FROM a WHERE name IS NOT NULL UNION SELECT name FROM b WHERE name IS NOT NULL"
+
+
+def _claim_fair(c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits, pick: claim.Selection,
+                page: int) -> list[tuple]:
+    """The claim in the order of fair shares (core/policy/fair.py, read by store/sql/fair.py),
+    under the selection's lock, so the standings it writes are every such claim's."""
+    pools = params["pools"]
+    if pools is None:  # every pool with a fair key waiting or a job without one
+        pools = sorted(r[0] for r in c.execute(_WALKED))
+    shares = fair.FairShares(limits.fair, params["now"])
+
+    def own(pool: str) -> Any:
+        return sqlfair.paged(c, _UNFAIR, (pool,), page)
+
+    shares.offer(pick, sqlfair.units(c, tuple(pools), page, own))
+    if not pick.chosen:
+        return sqlrates.claimed((), pick.rates)
+    sqlrates.write(c, pick.rates)
+    sqlfair.write(c, shares)
+    stamps = pick.probes
+    return sqlrates.claimed(c.execute(_START, (params["now"], params["worker"], pick.chosen,
+                                              [pick.slot(i) for i in pick.chosen], [t[0] for t, _ in stamps],
+                                              [t[1] for t, _ in stamps], [j for _, j in stamps])).fetchall(),
+                            pick.rates)
 
 
 # --- the budgets in force ---------------------------------------------------------------

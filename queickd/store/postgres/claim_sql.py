@@ -13,10 +13,11 @@ from __future__ import annotations
 MARK_RUNNING = "UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = p_now, worker_id = p_worker"
 
 # A queued job the fast path may take, but for its function's and key's pauses and its key:
-# no group and no rate limit (the selection's), of a pool served and not paused, its network up if it needs one.
+# no group, no rate limit and no fair key (the selection's), of a pool served and not paused, its network up if it needs one.
 _FAST_PATH_JOB = """        WHERE q.state = 'queued'
           AND q.concurrency_group IS NULL
           AND q.rate_limit IS NULL
+          AND q.fair_by IS NULL
           AND (p_pools IS NULL OR q.pool = ANY(p_pools))
           AND (p_net OR NOT q.retry_on_network)
           AND NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'pool' AND p.name = q.pool)
@@ -101,6 +102,12 @@ OPEN_RATE_WAITS = f"""EXISTS (
             AND {RATE_KEY} = k.name AND (p_pools IS NULL OR q.pool = ANY(p_pools)) LIMIT 1) x
         WHERE k.name IS NOT NULL AND {RATE_ROOM.format(key="k.name")})"""
 
+# "Must the selection claim?", of fair shares (core/policy/fair.py): a fair key has a job
+# queued in a pool served (one look at fair_keys_waiting per pool): the claim's order is then
+# the fair shares', which the selection keeps.
+OPEN_FAIR_WAITS = ("EXISTS (SELECT 1 FROM fair_keys f WHERE f.waiting > 0"
+                   " AND (p_pools IS NULL OR f.pool = ANY(p_pools)))")
+
 # The settings of a function planned once per session, whose plans must walk the indexes.
 PLANNED = ("SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan = off\n"
            "        SET jit = off SET plan_cache_mode = force_generic_plan")
@@ -127,6 +134,7 @@ CLAIM = f"""
         IF {OPEN_GROUP_WAITS}
            OR {POOL_BUDGETED}
            OR {OPEN_RATE_WAITS}
+           OR {OPEN_FAIR_WAITS}
         THEN
             RETURN NEXT j;  -- all NULL: the selection's turn (queickd_claim_view)
             RETURN;
@@ -211,6 +219,7 @@ VIEW = f"""
     SELECT {_SERVED_GROUPED}
         OR {POOL_BUDGETED}
         OR {OPEN_RATE_WAITS}
+        OR {OPEN_FAIR_WAITS}
         INTO selection;
     IF NOT selection AND NOT p_force THEN
         RETURN;

@@ -56,7 +56,7 @@ RATE_LIMIT = (f"CASE WHEN jsonb_typeof({_RL}) = 'object' THEN jsonb_build_object
 # Every column of the daemon's insert (store/rows.py), in this order.
 COLUMNS = ("state, func, args, kwargs, priority, run_at, created_at, max_attempts, retry, retry_on_network, key,"
            " idempotency_key, pool, concurrency_group, concurrency_limit, cost_units, isolation, timeout,"
-           " memory_mb, output_kb, rate_limit, stalled_after, on_stall")
+           " memory_mb, output_kb, rate_limit, stalled_after, on_stall, fair_by")
 VALUES = (f"CASE WHEN at <= now_ THEN '{State.QUEUED}' ELSE '{State.SCHEDULED}' END, {FUNC},"
           " CASE WHEN coalesce(j->'args', '[]') IN ('[]', 'null') THEN NULL ELSE (j->'args')::text END,"
           " CASE WHEN coalesce(j->'kwargs', '{}') IN ('{}', 'null') THEN NULL ELSE (j->'kwargs')::text END,"
@@ -65,7 +65,7 @@ VALUES = (f"CASE WHEN at <= now_ THEN '{State.QUEUED}' ELSE '{State.SCHEDULED}' 
           " j->>'concurrency_group', (j->>'concurrency_limit')::numeric::int, (j->>'cost_units')::float8,"
           " j->>'isolation', (j->>'timeout')::float8, (j->>'memory_mb')::numeric::int,"
           " (j->>'output_kb')::numeric::int,"
-          f" {RATE_LIMIT}, (j->>'stalled_after')::float8, j->>'on_stall'")
+          f" {RATE_LIMIT}, (j->>'stalled_after')::float8, j->>'on_stall', j->>'fair_by'")
 
 
 def _basic() -> list[tuple[str, str]]:
@@ -119,6 +119,9 @@ def _options() -> list[tuple[str, str]]:
         ("(j->>'concurrency_limit')::numeric < 1", "'concurrency_limit must be at least 1'"),
         (f"(j->>'cost_units')::float8 <= 0 OR (j->>'cost_units')::float8 > {MAX_COST_UNITS:.0f}",
          "'cost_units must be above 0'"),
+        ("jsonb_typeof(j->'fair_by') <> 'null' AND (jsonb_typeof(j->'fair_by') <> 'string'"
+         f" OR j->>'fair_by' = '' OR octet_length(j->>'fair_by') > {MAX_KEY_LEN})",
+         f"'fair_by must be a non-empty string of at most {MAX_KEY_LEN} bytes'"),
         # rate_limit as protocol.rate_limit checks it, each part in turn.
         (f"jsonb_typeof({_RL}) NOT IN ('object', 'null')", _RL_SHAPE),
         (f"jsonb_typeof({_RL}) = 'object' AND (SELECT array_agg(x ORDER BY x) FROM jsonb_object_keys({_RL}) x)"

@@ -4,7 +4,7 @@ migrations create it from here. Nothing here imports psycopg."""
 from __future__ import annotations
 
 from .channels import CHANNEL, FINISHED_CHANNEL
-from .claim_sql import FAST_CLAIM, OPEN_GROUP_WAITS, OPEN_RATE_WAITS, PLANNED, POOL_BUDGETED
+from .claim_sql import FAST_CLAIM, OPEN_FAIR_WAITS, OPEN_GROUP_WAITS, OPEN_RATE_WAITS, PLANNED, POOL_BUDGETED
 
 # queickd_pass: the pass of a pool whose finished jobs all succeeded outside any workflow,
 # then its next claim on the fast path, as one statement in a transaction of its own (a
@@ -39,6 +39,7 @@ PASS = f"""
     IF {OPEN_GROUP_WAITS}
        OR {POOL_BUDGETED}
        OR {OPEN_RATE_WAITS}
+       OR {OPEN_FAIR_WAITS}
     THEN
         RETURN NEXT nothing;  -- all NULL: nothing done, the selection's turn
         RETURN;

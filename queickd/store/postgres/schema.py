@@ -391,6 +391,51 @@ MIGRATIONS.append("""
     DROP FUNCTION IF EXISTS queickd_candidates_after(text[], text[], integer, integer, double precision, bigint);
     """ + pgclaimsql.CANDIDATES_AFTER + pgclaimsql.VIEW + pgclaimsql.CLAIM + pgpasssql.PASS
                   + pgenqueuesql.ENQUEUE_MANY + pgenqueuesql.ENQUEUE)
+# 36: fair shares (core/policy/fair.py): a job's fair_by; fair_keys, each fair key's queued
+# count and standing, kept by triggers on jobs (a key that starts waiting again comes in at
+# the least standing waiting in its pool, never below its own: fair.comes_in); the indexes a
+# fair claim walks (store/sql/fair.py); the fast path, the pass and the view hand claims to
+# the selection while a fair key waits (claim_sql.OPEN_FAIR_WAITS); enqueue() takes fair_by.
+MIGRATIONS.append("""
+    ALTER TABLE jobs ADD COLUMN IF NOT EXISTS fair_by text;
+    CREATE TABLE IF NOT EXISTS fair_keys (
+        pool text NOT NULL,
+        key text NOT NULL,
+        waiting integer NOT NULL DEFAULT 0,
+        vtime double precision NOT NULL DEFAULT 0,
+        last_start double precision NOT NULL DEFAULT 0,
+        PRIMARY KEY (pool, key)
+    );
+    CREATE INDEX IF NOT EXISTS fair_keys_waiting ON fair_keys (pool, vtime, last_start, key) WHERE waiting > 0;
+    CREATE INDEX IF NOT EXISTS jobs_queued_fair ON jobs (pool, fair_by, priority, run_at, id)
+        WHERE state = 'queued' AND fair_by IS NOT NULL;
+    CREATE OR REPLACE FUNCTION queickd_fair_count() RETURNS trigger LANGUAGE plpgsql
+        """ + pgclaimsql.PLANNED + """ AS $$
+    BEGIN
+    IF TG_OP <> 'INSERT' AND OLD.fair_by IS NOT NULL AND OLD.state = 'queued' THEN
+        UPDATE fair_keys SET waiting = waiting - 1 WHERE pool = OLD.pool AND key = OLD.fair_by;
+    END IF;
+    IF TG_OP <> 'DELETE' AND NEW.fair_by IS NOT NULL AND NEW.state = 'queued' THEN
+        INSERT INTO fair_keys AS f (pool, key, waiting, vtime)
+        VALUES (NEW.pool, NEW.fair_by, 1,
+                coalesce((SELECT min(w.vtime) FROM fair_keys w WHERE w.pool = NEW.pool AND w.waiting > 0), 0))
+        ON CONFLICT (pool, key) DO UPDATE SET waiting = f.waiting + 1,
+            vtime = CASE WHEN f.waiting > 0 THEN f.vtime ELSE greatest(f.vtime, excluded.vtime) END;
+    END IF;
+    RETURN NULL;
+    END
+    $$;
+    DROP TRIGGER IF EXISTS jobs_fair_insert ON jobs;
+    CREATE TRIGGER jobs_fair_insert AFTER INSERT ON jobs FOR EACH ROW
+        WHEN (NEW.fair_by IS NOT NULL AND NEW.state = 'queued') EXECUTE FUNCTION queickd_fair_count();
+    DROP TRIGGER IF EXISTS jobs_fair_update ON jobs;
+    CREATE TRIGGER jobs_fair_update AFTER UPDATE OF state, pool, fair_by ON jobs FOR EACH ROW
+        WHEN ((OLD.fair_by IS NOT NULL AND OLD.state = 'queued') OR (NEW.fair_by IS NOT NULL AND NEW.state = 'queued'))
+        EXECUTE FUNCTION queickd_fair_count();
+    DROP TRIGGER IF EXISTS jobs_fair_delete ON jobs;
+    CREATE TRIGGER jobs_fair_delete AFTER DELETE ON jobs FOR EACH ROW
+        WHEN (OLD.fair_by IS NOT NULL AND OLD.state = 'queued') EXECUTE FUNCTION queickd_fair_count();
+    """ + pgclaimsql.VIEW + pgclaimsql.CLAIM + pgpasssql.PASS + pgenqueuesql.ENQUEUE_MANY + pgenqueuesql.ENQUEUE)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -14,7 +14,8 @@ from ...core.policy import admission as adm
 from ...core.policy import claim
 from ...core.workflow import Definition, RunRecord
 from ..derived import StoreBase
-from ..records import CronFire, EventAccepted, Finished, NewEvent, RateKey
+from ..records import CronFire, EventAccepted, FairKey, Finished, NewEvent, RateKey
+from . import fair as sqlfair
 from . import forward, operator, schedule, stats
 from . import rates as sqlrates
 from . import workflows as wfsql
@@ -64,6 +65,9 @@ class SqlStore(StoreBase):
 
     def rate_keys(self, now: float) -> list[RateKey]:
         return sqlrates.keys(self._conn(), now)
+
+    def fair_keys(self, limit: int = 50) -> list[FairKey]:
+        return sqlfair.keys(self._conn(), limit)
     resume = _writes(operator.resume)
     pause = _writes(operator.pause)
     release_unstarted = _writes(operator.release_unstarted)

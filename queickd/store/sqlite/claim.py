@@ -21,9 +21,10 @@ import sqlite3
 from collections.abc import Iterator
 
 from ...core.job import Job
-from ...core.policy import claim
+from ...core.policy import claim, fair
 from ...core.policy.rates import RateLimits, admit_all
 from .. import rows as dbrows
+from ..sql import fair as sqlfair
 from ..sql import rates as sqlrates
 from .schema import RATE_KEY
 
@@ -157,7 +158,10 @@ def served_order(cols: str, pools: int, where: str = "") -> str:
 # anything is paused; _HEADS_TOTALS adds what runs in total (claim.Totals: jobs, the least
 # limit of a grouped one, and with budgets in force their cost units, each at least 0 so
 # that the sum bounds every pool's and group's).
-_HEADS_COLS = f"priority, {claim.ROW_COLS}, EXISTS (SELECT 1 FROM pauses)"
+# Its paused column is a flag word: 1, a pause exists; 2, a fair key has a job queued (the
+# claim then goes the way of fair shares, store/sql/fair.py).
+_HEADS_COLS = (f"priority, {claim.ROW_COLS}, EXISTS (SELECT 1 FROM pauses)"
+               " | (EXISTS (SELECT 1 FROM fair_keys WHERE waiting > 0) << 1)")
 _RUNNING_IN = "FROM jobs INDEXED BY jobs_running WHERE state = 'running'"
 _TOTALS_COLS = (
     f"{_HEADS_COLS}, (SELECT count(*) {_RUNNING_IN}),"
@@ -197,6 +201,14 @@ def _page_sql(pools: int, heads: str) -> str:
     return served_order(f"priority, {claim.ROW_COLS}", pools, heads) + _ORDER + " OFFSET ?"
 
 
+@functools.cache
+def _unfair_sql() -> str:
+    """A pool's queued jobs without a fair key, keys' heads only, in queue order, a page
+    after an offset (the pool twice: one per walk)."""
+    return (served_order(f"priority, {claim.ROW_COLS}", 1, " AND fair_by IS NULL" + sqlfair.HEAD_OF_KEY)
+            + _ORDER + " OFFSET ?")
+
+
 # What runs (claim.RUNNING_COLS: a handful of rows through the running index), and with it
 # the pauses (kind, name, whether the probe is due: its time has come and no probe of it
 # runs), padded to the same columns.
@@ -228,6 +240,8 @@ class Claims:
         heads_of_keys = "" if served is None else _HEAD_OF_KEY
         past_full = self._full_groups and self._only_groups
         if self._full_groups and not past_full:
+            if sqlfair.waits(c):  # fair keys wait: the order of fair shares, by the selection
+                return self._fair(c, request, walk)
             # The last claim met used up budgets: this one likely will too, and would read
             # past them what it read first. The selection at once, as before the heads.
             return self._select(c, request, self._held(c, now), None, walk)
@@ -246,7 +260,9 @@ class Claims:
         heads = c.execute(sql, (*params, read)).fetchall()
         if not heads:
             return []
-        paused = bool(heads[0][11])
+        paused = bool(heads[0][11] & 1)
+        if heads[0][11] & 2:  # fair keys wait: the order of fair shares, by the selection
+            return self._fair(c, request, walk)
         if past_full:  # the jobs of full groups left out (claim.Selection.left_out)
             kept = [r for r in heads if not r[-1]]
             self._full_groups = len(kept) < len(heads)
@@ -342,6 +358,30 @@ class Claims:
                           [(job_id, *t) for t, job_id in pick.probes])  # no other probe until they finish
         return sqlrates.claimed(self._start(c, pick.chosen, request.now, _HEADS_ONLY if full and not heads else ""),
                                 pick.rates)
+
+    def _fair(self, c: sqlite3.Connection, request: claim.Request, walk: tuple[str, ...]) -> list[Job]:
+        """The claim by the selection, offered the queued jobs of the pools `walk` in the order
+        of fair shares (core/policy/fair.py; store/sql/fair.py reads it), keys' heads only."""
+        running = self._held(c, request.now)
+        running.rates = sqlrates.Reader(c)  # under the writer's lock: exact
+        pick = claim.Selection(request, running)
+        shares = fair.FairShares(request.limits.fair, request.now)
+        page = max(16, request.limit * 2)
+        unfair = _unfair_sql()
+
+        def own(pool: str) -> Iterator[tuple]:
+            return (r[1:] for r in sqlfair.paged(c, unfair, (pool,) * len(_WALKS), page))
+
+        shares.offer(pick, sqlfair.units(c, walk, page, own))
+        self._full_groups = False  # the next claim reads the heads first again
+        if not pick.chosen:
+            return sqlrates.claimed((), pick.rates)
+        sqlrates.write(c, pick.rates)
+        sqlfair.write(c, shares)
+        if pick.probes:
+            c.executemany("UPDATE pauses SET probe_job = ? WHERE kind = ? AND name = ?",
+                          [(job_id, *t) for t, job_id in pick.probes])
+        return sqlrates.claimed(self._start(c, pick.chosen, request.now, ""), pick.rates)
 
     @staticmethod
     def _start(c: sqlite3.Connection, ids: list[int], now: float, only: str) -> list[Job]:

@@ -383,10 +383,58 @@ def _v21(c: sqlite3.Connection) -> None:
                   f" WHERE state = 'queued' AND concurrency_group IS NULL AND rate_limit {rated}")
 
 
+FAIR_KEYS = """
+    CREATE TABLE IF NOT EXISTS fair_keys (
+        pool TEXT NOT NULL,
+        key TEXT NOT NULL,                     -- a fair_by; '' the pool's jobs without one
+        waiting INTEGER NOT NULL DEFAULT 0,    -- its queued jobs (kept by the triggers below)
+        vtime REAL NOT NULL DEFAULT 0,         -- its standing: 1 / weight more per job started
+        last_start REAL NOT NULL DEFAULT 0,
+        PRIMARY KEY (pool, key)
+    ) WITHOUT ROWID;
+    CREATE INDEX IF NOT EXISTS fair_keys_waiting ON fair_keys (pool, vtime, last_start, key) WHERE waiting > 0;
+    CREATE INDEX IF NOT EXISTS jobs_queued_fair ON jobs (pool, fair_by, priority, run_at, id)
+        WHERE state = 'queued' AND fair_by IS NOT NULL;
+"""
+# A fair key's count of queued jobs, kept as its jobs come and go in any way (enqueue, claim,
+# retry, cancel, purge, a pool moved); a key that starts waiting again comes in at the
+# standing of the least advanced one waiting in its pool, never below its own (fair.comes_in).
+_FAIR_IN = """
+        INSERT INTO fair_keys (pool, key, waiting, vtime) SELECT new.pool, new.fair_by, 1,
+            coalesce((SELECT min(vtime) FROM fair_keys WHERE pool = new.pool AND waiting > 0), 0)
+        WHERE new.fair_by IS NOT NULL AND new.state = 'queued'
+        ON CONFLICT (pool, key) DO UPDATE SET waiting = waiting + 1,
+            vtime = CASE WHEN waiting > 0 THEN vtime ELSE max(vtime, excluded.vtime) END;"""
+_FAIR_OUT = """
+        UPDATE fair_keys SET waiting = waiting - 1 WHERE old.fair_by IS NOT NULL AND old.state = 'queued'
+            AND pool = old.pool AND key = old.fair_by;"""
+FAIR_TRIGGERS = f"""
+    CREATE TRIGGER IF NOT EXISTS jobs_fair_insert AFTER INSERT ON jobs
+        WHEN new.fair_by IS NOT NULL AND new.state = 'queued' BEGIN{_FAIR_IN}
+    END;
+    CREATE TRIGGER IF NOT EXISTS jobs_fair_update AFTER UPDATE OF state, pool, fair_by ON jobs
+        WHEN (old.fair_by IS NOT NULL AND old.state = 'queued') OR (new.fair_by IS NOT NULL AND new.state = 'queued')
+    BEGIN{_FAIR_OUT}{_FAIR_IN}
+    END;
+    CREATE TRIGGER IF NOT EXISTS jobs_fair_delete AFTER DELETE ON jobs
+        WHEN old.fair_by IS NOT NULL AND old.state = 'queued' BEGIN{_FAIR_OUT}
+    END;
+"""
+
+
+def _v22(c: sqlite3.Connection) -> None:
+    """Fair shares (core/policy/fair.py): jobs.fair_by (NULL: none, and for every older job),
+    fair_keys (each fair key's queued count and standing, kept by triggers) and the indexes
+    a fair claim walks: the keys waiting by standing, a key's queued jobs in queue order."""
+    _add_column(c, "jobs", "fair_by", "TEXT")
+    _run(c, FAIR_KEYS)
+    _run(c, FAIR_TRIGGERS)
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
                                                           _v11, _v12, _v13, _v14, _v15, _v16, _v17,
-                                                          _v18, _v19, _v20, _v21]
+                                                          _v18, _v19, _v20, _v21, _v22]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
