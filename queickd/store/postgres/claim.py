@@ -207,24 +207,32 @@ def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim
 
 
 # A pool's queued jobs without a fair key, keys' heads only, in queue order, a page after an
-# offset: one walk of the ungrouped jobs and one of the grouped, merged (jobs_queued_pool_*).
+# offset (jobs_queued_unfair).
 _UNFAIR = (f"SELECT {claim.ROW_COLS} FROM jobs WHERE state = 'queued' AND pool = %s AND fair_by IS NULL"
            f"{sqlfair.HEAD_OF_KEY.replace('?', '%s')} ORDER BY priority, run_at, id LIMIT %s OFFSET %s")
-# The pools with a job queued (a skip scan of each queue-order walk, one descent per pool).
-_WALKED = "WITH RECURSIVE " + ", ".join(
-    f"{w} (name) AS ((SELECT pool FROM jobs WHERE state = 'queued' AND concurrency_group {grouped}"
-    f" ORDER BY pool LIMIT 1) UNION ALL SELECT (SELECT pool FROM jobs WHERE state = 'queued'"
-    f" AND concurrency_group {grouped} AND pool > {w}.name ORDER BY pool LIMIT 1) FROM {w}"
-    f" WHERE {w}.name IS NOT NULL)" for w, grouped in (("a", "IS NULL"), ("b", "IS NOT NULL"))
-) + " SELECT name FROM a WHERE name IS NOT NULL UNION SELECT name FROM b WHERE name IS NOT NULL"
+_WALK_INDEXES = "SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off"
+# The pools with a job queued: a skip scan of the fair keys waiting and one of the jobs
+# without a fair key (jobs_queued_unfair), one descent per pool each.
+_WALKED = (
+    "WITH RECURSIVE a (name) AS ((SELECT pool FROM fair_keys WHERE waiting > 0 ORDER BY pool LIMIT 1)"
+    " UNION ALL SELECT (SELECT pool FROM fair_keys WHERE waiting > 0 AND pool > a.name ORDER BY pool LIMIT 1)"
+    " FROM a WHERE a.name IS NOT NULL),"
+    " b (name) AS ((SELECT pool FROM jobs WHERE state = 'queued' AND fair_by IS NULL ORDER BY pool LIMIT 1)"
+    " UNION ALL SELECT (SELECT pool FROM jobs WHERE state = 'queued' AND fair_by IS NULL AND pool > b.name"
+    " ORDER BY pool LIMIT 1) FROM b WHERE b.name IS NOT NULL)"
+    " SELECT name FROM a WHERE name IS NOT NULL UNION SELECT name FROM b WHERE name IS NOT NULL")
 
 
 def _claim_fair(c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits, pick: claim.Selection,
                 page: int) -> list[tuple]:
     """The claim in the order of fair shares (core/policy/fair.py, read by store/sql/fair.py),
     under the selection's lock, so the standings it writes are every such claim's."""
+    # Its reads walk their indexes in order and stop at the page, as the claim's functions do
+    # (claim_sql.PLANNED): with statistics taken while fair_keys was small, the planner would
+    # sort every key waiting on each claim.
+    c.execute(_WALK_INDEXES)
     pools = params["pools"]
-    if pools is None:  # every pool with a fair key waiting or a job without one
+    if pools is None:  # every pool with a job queued
         pools = sorted(r[0] for r in c.execute(_WALKED))
     shares = fair.FairShares(limits.fair, params["now"])
 

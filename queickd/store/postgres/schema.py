@@ -394,7 +394,8 @@ MIGRATIONS.append("""
 # 36: fair shares (core/policy/fair.py): a job's fair_by; fair_keys, each fair key's queued
 # count and standing, kept by triggers on jobs (a key that starts waiting again comes in at
 # the least standing waiting in its pool, never below its own: fair.comes_in); the indexes a
-# fair claim walks (store/sql/fair.py); the fast path, the pass and the view hand claims to
+# fair claim walks (store/sql/fair.py: the keys waiting by standing, a key's jobs, the jobs
+# without a key, each in queue order); the fast path, the pass and the view hand claims to
 # the selection while a fair key waits (claim_sql.OPEN_FAIR_WAITS); enqueue() takes fair_by.
 MIGRATIONS.append("""
     ALTER TABLE jobs ADD COLUMN IF NOT EXISTS fair_by text;
@@ -409,6 +410,8 @@ MIGRATIONS.append("""
     CREATE INDEX IF NOT EXISTS fair_keys_waiting ON fair_keys (pool, vtime, last_start, key) WHERE waiting > 0;
     CREATE INDEX IF NOT EXISTS jobs_queued_fair ON jobs (pool, fair_by, priority, run_at, id)
         WHERE state = 'queued' AND fair_by IS NOT NULL;
+    CREATE INDEX IF NOT EXISTS jobs_queued_unfair ON jobs (pool, priority, run_at, id)
+        WHERE state = 'queued' AND fair_by IS NULL;
     CREATE OR REPLACE FUNCTION queickd_fair_count() RETURNS trigger LANGUAGE plpgsql
         """ + pgclaimsql.PLANNED + """ AS $$
     BEGIN

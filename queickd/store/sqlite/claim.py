@@ -201,12 +201,10 @@ def _page_sql(pools: int, heads: str) -> str:
     return served_order(f"priority, {claim.ROW_COLS}", pools, heads) + _ORDER + " OFFSET ?"
 
 
-@functools.cache
-def _unfair_sql() -> str:
-    """A pool's queued jobs without a fair key, keys' heads only, in queue order, a page
-    after an offset (the pool twice: one per walk)."""
-    return (served_order(f"priority, {claim.ROW_COLS}", 1, " AND fair_by IS NULL" + sqlfair.HEAD_OF_KEY)
-            + _ORDER + " OFFSET ?")
+# A pool's queued jobs without a fair key, keys' heads only, in queue order, a page after an
+# offset: a walk of their own index (schema.py, 20), however many fair keys' jobs wait.
+_UNFAIR = (f"SELECT {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued_unfair WHERE state = 'queued'"
+           f" AND fair_by IS NULL AND pool = ?{sqlfair.HEAD_OF_KEY}{_ORDER} OFFSET ?")
 
 
 # What runs (claim.RUNNING_COLS: a handful of rows through the running index), and with it
@@ -367,10 +365,8 @@ class Claims:
         pick = claim.Selection(request, running)
         shares = fair.FairShares(request.limits.fair, request.now)
         page = max(16, request.limit * 2)
-        unfair = _unfair_sql()
-
         def own(pool: str) -> Iterator[tuple]:
-            return (r[1:] for r in sqlfair.paged(c, unfair, (pool,) * len(_WALKS), page))
+            return sqlfair.paged(c, _UNFAIR, (pool,), page)
 
         shares.offer(pick, sqlfair.units(c, walk, page, own))
         self._full_groups = False  # the next claim reads the heads first again

@@ -395,6 +395,8 @@ FAIR_KEYS = """
     CREATE INDEX IF NOT EXISTS fair_keys_waiting ON fair_keys (pool, vtime, last_start, key) WHERE waiting > 0;
     CREATE INDEX IF NOT EXISTS jobs_queued_fair ON jobs (pool, fair_by, priority, run_at, id)
         WHERE state = 'queued' AND fair_by IS NOT NULL;
+    CREATE INDEX IF NOT EXISTS jobs_queued_unfair ON jobs (pool, priority, run_at, id)
+        WHERE state = 'queued' AND fair_by IS NULL;
 """
 # A fair key's count of queued jobs, kept as its jobs come and go in any way (enqueue, claim,
 # retry, cancel, purge, a pool moved); a key that starts waiting again comes in at the
@@ -425,7 +427,9 @@ FAIR_TRIGGERS = f"""
 def _v22(c: sqlite3.Connection) -> None:
     """Fair shares (core/policy/fair.py): jobs.fair_by (NULL: none, and for every older job),
     fair_keys (each fair key's queued count and standing, kept by triggers) and the indexes
-    a fair claim walks: the keys waiting by standing, a key's queued jobs in queue order."""
+    a fair claim walks: the keys waiting by standing, a key's queued jobs in queue order, and
+    the jobs without a fair key in queue order (one index entry more per queued job: without
+    it, a claim would read past every fair key's job to find the others)."""
     _add_column(c, "jobs", "fair_by", "TEXT")
     _run(c, FAIR_KEYS)
     _run(c, FAIR_TRIGGERS)
