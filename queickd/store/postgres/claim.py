@@ -210,7 +210,8 @@ def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim
 # offset (jobs_queued_unfair).
 _UNFAIR = (f"SELECT {claim.ROW_COLS} FROM jobs WHERE state = 'queued' AND pool = %s AND fair_by IS NULL"
            f"{sqlfair.HEAD_OF_KEY.replace('?', '%s')} ORDER BY priority, run_at, id LIMIT %s OFFSET %s")
-_WALK_INDEXES = "SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off"
+_WALK_INDEXES = ("SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off;"
+                 " SET LOCAL jit = off")
 # The pools with a job queued: a skip scan of the fair keys waiting and one of the jobs
 # without a fair key (jobs_queued_unfair), one descent per pool each.
 _WALKED = (
