@@ -111,3 +111,14 @@ def test_a_bad_weight_in_the_config_file_exits_78_naming_its_key(tmp_path, text)
                         "--store", f"sqlite:///{tmp_path / 'q.db'}"], capture_output=True, text=True,
                        timeout=60, env=dict(os.environ), stdin=subprocess.DEVNULL)
     assert r.returncode == 78 and "fair_shares.acme" in r.stderr, r.stderr
+
+
+def test_operators_see_the_jobs_waiting_per_fair_key(start_daemon):
+    from test_operator_cli import queick
+
+    d = start_daemon(None, workers=0)
+    with d.client() as q:
+        q.enqueue_many([{"func": "testjobs:noop", "fair_by": t} for t in ["acme"] * 3 + ["globex"]])
+        assert [(k["key"], k["waiting"]) for k in q.stats()["fair_keys"]] == [("acme", 3), ("globex", 1)]
+    lines = queick(d.port, "status").stdout.splitlines()
+    assert next(x for x in lines if x.startswith("acme")).split() == ["acme", "default", "3"]

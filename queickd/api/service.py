@@ -45,6 +45,7 @@ log = logging.getLogger("queickd.service")
 
 
 RATE_KEYS_SHOWN = 50  # rate keys a stats reply lists (core/policy/rates.py), by key
+FAIR_KEYS_SHOWN = 20  # fair keys a stats reply lists (core/policy/fair.py), most waiting first
 
 class Waiters:
     """Callbacks waiting for jobs to reach a final state. Thread-safe."""
@@ -402,6 +403,7 @@ class QueueService(WorkflowOps):
             "network": self.network.snapshot() if self.network is not None else None,
             "budgets": self.budgets(),
             "rate_keys": [k.to_dict() for k in self.store.rate_keys(now)[:RATE_KEYS_SHOWN]],
+            "fair_keys": [k.to_dict() for k in self.store.fair_keys(FAIR_KEYS_SHOWN) if k.waiting],
             "memory": self.pool.memory.snapshot() if self.pool.memory is not None else None,
             "sandbox": self.metrics.sandbox_stats() if self.metrics is not None else None,
             "progress": self.metrics.progress_stats() if self.metrics is not None else None,

@@ -20,8 +20,8 @@ def enqueue(a: argparse.Namespace, q: JobQueue) -> int:
                                "manual": a.manual, "pool": a.pool, "priority": a.priority,
                                "concurrency_group": a.concurrency_group,
                                "concurrency_limit": a.concurrency_limit, "cost_units": a.cost_units,
-                               "isolation": a.isolation, "timeout": a.timeout, "memory_mb": a.memory_mb,
-                               "output_kb": a.output_kb, "stalled_after": a.stalled_after,
+                               "fair_by": a.fair_by, "isolation": a.isolation, "timeout": a.timeout,
+                               "memory_mb": a.memory_mb, "output_kb": a.output_kb, "stalled_after": a.stalled_after,
                                "on_stall": a.on_stall}
     if a.retry:
         options.update(retry=True, retry_type=a.retry, max_attempts=a.max_attempts)

@@ -177,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument("--concurrency-limit", type=int, help="the group's limit (with --concurrency-group)")
     enq.add_argument("--cost-units", type=number, help="what it takes of its pool's and group's budgets "
                      "(default: 1)")
+    enq.add_argument("--fair-by", help="its fair key (a tenant): its pool's claims take turns across fair keys")
     enq.add_argument("--manual", action="store_true",
                      help="an operator's run: refused (conflict) if its key already has a job; resumes a pause")
     enq.add_argument("--isolation", choices=sandbox.ISOLATIONS, help="run it in a thread or a process")

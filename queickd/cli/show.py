@@ -154,6 +154,8 @@ def print_stats(s: dict[str, Any]) -> None:
         print(f"pool {name}: {p['waiting']} waiting, {p['workers']} worker slot(s) alive{alarm}")
     print_budgets(s.get("budgets") or [])
     print_rate_keys(s.get("rate_keys") or [], s.get("now"))
+    for k in s.get("fair_keys") or []:
+        print(f"fair key {k['key']} (pool {k['pool']}): {k['waiting']} waiting")
     m = s.get("memory")
     if m:
         deferred = ", ".join(f"{r} {n}" for r, n in sorted(m["deferred"].items())) or "none"

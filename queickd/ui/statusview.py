@@ -107,6 +107,11 @@ def lines(s: dict[str, Any], width: int = 100) -> list[str]:
             nxt = "now" if k["next_start"] <= now else f"in {_terse_ago(k['next_start'], now)}"
             blocked = f"  BLOCKED until {local_time(k['blocked_until'])}" if k.get("blocked_until") else ""
             out.append(f"{k['key'][:30]:<30} {k['used']:>6}/{k['limit']:<6} {k['per']:>7g}s  {nxt}{blocked}")
+    if s.get("fair_keys"):
+        out.append("")
+        out.append(f"{'FAIR KEY':<30} {'POOL':<12} {'WAITING':>8}")
+        for k in s["fair_keys"]:
+            out.append(f"{k['key'][:30]:<30} {k['pool'][:12]:<12} {k['waiting']:>8}")
     if s["paused"]:
         out.append("")
         for p in s["paused"]:
