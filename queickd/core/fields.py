@@ -112,7 +112,8 @@ FIELDS: tuple[Field, ...] = (
     # Fair shares within its pool (core/policy/fair.py): the claim takes jobs round-robin
     # across the fair keys with work waiting, weighted by [fair_shares]; None: the pool's
     # jobs without one, which share as one key of their own.
-    Field("fair_by", "str | None", None, enqueue=True, client=True, template=True, sql="TEXT", **_NEW),
+    Field("fair_by", "str | None", None, enqueue=True, client=True, template=True, sql="TEXT",
+          **_NEW),  # its fair key (a tenant): its pool's claims take turns across fair keys
     # Where it runs and its limits (core/sandbox.py); None: the function's or daemon's setting.
     Field("isolation", "str | None", None, enqueue=True, client=True, template=True, sql="TEXT", **_NEW),
     Field("timeout", "float | None", None, enqueue=True, client=True, template=True, sql="REAL", **_NEW),
