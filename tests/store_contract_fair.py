@@ -157,3 +157,20 @@ class FairContract:
 
         run_together(claim, claim, claim)
         assert len(started) == len(set(started)) == 60
+
+    def test_enqueues_of_several_keys_and_claims_at_once_all_go_through_and_count_right(self, store):
+        # Each enqueue names its keys in another order than the other's and than the claims
+        # start them: counting may not take their locks in conflicting orders.
+        def enqueue(keys):
+            for _ in range(15):
+                store.submit([fair_job(k) for k in keys], T0)
+
+        def claim():
+            for _ in range(15):
+                got = store.claim_available(Request.of(3, now=T0))
+                store.finish_if_running([Outcome.succeeded(j.id, None) for j in got], T0)
+
+        run_together(lambda: enqueue("abcd"), lambda: enqueue("dcba"), claim, claim)
+        queued = store.list_jobs(State.QUEUED, 10_000)
+        waiting = {k.key: k.waiting for k in store.fair_keys(100) if k.key}
+        assert waiting == {k: n for k in "abcd" if (n := sum(j.fair_by == k for j in queued))}

@@ -158,6 +158,7 @@ def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim
     held.rates = sqlrates.windows_of([(r[2], r[8], r[9], r[6], r[12]) for r in view if r[0] == "rate"])
     pick = claim.Selection(claim.Request(params["limit"], params["net"], served, limits, params["now"],
                                          params["exclude"]), held)
+    c.execute(FOLD_FAIR)  # under the view's lock (the claim lock): one fold at a time
     if sqlfair.waits(c):  # fair keys wait: the order of fair shares (under the same lock)
         return _claim_fair(c, params, limits, pick, page)
     full, out_pools = pick.out_groups, pick.out_pools
@@ -210,6 +211,26 @@ def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim
 # offset (jobs_queued_unfair).
 _UNFAIR = (f"SELECT {claim.ROW_COLS} FROM jobs WHERE state = 'queued' AND pool = %s AND fair_by IS NULL"
            f"{sqlfair.HEAD_OF_KEY.replace('?', '%s')} ORDER BY priority, run_at, id LIMIT %s OFFSET %s")
+# The counts of fair keys' queued jobs not yet counted (schema.py, 33) folded into fair_keys,
+# under the claim lock: a key that starts waiting comes in at the least standing waiting in
+# its pool, never below its own (fair.comes_in), as SQLite's triggers do at once.
+FOLD_FAIR = """
+    WITH d AS (DELETE FROM fair_deltas RETURNING pool, key, n),
+    s AS (SELECT pool, key, sum(n)::integer AS n FROM d GROUP BY pool, key)
+    INSERT INTO fair_keys AS f (pool, key, waiting, vtime)
+    SELECT s.pool, s.key, s.n, coalesce((SELECT min(w.vtime) FROM fair_keys w WHERE w.pool = s.pool
+                                         AND w.waiting > 0), 0) FROM s ORDER BY s.pool, s.key
+    ON CONFLICT (pool, key) DO UPDATE SET waiting = f.waiting + excluded.waiting,
+        vtime = CASE WHEN f.waiting > 0 THEN f.vtime ELSE greatest(f.vtime, excluded.vtime) END"""
+
+
+def fold_fair(c: psycopg.Connection) -> None:
+    """FOLD_FAIR in the caller's transaction, after the claim lock (another process's fold
+    waits for this one's commit: the two never count a change twice)."""
+    c.execute("SELECT pg_advisory_xact_lock(%s)", (_CLAIM_LOCK,))
+    c.execute(FOLD_FAIR)
+
+
 _WALK_INDEXES = ("SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off;"
                  " SET LOCAL jit = off")
 # The pools with a job queued: a skip scan of the fair keys waiting and one of the jobs

@@ -392,11 +392,15 @@ MIGRATIONS.append("""
     """ + pgclaimsql.CANDIDATES_AFTER + pgclaimsql.VIEW + pgclaimsql.CLAIM + pgpasssql.PASS
                   + pgenqueuesql.ENQUEUE_MANY + pgenqueuesql.ENQUEUE)
 # 36: fair shares (core/policy/fair.py): a job's fair_by; fair_keys, each fair key's queued
-# count and standing, kept by triggers on jobs (a key that starts waiting again comes in at
-# the least standing waiting in its pool, never below its own: fair.comes_in); the indexes a
-# fair claim walks (store/sql/fair.py: the keys waiting by standing, a key's jobs, the jobs
-# without a key, each in queue order); the fast path, the pass and the view hand claims to
-# the selection while a fair key waits (claim_sql.OPEN_FAIR_WAITS); enqueue() takes fair_by.
+# count and standing; fair_deltas, the changes of those counts not yet counted: a trigger
+# on jobs appends one row per fair job queued or unqueued, in any way (an append takes no
+# lock a claim or another enqueue holds: counting in fair_keys at once would lock its rows
+# in each transaction's own order, and a multi-key enqueue and a claim could deadlock), and
+# the fair claim folds them into fair_keys first, under its claim lock (claim.py FOLD_FAIR);
+# the indexes a fair claim walks (store/sql/fair.py: the keys waiting by standing, a key's
+# jobs, the jobs without a key, each in queue order); the fast path, the pass and the view
+# hand claims to the selection while a fair key waits (claim_sql.OPEN_FAIR_WAITS);
+# enqueue() takes fair_by.
 MIGRATIONS.append("""
     ALTER TABLE jobs ADD COLUMN IF NOT EXISTS fair_by text;
     CREATE TABLE IF NOT EXISTS fair_keys (
@@ -407,6 +411,8 @@ MIGRATIONS.append("""
         last_start double precision NOT NULL DEFAULT 0,
         PRIMARY KEY (pool, key)
     );
+    CREATE TABLE IF NOT EXISTS fair_deltas (pool text NOT NULL, key text NOT NULL, n integer NOT NULL);
+    CREATE INDEX IF NOT EXISTS fair_deltas_pool ON fair_deltas (pool);
     CREATE INDEX IF NOT EXISTS fair_keys_waiting ON fair_keys (pool, vtime, last_start, key) WHERE waiting > 0;
     CREATE INDEX IF NOT EXISTS jobs_queued_fair ON jobs (pool, fair_by, priority, run_at, id)
         WHERE state = 'queued' AND fair_by IS NOT NULL;
@@ -416,14 +422,10 @@ MIGRATIONS.append("""
         """ + pgclaimsql.PLANNED + """ AS $$
     BEGIN
     IF TG_OP <> 'INSERT' AND OLD.fair_by IS NOT NULL AND OLD.state = 'queued' THEN
-        UPDATE fair_keys SET waiting = waiting - 1 WHERE pool = OLD.pool AND key = OLD.fair_by;
+        INSERT INTO fair_deltas VALUES (OLD.pool, OLD.fair_by, -1);
     END IF;
     IF TG_OP <> 'DELETE' AND NEW.fair_by IS NOT NULL AND NEW.state = 'queued' THEN
-        INSERT INTO fair_keys AS f (pool, key, waiting, vtime)
-        VALUES (NEW.pool, NEW.fair_by, 1,
-                coalesce((SELECT min(w.vtime) FROM fair_keys w WHERE w.pool = NEW.pool AND w.waiting > 0), 0))
-        ON CONFLICT (pool, key) DO UPDATE SET waiting = f.waiting + 1,
-            vtime = CASE WHEN f.waiting > 0 THEN f.vtime ELSE greatest(f.vtime, excluded.vtime) END;
+        INSERT INTO fair_deltas VALUES (NEW.pool, NEW.fair_by, 1);
     END IF;
     RETURN NULL;
     END

@@ -49,7 +49,8 @@ from ...core.policy import claim
 from ...core.policy.resources import BudgetChange
 from .. import rows as dbrows
 from ..pools import set_pool_sql
-from ..records import Beat, CronFire, CronRecord, Finished, Recovered
+from ..records import Beat, CronFire, CronRecord, FairKey, Finished, Recovered
+from ..sql import fair as sqlfair
 from ..sql.operator import filters
 from ..sql.schedule import repair_key_order
 from ..sql.store import SqlStore
@@ -277,6 +278,11 @@ class PostgresStore(PgConnections, SqlStore):
         have run. Safe to call from every daemon and worker at any time."""
         with self._write() as c:
             return finish.recover_orphans_in(c, self._steps(), max_requeues, now, running_here)
+
+    def fair_keys(self, limit: int = 50) -> list[FairKey]:
+        with self._write() as c:  # the counts not yet folded into fair_keys folded first
+            pgclaim.fold_fair(c)
+            return sqlfair.keys(c, limit)
 
     def waiting_by_pool(self) -> dict[str, int]:
         rows = self._conn().execute(f"SELECT pool, count(*) FROM jobs WHERE {WAITING_ANY}"

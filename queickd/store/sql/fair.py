@@ -1,7 +1,9 @@
 """Fair shares (core/policy/fair.py) as both SQL stores keep them: the table `fair_keys`
-(pool, key, waiting, vtime, last_start), its count of queued jobs kept by triggers (each
-store's schema.py), and a claim's reads of it in its transaction, after the lock its store
-serializes such claims under (SQLite's writer; PostgreSQL's claim lock).
+(pool, key, waiting, vtime, last_start), its count of queued jobs kept by triggers (SQLite:
+at once, its one writer serializes them; PostgreSQL: appended to fair_deltas and folded in
+by the fair claim, postgres/claim.py FOLD_FAIR), and a claim's reads of it in its
+transaction, after the lock its store serializes such claims under (SQLite's writer;
+PostgreSQL's claim lock).
 
 A claim reads, per pool walked, the keys with work waiting in order of standing, a page at
 a time (the partial index fair_keys_waiting: an index walk, never a count of all waiting
