@@ -42,6 +42,16 @@ def test_a_function_default_fills_only_what_the_job_left_unset():
     assert (job.cost_units, job.concurrency_group, job.concurrency_limit) == (1.5, "api", 2)
 
 
+def test_a_functions_fair_key_is_its_jobs_default():
+    r = parse({"m:f": {"fair_by": "acme"}}, {}, 30)
+    assert (r.apply(NewJob("m:f", run_at=0)).fair_by, r.apply(NewJob("m:f", run_at=0, fair_by="b")).fair_by) == (
+        "acme", "b")
+
+
+def test_fair_shares_weights_come_with_the_budgets():
+    assert parse({}, {}, 30, {"acme": 2}).limits.fair == {"acme": 2.0}
+
+
 def test_a_job_over_a_whole_budget_is_refused_naming_it():
     r = parse({}, {"pools": {"gpu": 2}}, 30)
     with pytest.raises(QueueError, match="pool 'gpu'"):
@@ -54,6 +64,7 @@ def test_a_job_over_a_whole_budget_is_refused_naming_it():
     ({}, {"pools": {"p": 0}}, "budgets.pools.p"),
     ({}, {"groups": {"g" * 201: 1}}, "200 bytes"),
     ({}, {"tenants": {"a": 1}}, "tenants"),
+    ({"m:f": {"fair_by": "x" * 201}}, {}, "fair_by"),
 ])
 def test_bad_tables_are_refused_naming_the_field(functions, budgets, named):
     with pytest.raises(ValueError, match=named):
