@@ -122,3 +122,24 @@ def test_operators_see_the_jobs_waiting_per_fair_key(start_daemon):
         assert [(k["key"], k["waiting"]) for k in q.stats()["fair_keys"]] == [("acme", 3), ("globex", 1)]
     lines = queick(d.port, "status").stdout.splitlines()
     assert next(x for x in lines if x.startswith("acme")).split() == ["acme", "default", "3"]
+
+
+def test_two_worker_processes_on_postgres_run_every_fair_job_once_keys_one_at_a_time(pg, start_daemon,
+                                                                                      start_worker, tmp_path):
+    url, _ = pg
+    d = start_daemon(url, workers=0)
+    start_worker(url, "default", workers=3), start_worker(url, "default", workers=3)
+    out = tmp_path / "runs.txt"
+    with d.client() as q:
+        jobs = {}
+        for i in range(120):
+            token = f"t{i % 4}-{'k' if i % 5 == 0 else 'x'}-{i}"
+            jobs[token] = q.enqueue("testjobs:span", [str(out), token, 0.01], fair_by=f"t{i % 4}",
+                                    key="k" if i % 5 == 0 else None)
+        done = [q.wait(job_id, 60) for job_id in jobs.values()]
+    assert {j["state"] for j in done} == {State.SUCCEEDED} and {j["attempts"] for j in done} == {1}
+    runs = [line.split() for line in out.read_text().splitlines()]
+    assert sorted(r[0] for r in runs) == sorted(jobs)  # each ran, once
+    keyed = sorted((float(start), float(end), token) for token, _, start, end in runs if "-k-" in token)
+    assert all(a[1] <= b[0] for a, b in zip(keyed, keyed[1:], strict=False))  # the serial key one at a time
+    assert [t for _, _, t in keyed] == [t for t in jobs if "-k-" in t]  # in enqueue order
