@@ -211,7 +211,7 @@ def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim
 # offset (jobs_queued_unfair).
 _UNFAIR = (f"SELECT {claim.ROW_COLS} FROM jobs WHERE state = 'queued' AND pool = %s AND fair_by IS NULL"
            f"{sqlfair.HEAD_OF_KEY.replace('?', '%s')} ORDER BY priority, run_at, id LIMIT %s OFFSET %s")
-# The counts of fair keys' queued jobs not yet counted (schema.py, 33) folded into fair_keys,
+# The counts of fair keys' queued jobs not yet counted (schema.py, 36) folded into fair_keys,
 # under the claim lock: a key that starts waiting comes in at the least standing waiting in
 # its pool, never below its own (fair.comes_in), as SQLite's triggers do at once.
 FOLD_FAIR = """

@@ -103,7 +103,7 @@ OPEN_RATE_WAITS = f"""EXISTS (
         WHERE k.name IS NOT NULL AND {RATE_ROOM.format(key="k.name")})"""
 
 # "Must the selection claim?", of fair shares (core/policy/fair.py): a fair key has a job
-# queued in a pool served, or a count of one not yet folded into fair_keys (schema.py, 33;
+# queued in a pool served, or a count of one not yet folded into fair_keys (schema.py, 36;
 # one look at fair_keys_waiting and at fair_deltas_pool per pool): the claim's order is
 # then the fair shares', which the selection keeps.
 OPEN_FAIR_WAITS = ("(EXISTS (SELECT 1 FROM fair_keys f WHERE f.waiting > 0"

@@ -202,7 +202,7 @@ def _page_sql(pools: int, heads: str) -> str:
 
 
 # A pool's queued jobs without a fair key, keys' heads only, in queue order, a page after an
-# offset: a walk of their own index (schema.py, 20), however many fair keys' jobs wait.
+# offset: a walk of their own index (schema.py, 22), however many fair keys' jobs wait.
 _UNFAIR = (f"SELECT {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued_unfair WHERE state = 'queued'"
            f" AND fair_by IS NULL AND pool = ?{sqlfair.HEAD_OF_KEY}{_ORDER} OFFSET ?")
 
