@@ -17,6 +17,7 @@ from typing import Any
 
 from ...core.job import State
 from ...core.policy import forward as policy
+from ...core.protocol import QueueError
 from ...store import Store
 from .backlog import Backlog
 from .link import DOWN, IDLE, UNAUTHORIZED, UP, Link, LinkError
@@ -170,7 +171,8 @@ class Forwarder:
                 continue
             gone, gone_bytes = gone + 1, gone_bytes + size
         if accepted:
-            self.store.mark_forwarded(accepted)
+            if self.store.mark_forwarded(accepted) < len(accepted):
+                self._cancel_upstream(accepted)
             self.forwarded += len(accepted)
             self.last_forward_at = now
             if self._settle_at is None:
@@ -180,6 +182,20 @@ class Forwarder:
             raise LinkError(UNAUTHORIZED, f"the upstream refuses our token: {stop.get('message')}")
         if later is not None:
             raise LinkError(DOWN, f"the upstream cannot take jobs now ({later.get('code')}: {later.get('message')})")
+
+    def _cancel_upstream(self, accepted: list[tuple[int, int]]) -> None:
+        """Jobs cancelled here while their batch was on its way (no longer held when it was
+        marked): cancelled upstream too, so that a job cancelled on the edge does not run."""
+        for local, upstream in accepted:
+            job = self.store.get(local)
+            if job is None or job.state != State.CANCELLED:
+                continue
+            try:
+                self.link.cancel(upstream)
+                log.info("job %d was cancelled while it was forwarded; cancelled upstream as job %d", local, upstream)
+            except (QueueError, LinkError) as e:  # final there already, or the link went: said, not retried
+                log.warning("job %d was cancelled while it was forwarded; upstream job %d could not be "
+                            "cancelled: %s", local, upstream, e)
 
     def _settle(self) -> None:
         """Read the upstream state of forwarded jobs; those final there become so here."""

@@ -90,6 +90,17 @@ class Link:
             self.close()
             raise failure(e) from e
 
+    def cancel(self, job_id: int) -> None:
+        """Cancel the upstream's job (its outcome discarded if it runs); LinkError if it
+        cannot say, QueueError if the upstream refuses (a job final there already)."""
+        try:
+            self._open().cancel(job_id)
+        except QueueError:
+            raise
+        except Exception as e:
+            self.close()
+            raise failure(e) from e
+
     def close(self) -> None:
         if self._queue is not None:
             q, self._queue = self._queue, None
