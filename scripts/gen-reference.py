@@ -86,6 +86,8 @@ def _value(act: argparse.Action) -> str:
     if act.choices is not None:
         return " \\| ".join(_code(c) for c in act.choices)
     meta = act.metavar or (act.dest if not act.option_strings else act.dest.upper())
+    if isinstance(meta, tuple):  # several values (nargs=N), one name each
+        meta = " ".join(meta)
     return _code(meta + (" (optional)" if act.nargs == "?" and act.option_strings else ""))
 
 

@@ -164,3 +164,19 @@ def test_a_webhooks_deliveries_carry_its_rate_limit(start_daemon, tmp_path):
     with web.daemon.client() as q:
         job = q.get(json.loads(reply.body)["job_id"])
     assert job["rate_limit"] == {"key": "github", "limit": 5, "per": 1.0}
+
+
+def test_queick_enqueue_sends_its_rate_limit_and_the_daemon_checks_it(start_daemon):
+    d = start_daemon()
+
+    def enqueue(*flags):
+        return subprocess.run([sys.executable, "-m", "queickd", "enqueue", "testjobs:noop", "--port", str(d.port),
+                               *flags], capture_output=True, text=True, timeout=60)
+
+    ok = enqueue("--rate-limit", "slack:#general", "2", "1.5")
+    assert ok.returncode == 0, ok.stderr
+    with d.client() as q:
+        job = q.get(int(ok.stdout))
+    assert job["rate_limit"] == {"key": "slack:#general", "limit": 2, "per": 1.5}
+    bad = enqueue("--rate-limit", "slack:#general", "0", "1")
+    assert bad.returncode != 0 and "rate_limit.limit" in bad.stderr

@@ -14,6 +14,16 @@ from ..ui.text import ERROR_SHOWN, one_line
 from .show import print_job, print_jobs, print_pauses
 
 
+def _number(text: str) -> int | float | str:
+    """A number as the daemon checks it (left as text when it is not one: refused there, by name)."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def enqueue(a: argparse.Namespace, q: JobQueue) -> int:
     options: dict[str, Any] = {"kwargs": a.kwargs, "delay": a.delay, "run_at": a.run_at,
                                "key": a.key, "idempotency_key": a.idempotency_key,
@@ -25,6 +35,9 @@ def enqueue(a: argparse.Namespace, q: JobQueue) -> int:
                                "on_stall": a.on_stall}
     if a.retry:
         options.update(retry=True, retry_type=a.retry, max_attempts=a.max_attempts)
+    if a.rate_limit is not None:
+        key, limit, per = a.rate_limit
+        options["rate_limit"] = {"key": key, "limit": _number(limit), "per": _number(per)}
     job_id = q.enqueue(a.func, a.args, **options)
     if a.wait is None:
         print(json.dumps({"job_id": job_id}) if a.json else job_id)

@@ -177,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument("--concurrency-limit", type=int, help="the group's limit (with --concurrency-group)")
     enq.add_argument("--cost-units", type=number, help="what it takes of its pool's and group's budgets "
                      "(default: 1)")
+    enq.add_argument("--rate-limit", nargs=3, metavar=("KEY", "LIMIT", "PER"),
+                     help="start at most LIMIT jobs of rate key KEY in any PER seconds (e.g. slack:#general 1 1)")
     enq.add_argument("--fair-by", help="its fair key (a tenant): its pool's claims take turns across fair keys")
     enq.add_argument("--manual", action="store_true",
                      help="an operator's run: refused (conflict) if its key already has a job; resumes a pause")
