@@ -91,6 +91,22 @@ class RatesContract:
         (k,) = store.rate_keys(T0 + 1)
         assert (k.key, k.limit, k.per, k.used, k.next_start, k.blocked_until) == ("slack", 2, 10.0, 2, T0 + 10, None)
 
+    def test_a_rate_key_is_pruned_once_its_window_is_empty_and_not_before(self, store):
+        store.submit([rated(key="used", limit=2, per=10.0), rated(key="busy", limit=2, per=10.0)], T0)
+        store.claim_available(Request.of(1, now=T0))  # "used" starts at T0
+        store.claim_available(Request.of(1, now=T0 + 5))  # "busy" at T0 + 5
+        assert store.prune_rate_keys(T0 + 9.9) == 0
+        assert store.prune_rate_keys(T0 + 10) == 1
+        assert [k.key for k in store.rate_keys(T0 + 10)] == ["busy"]
+
+    def test_a_blocked_rate_key_is_not_pruned_before_its_block_ends(self, store):
+        (s,) = store.submit([rated(key="told", limit=100, per=1.0)], T0)
+        (ran,) = store.claim_available(Request.of(1, now=T0))
+        store.finish_if_running([Outcome.rate_limited(ran.id, T0 + 60, {"type": "RateLimited", "message": "429"})],
+                                T0 + 1)
+        assert store.prune_rate_keys(T0 + 30) == 0
+        assert store.prune_rate_keys(T0 + 60) == 1
+
     def test_concurrent_claims_start_no_more_than_a_keys_limit(self, store):
         store.submit([rated(limit=5, per=1000.0) for _ in range(40)] + [job() for _ in range(20)], T0)
         started, lock = [], threading.Lock()

@@ -1,6 +1,6 @@
 """Retention: succeeded and cancelled jobs are deleted once older than `keep_finished`, the
-delivered outbox events whose job is gone with them, and the per-minute counters once older
-than a day.
+delivered outbox events whose job is gone with them, the per-minute counters once older
+than a day, and the rate keys whose window is empty.
 
 A maintenance service of the daemon (no thread of its own). Deletes in small batches,
 each its own transaction, so a large backlog never holds the store's writer for long.
@@ -48,4 +48,5 @@ class Retention:
             log.info("retention: pruned %d finished job(s) and %d delivered event(s) older than %.0f s",
                      total, events, self.keep_finished)
         self.store.prune_minutes(int(self._clock() // 60) - KEEP_MINUTES)
+        self.store.prune_rate_keys(self._clock())
         return total

@@ -82,6 +82,11 @@ class Operator(Backend, Protocol):
         job's idempotency key is. Pending and dead events stay. Returns how many."""
         ...
 
+    def prune_rate_keys(self, now: float) -> int:
+        """Delete the rate keys that say nothing at `now` (no start within their window, no
+        block ahead): a key used once is not kept for ever. Returns how many."""
+        ...
+
     def prune_minutes(self, before: int) -> int:
         """Delete the rows of minutes before `before`; returns how many."""
         ...

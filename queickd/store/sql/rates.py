@@ -13,6 +13,7 @@ from typing import Any
 
 from ...core.policy import rates
 from ..records import Claimed, RateKey
+from .dialect import Dialect
 
 _READ = "SELECT key, lim, per, blocked_until, starts FROM rate_keys"
 _WRITE = ("INSERT INTO rate_keys (key, lim, per, blocked_until, starts) VALUES (?, ?, ?, NULL, ?)"
@@ -87,6 +88,19 @@ def tighten(c: Any, blocks: list[tuple[Any, float]]) -> None:
             rows.append((r.key, r.limit, r.per, until))
     if rows:
         c.cursor().executemany(_q(c, _TIGHTEN), sorted(rows))
+
+
+# A key's row goes once it says nothing: no start within its window, no block ahead. Deleted
+# only if unchanged since it was read (a claim that logged a start meanwhile keeps it).
+_STALE = ("DELETE FROM rate_keys WHERE key = ? AND coalesce(starts, '') = coalesce(?, '')"
+          " AND (blocked_until IS NULL OR blocked_until <= ?)")
+
+
+def prune(d: Dialect, c: Any, now: float) -> int:
+    """Delete the rate keys whose window is empty and that are not blocked; how many."""
+    stale = [(k, starts, now) for k, lim, per, blocked, starts in c.execute(_q(c, _READ)).fetchall()
+             if (blocked is None or blocked <= now) and max(json.loads(starts or "[]"), default=-per) + per <= now]
+    return sum(c.execute(_q(c, _STALE), row).rowcount for row in stale)
 
 
 def keys(c: Any, now: float) -> list[RateKey]:

@@ -115,6 +115,7 @@ class SqlStore(StoreBase):
     add_minute = _writes(stats.add_minute)
     minutes = _reads(stats.minutes)
     prune_minutes = _writes(stats.prune_minutes)
+    prune_rate_keys = _writes(sqlrates.prune)
     waiting_over_budgets = _reads(stats.waiting_over_budgets)
     budget_usage = _reads(stats.budget_usage)
     footprints = _reads(stats.footprints)
