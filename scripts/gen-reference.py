@@ -281,6 +281,8 @@ def _every_family_stats() -> dict:
         "upstream": {"link": "up", "held": 0, "held_bytes": 0, "oldest_held_age": None, "last_forward_at": None,
                      "forwarded": 0, "refused": 0, "wakeups": 0},
         "liveness": {"stalled": 0, "watched": 0, "stalls": {"mark": 0, "kill": 0}},
+        "rate_keys": [{"key": "k", "limit": 1, "per": 1.0, "used": 0, "next_start": 0.0, "blocked_until": 1.0}],
+        "fair_keys": [{"pool": "default", "key": "k", "waiting": 1, "vtime": 0.0, "last_start": 0.0}],
     }
 
 

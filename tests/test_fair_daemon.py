@@ -143,3 +143,17 @@ def test_two_worker_processes_on_postgres_run_every_fair_job_once_keys_one_at_a_
     keyed = sorted((float(start), float(end), token) for token, _, start, end in runs if "-k-" in token)
     assert all(a[1] <= b[0] for a, b in zip(keyed, keyed[1:], strict=False))  # the serial key one at a time
     assert [t for _, _, t in keyed] == [t for t in jobs if "-k-" in t]  # in enqueue order
+
+
+def test_operators_see_each_fair_keys_waiting_jobs_on_the_status_page_and_in_metrics(start_daemon, tmp_path):
+    from httphelpers import scrape, start_web
+
+    web = start_web(start_daemon, tmp_path, workers=0)  # nothing runs: every job waits
+    with web.daemon.client() as q:
+        q.enqueue_many([q.job("testjobs:noop", fair_by="acme") for _ in range(3)]
+                       + [q.job("testjobs:noop", fair_by="zeta")])
+    m = scrape(web)
+    assert m[("queickd_fair_waiting_jobs", (("key", "acme"), ("pool", "default")))] == 3
+    assert m[("queickd_fair_waiting_jobs", (("key", "zeta"), ("pool", "default")))] == 1
+    page = web.get("/").body.decode()
+    assert "Fair shares" in page and "acme" in page and "not yet" in page

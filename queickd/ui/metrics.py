@@ -183,6 +183,13 @@ class Metrics:
         family("queickd_rate_blocked_until_timestamp_seconds", "gauge",
                "Until when a rate key starts nothing, told by its service (an HTTP 429's Retry-After).",
                [({"key": k["key"]}, k["blocked_until"]) for k in rated if k.get("blocked_until") is not None])
+        fair = stats.get("fair_keys") or []
+        family("queickd_fair_waiting_jobs", "gauge",
+               "Queued jobs of each fair key with work waiting (the most waiting first, at most 20).",
+               [({"pool": k["pool"], "key": k["key"]}, k["waiting"]) for k in fair])
+        family("queickd_fair_last_start_timestamp_seconds", "gauge",
+               "When each fair key with work waiting last started a job (unix time; 0: not yet).",
+               [({"pool": k["pool"], "key": k["key"]}, k["last_start"]) for k in fair])
         memory = stats.get("memory") or {}
         family("queickd_deferred_total", "counter", "Claimed jobs sent back to wait, by reason (memory: "
                "they may not fit in the memory left; max_rss: in what --max-rss leaves).",

@@ -159,6 +159,9 @@ def render(s: dict[str, Any]) -> str:
                      "now" if k["next_start"] <= now else "in " + ago(k["next_start"], now),
                      local_time(k["blocked_until"]) if k.get("blocked_until") else ""]
                     for k in s.get("rate_keys") or []], "")
+    fair = _table(["fair key", "pool", "waiting", "last start"],
+                  [[k["key"], k["pool"], k["waiting"], ago(now, k["last_start"]) + " ago" if k["last_start"] else "not yet"]
+                   for k in s.get("fair_keys") or []], "")
     blocks = s.get("key_blocks") or {}
     keys = _table(["key", "waiting", "oldest due", "held"],
                   [[k["key"], k["waiting"], ago(now, k["oldest_run_at"]) + " ago"
@@ -203,6 +206,7 @@ def render(s: dict[str, Any]) -> str:
 <h2>Pools</h2>{pools}{fleet if s.get("fleet") else ""}
 {"<h2>Budgets</h2>" + budgets if s.get("budgets") else ""}
 {"<h2>Rate limits</h2>" + rates if s.get("rate_keys") else ""}
+{"<h2>Fair shares</h2>" + fair if s.get("fair_keys") else ""}
 <h2>Waiting per key</h2>{keys}
 <h2>Paused</h2>{paused}
 <h2>Running</h2>{running}
