@@ -247,8 +247,7 @@ def test_a_version_1_file_gains_the_pool_column_and_keeps_its_jobs(tmp_path):
     with sqlite3.connect(path) as c:  # what a queickd of schema 1 left behind
         for name in ("plain", "grouped", "group", "rated", "rate_key"):  # the indexes that name the pool came later
             c.execute(f"DROP INDEX jobs_queued_pool_{name}")
-        for name in ("fair", "unfair"):  # and fair keys' indexes and triggers
-            c.execute(f"DROP INDEX jobs_queued_{name}")
+        c.execute("DROP INDEX jobs_queued_fair")  # and fair keys' index and triggers
         for name in ("insert", "update", "delete"):
             c.execute(f"DROP TRIGGER jobs_fair_{name}")
         c.execute("ALTER TABLE jobs DROP COLUMN pool")

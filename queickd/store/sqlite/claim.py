@@ -28,9 +28,12 @@ from ..sql import fair as sqlfair
 from ..sql import rates as sqlrates
 from .schema import RATE_KEY
 
-# The queue-order walks of a pool: its jobs without a group or a rate limit, those with a
-# group, and those with a rate limit and no group (each queued job is in one of them).
-_PLAIN, _GROUPED = "concurrency_group IS NULL AND rate_limit IS NULL", "concurrency_group IS NOT NULL"
+# The queue-order walks of a pool: its jobs without a group, a rate limit or a fair key,
+# those with a group, and those with a rate limit and no group. The jobs with a fair key and
+# neither are walked by their key (jobs_queued_fair), by a claim that goes the way of fair
+# shares whenever such a job waits: each queued job is in one walk.
+_PLAIN = "concurrency_group IS NULL AND rate_limit IS NULL AND fair_by IS NULL"
+_GROUPED = "concurrency_group IS NOT NULL"
 _RATED = "concurrency_group IS NULL AND rate_limit IS NOT NULL"
 _WALKS = (("jobs_queued_pool_plain", _PLAIN), ("jobs_queued_pool_grouped", _GROUPED),
           ("jobs_queued_pool_rated", _RATED))
@@ -43,7 +46,10 @@ _WAITING_POOLS = "WITH RECURSIVE " + ", ".join(
     f" INDEXED BY {index} WHERE state = 'queued' AND {which} AND pool > {w}.name"
     f" ORDER BY pool LIMIT 1) FROM {w} WHERE {w}.name IS NOT NULL)"
     for w, (index, which) in zip(("a", "b", "c"), _WALKS, strict=True)
-) + " UNION ".join(f" SELECT name FROM {w} WHERE name IS NOT NULL" for w in ("a", "b", "c"))
+) + (", d (name) AS (SELECT (SELECT pool FROM fair_keys WHERE waiting > 0 ORDER BY pool LIMIT 1) UNION ALL"
+     " SELECT (SELECT pool FROM fair_keys WHERE waiting > 0 AND pool > d.name ORDER BY pool LIMIT 1)"
+     " FROM d WHERE d.name IS NOT NULL)"  # the pools of the fair keys waiting: their jobs are in no walk
+) + " UNION ".join(f" SELECT name FROM {w} WHERE name IS NOT NULL" for w in ("a", "b", "c", "d"))
 
 # Of the keyed jobs, their key's head only (its first queued job in queue order, of any
 # pool), for a claim that does not read every pool: a key's head in a pool it does not
@@ -136,12 +142,16 @@ def _past_full(c: sqlite3.Connection, walk: tuple[str, ...], heads: str, full: f
     return (r[1:] for r in rows)
 
 
+# The jobs with a fair key and no group or rate limit: the part of the queue no walk holds.
+_FAIR_ONLY = ("jobs_queued_fair", "fair_by IS NOT NULL AND concurrency_group IS NULL AND rate_limit IS NULL")
+
+
 def queue_order(cols: str, where: str = "") -> str:
     """Every queued job, `cols` of each, in no order: a compound of the pool-first
-    queue-order indexes' walks (each queued job is in one of the two). `where`: a further
-    condition on both."""
+    queue-order indexes' walks and the fair keys' (each queued job is in one of them).
+    `where`: a further condition on each."""
     return " UNION ALL ".join(f"SELECT {cols} FROM jobs INDEXED BY {index} WHERE state = 'queued'"
-                              f" AND {which}{where}" for index, which in _WALKS)
+                              f" AND {which}{where}" for index, which in (*_WALKS, _FAIR_ONLY))
 
 
 def served_order(cols: str, pools: int, where: str = "") -> str:
@@ -202,9 +212,8 @@ def _page_sql(pools: int, heads: str) -> str:
 
 
 # A pool's queued jobs without a fair key, keys' heads only, in queue order, a page after an
-# offset: a walk of their own index (schema.py, 22), however many fair keys' jobs wait.
-_UNFAIR = (f"SELECT {claim.ROW_COLS} FROM jobs INDEXED BY jobs_queued_unfair WHERE state = 'queued'"
-           f" AND fair_by IS NULL AND pool = ?{sqlfair.HEAD_OF_KEY}{_ORDER} OFFSET ?")
+# offset: its walks, of which only the grouped and rated ones hold jobs with a fair key.
+_UNFAIR = served_order(f"priority, {claim.ROW_COLS}", 1, f" AND fair_by IS NULL{sqlfair.HEAD_OF_KEY}") + _ORDER + " OFFSET ?"
 
 
 # What runs (claim.RUNNING_COLS: a handful of rows through the running index), and with it
@@ -256,8 +265,8 @@ class Claims:
         params = [v for p in walk for _ in _WALKS for v in ((limits.any, p) if totalled else (p,))]
         read = limit + self._past if past_full else limit
         heads = c.execute(sql, (*params, read)).fetchall()
-        if not heads:
-            return []
+        if not heads:  # the walks hold none, but jobs of fair keys may wait (theirs alone)
+            return self._fair(c, request, walk) if sqlfair.waits(c) else []
         paused = bool(heads[0][11] & 1)
         if heads[0][11] & 2:  # fair keys wait: the order of fair shares, by the selection
             return self._fair(c, request, walk)
@@ -366,7 +375,7 @@ class Claims:
         shares = fair.FairShares(request.limits.fair, request.now)
         page = max(16, request.limit * 2)
         def own(pool: str) -> Iterator[tuple]:
-            return sqlfair.paged(c, _UNFAIR, (pool,), page)
+            return (r[1:] for r in sqlfair.paged(c, _UNFAIR, (pool,) * len(_WALKS), page))
 
         shares.offer(pick, sqlfair.units(c, walk, page, own))
         self._full_groups = False  # the next claim reads the heads first again

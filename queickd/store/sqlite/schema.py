@@ -395,8 +395,6 @@ FAIR_KEYS = """
     CREATE INDEX IF NOT EXISTS fair_keys_waiting ON fair_keys (pool, vtime, last_start, key) WHERE waiting > 0;
     CREATE INDEX IF NOT EXISTS jobs_queued_fair ON jobs (pool, fair_by, priority, run_at, id)
         WHERE state = 'queued' AND fair_by IS NOT NULL;
-    CREATE INDEX IF NOT EXISTS jobs_queued_unfair ON jobs (pool, priority, run_at, id)
-        WHERE state = 'queued' AND fair_by IS NULL;
 """
 # A fair key's count of queued jobs, kept as its jobs come and go in any way (enqueue, claim,
 # retry, cancel, purge, a pool moved); a key that starts waiting again comes in at the
@@ -427,18 +425,27 @@ FAIR_TRIGGERS = f"""
 def _v22(c: sqlite3.Connection) -> None:
     """Fair shares (core/policy/fair.py): jobs.fair_by (NULL: none, and for every older job),
     fair_keys (each fair key's queued count and standing, kept by triggers) and the indexes
-    a fair claim walks: the keys waiting by standing, a key's queued jobs in queue order, and
-    the jobs without a fair key in queue order (one index entry more per queued job: without
-    it, a claim would read past every fair key's job to find the others)."""
+    a fair claim walks: the keys waiting by standing, and a key's queued jobs in queue order
+    (migration 23 takes them out of jobs_queued_pool_plain)."""
     _add_column(c, "jobs", "fair_by", "TEXT")
     _run(c, FAIR_KEYS)
     _run(c, FAIR_TRIGGERS)
 
 
+def _v23(c: sqlite3.Connection) -> None:
+    """Each queued job in one queue-order walk again: jobs_queued_pool_plain without the jobs
+    of a fair key (a fair claim walks those by key, jobs_queued_fair), and no second index
+    of the jobs without one (jobs_queued_unfair, one entry more for every plain job)."""
+    c.execute("DROP INDEX IF EXISTS jobs_queued_unfair")
+    c.execute("DROP INDEX IF EXISTS jobs_queued_pool_plain")
+    c.execute("CREATE INDEX jobs_queued_pool_plain ON jobs (pool, priority, run_at, id) WHERE state = 'queued'"
+              " AND concurrency_group IS NULL AND rate_limit IS NULL AND fair_by IS NULL")
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
                                                           _v11, _v12, _v13, _v14, _v15, _v16, _v17,
-                                                          _v18, _v19, _v20, _v21, _v22]
+                                                          _v18, _v19, _v20, _v21, _v22, _v23]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
