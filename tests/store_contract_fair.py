@@ -10,6 +10,7 @@ import threading
 
 from contract_jobs import T0, job
 from helpers import run_together
+from store_contract_rules import store_picture
 
 from queickd.core.job import Outcome, State
 from queickd.core.policy import claim, fair, rates
@@ -54,15 +55,7 @@ class FairContract:
                 store.pause(*rnd.choice([("func", "m:g"), ("key", "b")]), now)
             elif rnd.random() < 0.1 and store.pauses():
                 store.resume(*rnd.choice(sorted((p.kind, p.name) for p in store.pauses())))
-            queued = sorted(store.list_jobs(State.QUEUED, 10_000), key=lambda j: (j.priority, j.run_at, j.id))
-            ran = store.list_jobs(State.RUNNING, 10_000)
-            pauses = store.pauses()
-            running = claim.Running.of_jobs(
-                [(j.key, j.concurrency_group, None, j.concurrency_limit, j.pool, j.cost_units) for j in ran],
-                [(p.kind, p.name) for p in pauses],
-                [(p.kind, p.name) for p in pauses if p.probe_at is not None and p.probe_at <= now
-                 and p.probe_job not in {j.id for j in ran}])
-            running.rates = windows
+            queued, running = store_picture(store, now, windows)
             pools = rnd.choice([None, ["default"], ["default", "other"]])
             request = claim.Request.of(rnd.randint(1, 5), rnd.random() < 0.8, pools,
                                        Limits(fair=weights), now=now)

@@ -362,15 +362,7 @@ class RulesContract:
                 store.pause(*rnd.choice([("func", "m:g"), ("key", "b"), ("pool", "other")]), now)
             elif rnd.random() < 0.08 and store.pauses():
                 store.resume(*rnd.choice(sorted((p.kind, p.name) for p in store.pauses())))
-            queued = sorted(store.list_jobs(State.QUEUED, 10_000), key=lambda j: (j.priority, j.run_at, j.id))
-            ran = store.list_jobs(State.RUNNING, 10_000)
-            pauses = store.pauses()
-            running = claim.Running.of_jobs(
-                [(j.key, j.concurrency_group, None, j.concurrency_limit, j.pool, j.cost_units) for j in ran],
-                [(p.kind, p.name) for p in pauses],
-                [(p.kind, p.name) for p in pauses if p.probe_at is not None and p.probe_at <= now
-                 and p.probe_job not in {j.id for j in ran}])
-            running.rates = windows
+            queued, running = store_picture(store, now, windows)
             pools = rnd.choice([None, ["default"], ["other"], ["default", "other"]])
             request = claim.Request.of(rnd.randint(1, 6), rnd.random() < 0.8, pools, now=now)
             # The fast path's claim unless a group that could start a job waits in a pool
@@ -382,7 +374,7 @@ class RulesContract:
             want = (_probes_last(queued, running, request) if self.PROBES_AFTER_THE_REST and fast
                     else claim.select(queued, request, running))
             heads = [c for c in queued if pools is None or c.pool in pools][:request.limit]
-            plain = claim.plain(heads, request, bool(pauses), running)
+            plain = claim.plain(heads, request, bool(store.pauses()), running)
             assert plain is None or plain == claim.select(queued, request, running), step
             in_one = rnd.random() < 0.5  # by a pass (finish_and_claim) with nothing to finish
             got = store.finish_and_claim([], now, request.limit, request.network_up, pools) if (
@@ -399,3 +391,19 @@ class RulesContract:
                                      else Outcome.succeeded(j.id, None)
                                      for j in store.list_jobs(State.RUNNING, 10_000) if rnd.random() < 0.5],
                                     now, pause_after=2, pause_cooldown=4.0)
+
+
+def store_picture(store, now: float, windows: dict) -> tuple[list, claim.Running]:
+    """What a claim at `now` meets, read back from the store for the pure policy: the queued
+    jobs in queue order, and what runs (keys, groups, pools, costs, pauses and due probes),
+    with the rate keys' `windows` as the test has followed them."""
+    queued = sorted(store.list_jobs(State.QUEUED, 10_000), key=lambda j: (j.priority, j.run_at, j.id))
+    ran = store.list_jobs(State.RUNNING, 10_000)
+    pauses = store.pauses()
+    running = claim.Running.of_jobs(
+        [(j.key, j.concurrency_group, None, j.concurrency_limit, j.pool, j.cost_units) for j in ran],
+        [(p.kind, p.name) for p in pauses],
+        [(p.kind, p.name) for p in pauses if p.probe_at is not None and p.probe_at <= now
+         and p.probe_job not in {j.id for j in ran}])
+    running.rates = windows
+    return queued, running
