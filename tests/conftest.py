@@ -10,7 +10,9 @@ sys.path.insert(0, str(Path(__file__).parent / "jobs"))
 from fleethelpers import WorkerProcess  # noqa: E402
 from helpers import STARTED, DaemonProcess, Gate  # noqa: E402
 
-pytest_plugins = ["pgfixtures"]  # PostgreSQL databases and schemas for the tests that need them
+# PostgreSQL databases and schemas for the tests that need them; a central daemon and the
+# link to it for the forwarding tests.
+pytest_plugins = ["pgfixtures", "forwardhelpers"]
 
 ROOT = Path(__file__).parent.parent
 

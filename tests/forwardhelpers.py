@@ -5,9 +5,30 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
 from linkproxy import LinkProxy
 
 NONE_HELD = r"forwarded \d+ job\(s\) to .*; none held"
+
+
+@pytest.fixture
+def central(start_daemon, tmp_path):
+    """The central daemon, on a SQLite store of its own."""
+    return start_daemon(f"sqlite:///{tmp_path / 'central.db'}")
+
+
+@pytest.fixture
+def proxy(central):
+    """The link to the central: a LinkProxy the test can pass, refuse, cut or blackhole."""
+    p = LinkProxy(central.port)
+    yield p
+    p.close()
+
+
+def start_edge(start_daemon, tmp_path: Path, proxy: LinkProxy, *flags: str, **config):
+    """An edge daemon forwarding through `proxy` (`config`: edge_config's keywords)."""
+    return start_daemon(f"sqlite:///{tmp_path / 'edge.db'}", *flags, "--config",
+                        edge_config(tmp_path / "edge.toml", proxy, **config))
 
 
 def edge_config(path: Path, proxy: LinkProxy, *, functions=("testjobs:*",), extra: str = "",

@@ -5,25 +5,13 @@ central has them. Two real daemons on loopback; a LinkProxy is the link."""
 from __future__ import annotations
 
 import pytest
-from forwardhelpers import NONE_HELD, central_keys, central_order, edge_config, edge_ids
-from linkproxy import REFUSE, LinkProxy
-
-
-@pytest.fixture
-def central(start_daemon, tmp_path):
-    return start_daemon(f"sqlite:///{tmp_path / 'central.db'}")
-
-
-@pytest.fixture
-def proxy(central):
-    p = LinkProxy(central.port)
-    yield p
-    p.close()
+from forwardhelpers import NONE_HELD, central_keys, central_order, edge_ids, start_edge
+from linkproxy import REFUSE
 
 
 @pytest.fixture
 def edge(start_daemon, tmp_path, proxy):
-    return start_daemon(f"sqlite:///{tmp_path / 'edge.db'}", "--config", edge_config(tmp_path / "edge.toml", proxy))
+    return start_edge(start_daemon, tmp_path, proxy)
 
 
 def test_a_job_of_an_upstream_function_runs_on_the_central_and_its_result_is_read_on_the_edge(edge, central):
@@ -37,8 +25,7 @@ def test_a_job_of_an_upstream_function_runs_on_the_central_and_its_result_is_rea
 
 
 def test_a_job_of_another_function_runs_on_the_edge(start_daemon, tmp_path, proxy):
-    edge = start_daemon(f"sqlite:///{tmp_path / 'edge.db'}", "--config",
-                        edge_config(tmp_path / "edge.toml", proxy, functions=("other:*",)))
+    edge = start_edge(start_daemon, tmp_path, proxy, functions=("other:*",))
     with edge.client() as q:
         job = q.wait(q.enqueue("testjobs:add", (1, 1)), timeout=20)
     assert (job["state"], job["result"], job.get("upstream_id")) == ("succeeded", 2, None)

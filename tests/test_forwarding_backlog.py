@@ -9,19 +9,14 @@ import subprocess
 import sys
 
 import pytest
-from forwardhelpers import NONE_HELD, edge_config
+from forwardhelpers import NONE_HELD, start_edge
 from linkproxy import PASS, REFUSE, LinkProxy
 
 from queickd.core.protocol import QueueError
 
 
 @pytest.fixture
-def central(start_daemon, tmp_path):
-    return start_daemon(f"sqlite:///{tmp_path / 'central.db'}")
-
-
-@pytest.fixture
-def proxy(central):
+def proxy(central):  # the link starts refused: what the edge takes is held
     p = LinkProxy(central.port)
     p.set(REFUSE)
     yield p
@@ -29,9 +24,8 @@ def proxy(central):
 
 
 def _edge(start_daemon, tmp_path, proxy, extra=""):
-    return start_daemon(f"sqlite:///{tmp_path / 'edge.db'}", "--http", "127.0.0.1:0", "--config",
-                        edge_config(tmp_path / "edge.toml", proxy, extra=extra,
-                                    functions=("testjobs:noop", "testjobs:append")))
+    return start_edge(start_daemon, tmp_path, proxy, "--http", "127.0.0.1:0", extra=extra,
+                      functions=("testjobs:noop", "testjobs:append"))
 
 
 def _get(edge, path: str) -> str:

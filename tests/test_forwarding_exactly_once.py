@@ -6,26 +6,12 @@ from __future__ import annotations
 
 import time
 
-import pytest
-from forwardhelpers import NONE_HELD, central_keys, central_order, edge_config, edge_ids
-from linkproxy import PASS, REFUSE, LinkProxy
-
-
-@pytest.fixture
-def central(start_daemon, tmp_path):
-    return start_daemon(f"sqlite:///{tmp_path / 'central.db'}")
-
-
-@pytest.fixture
-def proxy(central):
-    p = LinkProxy(central.port)
-    yield p
-    p.close()
+from forwardhelpers import NONE_HELD, central_keys, central_order, edge_ids, start_edge
+from linkproxy import PASS, REFUSE
 
 
 def _edge(start_daemon, tmp_path, proxy, extra: str = ""):
-    return start_daemon(f"sqlite:///{tmp_path / 'edge.db'}", "--config",
-                        edge_config(tmp_path / "edge.toml", proxy, extra=extra))
+    return start_edge(start_daemon, tmp_path, proxy, extra=extra)
 
 
 def _held(edge, n: int) -> list[int]:
