@@ -54,6 +54,11 @@ class ForwardContract:
         assert store.forwarded_jobs(10) == [(a, 700)]
         assert store.mark_forwarded([(a, 701)]) == 0  # no longer held
 
+    def test_marking_a_batch_counts_only_the_jobs_still_held(self, store):
+        a, b, c = _held(store, 3)
+        store.cancel(b, T0 + 1)
+        assert store.mark_forwarded([(a, 1), (b, 2), (c, 3)]) == 2  # the forwarder cancels b upstream
+
     def test_a_refused_held_job_is_dead_with_the_reason(self, store):
         (a,) = _held(store)
         err = {"type": "not_allowed", "message": "no such function upstream"}

@@ -26,11 +26,12 @@ def held_backlog(d: Dialect, c: Any) -> tuple[int, int, float | None]:
 
 
 def mark_forwarded(d: Dialect, c: Any, pairs: Sequence[tuple[int, int]]) -> int:
-    n = 0
-    for job_id, upstream_id in pairs:
-        n += c.execute(d.q(f"UPDATE jobs SET state = '{State.FORWARDED}', upstream_id = ?"
-                           f" WHERE id = ? AND state = '{State.HELD}'"), (upstream_id, job_id)).rowcount
-    return n
+    if not pairs:
+        return 0
+    cur = c.cursor()  # one executemany for the batch (its rowcount: all the rows it changed)
+    cur.executemany(d.q(f"UPDATE jobs SET state = '{State.FORWARDED}', upstream_id = ?"
+                        f" WHERE id = ? AND state = '{State.HELD}'"), [(u, j) for j, u in pairs])
+    return cur.rowcount
 
 
 def refuse_held(d: Dialect, c: Any, job_id: int, error: dict[str, Any], now: float) -> bool:
