@@ -29,6 +29,13 @@ class RatesContract:
         assert store.claim_available(Request.of(10, now=T0 + 9.9)) == []
         assert _ids(store.claim_available(Request.of(10, now=T0 + 10))) == [s.job_id for s in subs[2:4]]
 
+    def test_starts_that_left_the_window_make_room_once_the_key_nears_its_limit(self, store):
+        # Kept: 3 starts, the limit, of which two left the window; read, they make room for two.
+        subs = store.submit([rated(limit=3) for _ in range(5)], T0)
+        assert len(store.claim_available(Request.of(2, now=T0))) == 2
+        assert len(store.claim_available(Request.of(1, now=T0 + 11))) == 1
+        assert _ids(store.claim_available(Request.of(10, now=T0 + 12))) == [s.job_id for s in subs[3:]]
+
     def test_the_window_slides_from_each_start(self, store):
         subs = store.submit([rated(limit=2) for _ in range(4)], T0)
         store.claim_available(Request.of(1, now=T0))

@@ -168,3 +168,23 @@ def test_a_workflow_runs_state_moves_to_its_own_table(tmp_path):
     assert s.workflow_get(run.id).state == {"kept": "as it was"}
     assert s._conn().execute("SELECT state FROM workflow_runs").fetchall() == [("",)]
     s.close()
+
+
+def test_a_rate_keys_json_log_becomes_its_rows_and_still_binds(tmp_path):
+    path = str(tmp_path / "q.db")
+    SQLiteStore(path).close()
+    with sqlite3.connect(path) as c:  # the file as schema 23 left it: each key's starts as JSON
+        c.execute("DROP TABLE rate_starts")
+        c.execute("DROP TABLE rate_keys")
+        c.executescript(sqlite_schema._RATE_KEYS_21)
+        c.execute("INSERT INTO rate_keys (key, lim, per, starts) VALUES ('k', 2, 10.0, ?)", (f"[{T0}, {T0 + 1}]",))
+        c.execute("UPDATE meta SET value = '23' WHERE key = 'schema_version'")
+    s = SQLiteStore(path)
+    try:
+        limited = NewJob(func="m:f", run_at=T0 + 2, rate_limit={"key": "k", "limit": 2, "per": 10.0})
+        ids = [r.job_id for r in s.submit([limited, limited], T0 + 2)]
+        assert s.claim_available(Request.of(10, now=T0 + 9.9)) == []
+        assert [j.id for j in s.claim_available(Request.of(10, now=T0 + 10))] == ids[:1]
+        assert s._conn().execute("SELECT at, n FROM rate_starts").fetchall() == [(T0 + 1, 1), (T0 + 10, 1)]
+    finally:
+        s.close()

@@ -155,7 +155,8 @@ def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim
     # The rate keys' windows, read by the view after its lock, which every claim that may
     # start a rate-limited job takes (the fast path leaves them alone): one such claim at
     # a time, across hosts.
-    held.rates = sqlrates.windows_of([(r[2], r[8], r[9], r[6], r[12]) for r in view if r[0] == "rate"])
+    held.rates = sqlrates.Reader(c, sqlrates.windows_of([(r[2], r[8], r[9], r[6], r[10])
+                                                         for r in view if r[0] == "rate"]))
     pick = claim.Selection(claim.Request(params["limit"], params["net"], served, limits, params["now"],
                                          params["exclude"]), held)
     c.execute(FOLD_FAIR)  # under the view's lock (the claim lock): one fold at a time

@@ -86,9 +86,12 @@ _SERVED_GROUPED = (
 # (Each key's look for a job in a pool served is a lateral one, LIMIT 1: as an EXISTS,
 # the planner hashed every queued rate-limited job's key instead.)
 RATE_KEY = "(q.rate_limit::json ->> 'key')"
+# A key's window is full when it is blocked or keeps `lim` starts of which the lim-th
+# newest is within the window (rate_starts counted back from the newest, along its key).
 RATE_ROOM = """NOT EXISTS (SELECT 1 FROM rate_keys r WHERE r.key = {key} AND (r.blocked_until > p_now
-                   OR (json_array_length(r.starts::json) >= r.lim
-                       AND (r.starts::json ->> (json_array_length(r.starts::json) - r.lim))::float8 + r.per > p_now)))"""
+                   OR (r.kept >= r.lim AND (SELECT s.at FROM (SELECT s.at, sum(s.n) OVER (ORDER BY s.at DESC) AS seen
+                                                              FROM rate_starts s WHERE s.key = r.key) s
+                                            WHERE s.seen >= r.lim ORDER BY s.at DESC LIMIT 1) + r.per > p_now)))"""
 OPEN_RATE_WAITS = f"""EXISTS (
         WITH RECURSIVE k (name) AS (
             (SELECT {RATE_KEY} FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL
@@ -243,7 +246,7 @@ VIEW = f"""
                         NULL::text
     FROM pauses p;
     RETURN QUERY SELECT 'rate'::text, NULL::bigint, k.key, NULL::text, NULL::text, NULL::boolean, k.blocked_until,
-                        NULL::text, k.lim, k.per, NULL::integer, NULL::boolean, k.starts
+                        NULL::text, k.lim, k.per, k.kept, NULL::boolean, NULL::text
     FROM rate_keys k;
     RETURN QUERY SELECT 'budget'::text, NULL::bigint, b.name, NULL::text, b.kind, NULL::boolean,
                         NULL::double precision, NULL::text, NULL::integer, b.units, NULL::integer, NULL::boolean,

@@ -441,6 +441,31 @@ MIGRATIONS.append("""
     CREATE TRIGGER jobs_fair_delete AFTER DELETE ON jobs FOR EACH ROW
         WHEN (OLD.fair_by IS NOT NULL AND OLD.state = 'queued') EXECUTE FUNCTION queickd_fair_count();
     """ + pgclaimsql.VIEW + pgclaimsql.CLAIM + pgpasssql.PASS + pgenqueuesql.ENQUEUE_MANY + pgenqueuesql.ENQUEUE)
+# 37: a rate key's starts as rows (rate_starts: n starts at a time, one row per claim) and
+# how many its row keeps (rate_keys.kept), in place of its JSON log; the view carries kept,
+# and the fast path's question reads the starts only of a key that keeps its limit's worth.
+MIGRATIONS.append("""
+    CREATE TABLE IF NOT EXISTS rate_starts (
+        key text NOT NULL,
+        at double precision NOT NULL,
+        n integer NOT NULL,
+        PRIMARY KEY (key, at)
+    );
+    ALTER TABLE rate_keys ADD COLUMN IF NOT EXISTS kept integer NOT NULL DEFAULT 0;
+    DO $$
+    BEGIN
+    IF EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
+               AND table_name = 'rate_keys' AND column_name = 'starts') THEN
+        INSERT INTO rate_starts (key, at, n)
+            SELECT k.key, s.value::double precision, count(*) FROM rate_keys k,
+                   json_array_elements_text(k.starts::json) AS s (value) GROUP BY 1, 2
+            ON CONFLICT DO NOTHING;
+        UPDATE rate_keys SET kept = json_array_length(starts::json);
+        ALTER TABLE rate_keys DROP COLUMN starts;
+    END IF;
+    END
+    $$;
+    """ + pgclaimsql.VIEW + pgclaimsql.CLAIM + pgpasssql.PASS)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

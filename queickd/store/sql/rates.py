@@ -1,12 +1,15 @@
-"""The rate keys' windows (core/policy/rates.py) as both SQL stores keep them, in the table
-`rate_keys` (key, lim, per, blocked_until, starts: a JSON list of the latest start times).
-Read by a claim that offers the selection rate-limited jobs, in its transaction after the
-lock its store serializes such claims under (SQLite's writer; PostgreSQL's claim lock);
-written with the starts it made; tightened by a finish that was told to wait."""
+"""The rate keys' windows (core/policy/rates.py) as both SQL stores keep them: `rate_keys`
+(key, lim, per, blocked_until, kept: how many starts rate_starts holds for it) and
+`rate_starts` (key, at, n: n starts of the key at time at, one row per claim). A claim
+reads a key's row, and its starts only when the key nears its limit (then those that
+left the window are deleted); it adds its starts as a row and to `kept`. Read in the
+claim's transaction after the lock its store serializes such claims under (SQLite's
+writer; PostgreSQL's claim lock, or the key's row for the fast path); tightened by a
+finish that was told to wait. Every change of `kept` is relative, so claims and the
+retention's prune compose."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Iterable
 from typing import Any
@@ -15,12 +18,22 @@ from ...core.policy import rates
 from ..records import Claimed, RateKey
 from .dialect import Dialect
 
-_READ = "SELECT key, lim, per, blocked_until, starts FROM rate_keys"
-_WRITE = ("INSERT INTO rate_keys (key, lim, per, blocked_until, starts) VALUES (?, ?, ?, NULL, ?)"
-          " ON CONFLICT (key) DO UPDATE SET lim = excluded.lim, per = excluded.per, starts = excluded.starts")
-_WRITE_MANY = ("INSERT INTO rate_keys (key, lim, per, blocked_until, starts)"
-               " SELECT k, l, p, NULL, s FROM unnest(%s::text[], %s::int[], %s::float8[], %s::text[]) AS t(k, l, p, s)"
-               " ON CONFLICT (key) DO UPDATE SET lim = excluded.lim, per = excluded.per, starts = excluded.starts")
+_READ = "SELECT key, lim, per, blocked_until, kept FROM rate_keys"
+_STARTS = "SELECT at, n FROM rate_starts WHERE key = ? ORDER BY at"
+# The starts that left a key's window, deleted: how many.
+_FORGET = "DELETE FROM rate_starts WHERE key = ? AND at <= ? RETURNING n"
+_UNKEEP = "UPDATE rate_keys SET kept = kept - ? WHERE key = ?"
+_WRITE = ("INSERT INTO rate_keys (key, lim, per, blocked_until, kept) VALUES (?, ?, ?, NULL, ?)"
+          " ON CONFLICT (key) DO UPDATE SET lim = excluded.lim, per = excluded.per,"
+          " kept = rate_keys.kept + excluded.kept")
+_LOG = ("INSERT INTO rate_starts (key, at, n) VALUES (?, ?, ?)"
+        " ON CONFLICT (key, at) DO UPDATE SET n = rate_starts.n + excluded.n")
+_WRITE_MANY = ("INSERT INTO rate_keys (key, lim, per, blocked_until, kept)"
+               " SELECT k, l, p, NULL, n FROM unnest(%s::text[], %s::int[], %s::float8[], %s::int[]) AS t(k, l, p, n)"
+               " ON CONFLICT (key) DO UPDATE SET lim = excluded.lim, per = excluded.per,"
+               " kept = rate_keys.kept + excluded.kept")
+_LOG_MANY = ("INSERT INTO rate_starts (key, at, n) SELECT k, %s, n FROM unnest(%s::text[], %s::int[]) AS t(k, n)"
+             " ON CONFLICT (key, at) DO UPDATE SET n = rate_starts.n + excluded.n")
 _TIGHTEN = ("INSERT INTO rate_keys (key, lim, per, blocked_until) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (key) DO UPDATE SET blocked_until ="
             " CASE WHEN rate_keys.blocked_until > excluded.blocked_until THEN rate_keys.blocked_until"
@@ -32,43 +45,64 @@ def _q(c: Any, sql: str) -> str:
     return sql if isinstance(c, sqlite3.Connection) else sql.replace("?", "%s")
 
 
-def windows(c: Any) -> dict[str, rates.Window]:
-    """Every rate key's window."""
-    return windows_of(c.execute(_q(c, _READ)).fetchall())
+def _window(row: tuple) -> rates.Window:
+    """A window from a row of (key, lim, per, blocked_until, kept), its starts unread."""
+    _, lim, per, blocked, kept = row
+    return rates.Window(lim, per, None, blocked or 0.0, kept)
+
+
+def windows_of(rows: Iterable[tuple]) -> dict[str, rates.Window]:
+    """Windows, their starts unread, from rows of (key, lim, per, blocked_until, kept)."""
+    return {r[0]: _window(r) for r in rows}
+
+
+def _exact(c: Any, key: str, w: rates.Window, now: float) -> rates.Window:
+    """`w` with its starts: those that left the window deleted (and no longer kept), the
+    rest read."""
+    gone = sum(n for (n,) in c.execute(_q(c, _FORGET), (key, now - w.per)).fetchall())
+    if gone:
+        c.execute(_q(c, _UNKEEP), (gone, key))
+    starts = [at for at, n in c.execute(_q(c, _STARTS), (key,)).fetchall() for _ in range(n)]
+    return rates.Window(w.limit, w.per, starts, w.blocked_until, w.kept - gone)
 
 
 class Reader:
     """The windows of the keys a claim meets, read one key at a time as it meets them (a
-    claim meets few of the keys; reading them all would cost a read of every key's log)."""
+    claim meets few of the keys), their starts only when asked (`exact`)."""
 
     __slots__ = ("c", "read")
 
-    def __init__(self, c: Any) -> None:
+    def __init__(self, c: Any, known: dict[str, rates.Window] | None = None) -> None:
         self.c = c
-        self.read: dict[str, rates.Window | None] = {}
+        self.read: dict[str, rates.Window | None] = dict(known or {})
 
     def get(self, key: str, /) -> rates.Window | None:
         if key in self.read:
             return self.read[key]
         row = self.c.execute(_q(self.c, _READ + " WHERE key = ?"), (key,)).fetchone()
-        w = self.read[key] = None if row is None else windows_of([row])[key]
+        w = self.read[key] = None if row is None else _window(row)
         return w
 
-
-def windows_of(rows: Iterable[tuple]) -> dict[str, rates.Window]:
-    """Windows from rows of (key, lim, per, blocked_until, starts) as the table holds them."""
-    return {k: rates.window_of(lim, per, json.loads(starts), blocked) for k, lim, per, blocked, starts in rows}
+    def exact(self, key: str, now: float, /) -> rates.Window | None:
+        w = self.get(key)
+        if w is not None and w.starts is None:
+            w = self.read[key] = _exact(self.c, key, w, now)
+        return w
 
 
 def write(c: Any, rule: rates.RateLimits) -> None:
     """The starts a claim's selection made, logged (its transaction commits them with the starts)."""
-    if not rule.started_windows:
+    if not rule.added:
         return
-    rows = [(k, w.limit, w.per, json.dumps(w.starts)) for k, w in sorted(rule.started_windows.items())]
+    now = rule.now
+    rows = [(k, rule.last[k].limit, rule.last[k].per, len(added)) for k, added in sorted(rule.added.items())]
     if isinstance(c, sqlite3.Connection):
         c.executemany(_WRITE, rows)
-    else:  # one statement, one round trip
-        c.execute(_WRITE_MANY, [list(col) for col in zip(*rows, strict=True)])
+        c.executemany(_LOG, [(k, now, n) for k, _, _, n in rows])
+    else:  # one statement each, one round trip
+        cols = [list(col) for col in zip(*rows, strict=True)]
+        c.execute(_WRITE_MANY, cols)
+        c.execute(_LOG_MANY, (now, cols[0], cols[3]))
 
 
 def claimed(jobs: Iterable[Any], rule: rates.RateLimits | None) -> Claimed:
@@ -90,23 +124,32 @@ def tighten(c: Any, blocks: list[tuple[Any, float]]) -> None:
         c.cursor().executemany(_q(c, _TIGHTEN), sorted(rows))
 
 
-# A key's row goes once it says nothing: no start within its window, no block ahead. Deleted
-# only if unchanged since it was read (a claim that logged a start meanwhile keeps it).
-_STALE = ("DELETE FROM rate_keys WHERE key = ? AND coalesce(starts, '') = coalesce(?, '')"
-          " AND (blocked_until IS NULL OR blocked_until <= ?)")
-
-
 def prune(d: Dialect, c: Any, now: float) -> int:
-    """Delete the rate keys whose window is empty and that are not blocked; how many."""
-    stale = [(k, starts, now) for k, lim, per, blocked, starts in c.execute(_q(c, _READ)).fetchall()
-             if (blocked is None or blocked <= now) and max(json.loads(starts or "[]"), default=-per) + per <= now]
-    return sum(c.execute(_q(c, _STALE), row).rowcount for row in stale)
+    """Forget the starts that left their key's window, then delete the rate keys that keep
+    none and are not blocked; how many keys. A claim that logs a start meanwhile adds to
+    its key's row, or makes it again."""
+    gone: dict[str, int] = {}
+    for key, n in c.execute(_q(c, "DELETE FROM rate_starts WHERE at <= ? - (SELECT k.per FROM rate_keys k"
+                                  " WHERE k.key = rate_starts.key) RETURNING key, n"), (now,)).fetchall():
+        gone[key] = gone.get(key, 0) + n
+    if gone:
+        c.cursor().executemany(_q(c, _UNKEEP), [(n, k) for k, n in sorted(gone.items())])
+    return c.execute(_q(c, "DELETE FROM rate_keys WHERE kept <= 0 AND (blocked_until IS NULL OR blocked_until <= ?)"),
+                     (now,)).rowcount
 
 
 def keys(c: Any, now: float) -> list[RateKey]:
-    """Every rate key as operators see it."""
+    """Every rate key as operators see it: its starts within the window counted (along its
+    key, from the window's edge), and read for a key whose window is full (when it opens)."""
     out = []
-    for k, w in sorted(windows(c).items()):
-        blocked = w.blocked_until if w.blocked_until > now else None
-        out.append(RateKey(k, w.limit, w.per, w.used(now), max(now, w.next_at(w.limit, w.per)), blocked))
+    for k, lim, per, blocked, n in c.execute(_q(c, "SELECT k.key, k.lim, k.per, k.blocked_until,"
+                                                   " (SELECT coalesce(sum(s.n), 0) FROM rate_starts s"
+                                                   " WHERE s.key = k.key AND s.at > ? - k.per)"
+                                                   " FROM rate_keys k ORDER BY k.key"), (now,)).fetchall():
+        opens = now
+        if n >= lim:
+            starts = [at for at, m in c.execute(_q(c, _STARTS), (k,)).fetchall() if at > now - per for _ in range(m)]
+            opens = max(now, starts[-lim] + per)
+        blocked_until = blocked if blocked is not None and blocked > now else None
+        out.append(RateKey(k, lim, per, int(n), max(opens, blocked_until or now), blocked_until))
     return out

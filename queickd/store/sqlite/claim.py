@@ -87,10 +87,9 @@ _WAITING_RATE_KEYS = (
     f" UNION ALL SELECT (SELECT {RATE_KEY} FROM jobs INDEXED BY jobs_queued_pool_rate_key WHERE state = 'queued'"
     f" AND {_RATED} AND pool = ?1 AND {RATE_KEY} > w.name ORDER BY {RATE_KEY} LIMIT 1)"
     " FROM w WHERE w.name IS NOT NULL) SELECT name FROM w WHERE name IS NOT NULL")
-# The rate keys whose window is full now (core/policy/rates.py: blocked, or `lim` starts in
-# the last `per` seconds), read from their rows without decoding their logs in Python.
-_FULL_RATE_KEYS = ("SELECT key FROM rate_keys WHERE blocked_until > ?1 OR (json_array_length(starts) >= lim"
-                   " AND json_extract(starts, '$[' || (json_array_length(starts) - lim) || ']') + per > ?2)")
+# The rate keys whose window may be full now (core/policy/rates.py: blocked, or keeping
+# `lim` starts, some perhaps past the window), each asked then (RateLimits.full).
+_FULL_RATE_KEYS = "SELECT key FROM rate_keys WHERE blocked_until > ?1 OR kept >= lim"
 _SAME_AT, _PAST_AT = " AND priority = ? AND run_at = ? AND id > ?", " AND (priority, run_at) > (?, ?)"
 _POSITION = operator.itemgetter(0, 6, 1)  # (priority, run_at, id) of a stream's row
 
@@ -331,7 +330,7 @@ class Claims:
         # While a rate key's window is full, each key is read on its own, and not past its
         # window's filling: a full key's backlog is not walked. Else the queue in order,
         # until a key fills during the claim: from there, key by key too.
-        full_rates = [k for (k,) in c.execute(_FULL_RATE_KEYS, (request.now, request.now)) if pick.rates.full(k)]
+        full_rates = [k for (k,) in c.execute(_FULL_RATE_KEYS, (request.now,)) if pick.rates.full(k)]
         if full or out_pools or full_rates:  # read by group and rate key, past the full ones
             if full_rates and not heads:
                 heads = _HEAD_OF_KEY  # a serial key's head left unread holds its key

@@ -355,13 +355,13 @@ def _v20(c: sqlite3.Connection) -> None:
 
 
 RATE_KEY = "json_extract(rate_limit, '$.key')"  # a queued job's rate key, as jobs_queued_pool_rate_key holds it
-RATE_KEYS = """
+_RATE_KEYS_21 = """
     CREATE TABLE IF NOT EXISTS rate_keys (
         key TEXT PRIMARY KEY,
         lim INTEGER NOT NULL,                  -- as the key's latest started job carried it
         per REAL NOT NULL,
         blocked_until REAL,                    -- no job of the key starts before (a 429's Retry-After)
-        starts TEXT NOT NULL DEFAULT '[]'      -- JSON: the latest start times, at most lim
+        starts TEXT NOT NULL DEFAULT '[]'      -- JSON: the latest start times, at most lim (24: rate_starts)
     ) WITHOUT ROWID;
 """
 
@@ -374,7 +374,7 @@ def _v21(c: sqlite3.Connection) -> None:
     and the latter also by rate key (jobs_queued_pool_rate_key): a claim reads past a full
     key's backlog by key, as past a full group's. Each queued job is still in one walk."""
     _add_column(c, "jobs", "rate_limit", "TEXT")
-    _run(c, RATE_KEYS)
+    _run(c, _RATE_KEYS_21)
     c.execute("DROP INDEX IF EXISTS jobs_queued_pool_plain")
     for name, cols, rated in (("plain", "pool, priority, run_at, id", "IS NULL"),
                               ("rated", "pool, priority, run_at, id", "IS NOT NULL"),
@@ -442,10 +442,31 @@ def _v23(c: sqlite3.Connection) -> None:
               " AND concurrency_group IS NULL AND rate_limit IS NULL AND fair_by IS NULL")
 
 
+def _v24(c: sqlite3.Connection) -> None:
+    """A rate key's starts as rows (rate_starts: n starts at a time, one row per claim) and
+    how many its row keeps (rate_keys.kept), in place of its JSON log: a claim adds a row
+    and a count, and reads the starts only when the key nears its limit."""
+    _run(c, """
+        CREATE TABLE IF NOT EXISTS rate_starts (
+            key TEXT NOT NULL,
+            at REAL NOT NULL,
+            n INTEGER NOT NULL,
+            PRIMARY KEY (key, at)
+        ) WITHOUT ROWID;
+    """)
+    _add_column(c, "rate_keys", "kept", "INTEGER NOT NULL DEFAULT 0")
+    if "starts" not in {r[1] for r in c.execute("PRAGMA table_info(rate_keys)")}:
+        return
+    c.execute("INSERT OR IGNORE INTO rate_starts (key, at, n) SELECT k.key, s.value, count(*)"
+              " FROM rate_keys k, json_each(k.starts) s GROUP BY k.key, s.value")
+    c.execute("UPDATE rate_keys SET kept = json_array_length(starts)")
+    c.execute("ALTER TABLE rate_keys DROP COLUMN starts")
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
                                                           _v11, _v12, _v13, _v14, _v15, _v16, _v17,
-                                                          _v18, _v19, _v20, _v21, _v22, _v23]
+                                                          _v18, _v19, _v20, _v21, _v22, _v23, _v24]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
