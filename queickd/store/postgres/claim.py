@@ -66,6 +66,7 @@ _PASS = f"SELECT {dbrows.JOB_COLS} FROM queickd_pass($1, $2, $3, $4, $5, $6, $7,
 # queickd_pass first would be a round trip more on every pass while groups or budgets are
 # in play.
 _SELECTION_LINGERS = 1.0
+_RUN_AT = dbrows.JOB_COLS.split(", ").index("run_at")
 
 
 class Passes:
@@ -98,17 +99,25 @@ class Passes:
         # (the results and outputs) until its next statement, which an idle pool never sends.
         small = sum(len(t) for t in (*results, *outputs) if t is not None) <= KEPT_CURSOR_BYTES
         self.cursor = cur if small else None
-        if rows and rows[0][0] is None:
+        if _selection_turn(rows):
             self._selection_until = time.monotonic() + _SELECTION_LINGERS
             return None
         return rows
 
 
+def _selection_turn(rows: list[tuple]) -> bool:
+    """The fast path's answer that the selection must claim: one row of NULLs (a row with
+    only run_at is its timer, claim_sql.FAST_CLAIM)."""
+    return bool(rows) and rows[0][0] is None and rows[0][_RUN_AT] is None
+
+
 def jobs_of(rows: list[tuple]) -> list[Job]:
-    """Claimed rows as jobs, in queue order (RETURNING order is unspecified)."""
-    jobs = Claimed(dbrows.row_to_job(r) for r in rows)
+    """Claimed rows as jobs, in queue order (RETURNING order is unspecified), with the
+    timer the selection or the fast path set."""
+    jobs = Claimed(dbrows.row_to_job(r) for r in rows if r[0] is not None)
     jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))
-    jobs.rate_at = getattr(rows, "rate_at", None)
+    timers = [r[_RUN_AT] for r in rows if r[0] is None]
+    jobs.rate_at = getattr(rows, "rate_at", None) or min(timers, default=None)
     return jobs
 
 
@@ -123,7 +132,7 @@ def claim_in(c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits
     force = bool(params["exclude"])
     if not force:
         rows = c.execute(_CLAIM, {**params, "lock": _BUDGET_LOCK}).fetchall()
-        if not rows or rows[0][0] is not None:
+        if not _selection_turn(rows):
             return rows
     page = max(16, params["limit"] * 2)
     view = c.execute(_VIEW, (_CLAIM_LOCK, _BUDGET_LOCK, params["pools"], page, params["now"], force)).fetchall()

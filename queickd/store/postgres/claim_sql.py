@@ -33,7 +33,7 @@ _KEY_FREE_IN_ORDER = """              AND NOT EXISTS (SELECT 1 FROM jobs r WHERE
 
 # The fast path's claim: the oldest such jobs, none paused, locked with SKIP LOCKED and
 # marked running in one statement (queickd_claim's and queickd_pass's).
-FAST_CLAIM = f"""    RETURN QUERY {MARK_RUNNING}
+_PLAIN_CLAIM = f"""    RETURN QUERY {MARK_RUNNING}
     WHERE id IN (
         SELECT q.id FROM jobs q
 {_FAST_PATH_JOB}          AND NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'func' AND p.name = q.func)
@@ -42,6 +42,83 @@ FAST_CLAIM = f"""    RETURN QUERY {MARK_RUNNING}
 {_KEY_FREE_IN_ORDER}        LIMIT p_limit
         FOR UPDATE SKIP LOCKED)
     RETURNING *;
+"""
+
+# While rate-limited jobs wait, the fast path also takes those whose key has room by its
+# count (it keeps fewer starts than the job's limit: core/policy/rates.py admits by the
+# count alone) and is not blocked, at most as many of a key as its room, in queue order.
+# Their keys' rows are made if new and locked (in key order: claims of a fleet take turns
+# per key), the room counted again under the lock, and the starts logged as the selection
+# logs them (store/sql/rates.py). A key this claim could fill is the selection's
+# (OPEN_RATE_WAITS).
+RATE_LIMIT_OF = "(q.rate_limit::json ->> 'limit')::integer"
+# The lim-th newest start of a key (rate_starts counted back from the newest, along its key).
+_LIM_TH_NEWEST = """(SELECT s.at FROM (SELECT s.at, sum(s.n) OVER (ORDER BY s.at DESC) AS seen
+                                FROM rate_starts s WHERE s.key = {key}) s
+                      WHERE s.seen >= r.lim ORDER BY s.at DESC LIMIT 1)"""
+_HAS_ROOM = f"""(q.rate_limit IS NULL OR NOT EXISTS (
+              SELECT 1 FROM rate_keys r WHERE r.key = (q.rate_limit::json ->> 'key')
+              AND (r.blocked_until > p_now OR r.kept >= {RATE_LIMIT_OF})))"""
+FAST_CLAIM_VARS = """        f_ids bigint[];     -- the fast path's jobs, with rate-limited ones, in queue order
+        f_keys text[];      -- their rate keys (NULL: none)
+        f_lims integer[];   -- and limits
+        f_pers double precision[];
+        f_met text[];       -- the rate keys it met
+        f_timer jobs;       -- its timer: id NULL, run_at when a key it filled opens
+        f_full boolean := false;  -- it filled a key (by its count)
+"""
+FAST_CLAIM = f"""    IF NOT EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL) THEN
+{_PLAIN_CLAIM}        GET DIAGNOSTICS n = ROW_COUNT;
+    ELSE
+        SELECT array_agg(x.id ORDER BY x.priority, x.run_at, x.id), array_agg(x.k ORDER BY x.priority, x.run_at, x.id),
+               array_agg(x.l ORDER BY x.priority, x.run_at, x.id), array_agg(x.p ORDER BY x.priority, x.run_at, x.id)
+        INTO f_ids, f_keys, f_lims, f_pers
+        FROM (SELECT q.id, q.priority, q.run_at, (q.rate_limit::json ->> 'key') AS k, {RATE_LIMIT_OF} AS l,
+                     (q.rate_limit::json ->> 'per')::float8 AS p
+              FROM jobs q
+{_FAST_PATH_JOB.replace("AND q.rate_limit IS NULL", "AND " + _HAS_ROOM)}          AND NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'func' AND p.name = q.func)
+          AND (q.key IS NULL OR (
+              NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'key' AND p.name = q.key)
+{_KEY_FREE_IN_ORDER}        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED) x;
+        f_met := ARRAY(SELECT DISTINCT k FROM unnest(f_keys) k WHERE k IS NOT NULL);
+        f_full := false;
+        IF cardinality(f_met) > 0 THEN
+            INSERT INTO rate_keys (key, lim, per)
+                SELECT DISTINCT ON (u.k) u.k, u.l, u.p FROM unnest(f_keys, f_lims, f_pers) AS u(k, l, p)
+                WHERE u.k IS NOT NULL ORDER BY u.k
+                ON CONFLICT (key) DO NOTHING;
+            PERFORM 1 FROM rate_keys r WHERE r.key = ANY(f_keys) ORDER BY r.key FOR UPDATE;
+            SELECT array_agg(u.i ORDER BY u.o), array_agg(u.k ORDER BY u.o), array_agg(u.l ORDER BY u.o),
+                   array_agg(u.p ORDER BY u.o) INTO f_ids, f_keys, f_lims, f_pers
+            FROM unnest(f_ids, f_keys, f_lims, f_pers) WITH ORDINALITY AS u(i, k, l, p, o)
+            WHERE u.k IS NULL OR EXISTS (SELECT 1 FROM rate_keys r WHERE r.key = u.k
+                AND coalesce(r.blocked_until, 0) <= p_now
+                AND r.kept + (SELECT count(*) FROM unnest(f_keys) WITH ORDINALITY AS v(k, o)
+                              WHERE v.k = u.k AND v.o <= u.o) <= u.l);
+            WITH s AS (SELECT u.k, count(*) AS c, min(u.l) AS l, min(u.p) AS p
+                       FROM unnest(f_keys, f_lims, f_pers) AS u(k, l, p) WHERE u.k IS NOT NULL GROUP BY u.k),
+            kept AS (UPDATE rate_keys r SET kept = r.kept + s.c, lim = s.l, per = s.p FROM s WHERE r.key = s.k
+                     RETURNING r.kept >= r.lim AS full),
+            logged AS (INSERT INTO rate_starts (key, at, n) SELECT s.k, p_now, s.c FROM s
+                       ON CONFLICT (key, at) DO UPDATE SET n = rate_starts.n + excluded.n)
+            SELECT coalesce(bool_or(kept.full), false) INTO f_full FROM kept;
+            -- A key another claim filled meanwhile leaves its jobs here: it is full too.
+            f_full := f_full OR cardinality(f_met) > (SELECT count(DISTINCT k) FROM unnest(f_keys) k WHERE k IS NOT NULL);
+        END IF;
+        RETURN QUERY {MARK_RUNNING} WHERE id = ANY(f_ids) RETURNING *;
+        GET DIAGNOSTICS n = ROW_COUNT;
+        -- A key it filled, or whose jobs it left, says when it opens: the claimer's timer,
+        -- a row of its own after the jobs (the claims after it leave such a key's jobs).
+        IF f_full THEN
+            SELECT min(t.at) INTO f_timer.run_at FROM (
+                SELECT {_LIM_TH_NEWEST.format(key="r.key")} + r.per AS at FROM rate_keys r
+                WHERE r.key = ANY(f_met) AND r.kept >= r.lim) t WHERE t.at > p_now;
+            IF f_timer.run_at IS NOT NULL THEN
+                RETURN NEXT f_timer;
+            END IF;
+        END IF;
+    END IF;
 """
 
 # "Must the selection claim?": a pool served has a budget, or a grouped job waits in a pool
@@ -78,32 +155,22 @@ _SERVED_GROUPED = (
     " CROSS JOIN LATERAL (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL"
     " AND q.pool = s.name ORDER BY q.concurrency_group LIMIT 1) x) END)")
 
-# "Must the selection claim?", of rate limits: a rate-limited job waits in a pool served
-# whose key's window has room now (rate_keys, core/policy/rates.py: not blocked, and fewer
-# than its limit of starts in the last `per` seconds). The keys waiting are found by a skip
-# scan of jobs_queued_rated (one descent each, stopping at the first with room), so a
-# backlog of a full key leaves the claim on the fast path, which never takes such a job.
-# (Each key's look for a job in a pool served is a lateral one, LIMIT 1: as an EXISTS,
-# the planner hashed every queued rate-limited job's key instead.)
+# "Must the selection claim?", of rate limits: a rate key this claim could fill ({room}
+# more starts reach its limit, its latest job's) has room now (rate_keys, core/policy/rates.py:
+# not blocked, and fewer than its limit of starts in the last `per` seconds) and a job
+# waiting in a pool served (jobs_queued_rated; a lateral look, LIMIT 1: as an EXISTS, the
+# planner hashed every queued rate-limited job's key instead). A key far from its limit is the fast
+# path's; a full key's backlog leaves the claim on the fast path, which takes none of it.
 RATE_KEY = "(q.rate_limit::json ->> 'key')"
 # A key's window is full when it is blocked or keeps `lim` starts of which the lim-th
 # newest is within the window (rate_starts counted back from the newest, along its key).
-RATE_ROOM = """NOT EXISTS (SELECT 1 FROM rate_keys r WHERE r.key = {key} AND (r.blocked_until > p_now
-                   OR (r.kept >= r.lim AND (SELECT s.at FROM (SELECT s.at, sum(s.n) OVER (ORDER BY s.at DESC) AS seen
-                                                              FROM rate_starts s WHERE s.key = r.key) s
-                                            WHERE s.seen >= r.lim ORDER BY s.at DESC LIMIT 1) + r.per > p_now)))"""
+RATE_ROOM = ("NOT EXISTS (SELECT 1 FROM rate_keys r WHERE r.key = {key} AND (r.blocked_until > p_now"
+             " OR (r.kept >= r.lim AND " + _LIM_TH_NEWEST.replace("{key}", "r.key") + " + r.per > p_now)))")
 OPEN_RATE_WAITS = f"""EXISTS (
-        WITH RECURSIVE k (name) AS (
-            (SELECT {RATE_KEY} FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL
-             ORDER BY {RATE_KEY} LIMIT 1)
-            UNION ALL
-            SELECT (SELECT {RATE_KEY} FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL
-                    AND {RATE_KEY} > k.name ORDER BY {RATE_KEY} LIMIT 1)
-            FROM k WHERE k.name IS NOT NULL)
-        SELECT 1 FROM k CROSS JOIN LATERAL (
+        SELECT 1 FROM rate_keys k CROSS JOIN LATERAL (
             SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL
-            AND {RATE_KEY} = k.name AND (p_pools IS NULL OR q.pool = ANY(p_pools)) LIMIT 1) x
-        WHERE k.name IS NOT NULL AND {RATE_ROOM.format(key="k.name")})"""
+            AND {RATE_KEY} = k.key AND (p_pools IS NULL OR q.pool = ANY(p_pools)) LIMIT 1) x
+        WHERE k.kept + {{room}} > k.lim AND {RATE_ROOM.format(key="k.key")})"""
 
 # "Must the selection claim?", of fair shares (core/policy/fair.py): a fair key has a job
 # queued in a pool served, or a count of one not yet folded into fair_keys (schema.py, 36;
@@ -133,19 +200,19 @@ CLAIM = f"""
         locked text[];
         open_p text[];  -- 'kind:name' of the pauses whose probe this claim may take
         j jobs;
-    BEGIN
+{FAST_CLAIM_VARS}    BEGIN
     IF p_budget_lock IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock_shared(p_budget_lock);
         IF {OPEN_GROUP_WAITS}
            OR {POOL_BUDGETED}
-           OR {OPEN_RATE_WAITS}
+           OR {OPEN_RATE_WAITS.replace("{room}", "p_limit")}
            OR {OPEN_FAIR_WAITS}
         THEN
             RETURN NEXT j;  -- all NULL: the selection's turn (queickd_claim_view)
             RETURN;
         END IF;
     END IF;
-{FAST_CLAIM}    GET DIAGNOSTICS n = ROW_COUNT;
+{FAST_CLAIM}
     IF n >= p_limit OR NOT EXISTS (SELECT 1 FROM pauses WHERE probe_at <= p_now) THEN
         RETURN;
     END IF;
@@ -223,7 +290,7 @@ VIEW = f"""
     PERFORM pg_advisory_xact_lock_shared(p_budget_lock);
     SELECT {_SERVED_GROUPED}
         OR {POOL_BUDGETED}
-        OR {OPEN_RATE_WAITS}
+        OR {OPEN_RATE_WAITS.replace("{room}", "p_page")}
         OR {OPEN_FAIR_WAITS}
         INTO selection;
     IF NOT selection AND NOT p_force THEN

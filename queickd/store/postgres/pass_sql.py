@@ -4,7 +4,15 @@ migrations create it from here. Nothing here imports psycopg."""
 from __future__ import annotations
 
 from .channels import CHANNEL, FINISHED_CHANNEL
-from .claim_sql import FAST_CLAIM, OPEN_FAIR_WAITS, OPEN_GROUP_WAITS, OPEN_RATE_WAITS, PLANNED, POOL_BUDGETED
+from .claim_sql import (
+    FAST_CLAIM,
+    FAST_CLAIM_VARS,
+    OPEN_FAIR_WAITS,
+    OPEN_GROUP_WAITS,
+    OPEN_RATE_WAITS,
+    PLANNED,
+    POOL_BUDGETED,
+)
 
 # queickd_pass: the pass of a pool whose finished jobs all succeeded outside any workflow,
 # then its next claim on the fast path, as one statement in a transaction of its own (a
@@ -34,11 +42,11 @@ PASS = f"""
         frees boolean;      -- a finish freed a key, a group's slot or a budgeted pool's units
         waited boolean;     -- a client waits on one of them (17)
         nothing jobs;
-    BEGIN
+{FAST_CLAIM_VARS}    BEGIN
     PERFORM pg_advisory_xact_lock_shared(p_budget_lock);
     IF {OPEN_GROUP_WAITS}
        OR {POOL_BUDGETED}
-       OR {OPEN_RATE_WAITS}
+       OR {OPEN_RATE_WAITS.replace("{room}", "p_limit")}
        OR {OPEN_FAIR_WAITS}
     THEN
         RETURN NEXT nothing;  -- all NULL: nothing done, the selection's turn
