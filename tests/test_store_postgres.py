@@ -386,10 +386,11 @@ def test_an_events_delivery_waits_for_another_hosts_submit_so_the_key_cap_holds(
         host2.close()
 
 
-def test_claimers_of_a_fleet_start_no_more_than_a_rate_keys_limit(pg_store):
+@pytest.mark.parametrize("limit", [3, 10], ids=["near its limit: the selection", "far from it: the fast path"])
+def test_claimers_of_a_fleet_start_no_more_than_a_rate_keys_limit(pg_store, limit):
     from queickd.store.postgres.store import PostgresStore
 
-    rl = {"key": "slack", "limit": 3, "per": 1000.0}
+    rl = {"key": "slack", "limit": limit, "per": 1000.0}
     pg_store.submit([job(rate_limit=rl) for _ in range(30)] + [job() for _ in range(30)], T0)
     hosts = [PostgresStore(pg_store._dsn, migrate=False) for _ in range(4)]
     started: list = []
@@ -406,5 +407,5 @@ def test_claimers_of_a_fleet_start_no_more_than_a_rate_keys_limit(pg_store):
     finally:
         for h in hosts:
             h.close()
-    assert sum(j.rate_limit is not None for j in started) == 3
+    assert sum(j.rate_limit is not None for j in started) == limit
     assert sum(j.rate_limit is None for j in started) == 30

@@ -24,11 +24,12 @@ from ..records import Claimed
 from ..sql import fair as sqlfair
 from ..sql import rates as sqlrates
 from .channels import NOTIFY_IDS
+from .claim_sql import CLAIM_LOCK
 from .connection import KEPT_CURSOR_BYTES
 from .fleet import notify
 
 CLAIM_RETRIES = 8
-_CLAIM_LOCK = 0x71756963_6B640003  # advisory lock id held by each claim with groups or budgets
+_CLAIM_LOCK = CLAIM_LOCK  # held by each claim by the selection (and the fast path's of rate-limited jobs)
 # Held shared by every claim (from its first call to its commit), exclusively by a write of
 # the budgets: a budget comes into force after the claims that did not see it (schema.py, 8).
 _BUDGET_LOCK = 0x71756963_6B640004

@@ -9,6 +9,10 @@ are cached for the session. Nothing here imports psycopg."""
 
 from __future__ import annotations
 
+# The advisory lock each claim by the selection holds to its commit (claim.py), and the fast
+# path's before it reads rate keys' rooms: one such claim at a time, across hosts.
+CLAIM_LOCK = 0x71756963_6B640003
+
 # --- the rules, each written once ---------------------------------------------------------
 MARK_RUNNING = "UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = p_now, worker_id = p_worker"
 
@@ -44,18 +48,57 @@ _PLAIN_CLAIM = f"""    RETURN QUERY {MARK_RUNNING}
     RETURNING *;
 """
 
-# While rate-limited jobs wait, the fast path also takes those whose key has room by its
-# count (it keeps fewer starts than the job's limit: core/policy/rates.py admits by the
-# count alone) and is not blocked, at most as many of a key as its room, in queue order.
-# Their keys' rows are made if new and locked (in key order: claims of a fleet take turns
-# per key), the room counted again under the lock, and the starts logged as the selection
-# logs them (store/sql/rates.py). A key this claim could fill is the selection's
-# (OPEN_RATE_WAITS).
+# --- rate limits: the fast path's part and the selection's ----------------------------------
+RATE_KEY = "(q.rate_limit::json ->> 'key')"
 RATE_LIMIT_OF = "(q.rate_limit::json ->> 'limit')::integer"
 # The lim-th newest start of a key (rate_starts counted back from the newest, along its key).
 _LIM_TH_NEWEST = """(SELECT s.at FROM (SELECT s.at, sum(s.n) OVER (ORDER BY s.at DESC) AS seen
                                 FROM rate_starts s WHERE s.key = {key}) s
                       WHERE s.seen >= r.lim ORDER BY s.at DESC LIMIT 1)"""
+# A key's window is full when it is blocked or keeps `lim` starts of which the lim-th
+# newest is within the window.
+RATE_ROOM = ("NOT EXISTS (SELECT 1 FROM rate_keys r WHERE r.key = {key} AND (r.blocked_until > p_now"
+             " OR (r.kept >= r.lim AND " + _LIM_TH_NEWEST.replace("{key}", "r.key") + " + r.per > p_now)))")
+# A job of key k waits in a pool served (jobs_queued_rated; a lateral look, LIMIT 1: as an
+# EXISTS, the planner hashed every queued rate-limited job's key instead).
+_KEY_WAITS = f"""CROSS JOIN LATERAL (
+            SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL
+            AND {RATE_KEY} = k.key AND (p_pools IS NULL OR q.pool = ANY(p_pools)) LIMIT 1) x"""
+# A key that admits nothing by its count (blocked, or keeping its limit's worth of starts)
+# has a job waiting: the fast path then walks only the jobs without a rate limit (a full
+# key's backlog would be walked job by job in queue order), and the rate-limited jobs of
+# keys with room are the selection's.
+FULL_RATE_KEY_WAITS = f"""EXISTS (SELECT 1 FROM rate_keys k {_KEY_WAITS}
+        WHERE k.blocked_until > p_now OR k.kept >= k.lim)"""
+# A rate-limited job waits in a pool served whose key's window has room (found by a skip
+# scan of jobs_queued_rated, one descent per key, stopping at the first with room).
+_ROOMY_RATE_KEY_WAITS = f"""EXISTS (
+        WITH RECURSIVE k (key) AS (
+            (SELECT {RATE_KEY} FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL
+             ORDER BY {RATE_KEY} LIMIT 1)
+            UNION ALL
+            SELECT (SELECT {RATE_KEY} FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL
+                    AND {RATE_KEY} > k.key ORDER BY {RATE_KEY} LIMIT 1)
+            FROM k WHERE k.key IS NOT NULL)
+        SELECT 1 FROM k {_KEY_WAITS}
+        WHERE k.key IS NOT NULL AND {RATE_ROOM.format(key="k.key")})"""
+# "Must the selection claim?", of rate limits: a key this claim could fill ({room} more
+# starts reach its limit, its latest job's) has room now and a job waiting; or, while a
+# full key's backlog waits (the fast path takes no rate-limited job then), any key with
+# room has one. A key far from its limit is otherwise the fast path's; a full key's
+# backlog leaves the claim on the fast path, which takes none of it.
+OPEN_RATE_WAITS = f"""(EXISTS (SELECT 1 FROM rate_keys k {_KEY_WAITS}
+            WHERE k.kept + {{room}} > k.lim AND {RATE_ROOM.format(key="k.key")})
+        OR ({FULL_RATE_KEY_WAITS} AND {_ROOMY_RATE_KEY_WAITS}))"""
+
+# While rate-limited jobs wait, the fast path also takes those whose key has room by its
+# count (it keeps fewer starts than the job's limit: core/policy/rates.py admits by the
+# count alone) and is not blocked, at most as many of a key as its room, in queue order.
+# Such a claim takes the selection's claim lock first (claims of a fleet that may start
+# rate-limited jobs take turns), then the keys' rows are made if new or locked (the
+# retention's prune passes over them), the room counted, and the starts logged as the selection logs
+# them (store/sql/rates.py). A key this claim could fill is the selection's
+# (OPEN_RATE_WAITS).
 _HAS_ROOM = f"""(q.rate_limit IS NULL OR NOT EXISTS (
               SELECT 1 FROM rate_keys r WHERE r.key = (q.rate_limit::json ->> 'key')
               AND (r.blocked_until > p_now OR r.kept >= {RATE_LIMIT_OF})))"""
@@ -67,9 +110,11 @@ FAST_CLAIM_VARS = """        f_ids bigint[];     -- the fast path's jobs, with r
         f_timer jobs;       -- its timer: id NULL, run_at when a key it filled opens
         f_full boolean := false;  -- it filled a key (by its count)
 """
-FAST_CLAIM = f"""    IF NOT EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL) THEN
+FAST_CLAIM = f"""    IF NOT EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL)
+       OR {FULL_RATE_KEY_WAITS} THEN
 {_PLAIN_CLAIM}        GET DIAGNOSTICS n = ROW_COUNT;
     ELSE
+        PERFORM pg_advisory_xact_lock({CLAIM_LOCK});  -- before any row lock, as the selection's
         SELECT array_agg(x.id ORDER BY x.priority, x.run_at, x.id), array_agg(x.k ORDER BY x.priority, x.run_at, x.id),
                array_agg(x.l ORDER BY x.priority, x.run_at, x.id), array_agg(x.p ORDER BY x.priority, x.run_at, x.id)
         INTO f_ids, f_keys, f_lims, f_pers
@@ -87,8 +132,7 @@ FAST_CLAIM = f"""    IF NOT EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued
             INSERT INTO rate_keys (key, lim, per)
                 SELECT DISTINCT ON (u.k) u.k, u.l, u.p FROM unnest(f_keys, f_lims, f_pers) AS u(k, l, p)
                 WHERE u.k IS NOT NULL ORDER BY u.k
-                ON CONFLICT (key) DO NOTHING;
-            PERFORM 1 FROM rate_keys r WHERE r.key = ANY(f_keys) ORDER BY r.key FOR UPDATE;
+                ON CONFLICT (key) DO UPDATE SET lim = rate_keys.lim;  -- made, or locked as it is
             SELECT array_agg(u.i ORDER BY u.o), array_agg(u.k ORDER BY u.o), array_agg(u.l ORDER BY u.o),
                    array_agg(u.p ORDER BY u.o) INTO f_ids, f_keys, f_lims, f_pers
             FROM unnest(f_ids, f_keys, f_lims, f_pers) WITH ORDINALITY AS u(i, k, l, p, o)
@@ -154,23 +198,6 @@ _SERVED_GROUPED = (
     f"(CASE WHEN p_pools IS NULL THEN {_ANY_GROUPED} ELSE EXISTS (SELECT 1 FROM unnest(p_pools) s (name)"
     " CROSS JOIN LATERAL (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL"
     " AND q.pool = s.name ORDER BY q.concurrency_group LIMIT 1) x) END)")
-
-# "Must the selection claim?", of rate limits: a rate key this claim could fill ({room}
-# more starts reach its limit, its latest job's) has room now (rate_keys, core/policy/rates.py:
-# not blocked, and fewer than its limit of starts in the last `per` seconds) and a job
-# waiting in a pool served (jobs_queued_rated; a lateral look, LIMIT 1: as an EXISTS, the
-# planner hashed every queued rate-limited job's key instead). A key far from its limit is the fast
-# path's; a full key's backlog leaves the claim on the fast path, which takes none of it.
-RATE_KEY = "(q.rate_limit::json ->> 'key')"
-# A key's window is full when it is blocked or keeps `lim` starts of which the lim-th
-# newest is within the window (rate_starts counted back from the newest, along its key).
-RATE_ROOM = ("NOT EXISTS (SELECT 1 FROM rate_keys r WHERE r.key = {key} AND (r.blocked_until > p_now"
-             " OR (r.kept >= r.lim AND " + _LIM_TH_NEWEST.replace("{key}", "r.key") + " + r.per > p_now)))")
-OPEN_RATE_WAITS = f"""EXISTS (
-        SELECT 1 FROM rate_keys k CROSS JOIN LATERAL (
-            SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL
-            AND {RATE_KEY} = k.key AND (p_pools IS NULL OR q.pool = ANY(p_pools)) LIMIT 1) x
-        WHERE k.kept + {{room}} > k.lim AND {RATE_ROOM.format(key="k.key")})"""
 
 # "Must the selection claim?", of fair shares (core/policy/fair.py): a fair key has a job
 # queued in a pool served, or a count of one not yet folded into fair_keys (schema.py, 36;

@@ -134,8 +134,10 @@ def prune(d: Dialect, c: Any, now: float) -> int:
         gone[key] = gone.get(key, 0) + n
     if gone:
         c.cursor().executemany(_q(c, _UNKEEP), [(n, k) for k, n in sorted(gone.items())])
-    return c.execute(_q(c, "DELETE FROM rate_keys WHERE kept <= 0 AND (blocked_until IS NULL OR blocked_until <= ?)"),
-                     (now,)).rowcount
+    idle = "SELECT key FROM rate_keys WHERE kept <= 0 AND (blocked_until IS NULL OR blocked_until <= ?)"
+    if not isinstance(c, sqlite3.Connection):  # a row a claim holds is left for the next prune
+        idle += " ORDER BY key FOR UPDATE SKIP LOCKED"
+    return c.execute(_q(c, f"DELETE FROM rate_keys WHERE key IN ({idle}) AND kept <= 0"), (now,)).rowcount
 
 
 def keys(c: Any, now: float) -> list[RateKey]:
