@@ -65,19 +65,21 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
 
     def test_jobs_of_every_shape_in_one_batch_keep_their_fields(self, store):
         # Stores may insert a job whose other fields are at their defaults with fewer columns:
-        # plain, grouped, keyed (arguments and keys) and full rows side by side.
+        # plain, grouped, keyed (arguments and keys), rated (a rate limit) and full rows side by side.
+        rl = {"key": "r", "limit": 5, "per": 1.0}
         given = [job(), job(concurrency_group="g", concurrency_limit=2),
                  job(args=[1], kwargs={"x": 1}, key="k", idempotency_key="i1"),
+                 job(rate_limit=rl), job(args=[4], idempotency_key="i4", rate_limit=rl),
                  job(args=[2], idempotency_key="i2", priority=4),
                  job(args=[3], idempotency_key="i3", run_at=T0 + 60)]
         subs = store.submit(given, T0)
         got = [store.get(s.job_id) for s in subs]
         fields = ("func", "args", "kwargs", "key", "idempotency_key", "priority", "run_at", "concurrency_group",
-                  "concurrency_limit", "max_attempts")
+                  "concurrency_limit", "max_attempts", "rate_limit")
         assert [tuple(getattr(j, f) for f in fields) for j in got] == [
             tuple(getattr(g, f) for f in fields) for g in given]
-        assert [j.state for j in got] == [State.QUEUED] * 4 + [State.SCHEDULED]
-        assert (store.counts()[State.QUEUED], store.counts()[State.SCHEDULED]) == (4, 1)
+        assert [j.state for j in got] == [State.QUEUED] * 6 + [State.SCHEDULED]
+        assert (store.counts()[State.QUEUED], store.counts()[State.SCHEDULED]) == (6, 1)
 
     def test_a_large_batch_without_idempotency_keys_of_every_shape_keeps_their_fields(self, store):
         # A large batch may go another way (PostgreSQL: 64 jobs or more without idempotency
@@ -86,17 +88,18 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
         kinds = [lambda i: job(), lambda i: job(concurrency_group="g", concurrency_limit=2, cost_units=1.5),
                  lambda i: job(args=[i], kwargs={"x": i}, key=f"k{i % 3}"),
                  lambda i: job(args=[i], priority=4, retry_on_network=True, pool="p"),
+                 lambda i: job(args=[i], rate_limit={"key": f"r{i % 2}", "limit": 9, "per": 1.0}),
                  lambda i: job(run_at=T0 + 60 + i)]
         given = [dataclasses.replace(kinds[i % len(kinds)](i), func=f"m:f{i}") for i in range(100)]
         subs = store.submit(given, T0)
         got = [store.get(s.job_id) for s in subs]
         fields = ("func", "args", "kwargs", "key", "idempotency_key", "priority", "run_at", "concurrency_group",
-                  "concurrency_limit", "cost_units", "max_attempts", "retry_on_network", "pool")
+                  "concurrency_limit", "cost_units", "max_attempts", "retry_on_network", "pool", "rate_limit")
         assert [tuple(getattr(j, f) for f in fields) for j in got] == [
             tuple(getattr(g, f) for f in fields) for g in given]
         assert [(j.created_at, j.attempts) for j in got] == [(T0, 0)] * 100
-        assert [j.state for j in got] == [State.SCHEDULED if i % 5 == 4 else State.QUEUED for i in range(100)]
-        assert (store.counts()[State.QUEUED], store.counts()[State.SCHEDULED]) == (80, 20)
+        assert [j.state for j in got] == [State.SCHEDULED if i % 6 == 5 else State.QUEUED for i in range(100)]
+        assert (store.counts()[State.QUEUED], store.counts()[State.SCHEDULED]) == (84, 16)
 
     @pytest.mark.parametrize("n", [1, 70])  # 70: PostgreSQL's COPY path
     def test_a_zero_given_where_the_default_is_none_is_kept_as_zero(self, store, n):

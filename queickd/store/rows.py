@@ -118,9 +118,11 @@ PLAIN_COLS = ("id", "state", "func", "run_at", "created_at")
 GROUPED_COLS = (*PLAIN_COLS, "concurrency_group", "concurrency_limit", "cost_units")
 # ... a job with arguments and an idempotency key (every JobQueue.enqueue gives one).
 KEYED_COLS = (*PLAIN_COLS, "args", "kwargs", "key", "idempotency_key")
-SHAPES = (PLAIN_COLS, GROUPED_COLS, KEYED_COLS, INSERT_COLS)  # split_inserts' lists, in order
-split_inserts = insert_splitter(PLAIN_COLS, GROUPED_COLS, KEYED_COLS)
-split_inserts.__doc__ = ("split_inserts(ids, inserts, now) -> (plain, grouped, keyed, full): the rows of each"
+# ... a job under a rate limit (core/policy/rates.py), with or without those.
+RATED_COLS = (*KEYED_COLS, "rate_limit")
+SHAPES = (PLAIN_COLS, GROUPED_COLS, KEYED_COLS, RATED_COLS, INSERT_COLS)  # split_inserts' lists, in order
+split_inserts = insert_splitter(PLAIN_COLS, GROUPED_COLS, KEYED_COLS, RATED_COLS)
+split_inserts.__doc__ = ("split_inserts(ids, inserts, now) -> (plain, grouped, keyed, rated, full): the rows of each"
                          " of SHAPES, for (_, _, NewJob) inserts as admission plans them.")
 
 

@@ -38,7 +38,7 @@ from .schema import SCHEMA_VERSION, SchemaTooNewError
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore", "SchemaTooNewError"]
 
-# The insert of each of the rows' shapes (rows.py: plain, grouped, keyed, full), with where
+# The insert of each of the rows' shapes (rows.py: plain, grouped, keyed, rated, full), with where
 # a row of that shape holds its state.
 _INSERTS = tuple(((f"INSERT INTO jobs ({', '.join(cols)}) VALUES ", len(cols)), cols.index("state"))
                  for cols in dbrows.SHAPES)
