@@ -68,13 +68,17 @@ def _exact(c: Any, key: str, w: rates.Window, now: float) -> rates.Window:
 
 class Reader:
     """The windows of the keys a claim meets, read one key at a time as it meets them (a
-    claim meets few of the keys), their starts only when asked (`exact`)."""
+    claim meets few of the keys), their starts only when asked (`exact`). `full`, kept by
+    a store whose claims are all its own (SQLite's one writer), holds the exact windows of
+    keys read full, each until it opens: no start can come before then to change it."""
 
-    __slots__ = ("c", "read")
+    __slots__ = ("c", "read", "full")
 
-    def __init__(self, c: Any, known: dict[str, rates.Window] | None = None) -> None:
+    def __init__(self, c: Any, known: dict[str, rates.Window] | None = None,
+                 full: dict[str, tuple[float, rates.Window]] | None = None) -> None:
         self.c = c
         self.read: dict[str, rates.Window | None] = dict(known or {})
+        self.full = full
 
     def get(self, key: str, /) -> rates.Window | None:
         if key in self.read:
@@ -84,9 +88,18 @@ class Reader:
         return w
 
     def exact(self, key: str, now: float, /) -> rates.Window | None:
+        if self.full is not None and key in self.full:
+            opens, w = self.full[key]
+            if now < opens:
+                self.read[key] = w
+                return w
+            del self.full[key]
         w = self.get(key)
         if w is not None and w.starts is None:
             w = self.read[key] = _exact(self.c, key, w, now)
+            opens = w.next_at(w.limit, w.per)
+            if self.full is not None and opens is not None and opens > now:
+                self.full[key] = (opens, w)
         return w
 
 
@@ -94,6 +107,9 @@ def write(c: Any, rule: rates.RateLimits) -> None:
     """The starts a claim's selection made, logged (its transaction commits them with the starts)."""
     if not rule.added:
         return
+    full = getattr(rule.given, "full", None)
+    for k in rule.added if full else ():
+        full.pop(k, None)  # its window changed
     now = rule.now
     rows = [(k, rule.last[k].limit, rule.last[k].per, len(added)) for k, added in sorted(rule.added.items())]
     if isinstance(c, sqlite3.Connection):

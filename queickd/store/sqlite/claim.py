@@ -21,7 +21,7 @@ import sqlite3
 from collections.abc import Iterator
 
 from ...core.job import Job
-from ...core.policy import claim, fair
+from ...core.policy import claim, fair, rates
 from ...core.policy.rates import RateLimits, admit_all
 from .. import rows as dbrows
 from ..sql import fair as sqlfair
@@ -233,6 +233,10 @@ class Claims:
         self._full_groups = False  # the last claim by the selection left jobs out (full groups, used up budgets)
         self._only_groups = True  # ... and only those of full groups
         self._past = _PAST  # how many jobs to read past the first, for full groups' jobs among them
+        # The exact windows of rate keys read full, each until it opens (sql/rates.Reader),
+        # and until when the last claim by the selection met one with its jobs waiting.
+        self._rates_full: dict[str, tuple[float, rates.Window]] = {}
+        self._rates_full_until = 0.0
 
     def claim(self, c: sqlite3.Connection, request: claim.Request) -> list[Job]:
         """Claim in `c`'s write transaction (SQLite serializes writers, so the selection is exact)."""
@@ -250,6 +254,10 @@ class Claims:
                 return self._fair(c, request, walk)
             # The last claim met used up budgets: this one likely will too, and would read
             # past them what it read first. The selection at once, as before the heads.
+            return self._select(c, request, self._held(c, now), None, walk)
+        if now < self._rates_full_until and not past_full:
+            # The last claim met a full rate key's jobs waiting: its backlog likely heads the
+            # queue still, and the heads would be refused. The selection at once.
             return self._select(c, request, self._held(c, now), None, walk)
         # The common claim (claim.plain): the queue's first jobs and whether anything is
         # paused, in one statement; when no rule applies to them, they start. While
@@ -287,7 +295,7 @@ class Claims:
             return self._start(c, ids, now, "")
         if not paused and any(r.rate_limit is not None for r in first):
             # Rate-limited heads: the common claim still, if their keys admit every one.
-            rule = admit_all(first, sqlrates.Reader(c), now)
+            rule = admit_all(first, sqlrates.Reader(c, full=self._rates_full), now)
             ids = None if rule is None else claim.plain(first, request, False, totals, rated=True)
             if ids is not None:
                 sqlrates.write(c, rule)
@@ -315,7 +323,7 @@ class Claims:
                 first: list[claim.Row] | None, walk: tuple[str, ...]) -> list[Job]:
         """The claim by the selection, offered the queued jobs of the pools `walk` in queue
         order (`first`: the heads, read already)."""
-        running.rates = sqlrates.Reader(c)  # under the writer's lock: exact
+        running.rates = sqlrates.Reader(c, full=self._rates_full)  # under the writer's lock: exact
         pick = claim.Selection(request, running)
         full, out_pools = pick.out_groups, pick.out_pools
         page = max(16, request.limit * 2)
@@ -331,6 +339,7 @@ class Claims:
         # window's filling: a full key's backlog is not walked. Else the queue in order,
         # until a key fills during the claim: from there, key by key too.
         full_rates = [k for (k,) in c.execute(_FULL_RATE_KEYS, (request.now,)) if pick.rates.full(k)]
+        self._rates_full_until = 0.0
         if full or out_pools or full_rates:  # read by group and rate key, past the full ones
             if full_rates and not heads:
                 heads = _HEAD_OF_KEY  # a serial key's head left unread holds its key
@@ -356,6 +365,8 @@ class Claims:
                 offered.update(r.id for r in rows)
                 more = len(rows) == page
                 offset += page
+        if pick.rates.refused:
+            self._rates_full_until = min(pick.rates.refused.values())
         if not pick.chosen:
             return sqlrates.claimed((), pick.rates)
         sqlrates.write(c, pick.rates)
@@ -369,7 +380,7 @@ class Claims:
         """The claim by the selection, offered the queued jobs of the pools `walk` in the order
         of fair shares (core/policy/fair.py; store/sql/fair.py reads it), keys' heads only."""
         running = self._held(c, request.now)
-        running.rates = sqlrates.Reader(c)  # under the writer's lock: exact
+        running.rates = sqlrates.Reader(c, full=self._rates_full)  # under the writer's lock: exact
         pick = claim.Selection(request, running)
         shares = fair.FairShares(request.limits.fair, request.now)
         page = max(16, request.limit * 2)
