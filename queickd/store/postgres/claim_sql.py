@@ -60,7 +60,9 @@ _LIM_TH_NEWEST = """(SELECT s.at FROM (SELECT s.at, sum(s.n) OVER (ORDER BY s.at
 RATE_ROOM = ("NOT EXISTS (SELECT 1 FROM rate_keys r WHERE r.key = {key} AND (r.blocked_until > p_now"
              " OR (r.kept >= r.lim AND " + _LIM_TH_NEWEST.replace("{key}", "r.key") + " + r.per > p_now)))")
 # A job of key k waits in a pool served (jobs_queued_rated; a lateral look, LIMIT 1: as an
-# EXISTS, the planner hashed every queued rate-limited job's key instead).
+# EXISTS, the planner hashed every queued rate-limited job's key instead). The keys asked
+# about are found by their room (lim - kept, rate_keys_room) or their block
+# (rate_keys_blocked): those near or at their limit, not every key.
 _KEY_WAITS = f"""CROSS JOIN LATERAL (
             SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL
             AND {RATE_KEY} = k.key AND (p_pools IS NULL OR q.pool = ANY(p_pools)) LIMIT 1) x"""
@@ -68,8 +70,8 @@ _KEY_WAITS = f"""CROSS JOIN LATERAL (
 # has a job waiting: the fast path then walks only the jobs without a rate limit (a full
 # key's backlog would be walked job by job in queue order), and the rate-limited jobs of
 # keys with room are the selection's.
-FULL_RATE_KEY_WAITS = f"""EXISTS (SELECT 1 FROM rate_keys k {_KEY_WAITS}
-        WHERE k.blocked_until > p_now OR k.kept >= k.lim)"""
+FULL_RATE_KEY_WAITS = f"""(EXISTS (SELECT 1 FROM rate_keys k {_KEY_WAITS} WHERE k.lim - k.kept <= 0)
+        OR EXISTS (SELECT 1 FROM rate_keys k {_KEY_WAITS} WHERE k.blocked_until > p_now))"""
 # A rate-limited job waits in a pool served whose key's window has room (found by a skip
 # scan of jobs_queued_rated, one descent per key, stopping at the first with room).
 _ROOMY_RATE_KEY_WAITS = f"""EXISTS (
@@ -88,25 +90,24 @@ _ROOMY_RATE_KEY_WAITS = f"""EXISTS (
 # room has one. A key far from its limit is otherwise the fast path's; a full key's
 # backlog leaves the claim on the fast path, which takes none of it.
 OPEN_RATE_WAITS = f"""(EXISTS (SELECT 1 FROM rate_keys k {_KEY_WAITS}
-            WHERE k.kept + {{room}} > k.lim AND {RATE_ROOM.format(key="k.key")})
+            WHERE k.lim - k.kept < {{room}} AND {RATE_ROOM.format(key="k.key")})
         OR ({FULL_RATE_KEY_WAITS} AND {_ROOMY_RATE_KEY_WAITS}))"""
 
 # While rate-limited jobs wait, the fast path also takes those whose key has room by its
 # count (it keeps fewer starts than the job's limit: core/policy/rates.py admits by the
 # count alone) and is not blocked, at most as many of a key as its room, in queue order.
 # Such a claim takes the selection's claim lock first (claims of a fleet that may start
-# rate-limited jobs take turns), then the keys' rows are made if new or locked (the
-# retention's prune passes over them), the room counted, and the starts logged as the selection logs
-# them (store/sql/rates.py). A key this claim could fill is the selection's
+# rate-limited jobs take turns), then reads each key's room, and logs its starts as the
+# selection logs them (store/sql/rates.py; every change of a key's count is relative, so
+# the retention's prune composes with it). A key this claim could fill is the selection's
 # (OPEN_RATE_WAITS).
-_HAS_ROOM = f"""(q.rate_limit IS NULL OR NOT EXISTS (
-              SELECT 1 FROM rate_keys r WHERE r.key = (q.rate_limit::json ->> 'key')
-              AND (r.blocked_until > p_now OR r.kept >= {RATE_LIMIT_OF})))"""
+_HAS_ROOM = """(q.rate_limit IS NULL OR NOT EXISTS (
+              SELECT 1 FROM rate_keys r WHERE r.key = rl.j ->> 'key'
+              AND (r.blocked_until > p_now OR r.kept >= (rl.j ->> 'limit')::integer)))"""
 FAST_CLAIM_VARS = """        f_ids bigint[];     -- the fast path's jobs, with rate-limited ones, in queue order
         f_keys text[];      -- their rate keys (NULL: none)
         f_lims integer[];   -- and limits
         f_pers double precision[];
-        f_met text[];       -- the rate keys it met
         f_timer jobs;       -- its timer: id NULL, run_at when a key it filled opens
         f_full boolean := false;  -- it filled a key (by its count)
 """
@@ -115,49 +116,40 @@ FAST_CLAIM = f"""    IF NOT EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued
 {_PLAIN_CLAIM}        GET DIAGNOSTICS n = ROW_COUNT;
     ELSE
         PERFORM pg_advisory_xact_lock({CLAIM_LOCK});  -- before any row lock, as the selection's
-        SELECT array_agg(x.id ORDER BY x.priority, x.run_at, x.id), array_agg(x.k ORDER BY x.priority, x.run_at, x.id),
-               array_agg(x.l ORDER BY x.priority, x.run_at, x.id), array_agg(x.p ORDER BY x.priority, x.run_at, x.id)
-        INTO f_ids, f_keys, f_lims, f_pers
-        FROM (SELECT q.id, q.priority, q.run_at, (q.rate_limit::json ->> 'key') AS k, {RATE_LIMIT_OF} AS l,
-                     (q.rate_limit::json ->> 'per')::float8 AS p
-              FROM jobs q
+        -- Read after the lock: a rate key's jobs within its room (its limit less the starts
+        -- it keeps), in queue order; f_full: one of them fills its key.
+        SELECT array_agg(y.id ORDER BY y.o), array_agg(y.k ORDER BY y.o), array_agg(y.l ORDER BY y.o),
+               array_agg(y.p ORDER BY y.o), coalesce(bool_or(y.used >= y.l), false)
+        INTO f_ids, f_keys, f_lims, f_pers, f_full
+        FROM (SELECT x.*, row_number() OVER (ORDER BY x.priority, x.run_at, x.id) AS o,
+                     x.kept + row_number() OVER (PARTITION BY x.k ORDER BY x.priority, x.run_at, x.id) AS used
+              FROM (SELECT q.id, q.priority, q.run_at, rl.j ->> 'key' AS k, (rl.j ->> 'limit')::integer AS l,
+                           (rl.j ->> 'per')::float8 AS p,
+                           coalesce((SELECT r.kept FROM rate_keys r WHERE r.key = rl.j ->> 'key'), 0) AS kept
+                    FROM jobs q CROSS JOIN LATERAL (SELECT q.rate_limit::jsonb AS j) rl  -- read once a row
 {_FAST_PATH_JOB.replace("AND q.rate_limit IS NULL", "AND " + _HAS_ROOM)}          AND NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'func' AND p.name = q.func)
           AND (q.key IS NULL OR (
               NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'key' AND p.name = q.key)
 {_KEY_FREE_IN_ORDER}        LIMIT p_limit
-        FOR UPDATE SKIP LOCKED) x;
-        f_met := ARRAY(SELECT DISTINCT k FROM unnest(f_keys) k WHERE k IS NOT NULL);
-        f_full := false;
-        IF cardinality(f_met) > 0 THEN
-            INSERT INTO rate_keys (key, lim, per)
-                SELECT DISTINCT ON (u.k) u.k, u.l, u.p FROM unnest(f_keys, f_lims, f_pers) AS u(k, l, p)
-                WHERE u.k IS NOT NULL ORDER BY u.k
-                ON CONFLICT (key) DO UPDATE SET lim = rate_keys.lim;  -- made, or locked as it is
-            SELECT array_agg(u.i ORDER BY u.o), array_agg(u.k ORDER BY u.o), array_agg(u.l ORDER BY u.o),
-                   array_agg(u.p ORDER BY u.o) INTO f_ids, f_keys, f_lims, f_pers
-            FROM unnest(f_ids, f_keys, f_lims, f_pers) WITH ORDINALITY AS u(i, k, l, p, o)
-            WHERE u.k IS NULL OR EXISTS (SELECT 1 FROM rate_keys r WHERE r.key = u.k
-                AND coalesce(r.blocked_until, 0) <= p_now
-                AND r.kept + (SELECT count(*) FROM unnest(f_keys) WITH ORDINALITY AS v(k, o)
-                              WHERE v.k = u.k AND v.o <= u.o) <= u.l);
+        FOR UPDATE OF q SKIP LOCKED) x) y
+        WHERE y.k IS NULL OR y.used <= y.l;
+        IF EXISTS (SELECT 1 FROM unnest(f_keys) k WHERE k IS NOT NULL) THEN
             WITH s AS (SELECT u.k, count(*) AS c, min(u.l) AS l, min(u.p) AS p
                        FROM unnest(f_keys, f_lims, f_pers) AS u(k, l, p) WHERE u.k IS NOT NULL GROUP BY u.k),
-            kept AS (UPDATE rate_keys r SET kept = r.kept + s.c, lim = s.l, per = s.p FROM s WHERE r.key = s.k
-                     RETURNING r.kept >= r.lim AS full),
-            logged AS (INSERT INTO rate_starts (key, at, n) SELECT s.k, p_now, s.c FROM s
-                       ON CONFLICT (key, at) DO UPDATE SET n = rate_starts.n + excluded.n)
-            SELECT coalesce(bool_or(kept.full), false) INTO f_full FROM kept;
-            -- A key another claim filled meanwhile leaves its jobs here: it is full too.
-            f_full := f_full OR cardinality(f_met) > (SELECT count(DISTINCT k) FROM unnest(f_keys) k WHERE k IS NOT NULL);
+            kept AS (INSERT INTO rate_keys (key, lim, per, kept) SELECT s.k, s.l, s.p, s.c FROM s ORDER BY s.k
+                     ON CONFLICT (key) DO UPDATE SET kept = rate_keys.kept + excluded.kept, lim = excluded.lim,
+                                                     per = excluded.per)
+            INSERT INTO rate_starts (key, at, n) SELECT s.k, p_now, s.c FROM s
+                ON CONFLICT (key, at) DO UPDATE SET n = rate_starts.n + excluded.n;
         END IF;
         RETURN QUERY {MARK_RUNNING} WHERE id = ANY(f_ids) RETURNING *;
         GET DIAGNOSTICS n = ROW_COUNT;
-        -- A key it filled, or whose jobs it left, says when it opens: the claimer's timer,
-        -- a row of its own after the jobs (the claims after it leave such a key's jobs).
+        -- A key it filled says when it opens: the claimer's timer, a row of its own after
+        -- the jobs (the claims after it leave such a key's jobs).
         IF f_full THEN
             SELECT min(t.at) INTO f_timer.run_at FROM (
                 SELECT {_LIM_TH_NEWEST.format(key="r.key")} + r.per AS at FROM rate_keys r
-                WHERE r.key = ANY(f_met) AND r.kept >= r.lim) t WHERE t.at > p_now;
+                WHERE r.key = ANY(f_keys) AND r.kept >= r.lim) t WHERE t.at > p_now;
             IF f_timer.run_at IS NOT NULL THEN
                 RETURN NEXT f_timer;
             END IF;

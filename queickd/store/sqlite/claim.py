@@ -89,7 +89,8 @@ _WAITING_RATE_KEYS = (
     " FROM w WHERE w.name IS NOT NULL) SELECT name FROM w WHERE name IS NOT NULL")
 # The rate keys whose window may be full now (core/policy/rates.py: blocked, or keeping
 # `lim` starts, some perhaps past the window), each asked then (RateLimits.full).
-_FULL_RATE_KEYS = "SELECT key FROM rate_keys WHERE blocked_until > ?1 OR kept >= lim"
+_FULL_RATE_KEYS = ("SELECT key FROM rate_keys WHERE lim - kept <= 0"
+                   " UNION SELECT key FROM rate_keys WHERE blocked_until > ?1")
 _SAME_AT, _PAST_AT = " AND priority = ? AND run_at = ? AND id > ?", " AND (priority, run_at) > (?, ?)"
 _POSITION = operator.itemgetter(0, 6, 1)  # (priority, run_at, id) of a stream's row
 
