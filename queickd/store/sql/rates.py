@@ -66,6 +66,9 @@ def _exact(c: Any, key: str, w: rates.Window, now: float) -> rates.Window:
     return rates.Window(w.limit, w.per, starts, w.blocked_until, w.kept - gone)
 
 
+_FULL_KEPT = 1024  # full windows kept before those open already are dropped
+
+
 class Reader:
     """The windows of the keys a claim meets, read one key at a time as it meets them (a
     claim meets few of the keys), their starts only when asked (`exact`). `full`, kept by
@@ -99,6 +102,9 @@ class Reader:
             w = self.read[key] = _exact(self.c, key, w, now)
             opens = w.next_at(w.limit, w.per)
             if self.full is not None and opens is not None and opens > now:
+                if len(self.full) >= _FULL_KEPT:  # keys met once: those open already go
+                    for k in [k for k, (t, _) in self.full.items() if t <= now]:
+                        del self.full[k]
                 self.full[key] = (opens, w)
         return w
 
