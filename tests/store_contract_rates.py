@@ -51,6 +51,16 @@ class RatesContract:
         store.submit([rated(limit=1, per=2.5) for _ in range(2)], T0)
         assert store.claim_available(Request.of(10, now=T0)).rate_at == T0 + 2.5
 
+    def test_a_claim_that_fills_a_window_by_its_count_times_it_from_the_oldest_start(self, store):
+        # The key keeps one start (T0) of its limit of two; the claim at T0 + 5 adds the
+        # second and meets no job of the key after it: the window opens at T0 + 10, when
+        # the start at T0 leaves it, not at T0 + 15.
+        store.submit([rated(limit=2) for _ in range(2)], T0)
+        store.claim_available(Request.of(1, now=T0))
+        got = store.claim_available(Request.of(2, now=T0 + 5))
+        assert len(got) == 1
+        assert got.rate_at == T0 + 10, (got.rate_at, T0)
+
     def test_a_claim_that_fills_no_window_sets_no_timer(self, store):
         store.submit([rated(limit=3, per=2.5), job()], T0)
         assert store.claim_available(Request.of(10, now=T0)).rate_at is None

@@ -409,3 +409,13 @@ def test_claimers_of_a_fleet_start_no_more_than_a_rate_keys_limit(pg_store, limi
             h.close()
     assert sum(j.rate_limit is not None for j in started) == limit
     assert sum(j.rate_limit is None for j in started) == 30
+
+
+def test_a_pass_that_fills_a_rate_key_claims_no_more_than_its_limit(pg_store):
+    # A probe is due elsewhere (m:bad paused, its probe at T0 + 60), so the pass hands the
+    # room its fast path left to queickd_claim: that room must count the jobs it took.
+    trip_bad(pg_store)
+    rl = {"key": "k", "limit": 2, "per": 100.0}
+    pg_store.submit([job(rate_limit=rl) for _ in range(2)] + [job() for _ in range(3)], T0)
+    got = pg_store.finish_and_claim([], T0 + 61, 2) or []
+    assert len(got) <= 2, [(j.id, j.rate_limit) for j in got]
