@@ -61,6 +61,15 @@ class RatesContract:
         assert len(got) == 1
         assert got.rate_at == T0 + 10, (got.rate_at, T0)
 
+    def test_a_job_with_a_lower_limit_than_its_keys_row_starts_once_the_window_opens(self, store):
+        # The key's row says limit 10 (its last started jobs') and keeps 3 starts, from T0;
+        # a job of the key with limit 3 waits. At T0 + 11 those starts left its window.
+        store.submit([rated(limit=10) for _ in range(3)], T0)
+        assert len(store.claim_available(Request.of(3, now=T0))) == 3
+        (low,) = store.submit([rated(limit=3)], T0 + 1)
+        assert store.claim_available(Request.of(1, now=T0 + 5)) == []
+        assert _ids(store.claim_available(Request.of(1, now=T0 + 11))) == [low.job_id]
+
     def test_a_claim_that_fills_no_window_sets_no_timer(self, store):
         store.submit([rated(limit=3, per=2.5), job()], T0)
         assert store.claim_available(Request.of(10, now=T0)).rate_at is None

@@ -1,5 +1,6 @@
 """The store contract on PostgreSQL, and what only PostgreSQL does (skips without a server)."""
 
+import contextlib
 import threading
 from functools import partial
 
@@ -419,3 +420,127 @@ def test_a_pass_that_fills_a_rate_key_claims_no_more_than_its_limit(pg_store):
     pg_store.submit([job(rate_limit=rl) for _ in range(2)] + [job() for _ in range(3)], T0)
     got = pg_store.finish_and_claim([], T0 + 61, 2) or []
     assert len(got) <= 2, [(j.id, j.rate_limit) for j in got]
+
+
+@pytest.mark.parametrize("seed", range(1, 9))
+def test_a_fleet_of_claims_passes_and_prunes_keeps_every_window_of_a_rate_key(pg_store, seed):
+    # Rounds at one time each, the clock stepping 0.1 s: in each, four hosts claim (by
+    # claim_available or by a pass that finishes what they hold) and one prunes, at once.
+    # Every window of `per` seconds, by the starts' own times, holds at most `limit`. (A
+    # deadlock of a prune and a claim, test_the_prune_and_a_claim_reading_two_keys_exact_do_not_deadlock,
+    # fails that call only, as it would fail one pass of a pool.)
+    import random
+
+    import psycopg
+
+    from queickd.store.postgres.store import PostgresStore
+
+    rnd = random.Random(seed)
+    limits = {"a": (3, 0.35), "b": (2, 0.25), "c": (5, 0.45)}
+    jobs = [job(rate_limit={"key": k, "limit": lim, "per": per})
+            for k, (lim, per) in limits.items() for _ in range(60)] + [job() for _ in range(60)]
+    rnd.shuffle(jobs)
+    pg_store.submit(jobs, T0)
+    hosts = [PostgresStore(pg_store._dsn, migrate=False) for _ in range(4)]
+    held: dict[int, list[int]] = {i: [] for i in range(4)}
+    barrier = threading.Barrier(5)
+    rounds = 40
+
+    def host(i):
+        r = random.Random(seed * 100 + i)
+        for n in range(rounds):
+            now = T0 + 0.1 * n
+            barrier.wait()
+            ask = r.randint(1, 4)
+            got = []
+            try:
+                got = claim(i, r, now, ask)
+            except psycopg.errors.DeadlockDetected:
+                pass
+            held[i].extend(j.id for j in got)
+
+    def claim(i, r, now, ask):
+        if r.random() < 0.5:
+            got = hosts[i].finish_and_claim([Outcome.succeeded(j, None) for j in held[i]], now, ask)
+            if got is not None:
+                held[i] = []
+                return got
+        return hosts[i].claim_available(Request.of(ask, now=now))
+
+    def pruner():
+        for n in range(rounds):
+            barrier.wait()
+            with contextlib.suppress(psycopg.errors.DeadlockDetected):
+                pg_store.prune_rate_keys(T0 + 0.1 * n)
+
+    def aborting(call):
+        try:
+            call()
+        except BaseException:
+            barrier.abort()  # the others stop too, and the first error is the test's
+            raise
+
+    try:
+        run_together(*[partial(aborting, partial(host, i)) for i in range(4)], partial(aborting, pruner),
+                     timeout=100)
+    finally:
+        for h in hosts:
+            h.close()
+    c = pg_store.connect()
+    rows = c.execute("SELECT rate_limit::json ->> 'key', started_at FROM jobs WHERE rate_limit IS NOT NULL"
+                     " AND started_at IS NOT NULL").fetchall()
+    c.close()
+    bad = []
+    for k, (lim, per) in limits.items():
+        starts = sorted(t for key, t in rows if key == k)
+        for i, t in enumerate(starts):
+            inside = [s for s in starts[:i + 1] if s > t - per - 1e-9]
+            if len(inside) > lim:
+                bad.append((k, round(t - T0, 3), [round(s - T0, 3) for s in inside]))
+    assert not bad, bad[:5]
+    assert len(rows) > 0
+
+
+def test_the_prune_and_a_claim_reading_two_keys_exact_do_not_deadlock(pg_store):
+    # A claim by the selection reads key "k1" exact (its starts that left the window
+    # deleted, under the claim lock), then "k2"; the retention's prune, meanwhile, deletes
+    # every key's old starts, "k2"'s first (stored first). Each then waits for the other.
+    import time
+
+    from queickd.core.policy import rates
+    from queickd.store.postgres.dialect import DIALECT
+    from queickd.store.sql import rates as sqlrates
+
+    setup = pg_store.connect()
+    for key in ("k2", "k1"):
+        setup.execute("INSERT INTO rate_keys (key, lim, per, kept) VALUES (%s, 1, 1.0, 1)", (key,))
+        setup.execute("INSERT INTO rate_starts (key, at, n) VALUES (%s, %s, 1)", (key, T0))
+    setup.close()
+    claim, prune = pg_store.connect(), pg_store.connect()
+    errors: list = []
+
+    def pruning():
+        try:
+            with prune.transaction():
+                sqlrates.prune(DIALECT, prune, T0 + 10)
+        except Exception as e:
+            errors.append(e)
+
+    try:
+        with claim.transaction():
+            sqlrates._exact(claim, "k1", rates.Window(1, 1.0, None, 0.0, 1), T0 + 10)
+            t = threading.Thread(target=pruning)
+            t.start()
+            time.sleep(0.5)  # the prune has deleted k2's start and waits for k1's
+            try:
+                sqlrates._exact(claim, "k2", rates.Window(1, 1.0, None, 0.0, 1), T0 + 10)
+            except Exception as e:
+                errors.append(e)
+                raise
+        t.join(10)
+    except Exception:
+        t.join(10)
+    finally:
+        claim.close()
+        prune.close()
+    assert not errors, [type(e).__name__ for e in errors]

@@ -110,3 +110,33 @@ def test_the_applications_own_tables_of_the_same_names_are_left_alone(pg_fresh_d
     with psycopg.connect(pg_fresh_database) as c:
         assert c.execute("SELECT title FROM public.jobs").fetchall() == [("the app's own",)]
         assert c.execute("SELECT count(*) FROM queickd.jobs").fetchone()[0] == 0
+
+
+def test_a_rate_keys_json_log_becomes_its_rows_and_still_binds(pg_fresh_database):
+    from queickd.core.policy.claim import Request
+    from queickd.store.postgres.store import PostgresStore
+
+    t0 = 1_700_000_000.0
+    PostgresStore(pg_fresh_database).close()
+    with psycopg.connect(pg_fresh_database, options="-c search_path=queickd") as c:  # as schema 36 left it
+        c.execute("DROP TABLE rate_starts")
+        c.execute("DROP INDEX rate_keys_room")
+        c.execute("ALTER TABLE rate_keys DROP COLUMN kept")
+        c.execute("ALTER TABLE rate_keys ADD COLUMN starts text NOT NULL DEFAULT '[]'")
+        c.execute("UPDATE queickd_meta SET value = '36' WHERE key = 'schema_version'")
+        c.execute("INSERT INTO rate_keys (key, lim, per, blocked_until, starts) VALUES"
+                  " ('k', 3, 10.0, NULL, %s), ('told', 5, 1.0, %s, '[]')", (f"[{t0}, {t0}, {t0 + 1}]", t0 + 60))
+    store = PostgresStore(pg_fresh_database)
+    try:
+        c = store.connect()
+        assert sorted(c.execute("SELECT key, at, n FROM rate_starts").fetchall()) == [("k", t0, 2), ("k", t0 + 1, 1)]
+        assert sorted(c.execute("SELECT key, kept FROM rate_keys").fetchall()) == [("k", 3), ("told", 0)]
+        c.close()
+        rl = {"key": "k", "limit": 3, "per": 10.0}
+        ids = [s.job_id for s in store.submit([job(rate_limit=rl) for _ in range(3)], t0 + 2)]
+        assert store.claim_available(Request.of(1, now=t0 + 9.9)) == []
+        assert [j.id for j in store.claim_available(Request.of(5, now=t0 + 10))] == ids[:2]
+        assert store.claim_available(Request.of(5, now=t0 + 10.5)) == []
+        assert [j.id for j in store.claim_available(Request.of(5, now=t0 + 11))] == ids[2:]
+    finally:
+        store.close()
