@@ -70,6 +70,13 @@ class RatesContract:
         assert store.claim_available(Request.of(1, now=T0 + 5)) == []
         assert _ids(store.claim_available(Request.of(1, now=T0 + 11))) == [low.job_id]
 
+    def test_a_claim_that_fills_a_new_key_takes_the_jobs_behind_its_backlog(self, store):
+        # No head-of-line blocking within one claim: the key fills after two, and the
+        # claim's room goes to the jobs behind its backlog.
+        subs = store.submit([rated(limit=2) for _ in range(4)] + [job(), job()], T0)
+        got = _ids(store.claim_available(Request.of(4, now=T0)))
+        assert got == [subs[0].job_id, subs[1].job_id, subs[4].job_id, subs[5].job_id], (got, [s.job_id for s in subs])
+
     def test_a_claim_that_fills_no_window_sets_no_timer(self, store):
         store.submit([rated(limit=3, per=2.5), job()], T0)
         assert store.claim_available(Request.of(10, now=T0)).rate_at is None
