@@ -2,6 +2,7 @@
 
 import contextlib
 import threading
+import time
 from functools import partial
 
 import pytest
@@ -347,8 +348,6 @@ def test_a_heartbeat_sweeps_the_orphans_of_workers_that_stopped_beating(pg_url, 
 
 
 def test_a_read_on_a_connection_the_server_dropped_is_sent_again_on_a_new_one(pg_url, pg_store):
-    import time
-
     import psycopg
 
     (stored,) = pg_store.submit([job()], T0)
@@ -502,45 +501,32 @@ def test_a_fleet_of_claims_passes_and_prunes_keeps_every_window_of_a_rate_key(pg
 
 
 def test_the_prune_and_a_claim_reading_two_keys_exact_do_not_deadlock(pg_store):
-    # A claim by the selection reads key "k1" exact (its starts that left the window
-    # deleted, under the claim lock), then "k2"; the retention's prune, meanwhile, deletes
-    # every key's old starts, "k2"'s first (stored first). Each then waits for the other.
-    import time
-
+    # A claim by the selection (under the claim lock) reads key "k1" exact (its starts that
+    # left the window deleted), then "k2"; the retention's prune, meanwhile, would delete
+    # every key's old starts, "k2"'s first (stored first): it waits for the claim lock instead.
     from queickd.core.policy import rates
-    from queickd.store.postgres.dialect import DIALECT
+    from queickd.store.postgres.claim_sql import CLAIM_LOCK
     from queickd.store.sql import rates as sqlrates
 
     setup = pg_store.connect()
     for key in ("k2", "k1"):
         setup.execute("INSERT INTO rate_keys (key, lim, per, kept) VALUES (%s, 1, 1.0, 1)", (key,))
         setup.execute("INSERT INTO rate_starts (key, at, n) VALUES (%s, %s, 1)", (key, T0))
-    setup.close()
-    claim, prune = pg_store.connect(), pg_store.connect()
-    errors: list = []
-
-    def pruning():
-        try:
-            with prune.transaction():
-                sqlrates.prune(DIALECT, prune, T0 + 10)
-        except Exception as e:
-            errors.append(e)
-
+    claim = pg_store.connect()
+    pruned: list = []
+    t = threading.Thread(target=lambda: pruned.append(pg_store.prune_rate_keys(T0 + 10)))
     try:
         with claim.transaction():
+            claim.execute("SELECT pg_advisory_xact_lock(%s)", (CLAIM_LOCK,))
             sqlrates._exact(claim, "k1", rates.Window(1, 1.0, None, 0.0, 1), T0 + 10)
-            t = threading.Thread(target=pruning)
             t.start()
-            time.sleep(0.5)  # the prune has deleted k2's start and waits for k1's
-            try:
-                sqlrates._exact(claim, "k2", rates.Window(1, 1.0, None, 0.0, 1), T0 + 10)
-            except Exception as e:
-                errors.append(e)
-                raise
-        t.join(10)
-    except Exception:
+            deadline = time.monotonic() + 10
+            while not setup.execute("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event = 'advisory'"
+                                    " AND datname = current_database())").fetchone()[0]:
+                assert time.monotonic() < deadline, "the prune never waited for the claim lock"
+            assert sqlrates._exact(claim, "k2", rates.Window(1, 1.0, None, 0.0, 1), T0 + 10).starts == []
         t.join(10)
     finally:
         claim.close()
-        prune.close()
-    assert not errors, [type(e).__name__ for e in errors]
+        setup.close()
+    assert pruned == [2]  # both keys, their starts gone, once the claim committed

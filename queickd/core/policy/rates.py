@@ -114,7 +114,7 @@ class Windows(Protocol):
 class RateLimits:
     """The rule (claim.Rule): at most `limit` starts of a key per `per` seconds."""
 
-    __slots__ = ("given", "read", "added", "last", "now", "refused")
+    __slots__ = ("given", "read", "added", "last", "now", "refused", "_opens")
 
     def __init__(self, windows: Windows, now: float) -> None:
         self.given = windows  # key -> its window before this claim; never changed here
@@ -123,6 +123,7 @@ class RateLimits:
         self.last: dict[str, RateLimit] = {}  # key -> the rate limit of its latest job started here
         self.now = now
         self.refused: dict[str, float] = {}  # key -> when a job refused here may start
+        self._opens: float | None | bool = False  # next_at(), once asked (False: not yet)
 
     @property
     def changed(self) -> list[str]:
@@ -212,9 +213,13 @@ class RateLimits:
     def next_at(self) -> float | None:
         """When the first key refused here, or filled here, may start a job next: the
         claimer's timer (a claim that fills a key's window may not be offered its next job,
-        and the claims after it may leave the key's jobs unread until then)."""
-        filled = (self._next_at(k, r.limit, r.per) for k, r in self.last.items())
-        return min((*self.refused.values(), *(t for t in filled if t > self.now)), default=None)
+        and the claims after it may leave the key's jobs unread until then). Answered once,
+        when first asked: a store asks before it logs this claim's starts, which a window
+        read afterwards would count twice."""
+        if self._opens is False:  # asked once the claim is made: a store asks before it logs the starts
+            filled = (self._next_at(k, r.limit, r.per) for k, r in self.last.items())
+            self._opens = min((*self.refused.values(), *(t for t in filled if t > self.now)), default=None)
+        return self._opens  # type: ignore[return-value]
 
 
 def admit_all(heads: Iterable[Any], windows: Windows, now: float) -> RateLimits | None:

@@ -94,62 +94,90 @@ OPEN_RATE_WAITS = f"""(EXISTS (SELECT 1 FROM rate_keys k {_KEY_WAITS}
         OR ({FULL_RATE_KEY_WAITS} AND {_ROOMY_RATE_KEY_WAITS}))"""
 
 # While rate-limited jobs wait, the fast path also takes those whose key has room by its
-# count (it keeps fewer starts than the job's limit: core/policy/rates.py admits by the
-# count alone) and is not blocked, at most as many of a key as its room, in queue order.
+# count (it keeps fewer starts than its limit: core/policy/rates.py admits by the count
+# alone) and is not blocked, at most as many of a key as its room (by each job's own
+# limit), in queue order, in rounds while a round left jobs past a key's room.
 # Such a claim takes the selection's claim lock first (claims of a fleet that may start
 # rate-limited jobs take turns), then reads each key's room, and logs its starts as the
 # selection logs them (store/sql/rates.py; every change of a key's count is relative, so
 # the retention's prune composes with it). A key this claim could fill is the selection's
 # (OPEN_RATE_WAITS).
 _HAS_ROOM = """(q.rate_limit IS NULL OR NOT EXISTS (
-              SELECT 1 FROM rate_keys r WHERE r.key = rl.j ->> 'key'
-              AND (r.blocked_until > p_now OR r.kept >= (rl.j ->> 'limit')::integer)))"""
-FAST_CLAIM_VARS = """        f_ids bigint[];     -- the fast path's jobs, with rate-limited ones, in queue order
+              SELECT 1 FROM rate_keys r WHERE r.key = rl.j ->> 'key' AND (r.blocked_until > p_now OR r.kept >= r.lim)))"""
+FAST_CLAIM_VARS = """        f_ids bigint[];     -- the fast path's jobs of a round, with rate-limited ones, in queue order
         f_keys text[];      -- their rate keys (NULL: none)
         f_lims integer[];   -- and limits
         f_pers double precision[];
+        f_left integer;     -- the jobs a round left for their key's room
+        f_lower text[];     -- ... and of them the keys its own limit fills by their count
+        f_lows integer[];   -- ... with that limit
+        f_met text[] := '{}';  -- the rate keys filled by their count: they time the claimer
+        f_round integer := 0;
+        f_filled boolean := false;  -- a key filled by its count: the timer is asked
+        f_took integer;
         f_timer jobs;       -- its timer: id NULL, run_at when a key it filled opens
-        f_full boolean := false;  -- it filled a key (by its count)
 """
 FAST_CLAIM = f"""    IF NOT EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL)
        OR {FULL_RATE_KEY_WAITS} THEN
 {_PLAIN_CLAIM}        GET DIAGNOSTICS n = ROW_COUNT;
     ELSE
         PERFORM pg_advisory_xact_lock({CLAIM_LOCK});  -- before any row lock, as the selection's
-        -- Read after the lock: a rate key's jobs within its room (its limit less the starts
-        -- it keeps), in queue order; f_full: one of them fills its key.
-        SELECT array_agg(y.id ORDER BY y.o), array_agg(y.k ORDER BY y.o), array_agg(y.l ORDER BY y.o),
-               array_agg(y.p ORDER BY y.o), coalesce(bool_or(y.used >= y.l), false)
-        INTO f_ids, f_keys, f_lims, f_pers, f_full
-        FROM (SELECT x.*, row_number() OVER (ORDER BY x.priority, x.run_at, x.id) AS o,
-                     x.kept + row_number() OVER (PARTITION BY x.k ORDER BY x.priority, x.run_at, x.id) AS used
-              FROM (SELECT q.id, q.priority, q.run_at, rl.j ->> 'key' AS k, (rl.j ->> 'limit')::integer AS l,
-                           (rl.j ->> 'per')::float8 AS p,
-                           coalesce((SELECT r.kept FROM rate_keys r WHERE r.key = rl.j ->> 'key'), 0) AS kept
-                    FROM jobs q CROSS JOIN LATERAL (SELECT q.rate_limit::jsonb AS j) rl  -- read once a row
+        n := 0;
+        LOOP
+            -- Read after the lock: a rate key's jobs within its room (its limit less the
+            -- starts it keeps), in queue order; a job past its key's room is left.
+            SELECT array_agg(y.id ORDER BY y.o) FILTER (WHERE y.ok), array_agg(y.k ORDER BY y.o) FILTER (WHERE y.ok),
+                   array_agg(y.l ORDER BY y.o) FILTER (WHERE y.ok), array_agg(y.p ORDER BY y.o) FILTER (WHERE y.ok),
+                   count(*) FILTER (WHERE NOT y.ok),
+                   array_agg(y.k) FILTER (WHERE NOT y.ok AND y.kept >= y.l),
+                   array_agg(y.l) FILTER (WHERE NOT y.ok AND y.kept >= y.l)
+            INTO f_ids, f_keys, f_lims, f_pers, f_left, f_lower, f_lows
+            FROM (SELECT x.*, row_number() OVER (ORDER BY x.priority, x.run_at, x.id) AS o,
+                         x.k IS NULL OR x.kept + row_number() OVER (PARTITION BY x.k ORDER BY x.priority, x.run_at, x.id)
+                                        <= x.l AS ok
+                  FROM (SELECT q.id, q.priority, q.run_at, rl.j ->> 'key' AS k, (rl.j ->> 'limit')::integer AS l,
+                               (rl.j ->> 'per')::float8 AS p,
+                               coalesce((SELECT r.kept FROM rate_keys r WHERE r.key = rl.j ->> 'key'), 0) AS kept
+                        FROM jobs q CROSS JOIN LATERAL (SELECT q.rate_limit::jsonb AS j) rl  -- read once a row
 {_FAST_PATH_JOB.replace("AND q.rate_limit IS NULL", "AND " + _HAS_ROOM)}          AND NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'func' AND p.name = q.func)
           AND (q.key IS NULL OR (
               NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'key' AND p.name = q.key)
-{_KEY_FREE_IN_ORDER}        LIMIT p_limit
-        FOR UPDATE OF q SKIP LOCKED) x) y
-        WHERE y.k IS NULL OR y.used <= y.l;
-        IF EXISTS (SELECT 1 FROM unnest(f_keys) k WHERE k IS NOT NULL) THEN
-            WITH s AS (SELECT u.k, count(*) AS c, min(u.l) AS l, min(u.p) AS p
-                       FROM unnest(f_keys, f_lims, f_pers) AS u(k, l, p) WHERE u.k IS NOT NULL GROUP BY u.k),
-            kept AS (INSERT INTO rate_keys (key, lim, per, kept) SELECT s.k, s.l, s.p, s.c FROM s ORDER BY s.k
-                     ON CONFLICT (key) DO UPDATE SET kept = rate_keys.kept + excluded.kept, lim = excluded.lim,
-                                                     per = excluded.per)
-            INSERT INTO rate_starts (key, at, n) SELECT s.k, p_now, s.c FROM s
-                ON CONFLICT (key, at) DO UPDATE SET n = rate_starts.n + excluded.n;
-        END IF;
-        RETURN QUERY {MARK_RUNNING} WHERE id = ANY(f_ids) RETURNING *;
-        GET DIAGNOSTICS n = ROW_COUNT;
+{_KEY_FREE_IN_ORDER}        LIMIT p_limit - n
+        FOR UPDATE OF q SKIP LOCKED) x) y;
+            IF EXISTS (SELECT 1 FROM unnest(f_keys) k WHERE k IS NOT NULL) THEN
+                WITH s AS (SELECT u.k, count(*) AS c, min(u.l) AS l, min(u.p) AS p
+                           FROM unnest(f_keys, f_lims, f_pers) AS u(k, l, p) WHERE u.k IS NOT NULL GROUP BY u.k),
+                kept AS (INSERT INTO rate_keys (key, lim, per, kept) SELECT s.k, s.l, s.p, s.c FROM s ORDER BY s.k
+                         ON CONFLICT (key) DO UPDATE SET kept = rate_keys.kept + excluded.kept, lim = excluded.lim,
+                                                         per = excluded.per
+                         RETURNING rate_keys.kept >= rate_keys.lim AS full),
+                logged AS (INSERT INTO rate_starts (key, at, n) SELECT s.k, p_now, s.c FROM s
+                           ON CONFLICT (key, at) DO UPDATE SET n = rate_starts.n + excluded.n)
+                SELECT f_filled OR coalesce(bool_or(kept.full), false) INTO f_filled FROM kept;
+            END IF;
+            -- A job whose own limit its key's count reaches, below the key's limit (its jobs
+            -- disagree): the key takes that limit, so the next claim is the selection's.
+            IF f_lower IS NOT NULL THEN
+                UPDATE rate_keys r SET lim = t.l
+                FROM (SELECT u.k, min(u.l) AS l FROM unnest(f_lower, f_lows) AS u(k, l) GROUP BY u.k) t
+                WHERE r.key = t.k AND r.lim > t.l;
+            END IF;
+            f_met := f_met || coalesce(f_keys, '{{}}') || coalesce(f_lower, '{{}}');
+            f_filled := f_filled OR f_lower IS NOT NULL;
+            RETURN QUERY {MARK_RUNNING} WHERE id = ANY(f_ids) RETURNING *;
+            GET DIAGNOSTICS f_took = ROW_COUNT;
+            n := n + f_took;
+            f_round := f_round + 1;
+            -- Room left by a key filled here goes to the jobs behind its backlog: the filled
+            -- key is left out of the next round by its count.
+            EXIT WHEN f_left = 0 OR n >= p_limit OR f_round >= 3;
+        END LOOP;
         -- A key it filled says when it opens: the claimer's timer, a row of its own after
         -- the jobs (the claims after it leave such a key's jobs).
-        IF f_full THEN
+        IF f_filled THEN
             SELECT min(t.at) INTO f_timer.run_at FROM (
                 SELECT {_LIM_TH_NEWEST.format(key="r.key")} + r.per AS at FROM rate_keys r
-                WHERE r.key = ANY(f_keys) AND r.kept >= r.lim) t WHERE t.at > p_now;
+                WHERE r.key = ANY(f_met) AND r.kept >= r.lim) t WHERE t.at > p_now;
             IF f_timer.run_at IS NOT NULL THEN
                 RETURN NEXT f_timer;
             END IF;

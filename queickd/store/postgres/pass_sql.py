@@ -80,7 +80,7 @@ PASS = f"""
             END IF;
         END IF;
     END IF;
-{FAST_CLAIM}    GET DIAGNOSTICS n = ROW_COUNT;
+{FAST_CLAIM}
     IF n < p_limit AND EXISTS (SELECT 1 FROM pauses WHERE probe_at <= p_now) THEN
         RETURN QUERY SELECT * FROM queickd_claim(NULL, p_now, p_worker, p_pools, p_net, p_limit - n);
     END IF;

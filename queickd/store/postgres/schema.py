@@ -472,6 +472,10 @@ MIGRATIONS.append("""
     CREATE INDEX IF NOT EXISTS rate_keys_room ON rate_keys ((lim - kept));
     CREATE INDEX IF NOT EXISTS rate_keys_blocked ON rate_keys (blocked_until) WHERE blocked_until IS NOT NULL;
     """ + pgclaimsql.VIEW + pgclaimsql.CLAIM + pgpasssql.PASS)
+# 39: the fast path's claim of rate-limited jobs in rounds (room a filled key left goes to the
+# jobs behind it), a key whose waiting job carries a lower limit left to the selection, and
+# the pass's count of its jobs taken from the fast path (not from its timer's statement).
+MIGRATIONS.append(pgclaimsql.CLAIM + pgpasssql.PASS)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

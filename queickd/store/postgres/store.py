@@ -51,6 +51,7 @@ from .. import rows as dbrows
 from ..pools import set_pool_sql
 from ..records import Beat, CronFire, CronRecord, FairKey, Finished, Recovered
 from ..sql import fair as sqlfair
+from ..sql import rates as sqlrates
 from ..sql.operator import filters
 from ..sql.schedule import repair_key_order
 from ..sql.store import SqlStore
@@ -58,6 +59,7 @@ from ..sqlstates import WAITING_ANY, WAITING_IN
 from . import claim as pgclaim
 from . import finish, fleet
 from .channels import QUEUED_CHANNEL
+from .claim_sql import CLAIM_LOCK
 from .connection import PgConnections
 from .dialect import DIALECT
 from .fleet import notify
@@ -246,6 +248,13 @@ class PostgresStore(PgConnections, SqlStore):
 
     def budgets_in_force(self, limits: claim.Limits) -> claim.Limits:
         return pgclaim.budgets_in(self._conn(), limits)
+
+    def prune_rate_keys(self, now: float) -> int:
+        # Under the claim lock: a claim reading keys' starts exactly deletes and updates the
+        # rows the prune does, in its own order (a deadlock otherwise).
+        with self._write() as c:
+            c.execute("SELECT pg_advisory_xact_lock(%s)", (CLAIM_LOCK,))
+            return sqlrates.prune(self.dialect, c, now)
 
     def park_for_network(self, now: float) -> int:
         with self._write() as c:

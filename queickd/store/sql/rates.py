@@ -113,6 +113,7 @@ def write(c: Any, rule: rates.RateLimits) -> None:
     """The starts a claim's selection made, logged (its transaction commits them with the starts)."""
     if not rule.added:
         return
+    rule.next_at()  # the timer, before these starts are in the store
     full = getattr(rule.given, "full", None)
     for k in rule.added if full else ():
         full.pop(k, None)  # its window changed
