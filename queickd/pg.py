@@ -12,7 +12,8 @@ are the wire protocol's enqueue fields (kwargs, delay, run_at, priority, retry, 
 idempotency_key, pool, ...), checked as the daemon checks them. Both calls run the SQL
 function `<schema>.enqueue_many` (store/postgres/enqueue_sql.py), as `<schema>.enqueue`
 does, so a job enqueued from Python, from psql or from a trigger meets the same rules, the
-ones the daemons published.
+ones the daemons published; a plain job (func, args, kwargs) enqueued alone is one INSERT
+built from the same rules (enqueue_sql.plain_insert), the function's statements saved.
 
 A refusal (`queue_full`, `conflict`) or a bad job raises QueueError with the wire
 protocol's code. Like any failed statement it leaves the transaction failed: run the call
@@ -22,28 +23,67 @@ inside `with conn.transaction():` (a savepoint) to go on with the transaction af
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .core import jsontext
+from .core.job import State
 from .core.protocol import Code, QueueError, bad, parse_job
-from .store.postgres.enqueue_sql import ERRORS
+from .store import rows as dbrows
+from .store.postgres.enqueue_sql import ERRORS, plain_insert
 from .store.postgres.namespace import DEFAULT_SCHEMA, ident, missing_schema_hint
 
 try:
     import psycopg
 except ImportError as e:  # pragma: no cover - depends on the installed extras
     raise ImportError("queickd.pg needs psycopg 3: pip install 'queickd[postgres]'") from e
+from psycopg.rows import tuple_row
 
 _MISSING = ("3F000", "42883", "42P01")  # no such schema, function or table
+_FAILED = "the connection's transaction has failed: roll it back (or to a savepoint) first"
+_PLAIN_OPTIONS = frozenset({"kwargs"})  # what a plain job may give beside func and args
+_FUNC, _ARGS, _KWARGS = (dbrows.INSERT_COLS.index(c) for c in ("func", "args", "kwargs"))
 
 
 def enqueue(conn: psycopg.Connection, func: str, args: Sequence[Any] | None = None, *,
             schema: str = DEFAULT_SCHEMA, **options: Any) -> int:
     """Enqueue one job in `conn`'s transaction (or, in autocommit with none open, as one of
     its own); returns its id (an existing job's, for a live idempotency key)."""
+    if options.keys() <= _PLAIN_OPTIONS:  # a plain job: one statement of its own
+        job_id = _enqueue_plain(conn, func, args, options.get("kwargs"), schema)
+        if job_id is not None:
+            return job_id
     return enqueue_many(conn, [{"func": func, "args": args, **options}], schema=schema)[0]
+
+
+def _enqueue_plain(conn: psycopg.Connection, func: str, args: Sequence[Any] | None,
+                   kwargs: Mapping[str, Any] | None, schema: str) -> int | None:
+    """A job of func, args and kwargs alone, checked by the wire protocol's checks and
+    stored in its columns as the daemon stores them, by the statement of enqueue_sql.py's
+    plain_insert: its id, or None if the overall cap refuses it (nothing inserted)."""
+    spec = {"func": func}
+    if args is not None:
+        spec["args"] = args
+    if kwargs is not None:
+        spec["kwargs"] = kwargs
+    try:
+        job = parse_job(spec, 0.0)
+    except QueueError as e:
+        raise bad(e.message) from None
+    try:
+        row = dbrows.insert_values(0, State.QUEUED, 0.0, job)
+    except (TypeError, ValueError) as e:
+        raise bad(f"the job's arguments are not JSON: {e}") from None
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+        raise bad(_FAILED)
+    try:
+        got = _cursor(conn).execute(_plain_sql(schema), (row[_FUNC], row[_ARGS], row[_KWARGS]),
+                                    prepare=True).fetchone()
+    except psycopg.Error as e:
+        raise _queue_error(e, schema) from e
+    return None if got is None else got[0]
 
 
 def enqueue_many(conn: psycopg.Connection, jobs: Iterable[Mapping[str, Any]], *,
@@ -68,9 +108,11 @@ def enqueue_many(conn: psycopg.Connection, jobs: Iterable[Mapping[str, Any]], *,
     except (TypeError, ValueError) as e:
         raise bad(f"the job's arguments are not JSON: {e}") from None
     if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-        raise bad("the connection's transaction has failed: roll it back (or to a savepoint) first")
+        raise bad(_FAILED)
     try:
-        return list(conn.execute(_call(schema), (text,), prepare=True).fetchone()[0])
+        # A cursor of its own: a kept one would hold the batch's text until its next statement.
+        cur = psycopg.RawCursor(conn, row_factory=tuple_row)
+        return list(cur.execute(_call(schema), (text,), prepare=True).fetchone()[0])
     except psycopg.Error as e:
         raise _queue_error(e, schema) from e
 
@@ -79,7 +121,25 @@ def enqueue_many(conn: psycopg.Connection, jobs: Iterable[Mapping[str, Any]], *,
 def _call(schema: str) -> str:
     """The one statement of every batch: its text built once, prepared on the connection
     from the first call."""
-    return f"SELECT {ident(schema)}.enqueue_many(%s::jsonb)"
+    return f"SELECT {ident(schema)}.enqueue_many($1::jsonb)"
+
+
+@functools.lru_cache(maxsize=16)
+def _plain_sql(schema: str) -> str:
+    return plain_insert(ident(schema))
+
+
+def _cursor(conn: psycopg.Connection) -> psycopg.RawCursor:
+    """The plain job's cursor on `conn`, kept on the connection: a new one each call costs
+    the client a good part of the call (its parameters' dumpers looked up again). Rows as
+    tuples whatever the connection's row factory; one per thread, since a cursor's result
+    is its own until its next statement."""
+    kept = conn.__dict__.setdefault("_queickd_cursors", {})
+    thread = threading.get_ident()
+    cur = kept.get(thread)
+    if cur is None or cur.closed:
+        cur = kept[thread] = psycopg.RawCursor(conn, row_factory=tuple_row)
+    return cur
 
 
 def _queue_error(e: psycopg.Error, schema: str) -> Exception:

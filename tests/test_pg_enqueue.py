@@ -3,6 +3,7 @@ transaction exists if and only if that transaction commits, and wakes the worker
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -180,11 +181,14 @@ def test_the_wake_up_is_sent_at_the_commit_and_never_for_a_rollback(pg):
     try:
         with psycopg.connect(url) as c:
             qpg.enqueue(c, "m:f", pool="rolled_back")
+            qpg.enqueue(c, "m:plain")  # a plain job's statement, not the function
             c.rollback()
             qpg.enqueue(c, "m:f", pool="committed")
             c.commit()
-        heard = next(listener.notifies(timeout=30))
-        assert (heard.channel, heard.payload) == (QUEUED_CHANNEL, "q:committed")
+            qpg.enqueue(c, "m:plain", [1])
+            c.commit()
+        heard = [(n.channel, n.payload) for n in itertools.islice(listener.notifies(timeout=30), 2)]
+        assert heard == [(QUEUED_CHANNEL, "q:committed"), (QUEUED_CHANNEL, "q:default")]
     finally:
         listener.close()
 
@@ -250,3 +254,14 @@ def test_status_shows_the_jobs_by_origin(pg, start_daemon):
     out = subprocess.run([sys.executable, "-m", "queickd", "status", "--port", str(d.port)],
                          capture_output=True, text=True, timeout=60).stdout
     assert "jobs     by origin: 1 through a daemon, 1 in applications' transactions   direct queued 1" in out
+
+
+def test_a_connection_with_its_own_row_factory_enqueues(pg_database, pg_store):
+    from psycopg.rows import dict_row
+
+    with psycopg.connect(pg_database, row_factory=dict_row, autocommit=True) as c:
+        plain = qpg.enqueue(c, "m:f", [1], schema=pg_store.schema)
+        keyed = qpg.enqueue(c, "m:f", key="k", schema=pg_store.schema)
+        many = qpg.enqueue_many(c, [{"func": "m:f"}] * 2, schema=pg_store.schema)
+        assert c.execute("SELECT 1 AS one").fetchone() == {"one": 1}  # the connection's own cursors unchanged
+    assert [i for i, *_ in _jobs(pg_store)] == [plain, keyed, *many]

@@ -80,12 +80,15 @@ def _by_policy(store, c, specs: list[dict], limits: adm.Admission, now: float) -
 
 def _by_function(c, schema: str, specs: list[dict], existing: set[int], path: str) -> tuple:
     """The request decided by the SQL function: a batch by enqueue_many (what queickd.pg
-    calls), one job by enqueue() as psql or a trigger calls it. Undone after, as refused."""
+    calls), one job by enqueue() as psql or a trigger calls it, or by queickd.pg's enqueue
+    (a plain job's own statement, the function for any other). Undone after, as refused."""
     try:
         with c.transaction():
             if path == "enqueue":
                 ids = [c.execute(f"SELECT {schema}.enqueue('m:f', '[]', %s::jsonb)",
                                  (json.dumps(specs[0]),)).fetchone()[0]]
+            elif path == "pg.enqueue":
+                ids = [qpg.enqueue(c, "m:f", schema=schema, **specs[0])]
             else:
                 ids = qpg.enqueue_many(c, [{"func": "m:f", **s} for s in specs], schema=schema)
             raise _UndoneError(ids)
@@ -105,7 +108,7 @@ class _UndoneError(Exception):
         self.ids = ids
 
 
-@pytest.mark.parametrize("path", ["enqueue_many", "enqueue"])
+@pytest.mark.parametrize("path", ["enqueue_many", "enqueue", "pg.enqueue"])
 @pytest.mark.parametrize("limits", [LIMITS, TIGHT], ids=["room", "tight"])
 def test_the_sql_functions_admit_and_refuse_as_the_policy_does(pg_database, pg_store, limits, path):
     now = time.time()
@@ -132,6 +135,39 @@ def test_the_sql_functions_admit_and_refuse_as_the_policy_does(pg_database, pg_s
     assert pg_store.counts()[State.QUEUED] == 3  # the function's jobs were all undone
 
 
+# Caps around the 4 waiting jobs of _existing: none, far above them (the count not read),
+# room for exactly one more, and full.
+PLAIN_CAPS = [None, 1000, 5, 4, 3]
+
+
+@pytest.mark.parametrize("cap", PLAIN_CAPS)
+def test_a_plain_jobs_statement_admits_and_refuses_as_the_policy_does(pg_database, pg_store, cap):
+    """The one rule of a plain job (func, args, kwargs alone), the overall cap, held to the
+    policy on its own statement (None: refused, nothing inserted), by queickd.pg's enqueue,
+    whose refusal the function then raises, and by SQL's enqueue()."""
+    now = time.time()
+    c = pg_store.connect()
+    _existing(c, now)
+    limits = adm.Admission(max_queued=cap, max_queued_per_key=2, idempotency_ttl=100.0)
+    pg_store.publish_admission(limits)
+    existing = {i for (i,) in c.execute("SELECT id FROM jobs")}
+    app = psycopg.connect(pg_database)
+    try:
+        policy = _by_policy(pg_store, c, [{"kwargs": {"a": 2}}], limits, now)
+        plain = qpg._enqueue_plain(app, "m:f", [1], {"a": 2}, pg_store.schema)
+        inserted = app.execute(f"SELECT count(*) FROM {pg_store.schema}.jobs").fetchone()[0] - len(existing)
+        app.rollback()
+        by_plain = ("new",) if plain is not None else ("refused", "queue_full")
+        decided = {path: _by_function(app, pg_store.schema, [{"kwargs": {"a": 2}}], existing, path)
+                   for path in ("pg.enqueue", "enqueue", "enqueue_many")}
+    finally:
+        app.close()
+        c.close()
+    assert (by_plain, inserted) == (policy, 1 if plain is not None else 0)
+    assert decided == dict.fromkeys(decided, policy)
+    assert policy == (("refused", "queue_full") if cap is not None and cap <= 4 else ("new",))
+
+
 def _by_policy_alone(specs: list[dict], limits: adm.Admission) -> bool:
     """Whether the policy admits the request's first job on its own, on an empty queue."""
     none = adm.Lookups(lambda k: None, lambda k: 0, lambda: 0, lambda k: None)
@@ -156,7 +192,8 @@ def test_a_refused_batch_inserts_none_of_its_jobs(pg_database, pg_store):
 
 # The checks of a job's fields: what the wire protocol refuses, the function refuses; what
 # it accepts, the function stores as the daemon's insert would.
-VALID = [{}, {"args": [1, "a", None, 2.5, {"x": [True]}]}, {"kwargs": {"b": [1], "a": "z"}}, {"priority": -3},
+VALID = [{}, {"args": [1, "a", None, 2.5, {"x": [True]}]}, {"kwargs": {"b": [1], "a": "z"}},
+         {"args": ["é", 10**20], "kwargs": {"k": {"n": -0.5}}}, {"func": "pkg.mod.fn", "args": []}, {"priority": -3},
          {"delay": 60}, {"run_at": 1.0}, {"retry": True}, {"retry": {"policy": "constant", "max_attempts": 3}},
          {"retry": {"interval": 2, "max_interval": 10}}, {"retry": False}, {"retry_on_network": True},
          {"key": "k"}, {"idempotency_key": "i"}, {"pool": "gpu"}, {"manual": True, "key": "m"},
@@ -208,7 +245,15 @@ def test_a_batch_with_a_bad_job_is_refused_whole_naming_the_job(pg_store, spec):
         "QD400", True, 0), str(sql.value)
 
 
-def test_the_sql_function_stores_a_job_as_the_daemons_insert_does(pg_store):
+def _by_pg(c, spec: dict):
+    spec = {"func": "m:f", **spec}
+    return qpg.enqueue(c, spec.pop("func"), spec.pop("args", None), schema=c.execute("SELECT current_schema()")
+                       .fetchone()[0], **spec)
+
+
+@pytest.mark.parametrize("via", [_call, _by_pg], ids=["sql", "pg.enqueue"])
+def test_the_sql_function_stores_a_job_as_the_daemons_insert_does(pg_store, via):
+    """And so does queickd.pg's enqueue, whose plain jobs take a statement of their own."""
     from queickd.core import retry as retry_mod
     from queickd.store import rows as dbrows
 
@@ -217,7 +262,8 @@ def test_the_sql_function_stores_a_job_as_the_daemons_insert_does(pg_store):
     try:
         for spec in VALID:
             now = time.time()
-            job_id = _call(c, spec)
+            job_id = via(c, spec)
+            assert c.execute("SELECT origin FROM jobs WHERE id = %s", (job_id,)).fetchone()[0] == "direct"
             stored = dict(zip(cols, c.execute(f"SELECT {', '.join(cols)} FROM jobs WHERE id = %s",
                                               (job_id,)).fetchone(), strict=True))
             j = parse_job({"func": "m:f", **spec}, now)

@@ -3,7 +3,9 @@
 application's connection, psql, a trigger), visible to workers when, and only when, that
 transaction commits; the wake-ups are NOTIFYs, sent at that commit too, one per pool. They
 are the one place these rules are written for a direct enqueue: queickd.pg calls
-enqueue_many, and enqueue is a batch of one. Nothing here imports psycopg.
+enqueue_many, and enqueue is a batch of one. A plain job (func, args and kwargs alone) that
+queickd.pg enqueues alone is one statement, plain_insert, built from the same fragments for
+the one rule that applies to it, the overall cap. Nothing here imports psycopg.
 
 A batch is admitted as the daemon admits one `enqueue_many` request (core/policy/
 admission.py), all or nothing, reading what the caller's transaction sees: a live
@@ -49,6 +51,34 @@ _JOBS = "jsonb_array_elements(batch) WITH ORDINALITY AS t(j, n)"
 # The jobs the batch inserts: neither a live idempotency key's duplicate nor a key repeated.
 _NEW = "answer[n] IS NULL AND first[n] IS NULL"
 
+
+# What every call reads, and the overall cap, written once for the functions and for the
+# plain job's statement (PLAIN_INSERT), over `limits` and `estimated` as these name them;
+# `schema`: the qualifier of the tables, for a statement run on any search_path.
+def _limits(schema: str = "") -> str:
+    """The limits the daemons published (a JSON object), NULL before any daemon has."""
+    return f"(SELECT value::jsonb FROM {schema}queickd_meta WHERE key = 'admission')"
+
+
+def _estimated(schema: str = "") -> str:
+    """The jobs table's estimated rows (-1 before it was ever analyzed)."""
+    name = f"{schema}jobs".replace("'", "''")
+    return f"(SELECT reltuples FROM pg_class WHERE oid = '{name}'::regclass)"
+
+
+def _near_cap(adding: str) -> str:
+    """Whether adding `adding` waiting jobs may pass the overall cap: it has one and the
+    table's estimated rows and them reach half of it. Only then is the count read."""
+    return (f"(limits->>'max_queued') IS NOT NULL AND {adding} > 0"
+            f" AND greatest(estimated, 0) + {adding} >= (limits->>'max_queued')::float8 / 2")
+
+
+def _past_cap(adding: str, schema: str = "") -> str:
+    """Whether the waiting jobs and `adding` more pass the overall cap (admission.plan)."""
+    return (f"(SELECT count(*) FROM {schema}jobs WHERE state IN {WAITING_IN}) + {adding}"
+            " > (limits->>'max_queued')::bigint")
+
+
 ENQUEUE_MANY = f"""
     CREATE OR REPLACE FUNCTION enqueue_many(jobs jsonb) RETURNS bigint[] LANGUAGE plpgsql AS $enqueue_many$
     DECLARE
@@ -85,8 +115,7 @@ ENQUEUE_MANY = f"""
         -- query; one with options, or a job that fails, by all the checks. With what every
         -- batch reads, in one statement: the limits, and the table's estimated rows.
         SELECT (SELECT n FROM {_JOBS} WHERE {checks.BASIC_FAILS} OR {checks.HAS_OPTIONS} LIMIT 1),
-               (SELECT value::jsonb FROM queickd_meta WHERE key = 'admission'),
-               (SELECT reltuples FROM pg_class WHERE oid = 'jobs'::regclass)
+               {_limits()}, {_estimated()}
         INTO bad_n, limits, estimated;
         check_all := bad_n IS NOT NULL;
         has_ik := false;
@@ -154,9 +183,8 @@ ENQUEUE_MANY = f"""
         IF has_ik THEN
             new_count := (SELECT count(*) FROM generate_series(1, total) n WHERE {_NEW});
         END IF;
-        IF (limits->>'max_queued') IS NOT NULL AND new_count > 0
-           AND greatest(estimated, 0) + new_count >= (limits->>'max_queued')::float8 / 2 THEN
-            IF (SELECT count(*) FROM jobs WHERE state IN {WAITING_IN}) + new_count > (limits->>'max_queued')::bigint THEN
+        IF {_near_cap('new_count')} THEN
+            IF {_past_cap('new_count')} THEN
                 RAISE EXCEPTION USING {_FULL},
                     MESSAGE = format('queue_full: the queue holds %s waiting jobs, its limit', limits->>'max_queued');
             END IF;
@@ -231,3 +259,23 @@ ENQUEUE = f"""
     END
     $enqueue$;
 """
+
+
+def plain_insert(schema: str) -> str:
+    """The statement queickd.pg runs for a plain job, one of func, args and kwargs alone and
+    checked by the wire protocol's parse_job: the one rule admission applies to it, the
+    overall cap, and the insert and its pool's wake-up, in one statement, not a function's
+    several (each of which costs the server its setup). Parameters ($n): the func as the
+    daemon stores it, the args and kwargs as JSON text or NULL (taken as jsonb, as enqueue_many
+    takes them). The other columns are at their defaults, the plain job's values
+    (rows.PLAIN_COLS). Returns no row, and inserts nothing, if the cap refuses the job:
+    enqueue_many, run next, refuses it with its error (or takes it, if the queue had room
+    again meanwhile). `schema`: the quoted name the tables are qualified by (the caller's search_path
+    need not name it)."""
+    q = schema + "."
+    return (f"INSERT INTO {q}jobs (state, func, args, kwargs, run_at, created_at, origin)"
+            f" SELECT '{State.QUEUED}', $1, $2::jsonb::text, $3::jsonb::text, now_, now_, '{DIRECT}'"
+            f" FROM (SELECT extract(epoch from clock_timestamp()) AS now_, {_limits(q)} AS limits,"
+            f" {_estimated(q)} AS estimated) a"
+            f" WHERE CASE WHEN {_near_cap('1')} THEN NOT ({_past_cap('1', q)}) ELSE true END"
+            f" RETURNING id, pg_notify('{QUEUED_CHANNEL}', 'q:' || pool)")
