@@ -476,6 +476,9 @@ MIGRATIONS.append("""
 # jobs behind it), a key whose waiting job carries a lower limit left to the selection, and
 # the pass's count of its jobs taken from the fast path (not from its timer's statement).
 MIGRATIONS.append(pgclaimsql.CLAIM + pgpasssql.PASS)
+# 40: enqueue_many re-created: its limits and overall cap written by the fragments the plain
+# job's statement of queickd.pg shares (enqueue_sql.py); the same rules.
+MIGRATIONS.append(pgenqueuesql.ENQUEUE_MANY)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
