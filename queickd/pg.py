@@ -111,7 +111,7 @@ def enqueue_many(conn: psycopg.Connection, jobs: Iterable[Mapping[str, Any]], *,
         raise bad(_FAILED)
     try:
         # A cursor of its own: a kept one would hold the batch's text until its next statement.
-        cur = psycopg.RawCursor(conn, row_factory=tuple_row)
+        cur = conn.cursor(row_factory=tuple_row)
         return list(cur.execute(_call(schema), (text,), prepare=True).fetchone()[0])
     except psycopg.Error as e:
         raise _queue_error(e, schema) from e
@@ -121,7 +121,7 @@ def enqueue_many(conn: psycopg.Connection, jobs: Iterable[Mapping[str, Any]], *,
 def _call(schema: str) -> str:
     """The one statement of every batch: its text built once, prepared on the connection
     from the first call."""
-    return f"SELECT {ident(schema)}.enqueue_many($1::jsonb)"
+    return f"SELECT {ident(schema)}.enqueue_many(%s::jsonb)"
 
 
 @functools.lru_cache(maxsize=16)
@@ -129,7 +129,7 @@ def _plain_sql(schema: str) -> str:
     return plain_insert(ident(schema))
 
 
-def _cursor(conn: psycopg.Connection) -> psycopg.RawCursor:
+def _cursor(conn: psycopg.Connection) -> psycopg.Cursor:
     """The plain job's cursor on `conn`, kept on the connection: a new one each call costs
     the client a good part of the call (its parameters' dumpers looked up again). Rows as
     tuples whatever the connection's row factory; one per thread, since a cursor's result
@@ -138,7 +138,7 @@ def _cursor(conn: psycopg.Connection) -> psycopg.RawCursor:
     thread = threading.get_ident()
     cur = kept.get(thread)
     if cur is None or cur.closed:
-        cur = kept[thread] = psycopg.RawCursor(conn, row_factory=tuple_row)
+        cur = kept[thread] = conn.cursor(row_factory=tuple_row)
     return cur
 
 

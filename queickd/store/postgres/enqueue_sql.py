@@ -265,8 +265,8 @@ def plain_insert(schema: str) -> str:
     """The statement queickd.pg runs for a plain job, one of func, args and kwargs alone and
     checked by the wire protocol's parse_job: the one rule admission applies to it, the
     overall cap, and the insert and its pool's wake-up, in one statement, not a function's
-    several (each of which costs the server its setup). Parameters ($n): the func as the
-    daemon stores it, the args and kwargs as JSON text or NULL (taken as jsonb, as enqueue_many
+    several (each of which costs the server its setup). Parameters (%s, in order): the func
+    as the daemon stores it, the args and kwargs as JSON text or NULL (taken as jsonb, as enqueue_many
     takes them). The other columns are at their defaults, the plain job's values
     (rows.PLAIN_COLS). Returns no row, and inserts nothing, if the cap refuses the job:
     enqueue_many, run next, refuses it with its error (or takes it, if the queue had room
@@ -274,7 +274,7 @@ def plain_insert(schema: str) -> str:
     need not name it)."""
     q = schema + "."
     return (f"INSERT INTO {q}jobs (state, func, args, kwargs, run_at, created_at, origin)"
-            f" SELECT '{State.QUEUED}', $1, $2::jsonb::text, $3::jsonb::text, now_, now_, '{DIRECT}'"
+            f" SELECT '{State.QUEUED}', %s, %s::jsonb::text, %s::jsonb::text, now_, now_, '{DIRECT}'"
             f" FROM (SELECT extract(epoch from clock_timestamp()) AS now_, {_limits(q)} AS limits,"
             f" {_estimated(q)} AS estimated) a"
             f" WHERE CASE WHEN {_near_cap('1')} THEN NOT ({_past_cap('1', q)}) ELSE true END"
