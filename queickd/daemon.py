@@ -40,7 +40,7 @@ from .run.loader import FunctionLoader
 from .services import assembly, sdnotify
 from .services.alarm import Alarm
 from .services.batcher import SubmitBatcher
-from .services.fleet import FleetMember
+from .services.fleet import FleetMember, on_window_open
 from .services.maintenance.depth import DepthSample
 from .services.maintenance.maintainer import Maintainer
 from .services.maintenance.orphans import OrphanRecovery
@@ -158,7 +158,7 @@ class Daemon:
         parts.budgets.on_change.append(self._budgets_changed)
         # Each time a rate key may start a job again (its window opens, its block ends): the
         # pool claims then. Every time is kept: several keys may wait at once.
-        self.rate_alarm = Alarm(pool.wake, clock=self.clock, name="queickd-rate-alarm")
+        self.rate_alarm = Alarm(on_window_open(pool, store), clock=self.clock, name="queickd-rate-alarm")
         pool.report_to(PoolHooks(
             on_claimed=self._on_claimed, on_finished=self._on_finished, on_ran=self.metrics.on_ran,
             on_probe_at=partial(scheduler.wake_at, slot="probes"),

@@ -180,3 +180,16 @@ def test_queick_enqueue_sends_its_rate_limit_and_the_daemon_checks_it(start_daem
     assert job["rate_limit"] == {"key": "slack:#general", "limit": 2, "per": 1.5}
     bad = enqueue("--rate-limit", "slack:#general", "0", "1")
     assert bad.returncode != 0 and "rate_limit.limit" in bad.stderr
+
+
+def test_a_window_opening_on_a_busy_daemon_wakes_an_idle_one_of_the_fleet(start_daemon, pg_fresh_database, gate):
+    # The daemon whose claim filled the key holds its timer; busy when the window opens, it
+    # wakes the fleet: the other daemon, which met the full key and holds no timer, claims.
+    daemons = [start_daemon(pg_fresh_database, workers=1) for _ in range(2)]
+    with daemons[0].client() as q:
+        q.enqueue("testjobs:gate", [gate.port, "first"], rate_limit=("k", 1, 1.0))
+        assert gate.arrival() == "first"  # one daemon's only worker is held: it is busy
+        second = q.enqueue("testjobs:noop", rate_limit=("k", 1, 1.0))
+        done = q.wait(second, 15)  # not the next safety sweep's minute
+        assert done["state"] == State.SUCCEEDED, done
+        gate.release_all()

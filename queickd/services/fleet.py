@@ -289,3 +289,20 @@ def pools_view(store: Inspect, own_pools: list[str] | None, own_slots: int,
     names = sorted(set(waiting) | {p for p in slots if p != "*"})
     everything = slots.get("*", 0)
     return {p: {"waiting": waiting.get(p, 0), "workers": slots.get(p, 0) + everything} for p in names}
+
+
+def on_window_open(pool: WorkerPool, store: object) -> Callable[[], None]:
+    """The action of a rate key's timer (its window opens, its block ends): the pool passes;
+    on a fleet's store, if every slot of it is busy, every claimer is woken, since only the
+    claim that filled the key holds its timer and another process may have room."""
+
+    def opened() -> None:
+        pool.wake()
+        if isinstance(store, FleetStore) and not pool.has_room():
+            try:
+                store.wake_claimers()
+            except Exception as e:  # their next wake-up claims it; the timer's work is done here
+                log.warning("could not wake the fleet's claimers for a rate key's window: %s", e)
+
+    return opened
+

@@ -178,6 +178,10 @@ class WorkerPool(PassStore):
         if self._threads_busy < self.workers:  # freed since the first look: the pass may have read it before
             self._wake.set()
 
+    def has_room(self) -> bool:
+        """Could a pass start a job now (a slot free, or the pool may grow)?"""
+        return self._threads_busy < self.workers or self._can_grow(memory=False)
+
     def running_elsewhere(self, count_running: Callable[[], int]) -> int:
         """Jobs the store has running beyond those this pool holds, for a store this pool
         alone claims from. Counted between two passes: a pass claims and finishes in the

@@ -30,6 +30,7 @@ from ..startcheck import validate
 from ..store.contract.fleet import FleetStore
 from . import assembly
 from .alarm import Alarm
+from .fleet import on_window_open
 from .maintenance.maintainer import Maintainer
 from .pool_config import PoolHooks
 
@@ -69,7 +70,8 @@ def run(config: WorkerConfig) -> int:
                 alarm.at(nxt)
 
         alarm = Alarm(wake_pool, name="queickd-pool-alarm")
-        pool.report_to(PoolHooks(on_probe_at=alarm.at, on_deferred=alarm.at, on_rate_at=alarm.at))
+        rate_alarm = Alarm(on_window_open(pool, store), name="queickd-rate-alarm")
+        pool.report_to(PoolHooks(on_probe_at=alarm.at, on_deferred=alarm.at, on_rate_at=rate_alarm.at))
         maintainer = Maintainer(parts.maintenance(), tick=config.sweep)
         member = parts.join_fleet(store, "worker", on_version_change=version_changed, on_sweep=maintainer.run_due)
         member.start()
@@ -86,6 +88,7 @@ def run(config: WorkerConfig) -> int:
         log.info("stopping: no new claims; waiting up to %.0f s for running jobs", config.stop_timeout)
         finished = parts.stop(config.stop_timeout)
         alarm.stop()
+        rate_alarm.stop()
         member.stop()
         log.info("stopped" if finished else "stopped with jobs still running (re-queued by the fleet)")
         return status["code"]

@@ -23,6 +23,11 @@ class FleetStore(Store, Protocol):
         driver's (keepalives=1, ...)."""
         ...
 
+    def wake_claimers(self) -> None:
+        """Wake every claimer of the fleet (each pool passes): a rate key's window opened
+        while the process that held its timer had no free slot, and the others hold none."""
+        ...
+
     def publish_admission(self, limits: Any) -> None:
         """Record the admission limits (core/policy/admission.Admission) this daemon applies,
         for the jobs other connections enqueue in their own transactions."""

@@ -249,6 +249,10 @@ class PostgresStore(PgConnections, SqlStore):
     def budgets_in_force(self, limits: claim.Limits) -> claim.Limits:
         return pgclaim.budgets_in(self._conn(), limits)
 
+    def wake_claimers(self) -> None:
+        with self._write() as c:
+            notify(c, "r")
+
     def prune_rate_keys(self, now: float) -> int:
         # Under the claim lock: a claim reading keys' starts exactly deletes and updates the
         # rows the prune does, in its own order (a deadlock otherwise).
