@@ -67,6 +67,13 @@ def test_an_idempotency_key_in_two_transactions_makes_one_job(app, pg_store, pg_
         t = threading.Thread(target=lambda: got.append(qpg.enqueue(other, "m:f", idempotency_key="order-2",
                                                                    schema=schema)))
         t.start()
+        # The other's insert waits on this transaction's row: commit only then, so it meets
+        # the key committed under it (not in a lookup before it).
+        with psycopg.connect(pg_database, autocommit=True) as watch:
+            deadline = time.monotonic() + 10
+            while not watch.execute("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                    " AND datname = current_database())").fetchone()[0]:
+                assert time.monotonic() < deadline, "the other enqueue never waited for this one's row"
         c.commit()
         t.join(30)
         other.commit()

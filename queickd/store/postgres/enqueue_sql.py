@@ -230,7 +230,7 @@ ENQUEUE_MANY = f"""
                 answer[i] := ids[k];
                 k := k + 1;
             ELSE
-                SELECT id INTO answer[i] FROM jobs WHERE idempotency_key = ik;
+                answer[i] := (SELECT id FROM jobs WHERE idempotency_key = ik);  -- INTO takes no element
             END IF;
         END LOOP;
         FOR i IN 1 .. total LOOP

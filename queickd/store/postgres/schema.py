@@ -479,6 +479,10 @@ MIGRATIONS.append(pgclaimsql.CLAIM + pgpasssql.PASS)
 # 40: enqueue_many re-created: its limits and overall cap written by the fragments the plain
 # job's statement of queickd.pg shares (enqueue_sql.py); the same rules.
 MIGRATIONS.append(pgenqueuesql.ENQUEUE_MANY)
+# 41: enqueue_many re-created: the id of a job whose idempotency key another transaction
+# committed meanwhile is assigned to its place (SELECT ... INTO an array element is not
+# PL/pgSQL: it failed with "cannot subscript type bigint").
+MIGRATIONS.append(pgenqueuesql.ENQUEUE_MANY)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
