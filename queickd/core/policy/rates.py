@@ -85,23 +85,6 @@ class Window:
             t = max(t, self.starts[-limit] + per)
         return t
 
-    def used(self, now: float, per: float | None = None) -> int:
-        """Starts within the window that ends now (those kept, if they were not read)."""
-        if self.starts is None:
-            return self.kept
-        edge = now - (self.per if per is None else per)
-        return sum(1 for t in self.starts if t > edge)
-
-    def full(self, now: float) -> bool:
-        t = self.next_at(self.limit, self.per)
-        return t is None or t > now
-
-
-def window_of(limit: int, per: float, starts: Iterable[float], blocked_until: float | None) -> Window:
-    """A key's state as a store read it, its starts included (in any order)."""
-    kept = sorted(starts)
-    return Window(limit, per, kept, blocked_until or 0.0, len(kept))
-
 
 class Windows(Protocol):
     """Where the rule reads a key's window: a dict of windows with their starts, or a

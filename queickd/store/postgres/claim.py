@@ -210,7 +210,7 @@ def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim
     stamps = pick.probes
     start = (params["now"], params["worker"], pick.chosen, [pick.slot(i) for i in pick.chosen],
              [t[0] for t, _ in stamps], [t[1] for t, _ in stamps], [j for _, j in stamps])
-    if not pick.rates.started_windows:
+    if not pick.rates.added:
         return sqlrates.claimed(c.execute(_START, start).fetchall(), pick.rates)
     with c.pipeline():
         sqlrates.write(c, pick.rates)

@@ -4,9 +4,9 @@
 reads a key's row, and its starts only when the key nears its limit (then those that
 left the window are deleted); it adds its starts as a row and to `kept`. Read in the
 claim's transaction after the lock its store serializes such claims under (SQLite's
-writer; PostgreSQL's claim lock, or the key's row for the fast path); tightened by a
-finish that was told to wait. Every change of `kept` is relative, so claims and the
-retention's prune compose."""
+writer; PostgreSQL's claim lock, which its fast path and its prune take too); tightened by
+a finish that was told to wait. Every change of `kept` is relative, so claims, finishes
+and the retention's prune compose."""
 
 from __future__ import annotations
 

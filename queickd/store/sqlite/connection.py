@@ -47,6 +47,7 @@ from .checkpoint import BACKSTOP_PAGES, Checkpointer
 from .files import FilesWatch
 from .flush import WalFlusher
 from .inmemory import IN_MEMORY, copy_migrated
+from .transactions import roll_back
 
 log = logging.getLogger("queickd.store")
 
@@ -465,7 +466,7 @@ class _Transaction(SqlTransaction):
                 try:
                     c.execute("COMMIT")
                 except BaseException:
-                    sqlite_schema.roll_back(c)
+                    roll_back(c)
                     raise
                 if f._flusher is not None:
                     f._flusher.written()
@@ -477,7 +478,7 @@ class _Transaction(SqlTransaction):
                 if f._files is not None and not self.bookkeeping and f._files.check() is not None:
                     f._files_lost(c)
             else:
-                sqlite_schema.roll_back(c)
+                roll_back(c)
         finally:
             f._write_lock.release()
         if kind is None and not (self.bookkeeping or self.defer_flush):

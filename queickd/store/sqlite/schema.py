@@ -13,9 +13,10 @@ This module owns the schema and its history; it reads and writes no jobs.
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+
+from .transactions import immediate
 
 # Version 1, as the last release of schema 1 left it. Every statement is IF [NOT] EXISTS:
 # files of the first releases of schema 1 lack some of these tables, and step 2 runs it
@@ -179,27 +180,6 @@ def _v7(c: sqlite3.Connection) -> None:
     for column, decl in (("isolation", "TEXT"), ("timeout", "REAL"), ("memory_mb", "INTEGER"),
                          ("output_kb", "INTEGER")):
         _add_column(c, "jobs", column, decl)
-
-
-@contextlib.contextmanager
-def immediate(c: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """One write transaction (BEGIN IMMEDIATE ... COMMIT). On any error it is rolled back:
-    SQLite may already have rolled back (disk full, I/O error), so the connection is never
-    left inside a transaction, and the first error is never hidden."""
-    c.execute("BEGIN IMMEDIATE")
-    try:
-        yield c
-        c.execute("COMMIT")
-    except BaseException:
-        roll_back(c)
-        raise
-
-
-def roll_back(c: sqlite3.Connection) -> None:
-    """After an error in a transaction: leave none open, hiding no error of the caller's."""
-    if c.in_transaction:
-        with contextlib.suppress(sqlite3.Error):
-            c.execute("ROLLBACK")
 
 
 WORKFLOW_STATES = """
