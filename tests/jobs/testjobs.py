@@ -200,11 +200,14 @@ def until_cancelled(port, path, seconds=60.0):
     me = queickd.current_job()
     _announce(port, "checking")
     end = time.monotonic() + seconds
+    wrote = False  # an interruption landing after the line is written must not write it again
     while time.monotonic() < end:
         try:
             if me.cancelled:
-                with open(path, "a", encoding="utf-8") as f:
-                    f.write(f"job {me.id} attempt {me.attempt} saw cancelled\n")
+                if not wrote:
+                    with open(path, "a", encoding="utf-8") as f:
+                        f.write(f"job {me.id} attempt {me.attempt} saw cancelled\n")
+                    wrote = True
                 return "stopped cleanly"
             time.sleep(0.01)
         except queickd.JobInterrupted:
