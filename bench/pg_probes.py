@@ -262,6 +262,30 @@ class RawClient(OwnConnection):
         return int(self.conn.execute("SELECT count(*) FROM raw_rows").fetchone()[0])
 
 
+class JobRowClient(OwnConnection):
+    """No rules: one minimal row (a queued no-op, every other column at its default) inserted
+    into queickd's own jobs table by psycopg in autocommit, its id returned, with no cap and
+    no wake-up. What any enqueue into that table that answers with the job's id pays at the
+    least: the floor under queickd.pg's own rows (the table's width and indexes)."""
+
+    async def open(self, a: argparse.Namespace) -> None:
+        from queickd.store.postgres.namespace import DEFAULT_SCHEMA
+
+        self.connect(a)
+        self.table = f"{DEFAULT_SCHEMA}.jobs"
+
+    async def noop(self, n: int) -> int:
+        if n != 1:
+            raise NotImplementedError("one row per statement only")
+        self.conn.execute(f"INSERT INTO {self.table} (state, func, run_at, created_at) VALUES"
+                          " ('queued', 'benchjobs:noop', extract(epoch from clock_timestamp()),"
+                          " extract(epoch from clock_timestamp())) RETURNING id").fetchone()
+        return 1
+
+    async def unfinished(self) -> int:
+        return int(self.conn.execute(f"SELECT count(*) FROM {self.table}").fetchone()[0])
+
+
 def _queickd_pg() -> tuple[Any, str]:
     """queickd.pg, and the no-op job's function name as queickd spells it."""
     import benchjobs
@@ -333,7 +357,7 @@ class AppRowJobClient(AppRowClient):
 
 CLIENTS: dict[str, type[Client]] = {
     "queickd": QueickdClient, "pgqueuer": PgqueuerClient, "procrastinate": ProcrastinateClient, "raw": RawClient,
-    "direct": DirectClient, "approw": AppRowClient, "approwjob": AppRowJobClient,
+    "jobrow": JobRowClient, "direct": DirectClient, "approw": AppRowClient, "approwjob": AppRowJobClient,
 }
 
 

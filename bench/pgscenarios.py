@@ -24,6 +24,8 @@ from bench.pgsetup import (
     APP_ROW_JOB,
     APP_WALL,
     CRASH_JOB_SECONDS,
+    JOB_ROWS,
+    ONE_ROW,
     PEERS,
     PROBES,
     QUEICKD_DIRECT,
@@ -74,15 +76,17 @@ def run_enqueue(s: Settings, res: Results, scenario: str, target: str) -> None:
 def run_raw(s: Settings, res: Results, scenario: str, target: str) -> None:
     """The floors under the enqueue rows, from the same run: bare rows inserted one and
     s.chunk per autocommit statement (what a client writing to the database itself pays at
-    the least), and one loopback round trip between two processes (what a client talking
-    to a daemon pays on top, one per request)."""
+    the least), a minimal row of queickd's own jobs table one per statement (what any
+    enqueue into that table pays: its width and indexes, no rule), and one loopback round
+    trip between two processes (what a client talking to a daemon pays on top, one per
+    request)."""
     if target == RAW_LOOPBACK:
         probe = against_echo_server("tcp-rtt", "--seconds", "3", timeout=60.0)
         res.add(scenario, "round trip", target, "µs", 1e6 / probe["rate"], higher_is_better=False, raw=probe)
         return
     n = s.enqueue_jobs
     env = {**_clean_env(), "PYTHONPATH": str(BENCH_DIR)}
-    for mode, label in (("single", "rows/s, one per statement"), ("batch", f"rows/s, {s.chunk} per statement")):
+    for mode, label in (("single", ONE_ROW), ("batch", f"rows/s, {s.chunk} per statement")):
         with fresh(s, "raw") as (db, d):
             probe = run_probe(sys.executable, "raw-enqueue", ["--dsn", db.dsn, "--mode", mode, "--n", str(n),
                                                               "--chunk", str(s.chunk)], d, env, 60.0 + n / 50)
@@ -90,6 +94,14 @@ def run_raw(s: Settings, res: Results, scenario: str, target: str) -> None:
         if mode == "single":  # a batch's few statements take less than the 10 ms /proc counts in
             res.add(scenario, "server CPU per row, one per statement", target, "µs",
                     probe["backend_cpu_s"] / n * 1e6, higher_is_better=False)
+    with fresh(s, "jobrow") as (db, d):
+        subprocess.run([sys.executable, "-m", "queickd", "db", "migrate", "--store", db.dsn], check=True,
+                       capture_output=True, timeout=120)
+        probe = run_probe(sys.executable, "jobrow-enqueue", ["--dsn", db.dsn, "--mode", "single", "--n", str(n)],
+                          d, env, 60.0 + n / 50)
+    res.add(scenario, JOB_ROWS, target, "rows/s", probe["rate"], higher_is_better=True, raw=probe)
+    res.add(scenario, "server CPU per row of the jobs table", target, "µs", probe["backend_cpu_s"] / n * 1e6,
+            higher_is_better=False)
 
 
 def run_app_tx(s: Settings, res: Results, scenario: str, target: str) -> None:
