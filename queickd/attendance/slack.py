@@ -67,6 +67,10 @@ UNREADABLE_ERRORS = frozenset({"missing_scope", "not_in_channel", "no_permission
 HISTORY_SCOPES = "channels:history (groups:history for a private channel)"
 PUNCH_EVENT = "queickd_punch"  # the message metadata's event_type; its payload names the punch
 LOOKUP_MARGIN = 600.0  # s before the tap the lookup starts: clock skew between the terminal and Slack
+# A post reaches Slack some milliseconds after its job starts, more or fewer each time. Started
+# exactly at Slack's pace, a post that came a little sooner than the last met a 429, and its
+# retry waited a whole window more: the queue spaces the posts this much wider than the pace.
+PACE_HEADROOM = 1.05
 LOOKUP_PAGE, LOOKUP_PAGES = 200, 10  # at most this many messages are searched, newest first
 
 
@@ -113,8 +117,8 @@ class SlackTarget:
         return f"slack:{self.channel}" if self.channel and not self.webhook_file else "slack:webhook"
 
     def rate_limit(self, per_second: float = 1.0) -> tuple[str, int, float]:
-        """The post jobs' rate_limit: one post per 1/per_second seconds."""
-        return (self.rate_key, 1, 1.0 / per_second)
+        """The post jobs' rate_limit: one post per 1/per_second seconds, and the headroom."""
+        return (self.rate_key, 1, PACE_HEADROOM / per_second)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
