@@ -188,3 +188,26 @@ def test_a_rate_keys_json_log_becomes_its_rows_and_still_binds(tmp_path):
         assert s._conn().execute("SELECT at, n FROM rate_starts").fetchall() == [(T0 + 1, 1), (T0 + 10, 1)]
     finally:
         s.close()
+
+
+def test_a_file_of_schema_25_finds_its_full_rate_keys_by_the_index_of_full_keys_alone(tmp_path):
+    path = str(tmp_path / "q.db")
+    SQLiteStore(path).close()
+    with sqlite3.connect(path) as c:  # the file as schema 25 left it: every key in rate_keys_room
+        c.execute("DROP INDEX rate_keys_full")
+        c.execute("CREATE INDEX rate_keys_room ON rate_keys (lim - kept)")
+        c.execute("INSERT INTO rate_keys (key, lim, per, kept) VALUES ('full', 1, 10.0, 1), ('open', 5, 10.0, 1)")
+        c.execute("INSERT INTO rate_starts (key, at, n) VALUES ('full', ?, 1), ('open', ?, 1)", (T0, T0))
+        c.execute("UPDATE meta SET value = '25' WHERE key = 'schema_version'")
+    s = SQLiteStore(path)
+    try:
+        indexes = {r[0] for r in s._conn().execute("SELECT name FROM sqlite_master WHERE tbl_name = 'rate_keys'")}
+        assert "rate_keys_room" not in indexes and "rate_keys_full" in indexes
+        assert s._conn().execute("SELECT key FROM rate_keys INDEXED BY rate_keys_full"
+                                 f" WHERE {sqlite_schema.RATE_KEY_FULL}").fetchall() == [("full",)]
+        full, other = (NewJob(func="m:f", run_at=T0, rate_limit={"key": k, "limit": n, "per": 10.0})
+                       for k, n in (("full", 1), ("open", 5)))
+        ids = [r.job_id for r in s.submit([full, other], T0)]
+        assert [j.id for j in s.claim_available(Request.of(10, now=T0 + 1))] == ids[1:]
+    finally:
+        s.close()

@@ -26,7 +26,7 @@ from ...core.policy.rates import RateLimits, admit_all
 from .. import rows as dbrows
 from ..sql import fair as sqlfair
 from ..sql import rates as sqlrates
-from .schema import RATE_KEY
+from .schema import RATE_KEY, RATE_KEY_FULL
 
 # The queue-order walks of a pool: its jobs without a group, a rate limit or a fair key,
 # those with a group, and those with a rate limit and no group. The jobs with a fair key and
@@ -89,7 +89,7 @@ _WAITING_RATE_KEYS = (
     " FROM w WHERE w.name IS NOT NULL) SELECT name FROM w WHERE name IS NOT NULL")
 # The rate keys whose window may be full now (core/policy/rates.py: blocked, or keeping
 # `lim` starts, some perhaps past the window), each asked then (RateLimits.full).
-_FULL_RATE_KEYS = ("SELECT key FROM rate_keys WHERE lim - kept <= 0"
+_FULL_RATE_KEYS = (f"SELECT key FROM rate_keys WHERE {RATE_KEY_FULL}"
                    " UNION SELECT key FROM rate_keys WHERE blocked_until > ?1")
 _SAME_AT, _PAST_AT = " AND priority = ? AND run_at = ? AND id > ?", " AND (priority, run_at) > (?, ?)"
 _POSITION = operator.itemgetter(0, 6, 1)  # (priority, run_at, id) of a stream's row

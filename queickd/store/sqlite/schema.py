@@ -335,6 +335,7 @@ def _v20(c: sqlite3.Connection) -> None:
 
 
 RATE_KEY = "json_extract(rate_limit, '$.key')"  # a queued job's rate key, as jobs_queued_pool_rate_key holds it
+RATE_KEY_FULL = "lim - kept <= 0"  # a rate key at its limit by count, as rate_keys_full holds it (the same text)
 _RATE_KEYS_21 = """
     CREATE TABLE IF NOT EXISTS rate_keys (
         key TEXT PRIMARY KEY,
@@ -450,10 +451,19 @@ def _v25(c: sqlite3.Connection) -> None:
     c.execute("CREATE INDEX IF NOT EXISTS rate_keys_blocked ON rate_keys (blocked_until) WHERE blocked_until IS NOT NULL")
 
 
+def _v26(c: sqlite3.Connection) -> None:
+    """The rate keys at their limit by count in a partial index (rate_keys_full), in place
+    of every key by its room (rate_keys_room): a claim that counts a start of a key far from
+    its limit changes no index page, where each changed the room's entry."""
+    c.execute("DROP INDEX IF EXISTS rate_keys_room")
+    c.execute(f"CREATE INDEX IF NOT EXISTS rate_keys_full ON rate_keys (key) WHERE {RATE_KEY_FULL}")
+
+
 # MIGRATIONS[i] brings a file from version i to i + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
                                                           _v11, _v12, _v13, _v14, _v15, _v16, _v17,
-                                                          _v18, _v19, _v20, _v21, _v22, _v23, _v24, _v25]
+                                                          _v18, _v19, _v20, _v21, _v22, _v23, _v24, _v25,
+                                                          _v26]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
