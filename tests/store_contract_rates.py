@@ -162,3 +162,30 @@ class RatesContract:
         assert _ids(store.claim_available(Request.of(10, now=T0 + 1))) == [free.job_id]
         assert _ids(store.claim_available(Request.of(10, now=T0 + 100))) == [held.job_id]
         assert store.get(behind.job_id).state == State.QUEUED
+
+    def test_claims_behind_a_full_keys_backlog_take_the_jobs_after_it_and_none_of_it_until_it_opens(self, store):
+        subs = store.submit([rated() for _ in range(3)] + [job() for _ in range(3)], T0)
+        assert _ids(store.claim_available(Request.of(1, now=T0))) == [subs[0].job_id]  # fills the key
+        assert _ids(store.claim_available(Request.of(1, now=T0 + 1))) == [subs[3].job_id]
+        assert _ids(store.claim_available(Request.of(5, now=T0 + 2))) == [s.job_id for s in subs[4:]]
+        assert store.claim_available(Request.of(5, now=T0 + 9.9)) == []
+        assert _ids(store.claim_available(Request.of(5, now=T0 + 10))) == [subs[1].job_id]
+
+    def test_jobs_of_other_keys_enqueued_behind_a_full_keys_backlog_start_at_the_next_claim(self, store):
+        # The other keys sort before and after the full one.
+        subs = store.submit([rated(key="m") for _ in range(3)] + [job()], T0)
+        assert _ids(store.claim_available(Request.of(2, now=T0))) == [subs[0].job_id, subs[3].job_id]
+        before, after = store.submit([rated(key="a"), rated(key="z")], T0 + 1)
+        assert _ids(store.claim_available(Request.of(1, now=T0 + 1))) == [before.job_id]
+        assert _ids(store.claim_available(Request.of(1, now=T0 + 2))) == [after.job_id]
+
+    def test_claims_behind_a_full_keys_backlog_leave_its_serial_key_held_and_a_paused_function_paused(self, store):
+        subs = store.submit([rated() for _ in range(2)] + [job()], T0)
+        assert _ids(store.claim_available(Request.of(2, now=T0))) == [subs[0].job_id, subs[2].job_id]
+        rl = {"key": "k", "limit": 1, "per": 10.0}
+        held, behind, free = store.submit([job(key="s", rate_limit=rl), job(key="s"), job(func="m:g")], T0 + 1)
+        store.pause("func", "m:g", T0 + 1)
+        assert store.claim_available(Request.of(5, now=T0 + 2)) == []
+        assert store.resume("func", "m:g")
+        assert _ids(store.claim_available(Request.of(5, now=T0 + 3))) == [free.job_id]
+        assert store.get(behind.job_id).state == State.QUEUED

@@ -350,3 +350,21 @@ def test_a_claims_work_does_not_grow_with_the_jobs_and_groups_of_a_pool_it_does_
         steps.append(_claim_steps(s, Request.of(1, pools=["default"], now=T0))[1])
         s.close()
     assert steps[1] <= steps[0] * 1.1 + 10, steps
+
+
+def test_a_claim_behind_a_full_rate_keys_backlog_reads_past_it_in_two_statements_and_keeps_its_timer(tmp_path):
+    s = SQLiteStore(str(tmp_path / "q.db"))
+    rl = {"key": "hot", "limit": 1, "per": 10.0}
+    s.submit([job(rate_limit=rl) for _ in range(50)], T0)
+    plain = s.submit([job() for _ in range(4)], T0)
+    assert len(s.claim_available(Request.of(2, now=T0))) == 2  # the key's first job, and it fills
+    sql = []
+    s._writer().set_trace_callback(sql.append)
+    got = s.claim_available(Request.of(2, now=T0 + 1))
+    s._writer().set_trace_callback(None)
+    assert ([j.id for j in got], got.rate_at) == ([p.job_id for p in plain[1:3]], T0 + 10)
+    # Whether a job of another rate key waits, then the queue's first jobs but the key's:
+    # as without the key, a statement more (the pools waiting asked first).
+    reads = [q for q in sql if q.startswith(("SELECT", "WITH"))]
+    assert len(reads) == 3, reads
+    s.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import operator
 import sqlite3
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from ...core.job import Job
 from ...core.policy import claim, fair, rates
 from ...core.policy.rates import RateLimits, admit_all
 from .. import rows as dbrows
+from ..records import Claimed
 from ..sql import fair as sqlfair
 from ..sql import rates as sqlrates
 from .schema import RATE_KEY, RATE_KEY_FULL
@@ -154,14 +156,14 @@ def queue_order(cols: str, where: str = "") -> str:
                               f" AND {which}{where}" for index, which in (*_WALKS, _FAIR_ONLY))
 
 
-def served_order(cols: str, pools: int, where: str = "") -> str:
+def served_order(cols: str, pools: int, where: str = "", walks: tuple[tuple[str, str], ...] = _WALKS) -> str:
     """The queued jobs of `pools` pools, `cols` of each (naming priority, run_at and id),
-    for an ORDER BY priority, run_at, id to follow: a compound of each pool's two walks
-    (the pool a parameter of each, after those of `cols`), which SQLite merges walk by walk
-    without sorting. `where`: a further condition on each."""
+    for an ORDER BY priority, run_at, id to follow: a compound of each pool's walks (the
+    pool a parameter of each, after those of `cols`), which SQLite merges walk by walk
+    without sorting. `where`: a further condition on each; `walks`: of _WALKS, those read."""
     return " UNION ALL ".join(f"SELECT {cols} FROM jobs INDEXED BY {index} WHERE state = 'queued'"
                               f" AND {which} AND pool = ?{where}"
-                              for _ in range(pools) for index, which in _WALKS)
+                              for _ in range(pools) for index, which in walks)
 
 
 # The claim's first statement: the queue's first jobs (priority, claim.ROW_COLS) and whether
@@ -196,13 +198,36 @@ _PAST = 16
 
 
 @functools.cache
-def _heads_sql(totalled: bool, pools: int, heads: str, full: bool = False) -> str:
+def _heads_sql(totalled: bool, pools: int, heads: str, full: bool = False, rated: bool = True) -> str:
     """The claim's first statement for `pools` pools walked (`heads`: the keyed jobs' condition;
-    `full`: with whether each job's group is full, last)."""
+    `full`: with whether each job's group is full, last; `rated`: the walk of the jobs with a
+    rate limit and no group read too)."""
     cols = _TOTALS_COLS if totalled else _HEADS_COLS
+    walks = _WALKS if rated else _WALKS[:2]
     if not full:
-        return served_order(cols, pools, heads) + _ORDER
-    return _FULL_GROUPS + served_order(f"{cols}, {_FULL}", pools, heads) + _ORDER
+        return served_order(cols, pools, heads, walks) + _ORDER
+    return _FULL_GROUPS + served_order(f"{cols}, {_FULL}", pools, heads, walks) + _ORDER
+
+
+# While the rate keys a claim found full stay closed (Claims._rates_closed), the common
+# claim reads past their backlog: it leaves out the walk of the jobs with a rate limit and
+# no group if it holds none of another key, which this asks, in `pools` pools walked, with
+# one seek of jobs_queued_pool_rate_key per pool and per gap around the `closed` keys (in
+# order): a closed key's backlog is never walked.
+_CLOSED_AT_MOST = 4  # closed keys the common claim reads past; more: the selection
+
+
+@functools.cache
+def _other_rate_key_waits_sql(pools: int, closed: int) -> str:
+    gaps = [f"{RATE_KEY} < ?", *[f"{RATE_KEY} > ? AND {RATE_KEY} < ?"] * (closed - 1), f"{RATE_KEY} > ?"]
+    return "SELECT " + " OR ".join(
+        f"EXISTS (SELECT 1 FROM jobs INDEXED BY jobs_queued_pool_rate_key WHERE state = 'queued' AND {_RATED}"
+        f" AND pool = ? AND {gap})" for _ in range(pools) for gap in gaps)
+
+
+def _other_rate_key_params(walk: tuple[str, ...], closed: tuple[str, ...]) -> list[str]:
+    bounds = [(closed[0],), *itertools.pairwise(closed), (closed[-1],)]
+    return [v for pool in walk for b in bounds for v in (pool, *b)]
 
 
 @functools.cache
@@ -238,6 +263,9 @@ class Claims:
         # and until when the last claim by the selection met one with its jobs waiting.
         self._rates_full: dict[str, tuple[float, rates.Window]] = {}
         self._rates_full_until = 0.0
+        # ... and of the keys it refused, those full by their window (their whole backlog
+        # refused: rates.RateLimits.full), in order, while they are few: closed until then.
+        self._rates_closed: tuple[str, ...] = ()
 
     def claim(self, c: sqlite3.Connection, request: claim.Request) -> list[Job]:
         """Claim in `c`'s write transaction (SQLite serializes writers, so the selection is exact)."""
@@ -258,7 +286,10 @@ class Claims:
             return self._select(c, request, self._held(c, now), None, walk)
         if now < self._rates_full_until and not past_full:
             # The last claim met a full rate key's jobs waiting: its backlog likely heads the
-            # queue still, and the heads would be refused. The selection at once.
+            # queue still, and the heads would be refused. The common claim past that backlog
+            # if it may, else the selection at once.
+            if self._rates_closed and (out := self._past_closed(c, request, walk, heads_of_keys)) is not None:
+                return out
             return self._select(c, request, self._held(c, now), None, walk)
         # The common claim (claim.plain): the queue's first jobs and whether anything is
         # paused, in one statement; when no rule applies to them, they start. While
@@ -311,6 +342,33 @@ class Claims:
                 return self._start(c, ids, now, "")
         return self._select(c, request, running, None if self._full_groups else first, walk)
 
+    def _past_closed(self, c: sqlite3.Connection, request: claim.Request, walk: tuple[str, ...],
+                     heads_of_keys: str) -> Claimed | None:
+        """The common claim while the rate keys _rates_closed are closed and no job of another
+        key waits with a rate limit and no group: the queue's first jobs but theirs (the
+        selection would refuse every one of them, and reads none: _past_full), started when
+        claim.plain() says no rule passes any over; None: the selection's. Its timer is the
+        closed keys' (the selection's would be the same)."""
+        closed, limits = self._rates_closed, request.limits
+        others = c.execute(_other_rate_key_waits_sql(len(walk), len(closed)),
+                           _other_rate_key_params(walk, closed)).fetchone()[0]
+        if others:
+            return None
+        totalled = limits.any or self._grouped_heads
+        params = [v for p in walk for _ in _WALKS[:2] for v in ((limits.any, p) if totalled else (p,))]
+        heads = c.execute(_heads_sql(totalled, len(walk), heads_of_keys, rated=False),
+                          (*params, request.limit)).fetchall()
+        if not heads or heads[0][11]:  # none, a pause or fair keys waiting: the selection
+            return None
+        first = [claim.Row._make(r[1:11]) for r in heads]
+        ids = claim.plain(first, request, False, claim.Totals(*heads[0][12:15]) if totalled else None)
+        if ids is None:
+            return None
+        self._grouped_heads = totalled and any(r.concurrency_group is not None for r in first)
+        out = Claimed(self._start(c, ids, request.now, ""))
+        out.rate_at = self._rates_full_until
+        return out
+
     @staticmethod
     def _held(c: sqlite3.Connection, now: float) -> claim.Running:
         """What runs (keys, groups, pools, costs) and the pauses, in one statement; a pause's
@@ -340,7 +398,7 @@ class Claims:
         # window's filling: a full key's backlog is not walked. Else the queue in order,
         # until a key fills during the claim: from there, key by key too.
         full_rates = [k for (k,) in c.execute(_FULL_RATE_KEYS, (request.now,)) if pick.rates.full(k)]
-        self._rates_full_until = 0.0
+        self._rates_full_until, self._rates_closed = 0.0, ()
         if full or out_pools or full_rates:  # read by group and rate key, past the full ones
             if full_rates and not heads:
                 heads = _HEAD_OF_KEY  # a serial key's head left unread holds its key
@@ -367,6 +425,8 @@ class Claims:
                 more = len(rows) == page
                 offset += page
         if pick.rates.refused:
+            closed = sorted(k for k in list(pick.rates.refused) if pick.rates.full(k))
+            self._rates_closed = tuple(closed) if len(closed) <= _CLOSED_AT_MOST else ()
             self._rates_full_until = min(pick.rates.refused.values())
         if not pick.chosen:
             return sqlrates.claimed((), pick.rates)
