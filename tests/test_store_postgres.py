@@ -421,6 +421,17 @@ def test_a_pass_that_fills_a_rate_key_claims_no_more_than_its_limit(pg_store):
     assert len(got) <= 2, [(j.id, j.rate_limit) for j in got]
 
 
+def test_a_pass_after_the_selection_filled_a_rate_keys_opened_window_is_one_statement_again(pg_store):
+    # Unlike a turn groups or budgets ask for, an opened window asks the selection once: it
+    # fills the key, and the next pass does not go the general way.
+    rl = {"key": "k", "limit": 1, "per": 10.0}
+    subs = pg_store.submit([job(rate_limit=rl) for _ in range(2)] + [job() for _ in range(2)], T0)
+    assert [j.id for j in pg_store.claim_available(Request.of(1, now=T0))] == [subs[0].job_id]
+    assert pg_store.finish_and_claim([], T0 + 10, 1) is None  # the window opened: the selection's turn
+    assert [j.id for j in pg_store.claim_available(Request.of(1, now=T0 + 10))] == [subs[1].job_id]
+    assert [j.id for j in pg_store.finish_and_claim([], T0 + 11, 1) or []] == [subs[2].job_id]
+
+
 @pytest.mark.parametrize("seed", range(1, 9))
 def test_a_fleet_of_claims_passes_and_prunes_keeps_every_window_of_a_rate_key(pg_store, seed):
     # Rounds at one time each, the clock stepping 0.1 s: in each, four hosts claim (by

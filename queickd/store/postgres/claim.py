@@ -65,9 +65,12 @@ _START = (f"SELECT {dbrows.JOB_COLS} FROM queickd_start(%s, %s, %s::bigint[], %s
 _PASS = f"SELECT {dbrows.JOB_COLS} FROM queickd_pass($1, $2, $3, $4, $5, $6, $7, $8, $9)"
 # After the selection claimed, passes go the general way this long (seconds): asking
 # queickd_pass first would be a round trip more on every pass while groups or budgets are
-# in play.
+# in play. Not after a turn a rate key's opened window asked for (its row's state set): the
+# selection fills it, and a busy key, opening many times a second, would keep every pass
+# off queickd_pass.
 _SELECTION_LINGERS = 1.0
 _RUN_AT = dbrows.JOB_COLS.split(", ").index("run_at")
+_STATE = dbrows.JOB_COLS.split(", ").index("state")
 
 
 class Passes:
@@ -101,7 +104,8 @@ class Passes:
         small = sum(len(t) for t in (*results, *outputs) if t is not None) <= KEPT_CURSOR_BYTES
         self.cursor = cur if small else None
         if _selection_turn(rows):
-            self._selection_until = time.monotonic() + _SELECTION_LINGERS
+            if rows[0][_STATE] is None:
+                self._selection_until = time.monotonic() + _SELECTION_LINGERS
             return None
         return rows
 

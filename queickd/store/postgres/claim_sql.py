@@ -89,9 +89,11 @@ _ROOMY_RATE_KEY_WAITS = f"""EXISTS (
 # full key's backlog waits (the fast path takes no rate-limited job then), any key with
 # room has one. A key far from its limit is otherwise the fast path's; a full key's
 # backlog leaves the claim on the fast path, which takes none of it.
-OPEN_RATE_WAITS = f"""(EXISTS (SELECT 1 FROM rate_keys k {_KEY_WAITS}
-            WHERE k.lim - k.kept < {{room}} AND {RATE_ROOM.format(key="k.key")})
-        OR ({FULL_RATE_KEY_WAITS} AND {_ROOMY_RATE_KEY_WAITS}))"""
+NEAR_RATE_KEY_OPEN = f"""EXISTS (SELECT 1 FROM rate_keys k {_KEY_WAITS}
+            WHERE k.lim - k.kept < {{room}} AND {RATE_ROOM.format(key="k.key")})"""
+ROOMY_BEHIND_FULL = f"({FULL_RATE_KEY_WAITS} AND {_ROOMY_RATE_KEY_WAITS})"
+OPEN_RATE_WAITS = f"""({NEAR_RATE_KEY_OPEN}
+        OR {ROOMY_BEHIND_FULL})"""
 
 # While rate-limited jobs wait, the fast path also takes those whose key has room by its
 # count (it keeps fewer starts than its limit: core/policy/rates.py admits by the count

@@ -7,11 +7,12 @@ from .channels import CHANNEL, FINISHED_CHANNEL
 from .claim_sql import (
     FAST_CLAIM,
     FAST_CLAIM_VARS,
+    NEAR_RATE_KEY_OPEN,
     OPEN_FAIR_WAITS,
     OPEN_GROUP_WAITS,
-    OPEN_RATE_WAITS,
     PLANNED,
     POOL_BUDGETED,
+    ROOMY_BEHIND_FULL,
 )
 
 # queickd_pass: the pass of a pool whose finished jobs all succeeded outside any workflow,
@@ -26,8 +27,10 @@ from .claim_sql import (
 # on one of its jobs (the daemon serving that `wait` marks the job `waited` first, and the
 # mark and the finish update the same row, so one of them sees the other's commit). Like
 # the fast path, it asks first whether the selection must claim: if so it does nothing,
-# returns the row of NULLs, and the pass goes the general way. A probe due with room left
-# goes to queickd_claim, for the room left. The finish finds its rows by id (= ANY, the
+# returns the row of NULLs (its state 'queued' when a rate key near its limit whose window
+# opened asks for it: the selection fills it, and the next pass is this one's again), and
+# the pass goes the general way. A probe due with room left goes to queickd_claim, for the
+# room left. The finish finds its rows by id (= ANY, the
 # primary key), and the streaks and pauses are deleted only when their tables hold a row.
 PASS = f"""
     CREATE OR REPLACE FUNCTION queickd_pass(p_budget_lock bigint, p_now double precision, p_worker bigint,
@@ -44,9 +47,14 @@ PASS = f"""
         nothing jobs;
 {FAST_CLAIM_VARS}    BEGIN
     PERFORM pg_advisory_xact_lock_shared(p_budget_lock);
+    IF {NEAR_RATE_KEY_OPEN.replace("{room}", "p_limit")} THEN
+        nothing.state := 'queued';  -- the selection's turn for a key whose window opened, once
+        RETURN NEXT nothing;
+        RETURN;
+    END IF;
     IF {OPEN_GROUP_WAITS}
        OR {POOL_BUDGETED}
-       OR {OPEN_RATE_WAITS.replace("{room}", "p_limit")}
+       OR {ROOMY_BEHIND_FULL.replace("{room}", "p_limit")}
        OR {OPEN_FAIR_WAITS}
     THEN
         RETURN NEXT nothing;  -- all NULL: nothing done, the selection's turn

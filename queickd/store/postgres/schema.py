@@ -483,6 +483,8 @@ MIGRATIONS.append(pgenqueuesql.ENQUEUE_MANY)
 # committed meanwhile is assigned to its place (SELECT ... INTO an array element is not
 # PL/pgSQL: it failed with "cannot subscript type bigint").
 MIGRATIONS.append(pgenqueuesql.ENQUEUE_MANY)
+# 42: the pass tells a rate key's opened window apart from what keeps the selection in play.
+MIGRATIONS.append(pgpasssql.PASS)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
