@@ -31,9 +31,9 @@ from .fleet import notify
 CLAIM_RETRIES = 8
 _CLAIM_LOCK = CLAIM_LOCK  # held by each claim by the selection (and the fast path's of rate-limited jobs)
 # Held shared by every claim (from its first call to its commit), exclusively by a write of
-# the budgets: a budget comes into force after the claims that did not see it (schema.py, 8).
+# the budgets: a budget comes into force after the claims that did not see it (migration 8, history.py).
 _BUDGET_LOCK = 0x71756963_6B640004
-_PAUSE_KINDS = frozenset({"key", "func", "pool"})  # the view's rows of pauses (schema.py, 8)
+_PAUSE_KINDS = frozenset({"key", "func", "pool"})  # the view's rows of pauses (migration 8, history.py)
 # The claim itself is the function queickd_claim (schema.py): an UPDATE ... WHERE id IN
 # (SELECT ... ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING, one
 # round trip. Its conditions are core/policy/claim.py's rules written in SQL (choosing in
