@@ -11,6 +11,7 @@ import pytest
 from queickd.core.job import NewJob, Outcome, RetrySpec, new_record
 from queickd.core.policy import admission as adm
 from queickd.core.policy.claim import Request
+from queickd.store.sqlite import resource_steps
 from queickd.store.sqlite import schema as sqlite_schema
 from queickd.store.sqlite.store import SCHEMA_VERSION, SchemaTooNewError, SQLiteStore
 
@@ -176,7 +177,7 @@ def test_a_rate_keys_json_log_becomes_its_rows_and_still_binds(tmp_path):
     with sqlite3.connect(path) as c:  # the file as schema 23 left it: each key's starts as JSON
         c.execute("DROP TABLE rate_starts")
         c.execute("DROP TABLE rate_keys")
-        c.executescript(sqlite_schema._RATE_KEYS_21)
+        c.executescript(resource_steps.RATE_KEYS_21)
         c.execute("INSERT INTO rate_keys (key, lim, per, starts) VALUES ('k', 2, 10.0, ?)", (f"[{T0}, {T0 + 1}]",))
         c.execute("UPDATE meta SET value = '23' WHERE key = 'schema_version'")
     s = SQLiteStore(path)
@@ -204,7 +205,7 @@ def test_a_file_of_schema_25_finds_its_full_rate_keys_by_the_index_of_full_keys_
         indexes = {r[0] for r in s._conn().execute("SELECT name FROM sqlite_master WHERE tbl_name = 'rate_keys'")}
         assert "rate_keys_room" not in indexes and "rate_keys_full" in indexes
         assert s._conn().execute("SELECT key FROM rate_keys INDEXED BY rate_keys_full"
-                                 f" WHERE {sqlite_schema.RATE_KEY_FULL}").fetchall() == [("full",)]
+                                 f" WHERE {resource_steps.RATE_KEY_FULL}").fetchall() == [("full",)]
         full, other = (NewJob(func="m:f", run_at=T0, rate_limit={"key": k, "limit": n, "per": 10.0})
                        for k, n in (("full", 1), ("open", 5)))
         ids = [r.job_id for r in s.submit([full, other], T0)]

@@ -28,7 +28,7 @@ from .. import rows as dbrows
 from ..records import Claimed
 from ..sql import fair as sqlfair
 from ..sql import rates as sqlrates
-from .schema import RATE_KEY, RATE_KEY_FULL
+from .resource_steps import RATE_KEY, RATE_KEY_FULL
 
 # The queue-order walks of a pool: its jobs without a group, a rate limit or a fair key,
 # those with a group, and those with a rate limit and no group. The jobs with a fair key and

@@ -16,6 +16,8 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
+from . import resource_steps
+from .ddl import add_column, run_script
 from .transactions import immediate
 
 # Version 1, as the last release of schema 1 left it. Every statement is IF [NOT] EXISTS:
@@ -107,35 +109,15 @@ _V1 = """
 """
 
 
-def _run(c: sqlite3.Connection, script: str) -> None:
-    """Run a script statement by statement: executescript would commit the step's
-    transaction before its first statement."""
-    stmt = ""
-    for line in script.splitlines(keepends=True):
-        stmt += line
-        if sqlite3.complete_statement(stmt):
-            c.execute(stmt)
-            stmt = ""
-    if stmt.strip() and not stmt.strip().startswith("--"):
-        raise ValueError(f"incomplete statement in a migration: {stmt.strip()[:80]}")
-
-
-def _add_column(c: sqlite3.Connection, table: str, column: str, decl: str) -> None:
-    """ALTER TABLE ADD COLUMN unless the column is there: a step may meet a file that a
-    crash or a hand-edited version left half way, and must still apply."""
-    if column not in {r[1] for r in c.execute(f"PRAGMA table_info({table})")}:
-        c.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
-
-
 def _v1(c: sqlite3.Connection) -> None:
     """Tables, partial indexes, state counts kept by triggers, crons, streaks, pauses, events."""
-    _run(c, _V1)
+    run_script(c, _V1)
 
 
 def _v2(c: sqlite3.Connection) -> None:
     """jobs.pool: every job of an older file is in the default pool."""
-    _run(c, _V1)  # early schema-1 files: the tables added while the version stayed 1
-    _add_column(c, "jobs", "pool", "TEXT NOT NULL DEFAULT 'default'")
+    run_script(c, _V1)  # early schema-1 files: the tables added while the version stayed 1
+    add_column(c, "jobs", "pool", "TEXT NOT NULL DEFAULT 'default'")
 
 
 def _v3(c: sqlite3.Connection) -> None:
@@ -148,9 +130,9 @@ def _v4(c: sqlite3.Connection) -> None:
     """Pauses are circuit breakers: the next probe time, the trips so far and the job last
     let through as the probe. A pause of an older file has no probe time: it lasts until
     resumed, as it did."""
-    _add_column(c, "pauses", "probe_at", "REAL")
-    _add_column(c, "pauses", "trips", "INTEGER NOT NULL DEFAULT 0")
-    _add_column(c, "pauses", "probe_job", "INTEGER")
+    add_column(c, "pauses", "probe_at", "REAL")
+    add_column(c, "pauses", "trips", "INTEGER NOT NULL DEFAULT 0")
+    add_column(c, "pauses", "probe_job", "INTEGER")
 
 
 def _v5(c: sqlite3.Connection) -> None:
@@ -168,7 +150,7 @@ def _v6(c: sqlite3.Connection) -> None:
     its walk of jobs_queued; no index more on the insert path. `footprints`: each
     function's expected peak memory and runtime (core/policy/memory.py)."""
     for column, decl in (("concurrency_group", "TEXT"), ("concurrency_limit", "INTEGER"), ("cost_units", "REAL")):
-        _add_column(c, "jobs", column, decl)
+        add_column(c, "jobs", column, decl)
     c.execute("CREATE TABLE IF NOT EXISTS footprints (func TEXT PRIMARY KEY, peak REAL NOT NULL,"
               " runtime REAL NOT NULL, runs INTEGER NOT NULL, estimated INTEGER NOT NULL, updated_at REAL NOT NULL)"
               " WITHOUT ROWID")
@@ -179,7 +161,7 @@ def _v7(c: sqlite3.Connection) -> None:
     (every older job) means the function's or the daemon's setting."""
     for column, decl in (("isolation", "TEXT"), ("timeout", "REAL"), ("memory_mb", "INTEGER"),
                          ("output_kb", "INTEGER")):
-        _add_column(c, "jobs", column, decl)
+        add_column(c, "jobs", column, decl)
 
 
 WORKFLOW_STATES = """
@@ -229,14 +211,14 @@ _WORKFLOWS = """
 def _v8(c: sqlite3.Connection) -> None:
     """Workflow runs and their step outputs; a step job's run, step, item and loop."""
     for column in ("workflow_run", "workflow_step", "workflow_item", "workflow_loop"):
-        _add_column(c, "jobs", column, "INTEGER")
-    _run(c, _WORKFLOWS)
+        add_column(c, "jobs", column, "INTEGER")
+    run_script(c, _WORKFLOWS)
 
 
 def _v9(c: sqlite3.Connection) -> None:
     """jobs.output: a process run's captured stdout+stderr; NULL for every older job (a
     failed one's is in its error, as it was kept then)."""
-    _add_column(c, "jobs", "output", "TEXT")
+    add_column(c, "jobs", "output", "TEXT")
 
 
 def _v10(c: sqlite3.Connection) -> None:
@@ -279,7 +261,7 @@ def _v13(c: sqlite3.Connection) -> None:
 def _v14(c: sqlite3.Connection) -> None:
     """jobs.cron_until: the last tick folded into a cron's run while it waited (NULL: none,
     and for every older job)."""
-    _add_column(c, "jobs", "cron_until", "REAL")
+    add_column(c, "jobs", "cron_until", "REAL")
 
 
 def _v15(c: sqlite3.Connection) -> None:
@@ -294,7 +276,7 @@ def _v16(c: sqlite3.Connection) -> None:
     row rewrites the whole row, and a fan-out's every item updates its progress, so each
     item rewrote the state, whose list of items grows with the fan-out. workflow_runs.state
     is left empty (a column SQLite before 3.35 cannot drop)."""
-    _run(c, WORKFLOW_STATES)
+    run_script(c, WORKFLOW_STATES)
     c.execute("INSERT OR IGNORE INTO workflow_states (run, state) SELECT id, state FROM workflow_runs")
     c.execute("UPDATE workflow_runs SET state = '' WHERE state != ''")
 
@@ -315,155 +297,29 @@ def _v17(c: sqlite3.Connection) -> None:
 def _v18(c: sqlite3.Connection) -> None:
     """jobs.progress: what a running job last said of its progress (NULL: nothing, and for
     every older job)."""
-    _add_column(c, "jobs", "progress", "TEXT")
+    add_column(c, "jobs", "progress", "TEXT")
 
 
 def _v19(c: sqlite3.Connection) -> None:
     """An edge daemon's jobs for its upstream: jobs.upstream_id (their id there, NULL for
     every other job) and one small index per state of theirs, held (read oldest first by
     the forwarder) and forwarded."""
-    _add_column(c, "jobs", "upstream_id", "INTEGER")
+    add_column(c, "jobs", "upstream_id", "INTEGER")
     c.execute("CREATE INDEX IF NOT EXISTS jobs_held ON jobs (id) WHERE state = 'held'")
     c.execute("CREATE INDEX IF NOT EXISTS jobs_forwarded ON jobs (id) WHERE state = 'forwarded'")
 def _v20(c: sqlite3.Connection) -> None:
     """jobs.stalled_after, on_stall and stalled_at: a job's liveness (core/policy/liveness.py)
     and the mark its worker sets while it is stalled (NULL: not watched, not stalled, and
     for every older job)."""
-    _add_column(c, "jobs", "stalled_after", "REAL")
-    _add_column(c, "jobs", "on_stall", "TEXT")
-    _add_column(c, "jobs", "stalled_at", "REAL")
-
-
-RATE_KEY = "json_extract(rate_limit, '$.key')"  # a queued job's rate key, as jobs_queued_pool_rate_key holds it
-RATE_KEY_FULL = "lim - kept <= 0"  # a rate key at its limit by count, as rate_keys_full holds it (the same text)
-_RATE_KEYS_21 = """
-    CREATE TABLE IF NOT EXISTS rate_keys (
-        key TEXT PRIMARY KEY,
-        lim INTEGER NOT NULL,                  -- as the key's latest started job carried it
-        per REAL NOT NULL,
-        blocked_until REAL,                    -- no job of the key starts before (a 429's Retry-After)
-        starts TEXT NOT NULL DEFAULT '[]'      -- JSON: the latest start times, at most lim (24: rate_starts)
-    ) WITHOUT ROWID;
-"""
-
-
-def _v21(c: sqlite3.Connection) -> None:
-    """jobs.rate_limit (JSON {"key", "limit", "per"}; NULL: none, and for every older job)
-    and rate_keys, each rate key's window: its latest starts and when it is blocked until.
-    The queued jobs without a group are walked in two parts, without a rate limit
-    (jobs_queued_pool_plain, made again without them) and with one (jobs_queued_pool_rated),
-    and the latter also by rate key (jobs_queued_pool_rate_key): a claim reads past a full
-    key's backlog by key, as past a full group's. Each queued job is still in one walk."""
-    _add_column(c, "jobs", "rate_limit", "TEXT")
-    _run(c, _RATE_KEYS_21)
-    c.execute("DROP INDEX IF EXISTS jobs_queued_pool_plain")
-    for name, cols, rated in (("plain", "pool, priority, run_at, id", "IS NULL"),
-                              ("rated", "pool, priority, run_at, id", "IS NOT NULL"),
-                              ("rate_key", f"pool, {RATE_KEY}, priority, run_at, id", "IS NOT NULL")):
-        c.execute(f"CREATE INDEX IF NOT EXISTS jobs_queued_pool_{name} ON jobs ({cols})"
-                  f" WHERE state = 'queued' AND concurrency_group IS NULL AND rate_limit {rated}")
-
-
-FAIR_KEYS = """
-    CREATE TABLE IF NOT EXISTS fair_keys (
-        pool TEXT NOT NULL,
-        key TEXT NOT NULL,                     -- a fair_by; '' the pool's jobs without one
-        waiting INTEGER NOT NULL DEFAULT 0,    -- its queued jobs (kept by the triggers below)
-        vtime REAL NOT NULL DEFAULT 0,         -- its standing: 1 / weight more per job started
-        last_start REAL NOT NULL DEFAULT 0,
-        PRIMARY KEY (pool, key)
-    ) WITHOUT ROWID;
-    CREATE INDEX IF NOT EXISTS fair_keys_waiting ON fair_keys (pool, vtime, last_start, key) WHERE waiting > 0;
-    CREATE INDEX IF NOT EXISTS jobs_queued_fair ON jobs (pool, fair_by, priority, run_at, id)
-        WHERE state = 'queued' AND fair_by IS NOT NULL;
-"""
-# A fair key's count of queued jobs, kept as its jobs come and go in any way (enqueue, claim,
-# retry, cancel, purge, a pool moved); a key that starts waiting again comes in at the
-# standing of the least advanced one waiting in its pool, never below its own (fair.comes_in).
-_FAIR_IN = """
-        INSERT INTO fair_keys (pool, key, waiting, vtime) SELECT new.pool, new.fair_by, 1,
-            coalesce((SELECT min(vtime) FROM fair_keys WHERE pool = new.pool AND waiting > 0), 0)
-        WHERE new.fair_by IS NOT NULL AND new.state = 'queued'
-        ON CONFLICT (pool, key) DO UPDATE SET waiting = waiting + 1,
-            vtime = CASE WHEN waiting > 0 THEN vtime ELSE max(vtime, excluded.vtime) END;"""
-_FAIR_OUT = """
-        UPDATE fair_keys SET waiting = waiting - 1 WHERE old.fair_by IS NOT NULL AND old.state = 'queued'
-            AND pool = old.pool AND key = old.fair_by;"""
-FAIR_TRIGGERS = f"""
-    CREATE TRIGGER IF NOT EXISTS jobs_fair_insert AFTER INSERT ON jobs
-        WHEN new.fair_by IS NOT NULL AND new.state = 'queued' BEGIN{_FAIR_IN}
-    END;
-    CREATE TRIGGER IF NOT EXISTS jobs_fair_update AFTER UPDATE OF state, pool, fair_by ON jobs
-        WHEN (old.fair_by IS NOT NULL AND old.state = 'queued') OR (new.fair_by IS NOT NULL AND new.state = 'queued')
-    BEGIN{_FAIR_OUT}{_FAIR_IN}
-    END;
-    CREATE TRIGGER IF NOT EXISTS jobs_fair_delete AFTER DELETE ON jobs
-        WHEN old.fair_by IS NOT NULL AND old.state = 'queued' BEGIN{_FAIR_OUT}
-    END;
-"""
-
-
-def _v22(c: sqlite3.Connection) -> None:
-    """Fair shares (core/policy/fair.py): jobs.fair_by (NULL: none, and for every older job),
-    fair_keys (each fair key's queued count and standing, kept by triggers) and the indexes
-    a fair claim walks: the keys waiting by standing, and a key's queued jobs in queue order
-    (migration 23 takes them out of jobs_queued_pool_plain)."""
-    _add_column(c, "jobs", "fair_by", "TEXT")
-    _run(c, FAIR_KEYS)
-    _run(c, FAIR_TRIGGERS)
-
-
-def _v23(c: sqlite3.Connection) -> None:
-    """Each queued job in one queue-order walk again: jobs_queued_pool_plain without the jobs
-    of a fair key (a fair claim walks those by key, jobs_queued_fair), and no second index
-    of the jobs without one (jobs_queued_unfair, one entry more for every plain job)."""
-    c.execute("DROP INDEX IF EXISTS jobs_queued_unfair")
-    c.execute("DROP INDEX IF EXISTS jobs_queued_pool_plain")
-    c.execute("CREATE INDEX jobs_queued_pool_plain ON jobs (pool, priority, run_at, id) WHERE state = 'queued'"
-              " AND concurrency_group IS NULL AND rate_limit IS NULL AND fair_by IS NULL")
-
-
-def _v24(c: sqlite3.Connection) -> None:
-    """A rate key's starts as rows (rate_starts: n starts at a time, one row per claim) and
-    how many its row keeps (rate_keys.kept), in place of its JSON log: a claim adds a row
-    and a count, and reads the starts only when the key nears its limit."""
-    _run(c, """
-        CREATE TABLE IF NOT EXISTS rate_starts (
-            key TEXT NOT NULL,
-            at REAL NOT NULL,
-            n INTEGER NOT NULL,
-            PRIMARY KEY (key, at)
-        ) WITHOUT ROWID;
-    """)
-    _add_column(c, "rate_keys", "kept", "INTEGER NOT NULL DEFAULT 0")
-    if "starts" not in {r[1] for r in c.execute("PRAGMA table_info(rate_keys)")}:
-        return
-    c.execute("INSERT OR IGNORE INTO rate_starts (key, at, n) SELECT k.key, s.value, count(*)"
-              " FROM rate_keys k, json_each(k.starts) s GROUP BY k.key, s.value")
-    c.execute("UPDATE rate_keys SET kept = json_array_length(starts)")
-    c.execute("ALTER TABLE rate_keys DROP COLUMN starts")
-
-
-def _v25(c: sqlite3.Connection) -> None:
-    """The rate keys at their limit by count, and those blocked, found by index (a claim by
-    the selection asks for them): those keys, not every key kept."""
-    c.execute("CREATE INDEX IF NOT EXISTS rate_keys_room ON rate_keys (lim - kept)")
-    c.execute("CREATE INDEX IF NOT EXISTS rate_keys_blocked ON rate_keys (blocked_until) WHERE blocked_until IS NOT NULL")
-
-
-def _v26(c: sqlite3.Connection) -> None:
-    """The rate keys at their limit by count in a partial index (rate_keys_full), in place
-    of every key by its room (rate_keys_room): a claim that counts a start of a key far from
-    its limit changes no index page, where each changed the room's entry."""
-    c.execute("DROP INDEX IF EXISTS rate_keys_room")
-    c.execute(f"CREATE INDEX IF NOT EXISTS rate_keys_full ON rate_keys (key) WHERE {RATE_KEY_FULL}")
+    add_column(c, "jobs", "stalled_after", "REAL")
+    add_column(c, "jobs", "on_stall", "TEXT")
+    add_column(c, "jobs", "stalled_at", "REAL")
 
 
 # MIGRATIONS[i] brings a file from version i to i + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10,
                                                           _v11, _v12, _v13, _v14, _v15, _v16, _v17,
-                                                          _v18, _v19, _v20, _v21, _v22, _v23, _v24, _v25,
-                                                          _v26]
+                                                          _v18, _v19, _v20, *resource_steps.STEPS]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
