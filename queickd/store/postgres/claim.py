@@ -29,7 +29,6 @@ from .connection import KEPT_CURSOR_BYTES
 from .fleet import notify
 
 CLAIM_RETRIES = 8
-_CLAIM_LOCK = CLAIM_LOCK  # held by each claim by the selection (and the fast path's of rate-limited jobs)
 # Held shared by every claim (from its first call to its commit), exclusively by a write of
 # the budgets: a budget comes into force after the claims that did not see it (migration 8, history.py).
 _BUDGET_LOCK = 0x71756963_6B640004
@@ -140,7 +139,7 @@ def claim_in(c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits
         if not _selection_turn(rows):
             return rows
     page = max(16, params["limit"] * 2)
-    view = c.execute(_VIEW, (_CLAIM_LOCK, _BUDGET_LOCK, params["pools"], page, params["now"], force)).fetchall()
+    view = c.execute(_VIEW, (CLAIM_LOCK, _BUDGET_LOCK, params["pools"], page, params["now"], force)).fetchall()
     if not view:
         return c.execute(_CLAIM, {**params, "lock": None}).fetchall()
     return _claim_selected(c, params, limits, view, page)
@@ -242,7 +241,7 @@ FOLD_FAIR = """
 def fold_fair(c: psycopg.Connection) -> None:
     """FOLD_FAIR in the caller's transaction, after the claim lock (another process's fold
     waits for this one's commit: the two never count a change twice)."""
-    c.execute("SELECT pg_advisory_xact_lock(%s)", (_CLAIM_LOCK,))
+    c.execute("SELECT pg_advisory_xact_lock(%s)", (CLAIM_LOCK,))
     c.execute(FOLD_FAIR)
 
 

@@ -181,6 +181,10 @@ _TOTALS_COLS = (
     " AND concurrency_group IS NOT NULL),"
     f" CASE WHEN ? THEN (SELECT total(max(coalesce(cost_units, 1.0), 0.0)) {_RUNNING_IN}) END")
 _ORDER = " ORDER BY priority, run_at, id LIMIT ?"
+# A heads row: priority, then claim.ROW_COLS, the flag word (its bits below), and with
+# _TOTALS_COLS the totals.
+_ROW, _FLAGS, _TOTALS = slice(1, 11), 11, slice(12, 15)
+_PAUSED, _FAIR_WAITS = 1, 2
 
 
 # A claim after one that met full groups (and no used up budget) reads with each of the
@@ -207,6 +211,21 @@ def _heads_sql(totalled: bool, pools: int, heads: str, full: bool = False, rated
     if not full:
         return served_order(cols, pools, heads, walks) + _ORDER
     return _FULL_GROUPS + served_order(f"{cols}, {_FULL}", pools, heads, walks) + _ORDER
+
+
+def _read_heads(c: sqlite3.Connection, walk: tuple[str, ...], heads_of_keys: str, totalled: bool,
+                budgeted: bool, read: int, full: bool = False, rated: bool = True) -> list[tuple]:
+    """The claim's first statement (_heads_sql) run for the pools `walk`, `read` rows at most:
+    each walk's parameters are the budgets' flag of its columns (`budgeted`, when
+    `totalled`), then its pool."""
+    walks = len(_WALKS) if rated else 2
+    params = [v for p in walk for _ in range(walks) for v in ((budgeted, p) if totalled else (p,))]
+    return c.execute(_heads_sql(totalled, len(walk), heads_of_keys, full, rated), (*params, read)).fetchall()
+
+
+def _rows_of(heads: list[tuple], totalled: bool) -> tuple[list[claim.Row], claim.Totals | None]:
+    """The heads as the claim policy reads them, and what runs in total (when read)."""
+    return [claim.Row._make(r[_ROW]) for r in heads], claim.Totals(*heads[0][_TOTALS]) if totalled else None
 
 
 # While the rate keys a claim found full stay closed (Claims._rates_closed), the common
@@ -299,15 +318,12 @@ class Claims:
         # budgets even with all of that in them. Else what runs is read (a handful of
         # rows), and they start if each is within its group and its budgets.
         totalled = limits.any or self._grouped_heads
-        sql = _heads_sql(totalled, len(walk), heads_of_keys, past_full)
-        # The parameters of each walk: the budgets' flag of its columns, then its pool.
-        params = [v for p in walk for _ in _WALKS for v in ((limits.any, p) if totalled else (p,))]
         read = limit + self._past if past_full else limit
-        heads = c.execute(sql, (*params, read)).fetchall()
+        heads = _read_heads(c, walk, heads_of_keys, totalled, limits.any, read, past_full)
         if not heads:  # the walks hold none, but jobs of fair keys may wait (theirs alone)
             return self._fair(c, request, walk) if sqlfair.waits(c) else []
-        paused = bool(heads[0][11] & 1)
-        if heads[0][11] & 2:  # fair keys wait: the order of fair shares, by the selection
+        paused = bool(heads[0][_FLAGS] & _PAUSED)
+        if heads[0][_FLAGS] & _FAIR_WAITS:  # fair keys wait: the order of fair shares, by the selection
             return self._fair(c, request, walk)
         if past_full:  # the jobs of full groups left out (claim.Selection.left_out)
             kept = [r for r in heads if not r[-1]]
@@ -319,8 +335,7 @@ class Claims:
             if not kept:
                 return []  # only full groups' jobs wait: nothing may start
             heads = kept[:limit]
-        first = [claim.Row._make(r[1:11]) for r in heads]
-        totals = claim.Totals(*heads[0][12:15]) if totalled else None
+        first, totals = _rows_of(heads, totalled)
         ids = claim.plain(first, request, paused, totals)
         if ids is not None:
             self._grouped_heads = totalled and any(r.concurrency_group is not None for r in first)
@@ -355,13 +370,11 @@ class Claims:
         if others:
             return None
         totalled = limits.any or self._grouped_heads
-        params = [v for p in walk for _ in _WALKS[:2] for v in ((limits.any, p) if totalled else (p,))]
-        heads = c.execute(_heads_sql(totalled, len(walk), heads_of_keys, rated=False),
-                          (*params, request.limit)).fetchall()
-        if not heads or heads[0][11]:  # none, a pause or fair keys waiting: the selection
+        heads = _read_heads(c, walk, heads_of_keys, totalled, limits.any, request.limit, rated=False)
+        if not heads or heads[0][_FLAGS]:  # none, a pause or fair keys waiting: the selection
             return None
-        first = [claim.Row._make(r[1:11]) for r in heads]
-        ids = claim.plain(first, request, False, claim.Totals(*heads[0][12:15]) if totalled else None)
+        first, totals = _rows_of(heads, totalled)
+        ids = claim.plain(first, request, False, totals)
         if ids is None:
             return None
         self._grouped_heads = totalled and any(r.concurrency_group is not None for r in first)
@@ -425,7 +438,7 @@ class Claims:
                 more = len(rows) == page
                 offset += page
         if pick.rates.refused:
-            closed = sorted(k for k in list(pick.rates.refused) if pick.rates.full(k))
+            closed = sorted(k for k in pick.rates.refused if pick.rates.full(k))
             self._rates_closed = tuple(closed) if len(closed) <= _CLOSED_AT_MOST else ()
             self._rates_full_until = min(pick.rates.refused.values())
         if not pick.chosen:
