@@ -176,7 +176,7 @@ def test_a_worker_whose_pass_waits_on_another_sessions_lock_keeps_beating_and_it
     # Another process stalled inside a grouped claim holds the claim lock (here: the test's
     # own session). This worker's next pass waits on it; its beats, on the same connection,
     # must not: its long job is not taken for an orphan's.
-    from queickd.store.postgres.claim import _CLAIM_LOCK
+    from queickd.store.postgres.claim_sql import CLAIM_LOCK
 
     url, admin = pg
     d = _daemon(start_daemon, url)
@@ -185,7 +185,7 @@ def test_a_worker_whose_pass_waits_on_another_sessions_lock_keeps_beating_and_it
         long_id = q.enqueue("testjobs:gate", [gate.port, "long"])
         assert gate.arrival() == "long"
         with admin.transaction():
-            admin.execute("SELECT pg_advisory_xact_lock(%s)", (_CLAIM_LOCK,))
+            admin.execute("SELECT pg_advisory_xact_lock(%s)", (CLAIM_LOCK,))
             grouped = q.enqueue("testjobs:noop", concurrency_group="g", concurrency_limit=1)  # wakes its pass
             time.sleep(2 * WINDOW)  # the stimulus: the lock held twice as long as the window
         assert not [line for line in d.lines if "stopped beating" in line]
