@@ -387,6 +387,24 @@ class StoreContract(CronEventContract, WorkflowContract, OutputContract, RulesCo
         assert store.counts()[State.QUEUED] == 100
         assert [store.get(s.job_id).args for s in stored] == [[i] for i in range(100)]
 
+    def test_a_read_from_another_thread_sees_only_what_was_committed(self, store):
+        (a,) = store.submit([job()], T0)
+        written, seen = threading.Event(), []
+
+        def read() -> None:
+            written.wait(10)
+            seen.append(store.get(a.job_id).state)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        with pytest.raises(RuntimeError), store.transaction(bookkeeping=True) as tx:
+            assert [j.id for j in tx.claim_available(claim.Request.of(1, now=T0))] == [a.job_id]
+            written.set()
+            reader.join(0.2)  # a read that does not wait for the commit has seen `running` by now
+            raise RuntimeError("rolled back: the claim never happened")
+        reader.join(10)
+        assert seen == [State.QUEUED]
+
     def test_a_transaction_that_raises_halfway_leaves_nothing_behind(self, store):
         (kept,) = store.submit([job(run_at=T0 + 60)], T0)
         with pytest.raises(RuntimeError), store.transaction() as tx:

@@ -295,7 +295,7 @@ class PostgresStore(PgConnections, SqlStore):
     def fair_keys(self, limit: int = 50) -> list[FairKey]:
         with self._write() as c:  # the counts not yet folded into fair_keys folded first
             pgclaim.fold_fair(c)
-            return sqlfair.keys(c, limit)
+            return sqlfair.keys(self.dialect, c, limit)
 
     def waiting_by_pool(self) -> dict[str, int]:
         rows = self._conn().execute(f"SELECT pool, count(*) FROM jobs WHERE {WAITING_ANY}"

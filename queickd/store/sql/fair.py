@@ -20,6 +20,7 @@ from typing import Any
 
 from ...core.policy import claim, fair
 from ..records import FairKey
+from .dialect import Dialect
 
 # A keyed job is read only when it is its key's head (its first queued job, of any pool).
 HEAD_OF_KEY = (" AND (jobs.key IS NULL OR NOT EXISTS (SELECT 1 FROM jobs e WHERE e.key = jobs.key"
@@ -106,6 +107,6 @@ _LIST = ("SELECT pool, key, waiting, vtime, last_start FROM fair_keys WHERE wait
          " ORDER BY waiting DESC, pool, key LIMIT ?")
 
 
-def keys(c: Any, limit: int) -> list[FairKey]:
+def keys(d: Dialect, c: Any, limit: int = 50) -> list[FairKey]:
     """The fair keys with jobs queued, most waiting first, and each pool's own standing."""
-    return [FairKey(*r) for r in c.execute(_q(c, _LIST), (limit,)).fetchall()]
+    return [FairKey(*r) for r in c.execute(d.q(_LIST), (limit,)).fetchall()]

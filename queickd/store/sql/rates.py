@@ -163,17 +163,17 @@ def prune(d: Dialect, c: Any, now: float) -> int:
     return c.execute(_q(c, f"DELETE FROM rate_keys WHERE key IN ({idle}) AND kept <= 0"), (now,)).rowcount
 
 
-def keys(c: Any, now: float) -> list[RateKey]:
+def keys(d: Dialect, c: Any, now: float) -> list[RateKey]:
     """Every rate key as operators see it: its starts within the window counted (along its
     key, from the window's edge), and read for a key whose window is full (when it opens)."""
     out = []
-    for k, lim, per, blocked, n in c.execute(_q(c, "SELECT k.key, k.lim, k.per, k.blocked_until,"
+    for k, lim, per, blocked, n in c.execute(d.q("SELECT k.key, k.lim, k.per, k.blocked_until,"
                                                    " (SELECT coalesce(sum(s.n), 0) FROM rate_starts s"
                                                    " WHERE s.key = k.key AND s.at > ? - k.per)"
                                                    " FROM rate_keys k ORDER BY k.key"), (now,)).fetchall():
         opens = now
         if n >= lim:
-            starts = [at for at, m in c.execute(_q(c, _STARTS), (k,)).fetchall() if at > now - per for _ in range(m)]
+            starts = [at for at, m in c.execute(d.q(_STARTS), (k,)).fetchall() if at > now - per for _ in range(m)]
             opens = max(now, starts[-lim] + per)
         blocked_until = blocked if blocked is not None and blocked > now else None
         out.append(RateKey(k, lim, per, int(n), max(opens, blocked_until or now), blocked_until))

@@ -14,7 +14,7 @@ from ...core.policy import admission as adm
 from ...core.policy import claim
 from ...core.workflow import Definition, RunRecord
 from ..derived import StoreBase
-from ..records import CronFire, EventAccepted, FairKey, Finished, NewEvent, RateKey
+from ..records import CronFire, EventAccepted, Finished, NewEvent
 from . import fair as sqlfair
 from . import forward, operator, schedule, stats
 from . import rates as sqlrates
@@ -63,11 +63,8 @@ class SqlStore(StoreBase):
     get = _reads(operator.get)
     pauses = _reads(operator.pauses)
 
-    def rate_keys(self, now: float) -> list[RateKey]:
-        return sqlrates.keys(self._conn(), now)
-
-    def fair_keys(self, limit: int = 50) -> list[FairKey]:
-        return sqlfair.keys(self._conn(), limit)
+    rate_keys = _reads(sqlrates.keys)
+    fair_keys = _reads(sqlfair.keys)
     resume = _writes(operator.resume)
     pause = _writes(operator.pause)
     release_unstarted = _writes(operator.release_unstarted)

@@ -46,7 +46,7 @@ from . import schema as sqlite_schema
 from .checkpoint import BACKSTOP_PAGES, Checkpointer
 from .files import FilesWatch
 from .flush import WalFlusher
-from .inmemory import IN_MEMORY, copy_migrated
+from .inmemory import IN_MEMORY, CommittedReads, copy_migrated
 from .transactions import roll_back
 
 log = logging.getLogger("queickd.store")
@@ -122,7 +122,8 @@ class SQLiteFile:
         self.durability = durability
         self._busy_timeout = busy_timeout
         self._local = threading.local()
-        self._write_lock = threading.Lock()
+        # Reentrant: memory://'s reads take it (inmemory.CommittedReads), one inside a transaction too.
+        self._write_lock = threading.RLock()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
         self._w: sqlite3.Connection | None = None  # see _writer
@@ -157,7 +158,7 @@ class SQLiteFile:
         on_disk = not self.in_memory
         try:
             with self._write_lock:
-                c = self._conn()
+                c = self._conn() if on_disk else self._writer()
                 if on_disk:
                     sqlite_check.check_open(c, self.path)
                 else:
@@ -226,9 +227,9 @@ class SQLiteFile:
                                 "reads only and nothing was written; free some space and try again")
 
     # --- connections ----------------------------------------------------------------------
-    def _conn(self) -> sqlite3.Connection:
+    def _conn(self) -> sqlite3.Connection | CommittedReads:
         if self.in_memory:
-            return self._writer()
+            return CommittedReads(self._writer(), self._write_lock)
         c = getattr(self._local, "conn", None)
         if c is not None and self._local.gen != self._gen and c is not self._w:  # the store changed mode
             with self._all_lock:

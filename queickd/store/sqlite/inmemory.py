@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
 
 from . import schema as sqlite_schema
 
@@ -30,3 +33,43 @@ def copy_migrated(c: sqlite3.Connection) -> None:
             sqlite_schema.migrate(m, IN_MEMORY)
             _migrated = m
         _migrated.backup(c)
+
+
+class CommittedReads:
+    """memory://'s reading connection: the writer's own, each statement run whole under the
+    write lock. Without the lock a read on another thread, on the one connection, sees a
+    transaction's writes before it commits (and those it then rolls back): a run's status
+    written before its state, a claim that never happened. With it, a read sees what a
+    file's reader sees: the last commit."""
+
+    __slots__ = ("_c", "_lock")
+
+    def __init__(self, c: sqlite3.Connection, lock: AbstractContextManager[Any]) -> None:
+        self._c, self._lock = c, lock
+
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Rows:
+        with self._lock:
+            cur = self._c.execute(sql, params)
+            return Rows(cur.fetchall(), cur.rowcount)
+
+
+class Rows:
+    """A statement's rows, read whole: what the store's reads use of a cursor."""
+
+    __slots__ = ("_rows", "_next", "rowcount")
+
+    def __init__(self, rows: list[Any], rowcount: int) -> None:
+        self._rows, self._next, self.rowcount = rows, 0, rowcount
+
+    def fetchone(self) -> Any:
+        if self._next >= len(self._rows):
+            return None
+        self._next += 1
+        return self._rows[self._next - 1]
+
+    def fetchall(self) -> list[Any]:
+        rest, self._next = self._rows[self._next:], len(self._rows)
+        return rest
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.fetchall())
