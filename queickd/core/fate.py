@@ -16,6 +16,7 @@ import random
 import socket
 import sys
 import traceback
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import retry as retry_mod
@@ -69,34 +70,33 @@ def is_network_error(exc: BaseException) -> bool:
     """True for failures that mean "the network is not there": connection, timeout, DNS,
     URLError and http.client's disconnects, also when wrapped (its __cause__/__context__).
     A plain OSError counts only with a network errno (a missing file is not a network)."""
-    seen = 0
-    e: BaseException | None = exc
     types = _network_types()
     ue = sys.modules.get("urllib.error")
-    while e is not None and seen < 8:
+    for e in _chain(exc):
         if ue is not None and isinstance(e, ue.HTTPError):
             return False  # the server answered: that is not a network failure
         if isinstance(e, types):
             return True
         if isinstance(e, OSError) and e.errno in _NETWORK_ERRNOS:
             return True
-        # `raise X from None` says the earlier error does not explain this one.
-        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
-        seen += 1
     return False
 
 
 def is_resource_exhaustion(exc: BaseException) -> bool:
     """True when the run failed because the process or the system ran out of file
     descriptors (EMFILE, ENFILE), also when wrapped: the host's fault, not the job's."""
-    seen = 0
+    return any(isinstance(e, OSError) and e.errno in _RESOURCE_ERRNOS for e in _chain(exc))
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc`, then what it wraps (its __cause__, else its __context__): at most 8 errors."""
     e: BaseException | None = exc
-    while e is not None and seen < 8:
-        if isinstance(e, OSError) and e.errno in _RESOURCE_ERRNOS:
-            return True
+    for _ in range(8):
+        if e is None:
+            return
+        yield e
+        # `raise X from None` says the earlier error does not explain this one.
         e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
-        seen += 1
-    return False
 
 
 def clean(text: str) -> str:
