@@ -235,21 +235,18 @@ def build_parser() -> argparse.ArgumentParser:
                       help="cancelled jobs")
     purge.add_argument("--older-than", type=duration, required=True, help="e.g. 7d, 12h, 3600")
     _talks(purge, jobs_cmd.purge)
-    resume = sub.add_parser("resume", help="resume a paused key, function or pool",
-                            description="Lift the pause of a key (or function, or pool): one put on after "
-                            "repeated failures, or by 'queick pause'.")
-    resume.add_argument("key", nargs="?", help="the serial key")
-    resume.add_argument("--func", help="module:function instead of a key")
-    resume.add_argument("--pool", help="a worker pool instead of a key")
-    _talks(resume, jobs_cmd.resume)
-    pause = sub.add_parser("pause", help="pause a key, function or pool by hand, until 'queick resume'",
-                           description="Pause a key (or function, or pool): its jobs wait, running ones "
-                           "finish. The same pause as after repeated failures, but with no probe: it "
-                           "lasts until 'queick resume'.")
-    pause.add_argument("key", nargs="?", help="the serial key")
-    pause.add_argument("--func", help="module:function instead of a key")
-    pause.add_argument("--pool", help="a worker pool instead of a key")
-    _talks(pause, jobs_cmd.pause)
+    for name, text, description, command in (
+            ("resume", "resume a paused key, function or pool",
+             "Lift the pause of a key (or function, or pool): one put on after repeated failures, or by "
+             "'queick pause'.", jobs_cmd.resume),
+            ("pause", "pause a key, function or pool by hand, until 'queick resume'",
+             "Pause a key (or function, or pool): its jobs wait, running ones finish. The same pause as "
+             "after repeated failures, but with no probe: it lasts until 'queick resume'.", jobs_cmd.pause)):
+        sp = sub.add_parser(name, help=text, description=description)
+        sp.add_argument("key", nargs="?", help="the serial key")
+        sp.add_argument("--func", help="module:function instead of a key")
+        sp.add_argument("--pool", help="a worker pool instead of a key")
+        _talks(sp, command)
     drain = sub.add_parser("drain", help="stop starting jobs, let running ones finish, report when idle",
                            description="For maintenance: this daemon starts no new job (they keep "
                            "waiting, and are accepted as usual); waits for its running jobs and says "
