@@ -113,10 +113,6 @@ class Config:
     job_user: str | None = None  # the user process jobs run as (needs CAP_SETUID, CAP_SETGID, CAP_CHOWN, CAP_KILL)
 
     @property
-    def sandbox_settings(self) -> sandbox.Defaults:
-        return sandbox.settings(self)
-
-    @property
     def admission(self) -> Admission:
         from .core.policy.admission import Admission
 

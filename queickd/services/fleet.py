@@ -53,7 +53,6 @@ class Listener:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.connected = threading.Event()  # set while LISTENing
-        self.reconnects = 0
 
     def start(self) -> None:
         if self._thread is None:
@@ -90,7 +89,6 @@ class Listener:
                 if first:
                     log.debug("listener: listening on channel(s) %s", ", ".join(channels))
                 else:
-                    self.reconnects += 1
                     log.warning("listener: reconnected; sweeping for work that a lost notification announced")
                 backoff = 0.5
                 self._on_reconnect()  # whatever was announced while we were away
@@ -129,7 +127,6 @@ class Heartbeat:
         self._clock = clock
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self.beats = 0
 
     def start(self) -> None:
         if self._thread is None:
@@ -152,7 +149,6 @@ class Heartbeat:
             try:
                 b = self.store.beat(self.max_orphan_requeues, self._clock())  # and the orphan sweep
                 found, version, schema = b.found, b.version, b.schema
-                self.beats += 1
                 if not found:
                     log.warning("heartbeat: this worker's record was gone (it stalled for longer than "
                                 "3 heartbeats and its jobs were re-queued); registering again")

@@ -140,11 +140,6 @@ class Plan:
     discard: bool = False  # cancel the run's waiting jobs (its step ended early, or the run did)
     ended: bool = False  # the run reached a final state now (its parent, if any, advances)
 
-    @property
-    def budget_exceeded(self) -> dict[str, Any] | None:
-        r = self.run
-        return r.reason if r.status == RunState.BUDGET_EXCEEDED else None
-
 
 def step_key(run: int, step: int, item: int, loop: int) -> str:
     """The idempotency key of a step's job, handed to the step's function."""

@@ -36,7 +36,6 @@ AT = "coalesce((j->>'run_at')::float8, now_ + (j->>'delay')::float8, now_)"
 FUNC = "CASE WHEN position(':' in j->>'func') = 0 THEN regexp_replace(j->>'func', '[.]([^.]*)$', ':\\1')" \
        " ELSE j->>'func' END"
 POOL = f"coalesce(j->>'pool', '{DEFAULT_POOL}')"
-MANUAL = "coalesce((j->>'manual')::boolean, false)"
 _R = "(j->'retry')"
 _RETRIES = f"jsonb_typeof({_R}) = 'object' OR {_R} = 'true'"  # retry false or null: none
 _POLICY = f"coalesce({_R}->>'policy', '{retry_mod.DEFAULT_POLICY}')"

@@ -51,7 +51,6 @@ class WalFlusher:
         self._flushing = False
         self._dir_synced: tuple[int, int] | None = None  # (st_dev, st_ino) of the WAL whose entry is on disk
         self._fd: int | None = None  # the WAL, open from the first flush until reset()
-        self.flushes = 0  # fdatasync calls made: with the commits counted, shows the sharing
         self.failed: OSError | None = None  # the fdatasync that failed: every flush fails since
 
     def written(self) -> None:
@@ -110,7 +109,6 @@ class WalFlusher:
         if self._fd is None:  # the writer has committed: its WAL exists while it is open
             self._fd = self._open_wal()
         os.fdatasync(self._fd)
-        self.flushes += 1
 
     def _open_wal(self) -> int:
         fd = os.open(self._wal, os.O_RDONLY | os.O_CLOEXEC)
