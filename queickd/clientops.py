@@ -267,15 +267,13 @@ def dead(limit: int) -> Plan[dict[str, list[dict[str, Any]]]]:
     return {"jobs": reply["jobs"], "events": reply["events"]}
 
 
+def _request(op: str, **given: Any) -> dict[str, Any]:
+    """A request of `op` with the fields given, those None left out (the daemon's default)."""
+    return {"op": op, **{k: v for k, v in given.items() if v is not None}}
+
+
 def target(op: str, key: str | None, func: FuncLike | None, pool: str | None) -> dict[str, Any]:
-    req: dict[str, Any] = {"op": op}
-    if key is not None:
-        req["key"] = key
-    if func is not None:
-        req["func"] = func_name(func)
-    if pool is not None:
-        req["pool"] = pool
-    return req
+    return _request(op, key=key, func=None if func is None else func_name(func), pool=pool)
 
 
 def drain(wait: float, off: bool) -> dict[str, Any]:
@@ -284,9 +282,8 @@ def drain(wait: float, off: bool) -> dict[str, Any]:
 
 def cancel_waiting(state: str, func: FuncLike | None, key: str | None, pool: str | None,
                    dry_run: bool) -> Plan[int]:
-    req = {"op": "cancel", "state": state, "func": None if func is None else func_name(func), "key": key,
-           "pool": pool, "dry_run": dry_run or None}
-    reply = yield {k: v for k, v in req.items() if v is not None}
+    reply = yield _request("cancel", state=state, func=None if func is None else func_name(func), key=key,
+                           pool=pool, dry_run=dry_run or None)
     return reply["matching"] if dry_run else reply["cancelled"]
 
 
@@ -308,17 +305,12 @@ def wait(job_id: int, timeout: float, states: Iterable[str] | None, reply_timeou
 
 
 def set_pool(pool: str, key: str | None, job_id: int | None, cron: str | None) -> dict[str, Any]:
-    req = {"op": "set_pool", "pool": pool, "key": key, "job_id": job_id, "cron": cron}
-    return {k: v for k, v in req.items() if v is not None}
+    return _request("set_pool", pool=pool, key=key, job_id=job_id, cron=cron)
 
 
 def jobs(state: str | None, limit: int, func: FuncLike | None, key: str | None, pool: str | None) -> dict[str, Any]:
-    req: dict[str, Any] = {"op": "jobs", "limit": limit}
-    for name, v in (("state", state), ("func", None if func is None else func_name(func)), ("key", key),
-                    ("pool", pool)):
-        if v is not None:
-            req[name] = v
-    return req
+    return _request("jobs", limit=limit, state=state, func=None if func is None else func_name(func),
+                    key=key, pool=pool)
 
 
 def workflow_start(definition: dict[str, Any] | None, name: str, state: dict[str, Any] | None,
@@ -334,10 +326,7 @@ def workflow_start(definition: dict[str, Any] | None, name: str, state: dict[str
 
 
 def workflows(state: str | None, limit: int) -> dict[str, Any]:
-    req: dict[str, Any] = {"op": "workflows", "limit": limit}
-    if state is not None:
-        req["state"] = state
-    return req
+    return _request("workflows", limit=limit, state=state)
 
 
 def workflow_wait(run_id: int, timeout: float, reply_timeout: float) -> Plan[dict[str, Any]]:
