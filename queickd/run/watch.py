@@ -16,7 +16,7 @@ import os
 import selectors
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..core.fate import clean
@@ -59,6 +59,18 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _descendants(pid: int) -> Iterator[int]:
+    """Each process below `pid` (the rest of its tree), once."""
+    todo, seen = _children(pid), {pid}
+    while todo and len(seen) < 4096:  # pids.max-like bound on one look's work
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        yield p
+        todo += _children(p)
+
+
 def tree_memory(pid: int, follower: bool = False) -> int | None:
     """What the RSS watch counts of a job: its process's resident memory (VmRSS) and the
     private memory (anonymous and shared-memory pages) of every process it started, setsid
@@ -80,17 +92,7 @@ def tree_memory(pid: int, follower: bool = False) -> int | None:
     total = _status(pid, (b"VmRSS:",))
     if total is None:
         return None
-    total += shm
-    todo = _children(pid)
-    seen = {pid}
-    while todo and len(seen) < 4096:  # pids.max-like bound on one look's work
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        total += _status(p, (b"RssAnon:", b"RssShmem:")) or 0
-        todo += _children(p)
-    return total
+    return total + shm + sum(_status(p, (b"RssAnon:", b"RssShmem:")) or 0 for p in _descendants(pid))
 
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -114,15 +116,7 @@ def tree_cpu(pid: int) -> float | None:
     total = _cpu(pid)
     if total is None:
         return None
-    todo, seen = _children(pid), {pid}
-    while todo and len(seen) < 4096:  # as tree_memory's bound
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        total += _cpu(p) or 0.0
-        todo += _children(p)
-    return total
+    return total + sum(_cpu(p) or 0.0 for p in _descendants(pid))
 
 
 def _number(v: Any) -> bool:
