@@ -18,7 +18,7 @@ are not cached), and a set of ints that all hash alike takes quadratic time. So:
   made to collide. It says when more bytes are needed, and stops at the first opcode naming a
   global (the unpickler refuses those, naming them, before anything after it is read).
   `scan(data, limit)` is one whole pickle's scan.
-- `check_expanded(value, max_bytes, max_depth)` walks what loaded as a tree (shared
+- `check_expanded(value, max_bytes)` walks what loaded as a tree (shared
   references counted each time they appear, as JSON would write them) within a budget:
   never more work than `max_bytes`, whatever the pickle claims.
 
@@ -250,9 +250,9 @@ def scan(data: bytes, limit: int) -> bool:
     return PickleScan(limit).feed(data)
 
 
-def check_expanded(value: Any, max_bytes: int, max_depth: int = MAX_DEPTH) -> None:
+def check_expanded(value: Any, max_bytes: int) -> None:
     """Raise PickleBoundsError if `value`, written out as JSON (a shared object each time it
-    appears), would be over about `max_bytes` or nest deeper than `max_depth`. The walk
+    appears), would be over about `max_bytes` or nest deeper than MAX_DEPTH. The walk
     stops as soon as a bound is passed, so it costs at most ~max_bytes steps."""
     budget = max_bytes
     stack: list[tuple[Any, int]] = [(value, 0)]
@@ -261,13 +261,13 @@ def check_expanded(value: Any, max_bytes: int, max_depth: int = MAX_DEPTH) -> No
         if isinstance(v, str | bytes | bytearray):
             budget -= len(v) + 3
         elif isinstance(v, list | tuple | set | frozenset):
-            if depth >= max_depth:
-                raise PickleBoundsError(f"nested deeper than {max_depth}")
+            if depth >= MAX_DEPTH:
+                raise PickleBoundsError(f"nested deeper than {MAX_DEPTH}")
             budget -= 2 + len(v)
             stack.extend((x, depth + 1) for x in v)
         elif isinstance(v, dict):
-            if depth >= max_depth:
-                raise PickleBoundsError(f"nested deeper than {max_depth}")
+            if depth >= MAX_DEPTH:
+                raise PickleBoundsError(f"nested deeper than {MAX_DEPTH}")
             budget -= 2 + 2 * len(v)
             for k, x in v.items():
                 stack.append((k, depth + 1))

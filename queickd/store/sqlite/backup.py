@@ -78,7 +78,7 @@ def _claim(partial: str, note: Callable[[str], None]) -> int:
 
 
 def backup(source: str, target: str, progress: Callable[[int, int], None] | None = None,
-           step_pages: int = STEP_PAGES, note: Callable[[str], None] | None = None) -> int:
+           note: Callable[[str], None] | None = None) -> int:
     """Copy the SQLite database at `source` to the new file `target`; returns its pages.
 
     `progress(copied, total)` is called after each step, `note(text)` when a partial copy a
@@ -95,7 +95,7 @@ def backup(source: str, target: str, progress: Callable[[int, int], None] | None
     try:
         if os.path.exists(target):  # renamed there by a backup that finished meanwhile
             raise FileExistsError(f"{target} exists; give a new path")
-        pages = _copy(source, partial, progress, step_pages)
+        pages = _copy(source, partial, progress)
         os.fsync(fd)
         os.replace(partial, target)
     except BaseException:
@@ -108,7 +108,7 @@ def backup(source: str, target: str, progress: Callable[[int, int], None] | None
     return pages
 
 
-def _copy(source: str, partial: str, progress: Callable[[int, int], None] | None, step_pages: int) -> int:
+def _copy(source: str, partial: str, progress: Callable[[int, int], None] | None) -> int:
     src = sqlite3.connect(source, isolation_level=None)
     try:
         src.execute("PRAGMA query_only=ON")  # this connection never writes the daemon's store
@@ -123,7 +123,7 @@ def _copy(source: str, partial: str, progress: Callable[[int, int], None] | None
                 if progress is not None:
                     progress(pages - remaining, pages)
 
-            src.backup(dst, pages=step_pages, progress=step)
+            src.backup(dst, pages=STEP_PAGES, progress=step)
             ok = dst.execute("PRAGMA integrity_check").fetchone()[0]
             if ok != "ok":
                 raise sqlite3.DatabaseError(f"the copy failed its integrity check: {ok}")

@@ -96,7 +96,7 @@ def _check(path: str) -> tuple[bool, str]:
     return True, f"{path}: ok (quick_check passed, schema version {version}; {shown}; {pages})"
 
 
-def recover(source: str, target: str, use_sqlite3_command: bool = True) -> Recovered:
+def recover(source: str, target: str) -> Recovered:
     """Copy every readable job of the SQLite file `source` into the new file `target`.
     Raises FileNotFoundError without a source, FileExistsError if target exists."""
     if not os.path.exists(source):
@@ -108,7 +108,7 @@ def recover(source: str, target: str, use_sqlite3_command: bool = True) -> Recov
         copy = os.path.join(tmp, "damaged.db")
         _copy_to_read(source, copy)
         _remove(partial)
-        report = _with_command(copy, partial) if use_sqlite3_command else None
+        report = _with_command(copy, partial)
         if report is None:
             _remove(partial)
             report = _salvage(copy, partial, source + "-wal")
