@@ -132,8 +132,8 @@ def job(
                               if isinstance(rate_limit, tuple | list) else rate_limit)
     # Keywords sent as given, when given, in _PLAIN_ORDER (checked against CLIENT_PLAIN at
     # import; this tuple against the wire form by test_fields). A tuple compared with
-    # all-None, not locals() and a lookup each: a third of the cost of building the
-    # common job, which enqueue_many callers do per job.
+    # all-None, not locals() and a lookup each: cheaper for the common job, which
+    # enqueue_many callers build per job.
     plain = (run_at, key, idempotency_key, pool, concurrency_group, concurrency_limit, cost_units,
              fair_by, isolation, timeout, memory_mb, output_kb, stalled_after, on_stall)
     if plain != _NO_PLAIN:
@@ -225,7 +225,7 @@ def enqueue_many(jobs: Sequence[dict[str, Any]]) -> Plan[list[int]]:
     if all("idempotency_key" in j for j in jobs):  # safe to resend: the daemon dedupes each job
         return _warned((yield from resending(req)))["job_ids"]
     # No automatic keys here: a key per job costs the daemon a lookup and an index entry
-    # per job, a quarter of a batch's rate. An unknown outcome raises (RequestLostError, or
+    # per job, a large part of a batch's cost. An unknown outcome raises (RequestLostError, or
     # QueueError with maybe_committed) and the caller decides, or gives keys to be resent.
     return _warned((yield req))["job_ids"]
 

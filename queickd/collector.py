@@ -6,13 +6,12 @@ objects. An `enqueue_many` of 1,000 jobs makes about 4,000 (the decoded request,
 its argument containers each), all alive until its commit: every batch paid for some six
 young collections that freed nothing, its survivors were scanned again in the older
 generations, and now and then a full collection walked the whole heap, every module
-included. That was a sixth of a batch's CPU in the daemon on SQLite (bench/README.md,
-"The collector").
+included.
 
 Two changes, nothing disabled, made once the process is set up (its store open, its app's
 modules loaded, its threads started): the young generation is collected every
-YOUNG_THRESHOLD net allocations (a collection that finds them all alive takes about
-0.3 ms), and what the process holds then is frozen out of later collections. A frozen
+YOUNG_THRESHOLD net allocations (a collection that finds them all alive is work for
+nothing), and what the process holds then is frozen out of later collections. A frozen
 object is never collected, so nothing temporary may be alive at that point: a reference
 cycle among frozen objects dropped later stays in memory. Cycles made after it are freed
 by the collector's own schedule, later than before in allocations: the jobs a daemon runs

@@ -5,8 +5,8 @@ A block at or above malloc's mmap threshold is mapped on its own and unmapped wh
 glibc raises that threshold (up to 32 MiB) to the size of each such block freed, so once a
 workflow run's state of a few MB has been freed, later states of that size are carved out
 of the heaps instead, one per thread that touched them, and a heap gives back little of
-what it holds: a run whose state grew 60 KB a pass to 18 MB left the daemon at 1.1 GB
-after it ended. A fixed threshold stops the raising: every block of MMAP_THRESHOLD or more
+what it holds: the daemon stays as large as its largest states made it after their runs
+end. A fixed threshold stops the raising: every block of MMAP_THRESHOLD or more
 is its own mapping, returned whole on free. What smaller blocks leave free inside the
 heaps is handed back by `trim()`, which the daemon's safety sweep calls. Nothing here where
 the C library is not glibc (mallopt, malloc_trim missing): the process then runs with its

@@ -228,9 +228,9 @@ class Connection(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         """Reads go into one buffer the server keeps for its loop, copied out at once by
-        buffer_updated. With data_received, asyncio made a 256 KiB bytes object for every
-        read, a mapping of its own that the kernel made and unmade each time (under threads,
-        with a flush of every core's TLB): ~14 µs of a lone request, far more on a VM."""
+        buffer_updated. With data_received, asyncio makes a 256 KiB bytes object for every
+        read, a mapping of its own that the kernel makes and unmakes each time (under threads,
+        with a flush of every core's TLB)."""
         return self.server.read_buffer
 
     def buffer_updated(self, nbytes: int) -> None:

@@ -3,8 +3,8 @@ CPython's C encoder or scanner per value.
 
 `json.dumps` with options builds a JSONEncoder per call, and `JSONEncoder.encode` and
 `JSONDecoder.decode` wrap the C code in Python layers (an encoder object made per call,
-a regular expression matched for whitespace on each side): 0.5-1 µs of a small value's
-1.2 µs to encode and 0.7 µs to decode, paid per request line, reply and stored job. The
+a regular expression matched for whitespace on each side): most of what a small value
+costs to encode and decode, paid per request line, reply and stored job. The
 output and the errors are the standard library's: a text that the scanner alone does not
 take whole (surrounding whitespace, extra data, no JSON at all) goes through `decode`,
 which accepts it or says what is wrong.

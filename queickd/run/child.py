@@ -176,7 +176,7 @@ def warm_up() -> None:
     """Run, in the zygote, the parts of a child's path that are safe to run here, until the
     interpreter has specialised their code: a child then writes to fewer of those code
     objects (3.11 counts each call to a code object until it is specialised), and each page
-    a child writes is a page it copies from the zygote (measured: ~25 pages a child)."""
+    a child writes is a page it copies from the zygote."""
     for _ in range(16):
         report = _judge(RunReport(True, None, runtime=0.0), {"k": [1, "v"]}, 1 << 20)
         report.peak_memory, report.cpu_time = peak_memory(), cpu_time()

@@ -44,7 +44,7 @@ _statm_lock = threading.Lock()
 
 def _rss() -> int | None:
     """This process's resident bytes. One pread of a kept descriptor (opening the file
-    each time costs ~7x more); reopened in a forked child, whose descriptors are not ours."""
+    each time costs far more); reopened in a forked child, whose descriptors are not ours."""
     global _statm
     try:
         if _statm is None or _statm[0] != os.getpid():

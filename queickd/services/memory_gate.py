@@ -44,7 +44,7 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _read(path: str) -> str | None:
-    # os-level: pathlib's read_text costs ~10x the read itself, and a claim pass reads 5 files
+    # os-level: pathlib's read_text costs many times the read itself, and a claim pass reads 5 files
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

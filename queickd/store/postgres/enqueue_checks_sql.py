@@ -160,7 +160,7 @@ def _case(checks: list[tuple[str, str]]) -> str:
 
 
 # Two expressions, because a statement pays for building its expressions each time it runs
-# (the whole CASE of every option: tens of µs): every batch is checked by BASIC_FAILS, and
+# (the whole CASE of every option): every batch is checked by BASIC_FAILS, and
 # only one with options (HAS_OPTIONS), or with a failure to name, by FIRST_FAILURE.
 BASIC_FAILS = _case([(c, "true") for c, _ in _basic()])
 FIRST_FAILURE = _case([*_basic(), (f"NOT {HAS_OPTIONS}", "NULL"), *_options()])

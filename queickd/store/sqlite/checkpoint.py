@@ -1,10 +1,10 @@
 """Checkpoints of the SQLite store's WAL, made on a thread of their own.
 
 SQLite checkpoints (copies the WAL into the database file, with an fsync of each) inside
-the COMMIT that takes the WAL past `wal_autocheckpoint` pages, 1000 by default: one pass
-of the worker pool in ~150 then holds the store's write lock through two fsyncs and the
-copy of 4 MB (of 4 KiB pages), and every submit waits behind it. Here a thread with a connection of its
-own makes those checkpoints instead, PASSIVE (never waiting for, nor blocking, the writer),
+the COMMIT that takes the WAL past `wal_autocheckpoint` pages, 1000 by default: the pass
+of the worker pool making it holds the store's write lock through two fsyncs and the copy of
+the WAL, and every submit waits behind it. Here a thread with a connection of its own
+makes those checkpoints instead, PASSIVE (never waiting for, nor blocking, the writer),
 once TARGET_FRAMES frames wait to be copied. The writer's own automatic checkpoint stays,
 at BACKSTOP_PAGES: under steady writes a PASSIVE checkpoint never quite catches up (the
 writer appends while it copies), and only a WAL copied to its last frame starts over, so

@@ -77,8 +77,7 @@ def _into_wal(c: sqlite3.Connection, synchronous: str) -> None:
     """A new connection's settings. A new file gets 1 KiB pages before WAL mode fixes its
     page size (a file that has pages keeps its own): a job's submit, claim and finish
     change a few rows on a few pages each, and every changed page is a whole frame in the
-    WAL, so 4 KiB pages wrote about 47 KB to a card per job run one at a time, 1 KiB pages
-    about 16 KB (and less CPU a commit)."""
+    WAL, so smaller pages write fewer bytes to a card per job (and cost less CPU a commit)."""
     c.execute(f"PRAGMA page_size={SQLITE_PAGE}")
     c.execute("PRAGMA journal_mode=WAL")
     c.execute(f"PRAGMA synchronous={synchronous}")
