@@ -60,11 +60,7 @@ class JobCgroup:
         return int(v) if v and v.strip().isdigit() else None
 
     def oom_killed(self) -> bool:
-        for line in (self._read("memory.events") or "").splitlines():
-            name, _, n = line.partition(" ")
-            if name == "oom_kill" and n.strip() != "0":
-                return True
-        return False
+        return cgroup_v1.counts_oom_kill(self._read("memory.events"))
 
     def kill(self) -> None:
         with contextlib.suppress(OSError):

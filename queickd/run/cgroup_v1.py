@@ -52,6 +52,15 @@ def _read(path: str) -> str | None:
         return None
 
 
+def counts_oom_kill(text: str | None) -> bool:
+    """Whether a memory.events (v2) or memory.oom_control (v1) text counts an OOM kill."""
+    for line in (text or "").splitlines():
+        name, _, n = line.partition(" ")
+        if name == "oom_kill" and n.strip() != "0":
+            return True
+    return False
+
+
 def pid_alive(pid: int) -> bool:
     """Is `pid` a live process here (one of another user's counts)?"""
     try:
@@ -175,11 +184,7 @@ class JobCgroupV1:
         by SIGKILL."""
         if "memory" not in self.groups:
             return False
-        for line in (_read(os.path.join(self.path, "memory.oom_control")) or "").splitlines():
-            name, _, n = line.partition(" ")
-            if name == "oom_kill" and n.strip() != "0":
-                return True
-        return False
+        return counts_oom_kill(_read(os.path.join(self.path, "memory.oom_control")))
 
     def _procs(self) -> set[int]:
         out: set[int] = set()

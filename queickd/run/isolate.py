@@ -20,6 +20,8 @@ import ctypes
 import os
 import sys
 
+from .cgroup_v1 import write as _write
+
 PR_SET_DUMPABLE = 4
 PR_GET_DUMPABLE = 3
 
@@ -81,14 +83,6 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
         return None if s is None else s.encode()
 
     _libc_call("mount", enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data))
-
-
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
 
 
 def _unshare() -> None:

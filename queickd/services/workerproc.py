@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import __version__, collector, heap
+from ..run.cgroup_v1 import pid_alive
 from ..run.loader import FunctionLoader
 from ..settings import EX_VERSION, WorkerConfig
 from ..startcheck import validate
@@ -135,22 +136,11 @@ def beating_here(store: FleetStore, pools: Sequence[str] | None) -> tuple[dict[s
     others). What `queick worker --check`, a container's healthcheck, asks."""
     host = socket.gethostname()
     for w in store.workers():
-        if (w["kind"] == "worker" and w["host"] == host and w["alive"] and _runs(w["pid"])
+        # Its pid runs here too: the record of a worker killed with SIGKILL stays alive for 3 heartbeats.
+        if (w["kind"] == "worker" and w["host"] == host and w["alive"] and pid_alive(w["pid"])
                 and (not pools or set(pools) <= set(w["pools"]))):
             return w, host
     return None, host
-
-
-def _runs(pid: int) -> bool:
-    """Whether a process of this pid exists here (a record of a worker killed with SIGKILL
-    stays alive for 3 heartbeats)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's: it exists
-    return True
 
 
 def _wait_for_signal(stop: threading.Event, on_hup: Callable[[], object] = lambda: None) -> None:
