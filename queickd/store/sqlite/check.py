@@ -21,6 +21,7 @@ import os
 import sqlite3
 
 from . import schema as sqlite_schema
+from .flush import fsync_path
 
 HEADER = b"SQLite format 3\x00"
 _SHOWN = 3  # lines of quick_check's findings quoted in the message
@@ -79,11 +80,7 @@ def write_marker(path: str) -> None:
     finally:
         os.close(fd)
     os.replace(partial, marker)
-    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    fsync_path(os.path.dirname(os.path.abspath(path)))
 
 
 def _size(path: str) -> int | None:

@@ -115,16 +115,18 @@ class WalFlusher:
         try:
             st = os.fstat(fd)
             if (st.st_dev, st.st_ino) != self._dir_synced:
-                self._sync_directory()
+                fsync_path(os.path.dirname(os.path.abspath(self._wal)))
                 self._dir_synced = (st.st_dev, st.st_ino)
         except BaseException:
             os.close(fd)
             raise
         return fd
 
-    def _sync_directory(self) -> None:
-        fd = os.open(os.path.dirname(os.path.abspath(self._wal)), os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+
+def fsync_path(path: str) -> None:
+    """fsync the file or the directory (its entries: files made or renamed in it) at `path`."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -35,6 +35,7 @@ from ...settings import SQLITE_PAGE
 from . import check as sqlite_check
 from . import pages as sqlite_pages
 from . import schema as sqlite_schema
+from .flush import fsync_path
 
 _PROBE_BEYOND = 10_000  # rowids probed past the last readable one when the table's end is unknown
 _SKIP_META = {"schema_version"}  # the new file's own schema decides its version
@@ -450,8 +451,4 @@ def _finish(partial: str, report: Recovered) -> None:
         c.execute("PRAGMA journal_mode = DELETE")  # one file, nothing left in a WAL
     finally:
         c.close()
-    fd = os.open(partial, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(partial)
