@@ -135,15 +135,9 @@ def db_migrate(a: argparse.Namespace) -> int:
 
     try:
         store = open_store(a.store)  # opening migrates
-    except DamagedStoreError as e:
+    except (DamagedStoreError, VersionMismatchError, ValueError) as e:
         print(f"queick: {e}", file=sys.stderr)
-        return EX_CONFIG
-    except VersionMismatchError as e:
-        print(f"queick: {e}", file=sys.stderr)
-        return EX_VERSION
-    except ValueError as e:
-        print(f"queick: {e}", file=sys.stderr)
-        return EX_CONFIG
+        return EX_VERSION if isinstance(e, VersionMismatchError) else EX_CONFIG
     except OSError as e:
         print(f"queick: cannot migrate: {e}", file=sys.stderr)
         return 1
