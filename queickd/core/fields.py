@@ -187,10 +187,9 @@ def build_function(name: str, source: str, namespace: dict[str, Any]) -> Any:
 def frozen_init(cls: type) -> Any:
     """An __init__ for a frozen, slotted dataclass that stores each field through its slot
     directly. The one dataclasses writes calls object.__setattr__ per field (a frozen class
-    refuses its own), which made a Job cost 5 µs to build, and one is built per job a store
-    records or reads; this one costs about a third less. The class stays frozen: assigning
-    to a field still raises. A default factory, a field left out of __init__ or a
-    __post_init__ needs dataclasses' own (Job has none): refused, not ignored."""
+    refuses its own), a cost paid for every job a store records or reads. The class stays
+    frozen: assigning to a field still raises. A default factory, a field left out of
+    __init__ or a __post_init__ needs dataclasses' own (Job has none): refused, not ignored."""
     params, ns = [], {}
     if hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__name__}.__post_init__ needs dataclasses' own __init__")

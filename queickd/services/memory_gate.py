@@ -70,7 +70,7 @@ def _v1_memory_group(root: str, path: str) -> str | None:
     """The directory of the process's v1 memory group: where mountinfo says the memory
     hierarchy is mounted (as the per-job groups find it: run/cgroup_v1.py). A tree with no
     mountinfo (an old test tree) gets the usual place, sys/fs/cgroup/memory. Kept per group
-    path: the kernel takes ~50 us to write mountinfo, and cgroup mounts do not move."""
+    path: the kernel writes mountinfo afresh for every read, and cgroup mounts do not move."""
     try:
         found = cgroup_v1.mounts(root)
     except OSError:
