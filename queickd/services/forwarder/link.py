@@ -3,8 +3,9 @@ forwarder's timeouts, and what a failure to reach it means for the link's state.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ...client import JobQueue
@@ -60,46 +61,39 @@ class Link:
                                    connect_timeout=min(self.timeout, 5.0), tls=tls)
         return self._queue
 
-    def enqueue_each(self, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Send each enqueue request (pipelined, in order); their replies. LinkError if the
-        replies did not all come (then any of them may have been committed upstream)."""
+    @contextlib.contextmanager
+    def _call(self, passed: Callable[[Exception], bool] = lambda e: False) -> Iterator[JobQueue]:
+        """The upstream's queue for one call. An error of the call, unless `passed` lets it
+        through as it is, closes the connection and is raised as the LinkError it means."""
         try:
-            return self._open().enqueue_each(requests)
+            yield self._open()
         except Exception as e:
-            self.close()
-            raise failure(e) from e
-
-    def get(self, job_id: int) -> dict[str, Any]:
-        """The upstream's job; LinkError if it cannot say, QueueError(not_found) if it has none."""
-        try:
-            return self._open().get(job_id)
-        except QueueError as e:
-            if e.code == Code.NOT_FOUND:
+            if passed(e):
                 raise
             self.close()
             raise failure(e) from e
-        except Exception as e:
-            self.close()
-            raise failure(e) from e
+
+    def enqueue_each(self, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Send each enqueue request (pipelined, in order); their replies. LinkError if the
+        replies did not all come (then any of them may have been committed upstream)."""
+        with self._call() as q:
+            return q.enqueue_each(requests)
+
+    def get(self, job_id: int) -> dict[str, Any]:
+        """The upstream's job; LinkError if it cannot say, QueueError(not_found) if it has none."""
+        with self._call(lambda e: isinstance(e, QueueError) and e.code == Code.NOT_FOUND) as q:
+            return q.get(job_id)
 
     def get_many(self, job_ids: Sequence[int]) -> list[dict[str, Any]]:
         """The replies to `get` of each id (pipelined); LinkError if they did not all come."""
-        try:
-            return self._open().get_each(job_ids)
-        except Exception as e:
-            self.close()
-            raise failure(e) from e
+        with self._call() as q:
+            return q.get_each(job_ids)
 
     def cancel(self, job_id: int) -> None:
         """Cancel the upstream's job (its outcome discarded if it runs); LinkError if it
         cannot say, QueueError if the upstream refuses (a job final there already)."""
-        try:
-            self._open().cancel(job_id)
-        except QueueError:
-            raise
-        except Exception as e:
-            self.close()
-            raise failure(e) from e
+        with self._call(lambda e: isinstance(e, QueueError)) as q:
+            q.cancel(job_id)
 
     def close(self) -> None:
         if self._queue is not None:
