@@ -12,7 +12,6 @@ from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar
 from ...core.job import Job, NewJob, Outcome, State
 from ...core.policy import admission as adm
 from ...core.policy import claim
-from ...core.workflow import Definition, RunRecord
 from ..derived import StoreBase
 from ..records import CronFire, EventAccepted, Finished, NewEvent
 from . import fair as sqlfair
@@ -38,6 +37,17 @@ def _writes(fn: Callable[Concatenate[Dialect, Any, P], R]) -> Callable[Concatena
     def method(self: SqlStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
         with self._write() as c:
             return fn(self.dialect, c, *args, **kwargs)
+    method.__name__, method.__doc__ = fn.__name__, fn.__doc__
+    return method
+
+
+def _writes_steps(
+    fn: Callable[Concatenate[Dialect, Any, wfsql.Steps, P], R],
+) -> Callable[Concatenate[SqlStore, P], R]:
+    """As _writes, `fn` given the store's workflow Steps too: what it does may advance a run."""
+    def method(self: SqlStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self._write() as c:
+            return fn(self.dialect, c, self._steps(), *args, **kwargs)
     method.__name__, method.__doc__ = fn.__name__, fn.__doc__
     return method
 
@@ -70,13 +80,8 @@ class SqlStore(StoreBase):
     release_unstarted = _writes(operator.release_unstarted)
     retry_dead = _writes(operator.retry_dead)
 
-    def cancel(self, job_id: int, now: float) -> Job | None:
-        with self._write() as c:
-            return operator.cancel(self.dialect, c, self._steps(), job_id, now)
-
-    def cancel_running(self, job_id: int, now: float) -> Job | None:
-        with self._write() as c:
-            return operator.cancel_running(self.dialect, c, self._steps(), job_id, now)
+    cancel = _writes_steps(operator.cancel)
+    cancel_running = _writes_steps(operator.cancel_running)
 
     def cancel_waiting(self, state: str, now: float, *, func: str | None = None, key: str | None = None,
                        pool: str | None = None) -> list[int]:
@@ -143,15 +148,8 @@ class SqlStore(StoreBase):
     event_counts = _reads(schedule.event_counts)
     list_events = _reads(schedule.list_events)
 
-    def workflow_start(self, spec: Definition, state: dict[str, Any], now: float,
-                       idempotency_key: str | None = None) -> tuple[RunRecord, bool]:
-        with self._write() as c:
-            return wfsql.start(self.dialect, c, self._steps(), spec, state, now, idempotency_key)
-
-    def workflow_cancel(self, run_id: int, now: float) -> RunRecord | None:
-        with self._write() as c:
-            return wfsql.cancel(self.dialect, c, self._steps(), run_id, now)
-
+    workflow_start = _writes_steps(wfsql.start)
+    workflow_cancel = _writes_steps(wfsql.cancel)
     workflow_get = _reads(wfsql.get)
     workflow_jobs = _reads(wfsql.jobs)
     workflow_outputs = _reads(wfsql.outputs)
