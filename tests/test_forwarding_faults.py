@@ -46,6 +46,18 @@ def test_a_refused_token_stops_forwarding_loudly_and_keeps_every_job_held(start_
     proxy.close()
 
 
+def test_an_unreadable_token_file_stops_forwarding_as_unauthorized_not_down(start_daemon, tmp_path):
+    missing = tmp_path / "no-such-token"
+    central, proxy, edge = _start(start_daemon, tmp_path, extra=f'token_file = "{missing}"\n')
+    with edge.client() as q:
+        job_id = q.enqueue("testjobs:noop")
+        edge.wait_for_line(r"ERROR.*forwarding to .* stopped, 1 job\(s\) held: the upstream token_file cannot be used: cannot read")
+        assert q.get(job_id)["state"] == "held"
+        assert q.stats()["upstream"]["link"] == "unauthorized"
+    assert central_keys(tmp_path / "central.db") == {}
+    proxy.close()
+
+
 def test_a_job_the_central_refuses_is_dead_on_the_edge_with_its_reason_and_the_rest_go_on(start_daemon, tmp_path):
     central, proxy, edge = _start(start_daemon, tmp_path, functions=("testjobs:*", "os:*"))
     with edge.client() as q:

@@ -32,6 +32,8 @@ class LinkError(Exception):
 
 def failure(e: BaseException) -> LinkError:
     """What an exception of the client means for the link."""
+    if isinstance(e, LinkError):  # said already (a token file that cannot be read)
+        return e
     if isinstance(e, QueueError) and e.code == Code.UNAUTHORIZED:
         return LinkError(UNAUTHORIZED, f"the upstream refuses our token: {e.message}")
     text = str(e)
@@ -54,8 +56,8 @@ class Link:
             s = self.settings
             try:
                 token = s.read_token()
-            except OSError as e:
-                raise LinkError(UNAUTHORIZED, f"cannot read upstream token_file {s.token_file}: {e}") from e
+            except ValueError as e:  # missing, unreadable or malformed: tokenfile says which
+                raise LinkError(UNAUTHORIZED, f"the upstream token_file cannot be used: {e}") from e
             tls: Any = (s.ca_file or True) if s.tls else None
             self._queue = JobQueue(s.host, s.port, token=token or "", timeout=self.timeout,
                                    connect_timeout=min(self.timeout, 5.0), tls=tls)
