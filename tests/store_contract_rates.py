@@ -29,6 +29,14 @@ class RatesContract:
         assert store.claim_available(Request.of(10, now=T0 + 9.9)) == []
         assert _ids(store.claim_available(Request.of(10, now=T0 + 10))) == [s.job_id for s in subs[2:4]]
 
+    def test_starts_claimed_while_a_key_is_far_from_its_limit_count_toward_it(self, store):
+        subs = store.submit([rated(limit=7) for _ in range(9)] + [job()], T0)
+        for i in range(3):  # each claim leaves the key below its limit
+            assert _ids(store.claim_available(Request.of(2, now=T0 + i))) == [s.job_id for s in subs[2 * i:2 * i + 2]]
+        assert _ids(store.claim_available(Request.of(2, now=T0 + 3))) == [subs[6].job_id, subs[9].job_id]
+        assert store.claim_available(Request.of(2, now=T0 + 9.9)) == []
+        assert _ids(store.claim_available(Request.of(5, now=T0 + 10))) == [s.job_id for s in subs[7:9]]
+
     def test_starts_that_left_the_window_make_room_once_the_key_nears_its_limit(self, store):
         # Kept: 3 starts, the limit, of which two left the window; read, they make room for two.
         subs = store.submit([rated(limit=3) for _ in range(5)], T0)
