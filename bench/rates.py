@@ -5,6 +5,8 @@
   of 1,000 others: the others' end-to-end rate against theirs alone (target >= 0.9x), and
   the limited key's starts a second over 20 s (target 100 +- 5); PostgreSQL with two
   worker processes (two daemons on one database).
+A run ends at its last job's finish as the store stamped it, found by waiting on the daemon:
+polling the store or `stats` would cost the arm with more rows or rate keys more.
 
     python -m bench.rates                     # everything, a few minutes
     python -m bench.rates --quick             # smaller end-to-end runs, one round
@@ -35,12 +37,19 @@ ROWS = ("e2e", "binding")
 HOT_LIMIT, HOT_WAITING, OTHERS, WINDOW = 100, 10_000, 1_000, 20.0
 
 
-def _until_succeeded(q, n: int, timeout: float = 900.0) -> None:
+def _all_done(q, ids: list[int], timeout: float = 900.0) -> None:
+    """Return once every job of `ids` has ended, waiting on the daemon (no polling): the
+    last enqueued first, then any of the rest still running. A poll of the store or of
+    `stats` would cost the arm with more rows or more rate keys more than the other."""
     deadline = time.monotonic() + timeout
-    while q.stats()["counts"]["succeeded"] < n:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{n} jobs did not all succeed in {timeout:.0f} s")
-        time.sleep(0.01)
+    for job_id in (ids[-1], *ids):
+        q.wait(job_id, max(1.0, deadline - time.monotonic()))
+
+
+def _last_finish(store: str, rated: bool | None) -> float:
+    """The latest finish stamp of the jobs (None: all; else with or without a rate limit)."""
+    where = "" if rated is None else f" AND rate_limit IS {'NOT ' if rated else ''}NULL"
+    return _read(store, f"SELECT max(finished_at) FROM jobs WHERE finished_at IS NOT NULL{where}")[0][0]
 
 
 def e2e(store: str, n: int, limited: bool) -> float:
@@ -49,11 +58,11 @@ def e2e(store: str, n: int, limited: bool) -> float:
     with Daemon(store) as daemon, daemon.client() as q:
         specs = [q.job("benchjobs:noop", **({"rate_limit": (f"k{i % KEYS}", 10_000, 1.0)} if limited else {}))
                  for i in range(n)]
-        began = time.perf_counter()
+        began, ids = time.time(), []
         for i in range(0, n, BATCH):
-            q.enqueue_many(specs[i:i + BATCH])
-        _until_succeeded(q, n)
-        return n / (time.perf_counter() - began)
+            ids += q.enqueue_many(specs[i:i + BATCH])
+        _all_done(q, ids)
+        return n / (_last_finish(store, None) - began)
 
 
 def _read(store: str, sql: str) -> list[tuple]:
@@ -81,7 +90,8 @@ def _others_done(store: str) -> int:
 
 
 def _clear(pg: str) -> None:
-    """A fresh queue on the scratch database, rate keys included."""
+    """A fresh queue on the scratch database, rate keys and their starts included (a key's
+    row counts the starts its table holds: one emptied without the other miscounts)."""
     import psycopg
 
     from queickd.store.postgres.namespace import split_url
@@ -89,7 +99,7 @@ def _clear(pg: str) -> None:
     _truncate(pg)
     with psycopg.connect(split_url(pg)[0], autocommit=True) as c:
         if c.execute("SELECT to_regclass('rate_keys') IS NOT NULL").fetchone()[0]:
-            c.execute("TRUNCATE rate_keys")
+            c.execute("TRUNCATE rate_keys, rate_starts")
 
 
 def binding(store: str, daemons: int, with_hot: bool) -> tuple[float, float | None]:
@@ -103,15 +113,13 @@ def binding(store: str, daemons: int, with_hot: bool) -> tuple[float, float | No
             hot = [q.job("benchjobs:noop", rate_limit=("hot", HOT_LIMIT, 1.0)) for _ in range(HOT_WAITING)]
             for i in range(0, len(hot), 500):
                 q.enqueue_many(hot[i:i + 500])
-        began = time.perf_counter()
-        q.enqueue_many([q.job("benchjobs:noop") for _ in range(OTHERS)])
+        began = time.time()
+        ids = q.enqueue_many([q.job("benchjobs:noop") for _ in range(OTHERS)])
         enqueued = time.time()
-        deadline = time.monotonic() + 600
-        while _others_done(store) < OTHERS:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the others did not all succeed")
-            time.sleep(0.01)
-        others = OTHERS / (time.perf_counter() - began)
+        _all_done(q, ids, 600)
+        if _others_done(store) < OTHERS:
+            raise RuntimeError("the others ended, not all succeeded")
+        others = OTHERS / (_last_finish(store, False) - began)
         if not with_hot:
             return others, None
         # Measured once every job is in (the enqueues' commits compete with the claims
@@ -129,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smaller end-to-end runs, one round")
     p.add_argument("--pg", default=os.environ.get("QUEICKD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"),
                    help="a PostgreSQL server URL for the PostgreSQL rows ('' to skip them)")
-    p.add_argument("--rounds", type=int, default=None, help="end-to-end rounds (alternating); default 3, quick 1")
+    p.add_argument("--rounds", type=int, default=None, help="rounds of each row (alternating arms; medians);"
+                   " default 3, quick 1")
     p.add_argument("--only", default=",".join(ROWS), help=f"the rows to run, of {', '.join(ROWS)} (default: all)")
     a = p.parse_args(argv)
     compile_sources(default_queickd_path())
@@ -158,12 +167,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| the same (batched): {KEYS} rate keys, none binding | {name} | {b_:,.0f} jobs/s"
                   f" ({b_ / a_:.2f}x; target >= 0.9x) |")
         for name, url, daemons in stores if "binding" in only else ():
-            if name == "PostgreSQL":
-                _clear(pg)
-            alone, _ = binding(url("alone"), daemons, False)
-            if name == "PostgreSQL":
-                _clear(pg)
-            others, rate = binding(url("hot"), daemons, True)
+            alones, behind, rates = [], [], []
+            for r in range(rounds):  # alternating, each run on a fresh store
+                for hot in (False, True):
+                    if name == "PostgreSQL":
+                        _clear(pg)
+                    others, rate = binding(url(f"b{r}{hot}"), daemons, hot)
+                    (behind if hot else alones).append(others)
+                    if rate is not None:
+                        rates.append(rate)
+            alone, others, rate = statistics.median(alones), statistics.median(behind), statistics.median(rates)
             procs = f", {daemons} worker processes" if daemons > 1 else ""
             print(f"| {OTHERS} jobs alone{procs} | {name} | {alone:,.0f} jobs/s |")
             print(f"| the same behind {HOT_WAITING:,} jobs of a key limited to {HOT_LIMIT}/s{procs} | {name} |"
