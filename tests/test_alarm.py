@@ -62,3 +62,30 @@ def test_nothing_fires_after_stop():
     a.stop()
     now[0] = 2.0
     assert not fired.wait(0.2)
+
+
+class _CountingCondition(threading.Condition):
+    def __init__(self) -> None:
+        super().__init__()
+        self.notified = 0
+
+    def notify(self, n: int = 1) -> None:
+        self.notified += 1
+        super().notify(n)
+
+
+def test_only_a_time_earlier_than_every_pending_one_wakes_the_thread():
+    # A rate key's claims report its next opening at every pass, hundreds a second: a wake
+    # of the alarm's thread for each would cost the daemon more than the claims themselves.
+    a = Alarm(lambda: None, clock=lambda: 0.0)
+    a._cond = cond = _CountingCondition()
+    try:
+        a.at(100.0)
+        for i in range(100):
+            a.at(100.0)  # pending already
+            a.at(200.0 + i)  # later than the earliest: the thread's wait stands
+        assert cond.notified == 1
+        a.at(50.0)
+        assert cond.notified == 2
+    finally:
+        a.stop()
