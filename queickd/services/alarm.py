@@ -21,7 +21,6 @@ class Alarm:
         self._clock = clock
         self._name = name
         self._times: list[float] = []  # a heap of the times to come
-        self._pending: set[float] = set()  # the same times, each once
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -29,11 +28,10 @@ class Alarm:
     def at(self, t: float) -> None:
         """Call the action at wall time t (at once if it has passed). Any thread."""
         with self._cond:
-            if t in self._pending:  # a claim reports its rate key's opening at every pass
-                return
             earliest = self._times[0] if self._times else None
+            if t == earliest:  # the next already: a claim reports its rate key's opening at every pass
+                return
             heapq.heappush(self._times, t)
-            self._pending.add(t)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
@@ -58,7 +56,7 @@ class Alarm:
                     return
                 now = self._clock()
                 while self._times and self._times[0] <= now:  # due together: one call
-                    self._pending.discard(heapq.heappop(self._times))
+                    heapq.heappop(self._times)
             try:
                 self._action()
             except Exception:
