@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,6 +54,12 @@ class Dialect:
 @functools.cache
 def _marked(sql: str, mark: str) -> str:
     return sql if mark == "?" else sql.replace("?", mark)
+
+
+def marked(c: Any, sql: str) -> str:
+    """`sql`, written with `?`, in the marker of `c`'s driver: sqlite3's `?` or psycopg's `%s`
+    (for what a claim or a finish is given its connection alone)."""
+    return sql if isinstance(c, sqlite3.Connection) else _marked(sql, "%s")
 
 
 # A store's submit inside the caller's transaction: (c, requests, now, admission).

@@ -14,18 +14,18 @@ Only serial keys' heads are read (fair.heads_only)."""
 from __future__ import annotations
 
 import heapq
+import itertools
 import sqlite3
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from ...core.policy import claim, fair
 from ..records import FairKey
-from .dialect import Dialect
+from .dialect import Dialect, marked
 
 # A keyed job is read only when it is its key's head (its first queued job, of any pool).
 HEAD_OF_KEY = (" AND (jobs.key IS NULL OR NOT EXISTS (SELECT 1 FROM jobs e WHERE e.key = jobs.key"
                " AND e.state = 'queued' AND (e.priority, e.run_at, e.id) < (jobs.priority, jobs.run_at, jobs.id)))")
-WAITS = "SELECT 1 FROM fair_keys WHERE waiting > 0 LIMIT 1"
 _KEYS = ("SELECT key, vtime, last_start FROM fair_keys WHERE pool = ? AND waiting > 0"
          " ORDER BY vtime, last_start, key LIMIT ? OFFSET ?")
 _UNFAIR = "SELECT vtime, last_start FROM fair_keys WHERE pool = ? AND key = ''"
@@ -35,14 +35,9 @@ _WRITE = ("INSERT INTO fair_keys (pool, key, waiting, vtime, last_start) VALUES 
           " ON CONFLICT (pool, key) DO UPDATE SET vtime = excluded.vtime, last_start = excluded.last_start")
 
 
-def _q(c: Any, sql: str) -> str:
-    """`sql` in the connection's marker: sqlite3's `?` or psycopg's `%s`."""
-    return sql if isinstance(c, sqlite3.Connection) else sql.replace("?", "%s")
-
-
 def waits(c: Any) -> bool:
     """Whether any fair key has a job queued (one look at the partial index)."""
-    return c.execute(_q(c, WAITS)).fetchone() is not None
+    return c.execute("SELECT 1 FROM fair_keys WHERE waiting > 0 LIMIT 1").fetchone() is not None
 
 
 def paged(c: Any, sql: str, params: tuple, page: int) -> Iterator[tuple]:
@@ -61,14 +56,14 @@ def units(c: Any, pools: tuple[str, ...], page: int,
     """The units of `pools` in order of standing (fair.Unit.order), lazily: each pool's keys
     waiting, merged, and each pool's jobs without a fair key (`unfair(pool)`: claim.ROW_COLS
     rows in queue order) as the key UNFAIR, come in at the pool's least standing."""
-    keys_sql = _q(c, _KEYS)
-    jobs_sql = _q(c, _JOBS.replace("{indexed}", "INDEXED BY jobs_queued_fair " if isinstance(c, sqlite3.Connection)
-                                   else ""))
+    keys_sql = marked(c, _KEYS)
+    indexed = "INDEXED BY jobs_queued_fair " if isinstance(c, sqlite3.Connection) else ""
+    jobs_sql = marked(c, _JOBS.replace("{indexed}", indexed))
     walks = []
     for pool in pools:
         keys = paged(c, keys_sql, (pool,), page)
         first = next(keys, None)
-        row = c.execute(_q(c, _UNFAIR), (pool,)).fetchone()
+        row = c.execute(marked(c, _UNFAIR), (pool,)).fetchone()
         vtime, last = row if row is not None else (0.0, 0.0)
         own = fair.Unit(pool, fair.UNFAIR, fair.comes_in(vtime, None if first is None else first[1]), last,
                         map(claim.Row._make, unfair(pool)))
@@ -79,7 +74,7 @@ def units(c: Any, pools: tuple[str, ...], page: int,
 def _pool_units(c: Any, jobs_sql: str, pool: str, first: tuple | None, keys: Iterator[tuple],
                 own: fair.Unit, page: int) -> Iterator[fair.Unit]:
     """One pool's units in order: its keys waiting, and its own (UNFAIR) in its place."""
-    rows = keys if first is None else _chain(first, keys)
+    rows = keys if first is None else itertools.chain((first,), keys)
     pending: fair.Unit | None = own
     for key, vtime, last in rows:
         u = fair.Unit(pool, key, vtime, last, map(claim.Row._make, paged(c, jobs_sql, (pool, key), page)))
@@ -91,15 +86,10 @@ def _pool_units(c: Any, jobs_sql: str, pool: str, first: tuple | None, keys: Ite
         yield pending
 
 
-def _chain(first: tuple, rest: Iterator[tuple]) -> Iterator[tuple]:
-    yield first
-    yield from rest
-
-
 def write(c: Any, shares: fair.FairShares) -> None:
     """The standings of the keys that started jobs (in the claim's transaction)."""
     if shares.moved:
-        c.cursor().executemany(_q(c, _WRITE), [(u.pool, u.key, u.vtime, u.last_start)
+        c.cursor().executemany(marked(c, _WRITE), [(u.pool, u.key, u.vtime, u.last_start)
                                                for _, u in sorted(shares.moved.items())])
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from ...core.policy import rates
 from ..records import Claimed, RateKey
-from .dialect import Dialect
+from .dialect import Dialect, marked
 
 _READ = "SELECT key, lim, per, blocked_until, kept FROM rate_keys"
 _STARTS = "SELECT at, n FROM rate_starts WHERE key = ? ORDER BY at"
@@ -40,11 +40,6 @@ _TIGHTEN = ("INSERT INTO rate_keys (key, lim, per, blocked_until) VALUES (?, ?, 
             " ELSE excluded.blocked_until END")
 
 
-def _q(c: Any, sql: str) -> str:
-    """`sql` in the connection's marker: sqlite3's `?` or psycopg's `%s`."""
-    return sql if isinstance(c, sqlite3.Connection) else sql.replace("?", "%s")
-
-
 def _window(row: tuple) -> rates.Window:
     """A window from a row of (key, lim, per, blocked_until, kept), its starts unread."""
     _, lim, per, blocked, kept = row
@@ -59,10 +54,10 @@ def windows_of(rows: Iterable[tuple]) -> dict[str, rates.Window]:
 def _exact(c: Any, key: str, w: rates.Window, now: float) -> rates.Window:
     """`w` with its starts: those that left the window deleted (and no longer kept), the
     rest read."""
-    gone = sum(n for (n,) in c.execute(_q(c, _FORGET), (key, now - w.per)).fetchall())
+    gone = sum(n for (n,) in c.execute(marked(c, _FORGET), (key, now - w.per)).fetchall())
     if gone:
-        c.execute(_q(c, _UNKEEP), (gone, key))
-    starts = [at for at, n in c.execute(_q(c, _STARTS), (key,)).fetchall() for _ in range(n)]
+        c.execute(marked(c, _UNKEEP), (gone, key))
+    starts = [at for at, n in c.execute(marked(c, _STARTS), (key,)).fetchall() for _ in range(n)]
     return rates.Window(w.limit, w.per, starts, w.blocked_until, w.kept - gone)
 
 
@@ -86,7 +81,7 @@ class Reader:
     def get(self, key: str, /) -> rates.Window | None:
         if key in self.read:
             return self.read[key]
-        row = self.c.execute(_q(self.c, _READ + " WHERE key = ?"), (key,)).fetchone()
+        row = self.c.execute(marked(self.c, _READ + " WHERE key = ?"), (key,)).fetchone()
         w = self.read[key] = None if row is None else _window(row)
         return w
 
@@ -144,7 +139,7 @@ def tighten(c: Any, blocks: list[tuple[Any, float]]) -> None:
         if r is not None:
             rows.append((r.key, r.limit, r.per, until))
     if rows:
-        c.cursor().executemany(_q(c, _TIGHTEN), sorted(rows))
+        c.cursor().executemany(marked(c, _TIGHTEN), sorted(rows))
 
 
 def prune(d: Dialect, c: Any, now: float) -> int:
@@ -152,15 +147,15 @@ def prune(d: Dialect, c: Any, now: float) -> int:
     none and are not blocked; how many keys. A claim that logs a start meanwhile adds to
     its key's row, or makes it again."""
     gone: dict[str, int] = {}
-    for key, n in c.execute(_q(c, "DELETE FROM rate_starts WHERE at <= ? - (SELECT k.per FROM rate_keys k"
-                                  " WHERE k.key = rate_starts.key) RETURNING key, n"), (now,)).fetchall():
+    for key, n in c.execute(d.q("DELETE FROM rate_starts WHERE at <= ? - (SELECT k.per FROM rate_keys k"
+                                " WHERE k.key = rate_starts.key) RETURNING key, n"), (now,)).fetchall():
         gone[key] = gone.get(key, 0) + n
     if gone:
-        c.cursor().executemany(_q(c, _UNKEEP), [(n, k) for k, n in sorted(gone.items())])
+        c.cursor().executemany(d.q(_UNKEEP), [(n, k) for k, n in sorted(gone.items())])
     idle = "SELECT key FROM rate_keys WHERE kept <= 0 AND (blocked_until IS NULL OR blocked_until <= ?)"
     if not isinstance(c, sqlite3.Connection):  # a row a claim holds is left for the next prune
         idle += " ORDER BY key FOR UPDATE SKIP LOCKED"
-    return c.execute(_q(c, f"DELETE FROM rate_keys WHERE key IN ({idle}) AND kept <= 0"), (now,)).rowcount
+    return c.execute(d.q(f"DELETE FROM rate_keys WHERE key IN ({idle}) AND kept <= 0"), (now,)).rowcount
 
 
 def keys(d: Dialect, c: Any, now: float) -> list[RateKey]:

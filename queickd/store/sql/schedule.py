@@ -37,12 +37,21 @@ def repair_key_order(d: Dialect, c: Any, key: str | None = None) -> None:
 def deliver_events(d: Dialect, c: Any, submit: Submit, now: float, admission: adm.Admission, max_attempts: int,
                    backoff: Callable[[int], float], limit: int = 500) -> list[EventAccepted]:
     d.lock_outbox(c)
-    due = c.execute(d.due_events, (now, limit)).fetchall()
     order, out = outbox.KeyOrder(), []
-    for event_id, template, attempts, key in due:
-        if not order.holds(key):  # an earlier event of its key waits: so does this one
-            out.append(_deliver_due_in(d, c, submit, event_id, template, attempts, key, now, admission,
-                                       max_attempts, backoff, order))
+    for event_id, template, attempts, key in c.execute(d.due_events, (now, limit)).fetchall():
+        if order.holds(key):  # an earlier event of its key waits: so does this one
+            continue
+        answer = _deliver_in(d, c, submit, event_id, template, now, admission)
+        if not isinstance(answer, adm.Refusal):
+            out.append(EventAccepted(event_id, False, EventState.DELIVERED, answer[0].job_id))
+            continue
+        r = outbox.after_refusal(attempts, answer, now, max_attempts, backoff)
+        state = EventState.DEAD if r.dead else EventState.PENDING
+        c.execute(d.q("UPDATE events SET attempts = ?, state = ?, next_attempt_at = ?, last_error = ?"
+                      " WHERE event_id = ?"), (r.attempts, state, r.next_attempt_at, r.last_error, event_id))
+        if order.refused(key, r) is not None:  # the key's later events wait as long
+            repair_key_order(d, c, key)
+        out.append(EventAccepted(event_id, False, state, None))
     return out
 
 
@@ -78,23 +87,6 @@ def _deliver_in(d: Dialect, c: Any, submit: Submit, event_id: str, template: str
         c.execute(d.q("UPDATE events SET state = 'delivered', job_id = ?, next_attempt_at = NULL,"
                       " attempts = attempts + 1 WHERE event_id = ?"), (answer[0].job_id, event_id))
     return answer
-
-
-def _deliver_due_in(d: Dialect, c: Any, submit: Submit, event_id: str, template: str, attempts: int,
-                    key: str | None, now: float, admission: adm.Admission, max_attempts: int,
-                    backoff: Callable[[int], float], order: outbox.KeyOrder) -> EventAccepted:
-    """One due event of the outbox: delivered, or its refusal written as outbox decides
-    (with the later events of its key held as long)."""
-    answer = _deliver_in(d, c, submit, event_id, template, now, admission)
-    if not isinstance(answer, adm.Refusal):
-        return EventAccepted(event_id, False, EventState.DELIVERED, answer[0].job_id)
-    r = outbox.after_refusal(attempts, answer, now, max_attempts, backoff)
-    state = EventState.DEAD if r.dead else EventState.PENDING
-    c.execute(d.q("UPDATE events SET attempts = ?, state = ?, next_attempt_at = ?, last_error = ?"
-                  " WHERE event_id = ?"), (r.attempts, state, r.next_attempt_at, r.last_error, event_id))
-    if order.refused(key, r) is not None:  # the key's later events wait as long
-        repair_key_order(d, c, key)
-    return EventAccepted(event_id, False, state, None)
 
 
 def retry_event(d: Dialect, c: Any, event_id: str, now: float) -> Event | None:

@@ -72,10 +72,7 @@ def footprints(d: Dialect, c: Any, funcs: list[str]) -> dict[str, mem.Footprint]
 def record_runs(d: Dialect, c: Any, runs: list[tuple[str, int | None, float, bool, bool]], now: float) -> None:
     """Fold each run (func, peak bytes, runtime, killed, estimated) into its function's
     footprint (mem.update)."""
-    funcs = sorted({r[0] for r in runs})
-    rows = c.execute(d.q("SELECT func, peak, runtime, runs, estimated FROM footprints WHERE func IN"
-                         f" ({','.join('?' * len(funcs))})"), funcs).fetchall()
-    known: dict[str, mem.Footprint | None] = {f: mem.Footprint(p, r, n, bool(e)) for f, p, r, n, e in rows}
+    known: dict[str, mem.Footprint | None] = dict(footprints(d, c, sorted({r[0] for r in runs})))
     for func, peak, runtime, killed, estimated in runs:
         known[func] = mem.update(known.get(func), peak, runtime, killed, estimated)
     many(d, c, "INSERT INTO footprints VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (func) DO UPDATE SET"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from ...core.job import Job, NewJob, Outcome, State
 from ...core.policy import admission as adm
@@ -20,34 +20,27 @@ from . import rates as sqlrates
 from . import workflows as wfsql
 from .dialect import Dialect, Submit
 
-P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _reads(fn: Callable[Concatenate[Dialect, Any, P], R]) -> Callable[Concatenate[SqlStore, P], R]:
+def _reads(fn: Callable[..., R]) -> Callable[..., R]:
     """A store method that runs `fn` on the store's reading connection."""
-    def method(self: SqlStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
+    def method(self: SqlStore, /, *args: Any, **kwargs: Any) -> R:
         return fn(self.dialect, self._conn(), *args, **kwargs)
     method.__name__, method.__doc__ = fn.__name__, fn.__doc__
     return method
 
 
-def _writes(fn: Callable[Concatenate[Dialect, Any, P], R]) -> Callable[Concatenate[SqlStore, P], R]:
-    """A store method that runs `fn` in a write transaction of its own."""
-    def method(self: SqlStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        with self._write() as c:
-            return fn(self.dialect, c, *args, **kwargs)
-    method.__name__, method.__doc__ = fn.__name__, fn.__doc__
-    return method
-
-
-def _writes_steps(
-    fn: Callable[Concatenate[Dialect, Any, wfsql.Steps, P], R],
-) -> Callable[Concatenate[SqlStore, P], R]:
-    """As _writes, `fn` given the store's workflow Steps too: what it does may advance a run."""
-    def method(self: SqlStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        with self._write() as c:
-            return fn(self.dialect, c, self._steps(), *args, **kwargs)
+def _writes(fn: Callable[..., R], steps: bool = False, batch: bool = False) -> Callable[..., R]:
+    """A store method that runs `fn` in a write transaction of its own. `steps`: `fn` is
+    given the store's workflow Steps too (what it does may advance a run). `batch`: `fn`
+    takes a batch of updates (none: no transaction), as bookkeeping, which has no flush of
+    its own (a progress note or a stalled mark lost to a power cut is set again)."""
+    def method(self: SqlStore, /, *args: Any, **kwargs: Any) -> R:
+        if batch and not args[0]:
+            return 0  # type: ignore[return-value]
+        with self._write(bookkeeping=batch) as c:
+            return fn(self.dialect, c, *([self._steps()] if steps else []), *args, **kwargs)
     method.__name__, method.__doc__ = fn.__name__, fn.__doc__
     return method
 
@@ -80,8 +73,8 @@ class SqlStore(StoreBase):
     release_unstarted = _writes(operator.release_unstarted)
     retry_dead = _writes(operator.retry_dead)
 
-    cancel = _writes_steps(operator.cancel)
-    cancel_running = _writes_steps(operator.cancel_running)
+    cancel = _writes(operator.cancel, steps=True)
+    cancel_running = _writes(operator.cancel_running, steps=True)
 
     def cancel_waiting(self, state: str, now: float, *, func: str | None = None, key: str | None = None,
                        pool: str | None = None) -> list[int]:
@@ -90,13 +83,7 @@ class SqlStore(StoreBase):
         with self._write() as c:
             return operator.cancel_waiting(self.dialect, c, self._steps(), state, now, func, key, pool)
 
-    def set_progress_if_running(self, updates: list[tuple[int, int, dict[str, Any]]]) -> int:
-        """One statement for the batch (Store.set_progress_if_running); losing it in a power
-        cut loses a progress note, so it is bookkeeping (no flush of its own)."""
-        if not updates:
-            return 0
-        with self._write(bookkeeping=True) as c:
-            return operator.set_progress_if_running(self.dialect, c, updates)
+    set_progress_if_running = _writes(operator.set_progress_if_running, batch=True)
 
     held_jobs = _reads(forward.held_jobs)
     held_backlog = _reads(forward.held_backlog)
@@ -105,14 +92,7 @@ class SqlStore(StoreBase):
     settle_forwarded = _writes(forward.settle_forwarded)
     forwarded_jobs = _reads(forward.forwarded_jobs)
 
-    def set_stalled(self, updates: list[tuple[int, int, float | None]]) -> int:
-        """Store.set_stalled: one transaction, bookkeeping (a mark lost to a power cut is
-        set again by the watch of the next run)."""
-        if not updates:
-            return 0
-        with self._write(bookkeeping=True) as c:
-            return operator.set_stalled(self.dialect, c, updates)
-
+    set_stalled = _writes(operator.set_stalled, batch=True)
     count_stalled = _reads(operator.count_stalled)
     add_minute = _writes(stats.add_minute)
     minutes = _reads(stats.minutes)
@@ -148,8 +128,8 @@ class SqlStore(StoreBase):
     event_counts = _reads(schedule.event_counts)
     list_events = _reads(schedule.list_events)
 
-    workflow_start = _writes_steps(wfsql.start)
-    workflow_cancel = _writes_steps(wfsql.cancel)
+    workflow_start = _writes(wfsql.start, steps=True)
+    workflow_cancel = _writes(wfsql.cancel, steps=True)
     workflow_get = _reads(wfsql.get)
     workflow_jobs = _reads(wfsql.jobs)
     workflow_outputs = _reads(wfsql.outputs)

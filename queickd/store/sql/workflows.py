@@ -72,12 +72,6 @@ def row_to_run(r: Sequence[Any]) -> RunRecord:
                      usage=meta["usage"], progress=meta["progress"], reason=meta["reason"], parent=meta["parent"])
 
 
-def _run_values(run: RunRecord) -> tuple:
-    # workflow_runs.state is no longer read (the state is in workflow_states): '' in new rows.
-    return (run.name, run.status, run.step, run.parent["run"] if run.parent else None, run.root,
-            run.idempotency_key, run.definition, "", dbrows.dumps(run.meta()), run.created_at, run.finished_at)
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class Steps:
     """What a transaction that may advance runs needs of its store besides the dialect:
@@ -142,9 +136,12 @@ class _Tx:
         return row_to_run(row) if row else None
 
     def run_insert(self, run: RunRecord) -> int:
+        # workflow_runs.state is no longer read (the state is in workflow_states): '' in new rows.
         run_id = self._x("INSERT INTO workflow_runs (name, status, step, parent, root, idempotency_key, definition,"
                          " state, meta, created_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
-                         _run_values(run)).fetchone()[0]
+                         (run.name, run.status, run.step, run.parent["run"] if run.parent else None, run.root,
+                          run.idempotency_key, run.definition, "", dbrows.dumps(run.meta()), run.created_at,
+                          run.finished_at)).fetchone()[0]
         self._x("INSERT INTO workflow_states (run, state) VALUES (?, ?)", (run_id, dbrows.dumps(run.state)))
         return run_id
 
