@@ -20,6 +20,7 @@ import datetime
 import os
 import sqlite3
 
+from ...settings import SQLITE_PAGE_SIZES
 from . import schema as sqlite_schema
 from .flush import fsync_path
 
@@ -115,10 +116,9 @@ def check_file(path: str) -> bool:
     if len(head) < 100 or not head.startswith(HEADER):
         raise DamagedStoreError(path, "its first bytes are not an SQLite header (overwritten or not a "
                                       "database)")
-    page = int.from_bytes(head[16:18], "big")
-    page = 65536 if page == 1 else page
+    page = page_size(head)
     pages, counter, valid_for = (int.from_bytes(head[i:i + 4], "big") for i in (28, 24, 92))
-    if page < 512 or page & (page - 1):
+    if page not in SQLITE_PAGE_SIZES:
         raise DamagedStoreError(path, f"its header gives an impossible page size ({page})")
     # Without a WAL the header's page count is the file's size (a WAL may hold a checkpoint
     # in progress, which SQLite completes itself).
@@ -126,6 +126,12 @@ def check_file(path: str) -> bool:
         raise DamagedStoreError(path, f"it is truncated: {size} bytes, but its header says "
                                       f"{pages} pages of {page} bytes ({pages * page} bytes)")
     return False
+
+
+def page_size(head: bytes) -> int:
+    """The page size a database header records."""
+    size = int.from_bytes(head[16:18], "big")
+    return 65536 if size == 1 else size
 
 
 def hot_journal(path: str) -> bool:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from ...settings import SQLITE_PAGE, SQLITE_PAGE_SIZES
 from . import check as sqlite_check
 
-_WAL_HEADER = 32
+WAL_HEADER = 32  # bytes; a -wal no longer than this holds no commits
 _FRAME_HEADER = 24
 _LEAF, _INTERIOR = 0x0D, 0x05  # table b-tree page types
 # The sizes to try where the header is lost: those queickd makes (now, before) first.
@@ -62,6 +62,15 @@ def varint(b: bytes, i: int) -> tuple[int, int]:
         if byte < 0x80:
             return v, i + k + 1
     return (v << 8) | b[i + 8], i + 9
+
+
+def wal_page_size(head: bytes) -> int | None:
+    """The page size a -wal's header records (the database's when it was written), or None
+    where `head` is not a WAL's header."""
+    if len(head) < WAL_HEADER:
+        return None
+    magic, _, page = struct.unpack(">III", head[:12])
+    return page if magic in (0x377F0682, 0x377F0683) and page in SQLITE_PAGE_SIZES else None
 
 
 _INT_SIZES = {1: 1, 2: 2, 3: 3, 4: 4, 5: 6, 6: 8}
@@ -128,28 +137,24 @@ class Image:
         return self.header.startswith(sqlite_check.HEADER)
 
     def _header_page_size(self) -> int | None:
-        if not self._header_sound():
-            return None
-        size = int.from_bytes(self.header[16:18], "big")
-        return 65536 if size == 1 else size
+        return sqlite_check.page_size(self.header) if self._header_sound() else None
 
     def _read_wal(self, wal: str) -> tuple[int | None, int]:
         """Load the -wal's committed frames (the newest of each page); (page size, pages in
         the database after the last commit), or (None, 0) where the -wal holds none."""
         with open(wal, "rb") as f:
             data = f.read()
-        if len(data) < _WAL_HEADER:
+        page = wal_page_size(data)
+        if page is None:
             return None, 0
-        magic, _, page, _, salt1, salt2 = struct.unpack(">IIIIII", data[:24])
-        if magic not in (0x377F0682, 0x377F0683) or not (512 <= page <= 65536 and page & (page - 1) == 0):
-            return None, 0
+        magic, _, _, _, salt1, salt2 = struct.unpack(">IIIIII", data[:24])
         order = ">" if magic & 1 else "<"
         s = _checksum(data[:24], order, (0, 0))
         if s != struct.unpack(">II", data[24:32]):
             return None, 0
         pending: dict[int, bytes] = {}
         db_pages = 0
-        pos = _WAL_HEADER
+        pos = WAL_HEADER
         while pos + _FRAME_HEADER + page <= len(data):
             pgno, commit, fs1, fs2, c1, c2 = struct.unpack(">IIIIII", data[pos:pos + _FRAME_HEADER])
             body = data[pos + _FRAME_HEADER:pos + _FRAME_HEADER + page]

@@ -26,7 +26,6 @@ import contextlib
 import os
 import shutil
 import sqlite3
-import struct
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -39,8 +38,6 @@ from .flush import fsync_path
 
 _PROBE_BEYOND = 10_000  # rowids probed past the last readable one when the table's end is unknown
 _SKIP_META = {"schema_version"}  # the new file's own schema decides its version
-_WAL_MAGIC = (0x377F0682, 0x377F0683)
-_WAL_HEADER = 32  # bytes; a -wal no longer than this holds no commits
 
 
 @dataclass
@@ -188,49 +185,32 @@ def _open_damaged(copy: str, source_wal: str, report: Recovered) -> sqlite3.Conn
         head = f.read(100)
     if not head:
         raise sqlite3.DatabaseError("the file is empty (0 bytes)")
-    if not head.startswith(sqlite_check.HEADER):
-        original = head
-        wal = copy + "-wal"
-        wal_size = os.path.getsize(wal) if os.path.exists(wal) else 0
-        if wal_size > _WAL_HEADER:
-            c = _open_with_wal(copy, _wal_page_size(wal))
-            if c is not None:
+    if head.startswith(sqlite_check.HEADER):
+        return _connect(copy)
+    wal = copy + "-wal"
+    wal_size = os.path.getsize(wal) if os.path.exists(wal) else 0
+    if wal_size > sqlite_pages.WAL_HEADER:
+        with open(wal, "rb") as f:
+            page = sqlite_pages.wal_page_size(f.read(sqlite_pages.WAL_HEADER))
+        if page is not None:
+            _write_header(copy, page, wal=True)
+            # Read-only: a failed try cannot checkpoint the -wal into the copy or delete it.
+            if (c := _readable(_connect(copy, readonly=True))) is not None:
                 return c
-            report.unreadable.append(
-                f"the commits in {source_wal} ({wal_size} bytes): the jobs written only there since "
-                "the last checkpoint are not in the new file")
-        for page in sqlite_pages.PROBED:
-            _write_header(copy, page)
-            c = _connect(copy)
-            try:
-                _tables(c)
-                return c
-            except sqlite3.DatabaseError:
-                c.close()
-        with open(copy, "r+b") as f:
-            f.write(original)
+        report.unreadable.append(
+            f"the commits in {source_wal} ({wal_size} bytes): the jobs written only there since "
+            "the last checkpoint are not in the new file")
+    for page in sqlite_pages.PROBED:
+        _write_header(copy, page)
+        if (c := _readable(_connect(copy))) is not None:
+            return c
+    with open(copy, "r+b") as f:
+        f.write(head)
     return _connect(copy)
 
 
-def _wal_page_size(wal: str) -> int | None:
-    """The page size a -wal's header records (the database's when it was written), or None
-    when the header is not a WAL's."""
-    with open(wal, "rb") as f:
-        head = f.read(_WAL_HEADER)
-    if len(head) < _WAL_HEADER:
-        return None
-    magic, _, page = struct.unpack(">III", head[:12])
-    sound = 512 <= page <= 65536 and page & (page - 1) == 0
-    return page if magic in _WAL_MAGIC and sound else None
-
-
-def _open_with_wal(copy: str, page: int | None) -> sqlite3.Connection | None:
-    """The copy under a WAL-mode header, its -wal kept, if the schema then reads; else None.
-    Read-only, so a failed try cannot checkpoint the -wal into the copy or delete it."""
-    if page is None:
-        return None
-    _write_header(copy, page, wal=True)
-    c = _connect(copy, readonly=True)
+def _readable(c: sqlite3.Connection) -> sqlite3.Connection | None:
+    """`c` if the schema reads on it, else None (`c` closed)."""
     try:
         _tables(c)
         return c
