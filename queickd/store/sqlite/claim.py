@@ -111,12 +111,6 @@ def _stream(c: sqlite3.Connection, sql: str, head: tuple, page: int) -> Iterator
             rows += c.execute(past, (*head, priority, run_at, page - len(rows))).fetchall()
 
 
-# The full groups' jobs were not read, so a key's head among them was not seen holding its
-# key (claim.SerialKeys): a keyed job chosen behind it must not start before it. Each keyed
-# job chosen is one look along jobs_key.
-_HEADS_ONLY = _HEAD_OF_KEY
-
-
 def _while_open(rows: Iterator[tuple], key: str, rule: RateLimits) -> Iterator[tuple]:
     """A rate key's stream, ended once its window is full: the rest of its backlog would be
     refused (rates.RateLimits.full), and is not read."""
@@ -447,7 +441,9 @@ class Claims:
         if pick.probes:
             c.executemany("UPDATE pauses SET probe_job = ? WHERE kind = ? AND name = ?",
                           [(job_id, *t) for t, job_id in pick.probes])  # no other probe until they finish
-        return sqlrates.claimed(self._start(c, pick.chosen, request.now, _HEADS_ONLY if full and not heads else ""),
+        # A key's head among the full groups' jobs, not read, was not seen holding its key:
+        # a keyed job chosen behind it must not start before it.
+        return sqlrates.claimed(self._start(c, pick.chosen, request.now, _HEAD_OF_KEY if full and not heads else ""),
                                 pick.rates)
 
     def _fair(self, c: sqlite3.Connection, request: claim.Request, walk: tuple[str, ...]) -> list[Job]:

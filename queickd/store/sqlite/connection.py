@@ -1,26 +1,20 @@
 """The SQLite store's file: its connections, transactions, the daemon's lock and multi-row
-inserts. Opening a file applies its migrations (schema.py).
+inserts. Opening a file checks it first (check.py: a damaged one raises DamagedStoreError),
+then applies its migrations (schema.py). This module runs no query of the store's own.
 
-WAL journal; durable commits by default (a Pi loses power), durability "normal" on request:
-the writing connection commits at synchronous=NORMAL and a commit that must be durable is
-flushed after the write lock is released (flush.py). Every
-write in this process goes through one connection, under one Python lock taken before
+Every write in this process goes through one connection, under one Python lock taken before
 BEGIN IMMEDIATE, so writers hand over at once instead of backing off in SQLite's sleeping
-busy handler; busy_timeout still covers other processes (the CLI, a second daemon by
-mistake). Readers use their own per-thread connections and never block writers. Opening
-checks the file first (check.py): a damaged one raises DamagedStoreError.
+busy handler; busy_timeout still covers other processes. It commits at synchronous=NORMAL,
+and a commit that must be durable (durability "full", the default: a Pi loses power) is
+flushed after the write lock is released (flush.py). Readers use their own per-thread
+connections and never block the writer.
 
-A full disk at start (opening in WAL mode writes the -shm, migrating writes the file) does
-not stop the daemon: the file is opened read-only and immutable (no -shm needed), reads are
-served, and every write raises DiskFullError, a clear error naming the disk, until a write
-finds space again (statvfs, tried at most once a second); then the file is opened for
-writing as at start, and each thread's connection is replaced on its next use.
-A database file or WAL deleted or replaced under the daemon is noticed at the next commit
-(files.py): what the deleted WAL holds is checkpointed into the database file, and
-every write after is refused (StoreFilesLostError, before it begins) until a restart.
-A store kept in memory (inmemory.py) has one connection, which every thread shares, and no
-file: none of the above that needs one applies to it.
-This module runs no query of the store's own; store.py does.
+A disk full at start does not stop the daemon: the file is opened read-only and immutable
+(no -shm needed), reads are served, and every write raises DiskFullError until a write
+finds space again; then each thread's connection is replaced on its next use. A database
+file or WAL deleted or replaced under the daemon is noticed at the next commit (files.py):
+what the WAL holds is saved, and every write after is refused until a restart. A store kept
+in memory (inmemory.py) has one connection, which every thread shares, and no file.
 """
 
 from __future__ import annotations
@@ -74,10 +68,9 @@ def free_bytes(path: str) -> int:
 
 
 def _into_wal(c: sqlite3.Connection, synchronous: str) -> None:
-    """A new connection's settings. A new file gets 1 KiB pages before WAL mode fixes its
-    page size (a file that has pages keeps its own): a job's submit, claim and finish
-    change a few rows on a few pages each, and every changed page is a whole frame in the
-    WAL, so smaller pages write fewer bytes to a card per job (and cost less CPU a commit)."""
+    """A new connection's settings. A new file gets small pages before WAL mode fixes its
+    page size: a job changes a few rows on a few pages, each a whole frame in the WAL, so
+    smaller pages write fewer bytes to a card per job."""
     c.execute(f"PRAGMA page_size={SQLITE_PAGE}")
     c.execute("PRAGMA journal_mode=WAL")
     c.execute(f"PRAGMA synchronous={synchronous}")
@@ -85,10 +78,8 @@ def _into_wal(c: sqlite3.Connection, synchronous: str) -> None:
 
 
 def insert_rows(c: sqlite3.Connection, insert: tuple[str, int], rows: list[tuple]) -> None:
-    """INSERT rows with multi-row VALUES statements: one statement step for many rows costs
-    less than half of executemany's step per row. Chunks of 2**k rows (at most _ROWS_MAX)
-    keep the SQL texts few, so the connection's statement cache holds them all."""
-    # Older SQLite builds allow 999 parameters per statement, newer ones 32,766.
+    """INSERT rows with multi-row VALUES statements (cheaper than executemany's step per
+    row), in chunks of 2**k rows: few SQL texts, which the statement cache holds."""
     fits = min(_ROWS_MAX, c.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // insert[1])
     largest = 1 << (fits.bit_length() - 1)
     i, n = 0, len(rows)
@@ -258,11 +249,9 @@ class SQLiteFile:
         return c
 
     def _writer(self) -> sqlite3.Connection:
-        """The one connection that writes, shared by every thread under _write_lock. One
-        connection keeps its page cache across transactions; with one per thread, each
-        commit made the other connections drop theirs and read the pages back (a dozen
-        pread calls per job). It commits at synchronous=NORMAL: _write flushes what must be
-        durable once the write lock is released."""
+        """The one connection that writes, shared by every thread under _write_lock: it
+        keeps its page cache across transactions, which a commit on another connection
+        would make it drop."""
         c = self._w  # made once, under _all_lock; read without it by every transaction
         if c is not None:
             return c
@@ -369,10 +358,6 @@ class SQLiteFile:
         if not saved:
             raise NotDurableError(f"{files.lost} under the running daemon: this commit may be lost; {outcome}")
 
-    def _refuse_lost(self) -> None:
-        raise StoreFilesLostError(f"{self._files.lost} under the running daemon; nothing was written and "  # type: ignore[union-attr]
-                                  "no write is accepted until the daemon is restarted (see its log)")
-
     def take_ownership(self) -> None:
         if self.in_memory:
             return  # one process is the whole store
@@ -428,12 +413,10 @@ class SQLiteFile:
 
 class _Transaction(SqlTransaction):
     """SQLiteFile's write transaction (see _write), which is also its handle when entered
-    from transaction() (`handle`: entering gives the handle, else the connection): one
-    object per transaction. Under the write lock: BEGIN IMMEDIATE, the body, COMMIT, or on
-    any error a rollback (SQLite may already have rolled back: disk full, I/O error) with
-    the first error raised. A class, not generators: a pass or a commit of submits enters
-    it every time, and nested generator context managers cost more than BEGIN and COMMIT
-    of a small transaction together."""
+    from transaction() (`handle`). Under the write lock: BEGIN IMMEDIATE, the body, COMMIT,
+    or on any error a rollback (transactions.roll_back). A class, not nested generators:
+    every pass and every commit of submits enters one, and those would cost more than its
+    BEGIN and COMMIT."""
 
     __slots__ = ("bookkeeping", "defer_flush", "handle")
 
@@ -448,7 +431,8 @@ class _Transaction(SqlTransaction):
         if f.read_only:
             f._leave_read_only()  # DiskFullError while there is no room
         if f._files is not None and f._files.lost is not None:
-            f._refuse_lost()
+            raise StoreFilesLostError(f"{f._files.lost} under the running daemon; nothing was written and no "
+                                      "write is accepted until the daemon is restarted (see its log)")
         c = self.conn = f._writer()
         f._write_lock.acquire()
         try:

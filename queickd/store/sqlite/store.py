@@ -274,26 +274,16 @@ class SQLiteStore(SQLiteFile, SqlStore):
     # --- inspect --------------------------------------------------------------------------
     def list_jobs(self, state: str | None, limit: int, *, func: str | None = None, key: str | None = None,
                   pool: str | None = None) -> list[Job]:
-        if func is not None or key is not None or pool is not None:
-            if state is not None and state not in State.ALL:
-                raise ValueError(f"unknown state {state!r}")
-            extra, fparams = filters(func, key, pool)
-            where = ("1" if state is None else f"state = '{state}'") + extra
-            sql = f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE {where} ORDER BY id DESC LIMIT ?"
-            return [dbrows.row_to_job(r) for r in self._conn().execute(sql, (*fparams, limit))]
-        if state is None:
-            sql, params = f"SELECT {dbrows.JOB_COLS} FROM jobs ORDER BY id DESC LIMIT ?", (limit,)
-        else:
-            # Rare states have an index; the common ones are found walking back from the
-            # newest job (no sort either way).
-            if state not in State.ALL:
-                raise ValueError(f"unknown state {state!r}")
-            # The state is inlined (one of the fixed names): a partial index is usable only
-            # when SQLite sees the literal its predicate names.
-            hint = f"INDEXED BY jobs_{state}" if state in _RARE else "NOT INDEXED"
-            sql = f"SELECT {dbrows.JOB_COLS} FROM jobs {hint} WHERE state = '{state}' ORDER BY id DESC LIMIT ?"
-            params = (limit,)
-        return [dbrows.row_to_job(r) for r in self._conn().execute(sql, params)]
+        if state is not None and state not in State.ALL:
+            raise ValueError(f"unknown state {state!r}")
+        extra, params = filters(func, key, pool)
+        # The state is inlined (one of the fixed names): a partial index is usable only when
+        # SQLite sees the literal its predicate names. Unfiltered, a rare state is read through
+        # its index, a common one walking back from the newest job (no sort either way).
+        hint = "" if extra or state is None else f"INDEXED BY jobs_{state}" if state in _RARE else "NOT INDEXED"
+        where = "1" if state is None else f"state = '{state}'"
+        sql = f"SELECT {dbrows.JOB_COLS} FROM jobs {hint} WHERE {where}{extra} ORDER BY id DESC LIMIT ?"
+        return [dbrows.row_to_job(r) for r in self._conn().execute(sql, (*params, limit))]
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(State.ALL, 0)
