@@ -1,14 +1,11 @@
 """An online copy of an SQLite store (`queick db backup`), safe while the daemon runs.
 
-Copying the file with cp is not safe: the last commits live in the -wal file beside it, and
-a copy taken mid-write is torn. This uses SQLite's backup API from the standard library on
-its own connection, inside one read transaction: the copy is the store as of the moment the
-backup began (every job acknowledged before then is in it), WAL readers never block the
-daemon's writer, and because the snapshot is held, the daemon's commits during the copy do
-not restart it. The copy is written to PATH.partial, held under an exclusive flock while it
-is written: a second backup to the same path is refused, and a PATH.partial left by one that
-was killed (no lock on it) is replaced. Owns only reading the source and writing the target;
-never writes the source, never touches the daemon's lock file.
+A cp of the file may be torn, and misses the last commits (in the -wal beside it). This
+uses SQLite's backup API inside one read transaction: the copy is the store as of the
+moment the backup began, and the daemon's commits meanwhile neither wait for it nor restart
+it. The copy is written to PATH.partial under an exclusive flock: a second backup to the
+same path is refused, and a PATH.partial left by a killed one (no lock on it) is replaced.
+Never writes the source, nor the daemon's lock file.
 """
 
 from __future__ import annotations

@@ -3,15 +3,12 @@ marker beside it that remembers a store was created there.
 
 A queue must never start empty, or on a broken file, without saying so: a 0-byte file opens
 as a new, empty database, and garbage in the middle of the file stays hidden until a read
-reaches it. So before opening, check_file() compares the file with the marker `PATH.id`
-(written once, when the store is first opened, and never removed by queickd) and reads the
-header; after connecting, check_open() runs PRAGMA quick_check (it reads every page, without
-the slower index-to-table cross-checks of integrity_check) and makes sure a store that
-existed still holds its schema. Each problem raises DamagedStoreError, saying what was
-found and how to recover.
-
-This module owns the marker and the checks. It never writes the database file and never
-repairs one (salvage.py copies what is still readable into a new file).
+reaches it. So check_file() compares the file with its marker `PATH.id` (written when the
+store is first opened, never removed by queickd) and reads the header; check_open() runs
+PRAGMA quick_check (every page, without integrity_check's slower index cross-checks) and
+makes sure a store that existed still holds its schema. Each problem raises
+DamagedStoreError, saying what was found and how to recover. Never writes nor repairs the
+database file (salvage.py copies what is still readable into a new file).
 """
 
 from __future__ import annotations

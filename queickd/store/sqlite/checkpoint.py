@@ -1,22 +1,16 @@
 """Checkpoints of the SQLite store's WAL, made on a thread of their own.
 
 SQLite checkpoints (copies the WAL into the database file, with an fsync of each) inside
-the COMMIT that takes the WAL past `wal_autocheckpoint` pages, 1000 by default: the pass
-of the worker pool making it holds the store's write lock through two fsyncs and the copy of
-the WAL, and every submit waits behind it. Here a thread with a connection of its own
-makes those checkpoints instead, PASSIVE (never waiting for, nor blocking, the writer),
-once TARGET_FRAMES frames wait to be copied. The writer's own automatic checkpoint stays,
-at BACKSTOP_PAGES: under steady writes a PASSIVE checkpoint never quite catches up (the
-writer appends while it copies), and only a WAL copied to its last frame starts over, so
-every BACKSTOP_PAGES frames the writer checkpoints the few frames left and the WAL starts
-over; it also bounds the WAL should this thread fall behind (a slow disk, a reader holding
-an old snapshot, a failing checkpoint).
+the COMMIT that takes the WAL past `wal_autocheckpoint` pages, with the store's write lock
+held, and every submit waits behind it. Here a thread with a connection of its own makes
+PASSIVE checkpoints instead (never waiting for, nor blocking, the writer) once
+TARGET_FRAMES frames wait. The writer's own checkpoint stays at BACKSTOP_PAGES: under
+steady writes a PASSIVE checkpoint never quite catches up, and only a WAL copied to its
+last frame starts over; it also bounds the WAL should this thread fall behind.
 
-How many frames wait is read from the WAL index (the -shm file: mxFrame, the last frame,
-and nBackfill, the frames copied; their offsets are part of SQLite's documented file
-format, https://www.sqlite.org/walformat.html), every LOOK_EVERY commits, by the
-committing thread. The thread is woken only then, never by a timer: a daemon with nothing
-to commit wakes nothing.
+How many frames wait is read from the WAL index (the -shm: mxFrame and nBackfill, at
+offsets https://www.sqlite.org/walformat.html documents) every LOOK_EVERY commits, by the
+committing thread, which alone wakes the thread: an idle daemon wakes for nothing.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """The SQLite store's claim (Queue.claim_available), in the caller's write transaction.
 
 A claim reads the queued jobs of the pools it serves, each pool walked on its own along
-the pool-first queue-order indexes (schema.py, 16) and the walks merged in queue
-order, so jobs waiting in a pool no claimer serves cost it nothing, however many; of the
-keyed jobs it then reads only each key's head (claim.py: the others hold nothing their
-head does not). The common claim reads the first jobs and starts them when
-core/policy/claim.py's plain() says no rule passes any over; else the selection
-(claim.Selection) is offered the jobs in queue order, past the full groups and the used
-up budgets, in the claim's write transaction. After a claim that met full groups, the
-first jobs are read with whether their group is full, and those of full groups are left
-out of what plain() is given (_FULL).
+the pool-first queue-order indexes and the walks merged in queue order, so jobs waiting in
+a pool no claimer serves cost it nothing. The common claim reads the first jobs and starts
+them when core/policy/claim.py's plain() says no rule passes any over; else the selection
+(claim.Selection) is offered the jobs in queue order, past the full groups and the used up
+budgets. After a claim that met full groups, the first jobs are read with whether their
+group is full (_FULL), and those of full groups are left out of what plain() is given.
 """
 
 from __future__ import annotations
@@ -61,13 +58,11 @@ _HEAD_OF_KEY = (" AND (key IS NULL OR NOT EXISTS (SELECT 1 FROM jobs e INDEXED B
                 " AND e.state = 'queued' AND (e.priority, e.run_at, e.id) < (jobs.priority, jobs.run_at, jobs.id)))")
 
 # A claim with full groups reads, in place of the pool's whole queue, the pool's queued jobs
-# without a group and those of each other group with a job waiting in it (found by a skip
-# scan of jobs_queued_pool_group, one seek per group), merged in queue order: what it reads
-# is bounded by the groups of the pools it serves, not by the full groups' backlog. Each
-# stream is an index walk a page at a time, from the head and then after its last row:
-# (priority, run_at) equal and a greater id, then a greater (priority, run_at) (SQLite
-# ranges over the id of such an index only under equal leading columns; a range on all
-# three walks every job of the same run_at).
+# without a group and those of each other group with a job waiting (a skip scan of
+# jobs_queued_pool_group), merged in queue order: not the full groups' backlog. Each stream
+# is an index walk a page at a time, after its last row: (priority, run_at) equal and a
+# greater id, then a greater (priority, run_at) (a range on all three would walk every job
+# of the same run_at).
 _WAITING_GROUPS = (
     "WITH RECURSIVE w (name) AS (SELECT (SELECT concurrency_group FROM jobs INDEXED BY jobs_queued_pool_group"
     " WHERE state = 'queued' AND concurrency_group IS NOT NULL AND pool = ?1 ORDER BY concurrency_group LIMIT 1)"
@@ -182,12 +177,10 @@ _PAUSED, _FAIR_WAITS = 1, 2
 
 
 # A claim after one that met full groups (and no used up budget) reads with each of the
-# queue's first jobs whether what runs fills its group (claim.Selection.out_groups: as many
-# running as the lowest limit of its running jobs; the full groups are read once through
-# the running index), and as many jobs more as the last such claim met of full groups (at
-# least one, at most _PAST): with no more than that of full groups among the first, the
-# rest are the first jobs the selection may take, and the common claim goes on with them,
-# in the one statement; else the selection past the full groups.
+# queue's first jobs whether what runs fills its group (claim.Selection.out_groups), and as
+# many jobs more as the last such claim met of full groups (at least one, at most _PAST):
+# with no more than that of full groups among the first, the rest are the first jobs the
+# selection may take, and the common claim goes on with them; else the selection.
 _FULL_GROUPS = ("WITH full_groups AS MATERIALIZED (SELECT concurrency_group FROM jobs INDEXED BY jobs_running"
                 " WHERE state = 'running' AND concurrency_group IS NOT NULL GROUP BY concurrency_group"
                 " HAVING count(*) >= min(CASE WHEN concurrency_limit THEN concurrency_limit ELSE 1 END)) ")
@@ -306,11 +299,9 @@ class Claims:
             return self._select(c, request, self._held(c, now), None, walk)
         # The common claim (claim.plain): the queue's first jobs and whether anything is
         # paused, in one statement; when no rule applies to them, they start. While
-        # budgets are in force, or the last claim met a grouped job, the statement also
-        # reads what runs in total (claim.Totals: three aggregates over the running
-        # index, no row per running job): the heads start if each fits its group and its
-        # budgets even with all of that in them. Else what runs is read (a handful of
-        # rows), and they start if each is within its group and its budgets.
+        # budgets are in force, or the last claim met a grouped job, it also reads what runs
+        # in total (claim.Totals): the heads start if each fits its group and budgets even
+        # with all of that in them; else what runs is read (a handful of rows).
         totalled = limits.any or self._grouped_heads
         read = limit + self._past if past_full else limit
         heads = _read_heads(c, walk, heads_of_keys, totalled, limits.any, read, past_full)

@@ -1,17 +1,13 @@
 """Whether the SQLite store's files are still the ones the daemon has open.
 
-SQLite keeps its database file and its WAL open; a WAL deleted under a running daemon
-(an operator's `rm queue.db-wal`, a cleanup script) is not noticed by SQLite: it goes on
-writing commits into the deleted file, whose frames a restart never reads. Everything
-acknowledged since the last checkpoint is then lost at the next crash or SIGKILL. A
-database file deleted or replaced (a backup moved over it) is the same mistake, worse.
+SQLite does not notice a WAL deleted under a running daemon (`rm queue.db-wal`): it goes on
+writing commits into the deleted file, which a restart never reads, so everything since the
+last checkpoint is lost at the next crash. A database file deleted or replaced is worse.
 
-`FilesWatch.check` runs after each commit of the writing connection (a group of submits
-is one commit): one stat() of each file, compared with the identity (device, inode) they
-had at the first commit of that connection. While the connection is open SQLite holds
-both files, so their inode numbers cannot be reused by new files. Never opens a
-descriptor on either file: closing one would drop SQLite's POSIX locks on it
-(checkpoint.py). No I/O besides stat; called under the store's write lock.
+`FilesWatch.check` runs after each commit of the writing connection, under the write lock:
+one stat() of each file, compared with their (device, inode) at that connection's first
+commit (SQLite holds both open, so the inodes cannot be reused meanwhile). It never opens
+either file: closing a descriptor would drop SQLite's POSIX locks on it (checkpoint.py).
 """
 
 from __future__ import annotations

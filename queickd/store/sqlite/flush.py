@@ -1,32 +1,21 @@
 """Durability of the SQLite store's commits, apart from the commits themselves.
 
-The writing connection commits at synchronous=NORMAL: COMMIT writes the transaction's
-frames to the WAL file and makes them visible, without an fsync. A commit that must
-survive a power cut (every acknowledged submit) is then made durable by `WalFlusher.flush`:
-one fdatasync of the WAL file, made outside the write lock, so other writers go on while
-the disk flushes. The WAL is written in order, so one fdatasync makes every commit written
-before it began durable: concurrent callers share it (group commit), and a flush also
-covers the bookkeeping commits (claims, finishes) that came before. That is what
-synchronous=FULL does inside COMMIT, with two differences: the write lock is not held
-during the flush, and a commit is visible (a claimed job may start) before it is durable.
-A power cut in that window undoes a commit nobody was told of: a submit never
-acknowledged (its client sends it again) and perhaps a run of its job (at-least-once).
+The writing connection commits at synchronous=NORMAL (COMMIT writes the WAL, no fsync). A
+commit that must survive a power cut (every acknowledged submit) is then made durable by
+`WalFlusher.flush`: one fdatasync of the WAL, outside the write lock, so other writers go
+on meanwhile. The WAL is written in order, so one fdatasync covers every commit written
+before it began: concurrent callers share it (group commit), and it covers the bookkeeping
+commits (claims, finishes) before it too. A commit is visible before it is durable: a power
+cut in between undoes a submit nobody was told of (its client sends it again) and perhaps a
+run of its job (at-least-once). A checkpoint fsyncs what it copies into the database file.
 
-A checkpoint copies the WAL into the database file; SQLite fsyncs both around it, so a
-commit checkpointed before its flush is durable in the file. The flusher keeps the WAL
-open from its first flush until reset(): SQLite neither deletes nor replaces the file
-while the writing connection is open (it may truncate it: the same file), and an open
-and a close per commit cost a lone commit more than the flush itself saves on this path.
-A WAL file created anew (the last connection's close deletes it) needs its directory
-entry on disk too: the flusher fsyncs the directory once for every WAL file it has not
-seen before.
+The WAL is kept open from the first flush until reset() (SQLite neither deletes nor replaces
+it while the writing connection is open); a WAL made anew also has its directory synced.
 
-A failed fdatasync fails every flush after it (NotDurableError), until the store is opened
+A failed fdatasync fails every flush after it (NotDurableError) until the store is opened
 anew: Linux reports a writeback error once and may drop the pages it could not write, so a
-later fdatasync that succeeds proves nothing about them, and every frame after a lost one
-is lost with it at recovery. Trying again would acknowledge commits that may not be on
-disk; PostgreSQL stops for the same reason. Every write is then answered "may have been
-stored", never "stored".
+later fdatasync that succeeds proves nothing about them. Every write is then answered "may
+have been stored", never "stored".
 """
 
 from __future__ import annotations

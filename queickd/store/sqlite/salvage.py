@@ -1,22 +1,16 @@
 """`queick db check` and `queick db recover`: what is wrong with an SQLite store, and a new
 file holding every job that can still be read from a damaged one.
 
-Recovery works on a copy of the damaged file (and its -wal) in a temporary directory: the
-damaged file is never written, so nothing is lost by trying. It uses the `sqlite3`
-command's `.recover` where that is installed and works (it reads every page directly, so
-it finds rows that no intact index leads to); otherwise, or if its result does not pass
-integrity_check, a salvage with the standard library: a new file with queickd's schema,
-every row of each table that SQLite can still read copied into it, row by row past damaged
-pages, then every row left on a table page that no readable interior page leads to any
-more (pages.py reads the pages themselves; half a file lost takes a deep table's
-interior pages with it). A header that is not SQLite's is rebuilt on the copy first: in WAL mode where a -wal
-holds commits (after a kill -9 they are often only there), so they are read too; if that
-fails, in rollback mode without them, and the report says so. Afterwards the counts by
-state are made again from the jobs recovered, and ids continue after the highest one the
-damaged file knew (ids are never reused). The new file appears whole or not at all.
-
-Owns reading a damaged store and writing the new file; never writes the damaged file, its
-marker or its lock, and never decides anything about jobs.
+Recovery reads a copy of the damaged file (and its -wal): the damaged file is never
+written, so nothing is lost by trying. It uses the `sqlite3` command's `.recover` where that
+works (it reads every page, so it finds rows no intact index leads to); otherwise, or if
+its result fails integrity_check, a salvage with the standard library: every row SQLite
+can still read copied into a new file with queickd's schema, row by row past damaged pages,
+then every row left on a table page that no readable interior page leads to (pages.py). A
+header that is not SQLite's is rebuilt on the copy first: in WAL mode where a -wal holds
+commits (after a kill -9 they are often only there), else in rollback mode without them,
+and the report says so. The counts by state are made again, and ids continue after the
+highest one the damaged file knew. The new file appears whole or not at all.
 """
 
 from __future__ import annotations

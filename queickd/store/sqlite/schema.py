@@ -1,14 +1,11 @@
 """The SQLite schema, as numbered migrations applied at open.
 
-`migrate()` reads the file's schema version (the `schema_version` row of `meta`; 0 for a
-new file), refuses a file written by a newer queickd, and applies each missing step in
-order, one transaction per step, the step and its new version committed together. Every
-writer takes BEGIN IMMEDIATE and reads the version again inside it, so a second process
-opening the same file at the same moment applies nothing twice. Steps are functions of a
-connection; a new one is appended, a shipped one is never edited. New files replay every
-step, so a file made today and one upgraded from an old release have the same schema.
-
-This module owns the schema and its history; it reads and writes no jobs.
+`migrate()` applies each step the file lacks (its version: the `schema_version` row of
+`meta`, 0 for a new file) in order, one transaction per step, the step and its new version
+committed together; a file of a newer queickd is refused. The version is read again inside
+BEGIN IMMEDIATE, so two processes opening the file at once apply nothing twice. A shipped
+step is never edited; a new one is appended. New files replay every step, so a file made
+today and one upgraded from an old release have the same schema.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """SQLite store (`sqlite:///path/to/queue.db`): the durable default for one machine.
 
-This module owns the store's queries but the claim's (claim.py). Its connections
-and transactions (one writing connection under a lock, per-thread readers) are in
-connection.py, its schema and migrations in schema.py, the encoding of rows in
-rows.py. Counts by state are kept in a table (new jobs by the submit, changes of state by
-triggers), so stats and the queue cap cost one row read, not a scan of a million jobs.
+This module owns the store's queries but the claim's (claim.py); its connections and
+transactions are in connection.py, its schema in schema.py. Counts by state are kept in a
+table (new jobs by the submit, changes of state by triggers), so stats and the queue cap
+cost one row read, not a scan of a million jobs.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """`queick db vacuum`: an SQLite store rewritten in place, without its free pages and with
-the page size a new store gets (1 KiB: about a third of the bytes a card is written per job;
-settings.SQLITE_PAGE). A store made by an earlier release keeps 4 KiB pages otherwise:
-WAL mode fixes a file's page size, and a backup copies pages as they are.
+the page size a new store gets (settings.SQLITE_PAGE), which a store of an earlier release
+cannot get otherwise: WAL mode fixes a file's page size, and a backup copies pages as they are.
 
 SQLite's VACUUM, in rollback-journal mode for its duration (the only mode in which the page
-size can change): the old pages go to the journal first, so a crash or a power cut midway
-leaves the store as it was, put back by SQLite when the file is next opened. The store is
-checked first as a daemon checks it at start (a damaged one is refused: `queick db recover`
-is for those), and again after. The caller makes sure no daemon serves it.
+size can change): a crash or a power cut midway leaves the store as it was, put back from
+the journal when the file is next opened. The store is checked as a daemon's start checks
+it, before (a damaged one is refused) and after. The caller makes sure no daemon serves it.
 """
 
 from __future__ import annotations
