@@ -23,17 +23,14 @@ _STARTS = "SELECT at, n FROM rate_starts WHERE key = ? ORDER BY at"
 # The starts that left a key's window, deleted: how many.
 _FORGET = "DELETE FROM rate_starts WHERE key = ? AND at <= ? RETURNING n"
 _UNKEEP = "UPDATE rate_keys SET kept = kept - ? WHERE key = ?"
-_WRITE = ("INSERT INTO rate_keys (key, lim, per, blocked_until, kept) VALUES (?, ?, ?, NULL, ?)"
-          " ON CONFLICT (key) DO UPDATE SET lim = excluded.lim, per = excluded.per,"
-          " kept = rate_keys.kept + excluded.kept")
-_LOG = ("INSERT INTO rate_starts (key, at, n) VALUES (?, ?, ?)"
-        " ON CONFLICT (key, at) DO UPDATE SET n = rate_starts.n + excluded.n")
-_WRITE_MANY = ("INSERT INTO rate_keys (key, lim, per, blocked_until, kept)"
-               " SELECT k, l, p, NULL, n FROM unnest(%s::text[], %s::int[], %s::float8[], %s::int[]) AS t(k, l, p, n)"
-               " ON CONFLICT (key) DO UPDATE SET lim = excluded.lim, per = excluded.per,"
-               " kept = rate_keys.kept + excluded.kept")
-_LOG_MANY = ("INSERT INTO rate_starts (key, at, n) SELECT k, %s, n FROM unnest(%s::text[], %s::int[]) AS t(k, n)"
-             " ON CONFLICT (key, at) DO UPDATE SET n = rate_starts.n + excluded.n")
+# The starts a claim adds: to its keys' rows (made if new) and as a row of rate_starts each.
+_KEPT = " ON CONFLICT (key) DO UPDATE SET lim = excluded.lim, per = excluded.per, kept = rate_keys.kept + excluded.kept"
+_LOGGED = " ON CONFLICT (key, at) DO UPDATE SET n = rate_starts.n + excluded.n"
+_WRITE = "INSERT INTO rate_keys (key, lim, per, blocked_until, kept) VALUES (?, ?, ?, NULL, ?)" + _KEPT
+_LOG = "INSERT INTO rate_starts (key, at, n) VALUES (?, ?, ?)" + _LOGGED
+_WRITE_MANY = ("INSERT INTO rate_keys (key, lim, per, blocked_until, kept) SELECT k, l, p, NULL, n"
+               " FROM unnest(%s::text[], %s::int[], %s::float8[], %s::int[]) AS t(k, l, p, n)" + _KEPT)
+_LOG_MANY = "INSERT INTO rate_starts (key, at, n) SELECT k, %s, n FROM unnest(%s::text[], %s::int[]) AS t(k, n)" + _LOGGED
 _TIGHTEN = ("INSERT INTO rate_keys (key, lim, per, blocked_until) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (key) DO UPDATE SET blocked_until ="
             " CASE WHEN rate_keys.blocked_until > excluded.blocked_until THEN rate_keys.blocked_until"

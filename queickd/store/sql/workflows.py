@@ -217,8 +217,8 @@ def steps_cancelled_in(d: Dialect, c: Any, s: Steps, rows: Sequence[Sequence[Any
 def advance_dead_in(d: Dialect, c: Any, s: Steps, job_ids: list[int], error: dict, now: float) -> None:
     """Jobs made dead outside a finish (orphaned too often): their runs advance as for a failure."""
     marks = ",".join("?" * len(job_ids))
-    rows = c.execute(d.q(f"SELECT id, workflow_run, workflow_step, workflow_item, workflow_loop FROM jobs"
-                         f" WHERE id IN ({marks}) AND workflow_run IS NOT NULL"), job_ids).fetchall()
+    rows = c.execute(d.q(f"SELECT {STEP_OF_JOB} FROM jobs WHERE id IN ({marks}) AND workflow_run IS NOT NULL"),
+                     job_ids).fetchall()
     if rows:
         advance_in(d, c, s, [(*r, False, None, error) for r in rows], now)
 

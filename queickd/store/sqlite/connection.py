@@ -46,7 +46,6 @@ from .transactions import roll_back
 log = logging.getLogger("queickd.store")
 
 _ROWS_MAX = 256  # rows per INSERT statement; statements of 2**k rows, so few distinct ones
-_SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 _ROOM = 1 << 20  # bytes free below which a write that fails is put down to a full disk
 _RETRY_WRITABLE = 1.0  # seconds between attempts to open the file for writing again
 
@@ -104,7 +103,7 @@ class SQLiteFile:
     NOT_WRITTEN: tuple[type[BaseException], ...] = (DiskFullError, StoreFilesLostError)
 
     def __init__(self, path: str, durability: str = "full", busy_timeout: float = 30.0) -> None:
-        if durability not in _SYNCHRONOUS:
+        if durability not in ("full", "normal"):
             raise ValueError("durability must be 'full' or 'normal'")
         self.in_memory = path == IN_MEMORY  # memory:// (inmemory.py): one connection, no file
         self.url = "memory://" if self.in_memory else f"sqlite:///{path}"  # as given: what the user named
@@ -228,24 +227,23 @@ class SQLiteFile:
             with contextlib.suppress(sqlite3.Error):
                 c.close()
             c = None
-        if c is None and self._files is not None and self._files.lost is not None and self._w is not None:
+        if c is not None:
+            return c
+        if self._files is not None and self._files.lost is not None and self._w is not None:
             # A connection opened now may fail (disk I/O error: its WAL is gone) while the
             # writer's still reads; no write begins any more, so it serves reads for all.
-            c = self._local.conn = self._w
-            self._local.gen = self._gen
-        if c is None:
+            c = self._w
+        else:
             if self.read_only:
                 c = sqlite3.connect(f"file:{urllib.parse.quote(self.path)}?mode=ro&immutable=1", uri=True,
                                     isolation_level=None, check_same_thread=False)
             else:
-                c = sqlite3.connect(
-                    self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
-                )
-                _into_wal(c, _SYNCHRONOUS[self.durability])
-            self._local.conn = c
-            self._local.gen = self._gen
+                c = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
+                                    check_same_thread=False)
+                _into_wal(c, self.durability.upper())
             with self._all_lock:
                 self._all.append(c)
+        self._local.conn, self._local.gen = c, self._gen
         return c
 
     def _writer(self) -> sqlite3.Connection:

@@ -345,7 +345,10 @@ def read_rows(image: Image, tables: dict[str, Table]) -> Found:
             if values is None:
                 found.broken += 1
                 continue
-            name = owner.get(n) or _only_table_with(tables, len(values))
+            name = owner.get(n)
+            if name is None:  # the one table with enough columns, if one (older rows have fewer)
+                fits = [k for k, t in tables.items() if len(t.columns) >= len(values)]
+                name = fits[0] if len(fits) == 1 else None
             if name is None or len(values) > len(tables[name].columns):
                 found.unplaced += 1
                 continue
@@ -355,13 +358,6 @@ def read_rows(image: Image, tables: dict[str, Table]) -> Found:
                 row[t.columns[t.rowid_alias]] = rowid
             found.rows.setdefault(name, []).append((rowid, row))
     return found
-
-
-def _only_table_with(tables: dict[str, Table], columns: int) -> str | None:
-    """The one table with at least `columns` columns (a row written before later columns
-    were added has fewer), or None where several could hold it."""
-    fits = [name for name, t in tables.items() if len(t.columns) >= columns]
-    return fits[0] if len(fits) == 1 else None
 
 
 def _checksum(data: bytes, order: str, s: tuple[int, int]) -> tuple[int, int]:
