@@ -1,15 +1,13 @@
 """Fair shares (core/policy/fair.py) as both SQL stores keep them: the table `fair_keys`
 (pool, key, waiting, vtime, last_start), its count of queued jobs kept by triggers (SQLite:
-at once, its one writer serializes them; PostgreSQL: appended to fair_deltas and folded in
-by the fair claim, postgres/claim.py FOLD_FAIR), and a claim's reads of it in its
-transaction, after the lock its store serializes such claims under (SQLite's writer;
-PostgreSQL's claim lock).
+at once; PostgreSQL: through fair_deltas, folded in by the fair claim, postgres/claim.py
+FOLD_FAIR), read by a claim in its transaction after the lock its store serializes such
+claims under (SQLite's writer; PostgreSQL's claim lock).
 
-A claim reads, per pool walked, the keys with work waiting in order of standing, a page at
-a time (the partial index fair_keys_waiting: an index walk, never a count of all waiting
-jobs), and each key's queued jobs in queue order, a page at a time (jobs_queued_fair);
-the pool's jobs without a fair key come from the store's own queue-order walk (`unfair`).
-Only serial keys' heads are read (fair.heads_only)."""
+A claim reads, per pool walked, the keys waiting in order of standing (fair_keys_waiting)
+and each key's queued jobs in queue order (jobs_queued_fair), a page at a time: index
+walks, never a count of all waiting jobs. The pool's jobs without a fair key come from the
+store's own walk (`unfair`). Only serial keys' heads are read (fair.heads_only)."""
 
 from __future__ import annotations
 

@@ -22,25 +22,22 @@ from .dialect import Dialect
 
 # What an UPDATE of jobs returns for steps_cancelled_in: the job and its workflow step, if any.
 STEP_OF_JOB = "id, workflow_run, workflow_step, workflow_item, workflow_loop"
-# A run's row, without its state: the state has a table of its own (workflow_states), so
-# that a fan-out's item, which changes only the run's progress, neither reads nor rewrites
-# it (a row's update rewrites the whole row on SQLite: the state with it, once per item).
+# A run's row, without its state: the state has a table of its own (workflow_states), so that
+# a fan-out's item, which changes only the run's progress, neither reads nor rewrites it.
 RUN_COLS = "id, name, status, step, parent, root, idempotency_key, definition, meta, created_at, finished_at"
 # The row with its state, last.
 RUN_WITH_STATE = (f"SELECT {', '.join('r.' + c for c in RUN_COLS.split(', '))}, s.state FROM workflow_runs r"
                   " JOIN workflow_states s ON s.run = r.id")
-# The state of a run read without it: a transition that touches it is handed the state first
-# (store/workflows.py asks engine.needs_state). Read-only, and an error to encode: a bug
-# that reached it would fail loudly rather than store an empty state.
+# The state of a run read without it (store/workflows.py reads it for a transition that needs
+# it): read-only, and an error to encode, so a bug would fail loudly, not store {}.
 UNREAD: Any = MappingProxyType({})
 
 
 class _StateCache:
     """The last state text read and its object: a run's steps that read the state one after
     the other (a task's finish, then its next step's) decode it once, and an unchanged one
-    is not written back. The object is shared, so nothing may change it in
-    place (the transition never does: it builds new dicts). One tuple, swapped whole, so
-    threads may share it."""
+    is not written back. The object is shared, so nothing may change it in place (the
+    transition builds new dicts). One tuple, swapped whole, so threads may share it."""
 
     last: tuple[str, dict[str, Any]] = ("", {})
     # A larger state is not kept: the cache would hold it (twice: text and object) after its

@@ -40,14 +40,12 @@ def frames_waiting(index: bytes) -> int:
 class Checkpointer:
     """PASSIVE checkpoints of `path` on a thread started by the first one due.
 
-    The WAL index is read through a descriptor kept open, never one opened and closed
-    while SQLite has the file open: SQLite locks the index with POSIX (fcntl) locks, and
-    closing any descriptor of a file drops every lock this process holds on it (other
-    processes, `queick db backup` say, would then take this process's index for unused,
-    rebuild it under the daemon and checkpoint past its readers). The descriptor is
-    replaced only once its file has been deleted (SQLite deletes the index with its last
-    connection and makes a new one), and closed by close_index() once every connection
-    of the store is closed."""
+    The WAL index is read through a descriptor kept open while SQLite has the file open:
+    SQLite locks the index with POSIX (fcntl) locks, and closing any descriptor of a file
+    drops every lock this process holds on it (another process, `queick db backup` say,
+    would then rebuild the index under the daemon and checkpoint past its readers). It is
+    replaced once SQLite has deleted the file (with its last connection), and closed by
+    close_index() once every connection of the store is."""
 
     def __init__(self, path: str, target: int = TARGET_FRAMES) -> None:
         self._path = path

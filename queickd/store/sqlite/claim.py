@@ -50,10 +50,9 @@ _WAITING_POOLS = "WITH RECURSIVE " + ", ".join(
      " FROM d WHERE d.name IS NOT NULL)"  # the pools of the fair keys waiting: their jobs are in no walk
 ) + " UNION ".join(f" SELECT name FROM {w} WHERE name IS NOT NULL" for w in ("a", "b", "c", "d"))
 
-# Of the keyed jobs, their key's head only (its first queued job in queue order, of any
-# pool), for a claim that does not read every pool: a key's head in a pool it does not
-# read, or in a full group, is not seen holding its key (claim.SerialKeys), and the jobs
-# behind it must not start before it. One look along jobs_key per keyed job read.
+# Of the keyed jobs, their key's head only (its first queued job, of any pool), for a claim
+# that does not read every pool: a key's head it does not read is not seen holding its key
+# (claim.SerialKeys), and the jobs behind it must not start before it.
 _HEAD_OF_KEY = (" AND (key IS NULL OR NOT EXISTS (SELECT 1 FROM jobs e INDEXED BY jobs_key WHERE e.key = jobs.key"
                 " AND e.state = 'queued' AND (e.priority, e.run_at, e.id) < (jobs.priority, jobs.run_at, jobs.id)))")
 
@@ -155,12 +154,10 @@ def served_order(cols: str, pools: int, where: str = "", walks: tuple[tuple[str,
                               for _ in range(pools) for index, which in walks)
 
 
-# The claim's first statement: the queue's first jobs (priority, claim.ROW_COLS) and whether
-# anything is paused; _HEADS_TOTALS adds what runs in total (claim.Totals: jobs, the least
-# limit of a grouped one, and with budgets in force their cost units, each at least 0 so
-# that the sum bounds every pool's and group's).
-# Its paused column is a flag word: 1, a pause exists; 2, a fair key has a job queued (the
-# claim then goes the way of fair shares, store/sql/fair.py).
+# The claim's first statement: the queue's first jobs (priority, claim.ROW_COLS) and a flag
+# word (1: a pause exists; 2: a fair key has a job queued, so the claim goes the way of fair
+# shares); _TOTALS_COLS adds what runs in total (claim.Totals; cost units each at least 0,
+# so that the sum bounds every pool's and group's).
 _HEADS_COLS = (f"priority, {claim.ROW_COLS}, EXISTS (SELECT 1 FROM pauses)"
                " | (EXISTS (SELECT 1 FROM fair_keys WHERE waiting > 0) << 1)")
 _RUNNING_IN = "FROM jobs INDEXED BY jobs_running WHERE state = 'running'"
@@ -170,8 +167,6 @@ _TOTALS_COLS = (
     " AND concurrency_group IS NOT NULL),"
     f" CASE WHEN ? THEN (SELECT total(max(coalesce(cost_units, 1.0), 0.0)) {_RUNNING_IN}) END")
 _ORDER = " ORDER BY priority, run_at, id LIMIT ?"
-# A heads row: priority, then claim.ROW_COLS, the flag word (its bits below), and with
-# _TOTALS_COLS the totals.
 _ROW, _FLAGS, _TOTALS = slice(1, 11), 11, slice(12, 15)
 _PAUSED, _FAIR_WAITS = 1, 2
 

@@ -1,18 +1,13 @@
 """Rows read straight from an SQLite file's pages, without SQLite: the salvage's last resort
-for rows that no readable interior page leads to any more (half a file lost takes the
-interior pages of a deep table with it, and SQLite's own walk then reaches none of the
-leaves that are still there).
+for rows that no readable interior page leads to any more (half a file lost takes a deep
+table's interior pages with it, and SQLite's own walk then reaches none of its leaves).
 
-An image is the file's pages with the -wal's committed frames over them (the newest version
-of each page, frames checked by their salts and checksums, as SQLite reads them). Its table
-leaf pages are parsed cell by cell (overflow chains followed); a row is kept only if its
-record decodes exactly to its stated size. A leaf is given to a table by walking each
-table's tree from its root as far as the pages allow; a leaf no walk reached is given to the
-one table with enough columns for its records, or to none. Free pages (their list as far as
-it reads) are skipped: they hold rows already deleted.
-
-Reads only; owns the SQLite file format, never anything about jobs. File format:
-https://www.sqlite.org/fileformat2.html
+An image is the file's pages with the -wal's committed frames over them (checked by their
+salts and checksums, as SQLite reads them). Its table leaf pages are parsed cell by cell
+(overflow chains followed); a row is kept only if its record decodes exactly to its stated
+size. A leaf belongs to the table whose tree, walked from its root as far as the pages
+allow, reaches it; else to the one table with enough columns, or to none. Free pages hold
+rows already deleted: skipped. Reads only. File format: https://www.sqlite.org/fileformat2.html
 """
 
 from __future__ import annotations
