@@ -1,7 +1,6 @@
 """A SQL store's open transaction: the contract.transaction.Transaction its transaction()
-yields. Each call runs what the store's own method runs once it has opened its
-transaction (a shared function with the store's Dialect, or the store's component) on the
-connection the transaction is open on, with no BEGIN or COMMIT of its own."""
+yields. Each call runs what the store's own method runs inside its transaction, on the
+connection this one is open on, with no BEGIN or COMMIT of its own."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ from . import operator, stats
 
 
 class SqlTransaction:
-    """A SQL store's open transaction, bound to `conn`. Made by the store's transaction();
-    used only inside that block. `store` is a SqlStore (store.py, which yields these)."""
+    """Bound to `conn`, used only inside the store's transaction() block; `store`: a SqlStore."""
 
     __slots__ = ("store", "conn")
 

@@ -15,7 +15,6 @@ highest one the damaged file knew. The new file appears whole or not at all.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import shutil
@@ -418,7 +417,7 @@ def _finish(partial: str, report: Recovered) -> None:
         c.execute("DELETE FROM state_counts")
         c.execute("INSERT INTO state_counts SELECT state, count(*) FROM jobs GROUP BY state")
         c.execute("COMMIT")
-        report.states = dict(collections.Counter(dict(c.execute("SELECT state, n FROM state_counts"))))
+        report.states = dict(c.execute("SELECT state, n FROM state_counts"))
         ok = c.execute("PRAGMA integrity_check").fetchone()[0]
         if ok != "ok":
             raise sqlite3.DatabaseError(f"the recovered file failed its integrity check: {ok}")

@@ -94,9 +94,8 @@ class SQLiteStore(SQLiteFile, SqlStore):
             return self._submit_in(c, requests, now, admission)
 
     def _lookups(self, c: sqlite3.Connection, requests: Sequence[Sequence[NewJob]]) -> adm.Lookups:
-        # Every idempotency key of the requests is looked up at once (a client gives each
-        # enqueue one): a statement per commit, not one per job.
-        # admission.plan asks only for the keys of these requests.
+        # Every idempotency key of the requests (admission.plan asks for no other) is looked
+        # up at once: a client gives each enqueue one, and this is a statement per commit.
         known = _jobs_by_key(c, {j.idempotency_key for r in requests for j in r if j.idempotency_key is not None})
 
         def active(key: str) -> int | None:
@@ -194,8 +193,7 @@ class SQLiteStore(SQLiteFile, SqlStore):
             "SELECT EXISTS (SELECT 1 FROM streaks), EXISTS (SELECT 1 FROM pauses WHERE probe_job IS NOT NULL)"
         ).fetchone()
         if not any_streak and not probing and all(o.state == State.SUCCEEDED and o.workflow_run is None
-                                                  for o in outcomes):
-            # The steady state: successes with no streak to reset need no RETURNING.
+                                                  for o in outcomes):  # the steady state: no RETURNING
             cur = c.executemany(
                 "UPDATE jobs SET state = 'succeeded', result = ?, error = NULL, output = ?, finished_at = ?"
                 " WHERE id = ? AND state = 'running'",
