@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from typing import Any
 
 from . import cgroup_v1
@@ -49,15 +48,10 @@ class JobCgroup:
         self.paths = (path,)  # the groups the child joins: one on v2
 
     def _read(self, name: str) -> str | None:
-        try:
-            with open(os.path.join(self.path, name)) as f:
-                return f.read()
-        except OSError:
-            return None
+        return cgroup_v1.read(os.path.join(self.path, name))
 
     def memory_peak(self) -> int | None:
-        v = self._read("memory.peak") or self._read("memory.current")
-        return int(v) if v and v.strip().isdigit() else None
+        return cgroup_v1.number(self._read("memory.peak") or self._read("memory.current"))
 
     def oom_killed(self) -> bool:
         return cgroup_v1.counts_oom_kill(self._read("memory.events"))
@@ -67,21 +61,7 @@ class JobCgroup:
             _write(os.path.join(self.path, "cgroup.kill"), "1")
 
     def remove(self) -> None:
-        """Kill what is left in it and remove it (a group with processes cannot be removed).
-        An empty group (the usual end: the zygote has killed and reaped what the job left)
-        goes at once, with no kill."""
-        with contextlib.suppress(OSError):
-            os.rmdir(self.path)
-            return
-        self.kill()
-        for _ in range(200):  # the kernel empties it within milliseconds of cgroup.kill
-            try:
-                os.rmdir(self.path)
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.005)
+        cgroup_v1.remove(self.paths, self.kill)
 
 
 def means(found: JobCgroups | cgroup_v1.JobCgroupsV1 | None, reason: str) -> dict[str, Any]:
@@ -142,15 +122,8 @@ class JobCgroups:
         return cls(base)
 
     def sweep(self) -> list[tuple[str, int, bool]]:
-        """Kill and remove the groups a daemon killed with SIGKILL left behind
-        (cgroup_v1.left_behind): (name, processes killed in them, removed) for each."""
-        done = []
-        for name, paths in sorted(cgroup_v1.left_behind([self.base]).items()):
-            g = JobCgroup(paths[self.base])
-            killed = len((g._read("cgroup.procs") or "").split())
-            g.remove()
-            done.append((name, killed, not os.path.exists(g.path)))
-        return done
+        """Kill and remove the groups a daemon killed with SIGKILL left behind (cgroup_v1.sweep)."""
+        return cgroup_v1.sweep([self.base], lambda paths: JobCgroup(paths[self.base]))
 
     def create(self, job_id: int, memory_mb: int | None) -> JobCgroup:
         self._n += 1

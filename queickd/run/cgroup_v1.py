@@ -18,6 +18,8 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
+from typing import Any
 
 REQUIRED = ("memory", "pids")
 _JOB_GROUP = re.compile(r"job-\d+-(\d+)-\d+")  # job-<job id>-<daemon pid>-<n>, v1's and v2's
@@ -44,12 +46,34 @@ def _rmdir(path: str) -> bool:
     return True
 
 
-def _read(path: str) -> str | None:
+def read(path: str) -> str | None:
     try:
         with open(path) as f:
             return f.read()
     except OSError:
         return None
+
+
+def number(text: str | None) -> int | None:
+    return int(text) if text and text.strip().isdigit() else None
+
+
+def procs(paths: tuple[str, ...]) -> set[int]:
+    """The processes in the groups at `paths`."""
+    return {int(p) for path in paths for p in (read(os.path.join(path, "cgroup.procs")) or "").split()}
+
+
+def remove(paths: tuple[str, ...], kill: Callable[[], None]) -> None:
+    """Remove a job's groups, killing what is left in them while one cannot go (a group
+    with processes cannot be removed). Empty groups (the usual end: the zygote has killed
+    and reaped what the job left) go at once, with no kill."""
+    left = [p for p in paths if not _rmdir(p)]
+    for _ in range(200 if left else 0):  # killed processes leave their groups within milliseconds
+        kill()
+        left = [p for p in left if not _rmdir(p)]
+        if not left:
+            return
+        time.sleep(0.005)
 
 
 def counts_oom_kill(text: str | None) -> bool:
@@ -72,11 +96,12 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def left_behind(bases: list[str]) -> dict[str, dict[str, str]]:
-    """The jobs' groups (v2 and v1 alike) under `bases` whose daemon is gone: the pid in
-    the name is no live process here. Name -> {base: its path}. A group of a live pid is
-    never one of them (its daemon may be using it); nor is a group whose name is not ours."""
-    out: dict[str, dict[str, str]] = {}
+def sweep(bases: list[str], group: Callable[[dict[str, str]], Any]) -> list[tuple[str, int, bool]]:
+    """Kill and remove the jobs' groups (v2 and v1 alike) under `bases` that a daemon killed
+    with SIGKILL left behind: (name, processes killed in them, removed) for each. `group`
+    makes one job's groups from {base: its path}. Only a group named as ours whose daemon
+    pid is no live process here is one of them (a live daemon may be using it)."""
+    found: dict[str, dict[str, str]] = {}
     for base in bases:
         try:
             names = os.listdir(base)
@@ -87,8 +112,14 @@ def left_behind(bases: list[str]) -> dict[str, dict[str, str]]:
             if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
                 path = os.path.join(base, name)
                 if os.path.isdir(path):
-                    out.setdefault(name, {})[base] = path
-    return out
+                    found.setdefault(name, {})[base] = path
+    done = []
+    for name, paths in sorted(found.items()):
+        g = group(paths)
+        killed = len(procs(g.paths))
+        g.remove()
+        done.append((name, killed, not any(os.path.exists(p) for p in g.paths)))
+    return done
 
 
 def mounts(root: str = "/") -> list[tuple[str, str, set[str]]]:
@@ -174,8 +205,7 @@ class JobCgroupV1:
     def memory_peak(self) -> int | None:
         if "memory" not in self.groups:
             return None
-        v = _read(os.path.join(self.path, "memory.max_usage_in_bytes"))
-        return int(v) if v and v.strip().isdigit() else None
+        return number(read(os.path.join(self.path, "memory.max_usage_in_bytes")))
 
     def oom_killed(self) -> bool:
         """From oom_control's `oom_kill` count (Linux 4.13 and later). memory.failcnt is no
@@ -184,13 +214,7 @@ class JobCgroupV1:
         by SIGKILL."""
         if "memory" not in self.groups:
             return False
-        return counts_oom_kill(_read(os.path.join(self.path, "memory.oom_control")))
-
-    def _procs(self) -> set[int]:
-        out: set[int] = set()
-        for path in self.paths:
-            out.update(int(p) for p in (_read(os.path.join(path, "cgroup.procs")) or "").split())
-        return out
+        return counts_oom_kill(read(os.path.join(self.path, "memory.oom_control")))
 
     def _freeze(self, state: str) -> bool:
         freezer = self.groups.get("freezer")
@@ -202,7 +226,7 @@ class JobCgroupV1:
         except OSError:
             return False
         for _ in range(200):  # FREEZING until every task has stopped: milliseconds
-            if (_read(path) or "").strip() == state:
+            if (read(path) or "").strip() == state:
                 return True
             time.sleep(0.002)
         return False  # a task that will not stop (in D state): the loop below goes on
@@ -213,7 +237,7 @@ class JobCgroupV1:
         killed: set[int] = set()
         try:
             for _ in range(1000):  # each pass kills what has forked since the last one
-                new = self._procs() - killed
+                new = procs(self.paths) - killed
                 if not new:
                     return
                 for pid in new:
@@ -227,23 +251,7 @@ class JobCgroupV1:
                 self._freeze("THAWED")  # a frozen task dies of its SIGKILL only once thawed
 
     def remove(self) -> None:
-        """Kill what is left in its groups and remove them (one with processes cannot be).
-        Empty groups (the usual end: the zygote has killed and reaped what the job left) go
-        at once, with no freeze and no kill; only if one cannot, the kills below."""
-        left = [p for p in self.paths if not _rmdir(p)]
-        for _ in range(200 if left else 0):  # killed processes leave their groups within milliseconds
-            self.kill()
-            for path in list(left):
-                try:
-                    os.rmdir(path)
-                    left.remove(path)
-                except FileNotFoundError:
-                    left.remove(path)
-                except OSError:
-                    pass
-            if not left:
-                return
-            time.sleep(0.005)
+        remove(self.paths, self.kill)
 
 
 class JobCgroupsV1:
@@ -255,16 +263,8 @@ class JobCgroupsV1:
         self._n = 0
 
     def sweep(self) -> list[tuple[str, int, bool]]:
-        """Kill and remove the groups a daemon killed with SIGKILL left behind (`left_behind`):
-        (name, processes killed in them, removed) for each."""
-        done = []
         by_base = {base: c for c, base in self.bases.items()}
-        for name, paths in sorted(left_behind(list(by_base)).items()):
-            g = JobCgroupV1({by_base[base]: path for base, path in paths.items()})
-            killed = len(g._procs())
-            g.remove()
-            done.append((name, killed, not any(os.path.exists(p) for p in g.paths)))
-        return done
+        return sweep(list(by_base), lambda paths: JobCgroupV1({by_base[b]: p for b, p in paths.items()}))
 
     def create(self, job_id: int, memory_mb: int | None) -> JobCgroupV1:
         self._n += 1
