@@ -1,21 +1,13 @@
-"""The job's own process, freshly forked from the zygote: it locks itself in, runs the one
-job and writes its run report as JSON on fd 3 (after the lines of its queickd.progress()
-calls, run/progress_pipe.py), then exits without running any clean-up of
-the zygote it was copied from.
-
-Before job code runs it leads its own process group, becomes the subreaper of whatever it
-starts (so a grandchild that calls setsid is still its own, and the zygote's once it is
-gone), dies with the zygote, lets a SIGTERM end it only past its deadline (a stop
-signalled to every process of the unit is the daemon's to drive), moves into its cgroups
-when it has them, takes stdin from /dev/null, stdout and stderr to the output pipe, closes
-every other descriptor, sets its rlimits, its directory and its scrubbed environment, and
-last enters namespaces of its own and becomes the job user where asked (run/isolate.py). Its peak memory is its own VmHWM,
-read just before it exits. It never unpickles anything and never returns to its caller.
+"""The job's own process, freshly forked from the zygote: it locks itself in (_lock_in),
+runs the one job and writes its run report as JSON on fd 3 (after its progress lines,
+run/progress_pipe.py), then exits without running any clean-up of the zygote it was copied
+from. As the subreaper of whatever it starts, a grandchild that calls setsid is still its
+own (and the zygote's once it is gone). Its peak memory is its own VmHWM. It never
+unpickles anything and never returns to its caller.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import resource
@@ -27,13 +19,11 @@ from typing import Any, NoReturn
 
 from ..core.fate import clean, storable_result
 from ..core.protocol import MAX_DEPTH, too_deep
-from . import capture, context, isolate
+from . import capture, cgroup_v1, context, isolate
 from .base import RunReport
 from .progress_pipe import ProgressPipe
 
 REPORT_FD = 3
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
 _RLIMITS = {"as": resource.RLIMIT_AS, "cpu": resource.RLIMIT_CPU, "fsize": resource.RLIMIT_FSIZE,
             "nofile": resource.RLIMIT_NOFILE, "nproc": resource.RLIMIT_NPROC}
 _strict = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
@@ -55,21 +45,8 @@ def open_stdio() -> None:
         sys.stdout = open(1, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
     except OSError:  # a descriptor is not open here: each child opens them itself
-        _stdio_ready = False
         return
     _stdio_ready = True
-
-
-_libc: list = []  # loaded once in the zygote; every forked child inherits it
-
-
-def prctl(option: int, value: int) -> bool:
-    try:
-        if not _libc:
-            _libc.append(ctypes.CDLL(None, use_errno=True))
-        return _libc[0].prctl(option, value, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def peak_memory() -> int | None:
@@ -97,14 +74,10 @@ def _lock_in(req: dict[str, Any], out_fd: int, rep_fd: int) -> None:
     for sig in _DEFAULT_SIGNALS:
         signal.signal(sig, _SIG_DFL)
     _term_after(req.get("deadline"))
-    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    isolate.prctl(isolate.PR_SET_PDEATHSIG, signal.SIGKILL)
+    isolate.prctl(isolate.PR_SET_CHILD_SUBREAPER, 1)
     for group in req.get("cgroups") or ():  # one on v2; one per hierarchy on v1
-        fd = os.open(group + "/cgroup.procs", os.O_WRONLY)
-        try:
-            os.write(fd, b"%d" % os.getpid())
-        finally:
-            os.close(fd)
+        cgroup_v1.write(group + "/cgroup.procs", str(os.getpid()))
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.dup2(out_fd, 1)

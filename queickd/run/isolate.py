@@ -22,18 +22,24 @@ import sys
 
 from .cgroup_v1 import write as _write
 
-PR_SET_DUMPABLE = 4
+PR_SET_PDEATHSIG = 1
 PR_GET_DUMPABLE = 3
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
 
-_libc: list = []
+_libc: list = []  # loaded once, in the zygote: every forked child inherits it
 
 
-def _prctl(option: int, value: int = 0) -> int:
+def _call(name: str, *args: object) -> int:
+    if not _libc:
+        _libc.append(ctypes.CDLL(None, use_errno=True))
+    return int(getattr(_libc[0], name)(*args))
+
+
+def prctl(option: int, value: int = 0) -> int:
     """prctl(2)'s result, or -1 when it cannot be called here."""
     try:
-        if not _libc:
-            _libc.append(ctypes.CDLL(None, use_errno=True))
-        return int(_libc[0].prctl(option, value, 0, 0, 0))
+        return _call("prctl", option, value, 0, 0, 0)
     except (OSError, AttributeError):
         return -1
 
@@ -43,36 +49,30 @@ def not_dumpable() -> str | None:
     needs CAP_SYS_PTRACE, so a job of the same user cannot read its environment, memory
     or descriptors. None when in force, else why not. Children forked from it inherit
     it; a child that execs a program loses it (the program's own process, not this one)."""
-    if _prctl(PR_SET_DUMPABLE, 0) != 0 or _prctl(PR_GET_DUMPABLE) != 0:
+    if prctl(PR_SET_DUMPABLE, 0) != 0 or prctl(PR_GET_DUMPABLE) != 0:
         return f"prctl(PR_SET_DUMPABLE) failed: {os.strerror(ctypes.get_errno()) or 'not available'}"
     return None
 
 
 # --- namespaces: a process job's own pids and mounts ----------------------------------------
 #
-# The job's child (run/child.py, forked from the zygote) calls enter() last before job code:
-# it leaves for new PID and mount namespaces (and a user namespace of its own when it is not
-# root: the same uid inside, so its files stay the daemon user's) and forks. The fork is the
-# job: pid 1 of its namespace, where /proc shows only its own processes, so it cannot see or
-# signal the daemon, the zygote or another job; /tmp (with its own directory bound back) and
-# /dev/shm are fresh tmpfs mounts, gone with the namespace; the store, token and config
-# files, the credentials directory and the cgroup hierarchies are covered (and, for a job that
-# is not root, locked: _lock_mounts). The process that
-# forked it waits and ends as it ended, so the zygote sees the job's own exit status.
+# The job's child calls enter() last before job code: new PID and mount namespaces (and,
+# when not root, a user namespace mapping its uid to itself), then a fork that is the job:
+# pid 1 there, seeing and signalling only its own processes, with a fresh /tmp (its own
+# directory bound back) and /dev/shm, and the daemon's files covered (locked for a job that
+# is not root: _lock_mounts). The process that forked it ends as it ended (_mirror), so the
+# zygote sees the job's own exit status.
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG = 1
 CGROUP_ROOT = "/sys/fs/cgroup"
 
 
 def _libc_call(name: str, *args: object) -> None:
-    if not _libc:
-        _libc.append(ctypes.CDLL(None, use_errno=True))
-    if getattr(_libc[0], name)(*args) != 0:
+    if _call(name, *args) != 0:
         e = ctypes.get_errno()
         raise OSError(e, f"{name}{tuple(a.decode() if isinstance(a, bytes) else a for a in args[:2])}: "
                          f"{os.strerror(e)}")
@@ -85,21 +85,25 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
     _libc_call("mount", enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data))
 
 
-def _unshare() -> None:
-    """New PID and mount namespaces; for a process that is not root, inside a user
-    namespace of its own that maps its uid and gid to themselves (what lets it mount)."""
+def _unshare(flags: int) -> None:
+    """unshare(2); with CLONE_NEWUSER, the uid and gid mapped to themselves inside. A
+    non-dumpable process's /proc files are root's: it could not write its own maps, so it
+    is dumpable for these few calls only (it holds a copy of the zygote, no secret)."""
     uid, gid = os.getuid(), os.getgid()
-    flags = CLONE_NEWNS | CLONE_NEWPID | (0 if os.geteuid() == 0 else CLONE_NEWUSER)
     if flags & CLONE_NEWUSER:
-        # A non-dumpable process's /proc files are root's: it could not write its own maps.
-        # Dumpable for these few calls only (it holds a copy of the zygote, no secret).
-        _prctl(PR_SET_DUMPABLE, 1)
+        prctl(PR_SET_DUMPABLE, 1)
     _libc_call("unshare", flags)
     if flags & CLONE_NEWUSER:
         _write("/proc/self/setgroups", "deny")
         _write("/proc/self/uid_map", f"{uid} {uid} 1")
         _write("/proc/self/gid_map", f"{gid} {gid} 1")
-        _prctl(PR_SET_DUMPABLE, 0)
+        prctl(PR_SET_DUMPABLE, 0)
+
+
+def _new_namespaces() -> None:
+    """New PID and mount namespaces; for a process that is not root, inside a user
+    namespace of its own (what lets it mount)."""
+    _unshare(CLONE_NEWNS | CLONE_NEWPID | (0 if os.geteuid() == 0 else CLONE_NEWUSER))
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here reaches the host
 
 
@@ -163,14 +167,8 @@ def _lock_mounts() -> None:
     let it unmount /tmp or a covered path and read what is beneath; mounts passed into a
     namespace below their owner's are locked, so in the nested one nothing can be uncovered.
     Same uid and gid inside; the parent-death signal, cleared by the change, set again."""
-    uid, gid = os.getuid(), os.getgid()
-    _prctl(PR_SET_DUMPABLE, 1)  # to write its own maps, as in _unshare
-    _libc_call("unshare", CLONE_NEWUSER | CLONE_NEWNS)
-    _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", f"{uid} {uid} 1")
-    _write("/proc/self/gid_map", f"{gid} {gid} 1")
-    _prctl(PR_SET_DUMPABLE, 0)
-    _prctl(PR_SET_PDEATHSIG, 9)
+    _unshare(CLONE_NEWUSER | CLONE_NEWNS)
+    prctl(PR_SET_PDEATHSIG, 9)
 
 
 def enter(spec: dict, user: tuple[int, int] | None = None) -> None:
@@ -178,10 +176,10 @@ def enter(spec: dict, user: tuple[int, int] | None = None) -> None:
     the job's process (pid 1 there). The caller's own process never returns: it waits for
     the job and exits as it did. Raises OSError when the kernel refuses (in the job's
     process once it has forked: that one reports it as the job's set-up failure)."""
-    _unshare()
+    _new_namespaces()
     pid = os.fork()
     if pid == 0:
-        _prctl(PR_SET_PDEATHSIG, 9)  # SIGKILL: the job ends with the process the watch kills
+        prctl(PR_SET_PDEATHSIG, 9)  # SIGKILL: the job ends with the process the watch kills
         _mounts(spec, user)  # raises into the job's set-up: its report says sandbox_setup
         if os.geteuid() != 0:
             _lock_mounts()
@@ -224,7 +222,7 @@ def probe() -> str | None:
         os.close(r)
         code = 0
         try:
-            _unshare()
+            _new_namespaces()
             inner = os.fork()
             if inner == 0:
                 try:
@@ -336,7 +334,7 @@ def become(uid: int, gid: int) -> None:
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
-    _prctl(PR_SET_PDEATHSIG, 9)
+    prctl(PR_SET_PDEATHSIG, 9)
 
 
 def remove_shm(uid: int, folder: str = "/dev/shm") -> list[str]:

@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     if dumpable is not None:
         print(f"queickd zygote: cannot make itself non-dumpable ({dumpable}): a job of the same user "
               "may read its memory", file=sys.stderr, flush=True)
-    if not child.prctl(child.PR_SET_CHILD_SUBREAPER, 1):
+    if isolate.prctl(isolate.PR_SET_CHILD_SUBREAPER, 1) != 0:
         print("queickd zygote: cannot become a subreaper; a job's setsid children may outlive it",
               file=sys.stderr, flush=True)
     child.open_stdio()  # once here, not in each child
