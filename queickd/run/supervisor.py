@@ -2,15 +2,15 @@
 jobs, routes its replies to the worker threads waiting for them, and restarts it when it
 dies (with backoff, logged); `reload()` (SIGHUP) has it re-import the app in place.
 
-One reader thread per zygote waits on its socket; it is blocked in recv while no job runs,
-so the supervisor adds no wake-ups to an idle daemon. The zygote gets a
-minimal environment of its own (no store URL, no token, nothing QUEICKD_*): only what it
-needs to find Python and the job modules. Never forks the daemon (subprocess uses
-vfork/posix_spawn-style exec of a fresh interpreter) and never decides a job's fate.
+One reader thread per zygote waits on its socket (no wake-ups while no job runs). The
+zygote gets a minimal environment (no store URL, no token, nothing QUEICKD_*): only what
+it needs to find Python and the job modules. Never forks the daemon (subprocess execs a
+fresh interpreter) and never decides a job's fate.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -39,9 +39,8 @@ class ZygoteUnavailableError(RuntimeError):
 @dataclass
 class Pending:
     """One request to a zygote: the replies come to `replies`, and a byte to `wake_w` for
-    the worker thread's selector. The child's pid is kept in `pid` as it arrives; it wakes
-    the thread only when `wake_on_pid` says the thread needs it at once (a memory watch, a
-    kill waiting for it): a wake-up less per job otherwise. `wake_r`/`wake_w` are the
+    the worker thread's selector. The child's pid, kept in `pid`, wakes the thread only when
+    `wake_on_pid` (a memory watch, a kill waiting for it). `wake_r`/`wake_w` are the
     caller's when it passed them (reused job after job), else this request's own."""
 
     id: int
@@ -61,12 +60,9 @@ class Pending:
             quiet = "pid" in msg and not self.wake_on_pid
             if "pid" in msg:
                 self.pid = msg["pid"]
-        if quiet:
-            return
-        try:
-            os.write(self.wake_w, b"\0")
-        except OSError:
-            pass
+        if not quiet:
+            with contextlib.suppress(OSError):
+                os.write(self.wake_w, b"\0")
 
     def want_pid(self) -> int | None:
         """The child's pid; if it has not come yet, its arrival will wake the thread."""
@@ -81,13 +77,10 @@ class Pending:
         return out
 
     def close(self) -> None:
-        if not self.owns_wake:
-            return
-        for fd in (self.wake_r, self.wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        if self.owns_wake:
+            for fd in (self.wake_r, self.wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
 
 class _Zygote:
@@ -246,10 +239,8 @@ class ZygoteSupervisor:
         if z is None or z.dead:
             return
         log.info("re-importing the job modules (%s) in the zygote (pid %d)", why, z.pid)
-        try:
+        with contextlib.suppress(OSError):  # it is dying: the next one imports afresh
             z.sock.send(b'{"op": "reload"}')
-        except OSError:
-            pass  # it is dying: the next one imports afresh
 
     # --- jobs ----------------------------------------------------------------------------
     def submit(self, func: str, msg: dict[str, Any], fds: Sequence[int], *, wake: tuple[int, int] | None = None,

@@ -18,19 +18,18 @@ report pipes passed alongside (SCM_RIGHTS):
   <- {"reloaded": [...], "failed": {}}  done; a module that failed keeps its last good code
 
 A reload (SIGHUP, or an app module changed on disk, seen before a fork) imports the app
-modules afresh in this process, with the loader's rule: a module that fails to import
-keeps serving its last good code, as it does for thread jobs. It is the subreaper of its children's descendants: a process a job left behind (one that
-called setsid included) becomes its child when the job's process ends, and is killed and
-reaped before the job's exit is reported. It waits in select and wakes only for a request
-or a SIGCHLD: an idle zygote costs no wake-ups. It exits when its supervisor goes away
-(its socket closes, which the kernel does for a daemon killed with SIGKILL too). It never runs job code in itself other
-than the import of job modules, and never unpickles.
+modules afresh in place, with the loader's rule: a module that fails keeps its last good
+code. As the subreaper of its children's descendants, it kills and reaps what a job left
+behind (setsid ones included) before it reports the job's exit. It wakes only for a
+request or a SIGCHLD, and exits when its socket closes (a daemon killed with SIGKILL
+too). It runs no job code itself but the import of job modules, and never unpickles.
 """
 
 from __future__ import annotations
 
 import argparse
 import array
+import contextlib
 import errno
 import gc
 import json
@@ -89,10 +88,8 @@ class Zygote:
         for mod in list(sys.modules.values()):
             path = getattr(mod, "__file__", None)
             if path and path not in self.mtimes and path.startswith(self.loader.app_dir + os.sep):
-                try:
+                with contextlib.suppress(OSError):
                     self.mtimes[path] = os.stat(path).st_mtime
-                except OSError:
-                    pass
 
     def reload(self, why: str) -> None:
         """Import the app modules afresh in place (FunctionLoader.reload): one that fails
@@ -123,10 +120,9 @@ class Zygote:
         self._send(json.dumps(msg).encode())
 
     def send_report(self, rid: int, report: RunReport) -> None:
-        """A job's report in one packet, which must fit the socket's send buffer (~200 KB by
-        default): its text cut (capture.fit: ~100 KB at most as UTF-8). If even that cannot be
-        sent (a smaller buffer), a short one saying so, never none: the job's watch waits for
-        an answer."""
+        """A job's report in one packet, which must fit the socket's send buffer: its text
+        cut (capture.fit). If even that cannot be sent, a short one saying so, never none:
+        the job's watch waits for an answer."""
         packet = json.dumps({"id": rid, "report": capture.fit(report).to_dict()}, ensure_ascii=False)
         try:
             self.sock.send(packet.encode("utf-8", "backslashreplace"))
@@ -136,10 +132,8 @@ class Zygote:
             self.send({"id": rid, "report": short.to_dict()})
 
     def _send(self, packet: bytes) -> None:
-        try:
+        with contextlib.suppress(OSError):  # the supervisor is gone: the loop sees the socket close
             self.sock.send(packet)
-        except OSError:
-            pass  # the supervisor is gone: the loop sees the socket close
 
     def serve(self) -> None:
         r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -159,12 +153,9 @@ class Zygote:
                         self.kill_all()
                         return
                 else:
-                    while True:
-                        try:
-                            if not os.read(r, 512):
-                                break
-                        except BlockingIOError:
-                            break
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(r, 512):
+                            pass
 
     def receive(self, flags: int = 0) -> bool:
         try:
@@ -224,10 +215,8 @@ class Zygote:
             if pid == 0:
                 self.sock.close()
                 child.run(req, fds[0], fds[1], fn)  # never returns
-            try:
+            with contextlib.suppress(OSError):
                 os.setpgid(pid, pid)  # as the child does itself: whoever is first
-            except OSError:
-                pass
             self.jobs[pid] = req["id"]
             # The two messages of every job, written as JSON by hand: the encoder's objects
             # are pages this process would write again after each fork (each one copied).
@@ -259,22 +248,16 @@ class Zygote:
             if not left:
                 return
             for p in left:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             for p in left:
-                try:
+                with contextlib.suppress(ChildProcessError):
                     os.waitpid(p, 0)
-                except ChildProcessError:
-                    pass
 
     def kill_all(self) -> None:
         for pid in list(self.jobs):
-            try:
+            with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
         self.jobs.clear()
         self.kill_leftovers()
 
