@@ -70,11 +70,13 @@ def stopped(why: str, error: BaseException | None, runtime: float, timeout: floa
 
 
 def failed(exc: BaseException, runtime: float) -> RunReport:
-    """The report of a run that raised `exc`."""
+    """The report of a run that raised `exc`. Its `retry_after`, a finite number, is kept as
+    given (fate judges its range); anything else is no hint (and would not be JSON)."""
     err = error_info(exc)
+    hint = getattr(exc, "retry_after", None)
     return RunReport(False, None, err["type"], err["message"], err["traceback"],
                      permanent=getattr(exc, "permanent", False) is True,
-                     retry_after=_retry_hint(getattr(exc, "retry_after", None)),
+                     retry_after=float(hint) if finite(hint) else None,
                      network=is_network_error(exc), resource=is_resource_exhaustion(exc), runtime=runtime)
 
 
@@ -95,12 +97,9 @@ def fit(report: RunReport) -> RunReport:
     return report
 
 
-def _retry_hint(v: object) -> float | None:
-    """A number the job gave as its retry delay, kept as given (fate judges its range);
-    anything that is not a finite number is no hint (and would not be JSON)."""
-    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-        return float(v)
-    return None
+def finite(v: object) -> bool:
+    """Whether `v` is a finite int or float (not a bool): a number JSON holds."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def stall_text(stalled_after: float | None, cpu: bool = False) -> str:

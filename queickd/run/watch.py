@@ -1,17 +1,16 @@
 """One process job's child, watched from the worker thread that runs it until the zygote
 reports it reaped (run/process.py starts it): output drained as it comes (a child never
 blocks on a full pipe) and kept up to the cap, the report read from its own pipe, the
-wall-time deadline, and the memory watch (the child's RSS, or its cgroup's usage) while a
-memory limit is set (without cgroups: tree_memory, the job's whole process tree). At a limit the child's process group gets SIGTERM (time) or SIGKILL
-(memory, output), and SIGKILL after the grace. What happened becomes the RunReport; the
-report is JSON, never unpickled. Progress lines the child sends ahead of its report
-(queickd.progress) go to the runner's progress sink as they come.
+wall-time deadline, and while a memory limit is set the memory watch (its cgroup's usage,
+else tree_memory). At a limit the child's process group gets SIGTERM (time) or SIGKILL
+(memory, output), and SIGKILL after the grace. What happened becomes the RunReport (JSON,
+never unpickled); progress lines ahead of the report go to the runner's progress sink.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import math
 import os
 import selectors
 import signal
@@ -22,6 +21,7 @@ from typing import Any
 from ..core.fate import clean
 from ..core.sandbox import Limits
 from .base import RunReport
+from .capture import finite
 from .context import NOTE_MAX
 from .supervisor import Pending
 
@@ -119,10 +119,6 @@ def tree_cpu(pid: int) -> float | None:
     return total + sum(_cpu(p) or 0.0 for p in _descendants(pid))
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 class Watch:
     """One running child, watched until the zygote reports it reaped."""
 
@@ -193,10 +189,8 @@ class Watch:
 
     # --- events ------------------------------------------------------------------------------
     def _replies(self, fd: int) -> None:
-        try:
+        with contextlib.suppress(BlockingIOError):
             os.read(fd, 64)
-        except BlockingIOError:
-            pass
         for msg in self.p.take():
             if "pid" in msg:
                 if self.killed is not None:  # killed (cancelled) before its pid was known
@@ -245,8 +239,8 @@ class Watch:
             if not isinstance(msg, list) or len(msg) != 4:
                 continue
             done, total, note, at = msg
-            if (self.progress is not None and _number(done) and (total is None or _number(total))
-                    and (note is None or isinstance(note, str)) and _number(at)):
+            if (self.progress is not None and finite(done) and (total is None or finite(total))
+                    and (note is None or isinstance(note, str)) and finite(at)):
                 self.progress(done, total, note if note is None else note[:NOTE_MAX], at)
 
     def _watch_memory(self) -> None:
@@ -272,10 +266,8 @@ class Watch:
         try:
             os.killpg(pid, sig)
         except ProcessLookupError:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
         if self.cg is not None and sig == signal.SIGKILL:
             self.cg.kill()
 
@@ -296,10 +288,9 @@ class Watch:
         if self.cg is not None and self.limits.memory_mb is not None:
             # The group's own high-water mark: the look every 20 ms may have missed the last rise.
             self.peak_seen = max(self.peak_seen, self.cg.memory_peak() or 0)
-        if (self.cg is not None and self.limits.memory_mb is not None and self.killed is None
-                and self.cg.oom_killed()):
-            self.killed = ("memory_limit", f"the job went over its memory limit of {self.limits.memory_mb} "
-                           f"MB (peak {(self.cg.memory_peak() or 0) >> 20} MB in its cgroup)")
+            if self.killed is None and self.cg.oom_killed():
+                self.killed = ("memory_limit", f"the job went over its memory limit of {self.limits.memory_mb} "
+                               f"MB (peak {(self.cg.memory_peak() or 0) >> 20} MB in its cgroup)")
         if self.killed is not None:
             kind, message = self.killed
             r = RunReport(False, None, kind, message, None, runtime=runtime, cpu_time=cpu,
