@@ -1,22 +1,15 @@
-"""The async runner: awaits async jobs on one event loop the daemon owns, in a thread of
-its own ("queickd-async"), started with the first async job.
+"""The async runner: awaits async jobs (a coroutine function's call, or the awaitable a
+plain function returned) as tasks of one event loop in a thread of its own
+("queickd-async"), started with the first async job. One loop for the process, not one per
+worker thread: an async job holds no thread (the worker pool starts it with `start`), and
+a thousand sleeping jobs cost a thousand tasks. An async job that blocks (time.sleep, a
+synchronous socket) stalls every async job until it returns.
 
-An async job is a coroutine function's call, or the awaitable a plain function returned.
-Its coroutine runs as a task of the loop, so a thousand `await asyncio.sleep(1)` jobs cost
-a thousand tasks, not a thousand threads. One loop for the whole process rather than one
-per worker thread: an async job is not tied to a worker thread at all (the worker pool
-starts it with `start` and holds no thread for it), and one loop thread switches between
-tasks far cheaper than the threads would between loops. What the loop cannot do is run
-blocking code: an async job that blocks (time.sleep, a synchronous socket) stalls every
-async job until it returns.
-
-A run is stopped by cancelling its task: at its timeout, or when an operator cancels it
-(CancelledError is raised at the `await` it waits at, and again every RESEND seconds
-while it has not ended, as a thread job's JobInterrupted is). It reports `timeout` or
-`cancelled` (run.capture.stopped), which core.fate judges as it does any runner's.
-A value the awaitable gives that is itself awaitable is awaited too: a coroutine object
-never becomes a result. Never touches the store and never decides a fate; `done` is
-called on the loop's thread and must not block.
+A run is stopped by cancelling its task, at its timeout or an operator's cancel, and again
+every RESEND seconds while it has not ended; it reports `timeout` or `cancelled`
+(run.capture.stopped). A value that is itself awaitable is awaited too: a coroutine object
+never becomes a result. Never touches the store nor decides a fate; `done` is called on
+the loop's thread and must not block.
 """
 
 from __future__ import annotations
@@ -48,8 +41,7 @@ class LoopRun(context.CurrentJob):
         super().__init__(job.id, job.attempts,
                          None if timeout is None else time.time() + timeout - (time.monotonic() - began),
                          job.idempotency_key if job.workflow_run is not None else None,
-                         None if job.cron is None else context.ticks_of(job.cron, job.idempotency_key,
-                                                                        job.cron_until))
+                         context.ticks_of(job.cron, job.idempotency_key, job.cron_until))
         self.timeout = timeout
         self.began = began  # monotonic: when the run began (a thread may have called its function)
         self.why: str | None = None  # TIMEOUT, STALLED or CANCELLED once it was told to stop
@@ -95,24 +87,20 @@ class LoopRunner:
         self.start(job, call, timeout, ended.set_result, began)
         return ended.result()
 
-    def cancel(self, job_id: int) -> bool:
-        """An operator cancelled this job: its task is cancelled (again until it ends).
-        False when it does not run here."""
+    def cancel(self, job_id: int, why: str = CANCELLED) -> bool:
+        """An operator cancelled this job (or, `why` STALLED, its liveness watch found it
+        stalled: on_stall = kill): its task is cancelled (again until it ends). False when
+        it does not run here."""
         run = self._runs.get(job_id)
         if run is None:
             return False
-        run.cancelled = True
-        self._started().call_soon_threadsafe(self._stop, run, CANCELLED)
+        if why == CANCELLED:
+            run.cancelled = True
+        self._started().call_soon_threadsafe(self._stop, run, why)
         return True
 
     def stall(self, job_id: int) -> bool:
-        """The job's liveness watch found it stalled (on_stall = kill): its task is
-        cancelled, as at its timeout. False when it does not run here."""
-        run = self._runs.get(job_id)
-        if run is None:
-            return False
-        self._started().call_soon_threadsafe(self._stop, run, STALLED)
-        return True
+        return self.cancel(job_id, STALLED)
 
     def stopping(self) -> frozenset[int]:
         """The jobs told to stop (timed out, cancelled) whose task has not ended yet."""

@@ -1,18 +1,15 @@
 """Stopping a thread job: `JobInterrupted` raised in its thread at its timeout or when an
-operator cancels it, through CPython's PyThreadState_SetAsyncExc (as Dramatiq's time
-limits do).
+operator cancels it, through CPython's PyThreadState_SetAsyncExc.
 
-The exception is checked for between bytecodes only: it interrupts Python code (a loop, a
-call between two short sleeps), never a call blocked in C (`time.sleep(60)`, a socket read
-without a timeout, a database driver's query). Such a call runs to its end and the
-exception comes as it returns. A job may catch the exception; it is sent again every
-RESEND seconds while the job's call has not returned, and its worker thread stays taken
-until then.
+The exception is checked for between bytecodes only: it interrupts Python code, never a
+call blocked in C (`time.sleep(60)`, a socket read without a timeout, a driver's query),
+which gets it only as it returns. A job may catch it; it is sent again every RESEND seconds
+until the call returns, its worker thread taken until then.
 
 `Stops` owns the jobs running in threads (id -> `ThreadRun`) and one thread of its own,
-started with the first timed or cancelled run, that sends the exceptions; it sleeps while
-nothing is due (no polling). It never touches the store and never decides a fate: the
-runner reports why its run ended (`ThreadRun.why`) and core.fate judges that report.
+started with the first timed or cancelled run, that sends the exceptions and sleeps while
+nothing is due. It never touches the store nor decides a fate (the runner reports
+`ThreadRun.why`).
 """
 
 from __future__ import annotations
@@ -91,9 +88,7 @@ class Stops:
             if self._take_early(run.id):
                 self._cancel(run)
             elif run.ends is not None:
-                self._due.add(run)
-                self._start()
-                self._cond.notify()
+                self._add(run)
 
     def cancelled_early(self, job_id: int) -> bool:
         """Whether the job was cancelled while held, before any run of it entered (taken:
@@ -144,26 +139,25 @@ class Stops:
                 return False
             if run.why is None:  # a timeout or a cancel that came first stands
                 run.why, run.next_send = STALLED, self._clock()
-                self._due.add(run)
-                self._start()
-                self._cond.notify()
+                self._add(run)
         return True
 
     def _cancel(self, run: ThreadRun) -> None:  # holds _cond
         run.cancelled = True
         run.why, run.next_send = CANCELLED, self._clock()  # a cancel says more than a timeout
-        self._due.add(run)
-        self._start()
-        self._cond.notify()
+        self._add(run)
 
     def stopping(self) -> frozenset[int]:
         """The jobs told to stop (timed out, cancelled) whose call has not returned yet."""
         return frozenset(r.id for r in list(self._runs.values()) if r.why is not None)
 
-    def _start(self) -> None:  # holds _cond
+    def _add(self, run: ThreadRun) -> None:  # holds _cond
+        """`run` has a send due: the stopping thread (started now if need be) looks again."""
+        self._due.add(run)
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="queickd-thread-stops", daemon=True)
             self._thread.start()
+        self._cond.notify()
 
     def _loop(self) -> None:
         with self._cond:

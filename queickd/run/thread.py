@@ -1,21 +1,16 @@
 """The in-thread runner: calls the job's function in the calling worker thread.
 
 Loads the function through the loader (the allowlist is checked again: the operator may
-have changed it since the job was accepted), calls it and turns what happened into a
-`RunReport` (run.capture). An async def, or an awaitable the call returned, is awaited on
-the event loop of run.aio, this thread waiting (start_on_loop starts one there without a
-thread, for the worker pool). It never raises for what the job does, a job's SystemExit included, and
-it never decides the job's fate. Safe to use from many worker threads at once.
+have changed it since the job was accepted) and turns what the call did into a `RunReport`
+(run.capture). An async def, or an awaitable the call returned, is awaited on run.aio's
+event loop (start_on_loop starts one there without a thread). Never raises for what the
+job does, a SystemExit included, and never decides its fate. Safe from many threads.
 
-A run can be stopped (run.interrupt): at its timeout, or when an operator cancels it,
-JobInterrupted is raised in the worker thread, which interrupts Python code but not a call
-blocked in C. The run reports `timeout` or `cancelled` (core.fate judges those as it does a
-process run's), and only once the job's call has returned: until then its worker thread,
-and so its slot in the pool, stays taken. It cannot
-measure a thread's memory or CPU time; when `measure(func)` says this run should measure
-itself (the memory gate takes a sample of each function's runs), it reports the process's
-RSS growth over the call as an estimate of its peak (`peak_estimated`; two reads of
-/proc/self/statm), else None.
+A run is stopped at its timeout or an operator's cancel by JobInterrupted (run.interrupt),
+which interrupts Python code but not a call blocked in C: it reports only once the call
+has returned, its worker thread (its slot in the pool) taken until then. A thread's memory
+cannot be measured; when `measure(func)` asks (the memory gate samples each function's
+runs), the process's RSS growth over the call is reported as its peak (`peak_estimated`).
 """
 
 from __future__ import annotations
@@ -98,7 +93,7 @@ class ThreadRunner:
         # Also what queickd.current_job(), workflow_key(), cron_tick() and cron_last_tick() read.
         run = ThreadRun(job.id, job.attempts, timeout, began,
                         job.idempotency_key if job.workflow_run is not None else None,
-                        None if job.cron is None else context.ticks_of(job.cron, job.idempotency_key, job.cron_until))
+                        context.ticks_of(job.cron, job.idempotency_key, job.cron_until))
         run.progress_to = self.progress
         token = context.set_job(run)
         value: Any = None
