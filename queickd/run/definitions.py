@@ -70,19 +70,17 @@ def source_file(module: str, app_dir: str) -> str | None:
     """The .py file of `module` in `app_dir`, found without importing anything; None if
     it is not a plain source file there."""
     path = [app_dir]
-    parts = module.split(".")
     spec = None
-    for i, part in enumerate(parts):
+    for part in module.split("."):
+        if not path:  # the module before was no package
+            return None
         try:
             spec = importlib.machinery.PathFinder.find_spec(part, path)
         except (ImportError, ValueError):
             return None
         if spec is None:
             return None
-        if i < len(parts) - 1:
-            path = list(spec.submodule_search_locations or [])
-            if not path:
-                return None
+        path = list(spec.submodule_search_locations or [])
     origin = spec.origin if spec is not None else None
     return origin if origin and origin.endswith(".py") else None
 
@@ -97,8 +95,6 @@ def read(path: str) -> Source | None:
 
 
 def in_source(source: Source | None, name: str) -> Defined:
-    if source is None:
-        return Defined.UNKNOWN
-    if not source.mentions(name):
-        return Defined.UNKNOWN if source.opaque else Defined.MISSING
+    if source is not None and not source.opaque and not source.mentions(name):
+        return Defined.MISSING
     return Defined.UNKNOWN

@@ -3,10 +3,8 @@ turns what happened into a `RunReport`.
 
 Per job, in the calling worker thread: a fresh directory (the child's cwd, HOME and
 TMPDIR, removed afterwards), its cgroups, the output and report pipes (handed to the
-zygote, which forks the child onto them), then the child watched to its end (run/watch.py:
-output, report, deadline, memory, kills); the zygote kills and reaps whatever the job left
-behind before it reports the exit. What the child may see of the daemon's environment is `child_env`'s alone (read
-once, when the runner is made), with `job_env`'s part of its own.
+zygote, which forks the child onto them), then the child watched to its end (run/watch.py).
+The child sees of the daemon's environment only `child_env`'s, plus `job_env`'s own part.
 Never forks, never decides a fate, never unpickles: the report is JSON.
 """
 
@@ -94,9 +92,7 @@ class ProcessRunner:
         self.hidden = list(hidden)  # what a job's mount namespace covers (isolate.hidden_paths)
         self.passthrough_env = tuple(passthrough_env)
         self.kill_grace = kill_grace
-        # Read once: the daemon's environment does not change while it runs, and a look
-        # through all of it per job was a tenth of the daemon's part of a process job.
-        self.env = child_env(self.passthrough_env)
+        self.env = child_env(self.passthrough_env)  # once: the daemon's environment does not change
         self.cgroups = cgroup.JobCgroups.find() if use_cgroup else None
         # How memory limits hold here (cgroup v2, cgroup v1 or the RSS watch, and why):
         # what stats, /metrics, the status page and the start log say.
@@ -196,10 +192,6 @@ class ProcessRunner:
             return None
         return lambda done, total, note, at: sink(job.id, job.attempts, done, total, note, at)
 
-    def _was_cancelled(self, job_id: int) -> bool:
-        with self._count_lock:
-            return self._cancelled.pop(job_id, None) is not None
-
     def _count(self, error_type: str | None) -> None:
         with self._count_lock:
             if error_type in self.kills:
@@ -210,7 +202,9 @@ class ProcessRunner:
     def run(self, job: Job, limits: Limits | None = None) -> RunReport:
         limits = limits or Limits()
         began = time.monotonic()
-        if self._was_cancelled(job.id):
+        with self._count_lock:
+            cancelled = self._cancelled.pop(job.id, None) is not None
+        if cancelled:
             return RunReport(False, None, CANCELLED, "cancelled by an operator before it started", None)
         job_dir = self._job_dir(job.id)
         cg = None
@@ -277,7 +271,7 @@ class ProcessRunner:
             req["args_file"] = os.path.join(job_dir, ".queickd-args.json")
             with open(req["args_file"], "w", encoding="utf-8") as f:
                 json.dump([job.args, job.kwargs], f, ensure_ascii=False)
-        tries = 0  # zygotes that died before they forked it: once more, on a new one
+        retry = True  # a zygote that died before it forked the job: once more, on a new one
         while True:
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
             rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
@@ -309,12 +303,9 @@ class ProcessRunner:
                     with self._count_lock:
                         self._watches.pop(job.id, None)
                     self.supervisor.done(p)
-                left = watch.exit or {}
-                if p.pid is not None:
+                if p.pid is not None or not retry or "zygote_died" not in (watch.exit or {}):
                     return report
-                tries += 1
-                if tries == 2 or "zygote_died" not in left:
-                    return report
+                retry = False
             finally:
                 os.close(out_r)
                 os.close(rep_r)

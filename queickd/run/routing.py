@@ -70,14 +70,10 @@ class RoutingRunner:
         m = self.process.means if self.process is not None else {"memory": None}
         cgroup = None if str(m["memory"]).startswith("cgroup") else "limits by RSS watch"
         ns = self.supervisor.namespaces if self.supervisor is not None else "no process jobs"
-        if cgroup is None:
-            nproc = None  # pids.max
-        elif os.geteuid() == 0 and (self.process is None or self.process.user is None):
-            nproc = "root is exempt from RLIMIT_NPROC and no cgroup has pids.max"
-        else:
-            nproc = None  # RLIMIT_NPROC, counted per user
-        how = "pids.max" if cgroup is None else "RLIMIT_NPROC"
         user = None if self.process is not None and self.process.user is not None else "not set"
+        how = "pids.max" if cgroup is None else "RLIMIT_NPROC"  # RLIMIT_NPROC: per user, root exempt
+        nproc = "root is exempt from RLIMIT_NPROC and no cgroup has pids.max" if (
+            cgroup is not None and os.geteuid() == 0 and user is not None) else None
         return [("non-dumpable daemon", self.dumpable), ("pid namespace", ns), ("mount namespace", ns),
                 ("cgroup memory", cgroup), (f"process cap ({how})", nproc), ("job user", user)]
 
