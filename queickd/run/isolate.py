@@ -194,14 +194,10 @@ def _mirror(pid: int) -> None:
     import signal
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except InterruptedError:
-            continue
-        except ChildProcessError:
-            os._exit(70)
+    try:
+        _, status = os.waitpid(pid, 0)  # retried by Python itself when a signal interrupts it
+    except ChildProcessError:
+        os._exit(70)
     try:
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
@@ -220,21 +216,15 @@ def probe() -> str | None:
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        code = 0
         try:
             _new_namespaces()
             inner = os.fork()
-            if inner == 0:
-                try:
-                    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-                    if os.path.isdir("/dev/shm"):
-                        _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
-                except BaseException as e:
-                    os.write(w, str(e).encode()[:500])
-                    os._exit(1)
+            if inner == 0:  # pid 1 there: an error below is its own, written as the outer one's
+                _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+                if os.path.isdir("/dev/shm"):
+                    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
                 os._exit(0)
-            _, status = os.waitpid(inner, 0)
-            code = 0 if status == 0 else 1
+            code = 0 if os.waitpid(inner, 0)[1] == 0 else 1
         except BaseException as e:
             os.write(w, str(e).encode()[:500])
             code = 1
