@@ -160,12 +160,7 @@ def own_groups(root: str = "/") -> dict[str, str]:
             for name in names.split(","):
                 own[name] = path
     found = mounts(root)
-    out: dict[str, str] = {}
-    for name, path in own.items():
-        d = locate(found, name, path)
-        if d is not None:
-            out[name] = d
-    return out
+    return {name: d for name, path in own.items() if (d := locate(found, name, path)) is not None}
 
 
 def find(pids_max: int) -> tuple[JobCgroupsV1 | None, str]:

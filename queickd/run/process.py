@@ -116,10 +116,8 @@ class ProcessRunner:
         removed, the groups killed first (whatever its jobs left in them), each logged."""
         for path in left_dirs(self._tmp):
             shutil.rmtree(path, ignore_errors=True)
-            if os.path.lexists(path):
-                log.warning("cannot remove the job directory %s left behind by a daemon that is gone", path)
-            else:
-                log.warning("removed the job directory %s left behind by a daemon that is gone", path)
+            log.warning("%s the job directory %s left behind by a daemon that is gone",
+                        "cannot remove" if os.path.lexists(path) else "removed", path)
         if self.cgroups is None:
             return
         try:

@@ -157,11 +157,11 @@ class Zygote:
                         while os.read(r, 512):
                             pass
 
-    def receive(self, flags: int = 0) -> bool:
+    def receive(self) -> bool:
         try:
             # Into one buffer kept for every request: socket.recv_fds allocates its whole
             # size (4 MB) per call, pages this process would map, touch and unmap each job.
-            n, anc, _, _ = self.sock.recvmsg_into([self._buf], _ANC_SPACE, flags)
+            n, anc, _, _ = self.sock.recvmsg_into([self._buf], _ANC_SPACE)
         except InterruptedError:
             return True
         except OSError:
@@ -171,11 +171,9 @@ class Zygote:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 got.frombytes(data[:len(data) - len(data) % got.itemsize])
         fds = list(got)
-        if not n:
-            for fd in fds:
-                os.close(fd)
-            return False
         try:
+            if not n:
+                return False
             msg = json.loads(self._buf[:n])
             if msg.get("op") == "reload":
                 self.reload("SIGHUP")
