@@ -1,14 +1,10 @@
 """The runner seam: what running one job returns (`RunReport`) and who runs it (`Runner`).
 
-A runner executes a claimed job and reports what happened as plain data: the result, or
-the error (type, message, traceback text) with the hints the job's exception gave
-(`permanent`, `retry_after`) and whether it was a network-class failure. `core.fate`
-decides the job's outcome from the report alone, so a job run in another process is
-judged exactly like one run in a worker thread. `run.capture` builds the report from
-what the call did. A runner never decides a fate and never touches the store. An
-in-thread runner hands the report over as it is; only a runner in another process needs
-`to_dict`/`from_dict` (JSON) to carry it across. `cancel(job_id)` is how the worker pool
-passes on an operator's cancel of a running job.
+A runner reports what happened as plain data: the result, or the error with the hints the
+job's exception gave (`permanent`, `retry_after`, network class). `core.fate` decides the
+job's outcome from the report alone, so a job run in another process is judged exactly
+like one run in a worker thread. A runner never decides a fate and never touches the
+store; only a runner in another process needs `to_dict`/`from_dict` (JSON).
 """
 
 from __future__ import annotations

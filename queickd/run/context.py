@@ -1,12 +1,10 @@
-"""What a running job may ask about itself: `current_job()` (its id, attempt, deadline and
-whether it was cancelled), `progress()` (what it says of how far it has got), `workflow_key()` (a workflow step's key), `cron_tick()` (the
-tick a cron's run was fired for) and `cron_last_tick()` (the last tick it stands for:
-ticks that came while it waited were folded into it); and `JobInterrupted`, the exception
-a thread job is stopped with.
+"""What a running job may ask about itself: `current_job()`, `progress()`,
+`workflow_key()`, `cron_tick()` and `cron_last_tick()`; and `JobInterrupted`, the
+exception a thread job is stopped with.
 
 Owns one context variable (the CurrentJob), set by a runner around the call of a job and
-reset after it; it never touches the store (progress goes to the sink its runner gave). Read from the thread (or context) that runs
-the job; elsewhere current_job() and the others return None.
+reset after it; it never touches the store (progress goes to the sink its runner gave).
+Read from the thread (or context) that runs the job; elsewhere they return None.
 """
 
 from __future__ import annotations

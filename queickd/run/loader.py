@@ -3,24 +3,19 @@
 A job names `module:function`. By default a module may run only if its file lies inside
 the app directory; `--allow PATTERN` (fnmatch on the module name, e.g. `queickd.attendance.*`)
 admits more. Checking never executes code outside the app directory: the top-level
-package is located with importlib.util.find_spec before anything is imported.
-Safe from any thread; results are cached per function name.
+package is located with importlib.util.find_spec before anything is imported. check()
+also refuses, where it can tell without running code, a function the module does not
+define (not_found: run/definitions.py). Safe from any thread; verdicts are cached per name.
 
 The app directory goes last on sys.path, so a module there named like one of the standard
-library or an installed package (an app `csv.py`, or the `test.py` of Queick's README) never
-hides the real one from this process, queickd included. Such a module cannot run as a job
-(`import csv` gets the real one): a job naming it is refused at enqueue, with the reason,
-and the daemon starts regardless (it logs them once).
+library or an installed package (an app `csv.py`) never hides the real one from this
+process, queickd included; a job naming it is refused at enqueue (the daemon logs them once).
 
-check() also refuses, where it can tell, a function the module does not define
-(not_found), from the imported module or else from its source read without running it
-(run/definitions.py). An `async def` is a job like any other (its runner awaits it).
-
-Code is picked up when a module is first imported, and again on `reload()` (the daemon's
-SIGHUP): every module imported from the app directory is imported afresh into a new
-module object, which replaces the old one only once its code has run without error; a
-module that fails leaves the old one serving. Jobs already running keep the function
-they started with. Modules admitted by --allow outside the app directory are not reloaded.
+`reload()` (the daemon's SIGHUP) imports every module imported from the app directory
+afresh into a new module object, which replaces the old one only once its code has run
+without error: a module that fails leaves the old one serving. Jobs already running keep
+the function they started with. Modules admitted by --allow outside the app directory are
+not reloaded.
 """
 
 from __future__ import annotations
@@ -146,7 +141,7 @@ class FunctionLoader:
         not_found from a module not imported here is looked at again once its file changed,
         as the zygote then imports the new one."""
         cached = self._checked.get(func, False)
-        if cached is not None and cached is not False and cached.code == Code.NOT_FOUND and self._source_changed(func):
+        if isinstance(cached, QueueError) and cached.code == Code.NOT_FOUND and self._source_changed(func):
             cached = False  # a refusal only: one stat on a path that refuses anyway
         if cached is False:
             cached = self._verdict(func)
@@ -279,7 +274,6 @@ class FunctionLoader:
                 fn = fn.func          # and tell an async def's (which a task object is not) from it
             self._funcs[func] = fn
         return fn
-
 
     def cached(self, func: str) -> Callable[..., Any] | None:
         """The function as resolve() returned it last (until reload()), or None: no import,
