@@ -279,8 +279,7 @@ def user_tasks(uid: int) -> int:
 
 # --- another user: --job-user -----------------------------------------------------------------
 
-CAP_CHOWN, CAP_KILL, CAP_SETGID, CAP_SETUID = 0, 5, 6, 7
-JOB_USER_CAPS = {"CAP_SETUID": CAP_SETUID, "CAP_SETGID": CAP_SETGID, "CAP_CHOWN": CAP_CHOWN, "CAP_KILL": CAP_KILL}
+JOB_USER_CAPS = {"CAP_SETUID": 7, "CAP_SETGID": 6, "CAP_CHOWN": 0, "CAP_KILL": 5}  # name -> its bit in CapEff
 
 
 def job_user(name: str) -> tuple[int, int]:

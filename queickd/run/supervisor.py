@@ -29,7 +29,7 @@ START_TIMEOUT = 30.0  # seconds a new zygote gets to import the job modules
 MAX_BACKOFF = 30.0
 STABLE_AFTER = 60.0  # a zygote alive this long resets the backoff
 MAX_REPLY = 1 << 20  # bytes of one message from the zygote (a report with its traceback)
-_ZYGOTE_ENV = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "HOME")
+_ZYGOTE_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "HOME")
 
 
 class ZygoteUnavailableError(RuntimeError):
