@@ -261,7 +261,7 @@ class Submitter:
             row = cur.execute(_insert_sql(rows, wake, new_keys_only, guard_keys),
                               (QUEUED_CHANNEL, sorted(pools), *params) if wake else params).fetchone()
             # One backend draws the ids in the order of the rows: ascending is that order.
-            ids += sorted(row[0]) if row and row[0] else []
+            ids += sorted(row[0] or [])
         # Kept only after a small statement: a cursor holds its last parameters until its next
         # statement, and a large one saves no more than a small one.
         small = n <= _KEPT_ROWS and sum(len(v) for v in flat if type(v) is str) <= KEPT_CURSOR_BYTES
@@ -299,8 +299,8 @@ class Submitter:
         self._inserted_since_count = 0
         return waiting
 
-    def _lookups(self, reading: Callable[[], psycopg.Connection], now: float, cap: int | None = None,
-                 headroom: int = 0) -> adm.Lookups:
+    def _lookups(self, reading: Callable[[], psycopg.Connection], now: float, cap: int | None,
+                 headroom: int) -> adm.Lookups:
         def by_key(k: str) -> adm.Existing | None:
             row = reading().execute("SELECT id, state, created_at FROM jobs WHERE idempotency_key = %s",
                                     (k,)).fetchone()
@@ -322,10 +322,9 @@ class Submitter:
 
     def submit_in(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
                    admission: adm.Admission, reading: Callable[[], psycopg.Connection] | None = None,
-                   p: adm.Plan | None = None) -> list[list[Submitted] | adm.Refusal]:
-        if p is None:
-            p = adm.plan(requests, now, admission, self._lookups(reading or (lambda: c), now, admission.max_queued,
-                                                                   _jobs_in(requests)))
+                   ) -> list[list[Submitted] | adm.Refusal]:
+        p = adm.plan(requests, now, admission, self._lookups(reading or (lambda: c), now, admission.max_queued,
+                                                               _jobs_in(requests)))
         if p.expired_keys:
             c.execute("UPDATE jobs SET idempotency_key = NULL WHERE idempotency_key = ANY(%s)",
                       (p.expired_keys,))
@@ -341,5 +340,3 @@ class Submitter:
         for kind, name in manual:  # an operator's run lifts a pause
             operator.resume(self.d, c, kind, name)
         return adm.finish(p, requests, ids, now)
-
-    # --- schedule -------------------------------------------------------------------------
