@@ -188,7 +188,9 @@ class Submitter:
         # statement is one transaction (autocommit); a large batch without keys is one
         # transaction of COPY.
         if not guard and _by_copy(p):
-            return adm.finish(p, requests, self._copy(c, p, now), now)
+            with c.transaction():
+                ids = self._copy(c, p, now)
+            return adm.finish(p, requests, ids, now)
         try:
             ids = self._insert(c, p, now, guard_keys=guard)
         except psycopg.errors.UniqueViolation as e:
@@ -213,12 +215,6 @@ class Submitter:
 
     @staticmethod
     def _copy(c: psycopg.Connection, p: adm.Plan, now: float) -> list[int]:
-        """The planned inserts by COPY, in a transaction of their own (_copy_in)."""
-        with c.transaction():
-            return Submitter._copy_in(c, p, now)
-
-    @staticmethod
-    def _copy_in(c: psycopg.Connection, p: adm.Plan, now: float) -> list[int]:
         """The planned inserts by COPY, in the caller's transaction: their ids drawn first
         (COPY returns none), the rows streamed, the pools of the queued ones woken. Returns
         the ids, ascending in the order of the rows."""
@@ -330,7 +326,7 @@ class Submitter:
                       (p.expired_keys,))
         ids: list[int] = []
         if _by_copy(p):  # a large batch that admission had to read for (a stale count of the waiting)
-            ids = self._copy_in(c, p, now)
+            ids = self._copy(c, p, now)
         elif p.inserts:
             # One statement for the whole batch: a row per job would be a round trip each.
             # The wake-up for each pool rides in the same statement.
