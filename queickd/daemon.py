@@ -42,10 +42,8 @@ from .services.alarm import Alarm
 from .services.batcher import SubmitBatcher
 from .services.fleet import FleetMember, on_window_open
 from .services.maintenance.depth import DepthSample
-from .services.maintenance.maintainer import Maintainer
+from .services.maintenance.maintainer import Every, Maintainer
 from .services.maintenance.orphans import OrphanRecovery
-from .services.maintenance.parking import ReleaseParked
-from .services.maintenance.probes import PauseProbes
 from .services.maintenance.retention import Retention
 from .services.netcheck import NetworkMonitor
 from .services.network import NetworkParking
@@ -141,13 +139,12 @@ class Daemon:
             self.orphans,
             Retention(store, c.keep_finished, interval=c.sweep, clock=self.clock),
             DepthSample(store, self.metrics.sample_depth, pool.member, interval=c.sweep, clock=self.clock),
-            ReleaseParked(self.parking, interval=c.sweep),
+            Every("parking", c.sweep, self.parking.on_sweep),
             *parts.maintenance(),
         ], tick=c.sweep)
-        self.probes = PauseProbes(store, pool)
         self.scheduler = scheduler = Scheduler(
             store, pool.wake, clock=self.clock, sweep=c.sweep, on_sweep=self.maintainer.run_due,
-            timers={"events": self._deliver_events, "probes": self.probes.due, "set_aside": self._set_aside_due,
+            timers={"events": self._deliver_events, "probes": self._probes_due, "set_aside": self._set_aside_due,
                     "files": self._watch_files})
         self.batcher = SubmitBatcher(store, self._on_committed, clock=self.clock, admission=c.admission,
                                      dispatch=pool)
@@ -262,6 +259,14 @@ class Daemon:
                 log.warning("event %s could not be delivered after %d attempts; it is a dead letter "
                             "('queick dead', 'queick retry --event')", r.event_id, self.config.event_max_attempts)
         return self.store.next_event_at()  # type: ignore[union-attr]
+
+    def _probes_due(self, now: float) -> float | None:
+        """The timer of pause probes: a paused key or function lets one job through once its
+        cooldown is over, so the pool claims; returns the next probe time still ahead. Armed
+        by the pool for pauses begun here; the sweep finds those another host began."""
+        self.pool.wake()
+        return min((p.probe_at for p in self.store.pauses()  # type: ignore[union-attr]
+                    if p.probe_at is not None and p.probe_at > now), default=None)
 
     def _set_aside_due(self, now: float) -> float | None:
         """The timer of the jobs the pool set aside for want of memory: one may be claimed

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .. import heap
 from ..core import sandbox
 from ..core.policy.claim import Limits
 from ..run import isolate
@@ -30,9 +31,7 @@ from ..store.contract.fleet import FleetStore
 from .budgets import BudgetsInForce
 from .fleet import FleetMember
 from .liveness import LivenessWatch
-from .maintenance.heap_trim import TrimHeap
-from .maintenance.maintainer import Service
-from .maintenance.minute_counts import FlushMinuteCounts
+from .maintenance.maintainer import Every, Service
 from .memory_gate import MemoryGate
 from .pool_config import PoolConfig
 from .pool_size import adaptive_size
@@ -70,9 +69,11 @@ class JobParts:
                            clock=self.clock, **hooks)
 
     def maintenance(self) -> list[Service]:
-        """The maintenance every process that runs jobs needs, each at the sweep's interval."""
+        """The maintenance every process that runs jobs needs, each at the sweep's interval:
+        the minute counts an idle pool's passes do not write, and the memory a run's large
+        state left free in malloc's heaps given back to the system."""
         sweep = self.config.sweep
-        return [FlushMinuteCounts(self.pool, interval=sweep), TrimHeap(interval=sweep)]
+        return [Every("minute_counts", sweep, self.pool.flush_counts), Every("heap_trim", sweep, heap.trim)]
 
     def reload(self) -> None:
         """SIGHUP: the job code, re-imported by the loader and by the runner's processes."""

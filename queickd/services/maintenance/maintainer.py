@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -21,6 +22,15 @@ class Service(Protocol):
     def run(self) -> None:
         """One round of its upkeep; raises what its store raises."""
         ...
+
+
+@dataclass(frozen=True)
+class Every:
+    """A service that is one call."""
+
+    name: str
+    interval: float
+    run: Callable[[], None]
 
 
 class Maintainer:
