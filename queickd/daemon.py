@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import faulthandler
 import logging
-import os
 import signal
 import threading
 import time
@@ -87,7 +86,6 @@ class Daemon:
         self.network: NetworkMonitor | None = None
         self._stop = threading.Event()
         self._stopped = False
-        self._wakeup_w: int | None = None
         self.fleet: FleetMember | None = None  # with a shared store: registry, heartbeats, LISTEN
         self.forwarder: Forwarder | None = None  # with an [upstream]: sends its jobs there
         self.exit_status = 0
@@ -339,11 +337,6 @@ class Daemon:
     def request_stop(self, *_: object) -> None:
         """Ask run_forever() to stop, from any thread."""
         self._stop.set()
-        if self._wakeup_w is not None:
-            try:
-                os.write(self._wakeup_w, bytes([signal.SIGTERM]))
-            except OSError:
-                pass  # the pipe is full: a stop is already on its way
 
     def stop(self) -> bool:
         """Graceful stop. True if every running job finished within stop_timeout; False also
@@ -384,18 +377,8 @@ class Daemon:
         return finished and not cancelled
 
     def run_forever(self) -> bool:
-        """Start, serve until SIGTERM/SIGINT, stop. Returns what stop() returned.
-
-        The kernel may hand a signal to any of our threads, and CPython then only flags it
-        for the main thread: a main thread blocked in a lock would never notice. So the
-        main thread blocks reading a pipe that the C-level handler writes to from whatever
-        thread received the signal (signal.set_wakeup_fd): no polling, no lost SIGTERM."""
-        r, w = os.pipe()
-        os.set_blocking(w, False)
-        self._wakeup_w = w
-        signal.set_wakeup_fd(w)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, lambda *_: None)  # the byte in the pipe is what counts
+        """Start, serve until SIGTERM/SIGINT, stop. Returns what stop() returned."""
+        signals = sdnotify.Signals()  # before start(): a SIGTERM meanwhile stops it once started
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where is it stuck?
         self.start()
         collector.tune_for_server()  # set up: what it holds now lives as long as it does
@@ -403,11 +386,6 @@ class Daemon:
         self.announce()
         sdnotify.notify("READY=1")
         sdnotify.start_watchdog(lambda: self.scheduler.alive, self._stop)
-        while not self._stop.is_set():
-            received = os.read(r, 64)
-            if signal.SIGTERM in received or signal.SIGINT in received:
-                self._stop.set()
-            elif signal.SIGHUP in received:
-                self.reload()
+        signals.wait(self._stop, on_hup=self.reload)
         sdnotify.notify("STOPPING=1")
         return self.stop()

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .. import __version__, collector, heap
@@ -29,7 +28,7 @@ from ..run.loader import FunctionLoader
 from ..settings import EX_VERSION, WorkerConfig
 from ..startcheck import validate
 from ..store.contract.fleet import FleetStore
-from . import assembly
+from . import assembly, sdnotify
 from .alarm import Alarm
 from .fleet import on_window_open
 from .maintenance.maintainer import Maintainer
@@ -84,7 +83,7 @@ def run(config: WorkerConfig) -> int:
                  __version__, ",".join(config.pool), pool.size_said(), store.durability_said(), config.heartbeat,
                  os.getpid())
         parts.runner.announce()
-        _wait_for_signal(stop, on_hup=parts.reload)
+        sdnotify.Signals().wait(stop, on_hup=parts.reload)
         pool.stop_claiming()
         log.info("stopping: no new claims; waiting up to %.0f s for running jobs", config.stop_timeout)
         finished = parts.stop(config.stop_timeout)
@@ -141,29 +140,3 @@ def beating_here(store: FleetStore, pools: Sequence[str] | None) -> tuple[dict[s
                 and (not pools or set(pools) <= set(w["pools"]))):
             return w, host
     return None, host
-
-
-def _wait_for_signal(stop: threading.Event, on_hup: Callable[[], object] = lambda: None) -> None:
-    """Block until SIGTERM/SIGINT or `stop` is set; on SIGHUP call `on_hup` (reload the job
-    code). The main thread reads a pipe that the C-level signal handler writes to, so a
-    signal delivered to any thread is seen at once."""
-    r, w = os.pipe()
-    os.set_blocking(w, False)
-    signal.set_wakeup_fd(w)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: None)
-
-    def relay() -> None:
-        stop.wait()
-        try:
-            os.write(w, b"\0")
-        except OSError:
-            pass
-
-    threading.Thread(target=relay, name="queickd-stop-relay", daemon=True).start()
-    while not stop.is_set():
-        data = os.read(r, 64)
-        if signal.SIGTERM in data or signal.SIGINT in data:
-            stop.set()
-        elif signal.SIGHUP in data:
-            on_hup()
