@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..core.policy.forward import Backoff
 from ..settings import DEFAULT_HEARTBEAT, DEFAULT_MAX_ORPHAN_REQUEUES, DEFAULT_SWEEP
 from ..store.contract.fleet import FleetStore
 from ..store.contract.inspect import Inspect
@@ -34,7 +35,6 @@ from .worker import WorkerPool
 log = logging.getLogger("queickd.fleet")
 
 FORGET_AFTER = 24 * 3600.0  # records of gone workers stay visible in stats this long
-_RECONNECT_MAX = 30.0
 
 
 class Listener:
@@ -71,17 +71,16 @@ class Listener:
         from ..store.postgres.channels import CHANNEL, FINISHED_CHANNEL, QUEUED_CHANNEL
 
         channels = [CHANNEL] + [QUEUED_CHANNEL] * self._queued + [FINISHED_CHANNEL] * self._finished
-
-        backoff = 0.5
+        backoff = Backoff(first=0.5, most=30.0)
         first = True
         while not self._stopping.is_set():
             try:
                 # With keepalives (store.connect's): a connection the network silently dropped is noticed too.
                 conn = self.store.connect(application_name=f"queickd-listener-{os.getpid()}")
             except Exception as e:
-                log.warning("listener: cannot connect (%s); trying again in %.1f s", e, backoff)
-                self._stopping.wait(backoff)
-                backoff = min(backoff * 2, _RECONNECT_MAX)
+                delay = backoff.failed()
+                log.warning("listener: cannot connect (%s); trying again in %.1f s", e, delay)
+                self._stopping.wait(delay)
                 continue
             try:
                 conn.execute("; ".join(f"LISTEN {ch}" for ch in channels))
@@ -90,7 +89,7 @@ class Listener:
                     log.debug("listener: listening on channel(s) %s", ", ".join(channels))
                 else:
                     log.warning("listener: reconnected; sweeping for work that a lost notification announced")
-                backoff = 0.5
+                backoff.succeeded()
                 self._on_reconnect()  # whatever was announced while we were away
                 while not self._stopping.is_set():
                     for n in conn.notifies(timeout=self._poll):
@@ -247,17 +246,14 @@ class FleetMember:
         if kind == "q":
             if self.pool.pools is None or rest in self.pool.pools:
                 self.pool.wake()
-        elif kind in ("f", "fk"):
+        elif kind in ("f", "fk", "s"):
             if kind == "fk":
                 self.pool.wake()  # a finished job freed a key, a group slot or budget: what waited may run
             try:
-                if self._on_finished_ids is not None:
+                if kind == "s":
+                    self._on_scheduled(float(rest))
+                elif self._on_finished_ids is not None:
                     self._on_finished_ids([int(i) for i in rest.split(",") if i])
-            except ValueError:
-                log.warning("listener: unreadable notification %r", payload[:80])
-        elif kind == "s":
-            try:
-                self._on_scheduled(float(rest))
             except ValueError:
                 log.warning("listener: unreadable notification %r", payload[:80])
         elif kind == "b":  # another process wrote the budgets in force
