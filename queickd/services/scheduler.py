@@ -97,9 +97,11 @@ class Scheduler:
         self._sweep_due = 0.0  # monotonic time of the next sweep
         self._last_sweep: tuple[float, float] | None = None  # (wall, monotonic) then
         self._on_sweep = on_sweep
-        # More timer slots: name -> action(now) that does its work and returns when it
-        # wants to run next (None: not until woken or the next sweep).
-        self._extra = dict(timers or {})
+        # The timer slots, the scheduler's own and the daemon's: name -> action(now) that
+        # does its work and returns when it wants to run next (None: not until woken or the
+        # next sweep).
+        self._slots: dict[str, Callable[[float], float | None]] = {
+            "jobs": self._promote, "crons": self._fire_crons, **(timers or {})}
         # Interrupted by wake_at()/stop() so a waiting run() re-reads the head of the queue.
         self._waiter: Delay = delay if delay is not None else EventDelay()
         self._sched = sched.scheduler(clock, self._delay)
@@ -137,8 +139,7 @@ class Scheduler:
                     self._sched.cancel(current)
                 except ValueError:
                     pass  # it is running right now; it re-arms itself from the store
-            action = {"jobs": self._promote, "crons": self._fire_crons}.get(slot, self._run_extra)
-            self._timers[slot] = self._sched.enterabs(t, 0, action, argument=(slot,))
+            self._timers[slot] = self._sched.enterabs(t, 0, self._run_slot, argument=(slot,))
         self._waiter.interrupt()
 
     def run(self) -> None:
@@ -158,8 +159,8 @@ class Scheduler:
         """Queue the jobs due by the clock and fire the crons due, in the calling thread: for
         a scheduler whose thread never starts (the immediate queue's, which calls this each
         time its clock moves). Errors are logged, as on the thread."""
-        self._promote()
-        self._fire_crons()
+        self._run_slot("jobs")
+        self._run_slot("crons")
 
     # --- scheduler thread -------------------------------------------------------------------
     def _delay(self, seconds: float) -> None:
@@ -192,58 +193,47 @@ class Scheduler:
         except Exception:
             log.exception("error in the on_queued hook")
 
-    def _disarm(self, slot: str) -> None:
-        with self._lock:
+    def _run_slot(self, slot: str) -> None:
+        with self._lock:  # disarmed: a wake_at() from its action arms it again
             ev = self._timers.get(slot)
             if ev is not None and ev.time <= self._clock():
                 del self._timers[slot]
-
-    def _promote(self, slot: str = "jobs") -> None:
-        self._disarm(slot)
-        now = self._clock()
         try:
-            n = self.store.promote_due(now)
-            nxt = self.store.next_scheduled_at()
+            nxt = self._slots[slot](self._clock())
         except Exception:
-            log.exception("store error while promoting due jobs; next sweep retries")
+            log.exception("error in the %s timer; next sweep retries", slot)
             return
+        if nxt is not None:
+            self.wake_at(nxt, slot)
+
+    def _promote(self, now: float) -> float | None:
+        n, nxt = self.store.promote_due(now), self.store.next_scheduled_at()
         if n:
             self.last_fired_at = now
             log.debug("%d due job(s) queued", n)
             self._queued()
-        if nxt is not None:
-            self.wake_at(nxt, "jobs")
+        return nxt
 
-    def _fire_crons(self, slot: str = "crons") -> None:
-        self._disarm(slot)
-        now = self._clock()
-        try:
-            for cron in self.store.crons_due(now):
-                tick = cron.next_run_at
-                # Ticks missed while the daemon was down run once: the next tick is the
-                # first one after now, not the one after the missed tick.
-                next_tick = self._tick_after(cron, max(tick, now))
-                if next_tick is None:
-                    continue
-                fire = self.store.cron_fire_if_due(cron.name, tick, next_tick, now)
-                if fire is None:
-                    continue
-                self.last_fired_at = now
-                if fire.outcome == "folded":
-                    log.info("cron %s: its previous run is still waiting; tick folded into it", cron.name)
-                    continue
-                late = now - tick
-                log.info(
-                    "cron %s fired job %d%s", cron.name, fire.submitted.job_id,  # type: ignore[union-attr]
-                    f" (tick missed by {late:.0f} s)" if late > 60 else "",
-                )
-                self._queued()
-            nxt = self.store.next_cron_at()
-        except Exception:
-            log.exception("store error while firing crons; next sweep retries")
-            return
-        if nxt is not None:
-            self.wake_at(nxt, "crons")
+    def _fire_crons(self, now: float) -> float | None:
+        for cron in self.store.crons_due(now):
+            tick = cron.next_run_at
+            # Ticks missed while the daemon was down run once: the next tick is the first
+            # one after now, not the one after the missed tick.
+            next_tick = self._tick_after(cron, max(tick, now))
+            if next_tick is None:
+                continue
+            fire = self.store.cron_fire_if_due(cron.name, tick, next_tick, now)
+            if fire is None:
+                continue
+            self.last_fired_at = now
+            if fire.outcome == "folded":
+                log.info("cron %s: its previous run is still waiting; tick folded into it", cron.name)
+                continue
+            late = now - tick
+            log.info("cron %s fired job %d%s", cron.name, fire.submitted.job_id,  # type: ignore[union-attr]
+                     f" (tick missed by {late:.0f} s)" if late > 60 else "")
+            self._queued()
+        return self.store.next_cron_at()
 
     def _tick_after(self, cron: CronRecord, now: float) -> float | None:
         """The cron's next tick, or None for a cron whose schedule gives none (a store written
@@ -256,16 +246,6 @@ class Scheduler:
                 log.error("cron %s is stopped: %s; it stays listed until 'queick cron delete %s'",
                           cron.name, e, cron.name)
             return None
-
-    def _run_extra(self, slot: str) -> None:
-        self._disarm(slot)
-        try:
-            nxt = self._extra[slot](self._clock())
-        except Exception:
-            log.exception("error in the %s timer; next sweep retries", slot)
-            return
-        if nxt is not None:
-            self.wake_at(nxt, slot)
 
     def _check_wall_clock(self) -> None:
         """Compare how far both clocks went since the last sweep: less on the wall clock
@@ -301,10 +281,8 @@ class Scheduler:
         self._sweep_event = self._sched.enter(self._sweep, 1, self._sweep_now)
         self._sweep_due = self._monotonic() + self._sweep
         self._check_wall_clock()  # before the crons fire, so that moved ones re-arm their timer
-        self._promote()
-        self._fire_crons()
-        for slot in self._extra:
-            self._run_extra(slot)
+        for slot in self._slots:  # jobs and crons first
+            self._run_slot(slot)
         try:
             self._on_sweep()
         except Exception:
