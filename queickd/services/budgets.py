@@ -3,16 +3,13 @@ enqueue-time refusal of a job that can never fit, and the pool's claims where th
 takes them from the caller (SQLite, memory).
 
 On a store of one daemon, they are its config's. On PostgreSQL they are the store's, the
-same for every daemon and `queick worker`: `adopt()` at start makes a process started
-with budgets write its own there (loudly when they replace others), and reads them
-whatever it was started with; `refresh()` reads them again when another process has
-written them (its NOTIFY 'b', and each reconnection of the listener, which a lost
-notification may have missed). Claims never wait for this copy: each reads the store's
-budgets in its own transaction. It never writes the store except in `adopt()`.
+same for every daemon and `queick worker`: `adopt()` at start writes this process's there
+if it was started with any (loudly when they replace others), and reads them either way;
+`refresh()` reads them again when another process wrote them (its NOTIFY 'b', and each
+reconnection of the listener). Claims never wait for this copy: each reads the store's.
 
-Each time (at start, and at each change) it logs the waiting jobs that cost more than a
-whole budget in force: accepted under a higher one, they can never start (the claim passes
-them over, holding nothing) until an operator cancels them or raises the budget.
+Each time it logs the waiting jobs that cost more than a whole budget in force: accepted
+under a higher one, they can never start until an operator cancels them or raises it.
 
 Thread-safety: `adopt()` runs once at start; `refresh()` from the listener thread; `limits`
 is read from any thread (a reference swapped whole, never changed in place).

@@ -3,16 +3,13 @@ store when it has reported no progress (nor, in a process, used CPU time) for th
 and stopped when its `on_stall` is "kill" (core/policy/liveness.py has the rule).
 
 The runner tells it as each such run begins and ends (run/routing.py), and every progress
-value of a run passes through `sink` on its way to the progress writer. One thread of its
-own, started with the first watched run, sleeps until the earliest run is due (no
-polling): a run that reported meanwhile is due again later; a process job's CPU time is
-read then, one look per `stalled_after`, and any growth counts as alive. A stalled run is
-marked with Store.set_stalled (by this process: the host that runs it), which every host
-reading the store sees; a progress write clears the mark (set_progress_if_running), and
-this thread clears it when a process job uses CPU again and when the run ends. A failed
-write is logged once and dropped: it never decides a job's fate. With on_stall "kill" the
-run is stopped through the runner (RoutingRunner.stall), and core/fate.py judges its
-report (error type `stalled`) as it does a timeout's.
+value of a run passes through `sink` on its way to the progress writer. Its one thread,
+started with the first watched run, sleeps until the earliest run is due (no polling); a
+process job's CPU time is read then, and any growth counts as alive. The mark (by the host
+that runs the job, seen by every host) is cleared by a progress write
+(set_progress_if_running), and here when a process job uses CPU again and when the run
+ends. A failed write is logged once and dropped: it never decides a job's fate. A run
+killed (RoutingRunner.stall) is judged by core/fate.py as a timeout is (error `stalled`).
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """The memory gate: before claimed jobs start, the worker pool asks it which fit.
 
-Owns the readers of free memory, each taking the root directory it reads under (tests
-point them at a tree they write):
-- the process's own cgroup, named in `proc/self/cgroup`: v2 `memory.max` less
-  (`memory.current` less `inactive_file` of `memory.stat`); v1 (`memory` controller,
-  wherever `proc/self/mountinfo` says it is mounted) `memory.limit_in_bytes` less
-  (`memory.usage_in_bytes` less `total_inactive_file`);
-- `proc/meminfo`'s MemAvailable (a Pi has no memory cgroup by default: then this alone).
-The room is the lower of the two, less the reserve; `--max-rss` caps the process itself
-(its RSS from `proc/self/statm`). It keeps the functions' footprints (read from the store
-once per function, then its own updates; written back in the pool's pass), counts each
-function's thread runs to tell which of them measure themselves (mem.worth_measuring),
-and counts deferrals by reason. The decisions are core/policy/memory.py's; it never
-touches a job.
+The room is the lower of the process's own cgroup's (v2 or v1: its limit less what it uses
+but for inactive file pages) and `proc/meminfo`'s MemAvailable (a Pi has no memory cgroup
+by default), less the reserve; `--max-rss` caps the process's own RSS. Each reader takes
+the root it reads under (tests point them at a tree they write). The gate keeps the
+functions' footprints (read from the store once per function, then its own updates,
+written back in the pool's pass), tells which thread runs measure themselves
+(mem.worth_measuring) and counts deferrals by reason. The decisions are
+core/policy/memory.py's; it never touches a job.
 """
 
 from __future__ import annotations
@@ -36,15 +31,14 @@ from ..store.contract.transaction import Transaction
 log = logging.getLogger("queickd.worker")
 
 # Seconds a reading of the room may serve the passes after it, less what the jobs running
-# here may still take, to let a job start; never to defer one (that is looked at again).
-# A pass read five files for every job that arrived alone (a tenth of a process job's cost
-# in the daemon); the room rarely changes faster than jobs start.
+# here may still take, to let a job start (never to defer one: that is looked at again).
+# The room rarely changes faster than jobs start, and a reading is five files.
 ROOM_FRESH = 0.25
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _read(path: str) -> str | None:
-    # os-level: pathlib's read_text costs many times the read itself, and a claim pass reads 5 files
+    # os-level: pathlib's read_text costs many times the read itself
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

@@ -1,26 +1,20 @@
 """The network checker: a separate process that probes reachability, and its supervisor.
 
-The checker (`python -m queickd.services.netcheck TARGET`) probes every `interval` seconds,
-a TCP connect to HOST:PORT (port 80 by default) or, for `icmp://HOST`, one ICMP echo sent
-from Python itself: over an unprivileged ICMP datagram socket where
-`net.ipv4.ping_group_range` admits the process's group (systemd's default admits every
-group), else over a raw socket (CAP_NET_RAW, e.g. `AmbientCapabilities=CAP_NET_RAW`). No
-`ping` program, whose file capability `NoNewPrivileges=yes` disables. It prints `up` or
-`down` on its stdout when the state changes, and again after `heartbeat` seconds (30 by
-default) without a change (one short line: its heartbeat); that pipe is the local channel
-to the daemon, whose reading thread so wakes twice a minute on a steady network, not at
-every probe. A probe that cannot run at all (no socket
-may be opened) is not "down": the checker prints `error probe cannot run: WHY` and exits
-with status 3. It exits when its parent dies.
+The checker (`python -m queickd.services.netcheck TARGET`) probes every `interval` seconds:
+a TCP connect to HOST:PORT (port 80 by default), or for `icmp://HOST` one ICMP echo sent
+from Python itself, over an unprivileged ICMP datagram socket where
+`net.ipv4.ping_group_range` admits the process's group, else over a raw socket
+(CAP_NET_RAW); not the `ping` program, whose file capability `NoNewPrivileges=yes`
+disables. It prints `up` or `down` on its stdout at each change, and again after
+`heartbeat` seconds without one, so the daemon's reader wakes rarely on a steady network.
+A probe that cannot run at all is not "down": it prints `error probe cannot run: WHY` and
+exits with status 3. It exits when its parent dies.
 
-NetworkMonitor (in the daemon) starts the checker, reads its reports on a thread, restarts
-it when it dies, hangs or cannot even be started (logged, with backoff), keeps the last
-"cannot run" error for `stats`, and calls on_change(up) on every transition. A checker
-silent for longer than `hung_after` (its heartbeat, a few intervals and the probe
-timeout) is hung: it
-is killed and replaced, and the state becomes unknown, since its last word is stale. The
-state is None ("unknown") until a checker has spoken, so the daemon never assumes the
-network is up. The monitor only reports; it never parks or releases jobs itself.
+NetworkMonitor (in the daemon) runs the checker and restarts it, with backoff, when it
+dies, cannot start, or hangs (silent past `hung_after`: its last word is stale, so the
+state becomes unknown); it keeps the last error for `stats` and calls on_change(up) at each
+transition. The state is None ("unknown") until a checker has spoken, so the daemon never
+assumes the network is up. The monitor only reports; it never parks or releases jobs.
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """The progress writer: what running jobs say of their progress (queickd.progress), stored
 on their jobs in batches, at most once every INTERVAL seconds for all of them.
 
-`offer` takes the latest value of one job (from the job's own thread, or from the watch of
-a process job's child); a later value of the same job replaces one not yet written, so a
-job that reports 10,000 times a second costs a dict store per change and a few rows a
-second. One thread of its own, started with the first offer, writes each batch with one
-statement (Store.set_progress_if_running, which leaves alone a job no longer running that
-attempt) and sleeps while nothing waits: idle costs nothing. A run's value still waiting
-when it ends, or still being written, is the worker pool's to write, with its outcome
-(`take`). A failed write is
-dropped (the next value replaces it) and logged once until a write succeeds again; it never
-decides anything about a job.
+`offer` takes the latest value of one job; a later value replaces one not yet written, so a
+job that reports very often costs a dict store per change and a few rows a second. Its one
+thread, started with the first offer, writes each batch with one statement
+(set_progress_if_running: a job no longer running that attempt is left alone) and sleeps
+while nothing waits. A run's value still waiting when it ends is the worker pool's to
+write, with its outcome (`take`). A failed write is dropped (the next value replaces it)
+and logged once until a write succeeds again; it never decides anything about a job.
 """
 
 from __future__ import annotations

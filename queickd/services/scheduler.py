@@ -2,26 +2,19 @@
 
 It keeps one `sched` event per timer slot, whatever the queue depth: the earliest run_at
 of a scheduled job, the earliest cron tick (both read from the store, so delayed jobs cost
-no memory here), any slots the daemon adds (the event outbox's next delivery), and one
-safety sweep (default 60 s) that re-reads them all in case a wake-up was lost or the wall
-clock jumped (a Pi without a clock battery jumps at boot). Between events the thread
-waits; an idle daemon wakes once per sweep.
+no memory here), the slots the daemon adds (the event outbox's next delivery, ...), and a
+safety sweep that re-reads them all in case a wake-up was lost or the wall clock jumped.
+Between events the thread waits; an idle daemon wakes once per sweep.
 
-Time comes in three times: `clock` says what time it is (wall clock: run_at and cron ticks
-are wall times), `monotonic` paces the sweep, and `delay` waits. The default delay waits
-on an Event with a timeout, so idle costs nothing and wake_at()/stop() cut a wait short;
-tests pass fake clocks and a fake delay and never sleep. The sweep comes every `sweep`
-seconds of monotonic time, whatever the wall clock does, so a jump either way is caught
-up. A sweep that finds the wall clock stepped back (NTP correcting a clock that ran fast)
-moves crons whose next tick the fast clock pushed ahead back to their next tick after
-now; delayed jobs and retries keep their run_at, which names a wall time.
+`clock` is the wall clock (run_at and cron ticks are wall times), `monotonic` paces the
+sweep, and `delay` waits (tests pass fake ones and never sleep). The sweep comes every
+`sweep` seconds of monotonic time, so a jump of the wall clock either way is caught up; a
+sweep that finds it stepped back (NTP correcting a clock that ran fast) moves crons whose
+next tick the fast clock pushed ahead back to their next tick after now.
 
-An error in a callback (on_queued, on_sweep, a timer) or in the store is logged and the
-scheduler goes on; the next sweep re-reads everything. A stored cron whose schedule gives
-no next tick is logged and parked at the end of time, apart from the others.
-
-wake_at() and stop() may be called from any thread; everything else runs on the thread
-that runs run() (start() makes one).
+An error in a callback or in the store is logged and the scheduler goes on; the next sweep
+re-reads everything. wake_at() and stop() may be called from any thread; everything else
+runs on the thread that runs run() (start() makes one).
 """
 
 from __future__ import annotations

@@ -1,24 +1,18 @@
 """A workflow step job's arguments, completed when it starts: the run's state put in.
 
 The run's state is the last argument of every step function: `func(state)` for a task,
-`func(item, state)` for a fan-out's item. Stored in each job, it was written once per item
-(a thousand items of a 50 KB state: 50 MB of jobs) and once per pass of a loop. So a
-fan-out item's job is stored as `[item, null]`, and a task's as `[null]` when the state is
-larger than the engine keeps inline (engine.INLINE_STATE_BYTES; a small one is cheaper to
-store than to read back); here, in the pool that starts the job, the run's state takes the
-null's place (a state is always an object, so a stored null is never a state).
+`func(item, state)` for a fan-out's item. Not to store it in every item's job (and every
+pass of a loop), a fan-out item's job is stored as `[item, null]`, and a task's as `[null]`
+when the state is larger than the engine keeps inline (engine.INLINE_STATE_BYTES); here, in
+the pool that starts the job, the run's state takes the null's place (a state is always an
+object, so a stored null is never a state).
 
-A fan-out's item gets the state without the list being fanned out (`state[items]`): it has
-its own item, and a list decoded once per item made an item's cost grow with the fan-out's
-size. The state a job gets is the run's as its step was entered: the run's state does not change
-while its current step waits for its jobs, so one read per step visit (run, step, loop)
-serves all a fan-out's items, kept a while as JSON text and decoded afresh for each job (a
-function may change its arguments).
-
-A job that starts after its step is over (its run moved on: first_success, a failure, a
-cancel) gets its step's state if this pool still keeps it, else the run's state as it is
-then; its outcome is not recorded either way. A step job stored with its state (by a
-version before this one, or a task's small state) runs as stored, as every other job does.
+The run's state does not change while its current step waits for its jobs, so one read per
+step visit (run, step, loop) serves all a fan-out's items, kept a while as JSON text and
+decoded afresh for each job (a function may change its arguments). A job that starts after
+its step is over (its run moved on) gets its step's state if this pool still keeps it, else
+the run's as it is then; its outcome is not recorded either way. A step job stored with its
+state runs as stored, as every other job does.
 """
 
 from __future__ import annotations
@@ -75,8 +69,7 @@ class StepState:
         self.kept_chars = kept_chars
         self._chars = 0  # of the texts in _states
         # (run, step, loop) -> the state's JSON; a run's id is never given again (SQLite's
-        # AUTOINCREMENT, PostgreSQL's identity), so a key names
-        # one step visit for ever.
+        # AUTOINCREMENT, PostgreSQL's identity), so a key names one step visit for ever.
         self._states: OrderedDict[tuple[int, int, int], str] = OrderedDict()
         # Step visits being read now: the workers that start a fan-out's first items together
         # wait for the one read rather than each reading the run.
