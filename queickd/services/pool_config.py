@@ -29,30 +29,18 @@ class PoolConfig:
             raise ValueError("workers and async_jobs must be 0 or more")
 
 
-def _ignore(*_: object) -> None:
-    return None
-
-
-def _no_checker() -> bool:
-    return False
-
-
-def _always_up() -> bool:
-    return True
-
-
 @dataclass(frozen=True)
 class PoolHooks:
     """Called from the pool's threads (a pass's, a worker's); none may block for long."""
 
-    on_claimed: Callable[[list[Job]], None] = _ignore  # jobs claimed, once committed
-    on_finished: Callable[[list[Outcome]], None] = _ignore  # outcomes stored
+    on_claimed: Callable[[list[Job]], None] = lambda jobs: None  # jobs claimed, once committed
+    on_finished: Callable[[list[Outcome]], None] = lambda outcomes: None  # outcomes stored
     on_ran: Callable[[Job, Outcome, float], None] | None = None  # (job, outcome, seconds): metrics
-    on_probe_at: Callable[[float], None] = _ignore  # a pause's probe is due then: wake the pool
-    on_deferred: Callable[[float], None] = _ignore  # a job set aside for memory may start then
-    on_rate_at: Callable[[float], None] = _ignore  # a rate key may start a job then
-    network_checker: Callable[[], bool] = _no_checker  # is a checker there to release parked jobs?
-    network_up: Callable[[], bool] = _always_up  # may jobs that need the network start now?
+    on_probe_at: Callable[[float], None] = lambda t: None  # a pause's probe is due then: wake the pool
+    on_deferred: Callable[[float], None] = lambda t: None  # a job set aside for memory may start then
+    on_rate_at: Callable[[float], None] = lambda t: None  # a rate key may start a job then
+    network_checker: Callable[[], bool] = lambda: False  # is a checker there to release parked jobs?
+    network_up: Callable[[], bool] = lambda: True  # may jobs that need the network start now?
 
 
 DEFAULT_CONFIG = PoolConfig()

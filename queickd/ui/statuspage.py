@@ -33,10 +33,6 @@ def snapshot(svc: QueueService) -> dict[str, Any]:
     return svc.op_stats({"detail": True})
 
 
-
-
-
-
 def _card(label: str, value: Any, cls: str = "", metric: str = "") -> str:
     attr = f' data-metric="{metric}"' if metric else ""
     return f'<div class="card"><span>{escape(label)}</span><b class="{cls}"{attr}>{escape(str(value))}</b></div>'

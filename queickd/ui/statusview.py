@@ -21,8 +21,6 @@ def _terse_ago(now: float, t: float | None) -> str:
 _SPARK = " ▁▂▃▄▅▆▇█"
 
 
-
-
 def sparkline(values: list[int]) -> str:
     top = max(values, default=0)
     if top <= 0:

@@ -40,10 +40,8 @@ class ForwardedView:
             local["upstream"]["error"] = str(e)
             return local
         if up is None or up["state"] in State.FINAL:
-            if up is None:
-                f.settle_one(job.id, {"ok": False, "error": {"code": Code.NOT_FOUND, "message": "no such job"}})
-            else:
-                f.settle_one(job.id, {"ok": True, "job": up})
+            f.settle_one(job.id, {"ok": True, "job": up} if up is not None else
+                         {"ok": False, "error": {"code": Code.NOT_FOUND, "message": "no such job"}})
             f.on_settled([job.id])
             settled = f.store.get(job.id)
             out = (settled or job).to_dict()
