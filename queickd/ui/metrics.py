@@ -3,8 +3,9 @@
 Counters are fed by hooks the daemon calls (a commit, a finished run, a webhook delivery),
 never by scanning the store; gauges (jobs by state, oldest wait, ...) come from the `stats`
 picture when /metrics is read. The history keeps one bucket per minute for the last hour:
-enqueued/completed/failed counts as they happen, and the queue depth as last sampled (on
-each safety sweep and each read), so an idle daemon adds no timer. Thread-safe.
+the jobs enqueued as they come, and the queue depth as last sampled (on each safety sweep
+and each read), so an idle daemon adds no timer; the runs are the store's per-minute
+counts (ui/status.py). Thread-safe.
 """
 
 from __future__ import annotations
@@ -48,14 +49,12 @@ class Metrics:
         self.failed: dict[str, int] = {}
         self.hook_deliveries: dict[str, int] = {}
         self.durations: dict[str, _Histogram] = {}
-        # minute (unix time // 60) -> [enqueued, completed, failed, depth or None]
+        # [minute (unix time // 60), enqueued, depth or None]
         self._minutes: deque[list[Any]] = deque(maxlen=HISTORY_MINUTES + 1)
-        # The runner's own counters (run/routing.py stats()): runs by isolation, limit kills,
-        # the zygote. Set by the daemon; read, never copied, so there is one count of each.
+        # The stats() of the runner, the progress writer and the liveness watch, set by the
+        # daemon: read, never copied, so there is one count of each.
         self.sandbox: Callable[[], dict[str, Any]] | None = None
-        # The progress writer's counts (services/progress.py stats()), read the same way.
         self.progress: Callable[[], dict[str, int]] | None = None
-        # The liveness watch's counts (services/liveness.py stats()), read the same way.
         self.liveness: Callable[[], dict[str, Any]] | None = None
 
     def sandbox_stats(self) -> dict[str, Any] | None:
@@ -70,7 +69,7 @@ class Metrics:
     def _bucket(self, now: float) -> list[Any]:
         minute = int(now // 60)
         if not self._minutes or self._minutes[-1][0] != minute:
-            self._minutes.append([minute, 0, 0, 0, None])
+            self._minutes.append([minute, 0, None])
         return self._minutes[-1]
 
     # --- hooks, called by the daemon's parts ----------------------------------------------
@@ -94,7 +93,6 @@ class Metrics:
             if h is None:
                 h = self.durations[job.func] = _Histogram()
             h.observe(seconds)
-            self._bucket(self._clock())[2 if ok else 3] += 1
 
     def on_hook(self, name: str) -> None:
         with self._lock:
@@ -103,11 +101,11 @@ class Metrics:
     def sample_depth(self, waiting: int) -> None:
         """Record the number of waiting jobs (scheduled, queued, waiting_network) now."""
         with self._lock:
-            self._bucket(self._clock())[4] = waiting
+            self._bucket(self._clock())[2] = waiting
 
     def history(self) -> list[dict[str, Any]]:
-        """The last hour, one entry per minute, oldest first; minutes with no sample of the
-        depth carry the previous one forward (None before the first sample)."""
+        """The last hour's enqueued and depth, one entry per minute, oldest first; minutes with
+        no sample of the depth carry the previous one forward (None before the first)."""
         now = self._clock()
         last = int(now // 60)
         with self._lock:
@@ -115,10 +113,9 @@ class Metrics:
         out, depth = [], None
         for m in range(last - HISTORY_MINUTES + 1, last + 1):
             b = by_minute.get(m)
-            if b is not None and b[4] is not None:
-                depth = b[4]
-            out.append({"t": m * 60, "enqueued": b[1] if b else 0, "completed": b[2] if b else 0,
-                        "failed": b[3] if b else 0, "depth": depth})
+            if b is not None and b[2] is not None:
+                depth = b[2]
+            out.append({"t": m * 60, "enqueued": b[1] if b else 0, "depth": depth})
         return out
 
     # --- Prometheus text format -----------------------------------------------------------
@@ -248,18 +245,17 @@ class Metrics:
             family("queickd_upstream_up", "gauge", "1 while the upstream takes forwarded jobs; 0 unreachable, "
                    "refusing our token or certificate; NaN not tried yet.",
                    [({"link": up["link"]}, {"up": 1, "idle": math.nan}.get(up["link"], 0))])
-            family("queickd_upstream_held_jobs", "gauge", "Jobs held for the upstream, not yet forwarded.",
-                   [({}, up["held"])])
-            family("queickd_upstream_held_bytes", "gauge", "Bytes of the jobs held for the upstream.",
-                   [({}, up["held_bytes"])])
-            family("queickd_upstream_oldest_held_age_seconds", "gauge",
-                   "Age of the oldest job held for the upstream (0 when none is).", [({}, up["oldest_held_age"] or 0)])
-            family("queickd_upstream_last_forward_timestamp_seconds", "gauge",
-                   "When the upstream last took jobs (unix time; 0 never).", [({}, up["last_forward_at"] or 0)])
-            family("queickd_upstream_forwarded_total", "counter", "Jobs the upstream took.", [({}, up["forwarded"])])
-            family("queickd_upstream_refused_total", "counter", "Jobs the upstream refused (dead here).",
-                   [({}, up["refused"])])
-            family("queickd_upstream_wakeups_total", "counter", "Times the forwarder woke.", [({}, up["wakeups"])])
+            for metric, kind, what, help_text in (
+                    ("queickd_upstream_held_jobs", "gauge", "held", "Jobs held for the upstream, not yet forwarded."),
+                    ("queickd_upstream_held_bytes", "gauge", "held_bytes", "Bytes of the jobs held for the upstream."),
+                    ("queickd_upstream_oldest_held_age_seconds", "gauge", "oldest_held_age",
+                     "Age of the oldest job held for the upstream (0 when none is)."),
+                    ("queickd_upstream_last_forward_timestamp_seconds", "gauge", "last_forward_at",
+                     "When the upstream last took jobs (unix time; 0 never)."),
+                    ("queickd_upstream_forwarded_total", "counter", "forwarded", "Jobs the upstream took."),
+                    ("queickd_upstream_refused_total", "counter", "refused", "Jobs the upstream refused (dead here)."),
+                    ("queickd_upstream_wakeups_total", "counter", "wakeups", "Times the forwarder woke.")):
+                family(metric, kind, help_text, [({}, up[what] or 0)])
         pr = stats.get("progress")
         if pr is not None:
             family("queickd_progress_updates_total", "counter", "Progress values jobs reported "
