@@ -106,73 +106,6 @@ class Listener:
                     pass
 
 
-class Heartbeat:
-    """Beats, sweeps orphans and wakes the pool for its safety sweep (then calls on_sweep: a
-    worker's maintenance), from its own thread."""
-
-    def __init__(self, store: FleetStore, *, interval: float, sweep: float, max_orphan_requeues: int,
-                 wake: Callable[[], None], reregister: Callable[[], None],
-                 on_version_change: Callable[[str], None], clock: Callable[[], float] = time.time,
-                 on_beat: Callable[[], None] = lambda: None, on_sweep: Callable[[], None] = lambda: None) -> None:
-        self.store = store
-        self._on_beat = on_beat  # after each beat written, in this thread
-        self._on_sweep = on_sweep  # at each sweep, in this thread: a worker's maintenance
-        self.interval = interval
-        self.sweep = sweep
-        self.max_orphan_requeues = max_orphan_requeues
-        self._wake = wake
-        self._reregister = reregister
-        self._on_version_change = on_version_change
-        self._clock = clock
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="queickd-heartbeat", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        """Idempotent; safe before start()."""
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(10.0)
-
-    def _run(self) -> None:
-        from ..store.postgres.schema import SCHEMA_VERSION
-        from ..version import __version__
-
-        next_sweep = time.monotonic() + self.sweep
-        reported = False
-        while not self._stopping.wait(self.interval):
-            try:
-                b = self.store.beat(self.max_orphan_requeues, self._clock())  # and the orphan sweep
-                found, version, schema = b.found, b.version, b.schema
-                if not found:
-                    log.warning("heartbeat: this worker's record was gone (it stalled for longer than "
-                                "3 heartbeats and its jobs were re-queued); registering again")
-                    self._reregister()
-                if (version, schema) != (__version__, SCHEMA_VERSION) and not reported:
-                    # Said once; the beats go on, so the jobs still running here while the
-                    # process stops are not taken for orphans and run twice.
-                    reported = True
-                    self._on_version_change(f"the database is now at queickd {version} (schema {schema}); "
-                                            f"this is {__version__} (schema {SCHEMA_VERSION})")
-                self._on_beat()
-                rec = b.recovered
-                if rec is not None and (rec.requeued or rec.dead):
-                    log.warning("jobs of workers that stopped beating: %d re-queued, %d dead (orphaned)",
-                                len(rec.requeued), len(rec.dead))
-                    self._wake()
-                if time.monotonic() >= next_sweep:
-                    next_sweep = time.monotonic() + self.sweep
-                    self.store.forget_gone_workers(FORGET_AFTER)
-                    self._wake()  # safety sweep: a lost wake-up costs at most this long
-                    self._on_sweep()
-            except Exception:
-                log.exception("heartbeat: store error; trying again at the next beat")
-
-
 class FleetMember:
     """Registers a process's WorkerPool in the store's registry and keeps it beating and
     listening. start() once the pool exists; stop() after the pool has stopped."""
@@ -191,19 +124,23 @@ class FleetMember:
         self.pool = pool
         self.kind = kind
         self.heartbeat_interval = heartbeat
+        self.sweep = sweep
+        self.max_orphan_requeues = max_orphan_requeues
         self._on_finished_ids = on_finished_ids
         self._on_scheduled = on_scheduled
+        self._on_version_change = on_version_change
         self._on_budgets = on_budgets  # the budgets in force may have changed: read them again
         # Listening (again): clients waiting on jobs look again, for a finish told while away.
         self._on_listening = on_listening
+        self._on_beat = on_beat  # after each beat written, in the heartbeat's thread
+        self._on_sweep = on_sweep  # at each sweep, in the heartbeat's thread: a worker's maintenance
+        self._clock = clock
         # Without clients waiting on jobs (an external worker) it need not hear of every finish,
         # and a pool that never claims (a daemon of no workers) need not hear of new jobs.
         self.listener = Listener(store, self._notified, self._reconnected, queued=pool.claims,
                                  finished=on_finished_ids is not None)
-        self.heartbeat = Heartbeat(store, interval=heartbeat, sweep=sweep,
-                                   max_orphan_requeues=max_orphan_requeues, wake=pool.wake,
-                                   reregister=self._register, on_version_change=on_version_change,
-                                   clock=clock, on_beat=on_beat, on_sweep=on_sweep)
+        self._stopping = threading.Event()
+        self._heartbeat: threading.Thread | None = None
 
     def _register(self) -> None:
         pools = self.pool.pools if self.pool.pools is not None else ["*"]
@@ -212,13 +149,16 @@ class FleetMember:
     def start(self) -> None:
         self._register()
         self.listener.start()
-        self.heartbeat.start()
+        self._heartbeat = threading.Thread(target=self._beat, name="queickd-heartbeat", daemon=True)
+        self._heartbeat.start()
 
     def stop(self) -> None:
         """Stop listening and beating, then deregister. Jobs still running (past the stop
         timeout) are left to the orphan sweep of the other members, and said so."""
         self.listener.stop()
-        self.heartbeat.stop()
+        self._stopping.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join(10.0)
         try:
             held = self.store.deregister_worker()
         except Exception:
@@ -228,6 +168,42 @@ class FleetMember:
         if held:
             log.warning("deregistered with %d job(s) still running; they are orphans now and will be "
                         "re-queued by the next sweep of any worker", held)
+
+    def _beat(self) -> None:
+        """The heartbeat's thread: beats, sweeps orphans and wakes the pool for its safety
+        sweep (then calls on_sweep), apart from the threads that run jobs."""
+        from ..store.postgres.schema import SCHEMA_VERSION
+        from ..version import __version__
+
+        next_sweep = time.monotonic() + self.sweep
+        reported = False
+        while not self._stopping.wait(self.heartbeat_interval):
+            try:
+                b = self.store.beat(self.max_orphan_requeues, self._clock())  # and the orphan sweep
+                version, schema = b.version, b.schema
+                if not b.found:
+                    log.warning("heartbeat: this worker's record was gone (it stalled for longer than "
+                                "3 heartbeats and its jobs were re-queued); registering again")
+                    self._register()
+                if (version, schema) != (__version__, SCHEMA_VERSION) and not reported:
+                    # Said once; the beats go on, so the jobs still running here while the
+                    # process stops are not taken for orphans and run twice.
+                    reported = True
+                    self._on_version_change(f"the database is now at queickd {version} (schema {schema}); "
+                                            f"this is {__version__} (schema {SCHEMA_VERSION})")
+                self._on_beat()
+                rec = b.recovered
+                if rec is not None and (rec.requeued or rec.dead):
+                    log.warning("jobs of workers that stopped beating: %d re-queued, %d dead (orphaned)",
+                                len(rec.requeued), len(rec.dead))
+                    self.pool.wake()
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + self.sweep
+                    self.store.forget_gone_workers(FORGET_AFTER)
+                    self.pool.wake()  # safety sweep: a lost wake-up costs at most this long
+                    self._on_sweep()
+            except Exception:
+                log.exception("heartbeat: store error; trying again at the next beat")
 
     def _reconnected(self) -> None:
         """Listening (again): what a lost notification announced is looked at now."""
