@@ -101,8 +101,6 @@ def build(store: Store, loader: FunctionLoader, config: Config | WorkerConfig, *
           secrets: Iterable[str | None] = (), clock: Callable[[], float] = time.time) -> JobParts:
     """Build the parts, none started. `secrets`: files process jobs must not see besides
     the store's. OSError when the budgets in force cannot be read."""
-    # The budgets in force: this config's on SQLite; on PostgreSQL the store's, which this
-    # config replaces if it names any.
     budgets = BudgetsInForce(store, config.resources.limits)
     try:
         limits = budgets.adopt()

@@ -6,10 +6,9 @@ queickd version (a worker never migrates); the refusal is recorded in the worker
 so `queick stats` shows it. A database with no queickd schema yet is, like one that
 cannot be reached, a state another host's start ends (a daemon or `queick db migrate`
 creates the schema): one line says so and how to set it up, and the exit status (1) lets
-systemd try again. The budgets it claims under are
-the database's (services/budgets.py): with --config naming [budgets], its own replace
-them. SIGTERM stops claiming, lets running jobs finish (bounded by --stop-timeout), then
-deregisters.
+systemd try again. The budgets it claims under are the database's (services/budgets.py):
+with --config naming [budgets], its own replace them. SIGTERM stops claiming, lets running
+jobs finish (bounded by --stop-timeout), then deregisters.
 """
 
 from __future__ import annotations
@@ -56,8 +55,6 @@ def run(config: WorkerConfig) -> int:
             status["code"] = EX_VERSION
             stop.set()
 
-        # The budgets it claims under are the database's, which this worker's own (--config)
-        # replace if it has any.
         parts = assembly.build(store, FunctionLoader(config.app_dir, config.allow), config)
         pool = parts.pool
         # A pause begun here is probed after its cooldown, and a job set aside for want of
