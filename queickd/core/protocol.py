@@ -240,12 +240,7 @@ def number(obj: dict, name: str, *bounds: float, **kw: Any) -> float | None:
 
 
 def opt_str(obj: dict, name: str) -> str | None:
-    v = obj.get(name)
-    if v is None:
-        return None
-    if not isinstance(v, str) or not v or len(v) > MAX_KEY_LEN:
-        raise bad(f"{name} must be a non-empty string of at most {MAX_KEY_LEN} characters")
-    return v
+    return text_field(name)(obj.get(name))
 
 
 def parse_retry(v: Any) -> Any:
@@ -305,16 +300,15 @@ def text_field(name: str) -> Any:
     return check
 
 
-def _group(v: Any) -> str | None:
-    if v is not None and (not isinstance(v, str) or not v or len(v.encode()) > MAX_KEY_LEN):
-        raise bad(f"concurrency_group must be a non-empty string of at most {MAX_KEY_LEN} bytes")
-    return v
+def _bytes_field(name: str) -> Any:
+    def check(v: Any) -> str | None:
+        if v is not None and (not isinstance(v, str) or not v or len(v.encode()) > MAX_KEY_LEN):
+            raise bad(f"{name} must be a non-empty string of at most {MAX_KEY_LEN} bytes")
+        return v
+    return check
 
 
-def _fair_by(v: Any) -> str | None:
-    if v is not None and (not isinstance(v, str) or not v or len(v.encode()) > MAX_KEY_LEN):
-        raise bad(f"fair_by must be a non-empty string of at most {MAX_KEY_LEN} bytes")
-    return v
+_group = _bytes_field("concurrency_group")
 
 
 def _concurrency_limit(v: Any) -> int | None:
@@ -334,23 +328,13 @@ def rate_limit(v: Any) -> dict[str, Any] | None:
         v = dict(zip(("key", "limit", "per"), v, strict=True))
     if not isinstance(v, dict) or v.keys() != {"key", "limit", "per"}:
         raise bad('rate_limit must be {"key": text, "limit": starts, "per": seconds}')
-    key = v["key"]
-    if not isinstance(key, str) or not key or len(key.encode()) > MAX_KEY_LEN:
-        raise bad(f"rate_limit.key must be a non-empty string of at most {MAX_KEY_LEN} bytes")
+    key = _bytes_field("rate_limit.key")(v["key"] or "")  # null is refused as "" is
     return {"key": key, "limit": ranged("rate_limit.limit", v["limit"], 1, rates.MAX_LIMIT, integer=True),
             "per": float(ranged("rate_limit.per", v["per"], rates.MIN_PER, rates.MAX_PER))}
 
 
-def _sandbox(name: str) -> Any:
-    def check(v: Any) -> Any:
-        try:
-            return sandbox.check(name, v)
-        except ValueError as e:
-            raise bad(str(e)) from None
-    return check
-
-
-def _liveness(check: Any) -> Any:
+def _refusing(check: Any) -> Any:
+    """check, its ValueError refused as bad_request."""
     def checked(v: Any) -> Any:
         try:
             return check(v)
@@ -377,10 +361,10 @@ _CHECKS: dict[str, Any] = {
     "concurrency_limit": _concurrency_limit,
     "cost_units": _cost_units,
     "rate_limit": rate_limit,
-    "fair_by": _fair_by,
-    **{name: _sandbox(name) for name in ("isolation", *sandbox.LIMITS)},
-    "stalled_after": _liveness(liveness.check_stalled_after),
-    "on_stall": _liveness(liveness.check_on_stall),
+    "fair_by": _bytes_field("fair_by"),
+    **{name: _refusing(functools.partial(sandbox.check, name)) for name in ("isolation", *sandbox.LIMITS)},
+    "stalled_after": _refusing(liveness.check_stalled_after),
+    "on_stall": _refusing(liveness.check_on_stall),
 }
 if _CHECKS.keys() | {"func", "run_at"} != fields.ENQUEUE_WIRE:  # a new settable field needs its check
     raise ImportError(f"protocol checks differ from the job fields: {sorted(_CHECKS.keys() ^ fields.ENQUEUE_WIRE)}")
