@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from . import clientops, tasks
 from .clientflow import WorkflowBuilder
 from .clientops import one
-from .clientwire import RequestLostError, endpoint, func_name, reply_error
+from .clientwire import RequestLostError, endpoint, func_name
 from .core import protocol
 from .core.cron import SchedulingTime
 from .core.protocol import QueueError
@@ -270,7 +270,7 @@ class AsyncJobQueue:
                     replies = self._transport.exchange([step] if type(step) is dict else step)
                     outcome = replies if type(step) is list else replies[0]
                     if type(step) is dict and not outcome.get("ok"):
-                        outcome = reply_error(outcome)
+                        outcome = QueueError.from_reply(outcome)
                 elif type(step) is dict:
                     line = protocol.encode(step)  # a request that cannot be encoded is never sent
                     if clientops.held(step):
@@ -284,7 +284,7 @@ class AsyncJobQueue:
                             await conn.writable()
                         outcome = await future
                     if not outcome.get("ok"):
-                        outcome = reply_error(outcome)
+                        outcome = QueueError.from_reply(outcome)
                 elif type(step) is list:
                     lines = [protocol.encode(r) for r in step]  # all, before any is sent
                     conn = await self._shared()

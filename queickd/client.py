@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from . import clientops, clientwire, tasks
 from .clientflow import WorkflowBuilder
 from .clientops import one
-from .clientwire import RequestLostError, endpoint, func_name, reply_error
+from .clientwire import RequestLostError, endpoint, func_name
 from .core import protocol
 from .core.cron import SchedulingTime
 from .core.protocol import QueueError
@@ -210,7 +210,7 @@ class JobQueue:
     def _call(self, req: dict[str, Any]) -> dict[str, Any]:
         reply = self._call_many([req])[0]
         if not reply.get("ok"):
-            raise reply_error(reply)
+            raise QueueError.from_reply(reply)
         return reply
 
     def _run(self, plan: clientops.Plan[Any]) -> Any:

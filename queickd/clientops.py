@@ -3,7 +3,7 @@ which requests an operation sends and what it makes of their replies. JobQueue (
 carries plans out over its blocking socket, AsyncJobQueue (aclient.py) over asyncio.
 
 A plan is a generator. It yields a request (a dict) and is sent back the reply when the
-daemon answered ok; a refused reply is thrown into it as QueueError (clientwire.reply_error)
+daemon answered ok; a refused reply is thrown into it as QueueError
 and a broken connection as ConnectionError / RequestLostError, so a plan may catch them and
 decide (resend, wait and try again). It yields a list of requests to pipeline them and is
 sent back their replies as they are, refused ones included. It yields a Pause to be resumed
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any, TypeVar
 
-from .clientwire import RequestLostError, _auto_key, _unknown_outcome, func_name, reply_error
+from .clientwire import RequestLostError, _auto_key, _unknown_outcome, func_name
 from .core import fields, protocol
 from .core.cron import SchedulingTime
 from .core.protocol import QueueError
@@ -234,7 +234,7 @@ def enqueue_pipelined(jobs: Sequence[dict[str, Any]]) -> Plan[list[int]]:
     replies = yield [{"op": "enqueue", **j} for j in jobs]
     for r in replies:
         if not r.get("ok"):
-            raise reply_error(r)
+            raise QueueError.from_reply(r)
     return [_warned(r)["job_id"] for r in replies]
 
 

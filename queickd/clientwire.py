@@ -19,7 +19,7 @@ from .core.protocol import QueueError
 if TYPE_CHECKING:
     import ssl
 
-__all__ = ["RequestLostError", "func_name", "reply_error"]
+__all__ = ["RequestLostError", "func_name"]
 
 
 class RequestLostError(ConnectionError):
@@ -78,12 +78,6 @@ def _name_of(func: Callable[..., Any]) -> str:
 # Looked up once per function (a third of building a job spec): a program enqueues a
 # handful of functions, many times. Errors are not kept: each call raises again.
 _named = functools.lru_cache(maxsize=1024)(_name_of)
-
-
-def reply_error(reply: dict[str, Any]) -> QueueError:
-    """The QueueError of a refused reply, with `maybe_committed` when the daemon says the
-    request may have been stored all the same (resend it only with the same keys)."""
-    return QueueError.from_reply(reply)
 
 
 def endpoint(host: str | None, port: int | None, token: str | None,

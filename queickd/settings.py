@@ -130,7 +130,17 @@ class Config:
         return parse_resources(self.functions, self.budgets, self.budget_patience, self.fair_shares)
 
     def read_http_token(self) -> str | None:
-        return _read_secret(self.http_token_file)
+        path = self.http_token_file
+        if path is None:
+            return None
+        try:
+            with open(path, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as e:  # a missing token file does not appear by restarting: EX_CONFIG
+            raise ValueError(f"cannot read token file {path}: {e.strerror or e}") from None
+        if not token:
+            raise ValueError(f"token file {path} is empty")
+        return token
 
 
 @dataclass
@@ -175,15 +185,3 @@ class WorkerConfig:
 
         return parse_resources({}, self.budgets, self.budget_patience, self.fair_shares)
 
-
-def _read_secret(path: str | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            token = f.read().strip()
-    except OSError as e:  # a missing token file does not appear by restarting: EX_CONFIG
-        raise ValueError(f"cannot read token file {path}: {e.strerror or e}") from None
-    if not token:
-        raise ValueError(f"token file {path} is empty")
-    return token

@@ -10,7 +10,7 @@ import pytest
 
 from queickd import clientops
 from queickd.clientops import Pause
-from queickd.clientwire import RequestLostError, reply_error
+from queickd.clientwire import RequestLostError
 from queickd.core.protocol import QueueError
 
 
@@ -22,7 +22,7 @@ def _refused(code: str, maybe_committed: bool = False, retry_after: float | None
     reply: dict[str, Any] = {"ok": False, "error": {"code": code, "message": "no", "maybe_committed": maybe_committed}}
     if retry_after is not None:
         reply["retry_after"] = retry_after
-    return reply_error(reply)
+    return QueueError.from_reply(reply)
 
 
 def _returned(plan: Any, reply: dict[str, Any]) -> Any:
