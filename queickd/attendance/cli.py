@@ -178,8 +178,6 @@ def _register(a: argparse.Namespace, plog: PunchLog) -> int:
     return 0
 
 
-
-
 def _report(a: argparse.Namespace, plog: PunchLog) -> int:
     day = a.date or "today"
     if day in ("today", "yesterday"):
@@ -206,9 +204,8 @@ def _run(a: argparse.Namespace) -> int:
     fields = {f.name for f in dataclasses.fields(TerminalConfig)}
     config = TerminalConfig(**{k: v for k, v in vars(a).items() if k in fields and v is not None})
     try:
-        config.validate()
         log.setup(a.log_level)
-        terminal = Terminal(config)
+        terminal = Terminal(config)  # validates the config first
     except (ValueError, OSError) as e:
         print(f"queick attendance: configuration error: {e}", file=sys.stderr)
         return EX_CONFIG

@@ -257,9 +257,8 @@ class PunchLog:
             return Tap(card_id, IGNORED, "unknown card, within the debounce")
         db.execute("INSERT INTO unknown_cards VALUES (?, ?, ?, 1) ON CONFLICT (card_id) DO UPDATE SET "
                    "last_at = excluded.last_at, taps = taps + 1", (card_id, now, now))
-        post = self.unknown_cards == "every" or (self.unknown_cards == "once" and seen is None)
         punch = None
-        if post:
+        if self.unknown_cards == "every" or (self.unknown_cards == "once" and seen is None):
             punch = self._insert(db, card_id, None, None, UNKNOWN, now, work_day(now, self.day_boundary), None)
         return Tap(card_id, ACCEPTED, "unknown card", punch)
 

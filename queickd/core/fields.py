@@ -23,7 +23,6 @@ from typing import Any
 DEFAULT_POOL = "default"  # the worker pool a job goes to when it names none
 
 
-
 class _NoDefault:
     def __repr__(self) -> str:
         return "NO_DEFAULT"

@@ -5,27 +5,15 @@ insertion) and the running picture (serial keys with a running job, pauses), and
 the candidates one by one to a `Selection`; the selection says which may start, up to the
 limit, and the store marks those running. Pure: no I/O of its own, no clock.
 
-A candidate may start when it is eligible (its pool is served, its network, if it needs
-one, is up, its pool is not paused, neither its function nor its key is paused, unless that pause's probe is due:
-see below; the claimer has not set it aside: `Request.exclude`, the jobs its memory gate
-sent back to wait a little, which keep their place in the queue and in their key) and
-every rule admits it. Rules
-are small classes with the same three methods (`Rule`), applied in order; the first:
+A candidate may start when it is eligible (`Selection.eligible`) and every rule admits
+it. Rules are small classes with the same three methods (`Rule`), applied in order:
 - `SerialKeys`: a serial key runs at most one job at a time, and only its head (its
   first job in queue order) may start, so a key's jobs run in enqueue order: a head that
   cannot start, for any reason, still holds its key.
 - `ConcurrencyGroups`: at most `concurrency_limit` jobs of a `concurrency_group` run at
-  once, by the lowest limit among the job's own and its group's running jobs' (jobs of a
-  group may disagree: none starts past any running job's limit); a job passed over for
-  its group holds nothing (skip, not block): the next job of another group, or of none,
-  may start.
-- `RateLimits` (rates.py): at most `limit` starts of a rate key per `per` seconds; a job
-  over it is skipped, holding nothing; `Selection.rates.next_at()` says when it may start.
-- `CostBudgets` (costs.py): the `cost_units` running in a job's pool and in its group,
-  plus its own, stay within each budget of `Limits`; a job over a budget is passed over
-  and holds nothing, unless it has waited `Limits.patience` seconds: then it reserves the
-  budgets it does not fit (one that could never fit it excepted), and younger jobs of
-  that pool or group stop starting until it has started.
+  once (the lowest limit among the job's and its group's running jobs'); skip, not block.
+- `RateLimits` (rates.py): at most `limit` starts of a rate key per `per` seconds.
+- `CostBudgets` (costs.py): the cost units of a pool and of a group within their budgets.
 A rule decides for itself whether a job it passes over holds anything.
 
 What runs is read from the running jobs themselves (`Running.of`: their keys, groups,
@@ -40,12 +28,9 @@ with the job's id in the claim's transaction, so no second probe starts. (Postgr
 SQL claim takes probes after the claim's other jobs, when room is left: see store/postgres/schema.py.)
 
 A store may leave out, before offering, candidates that every rule would pass over
-without holding anything (a job of another pool that has no key), and may stop reading
-once the selection is `done`. The jobs of a group full by what runs and of a pool or group
-whose budget what runs has used up (`Selection.left_out`) hold only their key: a store may
-leave them out if it then starts no keyed job that is not its key's head. They do not
-count against the look-ahead (`LOOK_AHEAD`, while budgets are in force), so however many
-wait, the jobs behind them are reached, on every store alike.
+without holding anything (a job of another pool that has no key) and those
+`Selection.left_out` names, and may stop reading once the selection is `done`: however
+many wait, the jobs behind them are reached, on every store alike.
 """
 
 from __future__ import annotations
@@ -301,9 +286,10 @@ class Selection:
         return self.groups.slot_of.get(job_id)
 
     def eligible(self, c: Candidate) -> bool:
-        """Its pool is served, its network (if it needs one) is up, its function and key
-        are not paused (or their pause's probe is due), the claimer has not set it aside.
-        Nothing is counted: the rules do that (one passed over holds its key)."""
+        """Its pool is served and not paused, its network (if it needs one) is up, its
+        function and key are not paused (or their pause's probe is due), the claimer has not
+        set it aside (`Request.exclude`: jobs its memory gate sent back, which keep their
+        place and their key). Nothing is counted: the rules do that."""
         return ((self._net or not c.retry_on_network)
                 and (not self._exclude or c.id not in self._exclude)
                 and (self._pools is None or c.pool in self._pools)

@@ -39,14 +39,6 @@ _STEP_KEYS = frozenset({"name", "kind", "func", "items", "result", "mode", "n", 
                         "next", "_next", "on_failure"}) | JOB_WIRE
 
 
-def cost_of(job_fields: dict[str, Any]) -> int:
-    """A job's cost: its cost_units field where that field is declared, else 1."""
-    if "cost_units" in fields.BY_NAME:
-        v = job_fields.get("cost_units", fields.BY_NAME["cost_units"].fresh_default())
-        return v if isinstance(v, int) and v >= 0 else 1
-    return 1
-
-
 @dataclass(frozen=True, slots=True)
 class Step:
     name: str
@@ -64,7 +56,9 @@ class Step:
 
     @property
     def cost(self) -> int:
-        return cost_of(self.job)
+        """Its jobs' cost: their cost_units when a whole number, else 1."""
+        v = self.job.get("cost_units")
+        return v if isinstance(v, int) and v >= 0 else 1
 
 
 @dataclass(frozen=True, slots=True)
