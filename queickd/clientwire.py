@@ -75,8 +75,8 @@ def _name_of(func: Callable[..., Any]) -> str:
     return f"{module}:{name}"
 
 
-# Looked up once per function (a third of building a job spec): a program enqueues a
-# handful of functions, many times. Errors are not kept: each call raises again.
+# Looked up once per function: a program enqueues a handful of functions, many times.
+# Errors are not kept: each call raises again.
 _named = functools.lru_cache(maxsize=1024)(_name_of)
 
 

@@ -1,23 +1,17 @@
 """CPython's cyclic garbage collector, set for a long-running server process (the daemon,
 an external worker).
 
-By default the youngest generation is collected every 700 net allocations of container
-objects. An `enqueue_many` of 1,000 jobs makes about 4,000 (the decoded request, a job and
-its argument containers each), all alive until its commit: every batch paid for some six
-young collections that freed nothing, its survivors were scanned again in the older
-generations, and now and then a full collection walked the whole heap, every module
-included.
+A batch of jobs makes thousands of containers that all live until its commit: by default
+the young generation is collected many times per batch, freeing nothing, and the full
+collections walk the whole heap, every module included.
 
 Two changes, nothing disabled, made once the process is set up (its store open, its app's
 modules loaded, its threads started): the young generation is collected every
-YOUNG_THRESHOLD net allocations (a collection that finds them all alive is work for
-nothing), and what the process holds then is frozen out of later collections. A frozen
-object is never collected, so nothing temporary may be alive at that point: a reference
-cycle among frozen objects dropped later stays in memory. Cycles made after it are freed
-by the collector's own schedule, later than before in allocations: the jobs a daemon runs
-in threads share the setting, so a cycle holding a job's data (an exception's traceback
-kept by a local) waits for up to YOUNG_THRESHOLD allocations, not 700. (`gc.get_objects()`
-does not list frozen objects: a debugging look at the heap calls `gc.unfreeze()` first.)
+YOUNG_THRESHOLD net allocations, and what the process holds then is frozen out of later
+collections. A frozen object is never collected, so nothing temporary may be alive at that
+point. The jobs a daemon runs in threads share the setting: a cycle holding a job's data
+waits for up to YOUNG_THRESHOLD allocations. (`gc.get_objects()` does not list frozen
+objects: a debugging look at the heap calls `gc.unfreeze()` first.)
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ checks them) and its isolation, limits and credentials (core/sandbox.py checks t
 `[budgets.pools]` / `[budgets.groups]` the cost budgets, `[fair_shares]` the fair keys'
 weights (fair key = weight), `[workflows.NAME]` workflow definitions (steps, budget) started
 by name, and `[upstream]` the daemon a device forwards jobs to (services/forwarder/settings.py).
-The file is a
-layer of defaults: an environment variable beats it, and a command-line flag beats both.
+The file is a layer of defaults: an environment variable beats it, and a command-line flag
+beats both.
 Reads TOML with the standard library's tomllib; does no other I/O.
 """
 

@@ -1,16 +1,12 @@
 """The C heap (glibc's malloc), set for a long-running server process (the daemon, an
 external worker): large blocks go back to the system when they are freed.
 
-A block at or above malloc's mmap threshold is mapped on its own and unmapped when freed.
-glibc raises that threshold (up to 32 MiB) to the size of each such block freed, so once a
-workflow run's state of a few MB has been freed, later states of that size are carved out
-of the heaps instead, one per thread that touched them, and a heap gives back little of
-what it holds: the daemon stays as large as its largest states made it after their runs
-end. A fixed threshold stops the raising: every block of MMAP_THRESHOLD or more
-is its own mapping, returned whole on free. What smaller blocks leave free inside the
-heaps is handed back by `trim()`, which the daemon's safety sweep calls. Nothing here where
-the C library is not glibc (mallopt, malloc_trim missing): the process then runs with its
-allocator's defaults.
+glibc raises malloc's mmap threshold to the size of each mapped block freed, so once a
+workflow run's large state has been freed, later states of that size are carved out of the
+per-thread heaps, which give back little: the daemon would stay as large as its largest
+states made it. A fixed threshold keeps every block of MMAP_THRESHOLD or more its own
+mapping, returned whole on free; `trim()`, which the safety sweep calls, hands back what
+smaller blocks leave free. Where the C library is not glibc, the allocator keeps its defaults.
 """
 
 from __future__ import annotations
@@ -47,8 +43,8 @@ def return_large_blocks() -> bool:
 
 def trim() -> None:
     """Give the pages malloc's heaps hold free back to the system (glibc's malloc_trim:
-    every heap, and inside them, not only at their top). A few ms for a heap of a few
-    hundred MB; call it now and then (the safety sweep), never per job."""
+    every heap, and inside them, not only at their top). Call it now and then (the safety
+    sweep), never per job."""
     global _trim
     if _trim is None:
         _trim = _libc_function("malloc_trim") or (lambda pad: 0)

@@ -162,29 +162,26 @@ class ImmediateTransport:
 
     def _wait(self, req: dict[str, Any]) -> dict[str, Any]:
         job_id, states = arguments.job_id(req), arguments.states(req)
-        got = self.service.op_get({"job_id": job_id})
-        if got["job"]["state"] not in states:
-            self._let_pass(req, lambda: self.service.job(job_id).state in states)
-            got = self.service.op_get({"job_id": job_id})
-            if got["job"]["state"] not in states:
-                raise TimeoutError(f"job {job_id} is still {got['job']['state']} after "
-                                   f"{self._waited(req)} of the immediate queue's clock")
-        return {**got, "timed_out": False}
+        self._until(req, lambda: self.service.job(job_id).state in states,
+                    lambda: f"job {job_id} is still {self.service.job(job_id).state}")
+        return {**self.service.op_get({"job_id": job_id}), "timed_out": False}
 
     def _workflow_wait(self, req: dict[str, Any]) -> dict[str, Any]:
         run_id = arguments.run_id(req)
-        if self.service.workflow_state(run_id) == "running":
-            self._let_pass(req, lambda: self.service.workflow_state(run_id) != "running")
-            if self.service.workflow_state(run_id) == "running":
-                raise TimeoutError(f"workflow run {run_id} is still running after {self._waited(req)} "
-                                   "of the immediate queue's clock")
+        self._until(req, lambda: self.service.workflow_state(run_id) != "running",
+                    lambda: f"workflow run {run_id} is still running")
         return {**self.service.op_workflow_get({"run_id": run_id}), "timed_out": False}
 
-    def _let_pass(self, req: dict[str, Any], ended: Callable[[], bool]) -> None:
-        """A wait for what has not ended: its timeout passes on the clock, running what
-        comes due, until ended(). Not from inside a job: what it waits for runs after it."""
+    def _until(self, req: dict[str, Any], ended: Callable[[], bool], still: Callable[[], str]) -> None:
+        """A wait: returns once ended(), its timeout passing on the clock meanwhile, running
+        what comes due; TimeoutError naming still() if it has not ended by then. Not from
+        inside a job: what it waits for runs after it."""
+        if ended():
+            return
         if self._depth == 1:  # to the millisecond: the client sends what is left on its own clock
             self._settle(until=self.clock() + round(timeout_of(req), 3), ended=ended)
+        if not ended():
+            raise TimeoutError(f"{still()} after {self._waited(req)} of the immediate queue's clock")
 
     def _waited(self, req: dict[str, Any]) -> str:
         if self._depth > 1:

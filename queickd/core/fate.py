@@ -51,9 +51,8 @@ _NETWORK_ERRNOS = frozenset(
     if hasattr(errno, name)
 )
 _NETWORK_TYPES = (ConnectionError, TimeoutError, socket.gaierror, socket.herror)
-# And, from modules this one does not import (http.client brings ssl and email: 6 MB of a
-# process job's zygote, which each forked child maps and tears down): looked up where a job
-# has imported them, as a job whose exception is one of theirs has.
+# And, from modules this one does not import (they would weigh on every process job's
+# zygote): looked up where a job has imported them, as a job raising one of them has.
 _HTTP_NETWORK = ("RemoteDisconnected", "IncompleteRead", "BadStatusLine")
 
 

@@ -36,9 +36,8 @@ def dumps(value: Any) -> str:
     """`json.dumps(value, separators=(",", ":"), ensure_ascii=False)`."""
     if _make_encoder is None:
         return _ENCODER.encode(value)
-    # One C encoder per thread, not per call as json makes it (a third of a small value's
-    # cost). Its circular-reference marks are empty again after every encoding that ends
-    # well; one that raises may leave some, which are dropped.
+    # One C encoder per thread, not per call as json makes it. Its circular-reference marks
+    # are empty again after every encoding that ends well; one that raises may leave some.
     try:
         enc, marks = _per_thread.encoder
     except AttributeError:

@@ -31,9 +31,8 @@ MAX_BATCH = 10_000  # jobs in one enqueue_many
 MAX_INT = 2**31 - 1  # counts (max_attempts)
 MAX_ID = 2**63 - 1  # ids are SQLite/PostgreSQL bigints
 MAX_COST_UNITS = 1e15  # a job's cost: far above any budget, and exact in a float
-# Levels of arrays and objects in a request, the request itself included. Every later path
-# handles far deeper values (the first to fail, at about 495 levels of args, is the reply
-# to `get`; json.loads fails near 990), so a stored job can always be read back.
+# Levels of arrays and objects in a request, the request itself included: far below what
+# every later path handles, so a stored job can always be read back.
 MAX_DEPTH = 64
 
 
@@ -397,7 +396,7 @@ def _job_builder() -> Any:
 
 
 _build = _job_builder()
-# parse_job's fast path passes NewJob's first fields by position (a keyword costs a tenth of it).
+# parse_job's fast path passes NewJob's first fields by position (cheaper than keywords).
 if [f.name for f in fields.NEW_FIELDS[:5]] != ["func", "args", "kwargs", "priority", "run_at"]:
     raise ImportError("parse_job's fast path needs NewJob(func, args, kwargs, priority, run_at, ...)")
 
