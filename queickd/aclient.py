@@ -261,8 +261,7 @@ class AsyncJobQueue:
     async def _run(self, plan: clientops.Plan[Any]) -> Any:
         """Carry out a plan of clientops, as JobQueue._run does, awaiting instead of blocking.
         A request goes out on the shared connection from here, not from a coroutine of its
-        own: one enqueue is one such request, and a coroutine more per request was a tenth
-        of the client's CPU."""
+        own (one more per enqueue would cost the client dearly)."""
         steps = clientops.Steps(plan)
         for step in steps:
             try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import fnmatch
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..fields import FIELDS
@@ -122,7 +122,7 @@ class Backoff:
 
     first: float = 1.0
     most: float = 60.0
-    failures: int = field(default=0)
+    failures: int = 0
 
     def failed(self) -> float:
         self.failures += 1

@@ -12,11 +12,9 @@ job may start in the room left.
 - `matters`: an expected peak below `NEGLIGIBLE` is the noise of a thread run's RSS
   estimate (pages touched by other threads), far below any reserve: such a job starts
   without a look at free memory.
-- `worth_measuring`: whether a thread run should read the process's RSS around it: a
-  function's first `LEARNING_RUNS`, and every run of one whose peak matters; of the
-  others one in `SAMPLE_EVERY` (the two reads and their GIL hand-offs were a tenth of the
-  daemon's CPU for a job that appends a byte), enough to see a function start to grow.
-- `backoff`: a deferred job's short wait, doubling per deferral, with jitter.
+- `worth_measuring`: whether a thread run should read the process's RSS around it (two
+  reads and their GIL hand-offs, dear for a tiny job): a function's first `LEARNING_RUNS`,
+  every run of one whose peak matters, of the others one in `SAMPLE_EVERY`.
 Pure: reads no file (services/memory_gate.py does), no clock, no store.
 """
 

@@ -2,12 +2,9 @@
 to a plan the store applies in the transaction that recorded what happened.
 
 What happened is a step's item finishing (a job reaching succeeded or dead, or a child run
-reaching its final state), a new run beginning, or an operator's cancel. The plan says:
-the output to record under (run, step index, item, loop), the run's new record (state
-merged, current step, loop counters, usage charged, final state and its reason), the jobs
-to enqueue (with their fields), a child run to begin, the ancestors charged for it, and
-whether the run's waiting jobs are to be cancelled (discarded). A finish that names a step
-the run has left (moved on, cancelled, stopped by its budget) gets no plan: it is stale.
+reaching its final state), a new run beginning, or an operator's cancel; `Plan` says what
+follows. A finish that names a step the run has left (moved on, cancelled, stopped by its
+budget) gets no plan: it is stale.
 
 Nothing here does I/O or reads a clock: `now` is given; what the store knows beyond the
 run's record (the outputs already recorded for a step, the run's ancestors) comes through
@@ -24,7 +21,7 @@ from typing import Any
 
 from ..job import NewJob
 from ..protocol import parse_job
-from .model import Definition, Step, from_stored, state_size
+from .model import BUDGETS, Definition, Step, from_stored, state_size
 
 
 class RunState:
@@ -34,16 +31,13 @@ class RunState:
     BUDGET_EXCEEDED = "budget_exceeded"
     CANCELLED = "cancelled"
     ALL = (RUNNING, SUCCEEDED, FAILED, BUDGET_EXCEEDED, CANCELLED)
-    FINAL = (SUCCEEDED, FAILED, BUDGET_EXCEEDED, CANCELLED)
 
 
 # A task step's job carries the run's state up to this size (JSON bytes); a larger one is
 # read back as the job starts (services/step_state.py): cheaper than storing it each time.
 INLINE_STATE_BYTES = 4096
-USAGE_KEYS = ("transitions", "for_each_items", "state_bytes", "cost_units", "started_workflows")
-_LIMIT_OF = {"transitions": "max_transitions", "for_each_items": "max_for_each_items",
-             "state_bytes": "max_state_bytes", "cost_units": "max_cost_units",
-             "started_workflows": "max_started_workflows"}
+USAGE_KEYS = tuple(b.removeprefix("max_") for b in BUDGETS)  # what a run has used of each budget
+_LIMIT_OF = dict(zip(USAGE_KEYS, BUDGETS, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +126,11 @@ NO_LOOKUPS = Lookups(lambda step, loop: [], lambda: [])
 
 @dataclass(slots=True)
 class Plan:
+    """What the store applies: the run's new record (state merged, current step, loop
+    counters, usage charged, final state and its reason), and what else follows."""
+
     run: RunRecord
-    output: Output | None = None
+    output: Output | None = None  # to record under (run, step index, item, loop)
     jobs: list[NewJob] = field(default_factory=list)
     child: RunRecord | None = None  # to insert (id 0: the store gives it one), then begin()
     ancestors: list[RunRecord] = field(default_factory=list)  # charged for the child
