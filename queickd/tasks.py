@@ -78,15 +78,17 @@ def outcome(job: dict[str, Any]) -> Any:
     raise JobFailed(job)
 
 
-class JobHandle:
-    """A job stored by the daemon, seen through a JobQueue: `id`, and calls that block."""
-
-    def __init__(self, queue: JobQueue, job_id: int) -> None:
+class _Handle:
+    def __init__(self, queue: JobQueue | AsyncJobQueue, job_id: int) -> None:
         self.queue = queue
         self.id = job_id
 
     def __repr__(self) -> str:
-        return f"<JobHandle {self.id}>"
+        return f"<{type(self).__name__} {self.id}>"
+
+
+class JobHandle(_Handle):
+    """A job stored by the daemon, seen through a JobQueue: `id`, and calls that block."""
 
     def get(self) -> dict[str, Any]:
         """The job as stored now (state, attempts, result, error, ...)."""
@@ -106,15 +108,8 @@ class JobHandle:
         return self.queue.cancel(self.id)
 
 
-class AsyncJobHandle:
+class AsyncJobHandle(_Handle):
     """A job stored by the daemon, seen through an AsyncJobQueue: `id`, and coroutines."""
-
-    def __init__(self, queue: AsyncJobQueue, job_id: int) -> None:
-        self.queue = queue
-        self.id = job_id
-
-    def __repr__(self) -> str:
-        return f"<AsyncJobHandle {self.id}>"
 
     async def get(self) -> dict[str, Any]:
         return await self.queue.get(self.id)

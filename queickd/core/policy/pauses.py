@@ -150,8 +150,7 @@ def plan(finished: Iterable[Finish], now: float, pause_after: int | None, look: 
                     continue
                 failures += 1
                 p.streaks[t] = (failures, f.error)
-                at = p.pauses[t][0] if t in p.pauses else None
-                p.pauses[t] = (at, failures, f.error)
+                p.pauses[t] = (p.pauses.get(t, (None,))[0], failures, f.error)  # paused_at kept
                 if cooldown is not None:
                     p.probes[t] = (now + cooldown_for(cooldown, trips + 1), trips + 1)
                 seen[t] = (failures, True)
@@ -174,8 +173,7 @@ def plan(finished: Iterable[Finish], now: float, pause_after: int | None, look: 
                     if cooldown is not None:
                         p.probes[t] = (now + cooldown_for(cooldown, 1), 1)
                 else:
-                    at = p.pauses[t][0] if t in p.pauses else None
-                    p.pauses[t] = (at, failures, f.error)
+                    p.pauses[t] = (p.pauses.get(t, (None,))[0], failures, f.error)
                 paused = True
             seen[t] = (failures, paused)
     return p
