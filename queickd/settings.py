@@ -43,35 +43,63 @@ EX_VERSION = 79  # exit status: this worker's version differs from the database'
 
 
 @dataclass
-class Config:
+class _RunsJobs:
+    """The settings of the part that runs jobs, a daemon's and an external worker's alike."""
+
+    store: str = ""
+    pool: list[str] = field(default_factory=lambda: [DEFAULT_POOL])  # worker pools its workers serve
+    workers: int = DEFAULT_WORKERS
+    app_dir: str = "."
+    allow: list[str] = field(default_factory=list)
+    heartbeat: float = DEFAULT_HEARTBEAT  # seconds between beats in a shared (PostgreSQL) store
+    sweep: float = DEFAULT_SWEEP
+    max_orphan_requeues: int = DEFAULT_MAX_ORPHAN_REQUEUES
+    stop_timeout: float = DEFAULT_STOP_TIMEOUT
+    pause_after: int = DEFAULT_PAUSE_AFTER  # 0: no auto-pause
+    pause_cooldown: float = DEFAULT_PAUSE_COOLDOWN
+    memory_reserve: float = DEFAULT_RESERVE_MB  # MB kept free by the memory-aware start
+    max_rss: float | None = None  # MB this process may grow to, jobs included
+    memory_root: str = "/"  # where /proc and /sys/fs/cgroup are read (tests point it elsewhere)
+    min_workers: int | None = None  # adaptive pool bounds (None: --workers, a fixed size)
+    max_workers: int | None = None
+    async_jobs: int = DEFAULT_ASYNC_JOBS  # async jobs at once on the event loop, beside the threads
+    idle_grace: float = DEFAULT_IDLE_GRACE  # seconds the queue is quiet before the pool shrinks
+    budgets: dict = field(default_factory=dict)  # [budgets.pools] and [budgets.groups]
+    budget_patience: float = DEFAULT_BUDGET_PATIENCE
+    fair_shares: dict = field(default_factory=dict)  # [fair_shares]: fair key = weight (core/policy/fair.py)
+    max_queued: int = 1_000_000  # a worker's is the daemons': a paced fan-out's items wait under it there too
+    isolation: str = sandbox.THREAD  # where jobs run unless they or their function say otherwise
+    timeout: float | None = None  # limits for every job (each one sends jobs to processes)
+    memory_mb: int | None = None
+    output_kb: int | None = None
+    sandbox_env: list[str] = field(default_factory=list)  # variables passed on to process jobs
+    # the --config file: read at start only (SIGHUP reloads job code, not it); hidden from process jobs
+    config: str | None = None
+    job_namespaces: str = "auto"  # auto: PID and mount namespaces per process job where the kernel allows
+    job_user: str | None = None  # the user process jobs run as (needs CAP_SETUID, CAP_SETGID, CAP_CHOWN, CAP_KILL)
+
+
+@dataclass
+class Config(_RunsJobs):
     """Every daemon setting with its default; the CLI builds its flags from these."""
 
     store: str = DEFAULT_URL
     durability: str = "full"
     bind: str = DEFAULT_HOST
     port: int = protocol.DEFAULT_PORT
-    workers: int = DEFAULT_WORKERS
-    app_dir: str = "."
-    allow: list[str] = field(default_factory=list)
     token_file: str | None = None  # name:token per line (queickd/tokenfile.py); reloaded on SIGHUP
     tls_cert: str | None = None  # TLS on the TCP port (api/tls.py): certificate chain, PEM; reloaded on SIGHUP
     tls_key: str | None = None  # ... and its private key
     tls_client_ca: str | None = None  # mutual TLS: clients must show a certificate this CA signed
-    stop_timeout: float = DEFAULT_STOP_TIMEOUT
-    max_orphan_requeues: int = DEFAULT_MAX_ORPHAN_REQUEUES
-    sweep: float = DEFAULT_SWEEP
     max_line: int = protocol.MAX_LINE
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # TCP connections at once (lowered to fit RLIMIT_NOFILE)
     hello_timeout: float = DEFAULT_HELLO_TIMEOUT  # seconds to send a first line / authenticate
     max_pending: int = DEFAULT_MAX_PENDING  # replies owed per connection before reading pauses
     ping_host: str | None = None
     ping_interval: float = DEFAULT_INTERVAL
-    max_queued: int = 1_000_000
     max_queued_per_key: int = 100
     idempotency_ttl: float = 24 * 3600.0
     event_max_attempts: int = 10
-    pause_after: int = DEFAULT_PAUSE_AFTER  # 0: no auto-pause
-    pause_cooldown: float = DEFAULT_PAUSE_COOLDOWN
     keep_finished: float = 7 * 24 * 3600.0
     http: str | None = None  # HOST:PORT of the HTTP listener (webhooks, metrics, status page)
     http_token_file: str | None = None  # bearer token of the HTTP read endpoints
@@ -85,32 +113,11 @@ class Config:
     workflow_max_state_bytes: int = WORKFLOW_DEFAULTS["max_state_bytes"]
     workflow_max_cost_units: int = 0
     workflow_max_started_workflows: int = WORKFLOW_DEFAULTS["max_started_workflows"]
-    pool: list[str] = field(default_factory=lambda: [DEFAULT_POOL])  # worker pools its workers serve
-    heartbeat: float = DEFAULT_HEARTBEAT  # seconds between beats in a shared (PostgreSQL) store
     # [functions."module:func"]: a function's job defaults (core/policy/resources.py) and its
     # isolation, limits and credentials (core/sandbox.py)
     functions: dict = field(default_factory=dict)
-    budgets: dict = field(default_factory=dict)  # [budgets.pools] and [budgets.groups]
     # [upstream]: the daemon this one forwards matching jobs to (services/forwarder/settings.py)
     upstream: dict = field(default_factory=dict)
-    budget_patience: float = DEFAULT_BUDGET_PATIENCE
-    fair_shares: dict = field(default_factory=dict)  # [fair_shares]: fair key = weight (core/policy/fair.py)
-    memory_reserve: float = DEFAULT_RESERVE_MB  # MB kept free by the memory-aware start
-    max_rss: float | None = None  # MB this process may grow to, jobs included
-    memory_root: str = "/"  # where /proc and /sys/fs/cgroup are read (tests point it elsewhere)
-    min_workers: int | None = None  # adaptive pool bounds (None: --workers, a fixed size)
-    max_workers: int | None = None
-    async_jobs: int = DEFAULT_ASYNC_JOBS  # async jobs at once on the event loop, beside the threads
-    idle_grace: float = DEFAULT_IDLE_GRACE  # seconds the queue is quiet before the pool shrinks
-    isolation: str = sandbox.THREAD  # where jobs run unless they or their function say otherwise
-    timeout: float | None = None  # limits for every job (each one sends jobs to processes)
-    memory_mb: int | None = None
-    output_kb: int | None = None
-    sandbox_env: list[str] = field(default_factory=list)  # variables passed on to process jobs
-    # the --config file: read at start only (SIGHUP reloads job code, not it); hidden from process jobs
-    config: str | None = None
-    job_namespaces: str = "auto"  # auto: PID and mount namespaces per process job where the kernel allows
-    job_user: str | None = None  # the user process jobs run as (needs CAP_SETUID, CAP_SETGID, CAP_CHOWN, CAP_KILL)
 
     @property
     def admission(self) -> Admission:
@@ -144,39 +151,8 @@ class Config:
 
 
 @dataclass
-class WorkerConfig:
+class WorkerConfig(_RunsJobs):
     """Every setting of an external worker (`queick worker`) with its default."""
-
-    store: str = ""
-    pool: list[str] = field(default_factory=lambda: [DEFAULT_POOL])
-    workers: int = DEFAULT_WORKERS
-    app_dir: str = "."
-    allow: list[str] = field(default_factory=list)
-    heartbeat: float = DEFAULT_HEARTBEAT
-    sweep: float = DEFAULT_SWEEP
-    max_orphan_requeues: int = DEFAULT_MAX_ORPHAN_REQUEUES
-    stop_timeout: float = DEFAULT_STOP_TIMEOUT
-    pause_after: int = DEFAULT_PAUSE_AFTER  # 0: no auto-pause
-    pause_cooldown: float = DEFAULT_PAUSE_COOLDOWN
-    memory_reserve: float = DEFAULT_RESERVE_MB
-    max_rss: float | None = None
-    memory_root: str = "/"
-    min_workers: int | None = None
-    max_workers: int | None = None
-    async_jobs: int = DEFAULT_ASYNC_JOBS  # async jobs at once on the event loop, beside the threads
-    idle_grace: float = DEFAULT_IDLE_GRACE
-    budgets: dict = field(default_factory=dict)  # [budgets.pools] / [budgets.groups] of --config
-    budget_patience: float = DEFAULT_BUDGET_PATIENCE
-    fair_shares: dict = field(default_factory=dict)  # [fair_shares] of --config
-    max_queued: int = Config.max_queued  # the daemons': a paced fan-out's items wait under it here too
-    isolation: str = sandbox.THREAD  # as the daemon's flags: where jobs run, limits for all
-    timeout: float | None = None
-    memory_mb: int | None = None
-    output_kb: int | None = None
-    sandbox_env: list[str] = field(default_factory=list)
-    job_namespaces: str = "auto"
-    job_user: str | None = None
-    config: str | None = None  # the --config file: hidden from process jobs
 
     @property
     def resources(self) -> Resources:

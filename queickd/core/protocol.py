@@ -31,8 +31,9 @@ MAX_BATCH = 10_000  # jobs in one enqueue_many
 MAX_INT = 2**31 - 1  # counts (max_attempts)
 MAX_ID = 2**63 - 1  # ids are SQLite/PostgreSQL bigints
 MAX_COST_UNITS = 1e15  # a job's cost: far above any budget, and exact in a float
-# Levels of arrays and objects in a request, the request itself included: far below what
-# every later path handles, so a stored job can always be read back.
+# Levels of arrays and objects in a request, the request itself included. Every later path
+# handles far deeper values (the first to fail, at about 495 levels of args, is the reply
+# to `get`; json.loads fails near 990), so a stored job can always be read back.
 MAX_DEPTH = 64
 
 
