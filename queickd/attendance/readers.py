@@ -233,9 +233,27 @@ def make_reader(path: str, targets: Sequence[str] = DEFAULT_TARGETS) -> Reader:
     return NfcReader(path, targets)
 
 
-class ReaderLoop:
+class Looping:
+    """start() runs `_run` once, on a daemon thread named `thread_name`; `alive` while it runs."""
+
+    thread_name = ""
+    _thread: threading.Thread | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)  # type: ignore[attr-defined]
+            self._thread.start()
+
+
+class ReaderLoop(Looping):
     """Runs a reader on a thread: on_card(card_id) for every presentation, then waits
     for the card to leave. Reopens a failed reader with backoff. start()/stop()."""
+
+    thread_name = "attendance-reader"
 
     def __init__(self, reader: Reader, on_card: Callable[[str], None],
                  backoff: Sequence[float] = REOPEN_BACKOFF) -> None:
@@ -246,16 +264,6 @@ class ReaderLoop:
         self.releases = 0  # cards that came and left again
         self._signal = threading.Condition()  # notified by the reader thread on each open and release
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="attendance-reader", daemon=True)
-            self._thread.start()
 
     def wait_open(self, count: int, timeout: float) -> bool:
         """Block until the reader has been opened `count` times in all; False on timeout."""

@@ -276,7 +276,6 @@ def _send_webhook(url: str, target: SlackTarget, text: str) -> None:
     reply = WebhookClient(url, timeout=int(max(1, target.timeout)), retry_handlers=[]).send(text=text)
     if reply.status_code != 200:
         raise _classify(reply.status_code, dict(reply.headers), (reply.body or "").strip(), "the webhook")
-    return None
 
 
 def _open_log(db: str | None) -> PunchLog | None:

@@ -40,7 +40,7 @@ from .punchlog import (
     Tap,
     parse_day_boundary,
 )
-from .readers import DEFAULT_TARGETS, REOPEN_BACKOFF, Reader, ReaderLoop, make_reader
+from .readers import DEFAULT_TARGETS, REOPEN_BACKOFF, Looping, Reader, ReaderLoop, make_reader
 from .slack import SlackTarget
 
 log = logging.getLogger("queickd.attendance")
@@ -115,9 +115,11 @@ class TerminalConfig:
                         unknown_cards=self.unknown_cards)
 
 
-class Dispatcher:
+class Dispatcher(Looping):
     """Hands unsent punches to the daemon in tap order; sleeps until woken, or until
     its backoff ends while the daemon cannot be reached. start()/wake()/stop()."""
+
+    thread_name = "attendance-dispatch"
 
     def __init__(self, plog: PunchLog, queue: JobQueue, config: TerminalConfig,
                  backoff: tuple[float, ...] = REOPEN_BACKOFF) -> None:
@@ -130,19 +132,9 @@ class Dispatcher:
         self._cron_done = config.daily_summary is None
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._slack = config.slack.to_dict()
         self._rate_limit = config.slack.rate_limit(config.slack_rate)  # Slack's pace, kept by the queue
         self._db = os.path.abspath(config.db)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="attendance-dispatch", daemon=True)
-            self._thread.start()
 
     def wake(self) -> None:
         self._wake.set()

@@ -264,20 +264,14 @@ def parse_retry(v: Any) -> Any:
         raise bad(str(e)) from None
 
 
-def _list(v: Any) -> list:
-    if v is None:
-        return []
-    if not isinstance(v, list):
-        raise bad("args must be a JSON array")
-    return v
-
-
-def _dict(v: Any) -> dict:
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise bad("kwargs must be a JSON object")
-    return v
+def _container(kind: type, name: str, what: str) -> Any:
+    def check(v: Any) -> Any:
+        if v is None:
+            return kind()
+        if not isinstance(v, kind):
+            raise bad(f"{name} must be a JSON {what}")
+        return v
+    return check
 
 
 def _priority(v: Any) -> int:
@@ -348,8 +342,8 @@ _pool_text = text_field("pool")
 # QueueError. Called only for the fields a request gives; the others keep their defaults.
 # func and run_at (with delay) are checked in parse_job itself.
 _CHECKS: dict[str, Any] = {
-    "args": _list,
-    "kwargs": _dict,
+    "args": _container(list, "args", "array"),
+    "kwargs": _container(dict, "kwargs", "object"),
     "priority": _priority,
     "retry": lambda v: parse_retry(v),
     "retry_on_network": _flag("retry_on_network"),

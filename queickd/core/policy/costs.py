@@ -20,29 +20,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from .claim import Candidate
 
 # Budgets are compared with this slack: the same units added up in another order may
 # differ by their rounding.
 BUDGET_EPS = 1e-9
 
 
-class Priced(Protocol):
-    """What the rule reads of a queued job (a claim.Candidate is one)."""
-
-    @property
-    def id(self) -> int: ...
-    @property
-    def pool(self) -> str: ...
-    @property
-    def run_at(self) -> float: ...
-    @property
-    def concurrency_group(self) -> str | None: ...
-    @property
-    def cost_units(self) -> float | None: ...
-
-
-def cost(c: Priced) -> float:
+def cost(c: Candidate) -> float:
     """A job's cost units (1 when it names none)."""
     return 1.0 if c.cost_units is None else c.cost_units
 
@@ -89,7 +77,7 @@ class CostBudgets:
         self.reserved: set[tuple[str, str]] = set()  # ("pool" | "group", name) held by a patient job
         self._over: tuple[int, list[tuple[str, str]]] | None = None  # the last job over a budget
 
-    def _budgets(self, c: Priced) -> list[tuple[str, str, float, float]]:
+    def _budgets(self, c: Candidate) -> list[tuple[str, str, float, float]]:
         out = []
         b = self.limits.pools.get(c.pool)
         if b is not None:
@@ -101,7 +89,7 @@ class CostBudgets:
                 out.append(("group", g, b, self.group_cost.get(g, 0.0)))
         return out
 
-    def admits(self, c: Priced) -> bool:
+    def admits(self, c: Candidate) -> bool:
         units = cost(c)
         over, ok, never = [], True, False
         for kind, name, budget, used in self._budgets(c):
@@ -115,7 +103,7 @@ class CostBudgets:
         self._over = (c.id, over) if over and not never else None
         return ok
 
-    def started(self, c: Priced) -> None:
+    def started(self, c: Candidate) -> None:
         units = cost(c)
         if c.pool in self.limits.pools:
             self.pool_cost[c.pool] = self.pool_cost.get(c.pool, 0.0) + units
@@ -123,7 +111,7 @@ class CostBudgets:
         if g is not None and g in self.limits.groups:
             self.group_cost[g] = self.group_cost.get(g, 0.0) + units
 
-    def passed(self, c: Priced) -> None:
+    def passed(self, c: Candidate) -> None:
         over, self._over = self._over, None
         if over is not None and over[0] == c.id and self.now - c.run_at >= self.limits.patience:
             self.reserved.update(over[1])  # waited long enough: what it needs is kept for it
