@@ -1,5 +1,5 @@
 """Immediate mode (`JobQueue.immediate()`): a JobQueue with no daemon and no socket, for a
-user's unit tests.
+user's unit tests (docs/how-to/testing.md says what holds, and what does not).
 
 The JobQueue builds its requests and reads its replies as it always does; only its
 transport is this one. Each request is encoded and decoded as on the wire (so what a daemon
@@ -7,24 +7,9 @@ would refuse is refused here) and answered by a QueueService of this process ove
 store; then what became due runs in the calling thread through the daemon's own parts: the
 worker pool's passes and its in-thread runner, core.fate, the workflow engine, the
 scheduler's promotion and cron firing, admission with the daemon's default limits, and
-the breaker (a key or function paused after 5 failures in a row, probed after 300 s). So
-`enqueue` returns once its job has run, and once its retries have run too.
-
-Time is the queue's own clock (VirtualClock: a wall time that moves only when told to):
-- to the next retry (or pause probe) when nothing else can run: a retry's backoff costs no
-  real time (with `sleep=time.sleep`, the backoff is also slept);
-- by `advance(seconds)`: delayed jobs (`enqueue_at`, `delay`) and crons run as their times
-  come, in order;
-- by a `wait` or `workflow_wait` whose job or run has not ended: up to its timeout, as real
-  time passes during a real wait, stopping once it has ended.
-After every call nothing is left queued and no retry is pending (a manual pause aside):
-only jobs and crons whose time has not come wait.
-
-Jobs run one at a time in the calling thread, whatever isolation they ask for: a job that
-wants a process (`isolation="process"`, `timeout`, `memory_mb`, `output_kb`) runs in the
-thread too, and those limits are not enforced. A job that enqueues through the same queue
-gets its id at once; that job runs once the first has returned (as on a daemon of one
-worker), so a job cannot wait for a job it enqueued: that wait raises TimeoutError.
+the breaker. Time is the queue's own clock (VirtualClock), moved only by the queue: to the
+next retry or pause probe when nothing else can run, by `advance`, and by a wait, up to
+its timeout. Jobs run one at a time in the calling thread, whatever isolation they ask for.
 
 Never opens a socket or a file of its own, and starts no process; its one thread is the
 event loop's that awaits async jobs (run/aio.py), started with the first, while the calling

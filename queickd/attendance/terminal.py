@@ -84,12 +84,10 @@ class TerminalConfig:
     @property
     def slack(self) -> SlackTarget:
         # Absolute paths: the job runs in the daemon, whose working directory is its own.
-        def absolute(path: str | None) -> str | None:
-            return None if path is None else os.path.abspath(path)
-
-        return SlackTarget(channel=self.slack_channel, token_file=absolute(self.slack_token_file),
-                           webhook_file=absolute(self.slack_webhook_file), base_url=self.slack_base_url,
-                           late_after=self.late_after)
+        token, webhook = (None if p is None else os.path.abspath(p)
+                          for p in (self.slack_token_file, self.slack_webhook_file))
+        return SlackTarget(channel=self.slack_channel, token_file=token, webhook_file=webhook,
+                           base_url=self.slack_base_url, late_after=self.late_after)
 
     def validate(self) -> None:
         if not self.reader:

@@ -206,7 +206,10 @@ def after_failure(
             return Outcome.retry_at(job.id, now + _retry_delay(job, None, rand), err, out)
         return Outcome.dead(job.id, err, job.workflow_run, out)
     if report.resource and not report.permanent:
-        return dataclasses.replace(_after_resource_failure(job, err, now, out), blameless=True)
+        if _spent(job) < max(job.max_attempts, RESOURCE_ATTEMPTS):
+            return dataclasses.replace(Outcome.retry_at(job.id, now + RESOURCE_DELAY * _spent(job), err, out),
+                                       blameless=True)
+        return dataclasses.replace(Outcome.dead(job.id, err, output=out), blameless=True)
     if report.permanent:
         return Outcome.dead(job.id, err, job.workflow_run, out)
     if job.rate_limit is not None and report.retry_after is not None and 0 <= report.retry_after <= RATE_WAIT_MAX:
@@ -222,12 +225,6 @@ def after_failure(
     if job.retry is not None and _spent(job) < job.max_attempts:
         return Outcome.retry_at(job.id, now + _retry_delay(job, report.retry_after, rand), err, out)
     return Outcome.dead(job.id, err, job.workflow_run, out)
-
-
-def _after_resource_failure(job: Job, err: dict[str, Any], now: float, out: str | None) -> Outcome:
-    if _spent(job) < max(job.max_attempts, RESOURCE_ATTEMPTS):
-        return Outcome.retry_at(job.id, now + RESOURCE_DELAY * _spent(job), err, out)
-    return Outcome.dead(job.id, err, output=out)
 
 
 def _retry_delay(job: Job, asked: float | None, rand: random.Random | None) -> float:

@@ -65,10 +65,9 @@ class _NewJobMethods:
         return self.retry.max_attempts if self.retry else 1  # type: ignore[attr-defined]
 
 
-# A validated job to submit, built by protocol.parse_job or by the scheduler; its fields
-# are declared in fields.py. Treat as immutable (use dataclasses.replace). Not frozen only
-# because a frozen dataclass's __init__ costs several times more, and one is built per
-# enqueued job.
+# A validated job to submit (protocol.parse_job, the scheduler); fields in fields.py. Treat
+# as immutable (dataclasses.replace): not frozen, as a frozen __init__ costs several times
+# more, paid per enqueued job.
 NewJob: Any = dataclasses.make_dataclass(
     "NewJob", fields.dataclass_fields(fields.NEW_FIELDS), bases=(_NewJobMethods,), slots=True,
     namespace={"__module__": __name__, "__doc__": "A validated job to submit (fields: fields.py)."},

@@ -200,8 +200,7 @@ def _enter(run: RunRecord, index: int, now: float, lookups: Lookups) -> Plan:
         run = dataclasses.replace(run, step=index, loop=loop, visits={**run.visits, str(index): loop + 1},
                                   usage=usage, progress={})
         if step.kind == "task":
-            # A large state is not stored in the job: services/step_state.py puts it in the
-            # None's place as the job starts (a loop's every pass stored it again).
+            # A large state is not stored in the job (INLINE_STATE_BYTES): None stands for it.
             inline = run.usage.get("state_bytes", 0) <= INLINE_STATE_BYTES
             return _start_jobs(run, step, index, loop, [[run.state] if inline else [None]], now)
         if step.kind != "for_each":
@@ -214,8 +213,7 @@ def _enter(run: RunRecord, index: int, now: float, lookups: Lookups) -> Plan:
         run = dataclasses.replace(run, usage={**run.usage, "for_each_items": max(
             len(items), run.usage.get("for_each_items", 0))})
         if items:
-            # [item, None]: the run's state takes the None's place as each item starts
-            # (services/step_state.py), read once for all, rather than stored once per item.
+            # [item, None]: the state takes the None's place as each item starts, not stored per item.
             room = lookups.room()
             if room is None or len(items) <= room:
                 return _start_jobs(run, step, index, loop, [[item, None] for item in items], now)
