@@ -123,10 +123,6 @@ class SlackTarget:
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SlackTarget:
-        return cls(**d)
-
     def validate(self) -> None:
         if self.token_file and self.webhook_file:
             raise ValueError("give a Slack token file or a webhook URL file, not both")
@@ -289,7 +285,7 @@ def post_punch(punch: dict[str, Any], slack: dict[str, Any], db: str | None = No
     posted is not posted again; a punch whose earlier post may have reached Slack is looked
     for there first (Web API only); a successful post is marked."""
     p = Punch(**punch)
-    target = SlackTarget.from_dict(slack)
+    target = SlackTarget(**slack)
     plog = _open_log(db)
     try:
         known = plog.punch(p.punch_id) if plog is not None else None
@@ -364,6 +360,6 @@ def post_daily_summary(db: str, slack: dict[str, Any], day_boundary: int | None 
         else:
             days = work_days(first, last, plog.day_boundary)
         texts = [summary_text(day, day_report(plog.punches(day))) for day in days]
-    target = SlackTarget.from_dict(slack)
+    target = SlackTarget(**slack)
     sent = [send(target, text) for text in summary_messages(texts)]
     return {"posted": True, "ts": sent[0], "messages": sent, "day": days[0], "days": days}

@@ -29,6 +29,4 @@ def job_for(name: str, template: NewJob, tick: float, now: float) -> NewJob:
 
 def fire(name: str, template: NewJob, tick: float, now: float, run_waiting: bool) -> Fire:
     """run_waiting: a job of this cron is scheduled, queued or waiting for the network."""
-    if run_waiting:
-        return Fire(True, None)
-    return Fire(False, job_for(name, template, tick, now))
+    return Fire(True, None) if run_waiting else Fire(False, job_for(name, template, tick, now))

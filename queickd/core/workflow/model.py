@@ -69,10 +69,7 @@ class Definition:
     wire: dict[str, Any]  # the normal form, as stored and as a child carries it
 
     def index(self, name: str) -> int | None:
-        for i, s in enumerate(self.steps):
-            if s.name == name:
-                return i
-        return None
+        return next((i for i, s in enumerate(self.steps) if s.name == name), None)
 
 
 def _positive(name: str, v: Any) -> int:
