@@ -20,17 +20,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:
-    from .claim import Candidate
+from typing import Any, NamedTuple
 
 # Budgets are compared with this slack: the same units added up in another order may
 # differ by their rounding.
 BUDGET_EPS = 1e-9
 
 
-def cost(c: Candidate) -> float:
+def cost(c: Any) -> float:
     """A job's cost units (1 when it names none)."""
     return 1.0 if c.cost_units is None else c.cost_units
 
@@ -65,7 +62,8 @@ def used_up(running: dict[str, float], budgets: dict[str, float]) -> frozenset[s
 
 
 class CostBudgets:
-    """The rule (see the module): a job starts only within its pool's and its group's budgets."""
+    """The rule (see the module): a job (a claim.Candidate) starts only within its pool's and
+    its group's budgets."""
 
     __slots__ = ("limits", "now", "pool_cost", "group_cost", "reserved", "_over")
 
@@ -77,7 +75,7 @@ class CostBudgets:
         self.reserved: set[tuple[str, str]] = set()  # ("pool" | "group", name) held by a patient job
         self._over: tuple[int, list[tuple[str, str]]] | None = None  # the last job over a budget
 
-    def _budgets(self, c: Candidate) -> list[tuple[str, str, float, float]]:
+    def _budgets(self, c: Any) -> list[tuple[str, str, float, float]]:
         out = []
         b = self.limits.pools.get(c.pool)
         if b is not None:
@@ -89,7 +87,7 @@ class CostBudgets:
                 out.append(("group", g, b, self.group_cost.get(g, 0.0)))
         return out
 
-    def admits(self, c: Candidate) -> bool:
+    def admits(self, c: Any) -> bool:
         units = cost(c)
         over, ok, never = [], True, False
         for kind, name, budget, used in self._budgets(c):
@@ -103,7 +101,7 @@ class CostBudgets:
         self._over = (c.id, over) if over and not never else None
         return ok
 
-    def started(self, c: Candidate) -> None:
+    def started(self, c: Any) -> None:
         units = cost(c)
         if c.pool in self.limits.pools:
             self.pool_cost[c.pool] = self.pool_cost.get(c.pool, 0.0) + units
@@ -111,7 +109,7 @@ class CostBudgets:
         if g is not None and g in self.limits.groups:
             self.group_cost[g] = self.group_cost.get(g, 0.0) + units
 
-    def passed(self, c: Candidate) -> None:
+    def passed(self, c: Any) -> None:
         over, self._over = self._over, None
         if over is not None and over[0] == c.id and self.now - c.run_at >= self.limits.patience:
             self.reserved.update(over[1])  # waited long enough: what it needs is kept for it
