@@ -97,6 +97,19 @@ def test_a_tap_is_posted_naming_the_person_direction_and_tap_time(start_daemon, 
     assert slack.requests_to("conversations.history") == []  # a first try has nothing to look for
 
 
+def test_a_named_token_file_gives_the_terminal_its_token_not_the_whole_line(start_daemon, terminal, feed,
+                                                                            slack, tmp_path):
+    daemon_tokens = tmp_path / "tokens"
+    daemon_tokens.write_text("pi1:s3cret-one\nlaptop:s3cret-two\n")
+    device_token = tmp_path / "device-token"
+    device_token.write_text("pi1:s3cret-one\n")
+    d = start_daemon(None, *ALLOW, "--token-file", str(daemon_tokens))
+    term = terminal(d, token_file=str(device_token))
+    punch = tap_and_post(feed, term, ALICE)
+    [msg] = slack.wait_posted(1)
+    assert msg["json"]["metadata"] == punch_metadata(punch.punch_id)
+
+
 def test_taps_toggle_in_and_out_and_post_in_tap_order(start_daemon, terminal, feed, slack):
     d = start_daemon(None, *ALLOW)
     term = terminal(d, debounce=0)

@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .. import tokenfile
 from ..client import JobQueue
 from ..core.cron import CronExpr
 from ..core.protocol import DEFAULT_PORT, Code, QueueError
@@ -105,8 +106,7 @@ class TerminalConfig:
     def read_token(self) -> str | None:
         if self.token_file is None:
             return None
-        with open(self.token_file, encoding="utf-8") as f:
-            return f.read().strip() or None
+        return tokenfile.first_token(self.token_file)  # as every client reads QUEICKD_TOKEN_FILE
 
     def open_log(self) -> PunchLog:
         return PunchLog(self.db, debounce=self.debounce, day_boundary=parse_day_boundary(self.day_boundary),
