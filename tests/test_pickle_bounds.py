@@ -17,10 +17,15 @@ import pytest
 from attackhelpers import bystander_enqueue_seconds, rss_mb
 
 from queickd.api import legacy, picklebounds
-from queickd.api.picklebounds import PickleBoundsError, scan
+from queickd.api.picklebounds import PickleBoundsError, PickleScan
 
 LIMIT = 64 * 1024
 NOOP = pickle.dumps({"func_name": "testjobs.noop", "args": ()})  # what Queick 1.2.1 sends, in short
+
+
+def scan(data: bytes, limit: int) -> bool:
+    """One whole pickle's scan: True when it is whole (or reaches a global)."""
+    return PickleScan(limit).feed(data)
 
 
 def _s(text: str) -> bytes:

@@ -1,23 +1,14 @@
 """Queick 1.2.1 clients on the TCP port (`--accept-queick-clients`, off by default).
 
-Queick's JobQueue opens a connection, sends one pickled dict and reads one pickled reply,
-`{"success": bool, "error": str or None}`. Such a connection starts with the pickle
-protocol byte 0x80, which no JSON request can start with. The bytes are loaded by an
-unpickler whose find_class refuses every global, so only plain data (dicts, lists, tuples,
-strings, numbers) can load and nothing can be called; the request is size-limited, and
-its pickle and what it loads to are bounded (api/picklebounds.py: declared lengths, memo
-indices, plain-data opcodes only, dict keys of cheap hashes, expanded size, nesting) so a
-bomb cannot take the daemon's memory or time. The dict is translated into a protocol v1
-request and validated and admitted like any other (allowlist, caps, group commit before
-the reply). Framing runs in the server's event loop; scanning, unpickling and translating
-run on the server's one decoding thread (DecodePool), so a slow pickle never holds up
-other clients. That thread's work is bounded three ways: at most MAX_DECODES decodes are
-queued or running at once (a request beyond them is refused, and a connection that closes
-takes its queued decode with it); a request's scan resumes where it stopped, and is only
-resumed when the bytes come that may end it, so a request dripped in small pieces costs
-no more than one sent whole; and one connection may use at most DECODE_BUDGET seconds of
-it. A daemon with a token refuses to accept these clients at all (startcheck.validate): they
-have no way to present it.
+Queick's JobQueue sends one pickled dict and reads one pickled reply, `{"success": bool,
+"error": str or None}`; its first byte, the pickle protocol's 0x80, starts no JSON request.
+Only plain data loads (find_class refuses every global) and the pickle is bounded before
+and after it loads (api/picklebounds.py), so neither code nor a bomb gets in. The dict
+becomes a protocol v1 request, admitted like any other. Scanning and unpickling run on one
+decoding thread (DecodePool), never the loop, bounded three ways: MAX_DECODES at once, a
+scan resumed only when bytes come that may end it (a request dripped in pieces costs no
+more than one sent whole), and DECODE_BUDGET seconds per connection. A daemon with a token
+refuses these clients (startcheck.validate): they cannot present it.
 """
 
 from __future__ import annotations
@@ -34,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..core.policy.admission import Refusal
-from ..core.protocol import MAX_LINE, Code, QueueError
+from ..core.protocol import Code, QueueError
 from .picklebounds import PickleBoundsError, PickleScan, check_expanded
 from .replies import refused
 
@@ -63,48 +54,32 @@ class PlainDataUnpickler(pickle.Unpickler):
         raise RefusedGlobal(f"{module}.{name}")
 
 
-def loads_plain(data: bytes | bytearray) -> Any:
-    """Load a pickle that holds plain data only. RefusedGlobal if it names any global;
-    EOFError or UnpicklingError('...truncated') if more bytes are needed."""
-    return PlainDataUnpickler(io.BytesIO(data)).load()
-
-
-def decode(data: bytes, max_request: int, max_expanded: int = MAX_LINE,
-           scan: PickleScan | None = None) -> tuple[str, Any]:
-    """A Queick request's bytes → ("more", how many bytes the scan needs before it can go
-    on) when incomplete, ("refused", (reply, log line)) when refused, ("request", protocol
-    v1 request). With `scan`, `data` is what came since its last call: the scan resumes.
-    Never raises; for the decoding thread. What a request expands to is bounded as a JSON
+def _decode(scan: PickleScan, data: bytes, max_expanded: int) -> tuple[str, Any, float]:
+    """For the decoding thread: the bytes that came since the scan's last call → ("more",
+    how many bytes the scan needs before it can go on), ("refused", (reply, log line)) or
+    ("request", protocol v1 request), and the CPU seconds it took (thread time: waiting for
+    the GIL is not counted). Never raises. What a request expands to is bounded as a JSON
     line is (`max_expanded`)."""
-    scan = scan if scan is not None else PickleScan(max_request)
+    start = time.thread_time()
     try:
         if not scan.feed(data):
-            return "more", scan.wanted
-        payload = loads_plain(scan.data)
+            return "more", scan.wanted, time.thread_time() - start
+        payload = PlainDataUnpickler(io.BytesIO(scan.data)).load()
         check_expanded(payload, max_expanded)
-        return "request", to_request(payload)
+        kind, value = "request", to_request(payload)
     except PickleBoundsError as e:
-        return "refused", (f"{Code.BAD_REQUEST}: pickle refused: {e}", f"over a bound: {e}")
+        kind, value = "refused", (f"{Code.BAD_REQUEST}: pickle refused: {e}", f"over a bound: {e}")
     except RefusedGlobal as e:
-        return "refused", (f"{Code.BAD_REQUEST}: pickles naming globals ({e}) are refused",
-                           f"its pickle names the global {e}; only plain data is accepted")
+        kind, value = "refused", (f"{Code.BAD_REQUEST}: pickles naming globals ({e}) are refused",
+                                  f"its pickle names the global {e}; only plain data is accepted")
     except QueueError as e:
-        return "refused", (refused(e).legacy(), str(e))
+        kind, value = "refused", (refused(e).legacy(), str(e))
     except Exception as e:
-        if _truncated(e):
-            return "more", len(scan.data) + 1
-        return "refused", (f"{Code.BAD_REQUEST}: not a readable pickle", f"not a readable pickle ({e})")
-
-
-def _decode_timed(scan: PickleScan, data: bytes, max_expanded: int) -> tuple[str, Any, float]:
-    """decode(), and the CPU seconds it took (thread time: waiting for the GIL is not counted)."""
-    start = time.thread_time()
-    kind, value = decode(data, scan.limit, max_expanded, scan)
+        if isinstance(e, EOFError) or (isinstance(e, pickle.UnpicklingError) and "truncated" in str(e)):
+            kind, value = "more", len(scan.data) + 1
+        else:
+            kind, value = "refused", (f"{Code.BAD_REQUEST}: not a readable pickle", f"not a readable pickle ({e})")
     return kind, value, time.thread_time() - start
-
-
-def _truncated(e: Exception) -> bool:
-    return isinstance(e, EOFError) or (isinstance(e, pickle.UnpicklingError) and "truncated" in str(e))
 
 
 def to_request(d: Any) -> dict[str, Any]:
@@ -181,20 +156,18 @@ class LegacyConnection:
     """One Queick client's connection, from the first byte on."""
 
     def __init__(self, service: QueueService, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
-                 io_pool: Any, max_request: int = MAX_REQUEST, decoder: DecodePool | None = None,
-                 max_expanded: int = MAX_LINE, on_request: Callable[[], None] | None = None) -> None:
+                 io_pool: Any, *, decoder: DecodePool, max_expanded: int, on_request: Callable[[], None]) -> None:
         self.svc = service
-        self.on_request = on_request  # called on the loop once a whole request is decoded
+        self.on_request: Callable[[], None] | None = on_request  # on the loop, once a whole request is decoded
         self.transport = transport
         self.loop = loop
         self.io = io_pool
-        self.decoder = decoder if decoder is not None else DecodePool()  # the thread that unpickles
-        self.max_request = max_request
+        self.decoder = decoder  # the thread that unpickles
         self.max_expanded = max_expanded
         self.buf = bytearray()  # bytes received and not yet handed to the decoding thread
         self.received = 0
         self.done = False
-        self.scan = PickleScan(max_request)  # the decoding thread's while a decode is in flight
+        self.scan = PickleScan(MAX_REQUEST)  # the decoding thread's while a decode is in flight
         self.wanted = 1  # bytes the scan needs before it can go on
         self.eof = False  # the client sent all it will
         self.decodes = 0  # decodes this request has had
@@ -208,9 +181,9 @@ class LegacyConnection:
             return
         self.buf += data
         self.received += len(data)
-        if self.received > self.max_request:
-            log.warning("refused a Queick request from %s: over %d bytes", self.peer, self.max_request)
-            return self._finish(f"{Code.BAD_REQUEST}: request over {self.max_request} bytes")
+        if self.received > MAX_REQUEST:
+            log.warning("refused a Queick request from %s: over %d bytes", self.peer, MAX_REQUEST)
+            return self._finish(f"{Code.BAD_REQUEST}: request over {MAX_REQUEST} bytes")
         if self._decoding is None and self._worth_decoding():
             self._decode()
 
@@ -247,7 +220,7 @@ class LegacyConnection:
         if self.spent >= DECODE_BUDGET:
             log.warning("refused a Queick request from %s: over %.1f s of decoding", self.peer, DECODE_BUDGET)
             return self._finish(f"{Code.BAD_REQUEST}: pickle refused: over {DECODE_BUDGET:g} s of decoding")
-        fut = self.decoder.try_submit(_decode_timed, self.scan, bytes(self.buf), self.max_expanded)
+        fut = self.decoder.try_submit(_decode, self.scan, bytes(self.buf), self.max_expanded)
         if fut is None:
             log.warning("refused a Queick request from %s: %d are queued or being decoded already", self.peer,
                         self.decoder.limit)
@@ -277,20 +250,18 @@ class LegacyConnection:
             return self._finish(reply)
         if self.on_request is not None:
             self.on_request()
+        self.done = True
         try:
             if value["op"] == "cron":
-                self.done = True
                 cron = self.loop.run_in_executor(self.io, self.svc.call, value)
                 cron.add_done_callback(self._after_cron)
             else:
                 jobs = self.svc.prepare_jobs(value)
                 self.svc.enqueue_warnings(jobs)  # logged: a Queick reply has no room for them
-                self.done = True
                 self.svc.enqueue([jobs], self._after_commit)
         except QueueError as e:
             log.info("refused a Queick request from %s: %s", self.peer, e)
             self._finish(refused(e).legacy())
-        self.done = True
 
     def _after_cron(self, fut: asyncio.Future) -> None:
         exc = fut.exception()

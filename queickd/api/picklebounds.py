@@ -17,7 +17,6 @@ are not cached), and a set of ints that all hash alike takes quadratic time. So:
   ever a string, an int of 32 bits, a bool or None, whose hashes are cheap and cannot be
   made to collide. It says when more bytes are needed, and stops at the first opcode naming a
   global (the unpickler refuses those, naming them, before anything after it is read).
-  `scan(data, limit)` is one whole pickle's scan.
 - `check_expanded(value, max_bytes)` walks what loaded as a tree (shared
   references counted each time they appear, as JSON would write them) within a budget:
   never more work than `max_bytes`, whatever the pickle claims.
@@ -243,13 +242,6 @@ class PickleScan:
             memo[index] = kind
 
 
-def scan(data: bytes, limit: int) -> bool:
-    """True when `data` holds a whole pickle within the bounds (or one that reaches a
-    global: the unpickler refuses it), False when more bytes are needed. Raises
-    PickleBoundsError for what no amount of further bytes would make acceptable."""
-    return PickleScan(limit).feed(data)
-
-
 def check_expanded(value: Any, max_bytes: int) -> None:
     """Raise PickleBoundsError if `value`, written out as JSON (a shared object each time it
     appears), would be over about `max_bytes` or nest deeper than MAX_DEPTH. The walk
@@ -260,18 +252,12 @@ def check_expanded(value: Any, max_bytes: int) -> None:
         v, depth = stack.pop()
         if isinstance(v, str | bytes | bytearray):
             budget -= len(v) + 3
-        elif isinstance(v, list | tuple | set | frozenset):
+        elif isinstance(v, list | tuple | set | frozenset | dict):
             if depth >= MAX_DEPTH:
                 raise PickleBoundsError(f"nested deeper than {MAX_DEPTH}")
-            budget -= 2 + len(v)
-            stack.extend((x, depth + 1) for x in v)
-        elif isinstance(v, dict):
-            if depth >= MAX_DEPTH:
-                raise PickleBoundsError(f"nested deeper than {MAX_DEPTH}")
-            budget -= 2 + 2 * len(v)
-            for k, x in v.items():
-                stack.append((k, depth + 1))
-                stack.append((x, depth + 1))
+            items = [x for item in v.items() for x in item] if isinstance(v, dict) else v
+            budget -= 2 + len(items)
+            stack.extend((x, depth + 1) for x in items)
         elif isinstance(v, int) and not isinstance(v, bool):
             budget -= 1 + v.bit_length() // 3  # ~ decimal digits
         else:
