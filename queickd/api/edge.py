@@ -6,9 +6,8 @@ its upstream copy is."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
-from ..core.job import Job, NewJob
+from ..core.job import NewJob
 from ..core.policy import forward as policy
 from ..services.forwarder.forwarder import Forwarder
 from ..services.forwarder.view import ForwardedView
@@ -35,9 +34,3 @@ class Edge:
         held = [j for j, new in zip(jobs, fresh, strict=True) if new and j.held]
         if held:
             self.forwarder.offer(len(held), sum(policy.size(j) for j in held))
-
-    def show(self, job: Job) -> dict[str, Any]:
-        return self.view.show(job)
-
-    def snapshot(self) -> dict[str, Any]:
-        return self.forwarder.snapshot()

@@ -41,7 +41,7 @@ from ..ui import statuspage
 from ..ui.metrics import Metrics
 from . import hooks as hooks_mod
 from . import preauth
-from .replies import NotCommittedError, refused
+from .replies import NotCommittedError, answer_reply, refused
 from .service import QueueService
 
 log = logging.getLogger("queickd.http")
@@ -151,34 +151,18 @@ class HttpServer:
         delivery = hook.delivery_id(headers)
         if delivery:
             spec["idempotency_key"] = hooks_mod.idempotency_key(hook, delivery)
-        if hook.workflow is not None:
-            return self._start_workflow(hook, arg, spec.get("idempotency_key"))
         try:
-            job = svc.prepare_job(spec)
-            answer = svc.enqueue_wait([[job]], _COMMIT_TIMEOUT)[0]
+            if hook.workflow is not None:
+                reply = svc.start_workflow(None, hook.workflow, {"hook": arg}, spec.get("idempotency_key"))
+            else:
+                job = svc.prepare_job(spec)
+                answer = svc.enqueue_wait([[job]], _COMMIT_TIMEOUT)[0]
+                if isinstance(answer, Refusal):
+                    return refused(answer).http()
+                reply = answer_reply(answer, False, svc.enqueue_warnings([job]))
         except NotCommittedError as e:
             log.warning("webhook %s: not accepted: %s", hook.name, e)
             return refused(e).http()
-        except QueueError as e:
-            return refused(e).http()
-        if isinstance(answer, Refusal):
-            return refused(answer).http()
-        sub = answer[0]
-        reply: dict[str, Any] = {"ok": True, "job_id": sub.job_id, "state": sub.state}
-        warnings = svc.enqueue_warnings([job])
-        if warnings:
-            reply["warnings"] = warnings
-        if sub.duplicate:
-            reply["duplicate"] = True
-            return 200, reply, {}
-        self.metrics.on_hook(hook.name)
-        return 202, reply, {}
-
-
-    def _start_workflow(self, hook: hooks_mod.Hook, arg: dict[str, Any],
-                        key: str | None) -> tuple[int, dict[str, Any], dict[str, str]]:
-        try:
-            reply = self.service.start_workflow(None, hook.workflow, {"hook": arg}, key)
         except QueueError as e:
             return refused(e).http()
         if reply.get("duplicate"):

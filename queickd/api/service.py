@@ -172,12 +172,7 @@ class QueueService(WorkflowOps):
 
     def prepare_job(self, spec: dict[str, Any]) -> NewJob:
         """Validate one job's fields (an enqueue request without its op) and check the allowlist."""
-        job = protocol.parse_job(spec, self.clock())
-        if self.edge is not None:
-            (job,) = self.edge.route([job])
-        if not job.held:
-            self.loader.check(job.func)
-        return self.resources.apply(job)
+        return self.prepare_jobs({**spec, "op": "enqueue"})[0]
 
     # --- submitting: the one way jobs come in ------------------------------------------------
     def enqueue(self, requests: Requests, done: Done, *, inline: bool = False) -> None:
@@ -234,14 +229,10 @@ class QueueService(WorkflowOps):
             return False, "scheduler thread is not running"
         return True, "ok"
 
-    def watch_finish(self, job_id: int) -> None:
-        """A client waits on this job here (store.watch_finish): call it before the look."""
-        self.store.watch_finish(job_id)
-
     def op_get(self, req: dict[str, Any]) -> dict[str, Any]:
         job = self.job(arguments.job_id(req))
         if job.state == State.FORWARDED and self.edge is not None:
-            return {"ok": True, "job": self.edge.show(job)}
+            return {"ok": True, "job": self.edge.view.show(job)}
         return {"ok": True, "job": job.to_dict()}
 
     def op_cancel(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -412,7 +403,7 @@ class QueueService(WorkflowOps):
                          **((self.metrics.liveness_stats() if self.metrics is not None else None) or {})},
             "collector": collector.snapshot(),
             "tokens": self.tokens.snapshot() if self.tokens is not None else None,
-            "upstream": self.edge.snapshot() if self.edge is not None else None,
+            "upstream": self.edge.forwarder.snapshot() if self.edge is not None else None,
         }
         reply.update(self._fleet_stats(reply["counts"]))
         if isinstance(self.store, FleetStore):  # the jobs applications enqueued themselves

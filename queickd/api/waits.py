@@ -32,7 +32,7 @@ async def for_job(svc: QueueService, io: Executor, req: dict[str, Any]) -> dict[
 
     def ready() -> bool:
         if not got:  # the first look: from now on, a finish on another host is told here
-            svc.watch_finish(job_id)
+            svc.store.watch_finish(job_id)
         got.update(svc.op_get({"job_id": job_id}))
         return got["job"]["state"] in states
 

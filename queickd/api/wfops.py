@@ -81,17 +81,18 @@ class WorkflowOps:
     def op_workflow_start(self, req: dict[str, Any]) -> dict[str, Any]:
         return self.start_workflow(*arguments.workflow_start(req))
 
+    def _run(self, run_id: int) -> wf.RunRecord:
+        run = self.store.workflow_get(run_id)
+        if run is None:
+            raise QueueError(Code.NOT_FOUND, f"no workflow run {run_id}")
+        return run
+
     def workflow_state(self, run_id: int) -> str:
         """The run's state (running, succeeded, ...), or not_found: a cheap read."""
-        run = self.store.workflow_get(run_id)
-        if run is None:
-            raise QueueError(Code.NOT_FOUND, f"no workflow run {run_id}")
-        return run.status
+        return self._run(run_id).status
 
     def workflow_status(self, run_id: int) -> dict[str, Any]:
-        run = self.store.workflow_get(run_id)
-        if run is None:
-            raise QueueError(Code.NOT_FOUND, f"no workflow run {run_id}")
+        run = self._run(run_id)
         out = run.to_dict()
         names = [s.name for s in run.spec.steps]
         steps: dict[int, list[dict[str, Any]]] = {}
