@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import http.client
 import json
 import re
@@ -11,6 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from helpers import JOBS_DIR, DaemonProcess
+
+
+def sign(secret: bytes, body: bytes) -> str:
+    """The signature header value a sender computes: 'sha256=<hex>'."""
+    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
 
 _HTTP_LISTENING = re.compile(r"HTTP endpoint http://(\S+):(\d+)/")
 

@@ -11,7 +11,7 @@ import socket
 import time
 
 import pytest
-from httphelpers import start_web
+from httphelpers import sign, start_web
 
 from queickd.api.httpd import connection_cap
 
@@ -180,7 +180,6 @@ def test_credential_headers_are_never_stored_with_a_webhook_job(web):
 def test_the_hooks_own_signature_header_is_not_stored(start_daemon, tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("k3y\n")
-    from queickd.api.hooks import sign
     web = start_web(start_daemon, tmp_path, SIGNED.format(secret=secret) + 'signature_header = "X-Sig"\n')
     body = b'{"a": 1}'
     r = web.request("POST", "/hooks/gh", body, {"Content-Type": "application/json", "X-Sig": sign(b"k3y", body)})

@@ -9,9 +9,7 @@ import socket
 import time
 
 import pytest
-from httphelpers import start_web
-
-from queickd.api.hooks import sign
+from httphelpers import sign, start_web
 
 HOOK = '[hooks.gh]\nfunc = "webjobs:echo"\n'
 

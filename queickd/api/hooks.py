@@ -169,11 +169,6 @@ def parse_hooks(table: dict[str, Any]) -> dict[str, Hook]:
     return hooks
 
 
-def sign(secret: bytes, body: bytes) -> str:
-    """The signature header value a sender computes: 'sha256=<hex>'."""
-    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
-
-
 def idempotency_key(hook: Hook, delivery_id: str) -> str:
     """The job's idempotency key for a delivery; long ids are hashed to fit the key limit."""
     key = f"hook:{hook.name}:{delivery_id}"
