@@ -25,14 +25,10 @@ def _number(text: str) -> int | float | str:
 
 
 def enqueue(a: argparse.Namespace, q: JobQueue) -> int:
-    options: dict[str, Any] = {"kwargs": a.kwargs, "delay": a.delay, "run_at": a.run_at,
-                               "key": a.key, "idempotency_key": a.idempotency_key,
-                               "manual": a.manual, "pool": a.pool, "priority": a.priority,
-                               "concurrency_group": a.concurrency_group,
-                               "concurrency_limit": a.concurrency_limit, "cost_units": a.cost_units,
-                               "fair_by": a.fair_by, "isolation": a.isolation, "timeout": a.timeout,
-                               "memory_mb": a.memory_mb, "output_kb": a.output_kb, "stalled_after": a.stalled_after,
-                               "on_stall": a.on_stall}
+    options: dict[str, Any] = {k: getattr(a, k) for k in (
+        "kwargs", "delay", "run_at", "key", "idempotency_key", "manual", "pool", "priority", "concurrency_group",
+        "concurrency_limit", "cost_units", "fair_by", "isolation", "timeout", "memory_mb", "output_kb",
+        "stalled_after", "on_stall")}
     if a.retry:
         options.update(retry=True, retry_type=a.retry, max_attempts=a.max_attempts)
     if a.rate_limit is not None:
