@@ -1,14 +1,9 @@
-"""How a refusal is said on each transport: the one translation of what the service
-refused into a reply.
-
-`refused(why)` takes an admission `Refusal`, a `QueueError`, `NotCommittedError` (the commit
-failed or did not finish) or any other exception (a bug), and
-renders it as the TCP protocol's JSON error object, an HTTP status with its JSON body
-and headers, or a Queick 1.2.1 client's error string. Pure; it never logs (the transport
-knows whether an error is worth a log line) and never decides whether to refuse.
-A failure whose commit may have happened all the same (the store raised during or after
-COMMIT: the committer marks such errors `maybe_committed`) says so in its error object,
-`"maybe_committed": true`, so a client resends only with the same idempotency key.
+"""How a refusal is said on each transport: `refused(why)` renders an admission `Refusal`,
+a `QueueError`, a `NotCommittedError` or any other exception (a bug) as the TCP protocol's
+error object, an HTTP status with its body and headers, or a Queick 1.2.1 client's error
+string. It never logs nor decides whether to refuse. A failure whose commit may have
+happened all the same (`maybe_committed`) says so, so that a client resends only with the
+same idempotency key.
 """
 
 from __future__ import annotations
@@ -36,13 +31,6 @@ class NotCommittedError(Exception):
         self.maybe_committed = maybe_committed
 
 
-def maybe_committed(why: BaseException | Refusal) -> bool:
-    """True when the failure may have come after the commit took effect (a QueueError, a
-    NotCommittedError, a store's NotDurableError say so; so may the error that caused it)."""
-    cause = why.__cause__ if isinstance(why, BaseException) else None
-    return bool(getattr(why, "maybe_committed", False) or getattr(cause, "maybe_committed", False))
-
-
 class Refused:
     """One refusal, rendered per transport on demand."""
 
@@ -58,7 +46,9 @@ class Refused:
             return QueueError(why.code, why.message, why.retry_after, job_id=why.job_id)
         if isinstance(why, QueueError):
             return why
-        maybe = maybe_committed(why)
+        # Whether it may have come after the commit took effect (a NotCommittedError, a
+        # store's NotDurableError say so; so may the error that caused it).
+        maybe = bool(getattr(why, "maybe_committed", False) or getattr(why.__cause__, "maybe_committed", False))
         if isinstance(why, NotCommittedError):
             if maybe:
                 return QueueError(Code.INTERNAL, "not confirmed; it may have been stored (resend with the "
