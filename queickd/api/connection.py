@@ -1,16 +1,11 @@
 """One connection of the TCP enqueue server (api/server.py): framing, authentication,
 ordering and back-pressure.
 
-Each connection keeps a FIFO of replies-to-be: a reply that is ready is bytes; one that
-waits (a group commit, a store read on the I/O threads, a `wait`) is a future. Replies
-leave strictly in request order, so a client may pipeline as many requests as it likes.
-All enqueues found in one read go to the committer as one submission. A connection that
-runs too far ahead is paused: at most `max_pending` replies are owed on one connection;
-beyond that the server stops reading it (its further lines wait in the socket, not in our
-memory) until the replies have drained to half. Before the token is given, lines are at
-most PREAUTH_MAX_LINE bytes, and a wrong token is answered only after BAD_TOKEN_DELAY and
-the connection closed at the MAX_BAD_TOKENS-th. Until it authenticates (with no token:
-sends a request) a connection counts toward its source's share (api/preauth.py).
+Replies owed wait in a FIFO, bytes when ready, else a future (a group commit, a store read
+on the I/O threads, a `wait`), and leave strictly in request order, so a client may
+pipeline freely. All enqueues of one read go to the committer as one submission. Beyond
+`max_pending` replies owed the server stops reading the connection (its lines wait in the
+socket, not in our memory) until they drain to half.
 """
 
 from __future__ import annotations
@@ -227,10 +222,8 @@ class Connection(asyncio.BufferedProtocol):
         return self.transport is None or self.transport.get_extra_info("ssl_object") is None  # TLS ends at EOF
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        """Reads go into one buffer the server keeps for its loop, copied out at once by
-        buffer_updated. With data_received, asyncio makes a 256 KiB bytes object for every
-        read, a mapping of its own that the kernel makes and unmakes each time (under threads,
-        with a flush of every core's TLB)."""
+        """One buffer the server keeps for its loop, copied out at once by buffer_updated:
+        data_received would cost a fresh 256 KiB mapping (and its unmapping) per read."""
         return self.server.read_buffer
 
     def buffer_updated(self, nbytes: int) -> None:

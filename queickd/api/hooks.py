@@ -1,12 +1,10 @@
 """Webhook declarations (`[hooks.NAME]` in the config file) and how a delivery becomes a job.
 
-A hook names the function its deliveries run (`func`), or a workflow declared in the
-config file that each delivery starts (`workflow`, its state `{"hook": <the argument>}`),
-and optionally a serial `key`, a
-`secret_file` whose secret signs each body (HMAC-SHA256), an `idempotency_header` to
-read a delivery id from, and `max_body` in bytes. This module validates declarations,
-checks signatures and builds the job's single argument; it does no I/O besides reading
-the secret file once at start-up. Hook objects are immutable and shared between threads.
+A hook names the function its deliveries run (`func`), or a declared workflow each
+delivery starts (`workflow`, its state `{"hook": <the argument>}`), and optionally a serial
+`key`, a `secret_file` whose secret signs each body (HMAC-SHA256), an `idempotency_header`
+to read a delivery id from, and `max_body` in bytes. No I/O besides reading the secret
+file once at start-up; Hook objects are immutable and shared between threads.
 """
 
 from __future__ import annotations

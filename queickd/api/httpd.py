@@ -1,22 +1,15 @@
 """The optional HTTP listener (`--http HOST:PORT`): webhooks, /metrics, /healthz, /jobs/ID, /.
 
-Stdlib http.server, one thread per connection (ThreadingHTTPServer), off by default and on
-loopback unless told otherwise. At most MAX_CONNECTIONS connections at once (one more is
-answered 503 and closed; so is one past a source's share: _Server), and a request has one
-deadline for its request line, headers and body, however slowly its bytes come. A webhook delivery is acknowledged only after its job is
-committed (the same group commit as the TCP enqueue path), so nothing is accepted and then
-dropped. Replies to POST /hooks/NAME:
-  202 a new job (its id), 200 a repeated delivery (the first job's id),
-  429 + Retry-After when the hook's key or the queue is full, 401 a bad or missing
-  signature, 404 an unknown hook, 411 no Content-Length, 413 a body over the hook's limit
-  (decided from Content-Length, before reading), 400 a body the hook cannot parse.
-Framing is strict, so no proxy in front can be made to see another request than this
-server does: a Transfer-Encoding is refused (400 with a Content-Length, else 501: chunked
-bodies are not implemented), as is a Content-Length that is not plain ASCII digits or
-given twice, and so is (400) a header line that http.client would drop or fold: whitespace
-before its colon, a continuation line. With a read token (`--http-token-file`), `/`,
-`/metrics` and `/jobs/ID` want `Authorization: Bearer TOKEN` (401 without); `/healthz` and
-the hooks (signed) stay open.
+Stdlib http.server, a thread per connection, at most MAX_CONNECTIONS at once and fair
+shares per source (_Server); a request has one deadline for its line, headers and body,
+however slowly its bytes come. A webhook delivery is acknowledged only once its job is
+committed (the TCP path's group commit): 202 a new job, 200 a repeated delivery, 429 +
+Retry-After when the hook's key or the queue is full, 401 a bad or missing signature, 404
+an unknown hook, 411 no Content-Length, 413 a body over the hook's limit (before reading
+it), 400 a body the hook cannot parse. Framing is strict, so that no proxy in front can be
+made to see another request than this server does (_Handler.parse_request). With a read
+token (`--http-token-file`), `/`, `/metrics` and `/jobs/ID` want `Authorization: Bearer
+TOKEN` (401 without); `/healthz` and the hooks (signed) stay open.
 """
 
 from __future__ import annotations
@@ -172,13 +165,11 @@ class HttpServer:
 
 
 class _Server(ThreadingHTTPServer):
-    """A thread per connection, at most `cap` at once. One more is answered 503 and closed
-    on the accepting thread, so a flood of connections costs no thread and keeps no
-    descriptor: the TCP port and the store keep theirs. Shares by source address, as the
-    TCP port's unauthenticated ones (api/preauth.py), since no HTTP connection proves
-    itself before its request: while a quarter of the cap is free anyone may connect;
-    past that, a source holding an eighth of the cap is refused, so one host cannot take
-    every connection (and with them the webhooks and /healthz) from the others."""
+    """A thread per connection, at most `cap` at once; one more is answered 503 and closed
+    on the accepting thread, so a flood costs no thread and keeps no descriptor. No HTTP
+    connection proves itself before its request, so all are shared by source as the TCP
+    port's unauthenticated ones are (api/preauth.py): one host cannot take every
+    connection (and with them the webhooks and /healthz) from the others."""
 
     daemon_threads = True
 

@@ -2,26 +2,16 @@
 
 A pickle that names no global can still be a resource bomb: a 7-byte BINBYTES claiming
 gigabytes makes the unpickler allocate them before it reads a byte; a memo index in the
-millions grows the memo to fit; a few hundred bytes of DUP/BINGET reuse of one list in
-nested lists load cheaply but expand exponentially once walked (json.dumps); deep
-EMPTY_LIST/APPEND nesting breaks every recursive walk later. Hashing is the other cost the
-unpickler pays while it loads, in C and holding the GIL: a dict key that is a tuple built
-of itself twice over through the memo, 60 levels deep, hashes 2**60 tuples (tuple hashes
-are not cached), and a set of ints that all hash alike takes quadratic time. So:
-
-- `PickleScan(limit)` walks the opcodes as the bytes come (`feed`), never building
-  anything, each opcode once: every declared length (strings, bytes, frames, longs) within
-  `limit` and the bytes at hand, memo indices dense (a PUT at most one past the last, a GET
-  only of what was put), only the opcodes of plain data (no sets: JSON has none), and the
-  type of every value on the unpickler's stack and in its memo, so that a dict key is only
-  ever a string, an int of 32 bits, a bool or None, whose hashes are cheap and cannot be
-  made to collide. It says when more bytes are needed, and stops at the first opcode naming a
-  global (the unpickler refuses those, naming them, before anything after it is read).
-- `check_expanded(value, max_bytes)` walks what loaded as a tree (shared
-  references counted each time they appear, as JSON would write them) within a budget:
-  never more work than `max_bytes`, whatever the pickle claims.
-
-Pure code of bytes and values: no I/O, no logging, never unpickles anything itself.
+millions grows the memo to fit; DUP/BINGET reuse of one list in nested lists loads cheaply
+but expands exponentially once walked (json.dumps); deep nesting breaks every recursive
+walk later. Hashing costs too, in C holding the GIL: a dict key that is a tuple built of
+itself twice over through the memo, 60 levels deep, hashes 2**60 tuples (tuple hashes are
+not cached), and a set of ints that all hash alike takes quadratic time. So `PickleScan`
+walks the opcodes as the bytes come, building nothing: declared lengths within the limit,
+memo indices dense, plain data only (no sets: JSON has none), and the type of every value
+on the stack and in the memo, so that a dict key is only ever a str, an int of 32 bits, a
+bool or None (cheap hashes that cannot be made to collide). `check_expanded` bounds what
+loaded, as JSON would write it out. Pure: no I/O, no logging, never unpickles anything.
 """
 
 from __future__ import annotations

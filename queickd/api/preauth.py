@@ -1,19 +1,14 @@
 """Fair shares of the TCP server's connections before authentication (api/server.py).
 
 A connection is *unproven* from its accept until it authenticates (hello with the token)
-or, on a daemon without a token, until it sends its first request. Unproven connections
-are counted by source: an IPv4 address, or an IPv6 /64 (one host's usual allocation,
-which holds more addresses than any cap). All sources together hold at most the
-connections less a PROVEN_RESERVE_SHARE that only connections which have proven themselves
-fill. When that pool (or the server) is full, a newcomer whose source holds fewer than its
-share (PER_SOURCE_SHARE of the connections) and fewer than the largest holder less one
-takes the place of that holder's oldest unproven connection; any other is refused. So
-hosts that open connections and never authenticate cannot keep another host out, and one
-that holds its share or more gets no further while others want in; while there is room,
-a burst of one client's connections is served whole.
-
-Used on the server's event-loop thread only; does no I/O itself (the eviction is the
-connection's own `evict`).
+or, without a token, sends its first request. Unproven connections are counted by source
+(an IPv4 address, or an IPv6 /64: one host's usual allocation) and together hold at most
+the connections less a PROVEN_RESERVE_SHARE kept for proven ones. When that pool or the
+server is full, a newcomer whose source holds less than its share (PER_SOURCE_SHARE) and
+less than the largest holder less one takes the place of that holder's oldest unproven
+connection; any other is refused. So hosts that never authenticate cannot keep another
+out, and while there is room a burst of one client's connections is served whole.
+Loop thread only; no I/O (the eviction is the connection's own `evict`).
 """
 
 from __future__ import annotations
@@ -57,10 +52,7 @@ class PreauthLimits:
 
     def admit(self, source: str, conn: Unproven, connections: int) -> str | None:
         """Count `conn`, just accepted from `source`, with `connections` open or being set up
-        → None, or the reason it is refused. While there is room anyone may open
-        connections (a burst of one client's short connections is served); once the pool or
-        the server is full, a source below its share takes the place of the largest holder's
-        oldest unproven connection, when that makes the shares fairer, and is refused else."""
+        → None, or the reason it is refused (the module's rules)."""
         held = self.count[source]
         server_full = connections >= self.max_connections
         if server_full or self.total >= self.pool:

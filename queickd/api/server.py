@@ -1,13 +1,10 @@
 """The TCP enqueue server (protocol v1, port 9999): the listener and its limits.
 
-An asyncio loop in its own thread serves every connection (api/connection.py: framing,
-ordering, back-pressure). Limits that hold before anyone has authenticated: at most
-`max_connections` at once (an extra one gets a one-line error and is closed; the cap is
-lowered to keep FD_RESERVE file descriptors for the store, the jobs and the logs), and
-`hello_timeout` seconds to send a complete first line (with a token: to authenticate),
-and fair shares of the connections for those that have not yet done so (api/preauth.py).
-With TLS (api/tls.py) a connection's handshake is part of that: it counts as unauthenticated
-from its accept, and a peer that does not begin a handshake gets a plaintext error line.
+An asyncio loop in its own thread serves every connection (api/connection.py). Before
+anyone authenticates: at most `max_connections` at once (lowered to keep FD_RESERVE file
+descriptors free; one more is told so and closed), `hello_timeout` seconds to send a
+complete first line (with TLS, from the accept: the handshake counts), and fair shares of
+the connections per source (api/preauth.py).
 """
 
 from __future__ import annotations
@@ -114,9 +111,8 @@ class Server:
         self.address: tuple[str, int] | None = None
         self.drained: asyncio.Event | None = None  # set when the last connection closes at shutdown
         self._listeners: list[socket.socket] = []
-        # Accepted, not yet in `connections`: they count toward the cap. A connection leaves
-        # this count when it joins `connections` (opened()), in the same step: counted in
-        # both for a moment, it had a client within the cap refused, and one past it served.
+        # Accepted, not yet in `connections`: they count toward the cap. opened() moves a
+        # connection across in one step, so that none is counted twice or not at all.
         self._opening = 0
         self._closed = False
         self._thread: threading.Thread | None = None

@@ -1,11 +1,8 @@
 """The front door's workflow operations (QueueService mixes them in): start, get, cancel,
-list, and the run waiters a `workflow_wait` sleeps on.
-
-Validation is core.workflow's and protocol.py's, the transaction the store's; here a
-definition named by reference (a run started by name, a child step naming a workflow) is
-resolved from the ones the config file declares, every step function is checked against
-the allowlist, and the worker pool is woken for the new jobs. Never formats a transport's
-reply. Blocking methods touch the store and are called from the transports' threads.
+list. Validation is core.workflow's and protocol.py's; here a definition named by
+reference (a run started by name, a child step naming a workflow) is resolved from the
+config file's, every step function is checked against the allowlist, and the pool is
+woken for the new jobs. Blocking: called from the transports' threads.
 """
 
 from __future__ import annotations
