@@ -325,22 +325,18 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             self.rfile = rfile
         if self._malformed_headers():
-            self.close_connection = True
-            self._json(400, _error(Code.BAD_REQUEST, "malformed header line (whitespace before the "
-                                   "colon, or a continuation line)"))
+            self._close_with(400, "malformed header line (whitespace before the colon, or a continuation line)")
             return False
         te = self.headers.get_all("Transfer-Encoding")
         lengths = self.headers.get_all("Content-Length") or []
         if te:
-            self.close_connection = True
             if lengths:
-                self._json(400, _error(Code.BAD_REQUEST, "Transfer-Encoding and Content-Length together"))
+                self._close_with(400, "Transfer-Encoding and Content-Length together")
             else:
-                self._json(501, _error(Code.BAD_REQUEST, "Transfer-Encoding is not supported; send Content-Length"))
+                self._close_with(501, "Transfer-Encoding is not supported; send Content-Length")
             return False
         if len(lengths) > 1 or (lengths and not _DIGITS.fullmatch(lengths[0])):
-            self.close_connection = True
-            self._json(400, _error(Code.BAD_REQUEST, "Content-Length is not a number"))
+            self._close_with(400, "Content-Length is not a number")
             return False
         if lengths and self.command != "POST" and int(lengths[0]) > 0:
             self.close_connection = True  # a body we do not read must never be taken for a request
@@ -384,6 +380,12 @@ class _Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, obj: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(obj, ensure_ascii=False).encode() + b"\n", "application/json", headers)
 
+    def _close_with(self, status: int, message: str, code: str = Code.BAD_REQUEST,
+                    headers: dict[str, str] | None = None) -> None:
+        """An error reply, then the connection closed: a body left unread is never taken for a request."""
+        self.close_connection = True
+        self._json(status, _error(code, message), headers)
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         owner = self.server_owner
         path = self.path.split("?", 1)[0]
@@ -422,23 +424,18 @@ class _Handler(BaseHTTPRequestHandler):
         m = _HOOK_PATH.fullmatch(path)
         hook = self._hook_for(path)
         if hook is None:
-            self.close_connection = True
-            what = f"no hook named {m.group(1)!r}" if m else f"nothing at {path}"
-            return self._json(404, _error(Code.NOT_FOUND, what))
+            return self._close_with(404, f"no hook named {m.group(1)!r}" if m else f"nothing at {path}",
+                                    Code.NOT_FOUND)
         length_text = self.headers.get("Content-Length")
         if length_text is None:
-            self.close_connection = True
-            return self._json(411, _error(Code.BAD_REQUEST, "Content-Length is required"))
+            return self._close_with(411, "Content-Length is required")
         length = int(length_text)  # parse_request let only ASCII digits through
         if length > hook.max_body:
-            self.close_connection = True  # the body is never read
-            return self._json(413, _error(Code.BAD_REQUEST, f"body of {length} bytes is over the hook's "
-                                          f"limit of {hook.max_body}"))
+            return self._close_with(413, f"body of {length} bytes is over the hook's limit of {hook.max_body}")
         self._reader.deadline += length / _BODY_RATE  # a big body may take longer, not forever
         body = self.rfile.read(length)
         if len(body) < length:
-            self.close_connection = True
-            return self._json(400, _error(Code.BAD_REQUEST, "body shorter than Content-Length"))
+            return self._close_with(400, "body shorter than Content-Length")
         if not hook.signature_ok(body, self.headers.get(hook.signature_header)):
             log.warning("webhook %s: bad or missing %s from %s", hook.name, hook.signature_header,
                         self.address_string())
@@ -455,7 +452,6 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(status, reply, extra)
 
     def _not_allowed(self) -> None:
-        self.close_connection = True
-        self._json(405, _error(Code.BAD_REQUEST, f"{self.command} is not supported here"), {"Allow": "GET, POST"})
+        self._close_with(405, f"{self.command} is not supported here", headers={"Allow": "GET, POST"})
 
     do_PUT = do_DELETE = do_PATCH = _not_allowed  # noqa: N815 - http.server's naming
