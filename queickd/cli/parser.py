@@ -70,9 +70,7 @@ def _with_config_file(p: argparse.ArgumentParser, args: list[str], a: argparse.N
                                               + f", not {v!r}")
         if isinstance(v, list) and not isinstance(act, Repeatable):
             raise config_file.ConfigFileError(f"{a.config}: {name} must be one value, not a list")
-        if isinstance(v, list):
-            v = [str(x) for x in v]
-        elif not isinstance(v, str):
+        if not isinstance(v, str | list):  # a list's items are strings: checked above
             v = str(v).lower() if isinstance(v, bool) else str(v)  # typed by the flag's own parser
         if act.type is not None and isinstance(v, str):
             try:
