@@ -178,16 +178,17 @@ def db_clear_budgets(a: argparse.Namespace) -> int:
     return 0
 
 
-def _sqlite_file(a: argparse.Namespace, command: str, done: str = "backed up") -> str | None:
-    """The file of the SQLite store --store names, or None having said that `queick db
-    command` is only for SQLite stores (what is `done` to them)."""
+def _sqlite_file(a: argparse.Namespace, command: str, done: str = "backed up") -> str:
+    """The file of the SQLite store --store names; for another store, a usage error (exit 2,
+    as argparse's) saying that `queick db command` is only for SQLite stores (what is `done`
+    to them)."""
     from ..store.sqlite import backup as sqlitebackup
 
     try:
         return sqlitebackup.sqlite_path(a.store, done)
     except ValueError as e:
         print(f"queick db {command}: {e}", file=sys.stderr)
-        return None
+        raise SystemExit(2) from None
 
 
 def db_backup(a: argparse.Namespace) -> int:
@@ -195,8 +196,6 @@ def db_backup(a: argparse.Namespace) -> int:
     from ..store.sqlite import backup as sqlitebackup
 
     source = _sqlite_file(a, "backup")
-    if source is None:
-        return 2
     shown = [-1]
 
     def progress(copied: int, total: int) -> None:
@@ -223,8 +222,6 @@ def db_check(a: argparse.Namespace) -> int:
     from ..store.sqlite import salvage as sqlite_salvage
 
     path = _sqlite_file(a, "check", "checked")
-    if path is None:
-        return 2
     sound, found = sqlite_salvage.check(path)
     print(found, file=sys.stdout if sound else sys.stderr)
     if not sound and os.path.exists(path):
@@ -264,8 +261,6 @@ def db_recover(a: argparse.Namespace) -> int:
     from ..store.sqlite import salvage as sqlite_salvage
 
     path = _sqlite_file(a, "recover", "recovered")
-    if path is None:
-        return 2
     try:
         with _stopped(path):
             started = time.monotonic()
@@ -293,8 +288,6 @@ def db_vacuum(a: argparse.Namespace) -> int:
     from ..store.sqlite import vacuum as sqlite_vacuum
 
     path = _sqlite_file(a, "vacuum", "vacuumed")
-    if path is None:
-        return 2
     print(f"queick db vacuum: rewriting {path}; a crash or a power cut midway leaves it as it was",
           file=sys.stderr)
     try:
