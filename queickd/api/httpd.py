@@ -14,6 +14,7 @@ TOKEN` (401 without); `/healthz` and the hooks (signed) stay open.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import io
 import json
@@ -123,10 +124,8 @@ class HttpServer:
         self._stopping = True
         host, port = self.address  # type: ignore[misc]
         wake_host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-        try:
+        with contextlib.suppress(OSError):
             socket.create_connection((wake_host, port), timeout=2).close()
-        except OSError:
-            pass
         if self._thread is not None:
             self._thread.join(5.0)
         self._httpd.server_close()
@@ -227,14 +226,12 @@ class _Server6(_Server):
 
 def _refuse(request: socket.socket) -> None:
     """503 without blocking the accepting thread (a new socket's send buffer takes it)."""
-    try:
+    with contextlib.suppress(OSError):
         request.setblocking(False)
         request.send(_BUSY)
         # Read what the client sent already: left unread, it makes close() reset the
         # connection, and the client could lose the 503.
         request.recv(65536)
-    except OSError:
-        pass
 
 
 class _DeadlineReader(io.RawIOBase):

@@ -186,11 +186,9 @@ class Server:
 
     def _refuse(self, conn: socket.socket, msg: str) -> None:
         log.warning("refused a connection: %s (--max-connections %d)", msg, self.max_connections)
-        try:
+        with contextlib.suppress(OSError):
             conn.setblocking(False)
             conn.send(protocol.encode(QueueError(Code.QUEUE_FULL, msg, 1.0).to_reply()))
-        except OSError:
-            pass
         conn.close()
 
     async def _open(self, conn: socket.socket, protocol_side: Connection) -> None:

@@ -25,8 +25,7 @@ def server_context(cert: str | None, key: str | None, client_ca: str | None) -> 
         if path is None:
             continue
         try:
-            with open(path, "rb"):
-                pass
+            open(path, "rb").close()
         except OSError as e:
             raise ValueError(f"cannot read {flag} ({flag[2:].replace('-', '_')}) {path}: {e.strerror or e}") from None
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

@@ -6,6 +6,7 @@ a finish on another host (PostgreSQL) reaches them by the store's announcement o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
@@ -76,9 +77,7 @@ async def until(io: Executor, waiters: Any, key: int, ready: Callable[[], bool],
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.wait(), remaining if poll is None else min(remaining, poll))
-            except TimeoutError:
-                pass
         finally:
             waiters.discard(key, wake)
