@@ -102,20 +102,19 @@ class Switch(argparse.Action):
 def opt(p: argparse.ArgumentParser, flag: str, help: str, default: Any = None,
         type: Callable[[str], Any] = str, **kw: Any) -> None:
     """Add a flag whose default comes from QUEICKD_<FLAG> first, then `default`."""
-    value_env = env(flag)
+    envname = env_name(flag)
+    action = kw.get("action")
     value = default
+    value_env = os.environ.get(envname)
     if value_env is not None:
         try:
-            value = value_env.split(",") if kw.get("action") == "append" else type(value_env)
+            value = value_env.split(",") if action == "append" else type(value_env)
         except (ValueError, argparse.ArgumentTypeError) as e:
-            raise BadEnvironmentError(p, f"{env_name(flag)}={value_env!r}: {e}") from None
-    envname = env_name(flag)
-    shown_value = fmt_duration(default) if type is duration and default is not None else default
-    shown = "" if default in (None, [], "") or kw.get("action") == "switch" else f" (default: {shown_value})"
-    if kw.get("action") == "switch":
-        kw["action"] = Switch
-    if kw.get("action") == "append":
-        kw["action"] = Repeatable
+            raise BadEnvironmentError(p, f"{envname}={value_env!r}: {e}") from None
+    shown = fmt_duration(default) if type is duration and default is not None else default
+    shown = "" if default in (None, [], "") or action == "switch" else f" (default: {shown})"
+    if action in ("switch", "append"):
+        kw["action"] = Switch if action == "switch" else Repeatable
     p.add_argument(flag, default=value, type=type, help=f"{help}{shown} [env {envname}]", **kw)
 
 
