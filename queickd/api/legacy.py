@@ -118,10 +118,6 @@ def to_request(d: Any) -> dict[str, Any]:
     return req
 
 
-def _reply(error: str | None) -> bytes:
-    return pickle.dumps({"success": error is None, "error": error}, protocol=2)
-
-
 class DecodePool(ThreadPoolExecutor):
     """The one thread Queick requests are decoded on, with at most `limit` decodes queued or
     running at once: connections that send a request and hang up cannot pile up work (and
@@ -275,5 +271,5 @@ class LegacyConnection:
     def _finish(self, error: str | None) -> None:
         self.done = True
         if not self.transport.is_closing():
-            self.transport.write(_reply(error))
+            self.transport.write(pickle.dumps({"success": error is None, "error": error}, protocol=2))
             self.transport.close()

@@ -114,9 +114,8 @@ class PickleScan:
                 self.wanted = pos + arg.n
                 return None
             raw = bytes(data[pos:pos + arg.n])
-            if op.name == "FRAME" and struct.unpack("<Q", raw)[0] > self.limit:
-                raise PickleBoundsError(f"a frame of {struct.unpack('<Q', raw)[0]} bytes, over the "
-                                        f"{self.limit}-byte limit")
+            if op.name == "FRAME" and (frame := struct.unpack("<Q", raw)[0]) > self.limit:
+                raise PickleBoundsError(f"a frame of {frame} bytes, over the {self.limit}-byte limit")
             index = int.from_bytes(raw, "little") if op.name in _MEMO_OPS else None
             return pos + arg.n, index
         if arg.n == pickletools.UP_TO_NEWLINE:

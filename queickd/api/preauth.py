@@ -74,14 +74,10 @@ class PreauthLimits:
         return None
 
     def _largest_holders_oldest(self, held: int) -> tuple[str, Unproven] | None:
-        best: tuple[int, str] | None = None
-        for src, conns in self._open.items():
-            if conns and (best is None or self.count[src] > best[0]):
-                best = (self.count[src], src)
-        if best is None or best[0] <= held + 1:  # swapping would not make the shares fairer
+        src = max(self._open, key=self.count.__getitem__, default=None)  # the first of the largest
+        if src is None or self.count[src] <= held + 1:  # swapping would not make the shares fairer
             return None
-        conns = self._open[best[1]]
-        return best[1], next(iter(conns))
+        return src, next(iter(self._open[src]))
 
     def release(self, source: str, conn: Unproven) -> None:
         """`conn` no longer counts as unproven (idempotent)."""
