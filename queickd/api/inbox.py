@@ -2,8 +2,8 @@
 
 `loop.call_soon_threadsafe` writes to the loop's wake-up pipe on every call: a system call
 in the calling thread, and a read and a pass of the loop in its own. The committer answers
-every submitter of a commit one after the other (a dozen under load); through an Inbox
-the first answer wakes the loop and the others ride along with it.
+every submitter of a commit one after the other: through an Inbox the first answer wakes
+the loop and the others ride along with it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """The queue's front door: its operations, independent of the transport.
 
 Every transport (the TCP server, HTTP webhooks and pages, Queick 1.2.1 clients) goes in
-through these and nothing else: it frames requests and renders replies; what a refusal
-looks like on each transport is api/replies.py's. Validation comes from protocol.py,
-submissions go to the committer, state changes to the store, and the components that
-must react (pool, scheduler, waiters) are told. The service never formats a transport's
-reply. Blocking methods touch the store and are called from the transports' threads.
+through these and nothing else; it frames requests and renders replies (a refusal's:
+api/replies.py). Validation comes from protocol.py, submissions go to the committer, state
+changes to the store, and the components that must react (pool, scheduler, waiters) are
+told. Blocking methods touch the store and are called from the transports' threads.
 """
 
 from __future__ import annotations

@@ -17,8 +17,7 @@ from ..store.contract.workflows import Workflows
 
 
 class WorkflowOps:
-    """Needs: store, loader, pool, clock, workflows (name -> declared definition),
-    workflow_budget (the operator's budgets), run_waiters."""
+    """Mixed into QueueService, which gives it these:"""
 
     store: Workflows
     loader: Any

@@ -4,11 +4,7 @@ Every flag can also come from the environment: --some-flag reads QUEICKD_SOME_FL
 Exit status: 0 success; 1 the daemon refused or could not be reached; 2 bad usage;
 78 (EX_CONFIG) a configuration error at start-up, which systemd should not restart;
 79 (EX_VERSION) this queickd's version differs from the shared database's: not restarted either.
-
-The package: `parser` builds the command line (one sub-parser per command, each naming its
-function), `options` the flags' building blocks, `run` the commands that start a process or
-open a store, `jobs` and `ops` the commands that talk to a daemon (through `remote`), `show`
-the text output. `main` only parses and dispatches.
+`main` only parses (cli/parser.py) and dispatches to the command's handler.
 """
 
 from __future__ import annotations
