@@ -122,27 +122,24 @@ def purge(a: argparse.Namespace, q: JobQueue) -> int:
     return 0
 
 
-def _one_target(a: argparse.Namespace, command: str) -> bool:
+def _target(a: argparse.Namespace, command: str) -> str:
+    """The one KEY, --func or --pool given; else a usage error (exit 2, as argparse's)."""
     if sum(v is not None for v in (a.key, a.func, a.pool)) != 1:
         print(f"queick {command}: give a KEY, --func or --pool", file=sys.stderr)
-        return False
-    return True
+        raise SystemExit(2)
+    return a.key or a.func or a.pool
 
 
 def resume(a: argparse.Namespace, q: JobQueue) -> int:
-    if not _one_target(a, "resume"):
-        return 2
+    name = _target(a, "resume")
     q.resume(a.key, func=a.func, pool=a.pool)
-    name = a.key or a.func or a.pool
     print(json.dumps({"resumed": name}) if a.json else f"resumed {name}")
     return 0
 
 
 def pause(a: argparse.Namespace, q: JobQueue) -> int:
-    if not _one_target(a, "pause"):
-        return 2
+    name = _target(a, "pause")
     new = q.pause(a.key, func=a.func, pool=a.pool)
-    name = a.key or a.func or a.pool
     if a.json:
         print(json.dumps({"paused": name, "new": new}))
     else:
