@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,16 @@ def edge_config(path: Path, proxy: LinkProxy, *, functions=("testjobs:*",), extr
         "retry_max = 1.0\n"  # tests: a returned link is found within a second
         "settle_every = 1.0\n" + extra)
     return str(path)
+
+
+def held_count(q, n: int, timeout: float = 10.0) -> int:
+    """The edge's `upstream.held` once it reads `n`, or the last read after `timeout`. The
+    count grows after each commit's ack (the post-commit hook), so a read right after an
+    ack may not hold that commit's jobs yet."""
+    deadline = time.monotonic() + timeout
+    while (held := q.stats()["upstream"]["held"]) != n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return held
 
 
 def central_keys(db: Path) -> dict[int, int]:
