@@ -24,7 +24,7 @@ from ..records import Claimed
 from ..sql import fair as sqlfair
 from ..sql import rates as sqlrates
 from .channels import NOTIFY_IDS
-from .claim_sql import CLAIM_LOCK
+from .claim_sql import CLAIM_LOCK, skip_scan
 from .connection import KEPT_CURSOR_BYTES
 from .fleet import notify
 
@@ -249,14 +249,9 @@ _WALK_INDEXES = ("SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off
                  " SET LOCAL jit = off")
 # The pools with a job queued: a skip scan of the fair keys waiting and one of the jobs
 # without a fair key (jobs_queued_unfair), one descent per pool each.
-_WALKED = (
-    "WITH RECURSIVE a (name) AS ((SELECT pool FROM fair_keys WHERE waiting > 0 ORDER BY pool LIMIT 1)"
-    " UNION ALL SELECT (SELECT pool FROM fair_keys WHERE waiting > 0 AND pool > a.name ORDER BY pool LIMIT 1)"
-    " FROM a WHERE a.name IS NOT NULL),"
-    " b (name) AS ((SELECT pool FROM jobs WHERE state = 'queued' AND fair_by IS NULL ORDER BY pool LIMIT 1)"
-    " UNION ALL SELECT (SELECT pool FROM jobs WHERE state = 'queued' AND fair_by IS NULL AND pool > b.name"
-    " ORDER BY pool LIMIT 1) FROM b WHERE b.name IS NOT NULL)"
-    " SELECT name FROM a WHERE name IS NOT NULL UNION SELECT name FROM b WHERE name IS NOT NULL")
+_WALKED = ("WITH RECURSIVE " + skip_scan("a", "pool", "fair_keys WHERE waiting > 0") + ", "
+           + skip_scan("b", "pool", "jobs WHERE state = 'queued' AND fair_by IS NULL")
+           + " SELECT name FROM a WHERE name IS NOT NULL UNION SELECT name FROM b WHERE name IS NOT NULL")
 
 
 def _claim_fair(c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits, pick: claim.Selection,

@@ -1,16 +1,13 @@
-"""The claim's SQL functions as they are now, each written once; schema.py's migrations
-create them from here. core/policy/claim.py's rules written in SQL where a claim must
-not cost a round trip more: the store contract holds the two together
-(test_every_claim_of_a_random_walk_starts_what_the_selection_policy_picks). Each function
-sets its own planner settings: with statistics taken while the queue was empty, the
-planner would sort or scan every queued job on each claim instead of walking the queue's
-indexes in order and stopping at the limit. PL/pgSQL, not SQL: its statements' plans
-are cached for the session. Nothing here imports psycopg."""
+"""The claim's SQL functions, each written once; schema.py's migrations create them from
+here. core/policy/claim.py's rules in SQL, where a claim must not cost a round trip more
+(the store contract holds the two together). Each function sets its own planner settings,
+so that statistics taken while the queue was empty never make it sort or scan the queue
+instead of walking its indexes; PL/pgSQL caches its plans for the session."""
 
 from __future__ import annotations
 
-# The advisory lock each claim by the selection holds to its commit (claim.py), and the fast
-# path's before it reads rate keys' rooms: one such claim at a time, across hosts.
+# Held to its commit by each claim of the selection, and by the fast path before it reads rate
+# keys' rooms: one such claim at a time, across hosts.
 CLAIM_LOCK = 0x71756963_6B640003
 
 # --- the rules, each written once ---------------------------------------------------------
@@ -35,22 +32,52 @@ _KEY_FREE_IN_ORDER = """              AND NOT EXISTS (SELECT 1 FROM jobs r WHERE
         ORDER BY q.priority, q.run_at, q.id
 """
 
+# ... neither its function nor its key paused.
+_FREE_IN_ORDER = """          AND NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'func' AND p.name = q.func)
+          AND (q.key IS NULL OR (
+              NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'key' AND p.name = q.key)
+""" + _KEY_FREE_IN_ORDER
+
 # The fast path's claim: the oldest such jobs, none paused, locked with SKIP LOCKED and
 # marked running in one statement (queickd_claim's and queickd_pass's).
 _PLAIN_CLAIM = f"""    RETURN QUERY {MARK_RUNNING}
     WHERE id IN (
         SELECT q.id FROM jobs q
-{_FAST_PATH_JOB}          AND NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'func' AND p.name = q.func)
-          AND (q.key IS NULL OR (
-              NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'key' AND p.name = q.key)
-{_KEY_FREE_IN_ORDER}        LIMIT p_limit
+{_FAST_PATH_JOB}{_FREE_IN_ORDER}        LIMIT p_limit
         FOR UPDATE SKIP LOCKED)
     RETURNING *;
 """
 
+
+
+def skip_scan(cte: str, col: str, rows: str, of: str = "name") -> str:
+    """The recursive `cte (of)`: each distinct `col` of `rows` (a FROM and its WHERE) in order,
+    one index descent each (a skip scan), then NULL."""
+    first = f"SELECT {col} FROM {rows}"
+    return f"""{cte} ({of}) AS (
+            ({first} ORDER BY {col} LIMIT 1)
+            UNION ALL
+            SELECT ({first} AND {col} > {cte}.{of} ORDER BY {col} LIMIT 1)
+            FROM {cte} WHERE {cte}.{of} IS NOT NULL)"""
+
+
+def _groups_waiting(pools: str) -> str:
+    """The recursive `waiting (i, name)`: name is a group with a job queued in the i-th pool of
+    the array `pools`, NULL past its last, by a skip scan of jobs_queued_pool_group."""
+    def group(i: str, after: str = "") -> str:
+        return (f"(SELECT q.concurrency_group FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL"
+                f" AND q.pool = {pools}[{i}]{after} ORDER BY q.concurrency_group LIMIT 1)")
+    return f"""waiting (i, name) AS (
+            SELECT 1, {group("1")}
+            UNION ALL
+            SELECT CASE WHEN w.name IS NULL THEN w.i + 1 ELSE w.i END,
+                   CASE WHEN w.name IS NULL THEN {group("w.i + 1")}
+                   ELSE {group("w.i", " AND q.concurrency_group > w.name")} END
+            FROM waiting w WHERE w.name IS NOT NULL OR w.i < cardinality({pools}))"""
+
+
 # --- rate limits: the fast path's part and the selection's ----------------------------------
 RATE_KEY = "(q.rate_limit::json ->> 'key')"
-RATE_LIMIT_OF = "(q.rate_limit::json ->> 'limit')::integer"
 # The lim-th newest start of a key (rate_starts counted back from the newest, along its key).
 _LIM_TH_NEWEST = """(SELECT s.at FROM (SELECT s.at, sum(s.n) OVER (ORDER BY s.at DESC) AS seen
                                 FROM rate_starts s WHERE s.key = {key}) s
@@ -75,13 +102,7 @@ FULL_RATE_KEY_WAITS = f"""(EXISTS (SELECT 1 FROM rate_keys k {_KEY_WAITS} WHERE 
 # A rate-limited job waits in a pool served whose key's window has room (found by a skip
 # scan of jobs_queued_rated, one descent per key, stopping at the first with room).
 _ROOMY_RATE_KEY_WAITS = f"""EXISTS (
-        WITH RECURSIVE k (key) AS (
-            (SELECT {RATE_KEY} FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL
-             ORDER BY {RATE_KEY} LIMIT 1)
-            UNION ALL
-            SELECT (SELECT {RATE_KEY} FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL
-                    AND {RATE_KEY} > k.key ORDER BY {RATE_KEY} LIMIT 1)
-            FROM k WHERE k.key IS NOT NULL)
+        WITH RECURSIVE {skip_scan("k", RATE_KEY, "jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL", "key")}
         SELECT 1 FROM k {_KEY_WAITS}
         WHERE k.key IS NOT NULL AND {RATE_ROOM.format(key="k.key")})"""
 # "Must the selection claim?", of rate limits: a key this claim could fill ({room} more
@@ -141,10 +162,7 @@ FAST_CLAIM = f"""    IF NOT EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued
                                (rl.j ->> 'per')::float8 AS p,
                                coalesce((SELECT r.kept FROM rate_keys r WHERE r.key = rl.j ->> 'key'), 0) AS kept
                         FROM jobs q CROSS JOIN LATERAL (SELECT q.rate_limit::jsonb AS j) rl  -- read once a row
-{_FAST_PATH_JOB.replace("AND q.rate_limit IS NULL", "AND " + _HAS_ROOM)}          AND NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'func' AND p.name = q.func)
-          AND (q.key IS NULL OR (
-              NOT EXISTS (SELECT 1 FROM pauses p WHERE p.kind = 'key' AND p.name = q.key)
-{_KEY_FREE_IN_ORDER}        LIMIT p_limit - n
+{_FAST_PATH_JOB.replace("AND q.rate_limit IS NULL", "AND " + _HAS_ROOM)}{_FREE_IN_ORDER}        LIMIT p_limit - n
         FOR UPDATE OF q SKIP LOCKED) x) y;
             IF EXISTS (SELECT 1 FROM unnest(f_keys) k WHERE k IS NOT NULL) THEN
                 WITH s AS (SELECT u.k, count(*) AS c, min(u.l) AS l, min(u.p) AS p
@@ -190,27 +208,14 @@ FAST_CLAIM = f"""    IF NOT EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued
 # "Must the selection claim?": a pool served has a budget, or a grouped job waits in a pool
 # served in a group that could start a job (not full by what runs: as many running as the
 # lowest limit of its running jobs, claim.Selection.out_groups). A full group's jobs hold
-# nothing the fast path does not respect (their key: it starts only a key's head). The
-# groups waiting in each pool served are found by a skip scan of jobs_queued_pool_group
-# (one descent each, stopping at the first that is not full), each one's running jobs
-# through jobs_group_slot. Every pool (NULL): any grouped job waiting.
+# nothing the fast path does not respect (their key: it starts only a key's head). Each
+# group's running jobs are read through jobs_group_slot, up to the first group not full.
+# Every pool (NULL): any grouped job waiting.
 POOL_BUDGETED = "EXISTS (SELECT 1 FROM budgets b WHERE b.kind = 'pool' AND (p_pools IS NULL OR b.name = ANY(p_pools)))"
 _ANY_GROUPED = "EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL)"
 OPEN_GROUP_WAITS = f"""(CASE WHEN p_pools IS NULL THEN {_ANY_GROUPED} ELSE EXISTS (
-        WITH RECURSIVE w (i, name) AS (
-            SELECT 1, (SELECT q.concurrency_group FROM jobs q WHERE q.state = 'queued'
-                       AND q.concurrency_group IS NOT NULL AND q.pool = p_pools[1] ORDER BY q.concurrency_group LIMIT 1)
-            UNION ALL
-            SELECT CASE WHEN w.name IS NULL THEN w.i + 1 ELSE w.i END,
-                   CASE WHEN w.name IS NULL
-                        THEN (SELECT q.concurrency_group FROM jobs q WHERE q.state = 'queued'
-                              AND q.concurrency_group IS NOT NULL AND q.pool = p_pools[w.i + 1]
-                              ORDER BY q.concurrency_group LIMIT 1)
-                        ELSE (SELECT q.concurrency_group FROM jobs q WHERE q.state = 'queued'
-                              AND q.concurrency_group IS NOT NULL AND q.pool = p_pools[w.i]
-                              AND q.concurrency_group > w.name ORDER BY q.concurrency_group LIMIT 1) END
-            FROM w WHERE w.name IS NOT NULL OR w.i < cardinality(p_pools))
-        SELECT 1 FROM w WHERE w.name IS NOT NULL AND NOT coalesce((
+        WITH RECURSIVE {_groups_waiting("p_pools")}
+        SELECT 1 FROM waiting w WHERE w.name IS NOT NULL AND NOT coalesce((
             SELECT count(*) >= min(coalesce(nullif(r.concurrency_limit, 0), 1)) FROM jobs r
             WHERE r.state = 'running' AND r.concurrency_group IS NOT NULL AND r.concurrency_group = w.name), false))
     END)"""
@@ -412,15 +417,26 @@ START = f"""
 _HEAD_OF_KEY = """(q.key IS NULL OR NOT EXISTS (SELECT 1 FROM jobs e WHERE e.key = q.key AND e.state = 'queued'
                                     AND (e.priority, e.run_at, e.id) < (q.priority, q.run_at, q.id)))"""
 
+_SERVED = "(p_pools IS NULL OR q.pool = ANY(p_pools) OR q.key IS NOT NULL)"
+
+
+def _page(where: str) -> str:
+    """One stream of the selection's pages: the queued jobs `where` after the page's start,
+    keys' heads only, in queue order, at most p_limit (an index walk)."""
+    return f"""SELECT q.priority, q.id, q.key, q.func, q.pool, q.retry_on_network, q.run_at, q.concurrency_group,
+                   q.concurrency_limit, q.cost_units, q.rate_limit
+            FROM jobs q WHERE q.state = 'queued' AND {where}
+              AND (q.priority, q.run_at, q.id) > (p_priority, p_run_at, p_id)
+              AND {_HEAD_OF_KEY}
+            ORDER BY q.priority, q.run_at, q.id LIMIT p_limit"""
+
+
 # queickd_candidates_after, the selection's next pages: queued jobs in queue order after a
 # (priority, run_at, id), as the merge of the ungrouped ones without a rate limit, for each
 # group waiting that is not in p_full, that group's first ones, and for each rate key
 # waiting (of jobs without a group) that is not in p_rates_full, that key's first ones
-# (jobs_queued_rate_key): a full group's or key's backlog is not walked.
-# The groups waiting are found by a skip scan of jobs_queued_pool_group within each pool
-# served (each pool with a grouped job waiting, when p_pools is NULL): (i, name) is the
-# i-th pool's group, NULL past its last. Every stream is an index walk from the page's
-# start, at most p_limit rows each.
+# (jobs_queued_rate_key): a full group's or key's backlog is not walked. The groups are
+# those of the pools served (each pool with a grouped job waiting, when p_pools is NULL).
 CANDIDATES_AFTER = f"""
     CREATE OR REPLACE FUNCTION queickd_candidates_after(p_pools text[], p_full text[], p_limit integer,
                                                         p_priority integer, p_run_at double precision, p_id bigint,
@@ -433,63 +449,21 @@ CANDIDATES_AFTER = f"""
         walked text[] := p_pools;
     BEGIN
     IF walked IS NULL THEN
-        WITH RECURSIVE p (name) AS (
-            (SELECT q.pool FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL
-             ORDER BY q.pool LIMIT 1)
-            UNION ALL
-            SELECT (SELECT q.pool FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL
-                    AND q.pool > p.name ORDER BY q.pool LIMIT 1)
-            FROM p WHERE p.name IS NOT NULL)
+        WITH RECURSIVE {skip_scan("p", "q.pool", "jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL")}
         SELECT coalesce(array_agg(p.name), '{{}}') INTO walked FROM p WHERE p.name IS NOT NULL;
     END IF;
-    RETURN QUERY WITH RECURSIVE waiting (i, name) AS (
-        SELECT 1, (SELECT q.concurrency_group FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL
-                   AND q.pool = walked[1] ORDER BY q.concurrency_group LIMIT 1)
-        UNION ALL
-        SELECT CASE WHEN w.name IS NULL THEN w.i + 1 ELSE w.i END,
-               CASE WHEN w.name IS NULL
-                    THEN (SELECT q.concurrency_group FROM jobs q WHERE q.state = 'queued'
-                          AND q.concurrency_group IS NOT NULL AND q.pool = walked[w.i + 1]
-                          ORDER BY q.concurrency_group LIMIT 1)
-                    ELSE (SELECT q.concurrency_group FROM jobs q WHERE q.state = 'queued'
-                          AND q.concurrency_group IS NOT NULL AND q.pool = walked[w.i] AND q.concurrency_group > w.name
-                          ORDER BY q.concurrency_group LIMIT 1) END
-        FROM waiting w WHERE w.name IS NOT NULL OR w.i < cardinality(walked)),
-    rated (name) AS (
-        (SELECT {RATE_KEY} FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NULL
-         AND q.rate_limit IS NOT NULL ORDER BY {RATE_KEY} LIMIT 1)
-        UNION ALL
-        SELECT (SELECT {RATE_KEY} FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NULL
-                AND q.rate_limit IS NOT NULL AND {RATE_KEY} > r.name ORDER BY {RATE_KEY} LIMIT 1)
-        FROM rated r WHERE r.name IS NOT NULL)
+    RETURN QUERY WITH RECURSIVE {_groups_waiting("walked")},
+        {skip_scan("rated", RATE_KEY, "jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NULL"
+                    " AND q.rate_limit IS NOT NULL")}
     SELECT c.* FROM (
-        (SELECT q.priority, q.id, q.key, q.func, q.pool, q.retry_on_network, q.run_at, q.concurrency_group,
-                q.concurrency_limit, q.cost_units, q.rate_limit
-         FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NULL AND q.rate_limit IS NULL
-           AND (q.priority, q.run_at, q.id) > (p_priority, p_run_at, p_id)
-           AND (p_pools IS NULL OR q.pool = ANY(p_pools) OR q.key IS NOT NULL)
-           AND {_HEAD_OF_KEY}
-         ORDER BY q.priority, q.run_at, q.id LIMIT p_limit)
+        ({_page(f"q.concurrency_group IS NULL AND q.rate_limit IS NULL AND {_SERVED}")})
         UNION ALL
         SELECT x.* FROM waiting w CROSS JOIN LATERAL (
-            SELECT q.priority, q.id, q.key, q.func, q.pool, q.retry_on_network, q.run_at, q.concurrency_group,
-                   q.concurrency_limit, q.cost_units, q.rate_limit
-            FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NOT NULL
-              AND q.pool = walked[w.i] AND q.concurrency_group = w.name
-              AND (q.priority, q.run_at, q.id) > (p_priority, p_run_at, p_id)
-              AND {_HEAD_OF_KEY}
-            ORDER BY q.priority, q.run_at, q.id LIMIT p_limit) x
+            {_page("q.concurrency_group IS NOT NULL AND q.pool = walked[w.i] AND q.concurrency_group = w.name")}) x
         WHERE w.name IS NOT NULL AND NOT w.name = ANY(p_full)
         UNION ALL
         SELECT x.* FROM rated r CROSS JOIN LATERAL (
-            SELECT q.priority, q.id, q.key, q.func, q.pool, q.retry_on_network, q.run_at, q.concurrency_group,
-                   q.concurrency_limit, q.cost_units, q.rate_limit
-            FROM jobs q WHERE q.state = 'queued' AND q.concurrency_group IS NULL AND q.rate_limit IS NOT NULL
-              AND {RATE_KEY} = r.name
-              AND (q.priority, q.run_at, q.id) > (p_priority, p_run_at, p_id)
-              AND (p_pools IS NULL OR q.pool = ANY(p_pools) OR q.key IS NOT NULL)
-              AND {_HEAD_OF_KEY}
-            ORDER BY q.priority, q.run_at, q.id LIMIT p_limit) x
+            {_page(f"q.concurrency_group IS NULL AND q.rate_limit IS NOT NULL AND {RATE_KEY} = r.name AND {_SERVED}")}) x
         WHERE r.name IS NOT NULL AND NOT r.name = ANY(p_rates_full)) c
     ORDER BY c.priority, c.run_at, c.id LIMIT p_limit;
     END
