@@ -1,8 +1,7 @@
 """The PostgreSQL store's claim: the fast path (queickd_claim, one round trip) and the
 selection by core/policy/claim.py for grouped or budgeted jobs, with group slots under a
-unique index (a lost race is undone and tried again); and the budgets in force, which
-live in the table `budgets` for every claimer alike. Each runs on the connection the
-store hands it."""
+unique index (a lost race is undone and tried again); and the budgets in force, in the
+table `budgets` for every claimer alike."""
 
 from __future__ import annotations
 
@@ -33,34 +32,22 @@ CLAIM_RETRIES = 8
 # the budgets: a budget comes into force after the claims that did not see it (migration 8, history.py).
 _BUDGET_LOCK = 0x71756963_6B640004
 _PAUSE_KINDS = frozenset({"key", "func", "pool"})  # the view's rows of pauses (migration 8, history.py)
-# The claim itself is the function queickd_claim (schema.py): an UPDATE ... WHERE id IN
-# (SELECT ... ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING, one
-# round trip. Its conditions are core/policy/claim.py's rules written in SQL (choosing in
-# Python would cost a round trip more and hold row locks on every row read); the store
-# contract test test_claim_starts_what_the_selection_policy_picks holds the two together.
-# It takes no grouped job, and it never meets a budget: given the budget lock, it first
-# takes it shared and asks whether the selection must claim instead (a grouped job waits,
-# or a pool served has a budget); if so it claims nothing and returns one row of NULLs
-# (pass_sql.py, 15). Without the lock (NULL), the view has said no already.
+# The fast path (claim_sql.CLAIM): one row of NULLs when the selection must claim instead;
+# without the lock (NULL), the view has said no already.
 _CLAIM = (f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(lock)s, %(now)s, %(worker)s, %(pools)s, %(net)s,"
           " %(limit)s)")
 _VIEW = "SELECT * FROM queickd_claim_view(%s, %s, %s, %s, %s, %s)"
-# The selection's pages after its first: queued jobs in queue order after a position,
-# leaving out full groups (claim_sql.py, 11); _HEAD is before every job.
+# The selection's pages after its first (claim_sql.CANDIDATES_AFTER); _HEAD is before every job.
 _AFTER = "SELECT * FROM queickd_candidates_after(%s, %s::text[], %s, %s, %s, %s, %s::text[])"
 _HEAD = (-(1 << 31), float("-inf"), 0)
-# The selection's jobs marked running and, for those it let through as probes (and only if
-# they are claimed here), their pauses stamped: one call (claim_sql.py, 10).
+# The selection's jobs marked running and their probes' pauses stamped (claim_sql.START).
 _START = (f"SELECT {dbrows.JOB_COLS} FROM queickd_start(%s, %s, %s::bigint[], %s::int[], %s::text[], %s::text[],"
           " %s::bigint[])")
 
 
-# A pool's pass in the steady state: the finish of successes and the fast path's claim in
-# one statement (pass_sql.py, 16), which returns the row of NULLs when the selection must
-# claim (and then does nothing).
-# In PostgreSQL's own $n markers, sent by a cursor kept for it: a worker of one slot sends
-# it once per job, and a new cursor would look up its columns' loaders and its arrays'
-# dumpers again each time.
+# A pool's pass in the steady state (pass_sql.py). In PostgreSQL's own $n markers, sent by a
+# cursor kept for it: a worker of one slot sends it once per job, and a new cursor would look
+# up its columns' loaders and its arrays' dumpers again each time.
 _PASS = f"SELECT {dbrows.JOB_COLS} FROM queickd_pass($1, $2, $3, $4, $5, $6, $7, $8, $9)"
 # After the selection claimed, passes go the general way this long (seconds): asking
 # queickd_pass first would be a round trip more on every pass while groups or budgets are
@@ -126,13 +113,10 @@ def jobs_of(rows: list[tuple]) -> list[Job]:
 
 
 def claim_in(c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits) -> list[tuple]:
-    """One claim in the caller's transaction. Its first call, the fast path
-    (queickd_claim), takes the budget lock shared and claims, unless a grouped job
-    waits or a pool served has a budget: then it answers with a row of NULLs and the
-    selection claims, from what the view (queickd_claim_view) reads first. The view
-    may find the selection needless by then (the grouped jobs were taken meanwhile):
-    the fast path claims after all, under the lock the view holds. A claim that sets
-    jobs aside (`exclude`) is the selection's at once: the fast path knows no such jobs."""
+    """One claim in the caller's transaction: the fast path, unless it answers that the
+    selection must claim; then the view, which may find the selection needless by then (the
+    fast path claims after all, under the lock the view holds). A claim that sets jobs aside
+    (`exclude`) is the selection's at once: the fast path knows no such jobs."""
     force = bool(params["exclude"])
     if not force:
         rows = c.execute(_CLAIM, {**params, "lock": _BUDGET_LOCK}).fetchall()
@@ -148,14 +132,10 @@ def claim_in(c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits
 def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim.Limits,
                     view: list[tuple], page: int) -> list[tuple]:
     """The claim with groups or budgets: core/policy/claim.py's selection over the queued
-    jobs read page by page in queue order (bounded look-ahead), in the caller's
-    transaction, under one transaction lock taken before what runs is read (so what
-    runs against a budget is read after every earlier such claim has committed). Group
-    limits: the slot each job takes, under jobs_group_slot (a race is a unique violation).
-    The budgets are the table's, read in the view (only `limits.patience` is the caller's)."""
-    # The view, read after the lock these claims share: what runs, the pauses (with
-    # whether this claim holds a due probe's lock), the budgets in force and the first
-    # page of candidates. One round trip, plans cached.
+    jobs read page by page in queue order, under the lock the view took before it read
+    what runs (so what runs against a budget is read after every earlier such claim has
+    committed). A group's limit: the slot each job takes, under jobs_group_slot (a race
+    is a unique violation). The budgets are the view's (only `limits.patience` is the caller's)."""
     running = [(r[2], r[7], r[10], r[8], r[4], r[9]) for r in view if r[0] == "running"]  # RUNNING_COLS
     pauses = [(r[0], r[2]) for r in view if r[0] in _PAUSE_KINDS]
     probes = [(r[0], r[2]) for r in view if r[0] in _PAUSE_KINDS and r[11]]
@@ -165,9 +145,7 @@ def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim
     first = [(*r[1:10], r[12]) for r in view if r[0] == "queued"]  # claim.ROW_COLS
     served = None if params["pools"] is None else frozenset(params["pools"])
     held = claim.Running.of_jobs(running, pauses, probes)
-    # The rate keys' windows, read by the view after its lock, which every claim that may
-    # start a rate-limited job takes (the fast path leaves them alone): one such claim at
-    # a time, across hosts.
+    # The rate keys' windows, read by the view under the claim lock.
     held.rates = sqlrates.Reader(c, sqlrates.windows_of([(r[2], r[8], r[9], r[6], r[10])
                                                          for r in view if r[0] == "rate"]))
     pick = claim.Selection(claim.Request(params["limit"], params["net"], served, limits, params["now"],
@@ -178,14 +156,10 @@ def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim
     full, out_pools = pick.out_groups, pick.out_pools
     if served is not None and served <= out_pools:
         return []  # the budget of every pool served is used up: nothing may start
-    # The first page came unfiltered, with what runs; the next ones leave out the jobs
-    # the selection leaves out (claim.Selection.left_out: of groups full before this
-    # claim or whose budget is used up; they hold nothing but a key), read by group
-    # (claim_sql.py, 11) so that such a group's backlog is not walked, and those of the
-    # pools served whose budget is used up but for their keyed jobs (every pool served:
-    # their jobs come back and are passed over uncounted). They start again from the
-    # head of the queue, and the rows the first page offered are dropped (the first
-    # page is the head of the queue: those are the first of the filtered rows).
+    # The first page came unfiltered; the next ones leave out the jobs the selection leaves
+    # out (claim.Selection.left_out: of full groups, whose backlog is not walked, and of the
+    # pools served whose budget is used up, but for their keyed jobs). They start again
+    # from the head of the queue, without the rows the first page offered.
     pools = params["pools"] if served is None or not out_pools else sorted(served - out_pools)
     pick.offer_all(map(claim.Row._make, first))
     # The rate keys whose window is full (a job of theirs was refused) are read no further.
@@ -208,17 +182,20 @@ def _claim_selected(c: psycopg.Connection, params: dict[str, Any], limits: claim
         rates_full = set(pick.rates.refused)
     if not pick.chosen:
         return sqlrates.claimed((), pick.rates)
-    # A row another claim took meanwhile is no longer queued: it is left out here. The
-    # starts logged for the rate keys go in the same round trip (a pipeline).
-    stamps = pick.probes
-    start = (params["now"], params["worker"], pick.chosen, [pick.slot(i) for i in pick.chosen],
-             [t[0] for t, _ in stamps], [t[1] for t, _ in stamps], [j for _, j in stamps])
+    # The starts logged for the rate keys go in the same round trip (a pipeline).
     if not pick.rates.added:
-        return sqlrates.claimed(c.execute(_START, start).fetchall(), pick.rates)
+        return sqlrates.claimed(c.execute(_START, _start(params, pick)).fetchall(), pick.rates)
     with c.pipeline():
         sqlrates.write(c, pick.rates)
-        cur = c.execute(_START, start)
+        cur = c.execute(_START, _start(params, pick))
     return sqlrates.claimed(cur.fetchall(), pick.rates)
+
+
+def _start(params: dict[str, Any], pick: claim.Selection) -> tuple:
+    """queickd_start's arguments for the jobs `pick` chose."""
+    stamps = pick.probes
+    return (params["now"], params["worker"], pick.chosen, [pick.slot(i) for i in pick.chosen],
+            [t[0] for t, _ in stamps], [t[1] for t, _ in stamps], [j for _, j in stamps])
 
 
 # A pool's queued jobs without a fair key, keys' heads only, in queue order, a page after an
@@ -258,9 +235,7 @@ def _claim_fair(c: psycopg.Connection, params: dict[str, Any], limits: claim.Lim
                 page: int) -> list[tuple]:
     """The claim in the order of fair shares (core/policy/fair.py, read by store/sql/fair.py),
     under the selection's lock, so the standings it writes are every such claim's."""
-    # Its reads walk their indexes in order and stop at the page, as the claim's functions do
-    # (claim_sql.PLANNED): with statistics taken while fair_keys was small, the planner would
-    # sort every key waiting on each claim.
+    # Its reads walk their indexes, as the claim's functions do (claim_sql.PLANNED).
     c.execute(_WALK_INDEXES)
     pools = params["pools"]
     if pools is None:  # every pool with a job queued
@@ -275,11 +250,7 @@ def _claim_fair(c: psycopg.Connection, params: dict[str, Any], limits: claim.Lim
         return sqlrates.claimed((), pick.rates)
     sqlrates.write(c, pick.rates)
     sqlfair.write(c, shares)
-    stamps = pick.probes
-    return sqlrates.claimed(c.execute(_START, (params["now"], params["worker"], pick.chosen,
-                                              [pick.slot(i) for i in pick.chosen], [t[0] for t, _ in stamps],
-                                              [t[1] for t, _ in stamps], [j for _, j in stamps])).fetchall(),
-                            pick.rates)
+    return sqlrates.claimed(c.execute(_START, _start(params, pick)).fetchall(), pick.rates)
 
 
 # --- the budgets in force ---------------------------------------------------------------

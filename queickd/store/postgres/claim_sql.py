@@ -14,7 +14,7 @@ CLAIM_LOCK = 0x71756963_6B640003
 MARK_RUNNING = "UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = p_now, worker_id = p_worker"
 
 # A queued job the fast path may take, but for its function's and key's pauses and its key:
-# no group, no rate limit and no fair key (the selection's), of a pool served and not paused, its network up if it needs one.
+# no group, rate limit or fair key (the selection's), of a pool served and not paused.
 _FAST_PATH_JOB = """        WHERE q.state = 'queued'
           AND q.concurrency_group IS NULL
           AND q.rate_limit IS NULL
@@ -88,15 +88,13 @@ RATE_ROOM = ("NOT EXISTS (SELECT 1 FROM rate_keys r WHERE r.key = {key} AND (r.b
              " OR (r.kept >= r.lim AND " + _LIM_TH_NEWEST.replace("{key}", "r.key") + " + r.per > p_now)))")
 # A job of key k waits in a pool served (jobs_queued_rated; a lateral look, LIMIT 1: as an
 # EXISTS, the planner hashed every queued rate-limited job's key instead). The keys asked
-# about are found by their room (lim - kept, rate_keys_room) or their block
-# (rate_keys_blocked): those near or at their limit, not every key.
+# about are found by rate_keys_room or rate_keys_blocked: not every key.
 _KEY_WAITS = f"""CROSS JOIN LATERAL (
             SELECT 1 FROM jobs q WHERE q.state = 'queued' AND q.rate_limit IS NOT NULL
             AND {RATE_KEY} = k.key AND (p_pools IS NULL OR q.pool = ANY(p_pools)) LIMIT 1) x"""
 # A key that admits nothing by its count (blocked, or keeping its limit's worth of starts)
-# has a job waiting: the fast path then walks only the jobs without a rate limit (a full
-# key's backlog would be walked job by job in queue order), and the rate-limited jobs of
-# keys with room are the selection's.
+# has a job waiting: the fast path then walks only the jobs without a rate limit (not a full
+# key's backlog), and those of keys with room are the selection's.
 FULL_RATE_KEY_WAITS = f"""(EXISTS (SELECT 1 FROM rate_keys k {_KEY_WAITS} WHERE k.lim - k.kept <= 0)
         OR EXISTS (SELECT 1 FROM rate_keys k {_KEY_WAITS} WHERE k.blocked_until > p_now))"""
 # A rate-limited job waits in a pool served whose key's window has room (found by a skip
@@ -106,10 +104,8 @@ _ROOMY_RATE_KEY_WAITS = f"""EXISTS (
         SELECT 1 FROM k {_KEY_WAITS}
         WHERE k.key IS NOT NULL AND {RATE_ROOM.format(key="k.key")})"""
 # "Must the selection claim?", of rate limits: a key this claim could fill ({room} more
-# starts reach its limit, its latest job's) has room now and a job waiting; or, while a
-# full key's backlog waits (the fast path takes no rate-limited job then), any key with
-# room has one. A key far from its limit is otherwise the fast path's; a full key's
-# backlog leaves the claim on the fast path, which takes none of it.
+# starts reach its limit) has room now and a job waiting; or, while a full key's backlog
+# waits (the fast path takes no rate-limited job then), any key with room has one.
 NEAR_RATE_KEY_OPEN = f"""EXISTS (SELECT 1 FROM rate_keys k {_KEY_WAITS}
             WHERE k.lim - k.kept < {{room}} AND {RATE_ROOM.format(key="k.key")})"""
 ROOMY_BEHIND_FULL = f"({FULL_RATE_KEY_WAITS} AND {_ROOMY_RATE_KEY_WAITS})"
@@ -117,14 +113,12 @@ OPEN_RATE_WAITS = f"""({NEAR_RATE_KEY_OPEN}
         OR {ROOMY_BEHIND_FULL})"""
 
 # While rate-limited jobs wait, the fast path also takes those whose key has room by its
-# count (it keeps fewer starts than its limit: core/policy/rates.py admits by the count
-# alone) and is not blocked, at most as many of a key as its room (by each job's own
-# limit), in queue order, in rounds while a round left jobs past a key's room.
-# Such a claim takes the selection's claim lock first (claims of a fleet that may start
-# rate-limited jobs take turns), then reads each key's room, and logs its starts as the
-# selection logs them (store/sql/rates.py; every change of a key's count is relative, so
-# the retention's prune composes with it). A key this claim could fill is the selection's
-# (OPEN_RATE_WAITS).
+# count (core/policy/rates.py admits by the count alone) and is not blocked, at most a
+# key's room of them (by each job's own limit), in queue order, in rounds while a round left
+# jobs past a key's room. It takes the claim lock first (claims that may start rate-limited
+# jobs take turns), then reads each key's room, and logs its starts as the selection does
+# (store/sql/rates.py: every change of a key's count is relative, so retention's prune
+# composes with it).
 _HAS_ROOM = """(q.rate_limit IS NULL OR NOT EXISTS (
               SELECT 1 FROM rate_keys r WHERE r.key = rl.j ->> 'key' AND (r.blocked_until > p_now OR r.kept >= r.lim)))"""
 FAST_CLAIM_VARS = """        f_ids bigint[];     -- the fast path's jobs of a round, with rate-limited ones, in queue order
@@ -240,10 +234,9 @@ PLANNED = ("SET enable_sort = off SET enable_bitmapscan = off SET enable_seqscan
 
 # --- the functions --------------------------------------------------------------------------
 # queickd_claim, the fast path: given the budget lock, it takes it shared and asks whether
-# the selection must claim; if so it claims nothing and returns one row of NULLs (the
-# store then calls the view). NULL: the view has just answered no, under the lock it holds
-# to the transaction's end. Then due probes, after the other jobs, when room is left: the
-# due pauses are locked (SKIP LOCKED: another host's claim is taking that probe) and each
+# the selection must claim; if so it claims nothing and returns one row of NULLs. NULL: the
+# view has just answered no, under the lock it holds. Then due probes, when room is left:
+# the due pauses are locked (SKIP LOCKED: another host's claim is taking that probe) and each
 # is stamped with its probe's id in the same transaction, so two hosts never both probe.
 CLAIM = f"""
     CREATE OR REPLACE FUNCTION queickd_claim(p_budget_lock bigint, p_now double precision, p_worker bigint,
@@ -301,10 +294,8 @@ CLAIM = f"""
     $$;
 """
 
-# queickd_candidates: the selection's first page, queued jobs in queue order along
-# jobs_queued, leaving out other pools' jobs without a key and the jobs of the groups in
-# p_full. Its settings beyond these (no JIT, one plan per session) are migrations 9's and
-# 12's ALTERs.
+# queickd_candidates, the selection's first page as migration 4 made it (the view reads
+# queickd_candidates_after now); its settings beyond these are migrations 9's and 12's ALTERs.
 CANDIDATES = """
     CREATE OR REPLACE FUNCTION queickd_candidates(p_pools text[], p_full text[], p_limit integer,
                                                   p_offset integer)
@@ -324,12 +315,11 @@ CANDIDATES = """
 """
 
 # queickd_claim_view, the selection's first call: it takes the budget lock shared and asks
-# whether the selection claims (or is asked to by p_force: the claim sets jobs aside); if
-# not it returns no rows. Else, under the lock the selection's claims take turns under, it
-# returns the row 'selection', what runs, the pauses (with whether this claim may take
-# each one's probe: the due pauses locked as queickd_claim locks them), the rate keys'
-# windows (core/policy/rates.py), the budgets and the first page of candidates, each by a statement of its own (VOLATILE: a snapshot each,
-# after the lock), so what runs is what every earlier such claim committed.
+# whether the selection claims (or is asked to by p_force); if not it returns no rows. Else,
+# under the claim lock, it returns the row 'selection', what runs, the pauses (with whether
+# this claim may take each one's probe), the rate keys' windows, the budgets and the first
+# page of candidates, each by a statement of its own (VOLATILE: a snapshot each, after the
+# lock), so what runs is what every earlier such claim committed.
 VIEW = f"""
     CREATE OR REPLACE FUNCTION queickd_claim_view(p_lock bigint, p_budget_lock bigint, p_pools text[],
                                                   p_page integer, p_now double precision, p_force boolean)
@@ -381,11 +371,10 @@ VIEW = f"""
     $$;
 """
 
-# queickd_start, the selection's start: its jobs marked running (a row another claim took
-# meanwhile is no longer queued, and a keyed job is started only as its key's head: the
-# pages leave out full groups' jobs, a head among them included) and the pauses it let
-# probes through stamped. Only the primary key is left to the plan (hash and merge joins
-# off, the state tested in a form no index matches): one lookup per id, planned once.
+# queickd_start, the selection's start: its jobs marked running (a keyed job only as its
+# key's head: the pages leave out full groups' jobs, a head among them included) and the
+# pauses it let probes through stamped. Only the primary key is left to the plan (hash and
+# merge joins off, the state tested in a form no index matches): one lookup per id.
 START = f"""
     CREATE OR REPLACE FUNCTION queickd_start(p_now double precision, p_worker bigint, p_ids bigint[],
                                              p_slots integer[], p_kinds text[], p_names text[],

@@ -16,22 +16,14 @@ from .claim_sql import (
 )
 
 # queickd_pass: the pass of a pool whose finished jobs all succeeded outside any workflow,
-# then its next claim on the fast path, as one statement in a transaction of its own (a
-# worker of one slot passes once per job, and each round trip costs more than the
-# statement). The finish is finish_if_running's for successes, restated (store.py; the
-# store contract test test_a_pass_in_one_statement_stores_what_the_finish_and_the_claim_store
-# holds the two together): the jobs still running for this worker marked succeeded, their
-# keys' and functions' failure streaks reset, a pause whose probe this was lifted (and the
-# pools woken), and the finish told: on the wake-up channel if it freed a key, a group's
-# slot or a budgeted pool's units, else on the finished channel only when a client waits
-# on one of its jobs (the daemon serving that `wait` marks the job `waited` first, and the
-# mark and the finish update the same row, so one of them sees the other's commit). Like
-# the fast path, it asks first whether the selection must claim: if so it does nothing,
-# returns the row of NULLs (its state 'queued' when a rate key near its limit whose window
-# opened asks for it: the selection fills it, and the next pass is this one's again), and
-# the pass goes the general way. A probe due with room left goes to queickd_claim, for the
-# room left. The finish finds its rows by id (= ANY, the
-# primary key), and the streaks and pauses are deleted only when their tables hold a row.
+# then its next claim on the fast path, as one statement (a worker of one slot passes once
+# per job, and each round trip costs more than the statement). The finish is
+# finish_if_running's for successes, restated (the store contract holds the two together),
+# told on the wake-up channel if it freed a key, a group's slot or a budgeted pool's units,
+# else on the finished channel only when a client waits on one of its jobs. When the
+# selection must claim it does nothing and returns the row of NULLs, its state 'queued' when
+# a rate key near its limit whose window opened asks for it (the next pass is this one's
+# again). A probe due with room left goes to queickd_claim.
 PASS = f"""
     CREATE OR REPLACE FUNCTION queickd_pass(p_budget_lock bigint, p_now double precision, p_worker bigint,
                                             p_pools text[], p_net boolean, p_limit integer,
