@@ -4,11 +4,21 @@ recovery did, and the errors a store raises for a caller's reasons."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from ..core.job import NewJob, Submitted
 from ..core.policy.admission import Refusal
+
+
+class _Record:
+    """A record whose dict form is its fields, in order."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +49,7 @@ class CronRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class Pause:
+class Pause(_Record):
     """A key or function that stopped being started after repeated failures (or by hand)."""
 
     kind: str  # "key" or "func"
@@ -50,11 +60,6 @@ class Pause:
     probe_at: float | None = None  # when one job is let through to test it; None: until resumed
     trips: int = 0  # times the breaker paused it (0: paused by hand)
     probe_job: int | None = None  # the job last let through as its probe
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "paused_at": self.paused_at,
-                "failures": self.failures, "last_error": self.last_error, "probe_at": self.probe_at,
-                "trips": self.trips, "probe_job": self.probe_job}
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +112,7 @@ class EventState:
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
+class Event(_Record):
     """An event as stored in the outbox; state is one of EventState."""
 
     event_id: str
@@ -119,12 +124,6 @@ class Event:
     next_attempt_at: float | None
     job_id: int | None
     last_error: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"event_id": self.event_id, "state": self.state, "func": self.func, "key": self.key,
-                "created_at": self.created_at, "attempts": self.attempts,
-                "next_attempt_at": self.next_attempt_at, "job_id": self.job_id,
-                "last_error": self.last_error}
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +184,7 @@ class Claimed(list):  # type: ignore[type-arg]
 
 
 @dataclass(frozen=True, slots=True)
-class RateKey:
+class RateKey(_Record):
     """A rate key as operators see it: its limit and window, the starts within the window
     that ends now, when its next job may start and until when it is blocked (None: not)."""
 
@@ -196,13 +195,9 @@ class RateKey:
     next_start: float
     blocked_until: float | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "limit": self.limit, "per": self.per, "used": self.used,
-                "next_start": self.next_start, "blocked_until": self.blocked_until}
-
 
 @dataclass(frozen=True, slots=True)
-class FairKey:
+class FairKey(_Record):
     """A fair key of a pool (core/policy/fair.py) as operators see it: its jobs queued, its
     standing (1 / weight more per job started) and its last start (0: none yet)."""
 
@@ -211,7 +206,3 @@ class FairKey:
     waiting: int
     vtime: float
     last_start: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"pool": self.pool, "key": self.key, "waiting": self.waiting, "vtime": self.vtime,
-                "last_start": self.last_start}

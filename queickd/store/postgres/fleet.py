@@ -1,10 +1,6 @@
-"""The PostgreSQL store's records of the fleet: schema migration and versions, and the
-worker registry (who serves which pools, and who still beats), each in the transaction
-or on the connection the store hands it.
-
-Kept apart because none of it is the Store contract: it is what daemons and external
-workers on one database need to know about each other (contract.fleet.FleetStore). Times of
-beats are the database's clock, so hosts whose clocks disagree still agree on who is alive.
+"""The PostgreSQL store's records of the fleet (contract.fleet.FleetStore): schema migration
+and versions, and the worker registry (who serves which pools, and who still beats). Times
+of beats are the database's clock, so hosts whose clocks disagree agree on who is alive.
 """
 
 from __future__ import annotations
@@ -46,11 +42,7 @@ def migrate(c: psycopg.Connection, schema: str) -> int:
     queickd."""
     c.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK,))
     legacy = namespace.enter(c, schema)  # objects not yet in the schema: their place
-    meta = c.execute("SELECT to_regclass('queickd_meta')").fetchone()[0]
-    current, version = 0, None
-    if meta is not None:
-        rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
-        current, version = int(rows.get("schema_version", 0)), rows.get("queickd_version")
+    version, current = versions(c)
     if current > SCHEMA_VERSION or (version and parse_version(version) > parse_version(__version__)):
         raise VersionMismatchError(
             f"the database was migrated by queickd {version} (schema {current}); this is "
@@ -70,6 +62,10 @@ def versions(c: Any) -> tuple[str | None, int]:
     the database was never migrated."""
     if c.execute("SELECT to_regclass('queickd_meta')").fetchone()[0] is None:
         return None, 0
+    return _recorded(c)
+
+
+def _recorded(c: Any) -> tuple[str | None, int]:
     rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
     return rows.get("queickd_version"), int(rows.get("schema_version", 0))
 
@@ -111,20 +107,19 @@ def beat(c: psycopg.Connection, worker_id: int | None,
     """Heartbeat: our record was still there, and the database's queickd and schema
     versions. A record that is gone (swept as dead after a long stall) is recreated by
     the caller; the jobs it held were re-queued and are no longer ours. With `sweep`, the
-    orphan sweep rides in the same transaction, under a savepoint: a sweep that fails
-    leaves the beat written. One transaction every beat instead of two: an idle fleet's
-    load on the database."""
+    orphan sweep rides in the same transaction (one a beat: an idle fleet's load), under
+    a savepoint: a sweep that fails leaves the beat written."""
     recovered = None
     found = c.execute(f"UPDATE workers SET beat_at = {DB_NOW} WHERE id = %s RETURNING id",
                       (worker_id,)).fetchone() is not None
-    rows = dict(c.execute("SELECT key, value FROM queickd_meta").fetchall())
+    version, schema = _recorded(c)
     if sweep is not None:
         try:
             with c.transaction():
                 recovered = sweep(c)
         except Exception:
             log.exception("orphan sweep failed; the beat stands, the next beat sweeps again")
-    return Beat(found, rows.get("queickd_version"), int(rows.get("schema_version", 0)), recovered)
+    return Beat(found, version, schema, recovered)
 
 
 def deregister(c: psycopg.Connection, worker_id: int) -> int:
