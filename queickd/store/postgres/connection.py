@@ -28,12 +28,11 @@ except ImportError as e:  # pragma: no cover - depends on the installed extras
 
 from ..sql.transaction import SqlTransaction
 
-# Every connection's TCP settings (libpq's; ignored on a Unix socket). Keepalives find a
-# connection the network dropped silently (a router rebooted, the server's host lost) while
-# it idles; tcp_user_timeout ends one whose sent bytes go unacknowledged that long (a
-# statement or COMMIT sent into a dead link). Without them a statement waits on the kernel's
-# retransmissions, some 15 minutes, holding the lock every other thread's writes wait for.
-# Neither ends a long statement the server is still running: its kernel acknowledges both.
+# Every connection's TCP settings (libpq's; ignored on a Unix socket): keepalives find an idle
+# connection the network dropped silently, tcp_user_timeout one whose sent bytes go
+# unacknowledged (a statement sent into a dead link would otherwise wait some 15 minutes on
+# the kernel's retransmissions, holding the lock every other thread's writes wait for).
+# Neither ends a long statement the server is still running.
 TCP_SETTINGS: dict[str, int] = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
                                 "keepalives_count": 3, "tcp_user_timeout": 60_000}
 
@@ -159,12 +158,9 @@ class PgConnections:
     @contextlib.contextmanager
     def _write(self, bookkeeping: bool = False) -> Iterator[psycopg.Connection]:
         """One transaction, on the shared connection or (`bookkeeping`) on the bookkeeping
-        one. The pool's claims and outcomes run on a connection of their own, in one
-        transaction per pass, as the contract says (the finish and the claim of a pass
-        stand or fall together). Its session has synchronous_commit off: a server crash
-        may undo the last of these commits, and the only effect is that a job runs again
-        (at-least-once); acked submits, on the other connections, always wait for the
-        WAL flush."""
+        one, whose session has synchronous_commit off: a server crash may undo the last of
+        its commits (a pass's), and the only effect is that a job runs again (at-least-once);
+        acked submits, on the other connections, always wait for the WAL flush."""
         if bookkeeping:
             with self._bk_lock:
                 c = self._bookkeeping_conn()
@@ -196,8 +192,6 @@ class PgConnections:
                 with contextlib.suppress(Exception):
                     c.close()
             self._all.clear()
-
-
 
 
 class _Reads:

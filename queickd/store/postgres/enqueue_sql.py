@@ -1,33 +1,22 @@
-"""The SQL functions of a direct enqueue in the queue's schema: `enqueue_many(jobs)` and
-`enqueue(func, args, options)`, jobs inserted by the caller's own transaction (an
-application's connection, psql, a trigger), visible to workers when, and only when, that
-transaction commits; the wake-ups are NOTIFYs, sent at that commit too, one per pool. They
-are the one place these rules are written for a direct enqueue: queickd.pg calls
-enqueue_many, and enqueue is a batch of one. A plain job (func, args and kwargs alone) that
-queickd.pg enqueues alone is one statement, plain_insert, built from the same fragments for
-the one rule that applies to it, the overall cap. Nothing here imports psycopg.
+"""The SQL functions of a direct enqueue in the queue's schema, `enqueue_many(jobs)` and
+`enqueue(func, args, options)` (a batch of one): jobs inserted by the caller's own
+transaction, visible to workers, and their pools woken (NOTIFY), when it commits. queickd.pg
+calls enqueue_many; a plain job (func, args and kwargs alone) it enqueues alone is one
+statement, plain_insert, built from the same fragments for the one rule that applies to it,
+the overall cap. Nothing here imports psycopg.
 
 A batch is admitted as the daemon admits one `enqueue_many` request (core/policy/
-admission.py), all or nothing, reading what the caller's transaction sees: a live
-idempotency key answers with its job's id (an expired one is released), and so does a key
-repeated in the batch, with the id its first job got; a manual job refuses a key that has a
-job waiting or running, or that an earlier job of the batch takes (`conflict`), and lifts
-the pauses of its key and function; the per-key and overall caps, counting the batch's new
-jobs together, refuse `queue_full`. The first refusal in the policy's order fails the whole
-call, and nothing of the batch is inserted. The checks, the admission's reads and the
-insert are each one statement over the whole batch (enqueue_checks_sql.py).
+admission.py), all or nothing, reading what the caller's transaction sees; the checks, the
+admission's reads and the insert are each one statement over the whole batch
+(enqueue_checks_sql.py). The limits are the ones the daemons published (queickd_meta
+`admission`). The overall cap's count is read only once the table's estimated rows and the
+batch reach half the cap: far below it a count per call would read every waiting job. No
+advisory lock: one held to the application's commit would hold up every daemon's submit, so
+two open transactions can each take a key's last place under its cap.
 
-The limits are the ones the daemons published (queickd_meta `admission`, written by each
-daemon as it starts); none before any daemon has. The overall cap's count is read only once
-the table's estimated rows and the batch reach half the cap: far below it a count per call
-would cost a read of every waiting job. No advisory lock: one held to the application's
-commit would hold up every daemon's submit. Two transactions that are both open can each
-take a key's last place under its cap.
-
-Refusals are errors of a stable SQLSTATE (ERRORS, below), their message starting with the
-wire protocol's code (a bad job of a batch of several is named `jobs[i]`); a conflict's
-DETAIL is the id of the job it is with, a queue_full's HINT the seconds to wait before
-trying again.
+Refusals are errors of a stable SQLSTATE (ERRORS), their message starting with the wire
+protocol's code; a conflict's DETAIL is the id of the job it is with, a queue_full's HINT
+the seconds to wait before trying again.
 """
 
 from __future__ import annotations
@@ -262,16 +251,13 @@ ENQUEUE = f"""
 
 
 def plain_insert(schema: str) -> str:
-    """The statement queickd.pg runs for a plain job, one of func, args and kwargs alone and
-    checked by the wire protocol's parse_job: the one rule admission applies to it, the
-    overall cap, and the insert and its pool's wake-up, in one statement, not a function's
-    several (each of which costs the server its setup). Parameters (%s, in order): the func
-    as the daemon stores it, the args and kwargs as JSON text or NULL (taken as jsonb, as enqueue_many
-    takes them). The other columns are at their defaults, the plain job's values
-    (rows.PLAIN_COLS). Returns no row, and inserts nothing, if the cap refuses the job:
-    enqueue_many, run next, refuses it with its error (or takes it, if the queue had room
-    again meanwhile). `schema`: the quoted name the tables are qualified by (the caller's search_path
-    need not name it)."""
+    """The statement queickd.pg runs for a plain job (func, args and kwargs alone, checked by
+    the wire protocol's parse_job): the overall cap, the insert and its pool's wake-up in one
+    statement, not a function's several. Parameters: the func as the daemon stores it, the
+    args and kwargs as JSON text or NULL; the other columns are at their defaults
+    (rows.PLAIN_COLS). No row, and nothing inserted, if the cap refuses the job: enqueue_many,
+    run next, says why (or takes it, if the queue had room again meanwhile). `schema`: the
+    quoted name the tables are qualified by."""
     q = schema + "."
     return (f"INSERT INTO {q}jobs (state, func, args, kwargs, run_at, created_at, origin)"
             f" SELECT '{State.QUEUED}', %s, %s::jsonb::text, %s::jsonb::text, now_, now_, '{DIRECT}'"

@@ -1,17 +1,11 @@
 """The schema the queue's objects live in, apart from an application's own tables in the
-same database: `queickd` unless the store URL says `?schema=NAME` (or, for a URL made
-before there was a schema of its own, its `options` give a search_path: that schema).
-
-Every connection the store opens names it in its startup options (`-c search_path=NAME`),
-so the store's SQL stays unqualified and prepared statements need nothing more. The
-functions installed in the schema carry their own search_path (pin_functions): they work
-whatever the caller's is, an application's connection or a trigger.
-
-Imports no psycopg (schema.py, which the CLI imports, uses it); `c` is a psycopg connection.
+same database: `queickd` unless the store URL says `?schema=NAME` (or its `options` give a
+search_path: that schema). Every connection the store opens names it in its startup options,
+so the store's SQL stays unqualified; the functions in the schema carry their own
+search_path (PIN_FUNCTIONS), whatever their caller's is. Imports no psycopg.
 
 A database migrated before the schema existed keeps its objects where the default
-search_path put them (the role's own schema, or public); the migration that moves them
-(MOVE) runs the versions before it there, then moves every queickd object into the schema.
+search_path put them (the role's own schema, or public) until the migration MOVE moves them.
 """
 
 from __future__ import annotations
@@ -27,7 +21,6 @@ _SEARCH_PATH = re.compile(r"-c\s*search_path\s*=\s*(\S+)")
 
 # The schema a database migrated before MOVE keeps its objects in: the one of the default
 # search_path ("$user", public) that holds queickd_meta, if it is not the schema itself.
-# The move migration and migrate() ask the same question.
 _LEGACY = """
     SELECT n.nspname FROM pg_namespace n
     WHERE n.nspname IN (session_user, 'public') AND n.nspname <> current_schema()

@@ -1,18 +1,10 @@
-"""The PostgreSQL schema, as numbered migrations, and the version checks built on it.
+"""The PostgreSQL schema, as numbered migrations, and the version checks built on it
+(fleet.migrate applies them; a worker never migrates, it refuses to claim on any
+difference of versions). Nothing here imports psycopg.
 
-`migrate()` is idempotent: it takes an advisory lock (so daemons starting together do not
-race), applies the migrations the database has not seen, and records the schema version
-and the queickd version that migrated it in `queickd_meta`. A worker never migrates: it
-compares both versions with its own and refuses to claim on any difference.
-
-Settings of the hot table `jobs`, why:
-- fillfactor 70: a job row is updated several times (queued -> running -> succeeded);
-  free room on its page lets PostgreSQL keep each update on the page (a HOT update) when
-  no indexed column changes, so most updates write no index entries.
-- autovacuum at 2 % dead rows (the default is 20 %), with no cost delay: the queue turns
-  over all day and dead tuples in the claim index slow every claim; small, frequent
-  vacuums keep it short.
-Nothing here imports psycopg; fleet.py runs these statements.
+Settings of the hot table `jobs`: fillfactor 70, so a job's updates (queued -> running ->
+succeeded) stay on its page (HOT updates, no index entries written); autovacuum at 2 % dead
+rows with no cost delay, as dead tuples in the claim's indexes slow every claim.
 """
 
 from __future__ import annotations
@@ -28,11 +20,9 @@ MIGRATE_LOCK = 0x71756963_6B640001  # pg_advisory lock id: "quickd" + 1, held wh
 
 # Each entry brings the schema from version i to i + 1. Never change what one that has
 # shipped leaves in the database: add the next. The SQL functions are the exception, each
-# written once (claim_sql.py, pass_sql.py) and created from there by every migration that
-# changed it; one that created a version under another signature, which a later one drops,
-# creates nothing. Every pending migration runs in the one transaction of migrate(), which
-# records the version at its end: nobody claims between two of them, and no migration
-# calls a function, so only the last definition of each counts, for a database of any
+# written once (claim_sql.py, pass_sql.py, enqueue_sql.py) and created from there by every
+# migration that changed it. Every pending migration runs in migrate()'s one transaction and
+# none calls a function, so only the last definition of each counts, for a database of any
 # version as for a fresh one (tests/test_store_postgres_migrations.py).
 MIGRATIONS: list[str] = [*history.BEFORE_NAMESPACE]  # 1 to 28
 # 29: the queue's objects in a schema of their own (namespace.py): moved there from where
