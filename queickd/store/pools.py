@@ -8,19 +8,19 @@ from typing import Any
 
 from .sqlstates import WAITING_IN
 
-KINDS = ("job", "key", "cron")
+_COLUMNS = {"job": "id", "key": "key", "cron": "cron"}  # the jobs column each kind names
 _WAITING = f"state IN {WAITING_IN}"
 
 
 def set_pool_sql(execute: Callable[..., Any], kind: str, name: str, pool: str, mark: str) -> int:
     """Run the UPDATEs of set_pool with `execute(sql, params)` inside the caller's
     transaction (`mark`: the driver's parameter marker). Returns jobs and crons moved."""
-    if kind == "job":
-        return execute(f"UPDATE jobs SET pool = {mark} WHERE id = {mark} AND {_WAITING}", (pool, int(name))).rowcount
-    if kind == "key":
-        return execute(f"UPDATE jobs SET pool = {mark} WHERE key = {mark} AND {_WAITING}", (pool, name)).rowcount
+    column = _COLUMNS.get(kind)
+    if column is None:
+        raise ValueError(f"kind must be one of {', '.join(_COLUMNS)}, not {kind!r}")
+    n = execute(f"UPDATE jobs SET pool = {mark} WHERE {column} = {mark} AND {_WAITING}",
+                (pool, int(name) if kind == "job" else name)).rowcount
     if kind == "cron":
-        n = execute(f"UPDATE jobs SET pool = {mark} WHERE cron = {mark} AND {_WAITING}", (pool, name)).rowcount
         row = execute(f"SELECT template FROM crons WHERE name = {mark}", (name,)).fetchone()
         if row is not None:
             template = json.loads(row[0])
@@ -28,5 +28,4 @@ def set_pool_sql(execute: Callable[..., Any], kind: str, name: str, pool: str, m
             execute(f"UPDATE crons SET template = {mark} WHERE name = {mark}",
                     (json.dumps(template, separators=(",", ":"), ensure_ascii=False), name))
             n += 1
-        return n
-    raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    return n

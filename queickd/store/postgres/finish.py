@@ -32,13 +32,9 @@ def finish_in(c: psycopg.Connection, s: wfsql.Steps, worker_id: int | None, outc
                                  dbrows.dumps(o.error) if o.error else None,
                                  now if o.state in State.FINAL else None, o.output), strict=True):
             col.append(v)
-    # The finish notification rides in the same statement when its ids fit one payload.
-    # "fk": a key, a group's slot or a budgeted pool's units were freed, so workers look
-    # for the next job held back by it; "f" only tells waiting clients (sent only when
-    # one waits: watch_finish marked a job, or a workflow's run may end), on a channel that
-    # only daemons hear (a worker waking on every finish would be a claim query per
-    # worker per finish for nothing, and each delivery costs a backend and a thread).
-    # Finished jobs of workflow steps: their runs advance (locked, one after the other).
+    # The finish notification rides in the same statement when its ids fit one payload:
+    # "fk" when a key, a group's slot or a budgeted pool's units were freed (claimers look
+    # again), else "f" only when a client waits (channels.FINISHED_CHANNEL).
     steps = {o.job_id: o for o in outcomes
              if o.workflow_run is not None and o.state in (State.SUCCEEDED, State.DEAD)}
     inline = len(outcomes) <= NOTIFY_IDS
@@ -48,10 +44,9 @@ def finish_in(c: psycopg.Connection, s: wfsql.Steps, worker_id: int | None, outc
             " string_agg(id::text, ',') AS ids FROM done) AS d"
             " WHERE d.ids IS NOT NULL AND (d.frees OR d.wanted))"
             ) if inline else ""
-    # Successes are the steady state: their finish, notification and streak resets are
-    # one statement. A failure's streak counting follows it in the same transaction.
-    # Only our own claims: a job re-queued as an orphan and claimed by another
-    # worker meanwhile is that worker's to finish.
+    # The finish, its notification and the successes' streak resets in one statement; a
+    # failure's streak counting follows. Only our own claims: a job re-queued as an orphan
+    # and claimed by another worker meanwhile is that worker's to finish.
     rows = c.execute(
         "WITH done AS (UPDATE jobs j SET state = o.state, run_at = coalesce(o.run_at, j.run_at),"
         " result = o.result, error = o.error, finished_at = o.finished_at, worker_id = NULL,"
