@@ -29,9 +29,9 @@ from .fleet import notify
 
 CLAIM_RETRIES = 8
 # Held shared by every claim (from its first call to its commit), exclusively by a write of
-# the budgets: a budget comes into force after the claims that did not see it (migration 8, history.py).
+# the budgets: a budget comes into force after the claims that did not see it.
 _BUDGET_LOCK = 0x71756963_6B640004
-_PAUSE_KINDS = frozenset({"key", "func", "pool"})  # the view's rows of pauses (migration 8, history.py)
+_PAUSE_KINDS = frozenset({"key", "func", "pool"})  # the view's rows of pauses
 # The fast path (claim_sql.CLAIM): one row of NULLs when the selection must claim instead;
 # without the lock (NULL), the view has said no already.
 _CLAIM = (f"SELECT {dbrows.JOB_COLS} FROM queickd_claim(%(lock)s, %(now)s, %(worker)s, %(pools)s, %(net)s,"

@@ -1,9 +1,7 @@
 """PostgreSQL's migrations 1 to 28: the queue's schema before it had a namespace of its
 own (migration 29, in schema.py, moves these tables into it). What they leave in a database
-never changes (tests/data/pg-migrations-28.json holds them as they shipped, and a database
-at any of these versions must migrate to exactly what a fresh one is:
-tests/test_store_postgres_migrations.py); the SQL functions they create come from their one
-source (claim_sql.py, pass_sql.py), as schema.py explains. Nothing here imports psycopg."""
+never changes (tests/data/pg-migrations-28.json holds them as they shipped); the SQL
+functions they create come from their one source, as schema.py explains."""
 
 from __future__ import annotations
 
@@ -123,10 +121,7 @@ BEFORE_NAMESPACE: tuple[str, ...] = (
     # 4: resource control. A grouped job running holds a slot number of its group, from 1 to
     # its limit; the unique index makes two hosts taking the same slot a unique violation
     # (the loser's claim is undone and tried again), so a group's limit holds across hosts.
-    # Grouped jobs, and every job of a budgeted pool, are claimed by the store's selection
-    # (claim.py) under a lock per budget; queickd_claim, the fast path, leaves them out.
-    # The footprints: each function's expected peak memory (bytes) and runtime, for the
-    # memory-aware start.
+    # The footprints: each function's expected peak memory (bytes) and runtime.
     """
     ALTER TABLE jobs ADD COLUMN IF NOT EXISTS concurrency_group text;
     ALTER TABLE jobs ADD COLUMN IF NOT EXISTS concurrency_limit integer;
@@ -192,11 +187,8 @@ BEFORE_NAMESPACE: tuple[str, ...] = (
     """
     ALTER TABLE jobs ADD COLUMN IF NOT EXISTS output text;
     """,
-    # 8: the budgets in force, one set for every claimer whatever its own config: written
-    # at start by a daemon or worker started with [budgets] (claim.py adopt_budgets, under
-    # the budget lock taken exclusively), read by every claim (claim_sql.VIEW), which holds
-    # that lock shared to its transaction's end, so a budget comes into force only once the
-    # claims that read none have committed.
+    # 8: the budgets in force, one set for every claimer whatever its own config (claim.py
+    # adopt_budgets).
     """
     CREATE TABLE IF NOT EXISTS budgets (
         kind text NOT NULL CHECK (kind IN ('pool', 'group')),
@@ -207,8 +199,7 @@ BEFORE_NAMESPACE: tuple[str, ...] = (
     DROP FUNCTION IF EXISTS queickd_claim_view(bigint, text[], integer);
     """,
     # 9: no JIT in the claim functions: with seq scans off, a scan of a small table without
-    # an index on its filter (budgets, pauses) is priced over jit_above_cost, and was then
-    # JIT-compiled on every claim. The others are created with it off.
+    # an index on its filter (budgets, pauses) is priced over jit_above_cost.
     """
     ALTER FUNCTION queickd_candidates(text[], text[], integer, integer) SET jit = off;
     """,
@@ -274,11 +265,9 @@ BEFORE_NAMESPACE: tuple[str, ...] = (
     """
     CREATE INDEX IF NOT EXISTS events_delivered ON events (created_at) WHERE state = 'delivered';
     """,
-    # 24: no index over every state. jobs_state (state, id) took an entry for each version of
-    # every row: a job's insert, claim and finish wrote three, beside the partial indexes
-    # that hold queued and running jobs already. Now only the states a job rests in are
-    # indexed by state; the waiting states are read through their own partial indexes
-    # (sqlstates.WAITING_ANY), and a job's life writes less WAL.
+    # 24: no index over every state (jobs_state took an entry for each version of every row):
+    # only the states a job rests in are indexed by state; the waiting states are read
+    # through their own partial indexes (sqlstates.WAITING_ANY).
     """
     CREATE INDEX IF NOT EXISTS jobs_settled ON jobs (state, id)
         WHERE state IN ('succeeded', 'dead', 'cancelled', 'waiting_network');
