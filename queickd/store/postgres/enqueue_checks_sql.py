@@ -1,14 +1,12 @@
 """The SQL expressions that check and read one job of a direct enqueue (enqueue_sql.py), each
 over `j`, the job as a JSON object (`func`, `args` and the wire protocol's enqueue fields),
-and `now_`, the time of the call. They are expressions, not statements, so that one query
-checks or inserts a whole batch: a PL/pgSQL function run once per job cost a dozen
-statements each.
+and `now_`, the time of the call: expressions, not statements, so that one query checks or
+inserts a whole batch.
 
 FIRST_FAILURE is the wire protocol's checks (core/protocol.py) as one CASE: the message of
-the first check the job fails, NULL if none; BASIC_FAILS is true if the job fails one of the checks
-of what every job has. A check that reads a value as a number comes
-after the check of its JSON type, which a CASE keeps in order, so a bad value is refused,
-never a cast error.
+the first check the job fails, NULL if none; BASIC_FAILS is true if the job fails a check of
+what every job has. A check that casts a value comes after the check of its JSON type, in
+the CASE's order, so a bad value is refused, never a cast error.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from ..sql import rates as sqlrates
 from ..sql import workflows as wfsql
 from .channels import CHANNEL, FINISHED_CHANNEL, NOTIFY_IDS
 from .dialect import DIALECT
-from .fleet import ALIVE, notify
+from .fleet import ORPHANED, notify
 
 
 def finish_in(c: psycopg.Connection, s: wfsql.Steps, worker_id: int | None, outcomes: Sequence[Outcome],
@@ -122,10 +122,8 @@ def _lock_streaks(c: psycopg.Connection, targets: list[pz.Target]) -> dict[pz.Ta
 def recover_orphans_in(c: psycopg.Connection, s: wfsql.Steps, max_requeues: int, now: float,
                        running_here: Collection[int] = ()) -> Recovered:
     # Locked (SKIP LOCKED: another sweep has those) until the plan is written.
-    p = orphans.plan(c.execute(
-        "SELECT id, orphaned FROM jobs WHERE state = 'running' AND (worker_id IS NULL OR NOT EXISTS"
-        f" (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND {ALIVE})) FOR UPDATE SKIP LOCKED"
-    ).fetchall(), max_requeues, running_here)
+    p = orphans.plan(c.execute(f"SELECT id, orphaned FROM jobs WHERE {ORPHANED} FOR UPDATE SKIP LOCKED").fetchall(),
+                     max_requeues, running_here)
     plans.write_orphans(DIALECT, c, s, p, now)
     if p.requeue:
         notify(c, "r")

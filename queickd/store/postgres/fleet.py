@@ -28,6 +28,10 @@ MISSED_BEATS = 3  # a worker that missed this many heartbeats is gone
 DB_NOW = "extract(epoch from clock_timestamp())"
 # A worker is alive while its last beat is younger than MISSED_BEATS of its intervals.
 ALIVE = f"w.refused IS NULL AND w.beat_at >= {DB_NOW} - {MISSED_BEATS} * w.heartbeat"
+# A running job whose worker is gone: no registered worker claimed it, or its record is
+# missing or has missed its beats (what the orphan sweep takes).
+ORPHANED = ("state = 'running' AND (worker_id IS NULL OR NOT EXISTS"
+            f" (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND {ALIVE}))")
 
 
 def notify(c: psycopg.Connection, payload: str, channel: str = CHANNEL) -> None:
@@ -151,9 +155,6 @@ def workers(c: Any) -> list[dict[str, Any]]:
 
 
 def running_without_worker(c: Any) -> int:
-    """Running jobs whose worker is gone: no registered worker claimed them, or its
-    record is missing or has missed its beats. These are the jobs the next orphan
-    sweep re-queues; a job of a live worker never counts, however long it runs."""
-    return c.execute(
-        "SELECT count(*) FROM jobs WHERE state = 'running' AND (worker_id IS NULL OR NOT EXISTS"
-        f" (SELECT 1 FROM workers w WHERE w.id = jobs.worker_id AND {ALIVE}))").fetchone()[0]
+    """Running jobs whose worker is gone (ORPHANED): those the next orphan sweep re-queues;
+    a job of a live worker never counts, however long it runs."""
+    return c.execute(f"SELECT count(*) FROM jobs WHERE {ORPHANED}").fetchone()[0]
