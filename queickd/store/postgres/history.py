@@ -214,7 +214,7 @@ BEFORE_NAMESPACE: tuple[str, ...] = (
     CREATE INDEX IF NOT EXISTS jobs_queued_group ON jobs (concurrency_group, priority, run_at, id)
         WHERE state = 'queued' AND concurrency_group IS NOT NULL;
     DROP INDEX IF EXISTS jobs_queued_grouped;
-    """,  # and the pages' function, which 32 creates as it is now
+    """,  # and the pages' function, which 35 creates
     # 12: the view's first page planned once per session, as the other claim functions are.
     """
     ALTER FUNCTION queickd_candidates(text[], text[], integer, integer) SET plan_cache_mode = force_generic_plan;
@@ -291,7 +291,7 @@ BEFORE_NAMESPACE: tuple[str, ...] = (
     CREATE INDEX IF NOT EXISTS jobs_queued_pool_group ON jobs (pool, concurrency_group, priority, run_at, id)
         WHERE state = 'queued' AND concurrency_group IS NOT NULL;
     DROP INDEX IF EXISTS jobs_queued_group;
-    """ + pgclaimsql.CLAIM + pgpasssql.PASS,  # and the pages and the view, which 32 creates
+    """ + pgclaimsql.CLAIM + pgpasssql.PASS,  # and the pages and the view, which 35 creates
     # 27: what a running job last said of its progress (NULL: nothing). The claim and pass
     # functions return SETOF jobs: they carry it.
     """

@@ -184,7 +184,4 @@ class VersionMismatchError(RuntimeError):
 
 def parse_version(v: str) -> tuple:
     """'0.10.2' -> (0, 10, 2); a non-numeric part compares as text after numbers."""
-    out: list = []
-    for part in v.split("."):
-        out.append((0, int(part), "") if part.isdigit() else (1, 0, part))
-    return tuple(out)
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in v.split("."))
