@@ -3,6 +3,8 @@ a store shared by several hosts does more (row locks, advisory locks, wake-ups).
 
 from __future__ import annotations
 
+import functools
+
 import psycopg
 
 from ...core.policy import pauses as pz
@@ -33,24 +35,15 @@ def _put_streaks(c: psycopg.Connection, rows: list[tuple]) -> None:
               [list(col) for col in zip(*rows, strict=True)])
 
 
-def _released(c: psycopg.Connection) -> None:
-    notify(c, "r")
-
-
-def _lock_outbox(c: psycopg.Connection) -> None:
-    c.execute("SELECT pg_advisory_xact_lock(%s)", (OUTBOX_LOCK,))
-
-
-def lock_admission(c: psycopg.Connection) -> None:
-    c.execute("SELECT pg_advisory_xact_lock(%s)", (SUBMIT_LOCK,))
+def _xact_lock(c: psycopg.Connection, lock: int) -> None:
+    c.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
 
 
 DIALECT = Dialect(
     mark="%s",
     release=", worker_id = NULL",  # a job that leaves running is no worker's any more
-    # The due events, due first, then in the order accepted (seq: keyed accepts take the
-    # outbox's lock, so that order is theirs, whatever the hosts' clocks); read under the
-    # outbox's lock, so by one host at a time.
+    # Due first, then in the order accepted (seq: keyed accepts take the outbox's lock, so
+    # that order is theirs whatever the hosts' clocks); read under that lock, by one host.
     due_events=("SELECT event_id, job, attempts, key FROM events WHERE state = 'pending'"
                 " AND next_attempt_at <= %s ORDER BY next_attempt_at, seq LIMIT %s FOR UPDATE"),
     event_order="seq",
@@ -67,7 +60,7 @@ DIALECT = Dialect(
     unavailable=(psycopg.OperationalError, psycopg.InterfaceError),
     begin_pause=_begin_pause,
     put_streaks=_put_streaks,
-    released=_released,
-    lock_outbox=_lock_outbox,
-    lock_admission=lock_admission,
+    released=functools.partial(notify, payload="r"),
+    lock_outbox=functools.partial(_xact_lock, lock=OUTBOX_LOCK),
+    lock_admission=functools.partial(_xact_lock, lock=SUBMIT_LOCK),
 )
