@@ -5,25 +5,19 @@ threads it has (connection.py); a call is one transaction, or runs in the one wh
 (transaction()) it was made through.
 
 What the database guarantees, not luck:
-- claims are `UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING` (the
-  function queickd_claim), so concurrent workers never take the same job, and one claim
-  takes at most `limit` jobs;
-- one running job per serial key: a partial unique index; a claim that loses that race
-  is undone and tried again (the other claim has committed by then, so the next one
-  passes the key by);
+- claims take their rows FOR UPDATE SKIP LOCKED (the function queickd_claim), so
+  concurrent workers never take the same job;
+- one running job per serial key is a partial unique index; a claim that loses that race
+  is undone and tried again;
 - idempotency keys, event ids and (cron, tick) rows are unique indexes;
 - a submit whose admission reads (caps, duplicates, conflicts) takes one advisory lock
   before its first read, so it decides on what every other daemon has committed; one that
-  reads nothing is a single statement (its rows, their ids, the wake-up), one round trip.
-  The group commit makes that one submit per batch, not per job.
-Wake-ups go out as NOTIFY on channel `queickd` when jobs become claimable (`q:POOL`), when
-jobs finish and one of them held a key, a group's slot or a budgeted pool's units, free
-now (`fk:ID,ID,...`), when a failed job is scheduled for a retry (`s:RUN_AT`, for the
-daemons' timers) and when jobs are released (`r`: re-queued, resumed, retried). Other
-finishes (`f:ID,ID,...`) go to channel `queickd_finished`, which only daemons (they serve
-the clients waiting on jobs) listen to, and only when a client waits on one of them
-(watch_finish) or they are workflow steps. They go out at commit, never for a rolled-back
-change.
+  reads nothing is a single statement (submit.py).
+Wake-ups are NOTIFYs, sent at commit (channels.py): `q:POOL` when jobs become claimable,
+`fk:ID,ID,...` when finished jobs free a key, a group's slot or a budgeted pool's units,
+`s:RUN_AT` when a failed job is scheduled for a retry (for the daemons' timers), `r` when
+jobs are released (re-queued, resumed, retried), and `f:ID,ID,...` for other finishes that
+a client waits on (watch_finish) or that are workflow steps.
 
 Liveness is by record: workers (daemons included) register in `workers` and beat from a
 thread of their own; a running job is an orphan only when its worker has missed three
@@ -66,12 +60,10 @@ from .fleet import notify
 from .namespace import split_url
 from .submit import DRAW_ONE, Submitter
 
-# A claimed job of a worker that lost it (a pass whose answer never came) goes back to wait
-# at run_at (the parameter), its attempt given back; with the dialect's release after it.
-UNSTART = "UPDATE jobs SET state = 'scheduled', run_at = ?, attempts = attempts - 1, started_at = NULL"
-# counts() in one statement: each state a job moves through counted along its own partial
-# index, the states a job rests in along jobs_settled (migration 24), which holds them all.
-_MOVING = (State.SCHEDULED, State.QUEUED, State.RUNNING, State.HELD, State.FORWARDED)  # held, forwarded: migration 32
+# counts(), exact, in one statement: each state a job moves through counted along its own
+# partial index, the states a job rests in along jobs_settled, which holds them all (a shared
+# counter row would make every claim and finish of every worker wait for its lock).
+_MOVING = (State.SCHEDULED, State.QUEUED, State.RUNNING, State.HELD, State.FORWARDED)
 _COUNTS = ("".join(f"SELECT '{s}', count(*) FROM jobs WHERE state = '{s}' UNION ALL " for s in _MOVING)
            + "SELECT state, count(*) FROM jobs WHERE state IN ("
            + ", ".join(f"'{s}'" for s in State.ALL if s not in _MOVING) + ") GROUP BY state")
@@ -95,6 +87,8 @@ class PostgresStore(PgConnections, SqlStore):
         super().__init__(dsn)
         self.url = _redact(url)  # what logs and stats show: never a password
         self._submitter = Submitter(DIALECT)
+        self._submit_in = self._submitter.submit_in
+        self._wf_submit = self._submitter.unadmitted  # no admission: submit.py says why
         self._passes = pgclaim.Passes()
         self.worker_id: int | None = None  # set by register_worker; claims are recorded with it
         if migrate:
@@ -173,13 +167,6 @@ class PostgresStore(PgConnections, SqlStore):
         with self._lease() as c:  # the process's shared connection, this thread's until the commit
             return self._submitter.alone(c, requests, now, admission)
 
-    def _submit_in(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
-                   admission: adm.Admission) -> list[list[Submitted] | adm.Refusal]:
-        return self._submitter.submit_in(c, requests, now, admission)
-
-    def _wf_submit(self, c: psycopg.Connection, jobs: list[NewJob], now: float) -> None:
-        self._submitter.unadmitted(c, jobs, now)  # no admission: submit.py says why
-
     def promote_due(self, now: float) -> int:
         with self._write() as c:
             pools = [r[0] for r in c.execute(
@@ -205,9 +192,8 @@ class PostgresStore(PgConnections, SqlStore):
         try:
             return pgclaim.jobs_of(rows)
         except Exception:
-            # Claimed and committed, but not to be run from here: given back (their attempt
-            # not spent) before the error goes up, or they would stay `running` under a
-            # worker that beats on without them.
+            # Claimed and committed but not to be run here: given back (attempt not spent), or
+            # they would stay `running` under a worker that beats on without them.
             with contextlib.suppress(Exception):  # the error to report is the first one
                 self.release_unstarted([r[0] for r in rows])
             raise
@@ -229,10 +215,9 @@ class PostgresStore(PgConnections, SqlStore):
         return pgclaim.jobs_of(rows)
 
     def _claim_in(self, c: psycopg.Connection, request: claim.Request) -> list[Job]:
-        """A transaction's claim. No retry and no savepoint here (two more round trips on
-        every pass of the pool): a lost key or slot race, which the claim's own conditions
-        and its lock all but rule out, fails the transaction, and the pool applies its
-        outcomes alone and claims again."""
+        """A transaction's claim, with no retry and no savepoint (round trips on every pass):
+        a lost key or slot race fails the transaction; the pool applies its outcomes alone
+        and claims again."""
         if request.limit <= 0:
             return []
         return pgclaim.jobs_of(pgclaim.claim_in(c, self._claim_params(request), request.limits))
@@ -251,7 +236,7 @@ class PostgresStore(PgConnections, SqlStore):
 
     def wake_claimers(self) -> None:
         with self._write() as c:
-            notify(c, "r")
+            DIALECT.released(c)
 
     def prune_rate_keys(self, now: float) -> int:
         # Under the claim lock: a claim reading keys' starts exactly deletes and updates the
@@ -270,7 +255,7 @@ class PostgresStore(PgConnections, SqlStore):
             n = c.execute("UPDATE jobs SET state = 'queued', run_at = %s WHERE state = 'waiting_network'",
                           (now,)).rowcount
             if n:
-                notify(c, "r")
+                DIALECT.released(c)
         return n
 
     # --- finish ---------------------------------------------------------------------------
@@ -286,9 +271,6 @@ class PostgresStore(PgConnections, SqlStore):
         return finish.finish_in(c, self._steps(), self.worker_id, outcomes, now, pause_after, pause_cooldown)
 
     def recover_orphans(self, max_requeues: int, now: float, running_here: Collection[int] = ()) -> Recovered:
-        """Running jobs whose worker is gone (missed its beats, deregistered, or none was
-        registered) are orphans; those of live workers are left alone, however long they
-        have run. Safe to call from every daemon and worker at any time."""
         with self._write() as c:
             return finish.recover_orphans_in(c, self._steps(), max_requeues, now, running_here)
 
@@ -298,13 +280,10 @@ class PostgresStore(PgConnections, SqlStore):
             return sqlfair.keys(self.dialect, c, limit)
 
     def waiting_by_pool(self) -> dict[str, int]:
-        rows = self._conn().execute(f"SELECT pool, count(*) FROM jobs WHERE {WAITING_ANY}"
-                                    " GROUP BY pool").fetchall()
-        return dict(rows)
+        return dict(self._conn().execute(f"SELECT pool, count(*) FROM jobs WHERE {WAITING_ANY}"
+                                         " GROUP BY pool").fetchall())
 
     def set_pool(self, kind: str, name: str, pool: str) -> int:
-        """Move a waiting job (kind 'job', name its id), a key's waiting jobs, or a cron
-        (its template and its waiting runs) to another pool. Returns jobs and crons moved."""
         with self._write() as c:
             n = set_pool_sql(c.execute, kind, name, pool, DIALECT.mark)
             if n:
@@ -317,19 +296,19 @@ class PostgresStore(PgConnections, SqlStore):
             return 0  # its claims carry no id: ours cannot be told from others'
         self._end_lost_backends()  # what a lost pass did is final from here on
         with self._write() as c:
-            # One statement: a job swept as an orphan meanwhile and claimed by another
-            # worker is no longer under our id, and stays with that worker.
-            n = c.execute(DIALECT.q(f"{UNSTART}{DIALECT.release} WHERE state = 'running' AND worker_id = ?"
-                                  " AND id <> ALL(?)"), (now, self.worker_id, list(held))).rowcount
+            # Back to wait, their attempt given back. One statement: a job swept as an orphan
+            # meanwhile and claimed by another worker is no longer under our id.
+            n = c.execute("UPDATE jobs SET state = 'scheduled', run_at = %s, attempts = attempts - 1,"
+                          f" started_at = NULL{DIALECT.release} WHERE state = 'running' AND worker_id = %s"
+                          " AND id <> ALL(%s)", (now, self.worker_id, list(held))).rowcount
             if n:  # the daemons' timers must know when to move them back to queued
                 notify(c, f"s:{now!r}")
         return n
 
     def watch_finish(self, job_id: int) -> None:
         # Marks the row its finish updates: whichever of the two commits second sees the
-        # other (pass_sql.py; schema migration 17). A final job is left alone: nothing to tell.
-        # The mark holds the row's lock until it commits, and a claim skips locked rows: a
-        # job still queued is announced again, so a pool that skipped it looks once more.
+        # other (pass_sql.py). A job still queued is announced again: a claim skipped it
+        # while the mark held its row's lock.
         for attempt in (1, 2):
             try:
                 with self._write() as c:
@@ -375,23 +354,15 @@ class PostgresStore(PgConnections, SqlStore):
     # --- inspect --------------------------------------------------------------------------
     def list_jobs(self, state: str | None, limit: int, *, func: str | None = None, key: str | None = None,
                   pool: str | None = None) -> list[Job]:
-        extra, fparams = filters(func, key, pool)
-        extra = DIALECT.q(extra)
-        if state is None:
-            rows = self._conn().execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE true{extra} ORDER BY id DESC"
-                                        " LIMIT %s", (*fparams, limit))
-        else:
-            if state not in State.ALL:
-                raise ValueError(f"unknown state {state!r}")
-            rows = self._conn().execute(
-                f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE state = %s{extra} ORDER BY id DESC LIMIT %s",
-                (state, *fparams, limit))
+        extra, params = filters(func, key, pool)
+        if state is not None and state not in State.ALL:
+            raise ValueError(f"unknown state {state!r}")
+        where, params = ("true", params) if state is None else ("state = %s", (state, *params))
+        rows = self._conn().execute(f"SELECT {dbrows.JOB_COLS} FROM jobs WHERE {where}{DIALECT.q(extra)}"
+                                    " ORDER BY id DESC LIMIT %s", (*params, limit))
         return [dbrows.row_to_job(r) for r in rows]
 
     def counts(self) -> dict[str, int]:
-        """Exact, by scans of the indexes that hold each state: a count of each partial index
-        of a moving state, one pass over jobs_settled for the others (no shared counter row:
-        one would make every claim and finish of every worker wait for one row lock)."""
         out = dict.fromkeys(State.ALL, 0)
         out.update(self._conn().execute(_COUNTS).fetchall())
         return out
@@ -403,9 +374,8 @@ class PostgresStore(PgConnections, SqlStore):
         return [tuple(r) for r in rows]  # type: ignore[misc]
 
     def oldest_queued_at(self) -> float | None:
-        """jobs_queued is ordered by (priority, run_at): the first entry of each priority
-        holds that priority's oldest run_at, so hop from priority to priority (a handful of
-        index probes) rather than reading every queued row as a plain min() would."""
+        """Hops along jobs_queued (priority, run_at) from one priority's first entry to the
+        next: a few index probes, not a read of every queued row as min() would be."""
         return self._conn().execute(
             "WITH RECURSIVE heads AS ("
             " (SELECT priority, run_at FROM jobs WHERE state = 'queued' ORDER BY priority, run_at, id LIMIT 1)"
