@@ -68,7 +68,7 @@ def _existing(c, now: float) -> None:
 
 def _by_policy(store, c, specs: list[dict], limits: adm.Admission, now: float) -> tuple:
     jobs = [parse_job({"func": "m:f", **s}, now) for s in specs]
-    p = adm.plan([jobs], now, limits, store._submitter._lookups(lambda: c, now, limits.max_queued, len(jobs)))
+    p = adm.plan([jobs], now, limits, store._submitter._lookups(lambda: c, now, limits, [jobs]))
     answer = p.answers[0]
     if isinstance(answer, adm.Refusal):
         return ("refused", answer.code)

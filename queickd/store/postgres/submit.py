@@ -25,21 +25,18 @@ from .channels import QUEUED_CHANNEL
 from .connection import KEPT_CURSOR_BYTES
 
 SUBMIT_LOCK = 0x71756963_6B640002  # advisory lock id held by each submit transaction
-# Seconds an exact count of the waiting jobs stands in (_waiting_total): far below the cap
-# as an estimate, near it as the base of an upper bound. A count reads every waiting job,
-# under the submit lock.
+# Seconds an exact count of the waiting jobs (a read of every one, under the submit lock)
+# stands in for (_waiting_total).
 _COUNT_TTL = 1.0
 # One value drawn from the jobs' serial. Every job that joins the waiting or running ones
-# draws one: an insert its id, a dead job replayed (store.py) a value of its own; so the
-# values drawn since an exact count bound what has joined since. The serial must hand out
-# one value at a time (CACHE 1, as the schema makes it): with a cache, its last value jumps
-# to the end of a session's block, and the values that session draws later do not move it.
+# draws one (an insert its id, a replayed dead job one of its own), so the values drawn
+# since an exact count bound what has joined since. The serial must be CACHE 1 (as the
+# schema makes it): a session's cached block would move its last value ahead at once.
 DRAW_ONE = "nextval(pg_get_serial_sequence('jobs', 'id'))"
 _DRAWN = "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('jobs', 'id')::regclass), 0)"
 _COUNT = f"SELECT count(*) FILTER (WHERE state <> 'running'), count(*) FROM jobs WHERE {UNFINISHED_ANY}"
-# The rows of a submit are one multi-row VALUES of scalars (psycopg dumps scalars in C,
-# arrays of them in Python); the serial draws the ids, RETURNING gives them back, and the
-# pools' wake-ups ride in the same statement.
+# A submit's rows are one multi-row VALUES of scalars, not arrays: psycopg dumps scalars
+# in C, arrays in Python.
 _NOT_ID = [c for c in dbrows.INSERT_COLS if c != "id"]
 _ID_AT = dbrows.INSERT_COLS.index("id")
 # Each column's scalar type: a guarded insert selects its rows from a VALUES list, where
@@ -48,22 +45,20 @@ _NOT_ID_TYPES = [t.removesuffix("[]") for c, t in zip(dbrows.INSERT_COLS, dbrows
                  if c != "id"]
 _ROWS_PER_INSERT = 65535 // len(_NOT_ID)  # the protocol's limit of parameters per statement
 _KEPT_ROWS = 8  # an insert of at most this many rows (and KEPT_CURSOR_BYTES) leaves its cursor kept
-# A batch of at least this many rows without idempotency keys is sent by COPY, which the
-# server takes faster than a long VALUES list. Smaller batches keep the one-statement
-# insert: COPY costs two more round trips (the ids, the wake-up).
+# From this many rows a batch goes by COPY (_by_copy), which the server takes faster than a
+# long VALUES list; below, its two more round trips (ids, wake-up) cost more.
 _COPY_FROM = 64
 # One COPY per shape the batch holds (rows.py): a job at its fields' defaults is a few
 # values to format, not every column.
 _COPY_SQL = tuple(f"COPY jobs ({', '.join(cols)}) FROM STDIN" for cols in dbrows.SHAPES)
-# The ids, as one array: the sequence looked up once (not for every id) and one value to
-# load, not a row an id.
+# The ids as one array (one value to load), the sequence looked up once.
 _DRAW_IDS = ("WITH s AS MATERIALIZED (SELECT pg_get_serial_sequence('jobs', 'id')::regclass AS seq)"
              " SELECT array_agg(nextval(s.seq)) FROM s, generate_series(1, %s)")
-
-
-def _notify_pools(where: str = "") -> str:
-    """A scalar subquery that wakes the pools named in $2 on channel $1 (`where`: only if)."""
-    return f"(SELECT count(*) FROM (SELECT pg_notify($1, 'q:' || p) FROM unnest($2::text[]) AS p{where}) AS n)"
+# Scalar subqueries that wake the pools named in $2 on channel $1 (the second: only if rows
+# were inserted), to ride in the insert's statement.
+_NOTIFY_POOLS, _NOTIFY_POOLS_IF_INSERTED = (
+    f"(SELECT count(*) FROM (SELECT pg_notify($1, 'q:' || p) FROM unnest($2::text[]) AS p{where}) AS n)"
+    for where in ("", " WHERE EXISTS (SELECT 1 FROM ins)"))
 
 
 def _by_copy(p: adm.Plan) -> bool:
@@ -71,10 +66,6 @@ def _by_copy(p: adm.Plan) -> bool:
     idempotency key (a key held meanwhile by another host would fail the whole COPY; a
     statement's guard answers it)."""
     return len(p.inserts) >= _COPY_FROM and not any(j.idempotency_key for _, _, j in p.inserts)
-
-
-def _jobs_in(requests: Sequence[Sequence[NewJob]]) -> int:
-    return sum(len(r) for r in requests)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -88,18 +79,13 @@ class Counted:
     by: object  # the submit's reading(), under whose lock it was made
 
 
-_NOTIFY_POOLS = _notify_pools()
-_NOTIFY_POOLS_IF_INSERTED = _notify_pools(" WHERE EXISTS (SELECT 1 FROM ins)")
-
-
 @functools.lru_cache(maxsize=64)
 def _insert_sql(rows: int, wake: bool, new_keys_only: bool = False, guard_keys: bool = False) -> str:
     """The insert of `rows` rows, returning their ids (and waking the pools, if `wake`: their
-    channel and names are $1 and $2). In PostgreSQL's own $n markers, for a RawCursor:
-    psycopg would re-parse a statement this long on every call. `new_keys_only`: a row whose
-    idempotency key a job holds already is left out (its id is not returned). `guard_keys`:
-    all rows or none: if any row's idempotency key is held already, nothing is inserted, no
-    id returned and no pool woken."""
+    channel and names are $1 and $2). In $n markers, for a RawCursor: psycopg would re-parse
+    a statement this long on every call. `new_keys_only`: a row whose idempotency key is
+    held already is left out. `guard_keys`: if any row's key is held already, nothing is
+    inserted, no id returned and no pool woken."""
     width, first = len(_NOT_ID), 3 if wake else 1
     cast = _NOT_ID_TYPES if guard_keys else [""] * width
     values = ", ".join("(" + ", ".join(f"${first + r * width + k}{'::' + cast[k] if cast[k] else ''}"
@@ -115,6 +101,7 @@ def _insert_sql(rows: int, wake: bool, new_keys_only: bool = False, guard_keys: 
     return (f"WITH ins AS (INSERT INTO jobs ({cols}) VALUES {values}{skip} RETURNING id)"
             f" SELECT array_agg(id), {_NOTIFY_POOLS if wake else 'NULL'} FROM ins")
 
+
 class Submitter:
     """A store's submits (Store.submit_requests), with what they keep between calls: the
     last exact count of the waiting jobs and the insert's cursor."""
@@ -126,7 +113,7 @@ class Submitter:
         self._inserted_since_count = 0
 
     def alone(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
-                      admission: adm.Admission) -> list[list[Submitted] | adm.Refusal]:
+              admission: adm.Admission) -> list[list[Submitted] | adm.Refusal]:
         begun = False
 
         def reading() -> psycopg.Connection:
@@ -153,15 +140,13 @@ class Submitter:
         return answers
 
     def _unread(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
-                       admission: adm.Admission, reading: Callable[[], psycopg.Connection],
-                       ) -> list[list[Submitted] | adm.Refusal] | None:
+                admission: adm.Admission, reading: Callable[[], psycopg.Connection],
+                ) -> list[list[Submitted] | adm.Refusal] | None:
         """The submit as one statement, when admission needs no read but its idempotency
-        keys': those are taken for new, and the statement inserts all its rows or, if any
-        key is held already, none (a resend, or an event delivered again). Returns None
-        when it cannot be one statement or a key was held; the caller then plans again,
-        reading, in a locked transaction (`reading` begins it). A keyed submit is what the
-        client sends for every `enqueue` (its automatic key makes a resend safe): looking
-        each key up first cost three more round trips and the submit lock."""
+        keys' (the client keys every `enqueue`, so a resend is safe): those are taken for
+        new, and the statement inserts all its rows or, if any key is held already, none.
+        Returns None when it cannot be one statement or a key was held; the caller then
+        plans again, reading, in a locked transaction (`reading` begins it)."""
         guard = False
 
         def taken_for_new(key: str) -> adm.Existing | None:
@@ -170,7 +155,7 @@ class Submitter:
             return None
 
         p = adm.plan(requests, now, admission,
-                     dataclasses.replace(self._lookups(reading, now, admission.max_queued, _jobs_in(requests)),
+                     dataclasses.replace(self._lookups(reading, now, admission, requests),
                                          by_idempotency_key=taken_for_new))
         if c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             return None  # a lookup read, under the lock: plan again in that transaction
@@ -182,11 +167,8 @@ class Submitter:
             return adm.finish(p, requests, [], now)
         if guard and len(p.inserts) > _ROWS_PER_INSERT:
             return None  # several statements cannot guard their keys as one
-        # A submit that read nothing needs no lock: whatever another host's admission read
-        # under it, this submit is as if it came after that one (and a key inserted by
-        # another host meanwhile fails this one's unique index: it plans again). One
-        # statement is one transaction (autocommit); a large batch without keys is one
-        # transaction of COPY.
+        # No lock: a submit that read nothing is as if it came after any other host's locked
+        # admission (a key inserted meanwhile fails the unique index: it plans again).
         if not guard and _by_copy(p):
             with c.transaction():
                 ids = self._copy(c, p, now)
@@ -202,13 +184,11 @@ class Submitter:
         return adm.finish(p, requests, ids, now)
 
     def unadmitted(self, c: psycopg.Connection, jobs: list[NewJob], now: float) -> None:
-        """Insert jobs that no admission rule applies to, in the caller's transaction: a
-        workflow's, whose limit is its run's budget and whose idempotency keys
-        (wf:RUN:STEP:ITEM:LOOP) are new by construction, since the transition that enqueues
-        them is applied once, under its output's unique row. So no read and no submit lock
-        (as a submit that reads nothing, it is as if it came after any other host's
-        admission); a key held already (which would be a bug) is left out by the unique
-        index, never inserted twice. Two statements fewer per workflow step."""
+        """Insert a workflow step's jobs in the caller's transaction, with no read and no
+        submit lock: their limit is their run's budget, and their idempotency keys
+        (wf:RUN:STEP:ITEM:LOOP) are new by construction (the transition that enqueues them
+        is applied once, under its output's unique row). A key held already (a bug) is left
+        out by the unique index, never inserted twice."""
         if jobs:
             self._insert(c, adm.Plan([[None] * len(jobs)], [(0, i, j) for i, j in enumerate(jobs)], [], []), now,
                          new_keys_only=True)
@@ -269,17 +249,13 @@ class Submitter:
         """Jobs waiting in the whole fleet, or an upper bound of them that decides as the
         exact count would: admission compares it, plus at most `headroom` jobs, with the cap.
 
-        Far below the cap, a count made less than _COUNT_TTL s before `now` plus what this
-        store has added since stands in, and no lock is taken. Otherwise under the submit
-        lock: an exact count (the waiting jobs and the running ones, and the serial's last
-        value read just before) stands in for as long, as a bound: the unfinished jobs then
-        plus the values drawn since. Jobs only join the unfinished ones by drawing a value
-        (DRAW_ONE), so the bound holds every job committed since; while it leaves room for
-        `headroom`, the count would too, and is not read again. What neither sees: rows a
-        lock-free writer (another host far below the cap a second ago, a workflow step, a
-        cron fire, a replay) had drawn for before the count and commits after it; a count
-        on every submit missed them until their commit, the bound misses them for the rest
-        of its second, as the estimate far below the cap misses every other host's."""
+        A count younger than _COUNT_TTL stands in: far below the cap, plus what this store
+        has added since (no lock; other hosts' submits unseen); otherwise, under the submit
+        lock, as a bound: the unfinished jobs then plus the serial's values drawn since
+        (every job joining them draws one: DRAW_ONE), while it leaves room for `headroom`.
+        Else the count is made again. The bound misses, for the rest of the count's second,
+        rows a lock-free writer (another host far below the cap, a workflow step, a cron
+        fire, a replay) drew for before the count and commits after it."""
         k = self._counted
         fresh = k is not None and cap is not None and 0 <= now - k.at < _COUNT_TTL
         if fresh and k.waiting + self._inserted_since_count < 0.9 * cap:
@@ -295,8 +271,10 @@ class Submitter:
         self._inserted_since_count = 0
         return waiting
 
-    def _lookups(self, reading: Callable[[], psycopg.Connection], now: float, cap: int | None,
-                 headroom: int) -> adm.Lookups:
+    def _lookups(self, reading: Callable[[], psycopg.Connection], now: float, admission: adm.Admission,
+                 requests: Sequence[Sequence[NewJob]]) -> adm.Lookups:
+        cap, headroom = admission.max_queued, sum(len(r) for r in requests)
+
         def by_key(k: str) -> adm.Existing | None:
             row = reading().execute("SELECT id, state, created_at FROM jobs WHERE idempotency_key = %s",
                                     (k,)).fetchone()
@@ -319,8 +297,7 @@ class Submitter:
     def submit_in(self, c: psycopg.Connection, requests: Sequence[Sequence[NewJob]], now: float,
                    admission: adm.Admission, reading: Callable[[], psycopg.Connection] | None = None,
                    ) -> list[list[Submitted] | adm.Refusal]:
-        p = adm.plan(requests, now, admission, self._lookups(reading or (lambda: c), now, admission.max_queued,
-                                                               _jobs_in(requests)))
+        p = adm.plan(requests, now, admission, self._lookups(reading or (lambda: c), now, admission, requests))
         if p.expired_keys:
             c.execute("UPDATE jobs SET idempotency_key = NULL WHERE idempotency_key = ANY(%s)",
                       (p.expired_keys,))
@@ -328,8 +305,6 @@ class Submitter:
         if _by_copy(p):  # a large batch that admission had to read for (a stale count of the waiting)
             ids = self._copy(c, p, now)
         elif p.inserts:
-            # One statement for the whole batch: a row per job would be a round trip each.
-            # The wake-up for each pool rides in the same statement.
             ids = self._insert(c, p, now)
         manual = {(k, n) for _, _, j in p.inserts if j.manual for k, n in (("key", j.key), ("func", j.func))
                   if n is not None}
