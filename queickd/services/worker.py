@@ -390,13 +390,13 @@ class WorkerPool(PassStore):
         try:
             self._pass_store(p, tx, finish=False)  # outcomes wait for the next pass: the ack does not
         except BaseException:
-            self._pass_undone(p)
+            self._pass_undone()
             raise
         self._submit_in_flight = True  # until dispatch_left, or the pass is undone
 
         def ended(committed: bool) -> None:
             if not committed:
-                self._pass_undone(p)
+                self._pass_undone()
                 return
             try:
                 self._pass_applied(p)
@@ -413,9 +413,8 @@ class WorkerPool(PassStore):
         if self._again or self._unapplied or not self._done.empty():
             self._pass_here("after a commit")
 
-    def _pass_undone(self, p: Pass) -> None:
+    def _pass_undone(self) -> None:
         """Its transaction did not commit: the dispatcher is woken for another pass."""
-        self.counts.put_back(p.counted)
         self._submit_in_flight = False
         self._dispatch_lock.release()
         self._wake.set()

@@ -16,7 +16,7 @@ class Lifecycle(Backend, Protocol):
         happen (memory) or is handled otherwise (PostgreSQL: workers beat hearts)."""
         ...
 
-    def transaction(self, bookkeeping: bool = False, defer_flush: bool = False) -> AbstractContextManager[Transaction]:
+    def transaction(self, bookkeeping: bool = False) -> AbstractContextManager[Transaction]:
         """One transaction, open for the block: `with store.transaction() as tx:`, the calls
         made through `tx` (transaction.Transaction: the calls that may share one) run in it;
         it commits at the block's end, or rolls back if the block raises (it leaves nothing
@@ -30,16 +30,12 @@ class Lifecycle(Backend, Protocol):
         With bookkeeping True, the commit may skip its own flush to disk (SQLite:
         synchronous=NORMAL in WAL; PostgreSQL: synchronous_commit off): use it only for
         changes whose loss in a power cut means a job runs again, never for acknowledging
-        a submit.
-
-        With defer_flush True, the commit may be visible (to claims, to readers) before it
-        is durable: the caller calls flush() before acknowledging anything it wrote. It
-        lets a job claimed with its submit start while the disk flushes (SQLite)."""
+        a submit."""
         ...
 
     def flush(self) -> None:
-        """Return once every commit made so far is durable (after transaction(defer_flush=True)).
-        Stores whose commits are durable when they return do nothing."""
+        """Return once every commit made so far is durable (after a ClaimsInSubmit store's
+        claiming_transaction). Stores whose commits are durable when they return do nothing."""
         ...
 
     def durability_said(self) -> str:

@@ -171,9 +171,8 @@ class PgConnections:
             yield c
 
     @contextlib.contextmanager
-    def transaction(self, bookkeeping: bool = False, defer_flush: bool = False) -> Iterator[SqlTransaction]:
-        """Lifecycle.transaction: _write's transaction and a handle on its connection
-        (commits here are durable when they return: nothing is deferred)."""
+    def transaction(self, bookkeeping: bool = False) -> Iterator[SqlTransaction]:
+        """Lifecycle.transaction: _write's transaction and a handle on its connection."""
         with self._write(bookkeeping) as c:
             yield SqlTransaction(self, c)
 

@@ -270,15 +270,14 @@ class SQLiteFile:
                 self._all.append(c)
         return c
 
-    def _write(self, bookkeeping: bool = False,
-               defer_flush: bool = False) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+    def _write(self, bookkeeping: bool = False) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         """One write transaction. `bookkeeping` transactions (claims, finishes, promotions)
         are not flushed to disk: a power cut can undo the last of them, and the only
         effect is that a job runs again (at-least-once). Everything else, acknowledged
         submits above all, is flushed at the store's durability before this returns,
-        outside the write lock (`defer_flush`: left to the caller's flush()); the flush
-        also makes every earlier bookkeeping commit durable."""
-        return _Transaction(self, bookkeeping, defer_flush, False)
+        outside the write lock (claiming_transaction's: by the caller's flush()); the
+        flush also makes every earlier bookkeeping commit durable."""
+        return _Transaction(self, bookkeeping, False, False)
 
     def flush(self) -> None:
         """Make every commit made so far durable (at durability "full"; else nothing to
@@ -376,10 +375,13 @@ class SQLiteFile:
             pass  # a full disk: the lock holds all the same, only the pid is not shown
         self._lock_fd = fd
 
-    def transaction(self, bookkeeping: bool = False,
-                    defer_flush: bool = False) -> contextlib.AbstractContextManager[SqlTransaction]:
+    def transaction(self, bookkeeping: bool = False) -> contextlib.AbstractContextManager[SqlTransaction]:
         """Lifecycle.transaction: _write's transaction, entered as its handle."""
-        return _Transaction(self, bookkeeping, defer_flush, True)
+        return _Transaction(self, bookkeeping, False, True)
+
+    def claiming_transaction(self) -> contextlib.AbstractContextManager[SqlTransaction]:
+        """ClaimsInSubmit: transaction(), its flush left to the caller's flush()."""
+        return _Transaction(self, False, True, True)
 
     def integrity_check(self) -> str:
         """'ok', or what SQLite's quick_check found wrong."""

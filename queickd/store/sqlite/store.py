@@ -9,7 +9,6 @@ cost one row read, not a scan of a million jobs.
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 import sqlite3
 from collections.abc import Collection, Sequence
@@ -29,7 +28,6 @@ from ..sql.operator import filters
 from ..sql.plans import STREAK
 from ..sql.schedule import repair_key_order
 from ..sql.store import SqlStore
-from ..sql.transaction import SqlTransaction
 from ..sqlstates import UNFINISHED_IN, WAITING_IN
 from .claim import Claims, queue_order
 from .connection import SQLiteFile, insert_rows
@@ -75,9 +73,6 @@ DIALECT = Dialect(
 
 class SQLiteStore(SQLiteFile, SqlStore):
     dialect = DIALECT
-
-    def claiming_transaction(self) -> contextlib.AbstractContextManager[SqlTransaction]:
-        return self.transaction(defer_flush=True)  # ClaimsInSubmit: one writing connection serves both
 
     def __init__(self, path: str, durability: str = "full", busy_timeout: float = 30.0) -> None:
         self._claims = Claims()
