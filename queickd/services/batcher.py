@@ -254,7 +254,7 @@ class SubmitBatcher:
         """Submit the requests in one transaction; where the store allows it, the pool's pass
         (the claim of what has just been stored) is made in that same transaction. Returns
         the answers and what ends that pass (None: no pass was made in it), the commit
-        visible but, with a pass, not yet flushed: the caller ends the pass, then flushes.
+        visible but perhaps not yet flushed: the caller ends the pass, then flushes.
         A pass that fails costs nothing but itself: the requests are submitted again
         without it."""
         one_writer = self._claim_inside

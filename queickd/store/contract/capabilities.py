@@ -33,8 +33,8 @@ class ClaimsInSubmit(Protocol):
     both): a submit and the worker pool's pass in one, a commit less per job."""
 
     def claiming_transaction(self) -> AbstractContextManager[Transaction]:
-        """transaction(defer_flush=True), for submit_requests followed by a worker pool's
-        pass (finish_if_running, claim_available) made through its handle, in that order:
-        one transaction, committed at the block's end, visible to claims before it is
-        durable; the caller calls flush() before acknowledging a submit."""
+        """transaction(), for submit_requests followed by a worker pool's pass
+        (finish_if_running, claim_available) made through its handle, in that order; its
+        commit is visible to claims before it is durable: the caller calls flush() before
+        acknowledging a submit."""
         ...
