@@ -173,6 +173,9 @@ def test_the_terminal_process_posts_taps_runs_feedback_registers_the_summary_and
         for result in ("in", "unknown", "ignored"):
             log.wait(rf"feedback command \S+ done: {result}")
         assert sorted(beeps.read_text().split()) == ["ignored", "in", "unknown"]
+        proc.send_signal(signal.SIGHUP)  # as the daemon, a reload, not a stop
+        log.wait("SIGHUP: the attendance terminal has nothing to reload")
+        assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
     finally:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -250,19 +249,12 @@ class Terminal:
 
     def run_forever(self) -> None:
         """Start, run until SIGTERM/SIGINT, stop; READY and WATCHDOG for systemd."""
-        r, w = os.pipe()
-        os.set_blocking(w, False)
-        signal.set_wakeup_fd(w)  # any thread may receive the signal (see Daemon.run_forever)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: None)
+        signals = sdnotify.Signals()
         stop = threading.Event()
         self.start()
         sdnotify.notify("READY=1")
         sdnotify.start_watchdog(lambda: self.loop.alive and self.dispatcher.alive, stop)
-        while not stop.is_set():
-            received = os.read(r, 64)
-            if signal.SIGTERM in received or signal.SIGINT in received:
-                stop.set()
+        signals.wait(stop, on_hup=lambda: log.info("SIGHUP: the attendance terminal has nothing to reload"))
         sdnotify.notify("STOPPING=1")
         log.info("stopping the attendance terminal")
         self.stop()
